@@ -1,0 +1,174 @@
+"""The one metric vocabulary: every number stallscope records is declared here once.
+
+Each :class:`Metric` names the source it comes from, its key in that source's payload (the
+``snapshot --json`` key), its unit, whether it is a gauge or a rate derived from a counter, the
+classic command it replaces, and the Prometheus name in base units with the factor that converts
+to it. The run store, JSON output, the report and (later) the Prometheus exporter and live view
+all read this table instead of keeping their own lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["METRICS", "Metric", "by_source", "lookup"]
+
+Kind = Literal["gauge", "rate"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    source: str  #: "disk", "gpu", "host", "procs", "collector"
+    key: str  #: key in the source's payload, e.g. "r_await_ms"
+    unit: str  #: human unit: "ms", "%", "kB/s", "MiB", "W", ...
+    help: str  #: one line; names the classic equivalent
+    kind: Kind = "gauge"
+    prom: str = ""  #: Prometheus name (base units), "" = not exported
+    prom_scale: float = 1.0  #: multiply the stored value by this to get the Prometheus unit
+
+    @property
+    def name(self) -> str:
+        """Store name: ``<source>.<key>``."""
+        return f"{self.source}.{self.key}"
+
+
+_M = Metric
+
+METRICS: tuple[Metric, ...] = (
+    # --- disk: exactly sysstat's `iostat -x` columns -------------------------------------------
+    _M("disk", "r_s", "1/s", "reads completed per second (iostat -x r/s)", "rate",
+       "stallscope_disk_reads_per_second"),
+    _M("disk", "w_s", "1/s", "writes completed per second (iostat -x w/s)", "rate",
+       "stallscope_disk_writes_per_second"),
+    _M("disk", "rkb_s", "kB/s", "kilobytes read per second (iostat -x rkB/s)", "rate",
+       "stallscope_disk_read_bytes_per_second", 1024.0),
+    _M("disk", "wkb_s", "kB/s", "kilobytes written per second (iostat -x wkB/s)", "rate",
+       "stallscope_disk_write_bytes_per_second", 1024.0),
+    _M("disk", "rrqm_s", "1/s", "read requests merged per second (iostat -x rrqm/s)", "rate",
+       "stallscope_disk_read_merges_per_second"),
+    _M("disk", "wrqm_s", "1/s", "write requests merged per second (iostat -x wrqm/s)", "rate",
+       "stallscope_disk_write_merges_per_second"),
+    _M("disk", "r_await_ms", "ms", "mean read latency incl. queueing (iostat -x r_await)",
+       "gauge", "stallscope_disk_read_await_seconds", 1e-3),
+    _M("disk", "w_await_ms", "ms", "mean write latency incl. queueing (iostat -x w_await)",
+       "gauge", "stallscope_disk_write_await_seconds", 1e-3),
+    _M("disk", "aqu_sz", "", "average queue length (iostat -x aqu-sz)", "gauge",
+       "stallscope_disk_queue_length"),
+    _M("disk", "rareq_kb", "kB", "average read request size (iostat -x rareq-sz)", "gauge",
+       "stallscope_disk_read_request_bytes", 1024.0),
+    _M("disk", "wareq_kb", "kB", "average write request size (iostat -x wareq-sz)", "gauge",
+       "stallscope_disk_write_request_bytes", 1024.0),
+    _M("disk", "util_pct", "%", "share of time the device had I/O in flight (iostat -x %util)",
+       "gauge", "stallscope_disk_busy_ratio", 0.01),
+    # --- gpu: NVML, named after nvidia-smi --query-gpu fields ----------------------------------
+    _M("gpu", "util_pct", "%", "time a kernel ran (nvidia-smi utilization.gpu)", "gauge",
+       "stallscope_gpu_utilization_ratio", 0.01),
+    _M("gpu", "mem_util_pct", "%", "time memory was read/written (utilization.memory)",
+       "gauge", "stallscope_gpu_memory_utilization_ratio", 0.01),
+    _M("gpu", "mem_used_mib", "MiB", "framebuffer memory used (memory.used)", "gauge",
+       "stallscope_gpu_memory_used_bytes", 1048576.0),
+    _M("gpu", "mem_total_mib", "MiB", "framebuffer memory total (memory.total)", "gauge",
+       "stallscope_gpu_memory_total_bytes", 1048576.0),
+    _M("gpu", "temp_c", "°C", "GPU core temperature (temperature.gpu)", "gauge",
+       "stallscope_gpu_temperature_celsius"),
+    _M("gpu", "power_w", "W", "power draw (power.draw)", "gauge", "stallscope_gpu_power_watts"),
+    _M("gpu", "power_limit_w", "W", "enforced power limit (enforced.power.limit)", "gauge",
+       "stallscope_gpu_power_limit_watts"),
+    _M("gpu", "sm_clock_mhz", "MHz", "SM clock (clocks.sm)", "gauge",
+       "stallscope_gpu_sm_clock_hertz", 1e6),
+    _M("gpu", "sm_clock_max_mhz", "MHz", "max SM clock (clocks.max.sm)", "gauge",
+       "stallscope_gpu_sm_clock_max_hertz", 1e6),
+    _M("gpu", "throttle_mask", "", "clock event reasons bitmask (clocks_event_reasons.active)",
+       "gauge", "stallscope_gpu_throttle_reasons"),
+    _M("gpu", "pcie_gen", "", "current PCIe generation (pcie.link.gen.current)", "gauge",
+       "stallscope_gpu_pcie_link_generation"),
+    _M("gpu", "pcie_gen_max", "", "max PCIe generation (pcie.link.gen.max)", "gauge",
+       "stallscope_gpu_pcie_link_generation_max"),
+    _M("gpu", "pcie_width", "lanes", "current PCIe width (pcie.link.width.current)", "gauge",
+       "stallscope_gpu_pcie_link_width"),
+    _M("gpu", "pcie_width_max", "lanes", "max PCIe width (pcie.link.width.max)", "gauge",
+       "stallscope_gpu_pcie_link_width_max"),
+    _M("gpu", "pcie_rx_kb_s", "kB/s", "PCIe receive throughput (nvidia-smi dmon rxpci)", "gauge",
+       "stallscope_gpu_pcie_rx_bytes_per_second", 1024.0),
+    _M("gpu", "pcie_tx_kb_s", "kB/s", "PCIe transmit throughput (nvidia-smi dmon txpci)",
+       "gauge", "stallscope_gpu_pcie_tx_bytes_per_second", 1024.0),
+    _M("gpu", "ecc_errors", "", "volatile uncorrected ECC errors (ecc.errors.uncorrected."
+       "volatile.total)", "gauge", "stallscope_gpu_ecc_uncorrected_errors"),
+    _M("gpu", "sm_active_pct", "%", "GPM SM activity, Hopper+ (DCGM PROF_SM_ACTIVE)", "gauge",
+       "stallscope_gpu_sm_active_ratio", 0.01),
+    _M("gpu", "sm_occupancy_pct", "%", "GPM SM occupancy, Hopper+ (DCGM PROF_SM_OCCUPANCY)",
+       "gauge", "stallscope_gpu_sm_occupancy_ratio", 0.01),
+    _M("gpu", "tensor_active_pct", "%", "GPM tensor pipe activity, Hopper+ "
+       "(DCGM PROF_PIPE_TENSOR_ACTIVE)", "gauge", "stallscope_gpu_tensor_active_ratio", 0.01),
+    # --- host: /proc, psutil ---------------------------------------------------------------------
+    _M("host", "cpu_pct", "%", "all-CPU busy time (top %Cpu us+sy+ni+irq+si+st)", "gauge",
+       "stallscope_host_cpu_busy_ratio", 0.01),
+    _M("host", "iowait_pct", "%", "CPU time idle with I/O outstanding (top wa)", "gauge",
+       "stallscope_host_cpu_iowait_ratio", 0.01),
+    _M("host", "cpu_max_core_pct", "%", "busiest single core (htop per-core bars)", "gauge",
+       "stallscope_host_cpu_max_core_busy_ratio", 0.01),
+    _M("host", "load1", "", "1-minute load average (uptime)", "gauge", "stallscope_host_load1"),
+    _M("host", "mem_used_mib", "MiB", "memory in use, excluding cache (free -m used)", "gauge",
+       "stallscope_host_memory_used_bytes", 1048576.0),
+    _M("host", "mem_total_mib", "MiB", "memory total (free -m total)", "gauge",
+       "stallscope_host_memory_total_bytes", 1048576.0),
+    _M("host", "mem_available_mib", "MiB", "memory available (free -m available)", "gauge",
+       "stallscope_host_memory_available_bytes", 1048576.0),
+    _M("host", "page_cache_mib", "MiB", "page cache (free -m buff/cache)", "gauge",
+       "stallscope_host_page_cache_bytes", 1048576.0),
+    _M("host", "swap_used_mib", "MiB", "swap in use (free -m swap used)", "gauge",
+       "stallscope_host_swap_used_bytes", 1048576.0),
+    _M("host", "swap_in_kb_s", "kB/s", "swapped in per second (vmstat si)", "rate",
+       "stallscope_host_swap_in_bytes_per_second", 1024.0),
+    _M("host", "swap_out_kb_s", "kB/s", "swapped out per second (vmstat so)", "rate",
+       "stallscope_host_swap_out_bytes_per_second", 1024.0),
+    _M("host", "shm_used_mib", "MiB", "/dev/shm used (df /dev/shm)", "gauge",
+       "stallscope_host_shm_used_bytes", 1048576.0),
+    _M("host", "shm_total_mib", "MiB", "/dev/shm size (df /dev/shm)", "gauge",
+       "stallscope_host_shm_total_bytes", 1048576.0),
+    _M("host", "psi_io_some_pct", "%", "share of time some task stalled on I/O "
+       "(/proc/pressure/io some avg10)", "gauge", "stallscope_host_psi_io_some_ratio", 0.01),
+    _M("host", "psi_io_full_pct", "%", "share of time all tasks stalled on I/O "
+       "(/proc/pressure/io full avg10)", "gauge", "stallscope_host_psi_io_full_ratio", 0.01),
+    _M("host", "psi_cpu_some_pct", "%", "share of time some task waited for a CPU "
+       "(/proc/pressure/cpu some avg10)", "gauge", "stallscope_host_psi_cpu_some_ratio", 0.01),
+    _M("host", "psi_mem_some_pct", "%", "share of time some task stalled on memory "
+       "(/proc/pressure/memory some avg10)", "gauge", "stallscope_host_psi_memory_some_ratio",
+       0.01),
+    # --- procs: the trainer's process tree (htop / iotop / pidstat -d) ---------------------------
+    _M("procs", "cpu_pct", "%", "CPU use of one process, 100 = one core (htop CPU%)", "gauge",
+       "stallscope_proc_cpu_ratio", 0.01),
+    _M("procs", "rss_mib", "MiB", "resident memory (htop RES)", "gauge",
+       "stallscope_proc_resident_memory_bytes", 1048576.0),
+    _M("procs", "read_kb_s", "kB/s", "bytes read from storage (iotop DISK READ, "
+       "/proc/PID/io read_bytes)", "rate", "stallscope_proc_read_bytes_per_second", 1024.0),
+    _M("procs", "write_kb_s", "kB/s", "bytes written to storage (/proc/PID/io write_bytes)",
+       "rate", "stallscope_proc_write_bytes_per_second", 1024.0),
+    _M("procs", "rchar_kb_s", "kB/s", "bytes read incl. page cache (/proc/PID/io rchar)",
+       "rate", "stallscope_proc_read_chars_per_second", 1024.0),
+    _M("procs", "d_state", "", "1 if the process was in state D (waiting on I/O) at the sample",
+       "gauge", "stallscope_proc_io_wait_state"),
+    _M("procs", "runq_wait_pct", "%", "time runnable but waiting for a CPU "
+       "(/proc/PID/schedstat)", "gauge", "stallscope_proc_runqueue_wait_ratio", 0.01),
+    _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
+       "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
+    _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
+    # --- the collector's own cost ---------------------------------------------------------------
+    _M("collector", "cpu_s", "s", "CPU seconds the collector spent on one sample", "gauge",
+       "stallscope_collector_sample_cpu_seconds"),
+    _M("collector", "wall_s", "s", "wall seconds one sample took", "gauge",
+       "stallscope_collector_sample_wall_seconds"),
+)
+
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def lookup(name: str) -> Metric | None:
+    """The metric called ``<source>.<key>``, or None."""
+    return _BY_NAME.get(name)
+
+
+def by_source(source: str) -> tuple[Metric, ...]:
+    """All metrics of one source, in declaration order."""
+    return tuple(m for m in METRICS if m.source == source)
