@@ -108,6 +108,8 @@ METRICS: tuple[Metric, ...] = (
        "stallscope_host_cpu_iowait_ratio", 0.01),
     _M("host", "cpu_max_core_pct", "%", "busiest single core (htop per-core bars)", "gauge",
        "stallscope_host_cpu_max_core_busy_ratio", 0.01),
+    _M("host", "cpu_core_pct", "%", "busy time of one core; entity cpuN (mpstat -P ALL)",
+       "gauge", "stallscope_host_cpu_core_busy_ratio", 0.01),
     _M("host", "load1", "", "1-minute load average (uptime)", "gauge", "stallscope_host_load1"),
     _M("host", "mem_used_mib", "MiB", "memory in use, excluding cache (free -m used)", "gauge",
        "stallscope_host_memory_used_bytes", 1048576.0),

@@ -1,0 +1,160 @@
+"""A small CPU training run to watch with stallscope (the default demo).
+
+It writes synthetic images (raw uint8 CHW files, one per sample) into a temporary folder,
+reads them back through a PyTorch DataLoader with worker processes, applies a per-sample CPU
+transform, and trains a small convolutional network on them.
+
+    stallscope run -- python examples/train_cpu.py
+
+Knobs reproduce the classic bottlenecks (see docs/scenarios.md):
+  --prep-cost N      extra CPU work per sample (N blur passes): a prep stall with few workers
+  --model heavy      a wider network: compute-bound (the healthy case)
+  --data-dir DIR     read (and create if missing) the files there, e.g. on a throttled device
+  --cold             evict the files from the page cache before each epoch (fetch from storage)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.utils.data import DataLoader, Dataset
+
+
+class FileImages(Dataset[tuple[torch.Tensor, int]]):
+    """Images stored one per file as raw uint8 (C, H, W) bytes; label in the file name."""
+
+    def __init__(self, root: Path, size: int, prep_cost: int) -> None:
+        self.files = sorted(root.glob("*.bin"))
+        self.size = size
+        self.prep_cost = prep_cost
+        self.kernel = torch.ones(3, 1, 3, 3) / 9.0
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path = self.files[i]
+        raw = np.fromfile(path, dtype=np.uint8).reshape(3, self.size, self.size)
+        x = torch.from_numpy(raw.astype(np.float32) / 255.0)
+        if torch.rand(1).item() < 0.5:  # random horizontal flip
+            x = x.flip(-1)
+        for _ in range(self.prep_cost):  # stand-in for JPEG decode + augmentation
+            x = F.conv2d(x.unsqueeze(0), self.kernel, padding=1, groups=3).squeeze(0)
+        label = int(path.stem.split("_")[1])
+        return (x - 0.5) / 0.25, label
+
+
+def make_files(root: Path, n: int, size: int, classes: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    have = len(list(root.glob("*.bin")))
+    if have >= n:
+        return
+    rng = np.random.default_rng(0)
+    for i in range(have, n):
+        label = i % classes
+        img = rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)
+        img[label % 3] //= 2  # give each class a learnable tint
+        img.tofile(root / f"{i:07d}_{label}.bin")
+
+
+def evict(root: Path) -> None:
+    """Drop the dataset's pages from the page cache so reads hit the device."""
+    for p in root.glob("*.bin"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def model_for(kind: str, classes: int) -> nn.Module:
+    width = {"tiny": 8, "small": 16, "heavy": 96}[kind]
+    layers: list[nn.Module] = [nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                               nn.Conv2d(width, width * 2, 3, padding=1), nn.ReLU()]
+    if kind == "heavy":
+        layers += [nn.Conv2d(width * 2, width * 2, 3, padding=1), nn.ReLU(),
+                   nn.Conv2d(width * 2, width * 2, 3, padding=1), nn.ReLU()]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width * 2, classes)]
+    return nn.Sequential(*layers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--size", type=int, default=64, help="image side in pixels")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--data-dir", type=Path, help="dataset folder (default: a temp folder)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop after this long")
+    ap.add_argument("--prep-cost", type=int, default=0, help="extra CPU passes per sample")
+    ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
+    ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
+    ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
+    args = ap.parse_args(argv)
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    tmp = None
+    root = args.data_dir
+    if root is None:
+        tmp = tempfile.mkdtemp(prefix="stallscope-demo-")
+        root = Path(tmp)
+    try:
+        t0 = time.perf_counter()
+        make_files(root, args.files, args.size, args.classes)
+        print(f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)",
+              flush=True)
+        ds = FileImages(root, args.size, args.prep_cost)
+        loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
+                            num_workers=args.workers, persistent_workers=args.workers > 0)
+        watch = None
+        if not args.no_probe:
+            try:
+                from stallscope import watch
+            except ImportError:
+                watch = None
+        model = model_for(args.model, args.classes)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        start = time.perf_counter()
+        step = 0
+        for epoch in range(args.epochs):
+            if args.cold:
+                evict(root)
+            batches = watch(loader) if watch is not None else loader
+            seen, loss_sum, t_ep = 0, 0.0, time.perf_counter()
+            for x, y in batches:
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                seen += len(y)
+                loss_sum += loss.item() * len(y)
+                step += 1
+                if args.max_seconds and time.perf_counter() - start > args.max_seconds:
+                    break
+            dt = time.perf_counter() - t_ep
+            print(f"epoch {epoch}: loss {loss_sum / max(seen, 1):.3f}, {seen / dt:.0f} "
+                  f"samples/s, {step} steps", flush=True)
+            if args.max_seconds and time.perf_counter() - start > args.max_seconds:
+                break
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

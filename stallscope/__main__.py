@@ -1,0 +1,5 @@
+import sys
+
+from stallscope.cli import main
+
+sys.exit(main())

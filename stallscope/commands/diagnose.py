@@ -1,0 +1,9 @@
+"""`stallscope diagnose` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("diagnose", help="(not yet available)")

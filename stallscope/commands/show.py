@@ -1,0 +1,77 @@
+"""``stallscope show RUN [--json]``: summary of one stored run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from stallscope.commands._common import out_console
+from stallscope.store import DEFAULT_OUT, RunStore, find_run, read_meta
+from stallscope.summary import render_summary, summarize
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="summary of one run",
+                       description="Summary of a stored run: per resource median/p95/max, the "
+                       "GPU's idle share, what monitoring cost, and the diagnosis.")
+    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    meta = read_meta(run_dir)
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        summary = summarize(store, meta.get("data_devices") or ())
+        events = store.events()
+    finally:
+        store.close()
+    return {"run": str(run_dir), "meta": meta, "summary": summary, "events": events}
+
+
+def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
+    doc = load_summary(run_dir)
+    meta, summary = doc["meta"], doc["summary"]
+    cmd = " ".join(meta.get("command") or [])
+    dur = (meta.get("end") or time.time()) - (meta.get("start") or time.time())
+    state = "running" if meta.get("end") is None else f"exit code {meta.get('exit_code')}"
+    console.print(f"[bold]{escape(run_dir.name)}[/]  {escape(cmd)}", highlight=False)
+    console.print(f"  {escape(str(meta.get('host')))} · {dur:.0f} s · {state} · interval "
+                  f"{meta.get('interval_s')} s · {summary.get('samples', 0)} samples",
+                  highlight=False)
+    for name, reason in (meta.get("unavailable") or {}).items():
+        console.print(f"  [yellow]{escape(name)}[/]: {escape(str(reason))}", highlight=False)
+    if summary["rows"]:
+        console.print(render_summary(summary))
+    else:
+        console.print("  no samples stored (the run ended before the first interval)")
+    for ent, share in sorted(summary.get("gpu_idle_share", {}).items()):
+        console.print(f"  {ent} idle {share:.0%} of the run")
+    if "collector_cpu_s_per_sample" in summary:
+        cost = summary["collector_cpu_s_per_sample"]
+        interval = meta.get("interval_s") or 1
+        console.print(f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
+                      f"({cost / interval:.3%} of one core)", highlight=False)
+    if with_diagnosis:
+        try:
+            from stallscope.diagnose import diagnose_run, render_diagnosis
+        except ImportError:
+            return
+        console.print(render_diagnosis(diagnose_run(run_dir)))
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = find_run(args.run, args.out)
+    if args.json:
+        print(json.dumps(load_summary(run_dir), indent=2, default=str))
+    else:
+        print_run(run_dir, out_console, with_diagnosis=True)
+    return 0

@@ -1,0 +1,80 @@
+"""``stallscope snapshot [--interval S] [--json]``: one sample of every source over S seconds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from stallscope.collector import take_sample
+from stallscope.commands._common import interval_type, out_console
+from stallscope.sources import SOURCE_NAMES, open_sources
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("snapshot", help="one sample of every source",
+                       description="Sample GPU, disk and host over S seconds and print it.")
+    p.add_argument("--interval", type=interval_type, default=1.0,
+                   help="seconds to measure rates over (default 1)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md)")
+    p.set_defaults(func=run)
+
+
+def snapshot(interval: float) -> dict[str, Any]:
+    """One sample of every machine-wide source, in the ``snapshot --json`` shape."""
+    sources, unavailable = open_sources(SOURCE_NAMES)
+    doc: dict[str, Any] = {"ts": 0.0, "interval_s": interval}
+    try:
+        payloads = take_sample(sources, interval)
+    finally:
+        for s in sources:
+            s.close()
+    doc["ts"] = round(time.time(), 3)
+    for name in SOURCE_NAMES:
+        if name in payloads and payloads[name] is not None:
+            doc[name] = payloads[name]
+    doc["unavailable"] = unavailable
+    return doc
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if isinstance(v, list):
+        return ",".join(map(str, v)) or "-"
+    return "-" if v is None else str(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = snapshot(args.interval)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for g in doc.get("gpu", []):
+        t = Table(title=f"gpu{g.get('index')} {escape(str(g.get('name')))}", title_justify="left",
+                  show_edge=False, show_header=False)
+        for k, v in g.items():
+            if k not in ("index", "name", "processes"):
+                t.add_row(k, escape(_fmt(v)))
+        out_console.print(t)
+    if doc.get("disk"):
+        t = Table(title="disk (iostat -x)", title_justify="left", show_edge=False)
+        t.add_column("device")
+        cols = list(next(iter(doc["disk"].values())).keys())
+        for c in cols:
+            t.add_column(c, justify="right")
+        for dev, f in doc["disk"].items():
+            t.add_row(escape(dev), *(_fmt(f.get(c)) for c in cols))
+        out_console.print(t)
+    if doc.get("host"):
+        t = Table(title="host", title_justify="left", show_edge=False, show_header=False)
+        for k, v in doc["host"].items():
+            t.add_row(k, escape(_fmt(v)))
+        out_console.print(t)
+    for name, reason in doc["unavailable"].items():
+        out_console.print(f"[yellow]{name}[/]: {escape(reason)}")
+    return 0

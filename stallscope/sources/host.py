@@ -1,0 +1,229 @@
+"""Host source: CPU (total, per core, iowait), load, memory, swap rates, page cache,
+``/dev/shm`` and pressure stall information.
+
+Parsers are pure (text in, records out) and tested on recorded files; :class:`HostSource`
+is the thin reader. Equivalents: ``top``/``mpstat`` (CPU), ``free -m`` (memory),
+``vmstat`` si/so (swap), ``df /dev/shm``, ``cat /proc/pressure/*``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.errors import ParseError, SourceUnavailable
+from stallscope.sources.base import Source
+
+__all__ = [
+    "CpuTimes",
+    "HostSource",
+    "cpu_busy",
+    "parse_meminfo",
+    "parse_pressure",
+    "parse_proc_stat",
+    "parse_vmstat",
+]
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """One ``cpu`` line of ``/proc/stat``, in USER_HZ ticks."""
+
+    name: str
+    user: int
+    nice: int
+    system: int
+    idle: int
+    iowait: int
+    irq: int
+    softirq: int
+    steal: int
+
+    @property
+    def total(self) -> int:
+        # guest/guest_nice are already counted in user/nice: not added again (as top does)
+        return (self.user + self.nice + self.system + self.idle + self.iowait + self.irq
+                + self.softirq + self.steal)
+
+
+def parse_proc_stat(text: str) -> list[CpuTimes]:
+    """The ``cpu`` (aggregate, first) and ``cpuN`` lines of ``/proc/stat``."""
+    out: list[CpuTimes] = []
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            continue
+        parts = line.split()
+        try:
+            vals = [int(x) for x in parts[1:9]]
+        except ValueError as exc:
+            raise ParseError(f"unexpected /proc/stat line: {line!r}") from exc
+        if len(vals) < 4:
+            raise ParseError(f"unexpected /proc/stat line: {line!r}")
+        vals += [0] * (8 - len(vals))  # kernels before 2.6.11 lack steal etc.
+        out.append(CpuTimes(parts[0], *vals))
+    if not out or out[0].name != "cpu":
+        raise ParseError("no aggregate 'cpu' line in /proc/stat")
+    return out
+
+
+def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float]:
+    """(busy %, iowait %) between two readings of one CPU line (``top`` semantics)."""
+    dt = cur.total - prev.total
+    if dt <= 0:
+        return 0.0, 0.0
+    idle = (cur.idle - prev.idle) + (cur.iowait - prev.iowait)
+    busy = max(0.0, min(100.0, 100.0 * (dt - idle) / dt))
+    iowait = max(0.0, min(100.0, 100.0 * (cur.iowait - prev.iowait) / dt))
+    return busy, iowait
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as {field: kB}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            out[key.strip()] = int(parts[0])
+        except ValueError as exc:
+            raise ParseError(f"unexpected /proc/meminfo line: {line!r}") from exc
+    if "MemTotal" not in out:
+        raise ParseError("no MemTotal in /proc/meminfo")
+    return out
+
+
+def parse_vmstat(text: str) -> dict[str, int]:
+    """``/proc/vmstat`` as {counter: value}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                out[parts[0]] = int(parts[1])
+            except ValueError as exc:
+                raise ParseError(f"unexpected /proc/vmstat line: {line!r}") from exc
+    return out
+
+
+def parse_pressure(text: str) -> dict[str, float]:
+    """``/proc/pressure/<res>`` -> {"some": avg10 %, "full": avg10 %}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        try:
+            out[parts[0]] = float(fields["avg10"])
+        except (KeyError, ValueError) as exc:
+            raise ParseError(f"unexpected pressure line: {line!r}") from exc
+    return out
+
+
+class HostSource(Source):
+    """CPU, memory, swap, shm and PSI of the whole machine."""
+
+    name = "host"
+
+    def __init__(self, proc_root: str = "/proc", shm_path: str = "/dev/shm",
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+        self.proc_root = proc_root
+        self.shm_path = shm_path
+        self._statvfs = statvfs
+        self._prev_cpu: list[CpuTimes] | None = None
+        self._prev_vm: tuple[float, int, int] | None = None
+        self._psi: list[str] = []
+        self._shm_ok = True
+        self.notes: list[str] = []  #: things this source could not read, said once
+
+    def _read(self, rel: str) -> str:
+        with open(os.path.join(self.proc_root, rel)) as f:
+            return f.read()
+
+    def open(self) -> None:
+        try:
+            self._read("stat")
+            self._read("meminfo")
+        except OSError as exc:
+            raise SourceUnavailable(f"cannot read {self.proc_root}/stat or meminfo: "
+                                    f"{exc.strerror}") from exc
+        for res in ("io", "cpu", "memory"):
+            try:
+                self._read(f"pressure/{res}")
+                self._psi.append(res)
+            except OSError:
+                pass
+        if not self._psi:
+            self.notes.append("PSI (/proc/pressure) not available: kernel without "
+                              "CONFIG_PSI or psi=0")
+        try:
+            self._statvfs(self.shm_path)
+        except OSError:
+            self._shm_ok = False
+            self.notes.append(f"{self.shm_path} not mounted: shm usage not reported")
+
+    def sample(self, now: float) -> dict[str, Any] | None:
+        cpus = parse_proc_stat(self._read("stat"))
+        mem = parse_meminfo(self._read("meminfo"))
+        vm = parse_vmstat(self._read("vmstat"))
+        load1 = float(self._read("loadavg").split()[0])
+        prev_cpu, self._prev_cpu = self._prev_cpu, cpus
+        prev_vm = self._prev_vm
+        self._prev_vm = (now, vm.get("pswpin", 0), vm.get("pswpout", 0))
+        if prev_cpu is None or prev_vm is None:
+            return None
+
+        out: dict[str, Any] = {}
+        busy, iowait = cpu_busy(prev_cpu[0], cpus[0])
+        prev_by_name = {c.name: c for c in prev_cpu[1:]}
+        per_core: list[float | None] = []
+        for c in cpus[1:]:  # a CPU hot-plugged in between has no previous reading
+            p = prev_by_name.get(c.name)
+            per_core.append(round(cpu_busy(p, c)[0], 2) if p else None)
+        out["cpu_pct"] = round(busy, 2)
+        out["iowait_pct"] = round(iowait, 2)
+        out["cpu_per_core_pct"] = per_core
+        cores = [v for v in per_core if v is not None]
+        out["cpu_max_core_pct"] = max(cores) if cores else None
+        out["load1"] = load1
+
+        total = mem["MemTotal"]
+        avail = mem.get("MemAvailable", mem.get("MemFree", 0))
+        cache = mem.get("Cached", 0) + mem.get("Buffers", 0) + mem.get("SReclaimable", 0)
+        used = total - mem.get("MemFree", 0) - cache  # free(1)'s "used"
+        out["mem_total_mib"] = round(total / 1024, 1)
+        out["mem_used_mib"] = round(max(used, 0) / 1024, 1)
+        out["mem_available_mib"] = round(avail / 1024, 1)
+        out["page_cache_mib"] = round(cache / 1024, 1)
+        out["swap_used_mib"] = round((mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)) / 1024, 1)
+
+        dt = now - prev_vm[0]
+        page_kb = os.sysconf("SC_PAGE_SIZE") / 1024 if hasattr(os, "sysconf") else 4.0
+        if dt > 0:
+            out["swap_in_kb_s"] = round(max(0, vm.get("pswpin", 0) - prev_vm[1]) * page_kb / dt,
+                                        2)
+            out["swap_out_kb_s"] = round(
+                max(0, vm.get("pswpout", 0) - prev_vm[2]) * page_kb / dt, 2)
+
+        if self._shm_ok:
+            try:
+                st = self._statvfs(self.shm_path)
+                out["shm_total_mib"] = round(st.f_blocks * st.f_frsize / 1048576, 1)
+                out["shm_used_mib"] = round((st.f_blocks - st.f_bfree) * st.f_frsize / 1048576, 1)
+            except OSError:
+                self._shm_ok = False
+
+        for res in self._psi:
+            try:
+                psi = parse_pressure(self._read(f"pressure/{res}"))
+            except OSError:
+                continue
+            key = "mem" if res == "memory" else res
+            out[f"psi_{key}_some_pct"] = psi.get("some")
+            if res == "io":
+                out["psi_io_full_pct"] = psi.get("full")
+        return out

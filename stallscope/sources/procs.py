@@ -1,0 +1,273 @@
+"""Procs source: the trainer's process tree (the child of ``stallscope run`` and all its
+descendants, DataLoader workers included).
+
+Per process and interval: CPU % (100 = one core; ``htop`` CPU%), resident memory, bytes read
+from storage (``/proc/PID/io`` ``read_bytes``, what ``iotop`` shows) and including page cache
+(``rchar``), whether it was in state D (uninterruptible: waiting on I/O) when sampled, the share of
+the interval it was runnable but waiting for a CPU (``/proc/PID/schedstat``), the share it was
+blocked on block I/O (``delayacct_blkio_ticks``, stat field 42, when ``kernel.task_delayacct``
+is on), threads, and its role: ``main`` (the trainer) or ``worker`` (its descendants).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.errors import ParseError, SourceUnavailable
+from stallscope.sources.base import Source
+
+__all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
+           "parse_schedstat"]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of ``/proc/PID/stat`` stallscope uses (times in clock ticks)."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    utime: int
+    stime: int
+    threads: int
+    starttime: int
+    rss_pages: int
+    blkio_ticks: int | None  #: field 42, None on kernels that lack it
+
+
+@dataclass(frozen=True)
+class ProcIo:
+    """``/proc/PID/io`` (bytes)."""
+
+    rchar: int
+    read_bytes: int
+    write_bytes: int
+
+
+def parse_pid_stat(text: str) -> ProcStat:
+    """Parse ``/proc/PID/stat``. ``comm`` may hold spaces and parentheses: it runs from the
+    first ``(`` to the last ``)``."""
+    lp, rp = text.find("("), text.rfind(")")
+    if lp < 0 or rp < lp:
+        raise ParseError(f"unexpected /proc/PID/stat: {text[:80]!r}")
+    rest = text[rp + 2:].split()
+    try:
+        # rest[i] is field i+3 of proc(5)
+        return ProcStat(
+            pid=int(text[:lp]),
+            comm=text[lp + 1:rp],
+            state=rest[0],
+            ppid=int(rest[1]),
+            utime=int(rest[11]),
+            stime=int(rest[12]),
+            threads=int(rest[17]),
+            starttime=int(rest[19]),
+            rss_pages=int(rest[21]),
+            blkio_ticks=int(rest[39]) if len(rest) > 39 else None,
+        )
+    except (IndexError, ValueError) as exc:
+        raise ParseError(f"unexpected /proc/PID/stat: {text[:80]!r}") from exc
+
+
+def parse_pid_io(text: str) -> ProcIo:
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        try:
+            fields[key.strip()] = int(val)
+        except ValueError as exc:
+            raise ParseError(f"unexpected /proc/PID/io line: {line!r}") from exc
+    try:
+        return ProcIo(fields["rchar"], fields["read_bytes"], fields["write_bytes"])
+    except KeyError as exc:
+        raise ParseError(f"/proc/PID/io lacks {exc.args[0]}") from exc
+
+
+def parse_schedstat(text: str) -> tuple[int, int]:
+    """``/proc/PID/schedstat`` -> (ns on CPU, ns runnable waiting for a CPU)."""
+    parts = text.split()
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError) as exc:
+        raise ParseError(f"unexpected /proc/PID/schedstat: {text!r}") from exc
+
+
+@dataclass
+class _Prev:
+    ts: float
+    cpu_ticks: int
+    io: ProcIo | None
+    sched_wait_ns: int | None
+    blkio_ticks: int | None
+    starttime: int
+
+
+class ProcsSource(Source):
+    """The process tree rooted at ``root_pid``."""
+
+    name = "procs"
+
+    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 10) -> None:
+        self.root_pid = root_pid
+        self.proc_root = proc_root
+        self.rescan_every = rescan_every
+        self._prev: dict[int, _Prev] = {}
+        self._n = 0
+        self._tree: set[int] = {root_pid}
+        self._children_file = True
+        self._io_denied = False
+        self.notes: list[str] = []
+        self.known: dict[int, dict[str, Any]] = {}  #: pid -> attrs, for the store's entities
+
+    def _read(self, *parts: str) -> str:
+        with open(os.path.join(self.proc_root, *parts)) as f:
+            return f.read()
+
+    def open(self) -> None:
+        try:
+            self._read(str(self.root_pid), "stat")
+        except OSError as exc:
+            raise SourceUnavailable(f"process {self.root_pid} is not readable in "
+                                    f"{self.proc_root}: {exc.strerror}") from exc
+        if not os.path.exists(os.path.join(self.proc_root, str(self.root_pid), "task",
+                                           str(self.root_pid), "children")):
+            self._children_file = False
+
+    # --- tree discovery --------------------------------------------------------------------------
+    def _children(self, pid: int) -> list[int]:
+        try:
+            return [int(x) for x in self._read(str(pid), "task", str(pid), "children").split()]
+        except OSError:
+            return []
+
+    def _full_scan(self) -> set[int]:
+        parent: dict[int, int] = {}
+        for d in os.listdir(self.proc_root):
+            if not d.isdigit():
+                continue
+            try:
+                parent[int(d)] = parse_pid_stat(self._read(d, "stat")).ppid
+            except (OSError, ParseError):
+                continue
+        tree = {self.root_pid}
+        grew = True
+        while grew:
+            new = {p for p, pp in parent.items() if pp in tree and p not in tree}
+            tree |= new
+            grew = bool(new)
+        return tree
+
+    def _discover(self) -> set[int]:
+        # The main thread's children file is cheap; children forked from other threads only show
+        # up in their own task's file, so a full /proc scan every few samples catches those.
+        if not self._children_file or self._n % self.rescan_every == 0:
+            return self._full_scan()
+        tree = {self.root_pid}
+        todo = [self.root_pid]
+        while todo:
+            for c in self._children(todo.pop()):
+                if c not in tree:
+                    tree.add(c)
+                    todo.append(c)
+        return tree | {p for p in self._tree if os.path.exists(f"{self.proc_root}/{p}")}
+
+    def pids(self) -> set[int]:
+        return set(self._tree)
+
+    # --- sampling --------------------------------------------------------------------------------
+    def sample(self, now: float) -> dict[str, Any] | None:
+        self._tree = self._discover()
+        self._n += 1
+        out: dict[str, Any] = {}
+        seen: set[int] = set()
+        for pid in sorted(self._tree):
+            rec = self._sample_one(pid, now)
+            if rec is not None:
+                out[str(pid)] = rec
+                seen.add(pid)
+        for gone in set(self._prev) - seen:
+            del self._prev[gone]
+        self._tree = seen or {self.root_pid}
+        return out
+
+    def _role(self, pid: int) -> str:
+        return "main" if pid == self.root_pid else "worker"
+
+    def _sample_one(self, pid: int, now: float) -> dict[str, Any] | None:
+        try:
+            st = parse_pid_stat(self._read(str(pid), "stat"))
+        except (OSError, ParseError):
+            return None  # exited between discovery and read
+        io: ProcIo | None = None
+        if not self._io_denied:
+            try:
+                io = parse_pid_io(self._read(str(pid), "io"))
+            except PermissionError:
+                self._io_denied = True
+                self.notes.append("/proc/PID/io not readable (needs the same user or "
+                                  "CAP_SYS_PTRACE): per-process read bytes not reported")
+            except (OSError, ParseError):
+                io = None
+        sched_wait: int | None = None
+        try:
+            sched_wait = parse_schedstat(self._read(str(pid), "schedstat"))[1]
+        except (OSError, ParseError):
+            sched_wait = None
+        if pid not in self.known:
+            try:
+                cmd = self._read(str(pid), "cmdline").replace("\0", " ").strip()
+            except OSError:
+                cmd = ""
+            self.known[pid] = {"name": st.comm, "cmdline": cmd[:300], "ppid": st.ppid,
+                               "role": self._role(pid)}
+
+        ticks = st.utime + st.stime
+        prev = self._prev.get(pid)
+        self._prev[pid] = _Prev(now, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
+        rec: dict[str, Any] = {
+            "name": st.comm,
+            "role": self._role(pid),
+            "ppid": st.ppid,
+            "state": st.state,
+            "d_state": 1 if st.state == "D" else 0,
+            "rss_mib": round(st.rss_pages * _PAGE / 1048576, 1),
+            "threads": st.threads,
+        }
+        if prev is None or prev.starttime != st.starttime:  # new, or pid reused
+            return rec
+        dt = now - prev.ts
+        if dt <= 0:
+            return rec
+        rec["cpu_pct"] = round(100.0 * (ticks - prev.cpu_ticks) / _CLK_TCK / dt, 2)
+        if io is not None and prev.io is not None:
+            rec["read_kb_s"] = round(max(0, io.read_bytes - prev.io.read_bytes) / 1024 / dt, 2)
+            rec["write_kb_s"] = round(max(0, io.write_bytes - prev.io.write_bytes) / 1024 / dt,
+                                      2)
+            rec["rchar_kb_s"] = round(max(0, io.rchar - prev.io.rchar) / 1024 / dt, 2)
+        if sched_wait is not None and prev.sched_wait_ns is not None:
+            rec["runq_wait_pct"] = round(
+                min(100.0, 100.0 * (sched_wait - prev.sched_wait_ns) / 1e9 / dt), 2)
+        if st.blkio_ticks is not None and prev.blkio_ticks is not None:
+            rec["blkio_wait_pct"] = round(
+                min(100.0, 100.0 * (st.blkio_ticks - prev.blkio_ticks) / _CLK_TCK / dt), 2)
+        return rec
+
+
+def tree_summary(payload: dict[str, Any]) -> dict[str, float]:
+    """Totals by role over one procs payload: cpu %, read kB/s, processes in D."""
+    out: dict[str, float] = {}
+    for rec in payload.values():
+        role = rec.get("role", "worker")
+        out[f"{role}_cpu_pct"] = out.get(f"{role}_cpu_pct", 0.0) + (rec.get("cpu_pct") or 0.0)
+        out[f"{role}_read_kb_s"] = out.get(f"{role}_read_kb_s", 0.0) + (
+            rec.get("read_kb_s") or 0.0)
+        out[f"{role}_count"] = out.get(f"{role}_count", 0.0) + 1
+        out[f"{role}_d_state"] = out.get(f"{role}_d_state", 0.0) + rec.get("d_state", 0)
+    return out
+

@@ -1,0 +1,442 @@
+"""The run store: one directory per run holding ``run.db`` (SQLite, WAL) and ``meta.json``.
+
+Layout of ``run.db``:
+
+``series(id, name, entity)``
+    one row per time series; ``name`` is a metric of :mod:`stallscope.metrics`
+    (``disk.r_await_ms``), ``entity`` what it is about (``vda``, ``gpu0``, ``pid:4242``, ``cpu3``,
+    ``""`` for the host as a whole).
+``points(ts, series, v)``
+    full-resolution samples, clustered by time (appends stay sequential, pages stay full).
+``rollup(ts, series, n, vmin, vmean, vmax)``
+    older samples downsampled into fixed buckets; a long run keeps full resolution for a recent
+    window only, so its size is bounded (see ``benchmarks/bench_store_size.py``).
+``entities(source, entity, attrs, first_ts, last_ts)``
+    what is known about an entity that is not a number (GPU name, process cmdline and role).
+``events(ts, source, kind, message)``
+    things said once: a source unavailable, a GPU lost, a probe buffer overflow.
+``steps(rank, step, ...)``
+    per training step timings written by the in-trainer probe.
+``probes(rank, ...)``
+    one row per probe (rank): loader configuration, drops.
+
+Crash safety: WAL journal, one transaction per collector interval. A ``kill -9`` loses at most
+the interval in flight; the database stays consistent (``PRAGMA integrity_check``). Readers may
+open a run while it is being written (WAL allows one writer and many readers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import RunNotFound, StallscopeError, UsageError
+from stallscope.metrics import lookup
+
+__all__ = [
+    "DEFAULT_OUT",
+    "Point",
+    "RunStore",
+    "Series",
+    "StepRow",
+    "find_run",
+    "list_runs",
+    "new_run_dir",
+    "read_meta",
+    "write_meta",
+]
+
+DEFAULT_OUT = "stallscope-runs"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series(
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, entity TEXT NOT NULL, UNIQUE(name, entity));
+CREATE TABLE IF NOT EXISTS points(
+    ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup(
+    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL,
+    vmin REAL NOT NULL, vmean REAL NOT NULL, vmax REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entities(
+    source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
+    first_ts REAL NOT NULL, last_ts REAL NOT NULL, PRIMARY KEY(source, entity));
+CREATE TABLE IF NOT EXISTS events(
+    ts REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps(
+    rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
+    wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
+    samples INTEGER, epoch INTEGER,
+    PRIMARY KEY(rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS probes(
+    rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
+    steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One number: metric ``name`` (``source.key``) about ``entity`` at time ``ts``."""
+
+    name: str
+    entity: str
+    value: float
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One training step as the probe saw it (seconds)."""
+
+    rank: int
+    step: int
+    ts: float  #: wall time the step's batch was handed over
+    wait_s: float  #: host time blocked waiting for the batch (data wait)
+    host_s: float  #: host time from batch handed over to the next request (compute + rest)
+    h2d_s: float | None = None  #: host-to-device copy time
+    gpu_busy_s: float | None = None  #: GPU time between the step's CUDA events
+    gpu_idle_s: float | None = None  #: GPU gap before this step (end of previous -> start)
+    samples: int | None = None
+    epoch: int | None = None
+
+
+@dataclass
+class Series:
+    """A time series read back from the store (rolled-up buckets give their mean)."""
+
+    name: str
+    entity: str
+    ts: list[float] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
+
+
+class RunStore:
+    """Writer and reader of one ``run.db``."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise RunNotFound(f"no run database at {self.path}")
+                uri = f"file:{self.path}?mode=ro"
+                self.db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+            else:
+                self.db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(_SCHEMA)
+                self.db.execute(
+                    "INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (SCHEMA_VERSION,)
+                )
+                self.db.commit()
+            self.db.execute("PRAGMA busy_timeout=10000")
+        except sqlite3.DatabaseError as exc:
+            raise StallscopeError(f"cannot open run database {self.path}: {exc}") from exc
+        self._series: dict[tuple[str, str], int] = {}
+
+    # --- writing -------------------------------------------------------------------------------
+    def _series_id(self, name: str, entity: str) -> int:
+        key = (name, entity)
+        sid = self._series.get(key)
+        if sid is None:
+            self.db.execute("INSERT OR IGNORE INTO series(name, entity) VALUES(?, ?)", key)
+            row = self.db.execute(
+                "SELECT id FROM series WHERE name=? AND entity=?", key
+            ).fetchone()
+            sid = int(row[0])
+            self._series[key] = sid
+        return sid
+
+    def add_points(self, ts: float, points: Iterable[Point]) -> int:
+        """Append one sample's points in one transaction; returns how many were stored."""
+        rows = [(ts, self._series_id(p.name, p.entity), float(p.value)) for p in points]
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO points VALUES(?, ?, ?)", rows)
+        return len(rows)
+
+    def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO entities VALUES(?, ?, ?, ?, ?) ON CONFLICT(source, entity) "
+                "DO UPDATE SET attrs=excluded.attrs, last_ts=excluded.last_ts",
+                (source, entity, json.dumps(attrs, sort_keys=True), ts, ts),
+            )
+
+    def touch_entities(self, source: str, entities: Sequence[str], ts: float) -> None:
+        with self.db:
+            self.db.executemany(
+                "UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
+                [(ts, source, e) for e in entities],
+            )
+
+    def add_event(self, ts: float, source: str, kind: str, message: str) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO events VALUES(?, ?, ?, ?)", (ts, source, kind, message))
+
+    def add_steps(self, rows: Iterable[StepRow]) -> int:
+        data = [
+            (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.h2d_s, r.gpu_busy_s, r.gpu_idle_s,
+             r.samples, r.epoch)
+            for r in rows
+        ]
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO steps VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", data
+            )
+        return len(data)
+
+    def update_steps_gpu(self, rows: Iterable[tuple[int, int, float | None, float | None]]) -> None:
+        """Fill in GPU busy/idle times once their CUDA events completed: (rank, step, busy, idle)."""
+        with self.db:
+            self.db.executemany(
+                "UPDATE steps SET gpu_busy_s=?, gpu_idle_s=? WHERE rank=? AND step=?",
+                [(b, i, r, s) for r, s, b, i in rows],
+            )
+
+    def set_probe(self, rank: int, pid: int, config: dict[str, Any], steps: int,
+                  dropped: int) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO probes VALUES(?, ?, ?, ?, ?, ?)",
+                (rank, pid, json.dumps(config, sort_keys=True, default=str), steps, dropped,
+                 time.time()),
+            )
+
+    def downsample(self, older_than: float, bucket_s: float = 60.0) -> int:
+        """Fold full-resolution points older than ``older_than`` into ``bucket_s`` buckets.
+
+        Only whole buckets are folded, so a bucket is never split between the two tables.
+        Returns the number of points folded."""
+        cutoff = (older_than // bucket_s) * bucket_s
+        with self.db:
+            self.db.execute(
+                """INSERT INTO rollup(ts, series, n, vmin, vmean, vmax)
+                   SELECT CAST(ts / :b AS INTEGER) * :b AS bt, series, COUNT(*), MIN(v), AVG(v),
+                          MAX(v)
+                   FROM points WHERE ts < :c GROUP BY bt, series
+                   ON CONFLICT(ts, series) DO UPDATE SET
+                     vmean = (vmean * n + excluded.vmean * excluded.n) / (n + excluded.n),
+                     n = n + excluded.n,
+                     vmin = MIN(vmin, excluded.vmin), vmax = MAX(vmax, excluded.vmax)""",
+                {"b": bucket_s, "c": cutoff},
+            )
+            cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
+        return int(cur.rowcount)
+
+    def checkpoint(self) -> None:
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- reading -------------------------------------------------------------------------------
+    def series_keys(self, prefix: str = "") -> list[tuple[str, str]]:
+        rows = self.db.execute(
+            "SELECT name, entity FROM series WHERE name LIKE ? ORDER BY name, entity",
+            (prefix + "%",),
+        ).fetchall()
+        return [(str(n), str(e)) for n, e in rows]
+
+    def read(self, name: str, entity: str | None = None) -> list[Series]:
+        """All series of metric ``name`` (one entity, or every entity), oldest first.
+
+        Rolled-up buckets contribute their mean at the bucket's start time."""
+        if entity is None:
+            ids = self.db.execute(
+                "SELECT id, entity FROM series WHERE name=? ORDER BY entity", (name,)
+            ).fetchall()
+        else:
+            ids = self.db.execute(
+                "SELECT id, entity FROM series WHERE name=? AND entity=?", (name, entity)
+            ).fetchall()
+        out = []
+        for sid, ent in ids:
+            s = Series(name, str(ent))
+            for ts, v in self.db.execute(
+                "SELECT ts, vmean FROM rollup WHERE series=? UNION ALL "
+                "SELECT ts, v FROM points WHERE series=? ORDER BY 1",
+                (sid, sid),
+            ):
+                s.ts.append(float(ts))
+                s.v.append(float(v))
+            out.append(s)
+        return out
+
+    def read_all(self) -> dict[tuple[str, str], Series]:
+        """Every series in the run, keyed by (name, entity)."""
+        names = {int(i): (str(n), str(e)) for i, n, e in
+                 self.db.execute("SELECT id, name, entity FROM series")}
+        out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
+        for ts, sid, v in self.db.execute(
+            "SELECT ts, series, vmean FROM rollup UNION ALL SELECT ts, series, v FROM points "
+            "ORDER BY 1"
+        ):
+            s = out[names[int(sid)]]
+            s.ts.append(float(ts))
+            s.v.append(float(v))
+        return out
+
+    def entities(self, source: str | None = None) -> list[dict[str, Any]]:
+        q = "SELECT source, entity, attrs, first_ts, last_ts FROM entities"
+        args: tuple[Any, ...] = ()
+        if source is not None:
+            q += " WHERE source=?"
+            args = (source,)
+        return [
+            {"source": s, "entity": e, "attrs": json.loads(a), "first_ts": f, "last_ts": la}
+            for s, e, a, f, la in self.db.execute(q + " ORDER BY source, entity", args)
+        ]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            {"ts": ts, "source": s, "kind": k, "message": m}
+            for ts, s, k, m in self.db.execute("SELECT * FROM events ORDER BY ts")
+        ]
+
+    def steps(self, rank: int | None = None) -> list[StepRow]:
+        q = "SELECT * FROM steps"
+        args: tuple[Any, ...] = ()
+        if rank is not None:
+            q += " WHERE rank=?"
+            args = (rank,)
+        return [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
+
+    def probes(self) -> list[dict[str, Any]]:
+        return [
+            {"rank": r, "pid": p, "config": json.loads(c), "steps": s, "dropped": d,
+             "updated": u}
+            for r, p, c, s, d, u in self.db.execute("SELECT * FROM probes ORDER BY rank")
+        ]
+
+    def time_range(self) -> tuple[float, float] | None:
+        row = self.db.execute(
+            "SELECT MIN(t0), MAX(t1) FROM (SELECT MIN(ts) t0, MAX(ts) t1 FROM points "
+            "UNION ALL SELECT MIN(ts), MAX(ts) FROM rollup)"
+        ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return float(row[0]), float(row[1])
+
+    def integrity_ok(self) -> bool:
+        return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+# --- run directories -----------------------------------------------------------------------------
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def new_run_dir(out: str | os.PathLike[str], label: str, now: float | None = None) -> Path:
+    """Create ``<out>/<YYYYmmdd-HHMMSS>-<label>`` (suffixed when taken) and return it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    safe = _SAFE.sub("-", label).strip("-.")[:40] or "run"
+    root = Path(out)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create output directory {root}: {exc.strerror}") from exc
+    for n in range(1000):
+        name = f"{stamp}-{safe}" + (f"-{n}" if n else "")
+        path = root / name
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from exc
+        return path
+    raise UsageError(f"too many runs named {stamp}-{safe} in {root}")
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write ``meta.json`` atomically (temp file + rename), so readers never see half of it."""
+    tmp = run_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, run_dir / "meta.json")
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    try:
+        meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text())
+    except FileNotFoundError as exc:
+        raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
+    except (OSError, ValueError) as exc:
+        raise RunNotFound(f"{run_dir}/meta.json is unreadable: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise RunNotFound(f"{run_dir}/meta.json is not a JSON object")
+    return meta
+
+
+def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
+    """Resolve RUN as given on the command line: a run directory path, a run id under
+    ``out``, a unique prefix of one, or ``latest``."""
+    p = Path(ref)
+    if (p / "meta.json").exists() or (p / "run.db").exists():
+        return p
+    root = Path(out)
+    if ref == "latest":
+        runs = list_runs(root)
+        if not runs:
+            raise RunNotFound(f"no runs in {root}")
+        return runs[-1]
+    if (root / ref / "meta.json").exists() or (root / ref / "run.db").exists():
+        return root / ref
+    matches = [r for r in list_runs(root) if r.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        names = ", ".join(m.name for m in matches[:5])
+        raise RunNotFound(f"run {ref!r} is ambiguous: {names}")
+    if p.exists():
+        raise RunNotFound(f"{ref} is not a stallscope run directory (no meta.json or run.db)")
+    raise RunNotFound(f"unknown run {ref!r} (not a directory, and not a run in {root}/)")
+
+
+def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
+    """Run directories under ``out``, oldest first."""
+    root = Path(out)
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").exists())
+
+
+def iter_points_from_payload(source: str, payload: Any) -> Iterator[Point]:
+    """Flatten a source payload (``snapshot --json`` shape) into store points.
+
+    Numbers become points; everything else (names, lists) is entity metadata, kept apart."""
+    if payload is None:
+        return
+    if source == "gpu":
+        for g in payload:
+            ent = f"gpu{g.get('index', 0)}"
+            yield from _numeric(source, ent, g)
+    elif source in ("disk", "procs"):
+        for ent, fields in payload.items():
+            yield from _numeric(source, str(ent), fields)
+    elif source == "host":
+        yield from _numeric(source, "", payload)
+        for i, v in enumerate(payload.get("cpu_per_core_pct") or []):
+            if v is not None:
+                yield Point("host.cpu_core_pct", f"cpu{i}", float(v))
+    else:
+        yield from _numeric(source, "", payload)
+
+
+def _numeric(source: str, entity: str, fields: dict[str, Any]) -> Iterator[Point]:
+    # Only what the vocabulary declares is stored: ids (index, pid) and text are not metrics.
+    for k, v in fields.items():
+        name = f"{source}.{k}"
+        if lookup(name) is None or v is None or isinstance(v, (str, list, dict)):
+            continue
+        fv = float(v)
+        if fv == fv:  # NaN is not a reading
+            yield Point(name, entity, fv)

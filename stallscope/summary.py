@@ -1,0 +1,134 @@
+"""Run summary: per resource, median / p95 / max over the run, and the GPU's idle share.
+
+Pure functions over series read from the store; the terminal rendering lives in
+:func:`render_summary`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.metrics import lookup
+from stallscope.store import RunStore, Series
+
+__all__ = ["Stat", "percentile", "render_summary", "stat", "summarize"]
+
+
+@dataclass(frozen=True)
+class Stat:
+    metric: str
+    entity: str
+    unit: str
+    n: int
+    median: float
+    p95: float
+    max: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "entity": self.entity, "unit": self.unit, "n": self.n,
+                "median": self.median, "p95": self.p95, "max": self.max}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def stat(s: Series) -> Stat | None:
+    if not s.v:
+        return None
+    m = lookup(s.name)
+    return Stat(s.name, s.entity, m.unit if m else "", len(s.v), percentile(s.v, 50),
+                percentile(s.v, 95), max(s.v))
+
+
+#: what the summary shows, in order: (metric, which entities)
+_ROWS: tuple[str, ...] = (
+    "gpu.util_pct", "gpu.sm_active_pct", "gpu.mem_used_mib", "gpu.power_w", "gpu.temp_c",
+    "host.cpu_pct", "host.cpu_max_core_pct", "host.iowait_pct", "host.mem_used_mib",
+    "host.swap_in_kb_s", "host.shm_used_mib", "host.psi_io_some_pct",
+    "disk.util_pct", "disk.r_await_ms", "disk.rkb_s", "disk.r_s",
+)
+
+
+def summarize(store: RunStore, data_devices: Sequence[str] = ()) -> dict[str, Any]:
+    """Summary of a stored run as a JSON-able dict."""
+    rows: list[dict[str, Any]] = []
+    all_series = store.read_all()
+    for name in _ROWS:
+        for (n, ent), s in sorted(all_series.items()):
+            if n != name:
+                continue
+            if n.startswith("disk.") and data_devices and ent not in data_devices:
+                continue
+            if n.startswith("disk.") and not data_devices and not any(s.v):
+                continue  # idle devices only add noise when no dataset device was named
+            st = stat(s)
+            if st is not None:
+                rows.append(st.as_dict())
+    # the trainer tree: main vs workers, summed per sample
+    procs = store.entities("procs")
+    roles = {p["entity"]: p["attrs"].get("role", "worker") for p in procs}
+    for role in ("main", "worker"):
+        per_ts: dict[float, float] = {}
+        for (n, ent), s in all_series.items():
+            if n == "procs.cpu_pct" and roles.get(ent) == role:
+                for t, v in zip(s.ts, s.v):
+                    per_ts[t] = per_ts.get(t, 0.0) + v
+        if per_ts:
+            st = stat(Series(f"procs.cpu_pct[{role}]", "", list(per_ts), list(per_ts.values())))
+            if st is not None:
+                d = st.as_dict()
+                d["unit"] = "%"
+                d["processes"] = sum(1 for r in roles.values() if r == role)
+                rows.append(d)
+    gpu_idle: dict[str, float] = {}
+    for (n, ent), s in all_series.items():
+        if n == "gpu.util_pct" and s.v:
+            gpu_idle[ent] = round(sum(100.0 - v for v in s.v) / len(s.v) / 100.0, 4)
+    cost = all_series.get(("collector.cpu_s", ""))
+    out: dict[str, Any] = {"rows": rows, "gpu_idle_share": gpu_idle}
+    if cost is not None and cost.v:
+        out["collector_cpu_s_per_sample"] = round(sum(cost.v) / len(cost.v), 6)
+        out["samples"] = len(cost.v)
+    tr = store.time_range()
+    if tr:
+        out["duration_s"] = round(tr[1] - tr[0], 1)
+    return out
+
+
+def _fmt(v: float) -> str:
+    if v != v:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def render_summary(summary: dict[str, Any]) -> Any:
+    """A rich Table of the summary."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Resources over the run", title_justify="left", show_edge=False)
+    for col, just in (("metric", "left"), ("entity", "left"), ("median", "right"),
+                      ("p95", "right"), ("max", "right"), ("unit", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in summary["rows"]:
+        ent = r["entity"]
+        if "processes" in r:
+            ent = f"{r['processes']} proc"
+        table.add_row(escape(r["metric"]), escape(str(ent)), _fmt(r["median"]), _fmt(r["p95"]), _fmt(r["max"]),
+                      r["unit"])
+    return table
