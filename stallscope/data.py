@@ -31,7 +31,6 @@ from stallscope.errors import ParseError, UsageError
 
 __all__ = [
     "MANIFEST_NAME",
-    "ShardDataset",
     "ShardSet",
     "equal_quota",
     "iter_samples",
@@ -69,7 +68,7 @@ def iter_samples(fileobj: IO[bytes], url: str = "") -> Iterator[dict[str, Any]]:
     or on a field that appears twice in one sample."""
     current: dict[str, Any] | None = None
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|") as tar:
+        with tarfile.open(fileobj=fileobj, mode="r|", bufsize=1 << 20) as tar:
             for member in tar:
                 if not member.isfile():
                     continue
@@ -84,7 +83,9 @@ def iter_samples(fileobj: IO[bytes], url: str = "") -> Iterator[dict[str, Any]]:
                         yield current
                     current = {"__key__": key, "__url__": url}
                 if field in current:
-                    raise ParseError(f"{url or 'tar'}: member {member.name!r} repeats field {field!r}")
+                    raise ParseError(
+                        f"{url or 'tar'}: member {member.name!r} repeats field {field!r}"
+                    )
                 current[field] = data
     except tarfile.TarError as exc:
         raise ParseError(f"{url or 'tar'}: not a readable tar shard ({exc})") from exc
@@ -164,7 +165,9 @@ def equal_quota(counts: Sequence[int], world_size: int, num_workers: int) -> int
     return min(totals)
 
 
-def _shuffled(items: Iterable[dict[str, Any]], size: int, rng: random.Random) -> Iterator[dict[str, Any]]:
+def _shuffled(
+    items: Iterable[dict[str, Any]], size: int, rng: random.Random
+) -> Iterator[dict[str, Any]]:
     """Shuffle a stream with a buffer of ``size`` samples (deterministic for a given rng)."""
     buf: list[dict[str, Any]] = []
     for item in items:
@@ -251,9 +254,7 @@ class _ShardIterable:
             if counts is None:
                 raise UsageError("equalize needs per-shard counts: load shards from a manifest")
             quota = equal_quota([counts[i] for i in order], world, nworkers)
-        stream: Iterator[dict[str, Any]] = (
-            s for i in mine for s in iter_shard(paths[order[i]])
-        )
+        stream: Iterator[dict[str, Any]] = (s for i in mine for s in iter_shard(paths[order[i]]))
         if self.shuffle_buffer > 1:
             rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{worker}")
             stream = _shuffled(stream, self.shuffle_buffer, rng)
@@ -273,7 +274,7 @@ def _dataset_class() -> type:
     if _DATASET_CLASS is None:
         from torch.utils.data import IterableDataset
 
-        class ShardDataset(_ShardIterable, IterableDataset):  # type: ignore[misc]
+        class ShardDataset(_ShardIterable, IterableDataset):
             """PyTorch IterableDataset over WebDataset shards.
 
             ``ShardDataset("shards/", shuffle_shards=True, shuffle_buffer=1000)`` yields dicts

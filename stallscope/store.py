@@ -130,6 +130,10 @@ class RunStore:
                     raise RunNotFound(f"no run database at {self.path}")
                 uri = f"file:{self.path}?mode=ro"
                 self.db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+                tables = {r[0] for r in self.db.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'")}
+                if "series" not in tables:
+                    raise StallscopeError(f"{self.path} is not a stallscope run database")
             else:
                 self.db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
                 self.db.execute("PRAGMA journal_mode=WAL")

@@ -10,7 +10,7 @@ NVML function the gpu source calls returned -- or the NVML error it raised::
         "nvmlDeviceGetName": "NVIDIA H100 80GB HBM3",             # plain return value
         "nvmlDeviceGetUtilizationRates": {"gpu": 100, "memory": 10},  # struct -> attributes
         "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1980},        # per argument (see ARG_PREFIXES)
-        "nvmlDeviceGetTemperature": {"NVML_TEMPERATURE_GPU": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}},
+        "nvmlDeviceGetEccMode": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"},  # NVML error
         "nvmlGpmMetricsGet": [{"NVML_GPM_METRIC_SM_UTIL": 97.5}, ...],  # one per call
         ...}]}
 
@@ -94,14 +94,18 @@ def error_code(name: str) -> int:
 
 
 def _const_name(value: Any, prefixes: tuple[str, ...]) -> str:
-    if isinstance(value, int):
-        for name in sorted(dir(pynvml)):
-            if (
-                name.startswith(prefixes)
-                and not name.endswith("_COUNT")
-                and getattr(pynvml, name) == value
-            ):
-                return name
+    """The pynvml constant with this value among ``prefixes``; the shortest name wins where
+    several share it (``NVML_CLOCK_SM`` over ``NVML_CLOCK_ID_APP_CLOCK_TARGET``)."""
+    if isinstance(value, int) and prefixes:
+        names = [
+            name
+            for name in dir(pynvml)
+            if name.startswith(prefixes)
+            and not name.endswith("_COUNT")
+            and getattr(pynvml, name) == value
+        ]
+        if names:
+            return min(names, key=lambda n: (len(n), n))
     return str(value)
 
 
@@ -145,7 +149,7 @@ def _to_json(value: Any) -> Any:
         for field in fields:
             name = field[0]
             item = getattr(value, name)
-            if isinstance(item, (ctypes.Array, ctypes._Pointer)):  # type: ignore[attr-defined]
+            if isinstance(item, (ctypes.Array, ctypes._Pointer)):
                 continue
             out[name] = _to_json(item)
         return out
@@ -183,7 +187,7 @@ class NvmlReplay:
         docs = [json.loads(Path(p).read_text()) for p in paths]
         if len(docs) == 1:
             return cls(docs[0])
-        merged = {
+        merged: dict[str, Any] = {
             "format": FORMAT,
             "provenance": {"kind": "merged", "parts": [d.get("provenance") for d in docs]},
             "system": dict(docs[0].get("system", {})),

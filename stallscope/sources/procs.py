@@ -204,6 +204,8 @@ class ProcsSource(Source):
             st = parse_pid_stat(self._read(str(pid), "stat"))
         except (OSError, ParseError):
             return None  # exited between discovery and read
+        if st.state in ("Z", "X"):
+            return None  # exited, not yet reaped: nothing left to measure
         io: ProcIo | None = None
         if not self._io_denied:
             try:

@@ -1,0 +1,168 @@
+"""The SMART counters of past checks, kept so that each check can report growth.
+
+One small JSON file (default ``~/.local/state/stallscope/smart.json``; ``$STALLSCOPE_STATE_DIR``
+or ``$XDG_STATE_HOME/stallscope`` move it) holds, per drive identity (serial, else model +
+capacity), the last :data:`MAX_CHECKS` checks: their time and counters. Writes are atomic
+(temporary file + rename). A damaged file is set aside as ``smart.json.bad`` and a fresh one
+started, with a note saying so; it never stops a check.
+
+Growth is measured against a *baseline* check (:func:`pick_baseline`): the oldest check within
+the last :data:`WINDOW_S` (30 days), or, when there is none that recent, the latest check before
+now. So "Reallocated_Sector_Ct 1 → 304 since 2026-11-20" keeps being reported for a month after
+it happened, however often ``stallscope disk`` runs, instead of vanishing at the next check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.sources.health import DriveHealth, Growth, apply_growth, compute_growth, iso_time
+
+__all__ = [
+    "MAX_CHECKS",
+    "WINDOW_S",
+    "Check",
+    "HealthState",
+    "default_state_path",
+    "pick_baseline",
+]
+
+STATE_VERSION = 1
+MAX_CHECKS = 64  #: per drive; older checks are dropped
+MAX_DRIVES = 512
+WINDOW_S = 30 * 86400.0  #: growth is reported against the oldest check this recent
+
+
+@dataclass(frozen=True)
+class Check:
+    """One past check of one drive: Unix time and its counters."""
+
+    ts: float
+    counters: Mapping[str, int]
+
+
+def default_state_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$STALLSCOPE_STATE_DIR/smart.json``, else ``$XDG_STATE_HOME/stallscope/smart.json``,
+    else ``~/.local/state/stallscope/smart.json``."""
+    e = os.environ if env is None else env
+    if e.get("STALLSCOPE_STATE_DIR"):
+        return Path(e["STALLSCOPE_STATE_DIR"]) / "smart.json"
+    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
+        Path(e.get("HOME") or Path.home()) / ".local" / "state")
+    return base / "stallscope" / "smart.json"
+
+
+def pick_baseline(checks: list[Check], now: float, window_s: float = WINDOW_S) -> Check | None:
+    """The check growth is measured from: the oldest within ``window_s`` before ``now``, else
+    the newest before ``now`` (pure)."""
+    past = sorted((c for c in checks if c.ts < now), key=lambda c: c.ts)
+    if not past:
+        return None
+    recent = [c for c in past if c.ts >= now - window_s]
+    return recent[0] if recent else past[-1]
+
+
+def _parse_state(doc: object) -> dict[str, list[Check]]:
+    if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+        raise ValueError("not a stallscope SMART state file (version 1)")
+    drives = doc.get("drives")
+    if not isinstance(drives, dict):
+        raise ValueError("'drives' is not an object")
+    out: dict[str, list[Check]] = {}
+    for key, entry in drives.items():
+        checks = entry.get("checks") if isinstance(entry, dict) else None
+        if not isinstance(key, str) or not isinstance(checks, list):
+            raise ValueError(f"bad entry for {key!r}")
+        parsed = []
+        for c in checks:
+            if not isinstance(c, dict) or not isinstance(c.get("ts"), (int, float)):
+                raise ValueError(f"bad check for {key!r}")
+            counters = c.get("counters")
+            if not isinstance(counters, dict):
+                raise ValueError(f"bad counters for {key!r}")
+            parsed.append(Check(float(c["ts"]), {
+                str(k): v for k, v in counters.items()
+                if isinstance(v, int) and not isinstance(v, bool)}))
+        out[key] = parsed
+    return out
+
+
+@dataclass
+class HealthState:
+    """Past checks per drive identity; :meth:`load`, :meth:`observe`, :meth:`save`."""
+
+    path: Path
+    drives: dict[str, list[Check]] = field(default_factory=dict)
+    note: str | None = None  #: set when the file was damaged and started afresh
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> HealthState:
+        p = path or default_state_path()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls(p)
+        except OSError as exc:
+            return cls(p, note=f"could not read {p} ({exc.strerror}); growth starts afresh")
+        try:
+            return cls(p, _parse_state(json.loads(text)))
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            bad = p.with_name(p.name + ".bad")
+            try:
+                os.replace(p, bad)
+            except OSError:
+                bad = p
+            return cls(p, note=f"{p} was damaged ({exc}); kept as {bad}, growth starts afresh")
+
+    def baseline(self, key: str, now: float, window_s: float = WINDOW_S) -> Check | None:
+        return pick_baseline(self.drives.get(key, []), now, window_s)
+
+    def record(self, key: str, ts: float, counters: Mapping[str, int]) -> None:
+        checks = self.drives.setdefault(key, [])
+        checks.append(Check(ts, dict(counters)))
+        checks.sort(key=lambda c: c.ts)
+        del checks[:-MAX_CHECKS]
+        if len(self.drives) > MAX_DRIVES:  # forget the drives not seen for longest
+            stale = sorted(self.drives, key=lambda k: self.drives[k][-1].ts if self.drives[k]
+                           else 0.0)
+            for k in stale[: len(self.drives) - MAX_DRIVES]:
+                del self.drives[k]
+
+    def observe(self, drive: DriveHealth, now: float,
+                window_s: float = WINDOW_S) -> DriveHealth:
+        """Judge ``drive`` against its baseline check and record this check.
+
+        Drives without counters or identity (unknown verdicts) are returned unchanged."""
+        key = drive.identity()
+        if key is None or not drive.counters:
+            return drive
+        base = self.baseline(key, now, window_s)
+        growth: dict[str, Growth] = {}
+        if base is not None:
+            growth = compute_growth(base.counters, drive.counters, iso_time(base.ts))
+        self.record(key, now, drive.counters)
+        return apply_growth(drive, growth)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "drives": {
+            k: {"checks": [{"ts": c.ts, "counters": dict(c.counters)} for c in v]}
+            for k, v in self.drives.items()}}
+
+    def save(self) -> None:
+        """Write atomically; raise OSError if the directory cannot be written."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".smart.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_json(), f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,572 @@
+"""The ``gpu`` source: NVIDIA GPUs through NVML (``nvidia-ml-py``), in-process.
+
+Every NVML call goes through one lazily initialised entry point, :class:`Nvml` (the nvitop
+pattern): the first call runs ``nvmlInit``; a driver or library that is missing becomes one
+:class:`~stallscope.errors.SourceUnavailable` with a one-line reason, remembered and raised
+again without retrying; "not supported"/"N/A" answers become ``None``; a GPU that falls off the
+bus (``NVML_ERROR_GPU_IS_LOST``, ``NVML_ERROR_UNKNOWN``...) is reported gone once and the other
+GPUs go on. The NVML backend is a constructor argument (default: the real ``pynvml`` module), so
+tests run this exact code against :class:`~stallscope.sources.nvml_replay.NvmlReplay`.
+
+One reading per GPU is a :class:`GpuReading`; the payload of :meth:`GpuSource.sample` is the
+list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --json`` (DESIGN.md)
+plus ``sm_clock_max_mhz``, ``throttle_mask``, the GPM fields and ``processes``. Field meanings,
+NVML calls and ``nvidia-smi`` equivalents: docs/gpu-metrics.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stallscope.errors import SourceUnavailable
+from stallscope.sources.base import Source
+
+__all__ = [
+    "THROTTLE_REASONS",
+    "GpuLost",
+    "GpuProcess",
+    "GpuReading",
+    "GpuSource",
+    "Nvml",
+    "decode_throttle",
+]
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+#: Clock event ("throttle") reason bits, as NVML defines them (``nvmlClocksEventReason*`` /
+#: ``nvmlClocksThrottleReason*``), with the names stallscope reports, in bit order.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),  # nothing to do: clocks are low on purpose
+    (0x002, "applications_clocks"),  # clocks pinned by nvidia-smi -ac / application clocks
+    (0x004, "sw_power_cap"),  # the power limit (power_limit_w) holds clocks down
+    (0x008, "hw_slowdown"),  # hardware slowdown (thermal or power brake): serious
+    (0x010, "sync_boost"),  # held to the clocks of other GPUs in a sync-boost group
+    (0x020, "sw_thermal"),  # driver slows down to stay under its temperature target
+    (0x040, "hw_thermal"),  # hardware thermal slowdown: the GPU is too hot
+    (0x080, "hw_power_brake"),  # an external power brake signal (the PSU) asserted
+    (0x100, "display_clocks"),  # clocks set by the display
+    (0x200, "board_limit"),  # ThrottleReason only (older API)
+    (0x400, "reliability"),  # ThrottleReason only (older API)
+)
+
+# NVML answers that mean "this GPU/driver does not have this value": the field becomes None
+_NA_ERRORS = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NO_DATA",
+    "NVML_ERROR_DEPRECATED",
+    "NVML_ERROR_NOT_READY",
+    "NVML_ERROR_NOT_FOUND",
+    "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED",
+)
+# NVML answers that mean the GPU itself is gone (fell off the bus, needs a reset)
+_LOST_ERRORS = (
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_UNKNOWN",
+    "NVML_ERROR_RESET_REQUIRED",
+    "NVML_ERROR_GPU_NOT_FOUND",
+)
+# why nvmlInit failed, as a line a user can act on
+_INIT_REASONS = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver (libnvidia-ml.so not found)",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)",
+    "NVML_ERROR_NO_PERMISSION": "no permission to use the NVIDIA driver (nvmlInit: "
+    "Insufficient Permissions)",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "NVIDIA driver and libnvidia-ml.so versions differ "
+    "(reload the driver or reboot)",
+    "NVML_ERROR_FUNCTION_NOT_FOUND": "libnvidia-ml.so is too old for nvidia-ml-py "
+    "(nvmlInit: Function Not Found)",
+}
+# GPM metrics (Hopper+), the DCGM profiling fields they match, and where they go
+_GPM_METRICS = (
+    ("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),  # DCGM PROF_SM_ACTIVE
+    ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),  # DCGM PROF_SM_OCCUPANCY
+    ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),  # DCGM PROF_PIPE_TENSOR_ACTIVE
+)
+#: NVML computes GPM metrics from samples at least this far apart (its refresh rate).
+GPM_MIN_INTERVAL_S = 0.1
+
+
+class GpuLost(Exception):
+    """Internal: an NVML call said the GPU is gone. Caught per GPU by :class:`GpuSource`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """Names of the active clock event reasons in ``mask``, in bit order; bits NVML has not
+    defined come out as ``"unknown_0x..."``.
+
+    ``nvidia-smi --query-gpu=clocks_event_reasons.active`` prints the same mask in hex."""
+    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    known = 0
+    for bit, _ in THROTTLE_REASONS:
+        known |= bit
+    rest = mask & ~known
+    bit = 1
+    while rest:
+        if rest & bit:
+            names.append(f"unknown_0x{bit:x}")
+            rest &= ~bit
+        bit <<= 1
+    return names
+
+
+class Nvml:
+    """The one entry point for NVML calls.
+
+    ``backend`` is anything that answers pynvml's function names (the ``pynvml`` module
+    itself, or a replay); ``None`` imports ``pynvml`` on first use. Nothing happens until the
+    first call: then ``nvmlInit`` runs once, and its failure is kept as a
+    :class:`SourceUnavailable` that every later call raises again without retrying.
+    """
+
+    def __init__(self, backend: Any | None = None) -> None:
+        self._backend: Any = backend
+        self._lock = threading.Lock()
+        self._started = False
+        self._failure: SourceUnavailable | None = None
+        self._codes: dict[str, int] = {}
+        self._warned: set[tuple[str, int]] = set()
+
+    @property
+    def backend(self) -> Any:
+        """The backend module/object (after :meth:`start`)."""
+        self.start()
+        return self._backend
+
+    def start(self) -> None:
+        """Initialise NVML if not done yet; raise SourceUnavailable(reason) if it cannot be."""
+        if self._started:
+            return
+        with self._lock:
+            if self._started:
+                return
+            if self._failure is not None:
+                raise self._failure
+            try:
+                if self._backend is None:
+                    try:
+                        import pynvml
+                    except ImportError as exc:
+                        raise SourceUnavailable(
+                            "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+                        ) from exc
+                    self._backend = pynvml
+                b = self._backend
+                self._codes = {
+                    name: int(getattr(b, name))
+                    for name in (*_NA_ERRORS, *_LOST_ERRORS, *_INIT_REASONS)
+                    if hasattr(b, name)
+                }
+                try:
+                    b.nvmlInit()
+                except b.NVMLError as exc:
+                    raise SourceUnavailable(self._init_reason(exc)) from exc
+                except OSError as exc:  # the library exists but cannot be loaded
+                    raise SourceUnavailable(f"cannot load libnvidia-ml.so ({exc})") from exc
+            except SourceUnavailable as exc:
+                self._failure = exc
+                raise
+            self._started = True
+
+    def _init_reason(self, exc: Any) -> str:
+        for name, reason in _INIT_REASONS.items():
+            if self._codes.get(name) == exc.value:
+                return reason
+        return f"NVML failed to start (nvmlInit: {exc})"
+
+    def _is(self, exc: Any, names: tuple[str, ...]) -> bool:
+        return any(self._codes.get(n) == exc.value for n in names)
+
+    def required(self, fn: str, *args: Any) -> Any:
+        """Call ``fn``; any NVML error makes the whole source unavailable (for calls without
+        which nothing works, e.g. ``nvmlDeviceGetCount``)."""
+        self.start()
+        b = self._backend
+        try:
+            return getattr(b, fn)(*args)
+        except b.NVMLError as exc:
+            raise SourceUnavailable(f"NVML {fn} failed: {exc}") from exc
+
+    def call(self, fn: str, *args: Any) -> Any | None:
+        """Call ``fn(*args)`` for one GPU.
+
+        Returns the value, or ``None`` where NVML says the value does not exist here (not
+        supported, N/A, function absent from this driver). Raises :class:`GpuLost` where it
+        says the GPU is gone. Any other NVML error (no permission, timeout...) is logged once
+        per function and error, and also gives ``None``: one odd field never stops a sample.
+        """
+        self.start()
+        b = self._backend
+        func = getattr(b, fn, None)
+        if func is None:  # an older nvidia-ml-py without this function
+            return None
+        try:
+            return func(*args)
+        except b.NVMLError as exc:
+            if self._is(exc, _NA_ERRORS):
+                return None
+            if self._is(exc, _LOST_ERRORS):
+                raise GpuLost(f"{exc} ({fn})") from exc
+            key = (fn, int(exc.value))
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("NVML %s failed: %s; reporting it as unavailable", fn, exc)
+            return None
+
+    def shutdown(self) -> None:
+        """Undo :meth:`start` (NVML counts inits; other users in the process are unaffected)."""
+        with self._lock:
+            if not self._started:
+                return
+            self._started = False
+            b = self._backend
+            try:
+                b.nvmlShutdown()
+            except b.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on the GPU (``nvidia-smi --query-compute-apps=pid,
+    used_memory``, plus graphics processes)."""
+
+    pid: int
+    used_mib: int | None  #: MiB of GPU memory; None where NVML cannot tell (MIG, WDDM)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One NVIDIA GPU at one moment. ``None`` = NVML has no such value on this GPU/driver."""
+
+    index: int
+    """NVML device index (``nvidia-smi --query-gpu=index``; ignores CUDA_VISIBLE_DEVICES)."""
+    name: str | None
+    """Product name (``name``)."""
+    uuid: str | None
+    """GPU UUID (``uuid``)."""
+    util_pct: float | None
+    """% of the last sample period (1/6 s to 1 s) in which *any* kernel ran
+    (``utilization.gpu``). Not how full the SMs were: see sm_active_pct. None under MIG."""
+    mem_util_pct: float | None
+    """% of the sample period device memory was read or written (``utilization.memory``)."""
+    mem_used_mib: int | None
+    """Device memory in use, MiB, excluding driver-reserved memory (``memory.used``)."""
+    mem_total_mib: int | None
+    """Device memory total, MiB (``memory.total``)."""
+    temp_c: float | None
+    """GPU core temperature, °C (``temperature.gpu``)."""
+    power_w: float | None
+    """Board power draw, W; a 1 s average on Ampere+ except GA100 (``power.draw``)."""
+    power_limit_w: float | None
+    """Enforced power limit, W (``enforced.power.limit``)."""
+    sm_clock_mhz: int | None
+    """Current SM clock, MHz (``clocks.sm`` / ``clocks.current.sm``)."""
+    sm_clock_max_mhz: int | None
+    """Maximum SM clock, MHz (``clocks.max.sm``)."""
+    throttle: list[str] | None
+    """Active clock event reasons, decoded (``clocks_event_reasons.*`` = Active)."""
+    throttle_mask: int | None
+    """The same as a bitmask (``clocks_event_reasons.active``)."""
+    pcie_gen: int | None
+    """Current PCIe link generation (``pcie.link.gen.current``); drops at idle to save power."""
+    pcie_gen_max: int | None
+    """Max PCIe generation of this GPU in this slot (``pcie.link.gen.max``)."""
+    pcie_width: int | None
+    """Current PCIe link width, lanes (``pcie.link.width.current``)."""
+    pcie_width_max: int | None
+    """Max PCIe link width, lanes (``pcie.link.width.max``)."""
+    pcie_rx_kb_s: int | None
+    """PCIe receive (host to GPU) throughput, KB/s over NVML's 20 ms window (``nvidia-smi
+    dmon -s t`` rxpci, ``nvidia-smi -q`` "Rx Throughput")."""
+    pcie_tx_kb_s: int | None
+    """PCIe transmit (GPU to host) throughput, KB/s (``dmon -s t`` txpci, -q "Tx
+    Throughput")."""
+    ecc_errors: int | None
+    """Uncorrected ECC errors since the driver loaded (``ecc.errors.uncorrected.volatile
+    .total``); None where ECC is off or not supported (GeForce)."""
+    sm_active_pct: float | None = None
+    """GPM, Hopper+: % of SM time with at least one warp resident, over the interval since the
+    previous sample (DCGM PROF_SM_ACTIVE; no nvidia-smi field)."""
+    sm_occupancy_pct: float | None = None
+    """GPM, Hopper+: resident warps as % of the maximum, over the interval (DCGM
+    PROF_SM_OCCUPANCY)."""
+    tensor_active_pct: float | None = None
+    """GPM, Hopper+: % of time the tensor cores were busy, over the interval (DCGM
+    PROF_PIPE_TENSOR_ACTIVE)."""
+    processes: list[GpuProcess] | None = field(default=None)
+    """Compute and graphics processes on this GPU (``nvidia-smi --query-compute-apps``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``snapshot --json`` shape (processes as ``{"pid", "used_mib"}`` dicts)."""
+        return asdict(self)
+
+
+def _num(value: Any, scale: float = 1.0) -> float | None:
+    return None if value is None else round(float(value) * scale, 3)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return None if value is None else str(value)
+
+
+@dataclass
+class _Gpu:
+    """What the source keeps per GPU between samples."""
+
+    index: int
+    handle: Any
+    name: str | None = None
+    uuid: str | None = None
+    sm_clock_max_mhz: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    gpm_samples: list[Any] = field(default_factory=list)  # [previous, spare]
+    gpm_taken_at: float | None = None  # when the previous sample was taken
+
+
+class GpuSource(Source):
+    """NVML readings of every NVIDIA GPU on this machine (``nvidia-smi --query-gpu``).
+
+    ``backend``: anything answering pynvml's function names; default the real ``pynvml``.
+    ``clock``: monotonic seconds, to space GPM samples. GPUs that vanish mid-run are listed in
+    :attr:`lost` (index -> reason), logged once, and left out of later samples.
+    """
+
+    name = "gpu"
+
+    def __init__(
+        self,
+        backend: Any | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        gpm: bool = True,
+    ) -> None:
+        self.nvml = Nvml(backend)
+        self._clock = clock
+        self._want_gpm = gpm
+        self._gpus: list[_Gpu] | None = None
+        self.lost: dict[int, str] = {}
+
+    # -- Source seam ----------------------------------------------------------------------
+    def open(self) -> None:
+        """Start NVML, find the GPUs, read their fixed properties, take the first GPM sample.
+
+        Raises SourceUnavailable("no NVIDIA driver (libnvidia-ml.so not found)") and the like.
+        """
+        if self._gpus is not None:
+            return
+        self.nvml.start()
+        count = int(self.nvml.required("nvmlDeviceGetCount"))
+        if count == 0:
+            raise SourceUnavailable("no NVIDIA GPU visible to NVML (0 devices)")
+        gpus: list[_Gpu] = []
+        for index in range(count):
+            try:
+                handle = self.nvml.call("nvmlDeviceGetHandleByIndex", index)
+                if handle is None:
+                    raise GpuLost("NVML gives no handle for it")
+                gpu = _Gpu(index, handle)
+                self._read_fixed(gpu)
+            except GpuLost as exc:
+                self._mark_lost(index, None, exc.reason)
+                continue
+            gpus.append(gpu)
+        self._gpus = gpus
+        for gpu in gpus:
+            self._start_gpm(gpu)
+
+    def sample(self, now: float) -> list[dict[str, Any]]:
+        """One reading per GPU still present (``now`` is the collector's timestamp; GPM uses
+        the monotonic clock)."""
+        return [reading.as_dict() for reading in self.readings()]
+
+    def readings(self) -> list[GpuReading]:
+        """Typed readings of the GPUs still present (same as :meth:`sample`, not as dicts)."""
+        if self._gpus is None:
+            self.open()
+        assert self._gpus is not None
+        out: list[GpuReading] = []
+        for gpu in list(self._gpus):
+            try:
+                out.append(self._read(gpu))
+            except GpuLost as exc:
+                self._gpus.remove(gpu)
+                self._free_gpm(gpu)
+                self._mark_lost(gpu.index, gpu, exc.reason)
+        return out
+
+    def close(self) -> None:
+        """Free GPM buffers and release NVML."""
+        for gpu in self._gpus or []:
+            self._free_gpm(gpu)
+        self._gpus = None
+        self.nvml.shutdown()
+
+    # -- reading --------------------------------------------------------------------------
+    def _read_fixed(self, gpu: _Gpu) -> None:
+        b, h, call = self.nvml.backend, gpu.handle, self.nvml.call
+        gpu.name = _text(call("nvmlDeviceGetName", h))
+        gpu.uuid = _text(call("nvmlDeviceGetUUID", h))
+        gpu.sm_clock_max_mhz = _int(call("nvmlDeviceGetMaxClockInfo", h, b.NVML_CLOCK_SM))
+        gpu.pcie_gen_max = _int(call("nvmlDeviceGetMaxPcieLinkGeneration", h))
+        gpu.pcie_width_max = _int(call("nvmlDeviceGetMaxPcieLinkWidth", h))
+
+    def _read(self, gpu: _Gpu) -> GpuReading:
+        b, h, call = self.nvml.backend, gpu.handle, self.nvml.call
+
+        util = call("nvmlDeviceGetUtilizationRates", h)
+        mem = self._memory(h)
+
+        mask = call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if mask is None:  # drivers before 535 only have the old name
+            mask = call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+
+        ecc: int | None = None
+        mode = call("nvmlDeviceGetEccMode", h)
+        if mode is not None and int(mode[0]) == int(b.NVML_FEATURE_ENABLED):
+            ecc = _int(call("nvmlDeviceGetTotalEccErrors", h,
+                            b.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, b.NVML_VOLATILE_ECC))
+
+        gpm = self._gpm(gpu)
+        return GpuReading(
+            index=gpu.index,
+            name=gpu.name,
+            uuid=gpu.uuid,
+            util_pct=_num(getattr(util, "gpu", None)),
+            mem_util_pct=_num(getattr(util, "memory", None)),
+            mem_used_mib=None if mem is None else int(mem.used) // MIB,
+            mem_total_mib=None if mem is None else int(mem.total) // MIB,
+            temp_c=_num(call("nvmlDeviceGetTemperature", h, b.NVML_TEMPERATURE_GPU)),
+            power_w=_num(call("nvmlDeviceGetPowerUsage", h), 1e-3),
+            power_limit_w=_num(call("nvmlDeviceGetEnforcedPowerLimit", h), 1e-3),
+            sm_clock_mhz=_int(call("nvmlDeviceGetClockInfo", h, b.NVML_CLOCK_SM)),
+            sm_clock_max_mhz=gpu.sm_clock_max_mhz,
+            throttle=None if mask is None else decode_throttle(int(mask)),
+            throttle_mask=_int(mask),
+            pcie_gen=_int(call("nvmlDeviceGetCurrPcieLinkGeneration", h)),
+            pcie_gen_max=gpu.pcie_gen_max,
+            pcie_width=_int(call("nvmlDeviceGetCurrPcieLinkWidth", h)),
+            pcie_width_max=gpu.pcie_width_max,
+            pcie_rx_kb_s=_int(call("nvmlDeviceGetPcieThroughput", h, b.NVML_PCIE_UTIL_RX_BYTES)),
+            pcie_tx_kb_s=_int(call("nvmlDeviceGetPcieThroughput", h, b.NVML_PCIE_UTIL_TX_BYTES)),
+            ecc_errors=ecc,
+            sm_active_pct=gpm.get("sm_active_pct"),
+            sm_occupancy_pct=gpm.get("sm_occupancy_pct"),
+            tensor_active_pct=gpm.get("tensor_active_pct"),
+            processes=self._processes(h),
+        )
+
+    def _memory(self, h: Any) -> Any | None:
+        """``nvmlDeviceGetMemoryInfo`` v2 (used excludes reserved memory, as nvidia-smi's
+        ``memory.used`` does), or v1 where the driver lacks v2."""
+        b = self.nvml.backend
+        version = getattr(b, "nvmlMemory_v2", None)
+        mem = None
+        if version is not None:
+            mem = self.nvml.call("nvmlDeviceGetMemoryInfo", h, version)
+        if mem is None:
+            mem = self.nvml.call("nvmlDeviceGetMemoryInfo", h)
+        return mem
+
+    def _processes(self, h: Any) -> list[GpuProcess] | None:
+        compute = self.nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
+        graphics = self.nvml.call("nvmlDeviceGetGraphicsRunningProcesses", h)
+        if compute is None and graphics is None:
+            return None
+        by_pid: dict[int, int | None] = {}
+        for proc in [*(compute or []), *(graphics or [])]:
+            pid = int(proc.pid)
+            used = proc.usedGpuMemory
+            mib = None if used is None else int(used) // MIB
+            old = by_pid.get(pid)
+            # a C+G process is in both lists: keep the one answer that has a number
+            by_pid[pid] = mib if old is None else old
+        return [GpuProcess(pid, by_pid[pid]) for pid in sorted(by_pid)]
+
+    # -- GPM (Hopper+) --------------------------------------------------------------------
+    def _start_gpm(self, gpu: _Gpu) -> None:
+        """Allocate two sample buffers and take the first sample, if the GPU supports GPM."""
+        if not self._want_gpm:
+            return
+        call = self.nvml.call
+        try:
+            support = call("nvmlGpmQueryDeviceSupport", gpu.handle)
+            if support is None or not int(getattr(support, "isSupportedDevice", 0)):
+                return
+            samples = [call("nvmlGpmSampleAlloc"), call("nvmlGpmSampleAlloc")]
+            gpu.gpm_samples = [s for s in samples if s is not None]
+            if len(gpu.gpm_samples) < 2:
+                self._free_gpm(gpu)
+                return
+            if call("nvmlGpmSampleGet", gpu.handle, gpu.gpm_samples[0]) is None:
+                self._free_gpm(gpu)
+                return
+            gpu.gpm_taken_at = self._clock()
+        except GpuLost:
+            self._free_gpm(gpu)  # the next regular read reports the loss
+
+    def _gpm(self, gpu: _Gpu) -> dict[str, float | None]:
+        """GPM metrics over the interval since the previous sample of this GPU, then keep the
+        new sample as the next previous one. Empty where GPM is off or unsupported."""
+        if len(gpu.gpm_samples) < 2 or gpu.gpm_taken_at is None:
+            return {}
+        now = self._clock()
+        if now - gpu.gpm_taken_at < GPM_MIN_INTERVAL_S:
+            return {}  # too soon for NVML to have new counters; keep the older sample
+        b, call = self.nvml.backend, self.nvml.call
+        previous, spare = gpu.gpm_samples
+        if call("nvmlGpmSampleGet", gpu.handle, spare) is None:
+            self._free_gpm(gpu)
+            return {}
+        gpu.gpm_samples = [spare, previous]
+        gpu.gpm_taken_at = now
+        request = b.c_nvmlGpmMetricsGet_t()
+        request.version = b.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        request.sample1 = previous
+        request.sample2 = spare
+        for i, (_, metric) in enumerate(_GPM_METRICS):
+            request.metrics[i].metricId = getattr(b, metric)
+        if call("nvmlGpmMetricsGet", request) is None:
+            return {}
+        out: dict[str, float | None] = {}
+        for i, (key, _) in enumerate(_GPM_METRICS):
+            metric = request.metrics[i]
+            ok = int(metric.nvmlReturn) == int(b.NVML_SUCCESS)
+            out[key] = round(float(metric.value), 3) if ok else None
+        return out
+
+    def _free_gpm(self, gpu: _Gpu) -> None:
+        samples, gpu.gpm_samples, gpu.gpm_taken_at = gpu.gpm_samples, [], None
+        for sample in samples:
+            try:
+                self.nvml.call("nvmlGpmSampleFree", sample)
+            except GpuLost:
+                continue  # the buffer is host memory; a lost GPU does not matter here
+
+    def _mark_lost(self, index: int, gpu: _Gpu | None, reason: str) -> None:
+        if index in self.lost:
+            return
+        self.lost[index] = reason
+        what = f"GPU {index}"
+        if gpu is not None and (gpu.name or gpu.uuid):
+            what += f" ({', '.join(x for x in (gpu.name, gpu.uuid) if x)})"
+        log.warning("%s is gone: %s; the other GPUs are still sampled", what, reason)

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
+
+
+def stallscope_argv(*args: str) -> list[str]:
+    """argv that runs the CLI of this checkout with the test's interpreter."""
+    return [sys.executable, "-m", "stallscope", *args]
+
+
+def tool_missing(tool: str) -> None:
+    """Fail when a required real tool is missing, unless explicitly allowed (local dev)."""
+    if os.environ.get("STALLSCOPE_ALLOW_MISSING_TOOLS") == "1":
+        pytest.skip(f"{tool} not installed (allowed by STALLSCOPE_ALLOW_MISSING_TOOLS=1)")
+    pytest.fail(f"{tool} is not installed; CI installs it in .ci/run")

@@ -1,0 +1,168 @@
+"""The CLI end to end: real child processes under `stallscope run`, stored runs, bad input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import stallscope_argv
+
+from stallscope.store import RunStore, read_meta
+
+TRAINER = textwrap.dedent("""
+    import os, sys, time
+    pid = os.fork()
+    if pid == 0:
+        end = time.time() + 1.5
+        while time.time() < end:
+            pass
+        os._exit(0)
+    time.sleep(1.6)
+    os.waitpid(pid, 0)
+    print("child done", flush=True)
+    sys.exit(3)
+""")
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(stallscope_argv(*args), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
+    r = _run(["run", "--interval", "0.2", "--", sys.executable, "-c", TRAINER], tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "child done" in r.stdout
+    assert "run directory:" in r.stderr
+    assert "Traceback" not in r.stderr
+    [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
+    meta = read_meta(run_dir)
+    assert meta["exit_code"] == 3 and meta["end"] >= meta["start"]
+    assert meta["interval_s"] == 0.2 and meta["samples"] >= 5
+    st = RunStore(run_dir / "run.db", readonly=True)
+    roles = {e["attrs"]["role"] for e in st.entities("procs")}
+    assert roles == {"main", "worker"}
+    worker = next(e["entity"] for e in st.entities("procs") if e["attrs"]["role"] == "worker")
+    [busy] = st.read("procs.cpu_pct", worker)
+    assert max(busy.v) > 50  # the forked child burned a core
+    assert st.read("host.cpu_pct")[0].v
+    assert st.read("collector.cpu_s")[0].v
+    st.close()
+    # the stored run is usable by the other commands
+    r = _run(["runs", "--json"], tmp_path)
+    assert json.loads(r.stdout)[0]["exit_code"] == 3
+    r = _run(["show", "latest", "--json"], tmp_path)
+    doc = json.loads(r.stdout)
+    metrics = {row["metric"] for row in doc["summary"]["rows"]}
+    assert {"host.cpu_pct", "procs.cpu_pct[main]", "procs.cpu_pct[worker]"} <= metrics
+    r = _run(["show", run_dir.name], tmp_path)
+    assert r.returncode == 0 and "median" in r.stdout
+    r = _run(["export", str(run_dir), "--format", "csv"], tmp_path)
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert rows and set(rows[0]) == {"ts", "metric", "entity", "value"}
+    assert any(row["metric"] == "procs.cpu_pct" for row in rows)
+
+
+def test_sigterm_is_forwarded_and_code_returned(tmp_path: Path) -> None:
+    child = textwrap.dedent("""
+        import signal, sys, time
+        def bye(signum, frame):
+            print("got", signum, flush=True)
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.5", "--", sys.executable, "-c",
+                                         child), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 7, err
+    assert f"got {int(signal.SIGTERM)}" in out
+    [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
+    assert read_meta(run_dir)["signals_forwarded"] == ["SIGTERM"]
+
+
+def test_child_killed_by_signal_gives_128_plus_n(tmp_path: Path) -> None:
+    r = _run(["run", "--interval", "0.5", "--", sys.executable, "-c",
+              "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], tmp_path)
+    assert r.returncode == 128 + 9
+
+
+def test_kill_9_of_collector_leaves_a_sound_database(tmp_path: Path) -> None:
+    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
+                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3.0)
+        killed_at = time.time()
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        subprocess.run(["pkill", "-f", "^sleep 30$"], check=False)
+    [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
+    db = sqlite3.connect(run_dir / "run.db")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    last = db.execute("SELECT MAX(ts) FROM points").fetchone()[0]
+    # at most one interval (plus scheduling slack on a busy 2-core box) lost
+    assert killed_at - last < 0.2 + 0.5
+    n = db.execute("SELECT COUNT(DISTINCT ts) FROM points").fetchone()[0]
+    assert n >= 8
+    assert read_meta(run_dir)["end"] is None  # it never finished: shown as running/killed
+
+
+def test_snapshot_json_contract(tmp_path: Path) -> None:
+    r = _run(["snapshot", "--interval", "0.3", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["interval_s"] == 0.3 and doc["ts"] > 1.7e9
+    assert "cpu_pct" in doc["host"] and "shm_total_mib" in doc["host"]
+    assert "gpu" in doc or "gpu" in doc["unavailable"]
+    assert "disk" in doc or "disk" in doc["unavailable"]
+    for name, reason in doc["unavailable"].items():
+        assert isinstance(reason, str) and reason and "\n" not in reason, name
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_bad_input_gives_one_line(tmp_path: Path) -> None:
+    _one_line_error(_run(["run", "--", "no-such-command-xyz"], tmp_path),
+                    "command not found: no-such-command-xyz")
+    _one_line_error(_run(["run", "--interval", "0", "--", "true"], tmp_path), "--interval")
+    _one_line_error(_run(["run", "--interval", "abc", "--", "true"], tmp_path), "--interval")
+    _one_line_error(_run(["run"], tmp_path), "no command given")
+    _one_line_error(_run(["show", "nope"], tmp_path), "unknown run 'nope'")
+    _one_line_error(_run(["export", "nope", "--format", "csv"], tmp_path), "unknown run")
+    _one_line_error(_run(["run", "--data", "/no/such/path", "--", "true"], tmp_path),
+                    "--data /no/such/path")
+    _one_line_error(_run(["snapshot", "--bogus"], tmp_path), "unrecognized arguments")
+    assert not (tmp_path / "stallscope-runs").exists() or not any(
+        (tmp_path / "stallscope-runs").iterdir())
+
+
+def test_runs_with_no_runs(tmp_path: Path) -> None:
+    r = _run(["runs"], tmp_path)
+    assert r.returncode == 0 and "no runs" in r.stdout
+
+
+def test_module_entry_point_version() -> None:
+    r = subprocess.run(stallscope_argv("--version"), capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.startswith("stallscope ")

@@ -1,0 +1,102 @@
+"""Procs source: parsers on recorded /proc/PID files, and the reader on a real process tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.errors import ParseError, SourceUnavailable
+from stallscope.sources.procs import ProcsSource, parse_pid_io, parse_pid_stat, parse_schedstat
+
+PID = Path(__file__).parent / "fixtures" / "proc-kernel-6" / "pid-self"
+
+
+def test_parse_pid_stat_recorded() -> None:
+    st = parse_pid_stat((PID / "stat").read_text())
+    assert st.comm == "cat" and st.state == "R" and st.threads == 1
+    assert st.blkio_ticks == 0  # field 42 present on this kernel
+
+
+def test_parse_pid_stat_comm_with_spaces_and_parens() -> None:
+    line = "42 (a (b) c) S 1 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12 " + "0 " * 20
+    st = parse_pid_stat(line)
+    assert st.comm == "a (b) c" and st.ppid == 1 and st.utime == 7 and st.stime == 3
+    assert st.threads == 4 and st.rss_pages == 12
+
+
+def test_parse_pid_stat_old_kernel_without_field_42() -> None:
+    line = "42 (x) S 1 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12"
+    assert parse_pid_stat(line).blkio_ticks is None
+
+
+def test_parse_errors_quote_input() -> None:
+    with pytest.raises(ParseError, match="garbage"):
+        parse_pid_stat("garbage")
+    with pytest.raises(ParseError, match="read_bytes"):
+        parse_pid_io("rchar: 1\n")
+    with pytest.raises(ParseError):
+        parse_schedstat("x")
+
+
+def test_parse_io_and_schedstat_recorded() -> None:
+    io = parse_pid_io((PID / "io").read_text())
+    assert io.rchar == 6976 and io.read_bytes == 0
+    assert parse_schedstat((PID / "schedstat").read_text()) == (197486, 82838)
+
+
+TREE = textwrap.dedent("""
+    import os, sys, time
+    def burn():
+        end = time.time() + 30
+        while time.time() < end:
+            pass
+    def sleeper():
+        time.sleep(30)
+    kids = []
+    for fn in (burn, sleeper):
+        pid = os.fork()
+        if pid == 0:
+            fn(); os._exit(0)
+        kids.append(pid)
+    print(" ".join(map(str, kids)), flush=True)
+    time.sleep(30)
+""")
+
+
+def test_real_tree_roles_and_cpu() -> None:
+    p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        burn, sleeper = map(int, p.stdout.readline().split())
+        src = ProcsSource(p.pid)
+        src.open()
+        src.sample(time.time())
+        time.sleep(1.0)
+        out = src.sample(time.time())
+        assert out is not None
+        assert set(out) == {str(p.pid), str(burn), str(sleeper)}
+        assert out[str(p.pid)]["role"] == "main"
+        assert out[str(burn)]["role"] == "worker"
+        assert out[str(burn)]["cpu_pct"] > 40  # one busy loop ≈ one core (2-core CI box)
+        assert out[str(sleeper)]["cpu_pct"] < 5
+        assert out[str(sleeper)]["state"] == "S"
+        assert "read_kb_s" in out[str(burn)] and "runq_wait_pct" in out[str(burn)]
+        # a worker that exits disappears from the next sample
+        os.kill(sleeper, 9)
+        time.sleep(0.2)
+        out = src.sample(time.time())
+        assert out is not None and str(sleeper) not in out
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_unreadable_root_pid() -> None:
+    with pytest.raises(SourceUnavailable, match="not readable"):
+        ProcsSource(2**22 + 7).open()

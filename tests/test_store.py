@@ -1,0 +1,127 @@
+"""Run store: writing, reading back, downsampling, concurrent readers, run lookup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stallscope.errors import RunNotFound
+from stallscope.store import (
+    Point,
+    RunStore,
+    StepRow,
+    find_run,
+    iter_points_from_payload,
+    list_runs,
+    new_run_dir,
+    read_meta,
+    write_meta,
+)
+
+
+def test_points_round_trip(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    for i in range(10):
+        st.add_points(100.0 + i, [Point("gpu.util_pct", "gpu0", i * 10.0),
+                                  Point("disk.util_pct", "vda", 50.0)])
+    [s] = st.read("gpu.util_pct")
+    assert s.entity == "gpu0" and s.ts[0] == 100.0 and s.v == [i * 10.0 for i in range(10)]
+    assert st.time_range() == (100.0, 109.0)
+    assert set(st.read_all()) == {("gpu.util_pct", "gpu0"), ("disk.util_pct", "vda")}
+    st.close()
+
+
+def test_downsample_keeps_min_mean_max_and_recent_points(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    for i in range(300):  # 5 minutes at 1 Hz: values 0..299
+        st.add_points(float(i), [Point("host.cpu_pct", "", float(i))])
+    folded = st.downsample(older_than=240.0, bucket_s=60.0)
+    assert folded == 240
+    rows = st.db.execute("SELECT ts, n, vmin, vmean, vmax FROM rollup ORDER BY ts").fetchall()
+    assert rows[0] == (0.0, 60, 0.0, 29.5, 59.0)
+    assert rows[3] == (180.0, 60, 180.0, 209.5, 239.0)
+    [s] = st.read("host.cpu_pct")
+    assert s.ts[:4] == [0.0, 60.0, 120.0, 180.0] and s.v[4:] == [float(i) for i in range(240, 300)]
+    # folding again later merges into existing buckets without double counting
+    st.add_points(299.5, [Point("host.cpu_pct", "", 1000.0)])
+    st.downsample(older_than=360.0, bucket_s=60.0)
+    b = st.db.execute("SELECT n, vmax FROM rollup WHERE ts=240").fetchone()
+    assert b == (61, 1000.0)
+    assert st.integrity_ok()
+
+
+def test_reader_sees_data_while_writer_is_open(tmp_path: Path) -> None:
+    w = RunStore(tmp_path / "run.db")
+    w.add_points(1.0, [Point("host.cpu_pct", "", 5.0)])
+    r = RunStore(tmp_path / "run.db", readonly=True)
+    assert r.read("host.cpu_pct")[0].v == [5.0]
+    w.add_points(2.0, [Point("host.cpu_pct", "", 6.0)])
+    assert r.read("host.cpu_pct")[0].v == [5.0, 6.0]
+    r.close()
+    w.close()
+
+
+def test_steps_probes_events_entities(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    st.add_steps([StepRow(0, 1, 10.0, 0.2, 0.1, samples=32, epoch=0),
+                  StepRow(1, 1, 10.0, 0.1, 0.1)])
+    st.update_steps_gpu([(0, 1, 0.09, 0.15)])
+    s0 = st.steps(rank=0)[0]
+    assert s0.gpu_busy_s == 0.09 and s0.gpu_idle_s == 0.15 and s0.samples == 32
+    assert len(st.steps()) == 2
+    st.set_probe(0, 123, {"num_workers": 2}, steps=1, dropped=0)
+    assert st.probes()[0]["config"] == {"num_workers": 2}
+    st.add_event(1.0, "gpu", "unavailable", "no driver")
+    assert st.events()[0]["message"] == "no driver"
+    st.upsert_entity("procs", "7", {"role": "main"}, 1.0)
+    st.upsert_entity("procs", "7", {"role": "main", "name": "x"}, 2.0)
+    [e] = st.entities("procs")
+    assert e["attrs"]["name"] == "x" and e["first_ts"] == 1.0 and e["last_ts"] == 2.0
+
+
+def test_payload_flattening_keeps_only_vocabulary_numbers() -> None:
+    pts = list(iter_points_from_payload("gpu", [{"index": 1, "name": "H100", "util_pct": 50,
+                                                 "throttle": ["sw_power_cap"],
+                                                 "ecc_errors": None}]))
+    assert pts == [Point("gpu.util_pct", "gpu1", 50.0)]
+    pts = list(iter_points_from_payload("host", {"cpu_pct": 10.0, "cpu_per_core_pct": [1.0, None],
+                                                 "load1": float("nan")}))
+    assert Point("host.cpu_pct", "", 10.0) in pts
+    assert Point("host.cpu_core_pct", "cpu0", 1.0) in pts
+    assert len(pts) == 2
+    pts = list(iter_points_from_payload("procs", {"12": {"pid": 12, "cpu_pct": 3.0,
+                                                         "role": "main"}}))
+    assert pts == [Point("procs.cpu_pct", "12", 3.0)]
+
+
+def test_run_dirs_and_lookup(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    a = new_run_dir(out, "python train.py", now=0)
+    b = new_run_dir(out, "python train.py", now=0)
+    assert a != b and a.name.startswith("19700101-") or a.name[:8].isdigit()
+    for d in (a, b):
+        write_meta(d, {"command": ["x"], "start": 1.0})
+    assert list_runs(out) == [a, b]
+    assert find_run(str(a)) == a
+    assert find_run(b.name, out) == b
+    assert find_run("latest", out) == b
+    with pytest.raises(RunNotFound, match="ambiguous"):
+        find_run(a.name[:8], out)
+    with pytest.raises(RunNotFound, match="unknown run 'nope'"):
+        find_run("nope", out)
+    with pytest.raises(RunNotFound, match="not a stallscope run"):
+        find_run(str(tmp_path), out)
+    (a / "meta.json").write_text("{broken")
+    with pytest.raises(RunNotFound, match="unreadable"):
+        read_meta(a)
+    assert json.loads((b / "meta.json").read_text())["start"] == 1.0
+
+
+def test_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "run.db").write_bytes(b"this is not sqlite" * 100)
+    from stallscope.errors import StallscopeError
+
+    with pytest.raises(StallscopeError, match="cannot open run database"):
+        RunStore(tmp_path / "run.db", readonly=True).read_all()
