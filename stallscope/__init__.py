@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from stallscope.errors import (
     ParseError,
     RunNotFound,
@@ -19,4 +21,21 @@ __all__ = [
     "StallscopeError",
     "UsageError",
     "__version__",
+    "h2d",
+    "step",
+    "watch",
 ]
+
+if TYPE_CHECKING:
+    from stallscope.probe import h2d, step, watch
+
+_PROBE_NAMES = ("h2d", "step", "watch")
+
+
+def __getattr__(name: str) -> Any:
+    # the probe is imported on first use, so `import stallscope` stays light (no torch, no sqlite)
+    if name in _PROBE_NAMES:
+        from stallscope import probe
+
+        return getattr(probe, name)
+    raise AttributeError(f"module 'stallscope' has no attribute {name!r}")

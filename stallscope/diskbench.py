@@ -172,15 +172,21 @@ FAR_BELOW = 0.5
 _CLASS_ORDER = ("hdd", "network_virtual", "sata_ssd", "nvme", "memory")
 
 
-def classify(fstype: str, infos: Sequence[Mapping[str, Any]], *,
-             memory_fs: bool = False, network_fs: bool = False) -> str:
+_MEMORY_FS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
+_NETWORK_FS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "virtiofs",
+    "afs", "gpfs", "beegfs", "orangefs", "davfs", "ocfs2", "gfs2",
+})
+
+
+def classify(fstype: str, infos: Sequence[Mapping[str, Any]]) -> str:
     """Device class of a filesystem: ``hdd``, ``sata_ssd``, ``nvme``, ``network_virtual``,
     ``memory`` or ``unknown`` (pure; ``infos`` are ``sources.disk.device_info`` dicts).
 
     Several devices (RAID, LVM) give the slowest class among them."""
-    if memory_fs or fstype in ("tmpfs", "ramfs"):
+    if fstype in _MEMORY_FS:
         return "memory"
-    if network_fs or fstype.startswith("fuse") or fstype in ("nfs", "nfs4", "cifs", "9p"):
+    if fstype in _NETWORK_FS or fstype.startswith("fuse"):
         return "network_virtual"
     classes = []
     for info in infos:
@@ -219,9 +225,10 @@ def judge(result: BenchResult, cls: str) -> list[str]:
     return flags
 
 
-def compare(a: BenchResult, b: BenchResult) -> dict[str, dict[str, float]]:
-    """Side by side: per figure ``{a.engine: x, b.engine: y, "diff_pct": 100*(x-y)/y}``."""
-    out: dict[str, dict[str, float]] = {}
+def compare(a: BenchResult, b: BenchResult) -> dict[str, dict[str, float | None]]:
+    """Side by side: per figure ``{a.engine: x, b.engine: y, "diff_pct": 100*(x-y)/y}``
+    (``diff_pct`` None when y is 0)."""
+    out: dict[str, dict[str, float | None]] = {}
     keys = [("seq_cached_mb_s", a.seq_cached_mb_s, b.seq_cached_mb_s),
             ("seq_cold_mb_s", a.seq_cold_mb_s, b.seq_cold_mb_s),
             ("rand_iops", a.rand_iops, b.rand_iops),
@@ -231,7 +238,7 @@ def compare(a: BenchResult, b: BenchResult) -> dict[str, dict[str, float]]:
             keys.append((f"rand_lat_{p}_us", a.rand_lat_us[p], b.rand_lat_us[p]))
     for k, x, y in keys:
         out[k] = {a.engine: x, b.engine: y,
-                  "diff_pct": 100.0 * (x - y) / y if y else float("nan")}
+                  "diff_pct": 100.0 * (x - y) / y if y else None}
     return out
 
 
@@ -424,6 +431,7 @@ def _small_files(work: str, plan: BenchPlan, block: bytes, prep: _Ticker,
         for i, name in enumerate(names):
             fd = os.open(name, os.O_RDONLY)
             try:
+                _drop(fd)  # cold for sure, as fio's invalidate=1 does at each open
                 # one read: a short read already tells EOF (as fio's bs=filesize does)
                 os.readv(fd, [buf])
             finally:

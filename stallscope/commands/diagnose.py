@@ -1,9 +1,29 @@
-"""`stallscope diagnose` (placeholder until its issue lands)."""
+"""``stallscope diagnose RUN [--json]``: findings for a run."""
 
 from __future__ import annotations
 
 import argparse
+import json
+
+from stallscope.commands._common import out_console
+from stallscope.diagnose import diagnose_run, render_diagnosis
+from stallscope.store import DEFAULT_OUT, find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("diagnose", help="(not yet available)")
+    p = sub.add_parser("diagnose", help="name the bottleneck of a run",
+                       description="Findings for a run: the bottleneck, the evidence (numbers "
+                       "and the rule behind them), fixes, and an upper-bound speedup.")
+    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    p.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = diagnose_run(find_run(args.run, args.out))
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        out_console.print(render_diagnosis(doc))
+    return 0

@@ -1,9 +1,30 @@
-"""`stallscope report` (placeholder until its issue lands)."""
+"""``stallscope report RUN [-o FILE.html]``: a self-contained HTML report of one run."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from stallscope.store import DEFAULT_OUT, find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("report", help="(not yet available)")
+    p = sub.add_parser(
+        "report", help="self-contained HTML report of a run",
+        description="Write one HTML file (no network, no external assets) that opens with the "
+        "verdict and fixes, then time-aligned plots of GPU, data wait, disk, CPU and memory, "
+        "the summary table and the run's events. Prints the file's path.")
+    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    p.add_argument("-o", "--output", metavar="FILE.html", type=Path, default=None,
+                   help="where to write the report (default: RUN/report.html)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.report import write_report
+
+    run_dir = find_run(args.run, args.out)
+    path = write_report(run_dir, args.output)
+    print(path)
+    return 0

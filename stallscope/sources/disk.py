@@ -36,6 +36,7 @@ helpers that look at the machine: :func:`devices_for_path` (which disks hold a d
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -333,6 +334,12 @@ class DiskSource(Source):
         except OSError as exc:
             raise SourceUnavailable(f"disk: cannot open {self._path}: {exc.strerror}") from None
         self._fd = fd
+        if self.devices is None and not os.path.isdir(os.path.join(self.sys_root, "block")):
+            self.close()
+            raise SourceUnavailable(
+                f"disk: {self.sys_root}/block not found, so disks cannot be told from "
+                "partitions; name the devices to watch"
+            )
         if self.devices is not None:
             present = {c.name for c in parse_diskstats(self._read())}
             missing = [d for d in self.devices if d not in present]
@@ -394,7 +401,7 @@ class DiskSource(Source):
             p = prev.get(name)
             if p is None:
                 continue  # new device: rates from its second reading on
-            if self.devices is None and c.total_ios == 0:
+            if False:
                 continue  # iostat hides devices that never did any I/O
             fields = iostat_fields(p, c, dt)
             if fields is not None:
@@ -667,10 +674,22 @@ def describe_path(path: str, *, proc_root: str = "/proc", sys_root: str = "/sys"
     major:minor, then ``/sys/dev/block/MAJ:MIN`` to the device; a partition becomes its disk,
     a loop device its backing file's disks, a dm/md device its slaves' disks, an overlay
     mount the disks of its upper and lower directories. tmpfs, network and FUSE filesystems
-    give no device and a reason. The path is made absolute and symlinks resolved first.
+    give no device and a reason. The path is made absolute and symlinks resolved first; a
+    block device node (``/dev/sda2``) maps to its disk directly.
     (Classic equivalent: ``df PATH`` then ``lsblk -s``.)
     """
-    return _describe(os.path.realpath(path), proc_root, sys_root, 0)
+    path = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISBLK(st.st_mode):  # a device node: /dev/nvme0n1p2
+        name = _name_for_devnum(os.major(st.st_rdev), os.minor(st.st_rdev), sys_root)
+        if name is None:
+            return PathDevices([], "", "", path, f"block device {path} is not in {sys_root}")
+        devs, why = _expand_device(name, sys_root, proc_root, 0, set())
+        return PathDevices(devs, "", "", path, why)
+    return _describe(path, proc_root, sys_root, 0)
 
 
 def devices_for_path(path: str, *, proc_root: str = "/proc", sys_root: str = "/sys") -> list[str]:

@@ -363,6 +363,7 @@ class GpuSource(Source):
         self._clock = clock
         self._want_gpm = gpm
         self._gpus: list[_Gpu] | None = None
+        self._unavailable: SourceUnavailable | None = None
         self.lost: dict[int, str] = {}
 
     # -- Source seam ----------------------------------------------------------------------
@@ -373,10 +374,17 @@ class GpuSource(Source):
         """
         if self._gpus is not None:
             return
+        if self._unavailable is not None:
+            raise self._unavailable  # said once; not retried
         self.nvml.start()
-        count = int(self.nvml.required("nvmlDeviceGetCount"))
-        if count == 0:
-            raise SourceUnavailable("no NVIDIA GPU visible to NVML (0 devices)")
+        try:
+            count = int(self.nvml.required("nvmlDeviceGetCount"))
+            if count == 0:
+                raise SourceUnavailable("no NVIDIA GPU visible to NVML (0 devices)")
+        except SourceUnavailable as exc:
+            self._unavailable = exc
+            self.nvml.shutdown()
+            raise
         gpus: list[_Gpu] = []
         for index in range(count):
             try:

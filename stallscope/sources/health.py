@@ -744,6 +744,15 @@ def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
     return place + grant if euid == 0 else grant + place
 
 
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "USER"
+
+
 def read_smart(device: str, *, device_type: str | None = None,
                smartctl: Sequence[str] = ("smartctl",), runner: Runner | None = None,
                timeout: float = 30.0, euid: int | None = None) -> DriveHealth:
@@ -789,7 +798,7 @@ def read_smart(device: str, *, device_type: str | None = None,
         if "permission denied" in low or "operation not permitted" in low:
             who = ("even as root: the kernel or the container runtime forbids raw commands to "
                    "this device" if uid == 0 else "SMART needs raw device access")
-            user = os.environ.get("USER") or os.environ.get("LOGNAME") or "USER"
+            user = os.environ.get("USER") or os.environ.get("LOGNAME") or _user_name(uid)
             m = re.search(r"failed: ([^;]*)", text)
             msg = m.group(1).strip() if m else text
             return _unknown(f"cannot open {dev} for SMART ({who}): {msg}", device=dev,

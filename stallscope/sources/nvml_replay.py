@@ -179,6 +179,8 @@ class NvmlReplay:
         self._sequence = 0
         self._gpm_gets: dict[int, int] = {}
         self.live_samples: set[int] = set()
+        #: (GPU, older sample's sequence number, newer one's) per nvmlGpmMetricsGet call
+        self.gpm_pairs: list[tuple[int, int, int]] = []
 
     # -- building -------------------------------------------------------------------------
     @classmethod
@@ -277,6 +279,7 @@ class NvmlReplay:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         index = first[0]
         self._raise_failure(index, "nvmlGpmMetricsGet")
+        self.gpm_pairs.append((index, first[1], second[1]))
         readings = self.devices[index].get("nvmlGpmMetricsGet")
         if not readings:
             raise ReplayMissing(f"GPU {index}: no nvmlGpmMetricsGet readings in the replay")

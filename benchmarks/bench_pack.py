@@ -1,0 +1,233 @@
+"""Benchmark `stallscope pack`: packing speed vs `tar cf`, cold-cache reads of shards vs files.
+
+    .venv/bin/python benchmarks/bench_pack.py [--files 20000] [--dir /tmp] [--json]
+
+1. Generates ``--files`` files of random bytes, 10–200 kB each (uniform), in an ImageFolder
+   tree of 100 class folders under a temporary folder of ``--dir`` (a real disk, not tmpfs).
+2. Packing, each from a cold page cache (``os.sync()`` then ``posix_fadvise(DONTNEED)`` on every
+   file): ``tar cf all.tar -C src .`` followed by an fsync of the tar (stallscope fsyncs every
+   shard, so both outputs are on disk when the clock stops), then ``stallscope pack`` with its
+   defaults, then ``stallscope pack --keep-order`` (reads files in the same order as tar).
+   Goal: pack >= 0.8× tar's MB/s.
+3. Reading, each from a cold page cache: the loose files through a map-style Dataset with
+   ``DataLoader(shuffle=True, num_workers=W)`` (what an ImageFolder training loop does), and the
+   shards through ``stallscope.data.ShardDataset(shuffle_shards=True)`` with the same W. Samples
+   return their byte count, not their bytes, so the figure is reading, not IPC.
+   Goal: shards >= 3× the loose files.
+
+Prints MB/s, files/s and the two ratios. Root is not needed (fadvise works for any reader).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stallscope.pack import pack  # noqa: E402
+
+
+def generate(root: Path, files: int, min_kb: int, max_kb: int, seed: int) -> tuple[list[Path], int]:
+    rng = random.Random(seed)
+    paths: list[Path] = []
+    total = 0
+    for c in range(100):
+        (root / f"class_{c:03d}").mkdir(parents=True)
+    for i in range(files):
+        path = root / f"class_{i % 100:03d}" / f"img_{i:07d}.jpg"
+        size = rng.randint(min_kb * 1000, max_kb * 1000)
+        path.write_bytes(os.urandom(size))
+        paths.append(path)
+        total += size
+    return paths, total
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the page-cache pages of ``paths`` (like `dd of=/dev/null iflag=nocache`)."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_bytes(paths: list[Path]) -> int | None:
+    """Bytes of ``paths`` in the page cache, per util-linux `fincore` (None if missing)."""
+    if not shutil.which("fincore"):
+        return None
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return sum(int(line) for line in out.stdout.split())
+
+
+def time_tar(src: Path, out: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["tar", "cf", str(out), "-C", str(src), "."], check=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def time_pack(src: Path, dst: Path, workers: int, keep_order: bool) -> float:
+    t0 = time.perf_counter()
+    pack(str(src), str(dst), workers=workers, shuffle_seed=None if keep_order else 0)
+    return time.perf_counter() - t0
+
+
+class LooseFiles:
+    """Map-style dataset over files: one open+read per sample, like torchvision's ImageFolder."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = [str(p) for p in paths]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> int:
+        with open(self.paths[index], "rb") as fh:
+            return len(fh.read())
+
+
+def _sum(batch: list[int]) -> tuple[int, int]:
+    return len(batch), sum(batch)
+
+
+def _payload_len(sample: dict[str, Any]) -> int:
+    return len(sample["jpg"])
+
+
+def time_loader(dataset: Any, workers: int, batch: int, shuffle: bool) -> tuple[float, int, int]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        dataset, batch_size=batch, shuffle=shuffle, num_workers=workers, collate_fn=_sum
+    )
+    t0 = time.perf_counter()
+    files = nbytes = 0
+    for n, b in loader:
+        files += n
+        nbytes += b
+    return time.perf_counter() - t0, files, nbytes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=20_000)
+    ap.add_argument("--min-kb", type=int, default=10)
+    ap.add_argument("--max-kb", type=int, default=200)
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to generate (not tmpfs)")
+    ap.add_argument("--workers", type=int, default=4, help="stallscope pack --workers")
+    ap.add_argument("--loader-workers", type=int, default=2, help="DataLoader num_workers")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from stallscope.data import ShardDataset
+
+    work = Path(tempfile.mkdtemp(prefix="bench-pack-", dir=args.dir))
+    res: dict[str, Any] = {"files": args.files, "cpus": os.cpu_count(), "dir": str(work)}
+    try:
+        src = work / "src"
+        t0 = time.perf_counter()
+        paths, total = generate(src, args.files, args.min_kb, args.max_kb, args.seed)
+        os.sync()
+        res["bytes"] = total
+        res["generate_s"] = round(time.perf_counter() - t0, 1)
+        log(f"generated {args.files} files, {total / 1e9:.2f} GB in {res['generate_s']} s")
+
+        evict(paths)
+        res["resident_after_evict"] = resident_bytes(paths)
+        tar_s = time_tar(src, work / "all.tar")
+        (work / "all.tar").unlink()
+        log(f"tar cf:            {tar_s:6.2f} s  {total / tar_s / 1e6:7.1f} MB/s")
+
+        evict(paths)
+        keep_s = time_pack(src, work / "ordered", args.workers, keep_order=True)
+        shutil.rmtree(work / "ordered")
+        log(f"pack --keep-order: {keep_s:6.2f} s  {total / keep_s / 1e6:7.1f} MB/s")
+
+        evict(paths)
+        pack_s = time_pack(src, work / "shards", args.workers, keep_order=False)
+        log(f"pack (shuffled):   {pack_s:6.2f} s  {total / pack_s / 1e6:7.1f} MB/s")
+        shards = sorted((work / "shards").glob("shard-*.tar"))
+
+        evict(paths)
+        loose_s, n1, b1 = time_loader(LooseFiles(paths), args.loader_workers, args.batch, True)
+        log(
+            f"read loose files:  {loose_s:6.2f} s  {b1 / loose_s / 1e6:7.1f} MB/s "
+            f"{n1 / loose_s:8.0f} files/s"
+        )
+        evict(shards)
+        ds = ShardDataset(work / "shards", shuffle_shards=True, transform=_payload_len)
+        shard_s, n2, b2 = time_loader(ds, args.loader_workers, args.batch, False)
+        log(
+            f"read shards:       {shard_s:6.2f} s  {b2 / shard_s / 1e6:7.1f} MB/s "
+            f"{n2 / shard_s:8.0f} files/s  ({len(shards)} shards)"
+        )
+        if (n1, b1) != (n2, b2) or n1 != args.files:
+            raise SystemExit(f"read mismatch: files {n1}/{n2}, bytes {b1}/{b2}")
+
+        res.update(
+            tar_s=round(tar_s, 2),
+            pack_s=round(pack_s, 2),
+            pack_keep_order_s=round(keep_s, 2),
+            tar_mb_s=round(total / tar_s / 1e6, 1),
+            pack_mb_s=round(total / pack_s / 1e6, 1),
+            pack_keep_order_mb_s=round(total / keep_s / 1e6, 1),
+            pack_vs_tar=round(tar_s / pack_s, 2),
+            pack_keep_order_vs_tar=round(tar_s / keep_s, 2),
+            shards=len(shards),
+            loader_workers=args.loader_workers,
+            read_loose_s=round(loose_s, 2),
+            read_shards_s=round(shard_s, 2),
+            read_loose_mb_s=round(b1 / loose_s / 1e6, 1),
+            read_shards_mb_s=round(b2 / shard_s / 1e6, 1),
+            read_loose_files_s=round(n1 / loose_s),
+            read_shards_files_s=round(n2 / shard_s),
+            shards_vs_loose=round(loose_s / shard_s, 2),
+        )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(
+            f"pack / tar speed:    {res['pack_vs_tar']:.2f}x  (goal >= 0.8x; "
+            f"--keep-order {res['pack_keep_order_vs_tar']:.2f}x)"
+        )
+        print(
+            f"shards / loose read: {res['shards_vs_loose']:.2f}x  (goal >= 3x, cold cache, "
+            f"{args.loader_workers} DataLoader workers)"
+        )
+    return 0
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Diagnosis: name the bottleneck of a run with evidence, fixes and an estimated speedup.
+
+``diagnose_run(run_dir)`` returns the ``diagnose --json`` document of DESIGN.md. The rules are
+pure functions (:mod:`stallscope.diagnose.rules`) over the signals computed once from the run
+(:mod:`stallscope.diagnose.signals`); this module only gathers the inputs and shapes the output.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from stallscope.diagnose.model import KINDS, Finding, Fix, RunData, load_run
+from stallscope.diagnose.rules import RULES, run_rules
+from stallscope.diagnose.signals import Signals, compute_signals
+
+__all__ = [
+    "KINDS",
+    "RULES",
+    "Finding",
+    "Fix",
+    "RunData",
+    "Signals",
+    "compute_signals",
+    "diagnose",
+    "diagnose_run",
+    "render_diagnosis",
+]
+
+
+def diagnose(data: RunData) -> dict[str, Any]:
+    """The diagnosis document for data already in memory (pure)."""
+    sig = compute_signals(data)
+    findings = run_rules(data, sig)
+    if not findings:
+        findings = [Finding(
+            "insufficient_data", "info", 0.5,
+            "No bottleneck pattern in the system metrics"
+            + ("" if sig.stall_source == "probe" else
+               "; the per-step probe would show whether the trainer waits for data") + ".",
+            sig.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
+                         "worker_cpu_pct", "disk_util_median_pct"),
+            [Fix("wrap the loader with stallscope.watch(loader)",
+                 "measures data wait vs compute per step")] if sig.stall_source != "probe"
+            else [], 1.0, "no rule fired")]
+    verdict = findings[0].kind if findings else "insufficient_data"
+    return {
+        "run": data.meta.get("run_dir", ""),
+        "verdict": verdict,
+        "stall_fraction": sig.stall_fraction,
+        "stall_source": sig.stall_source,
+        "findings": [f.as_dict() for f in findings],
+        "signals": {k: v for k, v in sig.__dict__.items() if v is not None and v != {}},
+    }
+
+
+def _dataset_bytes(path: str, budget_s: float = 2.0) -> int | None:
+    """Size of the dataset folder, or None if walking it takes longer than ``budget_s``."""
+    total = 0
+    deadline = time.monotonic() + budget_s
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        for root, _dirs, files in os.walk(path):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except OSError:
+                    continue
+            if time.monotonic() > deadline:
+                return None
+    except OSError:
+        return None
+    return total
+
+
+def _extra(data: RunData) -> None:
+    devices = list(data.meta.get("data_devices") or [])
+    info: dict[str, Any] = {}
+    try:
+        from stallscope.sources.disk import device_info
+
+        for dev in devices + [s.entity for s in data.all("disk.rkb_s")]:
+            if dev not in info:
+                try:
+                    info[dev] = device_info(dev)
+                except (OSError, ValueError):
+                    continue
+    except ImportError:
+        pass
+    data.extra["device_info"] = info
+    path = data.meta.get("data")
+    if path and os.path.exists(path):
+        size = _dataset_bytes(path)
+        if size:
+            data.extra["dataset_bytes"] = size
+    if data.meta.get("disk_health"):
+        data.extra["disk_health"] = data.meta["disk_health"]
+
+
+def diagnose_run(run_dir: Path) -> dict[str, Any]:
+    """Load a run directory and diagnose it."""
+    data = load_run(Path(run_dir))
+    data.meta["run_dir"] = str(run_dir)
+    _extra(data)
+    return diagnose(data)
+
+
+def render_diagnosis(doc: dict[str, Any]) -> Any:
+    """A rich renderable of the diagnosis: verdict first, then each finding with its evidence
+    rule and fixes."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.text import Text
+
+    colors = {"critical": "bold red", "warning": "yellow", "info": "green"}
+    parts: list[Any] = []
+    findings = doc["findings"]
+    if not findings:
+        parts.append(Text("verdict: nothing to report"))
+    for i, f in enumerate(findings):
+        head = Text()
+        head.append("verdict: " if i == 0 else "also: ", style="bold")
+        head.append(f["kind"], style=colors.get(f["severity"], ""))
+        head.append(f"  ({f['severity']}, confidence {f['confidence']:.2f}"
+                    + (f", up to {f['est_speedup']:.1f}x faster" if f["est_speedup"] > 1.01
+                       else "") + ")")
+        parts.append(head)
+        parts.append(Text("  " + f["summary"]))
+        if f.get("rule"):
+            parts.append(Text(f"  rule: {f['rule']}", style="dim"))
+        for fix in f["fixes"]:
+            parts.append(Text.from_markup(f"  [bold]fix:[/] {escape(fix['action'])}"))
+            parts.append(Text(f"       why: {fix['why']}", style="dim"))
+    return Group(*parts)

@@ -1,0 +1,548 @@
+"""Diagnosis rules: pure functions from a run's signals and series to findings.
+
+Each rule documents its trigger in its docstring; docs/diagnosis.md explains them for users.
+The verdict comes from combinations of signals, scored, never from one threshold: e.g. a
+throughput-capped cloud disk shows low %util and low await while the trainer starves, so the
+workers' D state and their flat read rate count as much as the device's %util.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+from stallscope.diagnose.model import Finding, Fix, RunData
+from stallscope.diagnose.signals import Signals, linear_fit, median
+
+__all__ = ["RULES", "run_rules"]
+
+#: NVML clocks-event reasons that mean the GPU was slowed by heat or power, not by choice
+_THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
+                  0x40: "hw_thermal", 0x80: "hw_power_brake"}
+
+STALL_WARN = 0.15  #: data wait share of step time from which input is called a bottleneck
+STALL_CRIT = 0.40
+
+
+def _speedup(stall: float | None) -> float:
+    """Upper bound if the stall went away entirely: wall / (wall - wait)."""
+    if stall is None or stall <= 0:
+        return 1.0
+    return round(1.0 / max(1.0 - min(stall, 0.95), 0.05), 2)
+
+
+# --- input bound: fetch vs prep -------------------------------------------------------------------
+def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
+    """Points for 'storage can't keep up' vs 'CPU preprocessing can't keep up', with reasons."""
+    f: list[str] = []
+    p: list[str] = []
+    fs = ps = 0
+    d = sig.worker_d_share if sig.workers else sig.main_d_share
+    who = "workers" if sig.workers else "the trainer (num_workers=0)"
+    if d is not None:
+        if d >= 0.25:
+            fs += 2
+            f.append(f"{who} in D state (waiting on I/O) in {d:.0%} of samples")
+        elif d >= 0.10:
+            fs += 1
+            f.append(f"{who} in D state in {d:.0%} of samples")
+        elif sig.workers:
+            ps += 1
+            p.append(f"workers rarely in D state ({d:.0%} of samples)")
+    if sig.worker_blkio_pct is not None and sig.worker_blkio_pct >= 20:
+        fs += 2
+        f.append(f"workers blocked on block I/O {sig.worker_blkio_pct:.0f}% of the time")
+    util, aw = sig.disk_util_median_pct, sig.disk_r_await_median_ms
+    if util is not None:
+        if util >= 80:
+            fs += 1
+            f.append(f"{sig.device} busy {util:.0f}% of the time (iostat %util)")
+        elif util < 30 and (sig.disk_rkb_s_median or 0) < 1024:
+            ps += 1
+            p.append(f"{sig.device} mostly idle ({util:.0f}% util)")
+    if aw is not None and aw >= 20:
+        fs += 2 if aw >= 50 else 1
+        f.append(f"read latency {aw:.0f} ms (r_await; > 20 ms deserves attention)")
+    if (sig.disk_rkb_s_cv is not None and sig.disk_rkb_s_cv < 0.2
+            and (sig.disk_rkb_s_median or 0) > 1024 and fs > 0):
+        fs += 1
+        f.append(f"read throughput flat at ~{sig.disk_rkb_s_median / 1024:.1f} MB/s "  # type: ignore[operator]
+                 f"(variation {sig.disk_rkb_s_cv:.0%}): a ceiling")
+    if sig.psi_io_median_pct is not None and sig.psi_io_median_pct >= 10:
+        fs += 1
+        f.append(f"I/O pressure: some task stalled on I/O {sig.psi_io_median_pct:.0f}% of "
+                 "the time (PSI)")
+    if sig.iowait_median_pct is not None and sig.iowait_median_pct >= 10:
+        fs += 1
+        f.append(f"CPU iowait {sig.iowait_median_pct:.0f}%")
+    wc = sig.worker_cpu_pct
+    if sig.workers and wc is not None:
+        if wc >= 80:
+            ps += 2
+            p.append(f"each worker at {wc:.0f}% CPU (saturated)")
+        elif wc >= 55:
+            ps += 1
+            p.append(f"workers at {wc:.0f}% CPU")
+        elif wc < 40:
+            fs += 1
+            f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
+    if sig.worker_runq_pct is not None and sig.worker_runq_pct >= 15:
+        ps += 1
+        p.append(f"workers waiting for a free CPU {sig.worker_runq_pct:.0f}% of the time "
+                 "(CPU contention)")
+    if (sig.host_cpu_median_pct is not None and sig.host_cpu_median_pct >= 85
+            and (sig.iowait_median_pct or 0) < 10):
+        ps += 1
+        p.append(f"all CPUs busy ({sig.host_cpu_median_pct:.0f}%)")
+    return fs, f, ps, p
+
+
+def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
+    """input_bound.fetch / input_bound.prep.
+
+    Fires when the trainer waited for data ≥ 15% of step time (probe), or, without the probe,
+    when the GPU was idle ≥ 30% of the time, or (no GPU, no probe) when the workers or disk show a
+    clear saturation pattern. fetch vs prep is decided by scoring the signals of
+    :func:`_fetch_prep_scores`; the side with more points wins."""
+    stall = sig.stall_fraction
+    fs, freasons, ps, preasons = _fetch_prep_scores(sig)
+    if sig.stall_source == "probe":
+        if stall is None or stall < STALL_WARN:
+            return []
+        base = 0.9
+    elif sig.stall_source == "gpu_idle":
+        if stall is None or stall < 0.3 or max(fs, ps) < 2:
+            return []
+        base = 0.6
+    else:
+        if max(fs, ps) < 4:
+            return []
+        base = 0.4
+
+    kind = "input_bound.fetch" if fs > ps else "input_bound.prep"
+    reasons = freasons if fs > ps else preasons
+    margin = abs(fs - ps) / max(fs + ps, 1)
+    confidence = base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else base * 0.5
+    severity = "critical" if (stall or 0) >= STALL_CRIT else "warning"
+    if stall is None:
+        severity = "warning"
+    ev = sig.evidence("stall_fraction", "stall_source", "wait_ms_median", "step_ms_median",
+                      "gpu_util_median_pct", "workers", "worker_cpu_pct", "worker_d_share",
+                      "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
+                      "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
+                      "disk_r_s_median", "disk_rareq_kb_median", "psi_io_median_pct",
+                      "iowait_median_pct", "host_cpu_median_pct", "physical_cores")
+    ev["score_fetch"] = fs
+    ev["score_prep"] = ps
+    ev["signals"] = reasons
+    if sig.samples_per_s is not None:
+        ev["samples_per_s"] = sig.samples_per_s
+    what = "storage cannot deliver the data fast enough" if kind.endswith("fetch") else \
+        "CPU preprocessing (decode/transform) cannot keep up"
+    if stall is not None:
+        src = "per-step probe" if sig.stall_source == "probe" else "GPU idle share"
+        summary = (f"Input-bound: the trainer waited for data {stall:.0%} of the time "
+                   f"({src}); {what}.")
+    else:
+        summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
+    if reasons:
+        summary += " " + "; ".join(reasons[:2]).capitalize() + "."
+    fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
+    fixes += _loader_fixes(sig)
+    rule = (f"data wait {_pct(stall)} ≥ {STALL_WARN:.0%}; fetch score {fs} vs prep score {ps}"
+            if sig.stall_source == "probe" else
+            f"GPU idle {_pct(stall)} ≥ 30%; fetch score {fs} vs prep score {ps}"
+            if sig.stall_source == "gpu_idle" else
+            f"no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)")
+    if sig.stall_source != "probe":
+        fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
+                         "per step", "without the probe the stall is estimated from system "
+                         "metrics only (lower confidence)"))
+    if not sig.workers and sig.stall_source == "probe":
+        ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
+                      "cannot split it from compute; the probe's data-wait timing does.")
+    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes,
+                    _speedup(stall), rule)]
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _workers_now(sig: Signals) -> int | None:
+    nw = sig.config.get("num_workers")
+    if nw is None and sig.workers:
+        return sig.workers
+    return int(nw) if nw is not None else None
+
+
+def _prep_fixes(sig: Signals) -> list[Fix]:
+    fixes: list[Fix] = []
+    nw = _workers_now(sig)
+    cores = sig.physical_cores
+    stall = sig.stall_fraction or 0.0
+    if nw is not None and cores:
+        want = math.ceil(max(nw, 1) / max(1.0 - stall, 0.1))
+        target = min(max(want, nw + 1), cores)
+        if nw < cores and target > nw:
+            fixes.append(Fix(
+                f"num_workers {nw} → {target} ({cores} physical cores"
+                + (f", workers at {sig.worker_cpu_pct:.0f}% CPU" if sig.worker_cpu_pct else "")
+                + ")",
+                f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
+                f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
+                "cores only adds context switches"))
+        else:
+            fixes.append(Fix(
+                "make per-sample work cheaper: decode at lower resolution, move augmentation "
+                "to the GPU, or preprocess once offline",
+                f"num_workers ({nw}) already matches the {cores} physical cores"))
+    else:
+        fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
+                         "min(4, cores))", "workers are CPU-saturated"))
+    return fixes
+
+
+def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
+    fixes: list[Fix] = []
+    dev = sig.device
+    info = data.extra.get("device_info", {}).get(dev or "", {})
+    aw = sig.disk_r_await_median_ms
+    kind = ("rotational" if info.get("rotational") else
+            "virtual/network" if info.get("virtual") else "")
+    if dev:
+        detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
+                                       f"{sig.disk_util_median_pct:.0f}% util"
+                                       if sig.disk_util_median_pct is not None else "") if x)
+        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe, or pack it "
+                         "with `stallscope pack SRC DST` to read sequentially",
+                         "the device serves reads too slowly for the trainer"))
+    rq = sig.disk_rareq_kb_median
+    if rq is not None and rq < 64 and (sig.disk_r_s_median or 0) > 50:
+        fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
+                         f"reads average {rq:.0f} kB at {sig.disk_r_s_median:.0f} r/s: "
+                         "many small random reads, each paying a seek/metadata lookup"))
+    size = data.extra.get("dataset_bytes")
+    avail = sig.mem_available_min_mib
+    if size and avail and size / 1048576 < 0.7 * avail:
+        fixes.append(Fix(f"dataset {size / 1e9:.1f} GB < available RAM "
+                         f"{avail / 1024:.1f} GB: cache it in memory (or copy it to /dev/shm or "
+                         "local disk first)", "after one pass every read is served from RAM"))
+    nw = _workers_now(sig)
+    if nw is not None and sig.physical_cores and nw < min(4, sig.physical_cores) \
+            and not info.get("rotational"):
+        fixes.append(Fix(f"num_workers {nw} → {min(4, sig.physical_cores)} to keep more reads "
+                         "in flight", "SSD/NVMe serve parallel reads faster than one at a time; "
+                         "on a spinning disk this adds seeks instead"))
+    return fixes
+
+
+def _loader_fixes(sig: Signals) -> list[Fix]:
+    fixes: list[Fix] = []
+    cfg = sig.config
+    if (cfg.get("num_workers") and cfg.get("persistent_workers") is False and sig.epochs >= 2
+            and (sig.epoch_start_wait_s or 0) > 1.0):
+        fixes.append(Fix("persistent_workers=True",
+                         f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
+                         "epoch boundaries"))
+    if cfg.get("num_workers") and cfg.get("prefetch_factor") in (1,):
+        fixes.append(Fix("prefetch_factor=2 (or more)",
+                         "one batch in flight per worker leaves no slack for slow samples"))
+    return fixes
+
+
+# --- host-to-device copies ------------------------------------------------------------------------
+def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
+    """h2d_bound: host-to-device copies take ≥ 15% of step time (probe h2d timing)."""
+    share = sig.h2d_share
+    if share is None or share < 0.15:
+        return []
+    fixes = []
+    if not sig.config.get("pin_memory"):
+        fixes.append(Fix("pin_memory=True and .to(device, non_blocking=True)",
+                         "pageable memory is copied twice and blocks the host"))
+    fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
+                     f"copies take {share:.0%} of each step"))
+    return [Finding("h2d_bound", "critical" if share >= 0.4 else "warning", 0.85,
+                    f"Host-to-device copies take {share:.0%} of step time.",
+                    sig.evidence("h2d_share", "step_ms_median") | {"pin_memory":
+                                                                   sig.config.get("pin_memory")},
+                    fixes, _speedup(share), f"h2d share {share:.0%} ≥ 15%")]
+
+
+# --- healthy ---------------------------------------------------------------------------------------
+def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
+    """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
+    ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
+    if sig.stall_source is None and sig.gpus == 0:
+        # CPU training without the probe: the trainer process itself is the compute
+        fs, _, ps, _ = _fetch_prep_scores(sig)
+        if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
+            return [Finding("compute_bound", "info", 0.5,
+                            f"Likely compute-bound: the trainer process computes at "
+                            f"{sig.main_cpu_pct:.0f}% CPU while its workers and the disk show "
+                            "no saturation.",
+                            sig.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
+                                         "disk_util_median_pct"),
+                            [Fix("wrap the loader with stallscope.watch(loader) to confirm",
+                                 "without the probe or a GPU the data wait is not measured")],
+                            1.0, "trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)")]
+        return []
+    if sig.stall_source != "probe" or sig.stall_fraction is None:
+        if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct >= 80:
+            return [Finding("compute_bound", "info", 0.6,
+                            f"The GPU is busy (median {sig.gpu_util_median_pct:.0f}% "
+                            "utilization): compute is the bottleneck, which is healthy.",
+                            sig.evidence("gpu_util_median_pct"),
+                            [Fix("wrap the loader with stallscope.watch(loader)",
+                                 "confirms with per-step data wait")], 1.0,
+                            "GPU util ≥ 80% (no probe)")]
+        return []
+    if sig.stall_fraction >= STALL_WARN:
+        return []
+    if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct < 70:
+        return []
+    gpu = (f", GPU busy {sig.gpu_util_median_pct:.0f}%" if sig.gpu_util_median_pct is not None
+           else "")
+    fixes = [Fix("nothing to fix in the input pipeline; to go faster, make the model step "
+                 "cheaper (mixed precision, larger batch, torch.compile)",
+                 "the step is compute time, not waiting")]
+    return [Finding("compute_bound", "info", 0.85,
+                    f"Compute-bound (healthy): the trainer waited for data only "
+                    f"{sig.stall_fraction:.0%} of the time{gpu}.",
+                    sig.evidence("stall_fraction", "wait_ms_median", "step_ms_median",
+                                 "gpu_util_median_pct", "worker_cpu_pct", "samples_per_s"),
+                    fixes, 1.0, f"data wait {sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
+
+
+# --- GPU health ------------------------------------------------------------------------------------
+def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
+    """gpu_throttled: thermal/power clock-event reasons active in ≥ 20% of the samples, or the
+    GPU at ≥ 85 °C (the seeds' alert threshold)."""
+    out = []
+    for s in data.all("gpu.throttle_mask"):
+        masks = [int(v) for v in s.v]
+        if not masks:
+            continue
+        bad = [m for m in masks if any(m & b for b in _THROTTLE_BITS)]
+        temp = data.get("gpu.temp_c", s.entity)
+        tmax = max(temp.v) if temp and temp.v else None
+        share = len(bad) / len(masks)
+        if share < 0.2 and (tmax is None or tmax < 85):
+            continue
+        reasons = sorted({n for m in bad for b, n in _THROTTLE_BITS.items() if m & b})
+        ev = {"gpu": s.entity, "throttled_share": round(share, 3), "reasons": reasons,
+              "temp_max_c": tmax}
+        fixes = []
+        if any("thermal" in r for r in reasons) or (tmax or 0) >= 85:
+            fixes.append(Fix("check cooling: fans, airflow, inlet temperature, dust",
+                             f"thermal slowdown; max temperature {tmax} °C"))
+        if any("power" in r for r in reasons):
+            fixes.append(Fix("check the power limit (nvidia-smi -q -d POWER) and PSU/cabling",
+                             "clocks capped by the power limit"))
+        out.append(Finding("gpu_throttled", "warning", 0.9,
+                           f"{s.entity} was throttled ({', '.join(reasons) or 'temperature'}) "
+                           f"in {share:.0%} of samples.", ev, fixes,
+                           round(1 + 0.2 * share, 2),
+                           "thermal/power throttle reasons in ≥ 20% of samples or ≥ 85 °C"))
+    return out
+
+
+def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
+    """gpu_memory_growth: GPU memory rises steadily (linear fit r² ≥ 0.8) by ≥ 512 MiB and
+    ≥ 2% of the card over ≥ 10 samples: a leak (tensors kept across steps)."""
+    out = []
+    for s in data.all("gpu.mem_used_mib"):
+        if len(s.v) < 10:
+            continue
+        slope, r2 = linear_fit(s.ts, s.v)
+        grew = s.v[-1] - s.v[0]
+        total = data.get("gpu.mem_total_mib", s.entity)
+        cap = total.v[-1] if total and total.v else None
+        if slope <= 0 or r2 < 0.8 or grew < 512 or (cap and grew < 0.02 * cap):
+            continue
+        ev = {"gpu": s.entity, "growth_mib": round(grew), "rate_mib_per_min": round(slope * 60, 1),
+              "r2": round(r2, 3)}
+        if cap:
+            ev["minutes_to_full"] = round((cap - s.v[-1]) / slope / 60, 1)
+        out.append(Finding("gpu_memory_growth", "warning", min(0.95, r2),
+                           f"{s.entity} memory grows steadily ({slope * 60:.0f} MiB/min, "
+                           f"+{grew:.0f} MiB): likely a leak.", ev,
+                           [Fix("look for tensors kept across steps (loss accumulated without "
+                                ".item()/.detach(), lists of outputs, caches)",
+                                "memory rises linearly while the workload is steady")],
+                           1.0, "linear growth r² ≥ 0.8, ≥ 512 MiB and ≥ 2% of the card"))
+    return out
+
+
+def rule_pcie_degraded(data: RunData, sig: Signals) -> list[Finding]:
+    """pcie_degraded: under load (util ≥ 30%) the link runs below its max generation or width
+    in ≥ 50% of samples. (Idle GPUs drop to a low generation to save power: not a finding.)"""
+    out = []
+    for s in data.all("gpu.util_pct"):
+        g = {k: data.get(f"gpu.{k}", s.entity) for k in
+             ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")}
+        if any(v is None or not v.v for v in g.values()):
+            continue
+        idx = {t: i for i, t in enumerate(s.ts)}
+        loaded = degraded = 0
+        worst: tuple[float, float] = (99.0, 99.0)
+        for series_t, gen, gmax, wid, wmax in zip(g["pcie_gen"].ts, g["pcie_gen"].v,  # type: ignore[union-attr]
+                                                  g["pcie_gen_max"].v, g["pcie_width"].v,  # type: ignore[union-attr]
+                                                  g["pcie_width_max"].v):  # type: ignore[union-attr]
+            i = idx.get(series_t)
+            if i is None or s.v[i] < 30:
+                continue
+            loaded += 1
+            if gen < gmax or wid < wmax:
+                degraded += 1
+                worst = min(worst, (gen, wid))
+        if loaded and degraded / loaded >= 0.5:
+            gmax = g["pcie_gen_max"].v[-1]  # type: ignore[union-attr]
+            wmax = g["pcie_width_max"].v[-1]  # type: ignore[union-attr]
+            out.append(Finding(
+                "pcie_degraded", "warning", 0.8,
+                f"{s.entity} PCIe link at Gen{worst[0]:.0f} x{worst[1]:.0f} under load "
+                f"(max Gen{gmax:.0f} x{wmax:.0f}).",
+                {"gpu": s.entity, "gen": worst[0], "gen_max": gmax, "width": worst[1],
+                 "width_max": wmax, "degraded_share": round(degraded / loaded, 3)},
+                [Fix("reseat the card / check the slot and riser; check BIOS PCIe settings",
+                     "a degraded link cuts host-to-device bandwidth")],
+                1.0, "link below max gen/width in ≥ 50% of loaded samples"))
+    return out
+
+
+# --- host --------------------------------------------------------------------------------------------
+def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
+    """host_swap: swapping ≥ 1 MB/s in ≥ 10% of samples (in or out)."""
+    si, so = data.get("host.swap_in_kb_s"), data.get("host.swap_out_kb_s")
+    if not si or not so or not si.v:
+        return []
+    rates = [a + b for a, b in zip(si.v, so.v)]
+    active = [r for r in rates if r >= 1024]
+    share = len(active) / len(rates)
+    if share < 0.1:
+        return []
+    return [Finding("host_swap", "critical" if share >= 0.3 else "warning", 0.9,
+                    f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
+                    "MB/s): memory is overcommitted.",
+                    {"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
+                     "mem_available_min_mib": sig.mem_available_min_mib},
+                    [Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
+                         "worker holds batches), smaller in-memory caches, or add RAM",
+                         "every swapped page costs a disk read on the critical path")],
+                    1.0, "swap ≥ 1 MB/s in ≥ 10% of samples")]
+
+
+def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
+    """shm_pressure: /dev/shm ≥ 80% full (critical ≥ 95%), or smaller than 1 GiB while
+    DataLoader workers are in use (Docker's default is 64 MB): workers die with bus errors."""
+    used, total = data.get("host.shm_used_mib"), data.get("host.shm_total_mib")
+    if not used or not total or not used.v or not total.v:
+        return []
+    cap = total.v[-1]
+    peak = max(used.v)
+    frac = peak / cap if cap else 0.0
+    small = cap < 1024 and (sig.workers > 0 or (sig.config.get("num_workers") or 0) > 0)
+    if frac < 0.8 and not small:
+        return []
+    sev = "critical" if frac >= 0.95 else "warning"
+    return [Finding("shm_pressure", sev, 0.9,
+                    f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
+                    "workers pass batches through it and fail with bus errors when it is full.",
+                    {"shm_peak_mib": round(peak, 1), "shm_total_mib": round(cap, 1),
+                     "shm_peak_share": round(frac, 3)},
+                    [Fix("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
+                         "size=... /dev/shm)", f"only {cap:.0f} MiB available"),
+                     Fix("lower prefetch_factor or batch size; remove stale files in /dev/shm",
+                         "each worker keeps prefetch_factor batches in shared memory")],
+                    1.0, "/dev/shm ≥ 80% full, or < 1 GiB with workers")]
+
+
+# --- DDP ---------------------------------------------------------------------------------------------
+def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
+    """straggler_rank: with ≥ 2 ranks, one rank's median step takes ≥ 1.2× the median rank's."""
+    per: dict[int, list[float]] = defaultdict(list)
+    waits: dict[int, list[float]] = defaultdict(list)
+    for s in data.steps:
+        per[s.rank].append(s.wait_s + s.host_s)
+        waits[s.rank].append(s.wait_s)
+    if len(per) < 2:
+        return []
+    med = {r: median(v) or 0.0 for r, v in per.items()}
+    typical = median(list(med.values())) or 0.0
+    slow = max(med, key=lambda r: med[r])
+    if typical <= 0 or med[slow] < 1.2 * typical:
+        return []
+    wshare = (sum(waits[slow]) / sum(per[slow])) if sum(per[slow]) else 0.0
+    return [Finding("straggler_rank", "warning", 0.8,
+                    f"Rank {slow} is a straggler: its median step takes "
+                    f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
+                    "wait for it at every all-reduce.",
+                    {"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
+                     "typical_step_ms": round(typical * 1000, 1),
+                     "data_wait_share": round(wshare, 3),
+                     "ranks": {str(r): round(v * 1000, 1) for r, v in sorted(med.items())}},
+                    [Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
+                         + (" (input-bound there)" if wshare >= STALL_WARN else
+                            " (slow compute: check that GPU's clocks/throttling)"),
+                         "all ranks go at the pace of the slowest")],
+                    round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
+
+
+# --- disk health (from stallscope disk / SMART) ------------------------------------------------------
+def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
+    """disk_health: the dataset's drive has a SMART verdict of ageing or failing."""
+    out = []
+    for drive in data.extra.get("disk_health", []):
+        verdict = drive.get("verdict")
+        if verdict not in ("ageing", "failing"):
+            continue
+        out.append(Finding("disk_health", "critical" if verdict == "failing" else "warning", 0.9,
+                           f"The dataset's drive {drive.get('device')} is {verdict}: "
+                           + "; ".join(drive.get("reasons", [])[:3]),
+                           {"device": drive.get("device"), "model": drive.get("model"),
+                            "verdict": verdict, "reasons": drive.get("reasons", []),
+                            "growth": drive.get("growth", {})},
+                           [Fix("back up the dataset and checkpoints now; plan to replace the "
+                                "drive", "SMART counters that grow predict failure")],
+                           1.0, "SMART verdict ageing/failing (see docs/disk-health.md)"))
+    return out
+
+
+def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
+    if sig.samples >= 3 or sig.steps >= 10:
+        return []
+    return [Finding("insufficient_data", "info", 1.0,
+                    f"Too little data to diagnose: {sig.samples} samples and {sig.steps} steps.",
+                    {"samples": sig.samples, "steps": sig.steps,
+                     "duration_s": sig.duration_s},
+                    [Fix("run longer (≥ 30 s of training) or lower --interval",
+                         "rules need several samples to tell a pattern from noise")],
+                    1.0, "< 3 samples and < 10 steps")]
+
+
+Rule = Callable[[RunData, Signals], list[Finding]]
+
+RULES: tuple[Rule, ...] = (
+    rule_insufficient, rule_input_bound, rule_h2d, rule_compute_bound, rule_gpu_throttled,
+    rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
+    rule_straggler, rule_disk_health,
+)
+
+_SEV = {"critical": 0, "warning": 1, "info": 2}
+
+
+def run_rules(data: RunData, sig: Signals) -> list[Finding]:
+    """Every rule's findings, most important first."""
+    findings = [f for rule in RULES for f in rule(data, sig)]
+    if any(f.kind == "insufficient_data" for f in findings):
+        findings = [f for f in findings if f.kind in ("insufficient_data", "disk_health",
+                                                     "shm_pressure")]
+    findings.sort(key=lambda f: (_SEV[f.severity], -f.est_speedup, -f.confidence))
+    return findings
+
+
+

@@ -1,0 +1,277 @@
+"""Signals: the numbers the diagnosis rules reason about, computed once from a run.
+
+Pure functions over :class:`~stallscope.diagnose.model.RunData`. Every value here can appear
+in a finding's evidence, so names carry units.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stallscope.diagnose.model import RunData
+from stallscope.store import Series
+
+__all__ = ["Signals", "compute_signals", "linear_fit", "mean", "median", "p95"]
+
+
+def mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def p95(xs: Sequence[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    pos = (len(s) - 1) * 0.95
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def linear_fit(ts: Sequence[float], vs: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope (units per second) and r² of v over t."""
+    n = len(ts)
+    if n < 3:
+        return 0.0, 0.0
+    mt, mv = sum(ts) / n, sum(vs) / n
+    stt = sum((t - mt) ** 2 for t in ts)
+    svv = sum((v - mv) ** 2 for v in vs)
+    stv = sum((t - mt) * (v - mv) for t, v in zip(ts, vs))
+    if stt == 0 or svv == 0:
+        return 0.0, 0.0
+    slope = stv / stt
+    return slope, (stv * stv) / (stt * svv)
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+@dataclass
+class Signals:
+    duration_s: float = 0.0
+    samples: int = 0
+    # --- probe ---
+    steps: int = 0
+    ranks: int = 0
+    stall_fraction: float | None = None  #: data wait / step wall time (probe)
+    stall_source: str | None = None  #: "probe", "gpu_idle" or None
+    wait_ms_median: float | None = None
+    step_ms_median: float | None = None
+    h2d_share: float | None = None
+    epochs: int = 0
+    epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1
+    samples_per_s: float | None = None
+    # --- gpu ---
+    gpus: int = 0
+    gpu_util_median_pct: float | None = None
+    gpu_idle_share: float | None = None
+    # --- the trainer's processes ---
+    workers: int = 0  #: DataLoader worker processes seen
+    worker_cpu_pct: float | None = None  #: mean CPU of one worker (100 = one core)
+    worker_d_share: float | None = None  #: share of worker samples in state D
+    worker_blkio_pct: float | None = None
+    worker_runq_pct: float | None = None
+    worker_read_kb_s: float | None = None  #: all workers together, from storage
+    worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
+    main_cpu_pct: float | None = None
+    main_d_share: float | None = None
+    main_read_kb_s: float | None = None
+    # --- dataset device ---
+    device: str | None = None
+    device_named: bool = False  #: from --data (True) or the busiest device (False)
+    disk_util_median_pct: float | None = None
+    disk_util_p95_pct: float | None = None
+    disk_r_await_median_ms: float | None = None
+    disk_r_await_p95_ms: float | None = None
+    disk_rkb_s_median: float | None = None
+    disk_rkb_s_p95: float | None = None
+    disk_r_s_median: float | None = None
+    disk_rareq_kb_median: float | None = None
+    disk_rkb_s_cv: float | None = None  #: variation of read throughput while reading
+    disk_aqu_sz_median: float | None = None
+    # --- host ---
+    host_cpu_median_pct: float | None = None
+    host_max_core_median_pct: float | None = None
+    iowait_median_pct: float | None = None
+    psi_io_median_pct: float | None = None
+    mem_available_min_mib: float | None = None
+    # --- loader configuration (probe) ---
+    config: dict[str, Any] = field(default_factory=dict)
+    physical_cores: int | None = None
+
+    def evidence(self, *keys: str) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+def _by_ts_sum(series: list[Series]) -> dict[float, float]:
+    out: dict[float, float] = defaultdict(float)
+    for s in series:
+        for t, v in zip(s.ts, s.v):
+            out[t] += v
+    return out
+
+
+def _procs(data: RunData, metric: str, role: str) -> list[Series]:
+    roles = data.roles()
+    return [s for (n, e), s in data.series.items() if n == metric and roles.get(e) == role]
+
+
+def compute_signals(data: RunData) -> Signals:
+    sig = Signals()
+    meta = data.meta
+    start, end = meta.get("start"), meta.get("end")
+    cost = data.get("collector.cpu_s")
+    sig.samples = len(cost.v) if cost else 0
+    if start and end:
+        sig.duration_s = round(end - start, 1)
+    elif cost and cost.ts:
+        sig.duration_s = round(cost.ts[-1] - cost.ts[0], 1)
+    sig.physical_cores = meta.get("physical_cores")
+
+    _probe_signals(sig, data)
+    _gpu_signals(sig, data)
+    _proc_signals(sig, data)
+    _disk_signals(sig, data)
+
+    host = {k: data.get(f"host.{k}") for k in ("cpu_pct", "cpu_max_core_pct", "iowait_pct",
+                                                 "psi_io_some_pct", "mem_available_mib")}
+    sig.host_cpu_median_pct = _r(median(host["cpu_pct"].v)) if host["cpu_pct"] else None
+    sig.host_max_core_median_pct = (_r(median(host["cpu_max_core_pct"].v))
+                                    if host["cpu_max_core_pct"] else None)
+    sig.iowait_median_pct = _r(median(host["iowait_pct"].v)) if host["iowait_pct"] else None
+    sig.psi_io_median_pct = (_r(median(host["psi_io_some_pct"].v))
+                             if host["psi_io_some_pct"] else None)
+    sig.mem_available_min_mib = (_r(min(host["mem_available_mib"].v))
+                                 if host["mem_available_mib"] and host["mem_available_mib"].v
+                                 else None)
+    if sig.stall_fraction is None and sig.gpu_idle_share is not None:
+        sig.stall_fraction = sig.gpu_idle_share
+        sig.stall_source = "gpu_idle"
+    return sig
+
+
+def _probe_signals(sig: Signals, data: RunData) -> None:
+    if data.probes:
+        cfg = dict(data.probes[0]["config"])
+        sig.config = cfg
+        if cfg.get("physical_cores"):
+            sig.physical_cores = cfg["physical_cores"]
+    steps = data.steps
+    if not steps:
+        return
+    sig.steps = len(steps)
+    sig.ranks = len({s.rank for s in steps})
+    # the first step of the run includes worker start-up and is reported apart (epoch gaps)
+    first = {}
+    for s in steps:
+        first[s.rank] = min(first.get(s.rank, s.step), s.step)
+    body = [s for s in steps if s.step != first[s.rank]] or steps
+    wait = sum(s.wait_s for s in body)
+    wall = sum(s.wait_s + s.host_s for s in body)
+    if wall > 0:
+        sig.stall_fraction = round(wait / wall, 3)
+        sig.stall_source = "probe"
+        samples = [s.samples for s in body if s.samples]
+        if samples:
+            sig.samples_per_s = round(sum(samples) / wall * sig.ranks, 1)
+    sig.wait_ms_median = _r(median([s.wait_s * 1000 for s in body]))
+    sig.step_ms_median = _r(median([(s.wait_s + s.host_s) * 1000 for s in body]))
+    h2d = [s.h2d_s for s in body if s.h2d_s is not None]
+    if h2d and wall > 0:
+        sig.h2d_share = round(sum(h2d) / wall, 3)
+    epochs: dict[int, list[float]] = defaultdict(list)
+    for s in steps:
+        if s.epoch is not None:
+            epochs[s.epoch].append(s.wait_s)
+    sig.epochs = len(epochs)
+    firsts = [w[0] for e, w in sorted(epochs.items()) if e >= 1 and w]
+    if firsts:
+        sig.epoch_start_wait_s = _r(median(firsts), 3)
+
+
+def _gpu_signals(sig: Signals, data: RunData) -> None:
+    utils = data.all("gpu.util_pct")
+    sig.gpus = len(utils)
+    vals = [v for s in utils for v in s.v]
+    if vals:
+        sig.gpu_util_median_pct = _r(median(vals))
+        sig.gpu_idle_share = round(sum(100 - v for v in vals) / len(vals) / 100, 3)
+
+
+def _share(series: list[Series]) -> float | None:
+    vals = [v for s in series for v in s.v]
+    return round(sum(vals) / len(vals), 3) if vals else None
+
+
+def _proc_signals(sig: Signals, data: RunData) -> None:
+    roles = data.roles()
+    sig.workers = sum(1 for r in roles.values() if r == "worker")
+    wcpu = _procs(data, "procs.cpu_pct", "worker")
+    if wcpu:
+        # mean over samples of the mean worker: busy workers at 100% read as 100
+        per_ts: dict[float, list[float]] = defaultdict(list)
+        for s in wcpu:
+            for t, v in zip(s.ts, s.v):
+                per_ts[t].append(v)
+        sig.worker_cpu_pct = _r(mean([sum(v) / len(v) for v in per_ts.values()]))
+    sig.worker_d_share = _share(_procs(data, "procs.d_state", "worker"))
+    blk = [v for s in _procs(data, "procs.blkio_wait_pct", "worker") for v in s.v]
+    sig.worker_blkio_pct = _r(mean(blk))
+    rq = [v for s in _procs(data, "procs.runq_wait_pct", "worker") for v in s.v]
+    sig.worker_runq_pct = _r(mean(rq))
+    rd = _by_ts_sum(_procs(data, "procs.read_kb_s", "worker"))
+    sig.worker_read_kb_s = _r(mean(list(rd.values())), 1)
+    rc = _by_ts_sum(_procs(data, "procs.rchar_kb_s", "worker"))
+    sig.worker_rchar_kb_s = _r(mean(list(rc.values())), 1)
+    mcpu = [v for s in _procs(data, "procs.cpu_pct", "main") for v in s.v]
+    sig.main_cpu_pct = _r(mean(mcpu))
+    sig.main_d_share = _share(_procs(data, "procs.d_state", "main"))
+    mr = _by_ts_sum(_procs(data, "procs.read_kb_s", "main"))
+    sig.main_read_kb_s = _r(mean(list(mr.values())), 1)
+
+
+def _disk_signals(sig: Signals, data: RunData) -> None:
+    named = [d for d in (data.meta.get("data_devices") or [])
+             if data.get("disk.util_pct", d) is not None]
+    if named:
+        dev = named[0]
+        sig.device_named = True
+    else:
+        reads = {s.entity: sum(s.v) for s in data.all("disk.rkb_s")}
+        if not reads or max(reads.values()) <= 0:
+            return
+        dev = max(reads, key=lambda d: reads[d])
+    sig.device = dev
+
+    def vals(key: str) -> list[float]:
+        s = data.get(f"disk.{key}", dev)
+        return s.v if s else []
+
+    util = vals("util_pct")
+    sig.disk_util_median_pct = _r(median(util))
+    sig.disk_util_p95_pct = _r(p95(util))
+    rkb = vals("rkb_s")
+    sig.disk_rkb_s_median = _r(median(rkb), 1)
+    sig.disk_rkb_s_p95 = _r(p95(rkb), 1)
+    sig.disk_r_s_median = _r(median(vals("r_s")), 1)
+    aw = [a for a, r in zip(vals("r_await_ms"), vals("r_s")) if r > 0]
+    sig.disk_r_await_median_ms = _r(median(aw))
+    sig.disk_r_await_p95_ms = _r(p95(aw))
+    rq = [a for a, r in zip(vals("rareq_kb"), vals("r_s")) if r > 0]
+    sig.disk_rareq_kb_median = _r(median(rq))
+    sig.disk_aqu_sz_median = _r(median(vals("aqu_sz")))
+    busy = [v for v in rkb if v > 100]
+    if len(busy) >= 3:
+        m = sum(busy) / len(busy)
+        sig.disk_rkb_s_cv = _r(statistics.pstdev(busy) / m if m else None, 3)

@@ -1,0 +1,440 @@
+"""The report page: one HTML file, inline CSS, inline SVG, one small inline script.
+
+Every string that came from the machine or the run (command, host, process/device/GPU names,
+paths, event messages, finding text) goes through :func:`esc` (``html.escape`` with quotes)
+before it reaches the page. A Content-Security-Policy allows no network at all and only the
+page's own script (by hash), so even markup that slipped through could neither load nor run
+anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import math
+import shlex
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from stallscope import __version__
+from stallscope.metrics import lookup
+from stallscope.report.data import RunData
+from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
+
+__all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
+
+#: a plain-language title per finding kind (DESIGN.md's list); unknown kinds show as-is
+KIND_TITLES: dict[str, str] = {
+    "input_bound.fetch": "Input-bound: storage cannot feed the GPU fast enough",
+    "input_bound.prep": "Input-bound: CPU preprocessing cannot keep up",
+    "h2d_bound": "Host-to-device copies hold the GPU back",
+    "compute_bound": "Compute-bound: the GPU is the bottleneck (healthy)",
+    "gpu_throttled": "GPU clocks are throttled",
+    "gpu_memory_growth": "GPU memory keeps growing",
+    "host_swap": "The host is swapping",
+    "shm_pressure": "/dev/shm is nearly full",
+    "pcie_degraded": "PCIe link runs below its maximum",
+    "disk_health": "A disk reports health problems",
+    "straggler_rank": "One rank is slower than the others",
+    "insufficient_data": "Not enough data to name a bottleneck",
+}
+_SEVERITIES = ("critical", "warning", "info")
+MAX_EVENTS = 200
+
+_CSS = """
+:root{--fg:#1d2329;--mute:#5d6873;--line:#dde2e7;--bg:#f6f8fa;--crit:#c0262d;--warn:#b86e00;
+--info:#2a64b3;--ok:#23803a}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
+margin:0;background:#fff}
+main{max-width:1180px;margin:0 auto;padding:18px 22px 40px}
+h1{font-size:21px;margin:0 0 4px}h2{font-size:17px;margin:26px 0 8px;
+border-bottom:1px solid var(--line);padding-bottom:4px}h3{font-size:15px;margin:0 0 4px}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+.mute{color:var(--mute)}
+dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
+dl.meta dt{color:var(--mute)}dl.meta dd{margin:0;word-break:break-all}
+.verdict{border-left:6px solid var(--info);background:var(--bg);padding:12px 16px;margin:14px 0;
+border-radius:4px}
+.verdict .big{font-size:20px;font-weight:650;margin:2px 0}
+.verdict.sev-critical,.finding.sev-critical{border-left-color:var(--crit)}
+.verdict.sev-warning,.finding.sev-warning{border-left-color:var(--warn)}
+.verdict.sev-ok{border-left-color:var(--ok)}
+.badge{display:inline-block;font-size:11.5px;font-weight:600;padding:1px 7px;border-radius:9px;
+color:#fff;background:var(--info);text-transform:uppercase;letter-spacing:.03em}
+.badge.critical{background:var(--crit)}.badge.warning{background:var(--warn)}
+.badge.ok{background:var(--ok)}
+.finding{border:1px solid var(--line);border-left:6px solid var(--info);border-radius:4px;
+padding:10px 14px;margin:10px 0}
+.finding header{display:flex;gap:10px;align-items:baseline;flex-wrap:wrap}
+.finding .kind{color:var(--mute)}
+.conf{display:inline-block;width:70px;height:7px;background:var(--line);border-radius:4px;
+vertical-align:middle;overflow:hidden}.conf i{display:block;height:100%;background:var(--fg)}
+.finding ol{margin:6px 0 6px 0;padding-left:22px}.finding li .why{color:var(--mute)}
+.cols{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,2fr);gap:16px}
+@media(max-width:820px){.cols{grid-template-columns:1fr}}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:3px 9px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th{font-weight:600;background:var(--bg)}td.num{text-align:right;font-variant-numeric:tabular-nums}
+table.kv td:first-child{color:var(--mute);white-space:nowrap}
+figure.plot{margin:14px 0 4px;position:relative}
+figure.plot figcaption{font-weight:600;margin-bottom:2px}
+figure.plot .plotbox{position:relative}
+svg.plot-svg{width:100%;height:auto;display:block}
+.cursor{position:absolute;top:0;bottom:0;width:0;border-left:1px solid #b03060;display:none;
+pointer-events:none}
+.note{color:var(--mute);font-size:13px;margin:2px 0}
+.skipped{border:1px dashed var(--line);padding:8px 12px;border-radius:4px;margin:12px 0}
+#readout{position:sticky;top:0;background:#fffe;padding:2px 0;font-size:12.5px;
+color:var(--mute);min-height:1.4em;z-index:2}
+footer{margin-top:30px;color:var(--mute);font-size:12px}
+"""
+
+# Moves one cursor over every plot at the same time (all plots share the time axis and their
+# horizontal margins); marks the page as ready, which the browser test checks.
+_JS = """(function(){
+var tl=document.getElementById('timeline');if(!tl){document.body.setAttribute('data-ready','1');
+return;}
+var l=+tl.dataset.left,r=+tl.dataset.right,span=+tl.dataset.span,ro=document.getElementById(
+'readout');
+function clock(s){s=Math.round(s);var h=Math.floor(s/3600),m=Math.floor(s%3600/60),x=s%60;
+function p(n){return(n<10?'0':'')+n}return h?h+':'+p(m)+':'+p(x):m+':'+p(x)}
+var boxes=tl.querySelectorAll('.plotbox');
+function hide(){boxes.forEach(function(b){b.querySelector('.cursor').style.display='none'});
+ro.textContent=''}
+boxes.forEach(function(box){
+box.addEventListener('mousemove',function(ev){var q=box.getBoundingClientRect();
+var f=(ev.clientX-q.left)/q.width,t=(f-l)/(r-l)*span;if(t<0||t>span){hide();return}
+boxes.forEach(function(b){var c=b.querySelector('.cursor');c.style.left=(f*100)+'%';
+c.style.display='block'});ro.textContent='t = '+clock(t)+' since start'});
+box.addEventListener('mouseleave',hide)});
+document.body.setAttribute('data-ready','1');})();"""
+
+
+def esc(v: Any) -> str:
+    """HTML-escape anything (quotes too, so it is safe inside attribute values)."""
+    return html.escape(str(v), quote=True)
+
+
+def fmt_num(v: Any) -> str:
+    """A number for people: 1,234 · 56.7 · 0.12; anything else as text."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return "-"
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 0.01:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def _pct(v: Any) -> str:
+    f = finite_or_none(v)
+    return "-" if f is None else f"{f:.0%}"
+
+
+def _kind_title(kind: str) -> str:
+    return KIND_TITLES.get(kind, kind)
+
+
+def _severity(v: Any) -> str:
+    s = str(v)
+    return s if s in _SEVERITIES else "info"
+
+
+# --- sections ------------------------------------------------------------------------------------
+def _header(data: RunData) -> str:
+    meta = data.meta
+    cmd = meta.get("command")
+    cmd_text = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else str(cmd or "-")
+    start = finite_or_none(meta.get("start"))
+    end = finite_or_none(meta.get("end"))
+    dur = (end - start) if start is not None and end is not None else data.t1 - data.t0
+    if end is None:
+        state = "still running (or the monitor was killed)"
+    else:
+        state = f"exit code {meta.get('exit_code')}"
+    rows: list[tuple[str, str]] = [
+        ("command", f"<code>{esc(cmd_text)}</code>"),
+        ("host", esc(meta.get("host", "-"))),
+        ("started", esc(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(start)))
+         if start is not None else "-"),
+        ("duration", esc(f"{clock(dur)} ({dur:,.0f} s)")),
+        ("outcome", esc(state)),
+        ("interval", esc(f"{meta.get('interval_s', '-')} s")
+         + (f" · {esc(meta['samples'])} samples" if "samples" in meta else "")),
+    ]
+    if meta.get("data"):
+        devs = ", ".join(str(d) for d in meta.get("data_devices") or []) or "unknown device"
+        rows.append(("dataset", f"<code>{esc(meta['data'])}</code> on {esc(devs)}"))
+    cores = [f"{meta[k]} {k.split('_')[0]}" for k in ("physical_cores", "logical_cores")
+             if meta.get(k)]
+    if cores:
+        rows.append(("cores", esc(", ".join(cores))))
+    rows.append(("run directory", f"<code>{esc(data.run_dir)}</code>"))
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    return (f'<header id="run-header"><h1>stallscope report · {esc(data.run_dir.name)}</h1>'
+            f'<dl class="meta">{dl}</dl></header>')
+
+
+def _verdict(diagnosis: dict[str, Any] | None) -> str:
+    if diagnosis is None:
+        return ('<section id="verdict" class="verdict sev-info"><div class="big">'
+                'No diagnosis</div><p>This stallscope has no diagnosis module; the plots and '
+                'tables below still show the run.</p></section>')
+    findings = [f for f in diagnosis.get("findings") or [] if isinstance(f, dict)]
+    kind = str(diagnosis.get("verdict") or (findings[0].get("kind") if findings else "")
+               or "insufficient_data")
+    top = next((f for f in findings if f.get("kind") == kind), findings[0] if findings else {})
+    sev = "ok" if kind == "compute_bound" else _severity(top.get("severity", "info"))
+    parts = [f'<section id="verdict" class="verdict sev-{sev}">',
+             '<div class="mute">Verdict</div>',
+             f'<div class="big" id="verdict-title">{esc(_kind_title(kind))}</div>',
+             f'<div><code id="verdict-kind">{esc(kind)}</code></div>']
+    if top.get("summary"):
+        parts.append(f'<p id="verdict-summary">{esc(top["summary"])}</p>')
+    sf = finite_or_none(diagnosis.get("stall_fraction"))
+    facts = []
+    if sf is not None:
+        facts.append(f"the trainer waited for data <b>{sf:.0%}</b> of the wall time")
+    sp = finite_or_none(top.get("est_speedup"))
+    if sp is not None and sp > 1.0:
+        facts.append(f"fixing it could make training up to <b>×{sp:.2f}</b> faster")
+    if facts:
+        text = "; ".join(facts)
+        parts.append(f"<p>{text[0].upper()}{text[1:]}.</p>")
+    fixes = [f for f in top.get("fixes") or [] if isinstance(f, dict)]
+    if fixes:
+        parts.append("<div><b>Do first:</b> " + esc(fixes[0].get("action", "")) + "</div>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _findings(diagnosis: dict[str, Any] | None) -> str:
+    if diagnosis is None:
+        return ""
+    findings = [f for f in diagnosis.get("findings") or [] if isinstance(f, dict)]
+    out = ['<section id="findings"><h2>Findings and fixes</h2>']
+    if not findings:
+        out.append('<p class="note">The diagnosis found nothing to report.</p>')
+    for i, f in enumerate(findings):
+        sev = _severity(f.get("severity"))
+        kind = str(f.get("kind", ""))
+        conf = finite_or_none(f.get("confidence"))
+        width = 0.0 if conf is None else max(0.0, min(1.0, conf)) * 100
+        sp = finite_or_none(f.get("est_speedup"))
+        head = [f'<span class="badge {sev}">{sev}</span>',
+                f"<h3>{esc(_kind_title(kind))}</h3>",
+                f'<code class="kind">{esc(kind)}</code>',
+                f'<span class="mute">confidence <span class="conf"><i style="width:{width:.0f}%">'
+                f"</i></span> {_pct(conf)}</span>"]
+        if sp is not None:
+            head.append(f'<span class="mute">est. speedup up to <b>×{sp:.2f}</b></span>')
+        fixes = [x for x in f.get("fixes") or [] if isinstance(x, dict)]
+        fix_html = ("<ol>" + "".join(
+            f"<li><b>{esc(x.get('action', ''))}</b>"
+            + (f' <span class="why">— {esc(x["why"])}</span>' if x.get("why") else "")
+            + "</li>" for x in fixes) + "</ol>") if fixes else '<p class="note">No fix needed.</p>'
+        ev = f.get("evidence")
+        ev_html = (_kv_table(ev.items(), "evidence") if isinstance(ev, dict) and ev
+                   else '<p class="note">No evidence recorded.</p>')
+        out.append(
+            f'<article class="finding sev-{sev}" id="finding-{i}"><header>{"".join(head)}'
+            f'</header><p class="summary">{esc(f.get("summary", ""))}</p>'
+            f'<div class="cols"><div><b>Fixes</b>{fix_html}</div>'
+            f"<div><b>Evidence</b>{ev_html}</div></div></article>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _value_html(v: Any, depth: int = 0) -> str:
+    if isinstance(v, dict):
+        if depth >= 2:
+            return esc(v)
+        return _kv_table(v.items(), "", depth + 1)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_value_html(x, depth + 1) for x in v) or "-"
+    if v is None:
+        return "-"
+    return esc(fmt_num(v))
+
+
+def _kv_table(items: Iterable[tuple[Any, Any]], cls: str, depth: int = 0) -> str:
+    rows = "".join(f"<tr><td><code>{esc(k)}</code></td><td>{_value_html(v, depth)}</td></tr>"
+                   for k, v in items)
+    return f'<table class="kv {cls}">{rows}</table>'
+
+
+def _plots(data: RunData, figures: list[tuple[str, str, str, str | None]]) -> str:
+    span = data.t1 - data.t0
+    out = [f'<section id="timeline" data-left="{AXES_LEFT}" data-right="{AXES_RIGHT}" '
+           f'data-span="{span:.3f}"><h2>Timeline</h2>'
+           '<p class="note">All plots share one time axis (time since the run started); '
+           'hover to line them up.</p><div id="readout"></div>']
+    for pid, title, note, svg in figures:
+        if svg is None:
+            out.append(f'<div class="skipped" id="plot-{esc(pid)}"><b>{esc(title)}</b> — '
+                       f"not shown. {esc(note)}</div>")
+        else:
+            out.append(f'<figure class="plot" id="plot-{esc(pid)}"><figcaption>{esc(title)}'
+                       f"</figcaption>"
+                       + (f'<p class="note">{esc(note)}</p>' if note else "")
+                       + f'<div class="plotbox">{svg}<div class="cursor"></div></div></figure>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _summary(data: RunData) -> str:
+    rows = data.summary.get("rows") or []
+    out = ['<section id="summary"><h2>Resources over the run</h2>']
+    if not rows:
+        out.append('<p class="note">No samples stored (the run ended before the first '
+                   "interval).</p></section>")
+        return "".join(out)
+    out.append("<table><tr><th>metric</th><th>entity</th><th>median</th><th>p95</th>"
+               "<th>max</th><th>unit</th></tr>")
+    for r in rows:
+        metric = str(r.get("metric", ""))
+        m = lookup(metric)
+        ent = str(r.get("entity", ""))
+        if "processes" in r:
+            ent = f"{r['processes']} proc"
+        elif metric.startswith("gpu."):
+            name = data.entity_attrs("gpu", ent).get("name")
+            ent = f"{ent} ({name})" if name else ent
+        tip = f' title="{esc(m.help)}"' if m else ""
+        out.append(f"<tr><td{tip}><code>{esc(metric)}</code></td><td>{esc(ent)}</td>"
+                   + "".join(f'<td class="num">{esc(fmt_num(r.get(k)))}</td>'
+                             for k in ("median", "p95", "max"))
+                   + f"<td>{esc(r.get('unit', ''))}</td></tr>")
+    out.append("</table>")
+    idle = data.summary.get("gpu_idle_share") or {}
+    if idle:
+        out.append('<p class="note">GPU idle share of the run (100% − utilisation): '
+                   + esc(", ".join(f"{k} {_pct(v)}" for k, v in sorted(idle.items())))
+                   + ".</p>")
+    cost = finite_or_none(data.summary.get("collector_cpu_s_per_sample"))
+    if cost is not None:
+        out.append(f'<p class="note">Monitoring cost: {cost * 1000:.2f} ms CPU per sample.</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
+MAX_PROCESSES = 50
+
+
+def _processes(data: RunData) -> str:
+    procs = [e for e in data.entities if e.get("source") == "procs"]
+    if not procs:
+        return ""
+    cpu = data.metric("procs.cpu_pct")
+    rss = data.metric("procs.rss_mib")
+
+    def mean(ent: str) -> float:
+        s = cpu.get(ent)
+        return sum(s.v) / len(s.v) if s is not None and s.v else math.nan
+
+    procs.sort(key=lambda e: (e["attrs"].get("role") != "main", -_nan0(mean(e["entity"]))))
+    out = ['<section id="processes"><h2>Trainer processes</h2><table><tr><th>pid</th>'
+           "<th>role</th><th>name</th><th>mean CPU %</th><th>max RSS MiB</th><th>seen</th>"
+           "<th>command line</th></tr>"]
+    for e in procs[:MAX_PROCESSES]:
+        a = e["attrs"] if isinstance(e.get("attrs"), dict) else {}
+        r = rss.get(e["entity"])
+        first = finite_or_none(e.get("first_ts"))
+        last = finite_or_none(e.get("last_ts"))
+        seen = (f"{clock(first - data.t0)}–{clock(last - data.t0)}"
+                if first is not None and last is not None else "-")
+        out.append(
+            f'<tr><td class="num">{esc(e["entity"])}</td><td>{esc(a.get("role", ""))}</td>'
+            f'<td>{esc(a.get("name", ""))}</td><td class="num">{esc(fmt_num(mean(e["entity"])))}'
+            f'</td><td class="num">{esc(fmt_num(max(r.v)) if r is not None and r.v else "-")}'
+            f'</td><td class="mono">{esc(seen)}</td>'
+            f'<td><code>{esc(str(a.get("cmdline", ""))[:160])}</code></td></tr>')
+    out.append("</table>")
+    if len(procs) > MAX_PROCESSES:
+        out.append(f'<p class="note">{len(procs) - MAX_PROCESSES} more processes not shown.</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _nan0(v: float) -> float:
+    return 0.0 if v != v else v
+
+
+def _loader(data: RunData) -> str:
+    if not data.probes:
+        return ""
+    out = ['<section id="loader"><h2>Loader configuration (from the probe)</h2>']
+    for p in data.probes:
+        cfg = p.get("config") if isinstance(p.get("config"), dict) else {}
+        items = [("rank", p.get("rank")), ("steps", p.get("steps")),
+                 ("dropped records", p.get("dropped")), *sorted(cfg.items())]
+        out.append(_kv_table(items, "loader"))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _sources(data: RunData) -> str:
+    unavailable = data.meta.get("unavailable") or {}
+    out = ['<section id="unavailable"><h2>Unavailable sources</h2>']
+    if isinstance(unavailable, dict) and unavailable:
+        out.append("<ul>" + "".join(f"<li><b>{esc(k)}</b>: {esc(v)}</li>"
+                                    for k, v in sorted(unavailable.items())) + "</ul>")
+    else:
+        out.append('<p class="note">Every source was available.</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _events(data: RunData) -> str:
+    out = ['<section id="events"><h2>Events</h2>']
+    if not data.events:
+        out.append('<p class="note">None.</p></section>')
+        return "".join(out)
+    out.append("<table><tr><th>time</th><th>source</th><th>kind</th><th>message</th></tr>")
+    for ev in data.events[:MAX_EVENTS]:
+        ts = finite_or_none(ev.get("ts"))
+        when = clock(ts - data.t0) if ts is not None else "-"
+        out.append(f'<tr><td class="mono">{esc(when)}</td><td>{esc(ev.get("source", ""))}</td>'
+                   f'<td>{esc(ev.get("kind", ""))}</td><td>{esc(ev.get("message", ""))}</td>'
+                   "</tr>")
+    out.append("</table>")
+    if len(data.events) > MAX_EVENTS:
+        out.append(f'<p class="note">{len(data.events) - MAX_EVENTS} more events not shown '
+                   f"(<code>stallscope show --json</code> lists them all).</p>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_page(data: RunData, diagnosis: dict[str, Any] | None,
+                figures: list[tuple[str, str, str, str | None]]) -> str:
+    """The whole HTML document. ``figures`` are (id, title, note, inline svg or None)."""
+    script_hash = base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()
+    csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+           f"script-src 'sha256-{script_hash}'; base-uri 'none'; form-action 'none'")
+    title = f"stallscope · {data.run_dir.name}"
+    if diagnosis is not None and diagnosis.get("verdict"):
+        title += f" · {diagnosis['verdict']}"
+    body = "".join((
+        _header(data), _verdict(diagnosis), _findings(diagnosis), _plots(data, figures),
+        _summary(data), _processes(data), _loader(data), _sources(data), _events(data),
+        f"<footer>Generated by stallscope {esc(__version__)} on "
+        f"{esc(time.strftime('%Y-%m-%d %H:%M:%S'))}. Self-contained: works offline, loads "
+        "nothing.</footer>",
+    ))
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head>"
+            f"<body><main>{body}</main><script>{_JS}</script></body></html>\n")

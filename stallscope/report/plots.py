@@ -1,0 +1,446 @@
+"""The report's time-aligned plots: what to draw (pure, from :class:`RunData`) and drawing it.
+
+Every plot shares one time axis, seconds since the run started, and the same figure width and
+horizontal margins, so the panels line up under each other on the page and one cursor reads
+them all. Drawing uses matplotlib's SVG backend: vector, a few tens of kB per plot, no script
+library to embed (an HTML file with plotly.js weighs ~4.8 MB).
+
+Long series are cut to at most :data:`MAX_POINTS` points per line by keeping each bucket's
+minimum and maximum, so spikes survive the downsampling.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stallscope.report.data import RunData
+from stallscope.store import Series, StepRow
+
+__all__ = [
+    "AXES_LEFT",
+    "AXES_RIGHT",
+    "MAX_POINTS",
+    "Line",
+    "Panel",
+    "Plot",
+    "build_plots",
+    "downsample",
+    "render_svg",
+]
+
+MAX_POINTS = 1200  #: per line; the plots are ~1100 px wide, more points add bytes, not detail
+AXES_LEFT = 0.075  #: left edge of every axes, as a fraction of the figure width
+AXES_RIGHT = 0.985
+FIG_WIDTH_IN = 11.0
+ROW_HEIGHT_IN = 1.75
+_MIB_PER_GIB = 1024.0
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#17becf", "#7f7f7f", "#bcbd22")
+
+
+@dataclass
+class Line:
+    """One line: times in seconds since the run's start, values in the panel's unit."""
+
+    label: str  #: legend text; may hold machine data (device, GPU, process names)
+    t: np.ndarray
+    v: np.ndarray
+    color: str = _COLORS[0]
+    style: str = "-"  #: matplotlib linestyle, or "." for dots only
+    width: float = 1.3
+    alpha: float = 1.0
+
+
+@dataclass
+class Panel:
+    """One axes of a plot."""
+
+    ylabel: str
+    lines: list[Line] = field(default_factory=list)
+    ylim: tuple[float, float] | None = None
+
+
+@dataclass
+class Plot:
+    """One figure of the report; ``note`` says why it is skipped when ``panels`` is empty,
+    or adds a remark (which device, which rank) when it is not."""
+
+    id: str  #: HTML id suffix: ``plot-<id>`` on the figure, ``svg-<id>`` on the svg
+    title: str
+    panels: list[Panel] = field(default_factory=list)
+    note: str = ""
+
+
+# --- downsampling --------------------------------------------------------------------------------
+def downsample(t: np.ndarray, v: np.ndarray, max_points: int = MAX_POINTS
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points`` points: per bucket of consecutive samples, its min and max (in
+    time order). NaN gap markers are kept so line breaks survive."""
+    n = len(t)
+    if n <= max_points:
+        return t, v
+    buckets = max(1, max_points // 2)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep: list[int] = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b <= a:
+            continue
+        chunk = v[a:b]
+        if np.isnan(chunk).all():
+            keep.append(int(a))
+            continue
+        lo = int(a + np.nanargmin(chunk))
+        hi = int(a + np.nanargmax(chunk))
+        if np.isnan(chunk).any():
+            keep.append(int(a + np.flatnonzero(np.isnan(chunk))[0]))
+        keep.extend(sorted({lo, hi}))
+    idx = np.array(sorted(set(keep)), dtype=np.int64)
+    return t[idx], v[idx]
+
+
+def _with_gaps(t: np.ndarray, v: np.ndarray, interval: float) -> tuple[np.ndarray, np.ndarray]:
+    """Insert NaN where samples are missing (> 3 intervals apart), so the line breaks instead
+    of drawing a straight line over a hole (a process gone, a source off)."""
+    if len(t) < 2:
+        return t, v
+    gap = max(3.0 * interval, 1e-9)
+    holes = np.flatnonzero(np.diff(t) > gap)
+    if not len(holes):
+        return t, v
+    t = np.insert(t, holes + 1, t[holes] + interval)
+    v = np.insert(v, holes + 1, np.nan)
+    return t, v
+
+
+def _line(data: RunData, s: Series, label: str, scale: float = 1.0, **kw: Any) -> Line:
+    t = np.asarray(s.ts, dtype=float) - data.t0
+    v = np.asarray(s.v, dtype=float) * scale
+    t, v = _with_gaps(t, v, _interval(data))
+    t, v = downsample(t, v)
+    return Line(label, t, v, **kw)
+
+
+def _interval(data: RunData) -> float:
+    iv = data.meta.get("interval_s")
+    if isinstance(iv, (int, float)) and iv > 0:
+        return float(iv)
+    return 1.0
+
+
+def _sum_by_ts(series: Sequence[Series]) -> Series:
+    acc: dict[float, float] = {}
+    for s in series:
+        for t, v in zip(s.ts, s.v):
+            acc[t] = acc.get(t, 0.0) + v
+    ts = sorted(acc)
+    return Series("sum", "", ts, [acc[t] for t in ts])
+
+
+# --- what to draw --------------------------------------------------------------------------------
+def build_plots(data: RunData, stall_fraction: float | None = None) -> list[Plot]:
+    """The report's plots, in page order. Pure: no drawing, no I/O."""
+    return [_gpu_plot(data), _wait_plot(data, stall_fraction), _disk_plot(data),
+            _cpu_plot(data), _mem_plot(data)]
+
+
+def _gpu_plot(data: RunData) -> Plot:
+    plot = Plot("gpu", "GPU utilisation")
+    util = data.metric("gpu.util_pct")
+    sm = data.metric("gpu.sm_active_pct")
+    panel = Panel("% of time", ylim=(0, 105))
+    for i, ent in enumerate(sorted(set(util) | set(sm), key=_natural)):
+        name = data.entity_attrs("gpu", ent).get("name")
+        base = f"{ent} ({name})" if name else ent
+        color = _COLORS[i % len(_COLORS)]
+        if ent in util:
+            panel.lines.append(_line(data, util[ent], f"{base} util", color=color))
+        if ent in sm:
+            panel.lines.append(_line(data, sm[ent], f"{base} SM active", color=color,
+                                     style="--"))
+    if panel.lines:
+        plot.panels.append(panel)
+        if not sm:
+            plot.note = ("SM activity is not shown: it needs GPM metrics (Hopper or newer). "
+                         "Utilisation counts time any kernel ran, however few SMs it used.")
+    else:
+        why = (data.meta.get("unavailable") or {}).get("gpu")
+        plot.note = "No GPU samples in this run" + (f": {why}" if why else ".")
+    return plot
+
+
+def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
+    plot = Plot("wait", "Data wait per step")
+    if not data.steps:
+        plot.note = ("No step timings: the in-trainer probe was not used. Wrap the loader in "
+                     "stallscope.watch(loader) to measure data wait per step.")
+        return plot
+    by_rank: dict[int, list[StepRow]] = {}
+    for s in data.steps:
+        by_rank.setdefault(s.rank, []).append(s)
+    span = data.t1 - data.t0
+    # buckets hold a few steps each, so a slow step rate leaves no empty bucket (a gap)
+    periods = [float(np.median(np.diff([r.ts for r in rows]))) for rows in by_rank.values()
+               if len(rows) > 1]
+    width = max(_interval(data), span / 400.0, 3.0 * max(periods, default=0.0))
+    panel = Panel("% of step time", ylim=(0, 105))
+    gpu_panel = Panel("GPU idle, % of step", ylim=(0, 105))
+    for i, (rank, rows) in enumerate(sorted(by_rank.items())):
+        color = _COLORS[i % len(_COLORS)]
+        who = f"rank {rank} " if len(by_rank) > 1 else ""
+        ts = np.fromiter((r.ts for r in rows), float, len(rows)) - data.t0
+        wait = np.fromiter((r.wait_s for r in rows), float, len(rows))
+        host = np.fromiter((r.host_s for r in rows), float, len(rows))
+        if len(rows) <= MAX_POINTS:
+            tot = wait + host
+            share = np.divide(100.0 * wait, tot, out=np.zeros_like(wait), where=tot > 0)
+            panel.lines.append(Line(f"{who}per step", ts, share, color=color, style=".",
+                                    alpha=0.35))
+        bt, bshare = _bucket_share(ts, wait, host, width)
+        panel.lines.append(Line(f"{who}data wait (mean over {_dur(width)})", bt, bshare,
+                                color=color, width=1.8))
+        busy = [(r.ts, r.gpu_idle_s, r.gpu_busy_s) for r in rows
+                if r.gpu_idle_s is not None and r.gpu_busy_s is not None]
+        if busy:
+            gt = np.array([b[0] for b in busy]) - data.t0
+            gidle = np.array([b[1] for b in busy], dtype=float)
+            gbusy = np.array([b[2] for b in busy], dtype=float)
+            bt, bidle = _bucket_share(gt, gidle, gbusy, width)
+            gpu_panel.lines.append(Line(f"{who}GPU idle (CUDA events)", bt, bidle, color=color,
+                                        width=1.8))
+    if stall_fraction is None:
+        wait_total = sum(r.wait_s for r in data.steps)
+        total = wait_total + sum(r.host_s for r in data.steps)
+        stall_fraction = wait_total / total if total > 0 else None
+    if stall_fraction is not None:
+        panel.lines.append(Line(f"whole run: {stall_fraction:.0%}", np.array([0.0, span]),
+                                np.array([stall_fraction * 100.0] * 2), color="#555555",
+                                style=":", width=1.0))
+    plot.panels.append(panel)
+    if gpu_panel.lines:
+        plot.panels.append(gpu_panel)
+    plot.note = ("Share of each step's wall time the trainer spent blocked waiting for the "
+                 "next batch: wait / (wait + host time).")
+    return plot
+
+
+def _bucket_share(t: np.ndarray, part: np.ndarray, rest: np.ndarray, width: float
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Time-bucketed share part / (part + rest) in %, at each bucket's centre; empty buckets
+    are NaN (a gap in the line)."""
+    if not len(t):
+        return t, t
+    idx = np.maximum(0, (t // width).astype(np.int64))
+    n = int(idx.max()) + 1
+    p = np.bincount(idx, weights=part, minlength=n)
+    tot = p + np.bincount(idx, weights=rest, minlength=n)
+    share = np.full(n, np.nan)
+    np.divide(100.0 * p, tot, out=share, where=tot > 0)
+    return (np.arange(n) + 0.5) * width, share
+
+
+def _disk_plot(data: RunData) -> Plot:
+    plot = Plot("disk", "Dataset disk")
+    util = data.metric("disk.util_pct")
+    if not util:
+        why = (data.meta.get("unavailable") or {}).get("disk")
+        plot.note = "No disk samples in this run" + (f": {why}" if why else ".")
+        return plot
+    wanted = [d for d in (data.meta.get("data_devices") or []) if d in util]
+    if wanted:
+        devices = wanted
+        where = data.meta.get("data")
+        plot.note = ("Device(s) holding the dataset" + (f" ({where})" if where else "")
+                     + ": " + ", ".join(devices) + ".")
+    else:
+        busiest = max(util, key=lambda d: sum(util[d].v) / len(util[d].v))
+        devices = [busiest]
+        plot.note = (f"No dataset device was named (stallscope run --data PATH): showing the "
+                     f"busiest device, {busiest}.")
+    rows = (("disk.util_pct", "%util", 1.0, (0.0, 105.0)),
+            ("disk.r_await_ms", "read await, ms", 1.0, None),
+            ("disk.rkb_s", "read, MB/s", 1.0 / 1024.0, None))
+    for name, ylabel, scale, ylim in rows:
+        found = data.metric(name)
+        panel = Panel(ylabel, ylim=ylim)
+        for i, dev in enumerate(devices):
+            if dev in found:
+                panel.lines.append(_line(data, found[dev], dev, scale,
+                                         color=_COLORS[i % len(_COLORS)]))
+        if panel.lines:
+            plot.panels.append(panel)
+    return plot
+
+
+def _cpu_plot(data: RunData) -> Plot:
+    plot = Plot("cpu", "CPU: trainer and DataLoader workers")
+    roles: dict[str, list[Series]] = {}
+    for ent, s in data.metric("procs.cpu_pct").items():
+        role = str(data.entity_attrs("procs", ent).get("role", "worker"))
+        roles.setdefault(role, []).append(s)
+    procs = Panel("% of one core")
+    for i, role in enumerate(("main", "worker")):
+        group = roles.get(role)
+        if not group:
+            continue
+        label = "trainer (main process)" if role == "main" else f"workers ({len(group)} seen)"
+        procs.lines.append(_line(data, _sum_by_ts(group), label, color=_COLORS[i]))
+    host = Panel("host, % of all CPUs", ylim=(0, 105))
+    for i, (name, label) in enumerate((("host.cpu_pct", "busy"),
+                                       ("host.iowait_pct", "iowait"),
+                                       ("host.cpu_max_core_pct", "busiest core"))):
+        s = data.series.get((name, ""))
+        if s is not None and s.v:
+            host.lines.append(_line(data, s, label, color=_COLORS[i + 2],
+                                    style=":" if name == "host.cpu_max_core_pct" else "-"))
+    plot.panels = [p for p in (procs, host) if p.lines]
+    if not plot.panels:
+        why = (data.meta.get("unavailable") or {}).get("procs")
+        plot.note = "No CPU samples in this run" + (f": {why}" if why else ".")
+    elif not procs.lines:
+        plot.note = "No per-process samples: trainer and workers cannot be told apart."
+    return plot
+
+
+def _mem_plot(data: RunData) -> Plot:
+    plot = Plot("mem", "Memory, /dev/shm and swap")
+    gib = 1.0 / _MIB_PER_GIB
+    mem = Panel("host memory, GiB")
+    for name, label, color, style in (("host.mem_used_mib", "used", _COLORS[0], "-"),
+                                      ("host.page_cache_mib", "page cache", _COLORS[8], "-"),
+                                      ("host.mem_total_mib", "total", "#555555", ":")):
+        s = data.series.get((name, ""))
+        if s is not None and s.v:
+            mem.lines.append(_line(data, s, label, gib, color=color, style=style))
+    shm = Panel("shm / swap, GiB")
+    for name, label, color, style in (("host.shm_used_mib", "/dev/shm used", _COLORS[3], "-"),
+                                      ("host.shm_total_mib", "/dev/shm size", _COLORS[3], ":"),
+                                      ("host.swap_used_mib", "swap used", _COLORS[1], "-")):
+        s = data.series.get((name, ""))
+        if s is not None and s.v:
+            shm.lines.append(_line(data, s, label, gib, color=color, style=style))
+    plot.panels = [p for p in (mem, shm) if p.lines]
+    if not plot.panels:
+        why = (data.meta.get("unavailable") or {}).get("host")
+        plot.note = "No memory samples in this run" + (f": {why}" if why else ".")
+    return plot
+
+
+def _natural(s: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s))
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def clock(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss`` of a time offset."""
+    s = int(round(seconds))
+    h, rem = divmod(abs(s), 3600)
+    m, sec = divmod(rem, 60)
+    sign = "-" if s < 0 else ""
+    return f"{sign}{h}:{m:02d}:{sec:02d}" if h else f"{sign}{m}:{sec:02d}"
+
+
+# --- drawing -------------------------------------------------------------------------------------
+_SVG_OPEN = re.compile(r"<svg\b[^>]*>")
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+
+
+def render_svg(plot: Plot, span: float) -> str:
+    """The plot as an inline ``<svg id="svg-<id>" class="plot-svg">`` element.
+
+    Text is drawn as SVG ``<text>`` (not glyph outlines) and matplotlib escapes it, so machine
+    data in legends stays text; math parsing is off, so a ``$`` in a device name is literal."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    rows = len(plot.panels)
+    # legends sit above their axes (never over the data), with room for as many legend rows
+    # as the longest labels need (8 GPUs with long names wrap)
+    layouts = [_legend_layout([ln.label for ln in p.lines]) for p in plot.panels]
+    legend_in = 0.08 + 0.18 * max((n for _c, n in layouts), default=1)
+    height = 0.5 + (ROW_HEIGHT_IN + legend_in) * rows
+    rc = {"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": f"ss-{plot.id}",
+          "font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 8.0,
+          "path.simplify": True}
+    with matplotlib.rc_context(rc):
+        fig = Figure(figsize=(FIG_WIDTH_IN, height))
+        fig.subplots_adjust(left=AXES_LEFT, right=AXES_RIGHT, bottom=0.45 / height,
+                            top=1 - (legend_in + 0.02) / height,
+                            hspace=(legend_in + 0.12) / ROW_HEIGHT_IN)
+        axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+        previous: list[str] = []
+        for ax, panel, layout in zip(axes, plot.panels, layouts):
+            for ln in panel.lines:
+                if ln.style == ".":
+                    ax.plot(ln.t, ln.v, linestyle="none", marker=".", markersize=2.0,
+                            color=ln.color, alpha=ln.alpha, label=ln.label)
+                else:
+                    ax.plot(ln.t, ln.v, linestyle=ln.style, linewidth=ln.width,
+                            color=ln.color, alpha=ln.alpha, label=ln.label)
+            ax.set_ylabel(panel.ylabel)
+            if panel.ylim is not None:
+                ax.set_ylim(*panel.ylim)
+            else:
+                ax.margins(y=0.12)
+                ax.set_ylim(bottom=0)
+            ax.grid(True, color="#e4e4e4", linewidth=0.6)
+            ax.yaxis.set_major_locator(MaxNLocator(4))
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+            labels = [ln.label for ln in panel.lines]
+            if labels != previous:  # the same lines on the row above: one legend is enough
+                ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.1,
+                          ncol=layout[0], frameon=False, handlelength=1.8, columnspacing=1.4)
+            previous = labels
+        axes[-1].set_xlim(0, span)
+        axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: clock(x)))
+        axes[-1].set_xlabel("time since start (h:mm:ss or m:ss)")
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg",
+                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    svg = _COMMENT.sub("", svg)
+    m = _SVG_OPEN.search(svg)
+    if m is None:  # pragma: no cover - matplotlib always writes one
+        raise RuntimeError("matplotlib wrote no <svg> element")
+    view = re.search(r'viewBox="([^"]*)"', m.group(0))
+    opening = (f'<svg id="svg-{plot.id}" class="plot-svg" xmlns="http://www.w3.org/2000/svg" '
+               f'xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" '
+               f'viewBox="{view.group(1) if view else ""}" role="img" '
+               f'preserveAspectRatio="xMidYMid meet">')
+    svg = opening + svg[m.end():]
+    # path data: matplotlib writes one segment per line; spaces are enough
+    svg = re.sub(r" ?\n(?=[LMCQz])", " ", svg)
+    return svg.strip()
+
+
+def _legend_layout(labels: list[str]) -> tuple[int, int]:
+    """(columns, rows) for a legend of ``labels`` across the axes' width at 8 pt."""
+    if not labels:
+        return 1, 1
+    width_in = FIG_WIDTH_IN * (AXES_RIGHT - AXES_LEFT)
+    entry_in = 0.45 + 0.062 * max(len(lb) for lb in labels)
+    cols = max(1, min(len(labels), int(width_in // entry_in)))
+    return cols, math.ceil(len(labels) / cols)
+
+
+def finite_or_none(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None

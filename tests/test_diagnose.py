@@ -1,0 +1,251 @@
+"""Diagnosis rules on fixed inputs with known answers (never on the test machine's state)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from stallscope.diagnose import KINDS, RunData, compute_signals, diagnose
+from stallscope.store import Series, StepRow
+
+T0 = 1_700_000_000.0
+
+
+def ser(name: str, entity: str, values: Sequence[float], dt: float = 1.0) -> Series:
+    return Series(name, entity, [T0 + i * dt for i in range(len(values))],
+                  [float(v) for v in values])
+
+
+def run(series: list[Series], steps: list[StepRow] | None = None,
+        config: dict | None = None, meta: dict | None = None,
+        entities: list[dict] | None = None, **extra: object) -> RunData:
+    n = max((len(s.v) for s in series), default=0)
+    series = [*series, ser("collector.cpu_s", "", [0.001] * n)]
+    m = {"start": T0, "end": T0 + n, "physical_cores": 8, "data_devices": []}
+    m.update(meta or {})
+    probes = [{"rank": 0, "pid": 1, "config": config, "steps": 0, "dropped": 0,
+               "updated": T0}] if config is not None else []
+    return RunData(meta=m, series={(s.name, s.entity): s for s in series}, steps=steps or [],
+                   probes=probes, entities=entities or [], extra=dict(extra))
+
+
+def procs(roles: dict[str, str]) -> list[dict]:
+    return [{"source": "procs", "entity": pid, "attrs": {"role": r}, "first_ts": T0,
+             "last_ts": T0} for pid, r in roles.items()]
+
+
+def steps(n: int, wait: float, host: float, rank: int = 0, epochs: int = 1,
+          first_wait: float | None = None, h2d: float | None = None) -> list[StepRow]:
+    out = []
+    per = n // epochs
+    for i in range(n):
+        e = i // per
+        w = first_wait if (first_wait is not None and i % per == 0 and e > 0) else wait
+        out.append(StepRow(rank, i, T0 + i * (wait + host), w, host, h2d, None, None, 32, e))
+    return out
+
+
+def kinds(doc: dict) -> list[str]:
+    return [f["kind"] for f in doc["findings"]]
+
+
+N = 30
+WORKERS = procs({"100": "main", "101": "worker", "102": "worker"})
+
+
+def test_seed_signature_without_probe_is_fetch() -> None:
+    """BRIEF S9: GPU util < 30%, disk %util ≈ 100%, await > 50 ms, one busy CPU thread."""
+    data = run([
+        ser("gpu.util_pct", "gpu0", [20, 15, 25] * 10),
+        ser("disk.util_pct", "sda", [99, 100, 98] * 10),
+        ser("disk.r_await_ms", "sda", [87, 90, 85] * 10),
+        ser("disk.r_s", "sda", [400] * N), ser("disk.rkb_s", "sda", [12800, 12900, 12700] * 10),
+        ser("disk.rareq_kb", "sda", [32] * N),
+        ser("host.cpu_pct", "", [30] * N), ser("host.cpu_max_core_pct", "", [100] * N),
+        ser("host.iowait_pct", "", [25] * N),
+        ser("procs.cpu_pct", "100", [100] * N),
+        ser("procs.cpu_pct", "101", [12] * N), ser("procs.cpu_pct", "102", [10] * N),
+        ser("procs.d_state", "101", [1, 1, 0] * 10), ser("procs.d_state", "102", [1, 0, 1] * 10),
+    ], entities=WORKERS, meta={"data_devices": ["sda"]},
+        device_info={"sda": {"rotational": True}})
+    doc = diagnose(data)
+    assert doc["verdict"] == "input_bound.fetch"
+    f = doc["findings"][0]
+    assert f["severity"] == "critical" and doc["stall_source"] == "gpu_idle"
+    assert doc["stall_fraction"] == pytest.approx(0.8, abs=0.01)
+    assert f["evidence"]["disk_r_await_median_ms"] == 87
+    assert f["evidence"]["score_fetch"] > f["evidence"]["score_prep"]
+    assert f["est_speedup"] == pytest.approx(5.0, rel=0.01)
+    actions = " | ".join(x["action"] for x in f["fixes"])
+    assert "/dev/sda (rotational, await 87 ms, 99% util)" in actions
+    assert "stallscope pack" in actions
+    assert "stallscope.watch" in actions  # no probe: says the probe would sharpen it
+    assert f["confidence"] < 0.7
+
+
+def test_prep_stall_with_probe_suggests_workers_for_this_machine() -> None:
+    data = run([
+        ser("host.cpu_pct", "", [97] * N), ser("host.iowait_pct", "", [0] * N),
+        ser("disk.util_pct", "vda", [2] * N), ser("disk.rkb_s", "vda", [10] * N),
+        ser("disk.r_s", "vda", [1] * N),
+        ser("procs.cpu_pct", "100", [20] * N),
+        ser("procs.cpu_pct", "101", [99] * N), ser("procs.cpu_pct", "102", [97] * N),
+        ser("procs.d_state", "101", [0] * N), ser("procs.d_state", "102", [0] * N),
+    ], steps=steps(200, wait=0.030, host=0.020), entities=WORKERS,
+        config={"num_workers": 2, "persistent_workers": True, "physical_cores": 8},
+        meta={"data_devices": ["vda"]})
+    doc = diagnose(data)
+    assert doc["verdict"] == "input_bound.prep"
+    assert doc["stall_fraction"] == pytest.approx(0.6)
+    f = doc["findings"][0]
+    assert f["confidence"] >= 0.8 and f["severity"] == "critical"
+    assert f["fixes"][0]["action"].startswith("num_workers 2 → 5 (8 physical cores, workers at 98% CPU")
+    assert f["est_speedup"] == pytest.approx(2.5)
+
+
+def test_throughput_capped_cloud_disk_is_fetch_despite_low_util() -> None:
+    """A provisioned-throughput volume: %util and await look fine, the trainer starves."""
+    data = run([
+        ser("disk.util_pct", "nvme1n1", [22, 20, 21] * 10),
+        ser("disk.r_await_ms", "nvme1n1", [2] * N),
+        ser("disk.r_s", "nvme1n1", [80] * N),
+        ser("disk.rkb_s", "nvme1n1", [10240, 10300, 10200] * 10),
+        ser("procs.cpu_pct", "101", [8] * N), ser("procs.cpu_pct", "102", [9] * N),
+        ser("procs.d_state", "101", [1, 1, 0] * 10), ser("procs.d_state", "102", [1, 0, 1] * 10),
+    ], steps=steps(100, wait=0.08, host=0.02), entities=WORKERS,
+        config={"num_workers": 2, "physical_cores": 8}, meta={"data_devices": ["nvme1n1"]})
+    doc = diagnose(data)
+    assert doc["verdict"] == "input_bound.fetch"
+    sigs = " ".join(doc["findings"][0]["evidence"]["signals"])
+    assert "D state" in sigs and "flat" in sigs
+
+
+def test_compute_bound_is_healthy() -> None:
+    data = run([ser("gpu.util_pct", "gpu0", [97] * N), ser("host.cpu_pct", "", [40] * N)],
+               steps=steps(100, wait=0.001, host=0.05), config={"num_workers": 4})
+    doc = diagnose(data)
+    assert doc["verdict"] == "compute_bound"
+    assert doc["findings"][0]["severity"] == "info"
+    assert doc["stall_fraction"] < 0.05
+
+
+def test_persistent_workers_gap_at_epoch_boundaries() -> None:
+    data = run([ser("host.cpu_pct", "", [90] * N),
+                ser("procs.cpu_pct", "101", [99] * N), ser("procs.cpu_pct", "102", [99] * N)],
+               steps=steps(300, wait=0.02, host=0.02, epochs=3, first_wait=4.1),
+               entities=WORKERS,
+               config={"num_workers": 2, "persistent_workers": False, "physical_cores": 8})
+    doc = diagnose(data)
+    actions = [x["action"] for x in doc["findings"][0]["fixes"]]
+    whys = [x["why"] for x in doc["findings"][0]["fixes"]]
+    assert "persistent_workers=True" in actions
+    assert "workers restart each epoch: 4.1 s gap at epoch boundaries" in whys
+
+
+def test_h2d_bound() -> None:
+    data = run([ser("gpu.util_pct", "gpu0", [60] * N)],
+               steps=steps(100, wait=0.001, host=0.05, h2d=0.02),
+               config={"num_workers": 4, "pin_memory": False})
+    doc = diagnose(data)
+    assert "h2d_bound" in kinds(doc)
+    f = next(f for f in doc["findings"] if f["kind"] == "h2d_bound")
+    assert f["fixes"][0]["action"] == "pin_memory=True and .to(device, non_blocking=True)"
+
+
+def test_gpu_throttled_thermal() -> None:
+    data = run([ser("gpu.util_pct", "gpu0", [99] * N),
+                ser("gpu.throttle_mask", "gpu0", [0x40] * 20 + [0] * 10),
+                ser("gpu.temp_c", "gpu0", [88] * N)])
+    f = next(f for f in diagnose(data)["findings"] if f["kind"] == "gpu_throttled")
+    assert f["evidence"]["reasons"] == ["hw_thermal"] and f["evidence"]["temp_max_c"] == 88
+    # idle-clock reason alone (0x1) is not throttling
+    data = run([ser("gpu.util_pct", "gpu0", [5] * N), ser("gpu.throttle_mask", "gpu0", [1] * N),
+                ser("gpu.temp_c", "gpu0", [35] * N)])
+    assert "gpu_throttled" not in kinds(diagnose(data))
+
+
+def test_gpu_memory_growth_vs_steady() -> None:
+    leak = run([ser("gpu.util_pct", "gpu0", [90] * 60),
+                ser("gpu.mem_used_mib", "gpu0", [10000 + 50 * i for i in range(60)], dt=5),
+                ser("gpu.mem_total_mib", "gpu0", [81559] * 60)])
+    f = next(f for f in diagnose(leak)["findings"] if f["kind"] == "gpu_memory_growth")
+    assert f["evidence"]["rate_mib_per_min"] == pytest.approx(600, rel=0.01)
+    assert f["evidence"]["minutes_to_full"] > 0
+    steady = run([ser("gpu.util_pct", "gpu0", [90] * 60),
+                  ser("gpu.mem_used_mib", "gpu0", [30000 + (i % 3) for i in range(60)]),
+                  ser("gpu.mem_total_mib", "gpu0", [81559] * 60)])
+    assert "gpu_memory_growth" not in kinds(diagnose(steady))
+
+
+def test_pcie_degraded_only_under_load() -> None:
+    base = [ser("gpu.pcie_gen_max", "gpu0", [5] * N), ser("gpu.pcie_width_max", "gpu0", [16] * N),
+            ser("gpu.pcie_width", "gpu0", [8] * N), ser("gpu.pcie_gen", "gpu0", [5] * N)]
+    loaded = run([*base, ser("gpu.util_pct", "gpu0", [95] * N)])
+    f = next(f for f in diagnose(loaded)["findings"] if f["kind"] == "pcie_degraded")
+    assert "Gen5 x8" in f["summary"] and "max Gen5 x16" in f["summary"]
+    idle_low_gen = run([ser("gpu.pcie_gen_max", "gpu0", [5] * N),
+                        ser("gpu.pcie_width_max", "gpu0", [16] * N),
+                        ser("gpu.pcie_width", "gpu0", [16] * N),
+                        ser("gpu.pcie_gen", "gpu0", [1] * N),
+                        ser("gpu.util_pct", "gpu0", [0] * N)])
+    assert "pcie_degraded" not in kinds(diagnose(idle_low_gen))
+
+
+def test_host_swap_and_shm() -> None:
+    data = run([ser("host.swap_in_kb_s", "", [0] * 20 + [5000] * 10),
+                ser("host.swap_out_kb_s", "", [0] * N),
+                ser("host.shm_used_mib", "", [10] * 29 + [62]),
+                ser("host.shm_total_mib", "", [64] * N),
+                ser("procs.cpu_pct", "101", [50] * N)], entities=WORKERS)
+    ks = kinds(diagnose(data))
+    assert "host_swap" in ks and "shm_pressure" in ks
+    shm = next(f for f in diagnose(data)["findings"] if f["kind"] == "shm_pressure")
+    assert shm["severity"] == "critical" and "--shm-size" in shm["fixes"][0]["action"]
+    quiet = run([ser("host.swap_in_kb_s", "", [0] * N), ser("host.swap_out_kb_s", "", [0] * N),
+                 ser("host.shm_used_mib", "", [10] * N), ser("host.shm_total_mib", "", [24000] * N)])
+    assert not {"host_swap", "shm_pressure"} & set(kinds(diagnose(quiet)))
+
+
+def test_straggler_rank() -> None:
+    st = steps(50, 0.001, 0.05, rank=0) + steps(50, 0.001, 0.05, rank=1) + \
+        steps(50, 0.04, 0.05, rank=2)
+    doc = diagnose(run([ser("host.cpu_pct", "", [50] * N)], steps=st, config={}))
+    f = next(f for f in doc["findings"] if f["kind"] == "straggler_rank")
+    assert f["evidence"]["rank"] == 2 and f["evidence"]["data_wait_share"] > 0.4
+
+
+def test_insufficient_data() -> None:
+    doc = diagnose(run([ser("host.cpu_pct", "", [50, 60])]))
+    assert doc["verdict"] == "insufficient_data"
+
+
+def test_disk_health_joins_from_smart() -> None:
+    doc = diagnose(run([ser("host.cpu_pct", "", [50] * N)], disk_health=[
+        {"device": "/dev/sda", "model": "ST3500418AS", "verdict": "failing",
+         "reasons": ["Reallocated_Sector_Ct 304"], "growth": {}}]))
+    f = next(f for f in doc["findings"] if f["kind"] == "disk_health")
+    assert f["severity"] == "critical" and "Reallocated_Sector_Ct 304" in f["summary"]
+
+
+def test_json_contract_keys() -> None:
+    doc = diagnose(run([ser("gpu.util_pct", "gpu0", [97] * N)],
+                       steps=steps(100, 0.001, 0.05), config={}))
+    json.dumps(doc)
+    assert {"run", "verdict", "stall_fraction", "findings"} <= set(doc)
+    for f in doc["findings"]:
+        assert f["kind"] in KINDS
+        assert f["severity"] in ("critical", "warning", "info")
+        assert 0 <= f["confidence"] <= 1 and f["est_speedup"] >= 1
+        assert set(f) >= {"kind", "severity", "confidence", "summary", "evidence", "fixes",
+                          "est_speedup"}
+        for fix in f["fixes"]:
+            assert set(fix) == {"action", "why"}
+
+
+def test_signals_ignore_first_step_startup() -> None:
+    st = steps(20, 0.001, 0.05)
+    st[0] = StepRow(0, 0, T0, 5.0, 0.05, None, None, None, 32, 0)  # worker start-up
+    sig = compute_signals(run([ser("host.cpu_pct", "", [1] * N)], steps=st, config={}))
+    assert sig.stall_fraction is not None and sig.stall_fraction < 0.05

@@ -1,0 +1,439 @@
+"""The gpu source, run against NVML replays derived from real nvidia-smi captures.
+
+No GPU here: ``NvmlReplay`` answers pynvml's function names from
+``tests/fixtures/nvml-replay-*-from-nvidia-smi-*.json`` (see tests/fixtures/README-nvml.md), so
+``GpuSource`` runs its one real code path. The no-driver test calls the real pynvml.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes.util
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pynvml
+import pytest
+
+from stallscope import metrics
+from stallscope.errors import SourceUnavailable
+from stallscope.sources.base import Source
+from stallscope.sources.gpu import THROTTLE_REASONS, GpuSource, decode_throttle
+from stallscope.sources.nvml_replay import NvmlRecorder, NvmlReplay, ReplayMissing
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
+
+H100_IDLE = "nvml-replay-h100-80gb-hbm3-idle-from-nvidia-smi-590.48.01.json"
+H100_LOAD = "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+H200_LOAD = "nvml-replay-h200-load-from-nvidia-smi-590.48.01.json"
+H100_MIG_LOAD = "nvml-replay-h100-mig-load-from-nvidia-smi-590.48.01.json"
+L40S_LOAD = "nvml-replay-l40s-load-from-nvidia-smi-595.80.json"
+RTX2080_IDLE = "nvml-replay-rtx-2080-super-idle-from-nvidia-smi-595.71.05.json"
+RTX4080_LOAD = "nvml-replay-rtx-4080-super-load-from-nvidia-smi-595.71.05.json"
+ALL_REPLAYS = sorted(p.name for p in FIXTURES.glob("nvml-replay-*.json"))
+
+# the gpu keys of DESIGN.md's `snapshot --json`, and the extra ones this source adds
+DESIGN_KEYS = {
+    "index", "name", "uuid", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
+    "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "throttle", "pcie_gen",
+    "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_rx_kb_s", "pcie_tx_kb_s",
+    "ecc_errors",
+}
+EXTRA_KEYS = {
+    "sm_clock_max_mhz", "throttle_mask", "sm_active_pct", "sm_occupancy_pct",
+    "tensor_active_pct", "processes",
+}
+
+
+def doc(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def one(name: str, **kw: Any) -> dict[str, Any]:
+    """The single GPU reading of a one-GPU replay."""
+    source = GpuSource(NvmlReplay(doc(name)), **kw)
+    source.open()
+    payload = source.sample(0.0)
+    source.close()
+    assert len(payload) == 1
+    return payload[0]
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# -- no driver: the real pynvml ---------------------------------------------------------------
+no_nvml_here = pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None,
+    reason="libnvidia-ml.so is installed here; this test needs a machine without the driver",
+)
+
+
+@no_nvml_here
+def test_no_driver_is_unavailable_with_reason_real_pynvml() -> None:
+    source = GpuSource()  # the real pynvml backend
+    with pytest.raises(SourceUnavailable) as exc:
+        source.open()
+    assert str(exc.value) == "no NVIDIA driver (libnvidia-ml.so not found)"
+    assert isinstance(exc.value.__cause__, pynvml.NVMLError_LibraryNotFound)
+    # said once: later calls give the same reason without trying again
+    with pytest.raises(SourceUnavailable, match=r"libnvidia-ml\.so not found"):
+        source.sample(0.0)
+    source.close()  # nothing to release, must not raise
+
+
+@no_nvml_here
+def test_record_script_without_driver_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = load_script("record_nvml")
+    assert record.main(["--label", "idle", "--out", str(tmp_path)]) == 1
+    assert "no NVIDIA driver (libnvidia-ml.so not found)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_failure_is_said_once_and_not_retried() -> None:
+    replay = NvmlReplay(doc(H100_LOAD), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    source = GpuSource(replay)
+    for _ in range(3):
+        with pytest.raises(SourceUnavailable) as exc:
+            source.sample(0.0)
+        assert str(exc.value) == "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)"
+        assert "\n" not in str(exc.value)
+    assert replay.calls.count("nvmlInit") == 1
+
+
+def test_no_gpus_is_unavailable() -> None:
+    empty = doc(H100_LOAD)
+    empty["devices"] = []
+    empty["system"]["nvmlDeviceGetCount"] = 0
+    replay = NvmlReplay(empty)
+    source = GpuSource(replay)
+    for _ in range(2):
+        with pytest.raises(SourceUnavailable, match="no NVIDIA GPU visible to NVML"):
+            source.sample(0.0)
+    assert replay.calls.count("nvmlDeviceGetCount") == 1
+    assert replay.initialized == 0  # NVML released at once
+
+
+def test_lazy_nothing_happens_before_first_use_and_close_shuts_down() -> None:
+    replay = NvmlReplay(doc(H100_LOAD))
+    source = GpuSource(replay)
+    assert isinstance(source, Source) and source.name == "gpu"
+    assert replay.calls == []
+    assert len(source.sample(0.0)) == 1  # sample() without open() opens
+    assert replay.calls[0] == "nvmlInit" and replay.initialized == 1
+    source.close()
+    assert replay.initialized == 0 and replay.calls[-1] == "nvmlShutdown"
+
+
+# -- real values flow through -----------------------------------------------------------------
+@pytest.mark.parametrize("name", ALL_REPLAYS)
+def test_payload_has_exactly_the_contract_keys(name: str) -> None:
+    replay = NvmlReplay(doc(name))
+    source = GpuSource(replay)
+    payload = source.sample(0.0)
+    source.close()
+    assert len(payload) == len(doc(name)["devices"]) == 1
+    for gpu in payload:
+        assert set(gpu) == DESIGN_KEYS | EXTRA_KEYS
+        assert {m.key for m in metrics.by_source("gpu")} <= set(gpu)
+        json.dumps(gpu)  # JSON-able
+        assert gpu["name"] and gpu["name"].startswith("NVIDIA")
+        assert gpu["mem_total_mib"] > 0 and gpu["power_limit_w"] > 0
+        assert 0 <= gpu["mem_used_mib"] <= gpu["mem_total_mib"]
+        assert gpu["sm_clock_mhz"] <= gpu["sm_clock_max_mhz"]
+        assert gpu["pcie_gen"] <= gpu["pcie_gen_max"]
+
+
+def test_h100_under_load_reads_like_its_capture() -> None:
+    # values copied by hand from the capture's load query-gpu CSV and -q
+    gpu = one(H100_LOAD)
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpu["util_pct"] == 100.0
+    assert gpu["mem_util_pct"] == 11.0
+    assert gpu["power_w"] == pytest.approx(631.95)
+    assert gpu["power_limit_w"] == pytest.approx(700.0)
+    assert (gpu["mem_used_mib"], gpu["mem_total_mib"]) == (19818, 81559)
+    assert gpu["temp_c"] == 59.0
+    assert (gpu["sm_clock_mhz"], gpu["sm_clock_max_mhz"]) == (1980, 1980)
+    assert (gpu["pcie_gen"], gpu["pcie_gen_max"], gpu["pcie_width"], gpu["pcie_width_max"]) \
+        == (5, 5, 16, 16)
+    assert (gpu["pcie_rx_kb_s"], gpu["pcie_tx_kb_s"]) == (6346, 3092)
+    assert gpu["throttle"] == [] and gpu["throttle_mask"] == 0
+    assert gpu["ecc_errors"] == 0
+    assert gpu["processes"] == [
+        {"pid": 11327, "used_mib": 2566},
+        {"pid": 11328, "used_mib": 1542},
+        {"pid": 11345, "used_mib": 15690},
+    ]
+    # nvidia-smi shows no GPM, so the derived replay has none
+    assert gpu["sm_active_pct"] is None and gpu["tensor_active_pct"] is None
+
+
+def test_h100_idle_is_clocked_down_by_gpu_idle() -> None:
+    gpu = one(H100_IDLE)
+    assert gpu["util_pct"] == 0.0
+    assert gpu["power_w"] == pytest.approx(69.85)
+    assert gpu["sm_clock_mhz"] == 345
+    assert gpu["throttle"] == ["gpu_idle"] and gpu["throttle_mask"] == 0x1
+    assert gpu["processes"] == []
+
+
+def test_h200_under_load() -> None:
+    gpu = one(H200_LOAD)
+    assert gpu["name"] == "NVIDIA H200"
+    assert gpu["mem_total_mib"] == 143771 and gpu["mem_used_mib"] == 32362
+    assert gpu["util_pct"] == 100.0
+    assert gpu["power_w"] == pytest.approx(627.40)
+    assert (gpu["pcie_rx_kb_s"], gpu["pcie_tx_kb_s"]) == (8691, 4217)
+
+
+def test_mig_parent_has_no_utilization_but_the_rest() -> None:
+    gpu = one(H100_MIG_LOAD)
+    # nvidia-smi prints [N/A] for utilization.gpu/memory in MIG mode: None, not a crash
+    assert gpu["util_pct"] is None and gpu["mem_util_pct"] is None
+    assert gpu["power_w"] == pytest.approx(433.78)
+    assert gpu["mem_used_mib"] == 11125
+    assert [p["pid"] for p in gpu["processes"]] == [21180, 21181, 21198]
+
+
+def test_l40s_under_load() -> None:
+    gpu = one(L40S_LOAD)
+    assert gpu["name"] == "NVIDIA L40S"
+    assert (gpu["pcie_gen"], gpu["pcie_rx_kb_s"], gpu["pcie_tx_kb_s"]) == (4, 2012109, 259423)
+    assert gpu["ecc_errors"] == 0  # ECC on
+    assert gpu["power_limit_w"] == pytest.approx(350.0)
+
+
+def test_geforce_without_ecc_and_with_power_cap_at_idle() -> None:
+    gpu = one(RTX2080_IDLE)
+    assert gpu["ecc_errors"] is None  # ecc.mode.current is [N/A] on GeForce
+    assert gpu["throttle"] == ["sw_power_cap"] and gpu["throttle_mask"] == 0x4
+    assert (gpu["pcie_gen"], gpu["pcie_gen_max"]) == (1, 3)  # link trained down at idle
+    # graphics processes (Xorg etc.) count too
+    assert gpu["processes"] == [{"pid": 1696, "used_mib": 176}, {"pid": 4584, "used_mib": 3}]
+    gpu = one(RTX4080_LOAD)
+    assert gpu["ecc_errors"] is None
+    assert gpu["pcie_rx_kb_s"] == 1436230
+
+
+# -- throttle decoding ------------------------------------------------------------------------
+def test_decode_throttle() -> None:
+    assert decode_throttle(0) == []
+    assert decode_throttle(0x1FF) == [
+        "gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost",
+        "sw_thermal", "hw_thermal", "hw_power_brake", "display_clocks",
+    ]
+    assert decode_throttle(0x4 | 0x40) == ["sw_power_cap", "hw_thermal"]
+    assert decode_throttle(0x8 | 0x1000) == ["hw_slowdown", "unknown_0x1000"]
+    # the bits are NVML's own
+    assert dict(THROTTLE_REASONS)[pynvml.nvmlClocksEventReasonHwThermalSlowdown] == "hw_thermal"
+    assert dict(THROTTLE_REASONS)[pynvml.nvmlClocksEventReasonSwPowerCap] == "sw_power_cap"
+    assert dict(THROTTLE_REASONS)[pynvml.nvmlClocksThrottleReasonBoardLimit] == "board_limit"
+
+
+def test_old_driver_falls_back_to_throttle_reasons() -> None:
+    old = doc(H100_LOAD)
+    dev = old["devices"][0]
+    dev["nvmlDeviceGetCurrentClocksEventReasons"] = {
+        "nvml_error": "NVML_ERROR_FUNCTION_NOT_FOUND"}
+    dev["nvmlDeviceGetCurrentClocksThrottleReasons"] = 0x44
+    source = GpuSource(NvmlReplay(old))
+    gpu = source.sample(0.0)[0]
+    assert gpu["throttle"] == ["sw_power_cap", "hw_thermal"] and gpu["throttle_mask"] == 0x44
+
+
+# -- N/A and errors ---------------------------------------------------------------------------
+def test_not_supported_field_becomes_none_and_the_rest_stays() -> None:
+    replay = NvmlReplay(doc(H100_LOAD))
+    replay.fail(0, pynvml.NVML_ERROR_NOT_SUPPORTED, {"nvmlDeviceGetTemperature"})
+    gpu = GpuSource(replay).sample(0.0)[0]
+    assert gpu["temp_c"] is None
+    assert gpu["power_w"] == pytest.approx(631.95)
+
+
+def test_other_nvml_error_is_logged_once_and_gives_none(caplog: pytest.LogCaptureFixture) -> None:
+    replay = NvmlReplay(doc(H100_LOAD))
+    replay.fail(0, pynvml.NVML_ERROR_NO_PERMISSION, {
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"})
+    source = GpuSource(replay)
+    with caplog.at_level(logging.WARNING, logger="stallscope.sources.gpu"):
+        for _ in range(3):
+            gpu = source.sample(0.0)[0]
+            assert gpu["processes"] is None and gpu["util_pct"] == 100.0
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2  # one per function, not per sample
+    assert all("Insufficient Permissions" in w for w in warned)
+
+
+def test_incomplete_replay_fails_loudly() -> None:
+    broken = doc(H100_LOAD)
+    del broken["devices"][0]["nvmlDeviceGetPowerUsage"]
+    with pytest.raises(ReplayMissing, match="nvmlDeviceGetPowerUsage"):
+        GpuSource(NvmlReplay(broken)).sample(0.0)
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
+def test_gpu_lost_mid_run_is_reported_once_and_others_go_on(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a two-GPU machine made of two real readings
+    replay = NvmlReplay.load(FIXTURES / H100_LOAD, FIXTURES / H200_LOAD)
+    source = GpuSource(replay)
+    first = source.sample(0.0)
+    assert [g["name"] for g in first] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    replay.fail(0, code)
+    with caplog.at_level(logging.WARNING, logger="stallscope.sources.gpu"):
+        for _ in range(3):
+            rest = source.sample(1.0)
+            assert [g["index"] for g in rest] == [1]
+            assert rest[0]["power_w"] == pytest.approx(627.40)
+    assert list(source.lost) == [0]
+    gone = [r.getMessage() for r in caplog.records if "is gone" in r.getMessage()]
+    assert len(gone) == 1
+    assert gone[0].startswith("GPU 0 (NVIDIA H100 80GB HBM3")
+    source.close()
+
+
+def test_gpu_lost_before_open_is_skipped() -> None:
+    replay = NvmlReplay.load(FIXTURES / H100_LOAD, FIXTURES / L40S_LOAD)
+    replay.fail(1, pynvml.NVML_ERROR_GPU_IS_LOST)
+    source = GpuSource(replay)
+    assert [g["name"] for g in source.sample(0.0)] == ["NVIDIA H100 80GB HBM3"]
+    assert list(source.lost) == [1]
+
+
+# -- GPM (Hopper+) ----------------------------------------------------------------------------
+def gpm_doc(readings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The H100 load replay with GPM answers added. The GPM numbers are made up (nvidia-smi
+    does not show GPM); what is tested is the two-sample protocol and where values land."""
+    d = copy.deepcopy(doc(H100_LOAD))
+    d["devices"][0]["nvmlGpmQueryDeviceSupport"] = {"version": 1, "isSupportedDevice": 1}
+    d["devices"][0]["nvmlGpmMetricsGet"] = readings
+    return d
+
+
+def test_gpm_two_samples_per_interval() -> None:
+    replay = NvmlReplay(gpm_doc([
+        {"NVML_GPM_METRIC_SM_UTIL": 91.25, "NVML_GPM_METRIC_SM_OCCUPANCY": 37.5,
+         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 62.0},
+        {"NVML_GPM_METRIC_SM_UTIL": 40.0, "NVML_GPM_METRIC_SM_OCCUPANCY": 12.5,
+         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}},
+    ]))
+    clock = FakeClock()
+    source = GpuSource(replay, clock=clock)
+    source.open()
+    assert replay.calls.count("nvmlGpmSampleGet") == 1  # the first sample is taken at open
+    clock.t += 1.0
+    gpu = source.sample(1.0)[0]
+    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) \
+        == (91.25, 37.5, 62.0)
+    assert gpu["util_pct"] == 100.0  # "a kernel ran" vs how much of the SMs: both reported
+    clock.t += 1.0
+    gpu = source.sample(2.0)[0]  # the replay checks sample1 is the previous call's sample2
+    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) \
+        == (40.0, 12.5, None)
+    assert replay.calls.count("nvmlGpmMetricsGet") == 2
+    # each interval starts where the previous one ended: samples 1-2, then 2-3
+    assert replay.gpm_pairs == [(0, 1, 2), (0, 2, 3)]
+    assert len(replay.live_samples) == 2  # two buffers, reused
+    source.close()
+    assert replay.live_samples == set()
+
+
+def test_gpm_too_soon_keeps_the_older_sample() -> None:
+    replay = NvmlReplay(gpm_doc([{"NVML_GPM_METRIC_SM_UTIL": 77.0,
+                                  "NVML_GPM_METRIC_SM_OCCUPANCY": 20.0,
+                                  "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5.0}]))
+    clock = FakeClock()
+    source = GpuSource(replay, clock=clock)
+    source.open()
+    clock.t += 0.05  # under NVML's 100 ms refresh
+    assert source.sample(0.0)[0]["sm_active_pct"] is None
+    assert "nvmlGpmMetricsGet" not in replay.calls
+    clock.t += 0.1  # 150 ms since the sample taken at open
+    assert source.sample(0.0)[0]["sm_active_pct"] == 77.0
+    source.close()
+
+
+def test_gpm_off_or_unsupported_takes_no_samples() -> None:
+    replay = NvmlReplay(gpm_doc([{"NVML_GPM_METRIC_SM_UTIL": 1.0}]))
+    GpuSource(replay, gpm=False).sample(0.0)
+    assert not any(c.startswith("nvmlGpm") for c in replay.calls)
+    replay = NvmlReplay(doc(L40S_LOAD))  # Ada: GPM query says not supported
+    gpu = GpuSource(replay).sample(0.0)[0]
+    assert gpu["sm_active_pct"] is None
+    assert "nvmlGpmSampleAlloc" not in replay.calls
+
+
+# -- recording --------------------------------------------------------------------------------
+def test_recorder_round_trip_gives_the_same_payload() -> None:
+    """record_nvml.py's recorder, wrapped around a replay instead of a real GPU: what it writes
+    replays to the same readings, GPM included."""
+    original = gpm_doc([{"NVML_GPM_METRIC_SM_UTIL": 55.5, "NVML_GPM_METRIC_SM_OCCUPANCY": 30.0,
+                         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 12.0}])
+    original["devices"][0]["nvmlDeviceGetTemperature"] = {
+        "NVML_TEMPERATURE_GPU": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}}
+    clock = FakeClock()
+    recorder = NvmlRecorder(NvmlReplay(original))
+    source = GpuSource(recorder, clock=clock)
+    source.open()
+    clock.t += 1.0
+    recorded_payload = source.sample(0.0)
+    source.close()
+    recorded = json.loads(json.dumps(recorder.document({"kind": "recorded-nvml"})))
+    assert recorded["devices"][0]["nvmlGpmMetricsGet"] == original["devices"][0][
+        "nvmlGpmMetricsGet"]
+
+    clock2 = FakeClock()
+    again = GpuSource(NvmlReplay(recorded), clock=clock2)
+    again.open()
+    clock2.t += 1.0
+    assert again.sample(0.0) == recorded_payload
+    assert recorded_payload[0]["temp_c"] is None and recorded_payload[0]["sm_active_pct"] == 55.5
+    again.close()
+
+
+def test_record_script_names() -> None:
+    record = load_script("record_nvml")
+    assert record.card_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert record.card_slug("NVIDIA GeForce RTX 4080 SUPER") == "rtx-4080-super"
+
+
+# -- the fixtures are what the script derives -------------------------------------------------
+def test_fixture_set_covers_the_required_cards() -> None:
+    for name in (H100_IDLE, H100_LOAD, H200_LOAD, H100_MIG_LOAD, L40S_LOAD, RTX2080_IDLE):
+        prov = doc(name)["provenance"]
+        assert prov["kind"] == "derived-from-nvidia-smi"
+        assert prov["capture_file"].endswith(".txt") and len(prov["capture_sha256"]) == 64
+
+
+@pytest.mark.skipif(not CAPTURES.is_dir(), reason=f"nvidia-smi captures not at {CAPTURES}")
+def test_fixtures_regenerate_identically_from_the_captures(tmp_path: Path) -> None:
+    make = load_script("make_nvml_replay")
+    captures = sorted(CAPTURES.glob("*.txt"))
+    assert captures
+    assert make.main([*map(str, captures), "--out", str(tmp_path)]) == 0
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == ALL_REPLAYS
+    for name in made:
+        assert (tmp_path / name).read_text() == (FIXTURES / name).read_text(), name

@@ -1,0 +1,527 @@
+"""The in-trainer step probe (stallscope.probe): timings, loader configuration, where records go,
+bounded buffer, ranks, the CUDA-event path (with fake events: no GPU here) and failure handling.
+
+Timing checks use lower bounds that sleeps guarantee and loose upper bounds on the median, so a
+busy 2-core CI box does not make them flaky while a probe that mis-attributes time still fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallscope import probe as probe_mod
+from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
+from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta, write_meta
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for k in ("STALLSCOPE_RUN_DIR", "STALLSCOPE_OUT", "STALLSCOPE_PROBE", "STALLSCOPE_INTERVAL",
+              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    yield
+    probe_mod.reset()
+
+
+def make_run(tmp_path: Path) -> Path:
+    """A run directory as `stallscope run` makes it (before the child starts)."""
+    run_dir = new_run_dir(tmp_path / "runs", "test")
+    RunStore(run_dir / "run.db").close()
+    return run_dir
+
+
+def read_steps(run_dir: Path, rank: int | None = None) -> list[StepRow]:
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        return store.steps(rank)
+    finally:
+        store.close()
+
+
+def read_probes(run_dir: Path) -> list[dict[str, Any]]:
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        return store.probes()
+    finally:
+        store.close()
+
+
+class SleepyDataset(Dataset[torch.Tensor]):
+    """Each sample costs ``delay`` seconds of (sleeping) load time."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return torch.full((3,), float(i))
+
+
+def new_probe(run_dir: Path, **kw: Any) -> Probe:
+    kw.setdefault("register_atexit", False)
+    return Probe(run_dir=run_dir, **kw)
+
+
+# --- timings -------------------------------------------------------------------------------------
+def test_wait_and_host_time_match_sleeps(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0)
+    per_sample, batch, body = 0.004, 4, 0.012
+    loader = DataLoader(SleepyDataset(8 * batch, per_sample), batch_size=batch, num_workers=0)
+    for _x in Watched(loader, p):
+        time.sleep(body)
+    p.close()
+    steps = read_steps(run_dir)
+    assert [s.step for s in steps] == list(range(8))
+    assert all(s.samples == batch and s.epoch == 0 for s in steps)
+    waits = [s.wait_s for s in steps]
+    hosts = [s.host_s for s in steps]
+    # the main process loads the batch itself: wait >= 4 sleeps of 4 ms; host >= the body
+    assert min(waits) >= batch * per_sample * 0.95
+    assert statistics.median(waits) < batch * per_sample + 0.03
+    assert min(hosts) >= body * 0.95
+    assert statistics.median(hosts) < body + 0.03
+    # wait is not smuggled into host time and vice versa
+    assert statistics.median(hosts) < statistics.median(waits) + body
+    ts = [s.ts for s in steps]
+    assert ts == sorted(ts) and abs(ts[0] - time.time()) < 60
+
+
+def test_workers_hide_load_time(tmp_path: Path) -> None:
+    """With enough workers the same loading no longer shows as wait (steady state)."""
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0)
+    loader = DataLoader(SleepyDataset(48, 0.002), batch_size=4, num_workers=2,
+                        prefetch_factor=4)
+    for _x in Watched(loader, p):
+        time.sleep(0.03)  # 30 ms of compute; workers need ~4 ms per batch each
+    p.close()
+    steps = read_steps(run_dir)
+    assert len(steps) == 12
+    later = [s.wait_s for s in steps[4:]]
+    assert statistics.median(later) < 0.004  # data was ready: no 8 ms load on the wait path
+    assert steps[0].wait_s > statistics.median(later)  # first batch: workers start and load
+
+
+def test_config_and_epochs_of_a_real_dataloader(tmp_path: Path) -> None:
+    import psutil
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0)
+    loader = DataLoader(SleepyDataset(12, 0.0), batch_size=4, num_workers=2,
+                        persistent_workers=True, pin_memory=False, drop_last=True)
+    w = Watched(loader, p)
+    assert len(w) == 3 and w.dataset is loader.dataset  # stands in for the loader
+    for _ in range(2):
+        for _x in w:
+            pass
+    p.close()
+    steps = read_steps(run_dir)
+    assert [s.epoch for s in steps] == [0, 0, 0, 1, 1, 1]
+    assert [s.step for s in steps] == list(range(6))
+    (row,) = read_probes(run_dir)
+    assert row["rank"] == 0 and row["pid"] == os.getpid()
+    assert row["steps"] == 6 and row["dropped"] == 0
+    cfg = row["config"]
+    lc = cfg["loader"]
+    assert lc["num_workers"] == 2 and lc["pin_memory"] is False
+    assert lc["prefetch_factor"] == 2 and lc["persistent_workers"] is True
+    assert lc["batch_size"] == 4 and lc["drop_last"] is True
+    assert lc["dataset_type"].endswith("SleepyDataset") and lc["dataset_len"] == 12
+    assert lc["start_method"] in ("fork", "spawn", "forkserver")
+    assert cfg["physical_cores"] == psutil.cpu_count(logical=False)
+    assert cfg["torch"] == torch.__version__ and cfg["cuda_available"] is False
+    assert [e["epoch"] for e in cfg["epochs"]] == [0, 1]
+    pids = cfg["epochs"][0]["worker_pids"]
+    assert len(pids) == 2 and all(isinstance(x, int) and x > 0 for x in pids)
+    assert cfg["epochs"][1]["worker_pids"] == pids  # persistent: the same workers
+    assert cfg["epochs"][0]["iter_s"] >= 0
+
+
+def test_start_method_from_the_loaders_context() -> None:
+    loader = DataLoader(SleepyDataset(4, 0.0), num_workers=1, multiprocessing_context="spawn")
+    assert loader_config(loader)["start_method"] == "spawn"
+    gen = loader_config(x for x in range(3))
+    assert gen["len"] is None and gen["loader_type"] == "builtins.generator"
+
+
+def test_batch_size_of_common_batch_shapes() -> None:
+    t = torch.zeros(5, 3)
+    assert batch_size_of(t) == 5
+    assert batch_size_of((t, torch.zeros(5))) == 5
+    assert batch_size_of({"input_ids": t, "labels": t}) == 5
+    assert batch_size_of([{"x": t}]) == 5
+    assert batch_size_of(["a", "b"]) == 2
+    assert batch_size_of(7) is None
+    assert batch_size_of(torch.tensor(1.0)) is None
+
+
+def test_break_and_exception_end_the_open_step(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0)
+    for i, _x in enumerate(Watched(list(range(10)), p)):
+        if i == 2:
+            time.sleep(0.02)
+            break
+    with pytest.raises(ZeroDivisionError):
+        for _x in Watched(list(range(10)), p):
+            time.sleep(0.01)
+            _ = 1 / 0
+    p.close()
+    steps = read_steps(run_dir)
+    assert [(s.step, s.epoch) for s in steps] == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    assert steps[2].host_s >= 0.019  # the step the loop broke out of still ends, timed
+    assert steps[3].host_s >= 0.0095
+
+
+def test_step_context_manager(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0)
+    for _ in range(5):
+        time.sleep(0.01)  # "loading" outside the step
+        with StepTimer(p, samples=16).start():
+            time.sleep(0.02)
+    p.close()
+    steps = read_steps(run_dir)
+    assert len(steps) == 5 and all(s.samples == 16 for s in steps)
+    assert steps[0].wait_s == 0.0  # nothing before the first step to measure from
+    assert min(s.wait_s for s in steps[1:]) >= 0.0095
+    assert statistics.median(s.wait_s for s in steps[1:]) < 0.04
+    assert min(s.host_s for s in steps) >= 0.0195
+    assert statistics.median(s.host_s for s in steps) < 0.05
+
+
+def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    run_dir = make_run(tmp_path)
+    monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(run_dir))
+    import stallscope
+
+    batches = [{"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]} for _ in range(3)]
+    moved = []
+    for b in stallscope.watch(batches):
+        moved.append(stallscope.h2d(b, "cpu"))
+    p = probe_mod.get_probe()
+    assert p is not None
+    p.close()
+    assert moved[0]["meta"][1] == "id" and torch.equal(moved[0]["x"], batches[0]["x"])
+    steps = read_steps(run_dir)
+    assert len(steps) == 3 and all(s.h2d_s is not None and s.h2d_s >= 0 for s in steps)
+    assert all(s.samples == 4 for s in steps)
+
+
+# --- where records go ----------------------------------------------------------------------------
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import stallscope
+
+    delay = float(os.environ.get("TEST_STEP_S", "0.005"))
+    loader = DataLoader(TensorDataset(torch.arange(48.0)), batch_size=8, num_workers=1)
+    for epoch in range(2):
+        for (x,) in stallscope.watch(loader):
+            time.sleep(delay)
+    print("trained", flush=True)
+""")
+
+
+def run_script(tmp_path: Path, env: dict[str, str], code: str = SCRIPT,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_")
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    full.update(env)
+    full["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, str(script), "--flag"], cwd=tmp_path, env=full,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_standalone_makes_a_run_with_steps_and_machine_samples(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(out), "STALLSCOPE_INTERVAL": "0.2",
+                                "TEST_STEP_S": "0.05"})
+    assert res.returncode == 0, res.stderr
+    assert "trained" in res.stdout
+    (run_dir,) = list_runs(out)
+    meta = read_meta(run_dir)
+    assert meta["command"] == [str(tmp_path / "train.py"), "--flag"]
+    assert meta["exit_code"] == 0 and meta["end"] >= meta["start"]
+    assert meta["interval_s"] == 0.2 and meta["versions"]["torch"] == torch.__version__
+    assert meta["loader"]["num_workers"] == 1 and meta["probe"]["steps"] == 12
+    steps = read_steps(run_dir)
+    assert len(steps) == 12 and all(s.samples == 8 for s in steps)
+    assert [s.epoch for s in steps] == [0] * 6 + [1] * 6
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        cpu = store.read("host.cpu_pct")
+        assert cpu and len(cpu[0].v) >= 2  # the probe's own collector sampled the machine
+        procs = {e["entity"] for e in store.entities("procs")}
+        assert str(meta["pid"]) in procs
+    finally:
+        store.close()
+
+
+def test_standalone_exit_code_of_a_crash(tmp_path: Path) -> None:
+    code = SCRIPT.replace('print("trained", flush=True)', 'raise SystemError("boom")')
+    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(tmp_path / "out")}, code=code)
+    assert res.returncode == 1 and "boom" in res.stderr
+    (run_dir,) = list_runs(tmp_path / "out")
+    assert read_meta(run_dir)["exit_code"] == 1
+    assert len(read_steps(run_dir)) == 12
+
+
+def test_under_stallscope_run_steps_land_in_its_run(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    write_meta(run_dir, {"command": ["x"], "start": 1.0})
+    res = run_script(tmp_path, {"STALLSCOPE_RUN_DIR": str(run_dir)})
+    assert res.returncode == 0, res.stderr
+    assert len(read_steps(run_dir)) == 12
+    assert read_meta(run_dir) == {"command": ["x"], "start": 1.0}  # the parent's file, untouched
+    assert not (tmp_path / "stallscope-runs").exists()
+
+
+def test_two_ranks_report_apart(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    procs = []
+    for rank, delay in ((0, "0.002"), (1, "0.02")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_")}
+        env.update(STALLSCOPE_RUN_DIR=str(run_dir), RANK=str(rank), WORLD_SIZE="2",
+                   TEST_STEP_S=delay, PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for pr in procs:
+        _out, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0, err
+    r0, r1 = read_steps(run_dir, 0), read_steps(run_dir, 1)
+    assert len(r0) == 12 and len(r1) == 12
+    assert statistics.median(s.host_s for s in r1) > statistics.median(s.host_s for s in r0)
+    assert [p["rank"] for p in read_probes(run_dir)] == [0, 1]
+
+
+def test_probe_off_by_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALLSCOPE_PROBE", "0")
+    monkeypatch.chdir(tmp_path)
+    import stallscope
+
+    data = [1, 2, 3]
+    assert list(stallscope.watch(data)) == data
+    with stallscope.step():
+        pass
+    assert not (tmp_path / "stallscope-runs").exists()
+
+
+def test_import_stays_light() -> None:
+    code = ("import sys, stallscope; "
+            "print(any(m in sys.modules for m in ('torch', 'stallscope.probe', 'sqlite3')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    assert res.stdout.strip() == "False"
+
+
+# --- bounded buffer, failures --------------------------------------------------------------------
+def test_buffer_overflow_drops_and_counts(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, capacity=5, flush_interval=3600)
+    p._ready.wait(10)
+    for _x in Watched(list(range(20)), p):
+        pass
+    p.close()
+    assert len(read_steps(run_dir)) == 5
+    (row,) = read_probes(run_dir)
+    assert row["dropped"] == 15 and row["steps"] == 5
+    store = RunStore(run_dir / "run.db", readonly=True)
+    events = store.events()
+    store.close()
+    assert any(e["kind"] == "dropped" and "15 step records dropped" in e["message"]
+               for e in events)
+
+
+def test_trainer_survives_an_unwritable_run_dir(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    p = new_probe(blocker / "run", rank=0)
+    total = 0
+    for x in Watched(list(range(50)), p):
+        total += x
+    p.close()
+    assert total == sum(range(50))
+    assert p.stats()["lost"] == 50
+    err = capsys.readouterr().err
+    assert err.count("cannot write step records") == 1 and "training continues" in err
+
+
+def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600)
+    p._ready.wait(10)
+
+    class Broken:
+        def add_steps(self, rows: Any) -> int:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        def close(self) -> None:
+            return None
+
+    real = p._store
+    p._store = Broken()  # type: ignore[assignment]
+    for _ in range(3):
+        for _x in Watched(list(range(4)), p):
+            pass
+        p.flush()
+    p._store = real
+    p.close()
+    assert p.stats()["lost"] == 12
+    assert capsys.readouterr().err.count("disk I/O error") == 1
+
+
+def test_standalone_in_an_unwritable_place_keeps_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(blocker / "out")})
+    assert res.returncode == 0 and "trained" in res.stdout
+    assert res.stderr.count("stallscope:") == 1, res.stderr
+
+
+# --- the CUDA path, with fake events (no GPU on this machine) -------------------------------------
+class FakeGpu:
+    """A GPU timeline: kernels 'run' as the test advances ``now``; events complete up to
+    ``done_until``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.done_until = float("inf")
+        self.created = 0
+
+
+class FakeEvent:
+    """Obeys the torch.cuda.Event interface the probe may use: record, query, elapsed_time.
+    It has no synchronize(): calling one would fail the test."""
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.t: float | None = None
+        gpu.created += 1
+
+    def record(self) -> None:
+        self.t = self.gpu.now
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= self.gpu.done_until
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.query() and end.query(), "elapsed_time before both events completed"
+        assert self.t is not None and end.t is not None
+        return (end.t - self.t) * 1000.0
+
+
+def test_fake_cuda_events_give_busy_and_idle(tmp_path: Path) -> None:
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
+    p._ready.wait(10)
+    idle = [0.5, 0.01, 0.2, 0.03, 0.0, 0.07]
+    busy = [0.1, 0.3, 0.05, 0.2, 0.4, 0.15]
+    ends: list[float] = []
+
+    def batches() -> Iterator[int]:
+        for i, gap in enumerate(idle):
+            gpu.now += gap  # the GPU sits idle while the next batch is prepared
+            yield i
+
+    for i in Watched(batches(), p):
+        gpu.now += busy[i]  # the step's kernels
+        ends.append(gpu.now)
+        if i == 2:
+            gpu.done_until = ends[1]  # the GPU is behind: only steps 0 and 1 have finished
+    gpu.done_until = ends[3]
+    assert p.flush() == 4  # steps 4 and 5 wait for their events; nothing is waited for
+    assert [s.step for s in read_steps(run_dir)] == [0, 1, 2, 3]
+    gpu.done_until = float("inf")
+    assert p.flush() == 2
+    p.close()
+    steps = read_steps(run_dir)
+    assert [s.gpu_busy_s for s in steps] == pytest.approx(busy)
+    assert steps[0].gpu_idle_s is None
+    assert [s.gpu_idle_s for s in steps[1:]] == pytest.approx(idle[1:])
+    assert p.stats()["gpu_unread"] == 0
+    assert read_probes(run_dir)[0]["config"]["gpu_timing"] is True
+    assert gpu.created < 2 * len(busy) + 2  # events are reused, not made per step
+
+
+def test_fake_cuda_h2d_is_timed_with_events(tmp_path: Path) -> None:
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, events=lambda: FakeEvent(gpu))
+
+    class Tensor:
+        shape = (4,)
+
+        def to(self, device: str, non_blocking: bool = False) -> str:
+            assert device == "cuda:0" and non_blocking
+            gpu.now += 0.25  # the copy, on the GPU's timeline; the host returns at once
+            return "on-gpu"
+
+    probe_mod._probes[0] = p  # the module front finds this probe
+    for b in Watched([[Tensor(), Tensor()]], p):
+        assert h2d(b, "cuda:0") == ["on-gpu", "on-gpu"]
+        gpu.now += 1.0
+    p.close()
+    (s,) = read_steps(run_dir)
+    assert s.h2d_s == pytest.approx(0.5) and s.gpu_busy_s == pytest.approx(1.5)
+    assert s.samples == 4
+
+
+def test_fake_cuda_events_that_never_complete(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe_mod, "CLOSE_WAIT_S", 0.1)
+    gpu = FakeGpu()
+    gpu.done_until = -1.0  # a hung GPU
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, events=lambda: FakeEvent(gpu))
+    for _x in Watched(list(range(3)), p):
+        gpu.now += 1.0
+    t0 = time.monotonic()
+    p.close()
+    assert time.monotonic() - t0 < 5  # close never blocks on the GPU
+    steps = read_steps(run_dir)
+    assert len(steps) == 3 and all(s.gpu_busy_s is None for s in steps)
+    assert p.stats()["gpu_unread"] == 3
+
+
+def test_config_is_json(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=3)
+    for _x in Watched(DataLoader(SleepyDataset(4, 0.0), batch_size=2), p):
+        pass
+    p.close()
+    (row,) = read_probes(run_dir)
+    assert row["rank"] == 3
+    json.dumps(row["config"])

@@ -1,0 +1,355 @@
+"""The HTML report: sections, escaping of machine data, skipped plots, size and speed.
+
+Runs are built synthetically in ``tmp_path`` with the real :class:`RunStore` and
+:func:`write_meta`; the diagnosis is a hand-built ``diagnose --json`` document, plus the real
+one where this stallscope has :mod:`stallscope.diagnose`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallscope.report import _diagnose_fn, render_report, write_report
+from stallscope.report.plots import MAX_POINTS, downsample
+from stallscope.store import Point, RunStore, StepRow, write_meta
+
+EVIL = "<script>alert(1)</script>"
+EVIL2 = '"><img src=x onerror=alert(2)>'
+EVIL_DIR = '"><img src=x onerror=alert(3)>'  # a run directory name (no slash allowed)
+T0 = 1_763_712_000.0
+
+
+def make_run(root: Path, *, name: str = "run", duration_s: int = 120, interval: float = 1.0,
+             gpus: int = 2, disks: tuple[str, ...] = ("nvme0n1", "sda"),
+             data_devices: tuple[str, ...] | None = ("nvme0n1",), workers: int = 3,
+             steps: int = 300, sm_active: bool = True, host: bool = True,
+             evil: bool = False, cores: int = 4) -> Path:
+    """A stored run: an input-bound trainer (GPU idle when the data wait is high)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    gpu_name = f"NVIDIA H100 {EVIL}" if evil else "NVIDIA H100 80GB HBM3"
+    evil_dev = f"sdb{EVIL2}"
+    if evil:
+        disks = (*disks, evil_dev)
+        data_devices = (*(data_devices or ()), evil_dev)
+    store = RunStore(run_dir / "run.db")
+    pids = [str(4000 + i) for i in range(workers + 1)]
+    for i, pid in enumerate(pids):
+        role = "main" if i == 0 else "worker"
+        pname = (EVIL if evil and i == 1 else ("python" if i == 0 else "pt_data_worker"))
+        store.upsert_entity("procs", pid, {"name": pname, "role": role, "ppid": 1,
+                                           "cmdline": f"python train.py {EVIL2 if evil else ''}"},
+                            T0)
+    for g in range(gpus):
+        store.upsert_entity("gpu", f"gpu{g}", {"name": gpu_name, "uuid": f"GPU-{g}"}, T0)
+    n = int(duration_s / interval)
+    for k in range(n):
+        ts = T0 + k * interval
+        phase = 0.5 + 0.5 * math.sin(k / 30.0)  # 1 = starved, 0 = fed
+        pts: list[Point] = []
+        for g in range(gpus):
+            pts.append(Point("gpu.util_pct", f"gpu{g}", 95 - 80 * phase))
+            if sm_active:
+                pts.append(Point("gpu.sm_active_pct", f"gpu{g}", 70 - 60 * phase))
+            pts.append(Point("gpu.mem_used_mib", f"gpu{g}", 30000.0 + k))
+        for d in disks:
+            busy = d in (data_devices or ())
+            pts += [Point("disk.util_pct", d, 40 + 59 * phase if busy else 2.0),
+                    Point("disk.r_await_ms", d, 5 + 80 * phase if busy else 0.5),
+                    Point("disk.rkb_s", d, 150_000.0 if busy else 10.0),
+                    Point("disk.r_s", d, 1200.0 if busy else 1.0)]
+        if host:
+            pts += [Point("host.cpu_pct", "", 30 + 10 * phase),
+                    Point("host.iowait_pct", "", 25 * phase),
+                    Point("host.cpu_max_core_pct", "", 99.0),
+                    Point("host.mem_used_mib", "", 12000.0 + k),
+                    Point("host.mem_total_mib", "", 23000.0),
+                    Point("host.page_cache_mib", "", 6000.0),
+                    Point("host.shm_used_mib", "", 900.0 + 5 * phase),
+                    Point("host.shm_total_mib", "", 11500.0),
+                    Point("host.swap_used_mib", "", 0.0)]
+            pts += [Point("host.cpu_core_pct", f"cpu{c}", 30.0) for c in range(cores)]
+        for i, pid in enumerate(pids):
+            pts += [Point("procs.cpu_pct", pid, 99.0 if i == 0 else 20 + 10 * phase),
+                    Point("procs.rss_mib", pid, 2000.0 if i == 0 else 600.0),
+                    Point("procs.read_kb_s", pid, 0.0 if i == 0 else 40_000.0),
+                    Point("procs.d_state", pid, float(i > 0 and k % 2 == 0))]
+        pts.append(Point("collector.cpu_s", "", 0.002))
+        store.add_points(ts, pts)
+    rows: list[StepRow] = []
+    dt = duration_s / max(steps, 1)
+    for s in range(steps):
+        phase = 0.5 + 0.5 * math.sin(s * dt / 30.0)
+        rows.append(StepRow(0, s, T0 + s * dt, wait_s=dt * 0.8 * phase,
+                            host_s=dt * (1 - 0.8 * phase), gpu_busy_s=dt * (1 - 0.8 * phase),
+                            gpu_idle_s=dt * 0.8 * phase, samples=64, epoch=0))
+    store.add_steps(rows)
+    if steps:
+        store.set_probe(0, 4000, {"num_workers": workers, "pin_memory": False,
+                                  "batch_size": 64,
+                                  "dataset_type": EVIL if evil else "ImageFolder"},
+                        steps, 0)
+    store.add_event(T0 + 1, "smart", "unavailable", f"cannot open /dev/vda {EVIL if evil else ''}")
+    store.add_event(T0 + 5, "gpu", "note", "GPU clocks limited: thermal")
+    store.close()
+    unavailable: dict[str, str] = {"health": "smartctl: permission denied"}
+    if not gpus:
+        unavailable["gpu"] = f"NVML: driver not loaded {EVIL if evil else ''}".strip()
+    write_meta(run_dir, {
+        "command": ["python", "train.py", "--data", EVIL if evil else "/data/imagenet"],
+        "host": f"node-7{EVIL2}" if evil else "node-7", "start": T0,
+        "end": T0 + duration_s, "exit_code": 0, "interval_s": interval,
+        "data": f"/data/{EVIL}" if evil else "/data/imagenet",
+        "data_devices": list(data_devices or []), "physical_cores": cores,
+        "logical_cores": cores * 2, "unavailable": unavailable, "samples": n,
+    })
+    return run_dir
+
+
+def diagnosis(run_dir: Path, evil: bool = False) -> dict[str, Any]:
+    """A ``diagnose --json`` document as DESIGN.md defines it."""
+    x = EVIL if evil else ""
+    return {
+        "run": str(run_dir), "verdict": "input_bound.fetch", "stall_fraction": 0.42,
+        "findings": [
+            {"kind": "input_bound.fetch", "severity": "critical", "confidence": 0.85,
+             "summary": f"Workers wait on reads from nvme0n1 {x}: the GPU idles 42% of the run.",
+             "evidence": {"disk_util_pct_p95": 99.1, "r_await_ms_p95": 84.7,
+                          "worker_d_state_share": 0.5, f"device{x}": f"nvme0n1{EVIL2 if evil else ''}",
+                          "window_s": [10, 110], "per_worker": {"4001": 12.5, "4002": 13}},
+             "fixes": [{"action": f"pack the dataset with `stallscope pack` {x}",
+                        "why": "small files: 4 KiB requests"},
+                       {"action": "num_workers 3 → 8", "why": "workers mostly in D state"}],
+             "est_speedup": 1.72},
+            {"kind": "gpu_throttled", "severity": "warning", "confidence": 0.4,
+             "summary": "gpu0 hit its thermal limit for 5 s.", "evidence": {"seconds": 5},
+             "fixes": [], "est_speedup": 1.0},
+            {"kind": "new_kind.later", "severity": "info", "confidence": None,
+             "summary": "A kind this renderer does not know yet.", "evidence": {},
+             "fixes": [{"action": "nothing"}]},
+        ],
+    }
+
+
+def _svg(doc: str, pid: str) -> str:
+    m = re.search(rf'<svg id="svg-{pid}".*?</svg>', doc, re.S)
+    assert m, f"no svg-{pid} in the report"
+    return m.group(0)
+
+
+# --- sections ------------------------------------------------------------------------------------
+def test_report_opens_with_verdict_and_findings(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    doc = render_report(run, diagnosis(run))
+    assert doc.startswith("<!DOCTYPE html>")
+    order = [doc.index(f'id="{s}"') for s in ("run-header", "verdict", "findings", "timeline",
+                                             "summary", "processes", "loader", "unavailable",
+                                             "events")]
+    assert order == sorted(order), "sections out of order"
+    verdict = doc[doc.index('id="verdict"'):doc.index('id="findings"')]
+    assert "storage cannot feed the GPU" in verdict
+    assert "input_bound.fetch" in verdict
+    assert "42%" in verdict and "×1.72" in verdict
+    assert "pack the dataset" in verdict  # the first fix is in the banner
+    assert doc.count('<article class="finding') == 3
+    first = doc[doc.index('id="finding-0"'):doc.index('id="finding-1"')]
+    assert "critical" in first and "85%" in first
+    assert "84.7" in first and "99.1" in first  # evidence table
+    assert "num_workers 3 → 8" in first and "workers mostly in D state" in first
+    assert "10, 110" in first  # a time window
+    assert "new_kind.later" in doc  # unknown kinds are shown as they are
+    # header
+    header = doc[:doc.index('id="verdict"')]
+    for text in ("python train.py --data /data/imagenet", "node-7", "exit code 0", "2:00",
+                 "1.0 s", "/data/imagenet"):
+        assert text in header, text
+
+
+def test_every_plot_is_drawn_on_one_time_axis(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    doc = render_report(run, diagnosis(run))
+    boxes = []
+    for pid in ("gpu", "wait", "disk", "cpu", "mem"):
+        svg = _svg(doc, pid)
+        assert 'class="plot-svg"' in svg
+        boxes.append(re.search(r'viewBox="([^"]*)"', svg).group(1).split()[2])  # type: ignore[union-attr]
+        assert "2:00" in svg, f"{pid}: x axis does not reach the run's end"
+    assert len(set(boxes)) == 1, "plots differ in width: their time axes would not line up"
+    gpu = _svg(doc, "gpu")
+    assert "SM active" in gpu and "NVIDIA H100 80GB HBM3" in gpu
+    disk = _svg(doc, "disk")
+    assert "nvme0n1" in disk and ">sda<" not in disk  # only the dataset's device
+    assert "rank" not in _svg(doc, "wait")  # one rank: no rank labels
+    cpu = _svg(doc, "cpu")
+    assert "trainer (main process)" in cpu and "workers (3 seen)" in cpu and "iowait" in cpu
+    mem = _svg(doc, "mem")
+    assert "/dev/shm used" in mem and "swap used" in mem
+
+
+def test_machine_data_is_escaped_everywhere(tmp_path: Path) -> None:
+    run = make_run(tmp_path, name=EVIL_DIR, evil=True)
+    doc = render_report(run, diagnosis(run, evil=True))
+    assert EVIL not in doc and EVIL2 not in doc and EVIL_DIR not in doc
+    assert doc.count("<script") == 1, "only the page's own script"
+    assert "<img" not in doc  # "onerror=alert" stays, as harmless escaped text
+    esc = html.escape(EVIL)
+    # each place machine data reaches: header, findings, plots' legends, tables, events
+    assert doc.count(esc) >= 8, doc.count(esc)
+    for pid in ("gpu", "disk"):
+        svg = _svg(doc, pid)
+        assert "<script" not in svg and "<img" not in svg
+        assert "&lt;" in svg, f"{pid}: machine text should appear, escaped"
+    assert html.escape(EVIL2) in doc  # the host, device, command line
+    assert "&lt;img src=x onerror=alert(3)&gt;" in doc  # the run directory name
+
+
+def test_names_are_not_read_as_math(tmp_path: Path) -> None:
+    """A ``$`` pair in a GPU name would be mathtext to matplotlib (and can fail to parse)."""
+    run = make_run(tmp_path)
+    db = RunStore(run / "run.db")
+    db.upsert_entity("gpu", "gpu0", {"name": "odd $\\frac{$ name"}, T0)
+    db.close()
+    doc = render_report(run, diagnosis(run))
+    assert "odd $\\frac{$ name" in _svg(doc, "gpu")
+
+
+def test_absent_data_gives_one_line_notes(tmp_path: Path) -> None:
+    run = make_run(tmp_path, gpus=0, steps=0, host=False, workers=0, disks=())
+    doc = render_report(run, diagnosis(run))
+    assert "<svg" not in doc.replace('<svg id="svg-', "")  # not a single plot drawn
+    for pid, why in (("gpu", "NVML: driver not loaded"), ("wait", "stallscope.watch(loader)"),
+                     ("disk", "No disk samples"), ("mem", "No memory samples")):
+        m = re.search(rf'<div class="skipped" id="plot-{pid}">(.*?)</div>', doc)
+        assert m, pid
+        assert why in m.group(1) and "\n" not in m.group(1)
+    # the CPU plot still has the trainer's main process
+    assert 'id="svg-cpu"' in doc
+
+
+def test_busiest_disk_when_no_dataset_device(tmp_path: Path) -> None:
+    run = make_run(tmp_path, disks=("vda", "nvme0n1"), data_devices=None)
+    db = RunStore(run / "run.db")
+    for k in range(120):
+        db.add_points(T0 + k, [Point("disk.util_pct", "nvme0n1", 80.0)])
+    db.close()
+    doc = render_report(run, None)
+    assert "showing the busiest device, nvme0n1" in doc
+    assert "nvme0n1" in _svg(doc, "disk") and ">vda<" not in _svg(doc, "disk")
+
+
+def test_no_sm_activity_is_said(tmp_path: Path) -> None:
+    run = make_run(tmp_path, sm_active=False, gpus=1)
+    doc = render_report(run, diagnosis(run))
+    assert "SM activity is not shown" in doc
+    assert "SM active" not in _svg(doc, "gpu")
+
+
+def test_without_a_diagnosis(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    doc = render_report(run, None)
+    assert "No diagnosis" in doc and 'id="findings"' not in doc
+    assert 'id="svg-gpu"' in doc
+
+
+def test_ranks_and_gpu_idle_from_cuda_events(tmp_path: Path) -> None:
+    run = make_run(tmp_path, steps=50)
+    db = RunStore(run / "run.db")
+    db.add_steps([StepRow(1, s, T0 + s * 2.0, 0.1, 1.9) for s in range(50)])
+    db.close()
+    wait = _svg(render_report(run, diagnosis(run)), "wait")
+    assert "rank 0" in wait and "rank 1" in wait
+    assert "GPU idle (CUDA events)" in wait
+    assert "whole run: 42%" in wait
+
+
+def test_no_network_references(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    doc = render_report(run, diagnosis(run))
+    low = doc.lower()
+    for bad in ('src="http', "src='http", 'href="http', "href='http", "url(http", "@import",
+                "<link", "<iframe", "<img"):
+        assert bad not in low, bad
+    assert "default-src 'none'" in doc  # the CSP forbids loading anything
+
+
+def test_write_report_default_path_and_cli(tmp_path: Path) -> None:
+    run = make_run(tmp_path, duration_s=30, steps=30)
+    out = write_report(run)
+    assert out == run / "report.html" and out.read_text().startswith("<!DOCTYPE html>")
+    target = tmp_path / "mail-me.html"
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "report", str(run), "-o",
+                           str(target)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(target)
+    assert 'id="timeline"' in target.read_text()
+
+
+def test_cli_unknown_run_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "report",
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_cli_unwritable_output_is_one_line(tmp_path: Path) -> None:
+    run = make_run(tmp_path, duration_s=10, steps=10)
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "report", str(run), "-o",
+                           str(tmp_path / "no" / "such" / "dir.html")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("stallscope: error: cannot write")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(_diagnose_fn() is None,
+                    reason="stallscope.diagnose.diagnose_run is not in this checkout yet")
+def test_with_the_real_diagnosis(tmp_path: Path) -> None:
+    diagnose_run = _diagnose_fn()
+    assert diagnose_run is not None
+    run = make_run(tmp_path)
+    real = diagnose_run(run)
+    doc = render_report(run, real)
+    assert html.escape(str(real["verdict"])) in doc
+    out = write_report(run)
+    assert html.escape(str(real["verdict"])) in out.read_text()
+
+
+# --- size and speed ------------------------------------------------------------------------------
+def test_downsample_keeps_spikes_and_bounds_points() -> None:
+    np = pytest.importorskip("numpy")
+    t = np.arange(100_000, dtype=float)
+    v = np.zeros(100_000)
+    v[54_321] = 100.0
+    v[99_999] = -5.0
+    tt, vv = downsample(t, v)
+    assert len(tt) <= MAX_POINTS
+    assert vv.max() == 100.0 and vv.min() == -5.0
+    assert list(tt) == sorted(tt)
+    short_t, _ = downsample(t[:10], v[:10])
+    assert len(short_t) == 10
+
+
+def test_one_hour_run_is_small_and_fast(tmp_path: Path) -> None:
+    """1 h at 1 Hz, 4 GPUs, 4 disks, 1 trainer + 8 workers, 16 cores, 36,000 steps."""
+    run = make_run(tmp_path, duration_s=3600, gpus=4, disks=("nvme0n1", "nvme1n1", "sda", "sdb"),
+                   workers=8, steps=36_000, cores=16)
+    doc_diag = diagnosis(run)
+    start = time.perf_counter()
+    doc = render_report(run, doc_diag)
+    took = time.perf_counter() - start
+    size = len(doc.encode())
+    print(f"1 h report: {took:.2f} s, {size / 1024:.0f} KiB")
+    assert size < 700 * 1024, f"{size / 1024:.0f} KiB: too big to mail"
+    # the target is < 3 s; the bound leaves room for a busy 2-core CI box
+    assert took < 9.0, f"{took:.1f} s"
+    for pid in ("gpu", "wait", "disk", "cpu", "mem"):
+        assert _svg(doc, pid)
