@@ -133,7 +133,7 @@ def percentiles(samples: Sequence[float], pcts: Sequence[float] = _PCTS) -> dict
     s = sorted(samples)
     out = {}
     for p in pcts:
-        rank = max(1, math.ceil(p / 100.0 * len(s)))
+        rank = max(1, math.ceil(round(p * len(s) / 100.0, 9)))  # 99.9% of 1000 is 999
         out[f"p{p:g}"] = float(s[rank - 1])
     return out
 

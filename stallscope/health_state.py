@@ -105,13 +105,13 @@ class HealthState:
     def load(cls, path: Path | None = None) -> HealthState:
         p = path or default_state_path()
         try:
-            text = p.read_text(encoding="utf-8")
+            data = p.read_bytes()
         except FileNotFoundError:
             return cls(p)
         except OSError as exc:
             return cls(p, note=f"could not read {p} ({exc.strerror}); growth starts afresh")
-        try:
-            return cls(p, _parse_state(json.loads(text)))
+        try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return cls(p, _parse_state(json.loads(data.decode("utf-8"))))
         except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             bad = p.with_name(p.name + ".bad")
             try:

@@ -160,6 +160,8 @@ def _run_load(workdir: Path) -> None:
 
 @pytest.fixture
 def loaded_devices(tmp_path: Path) -> Iterator[list[str]]:
+    if shutil.which("iostat") is None:
+        tool_missing("iostat")
     workdir, devices = _block_backed_dir(tmp_path)
     try:
         with _Load(workdir) as load:
@@ -225,8 +227,6 @@ def _mismatches(theirs: dict[str, float], ours: dict[str, float]) -> list[str]:
 
 
 def test_fields_match_iostat_under_read_load(loaded_devices: list[str]) -> None:
-    if shutil.which("iostat") is None:
-        tool_missing("iostat")
     theirs, ours = _one_window(loaded_devices)
     assert sorted(theirs) == sorted(ours) == sorted(loaded_devices)
     for dev in loaded_devices:

@@ -124,7 +124,8 @@ def diagnosis(run_dir: Path, evil: bool = False) -> dict[str, Any]:
             {"kind": "input_bound.fetch", "severity": "critical", "confidence": 0.85,
              "summary": f"Workers wait on reads from nvme0n1 {x}: the GPU idles 42% of the run.",
              "evidence": {"disk_util_pct_p95": 99.1, "r_await_ms_p95": 84.7,
-                          "worker_d_state_share": 0.5, f"device{x}": f"nvme0n1{EVIL2 if evil else ''}",
+                          "worker_d_state_share": 0.5,
+                          f"device{x}": f"nvme0n1{EVIL2 if evil else ''}",
                           "window_s": [10, 110], "per_worker": {"4001": 12.5, "4002": 13}},
              "fixes": [{"action": f"pack the dataset with `stallscope pack` {x}",
                         "why": "small files: 4 KiB requests"},
@@ -336,6 +337,10 @@ def test_downsample_keeps_spikes_and_bounds_points() -> None:
     assert list(tt) == sorted(tt)
     short_t, _ = downsample(t[:10], v[:10])
     assert len(short_t) == 10
+    v[1000:2000] = np.nan  # a hole (a source off) must stay a hole
+    tt, vv = downsample(t, v)
+    assert len(tt) <= MAX_POINTS and np.isnan(vv).any()
+    assert vv[np.nanargmax(vv)] == 100.0
 
 
 def test_one_hour_run_is_small_and_fast(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallscope.errors import StallscopeError
 from stallscope.diagnose.model import KINDS, Finding, Fix, RunData, load_run
 from stallscope.diagnose.rules import RULES, run_rules
 from stallscope.diagnose.signals import Signals, compute_signals
@@ -86,8 +87,8 @@ def _extra(data: RunData) -> None:
             if dev not in info:
                 try:
                     info[dev] = device_info(dev)
-                except (OSError, ValueError):
-                    continue
+                except (OSError, ValueError, StallscopeError):
+                    continue  # device gone since the run; its class is then unknown
     except ImportError:
         pass
     data.extra["device_info"] = info

@@ -209,8 +209,8 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     dev = sig.device
     info = data.extra.get("device_info", {}).get(dev or "", {})
     aw = sig.disk_r_await_median_ms
-    kind = ("rotational" if info.get("rotational") else
-            "virtual/network" if info.get("virtual") else "")
+    kind = ("virtual/network disk" if info.get("virtual") else
+            "rotational" if info.get("rotational") else info.get("kind") or "")
     if dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
                                        f"{sig.disk_util_median_pct:.0f}% util"
@@ -231,7 +231,7 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
                          "local disk first)", "after one pass every read is served from RAM"))
     nw = _workers_now(sig)
     if nw is not None and sig.physical_cores and nw < min(4, sig.physical_cores) \
-            and not info.get("rotational"):
+            and not (info.get("rotational") and not info.get("virtual")):
         fixes.append(Fix(f"num_workers {nw} → {min(4, sig.physical_cores)} to keep more reads "
                          "in flight", "SSD/NVMe serve parallel reads faster than one at a time; "
                          "on a spinning disk this adds seeks instead"))

@@ -377,7 +377,8 @@ def _loader(data: RunData) -> str:
         return ""
     out = ['<section id="loader"><h2>Loader configuration (from the probe)</h2>']
     for p in data.probes:
-        cfg = p.get("config") if isinstance(p.get("config"), dict) else {}
+        raw = p.get("config")
+        cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
         items = [("rank", p.get("rank")), ("steps", p.get("steps")),
                  ("dropped records", p.get("dropped")), *sorted(cfg.items())]
         out.append(_kv_table(items, "loader"))

@@ -87,22 +87,21 @@ def downsample(t: np.ndarray, v: np.ndarray, max_points: int = MAX_POINTS
     n = len(t)
     if n <= max_points:
         return t, v
-    buckets = max(1, max_points // 2)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    keep: list[int] = []
-    for a, b in zip(edges[:-1], edges[1:]):
-        if b <= a:
-            continue
-        chunk = v[a:b]
-        if np.isnan(chunk).all():
-            keep.append(int(a))
-            continue
-        lo = int(a + np.nanargmin(chunk))
-        hi = int(a + np.nanargmax(chunk))
-        if np.isnan(chunk).any():
-            keep.append(int(a + np.flatnonzero(np.isnan(chunk))[0]))
-        keep.extend(sorted({lo, hi}))
-    idx = np.array(sorted(set(keep)), dtype=np.int64)
+    isnan = np.isnan(v)
+    # two points per bucket, three where a bucket holds a gap marker
+    buckets = max(1, max_points // (3 if isnan.any() else 2))
+    k = math.ceil(n / buckets)  # samples per bucket
+    rows = math.ceil(n / k)
+    pad = rows * k - n
+    grid = np.concatenate([v, np.full(pad, np.nan)]).reshape(rows, k)
+    empty = np.isnan(grid)  # gap markers and the padding
+    gap = np.concatenate([isnan, np.zeros(pad, dtype=bool)]).reshape(rows, k)
+    base = np.arange(rows) * k
+    lo = base + np.where(empty, np.inf, grid).argmin(axis=1)
+    hi = base + np.where(empty, -np.inf, grid).argmax(axis=1)
+    gaps = (base + gap.argmax(axis=1))[gap.any(axis=1)]
+    idx = np.unique(np.concatenate([lo, hi, gaps]))
+    idx = idx[idx < n]
     return t[idx], v[idx]
 
 
@@ -138,7 +137,7 @@ def _interval(data: RunData) -> float:
 def _sum_by_ts(series: Sequence[Series]) -> Series:
     acc: dict[float, float] = {}
     for s in series:
-        for t, v in zip(s.ts, s.v):
+        for t, v in zip(s.ts, s.v, strict=True):
             acc[t] = acc.get(t, 0.0) + v
     ts = sorted(acc)
     return Series("sum", "", ts, [acc[t] for t in ts])
@@ -296,9 +295,9 @@ def _cpu_plot(data: RunData) -> Plot:
     for i, (name, label) in enumerate((("host.cpu_pct", "busy"),
                                        ("host.iowait_pct", "iowait"),
                                        ("host.cpu_max_core_pct", "busiest core"))):
-        s = data.series.get((name, ""))
-        if s is not None and s.v:
-            host.lines.append(_line(data, s, label, color=_COLORS[i + 2],
+        hs = data.series.get((name, ""))
+        if hs is not None and hs.v:
+            host.lines.append(_line(data, hs, label, color=_COLORS[i + 2],
                                     style=":" if name == "host.cpu_max_core_pct" else "-"))
     plot.panels = [p for p in (procs, host) if p.lines]
     if not plot.panels:
@@ -347,7 +346,7 @@ def _dur(seconds: float) -> str:
 
 def clock(seconds: float) -> str:
     """``m:ss`` or ``h:mm:ss`` of a time offset."""
-    s = int(round(seconds))
+    s = round(seconds)
     h, rem = divmod(abs(s), 3600)
     m, sec = divmod(rem, 60)
     sign = "-" if s < 0 else ""
@@ -374,9 +373,10 @@ def render_svg(plot: Plot, span: float) -> str:
     layouts = [_legend_layout([ln.label for ln in p.lines]) for p in plot.panels]
     legend_in = 0.08 + 0.18 * max((n for _c, n in layouts), default=1)
     height = 0.5 + (ROW_HEIGHT_IN + legend_in) * rows
-    rc = {"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": f"ss-{plot.id}",
-          "font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 8.0,
-          "path.simplify": True}
+    rc: dict[Any, Any] = {
+        "svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": f"ss-{plot.id}",
+        "font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 8.0, "path.simplify": True,
+    }
     with matplotlib.rc_context(rc):
         fig = Figure(figsize=(FIG_WIDTH_IN, height))
         fig.subplots_adjust(left=AXES_LEFT, right=AXES_RIGHT, bottom=0.45 / height,
@@ -384,7 +384,7 @@ def render_svg(plot: Plot, span: float) -> str:
                             hspace=(legend_in + 0.12) / ROW_HEIGHT_IN)
         axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
         previous: list[str] = []
-        for ax, panel, layout in zip(axes, plot.panels, layouts):
+        for ax, panel, layout in zip(axes, plot.panels, layouts, strict=True):
             for ln in panel.lines:
                 if ln.style == ".":
                     ax.plot(ln.t, ln.v, linestyle="none", marker=".", markersize=2.0,

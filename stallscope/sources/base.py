@@ -10,6 +10,7 @@ contract (see DESIGN.md), computing rates against its own previous reading. The 
 from __future__ import annotations
 
 import abc
+import os
 from typing import Any, ClassVar
 
 
@@ -27,3 +28,33 @@ class Source(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (NVML, file descriptors)."""
+
+
+class ProcFile:
+    """A ``/proc`` or ``/sys`` file kept open and re-read with ``pread`` at offset 0.
+
+    The kernel regenerates such files on every read from the start, so one descriptor serves
+    the whole run; this avoids an ``open``/``close`` pair per sample (about 20 µs each).
+    """
+
+    __slots__ = ("fd", "path", "size")
+
+    def __init__(self, path: str, size: int = 8192) -> None:
+        self.path = path
+        self.size = size
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self) -> bytes:
+        """The whole file; grows the buffer when the content did not fit."""
+        if self.fd is None:
+            raise OSError(f"{self.path} is closed")
+        while True:
+            data = os.pread(self.fd, self.size, 0)
+            if len(data) < self.size:
+                return data
+            self.size *= 2
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

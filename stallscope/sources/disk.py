@@ -401,7 +401,7 @@ class DiskSource(Source):
             p = prev.get(name)
             if p is None:
                 continue  # new device: rates from its second reading on
-            if False:
+            if self.devices is None and c.total_ios == 0:
                 continue  # iostat hides devices that never did any I/O
             fields = iostat_fields(p, c, dt)
             if fields is not None:
@@ -413,7 +413,7 @@ class DiskSource(Source):
 # which devices hold a path
 # ---------------------------------------------------------------------------------------------
 
-#: filesystems kept in memory: no block device under them
+#: filesystems in memory or made up by the kernel: no block device under them
 _MEMORY_FS = frozenset({
     "tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "proc", "sysfs", "cgroup", "cgroup2",
     "devpts", "mqueue", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf",

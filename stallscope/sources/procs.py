@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.base import Source
+from stallscope.sources.base import ProcFile, Source
 
 __all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
            "parse_schedstat"]
@@ -113,7 +113,7 @@ class ProcsSource(Source):
 
     name = "procs"
 
-    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 10) -> None:
+    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 30) -> None:
         self.root_pid = root_pid
         self.proc_root = proc_root
         self.rescan_every = rescan_every
@@ -124,10 +124,33 @@ class ProcsSource(Source):
         self._io_denied = False
         self.notes: list[str] = []
         self.known: dict[int, dict[str, Any]] = {}  #: pid -> attrs, for the store's entities
+        self._files: dict[tuple[int, str], ProcFile] = {}
 
     def _read(self, *parts: str) -> str:
         with open(os.path.join(self.proc_root, *parts)) as f:
             return f.read()
+
+    def _pread(self, pid: int, name: str) -> str:
+        """Read /proc/PID/<name> through a descriptor kept while the process lives."""
+        f = self._files.get((pid, name))
+        if f is None:
+            f = self._files[(pid, name)] = ProcFile(
+                os.path.join(self.proc_root, str(pid), *name.split("/")), 4096)
+        try:
+            return f.read().decode("utf-8", "replace")
+        except OSError:
+            f.close()
+            del self._files[(pid, name)]
+            raise
+
+    def _forget(self, pid: int) -> None:
+        for key in [k for k in self._files if k[0] == pid]:
+            self._files.pop(key).close()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def open(self) -> None:
         try:
@@ -142,7 +165,7 @@ class ProcsSource(Source):
     # --- tree discovery --------------------------------------------------------------------------
     def _children(self, pid: int) -> list[int]:
         try:
-            return [int(x) for x in self._read(str(pid), "task", str(pid), "children").split()]
+            return [int(x) for x in self._pread(pid, f"task/{pid}/children").split()]
         except OSError:
             return []
 
@@ -175,7 +198,7 @@ class ProcsSource(Source):
                 if c not in tree:
                     tree.add(c)
                     todo.append(c)
-        return tree | {p for p in self._tree if os.path.exists(f"{self.proc_root}/{p}")}
+        return tree | self._tree  # known processes that vanished drop out when their read fails
 
     def pids(self) -> set[int]:
         return set(self._tree)
@@ -193,6 +216,8 @@ class ProcsSource(Source):
                 seen.add(pid)
         for gone in set(self._prev) - seen:
             del self._prev[gone]
+        for gone in {k[0] for k in self._files} - seen:
+            self._forget(gone)
         self._tree = seen or {self.root_pid}
         return out
 
@@ -201,7 +226,7 @@ class ProcsSource(Source):
 
     def _sample_one(self, pid: int, now: float) -> dict[str, Any] | None:
         try:
-            st = parse_pid_stat(self._read(str(pid), "stat"))
+            st = parse_pid_stat(self._pread(pid, "stat"))
         except (OSError, ParseError):
             return None  # exited between discovery and read
         if st.state in ("Z", "X"):
@@ -209,7 +234,7 @@ class ProcsSource(Source):
         io: ProcIo | None = None
         if not self._io_denied:
             try:
-                io = parse_pid_io(self._read(str(pid), "io"))
+                io = parse_pid_io(self._pread(pid, "io"))
             except PermissionError:
                 self._io_denied = True
                 self.notes.append("/proc/PID/io not readable (needs the same user or "
@@ -218,7 +243,7 @@ class ProcsSource(Source):
                 io = None
         sched_wait: int | None = None
         try:
-            sched_wait = parse_schedstat(self._read(str(pid), "schedstat"))[1]
+            sched_wait = parse_schedstat(self._pread(pid, "schedstat"))[1]
         except (OSError, ParseError):
             sched_wait = None
         if pid not in self.known:

@@ -1,0 +1,85 @@
+"""One-line integrations of the step probe with training frameworks.
+
+- PyTorch Lightning: ``Trainer(callbacks=[stallscope.integrations.lightning.StallscopeCallback()])``
+- Hugging Face: ``Trainer(..., callbacks=[stallscope.integrations.hf.StallscopeCallback()])``
+
+Each module imports its framework only when imported itself. The callbacks time steps between
+the framework's hooks with :class:`stallscope.probe.StepTimer` (data wait = time since the
+previous step ended, minus evaluation/checkpoint/logging work the framework announces) and never
+raise into the trainer: a failing hook is reported once on stderr and the probe goes quiet.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from stallscope.probe import Probe, StepTimer, _warn, get_probe
+
+__all__ = ["StepHooks", "safe_hook"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def safe_hook(fn: F) -> F:
+    """Run a callback hook; if it fails, say so once and turn the callback off (the trainer
+    goes on). The hook's owner needs a ``_broken`` attribute."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_broken", False):
+            return None
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as exc:  # the probe must never stop training: report once, go quiet
+            self._broken = True
+            _warn(f"step probe callback turned off after {fn.__name__} failed: {exc!r}")
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class StepHooks:
+    """What both callbacks do, framework-free: a probe, the open step, the epoch."""
+
+    def __init__(self, rank: int | None = None) -> None:
+        self.rank = rank
+        self.probe: Probe | None = None
+        self.epoch = -1
+        self._timer: StepTimer | None = None
+
+    def start(self, rank: int | None) -> None:
+        """Training starts: get this rank's probe (made on first use)."""
+        self.probe = get_probe(self.rank if self.rank is not None else rank)
+
+    def begin_epoch(self, loader: Any, epoch: int | None = None) -> None:
+        p = self.probe
+        if p is None:
+            return
+        self.epoch = self.epoch + 1 if epoch is None else int(epoch)
+        p.begin_epoch(loader, epoch=self.epoch)
+        p.mark_idle()  # end-of-epoch work (validation, checkpoints) is not data wait
+
+    def begin_step(self, samples: int | None) -> None:
+        p = self.probe
+        if p is None:
+            return
+        if self._timer is not None:  # a step whose end hook never came (exception, skip)
+            self._timer.stop()
+        self._timer = p.begin_step(samples, max(self.epoch, 0))
+
+    def end_step(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+
+    def idle(self) -> None:
+        """The framework did other work (evaluation, logging, saving) since the last step."""
+        if self.probe is not None:
+            self.probe.mark_idle()
+
+    def finish(self) -> None:
+        self.end_step()
+        if self.probe is not None:
+            self.probe.epoch_done()  # write soon, off the training thread
