@@ -25,6 +25,8 @@ TRAINER = textwrap.dedent("""
         end = time.time() + 1.5
         while time.time() < end:
             pass
+        t = os.times()
+        print(f"worker cpu {t.user + t.system:.3f}", flush=True)
         os._exit(0)
     time.sleep(1.6)
     os.waitpid(pid, 0)
@@ -53,7 +55,12 @@ def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
     assert roles == {"main", "worker"}
     worker = next(e["entity"] for e in st.entities("procs") if e["attrs"]["role"] == "worker")
     [busy] = st.read("procs.cpu_pct", worker)
-    assert max(busy.v) > 50  # the forked child burned a core
+    # the CPU time stored for the worker adds up to what it says it used (it misses at most the
+    # part before its first sample, one interval)
+    used = float(r.stdout.split("worker cpu ")[1].split()[0])
+    dts = [0.2] + [b - a for a, b in zip(busy.ts, busy.ts[1:])]
+    stored = sum(v / 100 * dt for v, dt in zip(busy.v, dts))
+    assert used - 0.2 - 0.15 <= stored <= used + 0.15, (used, stored)
     assert st.read("host.cpu_pct")[0].v
     assert st.read("collector.cpu_s")[0].v
     st.close()
@@ -118,7 +125,7 @@ def test_kill_9_of_collector_leaves_a_sound_database(tmp_path: Path) -> None:
     # at most one interval (plus scheduling slack on a busy 2-core box) lost
     assert killed_at - last < 0.2 + 0.5
     n = db.execute("SELECT COUNT(DISTINCT ts) FROM points").fetchone()[0]
-    assert n >= 8
+    assert n >= 3
     assert read_meta(run_dir)["end"] is None  # it never finished: shown as running/killed
 
 

@@ -13,9 +13,9 @@ from conftest import FIXTURES, tool_missing
 
 from stallscope.diskbench import (
     HEALTHY,
-    MiB,
     BenchPlan,
     BenchResult,
+    MiB,
     classify,
     compare,
     fio_argv,
@@ -206,14 +206,17 @@ def test_fio_missing(tmp_path: Path) -> None:
         run_fio(str(tmp_path), SMALL, fio="/nonexistent/fio")
 
 
+@pytest.mark.slow
 def test_engines_agree_roughly(tmp_path: Path) -> None:
-    """Same plan, same filesystem: the engines must measure the same thing. The bound is
-    loose (x0.4–x2.5) because this runs beside other work on a shared 2-core machine; the
-    15% agreement is measured by benchmarks/bench_disk_engine.py with interleaved rounds."""
+    """Same plan, same filesystem: the engines must measure the same thing. Best of two
+    interleaved runs each, and a loose bound (x0.4–x2.5), because this runs beside other work
+    on a shared 2-core machine; the 15% agreement is measured by
+    benchmarks/bench_disk_engine.py with longer interleaved rounds."""
     _need_fio()
-    plan = BenchPlan(size_bytes=32 * MiB, seconds=0.5, small_files=200)
-    b = run_builtin(str(tmp_path), plan)
-    f = run_fio(str(tmp_path), plan)
-    for key, c in compare(b, f).items():
-        if key in ("seq_cold_mb_s", "rand_iops", "small_files_per_s"):
-            assert c["diff_pct"] is not None and -60 < c["diff_pct"] < 150, (key, c)
+    plan = BenchPlan(size_bytes=32 * MiB, seconds=0.4, small_files=300)
+    runs = [run_builtin(str(tmp_path), plan), run_fio(str(tmp_path), plan),
+            run_fio(str(tmp_path), plan), run_builtin(str(tmp_path), plan)]
+    for key in ("seq_cold_mb_s", "rand_iops", "small_files_per_s"):
+        b = max(getattr(r, key) for r in runs if r.engine == "builtin")
+        f = max(getattr(r, key) for r in runs if r.engine == "fio")
+        assert 0.4 < b / f < 2.5, (key, b, f)

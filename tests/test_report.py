@@ -20,6 +20,7 @@ import pytest
 
 from stallscope.report import _diagnose_fn, render_report, write_report
 from stallscope.report.plots import MAX_POINTS, downsample
+from stallscope.errors import StallscopeError
 from stallscope.store import Point, RunStore, StepRow, write_meta
 
 EVIL = "<script>alert(1)</script>"
@@ -126,7 +127,10 @@ def diagnosis(run_dir: Path, evil: bool = False) -> dict[str, Any]:
              "evidence": {"disk_util_pct_p95": 99.1, "r_await_ms_p95": 84.7,
                           "worker_d_state_share": 0.5,
                           f"device{x}": f"nvme0n1{EVIL2 if evil else ''}",
-                          "window_s": [10, 110], "per_worker": {"4001": 12.5, "4002": 13}},
+                          "window_s": [10, 110], "per_worker": {"4001": 12.5, "4002": 13},
+                          "signals": ["workers in D state in 50% of samples",
+                                      f"read latency 85 ms {x}"]},
+             "rule": f"data wait 42% ≥ 15% {x}",
              "fixes": [{"action": f"pack the dataset with `stallscope pack` {x}",
                         "why": "small files: 4 KiB requests"},
                        {"action": "num_workers 3 → 8", "why": "workers mostly in D state"}],
@@ -167,6 +171,8 @@ def test_report_opens_with_verdict_and_findings(tmp_path: Path) -> None:
     assert "84.7" in first and "99.1" in first  # evidence table
     assert "num_workers 3 → 8" in first and "workers mostly in D state" in first
     assert "10, 110" in first  # a time window
+    assert "<li>workers in D state in 50% of samples</li>" in first  # signals, one per line
+    assert "Rule: data wait 42% ≥ 15%" in first
     assert "new_kind.later" in doc  # unknown kinds are shown as they are
     # header
     header = doc[:doc.index('id="verdict"')]
@@ -234,6 +240,30 @@ def test_absent_data_gives_one_line_notes(tmp_path: Path) -> None:
         assert why in m.group(1) and "\n" not in m.group(1)
     # the CPU plot still has the trainer's main process
     assert 'id="svg-cpu"' in doc
+
+
+def test_empty_and_unfinished_run(tmp_path: Path) -> None:
+    """A run killed before its first sample: meta.json and an empty store."""
+    run = tmp_path / "empty"
+    run.mkdir()
+    RunStore(run / "run.db").close()
+    write_meta(run, {"command": ["python", "t.py"], "host": "h", "start": T0, "end": None,
+                     "exit_code": None, "interval_s": 1.0})
+    doc = render_report(run, {"run": str(run), "verdict": "insufficient_data",
+                              "stall_fraction": None, "findings": []})
+    assert "still running" in doc
+    assert "Not enough data to name a bottleneck" in doc
+    assert "The diagnosis found nothing to report." in doc
+    assert "No samples stored" in doc
+    assert doc.count('class="skipped"') == 5 and "<svg" not in doc
+
+
+def test_missing_run_database_is_a_clear_error(tmp_path: Path) -> None:
+    run = tmp_path / "nodb"
+    run.mkdir()
+    write_meta(run, {"command": ["x"], "start": T0})
+    with pytest.raises(StallscopeError, match="no run database"):
+        render_report(run, None)
 
 
 def test_busiest_disk_when_no_dataset_device(tmp_path: Path) -> None:

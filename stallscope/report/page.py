@@ -79,6 +79,7 @@ table{border-collapse:collapse;font-size:13px}
 th,td{padding:3px 9px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{font-weight:600;background:var(--bg)}td.num{text-align:right;font-variant-numeric:tabular-nums}
 table.kv td:first-child{color:var(--mute);white-space:nowrap}
+ul.plain{margin:0;padding-left:16px}
 figure.plot{margin:14px 0 4px;position:relative}
 figure.plot figcaption{font-weight:600;margin-bottom:2px}
 figure.plot .plotbox{position:relative}
@@ -206,7 +207,10 @@ def _verdict(diagnosis: dict[str, Any] | None) -> str:
     sf = finite_or_none(diagnosis.get("stall_fraction"))
     facts = []
     if sf is not None:
-        facts.append(f"the trainer waited for data <b>{sf:.0%}</b> of the wall time")
+        how = {"probe": " (measured per step by the probe)",
+               "gpu_idle": " (estimated from the GPU's idle share, no probe)"}.get(
+                   str(diagnosis.get("stall_source")), "")
+        facts.append(f"the trainer waited for data <b>{sf:.0%}</b> of the wall time{how}")
     sp = finite_or_none(top.get("est_speedup"))
     if sp is not None and sp > 1.0:
         facts.append(f"fixing it could make training up to <b>×{sp:.2f}</b> faster")
@@ -248,11 +252,12 @@ def _findings(diagnosis: dict[str, Any] | None) -> str:
         ev = f.get("evidence")
         ev_html = (_kv_table(ev.items(), "evidence") if isinstance(ev, dict) and ev
                    else '<p class="note">No evidence recorded.</p>')
+        rule = (f'<p class="note rule">Rule: {esc(f["rule"])}</p>' if f.get("rule") else "")
         out.append(
             f'<article class="finding sev-{sev}" id="finding-{i}"><header>{"".join(head)}'
             f'</header><p class="summary">{esc(f.get("summary", ""))}</p>'
             f'<div class="cols"><div><b>Fixes</b>{fix_html}</div>'
-            f"<div><b>Evidence</b>{ev_html}</div></div></article>")
+            f"<div><b>Evidence</b>{ev_html}</div></div>{rule}</article>")
     out.append("</section>")
     return "".join(out)
 
@@ -263,6 +268,8 @@ def _value_html(v: Any, depth: int = 0) -> str:
             return esc(v)
         return _kv_table(v.items(), "", depth + 1)
     if isinstance(v, (list, tuple)):
+        if v and all(isinstance(x, str) for x in v):  # sentences (signals seen): one per line
+            return '<ul class="plain">' + "".join(f"<li>{esc(x)}</li>" for x in v) + "</ul>"
         return ", ".join(_value_html(x, depth + 1) for x in v) or "-"
     if v is None:
         return "-"

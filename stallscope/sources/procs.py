@@ -120,6 +120,7 @@ class ProcsSource(Source):
         self._prev: dict[int, _Prev] = {}
         self._n = 0
         self._tree: set[int] = {root_pid}
+        self._parents: set[int] = {root_pid}
         self._children_file = True
         self._io_denied = False
         self.notes: list[str] = []
@@ -169,7 +170,8 @@ class ProcsSource(Source):
         except OSError:
             return []
 
-    def _full_scan(self) -> set[int]:
+    def _full_scan(self) -> tuple[set[int], set[int]]:
+        """(tree, the tree's processes that have children) from every /proc/PID/stat."""
         parent: dict[int, int] = {}
         for d in os.listdir(self.proc_root):
             if not d.isdigit():
@@ -184,21 +186,21 @@ class ProcsSource(Source):
             new = {p for p, pp in parent.items() if pp in tree and p not in tree}
             tree |= new
             grew = bool(new)
-        return tree
+        parents = {pp for p, pp in parent.items() if p in tree and pp in tree}
+        return tree, parents | {self.root_pid}
 
     def _discover(self) -> set[int]:
-        # The main thread's children file is cheap; children forked from other threads only show
-        # up in their own task's file, so a full /proc scan every few samples catches those.
+        # A full /proc scan every few samples finds everything (also children forked from
+        # threads other than the main one, which only show in their own task's children file).
+        # In between, only the children files of the root and of known parents are re-read:
+        # one or two reads instead of one per process.
         if not self._children_file or self._n % self.rescan_every == 0:
-            return self._full_scan()
-        tree = {self.root_pid}
-        todo = [self.root_pid]
-        while todo:
-            for c in self._children(todo.pop()):
-                if c not in tree:
-                    tree.add(c)
-                    todo.append(c)
-        return tree | self._tree  # known processes that vanished drop out when their read fails
+            tree, self._parents = self._full_scan()
+            return tree
+        tree = set(self._tree) | {self.root_pid}
+        for pid in list(self._parents):
+            tree.update(self._children(pid))
+        return tree
 
     def pids(self) -> set[int]:
         return set(self._tree)

@@ -1,0 +1,71 @@
+"""Hugging Face ``transformers`` callback: the step probe with one line of user code::
+
+    from stallscope.integrations.hf import StallscopeCallback
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[StallscopeCallback()])
+
+A step here is one optimizer update (``on_step_begin`` .. ``on_step_end``; with gradient
+accumulation it spans several micro-batches). The Trainer fetches a step's batches just before
+``on_step_begin``, so data wait = time since the previous step ended (logging, evaluation and
+saving, which the Trainer announces with ``on_log``/``on_evaluate``/``on_save``, are not counted);
+host time = the step itself (accelerate's loader fetches one batch ahead, so a batch's load
+may show in the step before its own; per-epoch sums are exact); samples = ``per_device_train_batch_size`` x
+``gradient_accumulation_steps``; on CUDA, GPU busy/idle from CUDA events. The loader
+configuration comes from the ``train_dataloader`` the Trainer passes to its callbacks; the rank is
+``args.process_index``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from stallscope.integrations import StepHooks, safe_hook
+
+__all__ = ["StallscopeCallback"]
+
+
+class StallscopeCallback(TrainerCallback):
+    """Records every training step with the stallscope probe (see the module docstring).
+
+    ``rank`` overrides ``args.process_index``."""
+
+    def __init__(self, rank: int | None = None) -> None:
+        self._core = StepHooks(rank)
+        self._broken = False
+        self._samples: int | None = None
+
+    @safe_hook
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.start(int(getattr(args, "process_index", 0)))
+        bs = getattr(args, "per_device_train_batch_size", None)
+        acc = getattr(args, "gradient_accumulation_steps", 1) or 1
+        self._samples = int(bs) * int(acc) if bs else None
+
+    @safe_hook
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.begin_epoch(kwargs.get("train_dataloader"))
+
+    @safe_hook
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.begin_step(self._samples)
+
+    @safe_hook
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.end_step()
+
+    @safe_hook
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.idle()
+
+    @safe_hook
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.idle()
+
+    @safe_hook
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.idle()
+
+    @safe_hook
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._core.finish()

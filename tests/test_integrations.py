@@ -1,0 +1,176 @@
+"""Framework callbacks (stallscope.integrations) against the real PyTorch Lightning and Hugging Face
+Trainer, on the CPU: one line of user code gives the same step records as ``watch()``."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallscope import probe as probe_mod
+from stallscope.integrations import StepHooks, safe_hook
+from stallscope.store import RunStore, StepRow, new_run_dir
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+LOAD_S = 0.002  # per sample, in the main process (num_workers=0): shows as data wait
+STEP_S = 0.04  # per training step: shows as host time
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for k in ("STALLSCOPE_OUT", "STALLSCOPE_PROBE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    d = new_run_dir(tmp_path / "runs", "test")
+    RunStore(d / "run.db").close()
+    monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(d))
+    yield d
+    probe_mod.reset()
+
+
+def finish(run_dir: Path) -> tuple[list[StepRow], list[dict[str, Any]]]:
+    probe_mod.reset()  # closes the probe: everything is written
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        return store.steps(), store.probes()
+    finally:
+        store.close()
+
+
+class SlowData(Dataset[Any]):
+    def __init__(self, n: int, as_dict: bool) -> None:
+        self.n = n
+        self.as_dict = as_dict
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(LOAD_S)
+        x = torch.full((4,), float(i % 3))
+        y = torch.tensor(i % 2)
+        return {"x": x, "labels": y} if self.as_dict else (x, y)
+
+
+def check_steps(steps: list[StepRow], n: int, batch: int, epochs: int) -> None:
+    assert len(steps) == n * epochs
+    assert [s.step for s in steps] == list(range(n * epochs))
+    assert sorted({s.epoch for s in steps}) == list(range(epochs))
+    assert all(s.samples == batch for s in steps)
+    waits = [s.wait_s for s in steps]
+    hosts = [s.host_s for s in steps]
+    # the batches were loaded in the gaps before the steps; the frameworks fetch one batch ahead
+    # (Lightning's prefetcher, accelerate's DataLoaderShard), so a load may show one step early
+    assert sum(waits) >= len(steps) * batch * LOAD_S * 0.9
+    assert statistics.median(waits) >= batch * LOAD_S * 0.9
+    assert statistics.median(waits) < STEP_S  # ... and the step's own work is not in the wait
+    assert min(hosts) >= STEP_S * 0.95  # host time holds the step (plus framework overhead,
+    assert statistics.median(hosts) < STEP_S + 0.5  # which a loaded CI box makes vary)
+
+
+# --- PyTorch Lightning ---------------------------------------------------------------------------
+def test_lightning_callback(run_dir: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from stallscope.integrations.lightning import StallscopeCallback
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            time.sleep(STEP_S)
+            x, y = batch
+            return nn.functional.cross_entropy(self.lin(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False,
+                         callbacks=[StallscopeCallback()])
+    trainer.fit(Tiny(), loader)
+    steps, probes = finish(run_dir)
+    check_steps(steps, n=6, batch=4, epochs=2)
+    (p,) = probes
+    assert p["rank"] == 0 and p["steps"] == 12
+    cfg = p["config"]["loader"]
+    assert cfg["num_workers"] == 0 and cfg["batch_size"] == 4 and cfg["dataset_len"] == 24
+    assert cfg["dataset_type"].endswith("SlowData")
+
+
+# --- Hugging Face transformers -------------------------------------------------------------------
+def test_hf_trainer_callback(run_dir: Path, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from stallscope.integrations.hf import StallscopeCallback
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+            time.sleep(STEP_S)
+            logits = self.lin(x)
+            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
+        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
+    trainer = transformers.Trainer(model=Tiny(), args=args,
+                                   train_dataset=SlowData(24, as_dict=True),
+                                   callbacks=[StallscopeCallback()])
+    trainer.train()
+    steps, probes = finish(run_dir)
+    check_steps(steps, n=6, batch=4, epochs=2)
+    (p,) = probes
+    cfg = p["config"]["loader"]
+    assert cfg["num_workers"] == 0 and cfg["dataset_len"] == 24
+
+
+# --- framework-free pieces -----------------------------------------------------------------------
+def test_step_hooks_exclude_announced_work_from_data_wait(run_dir: Path) -> None:
+    hooks = StepHooks()
+    hooks.start(0)
+    hooks.begin_epoch([1, 2, 3])
+    for i in range(4):
+        time.sleep(0.03 if i == 2 else 0.0)  # evaluation the framework announces ...
+        if i == 2:
+            hooks.idle()  # ... so it is not data wait
+        time.sleep(0.005)  # fetching the batch: data wait
+        hooks.begin_step(8)
+        time.sleep(0.01)
+        hooks.end_step()
+    hooks.finish()
+    steps, _ = finish(run_dir)
+    assert len(steps) == 4 and all(s.samples == 8 and s.epoch == 0 for s in steps)
+    assert 0.0045 <= steps[2].wait_s < 0.025  # the 30 ms evaluation is left out
+    assert all(s.host_s >= 0.0095 for s in steps)
+
+
+def test_failing_hook_is_said_once_and_training_goes_on(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    class Cb:
+        _broken = False
+        calls = 0
+
+        @safe_hook
+        def on_step(self) -> None:
+            self.calls += 1
+            raise RuntimeError("odd trainer")
+
+    cb = Cb()
+    for _ in range(3):
+        cb.on_step()
+    assert cb.calls == 1 and cb._broken
+    assert capsys.readouterr().err.count("odd trainer") == 1
