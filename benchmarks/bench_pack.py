@@ -21,6 +21,7 @@ Prints MB/s, files/s and the two ratios. Root is not needed (fadvise works for a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,50 @@ def _payload_len(sample: dict[str, Any]) -> int:
     return len(sample["jpg"])
 
 
+def _disk_of(path: Path) -> str:
+    """``MAJ:MIN`` of the whole disk holding ``path`` (what blkio throttle rules name)."""
+    st = os.stat(path)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    sys_dev = Path("/sys/dev/block") / dev
+    if (sys_dev / "partition").exists():
+        dev = (sys_dev.resolve().parent / "dev").read_text().strip()
+    return dev
+
+
+@contextlib.contextmanager
+def iops_capped(path: Path, iops: int) -> Iterator[Callable[[], int]]:
+    """Run the body (and the processes it forks) in a cgroup-v1 blkio group that caps reads of
+    ``path``'s disk at ``iops`` requests/s. Yields a function returning the read requests the
+    group issued so far (``blkio.throttle.io_serviced``)."""
+    base = Path("/sys/fs/cgroup/blkio")
+    if os.geteuid() != 0 or not (base / "blkio.throttle.read_iops_device").exists():
+        raise RuntimeError("needs root and cgroup-v1 blkio")
+    dev = _disk_of(path)
+    group = base / f"stallscope-bench-pack-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "blkio.throttle.read_iops_device").write_text(f"{dev} {iops}")
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        def reads() -> int:
+            for line in (group / "blkio.throttle.io_serviced").read_text().splitlines():
+                if line.startswith(f"{dev} Read "):
+                    return int(line.split()[2])
+            return 0
+
+        try:
+            yield reads
+        finally:
+            (base / "cgroup.procs").write_text(str(os.getpid()))
+    finally:
+        for _ in range(50):  # forked DataLoader workers may take a moment to leave
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def time_loader(dataset: Any, workers: int, batch: int, shuffle: bool) -> tuple[float, int, int]:
     from torch.utils.data import DataLoader
 
@@ -140,6 +186,13 @@ def main() -> int:
     ap.add_argument("--loader-workers", type=int, default=2, help="DataLoader num_workers")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--read-iops",
+        type=int,
+        default=1000,
+        help="also time both reads with the disk capped at this many read requests/s "
+        "(cgroup-v1 blkio, root), like a cloud or network volume; 0: skip",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -189,6 +242,36 @@ def main() -> int:
         if (n1, b1) != (n2, b2) or n1 != args.files:
             raise SystemExit(f"read mismatch: files {n1}/{n2}, bytes {b1}/{b2}")
 
+        if args.read_iops:
+            try:
+                with iops_capped(work, args.read_iops) as reads:
+                    evict(paths)
+                    r0 = reads()
+                    cl_s, _, cl_b = time_loader(
+                        LooseFiles(paths), args.loader_workers, args.batch, True
+                    )
+                    r1 = reads()
+                    evict(shards)
+                    r2 = reads()
+                    cs_s, _, cs_b = time_loader(ds, args.loader_workers, args.batch, False)
+                    r3 = reads()
+                res["capped"] = {
+                    "read_iops": args.read_iops,
+                    "read_loose_s": round(cl_s, 2),
+                    "read_shards_s": round(cs_s, 2),
+                    "read_loose_mb_s": round(cl_b / cl_s / 1e6, 1),
+                    "read_shards_mb_s": round(cs_b / cs_s / 1e6, 1),
+                    "read_requests_loose": r1 - r0,
+                    "read_requests_shards": r3 - r2,
+                    "shards_vs_loose": round(cl_s / cs_s, 2),
+                }
+                log(
+                    f"capped at {args.read_iops} IOPS: loose {cl_s:.2f} s "
+                    f"({r1 - r0} read requests), shards {cs_s:.2f} s ({r3 - r2} requests)"
+                )
+            except (RuntimeError, OSError) as exc:
+                log(f"IOPS-capped run skipped: {exc}")
+
         res.update(
             tar_s=round(tar_s, 2),
             pack_s=round(pack_s, 2),
@@ -222,6 +305,11 @@ def main() -> int:
             f"shards / loose read: {res['shards_vs_loose']:.2f}x  (goal >= 3x, cold cache, "
             f"{args.loader_workers} DataLoader workers)"
         )
+        if "capped" in res:
+            print(
+                f"same, disk capped at {args.read_iops} read IOPS: "
+                f"{res['capped']['shards_vs_loose']:.2f}x"
+            )
     return 0
 
 

@@ -69,6 +69,7 @@ def make_files(root: Path, n: int, size: int, classes: int) -> None:
 
 def evict(root: Path) -> None:
     """Drop the dataset's pages from the page cache so reads hit the device."""
+    os.sync()  # dirty pages (just-written files) are not dropped until written back
     for p in root.glob("*.bin"):
         fd = os.open(p, os.O_RDONLY)
         try:
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
+    ap.add_argument("--shm-fill", type=int, default=0, metavar="MIB",
+                    help="occupy this much of /dev/shm while training (shm-pressure demo)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
@@ -112,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     if root is None:
         tmp = tempfile.mkdtemp(prefix="stallscope-demo-")
         root = Path(tmp)
+    shm_file = Path("/dev/shm") / f"stallscope-demo-{os.getpid()}"
     try:
+        if args.shm_fill:
+            with shm_file.open("wb") as f:
+                for _ in range(args.shm_fill):
+                    f.write(b"\0" * 1048576)
         t0 = time.perf_counter()
         make_files(root, args.files, args.size, args.classes)
         print(f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)",
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_seconds and time.perf_counter() - start > args.max_seconds:
                 break
     finally:
+        shm_file.unlink(missing_ok=True)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

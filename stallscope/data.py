@@ -25,9 +25,12 @@ import tarfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from stallscope.errors import ParseError, UsageError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "MANIFEST_NAME",
@@ -59,40 +62,103 @@ def key_and_field(name: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2).lower()
 
 
+class _SampleTarInfo(tarfile.TarInfo):
+    """TarInfo whose header decoding has a fast path for plain regular-file headers.
+
+    ``tarfile`` decodes all 17 header fields of every member with Python-level helpers, which
+    makes it the bottleneck when reading shards of 100 kB samples from a warm or fast disk
+    (~0.7 GB/s per core here). For a POSIX ustar regular-file header with a valid checksum and
+    an octal size (every member stallscope writes, bar those with a PAX header) this decodes
+    only what reading needs: name, size, type (~2× faster). Anything else (PAX and GNU
+    extension headers, links, base-256 sizes, a bad checksum, end-of-archive) goes to the
+    standard ``TarInfo.frombuf``, and ``tarfile`` keeps doing everything after the header."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        if (
+            len(buf) != tarfile.BLOCKSIZE
+            or buf[156:157] not in (b"0", b"\0")
+            or buf[257:263] != b"ustar\x00"
+            or buf[124] & 0x80
+        ):
+            return super().frombuf(buf, encoding, errors)
+        try:
+            chksum = int(buf[148:156].strip(b"\0 ") or b"0", 8)
+            size = int(buf[124:136].strip(b"\0 ") or b"0", 8)
+        except ValueError:
+            return super().frombuf(buf, encoding, errors)
+        name = buf[:100].split(b"\0", 1)[0]
+        prefix = buf[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+        if chksum != 256 + sum(buf) - sum(buf[148:156]) or name.endswith(b"/"):
+            return super().frombuf(buf, encoding, errors)
+        obj = cls(name.decode(encoding, errors))
+        obj.size = size
+        obj.chksum = chksum
+        obj.type = tarfile.REGTYPE
+        return obj
+
+
+def _group(members: Iterator[tuple[str, bytes]], url: str) -> Iterator[dict[str, Any]]:
+    """Group consecutive (member name, data) pairs into samples by key."""
+    current: dict[str, Any] | None = None
+    for name, data in members:
+        split = key_and_field(name)
+        if split is None:
+            continue
+        key, field = split
+        if current is None or current["__key__"] != key:
+            if current is not None:
+                yield current
+            current = {"__key__": key, "__url__": url}
+        if field in current:
+            raise ParseError(f"{url or 'tar'}: member {name!r} repeats field {field!r}")
+        current[field] = data
+    if current is not None:
+        yield current
+
+
+def _stream_members(fileobj: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
+    # 64 KiB: tarfile's stream buffer re-slices what is left of it on every read, so a 1 MiB
+    # buffer reads 3× slower; the file object underneath does the large reads
+    with tarfile.open(fileobj=fileobj, mode="r|", bufsize=1 << 16, encoding="utf-8") as tar:
+        for member in tar:
+            if member.isfile():
+                extracted = tar.extractfile(member)
+                yield member.name, extracted.read() if extracted is not None else b""
+
+
+def _seek_members(fileobj: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
+    tar = tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_SampleTarInfo, encoding="utf-8")
+    while (member := tar.next()) is not None:
+        tar.members.clear()  # type: ignore[attr-defined]  # we never look back: do not keep every TarInfo of the shard
+        if member.isfile():
+            fileobj.seek(member.offset_data)
+            data = fileobj.read(member.size)
+            if len(data) != member.size:
+                raise ParseError(f"{url or 'tar'}: truncated in member {member.name!r}")
+            yield member.name, data
+
+
 def iter_samples(fileobj: IO[bytes], url: str = "") -> Iterator[dict[str, Any]]:
     """Yield the samples of one tar stream, grouping consecutive members with the same key.
 
     Each sample is a dict ``{"__key__": key, "__url__": url, field: bytes, ...}``, the shape
-    ``webdataset.WebDataset`` yields before decoding. Reads the stream once, sequentially (mode
-    ``r|``), so it works on pipes and on a hashing wrapper. Raises ParseError on a damaged tar
-    or on a field that appears twice in one sample."""
-    current: dict[str, Any] | None = None
+    ``webdataset.WebDataset`` yields before decoding. A seekable file is read with ``tarfile``
+    in random-access mode and a fast header path (:class:`_SampleTarInfo`); anything else
+    (a pipe, a hashing wrapper) in stream mode ``r|``, once, sequentially. Raises ParseError on
+    a damaged tar or on a field that appears twice in one sample."""
+    seekable = getattr(fileobj, "seekable", None)
+    members = (
+        _seek_members(fileobj, url)
+        if seekable is not None and seekable()
+        else _stream_members(fileobj, url)
+    )
     try:
-        # 64 KiB: tarfile's stream buffer re-slices what is left of it on every read, so a
-        # 1 MiB buffer reads 3× slower; the file object below does the large reads
-        with tarfile.open(fileobj=fileobj, mode="r|", bufsize=1 << 16) as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                split = key_and_field(member.name)
-                if split is None:
-                    continue
-                key, field = split
-                extracted = tar.extractfile(member)
-                data = extracted.read() if extracted is not None else b""
-                if current is None or current["__key__"] != key:
-                    if current is not None:
-                        yield current
-                    current = {"__key__": key, "__url__": url}
-                if field in current:
-                    raise ParseError(
-                        f"{url or 'tar'}: member {member.name!r} repeats field {field!r}"
-                    )
-                current[field] = data
+        yield from _group(members, url)
     except tarfile.TarError as exc:
         raise ParseError(f"{url or 'tar'}: not a readable tar shard ({exc})") from exc
-    if current is not None:
-        yield current
 
 
 def iter_shard(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

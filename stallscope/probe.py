@@ -117,10 +117,10 @@ def _sizer(batch: Any) -> Callable[[Any], int | None]:
     if shape is not None:
         if len(shape) == 0:
             return _no_size
-        return lambda b: int(b.shape[0])
+        return lambda b: b.shape[0]  # torch.Size items are ints already
     if isinstance(batch, (list, tuple)):
         if batch and getattr(batch[0], "shape", None) is not None and len(batch[0].shape):
-            return lambda b: int(b[0].shape[0])
+            return lambda b: b[0].shape[0]
         if batch and isinstance(batch[0], Mapping):
             inner = _sizer(batch[0])
             if inner is not _no_size:
@@ -138,7 +138,7 @@ def _sizer(batch: Any) -> Callable[[Any], int | None]:
 
 
 def _key_sizer(key: Any) -> Callable[[Any], int | None]:
-    return lambda b: int(b[key].shape[0])
+    return lambda b: b[key].shape[0]
 
 
 def batch_size_of(batch: Any) -> int | None:
@@ -326,6 +326,9 @@ class Probe:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closed = False
+        if self.standalone:
+            # here, not on the writer thread: a crash in the first step must still be seen
+            self._install_excepthook()
         self._thread = threading.Thread(target=self._loop, name=f"stallscope-probe-{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -491,7 +494,6 @@ class Probe:
             meta["logical_cores"] = os.cpu_count()
         write_meta(run_dir, meta)
         self._meta = meta
-        self._install_excepthook()
         self._standalone_pending = (run_dir, root_pid, meta)  # sampled once the store is open
 
     def _start_collector(self, run_dir: Path, root_pid: int, meta: dict[str, Any]) -> None:

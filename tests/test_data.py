@@ -74,9 +74,86 @@ def test_iter_samples_reads_a_webdataset_writer_tar() -> None:
     assert samples[1]["txt"] == b"hello"
 
 
+def _tar_bytes(fmt: int) -> bytes:
+    """A tar with what other writers put in: long and non-ASCII names (PAX headers, GNU long
+    names or the ustar prefix field), directories, links, an empty member."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        folder = tarfile.TarInfo("d" * 60 + "/" + "e" * 60)
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        names = [
+            "d" * 60 + "/" + "e" * 60 + "/k1.jpg",  # > 100 chars, splits into the ustar prefix
+            "d" * 60 + "/" + "e" * 60 + "/k1.cls",
+            "short/k2.txt",
+            "short/k2.empty",
+        ]
+        if fmt != tarfile.USTAR_FORMAT:
+            names += ["ünï/猫.png", "x" * 150 + ".bin"]  # ustar cannot hold these
+        for i, name in enumerate(names):
+            data = bytes([i]) * (0 if name.endswith("empty") else 700 + i)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("short/k2.lnk")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "k2.txt"
+        tar.addfile(link)
+    return buf.getvalue()
+
+
+class _Pipe(io.RawIOBase):
+    """A non-seekable stream over bytes (forces the stream-mode reader)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        chunk = self.inner.read(len(b))
+        b[: len(chunk)] = chunk
+        return len(chunk)
+
+
+@pytest.mark.parametrize(
+    "fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT], ids=str
+)
+def test_fast_and_stream_readers_agree_with_tarfile(fmt: int) -> None:
+    raw = _tar_bytes(fmt)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        truth = [
+            (m.name, tar.extractfile(m).read())  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile()
+        ]
+    expected: list[dict[str, Any]] = []
+    for name, data in truth:
+        key, field = key_and_field(name) or ("", "")
+        if not expected or expected[-1]["__key__"] != key:
+            expected.append({"__key__": key, "__url__": "u"})
+        expected[-1][field] = data
+    fast = list(iter_samples(io.BytesIO(raw), url="u"))
+    stream = list(iter_samples(_Pipe(raw), url="u"))  # type: ignore[arg-type]
+    assert fast == stream == expected
+    assert len(expected) >= 2
+
+
 def test_iter_samples_errors() -> None:
+    for stream in (io.BytesIO(b"not a tar at all" * 64), _Pipe(b"not a tar at all" * 64)):
+        with pytest.raises(ParseError, match="not a readable tar"):
+            list(iter_samples(stream, url="junk"))  # type: ignore[arg-type]
+    raw = bytearray(_tar_bytes(tarfile.PAX_FORMAT))
+    raw[148] ^= 0x01  # bad checksum in the first header: the standard decoder rejects it
     with pytest.raises(ParseError, match="not a readable tar"):
-        list(iter_samples(io.BytesIO(b"not a tar at all" * 64), url="junk"))
+        list(iter_samples(io.BytesIO(bytes(raw))))
+    whole = _tar_bytes(tarfile.GNU_FORMAT)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        cut = next(m for m in tar.getmembers() if m.isfile()).offset_data + 100
+    for stream in (io.BytesIO(whole[:cut]), _Pipe(whole[:cut])):  # cut inside a member's data
+        with pytest.raises(ParseError):
+            list(iter_samples(stream))  # type: ignore[arg-type]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name in ("k.a.txt", "k.A.TXT"):  # the same field once lower-cased

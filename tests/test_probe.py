@@ -222,13 +222,16 @@ def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.M
     moved = []
     for b in stallscope.watch(batches):
         moved.append(stallscope.h2d(b, "cpu"))
+    with stallscope.step(samples=2):  # a hand-timed step after the loop, same probe
+        stallscope.h2d(torch.zeros(2), "cpu")
     p = probe_mod.get_probe()
     assert p is not None
     p.close()
     assert moved[0]["meta"][1] == "id" and torch.equal(moved[0]["x"], batches[0]["x"])
     steps = read_steps(run_dir)
-    assert len(steps) == 3 and all(s.h2d_s is not None and s.h2d_s >= 0 for s in steps)
-    assert all(s.samples == 4 for s in steps)
+    assert len(steps) == 4 and all(s.h2d_s is not None and s.h2d_s >= 0 for s in steps)
+    assert [s.samples for s in steps] == [4, 4, 4, 2]
+    assert [s.epoch for s in steps] == [0, 0, 0, 0]
 
 
 # --- where records go ----------------------------------------------------------------------------
@@ -243,6 +246,15 @@ SCRIPT = textwrap.dedent("""
     for epoch in range(2):
         for (x,) in stallscope.watch(loader):
             time.sleep(delay)
+    print("trained", flush=True)
+""")
+
+PLAIN = textwrap.dedent("""
+    import stallscope  # no torch: watch() takes any iterable
+
+    for epoch in range(2):
+        for batch in stallscope.watch([[1] * 8] * 6):
+            pass
     print("trained", flush=True)
 """)
 
@@ -285,7 +297,7 @@ def test_standalone_makes_a_run_with_steps_and_machine_samples(tmp_path: Path) -
 
 
 def test_standalone_exit_code_of_a_crash(tmp_path: Path) -> None:
-    code = SCRIPT.replace('print("trained", flush=True)', 'raise SystemError("boom")')
+    code = PLAIN.replace('print("trained", flush=True)', 'raise SystemError("boom")')
     res = run_script(tmp_path, {"STALLSCOPE_OUT": str(tmp_path / "out")}, code=code)
     assert res.returncode == 1 and "boom" in res.stderr
     (run_dir,) = list_runs(tmp_path / "out")
@@ -405,7 +417,7 @@ def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
 def test_standalone_in_an_unwritable_place_keeps_training(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(blocker / "out")})
+    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(blocker / "out")}, code=PLAIN)
     assert res.returncode == 0 and "trained" in res.stdout
     assert res.stderr.count("stallscope:") == 1, res.stderr
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from stallscope.report import _diagnose_fn, render_report, write_report
-from stallscope.report.plots import MAX_POINTS, downsample
 from stallscope.errors import StallscopeError
+from stallscope.report import _diagnose_fn, render_report, write_report
+from stallscope.report.plots import MAX_POINTS, clock, downsample, time_step
 from stallscope.store import Point, RunStore, StepRow, write_meta
 
 EVIL = "<script>alert(1)</script>"
@@ -191,6 +191,10 @@ def test_every_plot_is_drawn_on_one_time_axis(tmp_path: Path) -> None:
         boxes.append(re.search(r'viewBox="([^"]*)"', svg).group(1).split()[2])  # type: ignore[union-attr]
         assert "2:00" in svg, f"{pid}: x axis does not reach the run's end"
     assert len(set(boxes)) == 1, "plots differ in width: their time axes would not line up"
+    ids = re.findall(r'\sid="([^"]+)"', doc)
+    assert len(ids) == len(set(ids)), "duplicate element ids across the inline SVGs"
+    refs = {m.group(2) for m in re.finditer(r'(url\(#|href="#)([^")]*)', doc)}
+    assert refs and refs <= set(ids), f"dangling references: {refs - set(ids)}"
     gpu = _svg(doc, "gpu")
     assert "SM active" in gpu and "NVIDIA H100 80GB HBM3" in gpu
     disk = _svg(doc, "disk")
@@ -355,6 +359,12 @@ def test_with_the_real_diagnosis(tmp_path: Path) -> None:
 
 
 # --- size and speed ------------------------------------------------------------------------------
+def test_time_ticks_are_round_durations() -> None:
+    assert time_step(120) == 15 and time_step(900) == 120 and time_step(3600) == 600
+    assert time_step(0.5) == 1 and time_step(30 * 86400) == 3 * 86400
+    assert clock(59.6) == "1:00" and clock(3725) == "1:02:05"
+
+
 def test_downsample_keeps_spikes_and_bounds_points() -> None:
     np = pytest.importorskip("numpy")
     t = np.arange(100_000, dtype=float)

@@ -147,7 +147,8 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
     if reasons:
-        summary += " " + "; ".join(reasons[:2]).capitalize() + "."
+        joined = "; ".join(reasons[:2])
+        summary += " " + joined[:1].upper() + joined[1:] + "."
     fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
     fixes += _loader_fixes(sig)
     rule = (f"data wait {_pct(stall)} ≥ {STALL_WARN:.0%}; fetch score {fs} vs prep score {ps}"
@@ -164,6 +165,14 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
                       "cannot split it from compute; the probe's data-wait timing does.")
     return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes,
                     _speedup(stall), rule)]
+
+
+def _size(n: float) -> str:
+    """Bytes for people: 36 MB, 6.2 GB."""
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}" if n / div < 10 else f"{n / div:.0f} {unit}"
+    return f"{n:.0f} B"
 
 
 def _pct(x: float | None) -> str:
@@ -211,7 +220,18 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     aw = sig.disk_r_await_median_ms
     kind = ("virtual/network disk" if info.get("virtual") else
             "rotational" if info.get("rotational") else info.get("kind") or "")
-    if dev:
+    capped = (aw is not None and aw < 10 and (sig.disk_util_median_pct or 0) < 50
+              and (sig.worker_d_share or sig.main_d_share or 0) >= 0.25)
+    if dev and capped:
+        # what the trainer itself gets; the device total also counts other processes
+        rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
+        fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
+                         f"~{_size(rate * 1024)}/s, device not busy, workers waiting): raise the volume's provisioned "
+                         "throughput/IOPS or lift the I/O limit (cgroup io.max / blkio throttle), "
+                         "or copy the dataset to local NVMe",
+                         f"workers wait on I/O while the device shows {sig.disk_util_median_pct:.0f}"
+                         f"% util and {aw:.0f} ms await: the limit is above the device"))
+    elif dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
                                        f"{sig.disk_util_median_pct:.0f}% util"
                                        if sig.disk_util_median_pct is not None else "") if x)
@@ -226,8 +246,8 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     size = data.extra.get("dataset_bytes")
     avail = sig.mem_available_min_mib
     if size and avail and size / 1048576 < 0.7 * avail:
-        fixes.append(Fix(f"dataset {size / 1e9:.1f} GB < available RAM "
-                         f"{avail / 1024:.1f} GB: cache it in memory (or copy it to /dev/shm or "
+        fixes.append(Fix(f"dataset {_size(size)} < available RAM "
+                         f"{_size(avail * 1048576)}: cache it in memory (or copy it to /dev/shm or "
                          "local disk first)", "after one pass every read is served from RAM"))
     nw = _workers_now(sig)
     if nw is not None and sig.physical_cores and nw < min(4, sig.physical_cores) \

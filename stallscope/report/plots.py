@@ -31,8 +31,11 @@ __all__ = [
     "Panel",
     "Plot",
     "build_plots",
+    "clock",
     "downsample",
+    "finite_or_none",
     "render_svg",
+    "time_step",
 ]
 
 MAX_POINTS = 1200  #: per line; the plots are ~1100 px wide, more points add bytes, not detail
@@ -344,6 +347,18 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+_NICE_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                 43200, 86400)
+
+
+def time_step(span: float, ticks: int = 10) -> float:
+    """A tick spacing people read as time (30 s, 5 min, 1 h...) giving at most ``ticks``."""
+    for step in _NICE_STEPS_S:
+        if span / step <= ticks:
+            return float(step)
+    return float(math.ceil(span / ticks / 86400) * 86400)
+
+
 def clock(seconds: float) -> str:
     """``m:ss`` or ``h:mm:ss`` of a time offset."""
     s = round(seconds)
@@ -365,7 +380,7 @@ def render_svg(plot: Plot, span: float) -> str:
     data in legends stays text; math parsing is off, so a ``$`` in a device name is literal."""
     import matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
     rows = len(plot.panels)
     # legends sit above their axes (never over the data), with room for as many legend rows
@@ -408,6 +423,7 @@ def render_svg(plot: Plot, span: float) -> str:
                           ncol=layout[0], frameon=False, handlelength=1.8, columnspacing=1.4)
             previous = labels
         axes[-1].set_xlim(0, span)
+        axes[-1].xaxis.set_major_locator(MultipleLocator(time_step(span)))
         axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: clock(x)))
         axes[-1].set_xlabel("time since start (h:mm:ss or m:ss)")
         buf = io.StringIO()
@@ -424,10 +440,27 @@ def render_svg(plot: Plot, span: float) -> str:
                f'xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" '
                f'viewBox="{view.group(1) if view else ""}" role="img" '
                f'preserveAspectRatio="xMidYMid meet">')
-    svg = opening + svg[m.end():]
+    svg = opening + _scope_ids(svg[m.end():], plot.id)
     # path data: matplotlib writes one segment per line; spaces are enough
     svg = re.sub(r" ?\n(?=[LMCQz])", " ", svg)
     return svg.strip()
+
+
+_ID = re.compile(r'\sid="([^"]*)"')
+_REF = re.compile(r'(url\(#|href="#)([^")]*)')
+
+
+def _scope_ids(body: str, prefix: str) -> str:
+    """Make an SVG body's ids unique within the page: matplotlib names elements ``figure_1``,
+    ``axes_1``... in every figure. Ids nothing refers to are dropped (bytes, and no
+    duplicates); the referenced ones (clip paths, markers) get the plot's prefix."""
+    used = {m.group(2) for m in _REF.finditer(body)}
+
+    def rename_id(m: re.Match[str]) -> str:
+        return f' id="{prefix}-{m.group(1)}"' if m.group(1) in used else ""
+
+    body = _ID.sub(rename_id, body)
+    return _REF.sub(lambda m: f"{m.group(1)}{prefix}-{m.group(2)}", body)
 
 
 def _legend_layout(labels: list[str]) -> tuple[int, int]:

@@ -1,0 +1,119 @@
+"""The proof: shipped example trainers reproduce each bottleneck for real on the CPU, run under
+`stallscope run`, and the diagnosis names it — within 30 s of training.
+
+Verdicts and stall fractions are appended to artifacts/scenarios.json for the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope_argv
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+TRAIN = str(ROOT / "examples" / "train_cpu.py")
+CONSTRAIN = str(ROOT / "examples" / "constrain.py")
+ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
+
+
+def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: list[str] = (),
+                 wrap: list[str] = (), data: Path | None = None,
+                 may_crash: bool = False) -> dict[str, Any]:
+    out = tmp_path / "runs"
+    argv = [*before, *stallscope_argv("run", "--interval", "1", "--out", str(out))]
+    if data is not None:
+        argv += ["--data", str(data)]
+    argv += ["--", *wrap, sys.executable, TRAIN, "--max-seconds", "25", "--epochs", "100",
+             *train_args]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    # a trainer killed by the very bottleneck (shm exhausted) still gets its diagnosis
+    assert r.returncode == 0 or may_crash, r.stderr[-3000:]
+    assert "verdict:" in r.stderr  # the end of `run` prints the verdict
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=60, check=True)
+    doc: dict[str, Any] = json.loads(d.stdout)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        top = doc["findings"][0]
+        f.write(json.dumps({"scenario": name, "verdict": doc["verdict"],
+                            "stall_fraction": doc["stall_fraction"],
+                            "confidence": top["confidence"], "summary": top["summary"],
+                            "fixes": [x["action"] for x in top["fixes"]]}) + "\n")
+    return doc
+
+
+def test_prep_stall(tmp_path: Path) -> None:
+    """Heavy per-sample CPU transform with one worker: the worker is saturated, the disk idle."""
+    doc = run_scenario("prep", tmp_path, ["--prep-cost", "40", "--workers", "1",
+                                          "--model", "tiny"])
+    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert doc["stall_fraction"] >= 0.3
+    assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 1 → ")
+
+
+def test_compute_bound(tmp_path: Path) -> None:
+    """Cheap data, heavy model: the trainer computes, the loader keeps up."""
+    doc = run_scenario("compute", tmp_path, ["--model", "heavy", "--workers", "1"])
+    assert doc["verdict"] == "compute_bound", doc["findings"][0]
+    assert doc["stall_fraction"] < 0.15
+
+
+@pytest.fixture
+def throttled_group() -> Any:
+    if os.geteuid() != 0:
+        pytest.skip("the fetch scenario throttles a block device with a cgroup: needs root")
+    if not Path("/sys/fs/cgroup/blkio").is_dir():
+        pytest.skip("no cgroup v1 blkio hierarchy to throttle reads with")
+    name = f"stallscope-test-{os.getpid()}"
+    yield name
+    subprocess.run([sys.executable, CONSTRAIN, "--cleanup", name], check=False)
+
+
+def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
+    """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "3000",
+                    "--epochs", "0", "--no-probe"], check=True, capture_output=True)
+    doc = run_scenario("fetch", tmp_path, ["--data-dir", str(data), "--files", "3000", "--cold",
+                                           "--workers", "2", "--model", "tiny"],
+                       wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",
+                             str(data), "--cgroup", throttled_group, "--"], data=data)
+    assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
+    assert doc["stall_fraction"] >= 0.3
+    ev = doc["findings"][0]["evidence"]
+    assert ev["worker_d_share"] >= 0.25
+    assert ev["score_fetch"] > ev["score_prep"]
+
+
+def test_shm_pressure(tmp_path: Path) -> None:
+    """A 64 MiB /dev/shm (Docker's default) that the run fills to ~90%, in a private mount
+    namespace so the machine's /dev/shm is untouched."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small /dev/shm in a private namespace needs root")
+    doc = run_scenario("shm", tmp_path, ["--workers", "2", "--model", "tiny",
+                                         "--shm-fill", "52"],
+                       before=[sys.executable, CONSTRAIN, "--shm-size", "64m", "--"],
+                       may_crash=True)
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "shm_pressure" in kinds
+    shm = next(f for f in doc["findings"] if f["kind"] == "shm_pressure")
+    assert shm["evidence"]["shm_total_mib"] == 64
+    assert shm["evidence"]["shm_peak_share"] >= 0.8
+
+
+def test_swap_cannot_be_provoked_safely_here() -> None:
+    """Swap needs a swap device; provoking it means pushing the machine into memory pressure,
+    which is not safe on a shared CI box. The rule is covered by tests/test_diagnose.py."""
+    swaps = Path("/proc/swaps").read_text().splitlines()[1:]
+    if not swaps:
+        pytest.skip("no swap configured on this machine: host_swap is tested on fixed inputs")
+    assert all(line.split() for line in swaps)
