@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psutil  # noqa: E402
+import psutil
 
-from stallscope.sources.disk import DiskSource  # noqa: E402
-from stallscope.sources.host import HostSource  # noqa: E402
-from stallscope.sources.procs import ProcsSource  # noqa: E402
+from stallscope.sources.disk import DiskSource
+from stallscope.sources.host import HostSource
+from stallscope.sources.procs import ProcsSource
 
 TREE = textwrap.dedent("""
     import os, sys, time

@@ -1,7 +1,8 @@
 """Run-store size for a long run: synthetic samples through the real RunStore and collector
 downsampling path.
 
-    .venv/bin/python benchmarks/bench_store_size.py            # 24 h at 1 Hz, 8 GPUs, 4 disks, 16 procs
+    # 24 h at 1 Hz, 8 GPUs, 4 disks, 16 procs:
+    .venv/bin/python benchmarks/bench_store_size.py
     .venv/bin/python benchmarks/bench_store_size.py --hours 2  # quicker
 
 Prints the database size, the points stored at full resolution and rolled up, and the ratio to the
@@ -22,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stallscope.metrics import by_source  # noqa: E402
-from stallscope.store import Point, RunStore  # noqa: E402
+from stallscope.metrics import by_source
+from stallscope.store import Point, RunStore
 
 
 def sample_points(t: float, gpus: int, disks: int, procs: int, cores: int) -> list[Point]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 

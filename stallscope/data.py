@@ -316,7 +316,9 @@ class _ShardIterable:
                 stacklevel=2,
             )
             return
-        equalize = self.equalize if self.equalize is not None else world > 1
+        equalize = self.equalize
+        if equalize is None:  # default: on for DDP when the manifest gives the counts
+            equalize = world > 1 and counts is not None
         quota: int | None = None
         if equalize:
             if counts is None:
@@ -349,8 +351,9 @@ def _dataset_class() -> type:
             ``{"__key__", "__url__", "<field>": bytes, "cls": int}``; pass ``transform`` to decode.
             Splits shards over DDP ranks (``torch.distributed`` or ``RANK``/``WORLD_SIZE``, or
             the ``rank``/``world_size`` arguments) and DataLoader workers. With ``equalize``
-            (default: on when ``world_size > 1``) every reader yields the same number of
-            samples, so DDP ranks run the same number of steps; the surplus is dropped."""
+            (default: on when ``world_size > 1`` and a manifest gives the per-shard counts)
+            every reader yields the same number of samples, so DDP ranks run the same number
+            of steps; the surplus is skipped."""
 
             def __iter__(self) -> Iterator[Any]:
                 return self.iterate(*self._reader())

@@ -683,7 +683,8 @@ def _prepare_dst(dst: str, plan_id: str, overwrite: bool) -> dict[str, Any] | No
         return None
     names = os.listdir(dst)
     if MANIFEST_NAME not in names:
-        if names:
+        # a run killed before its first manifest leaves at most its own temporary files
+        if any(not (_PARTIAL_RE.match(n) or n == MANIFEST_NAME + ".tmp") for n in names):
             raise PackError(
                 f"{dst}: exists and is not a stallscope shard set (no {MANIFEST_NAME}); "
                 "choose a new or empty folder"

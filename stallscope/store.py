@@ -199,8 +199,12 @@ class RunStore:
             )
         return len(data)
 
-    def update_steps_gpu(self, rows: Iterable[tuple[int, int, float | None, float | None]]) -> None:
-        """Fill in GPU busy/idle times once their CUDA events completed: (rank, step, busy, idle)."""
+    def update_steps_gpu(
+        self, rows: Iterable[tuple[int, int, float | None, float | None]]
+    ) -> None:
+        """Fill in GPU busy/idle times once their CUDA events completed.
+
+        Rows are (rank, step, busy_s, idle_s)."""
         with self.db:
             self.db.executemany(
                 "UPDATE steps SET gpu_busy_s=?, gpu_idle_s=? WHERE rank=? AND step=?",

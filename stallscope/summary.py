@@ -129,6 +129,6 @@ def render_summary(summary: dict[str, Any]) -> Any:
         ent = r["entity"]
         if "processes" in r:
             ent = f"{r['processes']} proc"
-        table.add_row(escape(r["metric"]), escape(str(ent)), _fmt(r["median"]), _fmt(r["p95"]), _fmt(r["max"]),
-                      r["unit"])
+        table.add_row(escape(r["metric"]), escape(str(ent)), _fmt(r["median"]),
+                      _fmt(r["p95"]), _fmt(r["max"]), r["unit"])
     return table

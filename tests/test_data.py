@@ -270,6 +270,19 @@ def test_idle_reader_warns_and_yields_nothing(tmp_path: Path) -> None:
     assert labelled == [0, 0, 0, 0]
 
 
+@pytest.mark.torch
+def test_plain_tar_list_reads_without_counts(even_shards: tuple[Path, set[str]]) -> None:
+    from stallscope.data import ShardDataset
+
+    dst, keys = even_shards
+    paths = sorted(str(p) for p in dst.glob("shard-*.tar"))
+    # no manifest, no counts: DDP splitting still works, equalizing is off by default
+    got = [s["__key__"] for r in range(2) for s in ShardDataset(paths, rank=r, world_size=2)]
+    assert sorted(got) == sorted(keys)
+    with pytest.raises(UsageError, match="equalize needs per-shard counts"):
+        list(ShardDataset(paths, rank=0, world_size=2, equalize=True))
+
+
 def test_load_shard_set_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a shard directory"):
         load_shard_set(tmp_path)

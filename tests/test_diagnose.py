@@ -101,7 +101,8 @@ def test_prep_stall_with_probe_suggests_workers_for_this_machine() -> None:
     assert doc["stall_fraction"] == pytest.approx(0.6)
     f = doc["findings"][0]
     assert f["confidence"] >= 0.8 and f["severity"] == "critical"
-    assert f["fixes"][0]["action"].startswith("num_workers 2 → 5 (8 physical cores, workers at 98% CPU")
+    assert f["fixes"][0]["action"].startswith(
+        "num_workers 2 → 5 (8 physical cores, workers at 98% CPU")
     assert f["est_speedup"] == pytest.approx(2.5)
 
 
@@ -180,7 +181,8 @@ def test_gpu_memory_growth_vs_steady() -> None:
 
 
 def test_pcie_degraded_only_under_load() -> None:
-    base = [ser("gpu.pcie_gen_max", "gpu0", [5] * N), ser("gpu.pcie_width_max", "gpu0", [16] * N),
+    base = [ser("gpu.pcie_gen_max", "gpu0", [5] * N),
+            ser("gpu.pcie_width_max", "gpu0", [16] * N),
             ser("gpu.pcie_width", "gpu0", [8] * N), ser("gpu.pcie_gen", "gpu0", [5] * N)]
     loaded = run([*base, ser("gpu.util_pct", "gpu0", [95] * N)])
     f = next(f for f in diagnose(loaded)["findings"] if f["kind"] == "pcie_degraded")
@@ -204,7 +206,8 @@ def test_host_swap_and_shm() -> None:
     shm = next(f for f in diagnose(data)["findings"] if f["kind"] == "shm_pressure")
     assert shm["severity"] == "critical" and "--shm-size" in shm["fixes"][0]["action"]
     quiet = run([ser("host.swap_in_kb_s", "", [0] * N), ser("host.swap_out_kb_s", "", [0] * N),
-                 ser("host.shm_used_mib", "", [10] * N), ser("host.shm_total_mib", "", [24000] * N)])
+                 ser("host.shm_used_mib", "", [10] * N),
+                 ser("host.shm_total_mib", "", [24000] * N)])
     assert not {"host_swap", "shm_pressure"} & set(kinds(diagnose(quiet)))
 
 

@@ -525,6 +525,7 @@ def test_cli_destination_checks(tmp_path: Path) -> None:
 
     empty = tmp_path / "empty"
     empty.mkdir()
+    (empty / ".shard-000000.tar.partial").write_bytes(b"left by a run killed early")
     assert _cli(str(src), str(empty)).returncode == 0  # an empty folder is fine
 
     # a shard set of other options is not silently replaced

@@ -100,7 +100,7 @@ def test_run_dirs_and_lookup(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     a = new_run_dir(out, "python train.py", now=0)
     b = new_run_dir(out, "python train.py", now=0)
-    assert a != b and a.name.startswith("19700101-") or a.name[:8].isdigit()
+    assert (a != b and a.name.startswith("19700101-")) or a.name[:8].isdigit()
     for d in (a, b):
         write_meta(d, {"command": ["x"], "start": 1.0})
     assert list_runs(out) == [a, b]

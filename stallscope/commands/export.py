@@ -33,7 +33,7 @@ def rows(store: RunStore, what: str) -> tuple[list[str], list[tuple[object, ...]
     out: list[tuple[object, ...]] = []
     for (name, entity), s in sorted(store.read_all().items()):
         out.extend((t, name, entity, v) for t, v in zip(s.ts, s.v))
-    out.sort(key=lambda r: (r[0], r[1], r[2]))  # type: ignore[arg-type]
+    out.sort(key=lambda r: (float(r[0]), str(r[1]), str(r[2])))  # type: ignore[arg-type]
     return ["ts", "metric", "entity", "value"], out
 
 

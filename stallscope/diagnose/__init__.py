@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stallscope.errors import StallscopeError
 from stallscope.diagnose.model import KINDS, Finding, Fix, RunData, load_run
 from stallscope.diagnose.rules import RULES, run_rules
 from stallscope.diagnose.signals import Signals, compute_signals
+from stallscope.errors import StallscopeError
 
 __all__ = [
     "KINDS",

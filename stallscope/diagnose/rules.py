@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
-from stallscope.diagnose.model import Finding, Fix, RunData
+from stallscope.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.diagnose.signals import Signals, linear_fit, median
 
 __all__ = ["RULES", "run_rules"]
@@ -32,7 +32,7 @@ def _speedup(stall: float | None) -> float:
     return round(1.0 / max(1.0 - min(stall, 0.95), 0.05), 2)
 
 
-# --- input bound: fetch vs prep -------------------------------------------------------------------
+# --- input bound: fetch vs prep ------------------------------------------------------------------
 def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
     """Points for 'storage can't keep up' vs 'CPU preprocessing can't keep up', with reasons."""
     f: list[str] = []
@@ -124,7 +124,7 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     reasons = freasons if fs > ps else preasons
     margin = abs(fs - ps) / max(fs + ps, 1)
     confidence = base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else base * 0.5
-    severity = "critical" if (stall or 0) >= STALL_CRIT else "warning"
+    severity: Severity = "critical" if (stall or 0) >= STALL_CRIT else "warning"
     if stall is None:
         severity = "warning"
     ev = sig.evidence("stall_fraction", "stall_source", "wait_ms_median", "step_ms_median",
@@ -225,12 +225,13 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     if dev and capped:
         # what the trainer itself gets; the device total also counts other processes
         rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
+        util = sig.disk_util_median_pct or 0.0
         fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
-                         f"~{_size(rate * 1024)}/s, device not busy, workers waiting): raise the volume's provisioned "
-                         "throughput/IOPS or lift the I/O limit (cgroup io.max / blkio throttle), "
-                         "or copy the dataset to local NVMe",
-                         f"workers wait on I/O while the device shows {sig.disk_util_median_pct:.0f}"
-                         f"% util and {aw:.0f} ms await: the limit is above the device"))
+                         f"~{_size(rate * 1024)}/s, device not busy, workers waiting): raise "
+                         "the volume's provisioned throughput/IOPS or lift the I/O limit "
+                         "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
+                         f"workers wait on I/O while the device shows {util:.0f}% util and "
+                         f"{aw:.0f} ms await: the limit is above the device"))
     elif dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
                                        f"{sig.disk_util_median_pct:.0f}% util"
@@ -272,7 +273,7 @@ def _loader_fixes(sig: Signals) -> list[Fix]:
     return fixes
 
 
-# --- host-to-device copies ------------------------------------------------------------------------
+# --- host-to-device copies -----------------------------------------------------------------------
 def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
     """h2d_bound: host-to-device copies take ≥ 15% of step time (probe h2d timing)."""
     share = sig.h2d_share
@@ -284,14 +285,15 @@ def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
                          "pageable memory is copied twice and blocks the host"))
     fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
                      f"copies take {share:.0%} of each step"))
-    return [Finding("h2d_bound", "critical" if share >= 0.4 else "warning", 0.85,
+    h2d_sev: Severity = "critical" if share >= 0.4 else "warning"
+    return [Finding("h2d_bound", h2d_sev, 0.85,
                     f"Host-to-device copies take {share:.0%} of step time.",
                     sig.evidence("h2d_share", "step_ms_median") | {"pin_memory":
                                                                    sig.config.get("pin_memory")},
                     fixes, _speedup(share), f"h2d share {share:.0%} ≥ 15%")]
 
 
-# --- healthy ---------------------------------------------------------------------------------------
+# --- healthy -------------------------------------------------------------------------------------
 def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
@@ -336,7 +338,7 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
                     fixes, 1.0, f"data wait {sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
 
 
-# --- GPU health ------------------------------------------------------------------------------------
+# --- GPU health ----------------------------------------------------------------------------------
 def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
     """gpu_throttled: thermal/power clock-event reasons active in ≥ 20% of the samples, or the
     GPU at ≥ 85 °C (the seeds' alert threshold)."""
@@ -433,7 +435,7 @@ def rule_pcie_degraded(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
-# --- host --------------------------------------------------------------------------------------------
+# --- host ----------------------------------------------------------------------------------------
 def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
     """host_swap: swapping ≥ 1 MB/s in ≥ 10% of samples (in or out)."""
     si, so = data.get("host.swap_in_kb_s"), data.get("host.swap_out_kb_s")
@@ -444,7 +446,8 @@ def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
     share = len(active) / len(rates)
     if share < 0.1:
         return []
-    return [Finding("host_swap", "critical" if share >= 0.3 else "warning", 0.9,
+    sev: Severity = "critical" if share >= 0.3 else "warning"
+    return [Finding("host_swap", sev, 0.9,
                     f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
                     "MB/s): memory is overcommitted.",
                     {"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
@@ -467,7 +470,7 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
     small = cap < 1024 and (sig.workers > 0 or (sig.config.get("num_workers") or 0) > 0)
     if frac < 0.8 and not small:
         return []
-    sev = "critical" if frac >= 0.95 else "warning"
+    sev: Severity = "critical" if frac >= 0.95 else "warning"
     return [Finding("shm_pressure", sev, 0.9,
                     f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
                     "workers pass batches through it and fail with bus errors when it is full.",
@@ -480,7 +483,7 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
                     1.0, "/dev/shm ≥ 80% full, or < 1 GiB with workers")]
 
 
-# --- DDP ---------------------------------------------------------------------------------------------
+# --- DDP -----------------------------------------------------------------------------------------
 def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
     """straggler_rank: with ≥ 2 ranks, one rank's median step takes ≥ 1.2× the median rank's."""
     per: dict[int, list[float]] = defaultdict(list)
@@ -511,7 +514,7 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                     round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
 
 
-# --- disk health (from stallscope disk / SMART) ------------------------------------------------------
+# --- disk health (from stallscope disk / SMART) --------------------------------------------------
 def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
     """disk_health: the dataset's drive has a SMART verdict of ageing or failing."""
     out = []
@@ -519,7 +522,8 @@ def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
         verdict = drive.get("verdict")
         if verdict not in ("ageing", "failing"):
             continue
-        out.append(Finding("disk_health", "critical" if verdict == "failing" else "warning", 0.9,
+        dsev: Severity = "critical" if verdict == "failing" else "warning"
+        out.append(Finding("disk_health", dsev, 0.9,
                            f"The dataset's drive {drive.get('device')} is {verdict}: "
                            + "; ".join(drive.get("reasons", [])[:3]),
                            {"device": drive.get("device"), "model": drive.get("model"),

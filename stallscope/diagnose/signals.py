@@ -173,7 +173,7 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     sig.steps = len(steps)
     sig.ranks = len({s.rank for s in steps})
     # the first step of the run includes worker start-up and is reported apart (epoch gaps)
-    first = {}
+    first: dict[int, int] = {}
     for s in steps:
         first[s.rank] = min(first.get(s.rank, s.step), s.step)
     body = [s for s in steps if s.step != first[s.rank]] or steps
