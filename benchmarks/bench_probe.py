@@ -226,10 +226,16 @@ def main() -> int:
           f"{t['fast_ratio']:.4f} -> loss {(t['fast_ratio'] - 1) * 100:+.2f} %; "
           f"ratio of per-arm medians {t['median_arm_ratio']:.4f}")
     loss = (t["median_ratio"] - 1) * 100
+    noisy = t["p75"] - t["p25"] > 0.01
+    verdict = "OK" if loss <= 0.5 else "OVER"
+    if noisy:
+        verdict += (f" - but the rounds' spread (IQR {(t['p75'] - t['p25']) * 100:.1f} %) is wider "
+                    "than the goal: this machine is too busy to resolve 0.5 % by wall clock; "
+                    "trust the bound above")
     print(f"part 2, CPU training loop ({t['step_ms']:.2f} ms/step, {args.rounds} A/B rounds x "
           f"{args.steps} steps): paired watched/bare time ratio median {t['median_ratio']:.4f} "
           f"(IQR {t['p25']:.4f}-{t['p75']:.4f}), total {t['total_ratio']:.4f} -> "
-          f"throughput loss {loss:+.2f} % (goal <= 0.5 %) -> {'OK' if loss <= 0.5 else 'OVER'}")
+          f"throughput loss {loss:+.2f} % (goal <= 0.5 %) -> {verdict}")
     closs = (t["cpu_median_ratio"] - 1) * 100
     print(f"part 2, same rounds in CPU time of the training + writer threads (robust to other "
           f"load on the machine): ratio median {t['cpu_median_ratio']:.4f} (IQR {t['cpu_p25']:.4f}-"

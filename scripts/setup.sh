@@ -13,7 +13,7 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch first, pinned: an unpinned torch pulls the multi-GB CUDA build (see docs/install.md)
+# torch first, pinned: an unpinned torch pulls the multi-GB CUDA build
 .venv/bin/python -m pip install -q "torch==${STALLSCOPE_TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q -e ".[dev]"
 echo "setup: done — try: .venv/bin/stallscope run -- .venv/bin/python examples/train_cpu.py" >&2

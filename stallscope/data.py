@@ -138,6 +138,9 @@ def _seek_members(fileobj: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
             data = fileobj.read(member.size)
             if len(data) != member.size:
                 raise ParseError(f"{url or 'tar'}: truncated in member {member.name!r}")
+            # park at the next header: tarfile would otherwise seek back and read a byte
+            blocks = -(-member.size // tarfile.BLOCKSIZE)
+            fileobj.seek(member.offset_data + blocks * tarfile.BLOCKSIZE)
             yield member.name, data
 
 

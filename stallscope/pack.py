@@ -27,12 +27,15 @@ import hashlib
 import io
 import json
 import os
+import queue
 import random
 import re
+import stat
 import tarfile
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -87,7 +90,7 @@ WARN_LARGE = 4 * 10**9
 TAR_MTIME = 0
 TAR_MODE = 0o444
 #: readahead window of the reader threads, bytes (one file is always allowed, whatever its size)
-PREFETCH_BYTES = 256 * 2**20
+PREFETCH_BYTES = 128 * 2**20
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -161,7 +164,7 @@ def _stat(path: str) -> os.stat_result:
         st = os.stat(path)
     except OSError as exc:
         raise PackError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if not os.path.isfile(path):
+    if not stat.S_ISREG(st.st_mode):
         raise PackError(f"cannot read {path}: not a regular file")
     return st
 
@@ -209,7 +212,7 @@ def scan_imagefolder(root: str, *, strict_keys: bool = False) -> Source:
                     continue
                 path = os.path.join(dirpath, name)
                 st = _stat(path)
-                key, fld, ren = make_key(os.path.relpath(path, root), strict=strict_keys)
+                key, fld, ren = make_key(path[len(root) + 1 :], strict=strict_keys)
                 renamed += ren
                 files.append(SourceFile(path, key, fld, st.st_size, st.st_mtime_ns, index))
         if len(files) == before:
@@ -502,8 +505,9 @@ class PackResult:
 
 
 class PackProgress:
-    """Progress callbacks (no-ops here; the CLI draws a rich bar). Called from the thread that
-    calls :func:`pack`."""
+    """Progress callbacks (no-ops here; the CLI draws a rich bar). ``start`` and ``advance``
+    are called from the thread that calls :func:`pack`, ``shard_done`` from the background
+    thread that finishes shards."""
 
     def start(self, phase: str, files: int, nbytes: int) -> None:
         """A phase begins (``"checking"`` kept shards, ``"packing"``): totals to expect."""
@@ -520,23 +524,6 @@ def shard_pattern(n: int) -> str:
     if n == 1:
         return SHARD_NAME.format(0)
     return f"shard-{{{0:06d}..{n - 1:06d}}}.tar"
-
-
-class _HashingWriter:
-    """A write-only file wrapper feeding sha256 with every byte written."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.sha = hashlib.sha256()
-        self.count = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self.count += len(data)
-        return self.raw.write(data)
-
-    def tell(self) -> int:
-        return self.count
 
 
 class _HashingReader:
@@ -569,7 +556,7 @@ def _read_file(f: SourceFile) -> bytes:
 
 def _prefetch(files: Sequence[SourceFile], workers: int) -> Iterator[tuple[SourceFile, bytes]]:
     """File contents in order, read by ``workers`` threads ahead of the consumer (bounded by
-    PREFETCH_BYTES and 4 files per thread). Threads only read; order stays fixed."""
+    PREFETCH_BYTES and 16 files per thread). Threads only read; order stays fixed."""
     if workers <= 1:
         for f in files:
             yield f, _read_file(f)
@@ -582,7 +569,7 @@ def _prefetch(files: Sequence[SourceFile], workers: int) -> Iterator[tuple[Sourc
         while nxt < len(files) or pending:
             while nxt < len(files) and (
                 not pending
-                or (inflight + files[nxt].size <= PREFETCH_BYTES and len(pending) < 4 * workers)
+                or (inflight + files[nxt].size <= PREFETCH_BYTES and len(pending) < 16 * workers)
             ):
                 f = files[nxt]
                 pending.append((f, pool.submit(_read_file, f)))
@@ -835,16 +822,18 @@ def pack(
     t0 = time.perf_counter()
     written_bytes = 0
     stream = _prefetch(stream_files, workers)
+    finisher = _Finisher(dst_abs, save, progress)
     try:
         for i in remaining:
-            _write_shard(dst_abs, records[i], len(plan[i]), stream, progress)
+            finisher.check()
+            tmp, raw = _write_shard(dst_abs, records[i], len(plan[i]), stream, progress)
+            finisher.submit(records[i], tmp, raw)
             written_bytes += sum(files[j].size for j in plan[i])
-            save()
-            progress.shard_done(records[i])
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
             close()
+        finisher.close()  # finishes the shards already written, then raises its own error
     seconds = time.perf_counter() - t0
     save(complete=True)
     return PackResult(
@@ -867,38 +856,87 @@ def _write_shard(
     count: int,
     stream: Iterator[tuple[SourceFile, bytes]],
     progress: PackProgress,
-) -> None:
-    """Write one shard from the next ``count`` files of ``stream``: temp name, fsync, rename."""
-    final = os.path.join(dst, record.name)
+) -> tuple[str, IO[bytes]]:
+    """Write one shard from the next ``count`` files of ``stream`` to its temporary name.
+
+    Returns the temporary path and the still open file for :class:`_Finisher`; on any error
+    the temporary file is removed."""
     tmp = os.path.join(dst, f".{record.name}.partial")
-    ok = False
+    # a big buffer: one write(2) per 8 MiB, so the writer rarely gives up the GIL (each
+    # syscall does, and reader threads then delay it getting it back)
+    raw = open(tmp, "wb", buffering=8 << 20)  # handed over to the finisher, which closes it
     try:
-        with open(tmp, "wb") as raw:
-            out = _HashingWriter(raw)
-            tar = tarfile.TarFile(
-                fileobj=out,  # type: ignore[arg-type]
-                mode="w",
-                format=tarfile.PAX_FORMAT,
-                encoding="utf-8",
-                copybufsize=4 << 20,
-            )
-            for _ in range(count):
-                f, data = next(stream)
-                tar.addfile(_tarinfo(f"{f.key}.{f.field}", len(data)), io.BytesIO(data))
-                if f.label is not None:
-                    label = str(f.label).encode("ascii")
-                    tar.addfile(_tarinfo(f"{f.key}.cls", len(label)), io.BytesIO(label))
-                progress.advance(1, len(data))
-            tar.close()  # end-of-archive blocks and record padding; leaves ``raw`` open
-            raw.flush()
-            os.fsync(raw.fileno())
-        record.bytes, record.sha256 = out.count, out.sha.hexdigest()
-        os.replace(tmp, final)
-        _fsync_dir(dst)
-        ok = True
-    finally:
-        if not ok and os.path.exists(tmp):
-            os.unlink(tmp)
+        tar = tarfile.TarFile(
+            fileobj=raw,
+            mode="w",
+            format=tarfile.PAX_FORMAT,
+            encoding="utf-8",
+            copybufsize=4 << 20,  # one copy per member, not 16 kB pieces
+        )
+        for _ in range(count):
+            f, data = next(stream)
+            tar.addfile(_tarinfo(f"{f.key}.{f.field}", len(data)), io.BytesIO(data))
+            if f.label is not None:
+                label = str(f.label).encode("ascii")
+                tar.addfile(_tarinfo(f"{f.key}.cls", len(label)), io.BytesIO(label))
+            progress.advance(1, len(data))
+        tar.close()  # end-of-archive blocks and record padding; leaves ``raw`` open
+        raw.flush()
+    except BaseException:
+        raw.close()
+        os.unlink(tmp)
+        raise
+    return tmp, raw
+
+
+class _Finisher:
+    """Completes written shards in order on a background thread, so that the writer goes on
+    with the next shard meanwhile: fsync, sha256 of the bytes as stored (read back from the
+    page cache), rename to the final name, fsync of the folder, manifest update. At most two
+    shards wait, which bounds the data not yet on disk."""
+
+    def __init__(self, dst: str, save: Callable[[], None], progress: PackProgress) -> None:
+        self.dst = dst
+        self.save = save
+        self.progress = progress
+        self.queue: queue.Queue[tuple[ShardRecord, str, IO[bytes]] | None] = queue.Queue(2)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="stallscope-pack-finish")
+        self.thread.start()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, record: ShardRecord, tmp: str, raw: IO[bytes]) -> None:
+        self.queue.put((record, tmp, raw))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self.check()
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            record, tmp, raw = item
+            try:
+                if self.error is None:
+                    self._finish(record, tmp, raw)
+            except BaseException as exc:  # handed to the writer thread by check()/close()
+                self.error = exc
+            finally:
+                raw.close()
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+
+    def _finish(self, record: ShardRecord, tmp: str, raw: IO[bytes]) -> None:
+        os.fsync(raw.fileno())
+        nbytes, digest = _sha256_file(tmp)
+        record.bytes, record.sha256 = nbytes, digest
+        os.replace(tmp, os.path.join(self.dst, record.name))
+        _fsync_dir(self.dst)
+        self.save()
+        self.progress.shard_done(record)
 
 
 # --------------------------------------------------------------------------------------------

@@ -308,12 +308,13 @@ class Probe:
         self.config: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "epochs": []}
         self._cfg_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._pending: deque[tuple[_Rec, float | None]] = deque()
+        self._pending: deque[_Rec] = deque()  # steps waiting for their CUDA events
         self._last_end_ev: EventLike | None = None
         self.written = 0
         self.lost = 0  # records that could not be written
         self.gpu_unread = 0  # steps whose CUDA events never completed in time
         self._said: set[str] = set()
+        self._notes: list[tuple[float, str]] = []
         self._said_drop = 0
         self._store: RunStore | None = None
         self._collector: Collector | None = None
@@ -448,7 +449,10 @@ class Probe:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # a bug here must not end the writer: say it, go on
+                self._say("flush", f"probe writer error: {exc!r}")
 
     def _open(self) -> None:
         from stallscope.store import RunStore
@@ -540,7 +544,7 @@ class Probe:
         for _ in range(n):
             rec = buf.popleft()
             if rec[7] is not None:
-                self._pending.append((rec, None))
+                self._pending.append(rec)
                 continue
             rows.append(StepRow(rank, rec[0], wall0 + (rec[1] - perf0), rec[2], rec[3], rec[6],
                                 None, None, rec[4], rec[5]))
@@ -553,6 +557,9 @@ class Probe:
             if rows:
                 self._store.add_steps(rows)
             self.written += len(rows)
+            while self._notes:
+                ts, note = self._notes.pop(0)
+                self._store.add_event(ts, "probe", "error", note)
             if dropped_now > self._said_drop:
                 if self._said_drop == 0 or final:
                     self._store.add_event(
@@ -581,7 +588,7 @@ class Probe:
         pending = self._pending
         rank, wall0, perf0 = self.rank, self._wall0, self._perf0
         while pending:
-            rec, _ = pending[0]
+            rec = pending[0]
             start, end, h2d_evs = rec[7]
             busy = idle = None
             h2d = rec[6]
@@ -617,16 +624,14 @@ class Probe:
         return out
 
     def _say(self, key: str, msg: str) -> None:
+        """Tell once: stderr now, the run's events at the next flush (never I/O on the
+        training thread beyond the one stderr line)."""
         if key in self._said:
             return
         self._said.add(key)
         _warn(msg)
-        store = self._store
-        if store is not None and key != "write":
-            try:
-                store.add_event(time.time(), "probe", "error", f"rank {self.rank}: {msg}")
-            except Exception as exc:  # the store is the problem: stderr already has the message
-                _warn(f"(and could not record that in the run: {exc})")
+        if key not in ("write", "open"):
+            self._notes.append((time.time(), f"rank {self.rank}: {msg}"))
 
     # --- shutdown --------------------------------------------------------------------------------
     def _atexit(self) -> None:
@@ -833,13 +838,18 @@ class Watched(Generic[T]):
                 if maybe_gpu and p.gpu_ready():
                     gpu, maybe_gpu = True, False
                 if gpu:
-                    ev0 = p._event()
-                    ev0.record()
-                if sizer is None:
-                    sizer = _sizer(batch)
+                    try:
+                        ev0 = p._event()
+                        ev0.record()
+                    except Exception as exc:  # CUDA trouble is the trainer's to report
+                        gpu = maybe_gpu = False
+                        p._say("cuda", f"CUDA event record failed, GPU step timing off: {exc}")
+                # (try blocks cost nothing in CPython 3.11+ until something raises)
                 try:
+                    if sizer is None:
+                        sizer = _sizer(batch)
                     n = sizer(batch)
-                except (TypeError, IndexError, KeyError, AttributeError):
+                except Exception:  # an odd batch: no sample count, never an error
                     n = None
                 wait = t_got - t_req
                 open_step = True
@@ -851,14 +861,18 @@ class Watched(Generic[T]):
                     p._h2d_s = None
                 g: Any = None
                 if gpu:
-                    ev1 = p._event()
-                    ev1.record()
                     evl = p._h2d_ev
                     evs = None
                     if evl is not None:
                         p._h2d_ev = None
                         evs = tuple(evl)
-                    g = (ev0, ev1, evs)
+                    try:
+                        ev1 = p._event()
+                        ev1.record()
+                        g = (ev0, ev1, evs)
+                    except Exception as exc:
+                        gpu = maybe_gpu = False
+                        p._say("cuda", f"CUDA event record failed, GPU step timing off: {exc}")
                 if len(buf) < cap:
                     buf.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
                 else:

@@ -28,7 +28,7 @@ def _fx(name: str) -> str:
     return str(FIXTURES / f"smartctl-{name}.json")
 
 
-def _one_line_error(p: subprocess.CompletedProcess[str]) -> None:
+def check_one_line_error(p: subprocess.CompletedProcess[str]) -> None:
     assert p.returncode == 2, p
     assert "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()
@@ -74,7 +74,7 @@ def test_saved_garbage_is_unrecognised(tmp_path: Path) -> None:
     ["disk", "--device-type", "sat;id"],
 ])
 def test_bad_input_one_line(tmp_path: Path, args: list[str]) -> None:
-    _one_line_error(_run(args, tmp_path))
+    check_one_line_error(_run(args, tmp_path))
 
 
 def _vda_or_skip() -> None:
@@ -100,7 +100,7 @@ def test_real_disk_cannot_open(tmp_path: Path) -> None:
 def test_bench_refuses_a_raw_device(tmp_path: Path) -> None:
     _vda_or_skip()
     p = _run(["disk", "/dev/vda", "--bench"], tmp_path)
-    _one_line_error(p)
+    check_one_line_error(p)
     assert "raw device" in p.stderr
 
 

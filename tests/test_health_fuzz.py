@@ -75,7 +75,7 @@ def mutated_documents(draw: st.DrawFn) -> Any:
     return doc
 
 
-def _check(d: DriveHealth) -> None:
+def check_drive(d: DriveHealth) -> None:
     assert isinstance(d, DriveHealth)
     assert d.verdict in VERDICTS
     assert d.reasons and all(isinstance(r, str) and r for r in d.reasons)
@@ -91,13 +91,13 @@ def _check(d: DriveHealth) -> None:
 @given(mutated_documents())
 def test_mutated_real_documents(doc: Any) -> None:
     d = parse_smartctl(doc)
-    _check(d)
+    check_drive(d)
     # the rest of the pipeline survives whatever the parser let through
     grown = apply_growth(d, compute_growth({k: v - 1 for k, v in d.counters.items()},
                                            d.counters, "t0"))
-    _check(grown)
+    check_drive(grown)
     for drive in explain_series([d, grown, d]):
-        _check(drive)
+        check_drive(drive)
     health_findings([d, grown])
 
 
@@ -105,7 +105,7 @@ def test_mutated_real_documents(doc: Any) -> None:
 @given(json_values)
 def test_arbitrary_json(value: Any) -> None:
     d = parse_smartctl(value)
-    _check(d)
+    check_drive(d)
     if not isinstance(value, dict):
         assert d.verdict == "unknown" and d.reasons[0].startswith("unrecognised")
 
@@ -113,7 +113,7 @@ def test_arbitrary_json(value: Any) -> None:
 @FUZZ
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes(data: bytes) -> None:
-    _check(parse_smartctl_text(data))
+    check_drive(parse_smartctl_text(data))
 
 
 @FUZZ
@@ -121,7 +121,7 @@ def test_arbitrary_bytes(data: bytes) -> None:
 def test_truncated_text(doc: Any, cut: int) -> None:
     text = json.dumps(doc)
     d = parse_smartctl_text(text[: len(text) - cut])
-    _check(d)
+    check_drive(d)
     assert d.verdict == "unknown" and "unrecognised" in d.reasons[0]
 
 
@@ -131,8 +131,8 @@ def test_deep_nesting() -> None:
     for _ in range(5000):
         node["device"] = {}
         node = node["device"]
-    _check(parse_smartctl(deep))
-    _check(parse_smartctl_text("[" * 100_000 + "]" * 100_000))
+    check_drive(parse_smartctl(deep))
+    check_drive(parse_smartctl_text("[" * 100_000 + "]" * 100_000))
 
 
 def test_nan_and_huge_numbers_stay_out_of_counters() -> None:
@@ -141,7 +141,7 @@ def test_nan_and_huge_numbers_stay_out_of_counters() -> None:
                                                 "percentage_used": 10**30,
                                                 "critical_warning": "16"}
     d = parse_smartctl(doc)
-    _check(d)
+    check_drive(d)
     assert "media_errors" not in d.counters
 
 

@@ -15,9 +15,10 @@ from stallscope import probe as probe_mod
 from stallscope.integrations import StepHooks, safe_hook
 from stallscope.store import RunStore, StepRow, new_run_dir
 
-torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+pytest.importorskip("torch")
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 LOAD_S = 0.002  # per sample, in the main process (num_workers=0): shows as data wait
 STEP_S = 0.04  # per training step: shows as host time
@@ -61,7 +62,7 @@ class SlowData(Dataset[Any]):
 def check_steps(steps: list[StepRow], n: int, batch: int, epochs: int) -> None:
     assert len(steps) == n * epochs
     assert [s.step for s in steps] == list(range(n * epochs))
-    assert sorted({s.epoch for s in steps}) == list(range(epochs))
+    assert {s.epoch for s in steps} == set(range(epochs))
     assert all(s.samples == batch for s in steps)
     waits = [s.wait_s for s in steps]
     hosts = [s.host_s for s in steps]
@@ -76,10 +77,10 @@ def check_steps(steps: list[StepRow], n: int, batch: int, epochs: int) -> None:
 
 # --- PyTorch Lightning ---------------------------------------------------------------------------
 def test_lightning_callback(run_dir: Path) -> None:
-    pl = pytest.importorskip("lightning.pytorch")
+    pl: Any = pytest.importorskip("lightning.pytorch")
     from stallscope.integrations.lightning import StallscopeCallback
 
-    class Tiny(pl.LightningModule):  # type: ignore[misc]
+    class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(4, 2)

@@ -25,8 +25,9 @@ from stallscope import probe as probe_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
 from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta, write_meta
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+pytest.importorskip("torch")
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,8 +219,9 @@ def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(run_dir))
     import stallscope
 
-    batches = [{"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]} for _ in range(3)]
-    moved = []
+    batches: list[dict[str, Any]] = [{"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]}
+                                     for _ in range(3)]
+    moved: list[dict[str, Any]] = []
     for b in stallscope.watch(batches):
         moved.append(stallscope.h2d(b, "cpu"))
     with stallscope.step(samples=2):  # a hand-timed step after the loop, same probe
@@ -537,3 +539,29 @@ def test_config_is_json(tmp_path: Path) -> None:
     (row,) = read_probes(run_dir)
     assert row["rank"] == 3
     json.dumps(row["config"])
+
+
+def test_failing_cuda_record_turns_gpu_timing_off_not_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class BadEvent(FakeEvent):
+        def record(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+    class OddBatch:
+        @property
+        def shape(self) -> Any:
+            raise RuntimeError("no shape today")
+
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, events=lambda: BadEvent(gpu))
+    seen = sum(1 for _ in Watched([OddBatch() for _ in range(5)], p))
+    p.close()
+    assert seen == 5
+    steps = read_steps(run_dir)
+    assert len(steps) == 5 and all(s.gpu_busy_s is None and s.samples is None for s in steps)
+    assert capsys.readouterr().err.count("illegal memory access") == 1
+    store = RunStore(run_dir / "run.db", readonly=True)
+    events = store.events()
+    store.close()
+    assert any("illegal memory access" in e["message"] for e in events)

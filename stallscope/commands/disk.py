@@ -199,9 +199,11 @@ class _Bar:
     """rich progress bar on stderr, one task per phase."""
 
     def __init__(self, enabled: bool) -> None:
+        # no refresh thread: it would compete for the GIL with the timed reads and show up
+        # as latency; the engines call back every ~0.1 s and the bar is redrawn then
         self.progress = Progress(TextColumn("{task.description:<28}"), BarColumn(),
                                  TimeElapsedColumn(), console=err_console, transient=True,
-                                 disable=not enabled)
+                                 disable=not enabled, auto_refresh=False)
         self.tasks: dict[str, TaskID] = {}
         self.prefix = ""
 
@@ -209,7 +211,7 @@ class _Bar:
         key = f"{self.prefix}{phase}"
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(key, total=1.0)
-        self.progress.update(self.tasks[key], completed=frac)
+        self.progress.update(self.tasks[key], completed=frac, refresh=True)
 
 
 def _bench(path: str, devices: list[str], args: argparse.Namespace) -> BenchReport:

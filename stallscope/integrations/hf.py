@@ -8,10 +8,10 @@ accumulation it spans several micro-batches). The Trainer fetches a step's batch
 ``on_step_begin``, so data wait = time since the previous step ended (logging, evaluation and
 saving, which the Trainer announces with ``on_log``/``on_evaluate``/``on_save``, are not counted);
 host time = the step itself (accelerate's loader fetches one batch ahead, so a batch's load
-may show in the step before its own; per-epoch sums are exact); samples = ``per_device_train_batch_size`` x
-``gradient_accumulation_steps``; on CUDA, GPU busy/idle from CUDA events. The loader
-configuration comes from the ``train_dataloader`` the Trainer passes to its callbacks; the rank is
-``args.process_index``.
+may show in the step before its own; per-epoch sums are exact); samples =
+``per_device_train_batch_size`` x ``gradient_accumulation_steps``; on CUDA, GPU busy/idle from
+CUDA events. The loader configuration comes from the ``train_dataloader`` the Trainer passes to
+its callbacks; the rank is ``args.process_index``.
 """
 
 from __future__ import annotations

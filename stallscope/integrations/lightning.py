@@ -4,8 +4,8 @@
     trainer = lightning.Trainer(..., callbacks=[StallscopeCallback()])
 
 Per training batch it records data wait (from the end of the previous batch, or from the start of
-the epoch, to ``on_train_batch_start``: Lightning fetches batches in that gap; its fetcher reads one batch
-ahead, so a batch's load may show in the step before its own), host time
+the epoch, to ``on_train_batch_start``: Lightning fetches batches in that gap; its fetcher reads
+one batch ahead, so a batch's load may show in the step before its own), host time
 (``on_train_batch_start`` to ``on_train_batch_end``), samples (dim 0 of the batch's first tensor),
 the epoch (``trainer.current_epoch``) and, on CUDA, GPU busy/idle time from CUDA events. The
 loader configuration comes from ``trainer.train_dataloader``; the rank is ``trainer.global_rank``.

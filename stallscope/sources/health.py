@@ -781,8 +781,12 @@ def read_smart(device: str, *, device_type: str | None = None,
         return _unknown(f"cannot run {exe}: {exc.strerror}", device=dev, source="smartctl")
     if not res.stdout.strip():
         err = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        fixes: list[str] = []
+        if smartctl and smartctl[0] == "sudo":
+            fixes = _open_fixes(path, 1, os.environ.get("USER") or _user_name(uid))[:1]
         return _unknown(f"{exe} printed nothing for {dev} (exit {res.returncode}): "
-                        f"{err[0] if err else 'no message'}", device=dev, source="smartctl")
+                        f"{err[0] if err else 'no message'}", device=dev, source="smartctl",
+                        fixes=fixes)
     drive = parse_smartctl_text(res.stdout, source="smartctl")
     if drive.verdict == "unknown" and not drive.counters and drive.smart_passed is None:
         text = " ".join(drive.reasons)
