@@ -189,6 +189,7 @@ def scan_imagefolder(root: str, *, strict_keys: bool = False) -> Source:
     packed whatever its extension; hidden files and folders (``.name``) are skipped, and files
     directly under ``root`` are ignored (they have no class). Like ``find root -type f | sort``."""
     root = os.path.abspath(root)
+    prefix = os.path.join(root, "")  # root with one trailing separator
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as exc:
@@ -212,7 +213,7 @@ def scan_imagefolder(root: str, *, strict_keys: bool = False) -> Source:
                     continue
                 path = os.path.join(dirpath, name)
                 st = _stat(path)
-                key, fld, ren = make_key(path[len(root) + 1 :], strict=strict_keys)
+                key, fld, ren = make_key(path[len(prefix) :], strict=strict_keys)
                 renamed += ren
                 files.append(SourceFile(path, key, fld, st.st_size, st.st_mtime_ns, index))
         if len(files) == before:

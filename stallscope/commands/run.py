@@ -17,6 +17,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rich.markup import escape
+
 from stallscope import __version__
 from stallscope.collector import Collector
 from stallscope.commands._common import err_console, interval_type
@@ -165,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
         from stallscope.commands.show import print_run
 
         print_run(run_dir, console=err_console, with_diagnosis=True)
-    err_console.print(f"run directory: [bold]{run_dir}[/]")
+    err_console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
+    if not args.quiet:
+        err_console.print(f"next: stallscope report {escape(str(run_dir))}  ·  "
+                          f"stallscope diagnose {escape(str(run_dir))} --json", style="dim")
     return code if code >= 0 else 128 - code
 
 
