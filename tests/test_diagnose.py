@@ -133,11 +133,13 @@ def test_compute_bound_is_healthy() -> None:
 
 
 def test_persistent_workers_gap_at_epoch_boundaries() -> None:
+    # the probe's real config shape: loader knobs under "loader", machine facts beside them
     data = run([ser("host.cpu_pct", "", [90] * N),
                 ser("procs.cpu_pct", "101", [99] * N), ser("procs.cpu_pct", "102", [99] * N)],
                steps=steps(300, wait=0.02, host=0.02, epochs=3, first_wait=4.1),
                entities=WORKERS,
-               config={"num_workers": 2, "persistent_workers": False, "physical_cores": 8})
+               config={"loader": {"num_workers": 2, "persistent_workers": False},
+                       "physical_cores": 8})
     doc = diagnose(data)
     actions = [x["action"] for x in doc["findings"][0]["fixes"]]
     whys = [x["why"] for x in doc["findings"][0]["fixes"]]

@@ -58,6 +58,8 @@ def test_prep_stall(tmp_path: Path) -> None:
     assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
     assert doc["stall_fraction"] >= 0.3
     assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 1 → ")
+    meta = json.loads(Path(doc["run"], "meta.json").read_text())
+    assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1  # the probe's view, kept in meta
 
 
 def test_compute_bound(tmp_path: Path) -> None:

@@ -159,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     meta["exit_code"] = code
     meta["signals_forwarded"] = [signal.Signals(s).name for s in received]
     meta["samples"] = collector.samples
+    probes = store.probes()
+    if probes:  # the probe's view of the DataLoader, per rank (DESIGN: meta holds loader config)
+        meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
     write_meta(run_dir, meta)
     store.checkpoint()
     store.close()

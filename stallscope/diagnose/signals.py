@@ -163,7 +163,9 @@ def compute_signals(data: RunData) -> Signals:
 
 def _probe_signals(sig: Signals, data: RunData) -> None:
     if data.probes:
-        cfg = dict(data.probes[0]["config"])
+        # the probe keeps the DataLoader's knobs under "loader", the machine's beside them
+        raw = data.probes[0]["config"]
+        cfg = {**raw, **(raw.get("loader") or {})}
         sig.config = cfg
         if cfg.get("physical_cores"):
             sig.physical_cores = cfg["physical_cores"]
