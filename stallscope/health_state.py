@@ -17,18 +17,30 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from stallscope.sources.health import DriveHealth, Growth, apply_growth, compute_growth, iso_time
+from stallscope.errors import UsageError
+from stallscope.sources.disk import device_info
+from stallscope.sources.health import (
+    DriveHealth,
+    Growth,
+    apply_growth,
+    compute_growth,
+    iso_time,
+    read_smart,
+    validate_device,
+)
 
 __all__ = [
     "MAX_CHECKS",
     "WINDOW_S",
     "Check",
     "HealthState",
+    "check_drives",
     "default_state_path",
     "pick_baseline",
 ]
@@ -166,3 +178,43 @@ class HealthState:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def check_drives(devices: Sequence[str], *, device_type: str | None = None,
+                 smartctl: Sequence[str] = ("smartctl",), use_state: bool = True,
+                 state_path: Path | None = None) -> tuple[list[DriveHealth], list[str]]:
+    """Read SMART for each device (partitions map to their disk), judge growth against the
+    state file and record this check. Returns the drives and notes for the user.
+
+    Used by ``stallscope disk`` and by ``stallscope run --data`` (the dataset's drive)."""
+    notes: list[str] = []
+    state = None
+    if use_state:
+        state = HealthState.load(state_path or default_state_path())
+        if state.note:
+            notes.append(state.note)
+    drives = []
+    for name in devices:
+        disk = name
+        extra: list[str] = []
+        try:
+            info = device_info(name)
+            disk = str(info.get("disk") or name)
+            if info.get("virtual"):
+                extra.append(f"{disk} is a {info.get('kind')} device: virtual disks rarely "
+                             "pass SMART through")
+        except UsageError as exc:
+            extra.append(str(exc))
+        drive = read_smart(validate_device(disk), device_type=device_type, smartctl=smartctl)
+        if extra:
+            drive = replace(drive, notes=(*drive.notes, *extra))
+        if state is not None:
+            drive = state.observe(drive, time.time())
+        drives.append(drive)
+    if state is not None and any(d.counters for d in drives):
+        try:
+            state.save()
+        except OSError as exc:
+            notes.append(f"could not save {state.path} ({exc.strerror}): growth will not be "
+                         "tracked; set STALLSCOPE_STATE_DIR to a writable directory")
+    return drives, notes

@@ -90,7 +90,7 @@ WARN_LARGE = 4 * 10**9
 TAR_MTIME = 0
 TAR_MODE = 0o444
 #: readahead window of the reader threads, bytes (one file is always allowed, whatever its size)
-PREFETCH_BYTES = 128 * 2**20
+PREFETCH_BYTES = 64 * 2**20
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -555,33 +555,53 @@ def _read_file(f: SourceFile) -> bytes:
     return data
 
 
+def _read_batch(batch: Sequence[SourceFile]) -> list[bytes]:
+    return [_read_file(f) for f in batch]
+
+
+def _batches(
+    files: Sequence[SourceFile], max_files: int, max_bytes: int
+) -> Iterator[list[SourceFile]]:
+    batch: list[SourceFile] = []
+    nbytes = 0
+    for f in files:
+        if batch and (len(batch) >= max_files or nbytes + f.size > max_bytes):
+            yield batch
+            batch, nbytes = [], 0
+        batch.append(f)
+        nbytes += f.size
+    if batch:
+        yield batch
+
+
 def _prefetch(files: Sequence[SourceFile], workers: int) -> Iterator[tuple[SourceFile, bytes]]:
-    """File contents in order, read by ``workers`` threads ahead of the consumer (bounded by
-    PREFETCH_BYTES and 16 files per thread). Threads only read; order stays fixed."""
+    """File contents in order, read by ``workers`` threads ahead of the consumer.
+
+    Each task reads a run of consecutive files (up to 16 files / 4 MiB), which keeps the
+    per-file cost of handing work between threads small; at most PREFETCH_BYTES are read
+    ahead. Threads only read; the order stays fixed."""
     if workers <= 1:
         for f in files:
             yield f, _read_file(f)
         return
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stallscope-pack")
-    pending: deque[tuple[SourceFile, Future[bytes]]] = deque()
+    tasks = _batches(files, 16, 4 << 20)
+    pending: deque[tuple[list[SourceFile], int, Future[list[bytes]]]] = deque()
     inflight = 0
-    nxt = 0
     try:
-        while nxt < len(files) or pending:
-            while nxt < len(files) and (
-                not pending
-                or (inflight + files[nxt].size <= PREFETCH_BYTES and len(pending) < 16 * workers)
-            ):
-                f = files[nxt]
-                pending.append((f, pool.submit(_read_file, f)))
-                inflight += f.size
-                nxt += 1
-            f, fut = pending.popleft()
-            data = fut.result()
-            inflight -= f.size
-            yield f, data
+        for batch in tasks:
+            size = sum(f.size for f in batch)
+            while pending and inflight + size > PREFETCH_BYTES:
+                done, done_size, fut = pending.popleft()
+                inflight -= done_size
+                yield from zip(done, fut.result(), strict=True)
+            pending.append((batch, size, pool.submit(_read_batch, batch)))
+            inflight += size
+        while pending:
+            done, _, fut = pending.popleft()
+            yield from zip(done, fut.result(), strict=True)
     finally:
-        for _, fut in pending:
+        for _, _, fut in pending:
             fut.cancel()
         pool.shutdown(wait=True)
 

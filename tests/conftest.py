@@ -25,3 +25,10 @@ def tool_missing(tool: str) -> None:
     if os.environ.get("STALLSCOPE_ALLOW_MISSING_TOOLS") == "1":
         pytest.skip(f"{tool} not installed (allowed by STALLSCOPE_ALLOW_MISSING_TOOLS=1)")
     pytest.fail(f"{tool} is not installed; CI installs it in .ci/run")
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """SMART growth state goes to a per-session temp dir, never the user's ~/.local/state."""
+    monkeypatch.setenv("STALLSCOPE_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))

@@ -173,3 +173,23 @@ def test_module_entry_point_version() -> None:
     r = subprocess.run(stallscope_argv("--version"), capture_output=True, text=True,
                        env=dict(os.environ))
     assert r.returncode == 0 and r.stdout.startswith("stallscope ")
+
+
+def test_run_with_data_maps_device_and_checks_its_health(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    r = _run(["run", "--interval", "0.3", "--quiet", "--data", str(tmp_path / "data"), "--",
+              "sleep", "1"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
+    meta = read_meta(run_dir)
+    devs = meta["data_devices"]
+    assert devs, meta.get("unavailable")  # the test folder sits on a block device
+    # SMART of the dataset's drive was read with the real smartctl (a virtual disk gives
+    # "unknown" with the reason and the fix; a real one a verdict)
+    assert [d["device"] for d in meta["disk_health"]] == [f"/dev/{d}" for d in devs]
+    for d in meta["disk_health"]:
+        assert d["verdict"] in ("ok", "ageing", "failing", "unknown")
+        assert d["reasons"] or d["verdict"] == "ok"
+    st = RunStore(run_dir / "run.db", readonly=True)
+    assert st.read("disk.util_pct", devs[0])  # the dataset's device is sampled
+    st.close()

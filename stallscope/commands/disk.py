@@ -11,9 +11,7 @@ import argparse
 import json
 import os
 import stat
-import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +33,12 @@ from stallscope.diskbench import (
     run_fio,
 )
 from stallscope.errors import UsageError
-from stallscope.health_state import HealthState, default_state_path
+from stallscope.health_state import check_drives
 from stallscope.sources.disk import describe_path, device_info
 from stallscope.sources.health import (
     DriveHealth,
     explain_series,
     parse_smartctl_text,
-    read_smart,
-    validate_device,
     validate_device_type,
 )
 
@@ -149,36 +145,9 @@ def _resolve(target: str | None) -> tuple[str | None, list[str], str]:
 def _health(devices: Sequence[str], args: argparse.Namespace,
             notes: list[str]) -> list[DriveHealth]:
     smartctl: tuple[str, ...] = ("sudo", "-n", "smartctl") if args.sudo else ("smartctl",)
-    state = None
-    if not args.no_state:
-        state = HealthState.load(default_state_path())
-        if state.note:
-            notes.append(state.note)
-    drives = []
-    for name in devices:
-        disk = name
-        extra: list[str] = []
-        try:
-            info = device_info(name)
-            disk = str(info.get("disk") or name)
-            if info.get("virtual"):
-                extra.append(f"{disk} is a {info.get('kind')} device: virtual disks rarely "
-                             "pass SMART through")
-        except UsageError as exc:
-            extra.append(str(exc))
-        drive = read_smart(validate_device(disk), device_type=args.device_type,
-                           smartctl=smartctl)
-        if extra:
-            drive = replace(drive, notes=(*drive.notes, *extra))
-        if state is not None:
-            drive = state.observe(drive, time.time())
-        drives.append(drive)
-    if state is not None and any(d.counters for d in drives):
-        try:
-            state.save()
-        except OSError as exc:
-            notes.append(f"could not save {state.path} ({exc.strerror}): growth will not be "
-                         "tracked; set STALLSCOPE_STATE_DIR to a writable directory")
+    drives, more = check_drives(devices, device_type=args.device_type, smartctl=smartctl,
+                                use_state=not args.no_state)
+    notes.extend(more)
     return drives
 
 

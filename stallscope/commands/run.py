@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -126,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
     meta["unavailable"] = unavailable
     meta["pid"] = child.pid
     write_meta(run_dir, meta)
+    health: list[dict[str, Any]] = []
+    health_thread = None
+    if devices:  # the dataset's drive: SMART once per run, off the main path (smartctl is slow)
+        health_thread = threading.Thread(target=_check_health, args=(devices, health),
+                                         name="stallscope-smart", daemon=True)
+        health_thread.start()
     collector = Collector(store, sources + procs, interval=args.interval,
                           unavailable=unavailable, keep_full_s=args.keep_full)
 
@@ -159,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     meta["exit_code"] = code
     meta["signals_forwarded"] = [signal.Signals(s).name for s in received]
     meta["samples"] = collector.samples
+    if health_thread is not None:
+        health_thread.join(timeout=30)
+        meta["disk_health"] = health
     probes = store.probes()
     if probes:  # the probe's view of the DataLoader, per rank (DESIGN: meta holds loader config)
         meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
@@ -175,6 +185,13 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"next: stallscope report {escape(str(run_dir))}  ·  "
                           f"stallscope diagnose {escape(str(run_dir))} --json", style="dim")
     return code if code >= 0 else 128 - code
+
+
+def _check_health(devices: list[str], out: list[dict[str, Any]]) -> None:
+    from stallscope.health_state import check_drives
+
+    drives, _notes = check_drives(devices)
+    out.extend(d.to_json() for d in drives)
 
 
 def _terminal_delivered() -> bool:
