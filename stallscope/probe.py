@@ -463,8 +463,7 @@ class Probe:
         self._store = RunStore(self.run_dir / "run.db")
 
     def _open_standalone(self) -> None:
-        from stallscope import __version__
-        from stallscope.store import DEFAULT_OUT, new_run_dir, write_meta
+        from stallscope.store import DEFAULT_OUT, base_meta, new_run_dir, write_meta
 
         out = os.environ.get("STALLSCOPE_OUT") or DEFAULT_OUT
         label = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
@@ -480,22 +479,8 @@ class Probe:
         self.run_dir = run_dir
         if not lead:
             return
-        meta: dict[str, Any] = {
-            "command": list(sys.argv), "host": socket.gethostname(), "start": self._wall0,
-            "end": None, "exit_code": None, "interval_s": self.collect_interval,
-            "mode": "probe", "pid": root_pid, "cwd": os.getcwd(), "data": None,
-            "data_devices": [],
-            "versions": {"stallscope": __version__, "python": sys.version.split()[0],
-                         "kernel": os.uname().release,
-                         "torch": str(getattr(sys.modules.get("torch"), "__version__", None))},
-        }
-        try:
-            import psutil
-
-            meta["physical_cores"] = psutil.cpu_count(logical=False)
-            meta["logical_cores"] = psutil.cpu_count(logical=True)
-        except ImportError:
-            meta["logical_cores"] = os.cpu_count()
+        meta = base_meta(list(sys.argv), start=self._wall0,
+                         interval_s=self.collect_interval, mode="probe", pid=root_pid)
         write_meta(run_dir, meta)
         self._meta = meta
         self._standalone_pending = (run_dir, root_pid, meta)  # sampled once the store is open

@@ -46,6 +46,7 @@ __all__ = [
     "RunStore",
     "Series",
     "StepRow",
+    "base_meta",
     "find_run",
     "list_runs",
     "new_run_dir",
@@ -363,6 +364,37 @@ def new_run_dir(out: str | os.PathLike[str], label: str, now: float | None = Non
             raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from exc
         return path
     raise UsageError(f"too many runs named {stamp}-{safe} in {root}")
+
+
+def base_meta(command: list[str], *, start: float, interval_s: float,
+              **extra: Any) -> dict[str, Any]:
+    """The ``meta.json`` fields every run starts with (``stallscope run`` and the standalone
+    probe): command, host, start, versions, cores; ``extra`` adds or overrides fields."""
+    import platform
+    import socket
+    import sys
+
+    from stallscope import __version__
+
+    versions: dict[str, Any] = {"stallscope": __version__,
+                                "python": platform.python_version(),
+                                "kernel": platform.release()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = str(getattr(torch, "__version__", None))
+    meta: dict[str, Any] = {
+        "command": list(command), "host": socket.gethostname(), "start": start, "end": None,
+        "exit_code": None, "interval_s": interval_s, "cwd": os.getcwd(), "data": None,
+        "data_devices": [], "versions": versions, "logical_cores": os.cpu_count(),
+    }
+    try:
+        import psutil
+
+        meta["physical_cores"] = psutil.cpu_count(logical=False)
+    except ImportError:
+        meta["physical_cores"] = None
+    meta.update(extra)
+    return meta
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "pack",
         help="pack a small-file dataset into WebDataset tar shards",
+        usage="stallscope pack SRC DST [options]\n       stallscope pack --verify DST [--json]",
         description="Pack an ImageFolder tree (SRC/<class>/<file>) or a file list (CSV with a "
         'header \'path,label\', or JSON lines {"path":…, "label":…}) into WebDataset shards '
         "DST/shard-NNNNNN.tar with DST/manifest.json. Deterministic (same input, same bytes) "

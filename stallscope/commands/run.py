@@ -9,7 +9,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,12 +19,11 @@ from typing import Any
 
 from rich.markup import escape
 
-from stallscope import __version__
 from stallscope.collector import Collector
 from stallscope.commands._common import err_console, interval_type
 from stallscope.errors import UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
-from stallscope.store import DEFAULT_OUT, RunStore, new_run_dir, write_meta
+from stallscope.store import DEFAULT_OUT, RunStore, base_meta, new_run_dir, write_meta
 
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
             signal.SIGUSR2)
@@ -81,30 +79,14 @@ def data_devices(path: str | None) -> tuple[list[str], str | None]:
     return list(devs), None
 
 
-def _versions() -> dict[str, Any]:
-    v: dict[str, Any] = {"stallscope": __version__, "python": sys.version.split()[0],
-                         "kernel": os.uname().release}
-    return v
-
-
 def run(args: argparse.Namespace) -> int:
     cmd = _resolve(list(args.cmd))
     devices, dev_note = data_devices(args.data)
     run_dir = new_run_dir(args.out, Path(cmd[0]).name)
     store = RunStore(run_dir / "run.db")
     started = time.time()
-    meta: dict[str, Any] = {
-        "command": cmd, "host": socket.gethostname(), "start": started, "end": None,
-        "exit_code": None, "interval_s": args.interval, "data": args.data,
-        "data_devices": devices, "versions": _versions(), "cwd": os.getcwd(),
-    }
-    try:
-        import psutil
-
-        meta["physical_cores"] = psutil.cpu_count(logical=False)
-        meta["logical_cores"] = psutil.cpu_count(logical=True)
-    except ImportError:
-        meta["logical_cores"] = os.cpu_count()
+    meta = base_meta(cmd, start=started, interval_s=args.interval, data=args.data,
+                     data_devices=devices)
     write_meta(run_dir, meta)
 
     # open the machine-wide sources before the child starts: NVML init takes a moment and the
