@@ -206,6 +206,7 @@ def _collect(dataset: Any, num_workers: int) -> list[str]:
 def test_dataloader_ranks_x_workers_cover_every_sample_once(
     even_shards: tuple[Path, set[str]],
 ) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     from stallscope.data import ShardDataset
 
     dst, keys = even_shards
@@ -221,6 +222,7 @@ def test_dataloader_ranks_x_workers_cover_every_sample_once(
 
 @pytest.mark.torch
 def test_equalize_gives_every_rank_the_same_count(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     from stallscope.data import ShardDataset
 
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=47)
@@ -240,6 +242,7 @@ def test_equalize_gives_every_rank_the_same_count(tmp_path: Path) -> None:
 
 @pytest.mark.torch
 def test_shuffling_is_seeded_and_changes_per_epoch(even_shards: tuple[Path, set[str]]) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     from stallscope.data import ShardDataset
 
     dst, keys = even_shards
@@ -258,6 +261,7 @@ def test_shuffling_is_seeded_and_changes_per_epoch(even_shards: tuple[Path, set[
 
 @pytest.mark.torch
 def test_idle_reader_warns_and_yields_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     from stallscope.data import ShardDataset
 
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=4)
@@ -272,6 +276,7 @@ def test_idle_reader_warns_and_yields_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.torch
 def test_plain_tar_list_reads_without_counts(even_shards: tuple[Path, set[str]]) -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed")
     from stallscope.data import ShardDataset
 
     dst, keys = even_shards

@@ -41,6 +41,17 @@ def snapshot(interval: float) -> dict[str, Any]:
     return doc
 
 
+_DISK_COLUMNS = (("r_s", "r/s"), ("rkb_s", "rkB/s"), ("r_await_ms", "r_await"),
+                 ("w_s", "w/s"), ("wkb_s", "wkB/s"),
+                 ("w_await_ms", "w_await"), ("aqu_sz", "aqu-sz"), ("util_pct", "%util"))
+
+
+def _num(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.1f}"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.2f}"
@@ -62,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
                 t.add_row(k, escape(_fmt(v)))
         out_console.print(t)
     if doc.get("disk"):
-        t = Table(title="disk (iostat -x)", title_justify="left", show_edge=False)
+        # the iostat -x columns that matter most, under iostat's own names; --json has all 12
+        t = Table(title="disk (iostat -x; --json for every field)", title_justify="left",
+                  show_edge=False)
         t.add_column("device")
-        cols = list(next(iter(doc["disk"].values())).keys())
-        for c in cols:
-            t.add_column(c, justify="right")
+        for _key, label in _DISK_COLUMNS:
+            t.add_column(label, justify="right")
         for dev, f in doc["disk"].items():
-            t.add_row(escape(dev), *(_fmt(f.get(c)) for c in cols))
+            t.add_row(escape(dev), *(_num(f.get(k)) for k, _ in _DISK_COLUMNS))
         out_console.print(t)
     if doc.get("host"):
         t = Table(title="host", title_justify="left", show_edge=False, show_header=False)

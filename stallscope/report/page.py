@@ -27,7 +27,7 @@ __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 
 #: a plain-language title per finding kind (DESIGN.md's list); unknown kinds show as-is
 KIND_TITLES: dict[str, str] = {
-    "input_bound.fetch": "Input-bound: storage cannot feed the GPU fast enough",
+    "input_bound.fetch": "Input-bound: storage cannot feed the trainer fast enough",
     "input_bound.prep": "Input-bound: CPU preprocessing cannot keep up",
     "h2d_bound": "Host-to-device copies hold the GPU back",
     "compute_bound": "Compute-bound: the GPU is the bottleneck (healthy)",
