@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from conftest import stallscope_argv
 
 from stallscope.store import RunStore, read_meta
@@ -77,6 +78,13 @@ def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert rows and set(rows[0]) == {"ts", "metric", "entity", "value"}
     assert any(row["metric"] == "procs.cpu_pct" for row in rows)
+    pq = pytest.importorskip("pyarrow.parquet")
+    r = _run(["export", str(run_dir), "--format", "parquet", "-o", str(tmp_path / "p.parquet")],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert table.column_names == ["ts", "metric", "entity", "value"]
+    assert table.num_rows == len(rows)
 
 
 def test_sigterm_is_forwarded_and_code_returned(tmp_path: Path) -> None:

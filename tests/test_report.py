@@ -161,7 +161,7 @@ def test_report_opens_with_verdict_and_findings(tmp_path: Path) -> None:
                                              "events")]
     assert order == sorted(order), "sections out of order"
     verdict = doc[doc.index('id="verdict"'):doc.index('id="findings"')]
-    assert "storage cannot feed the GPU" in verdict
+    assert "storage cannot feed the trainer" in verdict
     assert "input_bound.fetch" in verdict
     assert "42%" in verdict and "×1.72" in verdict
     assert "pack the dataset" in verdict  # the first fix is in the banner

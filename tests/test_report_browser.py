@@ -83,7 +83,7 @@ def test_dom_after_scripts_has_verdict_and_plots(report_page: Path, tmp_path: Pa
     netlog = tmp_path / "netlog.json"
     dom = _run_chromium(report_page, tmp_path, f"--log-net-log={netlog}", "--dump-dom").stdout
     assert 'data-ready="1"' in dom, "the page's script did not run to its end"
-    assert "Input-bound: storage cannot feed the GPU fast enough" in dom
+    assert "Input-bound: storage cannot feed the trainer fast enough" in dom
     assert 'id="verdict-kind">input_bound.fetch<' in dom
     for pid in PLOTS:
         assert f'id="svg-{pid}"' in dom, pid

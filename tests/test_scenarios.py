@@ -59,7 +59,19 @@ def test_prep_stall(tmp_path: Path) -> None:
     assert doc["stall_fraction"] >= 0.3
     assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 1 → ")
     meta = json.loads(Path(doc["run"], "meta.json").read_text())
-    assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1  # the probe's view, kept in meta
+    # the probe's view of the loader is kept in meta.json
+    assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1
+
+
+def test_prep_stall_without_probe(tmp_path: Path) -> None:
+    """The same stall with system metrics only: still named, with lower confidence, and the
+    finding says the probe would sharpen it."""
+    doc = run_scenario("prep-no-probe", tmp_path, ["--prep-cost", "40", "--workers", "1",
+                                                   "--model", "tiny", "--no-probe"])
+    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    top = doc["findings"][0]
+    assert doc["stall_source"] is None and top["confidence"] <= 0.5
+    assert any("stallscope.watch" in f["action"] for f in top["fixes"])
 
 
 def test_compute_bound(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from stallscope.collector import Collector
 from stallscope.commands._common import err_console, interval_type
-from stallscope.errors import UsageError
+from stallscope.errors import StallscopeError, UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
 from stallscope.store import DEFAULT_OUT, RunStore, base_meta, new_run_dir, write_meta
 
@@ -72,7 +72,7 @@ def data_devices(path: str | None) -> tuple[list[str], str | None]:
         return [], "disk source not available"
     try:
         devs = devices_for_path(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StallscopeError) as exc:  # e.g. mountinfo unreadable: go on
         return [], f"cannot map {path} to a block device: {exc}"
     if not devs:
         return [], f"{path} is not on a local block device (tmpfs or network filesystem?)"
