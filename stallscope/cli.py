@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sqlite3
 import sys
 from collections.abc import Sequence
 
@@ -63,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StallscopeError as exc:
         sys.stderr.write(f"stallscope: error: {exc}\n")
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:  # a run.db damaged or from a foreign schema
+        sys.stderr.write(f"stallscope: error: run database unreadable ({exc}); "
+                         "`PRAGMA integrity_check` in sqlite3 tells more\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("stallscope: interrupted\n")
         return 130

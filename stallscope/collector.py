@@ -9,6 +9,8 @@ that fails is reported once as an event and retried; after repeated failures it 
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +48,7 @@ class Collector:
         self.on_sample = on_sample
         self.clock = clock
         self.samples = 0
+        self.store_errors = 0  #: samples or events that could not be written
         self.failures: dict[str, int] = {}
         self._said: set[tuple[str, str]] = set()
         self._stop = threading.Event()
@@ -64,7 +67,10 @@ class Collector:
         if (source, message) in self._said:
             return
         self._said.add((source, message))
-        self.store.add_event(ts, source, kind, message)
+        try:
+            self.store.add_event(ts, source, kind, message)
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed(exc)
 
     # --- one sample -----------------------------------------------------------------------------
     def sample_once(self) -> dict[str, Any]:
@@ -88,7 +94,10 @@ class Collector:
                 continue
             payloads[src.name] = payload
             points.extend(iter_points_from_payload(src.name, payload))
-            self._entities(now, src, payload)
+            try:
+                self._entities(now, src, payload)
+            except (sqlite3.Error, OSError) as exc:
+                self._store_failed(exc)
             for note in getattr(src, "notes", []):
                 self.say(now, src.name, "note", note)
         cost_cpu = time.thread_time() - cpu0
@@ -96,13 +105,24 @@ class Collector:
         if payloads:
             points.append(Point("collector.cpu_s", "", cost_cpu))
             points.append(Point("collector.wall_s", "", cost_wall))
-            self.store.add_points(now, points)
-            self.samples += 1
-            if self.samples % 60 == 0:
-                self.store.downsample(now - self.keep_full_s, self.bucket_s)
+            try:
+                self.store.add_points(now, points)
+                self.samples += 1
+                if self.samples % 60 == 0:
+                    self.store.downsample(now - self.keep_full_s, self.bucket_s)
+            except (sqlite3.Error, OSError) as exc:  # disk full, locked too long, I/O error
+                self._store_failed(exc)
         if self.on_sample is not None:
             self.on_sample(now, payloads)
         return payloads
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """The store cannot be written: say it once on stderr (where else?), count the rest;
+        the next interval tries again."""
+        self.store_errors += 1
+        if self.store_errors == 1:
+            sys.stderr.write(f"stallscope: cannot write to {self.store.path}: {exc} "
+                             "(samples are lost until it can)\n")
 
     def _failed(self, now: float, src: Source, exc: BaseException) -> None:
         n = self.failures.get(src.name, 0) + 1

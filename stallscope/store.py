@@ -184,6 +184,20 @@ class RunStore:
                 [(ts, source, e) for e in entities],
             )
 
+    def finalize_roles(self) -> None:
+        """Rewrite the procs entities' ``role`` with what the whole run shows (the probe's pid,
+        DataLoader workers' parents, launchers): the sampler only knew the tree's root."""
+        from stallscope.sources.procs import infer_roles
+
+        procs = self.entities("procs")
+        probe_pids = {str(p["pid"]) for p in self.probes()}
+        roles = infer_roles(procs, probe_pids)
+        with self.db:
+            for e in procs:
+                attrs = dict(e["attrs"], role=roles.get(e["entity"], "worker"))
+                self.db.execute("UPDATE entities SET attrs=? WHERE source='procs' AND entity=?",
+                                (json.dumps(attrs, sort_keys=True), e["entity"]))
+
     def add_event(self, ts: float, source: str, kind: str, message: str) -> None:
         with self.db:
             self.db.execute("INSERT INTO events VALUES(?, ?, ?, ?)", (ts, source, kind, message))
@@ -321,11 +335,15 @@ class RunStore:
         return [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
 
     def probes(self) -> list[dict[str, Any]]:
-        return [
-            {"rank": r, "pid": p, "config": json.loads(c), "steps": s, "dropped": d,
-             "updated": u}
-            for r, p, c, s, d, u in self.db.execute("SELECT * FROM probes ORDER BY rank")
-        ]
+        out = []
+        for r, p, c, s, d, u in self.db.execute("SELECT * FROM probes ORDER BY rank"):
+            try:
+                config = json.loads(c)
+            except ValueError:
+                config = None
+            out.append({"rank": r, "pid": p, "config": config if isinstance(config, dict) else {},
+                        "steps": s, "dropped": d, "updated": u})
+        return out
 
     def time_range(self) -> tuple[float, float] | None:
         row = self.db.execute(
@@ -413,7 +431,37 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise RunNotFound(f"{run_dir}/meta.json is unreadable: {exc}") from exc
     if not isinstance(meta, dict):
         raise RunNotFound(f"{run_dir}/meta.json is not a JSON object")
+    _check_meta(run_dir, meta)
     return meta
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e15
+
+
+#: meta.json keys readers rely on, and what they must hold (None always allowed)
+_META_TYPES: dict[str, tuple[str, Any]] = {
+    "command": ("a list of strings",
+                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "start": ("a number (Unix time)", _is_num),
+    "end": ("a number (Unix time)", _is_num),
+    "exit_code": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "interval_s": ("a number of seconds", _is_num),
+    "data_devices": ("a list of device names",
+                     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "unavailable": ("an object", lambda v: isinstance(v, dict)),
+    "disk_health": ("a list of drives",
+                    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+}
+
+
+def _check_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Reject a meta.json whose keys have the wrong types, naming the key (a hand-edited or
+    foreign file must give one clear line, not a TypeError deep in a command)."""
+    for key, (what, ok) in _META_TYPES.items():
+        v = meta.get(key)
+        if v is not None and not ok(v):
+            raise RunNotFound(f"{run_dir}/meta.json: {key!r} should be {what}, got {v!r:.60}")
 
 
 def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:

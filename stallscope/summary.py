@@ -76,8 +76,9 @@ def summarize(store: RunStore, data_devices: Sequence[str] = ()) -> dict[str, An
             if st is not None:
                 rows.append(st.as_dict())
     # the trainer tree: main vs workers, summed per sample
-    procs = store.entities("procs")
-    roles = {p["entity"]: p["attrs"].get("role", "worker") for p in procs}
+    from stallscope.sources.procs import infer_roles
+
+    roles = infer_roles(store.entities("procs"), {str(p["pid"]) for p in store.probes()})
     for role in ("main", "worker"):
         per_ts: dict[float, float] = {}
         for (n, ent), s in all_series.items():
@@ -118,8 +119,9 @@ def _fmt(v: float) -> str:
 
 def render_summary(summary: dict[str, Any]) -> Any:
     """A rich Table of the summary."""
-    from rich.markup import escape
     from rich.table import Table
+
+    from stallscope.textsafe import safe
 
     table = Table(title="Resources over the run", title_justify="left", show_edge=False)
     for col, just in (("metric", "left"), ("entity", "left"), ("median", "right"),
@@ -129,6 +131,6 @@ def render_summary(summary: dict[str, Any]) -> Any:
         ent = r["entity"]
         if "processes" in r:
             ent = f"{r['processes']} proc"
-        table.add_row(escape(r["metric"]), escape(str(ent)), _fmt(r["median"]),
+        table.add_row(safe(r["metric"]), safe(str(ent)), _fmt(r["median"]),
                       _fmt(r["p95"]), _fmt(r["max"]), r["unit"])
     return table

@@ -72,9 +72,11 @@ TREE = textwrap.dedent("""
 
 def test_real_tree_roles_and_cpu() -> None:
     p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    kids: list[int] = []
     try:
         assert p.stdout is not None
         burn, sleeper = map(int, p.stdout.readline().split())
+        kids = [burn, sleeper]
         src = ProcsSource(p.pid)
         src.open()
         truth = psutil.Process(burn)
@@ -103,6 +105,11 @@ def test_real_tree_roles_and_cpu() -> None:
         out = src.sample(time.time())
         assert out is not None and str(sleeper) not in out
     finally:
+        for pid in kids:  # the forked children outlive their parent: end them too
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
         p.kill()
         p.wait()
 

@@ -7,7 +7,9 @@ import math
 
 from rich.console import Console
 
-__all__ = ["err_console", "interval_type", "out_console"]
+from stallscope.textsafe import safe
+
+__all__ = ["err_console", "interval_type", "keep_full_type", "out_console", "safe"]
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -24,3 +26,16 @@ def interval_type(text: str) -> float:
         raise argparse.ArgumentTypeError(f"--interval must be between 0.1 and 3600 seconds, "
                                          f"got {text!r}")
     return v
+
+
+def keep_full_type(text: str) -> float:
+    """``--keep-full``: seconds of full resolution, at least one minute, finite."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--keep-full must be a number of seconds, got "
+                                         f"{text!r}") from None
+    if not math.isfinite(v) or v < 60:
+        raise argparse.ArgumentTypeError(f"--keep-full must be at least 60 seconds, got {text!r}")
+    return v
+

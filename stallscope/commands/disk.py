@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stallscope.commands._common import err_console, out_console
+from stallscope.commands._common import err_console, out_console, safe
 from stallscope.diskbench import (
     HEALTHY,
     BenchPlan,
@@ -213,28 +212,28 @@ def _print_drives(drives: Sequence[DriveHealth], notes: Sequence[str]) -> None:
     for d in drives:
         color = _COLOR.get(d.verdict, "")
         title = " ".join(x for x in (d.device or d.source or "drive", d.model, d.protocol) if x)
-        out_console.print(f"[bold]{escape(title)}[/bold]: [{color}]{d.verdict}[/{color}]")
+        out_console.print(f"[bold]{safe(title)}[/bold]: [{color}]{d.verdict}[/{color}]")
         if d.serial:
-            out_console.print(f"  serial {escape(d.serial)}")
+            out_console.print(f"  serial {safe(d.serial)}")
         for r in d.reasons:
-            out_console.print(f"  - {escape(r)}")
+            out_console.print(f"  - {safe(r)}")
         for k, g in d.growth.items():
-            out_console.print(f"  [yellow]growth[/yellow] {escape(k)} {g.start} → {g.end} "
-                              f"since {escape(g.since)}")
+            out_console.print(f"  [yellow]growth[/yellow] {safe(k)} {g.start} → {g.end} "
+                              f"since {safe(g.since)}")
         for n in d.notes:
-            out_console.print(f"  [dim]note: {escape(n)}[/dim]")
+            out_console.print(f"  [dim]note: {safe(n)}[/dim]")
         if d.fixes:
             out_console.print("  fix:")
             for f in d.fixes:
-                out_console.print(f"    * {escape(f)}")
+                out_console.print(f"    * {safe(f)}")
     for n in notes:
-        out_console.print(f"[dim]note: {escape(n)}[/dim]")
+        out_console.print(f"[dim]note: {safe(n)}[/dim]")
 
 
 def _print_bench(report: BenchReport) -> None:
     exp = HEALTHY.get(report.device_class)
-    out_console.print(f"\n[bold]bench[/bold] {escape(report.path)} on "
-                      f"{escape(report.mount_point)} ({escape(report.fstype)}, "
+    out_console.print(f"\n[bold]bench[/bold] {safe(report.path)} on "
+                      f"{safe(report.mount_point)} ({safe(report.fstype)}, "
                       f"{', '.join(report.devices) or 'no block device'}): "
                       f"{exp.label if exp else 'device class unknown'}")
     t = Table(show_edge=False)
@@ -273,11 +272,11 @@ def _print_bench(report: BenchReport) -> None:
     out_console.print(t)
     for r in report.results:
         for n in r.notes:
-            out_console.print(f"[dim]note ({r.engine}): {escape(n)}[/dim]")
+            out_console.print(f"[dim]note ({r.engine}): {safe(n)}[/dim]")
     if exp and exp.note:
-        out_console.print(f"[dim]{escape(exp.note)}[/dim]")
+        out_console.print(f"[dim]{safe(exp.note)}[/dim]")
     for f in report.flags:
-        out_console.print(f"[bold yellow]! {escape(f)}[/bold yellow]")
+        out_console.print(f"[bold yellow]! {safe(f)}[/bold yellow]")
 
 
 def run(args: argparse.Namespace) -> int:

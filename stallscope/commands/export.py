@@ -53,11 +53,17 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("parquet export needs pyarrow: pip install pyarrow") from None
         cols = {h: [r[i] for r in data] for i, h in enumerate(header)}
-        pq.write_table(pa.table(cols), args.output)
+        try:
+            pq.write_table(pa.table(cols), args.output)
+        except (OSError, pa.ArrowException) as exc:
+            raise UsageError(f"cannot write {args.output}: {exc}") from exc
         return 0
     if args.output:
-        with Path(args.output).open("w", newline="") as f:
-            _write_csv(f, header, data)
+        try:
+            with Path(args.output).open("w", newline="") as f:
+                _write_csv(f, header, data)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output}: {exc.strerror}") from exc
     else:
         _write_csv(sys.stdout, header, data)
     return 0

@@ -9,6 +9,7 @@ import argparse
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,10 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rich.markup import escape
-
 from stallscope.collector import Collector
-from stallscope.commands._common import err_console, interval_type
+from stallscope.commands._common import err_console, interval_type, keep_full_type, safe
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
 from stallscope.store import DEFAULT_OUT, RunStore, base_meta, new_run_dir, write_meta
@@ -39,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the dataset lives; its block device is watched closely")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"directory for run directories (default ./{DEFAULT_OUT})")
-    p.add_argument("--keep-full", type=float, default=3600.0, metavar="S",
+    p.add_argument("--keep-full", type=keep_full_type, default=3600.0, metavar="S",
                    help="keep full resolution for the last S seconds; older samples are "
                    "downsampled to 1-minute min/mean/max (default 3600)")
     p.add_argument("--quiet", action="store_true", help="print only the run directory at the end")
@@ -93,64 +92,74 @@ def run(args: argparse.Namespace) -> int:
     # first sample should see the child from its start
     sources, unavailable = open_sources(SOURCE_NAMES, disk_devices=None)
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(run_dir.resolve()))
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except OSError as exc:
-        store.close()
-        for src in sources:
-            src.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise UsageError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from exc
-
-    procs, procs_unavail = open_sources(("procs",), root_pid=child.pid)
-    unavailable.update(procs_unavail)
-    if dev_note:
-        unavailable["data"] = dev_note
-    meta["unavailable"] = unavailable
-    meta["pid"] = child.pid
-    write_meta(run_dir, meta)
-    health: list[dict[str, Any]] = []
-    health_thread = None
-    if devices:  # the dataset's drive: SMART once per run, off the main path (smartctl is slow)
-        health_thread = threading.Thread(target=_check_health, args=(devices, health),
-                                         name="stallscope-smart", daemon=True)
-        health_thread.start()
-    collector = Collector(store, sources + procs, interval=args.interval,
-                          unavailable=unavailable, keep_full_s=args.keep_full)
-
     received: list[int] = []
+    started_child: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
+        if not started_child:
+            return  # the child is being started: sent right after it exists
         # Ctrl-C at a terminal already reached the child (same foreground process group):
         # sending it again would interrupt the child's own clean-up.
         if signum == signal.SIGINT and _terminal_delivered():
             return
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        _send(started_child[0], signum)
 
+    # handlers go in before the child starts, so a signal that arrives while it starts is
+    # forwarded too instead of killing us and orphaning the child
     old = {s: signal.signal(s, forward) for s in _FORWARD}
+    collector: Collector | None = None
+    health: list[dict[str, Any]] = []
+    health_thread = None
     try:
-        collector.start()
-        while True:
-            try:
-                code = child.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - handler above replaces SIGINT
-                continue
+        try:
+            child = subprocess.Popen(cmd, env=env)
+        except OSError as exc:
+            store.close()
+            for src in sources:
+                src.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise UsageError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from exc
+        early = list(received)
+        started_child.append(child)
+        for signum in early:
+            _send(child, signum)
+        try:
+            procs, procs_unavail = open_sources(("procs",), root_pid=child.pid)
+            unavailable.update(procs_unavail)
+            if dev_note:
+                unavailable["data"] = dev_note
+            meta["unavailable"] = unavailable
+            meta["pid"] = child.pid
+            write_meta(run_dir, meta)
+            if devices:  # the dataset's drive: SMART once per run, off the main path
+                health_thread = threading.Thread(target=_check_health, args=(devices, health),
+                                                 name="stallscope-smart", daemon=True)
+                health_thread.start()
+            collector = Collector(store, sources + procs, interval=args.interval,
+                                  unavailable=unavailable, keep_full_s=args.keep_full)
+            collector.start()
+        except (StallscopeError, OSError, sqlite3.Error) as exc:
+            # monitoring broke, training must not: keep waiting for the child
+            err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}",
+                              soft_wrap=True)
+        code = child.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        collector.stop()
+        if collector is not None:
+            collector.stop()
     meta["end"] = time.time()
     meta["exit_code"] = code
     meta["signals_forwarded"] = [signal.Signals(s).name for s in received]
-    meta["samples"] = collector.samples
+    meta["samples"] = collector.samples if collector is not None else 0
     if health_thread is not None:
         health_thread.join(timeout=30)
         meta["disk_health"] = health
+    try:
+        store.finalize_roles()
+    except sqlite3.Error as exc:
+        err_console.print(f"stallscope: could not record process roles: {exc}", soft_wrap=True)
     probes = store.probes()
     if probes:  # the probe's view of the DataLoader, per rank (DESIGN: meta holds loader config)
         meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
@@ -162,11 +171,20 @@ def run(args: argparse.Namespace) -> int:
         from stallscope.commands.show import print_run
 
         print_run(run_dir, console=err_console, with_diagnosis=True)
-    err_console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
+    # soft_wrap: scripts parse this line; it must not be folded at the terminal width
+    err_console.print(f"run directory: [bold]{safe(str(run_dir))}[/]", soft_wrap=True)
     if not args.quiet:
-        err_console.print(f"next: stallscope report {escape(str(run_dir))}  ·  "
-                          f"stallscope diagnose {escape(str(run_dir))} --json", style="dim")
+        err_console.print(f"next: stallscope report {safe(str(run_dir))}  ·  "
+                          f"stallscope diagnose {safe(str(run_dir))} --json", style="dim",
+                          soft_wrap=True)
     return code if code >= 0 else 128 - code
+
+
+def _send(child: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except ProcessLookupError:
+        pass  # it already exited; its exit code is what we return
 
 
 def _check_health(devices: list[str], out: list[dict[str, Any]]) -> None:

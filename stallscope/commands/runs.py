@@ -7,10 +7,9 @@ import json
 import time
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
-from stallscope.commands._common import out_console
+from stallscope.commands._common import out_console, safe
 from stallscope.errors import RunNotFound
 from stallscope.store import DEFAULT_OUT, list_runs, read_meta
 
@@ -48,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
         t.add_column(col)
     for r in rows:
         if "error" in r:
-            t.add_row(escape(r["run"]), "-", "-", "-", f"[red]{escape(r['error'])}[/]")
+            t.add_row(safe(r["run"]), "-", "-", "-", f"[red]{safe(r['error'])}[/]")
             continue
-        t.add_row(escape(r["run"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(r["start"])),
+        t.add_row(safe(r["run"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(r["start"])),
                   f"{r['duration_s']:.0f} s", "running" if r["running"] else str(r["exit_code"]),
-                  escape(" ".join(r["command"] or [])[:60]))
+                  safe(" ".join(r["command"] or [])[:60]))
     out_console.print(t)
     return 0

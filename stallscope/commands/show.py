@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
-from stallscope.commands._common import out_console
+from stallscope.commands._common import out_console, safe
 from stallscope.store import DEFAULT_OUT, RunStore, find_run, read_meta
 from stallscope.summary import render_summary, summarize
 
@@ -43,12 +42,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
     cmd = " ".join(meta.get("command") or [])
     dur = (meta.get("end") or time.time()) - (meta.get("start") or time.time())
     state = "running" if meta.get("end") is None else f"exit code {meta.get('exit_code')}"
-    console.print(f"[bold]{escape(run_dir.name)}[/]  {escape(cmd)}", highlight=False)
-    console.print(f"  {escape(str(meta.get('host')))} · {dur:.0f} s · {state} · interval "
+    console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False)
+    console.print(f"  {safe(str(meta.get('host')))} · {dur:.0f} s · {state} · interval "
                   f"{meta.get('interval_s')} s · {summary.get('samples', 0)} samples",
                   highlight=False)
     for name, reason in (meta.get("unavailable") or {}).items():
-        console.print(f"  [yellow]{escape(name)}[/]: {escape(str(reason))}", highlight=False)
+        console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
     if summary["rows"]:
         console.print(render_summary(summary))
     else:

@@ -7,11 +7,10 @@ import json
 import time
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from stallscope.collector import take_sample
-from stallscope.commands._common import interval_type, out_console
+from stallscope.commands._common import interval_type, out_console, safe
 from stallscope.sources import SOURCE_NAMES, open_sources
 
 
@@ -66,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     for g in doc.get("gpu", []):
-        t = Table(title=f"gpu{g.get('index')} {escape(str(g.get('name')))}", title_justify="left",
+        t = Table(title=f"gpu{g.get('index')} {safe(str(g.get('name')))}", title_justify="left",
                   show_edge=False, show_header=False)
         for k, v in g.items():
             if k not in ("index", "name", "processes"):
-                t.add_row(k, escape(_fmt(v)))
+                t.add_row(k, safe(_fmt(v)))
         out_console.print(t)
     if doc.get("disk"):
         # the iostat -x columns that matter most, under iostat's own names; --json has all 12
@@ -80,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
         for _key, label in _DISK_COLUMNS:
             t.add_column(label, justify="right")
         for dev, f in doc["disk"].items():
-            t.add_row(escape(dev), *(_num(f.get(k)) for k, _ in _DISK_COLUMNS))
+            t.add_row(safe(dev), *(_num(f.get(k)) for k, _ in _DISK_COLUMNS))
         out_console.print(t)
     if doc.get("host"):
         t = Table(title="host", title_justify="left", show_edge=False, show_header=False)
         for k, v in doc["host"].items():
-            t.add_row(k, escape(_fmt(v)))
+            t.add_row(k, safe(_fmt(v)))
         out_console.print(t)
     for name, reason in doc["unavailable"].items():
-        out_console.print(f"[yellow]{name}[/]: {escape(reason)}")
+        out_console.print(f"[yellow]{name}[/]: {safe(reason)}")
     return 0

@@ -71,15 +71,11 @@ class RunData:
         return [s for (n, _), s in sorted(self.series.items()) if n == name]
 
     def roles(self) -> dict[str, str]:
-        """pid -> role for the trainer's processes (probe-reported worker pids win)."""
-        out = {e["entity"]: e["attrs"].get("role", "worker") for e in self.entities
-               if e["source"] == "procs"}
-        for p in self.probes:
-            for pid in p["config"].get("worker_pids") or []:
-                out[str(pid)] = "worker"
-            if p.get("pid") is not None and str(p["pid"]) in out:
-                out[str(p["pid"])] = "main"
-        return out
+        """pid -> role (main / worker / launcher) of the trainer's processes."""
+        from stallscope.sources.procs import infer_roles
+
+        probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
+        return infer_roles([e for e in self.entities if e["source"] == "procs"], probe_pids)
 
 
 def load_run(run_dir: Path) -> RunData:

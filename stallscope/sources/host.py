@@ -79,9 +79,29 @@ def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float]:
     return busy, iowait
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """``/proc/meminfo`` as {field: kB}."""
+_MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
+                 "SwapTotal", "SwapFree")
+
+
+def parse_meminfo(text: str, keys: tuple[str, ...] | None = None) -> dict[str, int]:
+    """``/proc/meminfo`` as {field: kB}; with ``keys``, only those (found by search)."""
     out: dict[str, int] = {}
+    if keys is not None:
+        for key in keys:
+            i = text.find(f"{key}:")
+            while i > 0 and text[i - 1] != "\n":  # "Cached:" also ends "SwapCached:"
+                i = text.find(f"{key}:", i + 1)
+            if i < 0:
+                continue
+            j = text.find("\n", i)
+            parts = text[i + len(key) + 1:j if j >= 0 else None].split()
+            try:
+                out[key] = int(parts[0])
+            except (IndexError, ValueError) as exc:
+                raise ParseError(f"unexpected /proc/meminfo line: {text[i:j]!r}") from exc
+        if "MemTotal" not in out:
+            raise ParseError("no MemTotal in /proc/meminfo")
+        return out
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
@@ -193,7 +213,7 @@ class HostSource(Source):
 
     def sample(self, now: float) -> dict[str, Any] | None:
         cpus = parse_proc_stat(self._read("stat"))
-        mem = parse_meminfo(self._read("meminfo"))
+        mem = parse_meminfo(self._read("meminfo"), _MEMINFO_KEYS)
         vm = parse_vmstat(self._read("vmstat"), ("pswpin", "pswpout"))
         load1 = float(self._read("loadavg").split()[0])
         prev_cpu, self._prev_cpu = self._prev_cpu, cpus

@@ -12,21 +12,27 @@ is on), threads, and its role: ``main`` (the trainer) or ``worker`` (its descend
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.base import ProcFile, Source
 
-__all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
+__all__ = ["ProcIo", "ProcStat", "ProcsSource", "infer_roles", "parse_pid_io", "parse_pid_stat",
            "parse_schedstat"]
+
+#: process names that start the trainer rather than being it (their children are the trainers)
+LAUNCHERS = frozenset({"sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nice", "ionice",
+                       "taskset", "numactl", "torchrun", "accelerate", "deepspeed", "uv", "srun",
+                       "mpirun", "mpiexec", "horovodrun", "stdbuf", "time", "xargs"})
+#: the name PyTorch gives its DataLoader worker processes (prctl PR_SET_NAME)
+TORCH_WORKER = "pt_data_worker"
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_SETTLE = 5  #: samples without a new process before discovery reads only known parents
 
 
-@dataclass(frozen=True)
-class ProcStat:
+class ProcStat(NamedTuple):
     """The fields of ``/proc/PID/stat`` stallscope uses (times in clock ticks)."""
 
     pid: int
@@ -41,8 +47,7 @@ class ProcStat:
     blkio_ticks: int | None  #: field 42, None on kernels that lack it
 
 
-@dataclass(frozen=True)
-class ProcIo:
+class ProcIo(NamedTuple):
     """``/proc/PID/io`` (bytes)."""
 
     rchar: int
@@ -98,8 +103,7 @@ def parse_schedstat(text: str) -> tuple[int, int]:
         raise ParseError(f"unexpected /proc/PID/schedstat: {text!r}") from exc
 
 
-@dataclass
-class _Prev:
+class _Prev(NamedTuple):
     ts: float
     cpu_ticks: int
     io: ProcIo | None
@@ -113,7 +117,7 @@ class ProcsSource(Source):
 
     name = "procs"
 
-    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 30) -> None:
+    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60) -> None:
         self.root_pid = root_pid
         self.proc_root = proc_root
         self.rescan_every = rescan_every
@@ -121,6 +125,7 @@ class ProcsSource(Source):
         self._n = 0
         self._tree: set[int] = {root_pid}
         self._parents: set[int] = {root_pid}
+        self._settling = _SETTLE  #: samples left in which every process's children are read
         self._children_file = True
         self._io_denied = False
         self.notes: list[str] = []
@@ -190,16 +195,29 @@ class ProcsSource(Source):
         return tree, parents | {self.root_pid}
 
     def _discover(self) -> set[int]:
-        # A full /proc scan every few samples finds everything (also children forked from
-        # threads other than the main one, which only show in their own task's children file).
-        # In between, only the children files of the root and of known parents are re-read:
-        # one or two reads instead of one per process.
+        # While the tree is changing (start-up: a launcher starts the trainer, which starts its
+        # DataLoader workers), every known process's children file is re-read, so a launcher's
+        # grandchildren appear at the next sample. Once the tree has been stable for a few
+        # samples, only the processes that have children are re-read (a pread on a kept
+        # descriptor each). Children forked from threads other than the main one only show in
+        # their own task's file; the periodic full /proc scan catches those.
         if not self._children_file or self._n % self.rescan_every == 0:
             tree, self._parents = self._full_scan()
-            return tree
-        tree = set(self._tree) | {self.root_pid}
-        for pid in list(self._parents):
-            tree.update(self._children(pid))
+        else:
+            tree = {self.root_pid}
+            todo = [self.root_pid, *(self._tree if self._settling else self._parents)]
+            while todo:
+                pid = todo.pop()
+                kids = self._children(pid)
+                if kids:
+                    self._parents.add(pid)
+                for c in kids:
+                    if c not in tree:
+                        tree.add(c)
+                        todo.append(c)
+                tree.add(pid)
+            tree |= self._tree
+        self._settling = _SETTLE if tree - self._tree else max(0, self._settling - 1)
         return tree
 
     def pids(self) -> set[int]:
@@ -300,3 +318,48 @@ def tree_summary(payload: dict[str, Any]) -> dict[str, float]:
         out[f"{role}_d_state"] = out.get(f"{role}_d_state", 0.0) + rec.get("d_state", 0)
     return out
 
+
+
+def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None
+                ) -> dict[str, str]:
+    """pid -> role ("main", "worker", "launcher") for a recorded process tree.
+
+    ``procs`` are the store's procs entities (``entity`` = pid, ``attrs`` with ``name``,
+    ``ppid`` and the sampler's own ``role``, where the tree's root is "main"). The trainer
+    processes ("main") are, in order of evidence: the pids the in-trainer probe reported; the
+    parents of PyTorch DataLoader workers (named ``pt_data_worker``); else the root, unless the
+    root is a launcher (a shell, ``torchrun``...), in which case its children. Descendants of a
+    main are workers; its ancestors are launchers."""
+    by_pid = {str(p["entity"]): p.get("attrs") or {} for p in procs}
+    parent = {pid: str(a.get("ppid")) for pid, a in by_pid.items()}
+    mains = {p for p in (probe_pids or set()) if p in by_pid}
+    if not mains:
+        mains = {parent[pid] for pid, a in by_pid.items()
+                 if a.get("name") == TORCH_WORKER and parent.get(pid) in by_pid}
+    if not mains:
+        roots = [pid for pid, a in by_pid.items() if a.get("role") == "main"] or \
+            [pid for pid in by_pid if parent.get(pid) not in by_pid]
+        for root in roots:
+            kids = [pid for pid in by_pid if parent.get(pid) == root]
+            if by_pid[root].get("name") in LAUNCHERS and kids:
+                mains.update(kids)
+            else:
+                mains.add(root)
+
+    def ancestors(pid: str) -> list[str]:
+        out, seen = [], set()
+        while pid in parent and parent[pid] in by_pid and pid not in seen:
+            seen.add(pid)
+            pid = parent[pid]
+            out.append(pid)
+        return out
+
+    roles: dict[str, str] = {}
+    for pid in by_pid:
+        if pid in mains:
+            roles[pid] = "main"
+        elif any(a in mains for a in ancestors(pid)):
+            roles[pid] = "worker"
+        else:
+            roles[pid] = "launcher"
+    return roles
