@@ -100,6 +100,7 @@ class Collector:
                 self._store_failed(exc)
             for note in getattr(src, "notes", []):
                 self.say(now, src.name, "note", note)
+        points.extend(_trainer_gpu_points(payloads))
         cost_cpu = time.thread_time() - cpu0
         cost_wall = time.perf_counter() - wall0
         if payloads:
@@ -188,6 +189,20 @@ class Collector:
                 src.close()
             except Exception as exc:  # report, don't hide
                 self.say(self.clock(), src.name, "error", f"close failed: {exc}")
+
+
+def _trainer_gpu_points(payloads: dict[str, Any]) -> list[Point]:
+    """Per GPU, the memory the trainer's processes hold: tells the diagnosis which GPUs this run
+    uses (a node's other GPUs, idle or busy with other jobs, must not count)."""
+    gpus, procs = payloads.get("gpu"), payloads.get("procs")
+    if not gpus or procs is None:
+        return []
+    out = []
+    for g in gpus:
+        used = sum(float(p.get("used_mib") or 0) for p in g.get("processes") or []
+                   if str(p.get("pid")) in procs)
+        out.append(Point("gpu.trainer_mem_mib", f"gpu{g.get('index', 0)}", used))
+    return out
 
 
 def take_sample(sources: Sequence[Source], interval: float,

@@ -26,6 +26,9 @@ class Metric:
     kind: Kind = "gauge"
     prom: str = ""  #: Prometheus name (base units), "" = not exported
     prom_scale: float = 1.0  #: multiply the stored value by this to get the Prometheus unit
+    #: what a downsampled bucket keeps for reading back: "mean", or "max" where a mean is not
+    #: a value the metric can take (bitmasks, link generations)
+    rollup: str = "mean"
 
     @property
     def name(self) -> str:
@@ -80,21 +83,24 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu", "sm_clock_max_mhz", "MHz", "max SM clock (clocks.max.sm)", "gauge",
        "stallscope_gpu_sm_clock_max_hertz", 1e6),
     _M("gpu", "throttle_mask", "", "clock event reasons bitmask (clocks_event_reasons.active)",
-       "gauge", "stallscope_gpu_throttle_reasons"),
+       "gauge", "stallscope_gpu_throttle_reasons", rollup="max"),
     _M("gpu", "pcie_gen", "", "current PCIe generation (pcie.link.gen.current)", "gauge",
-       "stallscope_gpu_pcie_link_generation"),
+       "stallscope_gpu_pcie_link_generation", rollup="max"),
     _M("gpu", "pcie_gen_max", "", "max PCIe generation (pcie.link.gen.max)", "gauge",
-       "stallscope_gpu_pcie_link_generation_max"),
+       "stallscope_gpu_pcie_link_generation_max", rollup="max"),
     _M("gpu", "pcie_width", "lanes", "current PCIe width (pcie.link.width.current)", "gauge",
-       "stallscope_gpu_pcie_link_width"),
+       "stallscope_gpu_pcie_link_width", rollup="max"),
     _M("gpu", "pcie_width_max", "lanes", "max PCIe width (pcie.link.width.max)", "gauge",
-       "stallscope_gpu_pcie_link_width_max"),
+       "stallscope_gpu_pcie_link_width_max", rollup="max"),
     _M("gpu", "pcie_rx_kb_s", "kB/s", "PCIe receive throughput (nvidia-smi dmon rxpci)", "gauge",
        "stallscope_gpu_pcie_rx_bytes_per_second", 1024.0),
     _M("gpu", "pcie_tx_kb_s", "kB/s", "PCIe transmit throughput (nvidia-smi dmon txpci)",
        "gauge", "stallscope_gpu_pcie_tx_bytes_per_second", 1024.0),
     _M("gpu", "ecc_errors", "", "volatile uncorrected ECC errors (ecc.errors.uncorrected."
        "volatile.total)", "gauge", "stallscope_gpu_ecc_uncorrected_errors"),
+    _M("gpu", "trainer_mem_mib", "MiB", "GPU memory held by the trainer's processes "
+       "(nvidia-smi --query-compute-apps=pid,used_memory for the trainer's pids)", "gauge",
+       "stallscope_gpu_trainer_memory_used_bytes", 1048576.0),
     _M("gpu", "sm_active_pct", "%", "GPM SM activity, Hopper+ (DCGM PROF_SM_ACTIVE)", "gauge",
        "stallscope_gpu_sm_active_ratio", 0.01),
     _M("gpu", "sm_occupancy_pct", "%", "GPM SM occupancy, Hopper+ (DCGM PROF_SM_OCCUPANCY)",

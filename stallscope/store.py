@@ -273,7 +273,8 @@ class RunStore:
     def read(self, name: str, entity: str | None = None) -> list[Series]:
         """All series of metric ``name`` (one entity, or every entity), oldest first.
 
-        Rolled-up buckets contribute their mean at the bucket's start time."""
+        Rolled-up buckets contribute their mean (their max for metrics whose mean is not a
+        value they can take: bitmasks, link generations) at the bucket's start time."""
         if entity is None:
             ids = self.db.execute(
                 "SELECT id, entity FROM series WHERE name=? ORDER BY entity", (name,)
@@ -282,11 +283,13 @@ class RunStore:
             ids = self.db.execute(
                 "SELECT id, entity FROM series WHERE name=? AND entity=?", (name, entity)
             ).fetchall()
+        col = _rollup_column(name)
         out = []
         for sid, ent in ids:
             s = Series(name, str(ent))
             for ts, v in self.db.execute(
-                "SELECT ts, vmean FROM rollup WHERE series=? UNION ALL "
+                # col is one of two fixed column names, never user input
+                f"SELECT ts, {col} FROM rollup WHERE series=? UNION ALL "
                 "SELECT ts, v FROM points WHERE series=? ORDER BY 1",
                 (sid, sid),
             ):
@@ -300,13 +303,14 @@ class RunStore:
         names = {int(i): (str(n), str(e)) for i, n, e in
                  self.db.execute("SELECT id, name, entity FROM series")}
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
-        for ts, sid, v in self.db.execute(
-            "SELECT ts, series, vmean FROM rollup UNION ALL SELECT ts, series, v FROM points "
-            "ORDER BY 1"
+        use_max = {sid for sid, (n, _) in names.items() if _rollup_column(n) == "vmax"}
+        for ts, sid, vmean, vmax in self.db.execute(
+            "SELECT ts, series, vmean, vmax FROM rollup UNION ALL "
+            "SELECT ts, series, v, v FROM points ORDER BY 1"
         ):
             s = out[names[int(sid)]]
             s.ts.append(float(ts))
-            s.v.append(float(v))
+            s.v.append(float(vmax if int(sid) in use_max else vmean))
         return out
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
@@ -356,6 +360,12 @@ class RunStore:
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _rollup_column(name: str) -> str:
+    """Which rollup column stands for a bucket of this metric when read back."""
+    m = lookup(name)
+    return "vmax" if m is not None and m.rollup == "max" else "vmean"
 
 
 # --- run directories -----------------------------------------------------------------------------

@@ -32,8 +32,13 @@ def run(series: list[Series], steps: list[StepRow] | None = None,
 
 
 def procs(roles: dict[str, str]) -> list[dict]:
-    return [{"source": "procs", "entity": pid, "attrs": {"role": r}, "first_ts": T0,
-             "last_ts": T0} for pid, r in roles.items()]
+    """Procs entities as the sampler records them: the root is "main"; workers are its
+    children (PyTorch names them pt_data_worker)."""
+    main = next(pid for pid, r in roles.items() if r == "main")
+    return [{"source": "procs", "entity": pid,
+             "attrs": {"role": r, "ppid": 1 if r == "main" else int(main),
+                       "name": "python" if r == "main" else "pt_data_worker"},
+             "first_ts": T0, "last_ts": T0} for pid, r in roles.items()]
 
 
 def steps(n: int, wait: float, host: float, rank: int = 0, epochs: int = 1,
@@ -254,3 +259,50 @@ def test_signals_ignore_first_step_startup() -> None:
     st[0] = StepRow(0, 0, T0, 5.0, 0.05, None, None, None, 32, 0)  # worker start-up
     sig = compute_signals(run([ser("host.cpu_pct", "", [1] * N)], steps=st, config={}))
     assert sig.stall_fraction is not None and sig.stall_fraction < 0.05
+
+
+def test_only_the_trainers_gpus_count() -> None:
+    """An 8-GPU node where this run uses gpu0: the idle others are not data stalls."""
+    series = [ser("gpu.util_pct", "gpu0", [95] * N),
+              ser("gpu.trainer_mem_mib", "gpu0", [30000] * N)]
+    for i in range(1, 8):
+        series += [ser("gpu.util_pct", f"gpu{i}", [0] * N),
+                   ser("gpu.trainer_mem_mib", f"gpu{i}", [0] * N)]
+    no_probe = diagnose(run(series))
+    assert no_probe["verdict"] == "compute_bound"
+    assert no_probe["stall_fraction"] == pytest.approx(0.05)
+    with_probe = diagnose(run(series, steps=steps(100, 0.002, 0.05), config={}))
+    assert with_probe["verdict"] == "compute_bound"
+
+
+def test_cpu_run_on_a_gpu_machine_ignores_the_idle_gpu() -> None:
+    data = run([ser("gpu.util_pct", "gpu0", [0] * N), ser("gpu.trainer_mem_mib", "gpu0", [0] * N),
+                ser("procs.cpu_pct", "100", [99] * N)], entities=WORKERS)
+    doc = diagnose(data)
+    assert doc["stall_source"] is None and doc["stall_fraction"] is None
+    assert doc["verdict"] == "compute_bound"
+
+
+def test_power_cap_at_full_load_is_not_throttling() -> None:
+    data = run([ser("gpu.util_pct", "gpu0", [99] * N),
+                ser("gpu.throttle_mask", "gpu0", [0x4] * N), ser("gpu.temp_c", "gpu0", [70] * N)],
+               steps=steps(100, 0.002, 0.05), config={})
+    doc = diagnose(data)
+    assert "gpu_throttled" not in kinds(doc) and doc["verdict"] == "compute_bound"
+
+
+def test_memory_warm_up_then_flat_is_not_a_leak() -> None:
+    ramp = [min(7000, 1000 * i) for i in range(40)]  # loading the model, then steady
+    data = run([ser("gpu.util_pct", "gpu0", [90] * 40),
+                ser("gpu.mem_used_mib", "gpu0", ramp),
+                ser("gpu.mem_total_mib", "gpu0", [81559] * 40)])
+    assert "gpu_memory_growth" not in kinds(diagnose(data))
+
+
+def test_short_run_with_small_shm_stays_insufficient() -> None:
+    data = run([ser("host.shm_used_mib", "", [5, 5]), ser("host.shm_total_mib", "", [64, 64]),
+                ser("procs.cpu_pct", "101", [50, 50])], entities=WORKERS)
+    doc = diagnose(data)
+    assert doc["verdict"] == "insufficient_data"
+    shm = next(f for f in doc["findings"] if f["kind"] == "shm_pressure")
+    assert shm["severity"] == "info"

@@ -155,7 +155,7 @@ def test_step_hooks_exclude_announced_work_from_data_wait(run_dir: Path) -> None
     hooks.finish()
     steps, _ = finish(run_dir)
     assert len(steps) == 4 and all(s.samples == 8 and s.epoch == 0 for s in steps)
-    assert 0.0045 <= steps[2].wait_s < 0.025  # the 30 ms evaluation is left out
+    assert 0.0045 <= steps[2].wait_s < 0.03  # the 30 ms evaluation is left out (5 + 30 ms)
     assert all(s.host_s >= 0.0095 for s in steps)
 
 

@@ -121,7 +121,7 @@ def test_workers_hide_load_time(tmp_path: Path) -> None:
     steps = read_steps(run_dir)
     assert len(steps) == 12
     later = [s.wait_s for s in steps[4:]]
-    assert statistics.median(later) < 0.004  # data was ready: no 8 ms load on the wait path
+    assert statistics.median(later) < 0.006  # data was ready: no 8 ms load on the wait path
     assert steps[0].wait_s > statistics.median(later)  # first batch: workers start and load
 
 

@@ -117,3 +117,31 @@ def test_real_tree_roles_and_cpu() -> None:
 def test_unreadable_root_pid() -> None:
     with pytest.raises(SourceUnavailable, match="not readable"):
         ProcsSource(2**22 + 7).open()
+
+
+def _ent(pid: int, ppid: int, name: str, role: str = "worker") -> dict:
+    return {"entity": str(pid), "attrs": {"name": name, "ppid": ppid, "role": role}}
+
+
+def test_infer_roles_through_a_shell_launcher() -> None:
+    from stallscope.sources.procs import infer_roles
+
+    tree = [_ent(10, 1, "sh", "main"), _ent(11, 10, "python"), _ent(12, 11, "pt_data_worker"),
+            _ent(13, 11, "pt_data_worker")]
+    assert infer_roles(tree) == {"10": "launcher", "11": "main", "12": "worker",
+                                 "13": "worker"}
+
+
+def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
+    from stallscope.sources.procs import infer_roles
+
+    tree = [_ent(10, 1, "torchrun", "main"), _ent(11, 10, "python"), _ent(12, 10, "python"),
+            _ent(13, 11, "python"), _ent(14, 12, "python")]
+    # no DataLoader worker names: the launcher's children are the trainers
+    assert infer_roles(tree) == {"10": "launcher", "11": "main", "12": "main", "13": "worker",
+                                 "14": "worker"}
+    # the probe's pids are the strongest evidence
+    assert infer_roles(tree, {"11"})["12"] == "launcher"
+    # a plain `python train.py` root with workers stays main
+    plain = [_ent(20, 1, "python", "main"), _ent(21, 20, "python")]
+    assert infer_roles(plain) == {"20": "main", "21": "worker"}

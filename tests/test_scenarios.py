@@ -124,10 +124,8 @@ def test_shm_pressure(tmp_path: Path) -> None:
     assert shm["evidence"]["shm_peak_share"] >= 0.8
 
 
-def test_swap_cannot_be_provoked_safely_here() -> None:
-    """Swap needs a swap device; provoking it means pushing the machine into memory pressure,
-    which is not safe on a shared CI box. The rule is covered by tests/test_diagnose.py."""
-    swaps = Path("/proc/swaps").read_text().splitlines()[1:]
-    if not swaps:
-        pytest.skip("no swap configured on this machine: host_swap is tested on fixed inputs")
-    assert all(line.split() for line in swaps)
+@pytest.mark.skip(reason="host_swap: provoking swap means pushing a shared CI box into memory "
+                  "pressure (and it has no swap device); the rule is tested on fixed inputs in "
+                  "tests/test_diagnose.py::test_host_swap_and_shm")
+def test_swap_scenario() -> None:
+    raise AssertionError("not run")

@@ -125,3 +125,25 @@ def test_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(StallscopeError, match="cannot open run database"):
         RunStore(tmp_path / "run.db", readonly=True).read_all()
+
+
+def test_bitmask_and_link_metrics_roll_up_to_a_real_value(tmp_path: Path) -> None:
+    """The mean of throttle bitmasks 0x40 and 0 is 0x20, a different reason: such metrics read
+    back their bucket's max, which is one of the values they really took."""
+    st = RunStore(tmp_path / "run.db")
+    for i in range(120):
+        st.add_points(float(i), [Point("gpu.throttle_mask", "gpu0", 0x40 if i % 2 else 0),
+                                 Point("gpu.util_pct", "gpu0", 50.0 + (i % 2))])
+    st.downsample(older_than=120.0, bucket_s=60.0)
+    [mask] = st.read("gpu.throttle_mask")
+    assert mask.v == [64.0, 64.0]
+    assert st.read_all()[("gpu.throttle_mask", "gpu0")].v == [64.0, 64.0]
+    assert st.read("gpu.util_pct")[0].v == [50.5, 50.5]  # ordinary gauges: the mean
+
+
+def test_meta_with_wrong_types_is_a_clear_error(tmp_path: Path) -> None:
+    for bad, key in (({"start": "x"}, "start"), ({"command": [1, 2]}, "command"),
+                     ({"data_devices": 5}, "data_devices"), ({"end": 1e30}, "end")):
+        (tmp_path / "meta.json").write_text(json.dumps(bad))
+        with pytest.raises(RunNotFound, match=f"'{key}' should be"):
+            read_meta(tmp_path)

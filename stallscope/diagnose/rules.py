@@ -13,13 +13,15 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from stallscope.diagnose.model import Finding, Fix, RunData, Severity
-from stallscope.diagnose.signals import Signals, linear_fit, median
+from stallscope.diagnose.signals import Signals, linear_fit, median, trainer_gpus
 
 __all__ = ["RULES", "run_rules"]
 
-#: NVML clocks-event reasons that mean the GPU was slowed by heat or power, not by choice
-_THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
-                  0x40: "hw_thermal", 0x80: "hw_power_brake"}
+#: NVML clocks-event reasons that mean the GPU was slowed by heat or a hardware power event.
+#: sw_power_cap (0x4) is left out: a datacenter GPU at full load sits at its power cap by
+#: design, and gpu_idle / application-clock reasons are choices, not trouble.
+_THROTTLE_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                  0x80: "hw_power_brake"}
 
 STALL_WARN = 0.15  #: data wait share of step time from which input is called a bottleneck
 STALL_CRIT = 0.40
@@ -343,7 +345,10 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
     """gpu_throttled: thermal/power clock-event reasons active in ≥ 20% of the samples, or the
     GPU at ≥ 85 °C (the seeds' alert threshold)."""
     out = []
+    mine = trainer_gpus(data)
     for s in data.all("gpu.throttle_mask"):
+        if s.entity not in mine:
+            continue
         masks = [int(v) for v in s.v]
         if not masks:
             continue
@@ -372,14 +377,21 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
 
 
 def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
-    """gpu_memory_growth: GPU memory rises steadily (linear fit r² ≥ 0.8) by ≥ 512 MiB and
-    ≥ 2% of the card over ≥ 10 samples: a leak (tensors kept across steps)."""
+    """gpu_memory_growth: after the first quarter of the run (warm-up), GPU memory rises
+    steadily (linear fit r² ≥ 0.8) by ≥ 512 MiB and ≥ 2% of the card over ≥ 10 samples: a leak
+    (tensors kept across steps)."""
     out = []
-    for s in data.all("gpu.mem_used_mib"):
-        if len(s.v) < 10:
+    mine = trainer_gpus(data)
+    for full in data.all("gpu.mem_used_mib"):
+        # the first quarter of the run is warm-up (weights, CUDA context, allocator pools):
+        # memory rising there is loading, not leaking
+        skip = len(full.v) // 4
+        ts, vs = full.ts[skip:], full.v[skip:]
+        if full.entity not in mine or len(vs) < 10:
             continue
-        slope, r2 = linear_fit(s.ts, s.v)
-        grew = s.v[-1] - s.v[0]
+        s = full
+        slope, r2 = linear_fit(ts, vs)
+        grew = vs[-1] - vs[0]
         total = data.get("gpu.mem_total_mib", s.entity)
         cap = total.v[-1] if total and total.v else None
         if slope <= 0 or r2 < 0.8 or grew < 512 or (cap and grew < 0.02 * cap):
@@ -387,7 +399,7 @@ def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
         ev = {"gpu": s.entity, "growth_mib": round(grew), "rate_mib_per_min": round(slope * 60, 1),
               "r2": round(r2, 3)}
         if cap:
-            ev["minutes_to_full"] = round((cap - s.v[-1]) / slope / 60, 1)
+            ev["minutes_to_full"] = round((cap - vs[-1]) / slope / 60, 1)
         out.append(Finding("gpu_memory_growth", "warning", min(0.95, r2),
                            f"{s.entity} memory grows steadily ({slope * 60:.0f} MiB/min, "
                            f"+{grew:.0f} MiB): likely a leak.", ev,
@@ -402,7 +414,10 @@ def rule_pcie_degraded(data: RunData, sig: Signals) -> list[Finding]:
     """pcie_degraded: under load (util ≥ 30%) the link runs below its max generation or width
     in ≥ 50% of samples. (Idle GPUs drop to a low generation to save power: not a finding.)"""
     out = []
+    mine = trainer_gpus(data)
     for s in data.all("gpu.util_pct"):
+        if s.entity not in mine:
+            continue
         g = {k: data.get(f"gpu.{k}", s.entity) for k in
              ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")}
         if any(v is None or not v.v for v in g.values()):
@@ -470,7 +485,8 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
     small = cap < 1024 and (sig.workers > 0 or (sig.config.get("num_workers") or 0) > 0)
     if frac < 0.8 and not small:
         return []
-    sev: Severity = "critical" if frac >= 0.95 else "warning"
+    # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
+    sev: Severity = "critical" if frac >= 0.95 else "warning" if frac >= 0.8 else "info"
     return [Finding("shm_pressure", sev, 0.9,
                     f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
                     "workers pass batches through it and fail with bus errors when it is full.",
@@ -562,10 +578,12 @@ _SEV = {"critical": 0, "warning": 1, "info": 2}
 def run_rules(data: RunData, sig: Signals) -> list[Finding]:
     """Every rule's findings, most important first."""
     findings = [f for rule in RULES for f in rule(data, sig)]
-    if any(f.kind == "insufficient_data" for f in findings):
-        findings = [f for f in findings if f.kind in ("insufficient_data", "disk_health",
-                                                     "shm_pressure")]
     findings.sort(key=lambda f: (_SEV[f.severity], -f.est_speedup, -f.confidence))
+    insufficient = [f for f in findings if f.kind == "insufficient_data"]
+    if insufficient:
+        # too little data: that is the verdict; only facts that need no time series stay
+        keep = [f for f in findings if f.kind in ("disk_health", "shm_pressure")]
+        findings = insufficient + keep
     return findings
 
 

@@ -202,8 +202,21 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         sig.epoch_start_wait_s = _r(median(firsts), 3)
 
 
+def trainer_gpus(data: RunData) -> set[str]:
+    """The GPUs this run used: those where the trainer's processes held memory; when that is
+    unknown (pids not visible to NVML, e.g. in a container), those that did any work. A CPU run
+    on a GPU machine uses none; an 8-GPU node running one job on gpu0 uses gpu0."""
+    held = data.all("gpu.trainer_mem_mib")
+    if held:
+        used = {s.entity for s in held if any(v > 0 for v in s.v)}
+        if used:
+            return used
+    return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= 10}
+
+
 def _gpu_signals(sig: Signals, data: RunData) -> None:
-    utils = data.all("gpu.util_pct")
+    mine = trainer_gpus(data)
+    utils = [s for s in data.all("gpu.util_pct") if s.entity in mine]
     sig.gpus = len(utils)
     vals = [v for s in utils for v in s.v]
     if vals:
