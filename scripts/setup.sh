@@ -13,7 +13,12 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch first, pinned: an unpinned torch pulls the multi-GB CUDA build
-.venv/bin/python -m pip install -q "torch==${STALLSCOPE_TORCH_VERSION:-2.13.0}"
+# torch first, pinned, so the extras' ranges are satisfied by it and nothing pulls a newer one.
+# Which build comes depends on the index: PyPI serves the CUDA build (several GB); set
+# STALLSCOPE_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build on a machine
+# without a local CPU wheel (the CI machines have one).
+torch_index=()
+if [ -n "${STALLSCOPE_TORCH_INDEX:-}" ]; then torch_index=(--index-url "$STALLSCOPE_TORCH_INDEX"); fi
+.venv/bin/python -m pip install -q "${torch_index[@]}" "torch==${STALLSCOPE_TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q -e ".[dev]"
 echo "setup: done — try: .venv/bin/stallscope run -- .venv/bin/python examples/train_cpu.py" >&2

@@ -529,6 +529,8 @@ def fio_argv(work: str, plan: BenchPlan, *, fio: str = "fio", direct: bool = Tru
              output: str | None = None) -> list[str]:
     """The fio command line running ``plan`` in ``work`` (same phases, same order as the
     built-in engine; each job ``stonewall``-ed so they run one after another)."""
+    # fio splits --filename/--directory at ':' (several files); a colon in PATH is escaped
+    work = work.replace(":", "\\:")
     data = os.path.join(work, "seq.dat")
     d = "1" if direct else "0"
     size = str(plan.size_bytes)

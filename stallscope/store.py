@@ -129,10 +129,19 @@ class RunStore:
             if readonly:
                 if not self.path.exists():
                     raise RunNotFound(f"no run database at {self.path}")
-                uri = f"file:{self.path}?mode=ro"
-                self.db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
-                tables = {r[0] for r in self.db.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table'")}
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
+                                          check_same_thread=False)
+                try:
+                    tables = {r[0] for r in self.db.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table'")}
+                except sqlite3.OperationalError:
+                    # a WAL database in a directory we cannot write (a copied or archived run):
+                    # read it as an immutable file instead
+                    self.db.close()
+                    self.db = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True,
+                                              check_same_thread=False)
+                    tables = {r[0] for r in self.db.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table'")}
                 if "series" not in tables:
                     raise StallscopeError(f"{self.path} is not a stallscope run database")
             else:
@@ -258,6 +267,15 @@ class RunStore:
 
     def checkpoint(self) -> None:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def finish(self) -> None:
+        """End of the run: fold the WAL into the file and leave WAL mode, so the finished run is
+        one self-contained file that can be copied, archived and read from read-only media."""
+        self.checkpoint()
+        try:
+            self.db.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.OperationalError:
+            pass  # a reader still has it open: it stays in WAL mode, which is fine
 
     def close(self) -> None:
         self.db.close()

@@ -220,3 +220,11 @@ def test_engines_agree_roughly(tmp_path: Path) -> None:
         b = max(getattr(r, key) for r in runs if r.engine == "builtin")
         f = max(getattr(r, key) for r in runs if r.engine == "fio")
         assert 0.4 < b / f < 2.5, (key, b, f)
+
+
+def test_fio_argv_escapes_colons_in_the_path() -> None:
+    """fio reads ':' in --filename/--directory as a separator between files."""
+    argv = fio_argv("/data/run:1", SMALL)
+    assert "--filename=/data/run\\:1/seq.dat" in argv
+    assert "--directory=/data/run\\:1/small" in argv
+    assert not any(a.endswith("/data/run:1/seq.dat") for a in argv)

@@ -147,3 +147,50 @@ def test_meta_with_wrong_types_is_a_clear_error(tmp_path: Path) -> None:
         (tmp_path / "meta.json").write_text(json.dumps(bad))
         with pytest.raises(RunNotFound, match=f"'{key}' should be"):
             read_meta(tmp_path)
+
+
+def test_finished_run_reads_from_a_read_only_directory(tmp_path: Path) -> None:
+    """An archived run (read-only directory, so SQLite cannot create its -shm file) opens."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    st = RunStore(tmp_path / "run.db")
+    st.add_points(1.0, [Point("host.cpu_pct", "", 5.0)])
+    live = RunStore(tmp_path / "run.db", readonly=True)
+    assert live.read("host.cpu_pct")[0].v == [5.0]
+    live.close()
+    st.finish()
+    st.close()
+    assert not (tmp_path / "run.db-wal").exists()
+
+    as_nobody: list[str] = []
+    if os.geteuid() == 0:  # root ignores directory permissions: read as nobody
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root without setpriv: cannot drop privileges to test read-only access")
+        as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        pkg = Path(__file__).resolve().parent.parent / "stallscope"
+        shutil.copytree(pkg, base / "stallscope")  # importable by nobody, wherever the repo is
+        ro = base / "archived"
+        ro.mkdir()
+        shutil.copy(tmp_path / "run.db", ro / "run.db")
+        os.chmod(ro, 0o555)
+        code = ("from stallscope.store import RunStore; "
+                f"print(RunStore({str(ro / 'run.db')!r}, readonly=True)"
+                ".read('host.cpu_pct')[0].v)")
+        python = "/usr/bin/python3" if as_nobody and os.path.exists("/usr/bin/python3") \
+            else sys.executable
+        r = subprocess.run([*as_nobody, python, "-c", code], capture_output=True, text=True,
+                           env={"PYTHONPATH": str(base), "PATH": os.environ.get("PATH", "")},
+                           cwd="/")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "[5.0]"
+    finally:
+        os.chmod(base / "archived", 0o755) if (base / "archived").exists() else None
+        shutil.rmtree(base, ignore_errors=True)

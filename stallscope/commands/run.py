@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if probes:  # the probe's view of the DataLoader, per rank (DESIGN: meta holds loader config)
         meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
     write_meta(run_dir, meta)
-    store.checkpoint()
+    store.finish()
     store.close()
 
     if not args.quiet:

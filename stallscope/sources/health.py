@@ -726,6 +726,8 @@ def smartctl_argv(device: str, *, device_type: str | None = None,
 
 
 def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
+    if euid == 0:  # a sudoers line for root grants nothing: name the account to grant
+        user = "<the user who runs stallscope>"
     grant = [
         f"grant exactly smartctl, nothing else: `echo '{user} ALL=(root) NOPASSWD: "
         f"{smartctl_path}' | sudo tee /etc/sudoers.d/stallscope-smartctl`, then run "
@@ -736,7 +738,7 @@ def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
     ]
     place = [
         "in a container: mount the devices (`-v /dev:/dev -v /sys:/sys`, with "
-        "`--cap-add SYS_RAWIO`), or better run `stallscope agent` on the host",
+        "`--cap-add SYS_RAWIO`), or better run `stallscope disk` on the host",
         "on a virtual disk (virtio, cloud volume) SMART belongs to the host's physical "
         "drives: check them on the host, or the provider's volume health",
     ]
