@@ -474,6 +474,7 @@ _META_TYPES: dict[str, tuple[str, Any]] = {
     "start": ("a number (Unix time)", _is_num),
     "end": ("a number (Unix time)", _is_num),
     "exit_code": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "monitor_pid": ("a process id", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "interval_s": ("a number of seconds", _is_num),
     "data_devices": ("a list of device names",
                      lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
@@ -495,6 +496,8 @@ def _check_meta(run_dir: Path, meta: dict[str, Any]) -> None:
 def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
     """Resolve RUN as given on the command line: a run directory path, a run id under
     ``out``, a unique prefix of one, or ``latest``."""
+    if not ref.strip():
+        raise RunNotFound("no run given: name a run directory, a run id, or 'latest'")
     p = Path(ref)
     if (p / "meta.json").exists() or (p / "run.db").exists():
         return p

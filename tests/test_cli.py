@@ -136,7 +136,9 @@ def test_kill_9_of_collector_leaves_a_sound_database(tmp_path: Path) -> None:
     assert killed_at - last < 0.2 + 1.0
     n = db.execute("SELECT COUNT(DISTINCT ts) FROM points").fetchone()[0]
     assert n >= 3
-    assert read_meta(run_dir)["end"] is None  # it never finished: shown as running/killed
+    assert read_meta(run_dir)["end"] is None  # it never finished...
+    [row] = json.loads(_run(["runs", "--json"], tmp_path).stdout)
+    assert row["state"] == "interrupted"  # ...and its monitor is gone: not "running" forever
 
 
 def test_snapshot_json_contract(tmp_path: Path) -> None:

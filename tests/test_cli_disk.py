@@ -38,7 +38,7 @@ def check_one_line_error(p: subprocess.CompletedProcess[str]) -> None:
 def test_saved_files_growth_json(tmp_path: Path) -> None:
     p = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11"), _fx("ST3500418AS_12"),
               _fx("nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0"), "--json"], tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # a failing drive: `stallscope disk || alert` works
     doc = json.loads(p.stdout)
     assert set(doc) == {"drives"}  # no bench without --bench
     st3500, nvme = doc["drives"]
@@ -52,15 +52,17 @@ def test_saved_files_growth_json(tmp_path: Path) -> None:
 def test_saved_files_human(tmp_path: Path) -> None:
     p = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11"), _fx("ST3500418AS_12")],
              tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr
     assert "failing" in p.stdout and "1 → 304" in p.stdout
+    healthy = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11")], tmp_path)
+    assert healthy.returncode == 0, healthy.stdout
 
 
 def test_saved_garbage_is_unrecognised(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": "world"}')
     p = _run(["disk", "--smartctl-json", str(bad), "--json"], tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 3, p.stderr  # not a smartctl document: scripts can tell
     [d] = json.loads(p.stdout)["drives"]
     assert d["verdict"] == "unknown" and "unrecognised" in d["reasons"][0]
 

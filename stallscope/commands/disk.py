@@ -303,8 +303,19 @@ def run(args: argparse.Namespace) -> int:
         if notes:
             doc["notes"] = notes
         out_console.file.write(json.dumps(doc, indent=2) + "\n")
-        return 0
+        return _exit_status(drives, saved=args.smartctl_json is not None)
     _print_drives(drives, notes)
     if report is not None:
         _print_bench(report)
+    return _exit_status(drives, saved=args.smartctl_json is not None)
+
+
+def _exit_status(drives: Sequence[DriveHealth], *, saved: bool) -> int:
+    """1 when a drive is failing (so `stallscope disk || alert` works); 3 when a saved
+    smartctl file was not recognised; else 0 (a live drive SMART cannot open is reported, with
+    its fix, but is not an error of the check)."""
+    if any(d.verdict == "failing" for d in drives):
+        return 1
+    if saved and any(d.verdict == "unknown" for d in drives):
+        return 3
     return 0

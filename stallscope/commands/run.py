@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     store = RunStore(run_dir / "run.db")
     started = time.time()
     meta = base_meta(cmd, start=started, interval_s=args.interval, data=args.data,
-                     data_devices=devices)
+                     data_devices=devices, monitor_pid=os.getpid())
     write_meta(run_dir, meta)
 
     # open the machine-wide sources before the child starts: NVML init takes a moment and the
