@@ -29,6 +29,8 @@ class Metric:
     #: what a downsampled bucket keeps for reading back: "mean", or "max" where a mean is not
     #: a value the metric can take (bitmasks, link generations)
     rollup: str = "mean"
+    #: computed by the collector from several sources' payloads, not read by the source itself
+    derived: bool = False
 
     @property
     def name(self) -> str:
@@ -100,7 +102,7 @@ METRICS: tuple[Metric, ...] = (
        "volatile.total)", "gauge", "stallscope_gpu_ecc_uncorrected_errors"),
     _M("gpu", "trainer_mem_mib", "MiB", "GPU memory held by the trainer's processes "
        "(nvidia-smi --query-compute-apps=pid,used_memory for the trainer's pids)", "gauge",
-       "stallscope_gpu_trainer_memory_used_bytes", 1048576.0),
+       "stallscope_gpu_trainer_memory_used_bytes", 1048576.0, derived=True),
     _M("gpu", "sm_active_pct", "%", "GPM SM activity, Hopper+ (DCGM PROF_SM_ACTIVE)", "gauge",
        "stallscope_gpu_sm_active_ratio", 0.01),
     _M("gpu", "sm_occupancy_pct", "%", "GPM SM occupancy, Hopper+ (DCGM PROF_SM_OCCUPANCY)",

@@ -45,3 +45,16 @@ def test_store_failure_never_escapes(tmp_path: Path, capsys: Any) -> None:
     assert c.store_errors >= 2
     err = capsys.readouterr().err
     assert err.count("cannot write to") == 1  # said once
+
+
+def test_trainer_gpu_memory_marks_the_runs_gpus() -> None:
+    from stallscope.collector import _trainer_gpu_points
+    from stallscope.store import Point
+
+    payloads = {"gpu": [{"index": 0, "processes": [{"pid": 41, "used_mib": 30000},
+                                                   {"pid": 999, "used_mib": 500}]},
+                        {"index": 1, "processes": [{"pid": 999, "used_mib": 70000}]}],
+                "procs": {"41": {}, "42": {}}}
+    assert _trainer_gpu_points(payloads) == [Point("gpu.trainer_mem_mib", "gpu0", 30000.0),
+                                             Point("gpu.trainer_mem_mib", "gpu1", 0.0)]
+    assert _trainer_gpu_points({"gpu": payloads["gpu"]}) == []  # no trainer tree: unknown
