@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/_apt.sh
 source scripts/_apt.sh
 apt_install sysstat smartmontools fio chromium
+# test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...)
+.venv/bin/python -m pip install -q -e ".[dev]"
 mkdir -p artifacts
 .venv/bin/ruff check stallscope tests benchmarks examples
 .venv/bin/mypy
