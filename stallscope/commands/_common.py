@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 from rich.console import Console
 
 from stallscope.textsafe import safe
 
-__all__ = ["err_console", "interval_type", "keep_full_type", "out_console", "safe"]
+__all__ = ["bounded", "err_console", "interval_type", "keep_full_type", "out_console", "safe",
+           "size_type"]
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -39,3 +41,31 @@ def keep_full_type(text: str) -> float:
         raise argparse.ArgumentTypeError(f"--keep-full must be at least 60 seconds, got {text!r}")
     return v
 
+
+
+def bounded(flag: str, cast: Callable[[str], float], lo: float, hi: float
+            ) -> Callable[[str], float]:
+    """An argparse type: a number (``cast`` = int or float) between ``lo`` and ``hi``."""
+    kind = "an integer" if cast is int else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            v = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be {kind}, got {text!r}") from None
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{flag} must be {lo:g}–{hi:g}, got {text!r}")
+        return v
+
+    return parse
+
+
+def size_type(text: str) -> int:
+    """An argparse type: a byte size such as ``256M`` or ``1GB``."""
+    from stallscope.diskbench import parse_size
+    from stallscope.errors import UsageError
+
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -18,7 +18,7 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stallscope.commands._common import err_console, out_console, safe
+from stallscope.commands._common import bounded, err_console, out_console, safe, size_type
 from stallscope.diskbench import (
     HEALTHY,
     BenchPlan,
@@ -27,7 +27,6 @@ from stallscope.diskbench import (
     classify,
     compare,
     judge,
-    parse_size,
     run_builtin,
     run_fio,
 )
@@ -44,33 +43,6 @@ from stallscope.sources.health import (
 #: /sys/block names that are never physical drives
 _SKIP = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
 _COLOR = {"ok": "green", "ageing": "yellow", "failing": "bold red", "unknown": "dim"}
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seconds must be a number, got {text!r}") from None
-    if not 0.05 <= v <= 600:
-        raise argparse.ArgumentTypeError(f"--seconds must be 0.05–600, got {text!r}")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--files must be an integer, got {text!r}") from None
-    if not 1 <= v <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"--files must be 1–1000000, got {text!r}")
-    return v
 
 
 def _dtype(text: str) -> str:
@@ -94,12 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "small files (writes temporary files next to PATH)")
     p.add_argument("--engine", choices=("builtin", "fio"), default="builtin",
                    help="fio: also run the same plan through fio and show both side by side")
-    p.add_argument("--size", type=_size, default=BenchPlan.size_bytes, metavar="SIZE",
+    p.add_argument("--size", type=size_type, default=BenchPlan.size_bytes, metavar="SIZE",
                    help="bench file size (default 256M; bigger than the drive's cache "
                    "gives truer cold figures)")
-    p.add_argument("--seconds", type=_seconds, default=BenchPlan.seconds,
+    p.add_argument("--seconds", type=bounded("--seconds", float, 0.05, 600),
+                   default=BenchPlan.seconds,
                    help="duration of each timed bench phase (default 2)")
-    p.add_argument("--files", type=_count, default=BenchPlan.small_files,
+    p.add_argument("--files", type=bounded("--files", int, 1, 1_000_000),
+                   default=BenchPlan.small_files,
                    help="number of 100 KiB files in the small-file phase (default 1000)")
     p.add_argument("--smartctl-json", nargs="+", metavar="FILE", default=None,
                    help="explain saved `smartctl --json` outputs instead of reading drives; "
