@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.base import ProcFile, Source
@@ -27,8 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class CpuTimes:
+class CpuTimes(NamedTuple):
     """One ``cpu`` line of ``/proc/stat``, in USER_HZ ticks."""
 
     name: str
