@@ -58,3 +58,10 @@ class ProcFile:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def close_all(files: dict[Any, ProcFile]) -> None:
+    """Close every kept descriptor of a source and forget them (its ``close()``)."""
+    for f in files.values():
+        f.close()
+    files.clear()

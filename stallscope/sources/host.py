@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.base import ProcFile, Source
+from stallscope.sources.base import ProcFile, Source, close_all
 
 __all__ = [
     "CpuTimes",
@@ -183,9 +183,7 @@ class HostSource(Source):
         return f.read().decode("ascii", "replace")
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        close_all(self._files)
 
     def open(self) -> None:
         try:

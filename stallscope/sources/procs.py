@@ -15,7 +15,7 @@ import os
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.base import ProcFile, Source
+from stallscope.sources.base import ProcFile, Source, close_all
 
 __all__ = ["ProcIo", "ProcStat", "ProcsSource", "infer_roles", "parse_pid_io", "parse_pid_stat",
            "parse_schedstat"]
@@ -154,9 +154,7 @@ class ProcsSource(Source):
             self._files.pop(key).close()
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        close_all(self._files)
 
     def open(self) -> None:
         try:
