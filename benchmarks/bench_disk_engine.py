@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from stallscope.diskbench import BenchPlan, BenchResult, parse_size, run_builtin, run_fio
+from stallscope.tools.diskbench import BenchPlan, BenchResult, parse_size, run_builtin, run_fio
 
 FIGURES = ("seq_cached_mb_s", "seq_cold_mb_s", "rand_iops", "rand_lat_p50_us",
            "rand_lat_p99_us", "small_files_per_s")

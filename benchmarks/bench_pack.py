@@ -11,8 +11,9 @@
    ``stallscope pack --keep-order`` (reads files in source order, as tar does).
    Goal: pack >= 0.8× tar's MB/s.
 3. Reading, each from a cold page cache: the loose files through a map-style Dataset with
-   ``DataLoader(shuffle=True, num_workers=W)`` (what an ImageFolder training loop does), and the
-   shards through ``stallscope.data.ShardDataset(shuffle_shards=True)`` with the same W. Samples
+   ``DataLoader(shuffle=True, num_workers=W)`` (what an ImageFolder training loop does), and
+   the shards through ``stallscope.tools.data.ShardDataset(shuffle_shards=True)`` with the same
+   W. Samples
    return their byte count, not their bytes, so the figure is reading, not IPC.
    Goal: shards >= 3× the loose files.
 
@@ -42,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stallscope.pack import pack  # noqa: E402
+from stallscope.tools.pack import pack  # noqa: E402
 
 
 def generate(root: Path, files: int, min_kb: int, max_kb: int, seed: int) -> tuple[list[Path], int]:
@@ -203,7 +204,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     work = Path(tempfile.mkdtemp(prefix="bench-pack-", dir=args.dir))
     res: dict[str, Any] = {"files": args.files, "cpus": os.cpu_count(), "dir": str(work)}

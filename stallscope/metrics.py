@@ -10,9 +10,9 @@ all read this table instead of keeping their own lists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-__all__ = ["METRICS", "Metric", "by_source", "lookup"]
+__all__ = ["METRICS", "Metric", "Point", "by_source", "lookup"]
 
 Kind = Literal["gauge", "rate"]
 
@@ -36,6 +36,15 @@ class Metric:
     def name(self) -> str:
         """Store name: ``<source>.<key>``."""
         return f"{self.source}.{self.key}"
+
+
+class Point(NamedTuple):
+    """One number: metric ``name`` (``source.key``) about ``entity`` (``vda``, ``gpu0``, a pid,
+    ``cpu3``, ``""`` for the host as a whole), as sources produce it and sinks consume it."""
+
+    name: str
+    entity: str
+    value: float
 
 
 _M = Metric

@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from stallscope.collector import Collector
+    from stallscope.collect import Collector
     from stallscope.store import RunStore, StepRow
 
 __all__ = [
@@ -486,7 +486,7 @@ class Probe:
         self._standalone_pending = (run_dir, root_pid, meta)  # sampled once the store is open
 
     def _start_collector(self, run_dir: Path, root_pid: int, meta: dict[str, Any]) -> None:
-        from stallscope.collector import Collector
+        from stallscope.collect import Collector, StoreSink
         from stallscope.sources import SOURCE_NAMES, open_sources
         from stallscope.store import RunStore, write_meta
 
@@ -496,7 +496,7 @@ class Probe:
         meta["unavailable"] = unavailable
         write_meta(run_dir, meta)
         self._collector_store = RunStore(run_dir / "run.db")
-        self._collector = Collector(self._collector_store, sources + procs,
+        self._collector = Collector(sources + procs, [StoreSink(self._collector_store)],
                                     interval=self.collect_interval, unavailable=unavailable)
         self._collector.start()
 

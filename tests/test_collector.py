@@ -1,12 +1,21 @@
-"""Collector: samples sources into the store, survives broken sources and a broken store."""
+"""Collector: samples sources into sinks, survives broken sources, sinks and stores; knows no
+source by name."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from stallscope.collector import Collector
-from stallscope.sources.base import Source
+import pytest
+
+from stallscope import metrics
+from stallscope.collect import Collector, Sample, Sink, StoreSink
+from stallscope.collect.derived import trainer_gpu_memory
+from stallscope.metrics import Metric, Point
+from stallscope.sources.base import Reading, Source
 from stallscope.sources.host import HostSource
 from stallscope.store import RunStore
 
@@ -22,7 +31,8 @@ def test_broken_source_is_reported_once_then_turned_off(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
     host = HostSource()
     host.open()
-    c = Collector(st, [host, Broken()], interval=1.0, unavailable={"gpu": "no driver"})
+    c = Collector([host, Broken()], [StoreSink(st)], interval=1.0,
+                  unavailable={"gpu": "no driver"})
     for _ in range(6):
         c.sample_once()
     events = st.events()
@@ -36,25 +46,143 @@ def test_store_failure_never_escapes(tmp_path: Path, capsys: Any) -> None:
     st = RunStore(tmp_path / "run.db")
     host = HostSource()
     host.open()
-    c = Collector(st, [host], interval=1.0)
+    sink = StoreSink(st)
+    c = Collector([host], [sink], interval=1.0)
     c.sample_once()
     st.db.close()  # the database goes away under the collector (disk gone, file deleted...)
     c.sample_once()
     c.sample_once()
     c.stop()
-    assert c.store_errors >= 2
+    assert sink.errors >= 2
     err = capsys.readouterr().err
     assert err.count("cannot write to") == 1  # said once
 
 
-def test_trainer_gpu_memory_marks_the_runs_gpus() -> None:
-    from stallscope.collector import _trainer_gpu_points
-    from stallscope.store import Point
+class Exploding(Sink):
+    name = "exploding"
 
-    payloads = {"gpu": [{"index": 0, "processes": [{"pid": 41, "used_mib": 30000},
-                                                   {"pid": 999, "used_mib": 500}]},
-                        {"index": 1, "processes": [{"pid": 999, "used_mib": 70000}]}],
-                "procs": {"41": {}, "42": {}}}
-    assert _trainer_gpu_points(payloads) == [Point("gpu.trainer_mem_mib", "gpu0", 30000.0),
-                                             Point("gpu.trainer_mem_mib", "gpu1", 0.0)]
-    assert _trainer_gpu_points({"gpu": payloads["gpu"]}) == []  # no trainer tree: unknown
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def write(self, sample: Sample) -> None:
+        self.calls += 1
+        raise RuntimeError("registry is gone")
+
+
+class Keeping(Sink):
+    name = "keeping"
+
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+
+    def write(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+
+def test_a_failing_sink_is_one_event_and_never_stops_the_others(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    host = HostSource()
+    host.open()
+    bad, good = Exploding(), Keeping()
+    c = Collector([host], [bad, StoreSink(st), good], interval=1.0)
+    for _ in range(4):
+        c.sample_once()
+    assert bad.calls == 3 and len(good.samples) == 3  # every sample reached every sink
+    sink_events = [e for e in st.events() if e["kind"] == "sink_error"]
+    assert len(sink_events) == 1
+    assert "exploding sink failed: RuntimeError: registry is gone" in sink_events[0]["message"]
+    assert len(st.read("host.cpu_pct")[0].v) == 3  # the store went on
+
+
+class Thermometer(Source):
+    """A source the collector and store have never heard of (defined only in this test)."""
+
+    name = "thermo"
+    transient_entities = True
+    metric: ClassVar[Metric] = Metric("thermo", "temp_c", "°C", "room temperature (test)")
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self, now: float) -> Any:
+        self.n += 1
+        if self.n == 2:
+            self.emit("note", "sensor B warming up")
+        return {"roomA": {"temp_c": 20.0 + self.n, "label": "lab"},
+                "roomB": {"temp_c": None}}
+
+    def points(self, payload: Any) -> list[Point]:
+        return [Point("thermo.temp_c", room, float(f["temp_c"]))
+                for room, f in payload.items() if f["temp_c"] is not None]
+
+    def entities(self, payload: Any) -> dict[str, dict[str, Any]]:
+        return {room: {"label": f.get("label")} for room, f in payload.items()}
+
+
+def test_a_new_source_needs_no_change_to_collector_or_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the vocabulary is the one place a metric is declared: add it there, as a source would
+    monkeypatch.setattr(metrics, "_BY_NAME", {**metrics._BY_NAME,
+                                               Thermometer.metric.name: Thermometer.metric})
+    st = RunStore(tmp_path / "run.db")
+    keep = Keeping()
+    c = Collector([Thermometer()], [StoreSink(st), keep], interval=1.0)
+    for _ in range(3):
+        c.sample_once()
+    [s] = st.read("thermo.temp_c")
+    assert s.entity == "roomA" and s.v == [21.0, 22.0, 23.0]
+    ents = {e["entity"]: e for e in st.entities("thermo")}
+    assert ents["roomA"]["attrs"] == {"label": "lab"} and ents["roomB"]["attrs"] == {"label": None}
+    assert ents["roomA"]["last_ts"] > ents["roomA"]["first_ts"]  # transient: last seen kept
+    assert [e["message"] for e in st.events() if e["source"] == "thermo"] == [
+        "sensor B warming up"]
+    assert isinstance(keep.samples[0].readings["thermo"], Reading)
+
+
+def test_collector_and_store_never_branch_on_a_source_name() -> None:
+    """No comparison with a source's name literal anywhere in the collector, sinks or store."""
+    import stallscope.collect.collector as collector_mod
+    import stallscope.collect.sinks as sinks_mod
+    import stallscope.store as store_mod
+    from stallscope.sources import SOURCE_NAMES
+
+    names = {*SOURCE_NAMES, "procs"}
+    for mod in (collector_mod, sinks_mod, store_mod):
+        tree = ast.parse(inspect.getsource(mod))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                consts = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
+                assert not consts & names, (mod.__name__, ast.unparse(node))
+
+
+def test_trainer_gpu_memory_marks_the_runs_gpus() -> None:
+    gpu = Reading("gpu", [{"index": 0, "processes": [{"pid": 41, "used_mib": 30000},
+                                                     {"pid": 999, "used_mib": 500}]},
+                          {"index": 1, "processes": [{"pid": 999, "used_mib": 70000}]}], [], {})
+    procs = Reading("procs", {"41": {}, "42": {}}, [], {}, True)
+    assert trainer_gpu_memory({"gpu": gpu, "procs": procs}) == [
+        Point("gpu.trainer_mem_mib", "gpu0", 30000.0), Point("gpu.trainer_mem_mib", "gpu1", 0.0)]
+    assert trainer_gpu_memory({"gpu": gpu}) == []  # no trainer tree: unknown
+
+
+def test_events_from_a_source_reach_the_run(tmp_path: Path) -> None:
+    """A lost GPU is a run event (not only a log line)."""
+    import pynvml
+
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.testing.nvml_replay import NvmlReplay
+
+    fixtures = Path(__file__).parent / "fixtures"
+    replay = NvmlReplay(json.loads(sorted(fixtures.glob("nvml-replay-*.json"))[0].read_text()))
+
+    src = GpuSource(backend=replay)
+    src.open()
+    st = RunStore(tmp_path / "run.db")
+    c = Collector([src], [StoreSink(st)], interval=1.0)
+    c.sample_once()
+    replay.fail(0, pynvml.NVML_ERROR_GPU_IS_LOST)
+    c.sample_once()
+    c.sample_once()
+    lost = [e for e in st.events() if e["kind"] == "gpu_lost"]
+    assert len(lost) == 1 and lost[0]["message"].startswith("GPU 0 ")
+    assert lost[0]["source"] == "gpu"

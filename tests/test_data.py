@@ -1,4 +1,4 @@
-"""stallscope.data: reading shards, splitting over DDP ranks × DataLoader workers."""
+"""stallscope.tools.data: reading shards, splitting over DDP ranks × DataLoader workers."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from conftest import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stallscope.data import (
+from stallscope.errors import ParseError, UsageError
+from stallscope.tools.data import (
     equal_quota,
     iter_samples,
     key_and_field,
     load_shard_set,
     reader_assignment,
 )
-from stallscope.errors import ParseError, UsageError
-from stallscope.pack import pack
+from stallscope.tools.pack import pack
 
 
 def make_imagefolder(root: Path, classes: int, per_class: int, seed: int = 3) -> Path:
@@ -207,7 +207,7 @@ def test_dataloader_ranks_x_workers_cover_every_sample_once(
     even_shards: tuple[Path, set[str]],
 ) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     dst, keys = even_shards
     world = 3
@@ -223,7 +223,7 @@ def test_dataloader_ranks_x_workers_cover_every_sample_once(
 @pytest.mark.torch
 def test_equalize_gives_every_rank_the_same_count(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=47)
     dst = tmp_path / "shards"
@@ -243,7 +243,7 @@ def test_equalize_gives_every_rank_the_same_count(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_shuffling_is_seeded_and_changes_per_epoch(even_shards: tuple[Path, set[str]]) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     dst, keys = even_shards
 
@@ -262,7 +262,7 @@ def test_shuffling_is_seeded_and_changes_per_epoch(even_shards: tuple[Path, set[
 @pytest.mark.torch
 def test_idle_reader_warns_and_yields_nothing(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     src = make_imagefolder(tmp_path / "src", classes=1, per_class=4)
     dst = tmp_path / "shards"
@@ -277,7 +277,7 @@ def test_idle_reader_warns_and_yields_nothing(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_plain_tar_list_reads_without_counts(even_shards: tuple[Path, set[str]]) -> None:
     pytest.importorskip("torch", reason="PyTorch is not installed")
-    from stallscope.data import ShardDataset
+    from stallscope.tools.data import ShardDataset
 
     dst, keys = even_shards
     paths = sorted(str(p) for p in dst.glob("shard-*.tar"))
@@ -298,7 +298,7 @@ def test_load_shard_set_errors(tmp_path: Path) -> None:
 
 def test_core_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, stallscope.data, stallscope.pack, stallscope.commands.pack\n"
+        "import sys, stallscope.tools.data, stallscope.tools.pack, stallscope.cli.pack\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

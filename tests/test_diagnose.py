@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from stallscope.diagnose import KINDS, RunData, compute_signals, diagnose
+from stallscope.analysis.diagnose import KINDS, RunData, compute_signals, diagnose
 from stallscope.store import Series, StepRow
 
 T0 = 1_700_000_000.0
@@ -27,8 +27,14 @@ def run(series: list[Series], steps: list[StepRow] | None = None,
     m.update(meta or {})
     probes = [{"rank": 0, "pid": 1, "config": config, "steps": 0, "dropped": 0,
                "updated": T0}] if config is not None else []
+    ents = list(entities or [])
+    # recorded facts go where a session records them: disk facts with the disk entities,
+    # dataset size and SMART health in meta.json
+    device_info: dict = extra.pop("device_info", None) or {}  # type: ignore[assignment]
+    ents += [{"source": "disk", "entity": dev, "attrs": info} for dev, info in device_info.items()]
+    m.update(extra)
     return RunData(meta=m, series={(s.name, s.entity): s for s in series}, steps=steps or [],
-                   probes=probes, entities=entities or [], extra=dict(extra))
+                   probes=probes, entities=ents)
 
 
 def procs(roles: dict[str, str]) -> list[dict]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, tool_missing
 
-from stallscope.diskbench import (
+from stallscope.errors import ParseError, SourceUnavailable, UsageError
+from stallscope.tools.diskbench import (
     HEALTHY,
     BenchPlan,
     BenchResult,
@@ -26,7 +27,6 @@ from stallscope.diskbench import (
     run_builtin,
     run_fio,
 )
-from stallscope.errors import ParseError, SourceUnavailable, UsageError
 
 SMALL = BenchPlan(size_bytes=8 * MiB, seconds=0.2, small_files=40)
 

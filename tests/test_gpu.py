@@ -23,7 +23,7 @@ from stallscope import metrics
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.base import Source
 from stallscope.sources.gpu import THROTTLE_REASONS, GpuSource, decode_throttle
-from stallscope.sources.nvml_replay import NvmlRecorder, NvmlReplay, ReplayMissing
+from stallscope.testing.nvml_replay import NvmlRecorder, NvmlReplay, ReplayMissing
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
@@ -37,7 +37,7 @@ RTX2080_IDLE = "nvml-replay-rtx-2080-super-idle-from-nvidia-smi-595.71.05.json"
 RTX4080_LOAD = "nvml-replay-rtx-4080-super-load-from-nvidia-smi-595.71.05.json"
 ALL_REPLAYS = sorted(p.name for p in FIXTURES.glob("nvml-replay-*.json"))
 
-# the gpu keys of DESIGN.md's `snapshot --json`, and the extra ones this source adds
+# the gpu keys of docs/architecture.md's `snapshot --json`, and the extra ones this source adds
 DESIGN_KEYS = {
     "index", "name", "uuid", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
     "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "throttle", "pcie_gen",

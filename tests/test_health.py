@@ -12,14 +12,6 @@ import pytest
 from conftest import FIXTURES, ROOT, tool_missing
 
 from stallscope.errors import UsageError
-from stallscope.health_state import (
-    MAX_CHECKS,
-    WINDOW_S,
-    Check,
-    HealthState,
-    default_state_path,
-    pick_baseline,
-)
 from stallscope.sources.health import (
     DriveHealth,
     Growth,
@@ -34,6 +26,14 @@ from stallscope.sources.health import (
     smartctl_argv,
     validate_device,
     validate_device_type,
+)
+from stallscope.tools.health_state import (
+    MAX_CHECKS,
+    WINDOW_S,
+    Check,
+    HealthState,
+    default_state_path,
+    pick_baseline,
 )
 
 SHARED = ROOT.parent / "shared" / "fixtures" / "smartctl"

@@ -13,7 +13,6 @@ from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stallscope.health_state import HealthState
 from stallscope.sources.health import (
     DriveHealth,
     apply_growth,
@@ -23,6 +22,7 @@ from stallscope.sources.health import (
     parse_smartctl,
     parse_smartctl_text,
 )
+from stallscope.tools.health_state import HealthState
 
 DOCS = [json.loads(p.read_text()) for p in sorted(FIXTURES.glob("smartctl-*.json"))]
 VERDICTS = {"ok", "ageing", "failing", "unknown"}

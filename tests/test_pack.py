@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, stallscope_argv
 
 from stallscope.errors import StallscopeError, UsageError
-from stallscope.pack import (
+from stallscope.tools.pack import (
     MANIFEST_NAME,
     PackError,
     PackProgress,
@@ -340,7 +340,7 @@ def test_resume_after_interruption(tmp_path: Path) -> None:
 
 _KILL_SCRIPT = """
 import sys, time
-from stallscope.pack import PackProgress, pack
+from stallscope.tools.pack import PackProgress, pack
 
 class Hang(PackProgress):
     n = 0

@@ -2,7 +2,7 @@
 
 Runs are built synthetically in ``tmp_path`` with the real :class:`RunStore` and
 :func:`write_meta`; the diagnosis is a hand-built ``diagnose --json`` document, plus the real
-one where this stallscope has :mod:`stallscope.diagnose`.
+one where this stallscope has :mod:`stallscope.analysis.diagnose`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def make_run(root: Path, *, name: str = "run", duration_s: int = 120, interval: 
     for i, pid in enumerate(pids):
         role = "main" if i == 0 else "worker"
         pname = (EVIL if evil and i == 1 else ("python" if i == 0 else "pt_data_worker"))
-        store.upsert_entity("procs", pid, {"name": pname, "role": role, "ppid": 1,
+        # workers are the trainer's children, as DataLoader workers are
+        ppid = 1 if i == 0 else int(pids[0])
+        store.upsert_entity("procs", pid, {"name": pname, "role": role, "ppid": ppid,
                                            "cmdline": f"python train.py {EVIL2 if evil else ''}"},
                             T0)
     for g in range(gpus):
@@ -117,7 +119,7 @@ def make_run(root: Path, *, name: str = "run", duration_s: int = 120, interval: 
 
 
 def diagnosis(run_dir: Path, evil: bool = False) -> dict[str, Any]:
-    """A ``diagnose --json`` document as DESIGN.md defines it."""
+    """A ``diagnose --json`` document as docs/architecture.md defines it."""
     x = EVIL if evil else ""
     return {
         "run": str(run_dir), "verdict": "input_bound.fetch", "stall_fraction": 0.42,
@@ -346,7 +348,7 @@ def test_cli_unwritable_output_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(_diagnose_fn() is None,
-                    reason="stallscope.diagnose.diagnose_run is not in this checkout yet")
+                    reason="stallscope.analysis.diagnose.diagnose_run is not in this checkout yet")
 def test_with_the_real_diagnosis(tmp_path: Path) -> None:
     diagnose_run = _diagnose_fn()
     assert diagnose_run is not None

@@ -13,7 +13,6 @@ from stallscope.store import (
     RunStore,
     StepRow,
     find_run,
-    iter_points_from_payload,
     list_runs,
     new_run_dir,
     read_meta,
@@ -81,19 +80,24 @@ def test_steps_probes_events_entities(tmp_path: Path) -> None:
     assert e["attrs"]["name"] == "x" and e["first_ts"] == 1.0 and e["last_ts"] == 2.0
 
 
-def test_payload_flattening_keeps_only_vocabulary_numbers() -> None:
-    pts = list(iter_points_from_payload("gpu", [{"index": 1, "name": "H100", "util_pct": 50,
-                                                 "throttle": ["sw_power_cap"],
-                                                 "ecc_errors": None}]))
+def test_each_source_turns_its_payload_into_vocabulary_points() -> None:
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.sources.host import HostSource
+    from stallscope.sources.procs import ProcsSource
+
+    gpu = GpuSource(backend=object())
+    pts = gpu.points([{"index": 1, "name": "H100", "util_pct": 50, "throttle": ["sw_power_cap"],
+                       "ecc_errors": None}])
     assert pts == [Point("gpu.util_pct", "gpu1", 50.0)]
-    pts = list(iter_points_from_payload("host", {"cpu_pct": 10.0, "cpu_per_core_pct": [1.0, None],
-                                                 "load1": float("nan")}))
+    assert gpu.entities([{"index": 1, "name": "H100", "uuid": "GPU-1"}]) == {
+        "gpu1": {"name": "H100", "uuid": "GPU-1"}}
+    pts = HostSource().points({"cpu_pct": 10.0, "cpu_per_core_pct": [1.0, None],
+                               "load1": float("nan")})
     assert Point("host.cpu_pct", "", 10.0) in pts
     assert Point("host.cpu_core_pct", "cpu0", 1.0) in pts
     assert len(pts) == 2
-    pts = list(iter_points_from_payload("procs", {"12": {"pid": 12, "cpu_pct": 3.0,
-                                                         "role": "main"}}))
-    assert pts == [Point("procs.cpu_pct", "12", 3.0)]
+    assert ProcsSource(1).points({"12": {"pid": 12, "cpu_pct": 3.0, "role": "main"}}) == [
+        Point("procs.cpu_pct", "12", 3.0)]
 
 
 def test_run_dirs_and_lookup(tmp_path: Path) -> None:

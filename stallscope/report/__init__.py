@@ -22,18 +22,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stallscope.analysis.rundata import RunData, load_run
 from stallscope.errors import UsageError
-from stallscope.report.data import RunData, load_run
 from stallscope.report.page import render_page
 from stallscope.report.plots import Plot, build_plots, render_svg
 
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 
 
-def render_report(run_dir: Path, diagnosis: dict[str, Any] | None) -> str:
+def render_report(run_dir: Path, diagnosis: dict[str, Any] | None,
+                  data: RunData | None = None) -> str:
     """The report of ``run_dir`` as an HTML string, given its ``diagnose --json`` document
-    (``None`` when no diagnosis is available: the page says so and shows the rest)."""
-    data = load_run(Path(run_dir))
+    (``None`` when no diagnosis is available: the page says so and shows the rest).
+    ``data``: the run, when the caller already loaded it."""
+    if data is None:
+        data = load_run(Path(run_dir))
     sf = diagnosis.get("stall_fraction") if diagnosis else None
     plots = build_plots(data, sf if isinstance(sf, (int, float)) else None)
     return render_page(data, diagnosis, _draw(plots, data.t1 - data.t0))
@@ -51,12 +54,12 @@ def _draw(plots: list[Plot], span: float) -> list[tuple[str, str, str, str | Non
     return [(p.id, p.title, p.note, render_svg(p, span) if p.panels else None) for p in plots]
 
 
-def _diagnose_fn() -> Callable[[Path], dict[str, Any]] | None:
-    """``stallscope.diagnose.diagnose_run`` when this stallscope has it, else None."""
+def _diagnose_fn() -> Callable[[Path, RunData], dict[str, Any]] | None:
+    """``stallscope.analysis.diagnose.diagnose_run`` when this stallscope has it, else None."""
     try:
-        mod = importlib.import_module("stallscope.diagnose")
+        mod = importlib.import_module("stallscope.analysis.diagnose")
     except ImportError as exc:
-        if exc.name == "stallscope.diagnose":
+        if exc.name == "stallscope.analysis.diagnose":
             return None
         raise
     fn = getattr(mod, "diagnose_run", None)
@@ -68,9 +71,10 @@ def write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     ``RUN/report.html``) atomically; returns the path written."""
     run_dir = Path(run_dir)
     out = Path(out_path) if out_path is not None else run_dir / "report.html"
+    data = load_run(run_dir)  # read once, for the diagnosis and the page
     diagnose = _diagnose_fn()
-    diagnosis = diagnose(run_dir) if diagnose is not None else None
-    text = render_report(run_dir, diagnosis)
+    diagnosis = diagnose(run_dir, data) if diagnose is not None else None
+    text = render_report(run_dir, diagnosis, data)
     tmp = out.with_name(out.name + ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

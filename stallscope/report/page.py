@@ -19,13 +19,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from stallscope import __version__
+from stallscope.analysis.rundata import RunData
 from stallscope.metrics import lookup
-from stallscope.report.data import RunData
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
 
 __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 
-#: a plain-language title per finding kind (DESIGN.md's list); unknown kinds show as-is
+#: a plain-language title per finding kind (docs/architecture.md's list); unknown kinds show as-is
 KIND_TITLES: dict[str, str] = {
     "input_bound.fetch": "Input-bound: storage cannot feed the trainer fast enough",
     "input_bound.prep": "Input-bound: CPU preprocessing cannot keep up",
@@ -302,7 +302,7 @@ def _plots(data: RunData, figures: list[tuple[str, str, str, str | None]]) -> st
 
 
 def _summary(data: RunData) -> str:
-    rows = data.summary.get("rows") or []
+    rows = data.summary().get("rows") or []
     out = ['<section id="summary"><h2>Resources over the run</h2>']
     if not rows:
         out.append('<p class="note">No samples stored (the run ended before the first '
@@ -325,12 +325,12 @@ def _summary(data: RunData) -> str:
                              for k in ("median", "p95", "max"))
                    + f"<td>{esc(r.get('unit', ''))}</td></tr>")
     out.append("</table>")
-    idle = data.summary.get("gpu_idle_share") or {}
+    idle = data.summary().get("gpu_idle_share") or {}
     if idle:
         out.append('<p class="note">GPU idle share of the run (100% − utilisation): '
                    + esc(", ".join(f"{k} {_pct(v)}" for k, v in sorted(idle.items())))
                    + ".</p>")
-    cost = finite_or_none(data.summary.get("collector_cpu_s_per_sample"))
+    cost = finite_or_none(data.summary().get("collector_cpu_s_per_sample"))
     if cost is not None:
         out.append(f'<p class="note">Monitoring cost: {cost * 1000:.2f} ms CPU per sample.</p>')
     out.append("</section>")
@@ -351,7 +351,8 @@ def _processes(data: RunData) -> str:
         s = cpu.get(ent)
         return sum(s.v) / len(s.v) if s is not None and s.v else math.nan
 
-    procs.sort(key=lambda e: (e["attrs"].get("role") != "main", -_nan0(mean(e["entity"]))))
+    roles = data.roles()
+    procs.sort(key=lambda e: (roles.get(e["entity"]) != "main", -_nan0(mean(e["entity"]))))
     out = ['<section id="processes"><h2>Trainer processes</h2><table><tr><th>pid</th>'
            "<th>role</th><th>name</th><th>mean CPU %</th><th>max RSS MiB</th><th>seen</th>"
            "<th>command line</th></tr>"]
@@ -363,7 +364,7 @@ def _processes(data: RunData) -> str:
         seen = (f"{clock(first - data.t0)}–{clock(last - data.t0)}"
                 if first is not None and last is not None else "-")
         out.append(
-            f'<tr><td class="num">{esc(e["entity"])}</td><td>{esc(a.get("role", ""))}</td>'
+            f'<tr><td class="num">{esc(e["entity"])}</td><td>{esc(roles.get(e["entity"], ""))}</td>'
             f'<td>{esc(a.get("name", ""))}</td><td class="num">{esc(fmt_num(mean(e["entity"])))}'
             f'</td><td class="num">{esc(fmt_num(max(r.v)) if r is not None and r.v else "-")}'
             f'</td><td class="mono">{esc(seen)}</td>'

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.report.data import RunData
+from stallscope.analysis.rundata import RunData
 from stallscope.store import Series, StepRow
 
 __all__ = [
@@ -284,8 +284,9 @@ def _disk_plot(data: RunData) -> Plot:
 def _cpu_plot(data: RunData) -> Plot:
     plot = Plot("cpu", "CPU: trainer and DataLoader workers")
     roles: dict[str, list[Series]] = {}
+    role_of = data.roles()
     for ent, s in data.metric("procs.cpu_pct").items():
-        role = str(data.entity_attrs("procs", ent).get("role", "worker"))
+        role = role_of.get(ent, "worker")
         roles.setdefault(role, []).append(s)
     procs = Panel("% of one core")
     for i, role in enumerate(("main", "worker")):

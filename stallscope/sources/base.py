@@ -1,23 +1,74 @@
 """The seam every metric source plugs into.
 
-A source is a thin, stateful reader around pure parsers: ``open()`` checks that it can
-work here (raising :class:`~stallscope.errors.SourceUnavailable` with the reason if not),
-``sample(now)`` returns one JSON-able payload in the shape of the ``snapshot --json``
-contract (see DESIGN.md), computing rates against its own previous reading. The first
-``sample`` after ``open`` may return ``None`` for counter-based sources (nothing to diff yet).
+A source is a thin, stateful reader around pure parsers:
+
+* ``open()`` checks that it can work here (raising :class:`~stallscope.errors.SourceUnavailable`
+  with the reason if not);
+* ``sample(now)`` returns one JSON-able payload in the shape of the ``snapshot --json`` contract
+  (docs/architecture.md), computing rates against its own previous reading. The first
+  ``sample`` after ``open`` may return ``None`` for counter-based sources (nothing to diff yet);
+* ``read(now)`` returns the same as a typed :class:`Reading`: the payload, its points (metric,
+  entity, value) and the attributes of the entities it is about. The collector and the sinks use
+  only this, so they never need to know a source's payload shape: a source says how its payload
+  becomes points by overriding :meth:`Source.points` and :meth:`Source.entities`;
+* ``emit(kind, message)`` tells the run something once (a GPU lost, an NVML error, a file it
+  cannot read); the collector turns it into a run event.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from stallscope.metrics import Point, lookup
+
+
+@dataclass(slots=True)
+class Reading:
+    """One source's sample, typed: what the collector hands to every sink."""
+
+    source: str
+    payload: Any  #: the ``snapshot --json`` shape of this source
+    points: list[Point]
+    #: entity -> attributes (names, ids, device facts) for every entity in this reading
+    entities: dict[str, dict[str, Any]]
+    #: entities come and go during a run (processes): the store keeps when each was last seen
+    transient: bool = False
+
+
+#: per source, payload key -> metric name (or None: not a metric); filled on first use
+_NAMES: dict[str, dict[str, str | None]] = {}
+
+
+def numeric_points(source: str, entity: str, fields: dict[str, Any]) -> list[Point]:
+    """The numbers of one entity's fields that the vocabulary declares, as points.
+
+    Ids (index, pid) and text are not metrics; None and NaN are not readings."""
+    names = _NAMES.get(source)
+    if names is None:
+        names = _NAMES[source] = {}
+    out = []
+    for k, v in fields.items():
+        try:
+            name = names[k]
+        except KeyError:
+            name = names[k] = f"{source}.{k}" if lookup(f"{source}.{k}") is not None else None
+        if name is None or v is None or isinstance(v, (str, list, dict)):
+            continue
+        fv = float(v)
+        if fv == fv:
+            out.append(Point(name, entity, fv))
+    return out
 
 
 class Source(abc.ABC):
     """One metric source (gpu, disk, host, procs...)."""
 
     name: ClassVar[str]
+    #: whether this source's entities come and go during a run (see :attr:`Reading.transient`)
+    transient_entities: ClassVar[bool] = False
 
     def open(self) -> None:  # noqa: B027 - optional hook
         """Check the source works here; raise SourceUnavailable(reason) if not."""
@@ -28,6 +79,39 @@ class Source(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (NVML, file descriptors)."""
+
+    # --- typed readings -------------------------------------------------------------------------
+    def read(self, now: float) -> Reading | None:
+        """One sample as a :class:`Reading`, or None while priming counters."""
+        payload = self.sample(now)
+        if payload is None:
+            return None
+        return Reading(self.name, payload, self.points(payload), self.entities(payload),
+                       self.transient_entities)
+
+    def points(self, payload: Any) -> list[Point]:
+        """The payload's numbers as points; default: one flat dict about the whole host."""
+        return numeric_points(self.name, "", payload)
+
+    def entities(self, payload: Any) -> dict[str, dict[str, Any]]:
+        """Entity -> attributes for the entities in ``payload``; default: none."""
+        return {}
+
+    # --- events ---------------------------------------------------------------------------------
+    def emit(self, kind: str, message: str) -> None:
+        """Tell the run something (once is enough: the collector drops repeats)."""
+        pending: list[tuple[str, str]] | None = self.__dict__.get("_pending_events")
+        if pending is None:
+            pending = self.__dict__["_pending_events"] = []
+        pending.append((kind, message))
+
+    def drain_events(self) -> list[tuple[str, str]]:
+        """What :meth:`emit` collected since the last call (the collector calls this)."""
+        pending: list[tuple[str, str]] | None = self.__dict__.get("_pending_events")
+        if not pending:
+            return []
+        self.__dict__["_pending_events"] = []
+        return pending
 
 
 class ProcFile:

@@ -42,8 +42,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from stallscope.errors import ParseError, SourceUnavailable, UsageError
-from stallscope.sources.base import Source
+from stallscope.errors import ParseError, SourceUnavailable, StallscopeError, UsageError
+from stallscope.metrics import Point
+from stallscope.sources.base import Source, numeric_points
 
 __all__ = [
     "FIELDS",
@@ -385,6 +386,24 @@ class DiskSource(Source):
             wanted = set(self.devices)
             return t, {c.name: c for c in rows if c.name in wanted}
         return t, {c.name: c for c in rows if self._is_whole_device(c)}
+
+    def points(self, payload: dict[str, dict[str, float]]) -> list[Point]:
+        out: list[Point] = []
+        for dev, fields in payload.items():
+            out.extend(numeric_points(self.name, dev, fields))
+        return out
+
+    def entities(self, payload: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+        """Each device with what sysfs says about it (kind, rotational, model, size...), read
+        once per device: the diagnosis uses these recorded facts, not the machine it runs on."""
+        facts = self.__dict__.setdefault("_facts", {})
+        for dev in payload:
+            if dev not in facts:
+                try:
+                    facts[dev] = device_info(dev, self.sys_root)
+                except (OSError, ValueError, StallscopeError):
+                    facts[dev] = {}
+        return {dev: facts[dev] for dev in payload}
 
     def sample(self, now: float) -> dict[str, dict[str, float]] | None:
         """``{device: {field: value}}`` over the interval since the previous call."""

@@ -6,12 +6,12 @@ pattern): the first call runs ``nvmlInit``; a driver or library that is missing 
 again without retrying; "not supported"/"N/A" answers become ``None``; a GPU that falls off the
 bus (``NVML_ERROR_GPU_IS_LOST``, ``NVML_ERROR_UNKNOWN``...) is reported gone once and the other
 GPUs go on. The NVML backend is a constructor argument (default: the real ``pynvml`` module), so
-tests run this exact code against :class:`~stallscope.sources.nvml_replay.NvmlReplay`.
+tests run this exact code against :class:`~stallscope.testing.nvml_replay.NvmlReplay`.
 
 One reading per GPU is a :class:`GpuReading`; the payload of :meth:`GpuSource.sample` is the
-list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --json`` (DESIGN.md)
-plus ``sm_clock_max_mhz``, ``throttle_mask``, the GPM fields and ``processes``. Field meanings,
-NVML calls and ``nvidia-smi`` equivalents: docs/gpu-metrics.md.
+list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --json``
+(docs/architecture.md) plus ``sm_clock_max_mhz``, ``throttle_mask``, the GPM fields and
+``processes``. Field meanings, NVML calls and ``nvidia-smi`` equivalents: docs/gpu-metrics.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stallscope.errors import SourceUnavailable
-from stallscope.sources.base import Source
+from stallscope.metrics import Point
+from stallscope.sources.base import Source, numeric_points
 
 __all__ = [
     "THROTTLE_REASONS",
@@ -137,6 +138,8 @@ class Nvml:
         self._failure: SourceUnavailable | None = None
         self._codes: dict[str, int] = {}
         self._warned: set[tuple[str, int]] = set()
+        #: told (kind, message) of NVML errors worth a run event; the source sets it
+        self.on_event: Callable[[str, str], None] | None = None
 
     @property
     def backend(self) -> Any:
@@ -221,7 +224,10 @@ class Nvml:
             key = (fn, int(exc.value))
             if key not in self._warned:
                 self._warned.add(key)
-                log.warning("NVML %s failed: %s; reporting it as unavailable", fn, exc)
+                msg = f"NVML {fn} failed: {exc}; reporting it as unavailable"
+                log.warning(msg)
+                if self.on_event is not None:
+                    self.on_event("error", msg)
             return None
 
     def shutdown(self) -> None:
@@ -342,6 +348,11 @@ class _Gpu:
     gpm_taken_at: float | None = None  # when the previous sample was taken
 
 
+#: the facts of a GPU that do not change during a run (its entity's attributes)
+_FIXED = ("name", "uuid", "pci_bus_id", "pcie_gen_max", "pcie_width_max", "mem_total_mib",
+          "sm_clock_max_mhz")
+
+
 class GpuSource(Source):
     """NVML readings of every NVIDIA GPU on this machine (``nvidia-smi --query-gpu``).
 
@@ -360,6 +371,7 @@ class GpuSource(Source):
         gpm: bool = True,
     ) -> None:
         self.nvml = Nvml(backend)
+        self.nvml.on_event = self.emit
         self._clock = clock
         self._want_gpm = gpm
         self._gpus: list[_Gpu] | None = None
@@ -405,6 +417,17 @@ class GpuSource(Source):
         """One reading per GPU still present (``now`` is the collector's timestamp; GPM uses
         the monotonic clock)."""
         return [reading.as_dict() for reading in self.readings()]
+
+    def points(self, payload: list[dict[str, Any]]) -> list[Point]:
+        out: list[Point] = []
+        for g in payload:
+            out.extend(numeric_points(self.name, f"gpu{g.get('index', 0)}", g))
+        return out
+
+    def entities(self, payload: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Each GPU (``gpuN``) with its fixed facts: name, UUID, PCI bus id, link maxima."""
+        return {f"gpu{g.get('index', 0)}": {k: g.get(k) for k in _FIXED if k in g}
+                for g in payload}
 
     def readings(self) -> list[GpuReading]:
         """Typed readings of the GPUs still present (same as :meth:`sample`, not as dicts)."""
@@ -577,4 +600,6 @@ class GpuSource(Source):
         what = f"GPU {index}"
         if gpu is not None and (gpu.name or gpu.uuid):
             what += f" ({', '.join(x for x in (gpu.name, gpu.uuid) if x)})"
-        log.warning("%s is gone: %s; the other GPUs are still sampled", what, reason)
+        msg = f"{what} is gone: {reason}; the other GPUs are still sampled"
+        log.warning(msg)
+        self.emit("gpu_lost", msg)

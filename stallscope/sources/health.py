@@ -157,7 +157,7 @@ class DriveHealth:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``disk --json`` drive object (DESIGN.md), plus notes/fixes/source."""
+        """The ``disk --json`` drive object (docs/architecture.md), plus notes/fixes/source."""
         out: dict[str, Any] = {
             "device": self.device,
             "model": self.model,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.base import ProcFile, Source, close_all
+from stallscope.metrics import Point
+from stallscope.sources.base import ProcFile, Source, close_all, numeric_points
 
 __all__ = [
     "CpuTimes",
@@ -173,7 +174,6 @@ class HostSource(Source):
         self._prev_vm: tuple[float, int, int] | None = None
         self._psi: list[str] = []
         self._shm_ok = True
-        self.notes: list[str] = []  #: things this source could not read, said once
         self._files: dict[str, ProcFile] = {}
 
     def _read(self, rel: str) -> str:
@@ -199,13 +199,21 @@ class HostSource(Source):
             except OSError:  # no PSI for this resource: noted below when none at all
                 continue
         if not self._psi:
-            self.notes.append("PSI (/proc/pressure) not available: kernel without "
+            self.emit("note", "PSI (/proc/pressure) not available: kernel without "
                               "CONFIG_PSI or psi=0")
         try:
             self._statvfs(self.shm_path)
         except OSError:
             self._shm_ok = False
-            self.notes.append(f"{self.shm_path} not mounted: shm usage not reported")
+            self.emit("note", f"{self.shm_path} not mounted: shm usage not reported")
+
+    def points(self, payload: dict[str, Any]) -> list[Point]:
+        """Host-wide numbers, plus one ``host.cpu_core_pct`` per core (entity ``cpuN``)."""
+        out = numeric_points(self.name, "", payload)
+        for i, v in enumerate(payload.get("cpu_per_core_pct") or ()):
+            if v is not None:
+                out.append(Point("host.cpu_core_pct", f"cpu{i}", float(v)))
+        return out
 
     def sample(self, now: float) -> dict[str, Any] | None:
         cpus = parse_proc_stat(self._read("stat"))

@@ -15,9 +15,10 @@ import os
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.base import ProcFile, Source, close_all
+from stallscope.metrics import Point
+from stallscope.sources.base import ProcFile, Source, close_all, numeric_points
 
-__all__ = ["ProcIo", "ProcStat", "ProcsSource", "infer_roles", "parse_pid_io", "parse_pid_stat",
+__all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
            "parse_schedstat"]
 
 #: process names that start the trainer rather than being it (their children are the trainers)
@@ -116,6 +117,7 @@ class ProcsSource(Source):
     """The process tree rooted at ``root_pid``."""
 
     name = "procs"
+    transient_entities = True
 
     def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60) -> None:
         self.root_pid = root_pid
@@ -128,7 +130,6 @@ class ProcsSource(Source):
         self._settling = _SETTLE  #: samples left in which every process's children are read
         self._children_file = True
         self._io_denied = False
-        self.notes: list[str] = []
         self.known: dict[int, dict[str, Any]] = {}  #: pid -> attrs, for the store's entities
         self._files: dict[tuple[int, str], ProcFile] = {}
 
@@ -222,6 +223,17 @@ class ProcsSource(Source):
         return set(self._tree)
 
     # --- sampling --------------------------------------------------------------------------------
+    def points(self, payload: dict[str, Any]) -> list[Point]:
+        out: list[Point] = []
+        for pid, fields in payload.items():
+            out.extend(numeric_points(self.name, pid, fields))
+        return out
+
+    def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each process with its name, command line, parent and the sampler's role."""
+        known = self.known
+        return {pid: known[int(pid)] for pid in payload if int(pid) in known}
+
     def sample(self, now: float) -> dict[str, Any] | None:
         self._tree = self._discover()
         self._n += 1
@@ -255,7 +267,7 @@ class ProcsSource(Source):
                 io = parse_pid_io(self._pread(pid, "io"))
             except PermissionError:
                 self._io_denied = True
-                self.notes.append("/proc/PID/io not readable (needs the same user or "
+                self.emit("note", "/proc/PID/io not readable (needs the same user or "
                                   "CAP_SYS_PTRACE): per-process read bytes not reported")
             except (OSError, ParseError):
                 io = None
@@ -315,49 +327,3 @@ def tree_summary(payload: dict[str, Any]) -> dict[str, float]:
         out[f"{role}_count"] = out.get(f"{role}_count", 0.0) + 1
         out[f"{role}_d_state"] = out.get(f"{role}_d_state", 0.0) + rec.get("d_state", 0)
     return out
-
-
-
-def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None
-                ) -> dict[str, str]:
-    """pid -> role ("main", "worker", "launcher") for a recorded process tree.
-
-    ``procs`` are the store's procs entities (``entity`` = pid, ``attrs`` with ``name``,
-    ``ppid`` and the sampler's own ``role``, where the tree's root is "main"). The trainer
-    processes ("main") are, in order of evidence: the pids the in-trainer probe reported; the
-    parents of PyTorch DataLoader workers (named ``pt_data_worker``); else the root, unless the
-    root is a launcher (a shell, ``torchrun``...), in which case its children. Descendants of a
-    main are workers; its ancestors are launchers."""
-    by_pid = {str(p["entity"]): p.get("attrs") or {} for p in procs}
-    parent = {pid: str(a.get("ppid")) for pid, a in by_pid.items()}
-    mains = {p for p in (probe_pids or set()) if p in by_pid}
-    if not mains:
-        mains = {parent[pid] for pid, a in by_pid.items()
-                 if a.get("name") == TORCH_WORKER and parent.get(pid) in by_pid}
-    if not mains:
-        roots = [pid for pid, a in by_pid.items() if a.get("role") == "main"] or \
-            [pid for pid in by_pid if parent.get(pid) not in by_pid]
-        for root in roots:
-            kids = [pid for pid in by_pid if parent.get(pid) == root]
-            if by_pid[root].get("name") in LAUNCHERS and kids:
-                mains.update(kids)
-            else:
-                mains.add(root)
-
-    def ancestors(pid: str) -> list[str]:
-        out, seen = [], set()
-        while pid in parent and parent[pid] in by_pid and pid not in seen:
-            seen.add(pid)
-            pid = parent[pid]
-            out.append(pid)
-        return out
-
-    roles: dict[str, str] = {}
-    for pid in by_pid:
-        if pid in mains:
-            roles[pid] = "main"
-        elif any(a in mains for a in ancestors(pid)):
-            roles[pid] = "worker"
-        else:
-            roles[pid] = "launcher"
-    return roles

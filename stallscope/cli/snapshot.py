@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
-from stallscope.collector import take_sample
-from stallscope.commands._common import interval_type, out_console, safe
+from stallscope.cli._common import interval_type, out_console, safe
+from stallscope.collect import take_sample
 from stallscope.sources import SOURCE_NAMES, open_sources
 
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Sample GPU, disk and host over S seconds and print it.")
     p.add_argument("--interval", type=interval_type, default=1.0,
                    help="seconds to measure rates over (default 1)")
-    p.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
 
 

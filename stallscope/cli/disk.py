@@ -18,8 +18,16 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stallscope.commands._common import bounded, err_console, out_console, safe, size_type
-from stallscope.diskbench import (
+from stallscope.cli._common import bounded, err_console, out_console, safe, size_type
+from stallscope.errors import UsageError
+from stallscope.sources.disk import describe_path, device_info
+from stallscope.sources.health import (
+    DriveHealth,
+    explain_series,
+    parse_smartctl_text,
+    validate_device_type,
+)
+from stallscope.tools.diskbench import (
     HEALTHY,
     BenchPlan,
     BenchReport,
@@ -30,15 +38,7 @@ from stallscope.diskbench import (
     run_builtin,
     run_fio,
 )
-from stallscope.errors import UsageError
-from stallscope.health_state import check_drives
-from stallscope.sources.disk import describe_path, device_info
-from stallscope.sources.health import (
-    DriveHealth,
-    explain_series,
-    parse_smartctl_text,
-    validate_device_type,
-)
+from stallscope.tools.health_state import check_drives
 
 #: /sys/block names that are never physical drives
 _SKIP = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "one-line sudoers grant)")
     p.add_argument("--no-state", action="store_true",
                    help="do not read or update the state file of earlier checks")
-    p.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
 
 

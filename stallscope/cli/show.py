@@ -10,9 +10,10 @@ from typing import Any
 
 from rich.console import Console
 
-from stallscope.commands._common import out_console, safe
-from stallscope.store import DEFAULT_OUT, RunStore, find_run, read_meta
-from stallscope.summary import render_summary, summarize
+from stallscope.analysis.rundata import RunData, load_run
+from stallscope.analysis.summary import render_summary, summarize
+from stallscope.cli._common import out_console, safe
+from stallscope.store import DEFAULT_OUT, find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,19 +26,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    meta = read_meta(run_dir)
-    store = RunStore(run_dir / "run.db", readonly=True)
-    try:
-        summary = summarize(store, meta.get("data_devices") or ())
-        events = store.events()
-    finally:
-        store.close()
-    return {"run": str(run_dir), "meta": meta, "summary": summary, "events": events}
+def load_summary(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
+    if data is None:
+        data = load_run(run_dir)
+    return {"run": str(run_dir), "meta": data.meta, "summary": summarize(data),
+            "events": data.events}
 
 
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
-    doc = load_summary(run_dir)
+    data = load_run(run_dir)
+    doc = load_summary(run_dir, data)
     meta, summary = doc["meta"], doc["summary"]
     cmd = " ".join(meta.get("command") or [])
     dur = (meta.get("end") or time.time()) - (meta.get("start") or time.time())
@@ -61,10 +59,10 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
                       f"({cost / interval:.3%} of one core)", highlight=False)
     if with_diagnosis:
         try:
-            from stallscope.diagnose import diagnose_run, render_diagnosis
+            from stallscope.analysis.diagnose import diagnose_run, render_diagnosis
         except ImportError:
             return
-        console.print(render_diagnosis(diagnose_run(run_dir)))
+        console.print(render_diagnosis(diagnose_run(run_dir, data)))
 
 
 def run(args: argparse.Namespace) -> int:

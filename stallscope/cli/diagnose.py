@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from stallscope.commands._common import out_console
-from stallscope.diagnose import diagnose_run, render_diagnosis
+from stallscope.analysis.diagnose import diagnose_run, render_diagnosis
+from stallscope.cli._common import out_console
 from stallscope.store import DEFAULT_OUT, find_run
 
 
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Findings for a run: the bottleneck, the evidence (numbers "
                        "and the rule behind them), fixes, and an upper-bound speedup.")
     p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
-    p.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 

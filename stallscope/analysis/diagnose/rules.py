@@ -12,8 +12,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
-from stallscope.diagnose.model import Finding, Fix, RunData, Severity
-from stallscope.diagnose.signals import Signals, linear_fit, median, trainer_gpus
+from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
+from stallscope.analysis.diagnose.signals import Signals, linear_fit, median, trainer_gpus
 
 __all__ = ["RULES", "run_rules"]
 
@@ -218,7 +218,7 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
 def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     fixes: list[Fix] = []
     dev = sig.device
-    info = data.extra.get("device_info", {}).get(dev or "", {})
+    info = data.device_info().get(dev or "", {})
     aw = sig.disk_r_await_median_ms
     kind = ("virtual/network disk" if info.get("virtual") else
             "rotational" if info.get("rotational") else info.get("kind") or "")
@@ -246,7 +246,7 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
         fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
                          f"reads average {rq:.0f} kB at {sig.disk_r_s_median:.0f} r/s: "
                          "many small random reads, each paying a seek/metadata lookup"))
-    size = data.extra.get("dataset_bytes")
+    size = data.dataset_bytes
     avail = sig.mem_available_min_mib
     if size and avail and size / 1048576 < 0.7 * avail:
         fixes.append(Fix(f"dataset {_size(size)} < available RAM "
@@ -534,7 +534,7 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
 def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
     """disk_health: the dataset's drive has a SMART verdict of ageing or failing."""
     out = []
-    for drive in data.extra.get("disk_health", []):
+    for drive in data.disk_health:
         verdict = drive.get("verdict")
         if verdict not in ("ageing", "failing"):
             continue

@@ -1,21 +1,20 @@
 """Diagnosis: name the bottleneck of a run with evidence, fixes and an estimated speedup.
 
-``diagnose_run(run_dir)`` returns the ``diagnose --json`` document of DESIGN.md. The rules are
-pure functions (:mod:`stallscope.diagnose.rules`) over the signals computed once from the run
-(:mod:`stallscope.diagnose.signals`); this module only gathers the inputs and shapes the output.
+``diagnose_run(run_dir)`` returns the ``diagnose --json`` document (docs/architecture.md). The
+rules are pure functions (:mod:`stallscope.analysis.diagnose.rules`) over the signals computed
+once from the run (:mod:`stallscope.analysis.diagnose.signals`); this module only shapes the
+output. Its input is what the run recorded (:class:`~stallscope.analysis.rundata.RunData`).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import Any
 
-from stallscope.diagnose.model import KINDS, Finding, Fix, RunData, load_run
-from stallscope.diagnose.rules import RULES, run_rules
-from stallscope.diagnose.signals import Signals, compute_signals
-from stallscope.errors import StallscopeError
+from stallscope.analysis.diagnose.model import KINDS, Finding, Fix
+from stallscope.analysis.diagnose.rules import RULES, run_rules
+from stallscope.analysis.diagnose.signals import Signals, compute_signals
+from stallscope.analysis.rundata import RunData, load_run
 
 __all__ = [
     "KINDS",
@@ -57,55 +56,12 @@ def diagnose(data: RunData) -> dict[str, Any]:
     }
 
 
-def _dataset_bytes(path: str, budget_s: float = 2.0) -> int | None:
-    """Size of the dataset folder, or None if walking it takes longer than ``budget_s``."""
-    total = 0
-    deadline = time.monotonic() + budget_s
-    try:
-        if os.path.isfile(path):
-            return os.path.getsize(path)
-        for root, _dirs, files in os.walk(path):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(root, f)).st_size
-                except OSError:
-                    continue
-            if time.monotonic() > deadline:
-                return None
-    except OSError:
-        return None
-    return total
-
-
-def _extra(data: RunData) -> None:
-    devices = list(data.meta.get("data_devices") or [])
-    info: dict[str, Any] = {}
-    try:
-        from stallscope.sources.disk import device_info
-
-        for dev in devices + [s.entity for s in data.all("disk.rkb_s")]:
-            if dev not in info:
-                try:
-                    info[dev] = device_info(dev)
-                except (OSError, ValueError, StallscopeError):
-                    continue  # device gone since the run; its class is then unknown
-    except ImportError:
-        pass
-    data.extra["device_info"] = info
-    path = data.meta.get("data")
-    if path and os.path.exists(path):
-        size = _dataset_bytes(path)
-        if size:
-            data.extra["dataset_bytes"] = size
-    if data.meta.get("disk_health"):
-        data.extra["disk_health"] = data.meta["disk_health"]
-
-
-def diagnose_run(run_dir: Path) -> dict[str, Any]:
-    """Load a run directory and diagnose it."""
-    data = load_run(Path(run_dir))
+def diagnose_run(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
+    """Diagnose a run directory (``data``: the run already loaded by the caller, so one command
+    reads ``run.db`` once). Uses only what the run recorded."""
+    if data is None:
+        data = load_run(Path(run_dir))
     data.meta["run_dir"] = str(run_dir)
-    _extra(data)
     return diagnose(data)
 
 

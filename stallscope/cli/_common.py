@@ -62,8 +62,8 @@ def bounded(flag: str, cast: Callable[[str], float], lo: float, hi: float
 
 def size_type(text: str) -> int:
     """An argparse type: a byte size such as ``256M`` or ``1GB``."""
-    from stallscope.diskbench import parse_size
     from stallscope.errors import UsageError
+    from stallscope.tools.diskbench import parse_size
 
     try:
         return parse_size(text)

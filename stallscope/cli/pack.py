@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stallscope.errors import UsageError
-from stallscope.pack import (
+from stallscope.tools.pack import (
     DEFAULT_LOADER_WORKERS,
     DEFAULT_RANKS,
     PackProgress,

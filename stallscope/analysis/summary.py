@@ -1,7 +1,7 @@
 """Run summary: per resource, median / p95 / max over the run, and the GPU's idle share.
 
-Pure functions over series read from the store; the terminal rendering lives in
-:func:`render_summary`.
+Pure functions over a loaded run (:class:`~stallscope.analysis.rundata.RunData`); the terminal
+rendering lives in :func:`render_summary`.
 """
 
 from __future__ import annotations
@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallscope.metrics import lookup
-from stallscope.store import RunStore, Series
+from stallscope.store import Series
+
+if TYPE_CHECKING:
+    from stallscope.analysis.rundata import RunData
 
 __all__ = ["Stat", "percentile", "render_summary", "stat", "summarize"]
 
@@ -60,10 +63,11 @@ _ROWS: tuple[str, ...] = (
 )
 
 
-def summarize(store: RunStore, data_devices: Sequence[str] = ()) -> dict[str, Any]:
+def summarize(data: RunData) -> dict[str, Any]:
     """Summary of a stored run as a JSON-able dict."""
     rows: list[dict[str, Any]] = []
-    all_series = store.read_all()
+    all_series = data.series
+    data_devices: Sequence[str] = data.meta.get("data_devices") or ()
     for name in _ROWS:
         for (n, ent), s in sorted(all_series.items()):
             if n != name:
@@ -76,9 +80,7 @@ def summarize(store: RunStore, data_devices: Sequence[str] = ()) -> dict[str, An
             if st is not None:
                 rows.append(st.as_dict())
     # the trainer tree: main vs workers, summed per sample
-    from stallscope.sources.procs import infer_roles
-
-    roles = infer_roles(store.entities("procs"), {str(p["pid"]) for p in store.probes()})
+    roles = data.roles()
     for role in ("main", "worker"):
         per_ts: dict[float, float] = {}
         for (n, ent), s in all_series.items():
@@ -101,7 +103,7 @@ def summarize(store: RunStore, data_devices: Sequence[str] = ()) -> dict[str, An
     if cost is not None and cost.v:
         out["collector_cpu_s_per_sample"] = round(sum(cost.v) / len(cost.v), 6)
         out["samples"] = len(cost.v)
-    tr = store.time_range()
+    tr = data.span
     if tr:
         out["duration_s"] = round(tr[1] - tr[0], 1)
     return out

@@ -1,6 +1,6 @@
 """Command-line entry point: ``stallscope <command> ...``.
 
-Commands live one per module in :mod:`stallscope.commands`; the registry below is explicit
+Commands live one per module in :mod:`stallscope.cli`; the registry below is explicit
 (no discovery by naming). Every :class:`~stallscope.errors.StallscopeError` becomes one line on
 stderr and a non-zero exit, never a traceback.
 """
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        module = importlib.import_module(f"stallscope.commands.{name}")
+        module = importlib.import_module(f"stallscope.cli.{name}")
         module.register(sub)
     return parser
 

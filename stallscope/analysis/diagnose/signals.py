@@ -1,7 +1,7 @@
 """Signals: the numbers the diagnosis rules reason about, computed once from a run.
 
-Pure functions over :class:`~stallscope.diagnose.model.RunData`. Every value here can appear
-in a finding's evidence, so names carry units.
+Pure functions over :class:`~stallscope.analysis.rundata.RunData`. Every value here can
+appear in a finding's evidence, so names carry units.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stallscope.diagnose.model import RunData
+from stallscope.analysis.diagnose.model import RunData
 from stallscope.store import Series
 
 __all__ = ["Signals", "compute_signals", "linear_fit", "mean", "median", "p95"]

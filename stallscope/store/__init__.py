@@ -32,13 +32,13 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError, UsageError
-from stallscope.metrics import lookup
+from stallscope.metrics import Point, lookup
 
 __all__ = [
     "DEFAULT_OUT",
@@ -82,15 +82,6 @@ CREATE TABLE IF NOT EXISTS probes(
     rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
     steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
 """
-
-
-@dataclass(frozen=True)
-class Point:
-    """One number: metric ``name`` (``source.key``) about ``entity`` at time ``ts``."""
-
-    name: str
-    entity: str
-    value: float
 
 
 @dataclass(frozen=True)
@@ -193,19 +184,13 @@ class RunStore:
                 [(ts, source, e) for e in entities],
             )
 
-    def finalize_roles(self) -> None:
-        """Rewrite the procs entities' ``role`` with what the whole run shows (the probe's pid,
-        DataLoader workers' parents, launchers): the sampler only knew the tree's root."""
-        from stallscope.sources.procs import infer_roles
-
-        procs = self.entities("procs")
-        probe_pids = {str(p["pid"]) for p in self.probes()}
-        roles = infer_roles(procs, probe_pids)
+    def set_attrs(self, source: str, attrs: dict[str, dict[str, Any]]) -> None:
+        """Replace the attributes of several entities of ``source`` (e.g. the process roles the
+        whole run shows, recorded at its end)."""
         with self.db:
-            for e in procs:
-                attrs = dict(e["attrs"], role=roles.get(e["entity"], "worker"))
-                self.db.execute("UPDATE entities SET attrs=? WHERE source='procs' AND entity=?",
-                                (json.dumps(attrs, sort_keys=True), e["entity"]))
+            self.db.executemany(
+                "UPDATE entities SET attrs=? WHERE source=? AND entity=?",
+                [(json.dumps(a, sort_keys=True), source, e) for e, a in attrs.items()])
 
     def add_event(self, ts: float, source: str, kind: str, message: str) -> None:
         with self.db:
@@ -415,7 +400,8 @@ def new_run_dir(out: str | os.PathLike[str], label: str, now: float | None = Non
 def base_meta(command: list[str], *, start: float, interval_s: float,
               **extra: Any) -> dict[str, Any]:
     """The ``meta.json`` fields every run starts with (``stallscope run`` and the standalone
-    probe): command, host, start, versions, cores; ``extra`` adds or overrides fields."""
+    probe, through :class:`~stallscope.collect.session.Session`): command, host, start,
+    versions, cores, RAM; ``extra`` adds or overrides fields."""
     import platform
     import socket
     import sys
@@ -437,8 +423,10 @@ def base_meta(command: list[str], *, start: float, interval_s: float,
         import psutil
 
         meta["physical_cores"] = psutil.cpu_count(logical=False)
+        meta["mem_total_mib"] = round(psutil.virtual_memory().total / 1048576, 1)
     except ImportError:
         meta["physical_cores"] = None
+        meta["mem_total_mib"] = None
     meta.update(extra)
     return meta
 
@@ -526,36 +514,3 @@ def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").exists())
-
-
-def iter_points_from_payload(source: str, payload: Any) -> Iterator[Point]:
-    """Flatten a source payload (``snapshot --json`` shape) into store points.
-
-    Numbers become points; everything else (names, lists) is entity metadata, kept apart."""
-    if payload is None:
-        return
-    if source == "gpu":
-        for g in payload:
-            ent = f"gpu{g.get('index', 0)}"
-            yield from _numeric(source, ent, g)
-    elif source in ("disk", "procs"):
-        for ent, fields in payload.items():
-            yield from _numeric(source, str(ent), fields)
-    elif source == "host":
-        yield from _numeric(source, "", payload)
-        for i, v in enumerate(payload.get("cpu_per_core_pct") or []):
-            if v is not None:
-                yield Point("host.cpu_core_pct", f"cpu{i}", float(v))
-    else:
-        yield from _numeric(source, "", payload)
-
-
-def _numeric(source: str, entity: str, fields: dict[str, Any]) -> Iterator[Point]:
-    # Only what the vocabulary declares is stored: ids (index, pid) and text are not metrics.
-    for k, v in fields.items():
-        name = f"{source}.{k}"
-        if lookup(name) is None or v is None or isinstance(v, (str, list, dict)):
-            continue
-        fv = float(v)
-        if fv == fv:  # NaN is not a reading
-            yield Point(name, entity, fv)

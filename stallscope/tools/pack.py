@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from stallscope import __version__
-from stallscope.data import MANIFEST_NAME, iter_samples
 from stallscope.errors import StallscopeError, UsageError
+from stallscope.tools.data import MANIFEST_NAME, iter_samples
 
 __all__ = [
     "DEFAULT_LOADER_WORKERS",

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from stallscope.commands._common import out_console, safe
+from stallscope.cli._common import out_console, safe
 from stallscope.errors import RunNotFound, UsageError
 from stallscope.store import DEFAULT_OUT, list_runs, read_meta
 

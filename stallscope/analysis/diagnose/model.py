@@ -1,0 +1,50 @@
+"""Outputs of the diagnosis: :class:`Finding` and :class:`Fix`, and the finding kinds.
+
+Its input is :class:`~stallscope.analysis.rundata.RunData`, the one run reader shared with the
+summary and the report (re-exported here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stallscope.analysis.rundata import RunData, load_run
+
+__all__ = ["KINDS", "Finding", "Fix", "RunData", "load_run"]
+
+Severity = Literal["critical", "warning", "info"]
+
+#: finding kinds (docs/architecture.md): extend, don't rename
+KINDS: tuple[str, ...] = (
+    "input_bound.fetch", "input_bound.prep", "h2d_bound", "compute_bound", "gpu_throttled",
+    "gpu_memory_growth", "host_swap", "shm_pressure", "pcie_degraded", "disk_health",
+    "straggler_rank", "insufficient_data",
+)
+
+
+@dataclass(frozen=True)
+class Fix:
+    action: str  #: what to change, with this run's numbers
+    why: str  #: the evidence that makes it the right change
+
+
+@dataclass
+class Finding:
+    kind: str
+    severity: Severity
+    confidence: float
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fixes: list[Fix] = field(default_factory=list)
+    est_speedup: float = 1.0
+    rule: str = ""  #: the rule that fired, in words (shown by `diagnose`, documented in docs/)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "severity": self.severity,
+            "confidence": round(self.confidence, 2), "summary": self.summary,
+            "evidence": self.evidence,
+            "fixes": [{"action": f.action, "why": f.why} for f in self.fixes],
+            "est_speedup": round(self.est_speedup, 2), "rule": self.rule,
+        }

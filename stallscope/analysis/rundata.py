@@ -1,0 +1,138 @@
+"""One run reader: everything a run recorded, loaded once per command into a :class:`RunData`.
+
+The summary, the diagnosis and the report all read a ``RunData``; none of them opens ``run.db``
+or looks at the machine. :func:`load_run` fills it from a run directory (``meta.json`` and
+``run.db`` in one pass: a one-hour run at 1 Hz holds about a million points, and every extra
+pass costs about a second). A reader of a Prometheus server fills the same structure: series by
+(metric, entity), entities with their attributes, steps per rank.
+
+Recorded facts the diagnosis uses (never read again from the machine, so a run copied elsewhere,
+its dataset gone, gives the same diagnosis): ``meta.json`` (cores, RAM, ``dataset_bytes``,
+``disk_health``, ``loader_config``) and the disk entities' sysfs facts (``device_info``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.store import RunStore, Series, StepRow, read_meta
+
+__all__ = ["RunData", "load_run"]
+
+
+@dataclass
+class RunData:
+    """A stored run; times are UNIX seconds."""
+
+    meta: dict[str, Any]
+    series: dict[tuple[str, str], Series]
+    steps: list[StepRow] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    entities: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    run_dir: Path = field(default_factory=Path)
+    span: tuple[float, float] | None = None  #: first and last sample time, None if no samples
+    _roles: dict[str, str] | None = field(default=None, repr=False)
+    _summary: dict[str, Any] | None = field(default=None, repr=False)
+    _axis: tuple[float, float] | None = field(default=None, repr=False)
+
+    # --- series ---------------------------------------------------------------------------------
+    def get(self, name: str, entity: str = "") -> Series | None:
+        return self.series.get((name, entity))
+
+    def all(self, name: str) -> list[Series]:
+        """Every series of metric ``name``, by entity order."""
+        return [s for (n, _), s in sorted(self.series.items()) if n == name]
+
+    def metric(self, name: str) -> dict[str, Series]:
+        """Every series of metric ``name`` that has samples, by entity."""
+        return {ent: s for (n, ent), s in sorted(self.series.items()) if n == name and s.v}
+
+    # --- entities and facts ---------------------------------------------------------------------
+    def entity_attrs(self, source: str, entity: str) -> dict[str, Any]:
+        for e in self.entities:
+            if e["source"] == source and e["entity"] == entity:
+                attrs = e.get("attrs")
+                return attrs if isinstance(attrs, dict) else {}
+        return {}
+
+    def roles(self) -> dict[str, str]:
+        """pid -> role ("main", "worker", "launcher") of the trainer's processes."""
+        if self._roles is None:
+            from stallscope.analysis.roles import infer_roles
+
+            probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
+            self._roles = infer_roles([e for e in self.entities if e["source"] == "procs"],
+                                      probe_pids)
+        return self._roles
+
+    def device_info(self) -> dict[str, dict[str, Any]]:
+        """What sysfs said about each disk when the run recorded it (kind, rotational...)."""
+        return {e["entity"]: e["attrs"] for e in self.entities
+                if e["source"] == "disk" and isinstance(e.get("attrs"), dict) and e["attrs"]}
+
+    @property
+    def dataset_bytes(self) -> int | None:
+        v = self.meta.get("dataset_bytes")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    @property
+    def disk_health(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("disk_health") or [])
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (:func:`stallscope.analysis.summary.summarize`), computed once."""
+        if self._summary is None:
+            from stallscope.analysis.summary import summarize
+
+            self._summary = summarize(self)
+        return self._summary
+
+    # --- time -----------------------------------------------------------------------------------
+    @property
+    def t0(self) -> float:
+        """Start of the shared time axis (see :meth:`time_axis`)."""
+        return self.time_axis()[0]
+
+    @property
+    def t1(self) -> float:
+        return self.time_axis()[1]
+
+    def time_axis(self) -> tuple[float, float]:
+        """Start and end of a shared time axis: the run's start/end, its samples and steps."""
+        if self._axis is None:
+            self._axis = self._compute_axis()
+        return self._axis
+
+    def _compute_axis(self) -> tuple[float, float]:
+        starts = [t for t in (_num(self.meta.get("start")),
+                              self.span[0] if self.span else None) if t is not None]
+        ends = [t for t in (_num(self.meta.get("end")),
+                            self.span[1] if self.span else None) if t is not None]
+        if self.steps:
+            starts.append(min(s.ts - s.wait_s for s in self.steps))
+            ends.append(max(s.ts + s.host_s for s in self.steps))
+        t0 = min(starts) if starts else 0.0
+        t1 = max(ends) if ends else t0
+        return t0, (t1 if t1 > t0 else t0 + 1.0)
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Read ``meta.json`` and ``run.db`` of ``run_dir`` once (raises RunNotFound when absent)."""
+    run_dir = Path(run_dir)
+    meta = read_meta(run_dir)
+    store = RunStore(run_dir / "run.db", readonly=True)
+    try:
+        return RunData(meta=meta, series=store.read_all(), steps=store.steps(),
+                       probes=store.probes(), entities=store.entities(), events=store.events(),
+                       run_dir=run_dir, span=store.time_range())
+    finally:
+        store.close()
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+        return float(v)
+    return None

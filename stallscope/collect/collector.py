@@ -1,0 +1,217 @@
+"""The collector: samples every open source on an interval, in a background thread outside the
+trainer, and hands each time-aligned :class:`Sample` to every sink.
+
+It never looks inside a source's payload: each source turns its own reading into points and
+entity attributes (:meth:`~stallscope.sources.base.Source.read`), and the few metrics computed
+from several sources at once are declared in :mod:`stallscope.collect.derived`.
+
+It records its own cost per sample (CPU seconds of its thread, wall seconds) as the
+``collector.cpu_s`` / ``collector.wall_s`` metrics, so users see what monitoring costs. A source
+that fails is reported once as an event and retried; after repeated failures it is turned off
+(and that is reported too). A sink that fails is reported once as an event and the other sinks
+go on. Nothing a source or a sink does stops the collector.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallscope.collect.derived import DERIVED, Deriver
+from stallscope.collect.sinks import Sink
+from stallscope.metrics import Point
+from stallscope.sources.base import Reading, Source
+
+__all__ = ["MAX_FAILURES", "Collector", "Event", "Sample", "take_sample"]
+
+#: consecutive failures after which a source is switched off for the rest of the run
+MAX_FAILURES = 5
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something said once in a run: a source unavailable, a GPU lost, a sink failing."""
+
+    ts: float
+    source: str
+    kind: str  #: "unavailable", "note", "error", "disabled", "gpu_lost", "sink_error"...
+    message: str
+
+
+@dataclass
+class Sample:
+    """One sample of every source, at one time: what every sink receives."""
+
+    ts: float
+    readings: dict[str, Reading] = field(default_factory=dict)
+    points: list[Point] = field(default_factory=list)  #: every source's points + derived + cost
+    cpu_s: float = 0.0  #: the collector's CPU seconds for this sample
+    wall_s: float = 0.0
+
+    @property
+    def payloads(self) -> dict[str, Any]:
+        """Per source, its reading in the ``snapshot --json`` shape."""
+        return {name: r.payload for name, r in self.readings.items()}
+
+
+class Collector:
+    """Background sampler handing samples to sinks."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        sinks: Sequence[Sink] = (),
+        *,
+        interval: float = 5.0,
+        unavailable: dict[str, str] | None = None,
+        derived: Sequence[Deriver] = DERIVED,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sources = list(sources)
+        self.sinks = list(sinks)
+        self.interval = interval
+        self.derived = tuple(derived)
+        self.clock = clock
+        self.samples = 0  #: samples handed to the sinks
+        self.failures: dict[str, int] = {}
+        self.events: list[Event] = []  #: everything said, in order (also handed to the sinks)
+        self._said: set[tuple[str, str]] = set()
+        self._sink_failed: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        now = clock()
+        for name, reason in (unavailable or {}).items():
+            self.say(now, name, "unavailable", reason)
+        for src in self.sources:
+            self._drain(now, src)
+
+    # --- events said once -----------------------------------------------------------------------
+    def say(self, ts: float, source: str, kind: str, message: str) -> None:
+        """Record an event once (the same source and message again is not repeated)."""
+        if (source, message) in self._said:
+            return
+        self._said.add((source, message))
+        ev = Event(ts, source, kind, message)
+        self.events.append(ev)
+        for sink in self.sinks:
+            try:
+                sink.event(ev)
+            except Exception as exc:  # a sink that cannot take events: said through the others
+                self._sink_error(ts, sink, exc)
+
+    def _drain(self, now: float, src: Source) -> None:
+        for kind, message in src.drain_events():
+            self.say(now, src.name, kind, message)
+
+    # --- one sample -----------------------------------------------------------------------------
+    def sample_once(self) -> Sample:
+        """Sample every source now and hand the sample to every sink."""
+        with self._lock:
+            return self._sample_locked()
+
+    def _sample_locked(self) -> Sample:
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        now = self.clock()
+        sample = Sample(now)
+        points = sample.points
+        for src in list(self.sources):
+            try:
+                reading = src.read(now)
+            except Exception as exc:  # a broken source must not stop the others: report it
+                self._failed(now, src, exc)
+                continue
+            finally:
+                self._drain(now, src)
+            self.failures[src.name] = 0
+            if reading is None:
+                continue
+            sample.readings[src.name] = reading
+            points.extend(reading.points)
+        for derive in self.derived:
+            points.extend(derive(sample.readings))
+        if not sample.readings:
+            return sample  # priming counters: nothing to hand over yet
+        sample.cpu_s = time.thread_time() - cpu0
+        sample.wall_s = time.perf_counter() - wall0
+        points.append(Point("collector.cpu_s", "", sample.cpu_s))
+        points.append(Point("collector.wall_s", "", sample.wall_s))
+        for sink in self.sinks:
+            try:
+                sink.write(sample)
+            except Exception as exc:  # one failing sink never stops the others or sampling
+                self._sink_error(now, sink, exc)
+        self.samples += 1
+        return sample
+
+    def _sink_error(self, ts: float, sink: Sink, exc: BaseException) -> None:
+        if id(sink) in self._sink_failed:
+            return
+        self._sink_failed.add(id(sink))
+        self.say(ts, f"sink:{sink.name}", "sink_error",
+                 f"{sink.name} sink failed: {type(exc).__name__}: {exc} (the other sinks go on)")
+
+    def _failed(self, now: float, src: Source, exc: BaseException) -> None:
+        n = self.failures.get(src.name, 0) + 1
+        self.failures[src.name] = n
+        self.say(now, src.name, "error", f"{type(exc).__name__}: {exc}")
+        if n >= MAX_FAILURES:
+            self.sources.remove(src)
+            self.say(now, src.name, "disabled",
+                     f"{src.name} source turned off after {n} failures in a row")
+            try:
+                src.close()
+            except Exception as close_exc:  # closing a broken source may fail too: say so
+                self.say(now, src.name, "error", f"close failed: {close_exc}")
+
+    # --- thread ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        # prime counter-based sources so the first handed-over sample is a full interval
+        self.sample_once()
+        self._thread = threading.Thread(target=self._loop, name="stallscope-collector",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_t = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, next_t - time.monotonic())):
+            self.sample_once()
+            next_t += self.interval
+            if next_t < time.monotonic():  # fell behind (suspend, overload): skip, don't burst
+                next_t = time.monotonic() + self.interval
+
+    def stop(self, final_sample: bool = True) -> None:
+        """Stop the thread; take one last sample so the tail of the run is not lost; close the
+        sources and the sinks."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if final_sample:
+            self.sample_once()
+        for src in self.sources:
+            try:
+                src.close()
+            except Exception as exc:  # report, don't hide
+                self.say(self.clock(), src.name, "error", f"close failed: {exc}")
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                self._sink_error(self.clock(), sink, exc)
+
+
+def take_sample(sources: Sequence[Source], interval: float,
+                sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """One sample of every source over ``interval`` seconds (for ``snapshot``)."""
+    now = time.time()
+    for src in sources:
+        src.sample(now)
+    sleep(interval)
+    now = time.time()
+    out: dict[str, Any] = {}
+    for src in sources:
+        out[src.name] = src.sample(now)
+    return out

@@ -1,0 +1,210 @@
+"""A monitored session: the run directory, ``meta.json``, the sources, the collector and its
+sinks, set up and finished in one place.
+
+``stallscope run`` and the standalone probe both use it (and the agent will), so ``meta.json``
+has the same keys whichever started the run. The facts the diagnosis needs about the machine are
+recorded here, at run time (cores, RAM, the dataset's size, SMART of its drive; each disk's
+sysfs facts go with its entity), so that a run directory diagnosed later, or on another machine,
+gives the same answer.
+
+Typical use::
+
+    session = Session.create(out, label, command, interval=5.0, data="/data")
+    session.watch(child.pid)          # the process tree to follow; starts sampling
+    ...
+    session.finish(exit_code)         # stop, record roles and loader config, close
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stallscope.collect.collector import Collector
+from stallscope.collect.sinks import Sink, StoreSink
+from stallscope.errors import StallscopeError, UsageError
+from stallscope.sources import SOURCE_NAMES, open_sources
+from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
+
+__all__ = ["Session", "data_devices", "dataset_bytes"]
+
+#: seconds the background walk of the dataset may take before its size is left unknown
+DATASET_WALK_S = 10.0
+
+
+def data_devices(path: str | None) -> tuple[list[str], str | None]:
+    """Block devices under the dataset path, and a note when they cannot be found."""
+    if path is None:
+        return [], None
+    if not os.path.exists(path):
+        raise UsageError(f"--data {path}: no such file or directory")
+    try:
+        from stallscope.sources.disk import devices_for_path
+    except ImportError:
+        return [], "disk source not available"
+    try:
+        devs = devices_for_path(path)
+    except (OSError, ValueError, StallscopeError) as exc:  # e.g. mountinfo unreadable: go on
+        return [], f"cannot map {path} to a block device: {exc}"
+    if not devs:
+        return [], f"{path} is not on a local block device (tmpfs or network filesystem?)"
+    return list(devs), None
+
+
+def dataset_bytes(path: str, budget_s: float = DATASET_WALK_S) -> int | None:
+    """Size of the dataset folder (or file), or None if walking it takes longer than
+    ``budget_s``."""
+    total = 0
+    deadline = time.monotonic() + budget_s
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        for root, _dirs, files in os.walk(path):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except OSError:
+                    continue
+            if time.monotonic() > deadline:
+                return None
+    except OSError:
+        return None
+    return total
+
+
+class Session:
+    """One monitored run: see the module docstring."""
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any], *, interval: float,
+                 keep_full_s: float = 3600.0, sinks: Sequence[Sink] = (),
+                 unavailable: dict[str, str] | None = None) -> None:
+        self.run_dir = run_dir
+        self.meta = meta
+        self.interval = interval
+        self.store = RunStore(run_dir / "run.db")
+        self.store_sink = StoreSink(self.store, keep_full_s=keep_full_s)
+        self.sinks: list[Sink] = [self.store_sink, *sinks]
+        write_meta(run_dir, meta)
+        # the machine-wide sources open before the trainer starts: NVML init takes a moment and
+        # the first sample should see the trainer from its start
+        self.sources, self.unavailable = open_sources(SOURCE_NAMES)
+        self.unavailable.update(unavailable or {})
+        self.collector: Collector | None = None
+        self._facts: threading.Thread | None = None
+        self._health: list[dict[str, Any]] = []
+        self._dataset_bytes: list[int] = []
+        self.finished = False
+
+    @classmethod
+    def create(cls, out: str | os.PathLike[str], label: str, command: list[str], *,
+               interval: float, data: str | None = None, keep_full_s: float = 3600.0,
+               sinks: Sequence[Sink] = (), **meta_extra: Any) -> Session:
+        """A new run directory under ``out`` (raises UsageError for a bad ``data`` path or an
+        output directory that cannot be made)."""
+        devices, note = data_devices(data)
+        run_dir = new_run_dir(out, label)
+        meta = base_meta(command, start=time.time(), interval_s=interval, data=data,
+                         data_devices=devices, **meta_extra)
+        try:
+            return cls(run_dir, meta, interval=interval, keep_full_s=keep_full_s, sinks=sinks,
+                       unavailable={"data": note} if note else None)
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    @property
+    def samples(self) -> int:
+        return self.collector.samples if self.collector is not None else 0
+
+    def watch(self, root_pid: int) -> None:
+        """Follow the process tree under ``root_pid`` and start sampling."""
+        procs, more = open_sources(("procs",), root_pid=root_pid)
+        self.unavailable.update(more)
+        self.meta["unavailable"] = self.unavailable
+        self.meta["pid"] = root_pid
+        write_meta(self.run_dir, self.meta)
+        self._facts = threading.Thread(target=self._record_facts, name="stallscope-facts",
+                                       daemon=True)
+        self._facts.start()
+        self.collector = Collector(self.sources + procs, self.sinks, interval=self.interval,
+                                   unavailable=self.unavailable)
+        self.collector.start()
+
+    def _record_facts(self) -> None:
+        """Slow facts, off the main path: SMART of the dataset's drives, the dataset's size."""
+        devices = self.meta.get("data_devices") or []
+        if devices:
+            from stallscope.tools.health_state import check_drives
+
+            drives, _notes = check_drives(devices)
+            self._health.extend(d.to_json() for d in drives)
+        path = self.meta.get("data")
+        if path:
+            size = dataset_bytes(path)
+            if size:
+                self._dataset_bytes.append(size)
+
+    def finish(self, exit_code: int | None, **meta_extra: Any) -> dict[str, Any]:
+        """Stop sampling, record what the whole run shows (process roles, the probes' loader
+        configuration, the slow facts) and close the run. Returns the final ``meta.json``."""
+        if self.finished:
+            return self.meta
+        self.finished = True
+        if self.collector is not None:
+            self.collector.stop()
+        else:
+            for src in self.sources:
+                src.close()
+        meta = self.meta
+        meta["end"] = time.time()
+        meta["exit_code"] = exit_code
+        meta["samples"] = self.samples
+        meta.update(meta_extra)
+        if self._facts is not None:
+            self._facts.join(timeout=30)
+            if meta.get("data_devices"):
+                meta["disk_health"] = list(self._health)
+            if self._dataset_bytes:
+                meta["dataset_bytes"] = self._dataset_bytes[0]
+        try:
+            self._record_roles()
+            probes = self.store.probes()
+        except sqlite3.Error as exc:
+            sys.stderr.write(f"stallscope: could not record process roles: {exc}\n")
+            probes = []
+        if probes:  # the probe's view of the DataLoader, per rank
+            meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
+        write_meta(self.run_dir, meta)
+        try:
+            self.store.finish()
+        except sqlite3.Error:
+            pass  # stays in WAL mode: still a sound run
+        self.store.close()
+        return meta
+
+    def _record_roles(self) -> None:
+        """The procs entities' ``role`` as the whole run shows it (the probe's pid, DataLoader
+        workers' parents, launchers): the sampler only knew the tree's root."""
+        from stallscope.analysis.roles import infer_roles
+
+        procs = self.store.entities("procs")
+        roles = infer_roles(procs, {str(p["pid"]) for p in self.store.probes()})
+        self.store.set_attrs("procs", {e["entity"]: dict(e["attrs"], role=roles.get(
+            e["entity"], "worker")) for e in procs})
+
+    def discard(self) -> None:
+        """The trainer could not even start: remove the run directory."""
+        for src in self.sources:
+            try:
+                src.close()
+            except Exception:
+                pass
+        self.store.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)

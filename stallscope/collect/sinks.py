@@ -1,0 +1,103 @@
+"""Sinks: where each sample goes. The run store is one; the Prometheus registry, the alert
+engine and the live view are others, each a class with ``write(sample)``.
+
+A sink must not block for long (it runs on the collector's thread) and may raise: the collector
+reports the failure once as a run event and goes on with the other sinks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from typing import TYPE_CHECKING
+
+from stallscope.metrics import lookup
+
+if TYPE_CHECKING:
+    from stallscope.collect.collector import Event, Sample
+    from stallscope.store import RunStore
+
+__all__ = ["Sink", "StoreSink"]
+
+
+class Sink:
+    """Base of every sink; ``event`` and ``close`` are optional."""
+
+    name = "sink"
+
+    def write(self, sample: Sample) -> None:
+        raise NotImplementedError
+
+    def event(self, event: Event) -> None:
+        """Something said once in the run (see :class:`~stallscope.collect.Event`)."""
+
+    def close(self) -> None:
+        """The collector stopped."""
+
+
+def _stored(name: str) -> bool:
+    """Counters are for Prometheus (``rate()`` over its own windows); the run store keeps the
+    rates derived from them, which is what the summary and the diagnosis read."""
+    m = lookup(name)
+    return m is not None and m.kind != "counter"
+
+
+class StoreSink(Sink):
+    """Writes samples, entities and events into a run's ``run.db``.
+
+    A store that cannot be written (disk full, file deleted, locked too long) is said once on
+    stderr (the run's events live in the store, so they cannot say it) and counted; the next
+    sample tries again. Old samples are downsampled every ``downsample_every`` samples so a long
+    run's file stays bounded."""
+
+    name = "store"
+
+    def __init__(self, store: RunStore, *, keep_full_s: float = 3600.0, bucket_s: float = 60.0,
+                 downsample_every: int = 60) -> None:
+        self.store = store
+        self.keep_full_s = keep_full_s
+        self.bucket_s = bucket_s
+        self.downsample_every = downsample_every
+        self.errors = 0  #: samples or events that could not be written
+        self.written = 0
+        self._known: set[tuple[str, str]] = set()
+        self._keep: dict[str, bool] = {}
+
+    def write(self, sample: Sample) -> None:
+        keep = self._keep
+        points = []
+        for p in sample.points:
+            k = keep.get(p.name)
+            if k is None:
+                k = keep[p.name] = _stored(p.name)
+            if k:
+                points.append(p)
+        try:
+            self._entities(sample)
+            self.store.add_points(sample.ts, points)
+            self.written += 1
+            if self.written % self.downsample_every == 0:
+                self.store.downsample(sample.ts - self.keep_full_s, self.bucket_s)
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+
+    def _entities(self, sample: Sample) -> None:
+        for name, reading in sample.readings.items():
+            for ent, attrs in reading.entities.items():
+                if (name, ent) not in self._known:
+                    self._known.add((name, ent))
+                    self.store.upsert_entity(name, ent, attrs, sample.ts)
+            if reading.transient and reading.entities:
+                self.store.touch_entities(name, list(reading.entities), sample.ts)
+
+    def event(self, event: Event) -> None:
+        try:
+            self.store.add_event(event.ts, event.source, event.kind, event.message)
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            sys.stderr.write(f"stallscope: cannot write to {self.store.path}: {exc} "
+                             "(samples are lost until it can)\n")
