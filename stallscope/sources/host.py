@@ -85,15 +85,20 @@ def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
     """(busy %, iowait %) between two readings of one CPU line (``top`` semantics); None when a
     field went down (reset, or iowait going backwards as proc(5) warns it can), so the caller
     drops the interval rather than reporting a busy share computed from a bogus delta."""
-    d = counter_deltas(prev[1:], cur[1:], 64)
-    if d is None:
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = d
+    # plain differences first (this runs for every core on every sample); only when one is
+    # negative does counter_delta decide between a wrap and a reset
+    user, nice, system = cur.user - prev.user, cur.nice - prev.nice, cur.system - prev.system
+    idle, iowait, irq = cur.idle - prev.idle, cur.iowait - prev.iowait, cur.irq - prev.irq
+    softirq, steal = cur.softirq - prev.softirq, cur.steal - prev.steal
+    if min(user, nice, system, idle, iowait, irq, softirq, steal) < 0:
+        d = counter_deltas(prev[1:], cur[1:], 64)
+        if d is None:
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = d
     dt = user + nice + system + idle + iowait + irq + softirq + steal
     if dt <= 0:
         return 0.0, 0.0
-    busy = max(0.0, min(100.0, 100.0 * (dt - idle - iowait) / dt))
-    return busy, min(100.0, 100.0 * iowait / dt)
+    return min(100.0, 100.0 * (dt - idle - iowait) / dt), min(100.0, 100.0 * iowait / dt)
 
 
 _MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
@@ -172,7 +177,11 @@ def _parse_psi(text: str) -> tuple[dict[str, float], dict[str, int]]:
         parts = line.split()
         if not parts:
             continue
-        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if (len(parts) == 5 and parts[1].startswith("avg10=")
+                and parts[4].startswith("total=")):  # the kernel's layout: skip the dict
+            fields = {"avg10": parts[1][6:], "total": parts[4][6:]}
+        else:
+            fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
         try:
             avg[parts[0]] = float(fields["avg10"])
             if "total" in fields:
