@@ -304,6 +304,7 @@ class DiskSource(Source):
     each read, not taken from ``now``, so the collector's scheduling jitter does not skew
     the rates. A device that appears gets rates from its second reading on; one that
     disappears is dropped; one whose counters were reset is left out for that interval.
+    ``counters()`` gives the raw counters of the latest reading (see :func:`disk_counters`).
     The file is read with ``pread`` on a descriptor kept open (~8 µs for a small file).
     """
 
