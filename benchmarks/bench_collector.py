@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,10 @@ def _collector(tmp: Path, root_pid: int) -> Any:
 
 
 def worker(rounds: int) -> dict[str, float]:
-    tree = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    # its own session, so the whole tree (the 8 forked children too) is killed at the end, and
+    # no inherited stderr keeps the parent's pipe open
+    tree = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         assert tree.stdout is not None
         tree.stdout.readline()
@@ -76,7 +80,7 @@ def worker(rounds: int) -> dict[str, float]:
                 per.append(time.thread_time() - c0)
             return {"median_s": statistics.median(per), "p90_s": sorted(per)[int(0.9 * len(per))]}
     finally:
-        tree.kill()
+        os.killpg(tree.pid, signal.SIGKILL)
         tree.wait()
 
 

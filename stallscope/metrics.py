@@ -5,6 +5,27 @@ Each :class:`Metric` names the source it comes from, its key in that source's pa
 classic command it replaces, and the Prometheus name in base units with the factor that converts
 to it. The run store, JSON output, the report and (later) the Prometheus exporter and live view
 all read this table instead of keeping their own lists.
+
+Raw counters (kind ``"counter"``) are the cumulative kernel counters the rates are computed
+from, kept because Prometheus users expect ``*_total`` counters and take ``rate()``
+themselves. They are not in any ``sample()`` payload: a source hands them out through
+``Source.counters()`` as ``(name, entity, value)``. Naming scheme:
+
+* the key is the Prometheus name without ``stallscope_<source>_`` (``disk.read_bytes_total``
+  is ``stallscope_disk_read_bytes_total``; procs use ``stallscope_proc_`` as their gauges do);
+  every counter's Prometheus name, and only a counter's, ends in ``_total``;
+* values are already in base units (seconds, bytes, plain counts), so ``prom_scale`` is 1;
+* the entity is the value of one Prometheus label, named by :attr:`Metric.label`: the device
+  for disk (``device``), the pid for procs (``pid``), and the CPU mode for
+  ``host.cpu_seconds_total`` (``mode``: ``user``, ``nice``, ``system``, ``idle``,
+  ``iowait``, ``irq``, ``softirq``, ``steal``, summed over all CPUs), so
+  ``stallscope_host_cpu_seconds_total{mode="iowait"}`` reads like node_exporter's
+  ``node_cpu_seconds_total``. Host counters without a label (swap, PSI) have entity "".
+* names follow node_exporter where one exists (``node_disk_*``, ``node_cpu_seconds_total``,
+  ``node_pressure_*``), and each help line names that equivalent and the ``/proc`` field.
+
+:func:`by_source` lists the payload metrics (gauges and rates) unless asked for counters too,
+so "the keys of a payload" stays what it was.
 """
 
 from __future__ import annotations
@@ -14,7 +35,9 @@ from typing import Literal, NamedTuple
 
 __all__ = ["METRICS", "Metric", "Point", "by_source", "lookup"]
 
-Kind = Literal["gauge", "rate"]
+#: gauge: a level; rate: per-second growth of a counter over one interval (in a payload);
+#: counter: the raw cumulative counter itself (from ``Source.counters()``, never in a payload)
+Kind = Literal["gauge", "rate", "counter"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +54,9 @@ class Metric:
     rollup: str = "mean"
     #: computed by the collector from several sources' payloads, not read by the source itself
     derived: bool = False
+    #: the Prometheus label whose value is the entity ("device", "pid", "mode"); set on every
+    #: counter, "" where the entity is empty or (older metrics) left to the exporter's default
+    label: str = ""
 
     @property
     def name(self) -> str:
@@ -173,6 +199,71 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
        "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
     _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
+    # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
+    _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
+       "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",
+       label="device"),
+    _M("disk", "reads_merged_total", "", "reads merged (/proc/diskstats field 5; "
+       "node_disk_reads_merged_total)", "counter", "stallscope_disk_reads_merged_total",
+       label="device"),
+    _M("disk", "read_bytes_total", "B", "bytes read, sectors x 512 (/proc/diskstats field 6; "
+       "node_disk_read_bytes_total)", "counter", "stallscope_disk_read_bytes_total",
+       label="device"),
+    _M("disk", "read_time_seconds_total", "s", "time spent on reads (/proc/diskstats field 7, "
+       "ms; node_disk_read_time_seconds_total)", "counter",
+       "stallscope_disk_read_time_seconds_total", label="device"),
+    _M("disk", "writes_completed_total", "", "writes completed (/proc/diskstats field 8; "
+       "node_disk_writes_completed_total)", "counter", "stallscope_disk_writes_completed_total",
+       label="device"),
+    _M("disk", "writes_merged_total", "", "writes merged (/proc/diskstats field 9; "
+       "node_disk_writes_merged_total)", "counter", "stallscope_disk_writes_merged_total",
+       label="device"),
+    _M("disk", "written_bytes_total", "B", "bytes written, sectors x 512 (/proc/diskstats "
+       "field 10; node_disk_written_bytes_total)", "counter",
+       "stallscope_disk_written_bytes_total", label="device"),
+    _M("disk", "write_time_seconds_total", "s", "time spent on writes (/proc/diskstats field "
+       "11, ms; node_disk_write_time_seconds_total)", "counter",
+       "stallscope_disk_write_time_seconds_total", label="device"),
+    _M("disk", "io_time_seconds_total", "s", "time with I/O in flight (/proc/diskstats field "
+       "13, ms; node_disk_io_time_seconds_total)", "counter",
+       "stallscope_disk_io_time_seconds_total", label="device"),
+    _M("disk", "io_time_weighted_seconds_total", "s", "weighted time doing I/O (/proc/diskstats "
+       "field 14, ms; node_disk_io_time_weighted_seconds_total)", "counter",
+       "stallscope_disk_io_time_weighted_seconds_total", label="device"),
+    _M("host", "cpu_seconds_total", "s", "CPU time per mode (entity), all CPUs summed "
+       "(/proc/stat cpu line / SC_CLK_TCK; node_cpu_seconds_total)", "counter",
+       "stallscope_host_cpu_seconds_total", label="mode"),
+    _M("host", "swap_in_bytes_total", "B", "swapped in, pages x page size (/proc/vmstat "
+       "pswpin; node_vmstat_pswpin)", "counter", "stallscope_host_swap_in_bytes_total"),
+    _M("host", "swap_out_bytes_total", "B", "swapped out, pages x page size (/proc/vmstat "
+       "pswpout; node_vmstat_pswpout)", "counter", "stallscope_host_swap_out_bytes_total"),
+    _M("host", "psi_io_some_seconds_total", "s", "time some task stalled on I/O "
+       "(/proc/pressure/io some total=, µs; node_pressure_io_waiting_seconds_total)",
+       "counter", "stallscope_host_psi_io_some_seconds_total"),
+    _M("host", "psi_io_full_seconds_total", "s", "time all tasks stalled on I/O "
+       "(/proc/pressure/io full total=, µs; node_pressure_io_stalled_seconds_total)",
+       "counter", "stallscope_host_psi_io_full_seconds_total"),
+    _M("host", "psi_cpu_some_seconds_total", "s", "time some task waited for a CPU "
+       "(/proc/pressure/cpu some total=, µs; node_pressure_cpu_waiting_seconds_total)",
+       "counter", "stallscope_host_psi_cpu_some_seconds_total"),
+    _M("host", "psi_cpu_full_seconds_total", "s", "time all tasks waited for a CPU "
+       "(/proc/pressure/cpu full total=, µs, kernel 5.13+)", "counter",
+       "stallscope_host_psi_cpu_full_seconds_total"),
+    _M("host", "psi_mem_some_seconds_total", "s", "time some task stalled on memory "
+       "(/proc/pressure/memory some total=, µs; node_pressure_memory_waiting_seconds_total)",
+       "counter", "stallscope_host_psi_memory_some_seconds_total"),
+    _M("host", "psi_mem_full_seconds_total", "s", "time all tasks stalled on memory "
+       "(/proc/pressure/memory full total=, µs; node_pressure_memory_stalled_seconds_total)",
+       "counter", "stallscope_host_psi_memory_full_seconds_total"),
+    _M("procs", "cpu_seconds_total", "s", "CPU time of one process, utime+stime "
+       "(/proc/PID/stat fields 14+15 / SC_CLK_TCK; process_cpu_seconds_total)", "counter",
+       "stallscope_proc_cpu_seconds_total", label="pid"),
+    _M("procs", "read_bytes_total", "B", "bytes read from storage (/proc/PID/io read_bytes; "
+       "iotop, pidstat -d)", "counter", "stallscope_proc_read_bytes_total", label="pid"),
+    _M("procs", "write_bytes_total", "B", "bytes written to storage (/proc/PID/io "
+       "write_bytes; pidstat -d)", "counter", "stallscope_proc_write_bytes_total", label="pid"),
+    _M("procs", "rchar_bytes_total", "B", "bytes read incl. page cache (/proc/PID/io rchar)",
+       "counter", "stallscope_proc_rchar_bytes_total", label="pid"),
     # --- the collector's own cost ---------------------------------------------------------------
     _M("collector", "cpu_s", "s", "CPU seconds the collector spent on one sample", "gauge",
        "stallscope_collector_sample_cpu_seconds"),
@@ -188,6 +279,8 @@ def lookup(name: str) -> Metric | None:
     return _BY_NAME.get(name)
 
 
-def by_source(source: str) -> tuple[Metric, ...]:
-    """All metrics of one source, in declaration order."""
-    return tuple(m for m in METRICS if m.source == source)
+def by_source(source: str, *, counters: bool = False) -> tuple[Metric, ...]:
+    """The metrics of one source's payload (gauges and rates), in declaration order; with
+    ``counters``, its raw counters too (those come from ``Source.counters()``, not the
+    payload, so callers that walk payload keys must not see them by default)."""
+    return tuple(m for m in METRICS if m.source == source and (counters or m.kind != "counter"))

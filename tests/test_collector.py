@@ -186,3 +186,28 @@ def test_events_from_a_source_reach_the_run(tmp_path: Path) -> None:
     lost = [e for e in st.events() if e["kind"] == "gpu_lost"]
     assert len(lost) == 1 and lost[0]["message"].startswith("GPU 0 ")
     assert lost[0]["source"] == "gpu"
+
+
+class CounterSink(Keeping):
+    name = "counters"
+    wants_counters = True
+
+
+def test_counters_reach_sinks_that_want_them_and_the_store_keeps_rates(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    host = HostSource()
+    host.open()
+    keep = CounterSink()
+    c = Collector([host], [StoreSink(st), keep], interval=1.0)
+    c.sample_once()
+    c.sample_once()
+    names = {p.name for p in keep.samples[-1].points}
+    counters = {n for n in names if (m := metrics.lookup(n)) is not None and m.kind == "counter"}
+    assert "host.cpu_seconds_total" in counters
+    assert "host.cpu_pct" in names  # the rates are there too
+    stored = {n for n, _ in st.series_keys()}
+    assert "host.cpu_pct" in stored and not stored & counters
+    # without a sink that wants them, no counter is even built
+    plain = Keeping()
+    Collector([host], [plain], interval=1.0).sample_once()
+    assert not {p.name for p in plain.samples[-1].points} & counters

@@ -73,9 +73,20 @@ def _proc_copy(tmp_path: Path) -> Path:
     return root
 
 
+class _Clock:
+    """A monotonic clock the test moves by hand (the rates' time base)."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
     root = _proc_copy(tmp_path)
-    src = HostSource(proc_root=str(root), shm_path=str(tmp_path))
+    clock = _Clock(100.0)
+    src = HostSource(proc_root=str(root), shm_path=str(tmp_path), clock=clock)
     src.open()
     assert src.sample(100.0) is None  # priming
     # advance the counters: 2 s later, 1000 pages swapped in, cpu0 fully busy, cpu1 idle
@@ -90,6 +101,7 @@ def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
     vm = (root / "vmstat").read_text().splitlines()
     vm = [f"pswpin {int(v.split()[1]) + 1000}" if v.startswith("pswpin ") else v for v in vm]
     (root / "vmstat").write_text("\n".join(vm) + "\n")
+    clock.t = 102.0
     out = src.sample(102.0)
     assert out is not None
     assert out["cpu_pct"] == pytest.approx(50.0)

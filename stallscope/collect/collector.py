@@ -74,6 +74,7 @@ class Collector:
         self.sinks = list(sinks)
         self.interval = interval
         self.derived = tuple(derived)
+        self._want_counters = any(s.wants_counters for s in self.sinks)
         self.clock = clock
         self.samples = 0  #: samples handed to the sinks
         self.failures: dict[str, int] = {}
@@ -118,9 +119,10 @@ class Collector:
         now = self.clock()
         sample = Sample(now)
         points = sample.points
+        counters = self._want_counters
         for src in list(self.sources):
             try:
-                reading = src.read(now)
+                reading = src.read(now, counters=counters)
             except Exception as exc:  # a broken source must not stop the others: report it
                 self._failed(now, src, exc)
                 continue

@@ -24,6 +24,9 @@ class Sink:
     """Base of every sink; ``event`` and ``close`` are optional."""
 
     name = "sink"
+    #: whether this sink wants the sources' raw counters among the points (Prometheus does;
+    #: the run store keeps the rates derived from them, and building counters costs CPU)
+    wants_counters = False
 
     def write(self, sample: Sample) -> None:
         raise NotImplementedError

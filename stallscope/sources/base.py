@@ -13,16 +13,28 @@ A source is a thin, stateful reader around pure parsers:
   becomes points by overriding :meth:`Source.points` and :meth:`Source.entities`;
 * ``emit(kind, message)`` tells the run something once (a GPU lost, an NVML error, a file it
   cannot read); the collector turns it into a run event.
+
+Counter-based sources also keep their latest raw cumulative counters (``counters()``, declared
+in :mod:`stallscope.metrics` with kind ``"counter"``; :meth:`Source.read` adds them to the
+reading's points), so a Prometheus user can compute rates with ``rate()``. Every interval
+growth of a counter, in every source, goes through :func:`counter_delta`: a wrap is unwrapped, a
+reset gives None and the caller drops that interval for the rates that depend on it rather than
+reporting zero.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import le, sub
 from typing import Any, ClassVar
 
 from stallscope.metrics import Point, lookup
+
+#: one counter reading as handed out by :meth:`Source.counters`: (metric name, entity, value)
+Counter = tuple[str, str, float]
 
 
 @dataclass(slots=True)
@@ -81,12 +93,16 @@ class Source(abc.ABC):
         """Release handles (NVML, file descriptors)."""
 
     # --- typed readings -------------------------------------------------------------------------
-    def read(self, now: float) -> Reading | None:
-        """One sample as a :class:`Reading`, or None while priming counters."""
+    def read(self, now: float, *, counters: bool = False) -> Reading | None:
+        """One sample as a :class:`Reading`, or None while priming counters. ``counters``: add
+        the raw counters (:meth:`counters`) to the points, for sinks that export them."""
         payload = self.sample(now)
         if payload is None:
             return None
-        return Reading(self.name, payload, self.points(payload), self.entities(payload),
+        points = self.points(payload)
+        if counters:
+            points.extend(Point(*c) for c in self.counters())
+        return Reading(self.name, payload, points, self.entities(payload),
                        self.transient_entities)
 
     def points(self, payload: Any) -> list[Point]:
@@ -112,6 +128,61 @@ class Source(abc.ABC):
             return []
         self.__dict__["_pending_events"] = []
         return pending
+
+    def counters(self) -> list[Counter]:
+        """The raw cumulative counters of the latest read, in base units (seconds, bytes,
+        counts): ``(metric name, entity, value)`` with the name declared in
+        :mod:`stallscope.metrics` as kind ``"counter"``. Kept beside the rates because
+        Prometheus users compute their own with ``rate()``. Sources without counters (or
+        before their first read) return []."""
+        return []
+
+
+_HALF: dict[int, int] = {32: 1 << 31, 64: 1 << 63}
+
+
+def counter_delta(prev: int, cur: int, bits: int = 32) -> int | None:
+    """How much a cumulative counter grew from ``prev`` to ``cur``; None if it was reset.
+
+    The one place where wrap and reset are decided, for every source. ``bits`` is the width
+    the kernel keeps the counter in: 32 for ``/proc/diskstats`` time fields (and every field
+    on 32-bit kernels) and ``unsigned long`` counters such as ``/proc/vmstat``; 64 for the
+    u64 counters (``/proc/stat`` CPU ticks, ``/proc/PID/io``, schedstat). A counter that went
+    down is taken as a wrap when the previous value fits in ``bits`` and the wrapped growth is
+    under half the range (serial-number arithmetic: a counter cannot plausibly advance by half
+    its range in one interval, whereas a counter that restarted from 0 after being small would
+    otherwise read as a huge wrap). Anything else is a reset (device replaced, counters
+    cleared, a kernel's per-CPU iowait going backwards): the caller then reports no value for
+    that interval instead of a zero rate that never happened.
+    """
+    if cur >= prev:
+        return cur - prev
+    half = _HALF.get(bits) or 1 << (bits - 1)
+    if prev < half << 1:
+        grown = cur + (half << 1) - prev
+        if grown < half:
+            return grown
+    return None
+
+
+def counter_deltas(prev: Sequence[int], cur: Sequence[int], bits: int = 32
+                   ) -> tuple[int, ...] | None:
+    """:func:`counter_delta` of each pair of fields; None if any of them was reset.
+
+    A whole reading (one CPU line, one device) is one interval: one reset field invalidates
+    the rates computed from it. When nothing went down (nearly always) the answer is the plain
+    difference, computed in C; that is exactly what :func:`counter_delta` returns for growing
+    counters, so this only saves the per-field calls.
+    """
+    if all(map(le, prev, cur)):
+        return tuple(map(sub, cur, prev))
+    out: list[int] = []
+    for p, c in zip(prev, cur):
+        d = counter_delta(p, c, bits)
+        if d is None:
+            return None
+        out.append(d)
+    return tuple(out)
 
 
 class ProcFile:

@@ -27,8 +27,10 @@ devices that serve requests in parallel (NVMe, RAID, network disks) 100 % does n
 saturated.
 
 Layout: :func:`parse_diskstats` (pure, text -> :class:`DiskCounters`),
-:func:`iostat_fields` (pure, two readings -> the fields, with counter wrap and reset handled
-in :func:`_interval_deltas` and nowhere else), :class:`DiskSource` (the thin reader), and two
+:func:`iostat_fields` (pure, two readings -> the fields, with counter wrap and reset decided
+in :func:`_interval_deltas` through the shared :func:`~stallscope.sources.base.counter_delta`),
+:func:`disk_counters` (pure, one reading -> the raw counters in base units, node_exporter's
+``node_disk_*`` set), :class:`DiskSource` (the thin reader), and two
 helpers that look at the machine: :func:`devices_for_path` (which disks hold a dataset) and
 :func:`device_info` (what kind of disk a device is).
 """
@@ -40,11 +42,18 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, ClassVar, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable, StallscopeError, UsageError
 from stallscope.metrics import Point
-from stallscope.sources.base import Source, numeric_points
+from stallscope.sources.base import (  # counter_delta: shared by every source, re-exported
+    Counter,
+    Source,
+    counter_delta,
+    counter_deltas,
+    numeric_points,
+)
 
 __all__ = [
     "FIELDS",
@@ -55,6 +64,7 @@ __all__ = [
     "describe_path",
     "device_info",
     "devices_for_path",
+    "disk_counters",
     "iostat_fields",
     "parse_diskstats",
 ]
@@ -169,31 +179,8 @@ def parse_diskstats(text: str) -> list[DiskCounters]:
 
 
 # ---------------------------------------------------------------------------------------------
-# counters -> rates (wrap and reset live here and nowhere else)
+# counters -> rates (wrap and reset: base.counter_delta, applied in _interval_deltas)
 # ---------------------------------------------------------------------------------------------
-
-_WRAP = 1 << 32
-_HALF = 1 << 31
-
-
-def counter_delta(prev: int, cur: int) -> int | None:
-    """How much a cumulative counter grew from ``prev`` to ``cur``; None if it was reset.
-
-    The kernel prints the time fields as 32-bit unsigned integers on every kernel, and the
-    count fields as ``unsigned long`` (32 bits on 32-bit kernels), so a counter that went
-    down is taken as a 32-bit wrap when the previous value fits in 32 bits and the wrapped
-    growth is under 2**31 (serial-number arithmetic: a counter cannot plausibly advance by
-    half its range in one interval, whereas a counter that restarted from 0 after being
-    small would otherwise read as a huge wrap). Anything else is a reset.
-    """
-    if cur >= prev:
-        return cur - prev
-    if prev < _WRAP:
-        grown = cur + _WRAP - prev
-        if grown < _HALF:
-            return grown
-    return None
-
 
 class _Deltas(NamedTuple):
     rd_ios: int
@@ -209,6 +196,7 @@ class _Deltas(NamedTuple):
 
 
 _DELTA_FIELDS = _Deltas._fields
+_delta_fields = attrgetter(*_DELTA_FIELDS)
 
 
 def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
@@ -219,8 +207,8 @@ def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
     * a different major:minor or line shape under the same name is another device;
     * sysstat's test for "device removed then inserted again": fewer requests in total and
       every sector count lower (or 0 before);
-    * otherwise each counter goes through :func:`counter_delta`, and one reset counter
-      invalidates the interval.
+    * otherwise each counter goes through :func:`~stallscope.sources.base.counter_delta`
+      (32-bit wrap), and one reset counter invalidates the interval.
     """
     if (prev.major, prev.minor, prev.nfields) != (cur.major, cur.minor, cur.nfields):
         return None
@@ -231,13 +219,8 @@ def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
         and (prev.dc_sectors == 0 or cur.dc_sectors < prev.dc_sectors)
     ):
         return None
-    grown: list[int] = []
-    for field in _DELTA_FIELDS:
-        d = counter_delta(getattr(prev, field), getattr(cur, field))
-        if d is None:
-            return None
-        grown.append(d)
-    return _Deltas(*grown)
+    grown = counter_deltas(_delta_fields(prev), _delta_fields(cur), 32)
+    return None if grown is None else _Deltas._make(grown)
 
 
 def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> dict[str, float] | None:
@@ -271,6 +254,34 @@ def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> dict[st
     }
 
 
+def disk_counters(c: DiskCounters) -> list[Counter]:
+    """The cumulative counters of one device in base units, as :meth:`Source.counters` gives
+    them: node_exporter's ``node_disk_*_total`` set (sectors x 512 -> bytes, ms -> seconds).
+
+    Values are the kernel's raw counters: a 32-bit wrap of a time field shows as a decrease,
+    which Prometheus' ``rate()`` treats as a counter reset. The old 7-field partition lines
+    have no merges or times, so only their four counters are given.
+    """
+    dev = c.name
+    if not c.extended:
+        return [("disk.reads_completed_total", dev, float(c.rd_ios)),
+                ("disk.read_bytes_total", dev, c.rd_sectors * 512.0),
+                ("disk.writes_completed_total", dev, float(c.wr_ios)),
+                ("disk.written_bytes_total", dev, c.wr_sectors * 512.0)]
+    return [
+        ("disk.reads_completed_total", dev, float(c.rd_ios)),
+        ("disk.reads_merged_total", dev, float(c.rd_merges)),
+        ("disk.read_bytes_total", dev, c.rd_sectors * 512.0),
+        ("disk.read_time_seconds_total", dev, c.rd_ticks / 1000.0),
+        ("disk.writes_completed_total", dev, float(c.wr_ios)),
+        ("disk.writes_merged_total", dev, float(c.wr_merges)),
+        ("disk.written_bytes_total", dev, c.wr_sectors * 512.0),
+        ("disk.write_time_seconds_total", dev, c.wr_ticks / 1000.0),
+        ("disk.io_time_seconds_total", dev, c.io_ticks / 1000.0),
+        ("disk.io_time_weighted_seconds_total", dev, c.time_in_queue / 1000.0),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # the thin reader
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +306,7 @@ class DiskSource(Source):
     each read, not taken from ``now``, so the collector's scheduling jitter does not skew
     the rates. A device that appears gets rates from its second reading on; one that
     disappears is dropped; one whose counters were reset is left out for that interval.
+    ``counters()`` gives the raw counters of the latest reading (see :func:`disk_counters`).
     The file is read with ``pread`` on a descriptor kept open (~8 µs for a small file).
     """
 
@@ -318,6 +330,7 @@ class DiskSource(Source):
         self._bufsize = 16384
         self._prev: dict[str, DiskCounters] = {}
         self._prev_t: float | None = None
+        self._last: dict[str, DiskCounters] = {}  #: the latest reading, for counters()
         self._whole: dict[tuple[str, int, int], bool] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -356,6 +369,7 @@ class DiskSource(Source):
             self._fd = None
         self._prev = {}
         self._prev_t = None
+        self._last = {}
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -408,6 +422,7 @@ class DiskSource(Source):
     def sample(self, now: float) -> dict[str, dict[str, float]] | None:
         """``{device: {field: value}}`` over the interval since the previous call."""
         t, cur = self.read_counters()
+        self._last = cur
         prev, prev_t = self._prev, self._prev_t
         if prev_t is not None and t <= prev_t:
             return {}  # two reads at the same clock tick: keep the older reading as the base
@@ -425,6 +440,16 @@ class DiskSource(Source):
             fields = iostat_fields(p, c, dt)
             if fields is not None:
                 out[name] = fields
+        return out
+
+    def counters(self) -> list[Counter]:
+        """Raw counters of the latest ``sample()``'s reading (see :func:`disk_counters`), for
+        the same devices the rates cover: with no device list, whole devices that did I/O."""
+        out: list[Counter] = []
+        for c in self._last.values():
+            if self.devices is None and c.total_ios == 0:
+                continue
+            out.extend(disk_counters(c))
         return out
 
 

@@ -4,17 +4,32 @@
 Parsers are pure (text in, records out) and tested on recorded files; :class:`HostSource`
 is the thin reader. Equivalents: ``top``/``mpstat`` (CPU), ``free -m`` (memory),
 ``vmstat`` si/so (swap), ``df /dev/shm``, ``cat /proc/pressure/*``.
+
+Counter growth goes through :func:`~stallscope.sources.base.counter_delta`: a CPU line with a
+field that went down (a reset, or a kernel's iowait going backwards) reports ``None`` for that
+interval instead of a made-up value, and a reset swap counter leaves the swap rates out. The
+swap rates divide by the monotonic time of the ``/proc/vmstat`` reads themselves, not the
+collector's ``now``. :meth:`HostSource.counters` gives the raw CPU seconds per mode, swap bytes
+and PSI stall totals of the latest read.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.metrics import Point
-from stallscope.sources.base import ProcFile, Source, close_all, numeric_points
+from stallscope.sources.base import (
+    Counter,
+    ProcFile,
+    Source,
+    close_all,
+    counter_deltas,
+    numeric_points,
+)
 
 __all__ = [
     "CpuTimes",
@@ -22,9 +37,16 @@ __all__ = [
     "cpu_busy",
     "parse_meminfo",
     "parse_pressure",
+    "parse_pressure_totals",
     "parse_proc_stat",
     "parse_vmstat",
 ]
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: the CPU modes of /proc/stat in field order (CpuTimes fields after the name)
+CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 class CpuTimes(NamedTuple):
@@ -67,15 +89,24 @@ def parse_proc_stat(text: str) -> list[CpuTimes]:
     return out
 
 
-def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float]:
-    """(busy %, iowait %) between two readings of one CPU line (``top`` semantics)."""
-    dt = cur.total - prev.total
+def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
+    """(busy %, iowait %) between two readings of one CPU line (``top`` semantics); None when a
+    field went down (reset, or iowait going backwards as proc(5) warns it can), so the caller
+    drops the interval rather than reporting a busy share computed from a bogus delta."""
+    # plain differences first (this runs for every core on every sample); only when one is
+    # negative does counter_delta decide between a wrap and a reset
+    user, nice, system = cur.user - prev.user, cur.nice - prev.nice, cur.system - prev.system
+    idle, iowait, irq = cur.idle - prev.idle, cur.iowait - prev.iowait, cur.irq - prev.irq
+    softirq, steal = cur.softirq - prev.softirq, cur.steal - prev.steal
+    if min(user, nice, system, idle, iowait, irq, softirq, steal) < 0:
+        d = counter_deltas(prev[1:], cur[1:], 64)
+        if d is None:
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = d
+    dt = user + nice + system + idle + iowait + irq + softirq + steal
     if dt <= 0:
         return 0.0, 0.0
-    idle = (cur.idle - prev.idle) + (cur.iowait - prev.iowait)
-    busy = max(0.0, min(100.0, 100.0 * (dt - idle) / dt))
-    iowait = max(0.0, min(100.0, 100.0 * (cur.iowait - prev.iowait) / dt))
-    return busy, iowait
+    return min(100.0, 100.0 * (dt - idle - iowait) / dt), min(100.0, 100.0 * iowait / dt)
 
 
 _MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
@@ -145,18 +176,53 @@ def parse_vmstat(text: str, keys: tuple[str, ...] | None = None) -> dict[str, in
     return out
 
 
-def parse_pressure(text: str) -> dict[str, float]:
-    """``/proc/pressure/<res>`` -> {"some": avg10 %, "full": avg10 %}."""
-    out: dict[str, float] = {}
+def _parse_psi(text: str) -> tuple[dict[str, float], dict[str, int]]:
+    """``/proc/pressure/<res>`` -> ({line: avg10 %}, {line: total µs}), in one pass because the
+    sampler wants both from the same read."""
+    avg: dict[str, float] = {}
+    total: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
-        fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if (len(parts) == 5 and parts[1].startswith("avg10=")
+                and parts[4].startswith("total=")):  # the kernel's layout: skip the dict
+            fields = {"avg10": parts[1][6:], "total": parts[4][6:]}
+        else:
+            fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
         try:
-            out[parts[0]] = float(fields["avg10"])
+            avg[parts[0]] = float(fields["avg10"])
+            if "total" in fields:
+                total[parts[0]] = int(fields["total"])
         except (KeyError, ValueError) as exc:
             raise ParseError(f"unexpected pressure line: {line!r}") from exc
+    return avg, total
+
+
+def parse_pressure(text: str) -> dict[str, float]:
+    """``/proc/pressure/<res>`` -> {"some": avg10 %, "full": avg10 %}."""
+    return _parse_psi(text)[0]
+
+
+def parse_pressure_totals(text: str) -> dict[str, int]:
+    """``/proc/pressure/<res>`` -> {"some": total µs, "full": total µs}: the cumulative stall
+    time, the counter node_exporter exports as ``node_pressure_*_seconds_total``."""
+    return _parse_psi(text)[1]
+
+
+def host_counters(cpu: CpuTimes | None, swap: tuple[int, int] | None,
+                  psi: dict[str, int]) -> list[Counter]:
+    """The raw host counters in base units (see :meth:`Source.counters`): CPU seconds per
+    mode of the aggregate line (entity = mode), swap bytes in/out, PSI stall seconds
+    (``psi`` keyed ``"<res>_<some|full>"`` in µs, as the sampler keeps them)."""
+    out: list[Counter] = []
+    if cpu is not None:
+        out.extend(("host.cpu_seconds_total", mode, ticks / _CLK_TCK)
+                   for mode, ticks in zip(CPU_MODES, cpu[1:]))
+    if swap is not None:
+        out.append(("host.swap_in_bytes_total", "", float(swap[0] * _PAGE)))
+        out.append(("host.swap_out_bytes_total", "", float(swap[1] * _PAGE)))
+    out.extend((f"host.psi_{key}_seconds_total", "", us / 1e6) for key, us in psi.items())
     return out
 
 
@@ -166,12 +232,15 @@ class HostSource(Source):
     name = "host"
 
     def __init__(self, proc_root: str = "/proc", shm_path: str = "/dev/shm",
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
         self.shm_path = shm_path
         self._statvfs = statvfs
+        self._clock = clock  #: read right after /proc/vmstat: the swap rates' time base
         self._prev_cpu: list[CpuTimes] | None = None
-        self._prev_vm: tuple[float, int, int] | None = None
+        self._prev_vm: tuple[float, int, int] | None = None  #: (read time, pswpin, pswpout)
+        self._psi_total: dict[str, int] = {}  #: "io_some" -> µs, latest read
         self._psi: list[str] = []
         self._shm_ok = True
         self._files: dict[str, ProcFile] = {}
@@ -218,23 +287,27 @@ class HostSource(Source):
     def sample(self, now: float) -> dict[str, Any] | None:
         cpus = parse_proc_stat(self._read("stat"))
         mem = parse_meminfo(self._read("meminfo"), _MEMINFO_KEYS)
-        vm = parse_vmstat(self._read("vmstat"), ("pswpin", "pswpout"))
+        vm_text = self._read("vmstat")
+        t = self._clock()
+        vm = parse_vmstat(vm_text, ("pswpin", "pswpout"))
         load1 = float(self._read("loadavg").split()[0])
         prev_cpu, self._prev_cpu = self._prev_cpu, cpus
         prev_vm = self._prev_vm
-        self._prev_vm = (now, vm.get("pswpin", 0), vm.get("pswpout", 0))
+        self._prev_vm = (t, vm.get("pswpin", 0), vm.get("pswpout", 0))
         if prev_cpu is None or prev_vm is None:
+            self._read_psi(None)
             return None
 
         out: dict[str, Any] = {}
-        busy, iowait = cpu_busy(prev_cpu[0], cpus[0])
+        both = cpu_busy(prev_cpu[0], cpus[0])
         prev_by_name = {c.name: c for c in prev_cpu[1:]}
         per_core: list[float | None] = []
-        for c in cpus[1:]:  # a CPU hot-plugged in between has no previous reading
+        for c in cpus[1:]:  # a CPU hot-plugged in between (or reset) has no valid interval
             p = prev_by_name.get(c.name)
-            per_core.append(round(cpu_busy(p, c)[0], 2) if p else None)
-        out["cpu_pct"] = round(busy, 2)
-        out["iowait_pct"] = round(iowait, 2)
+            core = cpu_busy(p, c) if p else None
+            per_core.append(round(core[0], 2) if core else None)
+        out["cpu_pct"] = round(both[0], 2) if both else None
+        out["iowait_pct"] = round(both[1], 2) if both else None
         out["cpu_per_core_pct"] = per_core
         cores = [v for v in per_core if v is not None]
         out["cpu_max_core_pct"] = max(cores) if cores else None
@@ -250,13 +323,12 @@ class HostSource(Source):
         out["page_cache_mib"] = round(cache / 1024, 1)
         out["swap_used_mib"] = round((mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)) / 1024, 1)
 
-        dt = now - prev_vm[0]
-        page_kb = os.sysconf("SC_PAGE_SIZE") / 1024 if hasattr(os, "sysconf") else 4.0
-        if dt > 0:
-            out["swap_in_kb_s"] = round(max(0, vm.get("pswpin", 0) - prev_vm[1]) * page_kb / dt,
-                                        2)
-            out["swap_out_kb_s"] = round(
-                max(0, vm.get("pswpout", 0) - prev_vm[2]) * page_kb / dt, 2)
+        dt = t - prev_vm[0]
+        swap = counter_deltas(prev_vm[1:], self._prev_vm[1:], 32)
+        if dt > 0 and swap is not None:  # a reset counter: no swap rate for this interval
+            page_kb = _PAGE / 1024
+            out["swap_in_kb_s"] = round(swap[0] * page_kb / dt, 2)
+            out["swap_out_kb_s"] = round(swap[1] * page_kb / dt, 2)
 
         if self._shm_ok:
             try:
@@ -266,13 +338,33 @@ class HostSource(Source):
             except OSError:
                 self._shm_ok = False
 
+        self._read_psi(out)
+        return out
+
+    def _read_psi(self, out: dict[str, Any] | None) -> None:
+        """Read every PSI file once: avg10 gauges into ``out`` (when given), the ``total=``
+        counters into ``self._psi_total`` for :meth:`counters`."""
+        totals: dict[str, int] = {}
         for res in self._psi:
             try:
-                psi = parse_pressure(self._read(f"pressure/{res}"))
+                psi, total = _parse_psi(self._read(f"pressure/{res}"))
             except OSError:
                 continue
             key = "mem" if res == "memory" else res
-            out[f"psi_{key}_some_pct"] = psi.get("some")
-            if res == "io":
-                out["psi_io_full_pct"] = psi.get("full")
-        return out
+            for line, us in total.items():
+                if line in ("some", "full"):  # the two lines declared in metrics
+                    totals[f"{key}_{line}"] = us
+            if out is not None:
+                out[f"psi_{key}_some_pct"] = psi.get("some")
+                if res == "io":
+                    out["psi_io_full_pct"] = psi.get("full")
+        self._psi_total = totals
+
+    def counters(self) -> list[Counter]:
+        """CPU seconds per mode (aggregate line), swap bytes and PSI stall seconds of the
+        latest ``sample()`` (see :func:`host_counters`); [] before the first."""
+        if self._prev_cpu is None:
+            return []
+        vm = self._prev_vm
+        return host_counters(self._prev_cpu[0], None if vm is None else (vm[1], vm[2]),
+                             self._psi_total)

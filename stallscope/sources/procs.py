@@ -7,19 +7,35 @@ from storage (``/proc/PID/io`` ``read_bytes``, what ``iotop`` shows) and includi
 the interval it was runnable but waiting for a CPU (``/proc/PID/schedstat``), the share it was
 blocked on block I/O (``delayacct_blkio_ticks``, stat field 42, when ``kernel.task_delayacct``
 is on), threads, and its role: ``main`` (the trainer) or ``worker`` (its descendants).
+
+Every interval growth goes through :func:`~stallscope.sources.base.counter_delta` (64-bit
+counters): a counter that went down leaves its rate out for that interval instead of reporting
+0; a pid reused by a new process (another start time) starts over, it is not a reset. Rates
+divide by the monotonic time taken right after the process's ``stat`` read, not the collector's
+``now``. :meth:`ProcsSource.counters` gives each process's raw CPU seconds, read/write bytes
+and rchar of the latest read.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.metrics import Point
-from stallscope.sources.base import ProcFile, Source, close_all, numeric_points
+from stallscope.sources.base import (
+    Counter,
+    ProcFile,
+    Source,
+    close_all,
+    counter_delta,
+    numeric_points,
+)
 
 __all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
-           "parse_schedstat"]
+           "parse_schedstat", "proc_counters"]
 
 #: process names that start the trainer rather than being it (their children are the trainers)
 LAUNCHERS = frozenset({"sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nice", "ionice",
@@ -104,8 +120,15 @@ def parse_schedstat(text: str) -> tuple[int, int]:
         raise ParseError(f"unexpected /proc/PID/schedstat: {text!r}") from exc
 
 
+def _grown(prev: int, cur: int) -> int | None:
+    """:func:`~stallscope.sources.base.counter_delta` for the u64 counters of /proc/PID
+    (utime+stime, io bytes, schedstat, blkio ticks), with the common growing case answered
+    inline: six of these per process per sample."""
+    return cur - prev if cur >= prev else counter_delta(prev, cur, 64)
+
+
 class _Prev(NamedTuple):
-    ts: float
+    ts: float  #: monotonic time of the stat read
     cpu_ticks: int
     io: ProcIo | None
     sched_wait_ns: int | None
@@ -119,8 +142,10 @@ class ProcsSource(Source):
     name = "procs"
     transient_entities = True
 
-    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60) -> None:
+    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.root_pid = root_pid
+        self._clock = clock  #: read right after each process's stat: its rates' time base
         self.proc_root = proc_root
         self.rescan_every = rescan_every
         self._prev: dict[int, _Prev] = {}
@@ -240,7 +265,7 @@ class ProcsSource(Source):
         out: dict[str, Any] = {}
         seen: set[int] = set()
         for pid in sorted(self._tree):
-            rec = self._sample_one(pid, now)
+            rec = self._sample_one(pid)
             if rec is not None:
                 out[str(pid)] = rec
                 seen.add(pid)
@@ -254,9 +279,11 @@ class ProcsSource(Source):
     def _role(self, pid: int) -> str:
         return "main" if pid == self.root_pid else "worker"
 
-    def _sample_one(self, pid: int, now: float) -> dict[str, Any] | None:
+    def _sample_one(self, pid: int) -> dict[str, Any] | None:
         try:
-            st = parse_pid_stat(self._pread(pid, "stat"))
+            text = self._pread(pid, "stat")
+            t = self._clock()
+            st = parse_pid_stat(text)
         except (OSError, ParseError):
             return None  # exited between discovery and read
         if st.state in ("Z", "X"):
@@ -286,7 +313,7 @@ class ProcsSource(Source):
 
         ticks = st.utime + st.stime
         prev = self._prev.get(pid)
-        self._prev[pid] = _Prev(now, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
+        self._prev[pid] = _Prev(t, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
         rec: dict[str, Any] = {
             "name": st.comm,
             "role": self._role(pid),
@@ -296,24 +323,53 @@ class ProcsSource(Source):
             "rss_mib": round(st.rss_pages * _PAGE / 1048576, 1),
             "threads": st.threads,
         }
-        if prev is None or prev.starttime != st.starttime:  # new, or pid reused
-            return rec
-        dt = now - prev.ts
+        if prev is None or prev.starttime != st.starttime:
+            return rec  # new, or a pid reused by another process: a new baseline, not a reset
+        dt = t - prev.ts
         if dt <= 0:
             return rec
-        rec["cpu_pct"] = round(100.0 * (ticks - prev.cpu_ticks) / _CLK_TCK / dt, 2)
+        # each rate is left out when its counter went down: _grown is counter_delta (64-bit)
+        d = _grown(prev.cpu_ticks, ticks)
+        if d is not None:
+            rec["cpu_pct"] = round(100.0 * d / _CLK_TCK / dt, 2)
         if io is not None and prev.io is not None:
-            rec["read_kb_s"] = round(max(0, io.read_bytes - prev.io.read_bytes) / 1024 / dt, 2)
-            rec["write_kb_s"] = round(max(0, io.write_bytes - prev.io.write_bytes) / 1024 / dt,
-                                      2)
-            rec["rchar_kb_s"] = round(max(0, io.rchar - prev.io.rchar) / 1024 / dt, 2)
+            d = _grown(prev.io.read_bytes, io.read_bytes)
+            if d is not None:
+                rec["read_kb_s"] = round(d / 1024 / dt, 2)
+            d = _grown(prev.io.write_bytes, io.write_bytes)
+            if d is not None:
+                rec["write_kb_s"] = round(d / 1024 / dt, 2)
+            d = _grown(prev.io.rchar, io.rchar)
+            if d is not None:
+                rec["rchar_kb_s"] = round(d / 1024 / dt, 2)
         if sched_wait is not None and prev.sched_wait_ns is not None:
-            rec["runq_wait_pct"] = round(
-                min(100.0, 100.0 * (sched_wait - prev.sched_wait_ns) / 1e9 / dt), 2)
+            d = _grown(prev.sched_wait_ns, sched_wait)
+            if d is not None:
+                rec["runq_wait_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
         if st.blkio_ticks is not None and prev.blkio_ticks is not None:
-            rec["blkio_wait_pct"] = round(
-                min(100.0, 100.0 * (st.blkio_ticks - prev.blkio_ticks) / _CLK_TCK / dt), 2)
+            d = _grown(prev.blkio_ticks, st.blkio_ticks)
+            if d is not None:
+                rec["blkio_wait_pct"] = round(min(100.0, 100.0 * d / _CLK_TCK / dt), 2)
         return rec
+
+    def counters(self) -> list[Counter]:
+        """Per process of the latest ``sample()`` (entity = pid, as in the payload): CPU
+        seconds (utime+stime), and read_bytes, write_bytes, rchar when ``/proc/PID/io`` is
+        readable; see :func:`proc_counters`."""
+        out: list[Counter] = []
+        for pid, p in self._prev.items():
+            out.extend(proc_counters(str(pid), p.cpu_ticks, p.io))
+        return out
+
+
+def proc_counters(entity: str, cpu_ticks: int, io: ProcIo | None) -> list[Counter]:
+    """One process's raw counters in base units (clock ticks -> seconds, bytes as is)."""
+    out: list[Counter] = [("procs.cpu_seconds_total", entity, cpu_ticks / _CLK_TCK)]
+    if io is not None:
+        out += [("procs.read_bytes_total", entity, float(io.read_bytes)),
+                ("procs.write_bytes_total", entity, float(io.write_bytes)),
+                ("procs.rchar_bytes_total", entity, float(io.rchar))]
+    return out
 
 
 def tree_summary(payload: dict[str, Any]) -> dict[str, float]:
