@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from stallscope import probe as probe_mod
-from stallscope.probe import recorder as recorder_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
+from stallscope.probe import recorder as recorder_mod
 from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta, write_meta
 
 pytest.importorskip("torch")
