@@ -8,6 +8,10 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parent.parent
+#: meta.json keys every run has, whichever started it (`stallscope run` or the standalone probe)
+META_KEYS = {"command", "host", "start", "end", "exit_code", "interval_s", "data",
+             "data_devices", "versions", "logical_cores", "physical_cores", "mem_total_mib",
+             "unavailable", "pid", "samples"}
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pytest
 
 from stallscope import probe as probe_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
+from stallscope.probe import recorder as recorder_mod
 from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta, write_meta
 
 pytest.importorskip("torch")
@@ -284,7 +285,10 @@ def test_standalone_makes_a_run_with_steps_and_machine_samples(tmp_path: Path) -
     assert meta["command"] == [str(tmp_path / "train.py"), "--flag"]
     assert meta["exit_code"] == 0 and meta["end"] >= meta["start"]
     assert meta["interval_s"] == 0.2 and meta["versions"]["torch"] == torch.__version__
-    assert meta["loader"]["num_workers"] == 1 and meta["probe"]["steps"] == 12
+    # the loader configuration per rank, in the shape `stallscope run` writes it
+    assert "loader" not in meta and set(meta["loader_config"]) == {"0"}
+    assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1
+    assert meta["probe"]["steps"] == 12
     steps = read_steps(run_dir)
     assert len(steps) == 12 and all(s.samples == 8 for s in steps)
     assert [s.epoch for s in steps] == [0] * 6 + [1] * 6
@@ -515,7 +519,7 @@ def test_fake_cuda_h2d_is_timed_with_events(tmp_path: Path) -> None:
 
 def test_fake_cuda_events_that_never_complete(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe_mod, "CLOSE_WAIT_S", 0.1)
+    monkeypatch.setattr(recorder_mod, "CLOSE_WAIT_S", 0.1)  # where close() reads it
     gpu = FakeGpu()
     gpu.done_until = -1.0  # a hung GPU
     run_dir = make_run(tmp_path)

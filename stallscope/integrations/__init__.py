@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from stallscope.probe import Probe, StepTimer, _warn, get_probe
+from stallscope.probe import Recorder, StepTimer, _warn, get_probe
 
 __all__ = ["StepHooks", "safe_hook"]
 
@@ -45,7 +45,7 @@ class StepHooks:
 
     def __init__(self, rank: int | None = None) -> None:
         self.rank = rank
-        self.probe: Probe | None = None
+        self.probe: Recorder | None = None
         self.epoch = -1
         self._timer: StepTimer | None = None
 

@@ -1,0 +1,106 @@
+"""The step probe: runs inside the trainer and times every training step.
+
+``stallscope.watch(loader)`` wraps any iterable (a PyTorch ``DataLoader`` above all) and records,
+per step (all times in seconds, the ``steps`` table of the run store):
+
+``wait_s``
+    host time blocked in ``next(loader)`` (data wait); the first step of an epoch also counts
+    ``iter(loader)``, which is where non-persistent DataLoader workers are (re)started.
+``host_s``
+    host time from the batch handed to the step to the next request (compute, logging...).
+``h2d_s``
+    host-to-device copy time, when the copy goes through :func:`h2d`.
+``gpu_busy_s`` / ``gpu_idle_s``
+    on CUDA: GPU time between two CUDA events recorded when the batch is handed over and at the
+    step's end, and the GPU-side gap between the previous step's end event and this step's start
+    event (the GPU's real idle time, which host wait overstates while queued kernels still run).
+``samples``, ``epoch``
+    batch size (dim 0 of the first tensor, else ``len(batch)``) and the pass over a watched
+    iterable the step belongs to (every ``for`` over a wrapper starts a new epoch).
+
+This is D4 of the brief ("time each batch's load interval, time forward+backward with CUDA
+events") done for every step without slowing the step: the training thread only reads
+``time.perf_counter`` and calls ``Event.record()``; it never calls ``synchronize()``. Events are
+read by a background thread once ``Event.query()`` says they completed. Records go into a bounded
+buffer; the background thread writes them to the run store once per ``flush_interval`` (and at
+exit); when the buffer is full, records are dropped and counted, never waited for. Nothing the
+probe does raises into the trainer: failures are counted and reported once on stderr and as an
+event in the run.
+
+Where it reports: into ``$STALLSCOPE_RUN_DIR/run.db`` under ``stallscope run``; otherwise
+(standalone) it makes a run directory under ``$STALLSCOPE_OUT`` (default ``./stallscope-runs``),
+writes ``meta.json`` and samples the machine itself with a background collector.
+``STALLSCOPE_PROBE=0`` turns the probe off (``watch`` then returns the loader unchanged).
+
+The package is split so that other frameworks reuse the recording without PyTorch:
+
+- :mod:`stallscope.probe.recorder`: the framework-free :class:`Recorder` (buffer, writer
+  thread, close/atexit, typed :class:`StepRecord`, the :class:`DeviceTimer` interface,
+  :class:`StepTimer`); it never imports a framework.
+- :mod:`stallscope.probe.pytorch`: the PyTorch adapter (:func:`watch`, :func:`h2d`,
+  :func:`step`, :class:`Probe`, DataLoader configuration, CUDA events).
+- :mod:`stallscope.probe.standalone`: the monitored session the probe starts for itself when
+  ``stallscope run`` is not watching.
+
+This module re-exports the public names, so ``from stallscope.probe import watch`` and friends
+stay as they were.
+"""
+
+from __future__ import annotations
+
+from stallscope.probe.pytorch import (
+    CudaTimer,
+    Probe,
+    Watched,
+    batch_size_of,
+    detect_rank,
+    get_probe,
+    h2d,
+    loader_config,
+    step,
+    watch,
+)
+from stallscope.probe.pytorch import _default_probe as _default_probe
+from stallscope.probe.recorder import (
+    CLOSE_WAIT_S,
+    DEFAULT_CAPACITY,
+    DEFAULT_FLUSH_S,
+    MAX_EPOCHS_KEPT,
+    DeviceTimer,
+    EventLike,
+    EventTimer,
+    RawStep,
+    Recorder,
+    StepRecord,
+    StepTimer,
+    reset,
+)
+from stallscope.probe.recorder import _probes as _probes  # the registry tests inject into
+from stallscope.probe.recorder import _warn as _warn  # the integrations' once-warnings
+from stallscope.probe.standalone import DEFAULT_COLLECT_S
+
+__all__ = [
+    "CLOSE_WAIT_S",
+    "DEFAULT_CAPACITY",
+    "DEFAULT_COLLECT_S",
+    "DEFAULT_FLUSH_S",
+    "MAX_EPOCHS_KEPT",
+    "CudaTimer",
+    "DeviceTimer",
+    "EventLike",
+    "EventTimer",
+    "Probe",
+    "RawStep",
+    "Recorder",
+    "StepRecord",
+    "StepTimer",
+    "Watched",
+    "batch_size_of",
+    "detect_rank",
+    "get_probe",
+    "h2d",
+    "loader_config",
+    "reset",
+    "step",
+    "watch",
+]
