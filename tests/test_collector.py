@@ -143,7 +143,7 @@ def test_collector_and_store_never_branch_on_a_source_name() -> None:
     """No comparison with a source's name literal anywhere in the collector, sinks or store."""
     import stallscope.collect.collector as collector_mod
     import stallscope.collect.sinks as sinks_mod
-    import stallscope.store as store_mod
+    import stallscope.store.db as store_mod
     from stallscope.sources import SOURCE_NAMES
 
     names = {*SOURCE_NAMES, "procs"}

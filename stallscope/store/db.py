@@ -1,0 +1,357 @@
+"""``run.db``: one SQLite file (WAL while written) per run.
+
+Layout:
+
+``series(id, name, entity)``
+    one row per time series; ``name`` is a metric of :mod:`stallscope.metrics`
+    (``disk.r_await_ms``), ``entity`` what it is about (``vda``, ``gpu0``, ``pid:4242``, ``cpu3``,
+    ``""`` for the host as a whole).
+``points(ts, series, v)``
+    full-resolution samples, clustered by time (appends stay sequential, pages stay full).
+``rollup(ts, series, n, vmin, vmean, vmax)``
+    older samples downsampled into fixed buckets; a long run keeps full resolution for a recent
+    window only, so its size is bounded (see ``benchmarks/bench_store_size.py``).
+``entities(source, entity, attrs, first_ts, last_ts)``
+    what is known about an entity that is not a number (GPU name, process cmdline and role).
+``events(ts, source, kind, message)``
+    things said once: a source unavailable, a GPU lost, a probe buffer overflow.
+``steps(rank, step, ...)``
+    per training step timings written by the in-trainer probe.
+``probes(rank, ...)``
+    one row per probe (rank): loader configuration, drops.
+
+Crash safety: WAL journal, one transaction per collector interval. A ``kill -9`` loses at most
+the interval in flight; the database stays consistent (``PRAGMA integrity_check``). Readers may
+open a run while it is being written (WAL allows one writer and many readers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import RunNotFound, StallscopeError
+from stallscope.metrics import Point, lookup
+
+__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series(
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, entity TEXT NOT NULL, UNIQUE(name, entity));
+CREATE TABLE IF NOT EXISTS points(
+    ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup(
+    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL,
+    vmin REAL NOT NULL, vmean REAL NOT NULL, vmax REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entities(
+    source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
+    first_ts REAL NOT NULL, last_ts REAL NOT NULL, PRIMARY KEY(source, entity));
+CREATE TABLE IF NOT EXISTS events(
+    ts REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps(
+    rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
+    wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
+    samples INTEGER, epoch INTEGER,
+    PRIMARY KEY(rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS probes(
+    rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
+    steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One training step as the probe saw it (seconds)."""
+
+    rank: int
+    step: int
+    ts: float  #: wall time the step's batch was handed over
+    wait_s: float  #: host time blocked waiting for the batch (data wait)
+    host_s: float  #: host time from batch handed over to the next request (compute + rest)
+    h2d_s: float | None = None  #: host-to-device copy time
+    gpu_busy_s: float | None = None  #: GPU time between the step's CUDA events
+    gpu_idle_s: float | None = None  #: GPU gap before this step (end of previous -> start)
+    samples: int | None = None
+    epoch: int | None = None
+
+
+@dataclass
+class Series:
+    """A time series read back from the store (rolled-up buckets give their mean)."""
+
+    name: str
+    entity: str
+    ts: list[float] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
+
+
+class RunStore:
+    """Writer and reader of one ``run.db``."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise RunNotFound(f"no run database at {self.path}")
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
+                                          check_same_thread=False)
+                try:
+                    tables = {r[0] for r in self.db.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table'")}
+                except sqlite3.OperationalError:
+                    # a WAL database in a directory we cannot write (a copied or archived run):
+                    # read it as an immutable file instead
+                    self.db.close()
+                    self.db = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True,
+                                              check_same_thread=False)
+                    tables = {r[0] for r in self.db.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table'")}
+                if "series" not in tables:
+                    raise StallscopeError(f"{self.path} is not a stallscope run database")
+            else:
+                self.db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(_SCHEMA)
+                self.db.execute(
+                    "INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (SCHEMA_VERSION,)
+                )
+                self.db.commit()
+            self.db.execute("PRAGMA busy_timeout=10000")
+        except sqlite3.DatabaseError as exc:
+            raise StallscopeError(f"cannot open run database {self.path}: {exc}") from exc
+        self._series: dict[tuple[str, str], int] = {}
+
+    # --- writing -------------------------------------------------------------------------------
+    def _series_id(self, name: str, entity: str) -> int:
+        key = (name, entity)
+        sid = self._series.get(key)
+        if sid is None:
+            self.db.execute("INSERT OR IGNORE INTO series(name, entity) VALUES(?, ?)", key)
+            row = self.db.execute(
+                "SELECT id FROM series WHERE name=? AND entity=?", key
+            ).fetchone()
+            sid = int(row[0])
+            self._series[key] = sid
+        return sid
+
+    def add_points(self, ts: float, points: Iterable[Point]) -> int:
+        """Append one sample's points in one transaction; returns how many were stored."""
+        rows = [(ts, self._series_id(p.name, p.entity), float(p.value)) for p in points]
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO points VALUES(?, ?, ?)", rows)
+        return len(rows)
+
+    def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO entities VALUES(?, ?, ?, ?, ?) ON CONFLICT(source, entity) "
+                "DO UPDATE SET attrs=excluded.attrs, last_ts=excluded.last_ts",
+                (source, entity, json.dumps(attrs, sort_keys=True), ts, ts),
+            )
+
+    def touch_entities(self, source: str, entities: Sequence[str], ts: float) -> None:
+        with self.db:
+            self.db.executemany(
+                "UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
+                [(ts, source, e) for e in entities],
+            )
+
+    def set_attrs(self, source: str, attrs: dict[str, dict[str, Any]]) -> None:
+        """Replace the attributes of several entities of ``source`` (e.g. the process roles the
+        whole run shows, recorded at its end)."""
+        with self.db:
+            self.db.executemany(
+                "UPDATE entities SET attrs=? WHERE source=? AND entity=?",
+                [(json.dumps(a, sort_keys=True), source, e) for e, a in attrs.items()])
+
+    def add_event(self, ts: float, source: str, kind: str, message: str) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO events VALUES(?, ?, ?, ?)", (ts, source, kind, message))
+
+    def add_steps(self, rows: Iterable[StepRow]) -> int:
+        data = [
+            (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.h2d_s, r.gpu_busy_s, r.gpu_idle_s,
+             r.samples, r.epoch)
+            for r in rows
+        ]
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO steps VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", data
+            )
+        return len(data)
+
+    def update_steps_gpu(
+        self, rows: Iterable[tuple[int, int, float | None, float | None]]
+    ) -> None:
+        """Fill in GPU busy/idle times once their CUDA events completed.
+
+        Rows are (rank, step, busy_s, idle_s)."""
+        with self.db:
+            self.db.executemany(
+                "UPDATE steps SET gpu_busy_s=?, gpu_idle_s=? WHERE rank=? AND step=?",
+                [(b, i, r, s) for r, s, b, i in rows],
+            )
+
+    def set_probe(self, rank: int, pid: int, config: dict[str, Any], steps: int,
+                  dropped: int) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO probes VALUES(?, ?, ?, ?, ?, ?)",
+                (rank, pid, json.dumps(config, sort_keys=True, default=str), steps, dropped,
+                 time.time()),
+            )
+
+    def downsample(self, older_than: float, bucket_s: float = 60.0) -> int:
+        """Fold full-resolution points older than ``older_than`` into ``bucket_s`` buckets.
+
+        Only whole buckets are folded, so a bucket is never split between the two tables.
+        Returns the number of points folded."""
+        cutoff = (older_than // bucket_s) * bucket_s
+        with self.db:
+            self.db.execute(
+                """INSERT INTO rollup(ts, series, n, vmin, vmean, vmax)
+                   SELECT CAST(ts / :b AS INTEGER) * :b AS bt, series, COUNT(*), MIN(v), AVG(v),
+                          MAX(v)
+                   FROM points WHERE ts < :c GROUP BY bt, series
+                   ON CONFLICT(ts, series) DO UPDATE SET
+                     vmean = (vmean * n + excluded.vmean * excluded.n) / (n + excluded.n),
+                     n = n + excluded.n,
+                     vmin = MIN(vmin, excluded.vmin), vmax = MAX(vmax, excluded.vmax)""",
+                {"b": bucket_s, "c": cutoff},
+            )
+            cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
+        return int(cur.rowcount)
+
+    def checkpoint(self) -> None:
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def finish(self) -> None:
+        """End of the run: fold the WAL into the file and leave WAL mode, so the finished run is
+        one self-contained file that can be copied, archived and read from read-only media."""
+        self.checkpoint()
+        try:
+            self.db.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.OperationalError:
+            pass  # a reader still has it open: it stays in WAL mode, which is fine
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- reading -------------------------------------------------------------------------------
+    def series_keys(self, prefix: str = "") -> list[tuple[str, str]]:
+        rows = self.db.execute(
+            "SELECT name, entity FROM series WHERE name LIKE ? ORDER BY name, entity",
+            (prefix + "%",),
+        ).fetchall()
+        return [(str(n), str(e)) for n, e in rows]
+
+    def read(self, name: str, entity: str | None = None) -> list[Series]:
+        """All series of metric ``name`` (one entity, or every entity), oldest first.
+
+        Rolled-up buckets contribute their mean (their max for metrics whose mean is not a
+        value they can take: bitmasks, link generations) at the bucket's start time."""
+        if entity is None:
+            ids = self.db.execute(
+                "SELECT id, entity FROM series WHERE name=? ORDER BY entity", (name,)
+            ).fetchall()
+        else:
+            ids = self.db.execute(
+                "SELECT id, entity FROM series WHERE name=? AND entity=?", (name, entity)
+            ).fetchall()
+        col = _rollup_column(name)
+        out = []
+        for sid, ent in ids:
+            s = Series(name, str(ent))
+            for ts, v in self.db.execute(
+                # col is one of two fixed column names, never user input
+                f"SELECT ts, {col} FROM rollup WHERE series=? UNION ALL "
+                "SELECT ts, v FROM points WHERE series=? ORDER BY 1",
+                (sid, sid),
+            ):
+                s.ts.append(float(ts))
+                s.v.append(float(v))
+            out.append(s)
+        return out
+
+    def read_all(self) -> dict[tuple[str, str], Series]:
+        """Every series in the run, keyed by (name, entity)."""
+        names = {int(i): (str(n), str(e)) for i, n, e in
+                 self.db.execute("SELECT id, name, entity FROM series")}
+        out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
+        use_max = {sid for sid, (n, _) in names.items() if _rollup_column(n) == "vmax"}
+        for ts, sid, vmean, vmax in self.db.execute(
+            "SELECT ts, series, vmean, vmax FROM rollup UNION ALL "
+            "SELECT ts, series, v, v FROM points ORDER BY 1"
+        ):
+            s = out[names[int(sid)]]
+            s.ts.append(float(ts))
+            s.v.append(float(vmax if int(sid) in use_max else vmean))
+        return out
+
+    def entities(self, source: str | None = None) -> list[dict[str, Any]]:
+        q = "SELECT source, entity, attrs, first_ts, last_ts FROM entities"
+        args: tuple[Any, ...] = ()
+        if source is not None:
+            q += " WHERE source=?"
+            args = (source,)
+        return [
+            {"source": s, "entity": e, "attrs": json.loads(a), "first_ts": f, "last_ts": la}
+            for s, e, a, f, la in self.db.execute(q + " ORDER BY source, entity", args)
+        ]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            {"ts": ts, "source": s, "kind": k, "message": m}
+            for ts, s, k, m in self.db.execute("SELECT * FROM events ORDER BY ts")
+        ]
+
+    def steps(self, rank: int | None = None) -> list[StepRow]:
+        q = "SELECT * FROM steps"
+        args: tuple[Any, ...] = ()
+        if rank is not None:
+            q += " WHERE rank=?"
+            args = (rank,)
+        return [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
+
+    def probes(self) -> list[dict[str, Any]]:
+        out = []
+        for r, p, c, s, d, u in self.db.execute("SELECT * FROM probes ORDER BY rank"):
+            try:
+                config = json.loads(c)
+            except ValueError:
+                config = None
+            out.append({"rank": r, "pid": p, "config": config if isinstance(config, dict) else {},
+                        "steps": s, "dropped": d, "updated": u})
+        return out
+
+    def time_range(self) -> tuple[float, float] | None:
+        row = self.db.execute(
+            "SELECT MIN(t0), MAX(t1) FROM (SELECT MIN(ts) t0, MAX(ts) t1 FROM points "
+            "UNION ALL SELECT MIN(ts), MAX(ts) FROM rollup)"
+        ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return float(row[0]), float(row[1])
+
+    def integrity_ok(self) -> bool:
+        return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _rollup_column(name: str) -> str:
+    """Which rollup column stands for a bucket of this metric when read back."""
+    m = lookup(name)
+    return "vmax" if m is not None and m.rollup == "max" else "vmean"

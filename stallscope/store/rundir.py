@@ -1,0 +1,161 @@
+"""Run directories: where runs go, their ``meta.json``, and finding a run by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import RunNotFound, UsageError
+
+__all__ = ["DEFAULT_OUT", "base_meta", "find_run", "list_runs", "new_run_dir", "read_meta",
+           "write_meta"]
+
+DEFAULT_OUT = "stallscope-runs"
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def new_run_dir(out: str | os.PathLike[str], label: str, now: float | None = None) -> Path:
+    """Create ``<out>/<YYYYmmdd-HHMMSS>-<label>`` (suffixed when taken) and return it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    safe = _SAFE.sub("-", label).strip("-.")[:40] or "run"
+    root = Path(out)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create output directory {root}: {exc.strerror}") from exc
+    for n in range(1000):
+        name = f"{stamp}-{safe}" + (f"-{n}" if n else "")
+        path = root / name
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UsageError(f"cannot create run directory {path}: {exc.strerror}") from exc
+        return path
+    raise UsageError(f"too many runs named {stamp}-{safe} in {root}")
+
+
+def base_meta(command: list[str], *, start: float, interval_s: float,
+              **extra: Any) -> dict[str, Any]:
+    """The ``meta.json`` fields every run starts with (``stallscope run`` and the standalone
+    probe, through :class:`~stallscope.collect.session.Session`): command, host, start,
+    versions, cores, RAM; ``extra`` adds or overrides fields."""
+    import platform
+    import socket
+    import sys
+
+    from stallscope import __version__
+
+    versions: dict[str, Any] = {"stallscope": __version__,
+                                "python": platform.python_version(),
+                                "kernel": platform.release()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = str(getattr(torch, "__version__", None))
+    meta: dict[str, Any] = {
+        "command": list(command), "host": socket.gethostname(), "start": start, "end": None,
+        "exit_code": None, "interval_s": interval_s, "cwd": os.getcwd(), "data": None,
+        "data_devices": [], "versions": versions, "logical_cores": os.cpu_count(),
+    }
+    try:
+        import psutil
+
+        meta["physical_cores"] = psutil.cpu_count(logical=False)
+        meta["mem_total_mib"] = round(psutil.virtual_memory().total / 1048576, 1)
+    except ImportError:
+        meta["physical_cores"] = None
+        meta["mem_total_mib"] = None
+    meta.update(extra)
+    return meta
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write ``meta.json`` atomically (temp file + rename), so readers never see half of it."""
+    tmp = run_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, run_dir / "meta.json")
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    try:
+        meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text())
+    except FileNotFoundError as exc:
+        raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
+    except (OSError, ValueError) as exc:
+        raise RunNotFound(f"{run_dir}/meta.json is unreadable: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise RunNotFound(f"{run_dir}/meta.json is not a JSON object")
+    _check_meta(run_dir, meta)
+    return meta
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e15
+
+
+#: meta.json keys readers rely on, and what they must hold (None always allowed)
+_META_TYPES: dict[str, tuple[str, Any]] = {
+    "command": ("a list of strings",
+                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "start": ("a number (Unix time)", _is_num),
+    "end": ("a number (Unix time)", _is_num),
+    "exit_code": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "monitor_pid": ("a process id", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "interval_s": ("a number of seconds", _is_num),
+    "data_devices": ("a list of device names",
+                     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "unavailable": ("an object", lambda v: isinstance(v, dict)),
+    "disk_health": ("a list of drives",
+                    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+}
+
+
+def _check_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Reject a meta.json whose keys have the wrong types, naming the key (a hand-edited or
+    foreign file must give one clear line, not a TypeError deep in a command)."""
+    for key, (what, ok) in _META_TYPES.items():
+        v = meta.get(key)
+        if v is not None and not ok(v):
+            raise RunNotFound(f"{run_dir}/meta.json: {key!r} should be {what}, got {v!r:.60}")
+
+
+def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
+    """Resolve RUN as given on the command line: a run directory path, a run id under
+    ``out``, a unique prefix of one, or ``latest``."""
+    if not ref.strip():
+        raise RunNotFound("no run given: name a run directory, a run id, or 'latest'")
+    p = Path(ref)
+    if (p / "meta.json").exists() or (p / "run.db").exists():
+        return p
+    root = Path(out)
+    if ref == "latest":
+        runs = list_runs(root)
+        if not runs:
+            raise RunNotFound(f"no runs in {root}")
+        return runs[-1]
+    if (root / ref / "meta.json").exists() or (root / ref / "run.db").exists():
+        return root / ref
+    matches = [r for r in list_runs(root) if r.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        names = ", ".join(m.name for m in matches[:5])
+        raise RunNotFound(f"run {ref!r} is ambiguous: {names}")
+    if p.exists():
+        raise RunNotFound(f"{ref} is not a stallscope run directory (no meta.json or run.db)")
+    raise RunNotFound(f"unknown run {ref!r} (not a directory, and not a run in {root}/)")
+
+
+def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
+    """Run directories under ``out``, oldest first."""
+    root = Path(out)
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").exists())
