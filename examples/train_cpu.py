@@ -6,8 +6,10 @@ transform, and trains a small convolutional network on them.
 
     stallscope run -- python examples/train_cpu.py
 
-Knobs reproduce the classic bottlenecks (see docs/scenarios.md):
-  --prep-cost N      extra CPU work per sample (N blur passes): a prep stall with few workers
+As it comes (the demo), one worker's transform cannot keep up with the model: an input-bound
+(prep) run. Knobs reproduce the classic bottlenecks (see docs/scenarios.md):
+  --prep-cost N      extra CPU work per sample (N blur passes; default 20, 0 for none)
+  --workers N        DataLoader worker processes (default 1)
   --model heavy      a wider network: compute-bound (the healthy case)
   --data-dir DIR     read (and create if missing) the files there, e.g. on a throttled device
   --cold             evict the files from the page cache before each epoch (fetch from storage)
@@ -95,11 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=64, help="image side in pixels")
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--data-dir", type=Path, help="dataset folder (default: a temp folder)")
-    ap.add_argument("--workers", type=int, default=2)
+    # the defaults are the README's demo: one DataLoader worker whose transform is too slow for
+    # the model, so the run shows what stallscope is for (the trainer waits for data about half
+    # the time; the diagnosis names the worker's CPU as the bottleneck). Scenarios set their own.
+    ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after this long")
-    ap.add_argument("--prep-cost", type=int, default=0, help="extra CPU passes per sample")
+    ap.add_argument("--prep-cost", type=int, default=20, help="extra CPU passes per sample "
+                    "(default 20: an expensive transform; 0 for none)")
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")

@@ -31,8 +31,10 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
     argv = [*before, *stallscope_argv("run", "--interval", "1", "--out", str(out))]
     if data is not None:
         argv += ["--data", str(data)]
+    # the trainer's own defaults are the README demo's (a slow transform): scenarios start
+    # from a plain pipeline and set what they test
     argv += ["--", *wrap, sys.executable, TRAIN, "--max-seconds", "25", "--epochs", "100",
-             *train_args]
+             "--workers", "2", "--prep-cost", "0", *train_args]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     # a trainer killed by the very bottleneck (shm exhausted) still gets its diagnosis
     assert r.returncode == 0 or may_crash, r.stderr[-3000:]
@@ -96,7 +98,8 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
     """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""
     data = tmp_path / "data"
     subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "3000",
-                    "--epochs", "0", "--no-probe"], check=True, capture_output=True)
+                    "--epochs", "0", "--no-probe", "--prep-cost", "0"], check=True,
+                   capture_output=True)
     doc = run_scenario("fetch", tmp_path, ["--data-dir", str(data), "--files", "3000", "--cold",
                                            "--workers", "2", "--model", "tiny"],
                        wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",

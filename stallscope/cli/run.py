@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -16,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from stallscope.cli._common import err_console, interval_type, keep_full_type, safe
-from stallscope.collect.session import Session
+from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
 
@@ -28,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a command under monitoring",
                        description="Run CMD as a child, sample the machine while it runs, and "
                        "print a summary and diagnosis at the end.")
-    p.add_argument("--interval", type=interval_type, default=5.0,
-                   help="seconds between samples (default 5; 1 for debugging)")
+    p.add_argument("--interval", type=interval_type, default=None,
+                   help="seconds between samples (default: every 1 s for the first 2 minutes, "
+                   "then every 5 s; a value given here is used throughout)")
     p.add_argument("--data", metavar="PATH",
                    help="where the dataset lives; its block device is watched closely")
     p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
@@ -57,7 +59,9 @@ def _resolve(cmd: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cmd = _resolve(list(args.cmd))
-    session = Session.create(args.out, Path(cmd[0]).name, cmd, interval=args.interval,
+    interval, warmup = ((args.interval, None) if args.interval is not None
+                        else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
+    session = Session.create(args.out, Path(cmd[0]).name, cmd, interval=interval, warmup=warmup,
                              data=args.data, keep_full_s=args.keep_full,
                              monitor_pid=os.getpid())
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
@@ -107,10 +111,25 @@ def run(args: argparse.Namespace) -> int:
     # soft_wrap: scripts parse this line; it must not be folded at the terminal width
     err_console.print(f"run directory: [bold]{safe(str(run_dir))}[/]", soft_wrap=True)
     if not args.quiet:
-        err_console.print(f"next: stallscope report {safe(str(run_dir))}  ·  "
-                          f"stallscope diagnose {safe(str(run_dir))} --json", style="dim",
-                          soft_wrap=True)
+        me, where = self_command(), shlex.quote(str(run_dir))
+        err_console.print(f"next: {safe(me)} report {safe(where)}", style="dim", soft_wrap=True,
+                          highlight=False)
+        err_console.print(f"      {safe(me)} diagnose {safe(where)} --json", style="dim",
+                          soft_wrap=True, highlight=False)
     return code if code >= 0 else 128 - code
+
+
+def self_command() -> str:
+    """How to run this stallscope again, as typed into a shell here: ``stallscope`` when that
+    name on the PATH is this one, else the path it was started by (``.venv/bin/stallscope``
+    after ``scripts/setup.sh`` without an activated environment), else ``python -m``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 and Path(argv0).name == "stallscope":
+        found = shutil.which("stallscope")
+        if found and Path(found).resolve() == Path(argv0).resolve():
+            return "stallscope"
+        return shlex.quote(argv0)
+    return f"{shlex.quote(sys.executable)} -m stallscope"
 
 
 def _send(child: subprocess.Popen[bytes], signum: int) -> None:

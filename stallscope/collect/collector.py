@@ -66,6 +66,7 @@ class Collector:
         sinks: Sequence[Sink] = (),
         *,
         interval: float = 5.0,
+        warmup: tuple[float, float] | None = None,
         unavailable: dict[str, str] | None = None,
         derived: Sequence[Deriver] = DERIVED,
         clock: Callable[[], float] = time.time,
@@ -73,6 +74,8 @@ class Collector:
         self.sources = list(sources)
         self.sinks = list(sinks)
         self.interval = interval
+        #: (interval, seconds): sample this often at the start of a run, then every ``interval``
+        self.warmup = warmup
         self.derived = tuple(derived)
         self._want_counters = any(s.wants_counters for s in self.sinks)
         self.clock = clock
@@ -177,13 +180,23 @@ class Collector:
                                         daemon=True)
         self._thread.start()
 
+    def interval_at(self, elapsed_s: float) -> float:
+        """Seconds to the next sample, ``elapsed_s`` after the start: the warm-up interval
+        first (short runs get enough samples to show their shape), then the configured one
+        (long runs stay cheap and small)."""
+        if self.warmup is not None and elapsed_s < self.warmup[1]:
+            return min(self.warmup[0], self.interval)
+        return self.interval
+
     def _loop(self) -> None:
-        next_t = time.monotonic() + self.interval
+        t0 = time.monotonic()
+        next_t = t0 + self.interval_at(0.0)
         while not self._stop.wait(max(0.0, next_t - time.monotonic())):
             self.sample_once()
-            next_t += self.interval
+            step = self.interval_at(next_t - t0)
+            next_t += step
             if next_t < time.monotonic():  # fell behind (suspend, overload): skip, don't burst
-                next_t = time.monotonic() + self.interval
+                next_t = time.monotonic() + step
 
     def stop(self, final_sample: bool = True) -> None:
         """Stop the thread; take one last sample so the tail of the run is not lost; close the
