@@ -312,3 +312,11 @@ def test_short_run_with_small_shm_stays_insufficient() -> None:
     assert doc["verdict"] == "insufficient_data"
     shm = next(f for f in doc["findings"] if f["kind"] == "shm_pressure")
     assert shm["severity"] == "info"
+
+
+def test_signals_config_lists_each_loader_field_once() -> None:
+    doc = diagnose(run([ser("host.cpu_pct", "", [50] * 10)],
+                       config={"rank": 0, "physical_cores": 8,
+                               "loader": {"num_workers": 1, "batch_size": 32}}))
+    cfg = doc["signals"]["config"]
+    assert cfg == {"rank": 0, "physical_cores": 8, "num_workers": 1, "batch_size": 32}

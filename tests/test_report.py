@@ -400,3 +400,38 @@ def test_one_hour_run_is_small_and_fast(tmp_path: Path) -> None:
     assert took < 9.0, f"{took:.1f} s"
     for pid in ("gpu", "wait", "disk", "cpu", "mem"):
         assert _svg(doc, pid)
+
+
+def test_a_run_without_gpu_is_not_blamed_on_a_gpu(tmp_path: Path) -> None:
+    """CPU training that is compute-bound is bound by the CPU; the verdict is said once at the
+    top (not three times), and a speed-up of ×1.00 is not advertised."""
+    run = make_run(tmp_path, gpus=0)
+    doc = diagnosis(run)
+    doc["verdict"] = "compute_bound"
+    doc["findings"] = [{"kind": "compute_bound", "severity": "info", "confidence": 0.85,
+                        "summary": "Compute-bound (healthy): the trainer waited 7% of the time.",
+                        "evidence": {"stall_fraction": 0.07}, "fixes": [],
+                        "est_speedup": 1.0, "rule": "data wait 7% < 15%"}]
+    html_doc = render_report(run, doc)
+    verdict = html_doc[html_doc.index('id="verdict"'):html_doc.index('id="findings"')]
+    assert "the CPU is the bottleneck" in verdict and "GPU" not in verdict
+    assert "the GPU is the bottleneck" not in html_doc
+    assert html_doc.count("the trainer waited 7% of the time") == 1
+    assert "×1.00" not in html_doc
+    # with a GPU, the GPU is the bottleneck
+    run2 = make_run(tmp_path / "g", gpus=1)
+    assert "the GPU is the bottleneck" in render_report(run2, {**doc, "run": str(run2)})
+
+
+def test_loader_table_shows_ids_plainly_and_each_field_once(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    st = RunStore(run / "run.db")
+    st.set_probe(0, 9487, {"rank": 0, "worker_pids": [9487, 9488], "updated": 1763712000.5,
+                           "loader": {"num_workers": 3, "batch_size": 1024}}, 12000, 0)
+    st.close()
+    doc = render_report(run, diagnosis(run))
+    loader = doc[doc.index('id="loader"'):doc.index('id="unavailable"')]
+    assert "9487, 9488" in loader and "9,487" not in loader
+    assert "1763712000.5" in loader
+    assert loader.count("<code>rank</code>") == 1
+    assert "12,000" in loader  # a quantity keeps its grouping

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import html
 import math
+import re
 import shlex
 import time
 from collections.abc import Iterable
@@ -144,8 +145,22 @@ def _pct(v: Any) -> str:
     return "-" if f is None else f"{f:.0%}"
 
 
-def _kind_title(kind: str) -> str:
+def _kind_title(kind: str, has_gpu: bool = True) -> str:
+    """The plain-language title of a finding kind; a run without a GPU is bound by its CPU,
+    not by a GPU it does not have."""
+    if kind == "compute_bound" and not has_gpu:
+        return "Compute-bound: the CPU is the bottleneck (healthy: training, not input, " \
+            "takes the time)"
     return KIND_TITLES.get(kind, kind)
+
+
+def _has_gpu(data: RunData) -> bool:
+    return any(s.v for s in data.all("gpu.util_pct"))
+
+
+#: keys whose numbers are identifiers or times, printed as they are (no 1,234 grouping)
+_ID_KEY = re.compile(r"(^|_)(pids?|rank|ranks|ts|updated|start|end|seed|epoch|step|index|"
+                     r"uuid|id)($|_)")
 
 
 def _severity(v: Any) -> str:
@@ -188,7 +203,7 @@ def _header(data: RunData) -> str:
             f'<dl class="meta">{dl}</dl></header>')
 
 
-def _verdict(diagnosis: dict[str, Any] | None) -> str:
+def _verdict(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
     if diagnosis is None:
         return ('<section id="verdict" class="verdict sev-info"><div class="big">'
                 'No diagnosis</div><p>This stallscope has no diagnosis module; the plots and '
@@ -200,7 +215,7 @@ def _verdict(diagnosis: dict[str, Any] | None) -> str:
     sev = "ok" if kind == "compute_bound" else _severity(top.get("severity", "info"))
     parts = [f'<section id="verdict" class="verdict sev-{sev}">',
              '<div class="mute">Verdict</div>',
-             f'<div class="big" id="verdict-title">{esc(_kind_title(kind))}</div>',
+             f'<div class="big" id="verdict-title">{esc(_kind_title(kind, has_gpu))}</div>',
              f'<div><code id="verdict-kind">{esc(kind)}</code></div>']
     if top.get("summary"):
         parts.append(f'<p id="verdict-summary">{esc(top["summary"])}</p>')
@@ -224,7 +239,7 @@ def _verdict(diagnosis: dict[str, Any] | None) -> str:
     return "".join(parts)
 
 
-def _findings(diagnosis: dict[str, Any] | None) -> str:
+def _findings(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
     if diagnosis is None:
         return ""
     findings = [f for f in diagnosis.get("findings") or [] if isinstance(f, dict)]
@@ -237,12 +252,15 @@ def _findings(diagnosis: dict[str, Any] | None) -> str:
         conf = finite_or_none(f.get("confidence"))
         width = 0.0 if conf is None else max(0.0, min(1.0, conf)) * 100
         sp = finite_or_none(f.get("est_speedup"))
+        # the verdict above already gives the top finding's title and summary: its card here
+        # carries the fixes, the evidence and the rule, without saying the same again
+        title = "Evidence for the verdict" if i == 0 else _kind_title(kind, has_gpu)
         head = [f'<span class="badge {sev}">{sev}</span>',
-                f"<h3>{esc(_kind_title(kind))}</h3>",
+                f"<h3>{esc(title)}</h3>",
                 f'<code class="kind">{esc(kind)}</code>',
                 f'<span class="mute">confidence <span class="conf"><i style="width:{width:.0f}%">'
                 f"</i></span> {_pct(conf)}</span>"]
-        if sp is not None:
+        if sp is not None and sp > 1.01:  # ×1.00 says nothing: nothing to gain
             head.append(f'<span class="mute">est. speedup up to <b>×{sp:.2f}</b></span>')
         fixes = [x for x in f.get("fixes") or [] if isinstance(x, dict)]
         fix_html = ("<ol>" + "".join(
@@ -253,16 +271,17 @@ def _findings(diagnosis: dict[str, Any] | None) -> str:
         ev_html = (_kv_table(ev.items(), "evidence") if isinstance(ev, dict) and ev
                    else '<p class="note">No evidence recorded.</p>')
         rule = (f'<p class="note rule">Rule: {esc(f["rule"])}</p>' if f.get("rule") else "")
+        summary = "" if i == 0 else f'<p class="summary">{esc(f.get("summary", ""))}</p>'
         out.append(
             f'<article class="finding sev-{sev}" id="finding-{i}"><header>{"".join(head)}'
-            f'</header><p class="summary">{esc(f.get("summary", ""))}</p>'
+            f'</header>{summary}'
             f'<div class="cols"><div><b>Fixes</b>{fix_html}</div>'
             f"<div><b>Evidence</b>{ev_html}</div></div>{rule}</article>")
     out.append("</section>")
     return "".join(out)
 
 
-def _value_html(v: Any, depth: int = 0) -> str:
+def _value_html(v: Any, depth: int = 0, key: str = "") -> str:
     if isinstance(v, dict):
         if depth >= 2:
             return esc(v)
@@ -270,15 +289,17 @@ def _value_html(v: Any, depth: int = 0) -> str:
     if isinstance(v, (list, tuple)):
         if v and all(isinstance(x, str) for x in v):  # sentences (signals seen): one per line
             return '<ul class="plain">' + "".join(f"<li>{esc(x)}</li>" for x in v) + "</ul>"
-        return ", ".join(_value_html(x, depth + 1) for x in v) or "-"
+        return ", ".join(_value_html(x, depth + 1, key) for x in v) or "-"
     if v is None:
         return "-"
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and _ID_KEY.search(key):
+        return esc(v)  # a pid or a timestamp is not a quantity: 9487, not 9,487
     return esc(fmt_num(v))
 
 
 def _kv_table(items: Iterable[tuple[Any, Any]], cls: str, depth: int = 0) -> str:
-    rows = "".join(f"<tr><td><code>{esc(k)}</code></td><td>{_value_html(v, depth)}</td></tr>"
-                   for k, v in items)
+    rows = "".join(f"<tr><td><code>{esc(k)}</code></td><td>{_value_html(v, depth, str(k))}"
+                   "</td></tr>" for k, v in items)
     return f'<table class="kv {cls}">{rows}</table>'
 
 
@@ -387,8 +408,10 @@ def _loader(data: RunData) -> str:
     for p in data.probes:
         raw = p.get("config")
         cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        shown = {"rank", "steps", "dropped"}
         items = [("rank", p.get("rank")), ("steps", p.get("steps")),
-                 ("dropped records", p.get("dropped")), *sorted(cfg.items())]
+                 ("dropped records", p.get("dropped")),
+                 *sorted((k, v) for k, v in cfg.items() if k not in shown)]
         out.append(_kv_table(items, "loader"))
     out.append("</section>")
     return "".join(out)
@@ -436,7 +459,8 @@ def render_page(data: RunData, diagnosis: dict[str, Any] | None,
     if diagnosis is not None and diagnosis.get("verdict"):
         title += f" · {diagnosis['verdict']}"
     body = "".join((
-        _header(data), _verdict(diagnosis), _findings(diagnosis), _plots(data, figures),
+        _header(data), _verdict(diagnosis, _has_gpu(data)), _findings(diagnosis, _has_gpu(data)),
+        _plots(data, figures),
         _summary(data), _processes(data), _loader(data), _sources(data), _events(data),
         f"<footer>Generated by stallscope {esc(__version__)} on "
         f"{esc(time.strftime('%Y-%m-%d %H:%M:%S'))}. Self-contained: works offline, loads "

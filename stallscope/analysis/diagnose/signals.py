@@ -165,7 +165,10 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     if data.probes:
         # the probe keeps the DataLoader's knobs under "loader", the machine's beside them
         raw = data.probes[0]["config"]
-        cfg = {**raw, **(raw.get("loader") or {})}
+        loader = raw.get("loader")
+        cfg = {k: v for k, v in raw.items() if k != "loader"}
+        if isinstance(loader, dict):
+            cfg.update(loader)  # one flat table: each field once
         sig.config = cfg
         if cfg.get("physical_cores"):
             sig.physical_cores = cfg["physical_cores"]
