@@ -73,3 +73,45 @@ def test_run_meta_keys_are_the_contract(tmp_path: Path) -> None:
     meta = read_meta(run_dir)
     assert META_KEYS <= set(meta), META_KEYS - set(meta)
     assert meta["exit_code"] == 0 and meta["command"] == ["sleep", "1"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 2 MiB tmpfs that a test can fill up (root only)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_run_directory_loses_the_record_not_the_exit_code(
+        tmp_path: Path, small_tmpfs: Path) -> None:
+    """The trainer fills the filesystem holding the run directory, then exits 7: stallscope
+    exits 7 too and says exactly what it could not record."""
+    filler = small_tmpfs / "filler"
+    script = ("import sys, time\n"
+              f"f = open({str(filler)!r}, 'wb')\n"
+              "try:\n"
+              "    while True: f.write(b'x' * 65536); f.flush()\n"
+              "except OSError: pass\n"
+              "time.sleep(1.5)\n"
+              "sys.exit(7)\n")
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--out", str(small_tmpfs),
+                                       "--", sys.executable, "-c", script),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    said = [line for line in r.stderr.splitlines() if "not recorded" in line]
+    assert len(said) == 1, r.stderr
+    assert "meta.json" in said[0] and "exit code 7" in said[0]
+    [run_dir] = [d for d in small_tmpfs.iterdir() if d.is_dir()]
+    assert not (run_dir / "meta.json.tmp").exists()  # no half-written file holds space
+    assert read_meta(run_dir)["start"]  # what was recorded is still readable

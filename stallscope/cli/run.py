@@ -107,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         from stallscope.cli.show import print_run
 
-        print_run(run_dir, console=err_console, with_diagnosis=True)
+        try:
+            print_run(run_dir, console=err_console, with_diagnosis=True)
+        except (StallscopeError, OSError, sqlite3.Error) as exc:
+            # the trainer's exit code passes through whatever happened to the record of it
+            err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",
+                              soft_wrap=True, highlight=False)
     # soft_wrap: scripts parse this line; it must not be folded at the terminal width
     err_console.print(f"run directory: [bold]{safe(str(run_dir))}[/]", soft_wrap=True)
     if not args.quiet:

@@ -110,6 +110,8 @@ class Session:
         self._health: list[dict[str, Any]] = []
         self._dataset_bytes: list[int] = []
         self.finished = False
+        #: what :meth:`finish` could not write, in words (empty when everything was recorded)
+        self.not_recorded: list[str] = []
 
     @classmethod
     def create(cls, out: str | os.PathLike[str], label: str, command: list[str], *,
@@ -163,7 +165,11 @@ class Session:
 
     def finish(self, exit_code: int | None, **meta_extra: Any) -> dict[str, Any]:
         """Stop sampling, record what the whole run shows (process roles, the probes' loader
-        configuration, the slow facts) and close the run. Returns the final ``meta.json``."""
+        configuration, the slow facts) and close the run. Returns the final ``meta.json``.
+
+        Never raises for a store or a run directory that cannot be written (a full disk, a
+        removed directory): what could not be recorded is listed in :attr:`not_recorded` (and
+        said on stderr), and the caller goes on to return the trainer's exit code."""
         if self.finished:
             return self.meta
         self.finished = True
@@ -186,17 +192,28 @@ class Session:
         try:
             self._record_roles()
             probes = self.store.probes()
-        except sqlite3.Error as exc:
-            sys.stderr.write(f"stallscope: could not record process roles: {exc}\n")
+        except (sqlite3.Error, OSError) as exc:
+            self.not_recorded.append(f"process roles ({exc})")
             probes = []
         if probes:  # the probe's view of the DataLoader, per rank
             meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
-        write_meta(self.run_dir, meta)
+        if self.store_sink.errors:
+            self.not_recorded.insert(0, f"{self.store_sink.errors} of {self.samples} samples "
+                                     f"(could not write {self.store.path})")
+        try:
+            write_meta(self.run_dir, meta)
+        except OSError as exc:
+            (self.run_dir / "meta.json.tmp").unlink(missing_ok=True)
+            self.not_recorded.append(
+                f"the end of the run in meta.json (end time, exit code {exit_code}, sample "
+                f"count: {exc.strerror or exc}); it still says the run started")
         try:
             self.store.finish()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             pass  # stays in WAL mode: still a sound run
         self.store.close()
+        if self.not_recorded:
+            sys.stderr.write("stallscope: not recorded: " + "; ".join(self.not_recorded) + "\n")
         return meta
 
     def _record_roles(self) -> None:
