@@ -20,6 +20,7 @@ from stallscope.cli._common import err_console, interval_type, keep_full_type, s
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
+from stallscope.store.index import default_out
 
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
             signal.SIGUSR2)
@@ -34,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "then every 5 s; a value given here is used throughout)")
     p.add_argument("--data", metavar="PATH",
                    help="where the dataset lives; its block device is watched closely")
-    p.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
-                   help=f"directory for run directories (default ./{DEFAULT_OUT})")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help=f"directory for run directories (default $STALLSCOPE_OUT, else "
+                   f"./{DEFAULT_OUT}); every run is also listed in a per-user index, so "
+                   "`stallscope runs` finds it from any folder")
     p.add_argument("--keep-full", type=keep_full_type, default=3600.0, metavar="S",
                    help="keep full resolution for the last S seconds; older samples are "
                    "downsampled to 1-minute min/mean/max (default 3600)")
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     cmd = _resolve(list(args.cmd))
     interval, warmup = ((args.interval, None) if args.interval is not None
                         else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
-    session = Session.create(args.out, Path(cmd[0]).name, cmd, interval=interval, warmup=warmup,
+    session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd, interval=interval, warmup=warmup,
                              data=args.data, keep_full_s=args.keep_full,
                              monitor_pid=os.getpid())
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))

@@ -32,6 +32,7 @@ from stallscope.collect.sinks import Sink, StoreSink
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
+from stallscope.store.index import record_run
 
 __all__ = ["Session", "data_devices", "dataset_bytes"]
 
@@ -122,6 +123,7 @@ class Session:
         output directory that cannot be made)."""
         devices, note = data_devices(data)
         run_dir = new_run_dir(out, label)
+        record_run(run_dir)
         meta = base_meta(command, start=time.time(), interval_s=interval, data=data,
                          data_devices=devices, **meta_extra)
         try:

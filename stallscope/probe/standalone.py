@@ -153,6 +153,10 @@ def start_standalone(label: str, interval: float, *, start: float) -> Standalone
         lead = (_env_int("LOCAL_RANK") or 0) == 0
     if run_dir is None:
         run_dir = new_run_dir(out, label)
+    if lead:
+        from stallscope.store.index import record_run
+
+        record_run(run_dir)
     if not lead:
         return StandaloneRun(run_dir, meta=None, root_pid=root_pid, interval=interval)
     meta = base_meta(list(sys.argv), start=start, interval_s=interval, mode="probe",
