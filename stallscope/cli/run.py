@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     cmd = _resolve(list(args.cmd))
     interval, warmup = ((args.interval, None) if args.interval is not None
                         else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
-    session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd, interval=interval, warmup=warmup,
-                             data=args.data, keep_full_s=args.keep_full,
+    session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd,
+                             interval=interval, warmup=warmup, data=args.data,
+                             keep_full_s=args.keep_full,
                              monitor_pid=os.getpid())
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
     received: list[int] = []
