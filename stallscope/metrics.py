@@ -138,6 +138,10 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu", "trainer_mem_mib", "MiB", "GPU memory held by the trainer's processes "
        "(nvidia-smi --query-compute-apps=pid,used_memory for the trainer's pids)", "gauge",
        "stallscope_gpu_trainer_memory_used_bytes", 1048576.0, derived=True),
+    _M("gpu", "throttle_serious", "", "1 while the clocks are held down for heat or a hardware "
+       "power brake (hw_slowdown, sw_thermal, hw_thermal, hw_power_brake in "
+       "clocks_event_reasons.active), else 0", "gauge", "stallscope_gpu_throttle_serious",
+       rollup="max", derived=True),
     _M("gpu", "sm_active_pct", "%", "GPM SM activity, Hopper+ (DCGM PROF_SM_ACTIVE)", "gauge",
        "stallscope_gpu_sm_active_ratio", 0.01),
     _M("gpu", "sm_occupancy_pct", "%", "GPM SM occupancy, Hopper+ (DCGM PROF_SM_OCCUPANCY)",
@@ -170,6 +174,8 @@ METRICS: tuple[Metric, ...] = (
        "stallscope_host_swap_out_bytes_per_second", 1024.0),
     _M("host", "shm_used_mib", "MiB", "/dev/shm used (df /dev/shm)", "gauge",
        "stallscope_host_shm_used_bytes", 1048576.0),
+    _M("host", "shm_used_pct", "%", "/dev/shm used, share of its size (df /dev/shm Use%)",
+       "gauge", "stallscope_host_shm_used_ratio", 0.01, derived=True),
     _M("host", "shm_total_mib", "MiB", "/dev/shm size (df /dev/shm)", "gauge",
        "stallscope_host_shm_total_bytes", 1048576.0),
     _M("host", "psi_io_some_pct", "%", "share of time some task stalled on I/O "

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from stallscope.alerts import load_rules, parse_rules
+from stallscope.alerts.actions import AlertSink
 from stallscope.cli._common import err_console, interval_type, keep_full_type, safe
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
@@ -42,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-full", type=keep_full_type, default=3600.0, metavar="S",
                    help="keep full resolution for the last S seconds; older samples are "
                    "downsampled to 1-minute min/mean/max (default 3600)")
+    p.add_argument("--alerts", metavar="FILE",
+                   help="alert rules ([[alerts]] tables, see docs/alerts.md) evaluated on every "
+                   "sample; the shipped defaults (GPU too hot, throttled, /dev/shm nearly full, "
+                   "swapping, disk saturated) are recorded as run events even without it")
     p.add_argument("--quiet", action="store_true", help="print only the run directory at the end")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=run)
@@ -62,12 +68,15 @@ def _resolve(cmd: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cmd = _resolve(list(args.cmd))
+    rules = load_rules(args.alerts) if args.alerts else parse_rules({}, "defaults")
+    alert_sink = AlertSink(rules)
     interval, warmup = ((args.interval, None) if args.interval is not None
                         else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
     session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd,
                              interval=interval, warmup=warmup, data=args.data,
-                             keep_full_s=args.keep_full,
+                             keep_full_s=args.keep_full, sinks=[alert_sink],
                              monitor_pid=os.getpid())
+    alert_sink.run = str(session.run_dir)
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
     received: list[int] = []
     started_child: list[subprocess.Popen[bytes]] = []

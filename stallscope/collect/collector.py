@@ -88,6 +88,8 @@ class Collector:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         now = clock()
+        for sink in self.sinks:
+            sink.bind(self.say)
         for name, reason in (unavailable or {}).items():
             self.say(now, name, "unavailable", reason)
         for src in self.sources:

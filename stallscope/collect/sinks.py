@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stallscope.metrics import lookup
@@ -33,6 +34,10 @@ class Sink:
 
     def event(self, event: Event) -> None:
         """Something said once in the run (see :class:`~stallscope.collect.Event`)."""
+
+    def bind(self, say: Callable[[float, str, str, str], None]) -> None:
+        """Called once by the collector with its ``say(ts, source, kind, message)``, for a sink
+        that has things of its own to record as run events (the alert engine)."""
 
     def close(self) -> None:
         """The collector stopped."""

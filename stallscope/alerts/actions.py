@@ -1,0 +1,185 @@
+"""Delivering alerts: webhook, command, email and the run's own events, off the collector's
+thread.
+
+Every delivery is time-limited and never blocks sampling: the :class:`AlertSink` puts
+notifications on a bounded queue that one background thread works through. A webhook is
+retried with back-off (3 tries); a command runs from its argv list, never through a shell, with
+the alert in ``STALLSCOPE_ALERT_*`` environment variables, and its output goes to the run's
+events. Each action runs with the privileges of the process that runs stallscope, no more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import smtplib
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from email.message import EmailMessage
+from typing import TYPE_CHECKING, Any
+
+from stallscope.alerts.engine import AlertEngine, Transition
+from stallscope.alerts.rules import Action, RulesFile, Smtp
+from stallscope.collect.sinks import Sink
+
+if TYPE_CHECKING:
+    from stallscope.collect.collector import Sample
+
+__all__ = ["AlertSink", "alert_body", "deliver"]
+
+Say = Callable[[float, str, str, str], None]
+
+WEBHOOK_TIMEOUT_S = 5.0
+WEBHOOK_TRIES = 3
+COMMAND_TIMEOUT_S = 30.0
+QUEUE_SIZE = 256
+
+
+def alert_body(t: Transition, *, host: str, run: str) -> dict[str, Any]:
+    """What a webhook receives (JSON) and an email says: no links, only facts."""
+    return {
+        "alert": t.rule.name, "state": t.state, "severity": t.rule.severity,
+        "metric": t.rule.metric, "entity": t.entity, "value": t.value,
+        "threshold": t.rule.threshold, "rule": t.rule.describe(), "host": host, "run": run,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t.ts)), "ts": t.ts,
+        "summary": t.summary(),
+    }
+
+
+def _webhook(url: str, body: dict[str, Any]) -> str:
+    data = json.dumps(body).encode()
+    last = ""
+    for attempt in range(WEBHOOK_TRIES):
+        req = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "User-Agent": "stallscope-alerts"})
+        try:
+            with urllib.request.urlopen(req, timeout=WEBHOOK_TIMEOUT_S) as resp:
+                return f"webhook {url}: HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+            if exc.code < 500:
+                break  # the receiver refused it: retrying will not help
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(getattr(exc, "reason", exc))
+        time.sleep(0.5 * 2 ** attempt)
+    raise OSError(f"webhook {url} failed after retries: {last}")
+
+
+def _command(argv: tuple[str, ...], body: dict[str, Any]) -> str:
+    env = dict(os.environ)
+    for k, v in body.items():
+        env[f"STALLSCOPE_ALERT_{k.upper()}"] = str(v)
+    try:
+        r = subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                           timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"command {argv[0]} timed out after {COMMAND_TIMEOUT_S:g} s") from exc
+    except OSError as exc:
+        raise OSError(f"command {argv[0]}: {exc.strerror or exc}") from exc
+    out = (r.stdout + r.stderr).strip().replace("\n", " | ")[:500]
+    msg = f"command {argv[0]} exited {r.returncode}" + (f": {out}" if out else "")
+    if r.returncode != 0:
+        raise OSError(msg)
+    return msg
+
+
+def _email(to: str, body: dict[str, Any], smtp: Smtp) -> str:
+    msg = EmailMessage()
+    msg["Subject"] = f"[stallscope] {body['severity']}: {body['summary']}"[:200]
+    msg["From"] = smtp.sender
+    msg["To"] = to
+    msg.set_content("\n".join(f"{k}: {v}" for k, v in body.items()))
+    with smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_s) as s:
+        if smtp.starttls:
+            s.starttls()
+        if smtp.user:
+            s.login(smtp.user, os.environ.get(smtp.password_env or "", ""))
+        s.send_message(msg)
+    return f"email to {to} via {smtp.host}:{smtp.port}"
+
+
+def deliver(action: Action, body: dict[str, Any], smtp: Smtp | None) -> str:
+    """Run one action; returns what happened, raises OSError/smtplib errors when it failed."""
+    if action.kind == "webhook":
+        return _webhook(str(action.target), body)
+    if action.kind == "command":
+        return _command(tuple(action.target), body)
+    if action.kind == "email":
+        if smtp is None:
+            raise OSError("email action without an [smtp] table")
+        return _email(str(action.target), body, smtp)
+    return "logged"
+
+
+class AlertSink(Sink):
+    """Evaluates the rules on every sample; records each transition as a run event and hands
+    the notifications to a background thread that runs their actions."""
+
+    name = "alerts"
+
+    def __init__(self, rules: RulesFile, *, run: str = "", host: str | None = None) -> None:
+        self.rules = rules
+        self.engine = AlertEngine(rules.rules)
+        self.run = run
+        self.host = host or socket.gethostname()
+        self.transitions: list[Transition] = []
+        self.delivered: list[str] = []
+        self.dropped = 0
+        self._say: Say | None = None
+        self._queue: queue.Queue[Transition | None] = queue.Queue(QUEUE_SIZE)
+        self._worker = threading.Thread(target=self._work, name="stallscope-alerts",
+                                        daemon=True)
+        self._worker.start()
+
+    def bind(self, say: Say) -> None:
+        self._say = say
+
+    def _tell(self, ts: float, kind: str, message: str) -> None:
+        if self._say is not None:
+            self._say(ts, "alerts", kind, message)
+
+    def write(self, sample: Sample) -> None:
+        for t in self.engine.evaluate(sample.ts, sample.points):
+            self.transitions.append(t)
+            clock = time.strftime("%H:%M:%S", time.localtime(t.ts))
+            self._tell(t.ts, f"alert_{t.state}", f"{clock} {t.summary()}"
+                       + ("" if t.notify else " (not notified: within cooldown)"))
+            if t.notify and any(a.kind != "log" for a in t.rule.actions):
+                try:
+                    self._queue.put_nowait(t)
+                except queue.Full:
+                    self.dropped += 1
+                    self._tell(t.ts, "alert_dropped",
+                               f"alert queue full: {self.dropped} notifications dropped")
+
+    def _work(self) -> None:
+        while True:
+            t = self._queue.get()
+            if t is None:
+                return
+            body = alert_body(t, host=self.host, run=self.run)
+            for action in t.rule.actions:
+                if action.kind == "log":
+                    continue
+                try:
+                    done = deliver(action, body, self.rules.smtp)
+                    self.delivered.append(done)
+                    self._tell(time.time(), "alert_action", f"{t.rule.name}: {done}")
+                except (OSError, smtplib.SMTPException, ValueError) as exc:
+                    self._tell(time.time(), "alert_action_error",
+                               f"{t.rule.name}: {action.kind} failed: {exc}")
+
+    def close(self, timeout_s: float = 20.0) -> None:
+        """Deliver what is queued (bounded in time), then stop the worker."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._worker.join(timeout=timeout_s)
