@@ -8,6 +8,7 @@ output. Its input is what the run recorded (:class:`~stallscope.analysis.rundata
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ def diagnose(data: RunData) -> dict[str, Any]:
             else [], 1.0, "no rule fired")]
     verdict = findings[0].kind if findings else "insufficient_data"
     return {
+        "changes": changes(data),
         "run": data.meta.get("run_dir", ""),
         "verdict": verdict,
         "stall_fraction": sig.stall_fraction,
@@ -54,6 +56,47 @@ def diagnose(data: RunData) -> dict[str, Any]:
         "findings": [f.as_dict() for f in findings],
         "signals": {k: v for k, v in sig.__dict__.items() if v is not None and v != {}},
     }
+
+
+#: (what, unit, smallest relative shift worth telling) for the series watched for changes
+_WATCHED = (("disk.r_await_ms", "ms", 0.25), ("gpu.temp_c", "°C", 0.05))
+
+
+def changes(data: RunData) -> list[dict[str, Any]]:
+    """When the run changed pace: shifts in step time and data-wait share (per rank, from the
+    probe), disk read latency and GPU temperature, each with before/after values and when it
+    started (:mod:`stallscope.analysis.changes`)."""
+    from stallscope.analysis.changes import detect_changes
+
+    t0 = data.t0
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
+            rel: float) -> None:
+        for c in detect_changes(ts, xs):
+            if abs(c.after - c.before) < rel * max(abs(c.before), 1e-9):
+                continue  # a real but tiny shift: not worth a line
+            out.append({"metric": what, "entity": entity, "direction": c.direction,
+                        "before": round(c.before, 4), "after": round(c.after, 4),
+                        "start_s": round(c.start_ts - t0, 1),
+                        "detected_s": round(c.detected_ts - t0, 1),
+                        "summary": f"{what}{f' [{entity}]' if entity else ''} "
+                                   f"{c.describe(unit)}, {c.start_ts - t0:.0f} s into the run"})
+
+    ranks = sorted({s.rank for s in data.steps})
+    for rank in ranks:
+        steps = [s for s in data.steps if s.rank == rank]
+        ts = [s.ts for s in steps]
+        add("step_ms", f"rank{rank}", "ms", ts, [(s.wait_s + s.host_s) * 1000 for s in steps],
+            0.15)
+        add("data_wait_share", f"rank{rank}", "", ts,
+            [s.wait_s / (s.wait_s + s.host_s) if s.wait_s + s.host_s > 0 else math.nan
+             for s in steps], 0.25)
+    for name, unit, rel in _WATCHED:
+        for s in data.all(name):
+            add(name, s.entity, unit, s.ts, s.v, rel)
+    out.sort(key=lambda c: c["start_s"])
+    return out
 
 
 def diagnose_run(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
@@ -91,4 +134,6 @@ def render_diagnosis(doc: dict[str, Any]) -> Any:
         for fix in f["fixes"]:
             parts.append(Text.from_markup(f"  [bold]fix:[/] {escape(fix['action'])}"))
             parts.append(Text(f"       why: {fix['why']}", style="dim"))
+    for ch in doc.get("changes") or []:
+        parts.append(Text(f"change: {ch['summary']}", style="cyan"))
     return Group(*parts)
