@@ -190,6 +190,10 @@ METRICS: tuple[Metric, ...] = (
     # --- procs: the trainer's process tree (htop / iotop / pidstat -d) ---------------------------
     _M("procs", "cpu_pct", "%", "CPU use of one process, 100 = one core (htop CPU%)", "gauge",
        "stallscope_proc_cpu_ratio", 0.01),
+    _M("procs", "main_thread_active_pct", "%", "share of time the process's main thread ran "
+       "or was ready to run (/proc/PID/task/PID/schedstat run + run-queue time): in a "
+       "trainer, the time its training loop works rather than waits, CPU contention aside",
+       "gauge", "stallscope_proc_main_thread_active_ratio", 0.01),
     _M("procs", "rss_mib", "MiB", "resident memory (htop RES)", "gauge",
        "stallscope_proc_resident_memory_bytes", 1048576.0),
     _M("procs", "read_kb_s", "kB/s", "bytes read from storage (iotop DISK READ, "

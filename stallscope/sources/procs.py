@@ -149,6 +149,8 @@ class ProcsSource(Source):
         self.proc_root = proc_root
         self.rescan_every = rescan_every
         self._prev: dict[int, _Prev] = {}
+        #: pid -> (start time, main thread's ns running or runnable, from schedstat)
+        self._prev_main: dict[int, tuple[int, int]] = {}
         self._n = 0
         self._tree: set[int] = {root_pid}
         self._parents: set[int] = {root_pid}
@@ -271,6 +273,8 @@ class ProcsSource(Source):
                 seen.add(pid)
         for gone in set(self._prev) - seen:
             del self._prev[gone]
+        for gone in set(self._prev_main) - seen:
+            del self._prev_main[gone]
         for gone in {k[0] for k in self._files} - seen:
             self._forget(gone)
         self._tree = seen or {self.root_pid}
@@ -299,8 +303,9 @@ class ProcsSource(Source):
             except (OSError, ParseError):
                 io = None
         sched_wait: int | None = None
+        sched_run: int | None = None
         try:
-            sched_wait = parse_schedstat(self._pread(pid, "schedstat"))[1]
+            sched_run, sched_wait = parse_schedstat(self._pread(pid, "schedstat"))
         except (OSError, ParseError):
             sched_wait = None
         if pid not in self.known:
@@ -312,6 +317,19 @@ class ProcsSource(Source):
                                "role": self._role(pid)}
 
         ticks = st.utime + st.stime
+        # the main thread's time on a CPU or waiting for one (ns): single-threaded, the
+        # process's own schedstat is its main thread's
+        main_ticks: int | None = None
+        if st.threads > 1:
+            try:
+                main_ticks = sum(parse_schedstat(self._pread(pid, f"task/{pid}/schedstat")))
+            except (OSError, ParseError):
+                main_ticks = None
+        elif sched_run is not None and sched_wait is not None:
+            main_ticks = sched_run + sched_wait
+        prev_main = self._prev_main.pop(pid, None)
+        if main_ticks is not None:
+            self._prev_main[pid] = (st.starttime, main_ticks)
         prev = self._prev.get(pid)
         self._prev[pid] = _Prev(t, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
         rec: dict[str, Any] = {
@@ -332,6 +350,10 @@ class ProcsSource(Source):
         d = _grown(prev.cpu_ticks, ticks)
         if d is not None:
             rec["cpu_pct"] = round(100.0 * d / _CLK_TCK / dt, 2)
+        if main_ticks is not None and prev_main is not None and prev_main[0] == st.starttime:
+            d = _grown(prev_main[1], main_ticks)
+            if d is not None:
+                rec["main_thread_active_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
         if io is not None and prev.io is not None:
             d = _grown(prev.io.read_bytes, io.read_bytes)
             if d is not None:

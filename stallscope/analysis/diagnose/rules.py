@@ -117,6 +117,10 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
         if stall is None or stall < 0.3 or max(fs, ps) < 2:
             return []
         base = 0.6
+    elif sig.stall_source == "main_thread":
+        if stall is None or stall < STALL_WARN:
+            return []
+        base = 0.7
     else:
         if max(fs, ps) < 4:
             return []
@@ -143,7 +147,9 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     what = "storage cannot deliver the data fast enough" if kind.endswith("fetch") else \
         "CPU preprocessing (decode/transform) cannot keep up"
     if stall is not None:
-        src = "per-step probe" if sig.stall_source == "probe" else "GPU idle share"
+        src = {"probe": "per-step probe", "gpu_idle": "GPU idle share",
+               "main_thread": "estimated: the time the trainer's main thread did not run; "
+                              "no probe, no GPU"}.get(str(sig.stall_source), "estimated")
         summary = (f"Input-bound: the trainer waited for data {stall:.0%} of the time "
                    f"({src}); {what}.")
     else:
@@ -157,6 +163,9 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
             if sig.stall_source == "probe" else
             f"GPU idle {_pct(stall)} ≥ 30%; fetch score {fs} vs prep score {ps}"
             if sig.stall_source == "gpu_idle" else
+            f"estimated data wait {_pct(stall)} (main thread idle) ≥ {STALL_WARN:.0%}; fetch "
+            f"score {fs} vs prep score {ps}"
+            if sig.stall_source == "main_thread" else
             f"no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)")
     if sig.stall_source != "probe":
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
@@ -313,6 +322,23 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
                                  "without the probe or a GPU the data wait is not measured")],
                             1.0, "trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)")]
         return []
+    if sig.stall_source == "main_thread" and sig.stall_fraction is not None:
+        if sig.stall_fraction >= STALL_WARN:
+            return []
+        busy = sig.main_thread_busy_share or 0.0
+        return [Finding("compute_bound", "info", 0.7,
+                        f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
+                        f"the time, so it waited for data about {sig.stall_fraction:.0%} "
+                        "(an estimate: no probe, no GPU).",
+                        sig.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
+                                     "main_cpu_pct", "worker_cpu_pct", "workers"),
+                        [Fix("nothing to fix in the input pipeline; to go faster, make the "
+                             "model step cheaper (a larger batch, torch.compile, more "
+                             "torch threads)", "the trainer computes; it rarely waits"),
+                         Fix("wrap the loader with stallscope.watch(loader) to measure it",
+                             "the probe times each step's data wait instead of estimating it")],
+                        1.0, f"estimated data wait {sig.stall_fraction:.0%} < "
+                        f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)")]
     if sig.stall_source != "probe" or sig.stall_fraction is None:
         if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct >= 80:
             return [Finding("compute_bound", "info", 0.6,

@@ -84,6 +84,9 @@ class Signals:
     worker_read_kb_s: float | None = None  #: all workers together, from storage
     worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
     main_cpu_pct: float | None = None
+    #: share of the training time the trainer's main thread ran (no probe: the consumer's busy
+    #: share; the rest it waited, for data above all)
+    main_thread_busy_share: float | None = None
     main_d_share: float | None = None
     main_read_kb_s: float | None = None
     # --- dataset device ---
@@ -158,6 +161,12 @@ def compute_signals(data: RunData) -> Signals:
     if sig.stall_fraction is None and sig.gpu_idle_share is not None:
         sig.stall_fraction = sig.gpu_idle_share
         sig.stall_source = "gpu_idle"
+    if sig.stall_fraction is None and sig.main_thread_busy_share is not None and sig.workers:
+        # no probe, no GPU: the trainer's main thread is the consumer; while it does not run it
+        # waits (for the next batch, above all). With num_workers=0 it loads the data itself,
+        # so its busy share says nothing about waiting: no estimate then.
+        sig.stall_fraction = round(max(0.0, 1.0 - sig.main_thread_busy_share), 3)
+        sig.stall_source = "main_thread"
     return sig
 
 
@@ -254,9 +263,35 @@ def _proc_signals(sig: Signals, data: RunData) -> None:
     sig.worker_rchar_kb_s = _r(mean(list(rc.values())), 1)
     mcpu = [v for s in _procs(data, "procs.cpu_pct", "main") for v in s.v]
     sig.main_cpu_pct = _r(mean(mcpu))
+    sig.main_thread_busy_share = _main_thread_busy(data, wcpu)
     sig.main_d_share = _share(_procs(data, "procs.d_state", "main"))
     mr = _by_ts_sum(_procs(data, "procs.read_kb_s", "main"))
     sig.main_read_kb_s = _r(mean(list(mr.values())), 1)
+
+
+def _main_thread_busy(data: RunData, workers: list[Series]) -> float | None:
+    """Mean share of time the trainer's main thread ran or was ready to run, over the training:
+    from the first sample at which a DataLoader worker exists (before it, the script sets up:
+    builds its dataset, imports, starts workers), per main process, then averaged over them.
+
+    Run-queue time counts as working: a trainer slowed by other processes on its cores is not
+    waiting for data (``procs.main_thread_active_pct``; the process's CPU use for runs recorded
+    before that metric existed)."""
+    started = min((s.ts[0] for s in workers if s.ts), default=None)
+    if started is None:
+        return None
+    roles = data.roles()
+    shares = []
+    for pid, role in roles.items():
+        if role != "main":
+            continue
+        s = data.get("procs.main_thread_active_pct", pid)
+        if s is None or not s.v:
+            s = data.get("procs.cpu_pct", pid)
+        vals = [min(v, 100.0) for t, v in zip(s.ts, s.v) if t >= started] if s else []
+        if vals:
+            shares.append(sum(vals) / len(vals) / 100.0)
+    return round(sum(shares) / len(shares), 3) if shares else None
 
 
 def _disk_signals(sig: Signals, data: RunData) -> None:
