@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "export",
     "disk",
     "pack",
+    "agent",
 )
 
 
