@@ -55,7 +55,8 @@ class AgentConfig:
 KNOWN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(AgentConfig) if f.name != "path")
 
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>\d{1,5})$")
-_DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.!:-]*$")
+#: a name as /proc/diskstats prints it (``nvme0n1``, ``dm-0``, ``cciss/c0d0``)
+_DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.!:/-]*$")
 
 
 def default_store_dir(env: dict[str, str] | None = None) -> Path:
@@ -116,10 +117,12 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError(f"gpus must be a list of GPU indices such as [0, 1], got {v!r}")
         return sorted(set(v))
     if key == "devices":
-        if not isinstance(v, list) or not all(isinstance(d, str) and _DEVICE.match(d) for d in v):
+        names = [d.removeprefix("/dev/") if isinstance(d, str) else d
+                 for d in (v if isinstance(v, list) else [None])]
+        if not all(isinstance(d, str) and _DEVICE.match(d) and ".." not in d for d in names):
             raise ValueError(f"devices must be a list of block device names such as "
                              f"[\"nvme0n1\"], got {v!r}")
-        return [d.removeprefix("/dev/") for d in v]
+        return names
     raise KeyError(key)
 
 
