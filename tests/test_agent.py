@@ -363,3 +363,12 @@ def test_deploy_prometheus_config_is_valid() -> None:
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_docs_list_every_exported_name() -> None:
+    from stallscope.agent.exporter import AGENT_METRICS, exported_metrics
+
+    doc = (ROOT / "docs" / "agent.md").read_text()
+    missing = [m.prom for m in exported_metrics() if f"`{m.prom}`" not in doc]
+    missing += [name for name, _k, _h in AGENT_METRICS if f"`{name}`" not in doc]
+    assert not missing, f"docs/agent.md does not list {missing}"
