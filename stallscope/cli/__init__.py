@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "disk",
     "pack",
     "alerts",
+    "agent",
 )
 
 

@@ -1,0 +1,169 @@
+"""The agent's configuration: a flat TOML file, every key optional, flags override it.
+
+::
+
+    listen = "127.0.0.1:9400"    # host:port ([::1]:9400 for IPv6); loopback unless told
+    interval_s = 5.0             # seconds between samples (0.1 - 3600)
+    store_dir = "/var/lib/stallscope/agent"   # default: $STALLSCOPE_STATE_DIR/agent
+    keep_full_s = 3600           # full resolution for this long, then 1-minute buckets
+    gpus = [0, 1]                # NVML indices to include (default: all)
+    devices = ["nvme0n1"]        # block devices to include (default: whole devices with I/O)
+
+An unknown key or a bad value is one line naming the key (:class:`ConfigError`, exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import StallscopeError
+
+__all__ = ["DEFAULT_LISTEN", "AgentConfig", "ConfigError", "default_store_dir", "load_config",
+           "parse_listen"]
+
+DEFAULT_LISTEN = "127.0.0.1:9400"
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_KEEP_FULL_S = 3600.0
+
+
+class ConfigError(StallscopeError):
+    """A config file that cannot be used: the message names the file and the key."""
+
+    exit_code = 2
+
+
+@dataclass
+class AgentConfig:
+    listen: str = DEFAULT_LISTEN
+    interval_s: float = DEFAULT_INTERVAL_S
+    store_dir: str | None = None  #: None: :func:`default_store_dir`
+    keep_full_s: float = DEFAULT_KEEP_FULL_S
+    gpus: list[int] | None = None  #: NVML indices to include; None: all
+    devices: list[str] | None = None  #: block devices to include; None: the disk default
+    path: str | None = field(default=None, compare=False)  #: the file it came from
+
+    def store_path(self) -> Path:
+        return Path(self.store_dir) if self.store_dir else default_store_dir()
+
+
+KNOWN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(AgentConfig) if f.name != "path")
+
+_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>\d{1,5})$")
+#: a name as /proc/diskstats prints it (``nvme0n1``, ``dm-0``, ``cciss/c0d0``)
+_DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.!:/-]*$")
+
+
+def default_store_dir(env: dict[str, str] | None = None) -> Path:
+    """``$STALLSCOPE_STATE_DIR/agent``, else ``$XDG_STATE_HOME/stallscope/agent``, else
+    ``~/.local/state/stallscope/agent`` (beside the run index and the SMART history)."""
+    e = os.environ if env is None else env
+    if e.get("STALLSCOPE_STATE_DIR"):
+        return Path(e["STALLSCOPE_STATE_DIR"]) / "agent"
+    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
+        Path(e.get("HOME") or Path.home()) / ".local" / "state")
+    return base / "stallscope" / "agent"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:9400`` for IPv6) -> (host, port); ValueError with the reason."""
+    m = _HOSTPORT.match(text.strip())
+    if m is None:
+        raise ValueError(f"must be HOST:PORT (e.g. {DEFAULT_LISTEN}), got {text!r}")
+    host = m.group("v6") or m.group("host") or ""
+    port = int(m.group("port"))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port}")
+    if not host:
+        raise ValueError(f"must name the address to bind (0.0.0.0 for every interface), "
+                         f"got {text!r}")
+    return host, port
+
+
+def _seconds(key: str, v: Any, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or not lo <= v <= hi:
+        raise ValueError(f"{key} must be a number of seconds between {lo:g} and {hi:g}, "
+                         f"got {v!r}")
+    return float(v)
+
+
+def _check(key: str, v: Any) -> Any:
+    """The value of ``key`` as the agent uses it; ValueError naming the key if it is bad."""
+    if key == "listen":
+        if not isinstance(v, str):
+            raise ValueError(f"listen must be a string HOST:PORT, got {v!r}")
+        try:
+            parse_listen(v)
+        except ValueError as exc:
+            raise ValueError(f"listen {exc}") from None
+        return v
+    if key == "interval_s":
+        return _seconds(key, v, 0.1, 3600)
+    if key == "keep_full_s":
+        return _seconds(key, v, 60, 10 * 365 * 86400)
+    if key == "store_dir":
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError(f"store_dir must be a directory path, got {v!r}")
+        return os.path.expanduser(v)
+    if key == "gpus":
+        if not isinstance(v, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+            raise ValueError(f"gpus must be a list of GPU indices such as [0, 1], got {v!r}")
+        return sorted(set(v))
+    if key == "devices":
+        names = [d.removeprefix("/dev/") if isinstance(d, str) else d
+                 for d in (v if isinstance(v, list) else [None])]
+        if not all(isinstance(d, str) and _DEVICE.match(d) and ".." not in d for d in names):
+            raise ValueError(f"devices must be a list of block device names such as "
+                             f"[\"nvme0n1\"], got {v!r}")
+        return names
+    raise KeyError(key)
+
+
+def _toml() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError("reading a config file needs Python 3.11+ or the tomli package "
+                          "(pip install tomli)") from None
+    return tomli
+
+
+def load_config(path: str | os.PathLike[str]) -> AgentConfig:
+    """Read a config file; :class:`ConfigError` (one line naming the file and the key) for an
+    unreadable file, bad TOML, an unknown key or a bad value."""
+    where = f"config {path}"
+    toml = _toml()
+    try:
+        with open(path, "rb") as f:
+            doc = toml.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except toml.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    cfg = AgentConfig(path=str(path))
+    for key, value in doc.items():
+        if key not in KNOWN_KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(KNOWN_KEYS)})")
+        try:
+            setattr(cfg, key, _check(key, value))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return cfg
+
+
+def check_value(key: str, value: Any) -> Any:
+    """A flag's value checked as the config key of the same meaning (ValueError if bad)."""
+    return _check(key, value)

@@ -1,0 +1,206 @@
+"""The agent's HTTP server: ``/metrics`` for Prometheus and a small read-only JSON API.
+
+Endpoints (GET and HEAD only; any other method is 405 and changes nothing; nothing changes
+state):
+
+``/metrics``
+    the Prometheus text exposition (``generate_latest`` of the exporter's private registry).
+``/api/v1/snapshot``
+    the latest sample's payloads in the ``snapshot --json`` shape, with ``ts``.
+``/api/v1/history?metric=host.cpu_pct&entity=&since=600``
+    points of one metric from the local run store (every entity unless ``entity`` is given).
+``/api/v1/health``
+    each source up or down, and why.
+
+An unknown path is 404 with a JSON error. The server binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import socket
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from stallscope.errors import StallscopeError
+from stallscope.metrics import lookup
+
+if TYPE_CHECKING:
+    from stallscope.agent.node import Agent
+
+__all__ = ["AgentHTTPServer", "ListenError", "make_server"]
+
+#: the longest history one request may ask for (a week)
+MAX_SINCE_S = 7 * 86400.0
+DEFAULT_SINCE_S = 600.0
+_ALLOW = "GET, HEAD"
+
+
+class ListenError(StallscopeError):
+    """The address cannot be bound (in use, not ours, no permission)."""
+
+    exit_code = 1
+
+
+class AgentHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a slow client never holds the agent's exit
+    agent: Agent | None = None
+
+
+class _V6Server(AgentHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(host: str, port: int) -> AgentHTTPServer:
+    """Bind (and listen on) ``host:port``; :class:`ListenError` in one line if it cannot."""
+    cls = _V6Server if ":" in host else AgentHTTPServer
+    try:
+        return cls((host, port), Handler)
+    except OSError as exc:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            why = "address already in use"
+        elif exc.errno == errno.EACCES:
+            why = "permission denied (ports below 1024 need root)"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            why = "no such address on this machine"
+        elif isinstance(exc, socket.gaierror):
+            why = f"unknown host ({exc.strerror})"
+        else:
+            why = (exc.strerror or str(exc)).lower()
+        raise ListenError(f"cannot listen on {where}: {why}") from None
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: AgentHTTPServer
+    protocol_version = "HTTP/1.1"  # keep-alive for Prometheus; every answer has a length
+
+    def version_string(self) -> str:
+        return "stallscope-agent"
+
+    # --- methods --------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._respond(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._respond(send_body=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # BaseHTTPRequestHandler looks up do_<METHOD>; every method but GET and HEAD is 405
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _not_allowed(self) -> None:
+        # the request's body is not read: close the connection rather than parse it as the
+        # next request
+        self.close_connection = True
+        self._send(405, "application/json",
+                   _json({"error": f"method {self.command} not allowed (only GET and HEAD; "
+                                   "this API changes nothing)"}),
+                   extra={"Allow": _ALLOW, "Connection": "close"})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # a scrape every 15 s is not news; errors are answered to the client
+
+    # --- routing --------------------------------------------------------------------------------
+    def _respond(self, send_body: bool) -> None:
+        url = urlsplit(self.path)
+        agent = self.server.agent
+        try:
+            if agent is None:
+                raise _BadRequest(503, "the agent is starting")
+            if url.path == "/metrics":
+                body = generate_latest(agent.prom.registry)
+                self._send(200, CONTENT_TYPE_LATEST, body, send_body)
+                return
+            query = parse_qs(url.query, keep_blank_values=True)
+            if url.path == "/api/v1/snapshot":
+                doc = agent.snapshot()
+                if doc is None:
+                    raise _BadRequest(503, "no sample yet; try again after one interval")
+            elif url.path == "/api/v1/history":
+                doc = self._history(agent, query)
+            elif url.path == "/api/v1/health":
+                doc = agent.health()
+            elif url.path == "/":
+                doc = {"endpoints": ["/metrics", "/api/v1/snapshot", "/api/v1/history",
+                                     "/api/v1/health"]}
+            else:
+                raise _BadRequest(404, f"no such endpoint: {url.path}")
+        except _BadRequest as exc:
+            self._send(exc.status, "application/json", _json({"error": str(exc)}), send_body)
+            return
+        self._send(200, "application/json", _json(doc), send_body)
+
+    def _history(self, agent: Agent, query: dict[str, list[str]]) -> dict[str, Any]:
+        metric = (query.get("metric") or [""])[0]
+        if not metric:
+            raise _BadRequest(400, "metric is required, e.g. ?metric=host.cpu_pct")
+        m = lookup(metric)
+        if m is None:
+            raise _BadRequest(400, f"unknown metric {metric!r} (names: stallscope/metrics.py, "
+                                   "e.g. host.cpu_pct, disk.r_await_ms)")
+        if m.kind == "counter":
+            raise _BadRequest(400, f"{metric} is a raw counter, exported on /metrics only; "
+                                   "the store keeps its rate")
+        entity = query["entity"][0] if "entity" in query else None
+        since_text = (query.get("since") or [str(DEFAULT_SINCE_S)])[0]
+        try:
+            since = float(since_text)
+        except ValueError:
+            raise _BadRequest(400, f"since must be seconds, got {since_text!r}") from None
+        if not math.isfinite(since) or not 0 < since <= MAX_SINCE_S:
+            raise _BadRequest(400, f"since must be between 0 and {MAX_SINCE_S:g} seconds, "
+                                   f"got {since_text!r}")
+        series = agent.history(metric, entity, time.time() - since)
+        return {"metric": metric, "unit": m.unit, "since_s": since,
+                "series": [{"entity": ent, "points": pts} for ent, pts in series]}
+
+    # --- output ---------------------------------------------------------------------------------
+    def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True,
+              extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if send_body and self.command != "HEAD":
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with NaN and infinities as None (JSON has no such numbers)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _json(doc: Any) -> bytes:
+    try:
+        text = json.dumps(doc, default=str, allow_nan=False)
+    except ValueError:  # a NaN somewhere in a payload: strict JSON says null
+        text = json.dumps(_finite(doc), default=str, allow_nan=False)
+    return (text + "\n").encode()

@@ -1,0 +1,374 @@
+"""The node agent as users run it: a real ``stallscope agent`` process on a loopback port,
+checked over HTTP, by the real ``promtool``, with real signals; and the exporter on replayed
+GPU readings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, stallscope_argv, tool_missing
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stallscope.agent.config import ConfigError, load_config, parse_listen
+from stallscope.agent.exporter import PrometheusSink
+from stallscope.collect import Collector
+from stallscope.sources.gpu import GpuSource
+from stallscope.testing.nvml_replay import NvmlReplay
+
+# A GPU whose clocks are held by the power limit (clocks_event_reasons.active 0x4) and an H100
+# under load, as nvidia-smi reported them on real machines (replayed: no GPU needed here)
+RTX_IDLE_POWER_CAP = "nvml-replay-rtx-2080-super-idle-from-nvidia-smi-595.71.05.json"
+H100_LOAD = "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, method: str = "GET", timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, method=method, data=b"x=1" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+class RunningAgent:
+    def __init__(self, proc: subprocess.Popen[str], port: int, store: Path) -> None:
+        self.proc, self.port, self.store = proc, port, store
+        self.url = f"http://127.0.0.1:{port}"
+
+    def metrics(self) -> str:
+        return get(self.url + "/metrics")[2].decode()
+
+
+def start_agent(tmp: Path, *extra: str, interval: str = "0.5") -> RunningAgent:
+    """A real agent process; returns once its /metrics has host samples (bounded wait)."""
+    port = free_port()
+    store = tmp / "store"
+    proc = subprocess.Popen(
+        stallscope_argv("agent", "--listen", f"127.0.0.1:{port}", "--interval", interval,
+                        "--store", str(store), *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    agent = RunningAgent(proc, port, store)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"agent exited {proc.returncode}: {err}")
+        try:
+            if "stallscope_host_cpu_busy_ratio " in agent.metrics():
+                return agent
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("agent served no host samples within 20 s")
+
+
+def stop_agent(agent: RunningAgent) -> None:
+    if agent.proc.poll() is None:
+        agent.proc.send_signal(signal.SIGTERM)
+        try:
+            agent.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
+    a = start_agent(tmp_path_factory.mktemp("agent"))
+    yield a
+    stop_agent(a)
+
+
+def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+# --- /metrics ------------------------------------------------------------------------------------
+
+def test_exposition_passes_promtool(agent: RunningAgent) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        tool_missing("promtool (Debian package prometheus)")
+    text = agent.metrics()
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (
+        r.stdout + r.stderr)
+
+
+def test_key_series_and_labels(agent: RunningAgent) -> None:
+    text = agent.metrics()
+    s = series(text)
+    assert ("stallscope_host_cpu_seconds_total", (("mode", "user"),)) in s
+    assert s[("stallscope_source_up", (("source", "host"),))] == 1
+    assert s[("stallscope_source_up", (("source", "disk"),))] == 1
+    disks = [dict(k[1])["device"] for k in s if k[0] == "stallscope_disk_read_bytes_total"]
+    assert disks and all(re.fullmatch(r"[a-z]+[0-9a-z]*", d) for d in disks), disks
+    with open("/proc/diskstats") as f:
+        known = {line.split()[2] for line in f}
+    assert set(disks) <= known  # the kernel's names, as node_exporter's device label
+    assert any(k[0] == "stallscope_host_cpu_core_busy_ratio" and dict(k[1]).get("cpu") == "0"
+               for k in s)
+    assert s[("stallscope_agent_cpu_seconds_total", ())] > 0
+    assert ("stallscope_collector_sample_wall_seconds", ()) in s
+    if not Path("/dev/nvidiactl").exists():  # this machine has no NVIDIA GPU
+        assert s[("stallscope_source_up", (("source", "gpu"),))] == 0
+    assert "# TYPE stallscope_disk_read_bytes_total counter" in text
+
+
+def test_metrics_follow_the_samples(agent: RunningAgent) -> None:
+    before = series(agent.metrics())[("stallscope_collector_samples_total", ())]
+    time.sleep(1.2)
+    after = series(agent.metrics())[("stallscope_collector_samples_total", ())]
+    assert after > before
+
+
+# --- methods, paths -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_only_get_and_head(agent: RunningAgent, method: str) -> None:
+    health = json.loads(get(agent.url + "/api/v1/health")[2])
+    status, headers, body = get(agent.url + "/metrics", method=method)
+    assert status == 405
+    assert headers.get("Allow") == "GET, HEAD"
+    assert "not allowed" in json.loads(body)["error"]
+    after = json.loads(get(agent.url + "/api/v1/health")[2])
+    assert after["run_dir"] == health["run_dir"] and after["sources"] == health["sources"]
+
+
+def test_head_and_unknown_path(agent: RunningAgent) -> None:
+    status, headers, body = get(agent.url + "/metrics", method="HEAD")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+    assert headers["Content-Type"] == CONTENT_TYPE_LATEST
+    status, headers, body = get(agent.url + "/api/v2/nothing")
+    assert status == 404 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"error": "no such endpoint: /api/v2/nothing"}
+
+
+# --- JSON API -------------------------------------------------------------------------------------
+
+def test_snapshot_is_the_snapshot_json_shape(agent: RunningAgent) -> None:
+    status, _, body = get(agent.url + "/api/v1/snapshot")
+    doc = json.loads(body)
+    assert status == 200
+    assert abs(doc["ts"] - time.time()) < 30
+    assert {"cpu_pct", "iowait_pct", "cpu_per_core_pct", "mem_used_mib",
+            "mem_total_mib"} <= set(doc["host"])
+    assert isinstance(doc["disk"], dict)
+    assert "unavailable" in doc
+
+
+def test_history_from_the_store(agent: RunningAgent) -> None:
+    status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_pct&entity=&since=600")
+    doc = json.loads(body)
+    assert status == 200 and doc["metric"] == "host.cpu_pct" and doc["unit"] == "%"
+    (only,) = doc["series"]
+    assert only["entity"] == "" and len(only["points"]) >= 2
+    ts = [p[0] for p in only["points"]]
+    assert ts == sorted(ts) and ts[0] >= time.time() - 600
+    status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_core_pct&since=60")
+    assert status == 200 and {s["entity"] for s in json.loads(body)["series"]} >= {"cpu0"}
+    for bad in ("metric=nope.x", "metric=", "metric=host.cpu_pct&since=-1",
+                "metric=host.cpu_pct&since=abc", "metric=host.cpu_seconds_total"):
+        status, _, body = get(agent.url + "/api/v1/history?" + bad)
+        assert status == 400 and json.loads(body)["error"], bad
+
+
+def test_health(agent: RunningAgent) -> None:
+    doc = json.loads(get(agent.url + "/api/v1/health")[2])
+    assert doc["sources"]["host"] == {"up": True}
+    assert doc["samples"] >= 1 and doc["store_errors"] == 0
+    if not Path("/dev/nvidiactl").exists():
+        assert doc["sources"]["gpu"]["up"] is False and doc["sources"]["gpu"]["reason"]
+
+
+# --- bad start, clean stop ------------------------------------------------------------------------
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(stallscope_argv(*args), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('listen = "127.0.0.1:0"\nintervl = 5\n')
+    r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
+    assert r.returncode == 2
+    assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
+                        "interval_s, store_dir, keep_full_s, gpus, devices)\n")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("interval_s = 0", "interval_s"), ('interval_s = "5"', "interval_s"),
+    ('listen = "localhost"', "listen"), ("gpus = [0, -1]", "gpus"),
+    ('devices = ["../../etc"]', "devices"), ("keep_full_s = 1", "keep_full_s"),
+    ("listen = [", "not valid TOML"),
+])
+def test_bad_config_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=re.escape(key)) as err:
+        load_config(cfg)
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"config {cfg}: ")
+
+
+def test_config_file_is_read(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('listen = "[::1]:9500"\ninterval_s = 2\nstore_dir = "~/x"\n'
+                   'keep_full_s = 600\ngpus = [1, 0]\ndevices = ["/dev/nvme0n1"]\n')
+    c = load_config(cfg)
+    assert (c.listen, c.interval_s, c.keep_full_s, c.gpus, c.devices) == (
+        "[::1]:9500", 2.0, 600.0, [0, 1], ["nvme0n1"])
+    assert c.store_dir == os.path.expanduser("~/x")
+    assert parse_listen("[::1]:9500") == ("::1", 9500)
+    assert parse_listen("0.0.0.0:9400") == ("0.0.0.0", 9400)
+
+
+def test_port_in_use_is_one_line_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("agent", "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "s"))
+    assert r.returncode == 1
+    assert r.stderr == f"stallscope: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    assert not (tmp_path / "s").exists()  # nothing was created
+
+
+def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
+    a = start_agent(tmp_path)
+    t0 = time.monotonic()
+    a.proc.send_signal(signal.SIGTERM)
+    code = a.proc.wait(10)
+    took = time.monotonic() - t0
+    err = a.proc.stderr.read() if a.proc.stderr else ""
+    assert code == 0, err
+    assert took < 5, took
+    assert "stallscope agent: stopped after" in err and "Traceback" not in err
+    (run_dir,) = a.store.iterdir()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["end"] is not None and meta["exit_code"] == 0 and meta["samples"] >= 1
+    assert not (run_dir / "run.db-wal").exists()  # the store was finished (out of WAL mode)
+    with pytest.raises(OSError):
+        get(a.url + "/metrics", timeout=1)
+
+
+def test_sigint_stops_cleanly(tmp_path: Path) -> None:
+    a = start_agent(tmp_path)
+    a.proc.send_signal(signal.SIGINT)
+    assert a.proc.wait(10) == 0
+
+
+# --- the exporter on replayed GPUs ----------------------------------------------------------------
+
+def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
+    # replayed real readings (nvidia-smi captures of an RTX 2080 SUPER held by its power cap
+    # and an H100 under load, see tests/fixtures/README-nvml.md), through the real GpuSource
+    replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
+    gpu = GpuSource(backend=replay)
+    gpu.open()
+    sink = PrometheusSink(["gpu", "disk", "host"], {"disk": "not here", "host": "not here"},
+                          hostname="node-7")
+    c = Collector([gpu], [sink], interval=1.0)
+    c.sample_once()
+    text = generate_latest(sink.registry).decode()
+    s = series(text)
+    util = {dict(k[1])["gpu"]: dict(k[1]) for k in s if k[0] == "stallscope_gpu_utilization_ratio"}
+    assert set(util) == {"0", "1"}
+    assert util["0"]["device"] == "nvidia0" and util["1"]["device"] == "nvidia1"
+    assert util["0"]["modelName"] == "NVIDIA GeForce RTX 2080 SUPER"
+    assert util["1"]["modelName"] == "NVIDIA H100 80GB HBM3"
+    assert util["1"]["UUID"].startswith("GPU-") and util["1"]["hostname"] == "node-7"
+    throttle = {(dict(k[1])["gpu"], dict(k[1])["reason"]): v for k, v in s.items()
+                if k[0] == "stallscope_gpu_throttle_active"}
+    assert throttle[("0", "sw_power_cap")] == 1
+    assert throttle[("1", "sw_power_cap")] == 0
+    assert sum(v for (g, _r), v in throttle.items() if g == "1") == 0
+    labels = next(dict(k[1]) for k in s if k[0] == "stallscope_gpu_throttle_active")
+    assert set(labels) >= {"reason", "gpu", "UUID", "device", "modelName", "hostname"}
+    # units from metrics.py: MiB -> bytes, % -> ratio
+    mem = {dict(k[1])["gpu"]: v for k, v in s.items()
+           if k[0] == "stallscope_gpu_memory_total_bytes"}
+    assert mem["1"] > 0 and mem["1"] % 1048576 == 0
+    assert all(0 <= v <= 1 for k, v in s.items() if k[0] == "stallscope_gpu_utilization_ratio")
+    assert s[("stallscope_source_up", (("source", "gpu"),))] == 1
+    assert s[("stallscope_source_up", (("source", "disk"),))] == 0
+    # promtool's only complaint is the camelCase of dcgm-exporter's own label names (UUID,
+    # modelName), kept so GPU series join dcgm-exporter's; without them it is clean
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        tool_missing("promtool (Debian package prometheus)")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)
+    problems = set((r.stdout + r.stderr).splitlines())
+    assert problems and all(p.endswith("label names should be written in 'snake_case' not "
+                                       "'camelCase'") for p in problems), problems
+    plain = re.sub(r',?(UUID|modelName)="[^"]*"', "", text).replace("{,", "{")
+    r = subprocess.run([promtool, "check", "metrics"], input=plain, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+    c.stop(final_sample=False)
+
+
+def test_a_gone_gpu_leaves_no_stale_series() -> None:
+    replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
+    gpu = GpuSource(backend=replay)
+    gpu.open()
+    sink = PrometheusSink(["gpu"], hostname="n")
+    c = Collector([gpu], [sink], interval=1.0)
+    c.sample_once()
+    assert 'gpu="1"' in generate_latest(sink.registry).decode()
+    import pynvml
+
+    replay.fail(1, pynvml.NVML_ERROR_GPU_IS_LOST)
+    c.sample_once()
+    text = generate_latest(sink.registry).decode()
+    assert 'gpu="0"' in text and 'gpu="1"' not in text
+    c.stop(final_sample=False)
+
+
+# --- deploy ---------------------------------------------------------------------------------------
+
+def test_deploy_prometheus_config_is_valid() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        tool_missing("promtool (Debian package prometheus)")
+    r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_docs_list_every_exported_name() -> None:
+    from stallscope.agent.exporter import AGENT_METRICS, exported_metrics
+
+    doc = (ROOT / "docs" / "agent.md").read_text()
+    missing = [m.prom for m in exported_metrics() if f"`{m.prom}`" not in doc]
+    missing += [name for name, _k, _h in AGENT_METRICS if f"`{name}`" not in doc]
+    assert not missing, f"docs/agent.md does not list {missing}"
