@@ -140,11 +140,12 @@ def read_saved(path: str, limit: int = MAX_SMARTCTL_JSON) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"cannot read {path}: not a regular file (give a file saved from "
+                         "`smartctl --json --all DEVICE`)")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"cannot read {path}: not a regular file (give a file saved from "
-                             "`smartctl --json --all DEVICE`)")
         if st.st_size > limit:
             raise UsageError(f"cannot read {path}: {st.st_size:,} bytes, over the "
                              f"{limit >> 20} MiB cap (smartctl's JSON is a few hundred kB)")
