@@ -216,7 +216,9 @@ def iso_time(ts: float) -> str:
         return str(ts)
 
 
-_FIRST_INT = re.compile(r"\s*(\d+)")
+#: ASCII digits only, at most 19 (a 64-bit count): a longer run is not a count, and int() of
+#: thousands of digits raises ValueError
+_FIRST_INT = re.compile(r"\s*([0-9]{1,19})(?![0-9])")
 
 
 def _raw_count(attr: Mapping[str, Any]) -> int | None:
