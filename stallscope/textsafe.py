@@ -1,17 +1,50 @@
-"""Making text from the machine or from files safe to print in a terminal."""
+"""Making text from the machine or from files safe to print in a terminal or put in HTML."""
 
 from __future__ import annotations
 
+import html
+import re
+
 from rich.markup import escape
 
-__all__ = ["safe"]
+__all__ = ["TERMINAL_LIMIT", "clip", "html_text", "plain", "safe"]
+
+#: the most characters of one machine string shown in the terminal (JSON keeps all of it)
+TERMINAL_LIMIT = 200
+
+#: C0 controls except tab and newline, DEL, and C1 controls: never valid in HTML text
+_HTML_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def safe(text: object) -> str:
-    """Text from the machine or a file, fit for the terminal: control characters (escape
-    sequences in a serial number, a process name, an argv) shown as ``\\x1b``, and rich markup
-    (``[bold]``) escaped so it prints literally."""
-    s = str(text)
+def clip(text: str, limit: int | None = TERMINAL_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, the cut shown as ``…(+N chars)``."""
+    if limit is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}…(+{len(text) - limit:,} chars)"
+
+
+def plain(text: object, limit: int | None = TERMINAL_LIMIT) -> str:
+    """Text from the machine or a file for a rich ``Text`` (no markup is parsed there):
+    clipped to ``limit`` characters first (a 100,000-character model name would take rich
+    seconds to lay out), then control characters shown as ``\\x1b``."""
+    s = clip(str(text), limit)
     if not s.isprintable():
         s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return escape(s)
+    return s
+
+
+def safe(text: object, limit: int | None = None) -> str:
+    """Text from the machine or a file, fit for the terminal: control characters (escape
+    sequences in a serial number, a process name, an argv) shown as ``\\x1b``, and rich markup
+    (``[bold]``) escaped so it prints literally. ``limit``: clip to that many characters."""
+    return escape(plain(text, limit))
+
+
+def html_text(v: object) -> str:
+    """Anything as HTML text, safe inside element content and quoted attribute values:
+    control characters (C0 but tab and newline, DEL, C1: an ESC or BEL from a process name)
+    removed, then ``html.escape`` with quotes."""
+    s = str(v)
+    if _HTML_CONTROLS.search(s):
+        s = _HTML_CONTROLS.sub("", s)
+    return html.escape(s, quote=True)

@@ -3,18 +3,36 @@
 Commands live one per module in :mod:`stallscope.cli`; the registry below is explicit
 (no discovery by naming). Every :class:`~stallscope.errors.StallscopeError` becomes one line on
 stderr and a non-zero exit, never a traceback.
+
+Standard output that cannot be written is handled here, once, for every command:
+
+* a closed pipe (``stallscope runs | head -1``): exit 141 quietly, as a classic tool killed by
+  SIGPIPE does (128 + 13; ``set -o pipefail`` sees it the same way);
+* any other write error (``> /dev/full``: ENOSPC, a dead terminal: EIO): one line
+  ``stallscope: cannot write output: <reason>`` on stderr and exit 1.
+
+Either way stdout is then pointed at ``/dev/null``, so that Python's own flush at exit has
+nothing left to fail on (no "Exception ignored ... BrokenPipeError").
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
+from typing import Any, TextIO, cast
 
 from stallscope import __version__
 from stallscope.errors import StallscopeError
+
+#: exit status when stdout is a pipe whose reader went away (128 + SIGPIPE, as `yes | head`)
+EXIT_BROKEN_PIPE = 141
+#: exit status when stdout cannot be written for another reason (full disk, I/O error)
+EXIT_OUTPUT_FAILED = 1
 
 #: command modules, in the order ``--help`` lists them
 COMMANDS: tuple[str, ...] = (
@@ -54,7 +72,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputError(Exception):
+    """Writing to stdout failed; ``__cause__`` is the OSError. Not an OSError itself, so no
+    ``except OSError`` of a command (or argparse's, which swallows them) mistakes it for its
+    own and goes on."""
+
+
+class _GuardedStdout:
+    """Wraps ``sys.stdout`` for the duration of a command: an OSError from writing or flushing
+    it becomes :class:`OutputError`, so that the entry point can tell a failed output apart
+    from a failed input (both are OSError) and report it once."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer...
+        return getattr(self._stream, name)
+
+
+def _silence_stdout(stream: TextIO) -> None:
+    """Point fd 1 at /dev/null so that the interpreter's last flush of what is still buffered
+    succeeds quietly."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(fd, stream.fileno())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, AttributeError):  # no real fd (a test's capture): nothing to do
+        pass
+
+
+def _output_failed(exc: BaseException | None, stream: TextIO) -> int:
+    _silence_stdout(stream)
+    if isinstance(exc, BrokenPipeError) or (
+            isinstance(exc, OSError) and exc.errno == errno.EPIPE):
+        return EXIT_BROKEN_PIPE
+    reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+    try:
+        sys.stderr.write(f"stallscope: cannot write output: {reason}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    return EXIT_OUTPUT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    real = sys.stdout
+    sys.stdout = cast(TextIO, _GuardedStdout(real))
+    try:
+        try:
+            code = _dispatch(argv)
+        except SystemExit:  # argparse: --help, --version, a bad flag
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
+    except OutputError as exc:
+        return _output_failed(exc.__cause__, real)
+    finally:
+        sys.stdout = real
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -73,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("stallscope: interrupted\n")
         return 130
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError as exc:  # written to stdout without going through sys.stdout
+        raise OutputError(exc) from exc
 
 
 if __name__ == "__main__":

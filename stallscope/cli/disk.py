@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from rich.padding import Padding
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from stallscope.cli._common import bounded, err_console, out_console, safe, size_type
+from stallscope.cli._common import bounded, err_console, out_console, size_type
 from stallscope.errors import UsageError
 from stallscope.sources.disk import describe_path, device_info
 from stallscope.sources.health import (
@@ -27,6 +29,7 @@ from stallscope.sources.health import (
     parse_smartctl_text,
     validate_device_type,
 )
+from stallscope.textsafe import TERMINAL_LIMIT, plain
 from stallscope.tools.diskbench import (
     HEALTHY,
     BenchPlan,
@@ -124,14 +127,40 @@ def _health(devices: Sequence[str], args: argparse.Namespace,
     return drives
 
 
-def _from_files(files: Sequence[str]) -> list[DriveHealth]:
-    docs = []
-    for f in files:
+#: the largest --smartctl-json file read: smartctl's JSON is a few hundred kB at most
+MAX_SMARTCTL_JSON = 16 << 20
+
+
+def read_saved(path: str, limit: int = MAX_SMARTCTL_JSON) -> bytes:
+    """The bytes of a saved smartctl output: a regular file of at most ``limit`` bytes. A FIFO
+    (which would block), a device (``/dev/zero`` never ends) or a directory is refused in one
+    line, before a byte is read."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"cannot read {path}: not a regular file (give a file saved from "
+                         "`smartctl --json --all DEVICE`)")
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > limit:
+            raise UsageError(f"cannot read {path}: {st.st_size:,} bytes, over the "
+                             f"{limit >> 20} MiB cap (smartctl's JSON is a few hundred kB)")
         try:
-            data = Path(f).read_bytes()
+            data = fh.read(limit + 1)  # a file that grew since fstat is cut here
         except OSError as exc:
-            raise UsageError(f"cannot read {f}: {exc.strerror}") from None
-        docs.append(parse_smartctl_text(data, source=f))
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > limit:
+        raise UsageError(f"cannot read {path}: over the {limit >> 20} MiB cap (smartctl's "
+                         "JSON is a few hundred kB)")
+    return data
+
+
+def _from_files(files: Sequence[str]) -> list[DriveHealth]:
+    docs = [parse_smartctl_text(read_saved(f), source=f) for f in files]
     return explain_series(docs)
 
 
@@ -182,34 +211,90 @@ def _bench(path: str, devices: list[str], args: argparse.Namespace) -> BenchRepo
 
 # --- output ---------------------------------------------------------------------------------
 
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """One line of output: machine text is clipped and shown literally (no markup parsed, no
+    highlighting: rich's highlighter takes seconds on a long string)."""
+    return Text.assemble(*parts, no_wrap=False)
+
+
+def _print(text: Text | str, *, indent: int = 0, command: bool = False) -> None:
+    """Print a line; ``command``: never folded by rich (it must survive copy and paste),
+    otherwise wrapped with its continuation lines indented under the first."""
+    if isinstance(text, str):
+        text = Text(text)
+    if command:
+        out_console.print(Text(" " * indent) + text, soft_wrap=True, highlight=False,
+                          markup=False)
+    else:
+        out_console.print(Padding(text, (0, 0, 0, indent), expand=False), highlight=False,
+                          markup=False)
+
+
+#: the cap of sentences we compose around machine text (reasons, notes, advice); a single
+#: machine string (model, serial, path) is capped at TERMINAL_LIMIT
+_LONG = 4 * TERMINAL_LIMIT
+
+#: a command in advice: `...` holding a space (a single word wraps nowhere)
+_COMMAND = re.compile(r"`([^`]*\s[^`]*)`")
+
+
+def split_advice(fix: str) -> tuple[str, list[str]]:
+    """A fix -> (its prose, its multi-word commands). The commands come out of the sentence to
+    be printed one per line, unwrapped: one that ends the sentence leaves no trace (the prose
+    then ends in ":"), one in the middle leaves "(below)"."""
+    found = list(_COMMAND.finditer(fix))
+    if not found:
+        return fix, []
+    last = found[-1]
+    if fix[last.end():].strip(" .;,)"):
+        prose = _COMMAND.sub("(below)", fix)
+    else:
+        prose = _COMMAND.sub("(below)", fix[:last.start()]).rstrip(" :;,(") + ":"
+    return prose, [m.group(1) for m in found]
+
+
+def _print_fixes(fixes: Sequence[str]) -> None:
+    _print("fix:", indent=2)
+    for f in fixes:
+        prose, commands = split_advice(f)
+        _print(Text("* ") + Text(plain(prose, _LONG)), indent=4)
+        for c in commands:
+            _print(Text(plain(c, _LONG)), indent=8, command=True)
+
+
 def _print_drives(drives: Sequence[DriveHealth], notes: Sequence[str]) -> None:
+    shown: dict[tuple[str, ...], str] = {}  # fixes already printed -> the drive they were for
     for d in drives:
         color = _COLOR.get(d.verdict, "")
         title = " ".join(x for x in (d.device or d.source or "drive", d.model, d.protocol) if x)
-        out_console.print(f"[bold]{safe(title)}[/bold]: [{color}]{d.verdict}[/{color}]")
+        _print(_line((plain(title), "bold"), ": ", (d.verdict, color)))
         if d.serial:
-            out_console.print(f"  serial {safe(d.serial)}")
+            _print(_line("serial ", plain(d.serial)), indent=2)
         for r in d.reasons:
-            out_console.print(f"  - {safe(r)}")
+            _print(_line("- ", plain(r, _LONG)), indent=2)
         for k, g in d.growth.items():
-            out_console.print(f"  [yellow]growth[/yellow] {safe(k)} {g.start} → {g.end} "
-                              f"since {safe(g.since)}")
+            _print(_line(("growth", "yellow"), f" {plain(k)} {g.start} → {g.end} since "
+                         f"{plain(g.since)}"), indent=2)
         for n in d.notes:
-            out_console.print(f"  [dim]note: {safe(n)}[/dim]")
+            _print(_line((f"note: {plain(n, _LONG)}", "dim")), indent=2)
         if d.fixes:
-            out_console.print("  fix:")
-            for f in d.fixes:
-                out_console.print(f"    * {safe(f)}")
+            same = shown.get(tuple(d.fixes))
+            if same is not None:  # the same advice for a second drive: once is enough
+                _print(_line("fix: as for ", plain(same), " above"), indent=2)
+            else:
+                _print_fixes(d.fixes)
+                shown[tuple(d.fixes)] = title
     for n in notes:
-        out_console.print(f"[dim]note: {safe(n)}[/dim]")
+        _print(_line((f"note: {plain(n, _LONG)}", "dim")))
 
 
 def _print_bench(report: BenchReport) -> None:
     exp = HEALTHY.get(report.device_class)
-    out_console.print(f"\n[bold]bench[/bold] {safe(report.path)} on "
-                      f"{safe(report.mount_point)} ({safe(report.fstype)}, "
-                      f"{', '.join(report.devices) or 'no block device'}): "
-                      f"{exp.label if exp else 'device class unknown'}")
+    out_console.print()
+    _print(_line(("bench", "bold"), f" {plain(report.path)} on {plain(report.mount_point)} "
+                 f"({plain(report.fstype)}, "
+                 f"{plain(', '.join(report.devices) or 'no block device')}): "
+                 f"{exp.label if exp else 'device class unknown'}"))
     t = Table(show_edge=False)
     t.add_column("figure (queue depth 1)")
     for r in report.results:
@@ -243,14 +328,14 @@ def _print_bench(report: BenchReport) -> None:
         if exp:
             cells.append(f"{healthy[0]:,.0f}–{healthy[1]:,.0f}" if healthy else "")
         t.add_row(*cells)
-    out_console.print(t)
+    out_console.print(t, highlight=False)
     for r in report.results:
         for n in r.notes:
-            out_console.print(f"[dim]note ({r.engine}): {safe(n)}[/dim]")
+            _print(_line((f"note ({r.engine}): {plain(n, _LONG)}", "dim")))
     if exp and exp.note:
-        out_console.print(f"[dim]{safe(exp.note)}[/dim]")
+        _print(_line((plain(exp.note, _LONG), "dim")))
     for f in report.flags:
-        out_console.print(f"[bold yellow]! {safe(f)}[/bold yellow]")
+        _print(_line((f"! {plain(f, _LONG)}", "bold yellow")))
 
 
 def run(args: argparse.Namespace) -> int:

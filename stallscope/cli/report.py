@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the summary table and the run's events. Prints the file's path.")
     p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
     p.add_argument("-o", "--output", metavar="FILE.html", type=Path, default=None,
-                   help="where to write the report (default: RUN/report.html)")
+                   help="where to write the report (default: RUN/report.html); a symlink "
+                   "writes its target, a directory gets DIR/report.html, a device or FIFO is "
+                   "refused")
     p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 

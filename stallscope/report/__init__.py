@@ -16,8 +16,11 @@ PosixPath('stallscope-runs/20261121-101500-train.py/report.html')
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,18 +71,74 @@ def _diagnose_fn() -> Callable[[Path, RunData], dict[str, Any]] | None:
 
 def write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     """Diagnose ``run_dir``, render its report and write it to ``out_path`` (default
-    ``RUN/report.html``) atomically; returns the path written."""
+    ``RUN/report.html``) atomically; returns the path written.
+
+    ``out_path`` may be a new or a regular file (replaced), a symlink (its target is written,
+    the link stays, as with ``cp`` or a shell's ``>``) or a directory (``DIR/report.html``).
+    Anything else (a device such as ``/dev/full``, a FIFO, a socket) is refused: it is never
+    replaced by a file. The text goes to a temporary file in the target's own directory, then
+    is renamed over the target; when that fails (a full disk) nothing half-written is left."""
     run_dir = Path(run_dir)
     out = Path(out_path) if out_path is not None else run_dir / "report.html"
+    out, target = resolve_output(out, "report.html")
     data = load_run(run_dir)  # read once, for the diagnosis and the page
     diagnose = _diagnose_fn()
     diagnosis = diagnose(run_dir, data) if diagnose is not None else None
     text = render_report(run_dir, diagnosis, data)
-    tmp = out.with_name(out.name + ".tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
+        write_atomic(target, text.encode("utf-8"))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from exc
     return out
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def resolve_output(out: Path, default_name: str) -> tuple[Path, Path]:
+    """-> (the path to name to the user, the regular file to write). Follows symlinks; a
+    directory gets ``default_name`` inside it; anything but a regular file is refused."""
+    for _ in range(2):  # DIR -> DIR/default_name, checked once more
+        try:
+            st = os.stat(out)  # follows symlinks
+        except FileNotFoundError:
+            break  # new file (or a dangling link: its target is created, as `>` does)
+        except OSError as exc:
+            raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        if stat.S_ISDIR(st.st_mode):
+            out = out / default_name
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"cannot write {out}: {_kind(st.st_mode)}, not a regular file; "
+                             "give the path of a file")
+        break
+    return out, Path(os.path.realpath(out))
+
+
+def write_atomic(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` through a temporary file in its directory and a rename;
+    an existing file keeps its permissions. On any error the temporary file is removed and
+    ``target`` is untouched."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import math
 import re
 import shlex
@@ -23,6 +22,7 @@ from stallscope import __version__
 from stallscope.analysis.rundata import RunData
 from stallscope.metrics import lookup
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
+from stallscope.textsafe import html_text
 
 __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 
@@ -116,8 +116,9 @@ document.body.setAttribute('data-ready','1');})();"""
 
 
 def esc(v: Any) -> str:
-    """HTML-escape anything (quotes too, so it is safe inside attribute values)."""
-    return html.escape(str(v), quote=True)
+    """HTML-escape anything (quotes too, so it is safe inside attribute values), control
+    characters removed (:func:`stallscope.textsafe.html_text`)."""
+    return html_text(v)
 
 
 def fmt_num(v: Any) -> str:

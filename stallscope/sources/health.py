@@ -216,7 +216,9 @@ def iso_time(ts: float) -> str:
         return str(ts)
 
 
-_FIRST_INT = re.compile(r"\s*(\d+)")
+#: ASCII digits only, at most 19 (a 64-bit count): a longer run is not a count, and int() of
+#: thousands of digits raises ValueError
+_FIRST_INT = re.compile(r"\s*([0-9]{1,19})(?![0-9])")
 
 
 def _raw_count(attr: Mapping[str, Any]) -> int | None:
@@ -726,19 +728,23 @@ def smartctl_argv(device: str, *, device_type: str | None = None,
 
 
 def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
+    """The fixes for a drive SMART cannot open. Each names only what exists, and puts its one
+    multi-word command last, in backticks, so that the terminal can print it on a line of its
+    own (commands are never wrapped: they must survive copy and paste)."""
     if euid == 0:  # a sudoers line for root grants nothing: name the account to grant
         user = "<the user who runs stallscope>"
     grant = [
-        f"grant exactly smartctl, nothing else: `echo '{user} ALL=(root) NOPASSWD: "
-        f"{smartctl_path}' | sudo tee /etc/sudoers.d/stallscope-smartctl`, then run "
-        "`stallscope disk --sudo`",
-        "or give the agent the capabilities CAP_SYS_RAWIO and CAP_DAC_READ_SEARCH (systemd: "
-        "AmbientCapabilities=CAP_SYS_RAWIO CAP_DAC_READ_SEARCH; NVMe admin commands also "
-        "need CAP_SYS_ADMIN)",
+        "grant exactly smartctl, nothing else, with this sudoers line, then run stallscope "
+        f"disk with --sudo: `echo '{user} ALL=(root) NOPASSWD: {smartctl_path}' | sudo tee "
+        "/etc/sudoers.d/stallscope-smartctl`",
+        "or, where a systemd service runs stallscope disk, give that service the capabilities "
+        "CAP_SYS_RAWIO and CAP_DAC_READ_SEARCH instead (NVMe admin commands also need "
+        "CAP_SYS_ADMIN) in its unit: `AmbientCapabilities=CAP_SYS_RAWIO CAP_DAC_READ_SEARCH`",
     ]
     place = [
-        "in a container: mount the devices (`-v /dev:/dev -v /sys:/sys`, with "
-        "`--cap-add SYS_RAWIO`), or better run `stallscope disk` on the host",
+        "in a container: mount the devices and allow raw commands, or better run stallscope "
+        "disk on the host; the container flags: `-v /dev:/dev -v /sys:/sys --cap-add "
+        "SYS_RAWIO`",
         "on a virtual disk (virtio, cloud volume) SMART belongs to the host's physical "
         "drives: check them on the host, or the provider's volume health",
     ]
@@ -774,8 +780,8 @@ def read_smart(device: str, *, device_type: str | None = None,
     except FileNotFoundError:
         return _unknown(f"{exe} is not installed: cannot read SMART of {dev}", device=dev,
                         source="smartctl",
-                        fixes=("install smartmontools ≥ 7 (`apt install smartmontools`, "
-                               "`dnf install smartmontools`)",))
+                        fixes=("install smartmontools ≥ 7 (the package has this name in "
+                               "apt, dnf, yum and zypper): `apt install smartmontools`",))
     except subprocess.TimeoutExpired:
         return _unknown(f"smartctl did not answer within {timeout:.0f} s for {dev}",
                         device=dev, source="smartctl")

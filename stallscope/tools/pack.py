@@ -22,7 +22,9 @@ Sizes are bytes; ``1GB`` means 10**9 bytes, ``1GiB`` 2**30.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -627,12 +629,17 @@ def _fsync_dir(path: str) -> None:
 
 def _write_json_atomic(path: str, doc: dict[str, Any]) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1, sort_keys=True, ensure_ascii=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: the old manifest stays, no half-written temp file
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(os.path.dirname(path))
 
 
@@ -777,11 +784,12 @@ def pack(
         )
     warnings += layout_warnings([sum(sizes[i] for i in r) for r in plan], ranks, loader_workers)
 
-    previous = _prepare_dst(dst_abs, plan_id, overwrite)
-    os.makedirs(dst_abs, exist_ok=True)
-    for name in os.listdir(dst_abs):  # leftovers of a killed run are never valid
-        if _PARTIAL_RE.match(name) or name == MANIFEST_NAME + ".tmp":
-            os.unlink(os.path.join(dst_abs, name))
+    try:
+        previous = _prepare_dst(dst_abs, plan_id, overwrite)
+        os.makedirs(dst_abs, exist_ok=True)
+        _remove_leftovers(dst_abs)  # leftovers of a killed run are never valid
+    except OSError as exc:  # under a file, under /proc, read-only, no permission
+        raise PackError(f"cannot create {dst}: {_why(exc, dst_abs)}") from exc
 
     records = [
         ShardRecord(SHARD_NAME.format(i), len(r), files[r.start].key, files[r.stop - 1].key)
@@ -836,6 +844,61 @@ def pack(
         doc["shards"] = [r.to_json() for r in records]
         _write_json_atomic(os.path.join(dst_abs, MANIFEST_NAME), doc)
 
+    try:
+        return _pack_shards(dst_abs, plan, files, records, done, save, workers, progress,
+                            source, warnings)
+    except OSError as exc:
+        # a full disk, an I/O error: nothing half-written stays to hold the space; the
+        # finished shards and the manifest that lists them do, so the same command resumes
+        _remove_leftovers(dst_abs)
+        kept = sum(1 for r in records if r.sha256)
+        hint = (f"; {kept} finished shard(s) kept: run the same command again to resume"
+                if kept else "")
+        if exc.errno == errno.ENOSPC:
+            hint = f"; free space on {dst} and run the same command again to resume" + (
+                f" ({kept} finished shard(s) kept)" if kept else "")
+        need = ""
+        if exc.errno == errno.ENOSPC:
+            need = f"; the shards take {human_bytes(sum(sizes))} in all"
+        raise PackError(f"cannot write {exc.filename or dst}: {_why(exc, dst_abs)}{need}"
+                        f"{hint}") from exc
+
+
+def _why(exc: OSError, path: str) -> str:
+    """The reason of a write error, with the free space when the disk is full."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(path)
+            why += f" ({human_bytes(st.f_bavail * st.f_frsize)} free)"
+    return why
+
+
+def _remove_leftovers(dst: str) -> None:
+    """Delete the temporary files of a run (partial shards, the manifest's temp file): they are
+    never valid, and after a full disk they would keep it full."""
+    try:
+        names = os.listdir(dst)
+    except OSError:
+        return
+    for name in names:
+        if _PARTIAL_RE.match(name) or name == MANIFEST_NAME + ".tmp":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dst, name))
+
+
+def _pack_shards(
+    dst_abs: str,
+    plan: Sequence[range],
+    files: Sequence[SourceFile],
+    records: list[ShardRecord],
+    done: set[int],
+    save: Callable[..., None],
+    workers: int,
+    progress: PackProgress,
+    source: Source,
+    warnings: list[str],
+) -> PackResult:
     save()
     remaining = [i for i in range(len(plan)) if i not in done]
     stream_files = [files[j] for i in remaining for j in plan[i]]
@@ -904,8 +967,11 @@ def _write_shard(
         tar.close()  # end-of-archive blocks and record padding; leaves ``raw`` open
         raw.flush()
     except BaseException:
-        raw.close()
-        os.unlink(tmp)
+        # close() may fail too (its flush on a full disk); the file goes anyway
+        with contextlib.suppress(OSError):
+            raw.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     return tmp, raw
 
@@ -946,8 +1012,11 @@ class _Finisher:
             except BaseException as exc:  # handed to the writer thread by check()/close()
                 self.error = exc
             finally:
-                raw.close()
-                if os.path.exists(tmp):
+                try:
+                    raw.close()
+                except OSError as exc:
+                    self.error = self.error or exc
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
     def _finish(self, record: ShardRecord, tmp: str, raw: IO[bytes]) -> None:
