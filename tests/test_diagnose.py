@@ -320,3 +320,32 @@ def test_signals_config_lists_each_loader_field_once() -> None:
                                "loader": {"num_workers": 1, "batch_size": 32}}))
     cfg = doc["signals"]["config"]
     assert cfg == {"rank": 0, "physical_cores": 8, "num_workers": 1, "batch_size": 32}
+
+
+def test_ranks_are_diagnosed_apart_not_averaged() -> None:
+    """Two DDP ranks with equal step times (the all-reduce): rank 1 waits 90% of its steps,
+    rank 0 3%. The run's stall is rank 1's, its workers' CPU is its own, and rank 1 is named."""
+    steps = []
+    for i in range(200):
+        steps.append(StepRow(0, i, T0 + i * 0.1, 0.003, 0.097))
+        steps.append(StepRow(1, i, T0 + i * 0.1, 0.090, 0.010))
+    ents = [
+        {"source": "procs", "entity": "100", "attrs": {"name": "torchrun", "ppid": 1}},
+        {"source": "procs", "entity": "200", "attrs": {"name": "python", "ppid": 100}},
+        {"source": "procs", "entity": "300", "attrs": {"name": "python", "ppid": 100}},
+        {"source": "procs", "entity": "201", "attrs": {"name": "pt_data_worker", "ppid": 200}},
+        {"source": "procs", "entity": "301", "attrs": {"name": "pt_data_worker", "ppid": 300}},
+    ]
+    data = run([ser("procs.cpu_pct", "201", [5] * N), ser("procs.cpu_pct", "301", [99] * N),
+                ser("host.cpu_pct", "", [60] * N)], steps=steps, entities=ents)
+    data.probes = [{"rank": 0, "pid": 200, "config": {"loader": {"num_workers": 1}}},
+                   {"rank": 1, "pid": 300, "config": {"loader": {"num_workers": 1}}}]
+    doc = diagnose(data)
+    assert doc["stall_fraction"] == 0.9
+    assert [r["stall_fraction"] for r in doc["ranks"]] == [0.03, 0.9]
+    assert [r["worker_cpu_pct"] for r in doc["ranks"]] == [5, 99]
+    assert doc["verdict"] == "input_bound.prep"
+    top = doc["findings"][0]
+    assert top["evidence"]["rank"] == 1 and top["evidence"]["worker_cpu_pct"] == 99
+    strag = next(f for f in doc["findings"] if f["kind"] == "straggler_rank")
+    assert strag["evidence"]["rank"] == 1 and strag["evidence"]["best_rank"] == 0

@@ -48,6 +48,7 @@ def diagnose(data: RunData) -> dict[str, Any]:
             else [], 1.0, "no rule fired")]
     verdict = findings[0].kind if findings else "insufficient_data"
     return {
+        "ranks": sig.ranks_detail,
         "changes": changes(data),
         "run": data.meta.get("run_dir", ""),
         "verdict": verdict,
@@ -134,6 +135,15 @@ def render_diagnosis(doc: dict[str, Any]) -> Any:
         for fix in f["fixes"]:
             parts.append(Text.from_markup(f"  [bold]fix:[/] {escape(fix['action'])}"))
             parts.append(Text(f"       why: {fix['why']}", style="dim"))
+    for r in doc.get("ranks") or []:
+        bits = []
+        if r.get("stall_fraction") is not None:
+            bits.append(f"data wait {r['stall_fraction']:.0%}")
+        if r.get("step_ms_median") is not None:
+            bits.append(f"step {r['step_ms_median']:.0f} ms")
+        if r.get("worker_cpu_pct") is not None:
+            bits.append(f"{r.get('workers', 0)} worker(s) at {r['worker_cpu_pct']:.0f}% CPU")
+        parts.append(Text(f"  rank {r['rank']}: " + ", ".join(bits), style="dim"))
     for ch in doc.get("changes") or []:
         parts.append(Text(f"change: {ch['summary']}", style="cyan"))
     return Group(*parts)

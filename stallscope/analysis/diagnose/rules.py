@@ -146,12 +146,16 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
         ev["samples_per_s"] = sig.samples_per_s
     what = "storage cannot deliver the data fast enough" if kind.endswith("fetch") else \
         "CPU preprocessing (decode/transform) cannot keep up"
+    if sig.focus_rank is not None:
+        ev["rank"] = sig.focus_rank
     if stall is not None:
         src = {"probe": "per-step probe", "gpu_idle": "GPU idle share",
                "main_thread": "estimated: the time the trainer's main thread did not run; "
                               "no probe, no GPU"}.get(str(sig.stall_source), "estimated")
-        summary = (f"Input-bound: the trainer waited for data {stall:.0%} of the time "
-                   f"({src}); {what}.")
+        who = (f"rank {sig.focus_rank} waited for data {stall:.0%} of its steps"
+               if sig.focus_rank is not None else
+               f"the trainer waited for data {stall:.0%} of the time")
+        summary = f"Input-bound: {who} ({src}); {what}."
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
     if reasons:
@@ -527,12 +531,40 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
 
 # --- DDP -----------------------------------------------------------------------------------------
 def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
-    """straggler_rank: with ≥ 2 ranks, one rank's median step takes ≥ 1.2× the median rank's."""
+    """straggler_rank: with ≥ 2 ranks, one rank waits for data ≥ 15% of its steps and ≥ 15
+    points more than the least-waiting rank (under DDP the all-reduce evens out step times, so
+    where each rank spends its step tells, not how long it is); or, where steps are not tied
+    together, one rank's median step takes ≥ 1.2× the median rank's."""
+    detail = {d["rank"]: d for d in sig.ranks_detail}
+    host = data.meta.get("host") or "this host"
+    if sig.focus_rank is not None and sig.focus_rank in detail:
+        r = detail[sig.focus_rank]
+        others = [d for d in sig.ranks_detail if d["rank"] != sig.focus_rank]
+        best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
+        where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
+        wcpu = (f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
+                if r.get("worker_cpu_pct") is not None and r.get("workers") else "")
+        fs, _, ps, _ = _fetch_prep_scores(sig)
+        fixes = (_fetch_fixes(data, sig) if fs > ps else _prep_fixes(sig)) + _loader_fixes(sig)
+        fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
+        fixes.append(Fix(f"compare rank {r['rank']}'s data with the others' (shard size, "
+                         "storage, transform)", "the ranks run the same code; the slow one "
+                         "differs in what it reads or where"))
+        ev = {"rank": r["rank"], "host": host, "ranks": sig.ranks_detail,
+              "stall_fraction": r["stall_fraction"], "data_wait_share": r["stall_fraction"],
+              "best_rank": best["rank"], "best_stall_fraction": best["stall_fraction"]}
+        return [Finding("straggler_rank", "critical" if r["stall_fraction"] >= STALL_CRIT
+                        else "warning", 0.85,
+                        f"Rank {r['rank']} holds the job back: it waited for data "
+                        f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
+                        f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
+                        f"rank wait for {where}.",
+                        ev, fixes, _speedup(r["stall_fraction"]),
+                        f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
+                        f"rank {best['rank']}'s {best['stall_fraction']:.0%}")]
     per: dict[int, list[float]] = defaultdict(list)
-    waits: dict[int, list[float]] = defaultdict(list)
     for s in data.steps:
         per[s.rank].append(s.wait_s + s.host_s)
-        waits[s.rank].append(s.wait_s)
     if len(per) < 2:
         return []
     med = {r: median(v) or 0.0 for r, v in per.items()}
@@ -540,15 +572,14 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
     slow = max(med, key=lambda r: med[r])
     if typical <= 0 or med[slow] < 1.2 * typical:
         return []
-    wshare = (sum(waits[slow]) / sum(per[slow])) if sum(per[slow]) else 0.0
+    wshare = (detail.get(slow) or {}).get("stall_fraction") or 0.0
     return [Finding("straggler_rank", "warning", 0.8,
                     f"Rank {slow} is a straggler: its median step takes "
                     f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
                     "wait for it at every all-reduce.",
                     {"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
                      "typical_step_ms": round(typical * 1000, 1),
-                     "data_wait_share": round(wshare, 3),
-                     "ranks": {str(r): round(v * 1000, 1) for r, v in sorted(med.items())}},
+                     "data_wait_share": round(wshare, 3), "ranks": sig.ranks_detail},
                     [Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
                          + (" (input-bound there)" if wshare >= STALL_WARN else
                             " (slow compute: check that GPU's clocks/throttling)"),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stallscope.analysis.diagnose.model import RunData
-from stallscope.store import Series
+from stallscope.store import Series, StepRow
 
 __all__ = ["Signals", "compute_signals", "linear_fit", "mean", "median", "p95"]
 
@@ -108,6 +108,9 @@ class Signals:
     iowait_median_pct: float | None = None
     psi_io_median_pct: float | None = None
     mem_available_min_mib: float | None = None
+    # --- ranks (DDP): each rank's own picture; the job goes at the pace of the worst ---
+    ranks_detail: list[dict[str, Any]] = field(default_factory=list)
+    focus_rank: int | None = None  #: the rank whose input holds the job back (its evidence)
     # --- loader configuration (probe) ---
     config: dict[str, Any] = field(default_factory=dict)
     physical_cores: int | None = None
@@ -125,9 +128,28 @@ def _by_ts_sum(series: list[Series]) -> dict[float, float]:
     return out
 
 
-def _procs(data: RunData, metric: str, role: str) -> list[Series]:
+def _procs(data: RunData, metric: str, role: str, only: set[str] | None = None) -> list[Series]:
     roles = data.roles()
-    return [s for (n, e), s in data.series.items() if n == metric and roles.get(e) == role]
+    return [s for (n, e), s in data.series.items() if n == metric and roles.get(e) == role
+            and (only is None or e in only)]
+
+
+def rank_pids(data: RunData) -> dict[int, str]:
+    """rank -> the pid of its training process (the probe says which)."""
+    return {int(p["rank"]): str(p["pid"]) for p in data.probes
+            if p.get("pid") is not None and p.get("rank") is not None}
+
+
+def tree_of(data: RunData, root: str) -> set[str]:
+    """``root`` and every recorded process below it (a rank and its DataLoader workers)."""
+    parent = {str(e["entity"]): str((e.get("attrs") or {}).get("ppid"))
+              for e in data.entities if e["source"] == "procs"}
+    out, grew = {root}, True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in out and p not in out}
+        out |= new
+        grew = bool(new)
+    return out
 
 
 def compute_signals(data: RunData) -> Signals:
@@ -191,14 +213,33 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     for s in steps:
         first[s.rank] = min(first.get(s.rank, s.step), s.step)
     body = [s for s in steps if s.step != first[s.rank]] or steps
+    _rank_signals(sig, data, body)
     wait = sum(s.wait_s for s in body)
     wall = sum(s.wait_s + s.host_s for s in body)
+    if sig.focus_rank is not None:  # the rank that holds the job back speaks for it
+        body = [s for s in body if s.rank == sig.focus_rank]
+        wait = sum(s.wait_s for s in body)
+        wall = sum(s.wait_s + s.host_s for s in body)
     if wall > 0:
         sig.stall_fraction = round(wait / wall, 3)
         sig.stall_source = "probe"
         samples = [s.samples for s in body if s.samples]
         if samples:
             sig.samples_per_s = round(sum(samples) / wall * sig.ranks, 1)
+    if sig.focus_rank is not None:
+        samples = [s.samples for s in steps if s.samples]
+        all_wall = sum(s.wait_s + s.host_s for s in steps if s.rank == sig.focus_rank)
+        if samples and all_wall > 0:  # the job's rate: every rank steps together
+            sig.samples_per_s = round(sum(s.samples for s in steps if s.samples
+                                          and s.rank == sig.focus_rank) / all_wall
+                                      * sig.ranks, 1)
+        cfgs = [p["config"] for p in data.probes if p.get("rank") == sig.focus_rank]
+        focus_cfg: Any = cfgs[0] if cfgs else None
+        if isinstance(focus_cfg, dict):
+            loader = focus_cfg.get("loader")
+            sig.config = {k: v for k, v in focus_cfg.items() if k != "loader"}
+            if isinstance(loader, dict):
+                sig.config.update(loader)
     sig.wait_ms_median = _r(median([s.wait_s * 1000 for s in body]))
     sig.step_ms_median = _r(median([(s.wait_s + s.host_s) * 1000 for s in body]))
     h2d = [s.h2d_s for s in body if s.h2d_s is not None]
@@ -212,6 +253,45 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     firsts = [w[0] for e, w in sorted(epochs.items()) if e >= 1 and w]
     if firsts:
         sig.epoch_start_wait_s = _r(median(firsts), 3)
+
+
+def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
+    """Per rank, where its steps go. Under DDP the all-reduce makes every rank's step as long as
+    the slowest rank's, so step times look alike; the data-wait share tells which rank's input
+    holds the job back. That rank becomes the focus: its figures are the run's (a job whose
+    rank 1 waits 92% and rank 0 3% waits for data, not "47%")."""
+    by_rank: dict[int, list[StepRow]] = defaultdict(list)
+    for s in body:
+        by_rank[s.rank].append(s)
+    if len(by_rank) < 2:
+        return
+    pids = rank_pids(data)
+    roles = data.roles()
+    detail = []
+    for rank, rows in sorted(by_rank.items()):
+        wall = sum(s.wait_s + s.host_s for s in rows)
+        d: dict[str, Any] = {
+            "rank": rank, "steps": len(rows),
+            "stall_fraction": round(sum(s.wait_s for s in rows) / wall, 3) if wall else None,
+            "wait_ms_median": _r(median([s.wait_s * 1000 for s in rows])),
+            "step_ms_median": _r(median([(s.wait_s + s.host_s) * 1000 for s in rows]))}
+        pid = pids.get(rank)
+        if pid is not None:
+            d["pid"] = int(pid)
+            workers = {p for p in tree_of(data, pid) if roles.get(p) == "worker"}
+            d["workers"] = len(workers)
+            w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
+            if w:
+                d["worker_cpu_pct"] = _r(mean(w))
+        detail.append(d)
+    sig.ranks_detail = detail
+    shares = [d for d in detail if d["stall_fraction"] is not None]
+    if not shares:
+        return
+    worst = max(shares, key=lambda d: d["stall_fraction"])
+    best = min(shares, key=lambda d: d["stall_fraction"])
+    if worst["stall_fraction"] >= 0.15 and worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
+        sig.focus_rank = worst["rank"]
 
 
 def trainer_gpus(data: RunData) -> set[str]:
@@ -243,8 +323,11 @@ def _share(series: list[Series]) -> float | None:
 
 def _proc_signals(sig: Signals, data: RunData) -> None:
     roles = data.roles()
-    sig.workers = sum(1 for r in roles.values() if r == "worker")
-    wcpu = _procs(data, "procs.cpu_pct", "worker")
+    only: set[str] | None = None
+    if sig.focus_rank is not None and sig.focus_rank in rank_pids(data):
+        only = tree_of(data, rank_pids(data)[sig.focus_rank])  # that rank's own workers
+    sig.workers = sum(1 for p, r in roles.items() if r == "worker" and (only is None or p in only))
+    wcpu = _procs(data, "procs.cpu_pct", "worker", only)
     if wcpu:
         # mean over samples of the mean worker: busy workers at 100% read as 100
         per_ts: dict[float, list[float]] = defaultdict(list)
@@ -252,14 +335,14 @@ def _proc_signals(sig: Signals, data: RunData) -> None:
             for t, v in zip(s.ts, s.v):
                 per_ts[t].append(v)
         sig.worker_cpu_pct = _r(mean([sum(v) / len(v) for v in per_ts.values()]))
-    sig.worker_d_share = _share(_procs(data, "procs.d_state", "worker"))
-    blk = [v for s in _procs(data, "procs.blkio_wait_pct", "worker") for v in s.v]
+    sig.worker_d_share = _share(_procs(data, "procs.d_state", "worker", only))
+    blk = [v for s in _procs(data, "procs.blkio_wait_pct", "worker", only) for v in s.v]
     sig.worker_blkio_pct = _r(mean(blk))
-    rq = [v for s in _procs(data, "procs.runq_wait_pct", "worker") for v in s.v]
+    rq = [v for s in _procs(data, "procs.runq_wait_pct", "worker", only) for v in s.v]
     sig.worker_runq_pct = _r(mean(rq))
-    rd = _by_ts_sum(_procs(data, "procs.read_kb_s", "worker"))
+    rd = _by_ts_sum(_procs(data, "procs.read_kb_s", "worker", only))
     sig.worker_read_kb_s = _r(mean(list(rd.values())), 1)
-    rc = _by_ts_sum(_procs(data, "procs.rchar_kb_s", "worker"))
+    rc = _by_ts_sum(_procs(data, "procs.rchar_kb_s", "worker", only))
     sig.worker_rchar_kb_s = _r(mean(list(rc.values())), 1)
     mcpu = [v for s in _procs(data, "procs.cpu_pct", "main") for v in s.v]
     sig.main_cpu_pct = _r(mean(mcpu))
