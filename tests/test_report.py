@@ -435,3 +435,16 @@ def test_loader_table_shows_ids_plainly_and_each_field_once(tmp_path: Path) -> N
     assert "1763712000.5" in loader
     assert loader.count("<code>rank</code>") == 1
     assert "12,000" in loader  # a quantity keeps its grouping
+
+
+def test_ranks_section_shows_each_rank(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    doc = diagnosis(run)
+    doc["ranks"] = [{"rank": 0, "stall_fraction": 0.03, "step_ms_median": 100.0, "steps": 200,
+                     "pid": 200, "workers": 1, "worker_cpu_pct": 5.0},
+                    {"rank": 1, "stall_fraction": 0.9, "step_ms_median": 101.0, "steps": 200,
+                     "pid": 300, "workers": 1, "worker_cpu_pct": 99.0}]
+    page = render_report(run, doc)
+    ranks = page[page.index('id="ranks"'):page.index('id="timeline"')]
+    assert "90%" in ranks and "3%" in ranks and "99" in ranks
+    assert 'id="ranks"' not in render_report(run, diagnosis(run))  # one rank: no section

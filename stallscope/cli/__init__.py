@@ -41,6 +41,7 @@ COMMANDS: tuple[str, ...] = (
     "runs",
     "show",
     "diagnose",
+    "compare",
     "report",
     "export",
     "disk",

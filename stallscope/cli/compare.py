@@ -1,0 +1,110 @@
+"""``stallscope compare RUN_A RUN_B [--json]``: before and after, side by side.
+
+Throughput (samples/s from the probe's steps), the data-wait share, the main resources and the
+verdicts of two runs, with the ratio B/A, and, when run A's verdict promised a speed-up, how
+much of it run B delivered: how a fix is checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from stallscope.analysis.diagnose import diagnose_run
+from stallscope.analysis.rundata import RunData, load_run
+from stallscope.cli._common import out_console, safe
+from stallscope.store import DEFAULT_OUT, find_run
+
+#: (label, key in the signals, unit)
+_ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
+         ("step ms (median)", "step_ms_median", "ms"), ("GPU util % (median)",
+                                                       "gpu_util_median_pct", "%"),
+         ("trainer CPU %", "main_cpu_pct", "%"), ("worker CPU %", "worker_cpu_pct", "%"),
+         ("workers", "workers", ""), ("host CPU % (median)", "host_cpu_median_pct", "%"),
+         ("disk util % (median)", "disk_util_median_pct", "%"))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="two runs side by side (before/after a fix)",
+                       description="Throughput, data-wait share, resources and verdicts of "
+                       "two runs side by side, and how much of run A's estimated speed-up "
+                       "run B delivered.")
+    p.add_argument("run_a", metavar="RUN_A", help="the run before (path, id, prefix, latest)")
+    p.add_argument("run_b", metavar="RUN_B", help="the run after")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def _throughput(data: RunData) -> float | None:
+    """Samples per second over the steps the probe recorded (all ranks together)."""
+    if not data.steps:
+        return None
+    by_rank: dict[int, tuple[int, float]] = {}
+    for s in data.steps:
+        n, wall = by_rank.get(s.rank, (0, 0.0))
+        by_rank[s.rank] = (n + (s.samples or 0), wall + s.wait_s + s.host_s)
+    rates = [n / wall for n, wall in by_rank.values() if wall > 0 and n > 0]
+    return round(sum(rates), 2) if rates else None
+
+
+def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
+            data_b: RunData) -> dict[str, Any]:
+    sa, sb = doc_a.get("signals", {}), doc_b.get("signals", {})
+    rows = []
+    for label, key, unit in _ROWS:
+        a = _throughput(data_a) if key == "samples_per_s" else sa.get(key)
+        b = _throughput(data_b) if key == "samples_per_s" else sb.get(key)
+        if a is None and b is None:
+            continue
+        ratio = round(b / a, 3) if isinstance(a, (int, float)) and isinstance(
+            b, (int, float)) and a else None
+        rows.append({"what": label, "key": key, "a": a, "b": b, "ratio": ratio, "unit": unit})
+    out: dict[str, Any] = {"a": doc_a["run"], "b": doc_b["run"], "rows": rows,
+                           "verdict_a": doc_a["verdict"], "verdict_b": doc_b["verdict"]}
+    ta, tb = _throughput(data_a), _throughput(data_b)
+    top = (doc_a.get("findings") or [{}])[0]
+    est = top.get("est_speedup")
+    if ta and tb:
+        out["speedup"] = round(tb / ta, 3)
+        if isinstance(est, (int, float)) and est > 1.01:
+            out["estimated_speedup"] = est
+            out["delivered_share"] = round((tb / ta - 1) / (est - 1), 3)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    runs = [find_run(args.run_a, args.out), find_run(args.run_b, args.out)]
+    datas = [load_run(r) for r in runs]
+    docs = [diagnose_run(r, d) for r, d in zip(runs, datas, strict=True)]
+    out = compare(docs[0], docs[1], datas[0], datas[1])
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(show_edge=False, title="A → B", title_justify="left")
+    for col, just in (("", "left"), ("A", "right"), ("B", "right"), ("B/A", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+
+    def fmt(key: str, v: Any) -> str:
+        if v is None:
+            return "-"
+        if key == "stall_fraction" and isinstance(v, (int, float)):
+            return f"{v:.0%}"
+        return f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+    for r in out["rows"]:
+        table.add_row(r["what"], fmt(r["key"], r["a"]), fmt(r["key"], r["b"]),
+                      "-" if r["ratio"] is None else f"×{r['ratio']:.2f}")
+    table.add_row("verdict", safe(out["verdict_a"]), safe(out["verdict_b"]), "")
+    out_console.print(f"A: {safe(out['a'])}", highlight=False, soft_wrap=True)
+    out_console.print(f"B: {safe(out['b'])}", highlight=False, soft_wrap=True)
+    out_console.print(table)
+    if "speedup" in out:
+        line = f"B is ×{out['speedup']:.2f} the throughput of A"
+        if "estimated_speedup" in out:
+            line += (f"; A's diagnosis estimated up to ×{out['estimated_speedup']:.2f}: "
+                     f"{out['delivered_share']:.0%} of the promised gain delivered")
+        out_console.print(line, highlight=False)
+    return 0
