@@ -97,8 +97,9 @@ def test_seed_signature_without_probe_is_fetch() -> None:
 
 
 def test_prep_stall_with_probe_suggests_workers_for_this_machine() -> None:
+    # two saturated workers and the trainer on 8 cores: the host is about a third busy
     data = run([
-        ser("host.cpu_pct", "", [97] * N), ser("host.iowait_pct", "", [0] * N),
+        ser("host.cpu_pct", "", [35] * N), ser("host.iowait_pct", "", [0] * N),
         ser("disk.util_pct", "vda", [2] * N), ser("disk.rkb_s", "vda", [10] * N),
         ser("disk.r_s", "vda", [1] * N),
         ser("procs.cpu_pct", "100", [20] * N),
@@ -349,3 +350,21 @@ def test_ranks_are_diagnosed_apart_not_averaged() -> None:
     assert top["evidence"]["rank"] == 1 and top["evidence"]["worker_cpu_pct"] == 99
     strag = next(f for f in doc["findings"] if f["kind"] == "straggler_rank")
     assert strag["evidence"]["rank"] == 1 and strag["evidence"]["best_rank"] == 0
+
+
+def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
+    """Every core already busy: more workers would share the same cores. The first fix is to
+    make the work cheaper, and the estimate is what more workers could really add."""
+    data = run([
+        ser("host.cpu_pct", "", [99] * N),
+        ser("procs.cpu_pct", "100", [20] * N),
+        ser("procs.cpu_pct", "101", [99] * N), ser("procs.cpu_pct", "102", [97] * N),
+        ser("procs.d_state", "101", [0] * N), ser("procs.d_state", "102", [0] * N),
+    ], steps=steps(200, wait=0.030, host=0.020), entities=WORKERS,
+        config={"num_workers": 2, "physical_cores": 4}, meta={"logical_cores": 4})
+    f = diagnose(data)["findings"][0]
+    assert f["kind"] == "input_bound.prep"
+    assert f["fixes"][0]["action"].startswith("make per-sample work cheaper")
+    assert "99% busy" in f["fixes"][0]["why"]
+    # 2 workers at 98% use 1.96 cores; 1% of 4 cores idle adds 0.04: ×1.02, not ×2.5
+    assert f["est_speedup"] == pytest.approx(1.02)

@@ -178,8 +178,8 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     if not sig.workers and sig.stall_source == "probe":
         ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
                       "cannot split it from compute; the probe's data-wait timing does.")
-    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes,
-                    _speedup(stall), rule)]
+    est = _prep_estimate(sig) if kind.endswith("prep") else _speedup(stall)
+    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
 
 
 def _size(n: float) -> str:
@@ -201,14 +201,62 @@ def _workers_now(sig: Signals) -> int | None:
     return int(nw) if nw is not None else None
 
 
+def spare_cores(sig: Signals) -> float | None:
+    """CPUs left idle over the run (median host CPU), in cores; None when unknown."""
+    cpus = sig.logical_cores or sig.physical_cores
+    if cpus is None or sig.host_cpu_median_pct is None:
+        return None
+    return max(0.0, (100.0 - sig.host_cpu_median_pct) / 100.0 * cpus)
+
+
+def prep_gain(sig: Signals, target: int) -> float | None:
+    """The speed-up to expect from ``target`` workers instead of today's, for a prep stall: new
+    workers only add throughput with CPU they can use. Workers now use ``worker_cpu_pct`` ×
+    n of a core; the new ones can add at most one core each, and no more than the cores left
+    idle over the run. Never more than removing the whole stall would give."""
+    nw = _workers_now(sig)
+    spare = spare_cores(sig)
+    if not nw or sig.worker_cpu_pct is None or spare is None or target <= nw:
+        return None
+    used = sig.worker_cpu_pct / 100.0 * nw
+    if used <= 0:
+        return None
+    added = min(float(target - nw), spare)
+    return round(min(_speedup(sig.stall_fraction), (used + added) / used), 2)
+
+
+def _prep_estimate(sig: Signals) -> float:
+    """est_speedup of a prep stall: what its first fix is expected to deliver."""
+    nw = _workers_now(sig)
+    cores = sig.physical_cores
+    if nw is not None and cores and nw < cores:
+        gain = prep_gain(sig, _prep_target(sig, nw, cores))
+        if gain is not None:
+            return gain
+    return _speedup(sig.stall_fraction)
+
+
+def _prep_target(sig: Signals, nw: int, cores: int) -> int:
+    stall = sig.stall_fraction or 0.0
+    want = math.ceil(max(nw, 1) / max(1.0 - stall, 0.1))
+    return min(max(want, nw + 1), cores)
+
+
 def _prep_fixes(sig: Signals) -> list[Fix]:
     fixes: list[Fix] = []
     nw = _workers_now(sig)
     cores = sig.physical_cores
     stall = sig.stall_fraction or 0.0
+    spare = spare_cores(sig)
+    if nw is not None and cores and nw < cores and spare is not None and spare < 0.25:
+        busy = sig.host_cpu_median_pct or 0.0
+        fixes.append(Fix(
+            "make per-sample work cheaper: decode at lower resolution, move augmentation to "
+            "the GPU, or preprocess once offline",
+            f"the CPUs are already {busy:.0f}% busy: more workers would only share the same "
+            "cores"))
     if nw is not None and cores:
-        want = math.ceil(max(nw, 1) / max(1.0 - stall, 0.1))
-        target = min(max(want, nw + 1), cores)
+        target = _prep_target(sig, nw, cores)
         if nw < cores and target > nw:
             fixes.append(Fix(
                 f"num_workers {nw} → {target} ({cores} physical cores"
@@ -216,8 +264,9 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
                 + ")",
                 f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
                 f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
-                "cores only adds context switches"))
-        else:
+                "cores only adds context switches"
+                + _gain_note(sig, target)))
+        elif not fixes:
             fixes.append(Fix(
                 "make per-sample work cheaper: decode at lower resolution, move augmentation "
                 "to the GPU, or preprocess once offline",
@@ -226,6 +275,15 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
         fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
                          "min(4, cores))", "workers are CPU-saturated"))
     return fixes
+
+
+def _gain_note(sig: Signals, target: int) -> str:
+    gain = prep_gain(sig, target)
+    spare = spare_cores(sig)
+    if gain is None or spare is None:
+        return ""
+    return (f"; expected ×{gain:.2f}: the workers use {sig.worker_cpu_pct:.0f}% of a core "
+            f"each and {spare:.1f} core(s) sat idle")
 
 
 def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
@@ -559,7 +617,8 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                         f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
                         f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
                         f"rank wait for {where}.",
-                        ev, fixes, _speedup(r["stall_fraction"]),
+                        ev, fixes,
+                        _prep_estimate(sig) if ps >= fs else _speedup(r["stall_fraction"]),
                         f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
                         f"rank {best['rank']}'s {best['stall_fraction']:.0%}")]
     per: dict[int, list[float]] = defaultdict(list)

@@ -114,6 +114,7 @@ class Signals:
     # --- loader configuration (probe) ---
     config: dict[str, Any] = field(default_factory=dict)
     physical_cores: int | None = None
+    logical_cores: int | None = None
 
     def evidence(self, *keys: str) -> dict[str, Any]:
         d = asdict(self)
@@ -163,6 +164,8 @@ def compute_signals(data: RunData) -> Signals:
     elif cost and cost.ts:
         sig.duration_s = round(cost.ts[-1] - cost.ts[0], 1)
     sig.physical_cores = meta.get("physical_cores")
+    lc = meta.get("logical_cores")
+    sig.logical_cores = lc if isinstance(lc, int) and not isinstance(lc, bool) else None
 
     _probe_signals(sig, data)
     _gpu_signals(sig, data)
