@@ -28,6 +28,7 @@ ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: list[str] = (),
                  wrap: list[str] = (), data: Path | None = None,
                  may_crash: bool = False) -> dict[str, Any]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
     argv = [*before, *stallscope_argv("run", "--interval", "1", "--out", str(out))]
     if data is not None:
@@ -148,3 +149,25 @@ def test_shm_pressure(tmp_path: Path) -> None:
 # host_swap is not reproduced here: provoking swap means pushing a shared CI box into memory
 # pressure (and it has no swap device); the rule is tested on fixed inputs in
 # tests/test_diagnose.py::test_host_swap_and_shm.
+
+
+def test_the_top_fix_delivers_what_it_promised(tmp_path: Path) -> None:
+    """Apply the prep stall's first fix (more workers) and run again: the measured speed-up
+    (`stallscope compare`) is within ±25% of the estimate the diagnosis gave."""
+    a = run_scenario("fix-before", tmp_path / "a", ["--prep-cost", "40", "--workers", "1",
+                                                    "--model", "tiny"])
+    top = a["findings"][0]
+    assert top["kind"] == "input_bound.prep", top
+    m = re.match(r"num_workers 1 → (\d+)", top["fixes"][0]["action"])
+    if m is None:
+        pytest.skip(f"this machine's first fix is not more workers: {top['fixes'][0]}")
+    b = run_scenario("fix-after", tmp_path / "b", ["--prep-cost", "40", "--workers", m.group(1),
+                                                   "--model", "tiny"])
+    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
+                       capture_output=True, text=True, timeout=60, check=True)
+    cmp = json.loads(c.stdout)
+    est, got = top["est_speedup"], cmp["speedup"]
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        f.write(json.dumps({"scenario": "fix-delivery", "estimated": est, "measured": got,
+                            "workers": int(m.group(1))}) + "\n")
+    assert abs(got - est) <= 0.25 * est, (est, got, cmp)

@@ -226,10 +226,13 @@ def prep_gain(sig: Signals, target: int) -> float | None:
 
 
 def _prep_estimate(sig: Signals) -> float:
-    """est_speedup of a prep stall: what its first fix is expected to deliver."""
+    """est_speedup of a prep stall: what its first fix is expected to deliver. When that fix is
+    more workers, the CPU they can get bounds it; when it is cheaper per-sample work (no idle
+    CPU), how much cheaper is the user's choice: the bound is removing the wait entirely."""
     nw = _workers_now(sig)
     cores = sig.physical_cores
-    if nw is not None and cores and nw < cores:
+    spare = spare_cores(sig)
+    if nw is not None and cores and nw < cores and spare is not None and spare >= 0.25:
         gain = prep_gain(sig, _prep_target(sig, nw, cores))
         if gain is not None:
             return gain
