@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -49,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "sample; the shipped defaults (GPU too hot, throttled, /dev/shm nearly full, "
                    "swapping, disk saturated) are recorded as run events even without it")
     p.add_argument("--quiet", action="store_true", help="print only the run directory at the end")
+    p.add_argument("--pid", type=_pid_type, metavar="PID",
+                   help="attach to a training that is already running: monitor PID's process "
+                   "tree (DataLoader workers included, as they come and go) until it exits or "
+                   "Ctrl-C, which stops the monitoring only (the trainer is never signalled)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=run)
 
@@ -66,12 +71,98 @@ def _resolve(cmd: list[str]) -> list[str]:
     return cmd
 
 
+def _pid_type(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pid must be a process id, got {text!r}") from None
+    if not 1 <= pid < 2**31:
+        raise argparse.ArgumentTypeError(f"--pid must be a process id, got {text!r}")
+    return pid
+
+
+def _process(pid: int) -> tuple[list[str], str, float]:
+    """(command line, name, start time) of a process we may watch; UsageError otherwise."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            name, started = p.name(), p.create_time()
+        try:
+            cmdline = p.cmdline()
+        except psutil.AccessDenied:
+            cmdline = []
+        open(f"/proc/{pid}/stat").close()  # what the procs source reads
+    except psutil.NoSuchProcess:
+        raise UsageError(f"--pid {pid}: no such process") from None
+    except (psutil.AccessDenied, PermissionError):
+        raise UsageError(f"--pid {pid}: not allowed to read that process (another user's: "
+                         "run stallscope as that user or as root)") from None
+    except OSError as exc:
+        raise UsageError(f"--pid {pid}: cannot read /proc/{pid}: {exc.strerror}") from None
+    return cmdline or [name], name, started
+
+
+def _alive(pid: int, started: float) -> bool:
+    """The process still exists and is the one we attached to (not a reused pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
+           warmup: tuple[float, float] | None) -> int:
+    """``run --pid``: monitor a running process tree into a normal run directory."""
+    if args.cmd and [c for c in args.cmd if c != "--"]:
+        raise UsageError("--pid attaches to a running process: give no command")
+    pid = args.pid
+    cmdline, name, started = _process(pid)
+    session = Session.create(args.out or default_out(), name, cmdline, interval=interval,
+                             warmup=warmup, data=args.data, keep_full_s=args.keep_full,
+                             sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
+    alert_sink.run = str(session.run_dir)
+    stop: list[int] = []
+
+    def detach(signum: int, _frame: FrameType | None) -> None:
+        stop.append(signum)  # stop monitoring; never passed on to the trainer
+
+    old = {s: signal.signal(s, detach) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    how = "exited"
+    try:
+        try:
+            session.watch(pid)
+        except (StallscopeError, OSError, sqlite3.Error) as exc:
+            err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}",
+                              soft_wrap=True, highlight=False)
+        if not args.quiet:
+            err_console.print(f"stallscope: watching pid {pid} ({safe(name)}); Ctrl-C stops "
+                              "watching, the process goes on", soft_wrap=True, highlight=False)
+        while not stop and _alive(pid, started):
+            time.sleep(0.25)
+        if stop:
+            how = "detached"
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    # not our child: its exit code cannot be known
+    session.finish(None, ended=how)
+    _print_end(args, session.run_dir)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    cmd = _resolve(list(args.cmd))
     rules = load_rules(args.alerts) if args.alerts else parse_rules({}, "defaults")
     alert_sink = AlertSink(rules)
     interval, warmup = ((args.interval, None) if args.interval is not None
                         else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
+    if args.pid is not None:
+        return attach(args, alert_sink, interval, warmup)
+    cmd = _resolve(list(args.cmd))
     session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd,
                              interval=interval, warmup=warmup, data=args.data,
                              keep_full_s=args.keep_full, sinks=[alert_sink],
@@ -115,8 +206,12 @@ def run(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     session.finish(code, signals_forwarded=[signal.Signals(s).name for s in received])
-    run_dir = session.run_dir
+    _print_end(args, session.run_dir)
+    return code if code >= 0 else 128 - code
 
+
+def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
+    """The summary, the diagnosis, the run directory and the next commands."""
     if not args.quiet:
         from stallscope.cli.show import print_run
 
@@ -134,7 +229,6 @@ def run(args: argparse.Namespace) -> int:
                           highlight=False)
         err_console.print(f"      {safe(me)} diagnose {safe(where)} --json", style="dim",
                           soft_wrap=True, highlight=False)
-    return code if code >= 0 else 128 - code
 
 
 def self_command() -> str:

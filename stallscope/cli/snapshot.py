@@ -1,16 +1,20 @@
-"""``stallscope snapshot [--interval S] [--json]``: one sample of every source over S seconds."""
+"""``stallscope snapshot [--interval S] [--every S [--count N]] [--json]``: one sample of every
+source over S seconds; with ``--every``, one sample every S seconds (the ``iostat -x 1`` /
+``nvidia-smi -l`` habit), as tables or as JSON lines."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.table import Table
 
 from stallscope.cli._common import interval_type, out_console, safe
 from stallscope.collect import take_sample
+from stallscope.errors import UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
 
 
@@ -19,8 +23,56 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Sample GPU, disk and host over S seconds and print it.")
     p.add_argument("--interval", type=interval_type, default=1.0,
                    help="seconds to measure rates over (default 1)")
+    p.add_argument("--every", type=interval_type, metavar="S",
+                   help="repeat: one sample every S seconds until Ctrl-C (JSON lines with "
+                   "--json)")
+    p.add_argument("--count", type=_count, metavar="N",
+                   help="with --every: stop after N samples")
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--count must be a whole number, got {text!r}"
+                                         ) from None
+    if not 1 <= n <= 10**9:
+        raise argparse.ArgumentTypeError(f"--count must be at least 1, got {text!r}")
+    return n
+
+
+def _doc(payloads: dict[str, Any], interval: float, unavailable: dict[str, str]
+         ) -> dict[str, Any]:
+    doc: dict[str, Any] = {"ts": round(time.time(), 3), "interval_s": interval}
+    for name in SOURCE_NAMES:
+        if name in payloads and payloads[name] is not None:
+            doc[name] = payloads[name]
+    doc["unavailable"] = unavailable
+    return doc
+
+
+def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], None]) -> int:
+    """Sample every ``every`` seconds (rates over each interval, from the previous sample:
+    the sources stay open) and hand each document to ``emit``; returns samples taken."""
+    sources, unavailable = open_sources(SOURCE_NAMES)
+    n = 0
+    try:
+        now = time.time()
+        for s in sources:
+            s.sample(now)  # prime the counters
+        next_t = time.monotonic() + every
+        while count is None or n < count:
+            time.sleep(max(0.0, next_t - time.monotonic()))
+            next_t += every
+            now = time.time()
+            emit(_doc({s.name: s.sample(now) for s in sources}, every, unavailable))
+            n += 1
+    finally:
+        for s in sources:
+            s.close()
+    return n
 
 
 def snapshot(interval: float) -> dict[str, Any]:
@@ -60,10 +112,31 @@ def _fmt(v: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.count is not None and args.every is None:
+        raise UsageError("--count needs --every S")
+    if args.every is not None:
+        def emit(doc: dict[str, Any]) -> None:
+            if args.json:
+                print(json.dumps(doc), flush=True)  # one object per line
+            else:
+                out_console.print(f"[bold]{time.strftime('%H:%M:%S')}[/]", highlight=False)
+                render(doc)
+
+        try:
+            repeat(args.every, args.count, emit)
+        except KeyboardInterrupt:
+            return 0
+        return 0
     doc = snapshot(args.interval)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
+    render(doc)
+    return 0
+
+
+def render(doc: dict[str, Any]) -> None:
+    """One snapshot document as tables."""
     for g in doc.get("gpu", []):
         t = Table(title=f"gpu{g.get('index')} {safe(str(g.get('name')))}", title_justify="left",
                   show_edge=False, show_header=False)
@@ -88,4 +161,3 @@ def run(args: argparse.Namespace) -> int:
         out_console.print(t)
     for name, reason in doc["unavailable"].items():
         out_console.print(f"[yellow]{name}[/]: {safe(reason)}")
-    return 0
