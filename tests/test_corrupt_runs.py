@@ -16,9 +16,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -316,6 +318,50 @@ def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]],
 def test_pristine_reads_clean(corpus: dict[str, dict[str, Result]]) -> None:
     for label, res in corpus[""].items():
         assert res.rc == 0 and not res.stderr, (label, res.stderr)
+
+
+@pytest.mark.parametrize("name", ["meta_monitor_pid_2_40", "meta_monitor_pid_negative"])
+def test_garbage_monitor_pid_is_interrupted_everywhere(corpus: dict[str, dict[str, Result]],
+                                                       name: str) -> None:
+    res = corpus[name]
+    assert "interrupted" in res["show"].stdout and "interrupted" in res["runs"].stdout
+    assert json.loads(res["show --json"].stdout)["state"] == "interrupted"
+
+
+def test_kill_9_show_and_runs_agree(tmp_path: Path) -> None:
+    """After a kill -9 of stallscope, `show` and `runs` both say "interrupted", and the
+    duration ends at the last sample instead of growing with the clock."""
+    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
+                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        [run] = list((tmp_path / "stallscope-runs").iterdir())
+        child = json.loads((run / "meta.json").read_text()).get("pid")
+        if child:  # the orphaned `sleep` (only ours, by the pid the run recorded)
+            os.kill(child, signal.SIGKILL)
+    time.sleep(1.5)  # a duration that grew with the clock would now be >= 1.5 s too long
+
+    def cli(*args: str) -> str:
+        r = subprocess.run(stallscope_argv(*args), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        return r.stdout
+
+    shown = json.loads(cli("show", str(run), "--json"))
+    [listed] = json.loads(cli("runs", "--json"))
+    assert shown["state"] == listed["state"] == "interrupted"
+    assert "interrupted" in cli("show", str(run))
+    assert "interrupted" in cli("runs")
+    db = sqlite3.connect(run / "run.db")
+    last = db.execute("SELECT MAX(ts) FROM points").fetchone()[0]
+    db.close()
+    expected = last - shown["meta"]["start"]
+    assert shown["duration_s"] == pytest.approx(expected, abs=0.01)
+    assert listed["duration_s"] == pytest.approx(expected, abs=0.1)
+    assert expected < time.time() - shown["meta"]["start"] - 1.0
 
 
 if __name__ == "__main__":
