@@ -315,23 +315,38 @@ class RunStore:
         self._skip("series", bad)
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
         use_max = {sid for sid, (n, _) in names.items() if _rollup_column(n) == "vmax"}
-        dangling = 0
+        # Rollup buckets (older) first, then points, each in time order (the primary key's, no
+        # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
+        # than these tests cost Python. A series of another id, a value or time that is not a
+        # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
+        bad = 0
         for ts, sid, vmean, vmax in self.db.execute(
-            f"SELECT ts, series, vmean, vmax FROM rollup WHERE {_ROLLUP_OK} UNION ALL "
-            f"SELECT ts, series, v, v FROM points WHERE {_POINT_OK} ORDER BY 1"
-        ):
+                "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"):
             key = names.get(sid)
-            if key is None:  # a point of a series the run does not have
-                dangling += 1
+            v = vmax if sid in use_max else vmean
+            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
+                bad += 1
                 continue
             s = out[key]
             s.ts.append(float(ts))
-            s.v.append(float(vmax if sid in use_max else vmean))
-        [(bad_points, bad_rollup)] = self.db.execute(
-            f"SELECT (SELECT COUNT(*) FROM points WHERE NOT ({_POINT_OK})), "
-            f"(SELECT COUNT(*) FROM rollup WHERE NOT ({_ROLLUP_OK}))").fetchall()
-        self._skip("points", int(bad_points) + dangling)
-        self._skip("rollup", int(bad_rollup))
+            s.v.append(float(v))
+        self._skip("rollup", bad)
+        rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
+        bad = 0
+        for ts, sid, v in self.db.execute("SELECT ts, series, v FROM points ORDER BY ts"):
+            key = names.get(sid)
+            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
+                bad += 1
+                continue
+            s = out[key]
+            s.ts.append(float(ts))
+            s.v.append(float(v))
+        self._skip("points", bad)
+        for k, n in rolled.items():  # a bucket newer than a point: only in a damaged store
+            s = out[k]
+            if n < len(s.ts) and s.ts[n - 1] > s.ts[n]:
+                pairs = sorted(zip(s.ts, s.v))
+                s.ts, s.v = [t for t, _ in pairs], [v for _, v in pairs]
         return out
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
@@ -428,6 +443,7 @@ def _int_or_null(col: str) -> str:
     return f"({col} IS NULL OR typeof({col}) = 'integer')"
 
 
+_NUM = (float, int)
 _POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
 _ROLLUP_OK = (f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND "
               f"{_finite('vmax')}")
