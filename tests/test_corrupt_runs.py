@@ -310,6 +310,8 @@ def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]],
     assert len(good) > 50
     assert _export_rows(res["export csv"]) == good
     assert f"skipped {BAD} unreadable rows" in res["show"].stdout
+    for label in ("diagnose --json", "export csv"):  # said once, on stderr
+        assert f"skipped {BAD} unreadable rows" in res[label].stderr, label
     assert sum(json.loads(res["show --json"].stdout)["skipped"].values()) == BAD
     assert "skipped" not in json.loads(pristine["show --json"].stdout) or \
         not json.loads(pristine["show --json"].stdout)["skipped"]

@@ -47,6 +47,14 @@ class RunData:
     _summary: dict[str, Any] | None = field(default=None, repr=False)
     _axis: tuple[float, float] | None = field(default=None, repr=False)
 
+    def skipped_note(self) -> str | None:
+        """"skipped 3 unreadable rows in run.db (points 3)", None when every row was read."""
+        n = sum(self.skipped.values())
+        if not n:
+            return None
+        where = ", ".join(f"{t} {k}" for t, k in sorted(self.skipped.items()))
+        return f"skipped {n} unreadable row{'s' if n != 1 else ''} in run.db ({where})"
+
     # --- series ---------------------------------------------------------------------------------
     def get(self, name: str, entity: str = "") -> Series | None:
         return self.series.get((name, entity))

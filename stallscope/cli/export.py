@@ -116,11 +116,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir = find_run(args.run, args.out)
     data = load_run(run_dir)
     columns, rows = table(data, args.what)
-    skipped = sum(data.skipped.values())
-    if skipped:
-        rows_word = "row" if skipped == 1 else "rows"
-        sys.stderr.write(f"stallscope: skipped {skipped} unreadable {rows_word} of "
-                         f"{run_dir}/run.db\n")
+    note = data.skipped_note()
+    if note:  # the export is what could be read; say once what could not
+        sys.stderr.write(f"stallscope: {run_dir.name}: {note}\n")
     if args.format == "parquet":
         if not args.output:
             raise UsageError("--format parquet needs -o FILE")

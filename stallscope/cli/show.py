@@ -54,15 +54,6 @@ def duration(data: RunData) -> float | None:
     return round(max(0.0, float(end) - float(start)), 3)
 
 
-def skipped_line(data: RunData) -> str | None:
-    """"skipped 3 unreadable rows in run.db (points 3)", or None when every row was read."""
-    n = sum(data.skipped.values())
-    if not n:
-        return None
-    where = ", ".join(f"{t} {k}" for t, k in sorted(data.skipped.items()))
-    return f"skipped {n} unreadable row{'s' if n != 1 else ''} in run.db ({where})"
-
-
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
     data = load_run(run_dir)
     doc = load_summary(run_dir, data)
@@ -79,7 +70,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
                   f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · interval "
                   f"{meta.get('interval_s')} s · {summary.get('samples', 0)} samples",
                   highlight=False)
-    line = skipped_line(data)
+    line = data.skipped_note()
     if line:
         console.print(f"  [yellow]{line}[/]", highlight=False)
     for what in data.unreadable:
