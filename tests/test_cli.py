@@ -76,14 +76,16 @@ def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
     assert r.returncode == 0 and "median" in r.stdout
     r = _run(["export", str(run_dir), "--format", "csv"], tmp_path)
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
-    assert rows and set(rows[0]) == {"ts", "metric", "entity", "value"}
+    assert rows and list(rows[0]) == ["time", "t_s", "metric", "entity", "role", "process",
+                                      "value"]
     assert any(row["metric"] == "procs.cpu_pct" for row in rows)
+    assert {row["role"] for row in rows if row["metric"] == "procs.cpu_pct"} == {"main", "worker"}
     pq = pytest.importorskip("pyarrow.parquet")
     r = _run(["export", str(run_dir), "--format", "parquet", "-o", str(tmp_path / "p.parquet")],
              tmp_path)
     assert r.returncode == 0, r.stderr
     table = pq.read_table(tmp_path / "p.parquet")
-    assert table.column_names == ["ts", "metric", "entity", "value"]
+    assert table.column_names == list(rows[0])
     assert table.num_rows == len(rows)
 
 

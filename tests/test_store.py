@@ -198,3 +198,86 @@ def test_finished_run_reads_from_a_read_only_directory(tmp_path: Path) -> None:
     finally:
         os.chmod(base / "archived", 0o755) if (base / "archived").exists() else None
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_non_finite_values_are_never_stored(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    n = st.add_points(1.0, [Point("host.cpu_pct", "", float("inf")),
+                            Point("host.cpu_pct", "cpu0", float("nan")),
+                            Point("host.cpu_pct", "cpu1", float("-inf")),
+                            Point("host.cpu_pct", "cpu2", 7.0)])
+    assert n == 1
+    assert st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0] == 1
+    assert st.read_all()[("host.cpu_pct", "cpu2")].v == [7.0]
+    st.close()
+
+
+def test_readers_skip_and_count_unreadable_rows(tmp_path: Path) -> None:
+    from stallscope.analysis.rundata import load_run
+
+    st = RunStore(tmp_path / "run.db")
+    for i in range(5):
+        st.add_points(float(i), [Point("host.cpu_pct", "", float(i))])
+    st.add_steps([StepRow(0, i, float(i), 0.1, 0.2) for i in range(4)])
+    st.upsert_entity("procs", "42", {"name": "python", "ppid": 1}, 0.0)
+    st.upsert_entity("procs", "43", {"name": ["not", "text"], "ppid": {"x": 1}}, 0.0)
+    st.upsert_entity("disk", "vda", {"kind": "virtio"}, 0.0)
+    st.add_event(1.0, "gpu", "note", "ok")
+    sid = st.db.execute("SELECT id FROM series").fetchone()[0]
+    with st.db:
+        st.db.executemany("INSERT INTO points VALUES(?, ?, ?)",
+                          [(10.0, sid, "abc"), (11.0, sid, 9e999), (12.0, 999, 1.0),
+                           ("noon", sid, 1.0)])
+        st.db.execute("INSERT INTO rollup VALUES(-60, ?, 1, 1, 'x', 1)", (sid,))
+        st.db.execute("UPDATE steps SET wait_s='slow' WHERE step=1")
+        st.db.execute("UPDATE steps SET h2d_s=X'00' WHERE step=2")
+        st.db.execute("UPDATE entities SET attrs='[1]' WHERE source='disk'")
+        st.db.execute("INSERT INTO events VALUES(2.0, 'gpu', 'note', X'00')")
+    st.close()
+    write_meta(tmp_path, {"command": ["x"], "start": 0.0, "end": 5.0})
+    data = load_run(tmp_path)
+    assert data.series[("host.cpu_pct", "")].v == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert data.span == (0.0, 4.0)
+    assert [s.step for s in data.steps] == [0, 3]
+    assert [e["entity"] for e in data.entities] == ["42", "43"]
+    assert data.entities[1]["attrs"] == {}  # a process's name that is not text is dropped
+    assert data.roles() == {"42": "main", "43": "main"}
+    assert [e["message"] for e in data.events] == ["ok"]
+    assert data.skipped == {"points": 4, "rollup": 1, "steps": 2, "entities": 1, "events": 1}
+    assert data.unreadable == []
+
+
+def test_missing_optional_tables_read_as_empty(tmp_path: Path) -> None:
+    from stallscope.analysis.rundata import load_run
+
+    st = RunStore(tmp_path / "run.db")
+    st.add_points(1.0, [Point("host.cpu_pct", "", 1.0)])
+    with st.db:
+        st.db.execute("DROP TABLE steps")
+        st.db.execute("DROP TABLE events")
+    st.close()
+    write_meta(tmp_path, {"command": ["x"], "start": 0.0})
+    data = load_run(tmp_path)
+    assert data.steps == [] and data.events == [] and data.series
+    assert [u.split(" ")[0] for u in data.unreadable] == ["steps", "events"]
+
+
+@pytest.mark.parametrize(("meta", "state"), [
+    ({"end": 5.0, "monitor_pid": 2**40}, "finished"),
+    ({"end": None}, "running"),  # no monitor recorded (a standalone probe): taken as running
+    ({"end": None, "monitor_pid": "__self__"}, "running"),
+    ({"end": None, "monitor_pid": 2**40}, "interrupted"),
+    ({"end": None, "monitor_pid": 2**70}, "interrupted"),
+    ({"end": None, "monitor_pid": -1}, "interrupted"),
+    ({"end": None, "monitor_pid": 0}, "interrupted"),
+    ({"end": None, "monitor_pid": "1234"}, "interrupted"),
+    ({"end": None, "monitor_pid": 4194304}, "interrupted"),
+])
+def test_run_state(meta: dict[str, object], state: str) -> None:
+    import os
+
+    from stallscope.store.rundir import run_state
+
+    if meta.get("monitor_pid") == "__self__":
+        meta = dict(meta, monitor_pid=os.getpid())
+    assert run_state(meta) == state

@@ -13,11 +13,15 @@ its dataset gone, gives the same diagnosis): ``meta.json`` (cores, RAM, ``datase
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stallscope.store import RunStore, Series, StepRow, read_meta
+
+T = TypeVar("T")
 
 __all__ = ["RunData", "load_run"]
 
@@ -34,9 +38,22 @@ class RunData:
     events: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path = field(default_factory=Path)
     span: tuple[float, float] | None = None  #: first and last sample time, None if no samples
+    #: rows of run.db that could not be read (a wrong type, NULL, inf...), by table; the rest of
+    #: the run was read
+    skipped: dict[str, int] = field(default_factory=dict)
+    #: parts of run.db that could not be read at all (a table or column missing), in words
+    unreadable: list[str] = field(default_factory=list)
     _roles: dict[str, str] | None = field(default=None, repr=False)
     _summary: dict[str, Any] | None = field(default=None, repr=False)
     _axis: tuple[float, float] | None = field(default=None, repr=False)
+
+    def skipped_note(self) -> str | None:
+        """"skipped 3 unreadable rows in run.db (points 3)", None when every row was read."""
+        n = sum(self.skipped.values())
+        if not n:
+            return None
+        where = ", ".join(f"{t} {k}" for t, k in sorted(self.skipped.items()))
+        return f"skipped {n} unreadable row{'s' if n != 1 else ''} in run.db ({where})"
 
     # --- series ---------------------------------------------------------------------------------
     def get(self, name: str, entity: str = "") -> Series | None:
@@ -120,16 +137,65 @@ class RunData:
 
 
 def load_run(run_dir: Path) -> RunData:
-    """Read ``meta.json`` and ``run.db`` of ``run_dir`` once (raises RunNotFound when absent)."""
+    """Read ``meta.json`` and ``run.db`` of ``run_dir`` once (raises RunNotFound when absent).
+
+    Damaged stores are read as far as they can be: unreadable rows are skipped and counted in
+    ``RunData.skipped``; a missing optional table (steps, probes, entities, events) or column
+    reads as empty and is named in ``RunData.unreadable``. A run without its series or points
+    raises (one line through the CLI)."""
     run_dir = Path(run_dir)
     meta = read_meta(run_dir)
     store = RunStore(run_dir / "run.db", readonly=True)
+    unreadable: list[str] = []
+
+    def optional(what: str, read: Callable[[], list[T]]) -> list[T]:
+        try:
+            return read()
+        except sqlite3.OperationalError as exc:
+            if not str(exc).startswith(("no such table", "no such column")):
+                raise
+            unreadable.append(f"{what} ({exc})")
+            return []
+
     try:
-        return RunData(meta=meta, series=store.read_all(), steps=store.steps(),
-                       probes=store.probes(), entities=store.entities(), events=store.events(),
-                       run_dir=run_dir, span=store.time_range())
+        series = store.read_all()
+        entities = optional("entities", store.entities)
+        data = RunData(meta=meta, series=series, steps=optional("steps", store.steps),
+                       probes=optional("probes", store.probes),
+                       entities=[_clean_entity(e) for e in entities],
+                       events=optional("events", store.events), run_dir=run_dir,
+                       span=_span(series), skipped=dict(store.skipped), unreadable=unreadable)
     finally:
         store.close()
+    return data
+
+
+def _span(series: dict[tuple[str, str], Series]) -> tuple[float, float] | None:
+    """First and last sample time of the series read (each is sorted by time)."""
+    firsts = [s.ts[0] for s in series.values() if s.ts]
+    if not firsts:
+        return None
+    return min(firsts), max(s.ts[-1] for s in series.values() if s.ts)
+
+
+#: process attributes readers compare and hash (roles, names): anything else is dropped
+_PROC_TEXT = ("name", "cmdline", "role")
+
+
+def _clean_entity(e: dict[str, Any]) -> dict[str, Any]:
+    """A process entity whose name, command line or role is not text, or whose parent is not a
+    process id, loses that attribute (a foreign or damaged store), so role inference and the
+    summary can compare them."""
+    if e["source"] != "procs":
+        return e
+    attrs = dict(e["attrs"])
+    for k in _PROC_TEXT:
+        if k in attrs and not isinstance(attrs[k], str):
+            del attrs[k]
+    ppid = attrs.get("ppid")
+    if ppid is not None and (not isinstance(ppid, (int, str)) or isinstance(ppid, bool)):
+        del attrs["ppid"]
+    return dict(e, attrs=attrs)
 
 
 def _num(v: Any) -> float | None:

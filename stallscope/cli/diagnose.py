@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from stallscope.analysis.diagnose import diagnose_run, render_diagnosis
+from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import out_console
 from stallscope.store import DEFAULT_OUT, find_run
 
@@ -21,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = diagnose_run(find_run(args.run, args.out))
+    run_dir = find_run(args.run, args.out)
+    data = load_run(run_dir)
+    doc = diagnose_run(run_dir, data)
+    note = data.skipped_note()
+    if note:  # the diagnosis is of what could be read; say once what could not
+        sys.stderr.write(f"stallscope: {run_dir.name}: {note}\n")
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +12,9 @@ from typing import Any
 from rich.table import Table
 
 from stallscope.cli._common import out_console, safe
-from stallscope.errors import RunNotFound, UsageError
-from stallscope.store import DEFAULT_OUT, list_runs, read_meta
+from stallscope.errors import RunNotFound, StallscopeError, UsageError
+from stallscope.store import DEFAULT_OUT, RunStore, list_runs, read_meta
+from stallscope.store.rundir import run_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,18 +24,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _alive(pid: object) -> bool:
-    """Whether the stallscope process that wrote a run is still there (None: unknown, an older
-    run or a standalone probe: taken as running)."""
-    if not isinstance(pid, int) or isinstance(pid, bool):
-        return True
+def _last_sample(run_dir: Path) -> float | None:
+    """Time of an interrupted run's last sample (None when run.db cannot tell)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        store = RunStore(run_dir / "run.db", readonly=True)
+    except StallscopeError:
+        return None
+    try:
+        span = store.time_range()
+    except sqlite3.Error:
+        return None
+    finally:
+        store.close()
+    return span[1] if span else None
+
+
+def _when(ts: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
         except RunNotFound as exc:
             rows.append({"run": d.name, "path": str(d), "error": str(exc)})
             continue
-        end = meta.get("end")
         start = meta.get("start") or 0
-        state = "finished" if end is not None else (
-            "running" if _alive(meta.get("monitor_pid")) else "interrupted")
+        state = run_state(meta)  # the same answer as `show`
+        end = (meta.get("end") if state == "finished" else time.time() if state == "running"
+               else _last_sample(d))
         rows.append({
             "run": d.name, "path": str(d), "command": meta.get("command"),
-            "start": start, "duration_s": round((end or time.time()) - start, 1),
+            "start": start,
+            "duration_s": None if end is None else round(max(0.0, end - start), 1),
             "exit_code": meta.get("exit_code"), "running": state == "running", "state": state,
         })
     if args.json:
@@ -69,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
         if "error" in r:
             t.add_row(safe(r["run"]), "-", "-", "-", f"[red]{safe(r['error'])}[/]")
             continue
-        t.add_row(safe(r["run"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(r["start"])),
-                  f"{r['duration_s']:.0f} s",
+        t.add_row(safe(r["run"]), _when(r["start"]),
+                  "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
                   str(r["exit_code"]) if r["state"] == "finished" else r["state"],
                   safe(" ".join(r["command"] or [])[:60]))
     out_console.print(t)

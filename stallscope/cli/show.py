@@ -14,6 +14,7 @@ from stallscope.analysis.rundata import RunData, load_run
 from stallscope.analysis.summary import render_summary, summarize
 from stallscope.cli._common import out_console, safe
 from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.store.rundir import run_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,8 +30,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 def load_summary(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
     if data is None:
         data = load_run(run_dir)
-    return {"run": str(run_dir), "meta": data.meta, "summary": summarize(data),
-            "events": data.events}
+    return {"run": str(run_dir), "meta": data.meta, "state": run_state(data.meta),
+            "duration_s": duration(data), "summary": summarize(data), "events": data.events,
+            "skipped": data.skipped, "unreadable": data.unreadable}
+
+
+def duration(data: RunData) -> float | None:
+    """Seconds the run lasted: start to end once finished, start to now while it runs, start to
+    its last sample once interrupted (a killed monitor never wrote an end)."""
+    meta = data.meta
+    start = meta.get("start")
+    if start is None:
+        return None
+    state = run_state(meta)
+    if state == "finished":
+        end = meta["end"]
+    elif state == "running":
+        end = time.time()
+    elif data.span is not None:  # the same end as `runs` gives an interrupted run
+        end = data.span[1]
+    else:
+        return None
+    return round(max(0.0, float(end) - float(start)), 3)
 
 
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
@@ -38,12 +59,22 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
     doc = load_summary(run_dir, data)
     meta, summary = doc["meta"], doc["summary"]
     cmd = " ".join(meta.get("command") or [])
-    dur = (meta.get("end") or time.time()) - (meta.get("start") or time.time())
-    state = "running" if meta.get("end") is None else f"exit code {meta.get('exit_code')}"
+    dur = doc["duration_s"]
+    state = doc["state"]
+    if state == "finished":
+        state = f"exit code {meta.get('exit_code')}"
+    elif state == "interrupted":  # stallscope was killed: no end, the duration ends at the data
+        state = "interrupted (to the last sample)"
     console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False)
-    console.print(f"  {safe(str(meta.get('host')))} · {dur:.0f} s · {state} · interval "
+    console.print(f"  {safe(str(meta.get('host')))} · "
+                  f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · interval "
                   f"{meta.get('interval_s')} s · {summary.get('samples', 0)} samples",
                   highlight=False)
+    line = data.skipped_note()
+    if line:
+        console.print(f"  [yellow]{line}[/]", highlight=False)
+    for what in data.unreadable:
+        console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
     for name, reason in (meta.get("unavailable") or {}).items():
         console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
     if summary["rows"]:

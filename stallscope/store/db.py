@@ -134,6 +134,8 @@ class RunStore:
         except sqlite3.DatabaseError as exc:
             raise StallscopeError(f"cannot open run database {self.path}: {exc}") from exc
         self._series: dict[tuple[str, str], int] = {}
+        #: rows the readers skipped as unreadable, by table (see "reading" below)
+        self.skipped: dict[str, int] = {}
 
     # --- writing -------------------------------------------------------------------------------
     def _series_id(self, name: str, entity: str) -> int:
@@ -149,8 +151,12 @@ class RunStore:
         return sid
 
     def add_points(self, ts: float, points: Iterable[Point]) -> int:
-        """Append one sample's points in one transaction; returns how many were stored."""
-        rows = [(ts, self._series_id(p.name, p.entity), float(p.value)) for p in points]
+        """Append one sample's points in one transaction; returns how many were stored (values
+        that are not finite numbers are left out)."""
+        # a value that is not a finite number (inf, -inf, NaN) is dropped, never stored: SQLite
+        # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them)
+        rows = [(ts, self._series_id(p.name, p.entity), v) for p in points
+                if (v := float(p.value)) - v == 0.0]
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO points VALUES(?, ?, ?)", rows)
         return len(rows)
@@ -252,6 +258,15 @@ class RunStore:
         self.db.close()
 
     # --- reading -------------------------------------------------------------------------------
+    # Readers are tolerant: a row whose columns do not hold what the schema says (a text or a
+    # blob in a numeric column, NULL, inf, attributes that are not a JSON object, a point of an
+    # unknown series) is skipped and counted in ``skipped`` (table -> rows), and the rest is read.
+    # Where cheap the filter runs in SQL (``typeof``), else in Python.
+
+    def _skip(self, table: str, n: int) -> None:
+        if n:
+            self.skipped[table] = self.skipped.get(table, 0) + n
+
     def series_keys(self, prefix: str = "") -> list[tuple[str, str]]:
         rows = self.db.execute(
             "SELECT name, entity FROM series WHERE name LIKE ? ORDER BY name, entity",
@@ -278,8 +293,9 @@ class RunStore:
             s = Series(name, str(ent))
             for ts, v in self.db.execute(
                 # col is one of two fixed column names, never user input
-                f"SELECT ts, {col} FROM rollup WHERE series=? UNION ALL "
-                "SELECT ts, v FROM points WHERE series=? ORDER BY 1",
+                f"SELECT ts, {col} FROM rollup WHERE series=? AND {_finite('ts')} AND "
+                f"{_finite(col)} UNION ALL SELECT ts, v FROM points WHERE series=? AND "
+                f"{_finite('ts')} AND {_finite('v')} ORDER BY 1",
                 (sid, sid),
             ):
                 s.ts.append(float(ts))
@@ -288,67 +304,173 @@ class RunStore:
         return out
 
     def read_all(self) -> dict[tuple[str, str], Series]:
-        """Every series in the run, keyed by (name, entity)."""
-        names = {int(i): (str(n), str(e)) for i, n, e in
-                 self.db.execute("SELECT id, name, entity FROM series")}
+        """Every series in the run, keyed by (name, entity); unreadable rows are skipped."""
+        names: dict[int, tuple[str, str]] = {}
+        bad = 0
+        for i, n, e in self.db.execute("SELECT id, name, entity FROM series"):
+            if isinstance(i, int) and isinstance(n, str) and isinstance(e, str):
+                names[i] = (n, e)
+            else:
+                bad += 1
+        self._skip("series", bad)
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
         use_max = {sid for sid, (n, _) in names.items() if _rollup_column(n) == "vmax"}
+        # Rollup buckets (older) first, then points, each in time order (the primary key's, no
+        # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
+        # than these tests cost Python. A series of another id, a value or time that is not a
+        # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
+        bad = 0
         for ts, sid, vmean, vmax in self.db.execute(
-            "SELECT ts, series, vmean, vmax FROM rollup UNION ALL "
-            "SELECT ts, series, v, v FROM points ORDER BY 1"
-        ):
-            s = out[names[int(sid)]]
+                "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"):
+            key = names.get(sid)
+            v = vmax if sid in use_max else vmean
+            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
+                bad += 1
+                continue
+            s = out[key]
             s.ts.append(float(ts))
-            s.v.append(float(vmax if int(sid) in use_max else vmean))
+            s.v.append(float(v))
+        self._skip("rollup", bad)
+        rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
+        bad = 0
+        for ts, sid, v in self.db.execute("SELECT ts, series, v FROM points ORDER BY ts"):
+            key = names.get(sid)
+            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
+                bad += 1
+                continue
+            s = out[key]
+            s.ts.append(float(ts))
+            s.v.append(float(v))
+        self._skip("points", bad)
+        for k, n in rolled.items():  # a bucket newer than a point: only in a damaged store
+            s = out[k]
+            if n < len(s.ts) and s.ts[n - 1] > s.ts[n]:
+                pairs = sorted(zip(s.ts, s.v))
+                s.ts, s.v = [t for t, _ in pairs], [v for _, v in pairs]
         return out
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
+        """Entities with their attributes (a JSON object); rows whose attributes are not one
+        are skipped. A first/last time that is not a finite number reads as None."""
         q = "SELECT source, entity, attrs, first_ts, last_ts FROM entities"
         args: tuple[Any, ...] = ()
         if source is not None:
             q += " WHERE source=?"
             args = (source,)
-        return [
-            {"source": s, "entity": e, "attrs": json.loads(a), "first_ts": f, "last_ts": la}
-            for s, e, a, f, la in self.db.execute(q + " ORDER BY source, entity", args)
-        ]
+        out = []
+        bad = 0
+        for s, e, a, f, la in self.db.execute(q + " ORDER BY source, entity", args):
+            attrs = _json_object(a)
+            if not (isinstance(s, str) and isinstance(e, str)) or attrs is None:
+                bad += 1
+                continue
+            out.append({"source": s, "entity": e, "attrs": attrs, "first_ts": _finite_or_none(f),
+                        "last_ts": _finite_or_none(la)})
+        self._skip("entities", bad)
+        return out
 
     def events(self) -> list[dict[str, Any]]:
-        return [
+        ok = (f"{_finite('ts')} AND typeof(source)='text' AND typeof(kind)='text' "
+              "AND typeof(message)='text'")
+        out = [
             {"ts": ts, "source": s, "kind": k, "message": m}
-            for ts, s, k, m in self.db.execute("SELECT * FROM events ORDER BY ts")
+            for ts, s, k, m in self.db.execute(
+                f"SELECT ts, source, kind, message FROM events WHERE {ok} ORDER BY ts")
         ]
+        [(bad,)] = self.db.execute(f"SELECT COUNT(*) FROM events WHERE NOT ({ok})").fetchall()
+        self._skip("events", int(bad))
+        return out
 
     def steps(self, rank: int | None = None) -> list[StepRow]:
-        q = "SELECT * FROM steps"
+        q = f"SELECT {_STEP_COLUMNS} FROM steps WHERE {_STEP_OK}"
         args: tuple[Any, ...] = ()
         if rank is not None:
-            q += " WHERE rank=?"
+            q += " AND rank=?"
             args = (rank,)
-        return [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
+        out = [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
+        if rank is None:
+            [(bad,)] = self.db.execute(
+                f"SELECT COUNT(*) FROM steps WHERE NOT ({_STEP_OK})").fetchall()
+            self._skip("steps", int(bad))
+        return out
 
     def probes(self) -> list[dict[str, Any]]:
         out = []
-        for r, p, c, s, d, u in self.db.execute("SELECT * FROM probes ORDER BY rank"):
-            try:
-                config = json.loads(c)
-            except ValueError:
-                config = None
-            out.append({"rank": r, "pid": p, "config": config if isinstance(config, dict) else {},
-                        "steps": s, "dropped": d, "updated": u})
+        bad = 0
+        for r, p, c, s, d, u in self.db.execute(
+                "SELECT rank, pid, config, steps, dropped, updated FROM probes ORDER BY rank"):
+            if not all(isinstance(x, int) for x in (r, p, s, d)):
+                bad += 1
+                continue
+            config = _json_object(c)
+            out.append({"rank": r, "pid": p, "config": config if config is not None else {},
+                        "steps": s, "dropped": d, "updated": _finite_or_none(u)})
+        self._skip("probes", bad)
         return out
 
     def time_range(self) -> tuple[float, float] | None:
-        row = self.db.execute(
-            "SELECT MIN(t0), MAX(t1) FROM (SELECT MIN(ts) t0, MAX(ts) t1 FROM points "
-            "UNION ALL SELECT MIN(ts), MAX(ts) FROM rollup)"
-        ).fetchone()
-        if row is None or row[0] is None:
+        """First and last readable sample time (points and rollup), None without samples."""
+        lo = hi = None
+        for table, ok in (("points", _POINT_OK), ("rollup", _ROLLUP_OK)):
+            # ORDER BY ts LIMIT 1 walks the primary key: a few rows, not the table
+            for order in ("ASC", "DESC"):
+                row = self.db.execute(
+                    f"SELECT ts FROM {table} WHERE {ok} ORDER BY ts {order} LIMIT 1").fetchone()
+                if row is None:
+                    continue
+                t = float(row[0])
+                lo = t if lo is None or t < lo else lo
+                hi = t if hi is None or t > hi else hi
+        if lo is None or hi is None:
             return None
-        return float(row[0]), float(row[1])
+        return lo, hi
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _finite(col: str) -> str:
+    """SQL: ``col`` holds a finite number (not text, a blob, NULL or inf; NaN is stored as
+    NULL). ``col`` is a fixed column name, never user input."""
+    return f"(typeof({col}) IN ('real', 'integer') AND {col} > -9e999 AND {col} < 9e999)"
+
+
+def _finite_or_null(col: str) -> str:
+    return f"({col} IS NULL OR {_finite(col)})"
+
+
+def _int_or_null(col: str) -> str:
+    return f"({col} IS NULL OR typeof({col}) = 'integer')"
+
+
+_NUM = (float, int)
+_POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
+_ROLLUP_OK = (f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND "
+              f"{_finite('vmax')}")
+_STEP_COLUMNS = "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch"
+_STEP_OK = " AND ".join(
+    ["typeof(rank) = 'integer'", "typeof(step) = 'integer'"]
+    + [_finite(c) for c in ("ts", "wait_s", "host_s")]
+    + [_finite_or_null(c) for c in ("h2d_s", "gpu_busy_s", "gpu_idle_s")]
+    + [_int_or_null(c) for c in ("samples", "epoch")])
+
+
+def _finite_or_none(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v - v == 0:
+        return float(v)
+    return None
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """A stored JSON object, or None when it is not one (not text, not JSON, a list, nested
+    too deep for the parser)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        v = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def _rollup_column(name: str) -> str:

@@ -7,12 +7,12 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from stallscope.errors import RunNotFound, UsageError
 
-__all__ = ["DEFAULT_OUT", "base_meta", "find_run", "list_runs", "new_run_dir", "read_meta",
-           "write_meta"]
+__all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "list_runs", "monitor_alive",
+           "new_run_dir", "read_meta", "run_state", "write_meta"]
 
 DEFAULT_OUT = "stallscope-runs"
 
@@ -88,8 +88,10 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text())
     except FileNotFoundError as exc:
         raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
-    except (OSError, ValueError) as exc:
-        raise RunNotFound(f"{run_dir}/meta.json is unreadable: {exc}") from exc
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise RunNotFound(f"{run_dir}/meta.json is unreadable: {str(exc)[:200]}") from exc
+    except RecursionError:
+        raise RunNotFound(f"{run_dir}/meta.json is unreadable: nested too deep") from None
     if not isinstance(meta, dict):
         raise RunNotFound(f"{run_dir}/meta.json is not a JSON object")
     _check_meta(run_dir, meta)
@@ -124,6 +126,41 @@ def _check_meta(run_dir: Path, meta: dict[str, Any]) -> None:
         v = meta.get(key)
         if v is not None and not ok(v):
             raise RunNotFound(f"{run_dir}/meta.json: {key!r} should be {what}, got {v!r:.60}")
+
+
+RunState = Literal["running", "finished", "interrupted"]
+
+#: the largest process id Linux can hand out (``/proc/sys/kernel/pid_max`` is at most 2^22)
+_PID_MAX = 2**22
+
+
+def monitor_alive(pid: object) -> bool:
+    """Whether the stallscope process that writes a run (``monitor_pid``) is still there.
+
+    None (unknown: an older run, or a standalone probe) is taken as alive; a value that cannot
+    be a process id (not an integer, zero, negative, past the kernel's maximum) as gone."""
+    if pid is None:
+        return True
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= _PID_MAX:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    except (OSError, OverflowError, ValueError):
+        return False
+    return True
+
+
+def run_state(meta: dict[str, Any]) -> RunState:
+    """The one answer to "is this run going on?", for ``runs`` and ``show`` alike: "finished"
+    once ``end`` is recorded, else "running" while the monitor that writes it is alive, else
+    "interrupted" (it was killed, e.g. ``kill -9``, or the machine went down)."""
+    if meta.get("end") is not None:
+        return "finished"
+    return "running" if monitor_alive(meta.get("monitor_pid")) else "interrupted"
 
 
 def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:

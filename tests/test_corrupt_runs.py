@@ -1,0 +1,387 @@
+"""Corrupted run stores: every reading command gives one line, or reads around the bad rows.
+
+A corpus of damaged run directories is built from one pristine run (made by `stallscope run`,
+with probe steps and a probe row added through the store), copied once per case and damaged in
+one way each: wrong values and types in run.db rows, broken entity attributes, a damaged or
+foreign run.db file, a hostile meta.json. Every reading command runs on every case through the
+real CLI; none may print a traceback, and where rows were skipped the rest is still read.
+
+``python tests/test_corrupt_runs.py`` prints the cases per category and how many tracebacked.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import stallscope_argv
+
+#: every reading command, as argv after `stallscope` ({run}, {out}, {tmp} filled per case)
+COMMANDS: dict[str, list[str]] = {
+    "show": ["show", "{run}"],
+    "show --json": ["show", "{run}", "--json"],
+    "diagnose --json": ["diagnose", "{run}", "--json"],
+    "report": ["report", "{run}", "-o", "{tmp}/report.html"],
+    "export csv": ["export", "{run}", "--format", "csv"],
+    "runs": ["runs", "--out", "{out}"],
+}
+
+#: how many bad rows a row-level case adds (all readers must skip exactly these)
+BAD = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    category: str
+    damage: Callable[[Path], None]
+    #: the damage only adds BAD unreadable rows: every pristine point is still exported and
+    #: `show` says rows were skipped
+    rows_skipped: bool = False
+
+
+# --- damage helpers ----------------------------------------------------------------------------
+def _sql(*stmts: str) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        db = sqlite3.connect(run / "run.db")
+        for s in stmts:
+            db.execute(s)
+        db.commit()
+        db.close()
+    return damage
+
+
+def _loosen(table: str, *stmts: str) -> Callable[[Path], None]:
+    """Rebuild ``table`` without NOT NULL constraints (a foreign writer's), then run stmts."""
+    return _sql(f"CREATE TABLE _t AS SELECT * FROM {table}", f"DROP TABLE {table}",
+                f"ALTER TABLE _t RENAME TO {table}", *stmts)
+
+
+def _bad_points(v: str = "1.0", ts: str = "t.ts + 0.001 * k.k", series: str = "t.series"
+                ) -> Callable[[Path], None]:
+    """BAD extra points rows (after existing samples, in existing series unless told)."""
+    return _sql("CREATE TEMP TABLE k(k INTEGER)", "INSERT INTO k VALUES(1),(2),(3)",
+                f"INSERT INTO points SELECT {ts}, {series}, {v} FROM "
+                "(SELECT ts, series FROM points ORDER BY ts LIMIT 1) t, k")
+
+
+def _bad_rollup(vmean: str, vmax: str = "1.0") -> Callable[[Path], None]:
+    return _sql("INSERT INTO rollup SELECT 0.5 * k, (SELECT MIN(id) FROM series), 1, 1.0, "
+                f"{vmean}, {vmax} FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)")
+
+
+def _procs_attrs(attrs: str) -> Callable[[Path], None]:
+    """Replace the attributes of BAD entities (the procs one first) with ``attrs`` (SQL)."""
+    return _sql(f"UPDATE entities SET attrs={attrs} WHERE rowid IN (SELECT rowid FROM entities "
+                "ORDER BY source='procs' DESC LIMIT 3)")
+
+
+def _bad_steps(col: str, value: str) -> Callable[[Path], None]:
+    cols = ["rank", "step", "ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s",
+            "samples", "epoch"]
+    sel = ", ".join(value if c == col else ("100 + k" if c == "step" else c) for c in cols)
+    return _sql(f"INSERT INTO steps SELECT {sel} FROM (SELECT * FROM steps LIMIT 1), "
+                "(SELECT 1 k UNION SELECT 2 UNION SELECT 3)")
+
+
+def _drop_column(table: str, keep: str) -> Callable[[Path], None]:
+    return _sql(f"CREATE TABLE _t AS SELECT {keep} FROM {table}", f"DROP TABLE {table}",
+                f"ALTER TABLE _t RENAME TO {table}")
+
+
+def _db_bytes(fn: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        p = run / "run.db"
+        p.write_bytes(fn(p.read_bytes()))
+    return damage
+
+
+def _scramble(b: bytes) -> bytes:
+    """Overwrite every page but the first with a pattern (the header stays valid)."""
+    return b[:4096] + bytes((i * 7 + 3) % 251 for i in range(len(b) - 4096))
+
+
+def _db_dir(run: Path) -> None:
+    (run / "run.db").unlink()
+    (run / "run.db").mkdir()
+
+
+def _meta_text(text: str | bytes) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        p = run / "meta.json"
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return damage
+
+
+def _meta(**changes: object) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        p = run / "meta.json"
+        meta = json.loads(p.read_text())
+        meta.update(changes)
+        p.write_text(json.dumps(meta))
+    return damage
+
+
+def _unlink(name: str) -> Callable[[Path], None]:
+    return lambda run: (run / name).unlink()
+
+
+CASES: dict[str, Case] = {
+    # values in points and rollup
+    "point_inf": Case("values", _bad_points(v="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END"),
+                      rows_skipped=True),
+    "point_text": Case("wrong type", _bad_points(v="CASE k.k WHEN 2 THEN X'00ff' ELSE 'abc' END"),
+                       rows_skipped=True),
+    "point_null": Case("NULLs", lambda r: (_loosen("points")(r), _bad_points(v="NULL")(r)),
+                       rows_skipped=True),
+    "point_ts_text": Case("wrong type", _bad_points(ts="'yesterday' || k.k"),
+                          rows_skipped=True),
+    "point_ts_inf": Case("values", _bad_points(
+        ts="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END",
+        series="CASE k.k WHEN 3 THEN (SELECT MAX(id) FROM series) ELSE t.series END"),
+        rows_skipped=True),
+    "point_ts_null": Case("NULLs", lambda r: (_loosen("points")(r),
+                                              _bad_points(ts="NULL")(r)), rows_skipped=True),
+    "point_series_dangling": Case("wrong type", _bad_points(series="99990 + k.k"),
+                                  rows_skipped=True),
+    "point_series_text": Case("wrong type", _bad_points(series="'gpu' || k.k"),
+                              rows_skipped=True),
+    "point_huge": Case("values", _bad_points(v="1e308")),
+    "point_ts_far_future": Case("values", _bad_points(ts="1e14 + k.k")),
+    "rollup_text": Case("wrong type", _bad_rollup("'abc'"), rows_skipped=True),
+    "rollup_inf": Case("values", _bad_rollup("9e999", "9e999"), rows_skipped=True),
+    "series_null_name": Case("NULLs", _loosen(
+        "series", "INSERT INTO series VALUES(99991, NULL, NULL)",
+        "INSERT INTO points SELECT DISTINCT ts + 0.001, 99991, 1.0 FROM points LIMIT 3")),
+    # entities
+    "attrs_bad_json": Case("entities", _procs_attrs("'{not json'")),
+    "attrs_json_list": Case("entities", _procs_attrs("'[1, 2]'")),
+    "attrs_deep": Case("entities", _procs_attrs(f"'{'[' * 100_000}{']' * 100_000}'")),
+    "attrs_sql_null": Case("NULLs", lambda r: (_loosen("entities")(r),
+                                               _procs_attrs("NULL")(r))),
+    "attrs_wrong_types": Case("entities", _procs_attrs(
+        """'{"name": ["x"], "ppid": {"a": 1}, "role": 5, "cmdline": 7}'""")),
+    "entity_blob": Case("entities", _sql("UPDATE entities SET entity=X'00ff', first_ts='x' "
+                                         "WHERE source='procs'")),
+    # events
+    "event_null": Case("NULLs", _loosen("events", "INSERT INTO events VALUES(1.0, NULL, "
+                                        "'note', NULL)")),
+    "event_blob": Case("wrong type", _sql("INSERT INTO events VALUES(X'00', X'01', X'02', "
+                                          "X'03')")),
+    "event_ts_text": Case("wrong type", _sql("INSERT INTO events VALUES('noon', 'gpu', 'note', "
+                                             "'x')")),
+    # steps and probes
+    "step_text": Case("wrong type", _bad_steps("wait_s", "'slow'")),
+    "step_inf": Case("values", _bad_steps("host_s", "9e999")),
+    "step_h2d_text": Case("wrong type", _bad_steps("h2d_s", "'fast'")),
+    "step_rank_text": Case("wrong type", _bad_steps("rank", "'zero' || k")),
+    "step_null": Case("NULLs", lambda r: (_loosen("steps")(r), _bad_steps("wait_s", "NULL")(r))),
+    "probe_pid_huge": Case("wrong type", _sql("UPDATE probes SET pid=1099511627776, "
+                                              "config='[1]'")),
+    "probe_pid_text": Case("wrong type", _sql("UPDATE probes SET pid='abc', steps='many'")),
+    # the run.db file
+    "db_zero_bytes": Case("run.db file", _db_bytes(lambda b: b"")),
+    "db_truncated": Case("run.db file", _db_bytes(lambda b: b[:len(b) // 2])),
+    "db_not_sqlite": Case("run.db file", _db_bytes(lambda b: b"not a database\n" * 300)),
+    "db_scrambled": Case("run.db file", _db_bytes(_scramble)),
+    "db_missing": Case("run.db file", _unlink("run.db")),
+    "db_is_directory": Case("run.db file", _db_dir),
+    "table_missing_points": Case("schema", _sql("DROP TABLE points")),
+    "table_missing_steps": Case("schema", _sql("DROP TABLE steps")),
+    "table_missing_entities": Case("schema", _sql("DROP TABLE entities")),
+    "column_missing_steps": Case("schema", _drop_column(
+        "steps", "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, samples, epoch")),
+    "column_missing_attrs": Case("schema", _drop_column(
+        "entities", "source, entity, first_ts, last_ts")),
+    # meta.json
+    "meta_deep": Case("meta.json", _meta_text('{"a": ' * 200_000 + "1" + "}" * 200_000)),
+    "meta_monitor_pid_2_40": Case("meta.json", _meta(monitor_pid=2**40, end=None)),
+    "meta_monitor_pid_negative": Case("meta.json", _meta(monitor_pid=-1, end=None)),
+    "meta_not_object": Case("meta.json", _meta_text("[1, 2, 3]")),
+    "meta_not_utf8": Case("meta.json", _meta_text(b'{"start": "\xff\xfe"}')),
+    "meta_empty": Case("meta.json", _meta_text("")),
+    "meta_missing": Case("meta.json", _unlink("meta.json")),
+    "meta_start_far": Case("meta.json", _meta(start=1e14)),
+    "meta_wrong_facts": Case("meta.json", _meta(
+        samples="many", loader_config="x", dataset_bytes="big", interval_s=0,
+        disk_health=[{"device": 5, "verdict": ["x"], "reasons": 3}], exit_code=10**30)),
+}
+
+
+# --- the pristine run and the corpus -----------------------------------------------------------
+def _pristine(root: Path) -> Path:
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--quiet", "--", "sleep",
+                                       "1"), cwd=root, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    [run] = list((root / "stallscope-runs").iterdir())
+    from stallscope.store import RunStore, StepRow
+
+    st = RunStore(run / "run.db")
+    [[t0]] = st.db.execute("SELECT MIN(ts) FROM points").fetchall()
+    st.add_steps(StepRow(0, i, t0 + i * 0.1, 0.05, 0.04, 0.001, 0.03, 0.01, 32, 0)
+                 for i in range(8))
+    st.set_probe(0, os.getpid(), {"batch_size": 32, "num_workers": 2}, 8, 0)
+    st.finish()
+    st.close()
+    return run
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def _env(base: Path) -> dict[str, str]:
+    """The CLI's environment: bytecode cached (under ``base``) even where the caller turned it
+    off, which halves the start of each of the corpus's few hundred commands."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+    return env
+
+
+def _run_case(base: Path, pristine: Path, name: str, case: Case) -> dict[str, Result]:
+    out = base / name / "stallscope-runs"
+    run = out / pristine.name
+    shutil.copytree(pristine, run)
+    case.damage(run)
+    results = {}
+    for label, argv in COMMANDS.items():
+        args = [a.format(run=run, out=out, tmp=base / name) for a in argv]
+        r = subprocess.run(stallscope_argv(*args), cwd=base / name, capture_output=True,
+                           text=True, timeout=120, errors="replace", env=_env(base))
+        results[label] = Result(r.returncode, r.stdout, r.stderr)
+    return results
+
+
+def build_corpus(base: Path, names: list[str] | None = None) -> dict[str, dict[str, Result]]:
+    pristine = _pristine(base)
+    names = names or list(CASES)
+    cases = {n: CASES[n] for n in names} | {"": Case("none", lambda run: None)}
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2) + 1) as pool:
+        futs = {n: pool.submit(_run_case, base, pristine, n or "pristine", c)
+                for n, c in cases.items()}
+        return {n: f.result() for n, f in futs.items()}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Result]]:
+    return build_corpus(tmp_path_factory.mktemp("corrupt"))
+
+
+def _export_rows(res: Result) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(res.stdout)))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_traceback_and_one_line(corpus: dict[str, dict[str, Result]], name: str) -> None:
+    for label, res in corpus[name].items():
+        what = f"{name}: stallscope {label} -> {res.rc}\n{res.stderr[-3000:]}"
+        assert "Traceback" not in res.stderr, what
+        assert res.rc in (0, 1, 2), what
+        assert len(res.stderr.splitlines()) <= 3, what
+        if res.rc != 0:
+            lines = res.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith("stallscope: error: "), what
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c.rows_skipped))
+def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]],
+                                          name: str) -> None:
+    res, pristine = corpus[name], corpus[""]
+    for label in ("show", "show --json", "diagnose --json", "report", "export csv"):
+        assert res[label].rc == 0, (label, res[label].stderr)
+    # every good point is still exported, the bad ones are not
+    good = _export_rows(pristine["export csv"])
+    assert len(good) > 50
+    assert _export_rows(res["export csv"]) == good
+    assert f"skipped {BAD} unreadable rows" in res["show"].stdout
+    for label in ("diagnose --json", "export csv"):  # said once, on stderr
+        assert f"skipped {BAD} unreadable rows" in res[label].stderr, label
+    assert sum(json.loads(res["show --json"].stdout)["skipped"].values()) == BAD
+    assert "skipped" not in json.loads(pristine["show --json"].stdout) or \
+        not json.loads(pristine["show --json"].stdout)["skipped"]
+
+
+def test_pristine_reads_clean(corpus: dict[str, dict[str, Result]]) -> None:
+    for label, res in corpus[""].items():
+        assert res.rc == 0 and not res.stderr, (label, res.stderr)
+
+
+@pytest.mark.parametrize("name", ["meta_monitor_pid_2_40", "meta_monitor_pid_negative"])
+def test_garbage_monitor_pid_is_interrupted_everywhere(corpus: dict[str, dict[str, Result]],
+                                                       name: str) -> None:
+    res = corpus[name]
+    assert "interrupted" in res["show"].stdout and "interrupted" in res["runs"].stdout
+    assert json.loads(res["show --json"].stdout)["state"] == "interrupted"
+
+
+def test_kill_9_show_and_runs_agree(tmp_path: Path) -> None:
+    """After a kill -9 of stallscope, `show` and `runs` both say "interrupted", and the
+    duration ends at the last sample instead of growing with the clock."""
+    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
+                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        [run] = list((tmp_path / "stallscope-runs").iterdir())
+        child = json.loads((run / "meta.json").read_text()).get("pid")
+        if child:  # the orphaned `sleep` (only ours, by the pid the run recorded)
+            os.kill(child, signal.SIGKILL)
+    time.sleep(1.5)  # a duration that grew with the clock would now be >= 1.5 s too long
+
+    def cli(*args: str) -> str:
+        r = subprocess.run(stallscope_argv(*args), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        return r.stdout
+
+    shown = json.loads(cli("show", str(run), "--json"))
+    [listed] = json.loads(cli("runs", "--json"))
+    assert shown["state"] == listed["state"] == "interrupted"
+    assert "interrupted" in cli("show", str(run))
+    assert "interrupted" in cli("runs")
+    db = sqlite3.connect(run / "run.db")
+    last = db.execute("SELECT MAX(ts) FROM points").fetchone()[0]
+    db.close()
+    expected = last - shown["meta"]["start"]
+    assert shown["duration_s"] == pytest.approx(expected, abs=0.01)
+    assert listed["duration_s"] == pytest.approx(expected, abs=0.1)
+    assert expected < time.time() - shown["meta"]["start"] - 1.0
+
+
+if __name__ == "__main__":
+    # the counts: cases per category, and how many tracebacked (any command)
+    with tempfile.TemporaryDirectory() as d:
+        results = build_corpus(Path(d))
+    per: dict[str, list[int]] = {}
+    for name, case in CASES.items():
+        tb = [label for label, r in results[name].items() if "Traceback" in r.stderr]
+        bad_rc = [label for label, r in results[name].items() if r.rc not in (0, 1, 2)]
+        per.setdefault(case.category, [0, 0, 0])
+        per[case.category][0] += 1
+        per[case.category][1] += bool(tb)
+        per[case.category][2] += len(tb)
+        if tb or bad_rc:
+            print(f"  {name}: traceback in {', '.join(tb)}; rc>2 in {bad_rc}")
+    print(f"{'category':14} cases  cases-with-traceback  tracebacks(cmd runs)")
+    for cat, (n, cases_tb, tbs) in per.items():
+        print(f"{cat:14} {n:5}  {cases_tb:20}  {tbs:5}")
+    print(f"{'total':14} {sum(v[0] for v in per.values()):5}  "
+          f"{sum(v[1] for v in per.values()):20}  {sum(v[2] for v in per.values()):5}")
