@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_cpu import FileImages, make_files, model_for  # noqa: E402
+from train_cpu import FileImages, make_files, model_for
 
 
 def main(argv: list[str] | None = None) -> int:

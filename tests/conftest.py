@@ -34,5 +34,6 @@ def tool_missing(tool: str) -> None:
 @pytest.fixture(autouse=True)
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """SMART growth state goes to a per-session temp dir, never the user's ~/.local/state."""
-    monkeypatch.setenv("STALLSCOPE_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
+    """SMART growth state and the run index go to a temp dir of each test, never the user's
+    ~/.local/state (and one test's runs never show up in another's `stallscope runs`)."""
+    monkeypatch.setenv("STALLSCOPE_STATE_DIR", str(tmp_path_factory.mktemp("state")))

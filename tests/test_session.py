@@ -115,3 +115,83 @@ def test_a_full_run_directory_loses_the_record_not_the_exit_code(
     [run_dir] = [d for d in small_tmpfs.iterdir() if d.is_dir()]
     assert not (run_dir / "meta.json.tmp").exists()  # no half-written file holds space
     assert read_meta(run_dir)["start"]  # what was recorded is still readable
+
+
+def test_runs_are_found_from_any_folder(tmp_path: Path) -> None:
+    """A run started in one folder is listed, shown and diagnosed from another (the per-user
+    index), while --out still names where new runs go."""
+    work, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.3", "--quiet", "--", "sleep", "1"),
+                       cwd=work, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    [run_dir] = list((work / "stallscope-runs").iterdir())
+    rows = json.loads(subprocess.run(stallscope_argv("runs", "--json"), cwd=elsewhere,
+                                     capture_output=True, text=True, timeout=60).stdout)
+    assert [Path(x["path"]).resolve() for x in rows] == [run_dir.resolve()]
+    for ref in ("latest", run_dir.name, run_dir.name[:12]):
+        s = subprocess.run(stallscope_argv("show", ref, "--json"), cwd=elsewhere,
+                           capture_output=True, text=True, timeout=60)
+        assert s.returncode == 0, (ref, s.stderr)
+        assert Path(json.loads(s.stdout)["run"]).resolve() == run_dir.resolve()
+    # $STALLSCOPE_OUT says where new runs go
+    import os
+
+    env = dict(os.environ, STALLSCOPE_OUT=str(tmp_path / "central"))
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.3", "--quiet", "--", "true"),
+                       cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and len(list((tmp_path / "central").iterdir())) == 1
+    assert not (elsewhere / "stallscope-runs").exists()
+
+
+def test_attach_to_a_running_tree_and_detach_without_signalling_it(tmp_path: Path) -> None:
+    """run --pid: the tree (a worker forked after the attach included) is recorded; Ctrl-C
+    ends the monitoring, never the trainer."""
+    import os
+    import signal
+    import time
+
+    trainer = subprocess.Popen([sys.executable, "-c",
+                                "import os, time\ntime.sleep(1.5)\n"
+                                "if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n"
+                                "time.sleep(60)\n"])
+    try:
+        mon = subprocess.Popen(stallscope_argv("run", "--pid", str(trainer.pid), "--interval",
+                                               "0.3", "--out", str(tmp_path / "runs")),
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        time.sleep(4.0)
+        mon.send_signal(signal.SIGINT)
+        _out, err = mon.communicate(timeout=60)
+        assert mon.returncode == 0, err[-2000:]
+        assert trainer.poll() is None  # still running: Ctrl-C reached only stallscope
+        [run_dir] = list((tmp_path / "runs").iterdir())
+        meta = read_meta(run_dir)
+        assert meta["attached"] is True and meta["ended"] == "detached"
+        assert meta["pid"] == trainer.pid and meta["exit_code"] is None
+        st = RunStore(run_dir / "run.db", readonly=True)
+        pids = {e["entity"] for e in st.entities("procs")}
+        st.close()
+        assert str(trainer.pid) in pids and len(pids) == 2  # the worker forked after attach
+        assert "verdict:" in err
+    finally:
+        trainer.kill()
+        trainer.wait()
+        os.system(f"pkill -KILL -P {trainer.pid} 2>/dev/null")
+
+
+def test_attach_follows_the_process_to_its_end_and_bad_pids_are_one_line(
+        tmp_path: Path) -> None:
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "0.3",
+                                       "--quiet", "--out", str(tmp_path / "runs")),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    trainer.wait()
+    assert r.returncode == 0, r.stderr
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    assert read_meta(run_dir)["ended"] == "exited"
+    bad = subprocess.run(stallscope_argv("run", "--pid", "999999999"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in bad.stderr

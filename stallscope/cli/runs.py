@@ -13,13 +13,15 @@ from rich.table import Table
 
 from stallscope.cli._common import out_console, safe
 from stallscope.errors import RunNotFound, StallscopeError, UsageError
-from stallscope.store import DEFAULT_OUT, RunStore, list_runs, read_meta
-from stallscope.store.rundir import run_state
+from stallscope.store import DEFAULT_OUT, RunStore, read_meta
+from stallscope.store.rundir import _root, known_runs, run_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list stored runs")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"where runs are (default ./{DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"where runs are (default $STALLSCOPE_OUT, else ./{DEFAULT_OUT}); runs "
+                   "started elsewhere are listed too, from the per-user run index")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -41,7 +43,7 @@ def _last_sample(run_dir: Path) -> float | None:
 
 def _when(ts: float) -> str:
     try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+        return time.strftime("%m-%d %H:%M", time.localtime(ts))
     except (OverflowError, OSError, ValueError):
         return "?"
 
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is not a directory")
     rows: list[dict[str, Any]] = []
-    for d in list_runs(args.out):
+    for d in known_runs(args.out):
         try:
             meta = read_meta(d)
         except RunNotFound as exc:
@@ -72,16 +74,33 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         out_console.print(f"no runs in {args.out}/ (start one with `stallscope run -- CMD`)")
         return 0
+    here = _root(args.out).resolve()
+    # the folder column only where it fits (`runs --json` always has each run's path)
+    elsewhere = (out_console.width >= 110
+                 and any(Path(r["path"]).resolve().parent != here for r in rows))
     t = Table(show_edge=False)
-    for col in ("run", "started", "duration", "exit", "command"):
-        t.add_column(col)
+    # run ids are what users copy into the next command: never folded or cut; the command
+    # and the folder give way instead
+    run_w = max(len(r["run"]) for r in rows)
+    t.add_column("run", no_wrap=True, min_width=run_w)
+    t.add_column("started", no_wrap=True, min_width=11)
+    t.add_column("duration", no_wrap=True, justify="right", min_width=8)
+    t.add_column("exit", no_wrap=True, min_width=11)
+    rest = max(12, out_console.width - run_w - 11 - 8 - 11 - 3 * (5 if elsewhere else 4))
+    cmd_w = rest * 2 // 3 if elsewhere else rest
+    t.add_column("command", no_wrap=True, overflow="ellipsis", max_width=cmd_w)
+    if elsewhere:
+        t.add_column("in", no_wrap=True, overflow="ellipsis", max_width=rest - cmd_w)
     for r in rows:
+        parent = Path(r["path"]).resolve().parent
+        where = ([safe(str(parent)) if parent != here else "."] if elsewhere else [])
         if "error" in r:
-            t.add_row(safe(r["run"]), "-", "-", "-", f"[red]{safe(r['error'])}[/]")
+            t.add_row(safe(r["run"]), "-", "-", "-", f"[red]{safe(r['error'])}[/]", *where)
             continue
         t.add_row(safe(r["run"]), _when(r["start"]),
                   "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
-                  str(r["exit_code"]) if r["state"] == "finished" else r["state"],
-                  safe(" ".join(r["command"] or [])[:60]))
+                  (str(r["exit_code"]) if r["exit_code"] is not None else "-")
+                  if r["state"] == "finished" else r["state"],
+                  safe(" ".join(r["command"] or [])[:60]), *where)
     out_console.print(t)
     return 0

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from stallscope.errors import RunNotFound, UsageError
 
-__all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "list_runs", "monitor_alive",
-           "new_run_dir", "read_meta", "run_state", "write_meta"]
+__all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "known_runs", "list_runs",
+           "monitor_alive", "new_run_dir", "read_meta", "run_state", "write_meta"]
 
 DEFAULT_OUT = "stallscope-runs"
 
@@ -163,23 +163,49 @@ def run_state(meta: dict[str, Any]) -> RunState:
     return "running" if monitor_alive(meta.get("monitor_pid")) else "interrupted"
 
 
+def _root(out: str | os.PathLike[str]) -> Path:
+    """The runs folder a command looks in: ``--out`` when given, else ``$STALLSCOPE_OUT``,
+    else ``./stallscope-runs``."""
+    if str(out) == DEFAULT_OUT:
+        from stallscope.store.index import default_out
+
+        return Path(default_out())
+    return Path(out)
+
+
+def known_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
+    """Every run this user can find: those under ``out`` and those in the per-user index
+    (:mod:`stallscope.store.index`), each once, oldest first (run ids start with their time)."""
+    from stallscope.store.index import indexed_runs
+
+    seen: dict[str, Path] = {}
+    for d in [*list_runs(_root(out)), *indexed_runs()]:
+        try:
+            key = str(d.resolve())
+        except OSError:
+            continue
+        seen.setdefault(key, d)
+    return sorted(seen.values(), key=lambda d: (d.name, str(d)))
+
+
 def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
-    """Resolve RUN as given on the command line: a run directory path, a run id under
-    ``out``, a unique prefix of one, or ``latest``."""
+    """Resolve RUN as given on the command line: a run directory path, a run id (under
+    ``out`` first, then anywhere in the per-user index), a unique prefix of one, or
+    ``latest``."""
     if not ref.strip():
         raise RunNotFound("no run given: name a run directory, a run id, or 'latest'")
     p = Path(ref)
     if (p / "meta.json").exists() or (p / "run.db").exists():
         return p
-    root = Path(out)
+    root = _root(out)
     if ref == "latest":
-        runs = list_runs(root)
+        runs = known_runs(out)
         if not runs:
-            raise RunNotFound(f"no runs in {root}")
+            raise RunNotFound(f"no runs in {root} or in the run index")
         return runs[-1]
     if (root / ref / "meta.json").exists() or (root / ref / "run.db").exists():
         return root / ref
-    matches = [r for r in list_runs(root) if r.name.startswith(ref)]
+    matches = [r for r in known_runs(out) if r.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
@@ -187,7 +213,8 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
         raise RunNotFound(f"run {ref!r} is ambiguous: {names}")
     if p.exists():
         raise RunNotFound(f"{ref} is not a stallscope run directory (no meta.json or run.db)")
-    raise RunNotFound(f"unknown run {ref!r} (not a directory, and not a run in {root}/)")
+    raise RunNotFound(f"unknown run {ref!r} (not a directory, not a run in {root}/ nor in the "
+                      "run index)")
 
 
 def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
