@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from stallscope.analysis.diagnose import diagnose_run, render_diagnosis
+from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
 from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import out_console
 from stallscope.store import DEFAULT_OUT, find_run
@@ -32,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
-        out_console.print(render_diagnosis(doc))
+        print_diagnosis(doc, out_console)
     return 0

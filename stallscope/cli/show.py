@@ -54,6 +54,14 @@ def duration(data: RunData) -> float | None:
     return round(max(0.0, float(end) - float(start)), 3)
 
 
+def _interval(meta: dict[str, Any]) -> str:
+    """How often the run was sampled, in words."""
+    iv, wi, ws = meta.get("interval_s"), meta.get("warmup_interval_s"), meta.get("warmup_s")
+    if isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0:
+        return f"every {wi:g} s for the first {ws / 60:g} min, then every {iv:g} s"
+    return f"every {iv:g} s" if isinstance(iv, (int, float)) else "interval ?"
+
+
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
     data = load_run(run_dir)
     doc = load_summary(run_dir, data)
@@ -62,13 +70,14 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
     dur = doc["duration_s"]
     state = doc["state"]
     if state == "finished":
-        state = f"exit code {meta.get('exit_code')}"
+        state = (f"exit code {meta.get('exit_code')}" if meta.get("exit_code") is not None
+                 else f"attached, {meta.get('ended') or 'ended'}")
     elif state == "interrupted":  # stallscope was killed: no end, the duration ends at the data
         state = "interrupted (to the last sample)"
     console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False)
     console.print(f"  {safe(str(meta.get('host')))} · "
-                  f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · interval "
-                  f"{meta.get('interval_s')} s · {summary.get('samples', 0)} samples",
+                  f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · {_interval(meta)} · "
+                  f"{summary.get('samples', 0)} samples",
                   highlight=False)
     line = data.skipped_note()
     if line:
@@ -90,10 +99,10 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
                       f"({cost / interval:.3%} of one core)", highlight=False)
     if with_diagnosis:
         try:
-            from stallscope.analysis.diagnose import diagnose_run, render_diagnosis
+            from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
         except ImportError:
             return
-        console.print(render_diagnosis(diagnose_run(run_dir, data)))
+        print_diagnosis(diagnose_run(run_dir, data), console)
 
 
 def run(args: argparse.Namespace) -> int:

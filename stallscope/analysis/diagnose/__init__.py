@@ -27,6 +27,8 @@ __all__ = [
     "compute_signals",
     "diagnose",
     "diagnose_run",
+    "diagnosis_lines",
+    "print_diagnosis",
     "render_diagnosis",
 ]
 
@@ -109,18 +111,27 @@ def diagnose_run(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
     return diagnose(data)
 
 
-def render_diagnosis(doc: dict[str, Any]) -> Any:
-    """A rich renderable of the diagnosis: verdict first, then each finding with its evidence
-    rule and fixes."""
-    from rich.console import Group
-    from rich.markup import escape
+def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
+    """The diagnosis as lines of rich Text, verdict first, then each finding with its rule and
+    fixes. Prose is wrapped to ``width`` with its indentation kept; a fix's action (often a
+    command) is never wrapped, so it survives copy and paste: print with ``soft_wrap=True``
+    (:func:`print_diagnosis`)."""
+    import textwrap
+
     from rich.text import Text
 
     colors = {"critical": "bold red", "warning": "yellow", "info": "green"}
-    parts: list[Any] = []
+    w = max(40, width)
+    lines: list[Any] = []
+
+    def prose(text: str, indent: str, style: str = "", first: str | None = None) -> None:
+        for ln in textwrap.wrap(text, w, initial_indent=first if first is not None else indent,
+                                subsequent_indent=indent, break_on_hyphens=False) or [indent]:
+            lines.append(Text(ln, style=style))
+
     findings = doc["findings"]
     if not findings:
-        parts.append(Text("verdict: nothing to report"))
+        lines.append(Text("verdict: nothing to report"))
     for i, f in enumerate(findings):
         head = Text()
         head.append("verdict: " if i == 0 else "also: ", style="bold")
@@ -128,13 +139,17 @@ def render_diagnosis(doc: dict[str, Any]) -> Any:
         head.append(f"  ({f['severity']}, confidence {f['confidence']:.2f}"
                     + (f", up to {f['est_speedup']:.1f}x faster" if f["est_speedup"] > 1.01
                        else "") + ")")
-        parts.append(head)
-        parts.append(Text("  " + f["summary"]))
+        lines.append(head)
+        prose(f["summary"], "  ")
         if f.get("rule"):
-            parts.append(Text(f"  rule: {f['rule']}", style="dim"))
+            prose(f"rule: {f['rule']}", "        ", "dim", first="  ")
         for fix in f["fixes"]:
-            parts.append(Text.from_markup(f"  [bold]fix:[/] {escape(fix['action'])}"))
-            parts.append(Text(f"       why: {fix['why']}", style="dim"))
+            line = Text("  ")
+            line.append("fix:", style="bold")
+            line.append(f" {fix['action']}")
+            lines.append(line)  # one line, whatever its length: it may be a command
+            if fix.get("why"):
+                prose(f"why: {fix['why']}", "            ", "dim", first="       ")
     for r in doc.get("ranks") or []:
         bits = []
         if r.get("stall_fraction") is not None:
@@ -143,7 +158,21 @@ def render_diagnosis(doc: dict[str, Any]) -> Any:
             bits.append(f"step {r['step_ms_median']:.0f} ms")
         if r.get("worker_cpu_pct") is not None:
             bits.append(f"{r.get('workers', 0)} worker(s) at {r['worker_cpu_pct']:.0f}% CPU")
-        parts.append(Text(f"  rank {r['rank']}: " + ", ".join(bits), style="dim"))
+        lines.append(Text(f"  rank {r['rank']}: " + ", ".join(bits), style="dim"))
     for ch in doc.get("changes") or []:
-        parts.append(Text(f"change: {ch['summary']}", style="cyan"))
-    return Group(*parts)
+        prose(f"change: {ch['summary']}", "        ", "cyan", first="")
+    return lines
+
+
+def print_diagnosis(doc: dict[str, Any], console: Any) -> None:
+    """Print the diagnosis on a rich console: prose wrapped to the terminal, commands never."""
+    for line in diagnosis_lines(doc, console.width - 1):
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def render_diagnosis(doc: dict[str, Any]) -> Any:
+    """The diagnosis as one rich renderable (for embedding; terminals use
+    :func:`print_diagnosis`, which never folds a command)."""
+    from rich.console import Group
+
+    return Group(*diagnosis_lines(doc))
