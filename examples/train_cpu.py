@@ -56,6 +56,17 @@ class FileImages(Dataset[tuple[torch.Tensor, int]]):
         return (x - 0.5) / 0.25, label
 
 
+class _WorkerInit:
+    """A worker's start-up work (a picklable callable: works with every start method)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, _worker_id: int) -> None:
+        if self.seconds > 0:
+            time.sleep(self.seconds)
+
+
 def make_files(root: Path, n: int, size: int, classes: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     have = len(list(root.glob("*.bin")))
@@ -110,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
+    ap.add_argument("--no-persistent", action="store_true",
+                    help="restart the DataLoader workers every epoch (persistent_workers=False)")
+    ap.add_argument("--worker-init-s", type=float, default=0.0, metavar="S",
+                    help="each worker spends S s setting up when it starts (opening a database, "
+                    "loading an index): paid every epoch without persistent workers")
     ap.add_argument("--shm-fill", type=int, default=0, metavar="MIB",
                     help="occupy this much of /dev/shm while training (shm-pressure demo)")
     args = ap.parse_args(argv)
@@ -133,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         ds = FileImages(root, args.size, args.prep_cost)
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, persistent_workers=args.workers > 0)
+                            num_workers=args.workers,
+                            persistent_workers=args.workers > 0 and not args.no_persistent,
+                            worker_init_fn=_WorkerInit(args.worker_init_s)
+                            if args.workers else None)
         watch = None
         if not args.no_probe:
             try:

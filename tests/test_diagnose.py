@@ -371,3 +371,18 @@ def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
     assert f["est_speedup"] == pytest.approx(2.5)
     more = next(x for x in f["fixes"] if x["action"].startswith("num_workers 2 → "))
     assert "expected ×1.02" in more["why"]  # 1.96 cores used + 0.04 idle
+
+
+def test_epoch_start_stall_is_its_own_finding() -> None:
+    st = []
+    for e in range(6):
+        for i in range(20):
+            st.append(StepRow(0, e * 20 + i, T0 + e * 10 + i * 0.1,
+                              2.0 if i == 0 else 0.002, 0.05, epoch=e))
+    doc = diagnose(run([ser("host.cpu_pct", "", [40] * N)], steps=st,
+                       config={"loader": {"num_workers": 2, "persistent_workers": False}}))
+    top = doc["findings"][0]
+    assert top["kind"] == "input_bound.epoch_start"
+    assert top["evidence"]["epoch_start_cost_s"] == pytest.approx(2.0, abs=0.01)
+    assert top["fixes"][0]["action"] == "persistent_workers=True"
+    assert not any(f["kind"].startswith("input_bound.pre") for f in doc["findings"])

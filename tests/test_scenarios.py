@@ -171,3 +171,24 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path) -> None:
         f.write(json.dumps({"scenario": "fix-delivery", "estimated": est, "measured": got,
                             "workers": int(m.group(1))}) + "\n")
     assert abs(got - est) <= 0.25 * est, (est, got, cmp)
+
+
+def test_epoch_boundary_stall_and_its_fix(tmp_path: Path) -> None:
+    """Workers restarted every epoch (no persistent_workers) with a costly start-up: the
+    recurring wait at each epoch start is named with its cost per epoch; persistent workers
+    deliver the estimated speed-up (±25%)."""
+    base = ["--files", "400", "--workers", "2", "--worker-init-s", "1.5"]
+    a = run_scenario("epoch-start", tmp_path / "a", [*base, "--no-persistent"])
+    top = a["findings"][0]
+    assert a["verdict"] == "input_bound.epoch_start", top
+    assert 1.3 <= top["evidence"]["epoch_start_cost_s"] <= 3.0
+    assert top["fixes"][0]["action"] == "persistent_workers=True"
+    b = run_scenario("epoch-start-fixed", tmp_path / "b", base)
+    assert b["verdict"] != "input_bound.epoch_start"
+    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
+                       capture_output=True, text=True, timeout=60, check=True)
+    est, got = top["est_speedup"], json.loads(c.stdout)["speedup"]
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        f.write(json.dumps({"scenario": "fix-delivery-epoch", "estimated": est,
+                            "measured": got}) + "\n")
+    assert abs(got - est) <= 0.25 * est, (est, got)

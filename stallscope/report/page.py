@@ -30,6 +30,7 @@ __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 KIND_TITLES: dict[str, str] = {
     "input_bound.fetch": "Input-bound: storage cannot feed the trainer fast enough",
     "input_bound.prep": "Input-bound: CPU preprocessing cannot keep up",
+    "input_bound.epoch_start": "Every epoch starts with a long wait for data",
     "h2d_bound": "Host-to-device copies hold the GPU back",
     "compute_bound": "Compute-bound: the GPU is the bottleneck (healthy)",
     "gpu_throttled": "GPU clocks are throttled",

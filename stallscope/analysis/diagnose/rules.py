@@ -112,6 +112,8 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     if sig.stall_source == "probe":
         if stall is None or stall < STALL_WARN:
             return []
+        if _epoch_starts_explain(data, sig):
+            return []  # the wait is the epoch boundaries': input_bound.epoch_start says so
         base = 0.9
     elif sig.stall_source == "gpu_idle":
         if stall is None or stall < 0.3 or max(fs, ps) < 2:
@@ -347,6 +349,54 @@ def _loader_fixes(sig: Signals) -> list[Fix]:
         fixes.append(Fix("prefetch_factor=2 (or more)",
                          "one batch in flight per worker leaves no slack for slow samples"))
     return fixes
+
+
+def _epoch_starts_explain(data: RunData, sig: Signals) -> bool:
+    """The run's data wait is the epoch starts': without them the steps wait < 15%."""
+    total = sig.epoch_start_total_s
+    if total is None or not rule_epoch_start(data, sig):
+        return False
+    first: dict[int, int] = {}
+    for s in data.steps:  # each rank's first step is its start-up, left out as in the stall
+        first[s.rank] = min(first.get(s.rank, s.step), s.step)
+    body = [s for s in data.steps if s.step != first[s.rank]]
+    wait = sum(s.wait_s for s in body) - total
+    wall = sum(s.wait_s + s.host_s for s in body) - total
+    return wall <= 0 or wait / wall < STALL_WARN
+
+
+def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
+    """input_bound.epoch_start: the first step of every epoch waits ≥ 1 s longer than an
+    ordinary step (median over epochs ≥ 1), in ≥ 2 epochs, and those waits add up to ≥ 5% of
+    the steps' wall time: DataLoader workers restarted each epoch (no persistent_workers), or a
+    dataset or sampler rebuilt each epoch. Caught even when the stall over the whole run is
+    small, because it recurs."""
+    cost, total = sig.epoch_start_cost_s, sig.epoch_start_total_s
+    if cost is None or total is None or sig.epochs < 3 or cost < 1.0:
+        return []
+    wall = sum(s.wait_s + s.host_s for s in data.steps)
+    if wall <= 0 or total / wall < 0.05:
+        return []
+    cfg = sig.config
+    fixes = []
+    if cfg.get("num_workers") and cfg.get("persistent_workers") is False:
+        fixes.append(Fix("persistent_workers=True",
+                         f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
+                         "epoch boundaries"))
+    fixes.append(Fix("build the dataset, its index and the sampler once, outside the epoch "
+                     "loop; open files or databases lazily in each worker and keep them",
+                     "whatever happens at the start of every epoch is paid once per epoch"))
+    share = total / wall
+    return [Finding("input_bound.epoch_start", "critical" if share >= STALL_CRIT else "warning",
+                    0.8,
+                    f"Every epoch starts with a {cost:.1f} s wait for the first batch "
+                    f"({sig.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
+                    "time): the input pipeline restarts at each epoch boundary.",
+                    sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
+                                 "epoch_start_total_s", "wait_ms_median", "workers"),
+                    fixes, round(wall / (wall - total), 2),
+                    f"epoch start cost {cost:.1f} s ≥ 1 s over {sig.epochs} epochs, "
+                    f"{share:.0%} ≥ 5% of step time")]
 
 
 # --- host-to-device copies -----------------------------------------------------------------------
@@ -686,7 +736,8 @@ def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
 Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
-    rule_insufficient, rule_input_bound, rule_h2d, rule_compute_bound, rule_gpu_throttled,
+    rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
+    rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_disk_health,
 )

@@ -70,6 +70,9 @@ class Signals:
     h2d_share: float | None = None
     epochs: int = 0
     epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1
+    #: what each epoch start cost beyond an ordinary step's wait (s), and all of them together
+    epoch_start_cost_s: float | None = None
+    epoch_start_total_s: float | None = None
     samples_per_s: float | None = None
     # --- gpu ---
     gpus: int = 0
@@ -256,6 +259,10 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     firsts = [w[0] for e, w in sorted(epochs.items()) if e >= 1 and w]
     if firsts:
         sig.epoch_start_wait_s = _r(median(firsts), 3)
+        usual = median([w for ws in epochs.values() for w in ws[1:]]) or 0.0
+        extra = [max(0.0, f - usual) for f in firsts]
+        sig.epoch_start_cost_s = _r(median(extra), 3)
+        sig.epoch_start_total_s = _r(sum(extra), 2)
 
 
 def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
