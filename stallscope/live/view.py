@@ -124,7 +124,7 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
         why = "no GPU found" if reading is not None else "no reading yet"
         return [[_line(("gpu  ", "bold"), why, width=width)]]
     out = []
-    name_w = max(8, min(28, width - 66))
+    name_w = max(6, min(28, width - 70))
     for g in gpus:
         total = g.get("mem_total_mib")
         used = g.get("mem_used_mib")
