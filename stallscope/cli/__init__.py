@@ -48,6 +48,7 @@ COMMANDS: tuple[str, ...] = (
     "pack",
     "alerts",
     "agent",
+    "top",
 )
 
 

@@ -1,0 +1,45 @@
+"""``stallscope top [--pid PID] [--interval S] [--count N]``: the whole chain, live.
+
+GPUs, disks (iostat -x fields), host CPU/memory/swap/shm/PSI and, with ``--pid``, the trainer's
+process tree, refreshed every interval. Keys: q quit, c/m/r sort processes by CPU / memory /
+read rate, p pause. When stdout is not a terminal: one plain frame per interval."""
+
+from __future__ import annotations
+
+import argparse
+
+from stallscope.cli._common import bounded, interval_type
+
+
+def _pid(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pid must be a process id, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"--pid must be a positive process id, got {text!r}")
+    return v
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("top", help="live view of GPUs, disks, host and a trainer's processes",
+                       description="A live terminal view of the whole chain: GPUs, disks "
+                       "(iostat -x fields), host CPU, memory, swap, /dev/shm, PSI and, with "
+                       "--pid, the trainer and its workers. Keys: q quit, c/m/r sort processes "
+                       "by CPU/memory/read rate, p pause. When stdout is not a terminal, one "
+                       "plain frame is printed per interval.")
+    p.add_argument("--pid", type=_pid, default=None,
+                   help="also show this process and its descendants (the trainer and its "
+                   "DataLoader workers)")
+    p.add_argument("--interval", type=interval_type, default=1.0,
+                   help="seconds between refreshes (default 1)")
+    p.add_argument("--count", type=bounded("--count", int, 1, 10**9), default=None,
+                   metavar="N", help="exit after N frames (default: until q or Ctrl-C)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.live.app import run_top
+
+    return run_top(interval=args.interval, pid=args.pid,
+                   count=None if args.count is None else int(args.count))

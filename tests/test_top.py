@@ -1,0 +1,262 @@
+"""``stallscope top`` in a real terminal (tmux), and piped.
+
+Each tmux test runs its own tmux server (``-L`` socket, no user config) so nothing of the
+user's tmux is touched, and kills it in a ``finally``. The watched tree is a real child: a
+parent holding ~150 MiB that forked one worker burning a CPU, so sorting by CPU puts the worker
+first and sorting by memory the parent."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, stallscope_argv
+
+TREE = textwrap.dedent("""
+    import os, sys, time
+    if len(sys.argv) > 1:
+        with open("/proc/self/comm", "w") as f:
+            f.write(sys.argv[1])
+    worker = os.fork()
+    if worker == 0:
+        while True:
+            pass
+    held = bytearray(b"\\x01") * (150 << 20)
+    print(os.getpid(), worker, flush=True)
+    time.sleep(120)
+""")
+
+#: the SGR parameters that set a colour (foreground, background, 256/true colour, bright)
+_COLOUR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+def _has_colour(text: str) -> bool:
+    for m in _COLOUR.finditer(text):
+        for p in (m.group(1) or "0").split(";"):
+            if p and ((30 <= int(p) <= 49 and int(p) not in (39, 49)) or 90 <= int(p) <= 107):
+                return True
+    return False
+
+
+@pytest.fixture
+def tree() -> Iterator[tuple[int, int]]:
+    """(parent pid, worker pid) of a running tree; both killed afterwards."""
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    parent, worker = (int(x) for x in proc.stdout.readline().split())
+    try:
+        yield parent, worker
+    finally:
+        for pid in (worker, parent):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=10)
+
+
+class Tmux:
+    """A private tmux server with one session running ``command``."""
+
+    def __init__(self, command: str, width: int, height: int, env: dict[str, str]) -> None:
+        if shutil.which("tmux") is None:
+            pytest.skip("tmux not installed")
+        self.sock = f"stallscope-test-{uuid.uuid4().hex[:10]}"
+        self.env = env
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", str(width),
+                   "-y", str(height), command)
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.sock, *args], env=self.env, check=True,
+                              capture_output=True, text=True, timeout=10).stdout
+
+    def screen(self, escapes: bool = False) -> str:
+        return self._tmux("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "top")
+
+    def lines(self) -> list[str]:
+        return self.screen().split("\n")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "top", *keys)
+
+    def show(self, fmt: str) -> str:
+        return self._tmux("display-message", "-p", "-t", "top", fmt).strip()
+
+    def wait_for(self, ok: Callable[[str], bool], what: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen()
+            if ok(text):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; screen:\n{text}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], env=self.env,
+                       capture_output=True, timeout=10)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LANG="C.UTF-8", LC_ALL="C.UTF-8",
+               TERM="xterm-256color", **extra)
+    env.pop("NO_COLOR", None)
+    env.update(extra)
+    return env
+
+
+def _top_command(*args: str) -> str:
+    """top in the session, then its exit code and the terminal's settings, then a pause so
+    the pane stays to be read."""
+    argv = " ".join(shlex.quote(a) for a in stallscope_argv("top", *args))
+    return f"{argv}; echo EXITED $?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-*icanon'; sleep 60"
+
+
+def _proc_rows(screen: str) -> list[str]:
+    """The process table's rows (pids first), in screen order."""
+    lines = screen.split("\n")
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("PID "))
+    return [ln for ln in lines[start + 1:] if re.match(r"\s*\d+ ", ln)]
+
+
+def _filled(pids: tuple[int, int]) -> Callable[[str], bool]:
+    def ok(text: str) -> bool:
+        if not ("cpu " in text and "DISK" in text and "sort: cpu" in text):
+            return False
+        rows = _proc_rows(text)
+        # both processes listed with a CPU rate (the second sample has one)
+        return {int(r.split()[0]) for r in rows if re.search(r"\s\d+\.\d\s", r)} >= set(pids)
+    return ok
+
+
+def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
+    parent, worker = tree
+    t = Tmux(_top_command("--pid", str(parent), "--interval", "0.5"), 80, 24, _env())
+    try:
+        t0 = time.monotonic()
+        screen = t.wait_for(_filled(tree), "the panels to fill")
+        filled_s = time.monotonic() - t0
+        lines = screen.split("\n")
+        assert lines[0].startswith("stallscope top"), lines[0]
+        assert "q quit" in lines[23], "footer on the last line of a 24-line terminal"
+        order = [next(i for i, ln in enumerate(lines) if ln.startswith(p))
+                 for p in ("gpu", "cpu ", "mem ", "DISK", "PROCESSES")]
+        assert order == sorted(order), order
+        assert "CMDLINE" not in screen and "rareq-sz" not in screen  # narrow layout
+        assert t.show("#{alternate_on}") == "1"  # the full screen, not scrolling output
+        rows = _proc_rows(screen)
+        assert int(rows[0].split()[0]) == worker, rows  # CPU order: the burning worker first
+        assert "CPU%▼" in screen
+
+        t.keys("m")
+        screen = t.wait_for(lambda s: "sort: mem" in s, "sort by memory")
+        rows = _proc_rows(screen)
+        assert int(rows[0].split()[0]) == parent, rows  # holds 150 MiB
+        assert "RSS MiB▼" in screen and "CPU%▼" not in screen
+
+        t.keys("c")
+        screen = t.wait_for(lambda s: "sort: cpu" in s, "sort by CPU again")
+        assert int(_proc_rows(screen)[0].split()[0]) == worker
+
+        t.keys("p")
+        t.wait_for(lambda s: "PAUSED" in s, "paused")
+        t.keys("p")
+        t.wait_for(lambda s: "PAUSED" not in s, "resumed")
+
+        t0 = time.monotonic()
+        t.keys("q")
+        screen = t.wait_for(lambda s: "EXITED" in s, "exit after q", timeout=5)
+        quit_s = time.monotonic() - t0
+        assert "EXITED 0" in screen
+        # the terminal is back: canonical mode again (stty prints icanon, not -icanon),
+        # the main screen, the cursor shown
+        t.wait_for(lambda s: "icanon" in s, "stty output")
+        assert "-icanon" not in t.screen()
+        assert t.show("#{alternate_on}") == "0"
+        assert t.show("#{cursor_flag}") == "1"
+        assert quit_s < 3, quit_s
+        assert filled_s < 8, filled_s
+    finally:
+        t.kill()
+
+
+def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
+    t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 80, 24, _env())
+    try:
+        t.wait_for(lambda s: "DISK" in s, "the first frame")
+        shell = int(t.show("#{pane_pid}"))
+        kids = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+        top = next(int(k) for k in kids
+                   if b"stallscope" in Path(f"/proc/{k}/cmdline").read_bytes())
+        os.kill(top, signal.SIGTERM)
+        screen = t.wait_for(lambda s: "EXITED" in s and "icanon" in s, "exit after SIGTERM")
+        assert "EXITED 143" in screen
+        assert "-icanon" not in screen
+        assert t.show("#{alternate_on}") == "0"
+    finally:
+        t.kill()
+
+
+def test_top_120x40_uses_the_width_no_color(tree: tuple[int, int]) -> None:
+    t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 120, 40,
+             _env(NO_COLOR="1"))
+    try:
+        screen = t.wait_for(_filled(tree), "the panels to fill")
+        lines = screen.split("\n")
+        assert "CMDLINE" in screen and "rareq-sz" in screen and "WRITE kB/s" in screen
+        assert max(len(ln) for ln in lines) > 100
+        assert "q quit" in lines[39]
+        assert "bin/python -c" in screen  # the command line is shown
+        assert not _has_colour(t.screen(escapes=True))  # NO_COLOR: reverse/bold only
+        t.keys("q")
+        t.wait_for(lambda s: "EXITED 0" in s, "exit after q", timeout=5)
+    finally:
+        t.kill()
+
+
+def test_top_piped_prints_plain_frames() -> None:
+    # a process whose name carries a terminal escape sequence: shown escaped, never raw
+    proc = subprocess.Popen([sys.executable, "-c", TREE, "\x1b[31mevil\x07"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    parent, worker = (int(x) for x in proc.stdout.readline().split())
+    try:
+        for extra in ({}, {"NO_COLOR": "1"}):
+            t0 = time.monotonic()
+            out = subprocess.run(
+                [*stallscope_argv("top", "--count", "2", "--interval", "0.5", "--pid",
+                                  str(parent))],
+                capture_output=True, text=True, timeout=30, env=_env(**extra))
+            took = time.monotonic() - t0
+            assert out.returncode == 0, out.stderr
+            assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+            assert out.stdout.count("stallscope top") == 2, out.stdout
+            assert "DISK" in out.stdout and "cpu " in out.stdout
+            assert "\\x1b[31mevil" in out.stdout  # the name, escaped
+            assert str(worker) in out.stdout
+            assert took < 10, took
+    finally:
+        os.kill(worker, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_top_missing_pid_is_one_line_exit_1() -> None:
+    out = subprocess.run(stallscope_argv("top", "--pid", "999999999"), capture_output=True,
+                         text=True, timeout=30, env=_env())
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "999999999" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
