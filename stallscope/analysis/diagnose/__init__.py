@@ -75,10 +75,10 @@ def changes(data: RunData) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
-            rel: float) -> None:
+            rel: float, least: float = 0.0) -> None:
         for c in detect_changes(ts, xs):
-            if abs(c.after - c.before) < rel * max(abs(c.before), 1e-9):
-                continue  # a real but tiny shift: not worth a line
+            if abs(c.after - c.before) < max(rel * abs(c.before), least, 1e-9):
+                continue  # a real but small shift: not worth a line
             out.append({"metric": what, "entity": entity, "direction": c.direction,
                         "before": round(c.before, 4), "after": round(c.after, 4),
                         "start_s": round(c.start_ts - t0, 1),
@@ -91,10 +91,11 @@ def changes(data: RunData) -> list[dict[str, Any]]:
         steps = [s for s in data.steps if s.rank == rank]
         ts = [s.ts for s in steps]
         add("step_ms", f"rank{rank}", "ms", ts, [(s.wait_s + s.host_s) * 1000 for s in steps],
-            0.15)
+            0.25)
+        # a share moves by points: 0.40 → 0.50 is noise on a busy machine, 0.05 → 0.40 is not
         add("data_wait_share", f"rank{rank}", "", ts,
             [s.wait_s / (s.wait_s + s.host_s) if s.wait_s + s.host_s > 0 else math.nan
-             for s in steps], 0.25)
+             for s in steps], 0.0, 0.2)
     for name, unit, rel in _WATCHED:
         for s in data.all(name):
             add(name, s.entity, unit, s.ts, s.v, rel)
