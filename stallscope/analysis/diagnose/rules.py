@@ -108,12 +108,18 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     clear saturation pattern. fetch vs prep is decided by scoring the signals of
     :func:`_fetch_prep_scores`; the side with more points wins."""
     stall = sig.stall_fraction
+    steady: float | None = None
     fs, freasons, ps, preasons = _fetch_prep_scores(sig)
     if sig.stall_source == "probe":
         if stall is None or stall < STALL_WARN:
             return []
-        if _epoch_starts_explain(data, sig):
-            return []  # the wait is the epoch boundaries': input_bound.epoch_start says so
+        steady = _steady_stall(data, sig)
+        if steady is not None:
+            # the epoch starts are input_bound.epoch_start's; this finding is about the wait
+            # between them, and says so
+            if steady < STALL_WARN:
+                return []
+            stall = steady
         base = 0.9
     elif sig.stall_source == "gpu_idle":
         if stall is None or stall < 0.3 or max(fs, ps) < 2:
@@ -157,6 +163,8 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
         who = (f"rank {sig.focus_rank} waited for data {stall:.0%} of its steps"
                if sig.focus_rank is not None else
                f"the trainer waited for data {stall:.0%} of the time")
+        if steady is not None:
+            who += " between epoch starts"
         summary = f"Input-bound: {who} ({src}); {what}."
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
@@ -180,7 +188,7 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     if not sig.workers and sig.stall_source == "probe":
         ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
                       "cannot split it from compute; the probe's data-wait timing does.")
-    est = _prep_estimate(sig) if kind.endswith("prep") else _speedup(stall)
+    est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
     return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
 
 
@@ -211,7 +219,7 @@ def spare_cores(sig: Signals) -> float | None:
     return max(0.0, (100.0 - sig.host_cpu_median_pct) / 100.0 * cpus)
 
 
-def prep_gain(sig: Signals, target: int) -> float | None:
+def prep_gain(sig: Signals, target: int, stall: float | None = None) -> float | None:
     """The speed-up to expect from ``target`` workers instead of today's, for a prep stall: new
     workers only add throughput with CPU they can use. Workers now use ``worker_cpu_pct`` ×
     n of a core; the new ones can add at most one core each, and no more than the cores left
@@ -224,10 +232,11 @@ def prep_gain(sig: Signals, target: int) -> float | None:
     if used <= 0:
         return None
     added = min(float(target - nw), spare)
-    return round(min(_speedup(sig.stall_fraction), (used + added) / used), 2)
+    cap = _speedup(sig.stall_fraction if stall is None else stall)
+    return round(min(cap, (used + added) / used), 2)
 
 
-def _prep_estimate(sig: Signals) -> float:
+def _prep_estimate(sig: Signals, stall: float | None = None) -> float:
     """est_speedup of a prep stall: what its first fix is expected to deliver. When that fix is
     more workers, the CPU they can get bounds it; when it is cheaper per-sample work (no idle
     CPU), how much cheaper is the user's choice: the bound is removing the wait entirely."""
@@ -235,10 +244,10 @@ def _prep_estimate(sig: Signals) -> float:
     cores = sig.physical_cores
     spare = spare_cores(sig)
     if nw is not None and cores and nw < cores and spare is not None and spare >= 0.25:
-        gain = prep_gain(sig, _prep_target(sig, nw, cores))
+        gain = prep_gain(sig, _prep_target(sig, nw, cores), stall)
         if gain is not None:
             return gain
-    return _speedup(sig.stall_fraction)
+    return _speedup(sig.stall_fraction if stall is None else stall)
 
 
 def _prep_target(sig: Signals, nw: int, cores: int) -> int:
@@ -351,18 +360,18 @@ def _loader_fixes(sig: Signals) -> list[Fix]:
     return fixes
 
 
-def _epoch_starts_explain(data: RunData, sig: Signals) -> bool:
-    """The run's data wait is the epoch starts': without them the steps wait < 15%."""
+def _steady_stall(data: RunData, sig: Signals) -> float | None:
+    """The stall between epoch starts, when input_bound.epoch_start fires (else None)."""
     total = sig.epoch_start_total_s
     if total is None or not rule_epoch_start(data, sig):
-        return False
+        return None
     first: dict[int, int] = {}
     for s in data.steps:  # each rank's first step is its start-up, left out as in the stall
         first[s.rank] = min(first.get(s.rank, s.step), s.step)
     body = [s for s in data.steps if s.step != first[s.rank]]
     wait = sum(s.wait_s for s in body) - total
     wall = sum(s.wait_s + s.host_s for s in body) - total
-    return wall <= 0 or wait / wall < STALL_WARN
+    return 0.0 if wall <= 0 else round(max(0.0, wait) / wall, 3)
 
 
 def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
@@ -391,7 +400,9 @@ def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
                     0.8,
                     f"Every epoch starts with a {cost:.1f} s wait for the first batch "
                     f"({sig.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
-                    "time): the input pipeline restarts at each epoch boundary.",
+                    "time): the input pipeline restarts at each epoch boundary. The speed-up "
+                    "counts only those waits: a restart also slows the steps around it (forks, "
+                    "prefetch bursts), so expect at least that much.",
                     sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
                                  "epoch_start_total_s", "wait_ms_median", "workers"),
                     fixes, round(wall / (wall - total), 2),
