@@ -875,14 +875,23 @@ def _why(exc: OSError, path: str) -> str:
 
 
 def _remove_leftovers(dst: str) -> None:
-    """Delete the temporary files of a run (partial shards, the manifest's temp file): they are
-    never valid, and after a full disk they would keep it full."""
+    """Delete the temporary files of a run (partial shards, the manifest's temp file) and any
+    shard the manifest on disk does not list (renamed into place just before the manifest
+    could no longer be written): they are never valid, and after a full disk they would keep
+    it full."""
     try:
         names = os.listdir(dst)
     except OSError:
         return
+    try:
+        with open(os.path.join(dst, MANIFEST_NAME), encoding="utf-8") as f:
+            doc = json.load(f)
+        listed = {s.get("name") for s in doc.get("shards") or [] if s.get("sha256")}
+    except (OSError, ValueError, AttributeError):
+        listed = set()
     for name in names:
-        if _PARTIAL_RE.match(name) or name == MANIFEST_NAME + ".tmp":
+        stray = _SHARD_RE.match(name) is not None and name not in listed
+        if stray or _PARTIAL_RE.match(name) or name == MANIFEST_NAME + ".tmp":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(dst, name))
 
