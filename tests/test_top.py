@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT, stallscope_argv
+from conftest import ROOT, stallscope_argv, tool_missing
 
 TREE = textwrap.dedent("""
     import os, sys, time
@@ -72,7 +71,7 @@ class Tmux:
 
     def __init__(self, command: str, width: int, height: int, env: dict[str, str]) -> None:
         if shutil.which("tmux") is None:
-            pytest.skip("tmux not installed")
+            tool_missing("tmux")  # CI installs it (scripts/test.sh): missing is a failure
         self.sock = f"stallscope-test-{uuid.uuid4().hex[:10]}"
         self.env = env
         self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", str(width),
