@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from stallscope.errors import StallscopeError
+from stallscope.tomlfile import TomlFileError, read_toml
 
 __all__ = ["DEFAULT_LISTEN", "AgentConfig", "ConfigError", "default_store_dir", "load_config",
            "parse_listen"]
@@ -126,33 +126,14 @@ def _check(key: str, v: Any) -> Any:
     raise KeyError(key)
 
 
-def _toml() -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib
-    try:
-        import tomli
-    except ImportError:
-        raise ConfigError("reading a config file needs Python 3.11+ or the tomli package "
-                          "(pip install tomli)") from None
-    return tomli
-
-
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:
     """Read a config file; :class:`ConfigError` (one line naming the file and the key) for an
     unreadable file, bad TOML, an unknown key or a bad value."""
     where = f"config {path}"
-    toml = _toml()
     try:
-        with open(path, "rb") as f:
-            doc = toml.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it ({exc.strerror or exc})") from None
-    except toml.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+        doc = read_toml(path)
+    except TomlFileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     cfg = AgentConfig(path=str(path))
     for key, value in doc.items():
         if key not in KNOWN_KEYS:

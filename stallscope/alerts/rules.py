@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from stallscope.errors import UsageError
 from stallscope.metrics import lookup
+from stallscope.tomlfile import TomlFileError, read_toml
 
 __all__ = ["DEFAULT_RULES", "Action", "Rule", "RulesFile", "Smtp", "load_rules", "parse_rules"]
 
@@ -288,27 +289,11 @@ def parse_rules(doc: dict[str, Any], source: str = "", *,
 
 def load_rules(path: str | Path, *, defaults: bool = True) -> RulesFile:
     """Read and validate a rules file; raises UsageError (one line per problem) when wrong."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ImportError as exc:
-            raise UsageError("reading TOML on Python 3.10 needs the 'tomli' package "
-                             "(pip install tomli)") from exc
     p = Path(path)
     try:
-        if not p.is_file():
-            raise UsageError(f"{p}: not a regular file")
-        if p.stat().st_size > 1_000_000:
-            raise UsageError(f"{p}: larger than 1 MB; not a rules file")
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{p}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{p}: not UTF-8 text ({exc.reason})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{p}: not valid TOML: {exc}") from exc
+        doc = read_toml(p)
+    except TomlFileError as exc:
+        raise UsageError(f"{p}: {exc}") from None
     rf = parse_rules(doc, str(p), defaults=defaults)
     if rf.problems:
         raise UsageError("\n".join(f"{p}: {line}" for line in rf.problems))

@@ -94,9 +94,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
         console.print(f"  {ent} idle {share:.0%} of the run")
     if "collector_cpu_s_per_sample" in summary:
         cost = summary["collector_cpu_s_per_sample"]
-        interval = meta.get("interval_s") or 1
+        # per second of the run: the interval changes after the warm-up
+        span = summary.get("duration_s") or 0
+        rate = (summary.get("samples", 0) / span if span else
+                1 / (meta.get("interval_s") or 1))
         console.print(f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
-                      f"({cost / interval:.3%} of one core)", highlight=False)
+                      f"({cost * rate:.3%} of one core over the run)", highlight=False)
     if with_diagnosis:
         try:
             from stallscope.analysis.diagnose import diagnose_run, print_diagnosis

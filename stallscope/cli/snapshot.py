@@ -23,13 +23,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Sample GPU, disk and host over S seconds and print it.")
     p.add_argument("--interval", type=interval_type, default=1.0,
                    help="seconds to measure rates over (default 1)")
-    p.add_argument("--every", type=interval_type, metavar="S",
+    p.add_argument("--every", type=_every, metavar="S",
                    help="repeat: one sample every S seconds until Ctrl-C (JSON lines with "
                    "--json)")
     p.add_argument("--count", type=_count, metavar="N",
                    help="with --every: stop after N samples")
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
+
+
+def _every(text: str) -> float:
+    try:
+        return interval_type(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--interval", "--every")) from None
 
 
 def _count(text: str) -> int:

@@ -30,7 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from stallscope.probe.standalone import interval_from_env
+# the small helpers live in the lower module (standalone imports nothing of the recorder)
+from stallscope.probe.standalone import _warn, env_int, interval_from_env
 
 if TYPE_CHECKING:
     from stallscope.probe.standalone import StandaloneRun
@@ -140,24 +141,6 @@ RawStep = tuple[int, float, float, float, "int | None", int, "float | None", Any
 _to_record = StepRecord._make
 
 
-# --- small helpers -------------------------------------------------------------------------------
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"stallscope: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at shutdown: nothing left to tell
-        return
-
-
-def env_int(name: str) -> int | None:
-    """``$name`` as an int, None when unset or not a number."""
-    v = os.environ.get(name)
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        return None
 
 
 def env_rank() -> int:

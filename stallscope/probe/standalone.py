@@ -38,7 +38,8 @@ def _warn(msg: str) -> None:
         return
 
 
-def _env_int(name: str) -> int | None:
+def env_int(name: str) -> int | None:
+    """``$name`` as an int, None when unset or not a number."""
     v = os.environ.get(name)
     if v is None:
         return None
@@ -145,12 +146,12 @@ def start_standalone(label: str, interval: float, *, start: float) -> Standalone
 
     out = os.environ.get("STALLSCOPE_OUT") or DEFAULT_OUT
     lead, root_pid, run_dir = True, os.getpid(), None
-    world = _env_int("LOCAL_WORLD_SIZE") or _env_int("WORLD_SIZE") or 1
+    world = env_int("LOCAL_WORLD_SIZE") or env_int("WORLD_SIZE") or 1
     if world > 1:
         # ranks launched together (torchrun) share one run directory named after their
         # launcher; the node's local rank 0 samples the machine for all of them
         run_dir, root_pid = _shared_run_dir(Path(out), label)
-        lead = (_env_int("LOCAL_RANK") or 0) == 0
+        lead = (env_int("LOCAL_RANK") or 0) == 0
     if run_dir is None:
         run_dir = new_run_dir(out, label)
     if lead:

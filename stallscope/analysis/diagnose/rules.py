@@ -495,7 +495,7 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
 # --- GPU health ----------------------------------------------------------------------------------
 def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
     """gpu_throttled: thermal/power clock-event reasons active in ≥ 20% of the samples, or the
-    GPU at ≥ 85 °C (the seeds' alert threshold)."""
+    GPU at ≥ 85 °C (the usual alert threshold for sustained heat)."""
     out = []
     mine = trainer_gpus(data)
     for s in data.all("gpu.throttle_mask"):
