@@ -19,6 +19,13 @@ def fixtures() -> Path:
     return FIXTURES
 
 
+def env_without_stallscope(*drop: str) -> dict[str, str]:
+    """This process's environment without stallscope's variables (and ``drop``), except the
+    test's private state dir: a child must not write to the user's run index."""
+    return {k: v for k, v in os.environ.items()
+            if (k == "STALLSCOPE_STATE_DIR" or not k.startswith("STALLSCOPE_")) and k not in drop}
+
+
 def stallscope_argv(*args: str) -> list[str]:
     """argv that runs the CLI of this checkout with the test's interpreter."""
     return [sys.executable, "-m", "stallscope", *args]

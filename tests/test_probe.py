@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import env_without_stallscope
 
 from stallscope import probe as probe_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
@@ -266,8 +267,7 @@ def run_script(tmp_path: Path, env: dict[str, str], code: str = SCRIPT,
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(code)
-    full = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_")
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    full = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     full.update(env)
     full["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, str(script), "--flag"], cwd=tmp_path, env=full,
@@ -327,7 +327,7 @@ def test_two_ranks_report_apart(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     procs = []
     for rank, delay in ((0, "0.002"), (1, "0.02")):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_")}
+        env = env_without_stallscope()
         env.update(STALLSCOPE_RUN_DIR=str(run_dir), RANK=str(rank), WORLD_SIZE="2",
                    TEST_STEP_S=delay, PYTHONPATH=str(ROOT))
         procs.append(subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,

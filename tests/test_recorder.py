@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import env_without_stallscope
 
 from stallscope.probe import recorder as recorder_mod
 from stallscope.probe.recorder import EventLike, Recorder, StepRecord, reset
@@ -195,8 +196,7 @@ print("trained", flush=True)
 def test_standalone_meta_keeps_loader_config_by_rank(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(PLAIN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_")
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     env.update(STALLSCOPE_OUT=str(tmp_path / "out"), STALLSCOPE_INTERVAL="0.2",
                PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
