@@ -325,10 +325,19 @@ def _proc_lines(sample: Sample, state: ViewState, width: int
                       (_num(runq, 6), _pct_style(runq, 20, 50)), " "]
         parts.append(_cell(plain(rec.get("name", "?"), 60), name_w, left=True))
         if wide:
-            cmd = (attrs.get(pid) or {}).get("cmdline") or ""
+            cmd = _short_cmd((attrs.get(pid) or {}).get("cmdline") or "")
             parts += [" ", (plain(cmd, 300), "dim")]
         rows.append(_line(*parts, width=width))
     return headers, rows
+
+
+def _short_cmd(cmd: str) -> str:
+    """The command line with its program's directory dropped (``/a/venv/bin/python -c`` →
+    ``python -c``): the column is narrow, and the arguments say more than the path."""
+    prog, sep, rest = cmd.partition(" ")
+    if "/" in prog:
+        prog = prog.rsplit("/", 1)[1] or prog
+    return prog + sep + rest
 
 
 def _cut(rows: list[Text], n: int, what: str, width: int) -> list[Text]:
