@@ -22,18 +22,24 @@ __all__ = [
     "UsageError",
     "__version__",
     "h2d",
+    "on_alert",
     "step",
     "watch",
 ]
 
 if TYPE_CHECKING:
     from stallscope.probe import h2d, step, watch
+    from stallscope.probe.callbacks import on_alert
 
 _PROBE_NAMES = ("h2d", "step", "watch")
 
 
 def __getattr__(name: str) -> Any:
     # the probe is imported on first use, so `import stallscope` stays light (no torch, no sqlite)
+    if name == "on_alert":
+        from stallscope.probe.callbacks import on_alert
+
+        return on_alert
     if name in _PROBE_NAMES:
         from stallscope import probe
 

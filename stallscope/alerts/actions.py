@@ -22,11 +22,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from email.message import EmailMessage
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallscope.alerts.engine import AlertEngine, Transition
 from stallscope.alerts.rules import Action, RulesFile, Smtp
 from stallscope.collect.sinks import Sink
+from stallscope.probe.callbacks import ALERTS_FILE, alert_line
 
 if TYPE_CHECKING:
     from stallscope.collect.collector import Sample
@@ -115,7 +117,7 @@ def deliver(action: Action, body: dict[str, Any], smtp: Smtp | None) -> str:
         if smtp is None:
             raise OSError("email action without an [smtp] table")
         return _email(str(action.target), body, smtp)
-    return "logged"
+    return "logged"  # log; probe actions travel through the run directory (publish)
 
 
 class AlertSink(Sink):
@@ -129,6 +131,8 @@ class AlertSink(Sink):
         self.engine = AlertEngine(rules.rules)
         self.run = run
         self.host = host or socket.gethostname()
+        #: the run directory whose alerts file the probe reads (training-side callbacks)
+        self.publish: Path | None = None
         self.transitions: list[Transition] = []
         self.delivered: list[str] = []
         self.dropped = 0
@@ -145,13 +149,39 @@ class AlertSink(Sink):
         if self._say is not None:
             self._say(ts, "alerts", kind, message)
 
+    def attach_run(self, run_dir: Path) -> None:
+        """Name the run in notifications and publish transitions into its directory, where the
+        trainer's probe finds them (``stallscope.on_alert``)."""
+        self.run = str(run_dir)
+        self.publish = Path(run_dir)
+
+    def _publish(self, t: Transition) -> None:
+        if self.publish is None:
+            return
+        body = alert_body(t, host=self.host, run=self.run)
+        body["notify"] = t.notify
+        body["probe"] = [str(a.target) for a in t.rule.actions if a.kind == "probe"]
+        line = alert_line(body)
+        try:
+            # one write of one line with O_APPEND: a reader never sees half a line as whole
+            fd = os.open(self.publish / ALERTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                         0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._tell(t.ts, "alert_action_error",
+                       f"{t.rule.name}: cannot publish to the trainer: {exc}")
+
     def write(self, sample: Sample) -> None:
         for t in self.engine.evaluate(sample.ts, sample.points):
             self.transitions.append(t)
+            self._publish(t)
             clock = time.strftime("%H:%M:%S", time.localtime(t.ts))
             self._tell(t.ts, f"alert_{t.state}", f"{clock} {t.summary()}"
                        + ("" if t.notify else " (not notified: within cooldown)"))
-            if t.notify and any(a.kind != "log" for a in t.rule.actions):
+            if t.notify and any(a.kind not in ("log", "probe") for a in t.rule.actions):
                 try:
                     self._queue.put_nowait(t)
                 except queue.Full:
@@ -166,7 +196,7 @@ class AlertSink(Sink):
                 return
             body = alert_body(t, host=self.host, run=self.run)
             for action in t.rule.actions:
-                if action.kind == "log":
+                if action.kind in ("log", "probe"):
                     continue
                 try:
                     done = deliver(action, body, self.rules.smtp)

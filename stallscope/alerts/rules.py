@@ -51,8 +51,8 @@ _SMTP_KEYS = {"host", "port", "from", "starttls", "user", "password_env", "timeo
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  #: "webhook", "command", "email" or "log"
-    target: Any = None  #: URL, argv list, address; None for log
+    kind: str  #: "webhook", "command", "email", "probe" or "log"
+    target: Any = None  #: URL, argv list, address, callback name; None for log
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,9 @@ def _parse_action(i: int, j: int, a: Any, problems: list[str]) -> Action | None:
     if kind not in _ACTIONS:
         problems.append(f"{where}: unknown action {kind!r} (known: {', '.join(_ACTIONS)})")
         return None
-    if kind == "probe":
-        problems.append(f"{where}: probe actions (callbacks in the trainer) are not supported "
-                        "yet; use command, webhook, email or log")
+    if kind == "probe" and not (isinstance(target, str) and target.strip()):
+        problems.append(f"{where}.probe: the name of a callback the trainer registers with "
+                        "stallscope.on_alert(name, fn)")
         return None
     if kind == "webhook" and not (isinstance(target, str)
                                   and target.startswith(("http://", "https://"))):

@@ -125,7 +125,7 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     session = Session.create(args.out or default_out(), name, cmdline, interval=interval,
                              warmup=warmup, data=args.data, keep_full_s=args.keep_full,
                              sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
-    alert_sink.run = str(session.run_dir)
+    alert_sink.attach_run(session.run_dir)
     stop: list[int] = []
 
     def detach(signum: int, _frame: FrameType | None) -> None:
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                              interval=interval, warmup=warmup, data=args.data,
                              keep_full_s=args.keep_full, sinks=[alert_sink],
                              monitor_pid=os.getpid())
-    alert_sink.run = str(session.run_dir)
+    alert_sink.attach_run(session.run_dir)
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
     received: list[int] = []
     started_child: list[subprocess.Popen[bytes]] = []

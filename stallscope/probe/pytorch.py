@@ -334,6 +334,9 @@ class Watched(Generic[T]):
                     buf.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
                 else:
                     p.dropped += 1
+                if p._due:  # alerts for callbacks (stallscope.on_alert): run them between steps
+                    p.run_due()
+                    t_req = perf()
         finally:
             if open_step:  # the loop body broke out or raised: the step ends now
                 t_end = perf()

@@ -209,6 +209,10 @@ class Recorder:
         # handed over to the flusher
         self._buf: deque[RawStep] = deque()
         self.dropped = 0
+        # alerts for training-side callbacks: the writer thread fills it, the training thread
+        # empties it between steps (stallscope.on_alert; see probe/callbacks.py)
+        self._due: deque[Any] = deque()
+        self._inbox: Any = None
         # device timing: the adapter's timer; _timing once it said it is ready
         self._timer: DeviceTimer | None = timer
         self._timing = False
@@ -333,6 +337,8 @@ class Recorder:
             h = h2d_s if h is None else h + h2d_s
         self._push((n, t_got, wait_s, host_s, samples,
                     max(self.epoch, 0) if epoch is None else epoch, h, None))
+        if self._due:
+            self.run_due()
         return n
 
     def begin_epoch(self, loader: Any = None, it: Any = None, *, epoch: int | None = None,
@@ -403,6 +409,37 @@ class Recorder:
                 self.flush()
             except Exception as exc:  # a bug here must not end the writer: say it, go on
                 self._say("flush", f"probe writer error: {exc!r}")
+            self.poll_alerts()
+
+    # --- alerts for training-side callbacks ------------------------------------------------------
+    def poll_alerts(self) -> None:
+        """Writer thread: queue the alerts the engine published since the last look, for the
+        training thread to run their callbacks between steps. Reads nothing unless a callback
+        is registered."""
+        from stallscope.probe import callbacks
+
+        if not callbacks.registered():
+            return
+        if self._inbox is None:
+            self._inbox = callbacks.AlertInbox()
+        try:
+            got = self._inbox.poll(self.run_dir)
+        except OSError as exc:
+            self._say("alerts", f"cannot read alerts from {self.run_dir}: {exc}")
+            return
+        self._due.extend(got)
+
+    def run_due(self) -> None:
+        """Training thread, between steps: run the callbacks of the alerts queued so far. The
+        time they take is neither data wait nor step time."""
+        from stallscope.probe.callbacks import run_callbacks
+
+        due = self._due
+        todo = [due.popleft() for _ in range(len(due))]
+        try:
+            run_callbacks(todo)
+        finally:
+            self._last_end = time.perf_counter()
 
     def _open(self) -> None:
         from stallscope.store import RunStore
@@ -665,6 +702,8 @@ class StepTimer:
                        f"{exc}")
         p._push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
                  self._epoch if self._epoch is not None else 0, h2d, gpu))
+        if p._due:
+            p.run_due()
 
     def __enter__(self) -> StepTimer:
         return self

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from stallscope.collect.session import Session
 
 __all__ = ["DEFAULT_COLLECT_S", "StandaloneRun", "default_label", "interval_from_env",
-           "start_standalone"]
+           "standalone_rules", "start_standalone"]
 
 #: seconds between machine samples of the standalone collector (env STALLSCOPE_INTERVAL)
 DEFAULT_COLLECT_S = 5.0
@@ -86,6 +86,23 @@ def _shared_run_dir(out: Path, label: str) -> tuple[Path | None, int]:
     return path, ppid
 
 
+def standalone_rules() -> Any:
+    """The alert rules of a standalone run: ``$STALLSCOPE_ALERTS`` (a rules file, as for
+    ``stallscope run --alerts``) over the shipped defaults; the defaults alone when it is unset
+    or wrong (said once)."""
+    from stallscope.alerts import load_rules, parse_rules
+    from stallscope.errors import UsageError
+
+    path = os.environ.get("STALLSCOPE_ALERTS")
+    if path:
+        try:
+            return load_rules(path)
+        except UsageError as exc:
+            _warn(f"STALLSCOPE_ALERTS: {str(exc).splitlines()[0]}; using the shipped alert "
+                  "rules")
+    return parse_rules({}, "defaults")
+
+
 class StandaloneRun:
     """A monitored session of the probe's own: its run directory and, on the lead process (the
     node's local rank 0), a :class:`~stallscope.collect.session.Session` sampling the machine.
@@ -107,9 +124,13 @@ class StandaloneRun:
         it, steps are recorded all the same)."""
         if self._meta is None:
             return
+        from stallscope.alerts.actions import AlertSink
         from stallscope.collect.session import Session
 
-        self._session = Session(self.run_dir, self._meta, interval=self._interval)
+        alerts = AlertSink(standalone_rules(), run=str(self.run_dir))
+        alerts.attach_run(self.run_dir)
+        self._session = Session(self.run_dir, self._meta, interval=self._interval,
+                                sinks=[alerts])
         self._session.watch(self._root_pid)
 
     def finish(self, exit_code: int, probe_stats: Mapping[str, Any],

@@ -1,0 +1,167 @@
+"""Training-side alert actions: ``stallscope.on_alert("gpu_hot", fn)``.
+
+The alert engine runs in the collector: in ``stallscope run``'s own process, or in a background
+thread of the trainer when the probe runs standalone. Either way it appends every alert that
+fires or clears to ``<run dir>/alerts.jsonl`` (:data:`ALERTS_FILE`, one JSON object a line,
+appended with one ``write``). The probe's writer thread (never the training thread) looks at
+that file's size once per flush interval (1 s), and only while a callback is registered; new
+lines go on a queue. Between two steps the training thread checks that queue (one attribute
+test per step) and runs the callbacks there, on the training thread, so a callback may save a
+checkpoint, change the batch size or sleep until the GPU cooled down.
+
+Nothing is read from the run, and nothing reaches the trainer, unless a callback is registered.
+A callback runs for an alert of its name, or for an alert whose rule has a ``{probe = "name"}``
+action of its name; only notified transitions run it (the cooldown holds, like every action).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["ALERTS_FILE", "Alert", "AlertInbox", "firing", "on_alert", "registered",
+           "remove_alert_callbacks", "run_callbacks"]
+
+#: the file the alert engine appends transitions to, in the run directory
+ALERTS_FILE = "alerts.jsonl"
+#: longest line read (a transition is ~400 bytes; anything longer is not ours)
+MAX_LINE = 64 * 1024
+
+
+class Alert(NamedTuple):
+    """An alert as a training-side callback receives it."""
+
+    name: str  #: the rule's name ("gpu_hot")
+    state: str  #: "firing" or "cleared"
+    entity: str  #: what it is about ("gpu0", "nvme0n1", "" for the host)
+    value: float  #: the value that made it fire or clear
+    threshold: float
+    severity: str
+    summary: str  #: one line with the numbers and the rule
+    ts: float  #: Unix time of the transition (collector's clock)
+    probe: tuple[str, ...]  #: names of the rule's ``{probe = ...}`` actions
+    notify: bool  #: False inside the cooldown (callbacks do not run then)
+
+
+Callback = Callable[[Alert], object]
+
+_lock = threading.Lock()
+#: name -> [(fn, also on clearing)]
+_callbacks: dict[str, list[tuple[Callback, bool]]] = {}
+#: (name, entity) -> the alert firing now, as the probe last read
+_firing: dict[tuple[str, str], Alert] = {}
+
+
+def on_alert(name: str, fn: Callback, *, cleared: bool = False) -> None:
+    """Run ``fn(alert)`` on the training thread, between two steps, when the alert ``name``
+    fires (and clears too, with ``cleared=True``). ``name`` is a rule's name or the name of a
+    ``{probe = "name"}`` action. The probe polls for alerts only once a callback is registered.
+    An exception raised by ``fn`` propagates into the training loop: it is your code."""
+    if not isinstance(name, str) or not name:
+        raise TypeError("on_alert: name must be a non-empty string (a rule or probe action name)")
+    if not callable(fn):
+        raise TypeError("on_alert: fn must be callable, taking one Alert")
+    with _lock:
+        _callbacks.setdefault(name, []).append((fn, cleared))
+
+
+def remove_alert_callbacks() -> None:
+    """Forget every callback (tests, notebooks)."""
+    with _lock:
+        _callbacks.clear()
+        _firing.clear()
+
+
+def registered() -> bool:
+    """Whether any callback is registered (the probe polls only then)."""
+    return bool(_callbacks)
+
+
+def firing() -> list[Alert]:
+    """Alerts firing now, as the probe last read them (a callback that pauses training until
+    the GPU cooled down waits for its alert to leave this list)."""
+    with _lock:
+        return list(_firing.values())
+
+
+def _parse(line: bytes) -> Alert | None:
+    try:
+        d = json.loads(line)
+        probe = d.get("probe") or []
+        return Alert(str(d["alert"]), str(d["state"]), str(d.get("entity") or ""),
+                     float(d["value"]), float(d["threshold"]), str(d.get("severity", "")),
+                     str(d.get("summary", "")), float(d["ts"]),
+                     tuple(str(p) for p in probe), bool(d.get("notify", True)))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class AlertInbox:
+    """Reads the alerts the engine appended since the last look (writer thread only)."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self._first = True
+
+    def poll(self, run_dir: Path | None) -> list[Alert]:
+        """New alerts in ``run_dir``'s :data:`ALERTS_FILE`, oldest first. The first look skips
+        what already cleared: a callback registered late hears only of alerts firing now."""
+        if run_dir is None:
+            return []
+        path = run_dir / ALERTS_FILE
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return []  # nothing fired yet
+        if size < self.offset:  # replaced: start over
+            self.offset, self._first = 0, True
+        if size == self.offset:
+            return []
+        with open(path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        end = data.rfind(b"\n")
+        if end < 0:  # a line still being written
+            return [] if len(data) < MAX_LINE else self._skip(len(data))
+        self.offset += end + 1
+        got = [a for a in (_parse(x) for x in data[:end].split(b"\n") if x) if a is not None]
+        with _lock:
+            for a in got:
+                key = (a.name, a.entity)
+                if a.state == "firing":
+                    _firing[key] = a
+                else:
+                    _firing.pop(key, None)
+            if self._first:
+                self._first = False
+                got = [a for a in _firing.values()]
+        return got
+
+    def _skip(self, n: int) -> list[Alert]:
+        self.offset += n
+        return []
+
+
+def run_callbacks(alerts: list[Alert]) -> int:
+    """Run the callbacks ``alerts`` call for, in order (training thread); returns how many."""
+    n = 0
+    for a in alerts:
+        if not a.notify:
+            continue
+        with _lock:
+            todo = [(fn, clr) for key in (a.name, *a.probe) if key in _callbacks
+                    for fn, clr in _callbacks[key]]
+        for fn, clr in todo:
+            if a.state == "firing" or clr:
+                fn(a)
+                n += 1
+    return n
+
+
+def alert_line(d: dict[str, Any]) -> bytes:
+    """One transition as :data:`ALERTS_FILE` holds it."""
+    return (json.dumps(d, separators=(",", ":"), default=str) + "\n").encode()
