@@ -209,6 +209,29 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
        "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
     _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
+    # --- probe: the trainer's steps, per rank (entity rank<N>), last 30 s (sources/steps.py) ---
+    _M("probe", "wait_pct", "%", "share of step wall time the rank waited for data over the last "
+       "30 s, sum(wait_s) / sum(wait_s + host_s) of the probe's steps", "gauge",
+       "stallscope_probe_data_wait_ratio", 0.01, label="rank"),
+    _M("probe", "step_ms", "ms", "median step time of the rank over the last 30 s (probe "
+       "wait_s + host_s)", "gauge", "stallscope_probe_step_seconds", 1e-3, label="rank"),
+    _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
+       "(last 30 s; 1 = as fast as the others)", "gauge", "stallscope_probe_rank_slowdown_ratio",
+       label="rank"),
+    # --- smart: SMART checks of the watched drives, every 10 min (sources/smart.py) -----------
+    _M("smart", "failing", "", "1 while the drive's SMART verdict is failing (stallscope disk; "
+       "docs/disk-health.md)", "gauge", "stallscope_smart_failing", rollup="max", label="device"),
+    _M("smart", "medium_growth", "", "growth of the medium-defect counters (SMART 5, 187, 197, "
+       "198, NVMe media_errors, SAS grown defects) since the baseline check", "gauge",
+       "stallscope_smart_medium_growth", rollup="max", label="device"),
+    _M("smart", "reallocated", "", "reallocated sectors (smartctl -A ID 5 raw)", "gauge",
+       "stallscope_smart_reallocated_sectors", rollup="max", label="device"),
+    _M("smart", "pending", "", "pending sectors (smartctl -A ID 197 raw)", "gauge",
+       "stallscope_smart_pending_sectors", rollup="max", label="device"),
+    _M("smart", "nvme_used_pct", "%", "NVMe endurance used (smartctl -a percentage_used)",
+       "gauge", "stallscope_smart_nvme_percentage_used_ratio", 0.01, rollup="max", label="device"),
+    _M("smart", "nvme_spare_pct", "%", "NVMe spare left (smartctl -a available_spare)", "gauge",
+       "stallscope_smart_nvme_available_spare_ratio", 0.01, label="device"),
     # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
     _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
        "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",

@@ -16,11 +16,12 @@ held for ``confirm`` consecutive evaluations as well as ``for_s`` seconds.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from stallscope.alerts.rules import Rule
+from stallscope.alerts.rules import TREND_MIN_POINTS, TREND_MIN_SPAN, Rule
 from stallscope.metrics import Point
 
 __all__ = ["AlertEngine", "Transition"]
@@ -39,12 +40,17 @@ class Transition:
     value: float
     notify: bool  #: send it (False: inside the cooldown, or the clearing of an unsent firing)
 
+    #: the values of the rule's ``also`` metrics at the transition
+    others: tuple[tuple[str, float], ...] = ()
+
     def summary(self) -> str:
         ent = f" on {self.entity}" if self.entity else ""
+        what = (f"{self.rule.metric} slope = {self.value:g}/min" if self.rule.trend_s
+                is not None else f"{self.rule.metric} = {self.value:g}")
+        what += "".join(f", {m} = {v:g}" for m, v in self.others)
         if self.state == "firing":
-            return (f"{self.rule.name}{ent} firing: {self.rule.metric} = {self.value:g} "
-                    f"({self.rule.describe()})")
-        return f"{self.rule.name}{ent} cleared: {self.rule.metric} = {self.value:g}"
+            return f"{self.rule.name}{ent} firing: {what} ({self.rule.describe()})"
+        return f"{self.rule.name}{ent} cleared: {what}"
 
 
 @dataclass
@@ -53,6 +59,24 @@ class _Track:
     since: float = 0.0  #: when the condition started to hold
     count: int = 0  #: consecutive evaluations it held
     notified: bool = False  #: the current firing was notified
+    #: trend rules: the (ts, value) of the window
+    window: deque[tuple[float, float]] = field(default_factory=deque)
+
+
+def fit(window: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope (per second) and r² of (ts, value) pairs; r² is 1 for a flat line of
+    identical values with no spread to explain (slope 0 there)."""
+    pts = list(window)
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    stt = sum((t - mt) ** 2 for t, _ in pts)
+    svv = sum((v - mv) ** 2 for _, v in pts)
+    if stt <= 0:
+        return 0.0, 0.0
+    slope = sum((t - mt) * (v - mv) for t, v in pts) / stt
+    r2 = 1.0 if svv <= 0 else (slope * slope * stt) / svv
+    return slope, r2
 
 
 class AlertEngine:
@@ -63,13 +87,14 @@ class AlertEngine:
         self._by_metric: dict[str, list[Rule]] = {}
         for r in self.rules:
             self._by_metric.setdefault(r.metric, []).append(r)
+        self._also_metrics = {a.metric for r in self.rules for a in r.also}
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._last_fired: dict[tuple[str, str], float] = {}
 
     @property
     def metrics(self) -> set[str]:
         """The metrics the rules read (replay loads only these)."""
-        return set(self._by_metric)
+        return set(self._by_metric) | self._also_metrics
 
     def firing(self) -> list[tuple[str, str]]:
         """(rule name, entity) of the alerts firing now."""
@@ -78,30 +103,53 @@ class AlertEngine:
     def evaluate(self, ts: float, points: Iterable[Point]) -> list[Transition]:
         out: list[Transition] = []
         by_metric = self._by_metric
-        for p in points:
+        pts = points if isinstance(points, (list, tuple)) else list(points)
+        seen: dict[tuple[str, str], float] | None = None
+        if self._also_metrics:  # values of this sample, for conditions across metrics
+            seen = {(p.name, p.entity): p.value for p in pts if p.name in self._also_metrics}
+        for p in pts:
             rules = by_metric.get(p.name)
             if not rules:
                 continue
             for rule in rules:
                 if rule.entity is not None and rule.entity != p.entity:
                     continue
-                t = self._step(rule, p.entity, ts, p.value)
+                others: tuple[tuple[str, float], ...] = ()
+                also_ok = True
+                if rule.also and seen is not None:
+                    vals = [seen.get((a.metric, p.entity)) for a in rule.also]
+                    also_ok = all(a.holds(v) for a, v in zip(rule.also, vals, strict=True))
+                    others = tuple((a.metric, v) for a, v in zip(rule.also, vals, strict=True)
+                                   if v is not None)
+                t = self._step(rule, p.entity, ts, p.value, also_ok, others)
                 if t is not None:
                     out.append(t)
         return out
 
-    def _step(self, rule: Rule, entity: str, ts: float, v: float) -> Transition | None:
+    def _step(self, rule: Rule, entity: str, ts: float, v: float, also_ok: bool = True,
+              others: tuple[tuple[str, float], ...] = ()) -> Transition | None:
         key = (rule.name, entity)
         tr = self._tracks.get(key)
         if tr is None:
             tr = self._tracks[key] = _Track()
+        steady = True
+        if rule.trend_s is not None:
+            win = tr.window
+            win.append((ts, v))
+            while win and win[0][0] < ts - rule.trend_s:
+                win.popleft()
+            if len(win) < TREND_MIN_POINTS or ts - win[0][0] < TREND_MIN_SPAN * rule.trend_s:
+                return None  # not enough history to call it a trend
+            slope, r2 = fit(win)
+            v = round(slope * 60.0, 3)
+            steady = r2 >= rule.min_r2
         if tr.state == "firing":
-            if rule.cleared(v):
+            if rule.cleared(v) or not also_ok:
                 tr.state, tr.count = "ok", 0
                 notify, tr.notified = tr.notified, False
-                return Transition(ts, rule, entity, "cleared", v, notify)
+                return Transition(ts, rule, entity, "cleared", v, notify, others)
             return None
-        if not rule.condition(v):
+        if not (rule.condition(v) and also_ok and steady):
             tr.state, tr.count = "ok", 0
             return None
         if tr.state == "ok":
@@ -115,4 +163,4 @@ class AlertEngine:
         # firing and that firing's clearing, then stays quiet until it has calmed down
         tr.notified = last is None or ts - last >= rule.cooldown_s
         self._last_fired[key] = ts
-        return Transition(ts, rule, entity, "firing", v, tr.notified)
+        return Transition(ts, rule, entity, "firing", v, tr.notified, others)

@@ -39,12 +39,18 @@ from stallscope.errors import UsageError
 from stallscope.metrics import lookup
 from stallscope.tomlfile import TomlFileError, read_toml
 
-__all__ = ["DEFAULT_RULES", "Action", "Rule", "RulesFile", "Smtp", "load_rules", "parse_rules"]
+__all__ = ["DEFAULT_RULES", "Action", "Also", "Rule", "RulesFile", "Smtp", "load_rules",
+           "parse_rules"]
 
 Severity = Literal["critical", "warning", "info"]
 _SEVERITIES = ("critical", "warning", "info")
 _RULE_KEYS = {"name", "metric", "finding", "entity", "above", "below", "for_s", "clear_below",
-              "clear_above", "severity", "cooldown_s", "confirm", "actions", "enabled"}
+              "clear_above", "severity", "cooldown_s", "confirm", "actions", "enabled", "also",
+              "trend_s", "min_r2"}
+_ALSO_KEYS = {"metric", "above", "below"}
+#: a trend rule needs this many points in its window, spanning this share of it
+TREND_MIN_POINTS = 10
+TREND_MIN_SPAN = 0.8
 _ACTIONS = ("webhook", "command", "email", "log", "probe")
 _SMTP_KEYS = {"host", "port", "from", "starttls", "user", "password_env", "timeout_s"}
 
@@ -53,6 +59,25 @@ _SMTP_KEYS = {"host", "port", "from", "starttls", "user", "password_env", "timeo
 class Action:
     kind: str  #: "webhook", "command", "email", "probe" or "log"
     target: Any = None  #: URL, argv list, address, callback name; None for log
+
+
+@dataclass(frozen=True)
+class Also:
+    """A further condition on the same entity in the same sample (``also = [{...}]``)."""
+
+    metric: str
+    above: float | None = None
+    below: float | None = None
+
+    def holds(self, v: float | None) -> bool:
+        if v is None:
+            return False
+        return v > self.above if self.above is not None else (
+            self.below is not None and v < self.below)
+
+    def describe(self) -> str:
+        op = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
+        return f"{self.metric} {op}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +94,12 @@ class Rule:
     cooldown_s: float = 600.0
     confirm: int = 1
     actions: tuple[Action, ...] = (Action("log"),)
+    #: further conditions on the same entity, all of which must hold too
+    also: tuple[Also, ...] = ()
+    #: when set, the value is the metric's least-squares slope per minute over this many
+    #: seconds, and the condition also needs the fit's r² ≥ ``min_r2`` (steady growth)
+    trend_s: float | None = None
+    min_r2: float = 0.8
 
     @property
     def threshold(self) -> float:
@@ -93,7 +124,11 @@ class Rule:
     def describe(self) -> str:
         op = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
         where = f"{self.metric}" + (f"[{self.entity}]" if self.entity else "")
-        return f"{where} {op}" + (f" for {self.for_s:g} s" if self.for_s else "")
+        if self.trend_s is not None:
+            where += (f" slope per minute over {self.trend_s:g} s (linear fit r² ≥ "
+                      f"{self.min_r2:g})")
+        more = "".join(f" and {a.describe()}" for a in self.also)
+        return f"{where} {op}{more}" + (f" for {self.for_s:g} s" if self.for_s else "")
 
 
 @dataclass(frozen=True)
@@ -124,6 +159,15 @@ DEFAULT_RULES: tuple[Rule, ...] = (
          severity="critical"),
     Rule("host_swapping", "host.swap_in_kb_s", above=0, for_s=30, severity="warning"),
     Rule("disk_saturated", "disk.util_pct", above=90, for_s=60, clear_below=70,
+         severity="warning", also=(Also("disk.r_await_ms", above=50),)),
+    Rule("smart_failing", "smart.failing", above=0.5, severity="critical", cooldown_s=86400),
+    Rule("smart_defects_growing", "smart.medium_growth", above=0, severity="critical",
+         cooldown_s=86400),
+    Rule("data_wait_high", "probe.wait_pct", above=30, for_s=120, clear_below=20,
+         severity="warning"),
+    Rule("gpu_memory_growing", "gpu.mem_used_mib", above=50, trend_s=600, for_s=120,
+         severity="warning"),
+    Rule("rank_slow", "probe.rank_slowdown", above=1.5, for_s=60, clear_below=1.2,
          severity="warning"),
 )
 
@@ -205,6 +249,15 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
     confirm = t.get("confirm", 1)
     if not isinstance(confirm, int) or isinstance(confirm, bool) or not 1 <= confirm <= 1000:
         problems.append(f"{where}.confirm: an integer from 1 to 1000, got {confirm!r}")
+    also = _parse_also(where, t.get("also", []), problems)
+    trend_s = t.get("trend_s")
+    if trend_s is not None and not (_num(trend_s) and trend_s > 0):
+        problems.append(f"{where}.trend_s: a positive number of seconds, got {trend_s!r}")
+    min_r2 = t.get("min_r2", 0.8)
+    if not (_num(min_r2) and 0 <= min_r2 <= 1):
+        problems.append(f"{where}.min_r2: a number from 0 to 1, got {min_r2!r}")
+    if "min_r2" in t and trend_s is None:
+        problems.append(f"{where}.min_r2: only with trend_s")
     entity = t.get("entity")
     if entity is not None and not isinstance(entity, str):
         problems.append(f"{where}.entity: must be a string such as 'gpu0' or 'nvme0n1'")
@@ -227,7 +280,34 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
                 entity=entity, for_s=float(t.get("for_s", 0)),
                 clear_below=t.get("clear_below"), clear_above=t.get("clear_above"),
                 severity=sev, cooldown_s=float(t.get("cooldown_s", 600)),
-                confirm=int(confirm), actions=tuple(actions))
+                confirm=int(confirm), actions=tuple(actions), also=also,
+                trend_s=float(trend_s) if trend_s is not None else None,
+                min_r2=float(min_r2))
+
+
+def _parse_also(where: str, raw: Any, problems: list[str]) -> tuple[Also, ...]:
+    if not isinstance(raw, list):
+        problems.append(f"{where}.also: a list of tables like {{metric = \"disk.r_await_ms\", "
+                        "above = 50}")
+        return ()
+    out = []
+    for j, a in enumerate(raw):
+        at = f"{where}.also[{j}]"
+        if not isinstance(a, dict):
+            problems.append(f"{at}: must be a table with metric and above or below")
+            continue
+        for k in sorted(set(a) - _ALSO_KEYS):
+            problems.append(f"{at}: unknown key {k!r} (known: above, below, metric)")
+        m = a.get("metric")
+        if not isinstance(m, str) or lookup(m) is None:
+            problems.append(f"{at}.metric: {m!r} is not a metric of the vocabulary")
+            continue
+        if ("above" in a) == ("below" in a) or not all(_num(a[k]) for k in ("above", "below")
+                                                        if k in a):
+            problems.append(f"{at}: give exactly one of 'above' or 'below', a number")
+            continue
+        out.append(Also(m, above=a.get("above"), below=a.get("below")))
+    return tuple(out)
 
 
 def _parse_smtp(t: Any, problems: list[str]) -> Smtp | None:

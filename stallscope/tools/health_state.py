@@ -182,11 +182,14 @@ class HealthState:
 
 def check_drives(devices: Sequence[str], *, device_type: str | None = None,
                  smartctl: Sequence[str] = ("smartctl",), use_state: bool = True,
-                 state_path: Path | None = None) -> tuple[list[DriveHealth], list[str]]:
+                 state_path: Path | None = None,
+                 save: bool = True) -> tuple[list[DriveHealth], list[str]]:
     """Read SMART for each device (partitions map to their disk), judge growth against the
     state file and record this check. Returns the drives and notes for the user.
 
-    Used by ``stallscope disk`` and by ``stallscope run --data`` (the dataset's drive)."""
+    Used by ``stallscope disk`` and by ``stallscope run --data`` (the dataset's drive). With
+    ``save=False`` growth is judged but this check is not recorded (the periodic checks of the
+    ``smart`` source must not push a month of history out of the file)."""
     notes: list[str] = []
     state = None
     if use_state:
@@ -211,7 +214,7 @@ def check_drives(devices: Sequence[str], *, device_type: str | None = None,
         if state is not None:
             drive = state.observe(drive, time.time())
         drives.append(drive)
-    if state is not None and any(d.counters for d in drives):
+    if save and state is not None and any(d.counters for d in drives):
         try:
             state.save()
         except OSError as exc:
