@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || scripts/setup.sh
 # shellcheck source=scripts/_apt.sh
 source scripts/_apt.sh
-apt_install sysstat smartmontools fio chromium prometheus tmux
+apt_install sysstat smartmontools fio chromium prometheus prometheus-alertmanager tmux
 # test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...)
 .venv/bin/python -m pip install -q -e ".[dev]"
 mkdir -p artifacts

@@ -1,0 +1,188 @@
+"""Cluster mode: the shipped Prometheus alerting rules (deploy/stallscope-alerts.yml) pass
+``promtool check rules``, and loaded into a real Prometheus with a real Alertmanager, scraping a
+real ``stallscope agent`` (GPU readings replayed) whose GPU crosses 85 °C, they reach a local
+webhook: firing, then resolved once it cools down. Everything binds 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from conftest import FIXTURES, ROOT, tool_missing
+from test_agent import free_port, get
+
+RULES = ROOT / "deploy" / "stallscope-alerts.yml"
+H100_LOAD = FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+WAIT_S = 45.0
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        tool_missing(f"{name} (Debian package {package})")
+        raise AssertionError("unreachable")
+    return path
+
+
+def test_rules_file_passes_promtool() -> None:
+    promtool = _tool("promtool", "prometheus")
+    r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 11 rules found" in r.stdout
+    r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "1 rule files found" in r.stdout, r.stdout + r.stderr
+
+
+def test_rules_mirror_the_shipped_defaults() -> None:
+    from stallscope.alerts import DEFAULT_RULES
+
+    text = RULES.read_text()
+    mirrored = set(re.findall(r"stallscope_rule: (\w+)", text))
+    assert {r.name for r in DEFAULT_RULES} <= mirrored
+    # the thresholds are the defaults', in base units
+    assert "stallscope_gpu_temperature_celsius > 85" in text
+    assert "stallscope_disk_read_await_seconds > 0.05" in text
+    assert "stallscope_probe_data_wait_ratio > 0.3" in text
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_a: Any) -> None:
+        return
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    _Hook.received = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Hook)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield int(server.server_address[1]), _Hook.received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _stop(p: subprocess.Popen[bytes] | None) -> None:
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def _wait(what: str, cond: Any, procs: list[subprocess.Popen[bytes]]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                err = p.stderr.read().decode() if p.stderr else ""
+                pytest.fail(f"{p.args[0]} exited {p.returncode} while waiting for {what}: "
+                            f"{err[-1500:]}")
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.25)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _query(base: str, promql: str) -> list[dict[str, Any]]:
+    import urllib.parse
+
+    try:
+        status, _h, body = get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    except OSError:
+        return []
+    return list(json.loads(body)["data"]["result"]) if status == 200 else []
+
+
+def _alerts(received: list[dict[str, Any]], status: str) -> list[dict[str, Any]]:
+    return [a for msg in list(received) for a in msg.get("alerts", [])
+            if a.get("status") == status and a["labels"].get("alertname") == "StallscopeGpuHot"]
+
+
+def test_prometheus_and_alertmanager_notify_a_webhook(
+        tmp_path: Path, webhook: tuple[int, list[dict[str, Any]]]) -> None:
+    prometheus = _tool("prometheus", "prometheus")
+    alertmanager = _tool("prometheus-alertmanager", "prometheus-alertmanager")
+    hook_port, received = webhook
+    agent_port, prom_port, am_port = free_port(), free_port(), free_port()
+    hot = tmp_path / "hot"
+    # the shipped rules, with every `for:` shortened so the test takes seconds, not minutes
+    rules = tmp_path / "stallscope-alerts.yml"
+    rules.write_text(re.sub(r"(\n\s+for:) \S+", r"\1 1s", RULES.read_text()))
+    (tmp_path / "alertmanager.yml").write_text(
+        "route:\n  receiver: hook\n  group_by: [alertname, instance, gpu]\n"
+        "  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n"
+        "receivers:\n  - name: hook\n    webhook_configs:\n"
+        f"      - url: http://127.0.0.1:{hook_port}/alerts\n        send_resolved: true\n")
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files: [{rules.name}]\n"
+        "alerting:\n  alertmanagers:\n"
+        f"    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\n"
+        "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
+        f"    scrape_timeout: 1s\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n")
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "replay_agent.py"), str(H100_LOAD), str(hot),
+             "agent", "--listen", f"127.0.0.1:{agent_port}", "--interval", "0.5",
+             "--store", str(tmp_path / "store")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
+        procs.append(subprocess.Popen(
+            [alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
+             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
+             "--cluster.listen-address=", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
+        procs.append(subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
+        base = f"http://127.0.0.1:{prom_port}"
+        # the GPU reads its recorded 59 °C: scraped, and nothing fires
+        temp = _wait("the agent's GPU temperature in Prometheus",
+                     lambda: _query(base, "stallscope_gpu_temperature_celsius"), procs)
+        assert float(temp[0]["value"][1]) == 59.0
+        assert not _query(base, 'ALERTS{alertname="StallscopeGpuHot"}')
+        hot.touch()  # now 95 °C
+        [fired] = _wait("the firing notification at the webhook",
+                        lambda: _alerts(received, "firing"), procs)
+        assert fired["labels"]["severity"] == "critical" and fired["labels"]["gpu"] == "0"
+        assert fired["labels"]["stallscope_rule"] == "gpu_hot"
+        assert fired["annotations"]["summary"].startswith("GPU 0 on 127.0.0.1:")
+        assert "95 °C" in fired["annotations"]["summary"]
+        hot.unlink()  # back to 59 °C, below the 80 °C clear level
+        [resolved] = _wait("the resolved notification at the webhook",
+                           lambda: _alerts(received, "resolved"), procs)
+        assert resolved["labels"]["gpu"] == "0"
+    finally:
+        for p in reversed(procs):
+            _stop(p)
