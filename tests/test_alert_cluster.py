@@ -147,7 +147,8 @@ def test_prometheus_and_alertmanager_notify_a_webhook(
         "alerting:\n  alertmanagers:\n"
         f"    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\n"
         "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
-        f"    scrape_timeout: 1s\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n")
+        "    scrape_timeout: 1s\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{agent_port}']\n")
     env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     procs: list[subprocess.Popen[bytes]] = []
     try:
