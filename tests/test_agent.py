@@ -220,7 +220,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
     assert r.returncode == 2
     assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
-                        "interval_s, store_dir, keep_full_s, gpus, devices)\n")
+                        "interval_s, store_dir, keep_full_s, gpus, devices, smart, alerts, smtp)\n")
     assert not (tmp_path / "s").exists()
 
 

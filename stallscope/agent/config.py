@@ -8,6 +8,16 @@
     keep_full_s = 3600           # full resolution for this long, then 1-minute buckets
     gpus = [0, 1]                # NVML indices to include (default: all)
     devices = ["nvme0n1"]        # block devices to include (default: whole devices with I/O)
+    smart = ["sda", "nvme0n1"]   # drives whose SMART is checked every 10 min (default: none)
+
+    [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
+    name = "gpu_hot"             # (docs/alerts.md); the shipped defaults are always on
+    metric = "gpu.temp_c"
+    above = 83
+    actions = [{webhook = "http://127.0.0.1:9000/hook"}]
+
+    [smtp]                       # for email actions
+    host = "127.0.0.1"
 
 An unknown key or a bad value is one line naming the key (:class:`ConfigError`, exit 2).
 """
@@ -21,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from stallscope.alerts.rules import RulesFile, parse_rules
 from stallscope.errors import StallscopeError
 from stallscope.tomlfile import TomlFileError, read_toml
 
@@ -46,7 +57,17 @@ class AgentConfig:
     keep_full_s: float = DEFAULT_KEEP_FULL_S
     gpus: list[int] | None = None  #: NVML indices to include; None: all
     devices: list[str] | None = None  #: block devices to include; None: the disk default
+    smart: list[str] | None = None  #: drives whose SMART the agent checks; None: none
+    alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
+    smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
     path: str | None = field(default=None, compare=False)  #: the file it came from
+
+    def rules(self) -> RulesFile:
+        """The alert rules: the shipped defaults with this file's ``[[alerts]]`` over them."""
+        doc: dict[str, Any] = {"alerts": self.alerts}
+        if self.smtp is not None:
+            doc["smtp"] = self.smtp
+        return parse_rules(doc, self.path or "agent config")
 
     def store_path(self) -> Path:
         return Path(self.store_dir) if self.store_dir else default_store_dir()
@@ -116,11 +137,19 @@ def _check(key: str, v: Any) -> Any:
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
             raise ValueError(f"gpus must be a list of GPU indices such as [0, 1], got {v!r}")
         return sorted(set(v))
-    if key == "devices":
+    if key == "alerts":
+        if not isinstance(v, list):
+            raise ValueError("alerts must be [[alerts]] tables (docs/alerts.md)")
+        return v
+    if key == "smtp":
+        if not isinstance(v, dict):
+            raise ValueError("smtp must be a [smtp] table (docs/alerts.md)")
+        return v
+    if key in ("devices", "smart"):
         names = [d.removeprefix("/dev/") if isinstance(d, str) else d
                  for d in (v if isinstance(v, list) else [None])]
         if not all(isinstance(d, str) and _DEVICE.match(d) and ".." not in d for d in names):
-            raise ValueError(f"devices must be a list of block device names such as "
+            raise ValueError(f"{key} must be a list of block device names such as "
                              f"[\"nvme0n1\"], got {v!r}")
         return names
     raise KeyError(key)
@@ -142,6 +171,9 @@ def load_config(path: str | os.PathLike[str]) -> AgentConfig:
             setattr(cfg, key, _check(key, value))
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+    problems = cfg.rules().problems
+    if problems:  # one line per problem, each naming the key, as `stallscope alerts check`
+        raise ConfigError("\nstallscope: ".join(f"{where}: {p}" for p in problems))
     return cfg
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.agent.config import AgentConfig, parse_listen
+from stallscope.alerts.actions import AlertSink
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
 from stallscope.collect.collector import Collector
@@ -74,6 +75,7 @@ class Agent:
         self.store: RunStore | None = None
         self.store_sink: StoreSink | None = None
         self.prom: PrometheusSink
+        self.alerts: AlertSink | None = None
         self.run_dir: Path | None = None
         self.meta: dict[str, Any] = {}
         self._serving: threading.Thread | None = None
@@ -106,13 +108,22 @@ class Agent:
         sources, unavailable = open_sources(SOURCE_NAMES, disk_devices=cfg.devices)
         if cfg.gpus is not None:
             sources = [OnlyGpus(s, cfg.gpus) if s.name == "gpu" else s for s in sources]
+        if cfg.smart:
+            from stallscope.sources.smart import SmartSource
+
+            smart = SmartSource(cfg.smart)
+            smart.open()
+            sources.append(smart)
         self.prom = PrometheusSink(SOURCE_NAMES, unavailable)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
                                   pid=None, agent={"listen": cfg.listen,
                                                    "keep_full_s": cfg.keep_full_s,
-                                                   "gpus": cfg.gpus, "devices": cfg.devices},
+                                                   "gpus": cfg.gpus, "devices": cfg.devices,
+                                                   "smart": cfg.smart,
+                                                   "alerts": [r.name for r in
+                                                              cfg.rules().rules]},
                                   unavailable=unavailable)
             write_meta(self.run_dir, self.meta)
             self.store = RunStore(self.run_dir / "run.db")
@@ -121,7 +132,10 @@ class Agent:
                 s.close()
             raise
         self.store_sink = StoreSink(self.store, keep_full_s=cfg.keep_full_s)
-        self.collector = Collector(sources, [self.prom, self.store_sink],
+        # the alert engine: the shipped defaults and the config's [[alerts]]; every alert is
+        # an event in the agent's run store, and its actions run as in `stallscope run`
+        self.alerts = AlertSink(cfg.rules(), run=str(self.run_dir))
+        self.collector = Collector(sources, [self.prom, self.store_sink, self.alerts],
                                    interval=cfg.interval_s, unavailable=unavailable)
         self.collector.start()
 
@@ -144,6 +158,8 @@ class Agent:
         doc["interval_s"] = self.config.interval_s
         doc["run_dir"] = str(self.run_dir)
         doc["store_errors"] = self.store_sink.errors if self.store_sink else 0
+        firing = sorted(self.alerts.engine.firing()) if self.alerts is not None else []
+        doc["alerts_firing"] = [{"alert": n, "entity": e} for n, e in firing]
         return doc
 
     def history(self, metric: str, entity: str | None, since_ts: float

@@ -98,7 +98,8 @@ class AlertEngine:
 
     def firing(self) -> list[tuple[str, str]]:
         """(rule name, entity) of the alerts firing now."""
-        return [k for k, t in self._tracks.items() if t.state == "firing"]
+        # a copy first: the agent's HTTP thread asks while the collector's thread evaluates
+        return [k for k, t in list(self._tracks.items()) if t.state == "firing"]
 
     def evaluate(self, ts: float, points: Iterable[Point]) -> list[Transition]:
         out: list[Transition] = []
