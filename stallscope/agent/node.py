@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.agent.config import AgentConfig, parse_listen
-from stallscope.alerts.actions import AlertSink
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
+from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
 from stallscope.metrics import Point
