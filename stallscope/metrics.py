@@ -232,6 +232,10 @@ METRICS: tuple[Metric, ...] = (
        "gauge", "stallscope_smart_nvme_percentage_used_ratio", 0.01, rollup="max", label="device"),
     _M("smart", "nvme_spare_pct", "%", "NVMe spare left (smartctl -a available_spare)", "gauge",
        "stallscope_smart_nvme_available_spare_ratio", 0.01, label="device"),
+    _M("smart", "days_left", "d", "days until a SMART value crosses its threshold at the current "
+       "rate (line fitted through past checks; the soonest of reallocated/pending/uncorrectable, "
+       "NVMe percentage_used and available_spare)", "gauge",
+       "stallscope_smart_time_to_threshold_seconds", 86400.0, label="device"),
     # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
     _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
        "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",

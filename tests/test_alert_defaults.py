@@ -42,8 +42,8 @@ def _drive(series: list[list[tuple[str, str, float]]], dt: float = 1.0,
 def test_every_default_reads_a_metric_of_the_vocabulary() -> None:
     names = {r.name for r in DEFAULT_RULES}
     assert {"gpu_hot", "gpu_throttled", "shm_nearly_full", "host_swapping", "disk_saturated",
-            "smart_failing", "smart_defects_growing", "data_wait_high", "gpu_memory_growing",
-            "rank_slow"} <= names
+            "smart_failing", "smart_defects_growing", "smart_threshold_soon", "data_wait_high",
+            "gpu_memory_growing", "rank_slow"} <= names
     for r in DEFAULT_RULES:
         assert lookup(r.metric) is not None, r.metric
         assert all(lookup(a.metric) is not None for a in r.also)
@@ -59,6 +59,12 @@ def test_smart_defect_growth_fires_and_clears() -> None:
     seq = [[("smart.medium_growth", "sda", v)] for v in (0, 303, 303, 0)]
     assert _drive(seq) == [(1.0, "smart_defects_growing", "sda", "firing"),
                            (3.0, "smart_defects_growing", "sda", "cleared")]
+
+
+def test_smart_threshold_soon_fires_and_clears() -> None:
+    seq = [[("smart.days_left", "nvme0n1", v)] for v in (90, 45, 29.5, 27, 60)]
+    assert _drive(seq) == [(2.0, "smart_threshold_soon", "nvme0n1", "firing"),
+                           (4.0, "smart_threshold_soon", "nvme0n1", "cleared")]
 
 
 def test_data_wait_share_needs_two_minutes_and_clears_below_20() -> None:

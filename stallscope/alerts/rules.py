@@ -163,6 +163,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("smart_failing", "smart.failing", above=0.5, severity="critical", cooldown_s=86400),
     Rule("smart_defects_growing", "smart.medium_growth", above=0, severity="critical",
          cooldown_s=86400),
+    Rule("smart_threshold_soon", "smart.days_left", below=30, severity="warning",
+         cooldown_s=86400),
     Rule("data_wait_high", "probe.wait_pct", above=30, for_s=120, clear_below=20,
          severity="warning"),
     Rule("gpu_memory_growing", "gpu.mem_used_mib", above=50, trend_s=600, for_s=120,

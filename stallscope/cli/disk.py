@@ -275,6 +275,8 @@ def _print_drives(drives: Sequence[DriveHealth], notes: Sequence[str]) -> None:
         for k, g in d.growth.items():
             _print(_line(("growth", "yellow"), f" {plain(k)} {g.start} → {g.end} since "
                          f"{plain(g.since)}"), indent=2)
+        for f in d.forecast:
+            _print(_line(("forecast", "yellow"), f" {plain(f.text(), _LONG)}"), indent=2)
         for n in d.notes:
             _print(_line((f"note: {plain(n, _LONG)}", "dim")), indent=2)
         if d.fixes:

@@ -147,6 +147,9 @@ class DriveHealth:
     source: str | None = None  #: file it came from, or "smartctl"
     #: (level, text) found in the document itself; growth is judged on top of these
     base: tuple[tuple[_Level, str], ...] = ()
+    #: when values head for their thresholds at the current rate (smart_trend.Forecast), soonest
+    #: first; from the drive's past checks
+    forecast: tuple[Any, ...] = ()
 
     def identity(self) -> str | None:
         """Key that recognises this drive across checks: serial, else model + capacity."""
@@ -173,6 +176,8 @@ class DriveHealth:
             "smart_passed": self.smart_passed,
             "checked_at": iso_time(self.checked_at) if self.checked_at is not None else None,
         }
+        if self.forecast:
+            out["forecast"] = [f.to_json() for f in self.forecast]
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -607,6 +612,8 @@ def explain_series(drives: Sequence[DriveHealth]) -> list[DriveHealth]:
     or redacted) are checks of that drive, ordered by their ``local_time`` (oldest first;
     ties keep the given order). Each drive's latest check is returned, with growth measured
     from its earliest check. Documents that identify no drive are returned as they are."""
+    from stallscope.sources.smart_trend import drive_levels, forecast_drive  # imports this
+
     groups: dict[str, list[tuple[int, DriveHealth]]] = {}
     order: list[str | int] = []
     loose: dict[int, DriveHealth] = {}
@@ -632,7 +639,10 @@ def explain_series(drives: Sequence[DriveHealth]) -> list[DriveHealth]:
             continue
         since = iso_time(first.checked_at) if first.checked_at is not None else (
             first.source or "the first check")
-        out.append(apply_growth(last, compute_growth(first.counters, last.counters, since)))
+        judged = apply_growth(last, compute_growth(first.counters, last.counters, since))
+        history = [(c.checked_at, drive_levels(c)) for _i, c in checks
+                   if c.checked_at is not None]
+        out.append(replace(judged, forecast=tuple(forecast_drive(history, last.attributes))))
     return out
 
 

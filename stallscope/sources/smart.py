@@ -13,6 +13,10 @@ name, ``sda``, ``nvme0n1``):
     reported-uncorrect, NVMe media errors, SAS grown defects) grew since the baseline check.
 ``smart.reallocated``, ``smart.pending``, ``smart.nvme_used_pct``, ``smart.nvme_spare_pct``
     the raw values, when the drive reports them (what a trend fit and Prometheus need).
+``smart.days_left``
+    days until the soonest value crosses its threshold at the current rate (a line fitted
+    through the drive's past checks, :mod:`stallscope.sources.smart_trend`), when one heads
+    there.
 
 Drives whose SMART cannot be read (virtual disks, no permission) give no points; why is said
 once as a run event. :func:`drive_points` is the pure part.
@@ -59,6 +63,8 @@ def drive_points(drive: DriveHealth) -> dict[str, float]:
         out["nvme_used_pct"] = float(a["percentage_used"])
     if isinstance(a.get("available_spare"), int):
         out["nvme_spare_pct"] = float(a["available_spare"])
+    if drive.forecast:  # soonest first (sources/smart_trend.py)
+        out["days_left"] = round(float(drive.forecast[0].days), 2)
     return out
 
 

@@ -34,6 +34,7 @@ from stallscope.sources.health import (
     read_smart,
     validate_device,
 )
+from stallscope.sources.smart_trend import drive_levels, forecast_drive
 
 __all__ = [
     "MAX_CHECKS",
@@ -57,6 +58,8 @@ class Check:
 
     ts: float
     counters: Mapping[str, int]
+    #: values the forecast follows (smart_trend.drive_levels); absent in older files
+    levels: Mapping[str, float] = field(default_factory=dict)
 
 
 def default_state_path(env: Mapping[str, str] | None = None) -> Path:
@@ -98,9 +101,12 @@ def _parse_state(doc: object) -> dict[str, list[Check]]:
             counters = c.get("counters")
             if not isinstance(counters, dict):
                 raise ValueError(f"bad counters for {key!r}")
+            levels = c.get("levels")
             parsed.append(Check(float(c["ts"]), {
                 str(k): v for k, v in counters.items()
-                if isinstance(v, int) and not isinstance(v, bool)}))
+                if isinstance(v, int) and not isinstance(v, bool)}, {
+                str(k): float(v) for k, v in (levels if isinstance(levels, dict) else {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}))
         out[key] = parsed
     return out
 
@@ -135,9 +141,10 @@ class HealthState:
     def baseline(self, key: str, now: float, window_s: float = WINDOW_S) -> Check | None:
         return pick_baseline(self.drives.get(key, []), now, window_s)
 
-    def record(self, key: str, ts: float, counters: Mapping[str, int]) -> None:
+    def record(self, key: str, ts: float, counters: Mapping[str, int],
+               levels: Mapping[str, float] | None = None) -> None:
         checks = self.drives.setdefault(key, [])
-        checks.append(Check(ts, dict(counters)))
+        checks.append(Check(ts, dict(counters), dict(levels or {})))
         checks.sort(key=lambda c: c.ts)
         del checks[:-MAX_CHECKS]
         if len(self.drives) > MAX_DRIVES:  # forget the drives not seen for longest
@@ -158,12 +165,17 @@ class HealthState:
         growth: dict[str, Growth] = {}
         if base is not None:
             growth = compute_growth(base.counters, drive.counters, iso_time(base.ts))
-        self.record(key, now, drive.counters)
-        return apply_growth(drive, growth)
+        levels = drive_levels(drive)
+        history = [(c.ts, c.levels) for c in self.drives.get(key, []) if c.levels and c.ts < now]
+        self.record(key, now, drive.counters, levels)
+        judged = apply_growth(drive, growth)
+        fc = forecast_drive([*history, (now, levels)], drive.attributes)
+        return replace(judged, forecast=tuple(fc)) if fc else judged
 
     def to_json(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "drives": {
-            k: {"checks": [{"ts": c.ts, "counters": dict(c.counters)} for c in v]}
+            k: {"checks": [{"ts": c.ts, "counters": dict(c.counters),
+                            **({"levels": dict(c.levels)} if c.levels else {})} for c in v]}
             for k, v in self.drives.items()}}
 
     def save(self) -> None:
