@@ -21,6 +21,7 @@ __all__ = [
     "StallscopeError",
     "UsageError",
     "__version__",
+    "alerts_firing",
     "h2d",
     "on_alert",
     "step",
@@ -29,6 +30,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from stallscope.probe import h2d, step, watch
+    from stallscope.probe.callbacks import firing as alerts_firing
     from stallscope.probe.callbacks import on_alert
 
 _PROBE_NAMES = ("h2d", "step", "watch")
@@ -36,10 +38,10 @@ _PROBE_NAMES = ("h2d", "step", "watch")
 
 def __getattr__(name: str) -> Any:
     # the probe is imported on first use, so `import stallscope` stays light (no torch, no sqlite)
-    if name == "on_alert":
-        from stallscope.probe.callbacks import on_alert
+    if name in ("on_alert", "alerts_firing"):
+        from stallscope.probe import callbacks
 
-        return on_alert
+        return callbacks.on_alert if name == "on_alert" else callbacks.firing
     if name in _PROBE_NAMES:
         from stallscope import probe
 

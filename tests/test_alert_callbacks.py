@@ -69,7 +69,7 @@ def test_the_inbox_reads_whole_lines_and_skips_what_cleared_before(tmp_path: Pat
     inbox = AlertInbox()
     got = inbox.poll(tmp_path)
     assert [(a.name, a.state, a.value) for a in got] == [("gpu_hot", "firing", 90.0)]
-    assert [a.name for a in callbacks.firing()] == ["gpu_hot"]
+    assert [a.name for a in stallscope.alerts_firing()] == ["gpu_hot"]
     with open(tmp_path / ALERTS_FILE, "ab") as f:
         f.write(b'{"alert": "gpu_hot", "state": "cle')  # the engine is writing this line
     assert inbox.poll(tmp_path) == []

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alerts", metavar="FILE",
                    help="alert rules ([[alerts]] tables, see docs/alerts.md) evaluated on every "
                    "sample; the shipped defaults (GPU too hot, throttled, /dev/shm nearly full, "
-                   "swapping, disk saturated) are recorded as run events even without it")
+                   "swapping, disk saturated and slow, SMART failing, data wait high, GPU "
+                   "memory growing, a slow rank) are recorded as run events even without it")
     p.add_argument("--quiet", action="store_true", help="print only the run directory at the end")
     p.add_argument("--pid", type=_pid_type, metavar="PID",
                    help="attach to a training that is already running: monitor PID's process "
