@@ -60,7 +60,8 @@ def test_the_sink_publishes_transitions_for_the_probe(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / ALERTS_FILE).read_text().splitlines()]
     assert [(d["alert"], d["state"], d["value"], d["probe"]) for d in lines] == [
         ("gpu_hot", "firing", 90, ["cool_down"]), ("gpu_hot", "cleared", 75, ["cool_down"])]
-    assert lines[0]["threshold"] == 85 and "gpu.temp_c[" not in lines[0]["summary"]
+    assert lines[0]["threshold"] == 85 and lines[0]["notify"] is True
+    assert lines[0]["summary"].startswith("gpu_hot on gpu0 firing: gpu.temp_c = 90 (")
 
 
 def test_the_inbox_reads_whole_lines_and_skips_what_cleared_before(tmp_path: Path) -> None:
