@@ -47,6 +47,16 @@ def test_rules_file_passes_promtool() -> None:
     assert r.returncode == 0 and "1 rule files found" in r.stdout, r.stdout + r.stderr
 
 
+def test_rules_fire_and_clear_in_promtool_unit_tests() -> None:
+    """deploy/stallscope-alerts.test.yml: constructed series; each alert fires and clears at
+    the times the stallscope default would, hysteresis and the disk rule's pair included."""
+    promtool = _tool("promtool", "prometheus")
+    r = subprocess.run([promtool, "test", "rules", str(ROOT / "deploy" /
+                                                      "stallscope-alerts.test.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
 def test_rules_mirror_the_shipped_defaults() -> None:
     from stallscope.alerts import DEFAULT_RULES
 
