@@ -128,7 +128,9 @@ class Rule:
             where += (f" slope per minute over {self.trend_s:g} s (linear fit r² ≥ "
                       f"{self.min_r2:g})")
         more = "".join(f" and {a.describe()}" for a in self.also)
-        return f"{where} {op}{more}" + (f" for {self.for_s:g} s" if self.for_s else "")
+        clear = (f", clears < {self.clear_below:g}" if self.clear_below is not None else
+                 f", clears > {self.clear_above:g}" if self.clear_above is not None else "")
+        return f"{where} {op}{more}" + (f" for {self.for_s:g} s" if self.for_s else "") + clear
 
 
 @dataclass(frozen=True)
