@@ -308,3 +308,36 @@ def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None
             run.wait(timeout=30)
         except subprocess.TimeoutExpired:
             run.kill()
+
+
+def test_top_reads_a_running_agent_and_falls_back_when_it_stops(tmp_path: Path) -> None:
+    """A real agent: top takes the machine-wide readings from its /api/v1/snapshot (the header
+    says so); when the agent stops, top goes on sampling directly and says so."""
+    from test_agent import start_agent, stop_agent
+
+    agent = start_agent(tmp_path, interval="0.5")
+    try:
+        proc = subprocess.Popen(
+            stallscope_argv("top", "--agent", agent.url, "--interval", "0.5", "--count", "6"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        assert proc.stdout is not None
+        first = []
+        for line in proc.stdout:  # the first frame, then stop the agent
+            first.append(line)
+            if "Ctrl-C quits" in line:
+                break
+        frame = "".join(first)
+        assert "via agent 127.0.0.1:" in frame and "DISK" in frame and "cpu " in frame
+        stop_agent(agent)
+        rest, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "stopped answering" in rest  # the note (cut to the width)
+        last = rest.strip().split("\n\n")[-1]
+        assert "DISK" in last and re.search(r"cpu\s+\d", last), last
+    finally:
+        stop_agent(agent)
+    # --agent naming nothing that answers: one line, exit 2
+    r = subprocess.run(stallscope_argv("top", "--agent", agent.url, "--count", "1"),
+                       capture_output=True, text=True, timeout=30, env=_env())
+    assert r.returncode == 2 and "no stallscope agent answers there" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

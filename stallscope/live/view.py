@@ -59,6 +59,8 @@ class ViewState:
     training: TrainingView | None = None
     #: where ``training`` comes from (set by the app; the view only reads ``training``)
     follow: TrainingWatch | None = None
+    #: the agent the machine-wide readings come from ("127.0.0.1:9400"), None: sampled here
+    via: str | None = None
     host: str = field(default_factory=lambda: plain(os.uname().nodename, 40))
 
 
@@ -411,8 +413,9 @@ def render(sample: Sample | None, state: ViewState, width: int, height: int | No
     width = max(width, 20)
     when = time.strftime("%H:%M:%S", time.localtime(sample.ts if sample else time.time()))
     what = f"  tree of {state.root_pid}" if state.root_pid is not None else ""
+    via = f"  via agent {plain(state.via, 60)}" if state.via else ""
     top = _line(("stallscope top", "bold"), f"  {state.host}  {when}",
-                f"  every {state.interval:g} s{what}", width=width)
+                f"  every {state.interval:g} s{what}{via}", width=width)
     if sample is None:
         return [top, _line(f"collecting the first sample ({state.interval:g} s)…", width=width)]
     tall = height is None or height >= 40
