@@ -19,7 +19,7 @@ from typing import Any
 from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
-from stallscope.agent.steps import StepFollower
+from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
 from stallscope.metrics import Point
@@ -108,14 +108,15 @@ class Agent:
         sources, unavailable = open_sources(SOURCE_NAMES, disk_devices=cfg.devices)
         if cfg.gpus is not None:
             sources = [OnlyGpus(s, cfg.gpus) if s.name == "gpu" else s for s in sources]
-        self.steps = StepFollower()
+        self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
         self.prom = PrometheusSink(SOURCE_NAMES, unavailable, steps=self.steps)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
                                   pid=None, agent={"listen": cfg.listen,
                                                    "keep_full_s": cfg.keep_full_s,
-                                                   "gpus": cfg.gpus, "devices": cfg.devices},
+                                                   "gpus": cfg.gpus, "devices": cfg.devices,
+                                                   "run_indexes": cfg.run_indexes},
                                   unavailable=unavailable)
             write_meta(self.run_dir, self.meta)
             self.store = RunStore(self.run_dir / "run.db")

@@ -23,7 +23,7 @@ agent first saw them are never exported.
 
 from __future__ import annotations
 
-import os
+import glob
 import sqlite3
 import threading
 import time
@@ -36,7 +36,7 @@ from stallscope.errors import RunNotFound
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
-__all__ = ["STEP_METRICS", "RankTotals", "StepFollower"]
+__all__ = ["STEP_METRICS", "RankTotals", "StepFollower", "runs_of_indexes"]
 
 #: what the agent exports per rank of a followed run: (name as exposed, type, help)
 STEP_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -56,6 +56,21 @@ STEP_METRICS: tuple[tuple[str, str, str], ...] = (
 _ROW_OK = ("typeof(rank)='integer' AND typeof(step)='integer' AND typeof(ts)='real' "
            "AND typeof(wait_s)='real' AND typeof(host_s)='real' AND wait_s >= 0 "
            "AND host_s >= 0 AND wait_s < 1e9 AND host_s < 1e9 AND ts < 1e15")
+
+
+def runs_of_indexes(patterns: list[str]) -> Callable[[], list[Path]]:
+    """The run directories of this user's index and of every index file matching ``patterns``
+    (config ``run_indexes``: other users' indexes, or a shared one), each once."""
+
+    def runs() -> list[Path]:
+        seen: dict[str, Path] = {str(d): d for d in indexed_runs()}
+        for pattern in patterns:
+            for name in sorted(glob.glob(pattern)):
+                for d in indexed_runs(Path(name)):
+                    seen.setdefault(str(d), d)
+        return list(seen.values())
+
+    return runs
 
 
 @dataclass
@@ -200,5 +215,5 @@ def _is_running(run_dir: Path) -> bool:
         return False
     pid = meta.get("pid")
     if meta.get("monitor_pid") is None and isinstance(pid, int) and not isinstance(pid, bool):
-        return monitor_alive(pid) and pid != os.getpid()
+        return monitor_alive(pid)
     return True
