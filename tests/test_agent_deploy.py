@@ -388,3 +388,105 @@ def test_prometheus_without_stallscope_series_is_one_line(tmp_path: Path) -> Non
         stop_prometheus(prom)
     assert r.returncode == 1
     assert "holds no stallscope series" in one_line(r)
+
+
+# --- deploy files: systemd, container, Kubernetes -------------------------------------------------
+
+def agent_args_parse(args: list[str]) -> Any:
+    """The agent's own parser accepts these arguments (as the image or the unit passes them)."""
+    from stallscope.cli import build_parser
+
+    ns = build_parser().parse_args(["agent", *args])
+    assert ns.func.__module__ == "stallscope.cli.agent"
+    return ns
+
+
+def test_systemd_unit_verifies_and_grants_nothing(tmp_path: Path) -> None:
+    unit = (ROOT / "deploy" / "systemd" / "stallscope-agent.service").read_text()
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        tool_missing("systemd-analyze (Debian package systemd)")
+        return
+    exec_start = re.search(r"^ExecStart=/usr/local/bin/stallscope agent (.*)$", unit, re.M)
+    assert exec_start, "ExecStart must run /usr/local/bin/stallscope"
+    ns = agent_args_parse(exec_start.group(1).split())
+    assert ns.listen.startswith("127.0.0.1:")
+    # verify needs the command to exist: the same unit with this checkout's interpreter
+    local = tmp_path / "stallscope-agent.service"
+    local.write_text(unit.replace("/usr/local/bin/stallscope",
+                                  f"{os.path.realpath(sys.executable)} -m stallscope"))
+    r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
+    settings = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert settings["CapabilityBoundingSet"] == "" and settings["AmbientCapabilities"] == ""
+    assert settings["DynamicUser"] == "yes" and settings["NoNewPrivileges"] == "yes"
+    assert settings["KillSignal"] == "SIGTERM"
+
+
+def test_containerfile_builds_a_non_root_agent_image() -> None:
+    text = (ROOT / "deploy" / "container" / "Containerfile").read_text()
+    lines = [ln for ln in text.replace("\\\n", " ").splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    instr = [(ln.split(None, 1)[0], ln.split(None, 1)[1] if " " in ln.strip() else "")
+             for ln in lines]
+    known = {"FROM", "RUN", "COPY", "ENV", "USER", "VOLUME", "EXPOSE", "ENTRYPOINT", "CMD",
+             "WORKDIR", "ARG", "LABEL"}
+    assert all(k in known for k, _ in instr), instr
+    assert instr[0][0] == "FROM"
+    for k, rest in instr:
+        if k == "COPY":  # the build context is the repository root
+            *srcs, _dst = rest.split()
+            assert all((ROOT / s).exists() for s in srcs), rest
+    user = [rest for k, rest in instr if k == "USER"]
+    assert user and not user[-1].startswith(("root", "0")), user
+    entry = json.loads(next(rest for k, rest in instr if k == "ENTRYPOINT"))
+    cmd = json.loads(next(rest for k, rest in instr if k == "CMD"))
+    assert entry == ["stallscope", "agent"]
+    agent_args_parse(cmd)
+    assert "9400" in next(rest for k, rest in instr if k == "EXPOSE")
+
+
+def test_kubernetes_daemonset(tmp_path: Path) -> None:
+    from stallscope.agent.config import load_config
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" /
+                                    "stallscope-agent.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"ConfigMap", "DaemonSet"}
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"]
+    ds = kinds["DaemonSet"]
+    assert ds["apiVersion"] == "apps/v1"
+    spec = ds["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    pod = spec["template"]["spec"]
+    assert pod["hostPID"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    [c] = pod["containers"]
+    assert c["image"] and c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "privileged" not in c["securityContext"]
+    assert "nvidia.com/gpu" not in str(c.get("resources")), "must not take a GPU from jobs"
+    # $(NODE_IP) is expanded by the kubelet from the env the container declares
+    env = {e["name"] for e in c["env"]}
+    args = [a.replace("$(NODE_IP)", "10.0.0.5") for a in c["args"]]
+    assert all("$(" not in a for a in args) and "NODE_IP" in env
+    ns = agent_args_parse(args)
+    assert ns.listen == "10.0.0.5:9400"
+    assert {p["containerPort"] for p in c["ports"]} == {9400}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/api/v1/health"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert set(mounts) <= set(volumes), "a mount without its volume"
+    assert ns.config.startswith(mounts["config"]["mountPath"] + "/")
+    cm = kinds["ConfigMap"]
+    assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]
+    # the config the pod reads is one the agent accepts
+    toml = tmp_path / "agent.toml"
+    toml.write_text(cm["data"][Path(ns.config).name])
+    cfg = load_config(toml)
+    assert cfg.run_indexes and all(p.startswith(mounts["runs"]["mountPath"])
+                                   for p in cfg.run_indexes)
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == ns.listen.rsplit(":", 1)[1]
