@@ -36,7 +36,7 @@ from stallscope.errors import StallscopeError
 from stallscope.metrics import METRICS, Metric
 from stallscope.store import Series, StepRow
 
-__all__ = ["PrometheusError", "PromQuery", "load_prometheus", "parse_duration"]
+__all__ = ["PromQuery", "PrometheusError", "load_prometheus", "parse_duration"]
 
 _STEP_NAMES = {
     "stallscope_train_steps_total": "n",
@@ -287,13 +287,13 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
         d = {k: (cur[k] - base.get(k, 0.0)) for k in cur}
         if d["n"] < 0:  # a counter reset (the agent restarted): the new totals are the delta
             d = dict(cur)
-        k = int(round(d["n"]))
+        k = round(d["n"])
         if k > 0 and math.isfinite(d["step_s"]) and math.isfinite(d["wait_s"]) \
                 and d["step_s"] >= 0 and d["wait_s"] >= 0:
             wait = d["wait_s"] / k
             host = max(0.0, d["step_s"] / k - wait)
             batch = d.get("samples", math.nan) / k
-            samples = int(round(batch)) if math.isfinite(batch) and batch > 0 else None
+            samples = round(batch) if math.isfinite(batch) and batch > 0 else None
             for i in range(k):
                 rows.append(StepRow(rank=rank, step=counted + i,
                                     ts=t_from + (t - t_from) * (i + 1) / k,
