@@ -490,3 +490,31 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
                                    for p in cfg.run_indexes)
     annotations = spec["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == ns.listen.rsplit(":", 1)[1]
+
+
+def test_gpu_series_carry_the_pci_bus_id() -> None:
+    # dcgm-exporter's pci_bus_id label, from nvmlDeviceGetPciInfo (replayed: the captures'
+    # pci.bus_id), so panels and joins on it work
+    from prometheus_client import generate_latest
+
+    from stallscope.agent.exporter import PrometheusSink
+    from stallscope.collect import Collector
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.testing.nvml_replay import NvmlReplay
+
+    replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
+    want = [d["nvmlDeviceGetPciInfo"]["busId"] for d in replay.devices]
+    assert all(re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", w) for w in want)
+    gpu = GpuSource(backend=replay)
+    gpu.open()
+    sink = PrometheusSink(["gpu"], hostname="n")
+    c = Collector([gpu], [sink], interval=1.0)
+    sample = c.sample_once()
+    assert [g["pci_bus_id"] for g in sample.readings["gpu"].payload] == want
+    text = generate_latest(sink.registry).decode()
+    for i, bus in enumerate(want):
+        assert re.search(rf'stallscope_gpu_utilization_ratio\{{[^}}]*gpu="{i}"[^}}]*'
+                         rf'pci_bus_id="{re.escape(bus)}"', text) or re.search(
+            rf'stallscope_gpu_utilization_ratio\{{[^}}]*pci_bus_id="{re.escape(bus)}"[^}}]*'
+            rf'gpu="{i}"', text), text
+    c.stop(final_sample=False)
