@@ -159,3 +159,30 @@ def test_exposition_of_the_steps(tmp_path: Path) -> None:
     # nothing training: no train families at all
     empty = PrometheusSink(["host"], hostname="n", steps=StepFollower(lambda: [], rescan_s=0))
     assert "stallscope_train_" not in generate_latest(empty.registry).decode()
+
+
+# --- the steps rebuilt from Prometheus' counters (diagnose --prometheus) --------------------------
+
+def test_steps_from_counters_baseline_reset_and_shares() -> None:
+    from stallscope.analysis.promdata import _rank_rows
+
+    def col(*vs: float) -> tuple[list[float], list[float]]:
+        return [100.0 + i for i in range(len(vs))], list(vs)
+
+    # a run going on before the window: the first point is the baseline; the agent restarts
+    # after the third point (counters start again from the run's totals read anew: 2 steps)
+    cols = {"n": col(50, 54, 58, 2, 6), "step_s": col(25, 27, 29, 1.0, 3.0),
+            "wait_s": col(10, 11, 12, 0.5, 1.5), "samples": col(1600, 1728, 1856, 64, 192)}
+    rows = _rank_rows(3, cols, start=100.0, step=1.0)
+    assert len(rows) == 4 + 4 + 2 + 4
+    assert {r.rank for r in rows} == {3} and [r.step for r in rows] == list(range(14))
+    assert abs(sum(r.wait_s for r in rows) - (1 + 1 + 0.5 + 1)) < 1e-9
+    assert abs(sum(r.wait_s + r.host_s for r in rows) - (2 + 2 + 1 + 2)) < 1e-9
+    assert {r.samples for r in rows} == {32}
+    assert all(100.0 < r.ts <= 104.0 for r in rows)
+    # a run that began inside the window: its first point counts from zero
+    late = {"n": ([110.0, 111.0], [3, 5]), "step_s": ([110.0, 111.0], [0.3, 0.5]),
+            "wait_s": ([110.0, 111.0], [0.0, 0.1])}
+    rows = _rank_rows(0, late, start=100.0, step=1.0)
+    assert len(rows) == 5 and all(r.samples is None for r in rows)
+    assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
