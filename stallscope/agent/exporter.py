@@ -29,6 +29,7 @@ in the vocabulary: ``stallscope_collector_sample_cpu_seconds`` and
 from __future__ import annotations
 
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -196,7 +197,10 @@ class SampleExposition(PromCollector):
         """Per followed run and rank, the probe's step totals (:mod:`stallscope.agent.steps`)."""
         from stallscope.agent.steps import STEP_METRICS
 
-        runs = follower.poll()
+        try:
+            runs = follower.poll()
+        except (OSError, sqlite3.Error, ValueError):
+            return  # an unreadable run costs its step series, never the whole scrape
         if not runs:
             return
         (steps, step_s, wait_s, samples, last_ts) = (
