@@ -23,11 +23,13 @@ __all__ = [
     "__version__",
     "h2d",
     "step",
+    "tune",
     "watch",
 ]
 
 if TYPE_CHECKING:
     from stallscope.probe import h2d, step, watch
+    from stallscope.tuner import tune
 
 _PROBE_NAMES = ("h2d", "step", "watch")
 
@@ -38,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from stallscope import probe
 
         return getattr(probe, name)
+    if name == "tune":
+        from stallscope.tuner import tune
+
+        return tune
     raise AttributeError(f"module 'stallscope' has no attribute {name!r}")

@@ -262,3 +262,49 @@ def test_top_missing_pid_is_one_line_exit_1() -> None:
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "999999999" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None:
+    """A real training (the demo: a prep-bound DataLoader) under `stallscope run`; top --pid on
+    its trainer shows the live data wait from the probe, and the verdict so far."""
+    import psutil
+
+    env = _env()
+    run = subprocess.Popen(
+        [*stallscope_argv("run", "--quiet", "--interval", "1", "--out", str(tmp_path / "runs"),
+                          "--"), sys.executable, str(ROOT / "examples" / "train_cpu.py"),
+         "--max-seconds", "60", "--files", "600", "--model", "tiny"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t = None
+    try:
+        deadline = time.monotonic() + 30
+        trainer = None
+        while trainer is None and time.monotonic() < deadline:
+            kids = psutil.Process(run.pid).children()
+            trainer = next((k.pid for k in kids if "train_cpu.py" in " ".join(k.cmdline())),
+                           None)
+            time.sleep(0.2)
+        assert trainer is not None, "the trainer did not start"
+        t = Tmux(_top_command("--pid", str(trainer), "--interval", "1"), 100, 30, env)
+        screen = t.wait_for(lambda s: re.search(r"TRAINING\s+data wait \d+%", s) is not None
+                            and "steps/s" in s, "the training line", timeout=40)
+        line = next(ln for ln in screen.split("\n") if ln.startswith("TRAINING"))
+        share = int(re.search(r"data wait (\d+)%", line).group(1))  # type: ignore[union-attr]
+        assert share >= 15, line  # the demo waits on its one slow worker
+        assert "run " in line and "verdict" in screen
+        t.keys("q")
+        t.wait_for(lambda s: "EXITED 0" in s, "exit after q", timeout=5)
+        # piped: one frame, the verdict computed for it
+        out = subprocess.run(stallscope_argv("top", "--pid", str(trainer), "--count", "1"),
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        verdict = next(ln for ln in out.stdout.split("\n") if ln.startswith("verdict"))
+        assert "input_bound" in verdict, out.stdout
+    finally:
+        if t is not None:
+            t.kill()
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.kill()

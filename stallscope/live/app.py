@@ -24,6 +24,7 @@ from stallscope.collect.collector import Collector
 from stallscope.errors import StallscopeError
 from stallscope.live.sink import LiveSink
 from stallscope.live.term import Terminated, cbreak, read_keys, signals_raise
+from stallscope.live.training import TrainingWatch
 from stallscope.live.view import ViewState, render
 from stallscope.sources import SOURCE_NAMES, Source, open_sources
 
@@ -59,6 +60,7 @@ def run_top(*, interval: float, pid: int | None, count: int | None,
     collector = Collector(sources, [sink], interval=interval, unavailable=unavailable)
     state = ViewState(interval=interval, root_pid=pid, unavailable=unavailable,
                       unicode=(console.encoding or "").lower().startswith("utf"))
+    state.follow = TrainingWatch(pid)
     try:
         with signals_raise(on_winch=sink.wake):
             collector.start()
@@ -74,6 +76,8 @@ def run_top(*, interval: float, pid: int | None, count: int | None,
     finally:
         collector.stop(final_sample=False)
         sink.release()
+        if state.follow is not None:
+            state.follow.close()
     return 0
 
 
@@ -95,6 +99,7 @@ def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
             continue
         shown = seq
         state.events = list(sink.events)
+        state.training = state.follow.view(wait=True) if state.follow is not None else None
         if frames:
             console.print()
         for line in render(sample, state, console.width, None):
@@ -151,6 +156,8 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
                 state.events = list(sink.events)
                 if seq != shown_seq and not state.paused:
                     shown_seq, shown = seq, sample
+                    state.training = (state.follow.view() if state.follow is not None
+                                      else None)
                     frames += 1
                 redraw = True  # new sample, an event or a resize
             if redraw:
