@@ -8,6 +8,7 @@
     keep_full_s = 3600           # full resolution for this long, then 1-minute buckets
     gpus = [0, 1]                # NVML indices to include (default: all)
     devices = ["nvme0n1"]        # block devices to include (default: whole devices with I/O)
+    run_indexes = ["/home/*/.local/state/stallscope/runs.txt"]  # more run indexes to follow
 
 An unknown key or a bad value is one line naming the key (:class:`ConfigError`, exit 2).
 """
@@ -46,6 +47,9 @@ class AgentConfig:
     keep_full_s: float = DEFAULT_KEEP_FULL_S
     gpus: list[int] | None = None  #: NVML indices to include; None: all
     devices: list[str] | None = None  #: block devices to include; None: the disk default
+    #: run index files (glob patterns) whose running trainings the agent exports, beside the
+    #: index of the user it runs as
+    run_indexes: list[str] = field(default_factory=list)
     path: str | None = field(default=None, compare=False)  #: the file it came from
 
     def store_path(self) -> Path:
@@ -123,6 +127,11 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError(f"devices must be a list of block device names such as "
                              f"[\"nvme0n1\"], got {v!r}")
         return names
+    if key == "run_indexes":
+        if not isinstance(v, list) or not all(isinstance(p, str) and p.strip() for p in v):
+            raise ValueError(f"run_indexes must be a list of run index paths (glob patterns "
+                             f"allowed) such as [\"/srv/stallscope/runs.txt\"], got {v!r}")
+        return [os.path.expanduser(p) for p in v]
     raise KeyError(key)
 
 

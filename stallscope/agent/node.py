@@ -19,6 +19,7 @@ from typing import Any
 from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
+from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
 from stallscope.metrics import Point
@@ -74,6 +75,7 @@ class Agent:
         self.store: RunStore | None = None
         self.store_sink: StoreSink | None = None
         self.prom: PrometheusSink
+        self.steps: StepFollower | None = None
         self.run_dir: Path | None = None
         self.meta: dict[str, Any] = {}
         self._serving: threading.Thread | None = None
@@ -106,13 +108,15 @@ class Agent:
         sources, unavailable = open_sources(SOURCE_NAMES, disk_devices=cfg.devices)
         if cfg.gpus is not None:
             sources = [OnlyGpus(s, cfg.gpus) if s.name == "gpu" else s for s in sources]
-        self.prom = PrometheusSink(SOURCE_NAMES, unavailable)
+        self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
+        self.prom = PrometheusSink(SOURCE_NAMES, unavailable, steps=self.steps)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
                                   pid=None, agent={"listen": cfg.listen,
                                                    "keep_full_s": cfg.keep_full_s,
-                                                   "gpus": cfg.gpus, "devices": cfg.devices},
+                                                   "gpus": cfg.gpus, "devices": cfg.devices,
+                                                   "run_indexes": cfg.run_indexes},
                                   unavailable=unavailable)
             write_meta(self.run_dir, self.meta)
             self.store = RunStore(self.run_dir / "run.db")
@@ -177,6 +181,8 @@ class Agent:
             self.server.server_close()
         if self.collector is not None:
             self.collector.stop()
+        if self.steps is not None:
+            self.steps.close()
         if self.store is None or self.run_dir is None:
             return
         self.meta.update(end=time.time(), exit_code=0,
