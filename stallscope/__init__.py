@@ -25,6 +25,7 @@ __all__ = [
     "h2d",
     "on_alert",
     "step",
+    "tune",
     "watch",
 ]
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from stallscope.probe import h2d, step, watch
     from stallscope.probe.callbacks import firing as alerts_firing
     from stallscope.probe.callbacks import on_alert
+    from stallscope.tuner import tune
 
 _PROBE_NAMES = ("h2d", "step", "watch")
 
@@ -46,4 +48,8 @@ def __getattr__(name: str) -> Any:
         from stallscope import probe
 
         return getattr(probe, name)
+    if name == "tune":
+        from stallscope.tuner import tune
+
+        return tune
     raise AttributeError(f"module 'stallscope' has no attribute {name!r}")

@@ -209,15 +209,15 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
        "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
     _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
-    # --- probe: the trainer's steps, per rank (entity rank<N>), last 30 s (sources/steps.py) ---
+    # --- probe: the trainer's steps, per rank (entity rank<N>), last 30 s (sources/steps.py), ---
+    # for the alert engine of a run; not exported (the agent exports stallscope_train_* counters)
     _M("probe", "wait_pct", "%", "share of step wall time the rank waited for data over the last "
        "30 s, sum(wait_s) / sum(wait_s + host_s) of the probe's steps", "gauge",
-       "stallscope_probe_data_wait_ratio", 0.01, label="rank"),
+       "", 0.01, label="rank"),
     _M("probe", "step_ms", "ms", "median step time of the rank over the last 30 s (probe "
-       "wait_s + host_s)", "gauge", "stallscope_probe_step_seconds", 1e-3, label="rank"),
+       "wait_s + host_s)", "gauge", "", 1e-3, label="rank"),
     _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
-       "(last 30 s; 1 = as fast as the others)", "gauge", "stallscope_probe_rank_slowdown_ratio",
-       label="rank"),
+       "(last 30 s; 1 = as fast as the others)", "gauge", "", label="rank"),
     # --- smart: SMART checks of the watched drives, every 10 min (sources/smart.py) -----------
     _M("smart", "failing", "", "1 while the drive's SMART verdict is failing (stallscope disk; "
        "docs/disk-health.md)", "gauge", "stallscope_smart_failing", rollup="max", label="device"),

@@ -220,7 +220,8 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
     assert r.returncode == 2
     assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
-                        "interval_s, store_dir, keep_full_s, gpus, devices, smart, alerts, smtp)\n")
+                        "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, "
+                        "alerts, smtp)\n")
     assert not (tmp_path / "s").exists()
 
 
@@ -228,7 +229,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     ("interval_s = 0", "interval_s"), ('interval_s = "5"', "interval_s"),
     ('listen = "localhost"', "listen"), ("gpus = [0, -1]", "gpus"),
     ('devices = ["../../etc"]', "devices"), ("keep_full_s = 1", "keep_full_s"),
-    ("listen = [", "not valid TOML"),
+    ("listen = [", "not valid TOML"), ('run_indexes = "/srv/runs.txt"', "run_indexes"),
 ])
 def test_bad_config_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     cfg = tmp_path / "agent.toml"

@@ -1,7 +1,8 @@
-"""Cluster mode: the shipped Prometheus alerting rules (deploy/stallscope-alerts.yml) pass
-``promtool check rules``, and loaded into a real Prometheus with a real Alertmanager, scraping a
-real ``stallscope agent`` (GPU readings replayed) whose GPU crosses 85 °C, they reach a local
-webhook: firing, then resolved once it cools down. Everything binds 127.0.0.1."""
+"""Cluster mode: the shipped Prometheus alerting rules (deploy/prometheus/stallscope-alerts.yml)
+pass ``promtool check rules`` and their unit tests, and loaded into a real Prometheus with a
+real Alertmanager, scraping a real ``stallscope agent`` (GPU readings replayed) whose GPU crosses
+85 °C, they reach a local webhook: firing, then resolved once it cools down. Everything binds
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import pytest
 from conftest import FIXTURES, ROOT, tool_missing
 from test_agent import free_port, get
 
-RULES = ROOT / "deploy" / "stallscope-alerts.yml"
+RULES = ROOT / "deploy" / "prometheus" / "stallscope-alerts.yml"
+RECORDING = ROOT / "deploy" / "prometheus" / "stallscope-recording.yml"
 H100_LOAD = FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
 WAIT_S = 45.0
 
@@ -44,16 +46,16 @@ def test_rules_file_passes_promtool() -> None:
     assert "SUCCESS: 12 rules found" in r.stdout
     r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and "1 rule files found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 12 rules found" in r.stdout, r.stdout + r.stderr
 
 
 def test_rules_fire_and_clear_in_promtool_unit_tests() -> None:
-    """deploy/stallscope-alerts.test.yml: constructed series; each alert fires and clears at
-    the times the stallscope default would, hysteresis and the disk rule's pair included."""
+    """tests/promtool/stallscope-alerts.test.yml: constructed series; each alert fires and
+    clears at the times the stallscope default would, hysteresis and the disk rule's pair
+    included, the training alerts over the agent's stallscope_train_* counters."""
     promtool = _tool("promtool", "prometheus")
-    r = subprocess.run([promtool, "test", "rules", str(ROOT / "deploy" /
-                                                      "stallscope-alerts.test.yml")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([promtool, "test", "rules", "stallscope-alerts.test.yml"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT / "tests" / "promtool")
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
@@ -66,7 +68,11 @@ def test_rules_mirror_the_shipped_defaults() -> None:
     # the thresholds are the defaults', in base units
     assert "stallscope_gpu_temperature_celsius > 85" in text
     assert "stallscope_disk_read_await_seconds > 0.05" in text
-    assert "stallscope_probe_data_wait_ratio > 0.3" in text
+    assert "rank:stallscope_train_data_wait:ratio_rate1m > 0.3" in text
+    # the training alerts read the recording rules shipped beside them
+    recorded = set(re.findall(r"record: (\S+)", RECORDING.read_text()))
+    assert {"rank:stallscope_train_data_wait:ratio_rate1m",
+            "rank:stallscope_train_step_seconds:mean_rate1m"} <= recorded
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
@@ -143,7 +149,7 @@ def test_prometheus_and_alertmanager_notify_a_webhook(
     hook_port, received = webhook
     agent_port, prom_port, am_port = free_port(), free_port(), free_port()
     hot = tmp_path / "hot"
-    # the shipped rules, with every `for:` shortened so the test takes seconds, not minutes
+    # the shipped alerting rules, with every `for:` shortened so the test takes seconds
     rules = tmp_path / "stallscope-alerts.yml"
     rules.write_text(re.sub(r"(\n\s+for:) \S+", r"\1 1s", RULES.read_text()))
     (tmp_path / "alertmanager.yml").write_text(

@@ -45,7 +45,7 @@ DESIGN_KEYS = {
     "ecc_errors",
 }
 EXTRA_KEYS = {
-    "sm_clock_max_mhz", "throttle_mask", "sm_active_pct", "sm_occupancy_pct",
+    "pci_bus_id", "sm_clock_max_mhz", "throttle_mask", "sm_active_pct", "sm_occupancy_pct",
     "tensor_active_pct", "processes",
 }
 

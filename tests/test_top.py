@@ -262,3 +262,82 @@ def test_top_missing_pid_is_one_line_exit_1() -> None:
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "999999999" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None:
+    """A real training (the demo: a prep-bound DataLoader) under `stallscope run`; top --pid on
+    its trainer shows the live data wait from the probe, and the verdict so far."""
+    import psutil
+
+    env = _env()
+    run = subprocess.Popen(
+        [*stallscope_argv("run", "--quiet", "--interval", "1", "--out", str(tmp_path / "runs"),
+                          "--"), sys.executable, str(ROOT / "examples" / "train_cpu.py"),
+         "--max-seconds", "60", "--files", "600", "--model", "tiny"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t = None
+    try:
+        deadline = time.monotonic() + 30
+        trainer = None
+        while trainer is None and time.monotonic() < deadline:
+            kids = psutil.Process(run.pid).children()
+            trainer = next((k.pid for k in kids if "train_cpu.py" in " ".join(k.cmdline())),
+                           None)
+            time.sleep(0.2)
+        assert trainer is not None, "the trainer did not start"
+        t = Tmux(_top_command("--pid", str(trainer), "--interval", "1"), 100, 30, env)
+        screen = t.wait_for(lambda s: re.search(r"TRAINING\s+data wait \d+%", s) is not None
+                            and "steps/s" in s, "the training line", timeout=40)
+        line = next(ln for ln in screen.split("\n") if ln.startswith("TRAINING"))
+        share = int(re.search(r"data wait (\d+)%", line).group(1))  # type: ignore[union-attr]
+        assert share >= 15, line  # the demo waits on its one slow worker
+        assert "run " in line and "verdict" in screen
+        t.keys("q")
+        t.wait_for(lambda s: "EXITED 0" in s, "exit after q", timeout=5)
+        # piped: one frame, the verdict computed for it
+        out = subprocess.run(stallscope_argv("top", "--pid", str(trainer), "--count", "1"),
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        verdict = next(ln for ln in out.stdout.split("\n") if ln.startswith("verdict"))
+        assert "input_bound" in verdict, out.stdout
+    finally:
+        if t is not None:
+            t.kill()
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+
+
+def test_top_reads_a_running_agent_and_falls_back_when_it_stops(tmp_path: Path) -> None:
+    """A real agent: top takes the machine-wide readings from its /api/v1/snapshot (the header
+    says so); when the agent stops, top goes on sampling directly and says so."""
+    from test_agent import start_agent, stop_agent
+
+    agent = start_agent(tmp_path, interval="0.5")
+    try:
+        proc = subprocess.Popen(
+            stallscope_argv("top", "--agent", agent.url, "--interval", "0.5", "--count", "6"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        assert proc.stdout is not None
+        first = []
+        for line in proc.stdout:  # the first frame, then stop the agent
+            first.append(line)
+            if "Ctrl-C quits" in line:
+                break
+        frame = "".join(first)
+        assert "via agent 127.0.0.1:" in frame and "DISK" in frame and "cpu " in frame
+        stop_agent(agent)
+        rest, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "stopped answering" in rest  # the note (cut to the width)
+        last = rest.strip().split("\n\n")[-1]
+        assert "DISK" in last and re.search(r"cpu\s+\d", last), last
+    finally:
+        stop_agent(agent)
+    # --agent naming nothing that answers: one line, exit 2
+    r = subprocess.run(stallscope_argv("top", "--agent", agent.url, "--count", "1"),
+                       capture_output=True, text=True, timeout=30, env=_env())
+    assert r.returncode == 2 and "no stallscope agent answers there" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

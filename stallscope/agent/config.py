@@ -8,6 +8,7 @@
     keep_full_s = 3600           # full resolution for this long, then 1-minute buckets
     gpus = [0, 1]                # NVML indices to include (default: all)
     devices = ["nvme0n1"]        # block devices to include (default: whole devices with I/O)
+    run_indexes = ["/home/*/.local/state/stallscope/runs.txt"]  # more run indexes to follow
     smart = ["sda", "nvme0n1"]   # drives whose SMART is checked every 10 min (default: none)
 
     [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
@@ -57,6 +58,9 @@ class AgentConfig:
     keep_full_s: float = DEFAULT_KEEP_FULL_S
     gpus: list[int] | None = None  #: NVML indices to include; None: all
     devices: list[str] | None = None  #: block devices to include; None: the disk default
+    #: run index files (glob patterns) whose running trainings the agent exports, beside the
+    #: index of the user it runs as
+    run_indexes: list[str] = field(default_factory=list)
     smart: list[str] | None = None  #: drives whose SMART the agent checks; None: none
     alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
     smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
@@ -152,6 +156,11 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError(f"{key} must be a list of block device names such as "
                              f"[\"nvme0n1\"], got {v!r}")
         return names
+    if key == "run_indexes":
+        if not isinstance(v, list) or not all(isinstance(p, str) and p.strip() for p in v):
+            raise ValueError(f"run_indexes must be a list of run index paths (glob patterns "
+                             f"allowed) such as [\"/srv/stallscope/runs.txt\"], got {v!r}")
+        return [os.path.expanduser(p) for p in v]
     raise KeyError(key)
 
 

@@ -29,6 +29,7 @@ in the vocabulary: ``stallscope_collector_sample_cpu_seconds`` and
 from __future__ import annotations
 
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ from stallscope.collect.sinks import Sink
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
+    from stallscope.agent.steps import StepFollower
     from stallscope.collect.collector import Event, Sample
 
 __all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition", "labels_for"]
@@ -159,6 +161,8 @@ class SampleExposition(PromCollector):
         if sample is not None:
             self._points(sample, fams)
             self._throttle(sample, fams)
+        if sink.steps is not None:
+            self._train_steps(sink.steps, fams)
         helps = {name: (kind, doc) for name, kind, doc in AGENT_METRICS}
         up = fams.get("stallscope_source_up", *helps["stallscope_source_up"])
         for name, is_up in sink.source_up().items():
@@ -188,6 +192,31 @@ class SampleExposition(PromCollector):
                 attrs = entities.get(m.source, {}).get(p.entity) or {}
                 labels = labels_cache[key] = labels_for(m, p.entity, attrs, hostname)
             fams.add(fams.get(m.prom, m.kind, doc), labels, p.value * m.prom_scale)
+
+    def _train_steps(self, follower: StepFollower, fams: _Families) -> None:
+        """Per followed run and rank, the probe's step totals (:mod:`stallscope.agent.steps`)."""
+        from stallscope.agent.steps import STEP_METRICS
+
+        try:
+            runs = follower.poll()
+        except (OSError, sqlite3.Error, ValueError):
+            return  # an unreadable run costs its step series, never the whole scrape
+        if not runs:
+            return
+        (steps, step_s, wait_s, samples, last_ts) = (
+            fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
+        for run_id, ranks in sorted(runs.items()):
+            for rank, t in sorted(ranks.items()):
+                labels = {"run": run_id, "rank": str(rank), "hostname": self.sink.hostname}
+                fams.add(steps, labels, float(t.steps))
+                fams.add(step_s, labels, t.step_s)
+                fams.add(wait_s, labels, t.wait_s)
+                if t.has_samples:
+                    fams.add(samples, labels, float(t.samples))
+                if t.last_ts is not None:
+                    fams.add(last_ts, labels, t.last_ts)
+        for name in [name for name, fam in fams.by_name.items() if not fam.samples]:
+            del fams.by_name[name]  # no run knew its batch size: no empty family
 
     def _throttle(self, sample: Sample, fams: _Families) -> None:
         reading = sample.readings.get("gpu")
@@ -222,11 +251,14 @@ class PrometheusSink(Sink):
 
     def __init__(self, sources: Sequence[str], unavailable: Mapping[str, str] | None = None, *,
                  hostname: str | None = None,
-                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+                 cpu_clock: Callable[[], float] = time.process_time,
+                 steps: StepFollower | None = None) -> None:
         self.sources = list(dict.fromkeys([*sources, *(unavailable or {})]))
         self.unavailable = dict(unavailable or {})
         self.hostname = hostname if hostname is not None else socket.gethostname()
         self.cpu_clock = cpu_clock
+        #: the trainings' step totals, read on each scrape (None: not followed)
+        self.steps = steps
         self.latest: Sample | None = None
         self.written = 0
         self._lock = threading.Lock()

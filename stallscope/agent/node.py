@@ -19,6 +19,7 @@ from typing import Any
 from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
+from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
@@ -75,6 +76,7 @@ class Agent:
         self.store: RunStore | None = None
         self.store_sink: StoreSink | None = None
         self.prom: PrometheusSink
+        self.steps: StepFollower | None = None
         self.alerts: AlertSink | None = None
         self.run_dir: Path | None = None
         self.meta: dict[str, Any] = {}
@@ -114,13 +116,15 @@ class Agent:
             smart = SmartSource(cfg.smart)
             smart.open()
             sources.append(smart)
-        self.prom = PrometheusSink(SOURCE_NAMES, unavailable)
+        self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
+        self.prom = PrometheusSink(SOURCE_NAMES, unavailable, steps=self.steps)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
                                   pid=None, agent={"listen": cfg.listen,
                                                    "keep_full_s": cfg.keep_full_s,
                                                    "gpus": cfg.gpus, "devices": cfg.devices,
+                                                   "run_indexes": cfg.run_indexes,
                                                    "smart": cfg.smart,
                                                    "alerts": [r.name for r in
                                                               cfg.rules().rules]},
@@ -193,6 +197,8 @@ class Agent:
             self.server.server_close()
         if self.collector is not None:
             self.collector.stop()
+        if self.steps is not None:
+            self.steps.close()
         if self.store is None or self.run_dir is None:
             return
         self.meta.update(end=time.time(), exit_code=0,

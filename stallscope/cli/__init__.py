@@ -49,6 +49,7 @@ COMMANDS: tuple[str, ...] = (
     "alerts",
     "agent",
     "top",
+    "tune",
 )
 
 

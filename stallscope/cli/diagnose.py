@@ -1,28 +1,52 @@
-"""``stallscope diagnose RUN [--json]``: findings for a run."""
+"""``stallscope diagnose RUN [--json]``: findings for a run; ``stallscope diagnose --prometheus
+URL [--job J | --instance I] [--run R] [--since 30m]``: the same rules over what a Prometheus
+server scraped from stallscope agents, one diagnosis per node."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
-from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
+from stallscope.analysis.diagnose import diagnose, diagnose_run, print_diagnosis
 from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import out_console
+from stallscope.errors import UsageError
 from stallscope.store import DEFAULT_OUT, find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="name the bottleneck of a run",
                        description="Findings for a run: the bottleneck, the evidence (numbers "
-                       "and the rule behind them), fixes, and an upper-bound speedup.")
-    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+                       "and the rule behind them), fixes, and an upper-bound speedup. With "
+                       "--prometheus, the same rules over the series a Prometheus server "
+                       "scraped from stallscope agents (docs/agent.md).")
+    p.add_argument("run", metavar="RUN", nargs="?",
+                   help="run directory, run id (or prefix), or 'latest'")
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    g = p.add_argument_group("cluster diagnosis (instead of RUN)")
+    g.add_argument("--prometheus", metavar="URL",
+                   help="read a Prometheus server, e.g. http://prometheus:9090")
+    g.add_argument("--job", help="only targets of this scrape job")
+    g.add_argument("--instance", help="only this target (HOST:PORT as Prometheus names it)")
+    g.add_argument("--run-id", dest="run_id", metavar="RUN",
+                   help="the training run to take steps from (default: the one with most "
+                   "steps in the window)")
+    g.add_argument("--since", default="30m", metavar="DURATION",
+                   help="window to read, e.g. 30m, 2h (default 30m)")
+    g.add_argument("--step", metavar="DURATION",
+                   help="query resolution (default 15s, coarser for long windows)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus is not None:
+        return _from_prometheus(args)
+    if args.run is None:
+        raise UsageError("diagnose needs RUN (a run directory, run id or 'latest') or "
+                         "--prometheus URL")
     run_dir = find_run(args.run, args.out)
     data = load_run(run_dir)
     doc = diagnose_run(run_dir, data)
@@ -32,5 +56,45 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
+        print_diagnosis(doc, out_console)
+    return 0
+
+
+def _from_prometheus(args: argparse.Namespace) -> int:
+    from stallscope.analysis.promdata import PromQuery, parse_duration
+    from stallscope.analysis.rundata import RunData
+
+    if args.run is not None:
+        raise UsageError("give RUN or --prometheus, not both")
+    try:
+        since = parse_duration(args.since)
+    except ValueError as exc:
+        raise UsageError(f"--since {exc}") from None
+    try:
+        step = parse_duration(args.step) if args.step is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--step {exc}") from None
+    q = PromQuery(url=args.prometheus, job=args.job, instance=args.instance, run=args.run_id,
+                  since_s=since, step_s=step)
+    docs: list[dict[str, Any]] = []
+    for data in RunData.from_prometheus(q):
+        doc = diagnose(data)
+        doc["prometheus"] = data.meta["prometheus"]
+        docs.append(doc)
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else
+                         {"prometheus": q.url.rstrip("/"), "nodes": docs}, indent=2, default=str))
+        return 0
+    for i, doc in enumerate(docs):
+        p = doc["prometheus"]
+        runs = p.get("runs") or {}
+        head = f"node {p['instance']}" + (f" (job {p['job']})" if p.get("job") else "")
+        if p.get("run"):
+            head += f", steps of run {p['run']}"
+            if len(runs) > 1:
+                head += f" (also seen: {', '.join(r for r in sorted(runs) if r != p['run'])};"
+                head += " choose with --run-id)"
+        out_console.print(("\n" if i else "") + head, soft_wrap=True, markup=False,
+                          highlight=False)
         print_diagnosis(doc, out_console)
     return 0

@@ -35,11 +35,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between refreshes (default 1)")
     p.add_argument("--count", type=bounded("--count", int, 1, 10**9), default=None,
                    metavar="N", help="exit after N frames (default: until q or Ctrl-C)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--agent", metavar="URL",
+                     help="take GPU, disk and host readings from the stallscope agent at URL "
+                     "(e.g. http://127.0.0.1:9400); default: the local agent when one answers "
+                     "there and samples at least as often as --interval")
+    src.add_argument("--no-agent", action="store_true",
+                     help="sample the machine directly even when an agent runs")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallscope.errors import UsageError
+    from stallscope.live.agent_feed import agent_interval, default_agent
     from stallscope.live.app import run_top
 
+    agent: str | None = None
+    if args.agent:
+        if agent_interval(args.agent) is None:
+            raise UsageError(f"--agent {args.agent}: no stallscope agent answers there "
+                             "(GET /api/v1/health)")
+        agent = args.agent
+    elif not args.no_agent:
+        iv = agent_interval(default_agent())
+        if iv is not None and iv <= args.interval:
+            agent = default_agent()
     return run_top(interval=args.interval, pid=args.pid,
-                   count=None if args.count is None else int(args.count))
+                   count=None if args.count is None else int(args.count), agent=agent)

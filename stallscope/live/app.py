@@ -22,8 +22,10 @@ from rich.text import Text
 
 from stallscope.collect.collector import Collector
 from stallscope.errors import StallscopeError
+from stallscope.live.agent_feed import agent_sources
 from stallscope.live.sink import LiveSink
 from stallscope.live.term import Terminated, cbreak, read_keys, signals_raise
+from stallscope.live.training import TrainingWatch
 from stallscope.live.view import ViewState, render
 from stallscope.sources import SOURCE_NAMES, Source, open_sources
 
@@ -38,27 +40,34 @@ class ProcessNotReadable(StallscopeError):
     exit_code = 1
 
 
-def open_top_sources(pid: int | None) -> tuple[list[Source], dict[str, str]]:
-    """The machine-wide sources, plus the process tree of ``pid`` when given (an unreadable
-    ``pid`` raises :class:`ProcessNotReadable`; nothing is left open)."""
+def open_top_sources(pid: int | None, agent: str | None = None
+                     ) -> tuple[list[Source], dict[str, str]]:
+    """The machine-wide sources (read from the agent at ``agent`` when given), plus the process
+    tree of ``pid`` when given (an unreadable ``pid`` raises :class:`ProcessNotReadable`;
+    nothing is left open)."""
     procs: list[Source] = []
     if pid is not None:
         procs, bad = open_sources(("procs",), root_pid=pid)
         if bad:
             raise ProcessNotReadable(f"cannot watch --pid {pid}: {bad['procs']}")
-    sources, unavailable = open_sources(SOURCE_NAMES)
+    if agent is not None:
+        sources, unavailable = agent_sources(agent, SOURCE_NAMES)
+    else:
+        sources, unavailable = open_sources(SOURCE_NAMES)
     return sources + procs, unavailable
 
 
 def run_top(*, interval: float, pid: int | None, count: int | None,
-            console: Console | None = None) -> int:
+            console: Console | None = None, agent: str | None = None) -> int:
     """Run the view until ``q``, Ctrl-C, SIGTERM/SIGHUP or ``count`` frames; the exit code."""
     console = console or Console(highlight=False)
-    sources, unavailable = open_top_sources(pid)
+    sources, unavailable = open_top_sources(pid, agent)
     sink = LiveSink()
     collector = Collector(sources, [sink], interval=interval, unavailable=unavailable)
     state = ViewState(interval=interval, root_pid=pid, unavailable=unavailable,
                       unicode=(console.encoding or "").lower().startswith("utf"))
+    state.follow = TrainingWatch(pid)
+    state.via = agent.split("://", 1)[-1].rstrip("/") if agent else None
     try:
         with signals_raise(on_winch=sink.wake):
             collector.start()
@@ -74,6 +83,8 @@ def run_top(*, interval: float, pid: int | None, count: int | None,
     finally:
         collector.stop(final_sample=False)
         sink.release()
+        if state.follow is not None:
+            state.follow.close()
     return 0
 
 
@@ -95,6 +106,7 @@ def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
             continue
         shown = seq
         state.events = list(sink.events)
+        state.training = state.follow.view(wait=True) if state.follow is not None else None
         if frames:
             console.print()
         for line in render(sample, state, console.width, None):
@@ -151,6 +163,8 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
                 state.events = list(sink.events)
                 if seq != shown_seq and not state.paused:
                     shown_seq, shown = seq, sample
+                    state.training = (state.follow.view() if state.follow is not None
+                                      else None)
                     frames += 1
                 redraw = True  # new sample, an event or a resize
             if redraw:

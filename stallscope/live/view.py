@@ -23,6 +23,7 @@ from rich.text import Text
 
 from stallscope.analysis.roles import infer_roles
 from stallscope.collect.collector import Event, Sample
+from stallscope.live.training import WINDOW_S, TrainingView, TrainingWatch
 from stallscope.textsafe import plain
 
 __all__ = ["SORTS", "WIDE", "ViewState", "render"]
@@ -54,6 +55,12 @@ class ViewState:
     draw_cpu_s: float | None = None  #: CPU seconds the previous frame took to draw
     keys: bool = True  #: keys are read (a terminal on stdin): say so in the footer
     unicode: bool = True
+    #: what a probe in the watched training reports (None: no training with a probe found)
+    training: TrainingView | None = None
+    #: where ``training`` comes from (set by the app; the view only reads ``training``)
+    follow: TrainingWatch | None = None
+    #: the agent the machine-wide readings come from ("127.0.0.1:9400"), None: sampled here
+    via: str | None = None
     host: str = field(default_factory=lambda: plain(os.uname().nodename, 40))
 
 
@@ -340,6 +347,38 @@ def _short_cmd(cmd: str) -> str:
     return prog + sep + rest
 
 
+def _training_lines(state: ViewState, width: int) -> list[Text]:
+    """Two lines from the training's probe: live data wait, rates; the verdict so far."""
+    t = state.training
+    if t is None:
+        return []
+    share = t.wait_share
+    parts: list[tuple[str, str] | str] = [("TRAINING", "bold")]
+    if share is not None:
+        parts += ["  data wait ", (f"{100 * share:.0f}%", _pct_style(100 * share, 10, 30)),
+                  f" (last {WINDOW_S:g} s)"]
+        if t.steps_s is not None:
+            parts.append(f"  {t.steps_s:.1f} steps/s")
+        if t.samples_s is not None:
+            parts.append(f"  {t.samples_s:,.0f} samples/s")
+        if t.ranks > 1:
+            parts.append(f"  {t.ranks} ranks")
+    elif t.steps:
+        parts.append((f"  no step in the last {WINDOW_S:g} s", _WARN))
+    else:
+        parts.append(("  waiting for the first step", "dim"))
+    parts.append(f"  {t.steps:,} steps  run {plain(t.run_id, 60)}")
+    lines = [_line(*parts, width=width)]
+    if t.verdict is not None:
+        age = f" (as of {t.verdict_age_s:.0f} s ago)" if t.verdict_age_s is not None else ""
+        style = "" if t.verdict in ("compute_bound", "insufficient_data") else _WARN
+        lines.append(_line("verdict  ", (plain(t.verdict, 40), style or "bold"),
+                           f"  {plain(t.reason or '', 300)}", (age, "dim"), width=width))
+    else:
+        lines.append(_line(("verdict  diagnosing the run so far…", "dim"), width=width))
+    return lines
+
+
 def _cut(rows: list[Text], n: int, what: str, width: int) -> list[Text]:
     """The first ``n`` rows; the last one replaced by "… K more" when some are left out."""
     if n >= len(rows):
@@ -374,13 +413,15 @@ def render(sample: Sample | None, state: ViewState, width: int, height: int | No
     width = max(width, 20)
     when = time.strftime("%H:%M:%S", time.localtime(sample.ts if sample else time.time()))
     what = f"  tree of {state.root_pid}" if state.root_pid is not None else ""
+    via = f"  via agent {plain(state.via, 60)}" if state.via else ""
     top = _line(("stallscope top", "bold"), f"  {state.host}  {when}",
-                f"  every {state.interval:g} s{what}", width=width)
+                f"  every {state.interval:g} s{what}{via}", width=width)
     if sample is None:
         return [top, _line(f"collecting the first sample ({state.interval:g} s)…", width=width)]
     tall = height is None or height >= 40
     gpus = _gpu_lines(sample, state, width)
     host = _host_lines(sample, state, width, core_lines=4 if tall else 2)
+    host += _training_lines(state, width)
     disk_head, disks = _disk_lines(sample, state, width)
     proc_head, procs = ([], []) if state.root_pid is None else _proc_lines(sample, state, width)
     notes = [ev for ev in state.events if ev.kind not in ("unavailable",)]

@@ -262,6 +262,8 @@ class GpuReading:
     """Product name (``name``)."""
     uuid: str | None
     """GPU UUID (``uuid``)."""
+    pci_bus_id: str | None
+    """PCI bus id, ``00000000:3B:00.0`` (``pci.bus_id``; dcgm-exporter's ``pci_bus_id``)."""
     util_pct: float | None
     """% of the last sample period (1/6 s to 1 s) in which *any* kernel ran
     (``utilization.gpu``). Not how full the SMs were: see sm_active_pct. None under MIG."""
@@ -341,6 +343,7 @@ class _Gpu:
     handle: Any
     name: str | None = None
     uuid: str | None = None
+    pci_bus_id: str | None = None
     sm_clock_max_mhz: int | None = None
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
@@ -456,6 +459,8 @@ class GpuSource(Source):
         b, h, call = self.nvml.backend, gpu.handle, self.nvml.call
         gpu.name = _text(call("nvmlDeviceGetName", h))
         gpu.uuid = _text(call("nvmlDeviceGetUUID", h))
+        pci = call("nvmlDeviceGetPciInfo", h)
+        gpu.pci_bus_id = _text(getattr(pci, "busId", None)) or None
         gpu.sm_clock_max_mhz = _int(call("nvmlDeviceGetMaxClockInfo", h, b.NVML_CLOCK_SM))
         gpu.pcie_gen_max = _int(call("nvmlDeviceGetMaxPcieLinkGeneration", h))
         gpu.pcie_width_max = _int(call("nvmlDeviceGetMaxPcieLinkWidth", h))
@@ -481,6 +486,7 @@ class GpuSource(Source):
             index=gpu.index,
             name=gpu.name,
             uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
             util_pct=_num(getattr(util, "gpu", None)),
             mem_util_pct=_num(getattr(util, "memory", None)),
             mem_used_mib=None if mem is None else int(mem.used) // MIB,

@@ -55,9 +55,13 @@ def record_run(run_dir: Path) -> None:
         return
 
 
-def indexed_runs() -> list[Path]:
-    """Run directories in the index that still exist, each once, in the order they were made."""
-    path = index_path()
+def indexed_runs(path: Path | None = None) -> list[Path]:
+    """Run directories in the index that still exist, each once, in the order they were made.
+
+    ``path``: another index than this user's (the node agent reads those of other users); it is
+    only read, never compacted."""
+    own = path is None
+    path = index_path() if path is None else path
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -72,7 +76,7 @@ def indexed_runs() -> list[Path]:
         p = Path(line)
         if (p / "meta.json").is_file():
             out.append(p)
-    if len(lines) > len(out) + _COMPACT_SLACK:
+    if own and len(lines) > len(out) + _COMPACT_SLACK:
         _rewrite(path, out)
     return out
 

@@ -1,0 +1,219 @@
+"""Step metrics of the trainings on this node, for the agent's ``/metrics``.
+
+A probe (``stallscope.watch(loader)``, any rank) writes its step records into its run's
+``run.db`` and every run directory is listed in the per-user run index
+(:mod:`stallscope.store.index`). The agent follows the runs of that index that are going on
+(:func:`~stallscope.store.rundir.run_state` says "running" and the trainer's process is alive):
+on each scrape it reads the step rows written since the previous one (per rank, by step
+number, through a read-only SQLite connection: WAL readers never block the probe's writer) and
+adds them to running totals. Nothing flows from the trainer to the agent, so a trainer never
+waits for the agent nor fails when it is absent or slow.
+
+The totals become counters labelled ``run`` (the run id), ``rank`` and ``hostname``:
+``stallscope_train_steps_total``, ``stallscope_train_step_seconds_total`` (wall time of the
+steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
+``stallscope_train_samples_total`` (when the batch size is known), and the gauge
+``stallscope_train_last_step_timestamp_seconds``. ``rate(wait) / rate(step)`` is the data-wait
+share over any window (``deploy/prometheus/stallscope-recording.yml``).
+
+A run that ends is read one last time and kept for :attr:`StepFollower.grace_s` (so the last
+scrapes see its final totals), then dropped: no stale series. Runs that had ended before the
+agent first saw them are never exported.
+"""
+
+from __future__ import annotations
+
+import glob
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import RunNotFound
+from stallscope.store.index import indexed_runs
+from stallscope.store.rundir import monitor_alive, read_meta, run_state
+
+__all__ = ["STEP_METRICS", "RankTotals", "StepFollower", "runs_of_indexes"]
+
+#: what the agent exports per rank of a followed run: (name as exposed, type, help)
+STEP_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("stallscope_train_steps_total", "counter",
+     "training steps the probe recorded (stallscope.watch), per run and rank"),
+    ("stallscope_train_step_seconds_total", "counter",
+     "wall time of those steps: data wait plus compute and the rest, seconds"),
+    ("stallscope_train_data_wait_seconds_total", "counter",
+     "time the training loop waited for its next batch (data wait), seconds"),
+    ("stallscope_train_samples_total", "counter",
+     "samples in those steps (when the probe knows the batch size)"),
+    ("stallscope_train_last_step_timestamp_seconds", "gauge",
+     "Unix time the latest recorded step's batch was handed over"),
+)
+
+#: a step row the totals take (the store's own checks: finite, not negative)
+_ROW_OK = ("typeof(rank)='integer' AND typeof(step)='integer' AND typeof(ts)='real' "
+           "AND typeof(wait_s)='real' AND typeof(host_s)='real' AND wait_s >= 0 "
+           "AND host_s >= 0 AND wait_s < 1e9 AND host_s < 1e9 AND ts < 1e15")
+
+
+def runs_of_indexes(patterns: list[str]) -> Callable[[], list[Path]]:
+    """The run directories of this user's index and of every index file matching ``patterns``
+    (config ``run_indexes``: other users' indexes, or a shared one), each once."""
+
+    def runs() -> list[Path]:
+        seen: dict[str, Path] = {str(d): d for d in indexed_runs()}
+        for pattern in patterns:
+            for name in sorted(glob.glob(pattern)):
+                for d in indexed_runs(Path(name)):
+                    seen.setdefault(str(d), d)
+        return list(seen.values())
+
+    return runs
+
+
+@dataclass
+class RankTotals:
+    """One rank's totals since its run started."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    wait_s: float = 0.0
+    samples: int = 0
+    has_samples: bool = False
+    last_step: int = -1  #: the read cursor: rows with a larger step number are new
+    last_ts: float | None = None
+
+
+@dataclass
+class _Followed:
+    run_dir: Path
+    run_id: str
+    ranks: dict[int, RankTotals] = field(default_factory=dict)
+    conn: sqlite3.Connection | None = None
+    ended_at: float | None = None  #: when the agent saw it end (agent clock)
+
+
+class StepFollower:
+    """Follows the running runs of the per-user index (see the module docstring).
+
+    ``runs``: where the run directories come from (default: the index); ``clock``: the time
+    for the grace period. Thread-safe: scrapes may come from several threads."""
+
+    def __init__(self, runs: Callable[[], list[Path]] = indexed_runs, *,
+                 clock: Callable[[], float] = time.monotonic, grace_s: float = 300.0,
+                 rescan_s: float = 2.0) -> None:
+        self.runs = runs
+        self.clock = clock
+        self.grace_s = grace_s
+        self.rescan_s = rescan_s
+        self._followed: dict[str, _Followed] = {}
+        self._ignored: set[str] = set()  #: ended before we saw them, or not runs at all
+        self._scanned_at: float | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> dict[str, dict[int, RankTotals]]:
+        """run id -> rank -> totals, after reading what was written since the last poll."""
+        with self._lock:
+            now = self.clock()
+            if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
+                self._scan(now)
+                self._scanned_at = now
+            out: dict[str, dict[int, RankTotals]] = {}
+            for key, f in list(self._followed.items()):
+                self._read(f)
+                if f.ended_at is not None and now - f.ended_at > self.grace_s:
+                    self._drop(key)
+                    continue
+                if f.ranks:
+                    out[f.run_id] = {r: RankTotals(**t.__dict__) for r, t in f.ranks.items()}
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._followed):
+                self._drop(key)
+
+    # --- inside the lock ------------------------------------------------------------------------
+    def _scan(self, now: float) -> None:
+        try:
+            dirs = self.runs()
+        except OSError:
+            return
+        for d in dirs:
+            key = str(d)
+            if key in self._ignored:
+                continue
+            f = self._followed.get(key)
+            if f is not None and f.ended_at is not None:
+                continue
+            running = _is_running(d)
+            if f is None:
+                if running:
+                    self._followed[key] = _Followed(d, d.name)
+                else:
+                    self._ignored.add(key)
+            elif not running:
+                f.ended_at = now
+        # a followed run whose directory left the index (deleted) ends too
+        listed = {str(d) for d in dirs}
+        for key, f in self._followed.items():
+            if key not in listed and f.ended_at is None:
+                f.ended_at = now
+
+    def _read(self, f: _Followed) -> None:
+        if f.conn is None:
+            db = f.run_dir / "run.db"
+            if not db.is_file():
+                return
+            try:
+                f.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2,
+                                         check_same_thread=False)
+            except sqlite3.Error:
+                return
+        known = sorted(f.ranks)
+        where = " OR ".join(["(rank=? AND step>?)"] * len(known))
+        args: list[Any] = [x for r in known for x in (r, f.ranks[r].last_step)]
+        if known:
+            where += f" OR rank NOT IN ({','.join('?' * len(known))})"
+            args += known
+        q = (f"SELECT rank, step, ts, wait_s, host_s, samples FROM steps WHERE ({_ROW_OK})"
+             + (f" AND ({where})" if known else "") + " ORDER BY rank, step")
+        try:
+            rows = f.conn.execute(q, args).fetchall()
+        except sqlite3.Error:
+            return  # no steps table yet, or busy: the next scrape tries again
+        for rank, step, ts, wait_s, host_s, samples in rows:
+            t = f.ranks.get(rank)
+            if t is None:
+                t = f.ranks[rank] = RankTotals()
+            t.steps += 1
+            t.wait_s += wait_s
+            t.step_s += wait_s + host_s
+            if isinstance(samples, int) and samples > 0:
+                t.samples += samples
+                t.has_samples = True
+            t.last_step = max(t.last_step, step)
+            t.last_ts = ts if t.last_ts is None else max(t.last_ts, ts)
+
+    def _drop(self, key: str) -> None:
+        f = self._followed.pop(key)
+        self._ignored.add(key)
+        if f.conn is not None:
+            f.conn.close()
+
+
+def _is_running(run_dir: Path) -> bool:
+    """The run has not ended and the process that writes it (the monitor of ``stallscope run``,
+    or the trainer itself for a standalone probe) is alive."""
+    try:
+        meta = read_meta(run_dir)
+    except RunNotFound:
+        return False
+    if run_state(meta) != "running":
+        return False
+    pid = meta.get("pid")
+    if meta.get("monitor_pid") is None and isinstance(pid, int) and not isinstance(pid, bool):
+        return monitor_alive(pid)
+    return True

@@ -1,0 +1,303 @@
+"""The run reader's second constructor: a :class:`~stallscope.analysis.rundata.RunData` filled
+from a Prometheus server that scraped stallscope agents, so ``diagnose --prometheus`` runs the
+same rules over cluster data.
+
+Two ``query_range`` calls over the window: every ``stallscope_*`` series of the selected
+targets (``job``/``instance``), and the step counters of the trainings
+(:mod:`stallscope.agent.steps`). Series go back to the vocabulary's names, entities and units
+(``stallscope/metrics.py``: the exported value divided by ``prom_scale``; the GPU's index from
+``gpu``, a disk's from ``device``...). Steps come back from the counters: between two points of
+a rank, ``n`` new steps with ``w`` seconds of data wait and ``t`` seconds of step time become
+``n`` step rows of ``w/n`` and ``t/n`` each, so sums and shares are exact and medians are those
+of the scrape intervals. One :class:`RunData` per node (``instance``); the steps of a training
+are those of its ranks on that node.
+
+What Prometheus does not hold is absent, and the rules that need it do not fire: the per-step
+detail inside a scrape interval (epoch starts), the DataLoader's configuration, the trainer's
+processes (the agent exports them only for runs under ``stallscope run`` on the same
+process), each disk's sysfs facts, SMART.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.errors import StallscopeError
+from stallscope.metrics import METRICS, Metric
+from stallscope.store import Series, StepRow
+
+__all__ = ["PromQuery", "PrometheusError", "load_prometheus", "parse_duration"]
+
+_STEP_NAMES = {
+    "stallscope_train_steps_total": "n",
+    "stallscope_train_step_seconds_total": "step_s",
+    "stallscope_train_data_wait_seconds_total": "wait_s",
+    "stallscope_train_samples_total": "samples",
+}
+_LABEL_VALUE = re.compile(r"^[^\"\\\n]*$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+#: Prometheus answers at most 11,000 points per series
+_MAX_POINTS = 11000
+
+
+class PrometheusError(StallscopeError):
+    """Prometheus cannot be reached, refuses the query, or holds no stallscope series."""
+
+    exit_code = 1
+
+
+def parse_duration(text: str) -> float:
+    """``30m``, ``2h``, ``90s``, ``15`` (seconds) -> seconds; ValueError with the reason."""
+    m = _DURATION.match(text.strip())
+    if m is None or float(m.group(1)) <= 0:
+        raise ValueError(f"must be a duration such as 30m, 2h or 90s, got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass(frozen=True)
+class PromQuery:
+    """Which targets and time window to read."""
+
+    url: str
+    job: str | None = None
+    instance: str | None = None
+    run: str | None = None
+    since_s: float = 1800.0
+    step_s: float | None = None  #: None: 15 s, or coarser when the window needs it
+    end: float | None = None  #: None: now
+
+    def selector(self) -> str:
+        parts = []
+        for label, value in (("job", self.job), ("instance", self.instance)):
+            if value is not None:
+                if not _LABEL_VALUE.match(value):
+                    raise PrometheusError(f"--{label} must not hold quotes, backslashes or "
+                                          f"newlines, got {value!r}")
+                parts.append(f'{label}="{value}"')
+        return ",".join(parts)
+
+    def window(self) -> tuple[float, float, float]:
+        end = self.end if self.end is not None else time.time()
+        start = end - self.since_s
+        step = self.step_s if self.step_s is not None else 15.0
+        step = max(step, math.ceil(self.since_s / (_MAX_POINTS - 1)))
+        return start, end, step
+
+
+def _query_range(q: PromQuery, promql: str, start: float, end: float, step: float
+                 ) -> list[dict[str, Any]]:
+    base = q.url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise PrometheusError(f"--prometheus must be an http:// or https:// URL, got {q.url!r}")
+    args = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}",
+                                   "end": f"{end:.3f}", "step": f"{step:g}"})
+    req = urllib.request.Request(f"{base}/api/v1/query_range?{args}",
+                                 headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = r.read()
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read()).get("error") or exc.reason
+        except (ValueError, OSError, AttributeError):
+            why = exc.reason
+        raise PrometheusError(f"Prometheus at {base} refused the query ({exc.code}): "
+                              f"{str(why)[:200]}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, socket.timeout):
+            reason = "timed out"
+        raise PrometheusError(f"cannot reach Prometheus at {base}: {reason}") from None
+    try:
+        doc = json.loads(body)
+        result = doc["data"]["result"] if doc.get("status") == "success" else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        result = None
+    if not isinstance(result, list):
+        raise PrometheusError(f"{base} did not answer as the Prometheus HTTP API does "
+                              "(/api/v1/query_range)")
+    return result
+
+
+def _values(series: dict[str, Any]) -> tuple[list[float], list[float]]:
+    ts: list[float] = []
+    vs: list[float] = []
+    for t, v in series.get("values") or []:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(x):
+            ts.append(float(t))
+            vs.append(x)
+    return ts, vs
+
+
+def _entity(m: Metric, labels: dict[str, str]) -> str:
+    """The store's entity of an exported series (the inverse of the exporter's labels)."""
+    if m.source == "gpu":
+        return f"gpu{labels['gpu']}" if "gpu" in labels else ""
+    if m.source == "procs":
+        return labels.get("pid", "")
+    if m.label:
+        return labels.get(m.label, "")
+    if m.source == "disk":
+        return labels.get("device", "")
+    if m.source == "host" and "cpu" in labels:
+        return f"cpu{labels['cpu']}"
+    return labels.get("entity", "")
+
+
+def _attrs(m: Metric, labels: dict[str, str]) -> dict[str, Any]:
+    if m.source == "gpu":
+        return {k: labels[p] for k, p in (("uuid", "UUID"), ("name", "modelName"),
+                                           ("pci_bus_id", "pci_bus_id")) if p in labels}
+    if m.source == "procs":
+        return {k: labels[k] for k in ("role", "name") if k in labels}
+    return {}
+
+
+def load_prometheus(q: PromQuery) -> list[Any]:
+    """One :class:`RunData` per node (``instance``) the selection holds, sorted by instance;
+    :class:`PrometheusError` (one line) when Prometheus cannot be read or holds nothing."""
+    from stallscope.analysis.rundata import RunData
+
+    start, end, step = q.window()
+    sel = q.selector()
+    raw = _query_range(q, '{__name__=~"stallscope_.+"' + (f",{sel}" if sel else "") + "}",
+                       start, end, step)
+    by_prom = {m.prom: m for m in METRICS if m.prom and m.kind != "counter"}
+    per_inst: dict[str, dict[tuple[str, str], Series]] = defaultdict(dict)
+    entities: dict[str, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
+    hosts: dict[str, str] = {}
+    down: dict[str, dict[str, str]] = defaultdict(dict)
+    steps_raw: dict[str, dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]]] = \
+        defaultdict(lambda: defaultdict(dict))
+    jobs: dict[str, str] = {}
+    for s in raw:
+        labels = {k: str(v) for k, v in (s.get("metric") or {}).items()}
+        name = labels.pop("__name__", "")
+        inst = labels.get("instance", "")
+        jobs.setdefault(inst, labels.get("job", ""))
+        if labels.get("hostname"):
+            hosts.setdefault(inst, labels["hostname"])
+        if name == "stallscope_source_up":
+            _ts, vs = _values(s)
+            if vs and vs[-1] == 0 and labels.get("source"):
+                down[inst][labels["source"]] = "down in Prometheus (stallscope_source_up 0)"
+            continue
+        if name in _STEP_NAMES:
+            try:
+                key = (labels.get("run", ""), int(labels.get("rank", "")))
+            except ValueError:
+                continue
+            steps_raw[inst][key][_STEP_NAMES[name]] = _values(s)
+            continue
+        m = by_prom.get(name)
+        if m is None:
+            continue
+        ts, vs = _values(s)
+        if not ts:
+            continue
+        ent = _entity(m, labels)
+        scale = m.prom_scale or 1.0
+        per_inst[inst][(m.name, ent)] = Series(m.name, ent, ts, [v / scale for v in vs])
+        attrs = _attrs(m, labels)
+        if ent or attrs:
+            entities[inst].setdefault((m.source, ent), {}).update(attrs)
+    instances = sorted(set(per_inst) | set(steps_raw))
+    if not instances:
+        where = f" for {sel}" if sel else ""
+        raise PrometheusError(f"Prometheus at {q.url.rstrip('/')} holds no stallscope series"
+                              f"{where} in the last {q.since_s:g} s (is it scraping "
+                              "`stallscope agent`?)")
+    out = []
+    for inst in instances:
+        series = per_inst.get(inst, {})
+        step_rows, runs = _steps(steps_raw.get(inst, {}), q.run, start, step)
+        cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
+        mem = series.get(("host.mem_total_mib", ""))
+        firsts = [s.ts[0] for s in series.values() if s.ts]
+        meta: dict[str, Any] = {
+            "command": ["prometheus", q.url], "host": hosts.get(inst) or inst,
+            "start": start, "end": end, "exit_code": None, "interval_s": step,
+            "data": None, "data_devices": [], "logical_cores": len(cores) or None,
+            "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
+            "unavailable": down.get(inst, {}), "samples": len(firsts),
+            "run_dir": f"{q.url.rstrip('/')} instance={inst}",
+            "prometheus": {"url": q.url.rstrip("/"), "instance": inst, "job": jobs.get(inst),
+                           "step_s": step, "since_s": q.since_s, "runs": runs,
+                           "run": step_rows[0][0] if step_rows else None},
+        }
+        ents = [{"source": src, "entity": ent, "attrs": attrs}
+                for (src, ent), attrs in sorted(entities.get(inst, {}).items())]
+        rows = step_rows[0][1] if step_rows else []
+        span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
+        out.append(RunData(meta=meta, series=series, steps=rows, entities=ents, span=span))
+    return out
+
+
+def _steps(raw: dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]],
+           want: str | None, start: float, step: float
+           ) -> tuple[list[tuple[str, list[StepRow]]], dict[str, int]]:
+    """Step rows of one run on one node, rebuilt from its counters; (the chosen run and its
+    rows, or nothing), and every run seen with its step count in the window."""
+    per_run: dict[str, list[StepRow]] = defaultdict(list)
+    for (run, rank), cols in sorted(raw.items()):
+        if want is not None and run != want:
+            continue
+        if "n" not in cols or "step_s" not in cols or "wait_s" not in cols:
+            continue
+        per_run[run].extend(_rank_rows(rank, cols, start, step))
+    counts = {run: len(rows) for run, rows in per_run.items()}
+    if not per_run:
+        return [], counts
+    chosen = max(per_run, key=lambda r: (len(per_run[r]), r))
+    return [(chosen, per_run[chosen])], counts
+
+
+def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], start: float,
+               step: float) -> list[StepRow]:
+    ts = cols["n"][0]
+    at = {name: dict(zip(*col)) for name, col in cols.items()}
+    rows: list[StepRow] = []
+    counted = 0
+    prev: dict[str, float] | None = None
+    prev_t: float | None = None
+    for t in ts:
+        cur = {name: at[name].get(t, math.nan) for name in at}
+        if prev is None:
+            # the first point: the run began inside the window (its series starts after the
+            # window's first step) -> all its steps count; else it is the baseline
+            base = ({k: 0.0 for k in cur} if t > start + 1.5 * step else cur)
+            t_from = t - step
+        else:
+            base, t_from = prev, prev_t if prev_t is not None else t - step
+        d = {k: (cur[k] - base.get(k, 0.0)) for k in cur}
+        if d["n"] < 0:  # a counter reset (the agent restarted): the new totals are the delta
+            d = dict(cur)
+        k = round(d["n"])
+        if k > 0 and math.isfinite(d["step_s"]) and math.isfinite(d["wait_s"]) \
+                and d["step_s"] >= 0 and d["wait_s"] >= 0:
+            wait = d["wait_s"] / k
+            host = max(0.0, d["step_s"] / k - wait)
+            batch = d.get("samples", math.nan) / k
+            samples = round(batch) if math.isfinite(batch) and batch > 0 else None
+            for i in range(k):
+                rows.append(StepRow(rank=rank, step=counted + i,
+                                    ts=t_from + (t - t_from) * (i + 1) / k,
+                                    wait_s=wait, host_s=host, samples=samples))
+            counted += k
+        prev, prev_t = cur, t
+    return rows

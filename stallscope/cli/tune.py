@@ -1,0 +1,152 @@
+"""``stallscope tune TARGET [--step STEP] [--budget S] [--json]``: find the DataLoader settings
+that feed the training step fastest.
+
+TARGET is ``module:function`` or ``file.py:function``; the function takes no argument and
+returns a Dataset, a DataLoader (its settings are the baseline), or a factory taking DataLoader
+keyword arguments. Progress goes to stderr; the table and the recommendation to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stallscope.cli._common import bounded, out_console
+from stallscope.errors import UsageError
+from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
+from stallscope.tuner.target import load, resolve
+
+EXIT_INTERRUPTED = 130
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="find the DataLoader settings that feed your step fastest",
+        description="Try DataLoader settings (num_workers up to the usable cores, "
+        "prefetch_factor, pin_memory with a GPU, optionally batch sizes) in short trials and "
+        "recommend the fastest, with the bound it hit. TARGET is module:function or "
+        "file.py:function returning a Dataset, a DataLoader, or a factory taking DataLoader "
+        "keyword arguments.")
+    p.add_argument("target", metavar="TARGET", help="module:function or file.py:function")
+    p.add_argument("--step", metavar="STEP",
+                   help="module:function or file.py:function taking one batch: the training "
+                   "step (default: none; the loader's own rate is maximised)")
+    p.add_argument("--budget", type=bounded("--budget", float, 5, 86400),
+                   default=DEFAULT_BUDGET_S,
+                   help=f"seconds for all trials (default {DEFAULT_BUDGET_S:g})")
+    p.add_argument("--batch-size", type=bounded("--batch-size", int, 1, 1 << 20),
+                   help="batch size when TARGET returns a Dataset (default 32)")
+    p.add_argument("--try-batch-sizes", metavar="N,N", type=_sizes, default=(),
+                   help="also try these batch sizes at the best settings (they change the "
+                   "training, so only when asked)")
+    p.add_argument("--max-workers", type=bounded("--max-workers", int, 0, 4096),
+                   help="most workers to try (default: the usable cores)")
+    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
+                   help="how DataLoader workers start (default: the platform's)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (keys: docs/tune.md)")
+    p.set_defaults(func=run)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--try-batch-sizes must be integers separated by "
+                                         f"commas, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--try-batch-sizes must be positive, got {text!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("stallscope tune needs PyTorch: pip install 'stallscope[torch]'"
+                         ) from None
+    obj = load(args.target)
+    step = resolve(args.step) if args.step else None
+    if step is not None and not callable(step):
+        raise UsageError(f"{args.step} is not callable: --step names a function taking a batch")
+    err = Console(stderr=True)
+    with Progress(TextColumn("tuning [bold]{task.fields[label]}"), BarColumn(),
+                  TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("tune", total=args.budget, label="…")
+
+        def progress(label: str, elapsed: float) -> None:
+            bar.update(task, completed=min(elapsed, args.budget), label=label)
+            if not err.is_terminal:
+                err.print(f"trying {label} ({elapsed:.0f} s of {args.budget:g})",
+                          highlight=False, markup=False)
+
+        result = tune(obj, step_fn=step, budget_s=args.budget, batch_size=args.batch_size,
+                      max_workers=args.max_workers, start_method=args.start_method,
+                      batch_sizes=args.try_batch_sizes, progress=progress)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json()) + "\n")
+    else:
+        print_result(result, out_console)
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if result.samples_per_s else 1
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    keys = [k for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
+                        "batch_size") if k in config]
+    return " ".join(f"{k}={config[k]}" for k in keys)
+
+
+def print_result(result: TuneResult, console: Console) -> None:
+    table = Table(title="DataLoader trials", title_justify="left", show_edge=False)
+    table.add_column("configuration", overflow="fold", min_width=14)
+    table.add_column("samples/s", justify="right")
+    table.add_column("data wait", justify="right")
+    table.add_column("CPU %", justify="right")
+    table.add_column("RSS MiB", justify="right")
+    table.add_column("start-up s", justify="right")
+    table.add_column("")
+    best_cfg = {k: v for k, v in result.best.items() if k != "persistent_workers"}
+    for t in result.trials:
+        cfg = {k: v for k, v in t.config.items() if k not in ("timeout",
+                                                               "multiprocessing_context")}
+        is_best = t.status == "ok" and {k: v for k, v in cfg.items()
+                                        if k != "persistent_workers"} == best_cfg
+        note = "best" if is_best else ("" if t.status == "ok" else t.status)
+        table.add_row(
+            _config_text(cfg),
+            f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-",
+            f"{100 * t.data_wait_share:.0f}%" if t.data_wait_share is not None else "-",
+            f"{t.cpu_pct:.0f}" if t.cpu_pct is not None else "-",
+            f"{t.rss_mib:,.0f}" if t.rss_mib else "-",
+            f"{t.startup_s:.2f}" if t.startup_s is not None else "-",
+            note, style="bold" if is_best else None)
+    console.print(table)
+    for t in result.trials:
+        if t.reason:
+            console.print(f"  {_config_text(t.config)}: {t.status}: {t.reason}",
+                          highlight=False, markup=False)
+    if result.step_ms is not None:
+        console.print(f"training step: {result.step_ms:.1f} ms per batch", highlight=False,
+                      markup=False)
+    base = result.baseline.get("samples_per_s")
+    if result.samples_per_s and base:
+        console.print(f"best: {result.samples_per_s:,.0f} samples/s, "
+                      f"×{result.samples_per_s / base:.2f} the configuration as given "
+                      f"({base:,.0f} samples/s)", highlight=False, markup=False)
+    console.print(f"bound: {result.bound}", highlight=False, markup=False)
+    console.print(f"stopped: {result.stopped} ({result.seconds:.0f} s, "
+                  f"{result.cores} usable cores)", highlight=False, markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    if result.recommendation:
+        console.print("recommended:", highlight=False, markup=False)
+        console.print(f"    {result.recommendation}", highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,192 @@
+"""The training panel of ``stallscope top``: what a probe reports, live.
+
+A training watched by ``stallscope run`` (or by a standalone ``stallscope.watch``) writes its
+steps into its run directory's ``run.db``. :class:`TrainingWatch` finds that run in the per-user
+run index (a running run whose trainer is the watched process, or, without ``--pid``, the newest
+running run), reads the steps that arrived since the last frame (by primary key: cheap at any
+run length) and keeps the last :data:`WINDOW_S` seconds for the live figures: data-wait share,
+steps/s and samples/s. The verdict is the run's diagnosis so far, recomputed off the drawing
+thread every :data:`VERDICT_EVERY_S` seconds from what the run has recorded.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import StallscopeError
+from stallscope.store.index import indexed_runs
+from stallscope.store.rundir import read_meta, run_state
+
+#: seconds of steps the live figures cover
+WINDOW_S = 10.0
+#: seconds between two diagnoses of the run so far
+VERDICT_EVERY_S = 15.0
+#: seconds between two looks for a run when none was found yet
+FIND_EVERY_S = 3.0
+
+
+@dataclass
+class TrainingView:
+    """The panel's figures (None: not known yet)."""
+
+    run_id: str
+    steps: int = 0
+    steps_s: float | None = None
+    samples_s: float | None = None
+    wait_share: float | None = None
+    ranks: int = 0
+    last_step_age_s: float | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    verdict_age_s: float | None = None
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and its ancestors: a run's trainer is the watched process or one above it."""
+    out = {pid}
+    try:
+        import psutil
+
+        out.update(p.pid for p in psutil.Process(pid).parents())
+    except Exception:  # the process may be gone or unreadable: the pid alone
+        pass
+    return out
+
+
+def find_training_run(pid: int | None) -> Path | None:
+    """The running run of the process ``pid`` (its trainer, or the ``stallscope run`` that
+    watches it); without ``pid``, the newest running run."""
+    wanted = _tree(pid) if pid is not None else None
+    for run_dir in reversed(indexed_runs()):
+        try:
+            meta = read_meta(run_dir)
+        except (StallscopeError, OSError, ValueError):
+            continue
+        if run_state(meta) != "running" or not (run_dir / "run.db").is_file():
+            continue
+        if wanted is None:
+            return run_dir
+        pids = {meta.get("pid"), meta.get("monitor_pid")}
+        if wanted & {p for p in pids if isinstance(p, int)}:
+            return run_dir
+    return None
+
+
+class TrainingWatch:
+    """Follows one training's steps for the live view."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.run_dir: Path | None = None
+        self._db: sqlite3.Connection | None = None
+        self._last: dict[int, int] = {}  # rank -> last step read
+        self._recent: deque[tuple[float, float, float, int]] = deque()  # ts, wait, host, n
+        self._total = 0
+        self._next_find = 0.0
+        self._verdict: tuple[str, str, float] | None = None
+        self._next_verdict = 0.0
+        self._busy = threading.Lock()
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _open(self, now: float) -> bool:
+        if self._db is not None:
+            return True
+        if now < self._next_find:
+            return False
+        self._next_find = now + FIND_EVERY_S
+        run_dir = find_training_run(self.pid)
+        if run_dir is None:
+            return False
+        try:
+            self._db = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True,
+                                       timeout=0.5, check_same_thread=False)
+        except sqlite3.Error:
+            return False
+        self.run_dir = run_dir
+        return True
+
+    def _read_new(self) -> None:
+        assert self._db is not None
+        rows: list[tuple[Any, ...]] = []
+        try:
+            ranks = [r for (r,) in self._db.execute("SELECT rank FROM probes")]
+            for rank in ranks:
+                rows += self._db.execute(
+                    "SELECT rank, step, ts, wait_s, host_s, samples FROM steps "
+                    "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
+                    (rank, self._last.get(rank, -1))).fetchall()
+        except sqlite3.Error:
+            return  # the writer holds a lock, or the run is being removed: next frame
+        for rank, step, ts, wait, host, n in rows:
+            if not all(isinstance(v, (int, float)) for v in (step, ts, wait, host)):
+                continue
+            self._last[rank] = max(self._last.get(rank, -1), int(step))
+            self._recent.append((float(ts), float(wait), float(host),
+                                 int(n) if isinstance(n, int) else 0))
+            self._total += 1
+        self._ranks = len(self._last)
+
+    _ranks = 0
+
+    def view(self, now: float | None = None, *, wait: bool = False) -> TrainingView | None:
+        """The panel's figures now, or None when no training with a probe was found.
+        ``wait``: diagnose in this thread when a verdict is due (plain frames, no keys to
+        keep answering), instead of in the background."""
+        now = time.time() if now is None else now
+        if not self._open(time.monotonic()):
+            return None
+        assert self.run_dir is not None
+        self._read_new()
+        while self._recent and self._recent[0][0] < now - WINDOW_S:
+            self._recent.popleft()
+        v = TrainingView(run_id=self.run_dir.name, steps=self._total, ranks=self._ranks)
+        if self._recent:
+            recent = sorted(self._recent)
+            waited = sum(r[1] for r in recent)
+            busy = waited + sum(r[2] for r in recent)
+            v.wait_share = waited / busy if busy > 0 else None
+            span = max(now - recent[0][0], 1e-3)
+            ranks = max(1, self._ranks)
+            v.steps_s = len(recent) / span / ranks
+            n = sum(r[3] for r in recent)
+            v.samples_s = n / span if n else None
+            v.last_step_age_s = max(0.0, now - recent[-1][0])
+        self._maybe_diagnose(wait)
+        if self._verdict is not None:
+            v.verdict, v.reason, at = self._verdict
+            v.verdict_age_s = max(0.0, time.monotonic() - at)
+        return v
+
+    def _maybe_diagnose(self, wait: bool) -> None:
+        if time.monotonic() < self._next_verdict or not self._busy.acquire(blocking=False):
+            return
+        self._next_verdict = time.monotonic() + VERDICT_EVERY_S
+        if wait:
+            self._diagnose()
+            return
+        threading.Thread(target=self._diagnose, name="stallscope-top-verdict",
+                         daemon=True).start()
+
+    def _diagnose(self) -> None:
+        try:
+            from stallscope.analysis.diagnose import diagnose_run
+
+            assert self.run_dir is not None
+            doc = diagnose_run(self.run_dir)
+            top = doc["findings"][0] if doc.get("findings") else {}
+            self._verdict = (str(doc.get("verdict", "?")), str(top.get("summary", "")),
+                             time.monotonic())
+        except Exception:  # a run too young to diagnose: try again later
+            pass
+        finally:
+            self._busy.release()

@@ -1,0 +1,435 @@
+"""The search: which configurations to try, in which order, and when to stop.
+
+1. The configuration as given (the baseline), then the training step alone on one batch (the
+   consumer's rate), when a step is given.
+2. ``num_workers`` up a ladder 1, 2, 4, 8 … capped at the usable cores, stopping as soon as the
+   input keeps up with the step (data wait under 5%: more tuning cannot help) or a step up gains
+   under 5%; then one trial between the best and its untried neighbours.
+3. At the best worker count: ``prefetch_factor`` 4 (then 8 if 4 helped), ``pin_memory`` when a GPU
+   is present, and any batch sizes asked for. ``persistent_workers`` needs no trial: the worker
+   start-up measured in every trial is what it saves per epoch, at no cost but memory.
+
+Before each trial the memory a configuration would need (this process plus one worker's RSS per
+worker, as measured) is checked against what the machine has available; a configuration that
+would not fit is rejected with the figures. A trial clearly slower than the best so far is cut
+short, so a poor configuration costs half a window, not a whole one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from stallscope.tuner.measure import Trial, run_trial
+from stallscope.tuner.target import Target, call_text
+
+#: the data wait under which the input keeps up with the step ("more tuning cannot help")
+KEEPS_UP_SHARE = 0.05
+#: a step up the ladder must gain this much to go on climbing
+MIN_GAIN = 1.05
+#: share of available memory a configuration may plan to use
+MEM_SHARE = 0.85
+
+
+@dataclass
+class TuneResult:
+    """What :func:`stallscope.tune` found. ``best`` holds the recommended DataLoader keyword
+    arguments; ``trials`` every configuration tried, in order."""
+
+    best: dict[str, Any]
+    samples_per_s: float | None
+    baseline: dict[str, Any]
+    trials: list[Trial]
+    recommendation: str
+    bound: str
+    stopped: str
+    step_ms: float | None = None
+    cores: int = 0
+    budget_s: float = 0.0
+    seconds: float = 0.0
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "samples_per_s": _r(self.samples_per_s),
+            "baseline": self.baseline,
+            "speedup": _r(self.samples_per_s / self.baseline["samples_per_s"])
+            if self.samples_per_s and self.baseline.get("samples_per_s") else None,
+            "recommendation": self.recommendation,
+            "bound": self.bound,
+            "stopped": self.stopped,
+            "step_ms": _r(self.step_ms),
+            "cores": self.cores,
+            "budget_s": self.budget_s,
+            "seconds": _r(self.seconds),
+            "interrupted": self.interrupted,
+            "notes": self.notes,
+            "trials": [t.as_dict() for t in self.trials],
+        }
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def usable_cores() -> int:
+    """Physical cores this process may run on: affinity and the cgroup CPU quota both cap it."""
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = physical
+    return max(1, min(physical, allowed, _cgroup_cpus() or allowed))
+
+
+def _cgroup_cpus() -> int | None:
+    for path, parse in (("/sys/fs/cgroup/cpu.max", _v2_quota),
+                        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", _v1_quota)):
+        try:
+            with open(path) as f:
+                n = parse(f.read(), path)
+        except (OSError, ValueError):
+            continue
+        if n:
+            return n
+    return None
+
+
+def _v2_quota(text: str, _path: str) -> int | None:
+    quota, period = text.split()[:2]
+    if quota == "max":
+        return None
+    return max(1, int(int(quota) / int(period)))
+
+
+def _v1_quota(text: str, path: str) -> int | None:
+    quota = int(text.strip())
+    if quota <= 0:
+        return None
+    with open(path.replace("cfs_quota_us", "cfs_period_us")) as f:
+        period = int(f.read().strip())
+    return max(1, int(quota / period))
+
+
+Progress = Callable[[str, float], None]
+
+
+class Search:
+    """Runs the trials of one tuning within a time budget."""
+
+    def __init__(self, target: Target, *, step_fn: Callable[[Any], Any] | None, budget_s: float,
+                 max_workers: int | None, start_method: str | None,
+                 batch_sizes: tuple[int, ...] = (), progress: Progress | None = None,
+                 gpu: bool | None = None) -> None:
+        self.target = target
+        self.step_fn = step_fn
+        self.budget_s = budget_s
+        self.cores = usable_cores()
+        self.max_workers = max(0, min(max_workers, self.cores)) if max_workers is not None \
+            else self.cores
+        self.start_method = start_method
+        self.batch_sizes = batch_sizes
+        self.progress = progress or (lambda _label, _done: None)
+        self.gpu = _gpu_present() if gpu is None else gpu
+        # a window per trial such that about a dozen trials fit the budget
+        self.window_s = min(10.0, max(1.0, budget_s / 14))
+        self.trials: list[Trial] = []
+        self.t0 = time.monotonic()
+        self.step_ms: float | None = None
+        self.stopped = ""
+        self.notes: list[str] = []
+        self.interrupted = False
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def _best(self) -> Trial | None:
+        ok = [t for t in self.trials if t.status == "ok" and t.samples_per_s and t.swap_in == 0]
+        return max(ok, key=lambda t: t.samples_per_s or 0.0) if ok else None
+
+    def _tried(self, config: dict[str, Any]) -> Trial | None:
+        for t in self.trials:
+            if t.config == config:
+                return t
+        return None
+
+    def _config(self, **kw: Any) -> dict[str, Any]:
+        base = dict(self.target.given)
+        base.update(kw)
+        if base.get("num_workers", 0) > 0:
+            if self.start_method:
+                base["multiprocessing_context"] = self.start_method
+            # a worker that hangs becomes an error naming the configuration, never a hang
+            base["timeout"] = max(60.0, 6 * self.window_s)
+        else:
+            for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
+                      "timeout"):
+                base.pop(k, None)
+        return base
+
+    def _fits(self, config: dict[str, Any]) -> str:
+        """Empty when ``config`` fits in memory; otherwise why not."""
+        workers = config.get("num_workers", 0)
+        per_worker = max((t.worker_rss_mib or 0.0) for t in self.trials) if self.trials else 0.0
+        if not workers or not per_worker:
+            return ""
+        me = psutil.Process().memory_info().rss / 2**20
+        need = me + workers * per_worker
+        avail = psutil.virtual_memory().available / 2**20 + me
+        if need > MEM_SHARE * avail:
+            return (f"would need ~{need:,.0f} MiB ({workers} workers × {per_worker:,.0f} MiB + "
+                    f"{me:,.0f} MiB), {avail:,.0f} MiB available")
+        try:
+            shm_free = shutil.disk_usage("/dev/shm").free / 2**20
+        except OSError:
+            return ""
+        batch_mib = self._batch_mib or 0.0
+        shm_need = batch_mib * workers * config.get("prefetch_factor", 2) * 2
+        if shm_need > 0.9 * shm_free:
+            return (f"would keep ~{shm_need:,.0f} MiB of batches in /dev/shm, "
+                    f"{shm_free:,.0f} MiB free")
+        return ""
+
+    _batch_mib: float | None = None
+
+    def _trial(self, label: str, config: dict[str, Any]) -> Trial | None:
+        """Run one trial unless already tried, out of budget, or too big for memory."""
+        seen = self._tried(config)
+        if seen is not None:
+            return seen
+        if self.trials and self._left() < self.window_s * 1.2:
+            if not self.stopped:
+                self.stopped = f"the {self.budget_s:g} s budget ran out"
+            return None
+        why = self._fits(config)
+        if why:
+            t = Trial(config=config, status="rejected", reason=why)
+            self.trials.append(t)
+            return t
+        self.progress(label, time.monotonic() - self.t0)
+        best = self._best()
+        t = run_trial(self.target.make, config, window_s=self.window_s, step_fn=self.step_fn,
+                      best_rate=best.samples_per_s if best else None)
+        if t.swap_in:
+            t.reason = (t.reason + "; " if t.reason else "") + \
+                f"the machine swapped in {t.swap_in} pages during the trial: not recommended"
+        self.trials.append(t)
+        return t
+
+    # -- the search ----------------------------------------------------------------------------
+
+    def run(self) -> TuneResult:
+        try:
+            self._search()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.stopped = "interrupted by Ctrl-C: the best configuration found so far"
+        return self._result()
+
+    def _keeps_up(self, t: Trial | None) -> bool:
+        """The input keeps up with the step in ``t``, and ``t`` is as fast as the best: a low
+        data wait because the step itself slowed (workers taking its cores) does not count."""
+        if t is None or t.status != "ok" or t.data_wait_share is None \
+                or t.data_wait_share >= KEEPS_UP_SHARE:
+            return False
+        best = self._best()
+        return best is None or (t.samples_per_s or 0.0) >= 0.95 * (best.samples_per_s or 0.0)
+
+    def _search(self) -> None:
+        base = self._trial("baseline (as given)", self._config())
+        if base is None or base.status == "failed":
+            self.stopped = "the configuration as given failed"
+            return
+        try:
+            self._measure_step()
+        except Exception as exc:
+            self.stopped = f"the training step failed on a batch: {type(exc).__name__}: {exc}"
+            return
+        if self._keeps_up(base):
+            self.stopped = ("the input already keeps up with the training step as given: "
+                            "more tuning cannot help")
+            return
+        self._climb_workers()
+        if self.stopped:
+            return
+        best = self._best()
+        if best is None:
+            return
+        w = best.config.get("num_workers", 0)
+        if w > 0:
+            pf = best.config.get("prefetch_factor", 2)
+            for factor in (4, 8):
+                if factor <= pf:
+                    continue
+                t = self._trial(f"num_workers={w} prefetch_factor={factor}",
+                                self._config(num_workers=w, prefetch_factor=factor))
+                if t is None or self.stopped or self._keeps_up(t):
+                    break
+                cur = self._best()
+                if cur is None or cur.config.get("prefetch_factor") != factor:
+                    break
+        best = self._best()
+        if best is not None and self.gpu and not best.config.get("pin_memory"):
+            self._trial("pin_memory=True", {**best.config, "pin_memory": True})
+        for bs in self.batch_sizes:
+            best = self._best()
+            if best is None or self.stopped:
+                break
+            self._trial(f"batch_size={bs}", {**best.config, "batch_size": bs})
+        if not self.stopped:
+            self.stopped = "every candidate worth trying was tried"
+
+    def _measure_step(self) -> None:
+        """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
+        loader = self.target.make(**self._config(num_workers=0))
+        batch = next(iter(loader))
+        self._batch_mib = _nbytes(batch) / 2**20
+        if self.step_fn is None:
+            return
+        self.step_fn(batch)  # warm-up
+        times: list[float] = []
+        t_end = time.perf_counter() + min(2.0, self.window_s)
+        while time.perf_counter() < t_end or len(times) < 3:
+            a = time.perf_counter()
+            self.step_fn(batch)
+            times.append(time.perf_counter() - a)
+            if len(times) >= 200:
+                break
+        times.sort()
+        self.step_ms = 1000.0 * times[len(times) // 2]
+
+    def _climb_workers(self) -> None:
+        ladder = [w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < self.max_workers]
+        if self.max_workers >= 1:
+            ladder.append(self.max_workers)
+        # one worker does the same work as the trainer without workers, so the first rung
+        # is not judged against the baseline: climbing stops when a rung gains under 5% on
+        # the rung below it
+        prev: Trial | None = None
+        for w in ladder:
+            t = self._trial(f"num_workers={w}", self._config(num_workers=w))
+            if t is None:
+                return
+            if t.status == "failed":
+                self.stopped = (f"num_workers={w} failed ({t.reason}): the dataset must work "
+                                "in worker processes before more workers can help")
+                return
+            if self._keeps_up(t):
+                self.stopped = (f"the input keeps up with the training step at num_workers={w} "
+                                f"(data wait {100 * (t.data_wait_share or 0):.1f}%): more "
+                                "tuning cannot help")
+                return
+            if prev is None and t.status == "ok":
+                prev = t
+                continue
+            if t.status != "ok" or not t.samples_per_s or prev is None or \
+                    not prev.samples_per_s or t.samples_per_s < MIN_GAIN * prev.samples_per_s:
+                if t.step_ms and self.step_ms and t.step_ms > 1.3 * self.step_ms:
+                    self.notes.append(
+                        f"at num_workers={w} the training step slowed from {self.step_ms:.0f} "
+                        f"to {t.step_ms:.0f} ms per batch: the workers take the step's cores")
+                break
+            prev = t
+        # one trial between the best and an untried neighbour
+        best = self._best()
+        if best is None:
+            return
+        bw = best.config.get("num_workers", 0)
+        tried = sorted({t.config.get("num_workers", 0) for t in self.trials})
+        higher = [w for w in tried if w > bw]
+        if higher and higher[0] - bw > 1:
+            mid = (bw + higher[0]) // 2
+            self._trial(f"num_workers={mid}", self._config(num_workers=mid))
+        lower = [w for w in tried if w < bw]
+        if lower and bw - lower[-1] > 1 and self._best() is best:
+            mid = (bw + lower[-1]) // 2
+            self._trial(f"num_workers={mid}", self._config(num_workers=mid))
+
+    # -- the outcome ---------------------------------------------------------------------------
+
+    def _result(self) -> TuneResult:
+        base = self.trials[0] if self.trials else None
+        best = self._best() or base
+        best_cfg = _public(best.config) if best else {}
+        if best is not None and best_cfg.get("num_workers", 0) > 0:
+            best_cfg["persistent_workers"] = True
+            best_cfg.setdefault("prefetch_factor", 2)
+            if best.startup_s is not None and best.startup_s >= 0.05:
+                self.notes.append(
+                    f"persistent_workers=True keeps the workers between epochs: saves the "
+                    f"{best.startup_s:.2f} s worker start-up measured at the start of each epoch")
+        baseline = {"config": _public(base.config) if base else {},
+                    "samples_per_s": _r(base.samples_per_s) if base else None,
+                    "data_wait_share": _r(base.data_wait_share) if base else None}
+        return TuneResult(
+            best=best_cfg, samples_per_s=best.samples_per_s if best else None,
+            baseline=baseline, trials=self.trials,
+            recommendation=call_text(self.target, best_cfg) if best else "",
+            bound=self._bound(best), stopped=self.stopped, step_ms=self.step_ms,
+            cores=self.cores, budget_s=self.budget_s,
+            seconds=time.monotonic() - self.t0, interrupted=self.interrupted, notes=self.notes)
+
+    def _bound(self, best: Trial | None) -> str:
+        if best is None or not best.samples_per_s:
+            return "no configuration ran: see the trials"
+        rate = best.samples_per_s
+        w = best.config.get("num_workers", 0)
+        where = f"{rate:,.0f} samples/s with num_workers={w}"
+        if self._keeps_up(best):
+            step = f" ({self.step_ms:.1f} ms per batch)" if self.step_ms is not None else ""
+            return (f"the training step{step} is now the limit, not the input: {where}, data "
+                    f"wait {100 * (best.data_wait_share or 0):.1f}%")
+        per = best.cpu_ms_per_sample
+        per_text = f" ({per:.1f} ms of CPU per sample)" if per is not None else ""
+        busy = (best.cpu_pct or 0.0) / max(1, w) if w else best.cpu_pct or 0.0
+        tree_share = (best.cpu_pct or 0.0) / (100.0 * self.cores)
+        slowed = [t for t in self.trials if t.status in ("ok", "cut") and t.step_ms
+                   and self.step_ms
+                  and t.config.get("num_workers", 0) > w and t.step_ms > 1.3 * self.step_ms]
+        if tree_share >= 0.75 or slowed or (w and w >= self.max_workers and busy >= 60):
+            why = (f"; with more workers the step slows from {self.step_ms:.0f} to "
+                   f"{slowed[0].step_ms:.0f} ms per batch" if slowed and self.step_ms and
+                   slowed[0].step_ms else "")
+            return (f"CPU-bound: the pipeline saturates at {where}, the {self.cores} usable "
+                    f"cores busy ({best.cpu_pct or 0:.0f}% CPU) with loading{per_text} and the "
+                    f"training step{why}. A cheaper transform, decoding once ahead of time, or "
+                    "more cores would go further")
+        if w and busy < 50 and (best.read_mb_s or 0) > 0.5:
+            return (f"storage-bound at {best.read_mb_s:.0f} MB/s: the workers wait on reads "
+                    f"({busy:.0f}% CPU each) and the pipeline saturates at {where}; pack the "
+                    "small files into shards (stallscope pack SRC DST) or cache the dataset on "
+                    "a faster disk")
+        return f"the pipeline saturates at {where}{per_text}"
+
+
+def _public(config: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments to recommend: the internal time-out and start method left out."""
+    return {k: v for k, v in config.items() if k not in ("timeout", "multiprocessing_context")}
+
+
+def _nbytes(batch: Any) -> int:
+    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
+        return int(batch.element_size() * batch.nelement())
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return 0
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

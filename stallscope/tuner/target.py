@@ -1,0 +1,176 @@
+"""What the tuner tunes: a Dataset, a DataLoader, or a factory taking DataLoader keyword arguments,
+turned into one function ``make(**overrides) -> DataLoader`` plus the configuration as given.
+
+Also resolves ``module:function`` and ``path/to/file.py:function`` for the command line, the way
+``uvicorn`` and ``gunicorn`` name an application."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.errors import UsageError
+
+#: batch size used when the target is a bare Dataset and none is given
+DEFAULT_BATCH_SIZE = 32
+
+#: the DataLoader keyword arguments the tuner changes
+TUNED = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")
+
+
+@dataclass
+class Target:
+    """A loader maker and the configuration as given (the baseline)."""
+
+    make: Callable[..., Any]
+    given: dict[str, Any]
+    #: how to write the recommendation: ``DataLoader(dataset, ...)`` or ``factory(...)``
+    call: str
+    #: keyword arguments fixed by the target that the recommendation repeats (batch_size, shuffle)
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(spec: str) -> Any:
+    """Import ``module:attr`` or ``file.py:attr`` and return the attribute, called when it is a
+    plain function of no required arguments (the function that returns the dataset)."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise UsageError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
+    if mod_name.endswith(".py") or "/" in mod_name:
+        path = Path(mod_name).resolve()
+        if not path.is_file():
+            raise UsageError(f"{mod_name}: no such file")
+        # importable by name, so that spawned workers can unpickle what it defines
+        sys.path.insert(0, str(path.parent))
+        mod_name = path.stem
+    elif "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {mod_name!r}: {exc}") from None
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise UsageError(f"{mod_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def load(spec: str) -> Any:
+    """The object the CLI tunes: ``spec`` resolved, then called once when it is a function that
+    needs no argument (it returns the Dataset, the DataLoader, or a factory)."""
+    obj = resolve(spec)
+    if _is_torch_data(obj) or not callable(obj):
+        return obj
+    try:
+        required = [p for p in inspect.signature(obj).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                           p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        required = []
+    if required:
+        raise UsageError(f"{spec} takes arguments ({', '.join(p.name for p in required)}): "
+                         "name a function of no arguments that returns a Dataset, a DataLoader "
+                         "or a factory of DataLoaders")
+    return obj()
+
+
+def _is_torch_data(obj: Any) -> bool:
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+    return isinstance(obj, (DataLoader, Dataset, IterableDataset))
+
+
+def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
+    """Wrap what the user gave into a :class:`Target`."""
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
+
+    if isinstance(obj, DataLoader):
+        loader = obj
+        fixed: dict[str, Any] = {"batch_size": batch_size or loader.batch_size}
+        if isinstance(loader.sampler, RandomSampler):
+            fixed["shuffle"] = True
+        extra: dict[str, Any] = {}
+        for name in ("collate_fn", "drop_last", "worker_init_fn", "multiprocessing_context",
+                     "generator", "timeout"):
+            extra[name] = getattr(loader, name)
+        given: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+                 "persistent_workers": loader.persistent_workers}
+        if loader.num_workers > 0:
+            given["prefetch_factor"] = loader.prefetch_factor
+        dataset = loader.dataset
+
+        def make_from_loader(**kw: Any) -> Any:
+            args = {**extra, **fixed, **given}
+            args.update(kw)
+            if args.get("num_workers", 0) == 0:
+                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
+                          "timeout"):
+                    args.pop(k, None)
+            return DataLoader(dataset, **args)
+
+        return Target(make_from_loader, given, "DataLoader(dataset, ", fixed)
+
+    if isinstance(obj, (Dataset, IterableDataset)):
+        dataset_ = obj
+        fixed = {"batch_size": batch_size or DEFAULT_BATCH_SIZE}
+
+        def make_from_dataset(**kw: Any) -> Any:
+            args = {**fixed, **kw}
+            if args.get("num_workers", 0) == 0:
+                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
+                          "timeout"):
+                    args.pop(k, None)
+            return DataLoader(dataset_, **args)
+
+        return Target(make_from_dataset, {"num_workers": 0}, "DataLoader(dataset, ", fixed)
+
+    if callable(obj):
+        factory = obj
+        name = getattr(factory, "__name__", "make_loader")
+        probe = factory() if batch_size is None else factory(batch_size=batch_size)
+        if not isinstance(probe, DataLoader):
+            raise UsageError(f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
+                             "factory must return a DataLoader built from its keyword arguments")
+        given_f: dict[str, Any] = {"num_workers": probe.num_workers, "pin_memory": probe.pin_memory,
+                 "persistent_workers": probe.persistent_workers}
+        if probe.num_workers > 0:
+            given_f["prefetch_factor"] = probe.prefetch_factor
+        fixed = {} if batch_size is None else {"batch_size": batch_size}
+        del probe
+
+        def make_from_factory(**kw: Any) -> Any:
+            args = {**fixed, **kw}
+            if args.get("num_workers", 0) == 0:
+                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
+                          "timeout"):
+                    args.pop(k, None)
+            loader = factory(**args)
+            if not isinstance(loader, DataLoader):
+                raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a "
+                                 "DataLoader")
+            return loader
+
+        return Target(make_from_factory, given_f, f"{name}(", fixed)
+
+    raise UsageError(f"cannot tune a {type(obj).__name__}: give a Dataset, a DataLoader, or a "
+                     "function that takes DataLoader keyword arguments and returns a DataLoader")
+
+
+def call_text(target: Target, config: dict[str, Any]) -> str:
+    """The recommendation as code: ``DataLoader(dataset, batch_size=32, num_workers=6)``."""
+    args = {**target.fixed, **config}
+    if args.get("num_workers", 0) == 0:
+        for k in ("prefetch_factor", "persistent_workers"):
+            args.pop(k, None)
+    order = ["batch_size", "shuffle", *TUNED]
+    keys = sorted(args, key=lambda k: order.index(k) if k in order else len(order))
+    text = ", ".join(f"{k}={args[k]!r}" for k in keys if k != "timeout")
+    return f"{target.call}{text})"

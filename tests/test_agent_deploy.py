@@ -1,0 +1,520 @@
+"""What ships for the agent, checked with the real tools: the recording rules (promtool, and a
+real Prometheus evaluating them over real agents), the Grafana dashboard (every panel's PromQL
+against that Prometheus), the training steps that probes report through the agent, and
+``diagnose --prometheus`` giving the local verdict from cluster data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import FIXTURES, ROOT, stallscope_argv, tool_missing
+from test_agent import (
+    H100_LOAD,
+    RTX_IDLE_POWER_CAP,
+    RunningAgent,
+    free_port,
+    start_agent,
+    stop_agent,
+)
+
+RECORDING = ROOT / "deploy" / "prometheus" / "stallscope-recording.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "stallscope.json"
+TRAIN = str(ROOT / "examples" / "train_cpu.py")
+#: a recorded series or a metric name in an expression
+_NAME = re.compile(r"\b([a-z_]+:[a-z0-9_:]+|stallscope_[a-z0-9_]+)\b")
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        tool_missing("promtool (Debian package prometheus)")
+        raise AssertionError  # unreachable: tool_missing fails or skips
+    return path
+
+
+def exported_names() -> set[str]:
+    from stallscope.agent.exporter import AGENT_METRICS, exported_metrics
+    from stallscope.agent.steps import STEP_METRICS
+
+    names = {m.prom for m in exported_metrics()}
+    names |= {n for n, _k, _h in (*AGENT_METRICS, *STEP_METRICS)}
+    return names
+
+
+def recorded_names() -> set[str]:
+    return set(re.findall(r"^\s*- record: (\S+)", RECORDING.read_text(), re.M))
+
+
+def dashboard_targets() -> list[tuple[str, str]]:
+    doc = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] if p["type"] != "row"
+            for t in p["targets"]]
+
+
+def concrete(expr: str) -> str:
+    """A panel's expression as Grafana sends it with every variable at "All"."""
+    return expr.replace("$instance", ".*").replace("$run", ".*")
+
+
+# --- the files, statically ------------------------------------------------------------------------
+
+def test_recording_rules_pass_promtool() -> None:
+    r = subprocess.run([promtool(), "check", "rules", str(RECORDING)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(recorded_names())} rules found" in r.stdout
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RECORDING.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_recording_rules_read_only_exported_series() -> None:
+    rules = recording_rules()
+    assert {r["record"] for r in rules} == recorded_names()
+    used = {n for r in rules for n in _NAME.findall(r["expr"])}
+    assert used, "no expression found in the rules file"
+    unknown = used - exported_names() - recorded_names()
+    assert not unknown, f"rules read series the agent does not export: {unknown}"
+
+
+def test_dashboard_structure() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    assert doc["uid"] and doc["title"] and isinstance(doc["schemaVersion"], int)
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    variables = {v["name"] for v in doc["templating"]["list"]}
+    assert variables == {"datasource", "instance", "run"}
+    panels = [p for p in doc["panels"] if p["type"] != "row"]
+    assert len(panels) >= 15
+    for p in panels:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
+        for t in p["targets"]:
+            left = set(re.findall(r"\$\{?(\w+)", t["expr"])) - variables
+            assert not left, f"{p['title']}: unknown variables {left}"
+    used = {n for _title, e in dashboard_targets() for n in _NAME.findall(e)}
+    unknown = used - exported_names() - recorded_names()
+    assert not unknown, f"the dashboard reads series nobody produces: {unknown}"
+    # GPU, disk, host and the training's data wait per rank are all there
+    text = json.dumps(doc)
+    for needed in ("stallscope_gpu_", "disk_io_time", "host_cpu", "train_data_wait"):
+        assert needed in text, needed
+
+
+def test_dashboard_is_what_the_script_writes() -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_grafana_dashboard.py"),
+                        "--check"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_docs_list_the_step_metrics() -> None:
+    from stallscope.agent.steps import STEP_METRICS
+
+    doc = (ROOT / "docs" / "agent.md").read_text()
+    missing = [n for n, _k, _h in STEP_METRICS if f"`{n}`" not in doc]
+    assert not missing, f"docs/agent.md does not list {missing}"
+
+
+# --- a real Prometheus over real agents, one node training ----------------------------------------
+
+class Prometheus:
+    def __init__(self, proc: subprocess.Popen[bytes], base: str) -> None:
+        self.proc, self.base = proc, base
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                doc = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            doc = json.loads(exc.read())
+        assert doc["status"] == "success", (promql, doc)
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+
+def start_prometheus(tmp: Path, targets: list[str], rules: Path | None) -> Prometheus:
+    exe = shutil.which("prometheus")
+    if exe is None:
+        tool_missing("prometheus (Debian package prometheus)")
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        + (f"rule_files: [{json.dumps(str(rules))}]\n" if rules else "")
+        + "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
+        "    scrape_timeout: 1s\n    static_configs:\n"
+        f"      - targets: {json.dumps(targets)}\n")
+    proc = subprocess.Popen(
+        [str(exe), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp,
+        env=dict(os.environ, HOME=str(tmp)))
+    return Prometheus(proc, f"http://127.0.0.1:{port}")
+
+
+def stop_prometheus(p: Prometheus) -> None:
+    if p.proc.poll() is None:
+        p.proc.send_signal(signal.SIGTERM)
+        try:
+            p.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+
+
+class ReplayGpuNode:
+    """A third node with two GPUs: the real exporter over replayed NVML readings (real
+    nvidia-smi captures, tests/fixtures/README-nvml.md), served over real HTTP on loopback."""
+
+    def __init__(self) -> None:
+        from prometheus_client import start_http_server
+
+        from stallscope.agent.exporter import PrometheusSink
+        from stallscope.collect import Collector
+        from stallscope.sources.gpu import GpuSource
+        from stallscope.testing.nvml_replay import NvmlReplay
+
+        replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
+        gpu = GpuSource(backend=replay)
+        gpu.open()
+        self.sink = PrometheusSink(["gpu"], hostname="gpu-node")
+        self.collector = Collector([gpu], [self.sink], interval=0.5)
+        self.collector.start()
+        self.port = free_port()
+        self.server, _thread = start_http_server(self.port, addr="127.0.0.1",
+                                                 registry=self.sink.registry)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.collector.stop(final_sample=False)
+
+
+def wait_for(prom: Prometheus, what: dict[str, str], timeout: float, alive: list[Any]) -> None:
+    """Poll until every query returns data; fail naming what never came."""
+    deadline = time.monotonic() + timeout
+    missing = dict(what)
+    while missing and time.monotonic() < deadline:
+        for proc in alive:
+            if proc.poll() is not None and proc.returncode not in (0, None):
+                err = proc.stderr.read() if proc.stderr else ""
+                pytest.fail(f"{proc.args[:4]} exited {proc.returncode}: {err!s:.2000}")
+        if prom.proc.poll() is not None:
+            pytest.fail("prometheus exited: " + (prom.proc.stderr.read().decode()
+                                                 if prom.proc.stderr else ""))
+        for key, q in list(missing.items()):
+            try:
+                if prom.query(q):
+                    del missing[key]
+            except OSError:
+                pass
+        time.sleep(0.5)
+    assert not missing, f"never arrived in Prometheus: {missing}"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Two real agents (one node trains with the probe under `stallscope run`), a replayed GPU
+    node, and a real Prometheus with the shipped recording rules scraping all three."""
+    agents: list[RunningAgent] = []
+    gpu: ReplayGpuNode | None = None
+    prom: Prometheus | None = None
+    trainer: subprocess.Popen[str] | None = None
+    try:
+        agents = [start_agent(tmp_path / "node0", interval="0.5")]
+        with pytest.MonkeyPatch.context() as mp:
+            # a node where nothing trains: a run index of its own, with nothing in it
+            mp.setenv("STALLSCOPE_STATE_DIR", str(tmp_path / "idle-node-state"))
+            agents.append(start_agent(tmp_path / "node1", interval="0.5"))
+        gpu = ReplayGpuNode()
+        targets = [f"127.0.0.1:{a.port}" for a in agents] + [f"127.0.0.1:{gpu.port}"]
+        prom = start_prometheus(tmp_path, targets, RECORDING)
+        out = tmp_path / "runs"
+        # the trainer's run goes into the per-user run index (STALLSCOPE_STATE_DIR) that the
+        # first agent follows
+        trainer = subprocess.Popen(
+            stallscope_argv("run", "--interval", "1", "--out", str(out), "--", sys.executable,
+                            TRAIN, "--files", "400", "--max-seconds", "22", "--epochs", "100"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        yield {"agents": agents, "gpu": gpu, "prom": prom, "trainer": trainer, "out": out,
+               "targets": targets}
+    finally:
+        if trainer is not None and trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        if prom is not None:
+            stop_prometheus(prom)
+        if gpu is not None:
+            gpu.stop()
+        for a in agents:
+            stop_agent(a)
+
+
+@pytest.mark.slow
+def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> None:
+    prom: Prometheus = cluster["prom"]
+    trainer: subprocess.Popen[str] = cluster["trainer"]
+    a0, a1 = cluster["agents"]
+    gpu_target = cluster["targets"][2]
+    # the probe's steps reach Prometheus through the agents, and the recording rules run
+    wait_for(prom, {
+        "steps": "stallscope_train_steps_total > 5",
+        "data wait share": "rank:stallscope_train_data_wait:ratio_rate1m",
+        "input-bound ranks": "cluster:stallscope_train_input_bound_ranks:ratio",
+        "disk util": "instance_device:stallscope_disk_io_time:ratio_rate1m",
+        "host cpu": "instance:stallscope_host_cpu_busy:ratio_rate1m",
+        "gpu underused": "instance:stallscope_gpu_underused:ratio",
+        "agent cpu": "instance:stallscope_agent_cpu:ratio_rate1m",
+    }, 40, [trainer, a0.proc, a1.proc])
+    share = prom.query("rank:stallscope_train_data_wait:ratio_rate1m")
+    assert all(0 <= float(r["value"][1]) <= 1 for r in share), share
+    assert {(r["metric"]["instance"], r["metric"]["rank"]) for r in share} == {
+        (f"127.0.0.1:{a0.port}", "0")}
+    # the replayed node: an RTX 2080 SUPER idle and an H100 under load -> half its GPUs idle
+    underused = prom.query(f'instance:stallscope_gpu_underused:ratio{{instance="{gpu_target}"}}')
+    assert [float(r["value"][1]) for r in underused] == [0.5]
+    # every dashboard panel's PromQL parses and returns data while the training runs
+    empty = [(title, expr) for title, expr in dashboard_targets()
+             if not prom.query(concrete(expr))]
+    assert not empty, f"panels without data: {empty}"
+
+    # the same training diagnosed from its run directory and from Prometheus
+    trainer.communicate(timeout=120)
+    assert trainer.returncode == 0
+    local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(cluster["out"]),
+                                           "--json"),
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert local.returncode == 0, local.stderr
+    here = json.loads(local.stdout)
+    time.sleep(2)  # the agents' last scrape of the finished run
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
+                                       f"127.0.0.1:{a0.port}", "--since", "2m", "--step", "1s",
+                                       "--json"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    there = json.loads(r.stdout)
+    assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
+    assert here["verdict"].startswith("input_bound"), here["findings"][0]
+    assert there["stall_source"] == "probe"
+    assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.05, (
+        here["stall_fraction"], there["stall_fraction"])
+    # every step the probe wrote reached Prometheus (the agent reads the run's steps table)
+    assert there["signals"]["steps"] == here["signals"]["steps"]
+    assert there["prometheus"]["instance"] == f"127.0.0.1:{a0.port}"
+    # without --instance: one diagnosis per node; the GPU node's, from its replayed GPUs,
+    # counts the busy H100 (100%) as the work's GPU and leaves the idle RTX out, as a local
+    # run would
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--since", "2m",
+                                       "--step", "1s", "--json"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    nodes = {d["prometheus"]["instance"]: d for d in json.loads(r.stdout)["nodes"]}
+    assert set(nodes) == set(cluster["targets"])
+    gpu_sig = nodes[gpu_target]["signals"]
+    assert gpu_sig["gpus"] == 1 and gpu_sig["gpu_util_median_pct"] == 100, gpu_sig
+    # the text form names the node and the run
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
+                                       f"127.0.0.1:{a0.port}", "--since", "2m"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert f"node 127.0.0.1:{a0.port}" in r.stdout and "verdict: input_bound" in r.stdout
+
+
+# --- bad input: one line each ---------------------------------------------------------------------
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_unreachable_prometheus_is_one_line() -> None:
+    port = free_port()  # nothing listens there
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", f"http://127.0.0.1:{port}"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"cannot reach Prometheus at http://127.0.0.1:{port}" in one_line(r)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--prometheus", "127.0.0.1:9090"], "must be an http:// or https:// URL"),
+    (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], "--since must be a duration"),
+    (["--prometheus", "http://127.0.0.1:1", "--instance", 'a"b'], "must not hold quotes"),
+    ([], "diagnose needs RUN"),
+])
+def test_bad_prometheus_arguments_are_one_line(args: list[str], words: str) -> None:
+    r = subprocess.run(stallscope_argv("diagnose", *args), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert words in one_line(r)
+
+
+def test_prometheus_without_stallscope_series_is_one_line(tmp_path: Path) -> None:
+    # a real Prometheus that scrapes only itself: it answers, but holds no stallscope series
+    prom = start_prometheus(tmp_path, [], None)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                prom.query("up")
+                break
+            except OSError:
+                time.sleep(0.3)
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--job",
+                                           "stallscope", "--since", "5m"),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        stop_prometheus(prom)
+    assert r.returncode == 1
+    assert "holds no stallscope series" in one_line(r)
+
+
+# --- deploy files: systemd, container, Kubernetes -------------------------------------------------
+
+def agent_args_parse(args: list[str]) -> Any:
+    """The agent's own parser accepts these arguments (as the image or the unit passes them)."""
+    from stallscope.cli import build_parser
+
+    ns = build_parser().parse_args(["agent", *args])
+    assert ns.func.__module__ == "stallscope.cli.agent"
+    return ns
+
+
+def test_systemd_unit_verifies_and_grants_nothing(tmp_path: Path) -> None:
+    unit = (ROOT / "deploy" / "systemd" / "stallscope-agent.service").read_text()
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        tool_missing("systemd-analyze (Debian package systemd)")
+        return
+    exec_start = re.search(r"^ExecStart=/usr/local/bin/stallscope agent (.*)$", unit, re.M)
+    assert exec_start, "ExecStart must run /usr/local/bin/stallscope"
+    ns = agent_args_parse(exec_start.group(1).split())
+    assert ns.listen.startswith("127.0.0.1:")
+    # verify needs the command to exist: the same unit with this checkout's interpreter
+    local = tmp_path / "stallscope-agent.service"
+    local.write_text(unit.replace("/usr/local/bin/stallscope",
+                                  f"{os.path.realpath(sys.executable)} -m stallscope"))
+    r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
+    settings = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert settings["CapabilityBoundingSet"] == "" and settings["AmbientCapabilities"] == ""
+    assert settings["DynamicUser"] == "yes" and settings["NoNewPrivileges"] == "yes"
+    assert settings["KillSignal"] == "SIGTERM"
+
+
+def test_containerfile_builds_a_non_root_agent_image() -> None:
+    text = (ROOT / "deploy" / "container" / "Containerfile").read_text()
+    lines = [ln for ln in text.replace("\\\n", " ").splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    instr = [(ln.split(None, 1)[0], ln.split(None, 1)[1] if " " in ln.strip() else "")
+             for ln in lines]
+    known = {"FROM", "RUN", "COPY", "ENV", "USER", "VOLUME", "EXPOSE", "ENTRYPOINT", "CMD",
+             "WORKDIR", "ARG", "LABEL"}
+    assert all(k in known for k, _ in instr), instr
+    assert instr[0][0] == "FROM"
+    for k, rest in instr:
+        if k == "COPY":  # the build context is the repository root
+            *srcs, _dst = rest.split()
+            assert all((ROOT / s).exists() for s in srcs), rest
+    user = [rest for k, rest in instr if k == "USER"]
+    assert user and not user[-1].startswith(("root", "0")), user
+    entry = json.loads(next(rest for k, rest in instr if k == "ENTRYPOINT"))
+    cmd = json.loads(next(rest for k, rest in instr if k == "CMD"))
+    assert entry == ["stallscope", "agent"]
+    agent_args_parse(cmd)
+    assert "9400" in next(rest for k, rest in instr if k == "EXPOSE")
+
+
+def test_kubernetes_daemonset(tmp_path: Path) -> None:
+    from stallscope.agent.config import load_config
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" /
+                                    "stallscope-agent.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"ConfigMap", "DaemonSet"}
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"]
+    ds = kinds["DaemonSet"]
+    assert ds["apiVersion"] == "apps/v1"
+    spec = ds["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    pod = spec["template"]["spec"]
+    assert pod["hostPID"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    [c] = pod["containers"]
+    assert c["image"] and c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "privileged" not in c["securityContext"]
+    assert "nvidia.com/gpu" not in str(c.get("resources")), "must not take a GPU from jobs"
+    # $(NODE_IP) is expanded by the kubelet from the env the container declares
+    env = {e["name"] for e in c["env"]}
+    args = [a.replace("$(NODE_IP)", "10.0.0.5") for a in c["args"]]
+    assert all("$(" not in a for a in args) and "NODE_IP" in env
+    ns = agent_args_parse(args)
+    assert ns.listen == "10.0.0.5:9400"
+    assert {p["containerPort"] for p in c["ports"]} == {9400}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/api/v1/health"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert set(mounts) <= set(volumes), "a mount without its volume"
+    assert ns.config.startswith(mounts["config"]["mountPath"] + "/")
+    cm = kinds["ConfigMap"]
+    assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]
+    # the config the pod reads is one the agent accepts
+    toml = tmp_path / "agent.toml"
+    toml.write_text(cm["data"][Path(ns.config).name])
+    cfg = load_config(toml)
+    assert cfg.run_indexes and all(p.startswith(mounts["runs"]["mountPath"])
+                                   for p in cfg.run_indexes)
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == ns.listen.rsplit(":", 1)[1]
+
+
+def test_gpu_series_carry_the_pci_bus_id() -> None:
+    # dcgm-exporter's pci_bus_id label, from nvmlDeviceGetPciInfo (replayed: the captures'
+    # pci.bus_id), so panels and joins on it work
+    from prometheus_client import generate_latest
+
+    from stallscope.agent.exporter import PrometheusSink
+    from stallscope.collect import Collector
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.testing.nvml_replay import NvmlReplay
+
+    replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
+    want = [d["nvmlDeviceGetPciInfo"]["busId"] for d in replay.devices]
+    assert all(re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", w) for w in want)
+    gpu = GpuSource(backend=replay)
+    gpu.open()
+    sink = PrometheusSink(["gpu"], hostname="n")
+    c = Collector([gpu], [sink], interval=1.0)
+    sample = c.sample_once()
+    assert [g["pci_bus_id"] for g in sample.readings["gpu"].payload] == want
+    text = generate_latest(sink.registry).decode()
+    for i, bus in enumerate(want):
+        assert re.search(rf'stallscope_gpu_utilization_ratio\{{[^}}]*gpu="{i}"[^}}]*'
+                         rf'pci_bus_id="{re.escape(bus)}"', text) or re.search(
+            rf'stallscope_gpu_utilization_ratio\{{[^}}]*pci_bus_id="{re.escape(bus)}"[^}}]*'
+            rf'gpu="{i}"', text), text
+    c.stop(final_sample=False)

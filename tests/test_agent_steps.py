@@ -1,0 +1,188 @@
+"""The agent's step follower on real run directories (meta.json + run.db written by the same
+RunStore the probe uses) and real run index files; an end-to-end training through a real agent
+and Prometheus is in test_agent_deploy.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from stallscope.agent.config import load_config
+from stallscope.agent.exporter import PrometheusSink
+from stallscope.agent.steps import StepFollower, runs_of_indexes
+from stallscope.store import RunStore, StepRow, base_meta, new_run_dir, write_meta
+from stallscope.store.index import index_path, record_run
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_run(out: Path, pid: int | None = None, monitor_pid: int | None = None) -> Path:
+    run_dir = new_run_dir(out, "train")
+    meta = base_meta(["python", "train.py"], start=time.time(), interval_s=1.0,
+                     pid=pid if pid is not None else os.getpid())
+    if monitor_pid is not None:
+        meta["monitor_pid"] = monitor_pid
+    write_meta(run_dir, meta)
+    RunStore(run_dir / "run.db").close()
+    return run_dir
+
+
+def add_steps(run_dir: Path, rank: int, first: int, n: int, wait: float, host: float,
+              samples: int | None = 32) -> None:
+    store = RunStore(run_dir / "run.db")
+    store.add_steps([StepRow(rank, first + i, time.time(), wait, host, samples=samples)
+                     for i in range(n)])
+    store.close()
+
+
+def end_run(run_dir: Path) -> None:
+    import json
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta["end"], meta["exit_code"] = time.time(), 0
+    write_meta(run_dir, meta)
+
+
+def test_totals_grow_with_each_poll_per_rank(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    record_run(run)
+    f = StepFollower(rescan_s=0)
+    assert f.poll() == {}  # running, no steps yet: nothing to export
+    add_steps(run, 0, 0, 10, wait=0.05, host=0.15)
+    add_steps(run, 1, 0, 4, wait=0.0, host=0.2, samples=None)
+    got = f.poll()[run.name]
+    assert got[0].steps == 10 and abs(got[0].wait_s - 0.5) < 1e-9
+    assert abs(got[0].step_s - 2.0) < 1e-9 and got[0].samples == 320
+    assert got[1].steps == 4 and not got[1].has_samples
+    add_steps(run, 0, 10, 5, wait=0.1, host=0.1)
+    got = f.poll()[run.name]
+    assert got[0].steps == 15 and abs(got[0].wait_s - 1.0) < 1e-9  # only the new rows added
+    assert got[1].steps == 4
+    f.close()
+
+
+def test_a_finished_run_stays_for_the_grace_period_then_goes(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    record_run(run)
+    clock = Clock()
+    f = StepFollower(clock=clock, grace_s=60, rescan_s=0)
+    add_steps(run, 0, 0, 3, 0.1, 0.1)
+    assert f.poll()[run.name][0].steps == 3
+    add_steps(run, 0, 3, 2, 0.1, 0.1)  # written just before the end
+    end_run(run)
+    clock.t += 1
+    assert f.poll()[run.name][0].steps == 5  # the last rows are read
+    clock.t += 59
+    assert run.name in f.poll()
+    clock.t += 2
+    assert f.poll() == {}  # dropped: no stale series
+    assert f.poll() == {}  # and not followed again
+    f.close()
+
+
+def test_runs_that_ended_or_died_before_are_not_exported(tmp_path: Path) -> None:
+    done = make_run(tmp_path)
+    add_steps(done, 0, 0, 3, 0.1, 0.1)
+    end_run(done)
+    # a standalone probe killed with -9: no end, its trainer's pid is gone
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = make_run(tmp_path, pid=gone.pid)
+    add_steps(dead, 0, 0, 3, 0.1, 0.1)
+    # under `stallscope run` whose monitor was killed
+    orphan = make_run(tmp_path, monitor_pid=gone.pid)
+    add_steps(orphan, 0, 0, 3, 0.1, 0.1)
+    for r in (done, dead, orphan):
+        record_run(r)
+    assert StepFollower(rescan_s=0).poll() == {}
+
+
+def test_unreadable_step_rows_are_skipped(tmp_path: Path) -> None:
+    import sqlite3
+
+    run = make_run(tmp_path)
+    record_run(run)
+    add_steps(run, 0, 0, 2, 0.1, 0.1)
+    db = sqlite3.connect(run / "run.db")
+    db.execute("INSERT INTO steps(rank, step, ts, wait_s, host_s) VALUES (0, 2, 1.0, -5, 0.1)")
+    db.execute("INSERT INTO steps(rank, step, ts, wait_s, host_s) VALUES (0, 3, 1.0, 'x', 0.1)")
+    db.commit()
+    db.close()
+    got = StepFollower(rescan_s=0).poll()[run.name][0]
+    assert got.steps == 2 and abs(got.wait_s - 0.2) < 1e-9
+
+
+def test_other_indexes_from_the_config(tmp_path: Path) -> None:
+    # another user's index (a glob in run_indexes), read but never rewritten
+    other = tmp_path / "home" / "alice" / "state"
+    other.mkdir(parents=True)
+    run = make_run(tmp_path / "alice-runs")
+    add_steps(run, 0, 0, 7, 0.2, 0.2)
+    idx = other / "runs.txt"
+    idx.write_text(f"{run}\n" + "/gone\n" * 300)
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'run_indexes = ["{tmp_path}/home/*/state/runs.txt"]\n')
+    patterns = load_config(cfg).run_indexes
+    assert not index_path().exists()  # this user's own index is empty
+    f = StepFollower(runs_of_indexes(patterns), rescan_s=0)
+    assert f.poll()[run.name][0].steps == 7
+    assert idx.read_text().count("/gone") == 300
+    f.close()
+
+
+def test_exposition_of_the_steps(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    record_run(run)
+    add_steps(run, 0, 0, 4, 0.25, 0.25)
+    add_steps(run, 1, 0, 2, 0.0, 0.5, samples=None)
+    sink = PrometheusSink(["host"], hostname="node-3", steps=StepFollower(rescan_s=0))
+    text = generate_latest(sink.registry).decode()
+    labels0 = f'hostname="node-3",rank="0",run="{run.name}"'
+    labels1 = f'hostname="node-3",rank="1",run="{run.name}"'
+    assert f"stallscope_train_steps_total{{{labels0}}} 4.0" in text
+    assert f"stallscope_train_data_wait_seconds_total{{{labels0}}} 1.0" in text
+    assert f"stallscope_train_step_seconds_total{{{labels0}}} 2.0" in text
+    assert f"stallscope_train_samples_total{{{labels0}}} 128.0" in text
+    assert f"stallscope_train_samples_total{{{labels1}}}" not in text  # batch size unknown
+    assert f"stallscope_train_steps_total{{{labels1}}} 2.0" in text
+    # nothing training: no train families at all
+    empty = PrometheusSink(["host"], hostname="n", steps=StepFollower(lambda: [], rescan_s=0))
+    assert "stallscope_train_" not in generate_latest(empty.registry).decode()
+
+
+# --- the steps rebuilt from Prometheus' counters (diagnose --prometheus) --------------------------
+
+def test_steps_from_counters_baseline_reset_and_shares() -> None:
+    from stallscope.analysis.promdata import _rank_rows
+
+    def col(*vs: float) -> tuple[list[float], list[float]]:
+        return [100.0 + i for i in range(len(vs))], list(vs)
+
+    # a run going on before the window: the first point is the baseline; the agent restarts
+    # after the third point (counters start again from the run's totals read anew: 2 steps)
+    cols = {"n": col(50, 54, 58, 2, 6), "step_s": col(25, 27, 29, 1.0, 3.0),
+            "wait_s": col(10, 11, 12, 0.5, 1.5), "samples": col(1600, 1728, 1856, 64, 192)}
+    rows = _rank_rows(3, cols, start=100.0, step=1.0)
+    assert len(rows) == 4 + 4 + 2 + 4
+    assert {r.rank for r in rows} == {3} and [r.step for r in rows] == list(range(14))
+    assert abs(sum(r.wait_s for r in rows) - (1 + 1 + 0.5 + 1)) < 1e-9
+    assert abs(sum(r.wait_s + r.host_s for r in rows) - (2 + 2 + 1 + 2)) < 1e-9
+    assert {r.samples for r in rows} == {32}
+    assert all(100.0 < r.ts <= 104.0 for r in rows)
+    # a run that began inside the window: its first point counts from zero
+    late = {"n": ([110.0, 111.0], [3, 5]), "step_s": ([110.0, 111.0], [0.3, 0.5]),
+            "wait_s": ([110.0, 111.0], [0.0, 0.1])}
+    rows = _rank_rows(0, late, start=100.0, step=1.0)
+    assert len(rows) == 5 and all(r.samples is None for r in rows)
+    assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9

@@ -1,0 +1,223 @@
+"""``stallscope tune`` and ``stallscope.tune``: real DataLoaders with real worker processes.
+
+The datasets are the shipped examples (examples/tune_datasets.py) and small modules written per
+test. Budgets are short; the measured speed-ups checked here are ones the 2-core CI machine
+shows with room to spare (a CPU-heavy transform: two workers beat none). How close the tuner gets
+to an exhaustive grid, and how fast, is a benchmark: benchmarks/bench_tune.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope_argv
+
+torch = pytest.importorskip("torch")
+
+EXAMPLES = ROOT / "examples" / "tune_datasets.py"
+
+pytestmark = pytest.mark.torch
+
+
+def _tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(stallscope_argv("tune", *args), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cpu_heavy_transform_gets_workers_and_a_pasteable_call() -> None:
+    r = _tune(f"{EXAMPLES}:cpu_heavy", "--budget", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    for key in ("best", "samples_per_s", "baseline", "trials", "recommendation", "bound"):
+        assert key in doc
+    assert doc["baseline"]["config"] == {"num_workers": 0}
+    assert doc["best"]["num_workers"] >= 1
+    assert doc["best"]["persistent_workers"] is True
+    # two cores and a CPU-heavy transform: workers are clearly faster than none
+    assert doc["samples_per_s"] >= 1.3 * doc["baseline"]["samples_per_s"], doc["trials"]
+    cores = doc["cores"]
+    for t in doc["trials"]:
+        assert t["config"]["num_workers"] <= cores  # never beyond the usable cores
+        assert t["status"] in ("ok", "cut", "rejected"), t
+        if t["status"] == "ok":
+            assert t["samples_per_s"] > 0 and t["cpu_pct"] > 0 and t["rss_mib"] > 0
+    assert doc["seconds"] <= 10 + 10  # the budget holds (one trial may run over)
+    # the recommendation is a DataLoader call that runs as printed
+    from torch.utils.data import DataLoader
+
+    sys_path = str(EXAMPLES.parent)
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import tune_datasets  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(sys_path)
+    loader = eval(doc["recommendation"], {"DataLoader": DataLoader,
+                                          "dataset": tune_datasets.cpu_heavy()})
+    assert loader.num_workers == doc["best"]["num_workers"] and loader.batch_size == 32
+
+
+def test_table_and_bound_in_text(tmp_path: Path) -> None:
+    r = _tune(f"{EXAMPLES}:cpu_heavy", "--budget", "8", "--max-workers", "1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "DataLoader trials" in out and "samples/s" in out
+    assert "num_workers=0" in out and "num_workers=1" in out
+    assert "num_workers=2" not in out  # --max-workers caps the ladder
+    assert "bound: " in out and "recommended:" in out
+    assert "DataLoader(dataset, batch_size=32, num_workers=1" in out
+    assert "trying num_workers=1" in r.stderr  # progress, on stderr only
+
+
+def _module(tmp_path: Path, body: str) -> str:
+    (tmp_path / "tunemod.py").write_text(textwrap.dedent(body))
+    return str(tmp_path / "tunemod.py")
+
+
+def test_stops_when_input_already_keeps_up(tmp_path: Path) -> None:
+    mod = _module(tmp_path, """
+        import time, torch
+        from torch.utils.data import TensorDataset
+        def data():
+            return TensorDataset(torch.zeros(4096, 8))
+        def slow_step(batch):
+            time.sleep(0.02)
+    """)
+    r = _tune(f"{mod}:data", "--step", f"{mod}:slow_step", "--budget", "30", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["trials"]) == 1  # nothing else worth trying
+    assert "keeps up" in doc["stopped"] and "cannot help" in doc["stopped"]
+    assert doc["trials"][0]["data_wait_share"] < 0.05
+    assert 15 <= doc["step_ms"] <= 200
+    assert "training step" in doc["bound"]
+    assert doc["seconds"] < 15  # stopped early, long before the budget
+
+
+def test_a_dataset_failing_in_workers_is_named_never_hangs() -> None:
+    t0 = time.monotonic()
+    r = _tune(f"{EXAMPLES}:failing", "--budget", "60", "--json", timeout=60)
+    assert time.monotonic() - t0 < 40
+    doc = json.loads(r.stdout)
+    failed = [t for t in doc["trials"] if t["status"] == "failed"]
+    assert failed and failed[0]["config"]["num_workers"] == 1
+    assert "sample" in failed[0]["reason"] and "is corrupt" in failed[0]["reason"]
+    assert "num_workers=1 failed" in doc["stopped"]
+    assert doc["best"] == {"num_workers": 0}
+
+
+def test_spawn_start_method_and_a_factory(tmp_path: Path) -> None:
+    mod = _module(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        class Squares(Dataset):
+            def __len__(self):
+                return 2048
+            def __getitem__(self, i):
+                x = torch.full((64,), float(i))
+                for _ in range(200):
+                    x = x * 0.999 + 0.001
+                return x
+        def make_loader(**kw):
+            kw.setdefault("batch_size", 16)
+            return DataLoader(Squares(), **kw)
+        def factory():
+            return make_loader
+    """)
+    r = _tune(f"{mod}:factory", "--budget", "12", "--start-method", "spawn", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    with_workers = [t for t in doc["trials"] if t["config"]["num_workers"] > 0]
+    assert with_workers and all(t["status"] in ("ok", "cut") for t in with_workers), doc
+    assert doc["recommendation"].startswith("make_loader(")
+
+
+def test_a_dataloader_as_given_is_the_baseline() -> None:
+    r = _tune(f"{EXAMPLES}:loader", "--budget", "6", "--json", "--max-workers", "2")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    base = doc["baseline"]["config"]
+    assert base["num_workers"] == 1 and base["persistent_workers"] is False
+    assert base["prefetch_factor"] == 2
+    assert "shuffle=True" in doc["recommendation"]
+
+
+def test_ctrl_c_prints_what_was_found(tmp_path: Path) -> None:
+    proc = subprocess.Popen(stallscope_argv("tune", f"{EXAMPLES}:cpu_heavy", "--budget", "120"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # progress lines: interrupt during the second trial
+            if "trying num_workers=1" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted by Ctrl-C" in out
+    assert "num_workers=0" in out and "recommended:" in out
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("spec", "expect"), [
+    ("nosuchmodule_xyz:data", "cannot import 'nosuchmodule_xyz'"),
+    ("{ex}:nothing_here", "has no attribute 'nothing_here'"),
+    ("{ex}", "expected MODULE:FUNCTION"),
+    ("{ex}:_read", "takes arguments (path, cold)"),
+    ("{ex}:SIZE", "cannot tune a int"),
+    ("/no/such/file.py:data", "no such file"),
+])
+def test_bad_targets_get_one_line(spec: str, expect: str) -> None:
+    r = _tune(spec.format(ex=EXAMPLES), "--budget", "5")
+    assert r.returncode == 2, r
+    assert expect in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_bad_flags_get_one_line() -> None:
+    for args in (["--budget", "0"], ["--budget", "nan"], ["--try-batch-sizes", "a,b"],
+                 ["--max-workers", "-1"]):
+        r = _tune(f"{EXAMPLES}:cpu_heavy", *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_memory_check_rejects_what_would_not_fit() -> None:
+    import psutil
+
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=10, max_workers=None, start_method=None)
+    huge = psutil.virtual_memory().total / 2**20  # a worker as large as the machine
+    s.trials.append(Trial(config={"num_workers": 1}, worker_rss_mib=huge))
+    why = s._fits({"num_workers": 2})
+    assert "would need" in why and "MiB available" in why
+    s.trials[0].worker_rss_mib = 1.0
+    assert s._fits({"num_workers": 2}) == ""
+
+
+def test_python_api() -> None:
+    import stallscope
+
+    data = torch.utils.data.TensorDataset(torch.arange(2048.0).reshape(-1, 1))
+    seen: list[str] = []
+    result: Any = stallscope.tune(data, budget_s=5, batch_size=64,
+                                  progress=lambda label, _t: seen.append(label))
+    assert result.best["num_workers"] >= 0 and result.samples_per_s > 0
+    assert seen[0] == "baseline (as given)"
+    doc = result.to_json()
+    assert doc["trials"][0]["config"] == {"num_workers": 0}
+    assert "batch_size=64" in doc["recommendation"]
+    with pytest.raises(ValueError, match="budget_s"):
+        stallscope.tune(data, budget_s=0)
