@@ -1,0 +1,380 @@
+"""The TensorFlow / Keras adapter of the step probe: ``model.fit`` and custom loops over tf.data.
+
+Built on the framework-free :class:`~stallscope.probe.recorder.Recorder` like the PyTorch adapter.
+TensorFlow is imported lazily, only by the functions that need it (never by ``import
+stallscope``); the Keras callback that uses this module lives in
+:mod:`stallscope.integrations.keras`.
+
+**Custom loops** iterate a dataset eagerly, so the input wait is the host time of ``next()``:
+``for x, y in stallscope.watch(dataset): train_step(x, y)`` times it exactly as for a
+DataLoader, and :func:`dataset_config` records the pipeline's shape.
+
+**model.fit** cannot be timed that way: Keras 3 calls ``iterator.get_next()`` inside its
+compiled train function, and with ``steps_per_execution=k`` runs k steps per call, so the
+framework's batch hooks only see "input wait + compute" of whole calls. :func:`instrument`
+replaces ``model.train_function`` by one that runs the same Keras step function (its
+``python_function``, traced again in a ``tf.function`` of ours) over a :class:`_StampedIterator`:
+a stand-in for the iterator, used only while tracing, that puts two ``tf.timestamp()`` ops
+around each ``get_next()`` / ``get_next_as_optional()`` in the graph (the first before the
+request, the second once the element is there, by control dependencies) and writes the pair into
+a ring of a CPU variable. After each call, the host reads that variable once and makes one step
+record per element: ``wait_s`` is the in-graph time the step waited for its element, ``host_s``
+the time from that element to the next request (the last step of a call: to the call's return).
+The per-step cost is two timestamp ops and one scatter into a variable in the graph, and one
+variable read, two clock reads and a few tuples on the host per call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from stallscope.probe.recorder import (
+    Recorder,
+    _warn,
+    env_rank,
+    machine_config,
+    obtain,
+    probe_enabled,
+)
+
+__all__ = [
+    "RING",
+    "TFProbe",
+    "dataset_config",
+    "get_tf_probe",
+    "instrument",
+    "is_tf_dataset",
+    "watch_dataset",
+]
+
+T = TypeVar("T")
+
+#: steps the in-graph ring holds between two host reads (a call of ``steps_per_execution``
+#: steps must fit: larger values fall back to one record per call)
+RING = 1024
+
+
+def is_tf_dataset(obj: Any) -> bool:
+    """True for a ``tf.data.Dataset`` (without importing TensorFlow when the trainer did not)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return False
+    data = getattr(tf, "data", None)
+    ds_type = getattr(data, "Dataset", None)
+    return ds_type is not None and isinstance(obj, ds_type)
+
+
+# --- the pipeline's shape ------------------------------------------------------------------------
+def _scalar(v: Any) -> Any:
+    try:
+        v = v.numpy() if hasattr(v, "numpy") else v
+        if isinstance(v, bytes):
+            return v.decode(errors="replace")
+        return v.item() if hasattr(v, "item") else v
+    except Exception:  # a value only a graph knows: keep its text
+        return repr(v)
+
+
+def _op_types(ds: Any) -> set[str]:
+    out: set[str] = set()
+    try:
+        for fn in ds._functions():
+            out.update(op.type for op in fn.function.graph.get_operations())
+    except Exception:  # a transformation without inspectable functions
+        pass
+    return out
+
+
+_READ_OPS = {"ReadFile", "TFRecordDatasetV2", "TFRecordDataset", "TextLineDatasetV2",
+             "TextLineDataset", "FixedLengthRecordDatasetV2", "DecodeImage", "DecodeJpeg"}
+_FILE_SOURCES = ("TFRecord", "TextLine", "FixedLengthRecord")
+
+
+def _stage(ds: Any) -> dict[str, Any]:
+    name = type(ds).__name__.lstrip("_")
+    st: dict[str, Any] = {"type": name}
+    low = name.lower()
+    if "prefetch" in low:
+        st["op"] = "prefetch"
+        st["buffer"] = _scalar(getattr(ds, "_buffer_size", None))
+    elif "interleave" in low:
+        st["op"] = "interleave"
+        st["parallel"] = _scalar(getattr(ds, "_num_parallel_calls", None))
+        st["cycle_length"] = _scalar(getattr(ds, "_cycle_length", None))
+    elif "map" in low and "flatmap" not in low:
+        st["op"] = "map"
+        st["parallel"] = (_scalar(ds._num_parallel_calls) if hasattr(ds, "_num_parallel_calls")
+                          else None)
+    elif "cache" in low:
+        st["op"] = "cache"
+        st["file"] = _scalar(getattr(ds, "_filename", ""))
+    elif "batch" in low:
+        st["op"] = "batch"
+        st["size"] = _scalar(getattr(ds, "_batch_size", None))
+        if hasattr(ds, "_num_parallel_calls"):
+            st["parallel"] = _scalar(ds._num_parallel_calls)
+    elif "shuffle" in low:
+        st["op"] = "shuffle"
+    elif "options" in low:
+        st["op"] = "options"
+    else:
+        st["op"] = "source" if not ds._inputs() else low.replace("dataset", "")
+    ops = _op_types(ds)
+    if ops & _READ_OPS or any(s in name for s in _FILE_SOURCES):
+        st["reads_files"] = True
+    return st
+
+
+def dataset_config(ds: Any) -> dict[str, Any]:
+    """The tf.data knobs that decide input throughput, read off the dataset's Python object
+    graph (no element is produced): ``pipeline`` (stages from the source to the end, each with
+    its parallelism), and the summary the diagnosis reads: ``prefetch``, ``sequential_maps``
+    (maps without ``num_parallel_calls``), ``parallel_maps``, ``interleave``, ``cache``,
+    ``reads_files``, ``source_len`` (elements of the source, e.g. files listed), ``batch_size``,
+    ``len`` (elements of the whole dataset, None when unknown or infinite)."""
+    stages: list[dict[str, Any]] = []
+    node = ds
+    seen = 0
+    while node is not None and seen < 200:
+        try:
+            stages.append(_stage(node))
+            inputs = node._inputs()
+        except Exception as exc:  # an odd dataset type: say where the walk stopped
+            stages.append({"op": "unknown", "type": type(node).__name__, "error": repr(exc)})
+            break
+        if not inputs:
+            try:
+                n = int(node.cardinality())
+                stages[-1]["len"] = n if n >= 0 else None
+            except Exception:
+                pass
+        node = inputs[0] if inputs else None
+        seen += 1
+    stages.reverse()  # source first
+    ops = [s["op"] for s in stages]
+    maps = [s for s in stages if s["op"] == "map"]
+    cfg: dict[str, Any] = {
+        "loader_type": "tf.data",
+        "pipeline": stages,
+        "prefetch": "prefetch" in ops,
+        "sequential_maps": sum(1 for s in maps if s.get("parallel") is None),
+        "parallel_maps": sum(1 for s in maps if s.get("parallel") is not None),
+        "interleave": "interleave" in ops,
+        "cache": "cache" in ops,
+        "reads_files": any(s.get("reads_files") for s in stages),
+        "source_len": stages[0].get("len") if stages else None,
+    }
+    batches = [s for s in stages if s["op"] == "batch"]
+    if batches:
+        cfg["batch_size"] = batches[-1].get("size")
+    try:
+        n = int(ds.cardinality())
+        cfg["len"] = n if n >= 0 else None
+    except Exception:
+        cfg["len"] = None
+    try:
+        inject = ds.options().experimental_optimization.inject_prefetch
+        cfg["inject_prefetch"] = inject is not False
+    except Exception:
+        pass
+    return cfg
+
+
+# --- the recorder --------------------------------------------------------------------------------
+class TFProbe(Recorder):
+    """The recorder with TensorFlow's view: tf.data pipeline shape, TF and Keras versions."""
+
+    def describe_loader(self, loader: Any) -> dict[str, Any] | None:
+        if is_tf_dataset(loader):
+            return dataset_config(loader)
+        from stallscope.probe.pytorch import loader_config
+
+        return loader_config(loader)
+
+    def machine_config(self) -> dict[str, Any]:
+        cfg = machine_config()
+        for mod in ("tensorflow", "keras"):
+            m = sys.modules.get(mod)
+            if m is not None:
+                cfg[mod] = str(getattr(m, "__version__", None))
+        cfg["framework"] = "tensorflow"
+        return cfg
+
+
+def get_tf_probe(rank: int | None = None) -> Recorder | None:
+    """This process's recorder (a :class:`TFProbe` when the TF adapter makes it first); None
+    when turned off (``STALLSCOPE_PROBE=0``) or when it cannot start."""
+    if not probe_enabled():
+        return None
+    return obtain(env_rank() if rank is None else int(rank), lambda r: TFProbe(rank=r))
+
+
+def watch_dataset(ds: Iterable[T], *, rank: int | None = None) -> Any:
+    """``stallscope.watch`` for a tf.data dataset in a custom (eager) loop."""
+    from stallscope.probe.pytorch import Watched
+
+    return Watched(ds, get_tf_probe(rank))
+
+
+# --- model.fit: timestamps around get_next() in the graph -----------------------------------------
+class _StampedIterator:
+    """Stands in for a tf.data iterator while Keras' step function is traced: each
+    ``get_next`` / ``get_next_as_optional`` gets a timestamp before the request and one after
+    the element, written as a row ``(request, got)`` into ``ring`` (row ``RING`` holds the count
+    of rows written). Everything else goes to the real iterator."""
+
+    def __init__(self, it: Any, ring: Any, tf: Any) -> None:
+        self._it = it
+        self._ring = ring
+        self._tf = tf
+
+    def _stamp(self, t0: Any, deps: list[Any]) -> None:
+        tf = self._tf
+        with tf.control_dependencies(deps):
+            t1 = tf.timestamp()
+        n = self._ring[RING, 0]
+        i = tf.cast(n, tf.int32) % RING
+        self._ring.scatter_nd_update([[i], [RING]],
+                                     tf.stack([tf.stack([t0, t1]), tf.stack([n + 1.0, 0.0])]))
+
+    def get_next(self) -> Any:
+        tf = self._tf
+        t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):
+            d = self._it.get_next()
+        self._stamp(t0, tf.nest.flatten(d, expand_composites=True))
+        return d
+
+    def get_next_as_optional(self) -> Any:
+        tf = self._tf
+        t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):
+            o = self._it.get_next_as_optional()
+        has = o.has_value()
+
+        def stamp() -> Any:
+            self._stamp(t0, [has, *tf.nest.flatten(o, expand_composites=True)])
+            return tf.constant(True)
+
+        tf.cond(has, stamp, lambda: tf.constant(False))  # the end of the data is no step
+        return o
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+class _TimedTrainFunction:
+    """``model.train_function`` with per-step input wait (see the module docstring)."""
+
+    def __init__(self, model: Any, original: Any, step_fn: Any, probe: Recorder, tf: Any,
+                 hooks: Any) -> None:
+        # step_fn None: an unknown train function, timed as a whole (wait 0, all compute)
+        self.original = original
+        self.probe = probe
+        self.hooks = hooks
+        self._tf = tf
+        self._iter_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
+        with tf.device("/CPU:0"):
+            self.ring = tf.Variable(tf.zeros([RING + 1, 2], tf.float64), trainable=False,
+                                    name="stallscope_input_stamps")
+        py = getattr(step_fn, "python_function", step_fn)
+        ring = self.ring
+        self._fn: Any = None
+        if step_fn is None:
+            pass
+        elif getattr(model, "run_eagerly", False):
+            self._fn = lambda it: py(_StampedIterator(it, ring, tf))
+        else:
+            self._fn = tf.function(lambda it: py(_StampedIterator(it, ring, tf)),
+                                   reduce_retracing=True)
+        self._seen = 0  # rows of the ring already recorded
+        self._perf_minus_wall = time.perf_counter() - time.time()
+        self.broken = False
+
+    def __call__(self, iterator: Any) -> Any:
+        if self.broken or not self.probe.active or not isinstance(iterator, self._iter_types):
+            return self.original(iterator)
+        hooks = self.hooks
+        if self._fn is None:
+            return self._whole_call(iterator)
+        if hooks is not None and hooks.pending_dataset:
+            hooks.describe(getattr(iterator, "_dataset", None))
+        opt = self._fn(iterator)
+        t_end = time.time()
+        try:
+            self._record(t_end, hooks.samples if hooks is not None else None,
+                         hooks.epoch if hooks is not None else 0)
+        except Exception as exc:  # the step ran; only its record is lost
+            self.broken = True
+            _warn(f"Keras step timing off: {exc!r}")
+        if not opt.has_value():
+            raise StopIteration
+        return opt.get_value()
+
+    def _whole_call(self, iterator: Any) -> Any:
+        hooks = self.hooks
+        t0 = time.perf_counter()
+        try:
+            return self.original(iterator)
+        finally:
+            t1 = time.perf_counter()
+            p = self.probe
+            last = p._last_end if p._last_end is not None else t0
+            p._push((p._step + 1, t0, max(0.0, t0 - last), t1 - t0,
+                     hooks.samples if hooks is not None else None,
+                     hooks.epoch if hooks is not None else 0, None, None))
+            p._step += 1
+            p._last_end = t1
+
+    def _record(self, t_end: float, samples: int | None, epoch: int) -> None:
+        ring = self.ring.numpy()
+        n = int(ring[RING, 0])
+        first = max(self._seen, n - RING)
+        p = self.probe
+        shift = self._perf_minus_wall
+        buf, cap = p._buf, p.capacity
+        for j in range(first, n):
+            t0, t1 = ring[j % RING]
+            t_next = ring[(j + 1) % RING, 0] if j + 1 < n else t_end
+            cur = p._step = p._step + 1
+            rec = (cur, float(t1) + shift, float(t1 - t0), max(0.0, float(t_next - t1)),
+                   samples, epoch, None, None)
+            if len(buf) < cap:
+                buf.append(rec)
+            else:
+                p.dropped += 1
+        p._last_end = t_end + shift
+        self._seen = n
+
+
+def _step_function(train_function: Any) -> Any:
+    """Keras 3's compiled ``multi_step_on_iterator`` inside ``model.train_function``."""
+    if isinstance(train_function, _TimedTrainFunction):
+        return None
+    try:
+        cells = inspect.getclosurevars(train_function).nonlocals
+    except TypeError:  # not a plain function: an unknown Keras
+        return None
+    return cells.get("multi_step_on_iterator")
+
+
+def instrument(model: Any, probe: Recorder, hooks: Any = None) -> bool:
+    """Replace ``model.train_function`` with one that records each step's input wait. False
+    when this Keras does not build its train function the way Keras 3 does on the TensorFlow
+    backend: each call is then recorded whole (no input wait, all compute)."""
+    fn = getattr(model, "train_function", None)
+    if isinstance(fn, _TimedTrainFunction):  # a second fit(): same function, new callback
+        fn.hooks = hooks
+        return fn._fn is not None
+    if fn is None:
+        return False
+    step = _step_function(fn)
+    import tensorflow as tf
+
+    model.train_function = _TimedTrainFunction(model, fn, step, probe, tf, hooks)
+    return step is not None
+
