@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import Signals, linear_fit, median, trainer_gpus
+from stallscope.analysis.diagnose.tfdata import is_tf, tf_compute_fix, tf_fetch_fixes, tf_prep_fixes
 
 __all__ = ["RULES", "run_rules"]
 
@@ -171,8 +172,13 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     if reasons:
         joined = "; ".join(reasons[:2])
         summary += " " + joined[:1].upper() + joined[1:] + "."
-    fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
-    fixes += _loader_fixes(sig)
+    tf = is_tf(sig)
+    if tf:  # a tf.data pipeline: its own knobs, not DataLoader arguments
+        fixes = (_fetch_fixes(data, sig, tf=True) + tf_fetch_fixes(data, sig)
+                 if kind.endswith("fetch") else tf_prep_fixes(data, sig))
+    else:
+        fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
+        fixes += _loader_fixes(sig)
     rule = (f"data wait {_pct(stall)} ≥ {STALL_WARN:.0%}; fetch score {fs} vs prep score {ps}"
             if sig.stall_source == "probe" else
             f"GPU idle {_pct(stall)} ≥ 30%; fetch score {fs} vs prep score {ps}"
@@ -185,7 +191,11 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
                          "per step", "without the probe the stall is estimated from system "
                          "metrics only (lower confidence)"))
-    if not sig.workers and sig.stall_source == "probe":
+    if tf and sig.stall_source == "probe":
+        ev["note"] = ("tf.data prepares elements on threads inside the trainer process: the "
+                      "probe times each step's wait for its element inside the train "
+                      "function, which system metrics alone cannot split from compute.")
+    elif not sig.workers and sig.stall_source == "probe":
         ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
                       "cannot split it from compute; the probe's data-wait timing does.")
     est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
@@ -300,7 +310,9 @@ def _gain_note(sig: Signals, target: int) -> str:
             f"each and {spare:.1f} core(s) sat idle")
 
 
-def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
+def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
+    """Fixes for a fetch stall. ``tf``: only the storage-level ones (the tf.data pipeline's
+    own come from :func:`~stallscope.analysis.diagnose.tfdata.tf_fetch_fixes`)."""
     fixes: list[Fix] = []
     dev = sig.device
     info = data.device_info().get(dev or "", {})
@@ -323,9 +335,12 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
                                        f"{sig.disk_util_median_pct:.0f}% util"
                                        if sig.disk_util_median_pct is not None else "") if x)
-        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe, or pack it "
-                         "with `stallscope pack SRC DST` to read sequentially",
+        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
+                         + ("" if tf else
+                            ", or pack it with `stallscope pack SRC DST` to read sequentially"),
                          "the device serves reads too slowly for the trainer"))
+    if tf:
+        return fixes
     rq = sig.disk_rareq_kb_median
     if rq is not None and rq < 64 and (sig.disk_r_s_median or 0) > 50:
         fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
@@ -481,7 +496,8 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
         return []
     gpu = (f", GPU busy {sig.gpu_util_median_pct:.0f}%" if sig.gpu_util_median_pct is not None
            else "")
-    fixes = [Fix("nothing to fix in the input pipeline; to go faster, make the model step "
+    fixes = [tf_compute_fix() if is_tf(sig) else
+             Fix("nothing to fix in the input pipeline; to go faster, make the model step "
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
     return [Finding("compute_bound", "info", 0.85,
