@@ -209,6 +209,11 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
        "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
     _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
+    _M("procs", "d_threads", "", "the trainer's threads in state D at the sample "
+       "(/proc/PID/task/*/stat): I/O waits of loader threads the main thread's state misses",
+       "gauge", "stallscope_proc_io_wait_threads"),
+    _M("procs", "tf_threads", "", "the trainer's threads TensorFlow named (tf_*): a "
+       "TensorFlow trainer", "gauge", "stallscope_proc_tensorflow_threads"),
     # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
     _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
        "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",

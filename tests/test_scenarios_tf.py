@@ -93,8 +93,8 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     """Cold files read one at a time through a device capped at 2 MB/s: fetch-bound, with
     tf.data fixes; caching the (small) dataset in RAM makes the run faster."""
     data = tmp_path / "data"
-    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "1500", "--size", "32",
-                    "--epochs", "0"], check=True, capture_output=True)
+    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "1500",
+                    "--size", "32", "--epochs", "0"], check=True, capture_output=True)
     wrap = [sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data", str(data),
             "--cgroup", throttled_group, "--"]
     base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",

@@ -42,7 +42,8 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
     p: list[str] = []
     fs = ps = 0
     d = sig.worker_d_share if sig.workers else sig.main_d_share
-    who = "workers" if sig.workers else "the trainer (num_workers=0)"
+    who = ("workers" if sig.workers else "the trainer's threads" if sig.tf_trainer or is_tf(sig)
+           else "the trainer (num_workers=0)")
     if d is not None:
         if d >= 0.25:
             fs += 2
@@ -90,6 +91,13 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         elif wc < 40:
             fs += 1
             f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
+    mc = sig.main_cpu_pct
+    if not sig.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
+        # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
+        # process barely computes
+        fs += 1
+        f.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not "
+                 "computing")
     if sig.worker_runq_pct is not None and sig.worker_runq_pct >= 15:
         ps += 1
         p.append(f"workers waiting for a free CPU {sig.worker_runq_pct:.0f}% of the time "
@@ -325,11 +333,12 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
         # what the trainer itself gets; the device total also counts other processes
         rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
         util = sig.disk_util_median_pct or 0.0
+        who = "workers" if sig.workers else "the trainer's threads"
         fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
-                         f"~{_size(rate * 1024)}/s, device not busy, workers waiting): raise "
+                         f"~{_size(rate * 1024)}/s, device not busy, {who} waiting): raise "
                          "the volume's provisioned throughput/IOPS or lift the I/O limit "
                          "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
-                         f"workers wait on I/O while the device shows {util:.0f}% util and "
+                         f"{who} wait on I/O while the device shows {util:.0f}% util and "
                          f"{aw:.0f} ms await: the limit is above the device"))
     elif dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
@@ -450,6 +459,8 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
     if sig.stall_source is None and sig.gpus == 0:
+        if sig.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
+            return []
         # CPU training without the probe: the trainer process itself is the compute
         fs, _, ps, _ = _fetch_prep_scores(sig)
         if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
@@ -747,6 +758,27 @@ def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
+def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data for a TensorFlow trainer without the probe and without a GPU: tf.data
+    prepares elements on threads inside the trainer process, beside the threads that run the
+    training step, and neither their names nor their CPU tell the two apart (TF 2.21 leaves
+    both on unnamed inter-op threads). The run is never called compute-bound then."""
+    if not sig.tf_trainer or sig.stall_source is not None or sig.gpus:
+        return []
+    return [Finding("insufficient_data", "info", 0.5,
+                    f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data runs "
+                    "its input pipeline on threads inside the trainer, which system metrics "
+                    "cannot tell from the training step's, so whether it waits for data is not "
+                    "known without the probe.",
+                    sig.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
+                                 "disk_util_median_pct"),
+                    [Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
+                         "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
+                         "loop", "the probe times each step's wait for its element inside the "
+                         "train function")],
+                    1.0, "TensorFlow threads (tf_*) in the trainer, no probe, no GPU")]
+
+
 def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
@@ -764,7 +796,7 @@ Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
-    rule_gpu_throttled,
+    rule_tf_blind, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_disk_health,
 )
