@@ -144,9 +144,11 @@ def test_a_second_fit_keeps_one_timed_function(run_dir: Path) -> None:
     from stallscope.probe.keras import _TimedTrainFunction
 
     model = small_model()
-    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
+    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
+              callbacks=[StallscopeCallback()])
     first = model.train_function
-    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
+    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
+              callbacks=[StallscopeCallback()])
     assert isinstance(first, _TimedTrainFunction) and model.train_function is first
     steps, _ = read(run_dir)
     assert len(steps) == 2 * BATCHES
