@@ -26,7 +26,7 @@ from typing import Any
 import keras
 
 from stallscope.integrations import StepHooks, safe_hook
-from stallscope.probe.keras import dataset_config, get_tf_probe, instrument
+from stallscope.probe.keras import _TimedTrainFunction, dataset_config, get_tf_probe, instrument
 from stallscope.probe.recorder import _warn
 
 __all__ = ["StallscopeCallback"]
@@ -77,10 +77,20 @@ class StallscopeCallback(keras.callbacks.Callback):
         self.epoch = int(epoch)
         self._core.begin_epoch(None, self.epoch)
 
+    def _drain(self) -> None:
+        fn = getattr(self.model, "train_function", None)
+        if isinstance(fn, _TimedTrainFunction):
+            fn.drain()
+
+    @safe_hook
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._drain()
+
     @safe_hook
     def on_test_end(self, logs: Any = None) -> None:
         self._core.idle()  # validation is not data wait
 
     @safe_hook
     def on_train_end(self, logs: Any = None) -> None:
+        self._drain()
         self._core.finish()

@@ -53,9 +53,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: steps the in-graph ring holds between two host reads (a call of ``steps_per_execution``
-#: steps must fit: larger values fall back to one record per call)
-RING = 1024
+#: train-function calls between two host reads of the ring (a variable read costs ~0.1 ms on a
+#: busy CPU: once per call would be ~10% of a 1 ms step)
+READ_EVERY = 16
+#: rows of the in-graph ring of timestamps, at least; it is made
+#: ``max(RING, steps_per_execution * (READ_EVERY + 2))`` rows long so that the steps of
+#: ``READ_EVERY`` calls always fit
+RING = 64
 
 
 def is_tf_dataset(obj: Any) -> bool:
@@ -224,21 +228,23 @@ def watch_dataset(ds: Iterable[T], *, rank: int | None = None) -> Any:
 class _StampedIterator:
     """Stands in for a tf.data iterator while Keras' step function is traced: each
     ``get_next`` / ``get_next_as_optional`` gets a timestamp before the request and one after
-    the element, written as a row ``(request, got)`` into ``ring`` (row ``RING`` holds the count
+    the element, written as a row ``(request, got)`` into ``ring`` (its last row holds the count
     of rows written). Everything else goes to the real iterator."""
 
     def __init__(self, it: Any, ring: Any, tf: Any) -> None:
         self._it = it
         self._ring = ring
+        self._rows = int(ring.shape[0]) - 1
         self._tf = tf
 
     def _stamp(self, t0: Any, deps: list[Any]) -> None:
         tf = self._tf
         with tf.control_dependencies(deps):
             t1 = tf.timestamp()
-        n = self._ring[RING, 0]
-        i = tf.cast(n, tf.int32) % RING
-        self._ring.scatter_nd_update([[i], [RING]],
+        rows = self._rows
+        n = self._ring[rows, 0]
+        i = tf.cast(n, tf.int32) % rows
+        self._ring.scatter_nd_update([[i], [rows]],
                                      tf.stack([tf.stack([t0, t1]), tf.stack([n + 1.0, 0.0])]))
 
     def get_next(self) -> Any:
@@ -278,8 +284,10 @@ class _TimedTrainFunction:
         self.hooks = hooks
         self._tf = tf
         self._iter_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.rows = max(RING, spe * (READ_EVERY + 2))
         with tf.device("/CPU:0"):
-            self.ring = tf.Variable(tf.zeros([RING + 1, 2], tf.float64), trainable=False,
+            self.ring = tf.Variable(tf.zeros([self.rows + 1, 2], tf.float64), trainable=False,
                                     name="stallscope_input_stamps")
         py = getattr(step_fn, "python_function", step_fn)
         ring = self.ring
@@ -292,6 +300,7 @@ class _TimedTrainFunction:
             self._fn = tf.function(lambda it: py(_StampedIterator(it, ring, tf)),
                                    reduce_retracing=True)
         self._seen = 0  # rows of the ring already recorded
+        self._calls: list[tuple[float, int | None, int]] = []  # (end, samples, epoch) per call
         self._perf_minus_wall = time.perf_counter() - time.time()
         self.broken = False
 
@@ -304,13 +313,11 @@ class _TimedTrainFunction:
         if hooks is not None and hooks.pending_dataset:
             hooks.describe(getattr(iterator, "_dataset", None))
         opt = self._fn(iterator)
-        t_end = time.time()
-        try:
-            self._record(t_end, hooks.samples if hooks is not None else None,
-                         hooks.epoch if hooks is not None else 0)
-        except Exception as exc:  # the step ran; only its record is lost
-            self.broken = True
-            _warn(f"Keras step timing off: {exc!r}")
+        calls = self._calls
+        calls.append((time.time(), hooks.samples if hooks is not None else None,
+                      hooks.epoch if hooks is not None else 0))
+        if len(calls) >= READ_EVERY:
+            self.drain()
         if not opt.has_value():
             raise StopIteration
         return opt.get_value()
@@ -330,24 +337,47 @@ class _TimedTrainFunction:
             p._step += 1
             p._last_end = t1
 
-    def _record(self, t_end: float, samples: int | None, epoch: int) -> None:
-        ring = self.ring.numpy()
-        n = int(ring[RING, 0])
-        first = max(self._seen, n - RING)
+    def drain(self) -> None:
+        """Read the ring once and record the steps of the calls since the last read (every
+        ``READ_EVERY`` calls, and at the end of each epoch and of training). Never raises:
+        a failure turns the timing off, once, with a message."""
+        calls = self._calls
+        if not calls or self._fn is None:
+            return
+        self._calls = []
+        try:
+            self._record(self.ring.numpy(), calls)
+        except Exception as exc:  # the steps ran; only their records are lost
+            self.broken = True
+            _warn(f"Keras step timing off: {exc!r}")
+
+    def _record(self, ring: Any, calls: list[tuple[float, int | None, int]]) -> None:
+        """One record per ring row since the last read. Rows and calls are both in time order
+        (on the ``time.time`` clock that ``tf.timestamp`` reads): a row belongs to the first
+        call that ended after its element came; its host time runs to the next row's request
+        in the same call, or to the call's end."""
+        rows = self.rows
+        n = int(ring[rows, 0])
+        first = max(self._seen, n - rows)
         p = self.probe
         shift = self._perf_minus_wall
         buf, cap = p._buf, p.capacity
+        c, last = 0, len(calls) - 1
         for j in range(first, n):
-            t0, t1 = ring[j % RING]
-            t_next = ring[(j + 1) % RING, 0] if j + 1 < n else t_end
+            t0, t1 = float(ring[j % rows, 0]), float(ring[j % rows, 1])
+            while c < last and t1 > calls[c][0]:
+                c += 1
+            end, samples, epoch = calls[c]
+            t_next = float(ring[(j + 1) % rows, 0]) if j + 1 < n else end
+            if t_next > end:
+                t_next = end
             cur = p._step = p._step + 1
-            rec = (cur, float(t1) + shift, float(t1 - t0), max(0.0, float(t_next - t1)),
-                   samples, epoch, None, None)
+            rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None)
             if len(buf) < cap:
                 buf.append(rec)
             else:
                 p.dropped += 1
-        p._last_end = t_end + shift
+        p._last_end = calls[-1][0] + shift
         self._seen = n
 
 
