@@ -1,9 +1,10 @@
 """What the Keras/TensorFlow probe costs the trainer (goal: <= 1 % of step time on a cheap step).
 
     .venv/bin/python benchmarks/bench_probe_keras.py            # ~1 min on 2 cores
-    .venv/bin/python benchmarks/bench_probe_keras.py --steps 600 --rounds 9
+    .venv/bin/python benchmarks/bench_probe_keras.py --steps 200 --rounds 61
 
-A/B in one process, interleaved (the order alternates each round), a cheap CPU step (a small
+A/B in one process, in many short interleaved rounds (the order drawn at random each round, so
+that slow swings of other load on the machine hit both sides alike), a cheap CPU step (a small
 dense model on cached, prefetched data: about a millisecond):
 
 - ``fit``: ``model.fit`` without and with ``StallscopeCallback`` (two models of the same shape,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -57,12 +59,13 @@ Timing = tuple[float, float]
 
 def ab(bare: Callable[[], Timing], probed: Callable[[], Timing],
        rounds: int) -> tuple[float, float, float, float]:
-    """Interleaved rounds (order alternating); returns median bare ms/step, median probed
-    ms/step, median per-round wall ratio, median per-round CPU ratio."""
+    """Interleaved rounds (order drawn at random each round); returns median bare ms/step,
+    median probed ms/step, median per-round wall ratio, median per-round CPU ratio."""
     a: list[Timing] = []
     b: list[Timing] = []
-    for r in range(rounds):
-        if r % 2:
+    rng = random.Random(0)
+    for _ in range(rounds):
+        if rng.random() < 0.5:
             b.append(probed())
             a.append(bare())
         else:
@@ -115,8 +118,8 @@ def custom_pair(steps: int, rounds: int) -> tuple[float, float, float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=400, help="steps per timed epoch")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=100, help="steps per timed epoch")
+    ap.add_argument("--rounds", type=int, default=31)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = new_run_dir(Path(tmp), "bench")

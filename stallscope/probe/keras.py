@@ -237,10 +237,12 @@ class _StampedIterator:
         self._rows = int(ring.shape[0]) - 1
         self._tf = tf
 
-    def _stamp(self, t0: Any, deps: list[Any]) -> None:
+    def _stamp(self, t0: Any, deps: list[Any], has: Any = None) -> None:
         tf = self._tf
         with tf.control_dependencies(deps):
             t1 = tf.timestamp()
+        if has is not None:  # the end of the data is no step: its row is marked with -t1
+            t1 = tf.where(has, t1, -t1)
         rows = self._rows
         n = self._ring[rows, 0]
         i = tf.cast(n, tf.int32) % rows
@@ -261,12 +263,7 @@ class _StampedIterator:
         with tf.control_dependencies([t0]):
             o = self._it.get_next_as_optional()
         has = o.has_value()
-
-        def stamp() -> Any:
-            self._stamp(t0, [has, *tf.nest.flatten(o, expand_composites=True)])
-            return tf.constant(True)
-
-        tf.cond(has, stamp, lambda: tf.constant(False))  # the end of the data is no step
+        self._stamp(t0, [has, *tf.nest.flatten(o, expand_composites=True)], has)
         return o
 
     def __getattr__(self, name: str) -> Any:
@@ -365,6 +362,8 @@ class _TimedTrainFunction:
         c, last = 0, len(calls) - 1
         for j in range(first, n):
             t0, t1 = float(ring[j % rows, 0]), float(ring[j % rows, 1])
+            if t1 < 0:  # get_next_as_optional() found the end of the data: no step
+                continue
             while c < last and t1 > calls[c][0]:
                 c += 1
             end, samples, epoch = calls[c]
