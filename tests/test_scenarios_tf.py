@@ -22,9 +22,16 @@ pytestmark = pytest.mark.slow
 
 TRAIN = str(ROOT / "examples" / "train_keras.py")
 CONSTRAIN = str(ROOT / "examples" / "constrain.py")
+ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 
 
-def run_tf(tmp_path: Path, train_args: list[str], *, wrap: list[str] = (),
+def record(name: str, **fields: Any) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        f.write(json.dumps({"scenario": name, **fields}) + "\n")
+
+
+def run_tf(name: str, tmp_path: Path, train_args: list[str], *, wrap: list[str] = (),
            data: Path | None = None, seconds: int = 10) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
@@ -40,20 +47,26 @@ def run_tf(tmp_path: Path, train_args: list[str], *, wrap: list[str] = (),
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=60, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
+    top = doc["findings"][0]
+    record(name, verdict=doc["verdict"], stall_fraction=doc["stall_fraction"],
+           samples_per_s=top["evidence"].get("samples_per_s"),
+           fixes=[x["action"] for x in top["fixes"]])
     return doc
 
 
-def speedup(a: dict[str, Any], b: dict[str, Any]) -> float:
+def speedup(name: str, a: dict[str, Any], b: dict[str, Any]) -> float:
     c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
-    return float(json.loads(c.stdout)["speedup"])
+    got = float(json.loads(c.stdout)["speedup"])
+    record(name, measured=got, estimated=a["findings"][0]["est_speedup"])
+    return got
 
 
 def test_prep_bound_map_and_its_fix(tmp_path: Path) -> None:
     """A heavy per-sample map without num_parallel_calls: prep-bound, the probe measured the
     wait inside model.fit's compiled function, and the first fix is the parallel map, which
     makes the run faster."""
-    a = run_tf(tmp_path / "a", ["--prep-cost", "40"])
+    a = run_tf("tf-prep", tmp_path / "a", ["--prep-cost", "40"])
     top = a["findings"][0]
     assert a["verdict"] == "input_bound.prep", top
     assert a["stall_source"] == "probe" and a["stall_fraction"] >= 0.4
@@ -62,14 +75,15 @@ def test_prep_bound_map_and_its_fix(tmp_path: Path) -> None:
     meta = json.loads(Path(a["run"], "meta.json").read_text())
     loader = meta["loader_config"]["0"]["loader"]
     assert loader["loader_type"] == "tf.data" and loader["sequential_maps"] == 2
-    b = run_tf(tmp_path / "b", ["--prep-cost", "40", "--parallel", "--prefetch"])
+    b = run_tf("tf-prep-fixed", tmp_path / "b", ["--prep-cost", "40", "--parallel",
+                                                 "--prefetch"])
     assert b["stall_fraction"] < a["stall_fraction"]
-    assert speedup(a, b) >= 1.1
+    assert speedup("tf-prep-fix", a, b) >= 1.1
 
 
 def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, a wider model: compute-bound, with Keras advice (not torch's)."""
-    doc = run_tf(tmp_path, ["--prep-cost", "0", "--prefetch", "--model", "small",
+    doc = run_tf("tf-compute", tmp_path, ["--prep-cost", "0", "--prefetch", "--model", "small",
                             "--steps-per-execution", "2"])
     top = doc["findings"][0]
     assert doc["verdict"] == "compute_bound", top
@@ -99,13 +113,14 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
             "--cgroup", throttled_group, "--"]
     base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",
             "--cold"]
-    a = run_tf(tmp_path / "a", base, wrap=wrap, data=data)
+    a = run_tf("tf-fetch", tmp_path / "a", base, wrap=wrap, data=data)
     top = a["findings"][0]
     assert a["verdict"] == "input_bound.fetch", top
     actions = [f["action"] for f in top["fixes"]]
     assert any(x.startswith("read files in parallel") for x in actions), actions
     assert any("TFRecord" in x for x in actions), actions
     assert any(x.startswith("add .cache()") for x in actions), actions
-    assert not any("num_workers" in x or "stallscope pack" in x for x in actions), actions
-    b = run_tf(tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap, data=data)
-    assert speedup(a, b) >= 1.1
+    assert not any("num_workers" in x for x in actions), actions
+    b = run_tf("tf-fetch-fixed", tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap,
+               data=data)
+    assert speedup("tf-fetch-fix", a, b) >= 1.1

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import Signals, linear_fit, median, trainer_gpus
-from stallscope.analysis.diagnose.tfdata import is_tf, tf_compute_fix, tf_fetch_fixes, tf_prep_fixes
+from stallscope.analysis.diagnose.tfdata import (
+    is_tf,
+    tf_compute_fix,
+    tf_fetch_fixes,
+    tf_prep_estimate,
+    tf_prep_fixes,
+)
 
 __all__ = ["RULES", "run_rules"]
 
@@ -206,7 +212,10 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     elif not sig.workers and sig.stall_source == "probe":
         ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
                       "cannot split it from compute; the probe's data-wait timing does.")
-    est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
+    if tf and kind.endswith("prep"):
+        est = tf_prep_estimate(sig, _speedup(stall))
+    else:
+        est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
     return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from stallscope.analysis.diagnose.model import Fix, RunData
 from stallscope.analysis.diagnose.signals import Signals
 
-__all__ = ["MANY_FILES", "is_tf", "tf_compute_fix", "tf_fetch_fixes", "tf_prep_fixes"]
+__all__ = ["MANY_FILES", "is_tf", "tf_compute_fix", "tf_fetch_fixes", "tf_prep_estimate",
+           "tf_prep_fixes"]
 
 #: files read one per element from which packing into shards is advised
 MANY_FILES = 1000
@@ -82,6 +83,16 @@ def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
     return fixes
 
 
+def tf_prep_estimate(sig: Signals, bound: float) -> float:
+    """est_speedup of a tf.data prep stall: when maps run one element at a time, making them
+    parallel can use at most the machine's cores (×cores at most), and never more than removing
+    the whole wait (``bound``)."""
+    cores = sig.physical_cores or sig.logical_cores
+    if int(sig.config.get("sequential_maps") or 0) and cores:
+        return round(min(bound, float(cores)), 2)
+    return bound
+
+
 def tf_fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
     """Fixes for input_bound.fetch in a tf.data run (the device-level ones are shared)."""
     cfg = sig.config
@@ -95,9 +106,11 @@ def tf_fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
                          "list", "one read at a time cannot keep a storage device busy; "
                          "parallel reads hide each read's latency"))
     if many:
-        fixes.append(Fix("pack the small files into TFRecord shards (tf.io.TFRecordWriter, "
-                         "100-200 MB each) and read them with tf.data.TFRecordDataset through "
-                         f"interleave(..., num_parallel_calls={_AUTO})",
+        fixes.append(Fix("pack the small files into shards read sequentially: `stallscope pack "
+                         "SRC DST` (WebDataset tar shards, read from tf.data as docs/pack.md "
+                         "shows), or TFRecord shards (tf.io.TFRecordWriter) read with "
+                         f"tf.data.TFRecordDataset through interleave(..., num_parallel_calls="
+                         f"{_AUTO})",
                          f"{files} files read one per element: each pays an open and a "
                          "metadata lookup; shards are read sequentially in large requests"))
     fixes += _cache_fix(data, sig)
