@@ -124,3 +124,13 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     b = run_tf("tf-fetch-fixed", tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap,
                data=data)
     assert speedup("tf-fetch-fix", a, b) >= 1.1
+
+
+def test_unchanged_keras_script_waiting_on_tf_data_is_not_called_healthy(tmp_path: Path) -> None:
+    """The same prep-bound pipeline, no callback: system metrics cannot tell tf.data's threads
+    from the step's, so the verdict must not be compute_bound; the fix names the callback."""
+    doc = run_tf("tf-prep-no-probe", tmp_path, ["--prep-cost", "40", "--no-probe"])
+    assert "compute_bound" not in [f["kind"] for f in doc["findings"]], doc["findings"]
+    assert doc["signals"]["tf_trainer"] is True
+    fixes = [x["action"] for f in doc["findings"] for x in f["fixes"]]
+    assert any("stallscope.integrations.keras.StallscopeCallback()" in x for x in fixes), fixes
