@@ -343,31 +343,32 @@ class _TimedTrainFunction:
             return
         self._calls = []
         try:
-            self._record(self.ring.numpy(), calls)
+            self._record(self.ring.numpy().tolist(), calls)
         except Exception as exc:  # the steps ran; only their records are lost
             self.broken = True
             _warn(f"Keras step timing off: {exc!r}")
 
-    def _record(self, ring: Any, calls: list[tuple[float, int | None, int]]) -> None:
+    def _record(self, ring: list[list[float]], calls: list[tuple[float, int | None, int]]
+                ) -> None:
         """One record per ring row since the last read. Rows and calls are both in time order
         (on the ``time.time`` clock that ``tf.timestamp`` reads): a row belongs to the first
         call that ended after its element came; its host time runs to the next row's request
         in the same call, or to the call's end."""
         rows = self.rows
-        n = int(ring[rows, 0])
+        n = int(ring[rows][0])
         first = max(self._seen, n - rows)
         p = self.probe
         shift = self._perf_minus_wall
         buf, cap = p._buf, p.capacity
         c, last = 0, len(calls) - 1
         for j in range(first, n):
-            t0, t1 = float(ring[j % rows, 0]), float(ring[j % rows, 1])
+            t0, t1 = ring[j % rows]
             if t1 < 0:  # get_next_as_optional() found the end of the data: no step
                 continue
             while c < last and t1 > calls[c][0]:
                 c += 1
             end, samples, epoch = calls[c]
-            t_next = float(ring[(j + 1) % rows, 0]) if j + 1 < n else end
+            t_next = ring[(j + 1) % rows][0] if j + 1 < n else end
             if t_next > end:
                 t_next = end
             cur = p._step = p._step + 1
