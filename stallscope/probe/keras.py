@@ -17,11 +17,12 @@ replaces ``model.train_function`` by one that runs the same Keras step function 
 a stand-in for the iterator, used only while tracing, that puts two ``tf.timestamp()`` ops
 around each ``get_next()`` / ``get_next_as_optional()`` in the graph (the first before the
 request, the second once the element is there, by control dependencies) and writes the pair into
-a ring of a CPU variable. After each call, the host reads that variable once and makes one step
-record per element: ``wait_s`` is the in-graph time the step waited for its element, ``host_s``
-the time from that element to the next request (the last step of a call: to the call's return).
-The per-step cost is two timestamp ops and one scatter into a variable in the graph, and one
-variable read, two clock reads and a few tuples on the host per call.
+a ring of a CPU variable. Every ``READ_EVERY`` calls (and at each epoch's and training's end)
+the host reads that variable once and makes one step record per element: ``wait_s`` is the
+in-graph time the step waited for its element, ``host_s`` the time from that element to the next
+request (the last step of a call: to the call's return). The per-step cost is two timestamp ops
+and one scatter into a variable in the graph; on the host, one clock read and a list append per
+call, and one variable read and a tuple per step every ``READ_EVERY`` calls (docs/probe.md).
 """
 
 from __future__ import annotations
