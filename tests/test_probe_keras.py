@@ -182,3 +182,34 @@ def test_importing_stallscope_does_not_import_tensorflow() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     assert res.returncode == 0, res.stderr
+
+
+def test_run_eagerly_is_timed_too(run_dir: Path) -> None:
+    from stallscope.integrations.keras import StallscopeCallback
+
+    model = small_model()
+    model.compile("sgd", "mse", run_eagerly=True)
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False,
+              callbacks=[StallscopeCallback()])
+    steps, _ = read(run_dir)
+    assert len(steps) == BATCHES
+    assert sorted(s.wait_s for s in steps)[BATCHES // 2] >= 0.8 * SLEEP_S
+
+
+def test_an_unknown_train_function_is_timed_whole_and_said(
+        run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A train function that is not Keras 3's (here: a user's wrapper): one warning, each call
+    recorded whole, training unchanged."""
+    from stallscope.integrations.keras import StallscopeCallback
+
+    model = small_model()
+    model.make_train_function()
+    keras_fn = model.train_function
+    model.train_function = lambda it: keras_fn(it)
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False,
+              callbacks=[StallscopeCallback()])
+    assert "timing whole train calls only" in capsys.readouterr().err
+    steps, _ = read(run_dir)
+    assert len(steps) == BATCHES and all(s.samples == 16 for s in steps)
+    # the input wait shows as compute: the limitation the warning names
+    assert sorted(s.host_s for s in steps)[BATCHES // 2] >= 0.8 * SLEEP_S

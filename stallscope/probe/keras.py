@@ -306,10 +306,10 @@ class _TimedTrainFunction:
         if self.broken or not self.probe.active or not isinstance(iterator, self._iter_types):
             return self.original(iterator)
         hooks = self.hooks
-        if self._fn is None:
-            return self._whole_call(iterator)
         if hooks is not None and hooks.pending_dataset:
             hooks.describe(getattr(iterator, "_dataset", None))
+        if self._fn is None:
+            return self._whole_call(iterator)
         opt = self._fn(iterator)
         calls = self._calls
         calls.append((time.time(), hooks.samples if hooks is not None else None,
