@@ -213,3 +213,51 @@ def test_an_unknown_train_function_is_timed_whole_and_said(
     assert len(steps) == BATCHES and all(s.samples == 16 for s in steps)
     # the input wait shows as compute: the limitation the warning names
     assert sorted(s.host_s for s in steps)[BATCHES // 2] >= 0.8 * SLEEP_S
+
+
+# --- against TensorFlow's own profiler -----------------------------------------------------------
+def _profiler_input_time(logdir: Path) -> tuple[float, int]:
+    """Seconds the host spent in the iterator's GetNext ops (what TF's input-pipeline analysis
+    counts as input time on a CPU host) and how many, from the profiler's XSpace trace."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    [path] = list(logdir.rglob("*.xplane.pb"))
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(path.read_bytes())
+    total, n = 0, 0
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for ev in line.events:
+                name = names.get(ev.metadata_id, "")
+                if name.startswith("IteratorGetNext") and name.endswith("Op::DoCompute"):
+                    total += ev.duration_ps
+                    n += 1
+    return total / 1e12, n
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+def test_input_wait_agrees_with_the_tensorflow_profiler(run_dir: Path, tmp_path: Path,
+                                                        spe: int) -> None:
+    """The same fit, traced by tf.profiler and timed by the callback: the probe's summed wait is
+    the profiler's GetNext time within 10% (+1 ms a step), and both call the run highly
+    input-bound (the Profiler's line: ≥ 20% of step time waiting for input)."""
+    from stallscope.integrations.keras import StallscopeCallback
+
+    model = small_model(spe)
+    cb = StallscopeCallback()
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False, callbacks=[cb])  # traces
+    logdir = tmp_path / "prof"
+    tf.profiler.experimental.start(str(logdir))
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+    tf.profiler.experimental.stop()
+    prof_s, ops = _profiler_input_time(logdir)
+    steps, _ = read(run_dir)
+    mine = [s for s in steps if s.epoch == 0][BATCHES:]  # the profiled fit (its epoch 0 again)
+    assert len(mine) == BATCHES and ops >= BATCHES
+    wait = sum(s.wait_s for s in mine)
+    step = sum(s.wait_s + s.host_s for s in mine)
+    print(f"spe={spe}: probe wait {wait:.4f} s, profiler GetNext {prof_s:.4f} s ({ops} ops), "
+          f"steps {step:.4f} s")
+    assert wait == pytest.approx(prof_s, rel=0.1, abs=0.001 * BATCHES), (wait, prof_s)
+    assert wait / step >= 0.2 and prof_s / step >= 0.2
