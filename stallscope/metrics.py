@@ -236,6 +236,11 @@ METRICS: tuple[Metric, ...] = (
        "rate (line fitted through past checks; the soonest of reallocated/pending/uncorrectable, "
        "NVMe percentage_used and available_spare)", "gauge",
        "stallscope_smart_time_to_threshold_seconds", 86400.0, label="device"),
+    _M("procs", "d_threads", "", "the trainer's threads in state D at the sample "
+       "(/proc/PID/task/*/stat): I/O waits of loader threads the main thread's state misses",
+       "gauge", "stallscope_proc_io_wait_threads"),
+    _M("procs", "tf_threads", "", "the trainer's threads TensorFlow named (tf_*): a "
+       "TensorFlow trainer", "gauge", "stallscope_proc_tensorflow_threads"),
     # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
     _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
        "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",

@@ -386,3 +386,86 @@ def test_epoch_start_stall_is_its_own_finding() -> None:
     assert top["evidence"]["epoch_start_cost_s"] == pytest.approx(2.0, abs=0.01)
     assert top["fixes"][0]["action"] == "persistent_workers=True"
     assert not any(f["kind"].startswith("input_bound.pre") for f in doc["findings"])
+
+
+# --- tf.data runs ----------------------------------------------------------------------------
+MAIN = procs({"100": "main"})
+TF_CFG = {"loader_type": "tf.data", "framework": "tensorflow", "physical_cores": 8,
+          "sequential_maps": 2, "parallel_maps": 0, "prefetch": False, "cache": False,
+          "interleave": False, "reads_files": True, "source_len": 5000, "batch_size": 32}
+
+
+def test_tf_prep_stall_names_tf_data_fixes_not_dataloader_ones() -> None:
+    data = run([
+        ser("host.cpu_pct", "", [30] * N), ser("disk.util_pct", "vda", [2] * N),
+        ser("disk.rkb_s", "vda", [10] * N), ser("disk.r_s", "vda", [1] * N),
+        ser("procs.cpu_pct", "100", [140] * N), ser("procs.d_state", "100", [0] * N),
+        ser("procs.d_threads", "100", [0] * N), ser("procs.tf_threads", "100", [6] * N),
+    ], steps=steps(200, wait=0.060, host=0.020), entities=MAIN, config=TF_CFG,
+        meta={"data_devices": ["vda"]})
+    doc = diagnose(data)
+    assert doc["verdict"] == "input_bound.prep"
+    f = doc["findings"][0]
+    actions = [x["action"] for x in f["fixes"]]
+    assert actions[0] == ("map(..., num_parallel_calls=tf.data.AUTOTUNE) on the 2 map(s) "
+                          "without it")
+    assert "end the pipeline with .prefetch(tf.data.AUTOTUNE)" in actions
+    assert not any("num_workers" in a for a in actions)
+    assert "tf.data" in f["evidence"]["note"]
+    assert f["est_speedup"] == 4.0  # the stall bounds it at 4x; 8 cores would allow 8x
+    two = diagnose(run([ser("host.cpu_pct", "", [30] * N)],
+                         steps=steps(200, wait=0.095, host=0.005), config=TF_CFG | {
+                             "physical_cores": 2}))["findings"][0]
+    assert two["kind"].startswith("input_bound") and two["est_speedup"] == 2.0  # 2 cores
+
+
+def test_tf_fetch_stall_from_reader_threads_in_d_state() -> None:
+    """tf.data reads on the trainer's threads: its main thread is never in D, its threads are;
+    the disk is throttled (flat, low %util). Fetch, with tf.data's fixes and no DataLoader
+    advice."""
+    data = run([
+        ser("host.cpu_pct", "", [20] * N), ser("disk.util_pct", "vda", [3] * N),
+        ser("disk.rkb_s", "vda", [2000] * N), ser("disk.r_s", "vda", [400] * N),
+        ser("disk.rareq_kb", "vda", [5] * N), ser("disk.r_await_ms", "vda", [0.2] * N),
+        ser("host.mem_available_mib", "", [20000] * N),
+        ser("procs.cpu_pct", "100", [25] * N), ser("procs.d_state", "100", [0] * N),
+        ser("procs.d_threads", "100", [1, 1, 0] * 10), ser("procs.tf_threads", "100", [6] * N),
+    ], steps=steps(100, wait=0.08, host=0.02), entities=MAIN,
+        config=TF_CFG | {"sequential_maps": 1},
+        meta={"data_devices": ["vda"], "dataset_bytes": 60_000_000})
+    doc = diagnose(data)
+    assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
+    f = doc["findings"][0]
+    assert f["evidence"]["score_fetch"] > f["evidence"]["score_prep"]
+    assert "the trainer's threads in D state" in " ".join(f["evidence"]["signals"])
+    actions = [x["action"] for x in f["fixes"]]
+    assert any(a.startswith("read files in parallel") for a in actions)
+    assert any("`stallscope pack SRC DST`" in a and "tf.data.TFRecordDataset" in a
+               for a in actions)
+    assert any(a.startswith("add .cache()") for a in actions)
+    assert not any("num_workers" in a for a in actions), actions
+
+
+def test_tf_compute_bound_gets_keras_advice() -> None:
+    data = run([ser("host.cpu_pct", "", [90] * N)], steps=steps(100, wait=0.001, host=0.05),
+               config=TF_CFG | {"prefetch": True})
+    doc = diagnose(data)
+    assert doc["verdict"] == "compute_bound"
+    action = doc["findings"][0]["fixes"][0]["action"]
+    assert "jit_compile=True" in action and "torch" not in action
+
+
+def test_tf_trainer_without_probe_is_never_called_compute_bound() -> None:
+    """Without the probe a busy TensorFlow trainer may be waiting on its own tf.data threads:
+    no compute_bound verdict; the same process without TensorFlow threads is."""
+    base = [ser("host.cpu_pct", "", [50] * N), ser("disk.util_pct", "vda", [40] * N),
+            ser("disk.rkb_s", "vda", [5000] * N),
+            ser("procs.cpu_pct", "100", [95] * N), ser("procs.d_state", "100", [0] * N)]
+    plain = diagnose(run(base, entities=MAIN, meta={"data_devices": ["vda"]}))
+    assert plain["verdict"] == "compute_bound"
+    tf = diagnose(run([*base, ser("procs.tf_threads", "100", [6] * N)], entities=MAIN,
+                      meta={"data_devices": ["vda"]}))
+    assert "compute_bound" not in kinds(tf)
+    assert tf["verdict"] == "insufficient_data"
+    fix = tf["findings"][0]["fixes"][0]["action"]
+    assert "stallscope.integrations.keras.StallscopeCallback()" in fix

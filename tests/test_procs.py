@@ -13,7 +13,14 @@ import psutil
 import pytest
 
 from stallscope.errors import ParseError, SourceUnavailable
-from stallscope.sources.procs import ProcsSource, parse_pid_io, parse_pid_stat, parse_schedstat
+from stallscope.sources.procs import (
+    ProcsSource,
+    ThreadStates,
+    parse_pid_io,
+    parse_pid_stat,
+    parse_schedstat,
+    thread_states,
+)
 
 PID = Path(__file__).parent / "fixtures" / "proc-kernel-6" / "pid-self"
 
@@ -145,3 +152,45 @@ def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
     # a plain `python train.py` root with workers stays main
     plain = [_ent(20, 1, "python", "main"), _ent(21, 20, "python")]
     assert infer_roles(plain) == {"20": "main", "21": "worker"}
+
+
+def test_thread_states_counts_d_and_tensorflow_threads() -> None:
+    stats = ["100 (python) S 1 100", "101 (tf_Compute) R 1 100", "102 (tf_data (x)) D 1 100",
+             "103 (python) D 1 100", "garbage"]
+    assert thread_states(stats) == ThreadStates(d=2, tf=2)
+    assert thread_states([]) == ThreadStates(0, 0)
+
+
+THREADED = textwrap.dedent("""
+    import sys, threading, time
+    ready = threading.Event()
+    def named():
+        # what TensorFlow does for its pools: the OS-level thread name
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write("tf_Compute")
+        ready.set()
+        time.sleep(60)
+    threading.Thread(target=named, daemon=True).start()
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    ready.wait()
+    print("ok", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_real_threads_of_the_trainer() -> None:
+    """The trainer's threads are read from /proc/PID/task: a thread named like TensorFlow's
+    pools is counted; none of three sleeping threads is in D."""
+    p = subprocess.Popen([sys.executable, "-c", THREADED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ok"
+        src = ProcsSource(p.pid)
+        src.open()
+        out = src.sample(time.time())
+        assert out is not None
+        rec = out[str(p.pid)]
+        assert rec["threads"] == 3
+        assert rec["tf_threads"] == 1 and rec["d_threads"] == 0
+    finally:
+        p.kill()
+        p.wait()

@@ -2,6 +2,10 @@
 
 - PyTorch Lightning: ``Trainer(callbacks=[stallscope.integrations.lightning.StallscopeCallback()])``
 - Hugging Face: ``Trainer(..., callbacks=[stallscope.integrations.hf.StallscopeCallback()])``
+- Keras 3 (TensorFlow backend):
+  ``model.fit(..., callbacks=[stallscope.integrations.keras.StallscopeCallback()])``; it times
+  each step's input wait inside the compiled train function (:mod:`stallscope.probe.keras`)
+  instead of between hooks
 
 Each module imports its framework only when imported itself. The callbacks time steps between
 the framework's hooks with :class:`stallscope.probe.StepTimer` (data wait = time since the

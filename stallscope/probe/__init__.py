@@ -38,7 +38,11 @@ The package is split so that other frameworks reuse the recording without PyTorc
   thread, close/atexit, typed :class:`StepRecord`, the :class:`DeviceTimer` interface,
   :class:`StepTimer`); it never imports a framework.
 - :mod:`stallscope.probe.pytorch`: the PyTorch adapter (:func:`watch`, :func:`h2d`,
-  :func:`step`, :class:`Probe`, DataLoader configuration, CUDA events).
+  :func:`step`, :class:`Probe`, DataLoader configuration, CUDA events). :func:`watch` hands a
+  ``tf.data.Dataset`` to the TensorFlow adapter.
+- :mod:`stallscope.probe.keras`: the TensorFlow adapter (:class:`TFProbe`, the tf.data pipeline's
+  shape in :func:`dataset_config`, ``model.fit``'s timed train function); it imports TensorFlow
+  only inside its functions.
 - :mod:`stallscope.probe.standalone`: the monitored session the probe starts for itself when
   ``stallscope run`` is not watching.
 
@@ -48,6 +52,7 @@ stay as they were.
 
 from __future__ import annotations
 
+from stallscope.probe.keras import TFProbe, dataset_config
 from stallscope.probe.pytorch import (
     CudaTimer,
     Probe,
@@ -94,8 +99,10 @@ __all__ = [
     "Recorder",
     "StepRecord",
     "StepTimer",
+    "TFProbe",
     "Watched",
     "batch_size_of",
+    "dataset_config",
     "detect_rank",
     "get_probe",
     "h2d",

@@ -376,7 +376,13 @@ def watch(loader: Iterable[T], *, rank: int | None = None) -> Watched[T]:
     """Wrap ``loader`` so every step is timed: ``for batch in stallscope.watch(loader): ...``.
 
     Each ``for`` over the wrapper is one epoch. ``rank`` defaults to torch.distributed's rank,
-    else ``$RANK``, else 0."""
+    else ``$RANK``, else 0. A ``tf.data.Dataset`` (iterated eagerly in a custom loop) gets
+    the TensorFlow adapter's recorder (:mod:`stallscope.probe.keras`)."""
+    if "tensorflow" in sys.modules:
+        from stallscope.probe.keras import is_tf_dataset, watch_dataset
+
+        if is_tf_dataset(loader):
+            return watch_dataset(loader, rank=rank)
     return Watched(loader, get_probe(rank))
 
 

@@ -97,6 +97,29 @@ def parse_pid_stat(text: str) -> ProcStat:
         raise ParseError(f"unexpected /proc/PID/stat: {text[:80]!r}") from exc
 
 
+class ThreadStates(NamedTuple):
+    """A process's threads at one sample."""
+
+    d: int  #: threads in state D (waiting on I/O)
+    tf: int  #: threads TensorFlow named (``tf_Compute``, ``tf_graph_runner``...)
+
+
+def thread_states(stats: list[str]) -> ThreadStates:
+    """Count the threads in D and TensorFlow's threads from ``/proc/PID/task/*/stat`` texts
+    (state is the field after the last ``)``, comm what the parentheses hold). Unparsable
+    texts are skipped."""
+    d = tf = 0
+    for text in stats:
+        lp, rp = text.find("("), text.rfind(")")
+        if lp < 0 or rp < lp:
+            continue
+        if text[rp + 2:rp + 3] == "D":
+            d += 1
+        if text[lp + 1:rp].startswith("tf_"):
+            tf += 1
+    return ThreadStates(d, tf)
+
+
 def parse_pid_io(text: str) -> ProcIo:
     fields: dict[str, int] = {}
     for line in text.splitlines():
@@ -283,6 +306,25 @@ class ProcsSource(Source):
     def _role(self, pid: int) -> str:
         return "main" if pid == self.root_pid else "worker"
 
+    def _threads(self, pid: int) -> ThreadStates | None:
+        """The trainer's threads (``/proc/PID/task/*/stat``): how many are in D and how many
+        TensorFlow named (``tf_*``). A thread that exits between listing and reading is
+        skipped."""
+        try:
+            tids = os.listdir(os.path.join(self.proc_root, str(pid), "task"))
+        except OSError:
+            return None
+        return thread_states(self._task_stats(pid, tids))
+
+    def _task_stats(self, pid: int, tids: list[str]) -> list[str]:
+        out = []
+        for tid in tids:
+            try:
+                out.append(self._read(str(pid), "task", tid, "stat"))
+            except OSError:
+                continue
+        return out
+
     def _sample_one(self, pid: int) -> dict[str, Any] | None:
         try:
             text = self._pread(pid, "stat")
@@ -341,6 +383,11 @@ class ProcsSource(Source):
             "rss_mib": round(st.rss_pages * _PAGE / 1048576, 1),
             "threads": st.threads,
         }
+        if st.threads > 1 and rec["role"] == "main":
+            ts = self._threads(pid)
+            if ts is not None:
+                rec["d_threads"] = ts.d
+                rec["tf_threads"] = ts.tf
         if prev is None or prev.starttime != st.starttime:
             return rec  # new, or a pid reused by another process: a new baseline, not a reset
         dt = t - prev.ts

@@ -14,6 +14,13 @@ from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import Signals, linear_fit, median, trainer_gpus
+from stallscope.analysis.diagnose.tfdata import (
+    is_tf,
+    tf_compute_fix,
+    tf_fetch_fixes,
+    tf_prep_estimate,
+    tf_prep_fixes,
+)
 
 __all__ = ["RULES", "run_rules"]
 
@@ -41,7 +48,8 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
     p: list[str] = []
     fs = ps = 0
     d = sig.worker_d_share if sig.workers else sig.main_d_share
-    who = "workers" if sig.workers else "the trainer (num_workers=0)"
+    who = ("workers" if sig.workers else "the trainer's threads" if sig.tf_trainer or is_tf(sig)
+           else "the trainer (num_workers=0)")
     if d is not None:
         if d >= 0.25:
             fs += 2
@@ -89,6 +97,13 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         elif wc < 40:
             fs += 1
             f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
+    mc = sig.main_cpu_pct
+    if not sig.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
+        # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
+        # process barely computes
+        fs += 1
+        f.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not "
+                 "computing")
     if sig.worker_runq_pct is not None and sig.worker_runq_pct >= 15:
         ps += 1
         p.append(f"workers waiting for a free CPU {sig.worker_runq_pct:.0f}% of the time "
@@ -171,8 +186,13 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     if reasons:
         joined = "; ".join(reasons[:2])
         summary += " " + joined[:1].upper() + joined[1:] + "."
-    fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
-    fixes += _loader_fixes(sig)
+    tf = is_tf(sig)
+    if tf:  # a tf.data pipeline: its own knobs, not DataLoader arguments
+        fixes = (_fetch_fixes(data, sig, tf=True) + tf_fetch_fixes(data, sig)
+                 if kind.endswith("fetch") else tf_prep_fixes(data, sig))
+    else:
+        fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
+        fixes += _loader_fixes(sig)
     rule = (f"data wait {_pct(stall)} ≥ {STALL_WARN:.0%}; fetch score {fs} vs prep score {ps}"
             if sig.stall_source == "probe" else
             f"GPU idle {_pct(stall)} ≥ 30%; fetch score {fs} vs prep score {ps}"
@@ -185,10 +205,17 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
                          "per step", "without the probe the stall is estimated from system "
                          "metrics only (lower confidence)"))
-    if not sig.workers and sig.stall_source == "probe":
+    if tf and sig.stall_source == "probe":
+        ev["note"] = ("tf.data prepares elements on threads inside the trainer process: the "
+                      "probe times each step's wait for its element inside the train "
+                      "function, which system metrics alone cannot split from compute.")
+    elif not sig.workers and sig.stall_source == "probe":
         ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
                       "cannot split it from compute; the probe's data-wait timing does.")
-    est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
+    if tf and kind.endswith("prep"):
+        est = tf_prep_estimate(sig, _speedup(stall))
+    else:
+        est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
     return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
 
 
@@ -300,7 +327,9 @@ def _gain_note(sig: Signals, target: int) -> str:
             f"each and {spare:.1f} core(s) sat idle")
 
 
-def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
+def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
+    """Fixes for a fetch stall. ``tf``: only the storage-level ones (the tf.data pipeline's
+    own come from :func:`~stallscope.analysis.diagnose.tfdata.tf_fetch_fixes`)."""
     fixes: list[Fix] = []
     dev = sig.device
     info = data.device_info().get(dev or "", {})
@@ -313,19 +342,23 @@ def _fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
         # what the trainer itself gets; the device total also counts other processes
         rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
         util = sig.disk_util_median_pct or 0.0
+        who = "workers" if sig.workers else "the trainer's threads"
         fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
-                         f"~{_size(rate * 1024)}/s, device not busy, workers waiting): raise "
+                         f"~{_size(rate * 1024)}/s, device not busy, {who} waiting): raise "
                          "the volume's provisioned throughput/IOPS or lift the I/O limit "
                          "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
-                         f"workers wait on I/O while the device shows {util:.0f}% util and "
+                         f"{who} wait on I/O while the device shows {util:.0f}% util and "
                          f"{aw:.0f} ms await: the limit is above the device"))
     elif dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
                                        f"{sig.disk_util_median_pct:.0f}% util"
                                        if sig.disk_util_median_pct is not None else "") if x)
-        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe, or pack it "
-                         "with `stallscope pack SRC DST` to read sequentially",
+        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
+                         + ("" if tf else
+                            ", or pack it with `stallscope pack SRC DST` to read sequentially"),
                          "the device serves reads too slowly for the trainer"))
+    if tf:
+        return fixes
     rq = sig.disk_rareq_kb_median
     if rq is not None and rq < 64 and (sig.disk_r_s_median or 0) > 50:
         fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
@@ -435,6 +468,8 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
     if sig.stall_source is None and sig.gpus == 0:
+        if sig.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
+            return []
         # CPU training without the probe: the trainer process itself is the compute
         fs, _, ps, _ = _fetch_prep_scores(sig)
         if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
@@ -481,7 +516,8 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
         return []
     gpu = (f", GPU busy {sig.gpu_util_median_pct:.0f}%" if sig.gpu_util_median_pct is not None
            else "")
-    fixes = [Fix("nothing to fix in the input pipeline; to go faster, make the model step "
+    fixes = [tf_compute_fix() if is_tf(sig) else
+             Fix("nothing to fix in the input pipeline; to go faster, make the model step "
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
     return [Finding("compute_bound", "info", 0.85,
@@ -731,6 +767,27 @@ def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
+def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data for a TensorFlow trainer without the probe and without a GPU: tf.data
+    prepares elements on threads inside the trainer process, beside the threads that run the
+    training step, and neither their names nor their CPU tell the two apart (TF 2.21 leaves
+    both on unnamed inter-op threads). The run is never called compute-bound then."""
+    if not sig.tf_trainer or sig.stall_source is not None or sig.gpus:
+        return []
+    return [Finding("insufficient_data", "info", 0.5,
+                    f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data runs "
+                    "its input pipeline on threads inside the trainer, which system metrics "
+                    "cannot tell from the training step's, so whether it waits for data is not "
+                    "known without the probe.",
+                    sig.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
+                                 "disk_util_median_pct"),
+                    [Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
+                         "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
+                         "loop", "the probe times each step's wait for its element inside the "
+                         "train function")],
+                    1.0, "TensorFlow threads (tf_*) in the trainer, no probe, no GPU")]
+
+
 def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
@@ -748,7 +805,7 @@ Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
-    rule_gpu_throttled,
+    rule_tf_blind, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_disk_health,
 )

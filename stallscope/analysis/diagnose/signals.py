@@ -91,6 +91,8 @@ class Signals:
     #: share; the rest it waited, for data above all)
     main_thread_busy_share: float | None = None
     main_d_share: float | None = None
+    #: the trainer runs TensorFlow (threads named tf_*): tf.data works on its threads
+    tf_trainer: bool = False
     main_read_kb_s: float | None = None
     # --- dataset device ---
     device: str | None = None
@@ -358,6 +360,11 @@ def _proc_signals(sig: Signals, data: RunData) -> None:
     sig.main_cpu_pct = _r(mean(mcpu))
     sig.main_thread_busy_share = _main_thread_busy(data, wcpu)
     sig.main_d_share = _share(_procs(data, "procs.d_state", "main"))
+    # any thread of the trainer in D (tf.data and threaded decoders read on their own threads)
+    dt = [min(1.0, v) for s in _procs(data, "procs.d_threads", "main") for v in s.v]
+    if dt:
+        sig.main_d_share = max(sig.main_d_share or 0.0, round(sum(dt) / len(dt), 3))
+    sig.tf_trainer = any(v > 0 for s in _procs(data, "procs.tf_threads", "main") for v in s.v)
     mr = _by_ts_sum(_procs(data, "procs.read_kb_s", "main"))
     sig.main_read_kb_s = _r(mean(list(mr.values())), 1)
 

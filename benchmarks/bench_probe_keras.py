@@ -1,0 +1,179 @@
+"""What the Keras/TensorFlow probe costs the trainer (goal: <= 1 % of step time on a cheap step).
+
+    .venv/bin/python benchmarks/bench_probe_keras.py            # ~70 s on 2 cores
+    .venv/bin/python benchmarks/bench_probe_keras.py --width 64 --steps 200   # ~1 ms steps
+
+A/B in one process, in many short interleaved rounds (the order drawn at random each round, so
+that slow swings of other load on the machine hit both sides alike), a cheap CPU step (a
+dense model on cached, prefetched data: ~5 ms by default, the cheap step of
+benchmarks/bench_probe.py; ``--width 64`` gives ~1 ms):
+
+- ``fit``: ``model.fit`` without and with ``StallscopeCallback`` (two models of the same shape,
+  both traced before timing); per-step time = one epoch's wall time / steps.
+- ``fit spe=4``: the same with ``steps_per_execution=4``.
+- ``custom``: a ``tf.function`` step over the dataset iterated bare and through
+  ``stallscope.watch(dataset)``.
+- ``train fn``: the training thread's cost alone: ``model.train_function(iterator)`` called
+  directly, Keras' own vs the instrumented one (fit's callbacks and epoch set-up left out).
+
+Each round runs both sides once; its ratio is probed / bare, and the printed ratio is the median
+over rounds, for wall time and for the process's CPU time (``time.process_time``: all its threads;
+on a shared machine wall time swings with other load, CPU time much less). The probe reports into
+a run directory as under ``stallscope run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import tensorflow as tf
+
+from stallscope.store import RunStore, new_run_dir
+
+#: hidden width of the model: 1024 gives a ~5 ms CPU step here (the cheap step of
+#: benchmarks/bench_probe.py); ``--width 64`` a ~1 ms one
+WIDTH = 1024
+
+
+def dataset(steps: int) -> Any:
+    x = tf.random.uniform([32 * steps, 32])
+    return tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32).cache().prefetch(4)
+
+
+def model(spe: int, width: int) -> Any:
+    m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(width, activation="relu"),
+                          keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+    m.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=spe)
+    return m
+
+
+#: (wall s, CPU s) per step of one side of a round
+Timing = tuple[float, float]
+
+
+def ab(bare: Callable[[], Timing], probed: Callable[[], Timing],
+       rounds: int) -> tuple[float, float, float, float]:
+    """Interleaved rounds (order drawn at random each round); returns median bare ms/step,
+    median probed ms/step, median per-round wall ratio, median per-round CPU ratio."""
+    a: list[Timing] = []
+    b: list[Timing] = []
+    rng = random.Random(0)
+    for _ in range(rounds):
+        if rng.random() < 0.5:
+            b.append(probed())
+            a.append(bare())
+        else:
+            a.append(bare())
+            b.append(probed())
+    return (statistics.median(x[0] for x in a) * 1e3, statistics.median(x[0] for x in b) * 1e3,
+            statistics.median(y[0] / x[0] for x, y in zip(a, b)),
+            statistics.median(y[1] / x[1] for x, y in zip(a, b)))
+
+
+def fit_pair(steps: int, rounds: int, spe: int) -> tuple[float, float, float, float]:
+    from stallscope.integrations.keras import StallscopeCallback
+
+    ds = dataset(steps)
+    bare, probed = model(spe, WIDTH), model(spe, WIDTH)
+    cb = StallscopeCallback()
+
+    def run(m: Any, cbs: list[Any]) -> Timing:
+        t0, c0 = time.perf_counter(), time.process_time()
+        m.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=cbs)
+        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+
+    run(bare, []), run(probed, [cb])  # trace both
+    return ab(lambda: run(bare, []), lambda: run(probed, [cb]), rounds)
+
+
+def train_fn_pair(steps: int, rounds: int) -> tuple[float, float, float, float]:
+    from stallscope.probe.keras import get_tf_probe, instrument
+
+    ds = dataset(steps).repeat()
+    bare, probed = model(1, WIDTH), model(1, WIDTH)
+    for m in (bare, probed):
+        m.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)  # builds and traces
+    probe = get_tf_probe()
+    assert probe is not None and instrument(probed, probe)
+    it = iter(ds)
+    fa, fb = bare.train_function, probed.train_function
+    fa(it), fb(it)
+
+    def run(f: Any) -> Timing:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            f(it)
+        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+
+    return ab(lambda: run(fa), lambda: run(fb), rounds)
+
+
+def custom_pair(steps: int, rounds: int) -> tuple[float, float, float, float]:
+    import stallscope
+
+    ds = dataset(steps)
+    m = model(1, WIDTH)
+    opt = keras.optimizers.SGD(0.01)
+
+    @tf.function
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((m(x) - y) ** 2)
+        opt.apply(tape.gradient(loss, m.trainable_variables), m.trainable_variables)
+        return loss
+
+    def run(it: Any) -> Timing:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for x, y in it:
+            step(x, y)
+        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+
+    run(ds)
+    return ab(lambda: run(ds), lambda: run(stallscope.watch(ds)), rounds)
+
+
+def main() -> int:
+    global WIDTH
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="steps per timed epoch")
+    ap.add_argument("--rounds", type=int, default=31)
+    ap.add_argument("--width", type=int, default=1024, help="hidden width (step cost)")
+    args = ap.parse_args()
+    WIDTH = args.width
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = new_run_dir(Path(tmp), "bench")
+        RunStore(run_dir / "run.db").close()
+        os.environ["STALLSCOPE_RUN_DIR"] = str(run_dir)
+        print(f"tensorflow {tf.__version__}, keras {keras.__version__}, {os.cpu_count()} CPUs; "
+              f"{args.steps} steps x {args.rounds} rounds per side")
+        worst = 0.0
+        for name, (a, b, wall, cpu) in (("fit", fit_pair(args.steps, args.rounds, 1)),
+                                        ("fit spe=4", fit_pair(args.steps, args.rounds, 4)),
+                                        ("custom", custom_pair(args.steps, args.rounds)),
+                                        ("train fn", train_fn_pair(args.steps, args.rounds))):
+            worst = max(worst, cpu)
+            print(f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
+                  f"wall ratio {wall:.4f}  CPU ratio {cpu:.4f} ({(cpu - 1) * 100:+.2f} %, "
+                  f"{(cpu - 1) * a * 1e3:+.0f} µs/step)")
+        from stallscope.probe.recorder import reset
+
+        reset()
+        print(f"worst CPU ratio {worst:.4f} (goal <= 1.01)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""tf.data fixes: what to change in a TensorFlow input pipeline, from the shape the probe recorded.
+
+The TensorFlow adapter of the probe (:func:`stallscope.probe.keras.dataset_config`) keeps the
+pipeline's knobs in the probe configuration (``loader_type`` ``"tf.data"``, ``sequential_maps``,
+``prefetch``, ``cache``, ``interleave``, ``reads_files``, ``source_len``...). When a run is a
+tf.data run, the input-bound findings name these fixes instead of DataLoader arguments. Pure
+functions of the signals (and the run's recorded dataset size): docs/diagnosis.md lists them.
+"""
+
+from __future__ import annotations
+
+from stallscope.analysis.diagnose.model import Fix, RunData
+from stallscope.analysis.diagnose.signals import Signals
+
+__all__ = ["MANY_FILES", "is_tf", "tf_compute_fix", "tf_fetch_fixes", "tf_prep_estimate",
+           "tf_prep_fixes"]
+
+#: files read one per element from which packing into shards is advised
+MANY_FILES = 1000
+
+_AUTO = "tf.data.AUTOTUNE"
+
+
+def is_tf(sig: Signals) -> bool:
+    """The probe saw a tf.data pipeline (the TensorFlow adapter recorded it)."""
+    return sig.config.get("loader_type") == "tf.data"
+
+
+def _size(n: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fits_in_ram(data: RunData, sig: Signals) -> str | None:
+    """'36 MB < 5.1 GB available' when the dataset (``--data``) fits comfortably in RAM."""
+    size = data.dataset_bytes
+    avail = sig.mem_available_min_mib
+    if size and avail and size / 1048576 < 0.5 * avail:
+        return f"{_size(size)} < {_size(avail * 1048576)} available"
+    return None
+
+
+def _cache_fix(data: RunData, sig: Signals) -> list[Fix]:
+    cfg = sig.config
+    fits = _fits_in_ram(data, sig)
+    if cfg.get("cache") or fits is None:
+        return []
+    return [Fix("add .cache() after the read/decode map (before random augmentation)",
+                f"the dataset fits in memory ({fits}): after the first epoch every element "
+                "comes from RAM instead of being read and decoded again")]
+
+
+def _prefetch_fix(sig: Signals) -> list[Fix]:
+    if sig.config.get("prefetch"):
+        return []
+    return [Fix(f"end the pipeline with .prefetch({_AUTO})",
+                "no prefetch in the pipeline: without one the next batch is only prepared "
+                "while the step waits for it (TensorFlow may inject one on its own when the "
+                "inject_prefetch optimization is on; an explicit one makes it certain)")]
+
+
+def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
+    """Fixes for input_bound.prep in a tf.data run."""
+    cfg = sig.config
+    fixes: list[Fix] = []
+    seq = int(cfg.get("sequential_maps") or 0)
+    cores = sig.physical_cores or sig.logical_cores
+    if seq:
+        fixes.append(Fix(f"map(..., num_parallel_calls={_AUTO}) on the {seq} map(s) without it",
+                         f"a map without num_parallel_calls transforms one element at a time "
+                         f"on one thread{f' ({cores} cores here)' if cores else ''}"))
+    fixes += _cache_fix(data, sig)
+    fixes += _prefetch_fix(sig)
+    if not seq:
+        busy = sig.host_cpu_median_pct
+        fixes.append(Fix("make per-sample work cheaper: decode at lower resolution, move "
+                         "augmentation into the model (Keras preprocessing layers run on the "
+                         "accelerator), or preprocess once offline and cache() the result",
+                         "every map already runs in parallel"
+                         + (f" and the CPUs are {busy:.0f}% busy" if busy is not None else "")))
+    return fixes
+
+
+def tf_prep_estimate(sig: Signals, bound: float) -> float:
+    """est_speedup of a tf.data prep stall: when maps run one element at a time, making them
+    parallel can use at most the machine's cores (×cores at most), and never more than removing
+    the whole wait (``bound``)."""
+    cores = sig.physical_cores or sig.logical_cores
+    if int(sig.config.get("sequential_maps") or 0) and cores:
+        return round(min(bound, float(cores)), 2)
+    return bound
+
+
+def tf_fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
+    """Fixes for input_bound.fetch in a tf.data run (the device-level ones are shared)."""
+    cfg = sig.config
+    fixes: list[Fix] = []
+    files = cfg.get("source_len")
+    many = isinstance(files, int) and files >= MANY_FILES and cfg.get("reads_files")
+    if cfg.get("reads_files") and (int(cfg.get("sequential_maps") or 0)
+                                   and not cfg.get("interleave")):
+        fixes.append(Fix(f"read files in parallel: map(read, num_parallel_calls={_AUTO}), or "
+                         f"interleave(..., num_parallel_calls={_AUTO}) over shards of the file "
+                         "list", "one read at a time cannot keep a storage device busy; "
+                         "parallel reads hide each read's latency"))
+    if many:
+        fixes.append(Fix("pack the small files into shards read sequentially: `stallscope pack "
+                         "SRC DST` (WebDataset tar shards, read from tf.data as docs/pack.md "
+                         "shows), or TFRecord shards (tf.io.TFRecordWriter) read with "
+                         f"tf.data.TFRecordDataset through interleave(..., num_parallel_calls="
+                         f"{_AUTO})",
+                         f"{files} files read one per element: each pays an open and a "
+                         "metadata lookup; shards are read sequentially in large requests"))
+    fixes += _cache_fix(data, sig)
+    fixes += _prefetch_fix(sig)
+    return fixes
+
+
+def tf_compute_fix() -> Fix:
+    """The healthy verdict's advice for a Keras run."""
+    return Fix("nothing to fix in the input pipeline; to go faster, make the model step "
+               "cheaper (mixed precision: keras.mixed_precision.set_global_policy"
+               "('mixed_float16'), a larger batch, model.compile(..., jit_compile=True))",
+               "the step is compute time, not waiting")
