@@ -9,7 +9,7 @@
 * ``small_files``: 4,000 small files (12 KiB), each evicted from the page cache before it is
   read (``posix_fadvise(DONTNEED)``), so every read goes to the device: latency-bound reads
   that parallel workers overlap.
-* ``mixed``: cold small files and a lighter transform.
+* ``mixed``: cold small files and half the transform of ``cpu_heavy``.
 * ``loader``: ``cpu_heavy`` inside a DataLoader as a user would have written it (1 worker,
   no persistent workers): the baseline is the configuration as given.
 * ``step``: a training step of a small convolutional network (the consumer), for ``--step``.
@@ -96,7 +96,7 @@ def small_files() -> Blurred:
 
 
 def mixed() -> Blurred:
-    return Blurred(passes=PASSES // 3, files=data_dir(), cold=True)
+    return Blurred(passes=PASSES // 2, files=data_dir(), cold=True)
 
 
 def loader() -> DataLoader[Any]:

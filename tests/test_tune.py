@@ -8,6 +8,7 @@ to an exhaustive grid, and how fast, is a benchmark: benchmarks/bench_tune.py.""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import textwrap
@@ -72,7 +73,9 @@ def test_table_and_bound_in_text(tmp_path: Path) -> None:
     assert "num_workers=0" in out and "num_workers=1" in out
     assert "num_workers=2" not in out  # --max-workers caps the ladder
     assert "bound: " in out and "recommended:" in out
-    assert "DataLoader(dataset, batch_size=32, num_workers=1" in out
+    # without a step, one worker does what the trainer did alone: 0 and 1 are a close call
+    m = re.search(r"DataLoader\(dataset, batch_size=32, num_workers=(\d)", out)
+    assert m is not None and int(m.group(1)) <= 1, out
     assert "trying num_workers=1" in r.stderr  # progress, on stderr only
 
 

@@ -121,6 +121,8 @@ def print_result(result: TuneResult, console: Console) -> None:
         is_best = t.status == "ok" and {k: v for k, v in cfg.items()
                                         if k != "persistent_workers"} == best_cfg
         note = "best" if is_best else ("" if t.status == "ok" else t.status)
+        if t.repeats > 1:
+            note = f"{note} (mean of {t.repeats})".strip()
         table.add_row(
             _config_text(cfg),
             f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-",

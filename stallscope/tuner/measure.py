@@ -31,6 +31,8 @@ class Trial:
     data_wait_share: float | None = None
     #: CPU of this process and its workers, % of one core
     cpu_pct: float | None = None
+    #: CPU of the DataLoader workers alone, % of one core per worker (None without workers)
+    worker_cpu_pct: float | None = None
     #: RSS of this process and its workers together, MiB (peak of the samples)
     rss_mib: float | None = None
     #: the largest worker's RSS, MiB (what one more worker costs)
@@ -48,6 +50,23 @@ class Trial:
     batches: int = 0
     samples: int = 0
     seconds: float = 0.0
+    #: measurements averaged into the figures (close contenders are measured twice)
+    repeats: int = 1
+
+    def merge(self, again: Trial) -> None:
+        """Average a second measurement of the same configuration into this one."""
+        n = self.repeats
+        for name in ("samples_per_s", "data_wait_share", "cpu_pct", "worker_cpu_pct", "step_ms",
+                     "cpu_ms_per_sample", "read_mb_s"):
+            a, b = getattr(self, name), getattr(again, name)
+            if a is not None and b is not None:
+                setattr(self, name, (a * n + b) / (n + 1))
+        self.rss_mib = max(self.rss_mib or 0.0, again.rss_mib or 0.0) or None
+        self.batches += again.batches
+        self.samples += again.samples
+        self.seconds += again.seconds
+        self.swap_in += again.swap_in
+        self.repeats = n + 1
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -104,7 +123,7 @@ class _Sampler(threading.Thread):
                     ct = p.cpu_times()
                     mem = p.memory_info().rss / 2**20
                     try:
-                        rb = p.io_counters().read_chars
+                        rb = p.io_counters().read_bytes  # from storage, not the page cache
                     except (psutil.Error, AttributeError):
                         rb = 0
             except psutil.Error:
@@ -219,6 +238,9 @@ def _account(trial: Trial, u: _Usage, wall: float) -> None:
     loading_cpu = worker_cpu if trial.config.get("num_workers", 0) > 0 else cpu
     if wall > 0:
         trial.cpu_pct = 100.0 * cpu / wall
+        workers = int(trial.config.get("num_workers", 0) or 0)
+        if workers:
+            trial.worker_cpu_pct = 100.0 * worker_cpu / wall / workers
         trial.read_mb_s = read / wall / 1e6
     trial.rss_mib = u.peak_rss or None
     trial.worker_rss_mib = u.peak_worker_rss or None
