@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,17 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
     """SMART growth state and the run index go to a temp dir of each test, never the user's
     ~/.local/state (and one test's runs never show up in another's `stallscope runs`)."""
     monkeypatch.setenv("STALLSCOPE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture
+def throttled_group() -> Iterator[str]:
+    """A cgroup v1 blkio group name for examples/constrain.py --read-bps (root only), removed
+    after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("the fetch scenario throttles a block device with a cgroup: needs root")
+    if not Path("/sys/fs/cgroup/blkio").is_dir():
+        pytest.skip("no cgroup v1 blkio hierarchy to throttle reads with")
+    name = f"stallscope-test-{os.getpid()}"
+    yield name
+    subprocess.run([sys.executable, str(ROOT / "examples" / "constrain.py"), "--cleanup", name],
+                   check=False)

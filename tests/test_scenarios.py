@@ -102,16 +102,6 @@ def test_compute_bound(tmp_path: Path) -> None:
     assert doc["stall_fraction"] < 0.15
 
 
-@pytest.fixture
-def throttled_group() -> Any:
-    if os.geteuid() != 0:
-        pytest.skip("the fetch scenario throttles a block device with a cgroup: needs root")
-    if not Path("/sys/fs/cgroup/blkio").is_dir():
-        pytest.skip("no cgroup v1 blkio hierarchy to throttle reads with")
-    name = f"stallscope-test-{os.getpid()}"
-    yield name
-    subprocess.run([sys.executable, CONSTRAIN, "--cleanup", name], check=False)
-
 
 def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
     """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""

@@ -92,16 +92,6 @@ def test_compute_bound(tmp_path: Path) -> None:
     assert "torch" not in top["fixes"][0]["action"]
 
 
-@pytest.fixture
-def throttled_group() -> Any:
-    if os.geteuid() != 0:
-        pytest.skip("the fetch scenario throttles a block device with a cgroup: needs root")
-    if not Path("/sys/fs/cgroup/blkio").is_dir():
-        pytest.skip("no cgroup v1 blkio hierarchy to throttle reads with")
-    name = f"stallscope-tftest-{os.getpid()}"
-    yield name
-    subprocess.run([sys.executable, CONSTRAIN, "--cleanup", name], check=False)
-
 
 def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     """Cold files read one at a time through a device capped at 2 MB/s: fetch-bound, with
