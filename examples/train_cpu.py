@@ -78,6 +78,9 @@ def make_files(root: Path, n: int, size: int, classes: int) -> None:
         img = rng.integers(0, 256, size=(3, size, size), dtype=np.uint8)
         img[label % 3] //= 2  # give each class a learnable tint
         img.tofile(root / f"{i:07d}_{label}.bin")
+    # written pages must reach the disk before they can be evicted (--cold): pay for that here,
+    # not in the first epoch, where a sync of fresh files behind a read throttle takes seconds
+    os.sync()
 
 
 def evict(root: Path) -> None:
