@@ -61,7 +61,9 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``only`` (a known command name): a command then
+    imports only its own module (the agent, a long-lived process, stays small)."""
     parser = _Parser(
         prog="stallscope",
         description="Tells you why your GPU is waiting: watches a training run from the GPU "
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         module = importlib.import_module(f"stallscope.cli.{name}")
         module.register(sub)
     return parser
@@ -154,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
