@@ -457,12 +457,19 @@ def test_tf_compute_bound_gets_keras_advice() -> None:
 
 def test_tf_trainer_without_probe_is_never_called_compute_bound() -> None:
     """Without the probe a busy TensorFlow trainer may be waiting on its own tf.data threads:
-    no compute_bound verdict; the same process without TensorFlow threads is."""
+    no compute_bound verdict; the same process without TensorFlow threads but with idle
+    DataLoader workers is. Without workers either, loading shares the trainer's threads: not
+    compute_bound (rule_loading_in_trainer)."""
     base = [ser("host.cpu_pct", "", [50] * N), ser("disk.util_pct", "vda", [40] * N),
             ser("disk.rkb_s", "vda", [5000] * N),
             ser("procs.cpu_pct", "100", [95] * N), ser("procs.d_state", "100", [0] * N)]
-    plain = diagnose(run(base, entities=MAIN, meta={"data_devices": ["vda"]}))
-    assert plain["verdict"] == "compute_bound"
+    workers = [ser("procs.cpu_pct", w, [10] * N) for w in ("101", "102")] + \
+        [ser("procs.d_state", w, [0] * N) for w in ("101", "102")]
+    plain = diagnose(run([*base, *workers], entities=WORKERS, meta={"data_devices": ["vda"]}))
+    assert plain["verdict"] == "compute_bound", plain["findings"][0]
+    alone = diagnose(run(base, entities=MAIN, meta={"data_devices": ["vda"]}))
+    assert alone["verdict"] == "insufficient_data"
+    assert "no DataLoader worker processes" in alone["findings"][0]["summary"]
     tf = diagnose(run([*base, ser("procs.tf_threads", "100", [6] * N)], entities=MAIN,
                       meta={"data_devices": ["vda"]}))
     assert "compute_bound" not in kinds(tf)

@@ -95,6 +95,20 @@ def test_compute_bound_without_probe(tmp_path: Path) -> None:
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
 
 
+def test_loading_in_the_trainer_without_probe_is_never_called_healthy(tmp_path: Path) -> None:
+    """num_workers=0 with a heavy transform and no probe: the trainer loads on its own thread
+    between steps (it waits ~90% of the time by its own measure), which system metrics cannot
+    tell from compute. Never compute_bound; the finding says why and names the probe."""
+    doc = run_scenario("no-workers-no-probe", tmp_path, ["--prep-cost", "40", "--workers", "0",
+                                                         "--model", "tiny", "--no-probe"])
+    assert doc["trainer_wait"] >= 0.5  # the trainer did wait for its own loading
+    assert doc["verdict"] == "insufficient_data", doc["findings"][0]
+    assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
+    top = doc["findings"][0]
+    assert "no DataLoader worker processes" in top["summary"]
+    assert any("stallscope.watch" in f["action"] for f in top["fixes"])
+
+
 def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, heavy model: the trainer computes, the loader keeps up."""
     doc = run_scenario("compute", tmp_path, ["--model", "heavy", "--workers", "1"])

@@ -470,6 +470,8 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
     if sig.stall_source is None and sig.gpus == 0:
         if sig.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
             return []
+        if not sig.workers:  # loading shares the trainer's threads: see rule_loading_in_trainer
+            return []
         # CPU training without the probe: the trainer process itself is the compute
         fs, _, ps, _ = _fetch_prep_scores(sig)
         if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
@@ -788,6 +790,33 @@ def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
                     1.0, "TensorFlow threads (tf_*) in the trainer, no probe, no GPU")]
 
 
+def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data for a CPU trainer without DataLoader worker processes, the probe or a
+    GPU (PyTorch ``num_workers=0``, a threaded decoder, a hand-written loop): it loads and
+    prepares data on its own threads between its steps, and CPU time spent decoding looks
+    exactly like CPU time spent computing. The run is never called compute-bound then: a
+    ``num_workers=0`` trainer that waited for its own loading 90% of the time looked healthy."""
+    if sig.tf_trainer or sig.stall_source is not None or sig.gpus or sig.workers \
+            or sig.samples < 3:
+        return []
+    read = sig.main_read_kb_s
+    reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
+             else "")
+    return [Finding("insufficient_data", "info", 0.5,
+                    f"The trainer has no DataLoader worker processes: it loads and prepares "
+                    f"data on its own threads between its steps{reads}, and system metrics "
+                    f"cannot tell that time from compute ({sig.main_cpu_pct or 0:.0f}% CPU), so "
+                    "whether it waits for data is not known without the probe.",
+                    sig.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share", "workers",
+                                 "host_cpu_median_pct", "disk_util_median_pct"),
+                    [Fix("wrap the loader with stallscope.watch(loader)",
+                         "the probe times each step's wait for its batch"),
+                     Fix("DataLoader(num_workers=N): load in worker processes beside the step",
+                         "loading then overlaps the step instead of adding to it (and system "
+                         "metrics can see it)")],
+                    1.0, "no DataLoader workers, no probe, no GPU, not TensorFlow")]
+
+
 def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
@@ -805,7 +834,7 @@ Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
-    rule_tf_blind, rule_gpu_throttled,
+    rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_disk_health,
 )
