@@ -217,10 +217,68 @@ def test_python_api() -> None:
     seen: list[str] = []
     result: Any = stallscope.tune(data, budget_s=5, batch_size=64,
                                   progress=lambda label, _t: seen.append(label))
-    assert result.best["num_workers"] >= 0 and result.samples_per_s > 0
+    ok = [t for t in result.trials if t.status == "ok"]
+    assert result.samples_per_s == max(t.samples_per_s for t in ok)  # the fastest is best
+    assert result.trials[result.best_index].samples_per_s == result.samples_per_s
     assert seen[0] == "baseline (as given)"
     doc = result.to_json()
     assert doc["trials"][0]["config"] == {"num_workers": 0}
     assert "batch_size=64" in doc["recommendation"]
     with pytest.raises(ValueError, match="budget_s"):
         stallscope.tune(data, budget_s=0)
+
+
+def test_loaders_as_given_keep_their_samplers_and_persistent_workers(tmp_path: Path) -> None:
+    mod = _module(tmp_path, """
+        import torch
+        from torch.utils.data import (BatchSampler, DataLoader, SequentialSampler,
+                                      TensorDataset, WeightedRandomSampler)
+        DATA = TensorDataset(torch.arange(256.0).reshape(-1, 1))
+        def persistent():
+            return DataLoader(DATA, batch_size=8, num_workers=1, persistent_workers=True)
+        def weighted():
+            return DataLoader(DATA, batch_size=8, sampler=WeightedRandomSampler([1.0] * 256, 64))
+        def batches():
+            return DataLoader(DATA, batch_sampler=BatchSampler(SequentialSampler(DATA), 16,
+                                                               drop_last=True))
+    """)
+    # a persistent loader runs epoch after epoch (32 batches each) without "Queue is closed"
+    r = _tune(f"{mod}:persistent", "--budget", "6", "--json", "--max-workers", "1")
+    doc = json.loads(r.stdout)
+    assert doc["trials"][0]["status"] == "ok", doc["trials"][0]
+    assert doc["trials"][0]["batches"] > 32  # past the first epoch
+    r = _tune(f"{mod}:weighted", "--budget", "5", "--json", "--max-workers", "1")
+    doc = json.loads(r.stdout)
+    assert "sampler=sampler" in doc["recommendation"] and "shuffle" not in doc["recommendation"]
+    assert all(t["status"] == "ok" for t in doc["trials"]), doc["trials"]
+    r = _tune(f"{mod}:batches", "--budget", "5", "--json", "--max-workers", "1")
+    doc = json.loads(r.stdout)
+    assert "batch_sampler=batch_sampler" in doc["recommendation"]
+    assert "batch_size" not in doc["recommendation"]
+    assert doc["trials"][0]["samples"] % 16 == 0  # batches of the user's sampler
+
+
+def test_a_failing_baseline_recommends_nothing_and_errors_are_escaped(tmp_path: Path) -> None:
+    mod = _module(tmp_path, """
+        import torch
+        from torch.utils.data import Dataset
+        class Broken(Dataset):
+            def __len__(self):
+                return 100
+            def __getitem__(self, i):
+                raise OSError("cannot read /data/\\x1b[31mred\\x07 file")
+        def data():
+            return Broken()
+        def explodes():
+            raise RuntimeError("no dataset today")
+    """)
+    r = _tune(f"{mod}:data", "--budget", "5")
+    assert r.returncode == 1, r
+    assert "recommended:" not in r.stdout and "persistent_workers" not in r.stdout
+    assert "the configuration as given failed" in r.stdout
+    assert "cannot read /data/" in r.stdout
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout  # shown escaped, never raw
+    r = _tune(f"{mod}:explodes", "--budget", "5")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"stallscope: error: {mod}:explodes raised RuntimeError: "
+                                "no dataset today")

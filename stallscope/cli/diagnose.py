@@ -1,5 +1,5 @@
 """``stallscope diagnose RUN [--json]``: findings for a run; ``stallscope diagnose --prometheus
-URL [--job J | --instance I] [--run R] [--since 30m]``: the same rules over what a Prometheus
+URL [--job J | --instance I] [--run-id R] [--since 30m]``: the same rules over what a Prometheus
 server scraped from stallscope agents, one diagnosis per node."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import out_console
 from stallscope.errors import UsageError
 from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.textsafe import plain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,7 +95,7 @@ def _from_prometheus(args: argparse.Namespace) -> int:
             if len(runs) > 1:
                 head += f" (also seen: {', '.join(r for r in sorted(runs) if r != p['run'])};"
                 head += " choose with --run-id)"
-        out_console.print(("\n" if i else "") + head, soft_wrap=True, markup=False,
+        out_console.print(("\n" if i else "") + plain(head), soft_wrap=True, markup=False,
                           highlight=False)
         print_diagnosis(doc, out_console)
     return 0

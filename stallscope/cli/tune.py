@@ -19,6 +19,7 @@ from rich.table import Table
 
 from stallscope.cli._common import bounded, out_console
 from stallscope.errors import UsageError
+from stallscope.textsafe import plain
 from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
 from stallscope.tuner.target import load, resolve
 
@@ -114,12 +115,10 @@ def print_result(result: TuneResult, console: Console) -> None:
     table.add_column("RSS MiB", justify="right")
     table.add_column("start-up s", justify="right")
     table.add_column("")
-    best_cfg = {k: v for k, v in result.best.items() if k != "persistent_workers"}
-    for t in result.trials:
+    for i, t in enumerate(result.trials):
         cfg = {k: v for k, v in t.config.items() if k not in ("timeout",
                                                                "multiprocessing_context")}
-        is_best = t.status == "ok" and {k: v for k, v in cfg.items()
-                                        if k != "persistent_workers"} == best_cfg
+        is_best = i == result.best_index
         note = "best" if is_best else ("" if t.status == "ok" else t.status)
         if t.repeats > 1:
             note = f"{note} (mean of {t.repeats})".strip()
@@ -134,7 +133,7 @@ def print_result(result: TuneResult, console: Console) -> None:
     console.print(table)
     for t in result.trials:
         if t.reason:
-            console.print(f"  {_config_text(t.config)}: {t.status}: {t.reason}",
+            console.print(f"  {_config_text(t.config)}: {t.status}: {plain(t.reason)}",
                           highlight=False, markup=False)
     if result.step_ms is not None:
         console.print(f"training step: {result.step_ms:.1f} ms per batch", highlight=False,
@@ -144,11 +143,12 @@ def print_result(result: TuneResult, console: Console) -> None:
         console.print(f"best: {result.samples_per_s:,.0f} samples/s, "
                       f"×{result.samples_per_s / base:.2f} the configuration as given "
                       f"({base:,.0f} samples/s)", highlight=False, markup=False)
-    console.print(f"bound: {result.bound}", highlight=False, markup=False)
-    console.print(f"stopped: {result.stopped} ({result.seconds:.0f} s, "
+    console.print(f"bound: {plain(result.bound)}", highlight=False, markup=False)
+    console.print(f"stopped: {plain(result.stopped)} ({result.seconds:.0f} s, "
                   f"{result.cores} usable cores)", highlight=False, markup=False)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        console.print(f"note: {plain(note)}", highlight=False, markup=False)
     if result.recommendation:
         console.print("recommended:", highlight=False, markup=False)
-        console.print(f"    {result.recommendation}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"    {plain(result.recommendation)}", highlight=False, markup=False,
+                      soft_wrap=True)

@@ -177,8 +177,10 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
             try:
                 batch = next(it)
             except StopIteration:
-                _shutdown(it)
-                it = iter(loader)  # a new epoch: its start-up counts, as in training
+                # a new epoch: its start-up counts, as in training. A persistent loader hands
+                # back the same iterator (its workers kept); otherwise the old one's workers
+                # stop when it is dropped
+                it = iter(loader)
                 batch = next(it)
             b = time.perf_counter()
             if step_fn is not None:

@@ -55,6 +55,8 @@ class TuneResult:
     seconds: float = 0.0
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    #: the position in ``trials`` of the trial ``best`` comes from
+    best_index: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +141,7 @@ class Search:
         self.batch_sizes = batch_sizes
         self.progress = progress or (lambda _label, _done: None)
         self.gpu = _gpu_present() if gpu is None else gpu
+        self._iterable = _iterable(target)
         # a window per trial such that about a dozen trials fit the budget
         self.window_s = min(10.0, max(1.0, budget_s / 14))
         self.trials: list[Trial] = []
@@ -313,13 +316,11 @@ class Search:
                               step_fn=self.step_fn)
             if again.status == "ok":
                 t.merge(again)
-        winner = self._best()
-        if winner is not None:
-            other = rival if winner is best else best
-            self.notes.append(
-                f"close call measured twice: {_short(winner.config)} "
-                f"{winner.samples_per_s or 0:,.0f} vs {_short(other.config)} "
-                f"{other.samples_per_s or 0:,.0f} samples/s (means of two windows)")
+        hi, lo = sorted((rival, best), key=lambda t: t.samples_per_s or 0.0, reverse=True)
+        self.notes.append(
+            f"close call measured twice: {_short(hi.config)} {hi.samples_per_s or 0:,.0f} vs "
+            f"{_short(lo.config)} {lo.samples_per_s or 0:,.0f} samples/s (means of "
+            f"{hi.repeats} and {lo.repeats} windows)")
 
     def _measure_step(self) -> None:
         """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
@@ -391,8 +392,13 @@ class Search:
 
     def _result(self) -> TuneResult:
         base = self.trials[0] if self.trials else None
-        best = self._best() or base
+        best = self._best()  # None when nothing ran: then nothing is recommended
         best_cfg = _public(best.config) if best else {}
+        if best is not None and best_cfg.get("num_workers", 0) > 0 and self._iterable:
+            self.notes.append(
+                "an IterableDataset must split its stream between workers (torch.utils.data."
+                "get_worker_info()), or every worker yields every item and the samples/s "
+                "above count duplicates")
         if best is not None and best_cfg.get("num_workers", 0) > 0:
             best_cfg["persistent_workers"] = True
             best_cfg.setdefault("prefetch_factor", 2)
@@ -406,6 +412,7 @@ class Search:
         return TuneResult(
             best=best_cfg, samples_per_s=best.samples_per_s if best else None,
             baseline=baseline, trials=self.trials,
+            best_index=self.trials.index(best) if best is not None else None,
             recommendation=call_text(self.target, best_cfg) if best else "",
             bound=self._bound(best), stopped=self.stopped, step_ms=self.step_ms,
             cores=self.cores, budget_s=self.budget_s,
@@ -461,6 +468,16 @@ def _nbytes(batch: Any) -> int:
     if isinstance(batch, (list, tuple)):
         return sum(_nbytes(v) for v in batch)
     return 0
+
+
+def _iterable(target: Target) -> bool:
+    try:
+        from torch.utils.data import IterableDataset
+
+        loader = target.make(num_workers=0)
+        return isinstance(loader.dataset, IterableDataset)
+    except Exception:  # the baseline trial reports what is wrong with the target
+        return False
 
 
 def _gpu_present() -> bool:

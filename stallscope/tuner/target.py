@@ -54,6 +54,9 @@ def resolve(spec: str) -> Any:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {mod_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed while importing (SyntaxError, ...)
+        raise UsageError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}"
+                         ) from None
     try:
         obj = module
         for part in attr.split("."):
@@ -79,7 +82,25 @@ def load(spec: str) -> Any:
         raise UsageError(f"{spec} takes arguments ({', '.join(p.name for p in required)}): "
                          "name a function of no arguments that returns a Dataset, a DataLoader "
                          "or a factory of DataLoaders")
-    return obj()
+    return _call_user(obj, spec)
+
+
+def _call_user(fn: Any, what: str, **kw: Any) -> Any:
+    """Call the user's function; what it raises becomes one line naming it."""
+    try:
+        return fn(**kw)
+    except Exception as exc:
+        raise UsageError(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+
+class _Name:
+    """A placeholder printed bare in the recommendation (``sampler=sampler``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 def _is_torch_data(obj: Any) -> bool:
@@ -90,16 +111,35 @@ def _is_torch_data(obj: Any) -> bool:
 
 def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
     """Wrap what the user gave into a :class:`Target`."""
-    from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
+    from torch.utils.data import (
+        DataLoader,
+        Dataset,
+        IterableDataset,
+        RandomSampler,
+        SequentialSampler,
+    )
 
     if isinstance(obj, DataLoader):
         loader = obj
-        fixed: dict[str, Any] = {"batch_size": batch_size or loader.batch_size}
-        if isinstance(loader.sampler, RandomSampler):
-            fixed["shuffle"] = True
+        fixed: dict[str, Any] = {}
         extra: dict[str, Any] = {}
-        for name in ("collate_fn", "drop_last", "worker_init_fn", "multiprocessing_context",
-                     "generator", "timeout"):
+        if loader.batch_size is None and loader.batch_sampler is not None:
+            # a batch_sampler of the user's: it decides batch size, order and drop_last
+            extra["batch_sampler"] = loader.batch_sampler
+            fixed["batch_sampler"] = _Name("batch_sampler")
+        else:
+            fixed["batch_size"] = batch_size or loader.batch_size
+            if isinstance(loader.sampler, RandomSampler):
+                fixed["shuffle"] = True
+            elif not isinstance(loader.sampler, SequentialSampler) and \
+                    not isinstance(loader.dataset, IterableDataset):
+                extra["sampler"] = loader.sampler  # weighted, distributed, ...: kept
+                fixed["sampler"] = _Name("sampler")
+        names = ["collate_fn", "worker_init_fn", "multiprocessing_context", "generator",
+                 "timeout"]
+        if "batch_sampler" not in extra:
+            names.append("drop_last")
+        for name in names:
             extra[name] = getattr(loader, name)
         given: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
                  "persistent_workers": loader.persistent_workers}
@@ -108,7 +148,8 @@ def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
         dataset = loader.dataset
 
         def make_from_loader(**kw: Any) -> Any:
-            args = {**extra, **fixed, **given}
+            args = {**extra, **{k: v for k, v in fixed.items() if not isinstance(v, _Name)},
+                    **given}
             args.update(kw)
             if args.get("num_workers", 0) == 0:
                 for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
@@ -135,7 +176,8 @@ def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
     if callable(obj):
         factory = obj
         name = getattr(factory, "__name__", "make_loader")
-        probe = factory() if batch_size is None else factory(batch_size=batch_size)
+        probe = _call_user(factory, f"{name}()", **({} if batch_size is None
+                                                     else {"batch_size": batch_size}))
         if not isinstance(probe, DataLoader):
             raise UsageError(f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
                              "factory must return a DataLoader built from its keyword arguments")
@@ -152,7 +194,7 @@ def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
                 for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
                           "timeout"):
                     args.pop(k, None)
-            loader = factory(**args)
+            loader = _call_user(factory, f"{name}(...)", **args)
             if not isinstance(loader, DataLoader):
                 raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a "
                                  "DataLoader")
@@ -170,7 +212,7 @@ def call_text(target: Target, config: dict[str, Any]) -> str:
     if args.get("num_workers", 0) == 0:
         for k in ("prefetch_factor", "persistent_workers"):
             args.pop(k, None)
-    order = ["batch_size", "shuffle", *TUNED]
+    order = ["batch_size", "batch_sampler", "shuffle", "sampler", *TUNED]
     keys = sorted(args, key=lambda k: order.index(k) if k in order else len(order))
     text = ", ".join(f"{k}={args[k]!r}" for k in keys if k != "timeout")
     return f"{target.call}{text})"
