@@ -166,3 +166,49 @@ def test_run_with_alerts_reaches_the_trainer(tmp_path: Path) -> None:
     [seen] = doc["seen"]
     assert seen["name"] == "mem_used" and seen["state"] == "firing" and seen["main_thread"]
     assert seen["value"] > 0 and "host.mem_used_mib > 0" in seen["summary"]
+
+
+KERAS_TRAINER = """
+import json, sys, threading
+import numpy as np
+import tensorflow as tf
+import keras
+import stallscope
+from stallscope.integrations.keras import StallscopeCallback
+
+seen = []
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+model.compile(optimizer="sgd", loss="mse")
+def save(alert):
+    seen.append({"name": alert.name, "state": alert.state,
+                 "main_thread": threading.current_thread() is threading.main_thread()})
+    model.stop_training = True
+stallscope.on_alert("save_checkpoint", save)
+data = tf.data.Dataset.from_tensor_slices((np.zeros((64, 8), "float32"),
+                                           np.zeros((64, 4), "float32"))).batch(4)
+h = model.fit(data, epochs=2000, verbose=0, callbacks=[StallscopeCallback()])
+json.dump({"seen": seen, "epochs": len(h.history["loss"])}, open(sys.argv[1], "w"))
+sys.exit(3)
+"""
+
+
+def test_run_with_alerts_reaches_a_keras_fit(tmp_path: Path) -> None:
+    """The same under model.fit with the Keras callback: the alert callback runs on the
+    training thread between two train-function calls, and can stop the training."""
+    pytest.importorskip("tensorflow")
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+                     'actions = [{probe = "save_checkpoint"}]\n')
+    script = tmp_path / "train.py"
+    script.write_text(KERAS_TRAINER)
+    out = tmp_path / "seen.json"
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
+                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
+                                       sys.executable, str(script), str(out)),
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env=env_without_stallscope())
+    assert r.returncode == 3, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["epochs"] < 2000, "the callback never ran"
+    [seen] = doc["seen"]
+    assert seen["name"] == "mem_used" and seen["state"] == "firing" and seen["main_thread"]

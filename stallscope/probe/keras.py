@@ -316,6 +316,8 @@ class _TimedTrainFunction:
                       hooks.epoch if hooks is not None else 0))
         if len(calls) >= READ_EVERY:
             self.drain()
+        if self.probe._due:  # alert callbacks (stallscope.on_alert), between two calls
+            self.probe.run_due()
         if not opt.has_value():
             raise StopIteration
         return opt.get_value()
@@ -334,6 +336,8 @@ class _TimedTrainFunction:
                      hooks.epoch if hooks is not None else 0, None, None))
             p._step += 1
             p._last_end = t1
+            if p._due:
+                p.run_due()
 
     def drain(self) -> None:
         """Read the ring once and record the steps of the calls since the last read (every
