@@ -95,6 +95,12 @@ def test_dataset_config_reads_the_pipeline(tmp_path: Path) -> None:
     inter = dataset_config(tf.data.Dataset.range(2).interleave(
         lambda i: tf.data.Dataset.range(3), cycle_length=2, num_parallel_calls=2))
     assert inter["interleave"] and inter["len"] is None  # unknown cardinality
+    # unbatch(): its own internal map is not a user's sequential map, and elements are samples
+    unb = dataset_config(tf.data.Dataset.range(10).batch(4).unbatch())
+    assert unb["sequential_maps"] == 0 and "batch_size" not in unb
+    assert [s["op"] for s in unb["pipeline"]][-1] == "unbatch"
+    assert dataset_config(tf.data.Dataset.range(10).batch(4).unbatch().batch(2)
+                          )["batch_size"] == 2
 
 
 # --- model.fit -----------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def _stage(ds: Any) -> dict[str, Any]:
     elif "cache" in low:
         st["op"] = "cache"
         st["file"] = _scalar(getattr(ds, "_filename", ""))
+    elif "unbatch" in low:
+        st["op"] = "unbatch"
     elif "batch" in low:
         st["op"] = "batch"
         st["size"] = _scalar(getattr(ds, "_batch_size", None))
@@ -160,6 +162,14 @@ def dataset_config(ds: Any) -> dict[str, Any]:
         node = inputs[0] if inputs else None
         seen += 1
     stages.reverse()  # source first
+    # unbatch() puts a map of its own in front of it (normalising the element structure):
+    # not a map the user wrote, so not one to parallelise
+    for i, st in enumerate(stages):
+        if st["op"] != "unbatch":
+            continue
+        for j in range(max(0, i - 2), i):  # (map, restructured) sit right before it
+            if stages[j]["op"] == "map":
+                stages[j]["op"] = "map (inside unbatch)"
     ops = [s["op"] for s in stages]
     maps = [s for s in stages if s["op"] == "map"]
     cfg: dict[str, Any] = {
@@ -173,8 +183,8 @@ def dataset_config(ds: Any) -> dict[str, Any]:
         "reads_files": any(s.get("reads_files") for s in stages),
         "source_len": stages[0].get("len") if stages else None,
     }
-    batches = [s for s in stages if s["op"] == "batch"]
-    if batches:
+    batches = [s for s in stages if s["op"] in ("batch", "unbatch")]
+    if batches and batches[-1]["op"] == "batch":  # after an unbatch, elements are samples
         cfg["batch_size"] = batches[-1].get("size")
     try:
         n = int(ds.cardinality())
