@@ -99,14 +99,15 @@ class TrainingWatch:
             self._db = None
 
     def _open(self, now: float) -> bool:
-        if self._db is not None:
-            return True
         if now < self._next_find:
-            return False
+            return self._db is not None
         self._next_find = now + FIND_EVERY_S
+        if self._db is not None and self._still_running():
+            return True
         run_dir = find_training_run(self.pid)
-        if run_dir is None:
-            return False
+        if run_dir is None or run_dir == self.run_dir:
+            return self._db is not None  # the run that ended stays shown until another starts
+        self._switch()
         try:
             self._db = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True,
                                        timeout=0.5, check_same_thread=False)
@@ -114,6 +115,25 @@ class TrainingWatch:
             return False
         self.run_dir = run_dir
         return True
+
+    def _still_running(self) -> bool:
+        """Whether the run followed is still going (checked every FIND_EVERY_S): once it has
+        ended, the next look may find another run to follow."""
+        assert self.run_dir is not None
+        try:
+            return run_state(read_meta(self.run_dir)) == "running"
+        except (StallscopeError, OSError, ValueError):
+            return False
+
+    def _switch(self) -> None:
+        """Forget the run followed so far (a new one was found)."""
+        self.close()
+        self._last.clear()
+        self._recent.clear()
+        self._total = 0
+        self._ranks = 0
+        self._verdict = None
+        self._next_verdict = 0.0
 
     def _read_new(self) -> None:
         assert self._db is not None

@@ -1,0 +1,73 @@
+"""The TRAINING panel's source (stallscope/live/training.py) on real run directories: the steps
+that arrive are read incrementally, figures cover the last 10 s, and when the run followed ends
+the panel moves to the next running run (it used to stay on the finished one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.live import training
+from stallscope.live.training import TrainingWatch
+from stallscope.store import RunStore, StepRow
+from stallscope.store.index import record_run
+from stallscope.store.rundir import base_meta, write_meta
+
+
+def _run(root: Path, name: str, pid: int) -> Path:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    write_meta(run_dir, base_meta(["python", "train.py"], start=time.time(), interval_s=1.0,
+                                  pid=pid, monitor_pid=os.getpid()))
+    store = RunStore(run_dir / "run.db")
+    store.set_probe(0, pid, {}, 0, 0)
+    store.close()
+    record_run(run_dir)
+    return run_dir
+
+
+def _steps(run_dir: Path, first: int, n: int, now: float, wait: float, host: float) -> None:
+    store = RunStore(run_dir / "run.db")
+    store.add_steps(StepRow(0, first + i, now - (n - i) * (wait + host), wait, host, samples=32)
+                    for i in range(n))
+    store.close()
+
+
+def _finish(run_dir: Path) -> None:
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["end"] = time.time()
+    meta["exit_code"] = 0
+    write_meta(run_dir, meta)
+
+
+def test_live_figures_then_the_next_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(training, "FIND_EVERY_S", 0.0)
+    monkeypatch.setattr(training, "VERDICT_EVERY_S", 3600.0)  # no diagnosis here
+    me = os.getpid()
+    a = _run(tmp_path, "a", me)
+    now = time.time()
+    _steps(a, 0, 20, now, wait=0.3, host=0.1)
+    w = TrainingWatch(me)
+    v = w.view(now)
+    assert v is not None and v.run_id == "a" and v.steps == 20
+    assert abs((v.wait_share or 0) - 0.75) < 0.01
+    assert v.samples_s is not None and v.steps_s is not None
+    _steps(a, 20, 5, now + 1, wait=0.0, host=0.2)  # only the new ones are read
+    v = w.view(now + 1)
+    assert v is not None and v.steps == 25
+    # the run ends and another starts: the panel follows the new one
+    _finish(a)
+    b = _run(tmp_path, "b", me)
+    _steps(b, 0, 4, time.time(), wait=0.0, host=0.25)
+    v = w.view(time.time())
+    assert v is not None and v.run_id == "b" and v.steps == 4 and v.wait_share == 0.0
+    w.close()
+
+
+def test_no_run_no_panel(tmp_path: Path) -> None:
+    assert TrainingWatch(os.getpid()).view() is None
