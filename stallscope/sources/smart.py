@@ -68,10 +68,28 @@ def drive_points(drive: DriveHealth) -> dict[str, float]:
     return out
 
 
-def _default_check(devices: Sequence[str]) -> tuple[list[DriveHealth], list[str]]:
-    from stallscope.tools.health_state import check_drives
+#: seconds between two checks the source records in the SMART state file: the history that
+#: growth and the trend fit (smart.days_left) need builds up at one point a day, without the
+#: 10-minute checks pushing older history out of the file
+SAVE_EVERY_S = 86400.0
 
-    return check_drives(devices, save=False)
+
+class _DailySave:
+    """The default check: ``check_drives``, recording a check in the state file on the first
+    call and then once a day (a long-running agent builds its own history)."""
+
+    def __init__(self) -> None:
+        self._next_save = 0.0
+
+    def __call__(self, devices: Sequence[str]) -> tuple[list[DriveHealth], list[str]]:
+        import time
+
+        from stallscope.tools.health_state import check_drives
+
+        save = time.monotonic() >= self._next_save
+        if save:
+            self._next_save = time.monotonic() + SAVE_EVERY_S
+        return check_drives(devices, save=save)
 
 
 class SmartSource(Source):
@@ -83,7 +101,7 @@ class SmartSource(Source):
                  check: Check | None = None) -> None:
         self.devices = list(devices)
         self.every_s = every_s
-        self._check = check or _default_check
+        self._check = check or _DailySave()
         self._latest: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -135,3 +153,5 @@ class SmartSource(Source):
 
     def close(self) -> None:
         self._stop.set()
+        if self._thread is not None:  # a smartctl under way ends within its own time limit
+            self._thread.join(timeout=5)
