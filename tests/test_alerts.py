@@ -81,7 +81,7 @@ def test_check_accepts_a_good_file_and_lists_defaults(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, fragment", [
     ("not toml [", "not valid TOML"),
-    ("[[alerts]]\nname='x'\nfinding='input_bound.fetch'\nabove=1\n", "findings are not"),
+    ("[[alerts]]\nname='x'\nfinding='input_bound.fetched'\n", "is not a finding kind"),
     ("[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\nactions=[{email='a@b'}]\n",
      "needs an [smtp] table"),
     ("[smtp]\nport='25'\n", "smtp.port"),

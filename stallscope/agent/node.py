@@ -139,6 +139,7 @@ class Agent:
         # the alert engine: the shipped defaults and the config's [[alerts]]; every alert is
         # an event in the agent's run store, and its actions run as in `stallscope run`
         self.alerts = AlertSink(cfg.rules(), run=str(self.run_dir))
+        self.alerts.findings_dir = self.run_dir  # `finding` rules: the agent's own run
         self.collector = Collector(sources, [self.prom, self.store_sink, self.alerts],
                                    interval=cfg.interval_s, unavailable=unavailable)
         self.collector.start()

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallscope.alerts.engine import AlertEngine, Transition
-from stallscope.alerts.rules import Action, RulesFile, Smtp
+from stallscope.alerts.rules import FINDING_PREFIX, Action, RulesFile, Smtp, finding_metric
 from stallscope.collect.sinks import Sink
+from stallscope.metrics import Point
 from stallscope.probe.callbacks import ALERTS_FILE, alert_line
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ __all__ = ["AlertSink", "alert_body", "deliver"]
 Say = Callable[[float, str, str, str], None]
 
 WEBHOOK_TIMEOUT_S = 5.0
+#: seconds between two diagnoses of the run for `finding` rules
+FINDINGS_EVERY_S = 30.0
 WEBHOOK_TRIES = 3
 COMMAND_TIMEOUT_S = 30.0
 QUEUE_SIZE = 256
@@ -141,6 +144,14 @@ class AlertSink(Sink):
         self._worker = threading.Thread(target=self._work, name="stallscope-alerts",
                                         daemon=True)
         self._worker.start()
+        # `finding` rules: the run's diagnosis so far, recomputed every FINDINGS_EVERY_S off
+        # the collector's thread; each rule reads its kind's confidence (0 while absent)
+        self._kinds = sorted({r.metric[len(FINDING_PREFIX):] for r in rules.rules
+                              if r.metric.startswith(FINDING_PREFIX)})
+        self.findings_dir: Path | None = None
+        self._findings: dict[str, float] | None = None  # None: no diagnosis yet
+        self._next_diagnosis = 0.0
+        self._diagnosing = threading.Lock()
 
     def bind(self, say: Say) -> None:
         self._say = say
@@ -154,6 +165,33 @@ class AlertSink(Sink):
         trainer's probe finds them (``stallscope.on_alert``)."""
         self.run = str(run_dir)
         self.publish = Path(run_dir)
+        self.findings_dir = Path(run_dir)
+
+    def _findings_due(self) -> None:
+        if self.findings_dir is None or time.monotonic() < self._next_diagnosis:
+            return
+        if not self._diagnosing.acquire(blocking=False):
+            return
+        self._next_diagnosis = time.monotonic() + FINDINGS_EVERY_S
+        threading.Thread(target=self._diagnose, name="stallscope-alert-findings",
+                         daemon=True).start()
+
+    def _diagnose(self) -> None:
+        try:
+            from stallscope.analysis.diagnose import diagnose_run
+
+            assert self.findings_dir is not None
+            doc = diagnose_run(self.findings_dir)
+            found: dict[str, float] = {}
+            for f in doc.get("findings", []):
+                kind, conf = f.get("kind"), f.get("confidence")
+                if isinstance(kind, str) and isinstance(conf, (int, float)):
+                    found[kind] = max(found.get(kind, 0.0), float(conf))
+            self._findings = found
+        except Exception as exc:  # a run too young or unreadable: try again next time
+            self._tell(time.time(), "note", f"finding rules: diagnosis failed ({exc})")
+        finally:
+            self._diagnosing.release()
 
     def _publish(self, t: Transition) -> None:
         if self.publish is None:
@@ -175,7 +213,14 @@ class AlertSink(Sink):
                        f"{t.rule.name}: cannot publish to the trainer: {exc}")
 
     def write(self, sample: Sample) -> None:
-        for t in self.engine.evaluate(sample.ts, sample.points):
+        points: list[Point] | Any = sample.points
+        if self._kinds:
+            self._findings_due()
+            found = self._findings
+            if found is not None:
+                points = [*points, *(Point(finding_metric(k), "", found.get(k, 0.0))
+                                     for k in self._kinds)]
+        for t in self.engine.evaluate(sample.ts, points):
             self.transitions.append(t)
             self._publish(t)
             clock = time.strftime("%H:%M:%S", time.localtime(t.ts))

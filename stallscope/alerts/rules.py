@@ -39,8 +39,8 @@ from stallscope.errors import UsageError
 from stallscope.metrics import lookup
 from stallscope.tomlfile import TomlFileError, read_toml
 
-__all__ = ["DEFAULT_RULES", "Action", "Also", "Rule", "RulesFile", "Smtp", "load_rules",
-           "parse_rules"]
+__all__ = ["DEFAULT_RULES", "FINDING_PREFIX", "Action", "Also", "Rule", "RulesFile", "Smtp",
+           "finding_metric", "load_rules", "parse_rules"]
 
 Severity = Literal["critical", "warning", "info"]
 _SEVERITIES = ("critical", "warning", "info")
@@ -53,6 +53,15 @@ TREND_MIN_POINTS = 10
 TREND_MIN_SPAN = 0.8
 _ACTIONS = ("webhook", "command", "email", "log", "probe")
 _SMTP_KEYS = {"host", "port", "from", "starttls", "user", "password_env", "timeout_s"}
+
+
+#: the prefix of the pseudo-metric a ``finding`` rule reads: ``finding:input_bound.fetch``,
+#: valued the finding's confidence in the run's diagnosis so far (0 while absent)
+FINDING_PREFIX = "finding:"
+
+
+def finding_metric(kind: str) -> str:
+    return FINDING_PREFIX + kind
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,10 @@ class Rule:
 
     def describe(self) -> str:
         op = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
+        if self.metric.startswith(FINDING_PREFIX):
+            kind = self.metric[len(FINDING_PREFIX):]
+            return (f"the diagnosis so far finds {kind} (confidence {op}; recomputed every "
+                    "30 s)" + (f" for {self.for_s:g} s" if self.for_s else ""))
         where = f"{self.metric}" + (f"[{self.entity}]" if self.entity else "")
         if self.trend_s is not None:
             where += (f" slope per minute over {self.trend_s:g} s (linear fit r² ≥ "
@@ -228,8 +241,22 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
         problems.append(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_RULE_KEYS))})")
     metric = t.get("metric")
     if "finding" in t:
-        problems.append(f"{where}.finding: rules on diagnosis findings are not supported yet; "
-                        "use a metric")
+        from stallscope.analysis.diagnose.model import KINDS
+
+        kind = t["finding"]
+        if "metric" in t:
+            problems.append(f"{where}: give one of 'metric' or 'finding', not both")
+        elif not isinstance(kind, str) or kind not in KINDS:
+            problems.append(f"{where}.finding: {kind!r} is not a finding kind (one of "
+                            f"{', '.join(KINDS)})")
+        else:
+            # the value is the finding's confidence in the diagnosis so far, 0 while absent
+            metric = finding_metric(kind)
+            if "above" not in t and "below" not in t:
+                t = {**t, "above": 0}
+        for k in ("trend_s", "also"):
+            if k in t:
+                problems.append(f"{where}.{k}: not with 'finding'")
     elif not isinstance(metric, str) or lookup(metric) is None:
         problems.append(f"{where}.metric: {metric!r} is not a metric of the vocabulary "
                         "(e.g. gpu.temp_c, host.shm_used_pct, disk.util_pct)")

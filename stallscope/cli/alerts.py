@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from stallscope.alerts import AlertEngine, load_rules, parse_rules
+from stallscope.alerts.rules import FINDING_PREFIX, finding_metric
 from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import out_console, safe
 from stallscope.errors import UsageError
@@ -74,6 +75,17 @@ def replay(args: argparse.Namespace) -> int:
         if name in wanted:
             for when, v in zip(s.ts, s.v, strict=True):
                 by_ts[when].append(Point(name, entity, v))
+    kinds = sorted({m[len(FINDING_PREFIX):] for m in wanted if m.startswith(FINDING_PREFIX)})
+    if kinds and by_ts:
+        # `finding` rules: the whole run's diagnosis, at its last sample (a replay has no
+        # "diagnosis so far" at each moment)
+        from stallscope.analysis.diagnose import diagnose
+
+        found: dict[str, float] = {}
+        for f in diagnose(data)["findings"]:
+            found[f["kind"]] = max(found.get(f["kind"], 0.0), float(f["confidence"]))
+        last = max(by_ts)
+        by_ts[last] += [Point(finding_metric(k), "", found.get(k, 0.0)) for k in kinds]
     t0 = data.t0
     rows: list[dict[str, Any]] = []
     for ts in sorted(by_ts):
