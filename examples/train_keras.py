@@ -50,6 +50,7 @@ def make_files(root: Path, n: int, size: int, classes: int) -> None:
         img = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
         img[..., label % 3] //= 2  # give each class a learnable tint
         img.tofile(root / f"{i:07d}_{label}.bin")
+    os.sync()  # clean before --cold evicts them: not a cost of the first epoch (train_cpu.py)
 
 
 def evict(root: Path) -> None:
