@@ -39,6 +39,17 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
          [(f"run:stallscope_train_input_bound_ranks:ratio{{{RUN}}}", "{{run}}"),
           ("cluster:stallscope_train_input_bound_ranks:ratio", "all runs")],
          "Share of training ranks (GPUs) whose data wait is at least 15% of step time."),
+        ("Trainer and DataLoader-worker CPU per rank", "none",
+         [("sum by (run, rank, role) (rate(stallscope_proc_cpu_seconds_total"
+           f"{{{INST},{RUN}}}[1m]))", "{{run}} rank {{rank}} {{role}}")],
+         "Cores used by each rank's trainer process (main) and by its DataLoader workers "
+         "together (worker): workers near their count in cores are CPU-bound in the "
+         "transform."),
+        ("Trainer and DataLoader-worker memory per rank", "bytes",
+         [("sum by (run, rank, role) (stallscope_proc_resident_memory_bytes"
+           f"{{{INST},{RUN}}})", "{{run}} rank {{rank}} {{role}}")],
+         "Resident memory of each rank's trainer and of its workers together: workers that "
+         "grow each epoch copy the dataset (copy-on-access of Python objects)."),
     ]),
     ("GPU", [
         ("GPU utilisation", "percentunit",

@@ -285,7 +285,13 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
         "host cpu": "instance:stallscope_host_cpu_busy:ratio_rate1m",
         "gpu underused": "instance:stallscope_gpu_underused:ratio",
         "agent cpu": "instance:stallscope_agent_cpu:ratio_rate1m",
+        # the trainer's processes, labelled with its run, rank and role
+        "trainer process": 'stallscope_proc_cpu_seconds_total{role="main",rank="0"}',
+        "worker processes": 'stallscope_proc_cpu_seconds_total{role="worker",rank="0"}',
     }, 40, [trainer, a0.proc, a1.proc])
+    workers = prom.query('stallscope_proc_resident_memory_bytes{role="worker"}')
+    assert {r["metric"]["instance"] for r in workers} == {f"127.0.0.1:{a0.port}"}
+    assert len({r["metric"]["run"] for r in workers}) == 1, workers
     share = prom.query("rank:stallscope_train_data_wait:ratio_rate1m")
     assert all(0 <= float(r["value"][1]) <= 1 for r in share), share
     assert {(r["metric"]["instance"], r["metric"]["rank"]) for r in share} == {

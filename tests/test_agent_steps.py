@@ -186,3 +186,77 @@ def test_steps_from_counters_baseline_reset_and_shares() -> None:
     rows = _rank_rows(0, late, start=100.0, step=1.0)
     assert len(rows) == 5 and all(r.samples is None for r in rows)
     assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
+
+
+# --- the trainers' processes (run, rank, role labels) ---------------------------------------------
+
+_TREE = r"""
+import json, os, sys, time
+def rank():
+    w = os.fork()
+    if w == 0:
+        time.sleep(60); os._exit(0)
+    return w
+kids = {}
+for r in (0, 1):
+    pid = os.fork()
+    if pid == 0:
+        w = rank()
+        sys.stdout.write(json.dumps({"rank": r, "pid": os.getpid(), "worker": w}) + "\n")
+        sys.stdout.flush()
+        time.sleep(60); os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
+    """A real launcher -> two ranks -> one worker each; the ranks' probes in run.db say which
+    pid is which rank. The exposition labels every process; when the run ends, they go."""
+    import json
+
+    from stallscope.agent.trainprocs import TrainerProcs
+    from stallscope.collect import Collector
+
+    tree = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert tree.stdout is not None
+        ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
+        run = make_run(tmp_path, pid=tree.pid)
+        record_run(run)
+        store = RunStore(run / "run.db")
+        for r in ranks:
+            store.set_probe(r["rank"], r["pid"], {}, 0, 0)
+        store.close()
+        follower = StepFollower(rescan_s=0)
+        procs = TrainerProcs(follower)
+        sink = PrometheusSink(["procs"], hostname="node-3", steps=follower)
+        collector = Collector([procs], [sink], interval=0.2)
+        collector.start()
+        try:
+            time.sleep(1.0)  # a few samples: rates need two
+            text = generate_latest(sink.registry).decode()
+        finally:
+            collector.stop(final_sample=False)
+        want = {tree.pid: ("launcher", None)}
+        for r in ranks:
+            want[r["pid"]] = ("main", r["rank"])
+            want[r["worker"]] = ("worker", r["rank"])
+        for pid, (role, rank) in want.items():
+            line = next((ln for ln in text.splitlines()
+                         if ln.startswith("stallscope_proc_cpu_seconds_total{")
+                         and f'pid="{pid}"' in ln), None)
+            assert line is not None, (pid, text)
+            assert f'role="{role}"' in line and f'run="{run.name}"' in line, line
+            assert 'hostname="node-3"' in line, line
+            if rank is None:
+                assert "rank=" not in line, line
+            else:
+                assert f'rank="{rank}"' in line, line
+        assert 'stallscope_proc_resident_memory_bytes{' in text
+        # the run ends: its processes leave the exposition at the next sample
+        end_run(run)
+        procs.sample(time.time())
+        assert procs.sample(time.time()) == {}
+    finally:
+        tree.kill()
+        tree.wait()

@@ -14,7 +14,9 @@ name are not exported). Labels:
   ``UUID``, ``pci_bus_id`` (when known), ``device`` (``nvidia0``), ``modelName``, ``hostname``;
 * disk series ``device`` (``nvme0n1``, as node_exporter's ``node_disk_*``);
 * ``stallscope_host_cpu_seconds_total`` ``mode``; per-core series ``cpu`` (``"3"``);
-* process series ``pid``, ``role`` (the sampler's role) and ``name`` (comm);
+* process series (the trainings the agent follows, :mod:`stallscope.agent.trainprocs`)
+  ``pid``, ``name`` (comm), ``role`` (main, worker, launcher), ``run``, ``rank`` (when a probe
+  told) and ``hostname``;
 * throttle reasons one series per NVML reason name: ``stallscope_gpu_throttle_active{reason=
   "sw_power_cap", gpu="0", ...} 1``.
 
@@ -117,10 +119,10 @@ def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
         return gpu_labels(entity, attrs, hostname) if entity else {"hostname": hostname}
     if m.source == "procs":
         out = {"pid": entity}
-        if attrs.get("role"):
-            out["role"] = str(attrs["role"])
-        if attrs.get("name"):
-            out["name"] = str(attrs["name"])
+        for key in ("role", "name", "run", "rank"):
+            if attrs.get(key) is not None and attrs.get(key) != "":
+                out[key] = str(attrs[key])
+        out["hostname"] = hostname
         return out
     if not entity:
         return {}

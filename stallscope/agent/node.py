@@ -20,6 +20,7 @@ from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
 from stallscope.agent.steps import StepFollower, runs_of_indexes
+from stallscope.agent.trainprocs import TrainerProcs
 from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
@@ -117,7 +118,9 @@ class Agent:
             smart.open()
             sources.append(smart)
         self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
-        self.prom = PrometheusSink(SOURCE_NAMES, unavailable, steps=self.steps)
+        # the processes of the trainings it follows: run, role and rank labels
+        sources.append(TrainerProcs(self.steps))
+        self.prom = PrometheusSink([*SOURCE_NAMES, "procs"], unavailable, steps=self.steps)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,

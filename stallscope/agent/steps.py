@@ -93,6 +93,7 @@ class _Followed:
     ranks: dict[int, RankTotals] = field(default_factory=dict)
     conn: sqlite3.Connection | None = None
     ended_at: float | None = None  #: when the agent saw it end (agent clock)
+    pid: int | None = None  #: the trainer's process (meta.json ``pid``): its tree's root
 
 
 class StepFollower:
@@ -130,6 +131,22 @@ class StepFollower:
                     out[f.run_id] = {r: RankTotals(**t.__dict__) for r, t in f.ranks.items()}
             return out
 
+    def trainers(self) -> dict[str, tuple[int, dict[int, int]]]:
+        """run id -> (the trainer's pid, pid -> rank of the probes that reported so far) for
+        each followed run that has not ended (:class:`~stallscope.agent.trainprocs.
+        TrainerProcs` samples their process trees)."""
+        with self._lock:
+            now = self.clock()
+            if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
+                self._scan(now)
+                self._scanned_at = now
+            out: dict[str, tuple[int, dict[int, int]]] = {}
+            for f in self._followed.values():
+                if f.ended_at is not None or f.pid is None:
+                    continue
+                out[f.run_id] = (f.pid, self._probe_pids(f))
+            return out
+
     def close(self) -> None:
         with self._lock:
             for key in list(self._followed):
@@ -151,27 +168,45 @@ class StepFollower:
             running = _is_running(d)
             if f is None:
                 if running:
-                    self._followed[key] = _Followed(d, d.name)
+                    self._followed[key] = _Followed(d, d.name, pid=_trainer_pid(d))
                 else:
                     self._ignored.add(key)
             elif not running:
                 f.ended_at = now
+            elif f.pid is None:
+                f.pid = _trainer_pid(d)  # meta.json is written before the trainer starts
         # a followed run whose directory left the index (deleted) ends too
         listed = {str(d) for d in dirs}
         for key, f in self._followed.items():
             if key not in listed and f.ended_at is None:
                 f.ended_at = now
 
-    def _read(self, f: _Followed) -> None:
+    def _connect(self, f: _Followed) -> bool:
         if f.conn is None:
             db = f.run_dir / "run.db"
             if not db.is_file():
-                return
+                return False
             try:
                 f.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2,
                                          check_same_thread=False)
             except sqlite3.Error:
-                return
+                return False
+        return True
+
+    def _probe_pids(self, f: _Followed) -> dict[int, int]:
+        """pid -> rank from the run's ``probes`` table ({} before a probe reported)."""
+        if not self._connect(f) or f.conn is None:
+            return {}
+        try:
+            rows = f.conn.execute("SELECT pid, rank FROM probes WHERE typeof(pid)='integer' "
+                                  "AND typeof(rank)='integer'").fetchall()
+        except sqlite3.Error:
+            return {}
+        return {int(pid): int(rank) for pid, rank in rows}
+
+    def _read(self, f: _Followed) -> None:
+        if not self._connect(f) or f.conn is None:
+            return
         known = sorted(f.ranks)
         where = " OR ".join(["(rank=? AND step>?)"] * len(known))
         args: list[Any] = [x for r in known for x in (r, f.ranks[r].last_step)]
@@ -202,6 +237,17 @@ class StepFollower:
         self._ignored.add(key)
         if f.conn is not None:
             f.conn.close()
+
+
+def _trainer_pid(run_dir: Path) -> int | None:
+    """``pid`` of the run's ``meta.json``: the trainer (or what ``stallscope run`` started)."""
+    try:
+        pid = read_meta(run_dir).get("pid")
+    except RunNotFound:
+        return None
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        return pid
+    return None
 
 
 def _is_running(run_dir: Path) -> bool:
