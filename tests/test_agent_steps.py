@@ -156,6 +156,7 @@ def test_exposition_of_the_steps(tmp_path: Path) -> None:
     assert f"stallscope_train_samples_total{{{labels0}}} 128.0" in text
     assert f"stallscope_train_samples_total{{{labels1}}}" not in text  # batch size unknown
     assert f"stallscope_train_steps_total{{{labels1}}} 2.0" in text
+    assert f"stallscope_train_first_step_timestamp_seconds{{{labels0}}}" in text
     # nothing training: no train families at all
     empty = PrometheusSink(["host"], hostname="n", steps=StepFollower(lambda: [], rescan_s=0))
     assert "stallscope_train_" not in generate_latest(empty.registry).decode()
@@ -185,6 +186,13 @@ def test_steps_from_counters_baseline_reset_and_shares() -> None:
             "wait_s": ([110.0, 111.0], [0.0, 0.1])}
     rows = _rank_rows(0, late, start=100.0, step=1.0)
     assert len(rows) == 5 and all(r.samples is None for r in rows)
+    assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
+    # without the run's start, its first 3 steps are put in the query step before the first
+    # point; with it (the agent's first-step gauge), they spread from the first step on
+    assert [round(r.ts, 3) for r in rows[:3]] == [109.333, 109.667, 110.0]
+    late["first_ts"] = ([110.0, 111.0], [104.0, 104.0])
+    rows = _rank_rows(0, late, start=100.0, step=1.0)
+    assert [round(r.ts, 3) for r in rows] == [104.0, 107.0, 110.0, 110.5, 111.0]
     assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
 
 

@@ -205,7 +205,7 @@ class SampleExposition(PromCollector):
             return  # an unreadable run costs its step series, never the whole scrape
         if not runs:
             return
-        (steps, step_s, wait_s, samples, last_ts) = (
+        (steps, step_s, wait_s, samples, last_ts, first_ts) = (
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
         for run_id, ranks in sorted(runs.items()):
             for rank, t in sorted(ranks.items()):
@@ -217,6 +217,8 @@ class SampleExposition(PromCollector):
                     fams.add(samples, labels, float(t.samples))
                 if t.last_ts is not None:
                     fams.add(last_ts, labels, t.last_ts)
+                if t.first_ts is not None:
+                    fams.add(first_ts, labels, t.first_ts)
         for name in [name for name, fam in fams.by_name.items() if not fam.samples]:
             del fams.by_name[name]  # no run knew its batch size: no empty family
 

@@ -13,8 +13,10 @@ The totals become counters labelled ``run`` (the run id), ``rank`` and ``hostnam
 ``stallscope_train_steps_total``, ``stallscope_train_step_seconds_total`` (wall time of the
 steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
 ``stallscope_train_samples_total`` (when the batch size is known), and the gauge
-``stallscope_train_last_step_timestamp_seconds``. ``rate(wait) / rate(step)`` is the data-wait
-share over any window (``deploy/prometheus/stallscope-recording.yml``).
+``stallscope_train_last_step_timestamp_seconds`` (and ``..._first_step_...``, when the run
+began: ``diagnose --prometheus`` spreads the steps before its first scrape from there).
+``rate(wait) / rate(step)`` is the data-wait share over any window
+(``deploy/prometheus/stallscope-recording.yml``).
 
 A run that ends is read one last time and kept for :attr:`StepFollower.grace_s` (so the last
 scrapes see its final totals), then dropped: no stale series. Runs that had ended before the
@@ -50,6 +52,8 @@ STEP_METRICS: tuple[tuple[str, str, str], ...] = (
      "samples in those steps (when the probe knows the batch size)"),
     ("stallscope_train_last_step_timestamp_seconds", "gauge",
      "Unix time the latest recorded step's batch was handed over"),
+    ("stallscope_train_first_step_timestamp_seconds", "gauge",
+     "Unix time the run's first recorded step's batch was handed over (when the run began)"),
 )
 
 #: a step row the totals take (the store's own checks: finite, not negative)
@@ -84,6 +88,7 @@ class RankTotals:
     has_samples: bool = False
     last_step: int = -1  #: the read cursor: rows with a larger step number are new
     last_ts: float | None = None
+    first_ts: float | None = None
 
 
 @dataclass
@@ -231,6 +236,7 @@ class StepFollower:
                 t.has_samples = True
             t.last_step = max(t.last_step, step)
             t.last_ts = ts if t.last_ts is None else max(t.last_ts, ts)
+            t.first_ts = ts if t.first_ts is None else min(t.first_ts, ts)
 
     def _drop(self, key: str) -> None:
         f = self._followed.pop(key)

@@ -43,6 +43,7 @@ _STEP_NAMES = {
     "stallscope_train_step_seconds_total": "step_s",
     "stallscope_train_data_wait_seconds_total": "wait_s",
     "stallscope_train_samples_total": "samples",
+    "stallscope_train_first_step_timestamp_seconds": "first_ts",
 }
 _LABEL_VALUE = re.compile(r"^[^\"\\\n]*$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -270,7 +271,10 @@ def _steps(raw: dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]
 def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], start: float,
                step: float) -> list[StepRow]:
     ts = cols["n"][0]
-    at = {name: dict(zip(*col)) for name, col in cols.items()}
+    at = {name: dict(zip(*col)) for name, col in cols.items() if name != "first_ts"}
+    # when the run's first step was handed over (an older agent does not export it)
+    firsts = [v for v in cols.get("first_ts", ([], []))[1] if math.isfinite(v)]
+    first_ts = min(firsts) if firsts else None
     rows: list[StepRow] = []
     counted = 0
     prev: dict[str, float] | None = None
@@ -280,8 +284,14 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
         if prev is None:
             # the first point: the run began inside the window (its series starts after the
             # window's first step) -> all its steps count; else it is the baseline
-            base = ({k: 0.0 for k in cur} if t > start + 1.5 * step else cur)
+            began = t > start + 1.5 * step
+            base = {k: 0.0 for k in cur} if began else cur
             t_from = t - step
+            if began and first_ts is not None and first_ts < t_from:
+                # the steps before the first scrape ran from the run's first step on, not in
+                # the last query step: spread them over that time (the first at first_ts)
+                k = max(1, round(cur["n"]))
+                t_from = first_ts - (t - first_ts) / max(1, k - 1)
         else:
             base, t_from = prev, prev_t if prev_t is not None else t - step
         d = {k: (cur[k] - base.get(k, 0.0)) for k in cur}
