@@ -5,8 +5,6 @@ from __future__ import annotations
 import html
 import re
 
-from rich.markup import escape
-
 __all__ = ["TERMINAL_LIMIT", "clip", "html_text", "plain", "safe"]
 
 #: the most characters of one machine string shown in the terminal (JSON keeps all of it)
@@ -37,6 +35,8 @@ def safe(text: object, limit: int | None = None) -> str:
     """Text from the machine or a file, fit for the terminal: control characters (escape
     sequences in a serial number, a process name, an argv) shown as ``\\x1b``, and rich markup
     (``[bold]``) escaped so it prints literally. ``limit``: clip to that many characters."""
+    from rich.markup import escape  # here: the agent never prints through rich
+
     return escape(plain(text, limit))
 
 

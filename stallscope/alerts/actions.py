@@ -29,7 +29,6 @@ from stallscope.alerts.engine import AlertEngine, Transition
 from stallscope.alerts.rules import FINDING_PREFIX, Action, RulesFile, Smtp, finding_metric
 from stallscope.collect.sinks import Sink
 from stallscope.metrics import Point
-from stallscope.probe.callbacks import ALERTS_FILE, alert_line
 
 if TYPE_CHECKING:
     from stallscope.collect.collector import Sample
@@ -196,6 +195,9 @@ class AlertSink(Sink):
     def _publish(self, t: Transition) -> None:
         if self.publish is None:
             return
+        # imported here: importing the probe package costs the agent ~2 MiB it never uses
+        from stallscope.probe.callbacks import ALERTS_FILE, alert_line
+
         body = alert_body(t, host=self.host, run=self.run)
         body["notify"] = t.notify
         body["probe"] = [str(a.target) for a in t.rule.actions if a.kind == "probe"]

@@ -5,16 +5,30 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from stallscope.textsafe import safe
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    out_console: Console
+    err_console: Console
 
 __all__ = ["bounded", "err_console", "interval_type", "keep_full_type", "out_console", "safe",
            "size_type"]
 
-out_console = Console()
-err_console = Console(stderr=True)
+
+def __getattr__(name: str) -> Any:
+    """``out_console`` and ``err_console``, made on first use: commands that print nothing
+    through rich (the long-running agent) never import it (a few MiB of resident memory)."""
+    if name in ("out_console", "err_console"):
+        from rich.console import Console
+
+        console = Console(stderr=name == "err_console")
+        globals()[name] = console
+        return console
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def interval_type(text: str) -> float:
