@@ -17,12 +17,13 @@ replaces ``model.train_function`` by one that runs the same Keras step function 
 a stand-in for the iterator, used only while tracing, that puts two ``tf.timestamp()`` ops
 around each ``get_next()`` / ``get_next_as_optional()`` in the graph (the first before the
 request, the second once the element is there, by control dependencies) and writes the pair into
-a ring of a CPU variable. Every ``READ_EVERY`` calls (and at each epoch's and training's end)
-the host reads that variable once and makes one step record per element: ``wait_s`` is the
+a ring of a CPU variable. Every :data:`READ_EVERY_S` seconds of training (at the first call that
+ends after that; at the latest every :data:`READ_EVERY` calls, the ring's capacity; and at each
+epoch's and training's end) the host reads that variable once and makes one step record per element: ``wait_s`` is the
 in-graph time the step waited for its element, ``host_s`` the time from that element to the next
 request (the last step of a call: to the call's return). The per-step cost is two timestamp ops
 and one scatter into a variable in the graph; on the host, one clock read and a list append per
-call, and one variable read and a tuple per step every ``READ_EVERY`` calls (docs/probe.md).
+call, and one variable read (~0.1-0.5 ms) every half second and a tuple per step (docs/probe.md).
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: train-function calls between two host reads of the ring (a variable read costs ~0.1 ms on a
-#: busy CPU: once per call would be ~10% of a 1 ms step)
-READ_EVERY = 16
+#: seconds between two host reads of the ring: a read costs ~0.1-0.5 ms on a busy CPU, so
+#: reading after every call would be ~10% of a 1 ms step, and every 16 calls still ~0.5% of a
+#: 5 ms one; twice a second it is at most ~0.1% of any step, and the steps reach the run store
+#: (the live view, the agent) within ~1.5 s
+READ_EVERY_S = 0.5
+#: train-function calls between two host reads at most (the ring holds their steps)
+READ_EVERY = 256
 #: rows of the in-graph ring of timestamps, at least; it is made
 #: ``max(RING, steps_per_execution * (READ_EVERY + 2))`` rows long so that the steps of
 #: ``READ_EVERY`` calls always fit
@@ -308,6 +313,7 @@ class _TimedTrainFunction:
             self._fn = tf.function(lambda it: py(_StampedIterator(it, ring, tf)),
                                    reduce_retracing=True)
         self._seen = 0  # rows of the ring already recorded
+        self._drained_at = time.time()  # when the host last read the ring
         self._calls: list[tuple[float, int | None, int]] = []  # (end, samples, epoch) per call
         self._perf_minus_wall = time.perf_counter() - time.time()
         self.broken = False
@@ -322,9 +328,10 @@ class _TimedTrainFunction:
             return self._whole_call(iterator)
         opt = self._fn(iterator)
         calls = self._calls
-        calls.append((time.time(), hooks.samples if hooks is not None else None,
+        now = time.time()
+        calls.append((now, hooks.samples if hooks is not None else None,
                       hooks.epoch if hooks is not None else 0))
-        if len(calls) >= READ_EVERY:
+        if now - self._drained_at >= READ_EVERY_S or len(calls) >= READ_EVERY:
             self.drain()
         if self.probe._due:  # alert callbacks (stallscope.on_alert), between two calls
             self.probe.run_due()
@@ -351,12 +358,13 @@ class _TimedTrainFunction:
 
     def drain(self) -> None:
         """Read the ring once and record the steps of the calls since the last read (every
-        ``READ_EVERY`` calls, and at the end of each epoch and of training). Never raises:
-        a failure turns the timing off, once, with a message."""
+        ``READ_EVERY_S`` seconds or ``READ_EVERY`` calls, and at the end of each epoch and of
+        training). Never raises: a failure turns the timing off, once, with a message."""
         calls = self._calls
         if not calls or self._fn is None:
             return
         self._calls = []
+        self._drained_at = time.time()
         try:
             self._record(self.ring.numpy().tolist(), calls)
         except Exception as exc:  # the steps ran; only their records are lost
