@@ -267,3 +267,53 @@ def test_input_wait_agrees_with_the_tensorflow_profiler(run_dir: Path, tmp_path:
           f"steps {step:.4f} s")
     assert wait == pytest.approx(prof_s, rel=0.1, abs=0.001 * BATCHES), (wait, prof_s)
     assert wait / step >= 0.2 and prof_s / step >= 0.2
+
+
+_MIRRORED = r"""
+import os, sys, time
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from stallscope.integrations.keras import StallscopeCallback
+SLEEP_S, BATCHES, SPE = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+x = tf.random.uniform([16 * BATCHES, 8])
+y = tf.random.uniform([16 * BATCHES, 1])
+def slow(a, b):
+    out = tf.py_function(lambda t: (time.sleep(SLEEP_S), t)[1], [a], tf.float32)
+    out.set_shape(a.shape)
+    return out, b
+opts = tf.data.Options()
+opts.experimental_optimization.inject_prefetch = False
+opts.autotune.enabled = False
+ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(slow).with_options(opts)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+assert strategy.num_replicas_in_sync == 2
+with strategy.scope():
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    m.compile("sgd", "mse", steps_per_execution=SPE)
+m.fit(ds, epochs=2, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
+"""
+
+
+def test_fit_under_a_two_replica_mirrored_strategy(run_dir: Path) -> None:
+    """tf.distribute with two replicas (two logical CPU devices, in a process of its own: they
+    must be set before TensorFlow starts): one record per global step, each waiting for its
+    batch, and the pipeline described as the user wrote it, not as the strategy cloned it.
+    (steps_per_execution > 1 under this strategy hangs or fails in Keras 3.15 itself, with or
+    without the callback: docs/probe.md.)"""
+    res = subprocess.run([sys.executable, "-c", _MIRRORED, str(SLEEP_S), str(BATCHES), "1"],
+                         capture_output=True, text=True, timeout=240, check=False,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), STALLSCOPE_RUN_DIR=str(run_dir),
+                                  TF_CPP_MIN_LOG_LEVEL="2"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps, probes = read(run_dir)
+    assert len(steps) == 2 * BATCHES, [s.step for s in steps]
+    assert [s.epoch for s in steps] == [0] * BATCHES + [1] * BATCHES
+    waits = sorted(s.wait_s for s in steps[1:])
+    assert waits[len(waits) // 2] >= 0.8 * SLEEP_S  # each global step waited for its batch
+    hosts = sorted(s.host_s for s in steps[1:])
+    assert hosts[len(hosts) // 2] < 0.5 * SLEEP_S
+    loader = probes[0]["config"]["loader"]
+    assert loader["batch_size"] == 16 and all(s.samples == 16 for s in steps)
+    assert loader["sequential_maps"] == 1 and not loader["prefetch"], loader

@@ -21,12 +21,19 @@ stallscope[tensorflow]``).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import keras
 
 from stallscope.integrations import StepHooks, safe_hook
-from stallscope.probe.keras import _TimedTrainFunction, dataset_config, get_tf_probe, instrument
+from stallscope.probe.keras import (
+    _TimedTrainFunction,
+    dataset_config,
+    get_tf_probe,
+    instrument,
+    is_tf_dataset,
+)
 from stallscope.probe.recorder import _warn
 
 __all__ = ["StallscopeCallback"]
@@ -44,11 +51,16 @@ class StallscopeCallback(keras.callbacks.Callback):
         self.pending_dataset = True
         self.epoch = 0
         self.samples: int | None = None
+        self._fit_dataset: Any = None  # the dataset fit() was given, when it can be found
 
     # what the timed train function reads and calls
     def describe(self, dataset: Any) -> None:
         self.pending_dataset = False
         p = self._core.probe
+        if not is_tf_dataset(dataset):
+            # a tf.distribute iterator holds per-replica clones (rebatched, auto-sharded, with
+            # a prefetch the user never wrote): describe what the user passed to fit()
+            dataset = self._fit_dataset
         if dataset is None or p is None:
             return
         try:
@@ -63,6 +75,7 @@ class StallscopeCallback(keras.callbacks.Callback):
 
     @safe_hook
     def on_train_begin(self, logs: Any = None) -> None:
+        self._fit_dataset = _fit_dataset()
         self._core.probe = get_tf_probe(self._core.rank)
         p = self._core.probe
         if p is None:
@@ -94,3 +107,19 @@ class StallscopeCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: Any = None) -> None:
         self._drain()
         self._core.finish()
+
+
+def _fit_dataset() -> Any:
+    """The tf.data dataset ``model.fit`` was given, or None: Keras 3 keeps it only in the data
+    adapter of fit's local ``epoch_iterator`` (looked up in the calling frames), and the
+    iterator of a multi-replica ``tf.distribute`` strategy does not lead back to it."""
+    frame = sys._getframe(1)
+    for _ in range(16):
+        adapter = getattr(frame.f_locals.get("epoch_iterator"), "data_adapter", None)
+        ds = getattr(adapter, "_dataset", None)
+        if is_tf_dataset(ds):
+            return ds
+        if frame.f_back is None:
+            break
+        frame = frame.f_back
+    return None

@@ -9,21 +9,21 @@ stallscope``); the Keras callback that uses this module lives in
 ``for x, y in stallscope.watch(dataset): train_step(x, y)`` times it exactly as for a
 DataLoader, and :func:`dataset_config` records the pipeline's shape.
 
-**model.fit** cannot be timed that way: Keras 3 calls ``iterator.get_next()`` inside its
-compiled train function, and with ``steps_per_execution=k`` runs k steps per call, so the
-framework's batch hooks only see "input wait + compute" of whole calls. :func:`instrument`
-replaces ``model.train_function`` by one that runs the same Keras step function (its
-``python_function``, traced again in a ``tf.function`` of ours) over a :class:`_StampedIterator`:
-a stand-in for the iterator, used only while tracing, that puts two ``tf.timestamp()`` ops
-around each ``get_next()`` / ``get_next_as_optional()`` in the graph (the first before the
-request, the second once the element is there, by control dependencies) and writes the pair into
-a ring of a CPU variable. Every :data:`READ_EVERY_S` seconds of training (at the first call that
-ends after that; at the latest every :data:`READ_EVERY` calls, the ring's capacity; and at each
-epoch's and training's end) the host reads that variable once and makes one step record per element: ``wait_s`` is the
-in-graph time the step waited for its element, ``host_s`` the time from that element to the next
-request (the last step of a call: to the call's return). The per-step cost is two timestamp ops
-and one scatter into a variable in the graph; on the host, one clock read and a list append per
-call, and one variable read (~0.1-0.5 ms) every half second and a tuple per step (docs/probe.md).
+**model.fit** cannot be timed that way: Keras 3 calls ``iterator.get_next()`` inside its compiled
+train function, and with ``steps_per_execution=k`` runs k steps per call, so the framework's batch
+hooks only see "input wait + compute" of whole calls. :func:`instrument` replaces
+``model.train_function`` by one that runs the same Keras step function (its ``python_function``,
+traced again in a ``tf.function`` of ours) over a :class:`_StampedIterator`: a stand-in for the
+iterator, used only while tracing, that puts two ``tf.timestamp()`` ops around each ``get_next()`` /
+``get_next_as_optional()`` in the graph (the first before the request, the second once the element
+is there, by control dependencies) and writes the pair into a ring of a CPU variable. Every
+:data:`READ_EVERY_S` seconds of training (at the first call that ends after that; at the latest
+every :data:`READ_EVERY` calls, the ring's capacity; and at each epoch's and training's end) the
+host reads that variable once and makes one step record per element: ``wait_s`` is the in-graph time
+the step waited for its element, ``host_s`` the time from that element to the next request (the last
+step of a call: to the call's return). The per-step cost is two timestamp ops and one scatter into a
+variable in the graph; on the host, one clock read and a list append per call, and one variable read
+(~0.1-0.5 ms) every half second and a tuple per step (docs/probe.md).
 """
 
 from __future__ import annotations
