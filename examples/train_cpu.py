@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,23 @@ class FileImages(Dataset[tuple[torch.Tensor, int]]):
             x = F.conv2d(x.unsqueeze(0), self.kernel, padding=1, groups=3).squeeze(0)
         label = int(path.stem.split("_")[1])
         return (x - 0.5) / 0.25, label
+
+
+class ThreadedImages(FileImages):
+    """The same samples, each batch's decoded on a thread pool in the trainer's own process
+    (``__getitems__``, which a DataLoader calls for a whole batch): loading on threads with
+    ``num_workers=0``, as a threaded JPEG decoder does. The convolutions release the GIL, so the
+    threads do run in parallel."""
+
+    def __init__(self, root: Path, size: int, prep_cost: int, threads: int) -> None:
+        super().__init__(root, size, prep_cost)
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="decode")
+        return list(self._pool.map(self.__getitem__, indices))
 
 
 class _WorkerInit:
@@ -123,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
+    ap.add_argument("--decode-threads", type=int, default=0, metavar="N",
+                    help="with --workers 0: decode each batch on N threads of the trainer's own "
+                    "process (loading on threads, not worker processes)")
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
     ap.add_argument("--no-persistent", action="store_true",
                     help="restart the DataLoader workers every epoch (persistent_workers=False)")
@@ -150,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         make_files(root, args.files, args.size, args.classes)
         print(f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)",
               flush=True)
-        ds = FileImages(root, args.size, args.prep_cost)
+        ds = (ThreadedImages(root, args.size, args.prep_cost, args.decode_threads)
+              if args.decode_threads and not args.workers
+              else FileImages(root, args.size, args.prep_cost))
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
                             num_workers=args.workers,
                             persistent_workers=args.workers > 0 and not args.no_persistent,

@@ -109,6 +109,24 @@ def test_loading_in_the_trainer_without_probe_is_never_called_healthy(tmp_path: 
     assert any("stallscope.watch" in f["action"] for f in top["fixes"])
 
 
+def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
+    """num_workers=0 with each batch decoded on a thread pool in the trainer's own process (a
+    threaded decoder): the trainer runs at >100% CPU between steps, which no worker-process
+    signal sees. Without the probe: never compute_bound. With it: input-bound on the CPU
+    transform, with worker processes as the fix."""
+    args = ["--prep-cost", "40", "--workers", "0", "--decode-threads", "2", "--model", "tiny"]
+    doc = run_scenario("threads-no-probe", tmp_path / "a", [*args, "--no-probe"])
+    assert doc["trainer_wait"] >= 0.5
+    assert doc["verdict"] == "insufficient_data", doc["findings"][0]
+    assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
+    doc = run_scenario("threads-probe", tmp_path / "b", args)
+    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert doc["stall_source"] == "probe"
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
+    assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 0 → "), \
+        doc["findings"][0]["fixes"]
+
+
 def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, heavy model: the trainer computes, the loader keeps up."""
     doc = run_scenario("compute", tmp_path, ["--model", "heavy", "--workers", "1"])
