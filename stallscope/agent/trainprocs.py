@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from stallscope.analysis.roles import infer_roles
 from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
-from stallscope.sources.base import Counter, Source, numeric_points
-from stallscope.sources.procs import ProcsSource
+from stallscope.sources.base import Counter, Source
+from stallscope.sources.procs import ProcsSource, procs_points
 
 if TYPE_CHECKING:
     from stallscope.agent.steps import StepFollower
@@ -103,10 +103,7 @@ class TrainerProcs(Source):
         return out
 
     def points(self, payload: dict[str, Any]) -> list[Point]:
-        out: list[Point] = []
-        for pid, fields in payload.items():
-            out.extend(numeric_points(self.name, pid, fields))
-        return out
+        return procs_points(payload)
 
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {pid: self._attrs[pid] for pid in payload if pid in self._attrs}

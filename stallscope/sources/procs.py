@@ -274,10 +274,7 @@ class ProcsSource(Source):
 
     # --- sampling --------------------------------------------------------------------------------
     def points(self, payload: dict[str, Any]) -> list[Point]:
-        out: list[Point] = []
-        for pid, fields in payload.items():
-            out.extend(numeric_points(self.name, pid, fields))
-        return out
+        return procs_points(payload)
 
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each process with its name, command line, parent and the sampler's role."""
@@ -429,6 +426,14 @@ class ProcsSource(Source):
         for pid, p in self._prev.items():
             out.extend(proc_counters(str(pid), p.cpu_ticks, p.io))
         return out
+
+
+def procs_points(payload: dict[str, Any]) -> list[Point]:
+    """The numbers of a procs payload (pid -> fields) as points, entity = pid."""
+    out: list[Point] = []
+    for pid, fields in payload.items():
+        out.extend(numeric_points("procs", pid, fields))
+    return out
 
 
 def proc_counters(entity: str, cpu_ticks: int, io: ProcIo | None) -> list[Counter]:
