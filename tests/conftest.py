@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 META_KEYS = {"command", "host", "start", "end", "exit_code", "interval_s", "data",
              "data_devices", "versions", "logical_cores", "physical_cores", "mem_total_mib",
              "unavailable", "pid", "samples"}
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Stop a process the tests started: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, stallscope_argv, tool_missing
+from conftest import FIXTURES, ROOT, stallscope_argv, terminate, tool_missing
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -84,13 +84,7 @@ def start_agent(tmp: Path, *extra: str, interval: str = "0.5") -> RunningAgent:
 
 
 def stop_agent(agent: RunningAgent) -> None:
-    if agent.proc.poll() is None:
-        agent.proc.send_signal(signal.SIGTERM)
-        try:
-            agent.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.proc.kill()
-            agent.proc.wait()
+    terminate(agent.proc)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import FIXTURES, ROOT, stallscope_argv, tool_missing
+from conftest import FIXTURES, ROOT, stallscope_argv, terminate, tool_missing
 from test_agent import (
     H100_LOAD,
     RTX_IDLE_POWER_CAP,
@@ -172,13 +171,7 @@ def start_prometheus(tmp: Path, targets: list[str], rules: Path | None) -> Prome
 
 
 def stop_prometheus(p: Prometheus) -> None:
-    if p.proc.poll() is None:
-        p.proc.send_signal(signal.SIGTERM)
-        try:
-            p.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            p.proc.kill()
-            p.proc.wait()
+    terminate(p.proc, 15)
 
 
 class ReplayGpuNode:

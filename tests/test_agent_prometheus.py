@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import tool_missing
+from conftest import terminate, tool_missing
 from test_agent import RunningAgent, free_port, start_agent, stop_agent
 
 WAIT_S = 40.0
@@ -75,13 +74,8 @@ def test_prometheus_scrapes_two_agents(tmp_path: Path) -> None:
         cpu = query(base, 'stallscope_host_cpu_seconds_total{mode="idle"}')
         assert len(cpu) == 2
     finally:
-        if server is not None and server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        if server is not None:
+            terminate(server, 15)
         for a in agents:
             stop_agent(a)
     for a in agents:

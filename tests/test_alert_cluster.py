@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import FIXTURES, ROOT, tool_missing
+from conftest import FIXTURES, ROOT, terminate, tool_missing
 from test_agent import free_port, get
 
 RULES = ROOT / "deploy" / "prometheus" / "stallscope-alerts.yml"
@@ -102,14 +101,8 @@ def webhook() -> Iterator[tuple[int, list[dict[str, Any]]]]:
 
 
 def _stop(p: subprocess.Popen[bytes] | None) -> None:
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+    if p is not None:
+        terminate(p)
 
 
 def _wait(what: str, cond: Any, procs: list[subprocess.Popen[bytes]]) -> Any:
