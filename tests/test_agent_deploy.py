@@ -339,6 +339,54 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
     assert f"node 127.0.0.1:{a0.port}" in r.stdout and "verdict: input_bound" in r.stdout
 
 
+@pytest.mark.slow
+def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
+    """An unchanged trainer (no probe) under `stallscope run`, whose one DataLoader worker cannot
+    keep up: the agent exports its processes with their roles, and `diagnose --prometheus`
+    reaches the local verdict from them (the worker's CPU, the trainer's main thread)."""
+    agent = start_agent(tmp_path / "node", interval="0.5")
+    prom: Prometheus | None = None
+    trainer: subprocess.Popen[str] | None = None
+    out = tmp_path / "runs"
+    try:
+        prom = start_prometheus(tmp_path, [f"127.0.0.1:{agent.port}"], None)
+        trainer = subprocess.Popen(
+            stallscope_argv("run", "--interval", "1", "--out", str(out), "--", sys.executable,
+                            TRAIN, "--files", "400", "--max-seconds", "22", "--epochs", "100",
+                            "--workers", "1", "--prep-cost", "40", "--model", "tiny",
+                            "--no-probe"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        wait_for(prom, {"worker": 'stallscope_proc_cpu_ratio{role="worker"}',
+                        "trainer": 'stallscope_proc_main_thread_active_ratio{role="main"}'},
+                 40, [trainer, agent.proc])
+        trainer.communicate(timeout=120)
+        assert trainer.returncode == 0
+        local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(out), "--json"),
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert local.returncode == 0, local.stderr
+        here = json.loads(local.stdout)
+        time.sleep(2)  # the last scrape of the finished run
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
+                                           f"127.0.0.1:{agent.port}", "--since", "2m", "--step",
+                                           "1s", "--json"),
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        there = json.loads(r.stdout)
+        assert here["verdict"] == "input_bound.prep", here["findings"][0]
+        assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
+        assert there["stall_source"] == here["stall_source"] == "main_thread"
+        assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.1, (
+            here["stall_fraction"], there["stall_fraction"])
+    finally:
+        if trainer is not None and trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        if prom is not None:
+            stop_prometheus(prom)
+        stop_agent(agent)
+
+
 # --- bad input: one line each ---------------------------------------------------------------------
 
 def one_line(r: subprocess.CompletedProcess[str]) -> str:

@@ -165,8 +165,45 @@ def _attrs(m: Metric, labels: dict[str, str]) -> dict[str, Any]:
         return {k: labels[p] for k, p in (("uuid", "UUID"), ("name", "modelName"),
                                            ("pci_bus_id", "pci_bus_id")) if p in labels}
     if m.source == "procs":
-        return {k: labels[k] for k in ("role", "name") if k in labels}
+        return {k: labels[k] for k in ("role", "name", "run", "rank") if k in labels}
     return {}
+
+
+def _one_run_of_procs(series: dict[tuple[str, str], Series],
+                      entities: dict[tuple[str, str], dict[str, Any]], run: str | None) -> None:
+    """Keep the processes of one training (``run``; when no probe chose one, the run with the
+    most process points) and give them back their parents: the agent's ``role`` and ``rank``
+    labels say which worker belongs to which trainer (the tree the roles are inferred from,
+    :func:`~stallscope.analysis.roles.infer_roles`, needs ``ppid``)."""
+    procs = {ent: a for (src, ent), a in entities.items() if src == "procs"}
+    if not procs:
+        return
+    if run is None or run not in {a.get("run") for a in procs.values()}:
+        points: dict[str, int] = defaultdict(int)
+        for (name, ent), ser in series.items():
+            if name.startswith("procs.") and ent in procs:
+                points[str(procs[ent].get("run"))] += len(ser.ts)
+        run = max(points, key=lambda r: (points[r], r)) if points else None
+    gone = {ent for ent, a in procs.items() if str(a.get("run")) != str(run)}
+    for key in [k for k in series if k[0].startswith("procs.") and k[1] in gone]:
+        del series[key]
+    for ent in gone:
+        del entities[("procs", ent)]
+    kept = {ent: a for ent, a in procs.items() if ent not in gone}
+    mains = {ent: a.get("rank") for ent, a in kept.items() if a.get("role") == "main"}
+    launchers = [ent for ent, a in kept.items() if a.get("role") == "launcher"]
+    for a in kept.values():
+        if a.get("role") == "worker":
+            same = [m for m, rank in mains.items() if rank == a.get("rank")]
+            parent = same[0] if len(same) == 1 else (next(iter(mains)) if len(mains) == 1
+                                                      else None)
+        elif a.get("role") == "main" and len(launchers) == 1:
+            parent = launchers[0]
+        else:
+            parent = None
+        a["ppid"] = parent
+        # the sampler's role of a recorded run: "main" for the tree's root, else "worker"
+        a["role"] = "main" if a.get("role") == "main" else "worker"
 
 
 def load_prometheus(q: PromQuery) -> list[Any]:
@@ -227,6 +264,8 @@ def load_prometheus(q: PromQuery) -> list[Any]:
     for inst in instances:
         series = per_inst.get(inst, {})
         step_rows, runs = _steps(steps_raw.get(inst, {}), q.run, start, step)
+        _one_run_of_procs(series, entities.get(inst, {}),
+                          step_rows[0][0] if step_rows else q.run)
         cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
         mem = series.get(("host.mem_total_mib", ""))
         firsts = [s.ts[0] for s in series.values() if s.ts]
