@@ -26,6 +26,7 @@ from test_agent import (
     RTX_IDLE_POWER_CAP,
     RunningAgent,
     free_port,
+    get,
     start_agent,
     stop_agent,
 )
@@ -385,6 +386,80 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
         if prom is not None:
             stop_prometheus(prom)
         stop_agent(agent)
+
+
+@pytest.mark.slow
+def test_agent_follows_another_users_training() -> None:
+    """The agent as one unprivileged user (a `stallscope` system user, as the systemd unit
+    runs it) and a training under `stallscope run` as another, with its own run index: listed
+    in the agent's `run_indexes`, the run's steps (read-only SQLite on another user's WAL
+    database) and processes reach /metrics; the trainer's /proc/PID/io is not readable across
+    users, so its byte counters are left out, and nothing else fails."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the agent and the trainer as two other users")
+    agent_uid, trainer_uid = 61946, 61945
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import stallscope"], user=trainer_uid,
+                               group=trainer_uid, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                               capture_output=True, text=True, cwd="/", check=False)
+        why = probe.stderr.strip()[-200:] if probe.returncode else ""
+    except PermissionError as exc:
+        why = str(exc)
+    if why:
+        pytest.skip(f"this Python cannot run as another user here: {why}")
+    top = Path(tempfile.mkdtemp(prefix="stallscope-users-"))
+    agent: subprocess.Popen[str] | None = None
+    trainer: subprocess.Popen[str] | None = None
+    try:
+        top.chmod(0o777)
+        port = free_port()
+        config = top / "agent.toml"
+        config.write_text(f'listen = "127.0.0.1:{port}"\ninterval_s = 0.5\n'
+                          f'store_dir = "{top}/agent-store"\n'
+                          f'run_indexes = ["{top}/state-*/runs.txt"]\n')
+        config.chmod(0o644)
+        base = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(top))
+        agent = subprocess.Popen(stallscope_argv("agent", "--config", str(config)),
+                                 user=agent_uid, group=agent_uid, cwd=top, text=True,
+                                 env=dict(base, STALLSCOPE_STATE_DIR=str(top / "agent-state")),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        trainer = subprocess.Popen(
+            stallscope_argv("run", "--interval", "1", "--out", str(top / "runs"), "--",
+                            sys.executable, TRAIN, "--files", "300", "--max-seconds", "12",
+                            "--epochs", "100"),
+            user=trainer_uid, group=trainer_uid, cwd=top, text=True,
+            env=dict(base, STALLSCOPE_STATE_DIR=str(top / "state-alice")),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline, text = time.monotonic() + 40, ""
+        # labels come sorted: the rank shows once the trainer's probe has reported
+        want = ("stallscope_train_steps_total{", 'rank="0",role="worker"', 'rank="0",role="main"')
+        while time.monotonic() < deadline:
+            assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+            try:
+                text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
+            except OSError:
+                text = ""
+            if all(w in text for w in want):
+                break
+            time.sleep(0.5)
+        assert all(w in text for w in want), text[-3000:]
+        [run_dir] = list((top / "runs").iterdir())
+        steps = [ln for ln in text.splitlines() if ln.startswith("stallscope_train_steps_total{")]
+        assert f'run="{run_dir.name}"' in steps[0] and float(steps[0].rsplit(" ", 1)[1]) > 0
+        procs = [ln for ln in text.splitlines()
+                 if ln.startswith("stallscope_proc_cpu_seconds_total{")]
+        assert {('rank="0"' in ln, f'run="{run_dir.name}"' in ln) for ln in procs} == {
+            (True, True)}, procs
+        assert "stallscope_proc_read_bytes_total{" not in text  # another user's /proc/PID/io
+        trainer.communicate(timeout=120)
+        assert trainer.returncode == 0
+    finally:
+        for p in (trainer, agent):
+            if p is not None:
+                terminate(p)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # --- bad input: one line each ---------------------------------------------------------------------
