@@ -106,6 +106,28 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]], str]]]] = [
           (f"stallscope_host_shm_used_ratio{{{INST}}}", "{{instance}} /dev/shm")],
          "DataLoader workers hand batches over through /dev/shm."),
     ]),
+    ("SMART (drives the agent's config lists: smart = [...])", [
+        ("SMART verdict failing", "none",
+         [(f"stallscope_smart_failing{{{INST}}}", "{{instance}} {{device}}")],
+         "1 while the drive's SMART verdict is failing (the same judgement as `stallscope "
+         "disk`), checked every 10 minutes; 0 otherwise."),
+        ("Medium-defect growth since the baseline check", "none",
+         [(f"stallscope_smart_medium_growth{{{INST}}}", "{{instance}} {{device}}")],
+         "Growth of reallocated, pending, offline-uncorrectable and reported-uncorrect "
+         "sectors, NVMe media errors and SAS grown defects: growth, not the count, is what "
+         "precedes failure."),
+        ("Reallocated and pending sectors", "none",
+         [(f"stallscope_smart_reallocated_sectors{{{INST}}}",
+           "{{instance}} {{device}} reallocated"),
+          (f"stallscope_smart_pending_sectors{{{INST}}}", "{{instance}} {{device}} pending")],
+         "SMART 5 and 197 raw values (ATA drives)."),
+        ("NVMe endurance used and spare left", "percentunit",
+         [(f"stallscope_smart_nvme_percentage_used_ratio{{{INST}}}",
+           "{{instance}} {{device}} used"),
+          (f"stallscope_smart_nvme_available_spare_ratio{{{INST}}}",
+           "{{instance}} {{device}} spare")],
+         "NVMe percentage_used (can pass 100%) and available_spare."),
+    ]),
     ("Agent", [
         ("Sources up", "none",
          [(f"stallscope_source_up{{{INST}}}", "{{instance}} {{source}}")],

@@ -175,9 +175,19 @@ def stop_prometheus(p: Prometheus) -> None:
     terminate(p.proc, 15)
 
 
+#: real smartctl --json outputs replayed as the third node's drives (README-smartctl.md): an
+#: ATA disk with 304 reallocated sectors (failing), a failing NVMe, an ageing SATA SSD
+SMART_REPLAY = ("smartctl-ST3500418AS_12.json",
+                "smartctl-nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0.json",
+                "smartctl-sat-Intel_730_and_DC_S35x0_3610_3700_Series_SSDs-INTEL_SSDSC2BB016T4-"
+                "sdf.json")
+
+
 class ReplayGpuNode:
-    """A third node with two GPUs: the real exporter over replayed NVML readings (real
-    nvidia-smi captures, tests/fixtures/README-nvml.md), served over real HTTP on loopback."""
+    """A third node with two GPUs and three drives: the real exporter over replayed NVML
+    readings (real nvidia-smi captures, tests/fixtures/README-nvml.md) and replayed SMART checks
+    (real smartctl --json outputs, judged by the same code as `stallscope disk`), served over
+    real HTTP on loopback. No drive here lets smartctl read SMART (a virtio disk)."""
 
     def __init__(self) -> None:
         from prometheus_client import start_http_server
@@ -185,13 +195,20 @@ class ReplayGpuNode:
         from stallscope.agent.exporter import PrometheusSink
         from stallscope.collect import Collector
         from stallscope.sources.gpu import GpuSource
+        from stallscope.sources.health import parse_smartctl
+        from stallscope.sources.smart import SmartSource
         from stallscope.testing.nvml_replay import NvmlReplay
 
         replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
         gpu = GpuSource(backend=replay)
         gpu.open()
-        self.sink = PrometheusSink(["gpu"], hostname="gpu-node")
-        self.collector = Collector([gpu], [self.sink], interval=0.5)
+        drives = [parse_smartctl(json.loads((FIXTURES / f).read_text()), source=f)
+                  for f in SMART_REPLAY]
+        smart = SmartSource(["/dev/sda", "/dev/nvme0", "/dev/sdf"],
+                            check=lambda _devices: (drives, []))
+        smart.open()
+        self.sink = PrometheusSink(["gpu", "smart"], hostname="gpu-node")
+        self.collector = Collector([gpu, smart], [self.sink], interval=0.5)
         self.collector.start()
         self.port = free_port()
         self.server, _thread = start_http_server(self.port, addr="127.0.0.1",
@@ -293,6 +310,12 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
     # the replayed node: an RTX 2080 SUPER idle and an H100 under load -> half its GPUs idle
     underused = prom.query(f'instance:stallscope_gpu_underused:ratio{{instance="{gpu_target}"}}')
     assert [float(r["value"][1]) for r in underused] == [0.5]
+    # its replayed drives: the ATA disk with 304 reallocated sectors and the NVMe are failing
+    failing = {r["metric"]["device"]: float(r["value"][1])
+               for r in prom.query(f'stallscope_smart_failing{{instance="{gpu_target}"}}')}
+    assert failing == {"sda": 1.0, "nvme0": 1.0, "sdf": 0.0}, failing
+    assert [float(r["value"][1]) for r in prom.query(
+        'stallscope_smart_reallocated_sectors{device="sda"}')] == [304.0]
     # every dashboard panel's PromQL parses and returns data while the training runs
     empty = [(title, expr) for title, expr in dashboard_targets()
              if not prom.query(concrete(expr))]
