@@ -186,7 +186,8 @@ def dashboard() -> dict[str, Any]:
             {"name": "datasource", "label": "Prometheus", "type": "datasource",
              "query": "prometheus", "current": {}, "hide": 0},
             var("instance", "Node", "stallscope_source_up"),
-            var("run", "Run", "stallscope_train_steps_total"),
+            # every run the agents follow has processes; only runs with a probe have steps
+            var("run", "Run", "stallscope_proc_cpu_seconds_total"),
         ]},
         "panels": panels,
     }

@@ -5,10 +5,12 @@ and Prometheus is in test_agent_deploy.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -108,6 +110,27 @@ def test_runs_that_ended_or_died_before_are_not_exported(tmp_path: Path) -> None
     assert StepFollower(rescan_s=0).poll() == {}
 
 
+def test_a_reused_pid_is_not_the_trainer(tmp_path: Path) -> None:
+    """A standalone run killed with -9 whose pid now belongs to a process that started long
+    after the run began (this test's own process, an hour "later"): not followed, and
+    `runs` calls a run whose monitor pid was reused interrupted."""
+    import json
+
+    from stallscope.store.rundir import monitor_alive, run_state
+
+    run = make_run(tmp_path)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["start"] = time.time() - 3600 * 24
+    write_meta(run, meta)
+    add_steps(run, 0, 0, 3, 0.1, 0.1)
+    record_run(run)
+    assert StepFollower(rescan_s=0).poll() == {}
+    assert not monitor_alive(os.getpid(), meta["start"])
+    assert monitor_alive(os.getpid(), time.time())
+    assert run_state({"start": meta["start"], "monitor_pid": os.getpid()}) == "interrupted"
+    assert run_state({"start": time.time(), "monitor_pid": os.getpid()}) == "running"
+
+
 def test_unreadable_step_rows_are_skipped(tmp_path: Path) -> None:
     import sqlite3
 
@@ -194,6 +217,51 @@ def test_steps_from_counters_baseline_reset_and_shares() -> None:
     rows = _rank_rows(0, late, start=100.0, step=1.0)
     assert [round(r.ts, 3) for r in rows] == [104.0, 107.0, 110.0, 110.5, 111.0]
     assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
+    # a first step before the window: the agent restarted and read the whole run again, so
+    # the first point is a baseline, not the window's steps
+    late["first_ts"] = ([110.0, 111.0], [90.0, 90.0])
+    rows = _rank_rows(0, late, start=100.0, step=1.0)
+    assert len(rows) == 2 and [round(r.ts, 3) for r in rows] == [110.5, 111.0]
+
+
+def test_processes_from_prometheus_labels_one_run_and_its_tree() -> None:
+    """What diagnose --prometheus rebuilds from the agent's process labels: the diagnosed
+    run's processes only, the roles of a torchrun tree without a probe (ppid labels), the
+    rank-less and ranked label sets of one process as one series."""
+    from stallscope.analysis.promdata import Series, _one_run_of_procs
+    from stallscope.analysis.roles import infer_roles
+
+    def ent(pid: str, role: str, name: str, ppid: str | None, run: str = "r1",
+            rank: str | None = None) -> dict[str, Any]:
+        a = {"role": role, "name": name, "run": run}
+        if ppid is not None:
+            a["ppid"] = ppid
+        if rank is not None:
+            a["rank"] = rank
+        return a
+
+    entities = {("procs", "10"): ent("10", "launcher", "torchrun", "1"),
+                ("procs", "11"): ent("11", "main", "python", "10"),
+                ("procs", "12"): ent("12", "main", "python", "10"),
+                ("procs", "13"): ent("13", "worker", "pt_data_worker", "11"),
+                ("procs", "14"): ent("14", "worker", "pt_data_worker", "12"),
+                ("procs", "90"): ent("90", "main", "python", "1", run="r0")}
+    series = {("procs.cpu_pct", p): Series("procs.cpu_pct", p, [1.0, 2.0], [50.0, 60.0])
+              for _s, p in entities}
+    _one_run_of_procs(series, entities, None)  # no probe: the run with the most points
+    assert {p for _s, p in entities} == {"10", "11", "12", "13", "14"}
+    assert ("procs.cpu_pct", "90") not in series
+    roles = infer_roles([{"entity": p, "attrs": a} for (_s, p), a in entities.items()])
+    assert roles == {"10": "launcher", "11": "main", "12": "main", "13": "worker",
+                     "14": "worker"}
+    # an agent without the ppid label: workers go under the trainer of their rank
+    entities = {("procs", "11"): ent("11", "main", "python", None, rank="0"),
+                ("procs", "12"): ent("12", "main", "python", None, rank="1"),
+                ("procs", "13"): ent("13", "worker", "pt_data_worker", None, rank="0"),
+                ("procs", "14"): ent("14", "worker", "pt_data_worker", None, rank="1")}
+    _one_run_of_procs({}, entities, "r1")
+    assert {p: a["ppid"] for (_s, p), a in entities.items()} == {
+        "11": None, "12": None, "13": "11", "14": "12"}
 
 
 # --- the trainers' processes (run, rank, role labels) ---------------------------------------------
@@ -225,7 +293,8 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
     from stallscope.agent.trainprocs import TrainerProcs
     from stallscope.collect import Collector
 
-    tree = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
+    tree = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         assert tree.stdout is not None
         ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
@@ -255,7 +324,7 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
                          and f'pid="{pid}"' in ln), None)
             assert line is not None, (pid, text)
             assert f'role="{role}"' in line and f'run="{run.name}"' in line, line
-            assert 'hostname="node-3"' in line, line
+            assert 'hostname="node-3"' in line and 'ppid="' in line, line
             if rank is None:
                 assert "rank=" not in line, line
             else:
@@ -266,5 +335,5 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
         procs.sample(time.time())
         assert procs.sample(time.time()) == {}
     finally:
-        tree.kill()
+        os.killpg(tree.pid, signal.SIGKILL)  # the ranks and workers too
         tree.wait()

@@ -123,8 +123,10 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
     assert doc["stall_source"] == "probe"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
-    assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 0 → "), \
-        doc["findings"][0]["fixes"]
+    # worker processes among the fixes (first, or after "make per-sample work cheaper" when
+    # the trainer's threads already use every core)
+    assert any(f["action"].startswith("num_workers 0 → ")
+               for f in doc["findings"][0]["fixes"]), doc["findings"][0]["fixes"]
 
 
 def test_compute_bound(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ name are not exported). Labels:
 * disk series ``device`` (``nvme0n1``, as node_exporter's ``node_disk_*``);
 * ``stallscope_host_cpu_seconds_total`` ``mode``; per-core series ``cpu`` (``"3"``);
 * process series (the trainings the agent follows, :mod:`stallscope.agent.trainprocs`)
-  ``pid``, ``name`` (comm), ``role`` (main, worker, launcher), ``run``, ``rank`` (when a probe
-  told) and ``hostname``;
+  ``pid``, ``ppid``, ``name`` (comm), ``role`` (main, worker, launcher), ``run``, ``rank``
+  (when a probe told) and ``hostname``;
 * throttle reasons one series per NVML reason name: ``stallscope_gpu_throttle_active{reason=
   "sw_power_cap", gpu="0", ...} 1``.
 
@@ -119,7 +119,7 @@ def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
         return gpu_labels(entity, attrs, hostname) if entity else {"hostname": hostname}
     if m.source == "procs":
         out = {"pid": entity}
-        for key in ("role", "name", "run", "rank"):
+        for key in ("role", "name", "run", "rank", "ppid"):
             if attrs.get(key) is not None and attrs.get(key) != "":
                 out[key] = str(attrs[key])
         out["hostname"] = hostname

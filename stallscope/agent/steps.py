@@ -99,6 +99,7 @@ class _Followed:
     conn: sqlite3.Connection | None = None
     ended_at: float | None = None  #: when the agent saw it end (agent clock)
     pid: int | None = None  #: the trainer's process (meta.json ``pid``): its tree's root
+    start: float | None = None  #: the run's start (meta.json): a later process is not its own
 
 
 class StepFollower:
@@ -145,10 +146,11 @@ class StepFollower:
             if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
                 self._scan(now)
                 self._scanned_at = now
+            self._expire(now)
             out: dict[str, tuple[int, dict[int, int]]] = {}
             for f in self._followed.values():
-                if f.ended_at is not None or f.pid is None:
-                    continue
+                if f.ended_at is not None or f.pid is None or not monitor_alive(f.pid, f.start):
+                    continue  # ended, not started yet, or its trainer is gone
                 out[f.run_id] = (f.pid, self._probe_pids(f))
             return out
 
@@ -158,6 +160,13 @@ class StepFollower:
                 self._drop(key)
 
     # --- inside the lock ------------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        """Drop the runs that ended more than the grace period ago (their connection closes),
+        also when nothing scrapes."""
+        for key, f in list(self._followed.items()):
+            if f.ended_at is not None and now - f.ended_at > self.grace_s:
+                self._drop(key)
+
     def _scan(self, now: float) -> None:
         try:
             dirs = self.runs()
@@ -173,7 +182,8 @@ class StepFollower:
             running = _is_running(d)
             if f is None:
                 if running:
-                    self._followed[key] = _Followed(d, d.name, pid=_trainer_pid(d))
+                    self._followed[key] = _Followed(d, d.name, pid=_trainer_pid(d),
+                                                    start=_run_start(d))
                 else:
                     self._ignored.add(key)
             elif not running:
@@ -256,6 +266,15 @@ def _trainer_pid(run_dir: Path) -> int | None:
     return None
 
 
+def _run_start(run_dir: Path) -> float | None:
+    try:
+        start = read_meta(run_dir).get("start")
+    except RunNotFound:
+        return None
+    return float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) \
+        else None
+
+
 def _is_running(run_dir: Path) -> bool:
     """The run has not ended and the process that writes it (the monitor of ``stallscope run``,
     or the trainer itself for a standalone probe) is alive."""
@@ -267,5 +286,5 @@ def _is_running(run_dir: Path) -> bool:
         return False
     pid = meta.get("pid")
     if meta.get("monitor_pid") is None and isinstance(pid, int) and not isinstance(pid, bool):
-        return monitor_alive(pid)
+        return monitor_alive(pid, meta.get("start"))
     return True

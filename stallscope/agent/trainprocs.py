@@ -84,11 +84,14 @@ class TrainerProcs(Source):
                 continue
             pid_rank = ranks_of.get(run_id, {})
             known = src.entities(payload)
-            procs = [{"entity": pid, "attrs": a} for pid, a in known.items()]
+            # the parents as this sample read them (a pid reused by a new worker has a new one)
+            now_attrs = {pid: {**(known.get(pid) or {}), "ppid": rec.get("ppid")}
+                         for pid, rec in payload.items()}
+            procs = [{"entity": pid, "attrs": a} for pid, a in now_attrs.items()]
             roles = infer_roles(procs, {str(p) for p in pid_rank})
-            parent = {pid: str(a.get("ppid")) for pid, a in known.items()}
+            parent = {pid: str(a.get("ppid")) for pid, a in now_attrs.items()}
             for pid, rec in payload.items():
-                a = dict(known.get(pid) or {})
+                a = dict(now_attrs[pid])
                 a["run"] = run_id
                 a["role"] = roles.get(pid, a.get("role", "worker"))
                 rank = _rank_of(pid, parent, {str(p): r for p, r in pid_rank.items()})

@@ -165,7 +165,7 @@ def _attrs(m: Metric, labels: dict[str, str]) -> dict[str, Any]:
         return {k: labels[p] for k, p in (("uuid", "UUID"), ("name", "modelName"),
                                            ("pci_bus_id", "pci_bus_id")) if p in labels}
     if m.source == "procs":
-        return {k: labels[k] for k in ("role", "name", "run", "rank") if k in labels}
+        return {k: labels[k] for k in ("role", "name", "run", "rank", "ppid") if k in labels}
     return {}
 
 
@@ -193,7 +193,9 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
     mains = {ent: a.get("rank") for ent, a in kept.items() if a.get("role") == "main"}
     launchers = [ent for ent, a in kept.items() if a.get("role") == "launcher"]
     for a in kept.values():
-        if a.get("role") == "worker":
+        if a.get("ppid") not in (None, ""):
+            parent = a["ppid"]  # the agent says it (agents before the ppid label did not)
+        elif a.get("role") == "worker":
             same = [m for m, rank in mains.items() if rank == a.get("rank")]
             parent = same[0] if len(same) == 1 else (next(iter(mains)) if len(mains) == 1
                                                       else None)
@@ -250,7 +252,15 @@ def load_prometheus(q: PromQuery) -> list[Any]:
             continue
         ent = _entity(m, labels)
         scale = m.prom_scale or 1.0
-        per_inst[inst][(m.name, ent)] = Series(m.name, ent, ts, [v / scale for v in vs])
+        vs = [v / scale for v in vs]
+        had = per_inst[inst].get((m.name, ent))
+        if had is not None:
+            # the same entity under another label set (a process that got its rank label
+            # once its probe reported): one series, in time order, each time once
+            merged = dict(zip(had.ts, had.v))
+            merged.update(zip(ts, vs))
+            ts, vs = sorted(merged), [merged[t] for t in sorted(merged)]
+        per_inst[inst][(m.name, ent)] = Series(m.name, ent, ts, vs)
         attrs = _attrs(m, labels)
         if ent or attrs:
             entities[inst].setdefault((m.source, ent), {}).update(attrs)
@@ -323,7 +333,9 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
         if prev is None:
             # the first point: the run began inside the window (its series starts after the
             # window's first step) -> all its steps count; else it is the baseline
-            began = t > start + 1.5 * step
+            # (unless its first step came before the window: then the agent restarted and
+            # read the run's steps anew, and the first point is a baseline too)
+            began = t > start + 1.5 * step and (first_ts is None or first_ts >= start)
             base = {k: 0.0 for k in cur} if began else cur
             t_from = t - step
             if began and first_ts is not None and first_ts < t_from:

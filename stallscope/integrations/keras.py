@@ -105,6 +105,7 @@ class StallscopeCallback(keras.callbacks.Callback):
 
     @safe_hook
     def on_train_end(self, logs: Any = None) -> None:
+        self._fit_dataset = None  # the user's dataset is theirs again
         self._drain()
         self._core.finish()
 

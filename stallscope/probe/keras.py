@@ -314,6 +314,17 @@ class _TimedTrainFunction:
                                    reduce_retracing=True)
         self._seen = 0  # rows of the ring already recorded
         self._drained_at = time.time()  # when the host last read the ring
+        rows = self.rows
+
+        def read_new(seen: Any) -> Any:
+            # the rows written since ``seen`` (at most the ring's length: older ones were
+            # overwritten), one gather: a read costs the same whatever the ring's length
+            n = tf.cast(ring[rows, 0], tf.int64)
+            first = tf.maximum(seen, n - rows)
+            return n, first, tf.gather(ring, tf.range(first, n) % rows)
+
+        self._read_new = tf.function(read_new,
+                                     input_signature=[tf.TensorSpec([], tf.int64)])
         self._calls: list[tuple[float, int | None, int]] = []  # (end, samples, epoch) per call
         self._perf_minus_wall = time.perf_counter() - time.time()
         self.broken = False
@@ -366,32 +377,31 @@ class _TimedTrainFunction:
         self._calls = []
         self._drained_at = time.time()
         try:
-            self._record(self.ring.numpy().tolist(), calls)
+            n, first, got = self._read_new(self._tf.constant(self._seen, self._tf.int64))
+            self._record(int(n), int(first), got.numpy().tolist(), calls)
         except Exception as exc:  # the steps ran; only their records are lost
             self.broken = True
             _warn(f"Keras step timing off: {exc!r}")
 
-    def _record(self, ring: list[list[float]], calls: list[tuple[float, int | None, int]]
-                ) -> None:
-        """One record per ring row since the last read. Rows and calls are both in time order
-        (on the ``time.time`` clock that ``tf.timestamp`` reads): a row belongs to the first
-        call that ended after its element came; its host time runs to the next row's request
-        in the same call, or to the call's end."""
-        rows = self.rows
-        n = int(ring[rows][0])
-        first = max(self._seen, n - rows)
+    def _record(self, n: int, first: int, got: list[list[float]],
+                calls: list[tuple[float, int | None, int]]) -> None:
+        """One record per ring row since the last read (``got``: rows ``first`` to ``n``).
+        Rows and calls are both in time order (on the ``time.time`` clock that
+        ``tf.timestamp`` reads): a row belongs to the first call that ended after its element
+        came; its host time runs to the next row's request in the same call, or to the call's
+        end."""
         p = self.probe
         shift = self._perf_minus_wall
         buf, cap = p._buf, p.capacity
         c, last = 0, len(calls) - 1
         for j in range(first, n):
-            t0, t1 = ring[j % rows]
+            t0, t1 = got[j - first]
             if t1 < 0:  # get_next_as_optional() found the end of the data: no step
                 continue
             while c < last and t1 > calls[c][0]:
                 c += 1
             end, samples, epoch = calls[c]
-            t_next = ring[(j + 1) % rows][0] if j + 1 < n else end
+            t_next = got[j + 1 - first][0] if j + 1 < n else end
             if t_next > end:
                 t_next = end
             cur = p._step = p._step + 1

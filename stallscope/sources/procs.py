@@ -297,6 +297,8 @@ class ProcsSource(Source):
             del self._prev_main[gone]
         for gone in {k[0] for k in self._files} - seen:
             self._forget(gone)
+        for gone in set(self.known) - seen:
+            del self.known[gone]  # a pid the kernel hands out again is a new process
         self._tree = seen or {self.root_pid}
         return out
 

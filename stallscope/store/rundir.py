@@ -134,11 +134,32 @@ RunState = Literal["running", "finished", "interrupted"]
 _PID_MAX = 2**22
 
 
-def monitor_alive(pid: object) -> bool:
+#: how much later than the run's start its writer may have started (clock steps, slow starts)
+#: before a live process under that pid is taken for another one that reused the pid
+_REUSE_SLACK_S = 120.0
+
+
+def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
+    """Unix time process ``pid`` started (``/proc/PID/stat`` field 22 after the boot time of
+    ``/proc/stat``), or None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            stat = f.read()
+        with open(os.path.join(proc_root, "stat")) as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def monitor_alive(pid: object, since: object = None) -> bool:
     """Whether the stallscope process that writes a run (``monitor_pid``) is still there.
 
     None (unknown: an older run, or a standalone probe) is taken as alive; a value that cannot
-    be a process id (not an integer, zero, negative, past the kernel's maximum) as gone."""
+    be a process id (not an integer, zero, negative, past the kernel's maximum) as gone.
+    ``since``: the run's start (Unix time); a process under that pid that started well after it
+    is another one that reused the pid, so the writer is gone."""
     if pid is None:
         return True
     if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= _PID_MAX:
@@ -148,9 +169,13 @@ def monitor_alive(pid: object) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's process: it exists
+        pass  # someone else's process: it exists
     except (OSError, OverflowError, ValueError):
         return False
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        started = process_started_at(pid)
+        if started is not None and started > since + _REUSE_SLACK_S:
+            return False
     return True
 
 
@@ -160,7 +185,8 @@ def run_state(meta: dict[str, Any]) -> RunState:
     "interrupted" (it was killed, e.g. ``kill -9``, or the machine went down)."""
     if meta.get("end") is not None:
         return "finished"
-    return "running" if monitor_alive(meta.get("monitor_pid")) else "interrupted"
+    return ("running" if monitor_alive(meta.get("monitor_pid"), meta.get("start"))
+            else "interrupted")
 
 
 def _root(out: str | os.PathLike[str]) -> Path:
