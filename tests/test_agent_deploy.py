@@ -445,14 +445,15 @@ def test_agent_follows_another_users_training() -> None:
         config.chmod(0o644)
         base = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(top))
         agent = subprocess.Popen(stallscope_argv("agent", "--config", str(config)),
-                                 user=agent_uid, group=agent_uid, cwd=top, text=True,
+                                 user=agent_uid, group=agent_uid, extra_groups=[],
+                                 cwd=top, text=True,
                                  env=dict(base, STALLSCOPE_STATE_DIR=str(top / "agent-state")),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         trainer = subprocess.Popen(
             stallscope_argv("run", "--interval", "1", "--out", str(top / "runs"), "--",
                             sys.executable, TRAIN, "--files", "300", "--max-seconds", "12",
                             "--epochs", "100"),
-            user=trainer_uid, group=trainer_uid, cwd=top, text=True,
+            user=trainer_uid, group=trainer_uid, extra_groups=[], cwd=top, text=True,
             env=dict(base, STALLSCOPE_STATE_DIR=str(top / "state-alice")),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline, text = time.monotonic() + 40, ""
