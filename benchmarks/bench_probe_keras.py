@@ -77,13 +77,13 @@ def model(spe: int, width: int) -> Any:
 Timing = tuple[float, float]
 
 
-Pair = tuple[float, float, float, float, float]
+Pair = tuple[float, float, float, float, float, float]
 
 
 def ab(bare: Callable[[], Timing], probed: Callable[[], Timing], rounds: int) -> Pair:
     """Interleaved rounds (order drawn at random each round); returns median bare ms/step,
     median probed ms/step, median per-round wall ratio, median per-round CPU ratio, and the
-    median per-round CPU difference (µs/step)."""
+    median per-round CPU difference and wall difference (µs/step)."""
     a: list[Timing] = []
     b: list[Timing] = []
     rng = random.Random(0)
@@ -97,7 +97,8 @@ def ab(bare: Callable[[], Timing], probed: Callable[[], Timing], rounds: int) ->
     return (statistics.median(x[0] for x in a) * 1e3, statistics.median(x[0] for x in b) * 1e3,
             statistics.median(y[0] / x[0] for x, y in zip(a, b)),
             statistics.median(y[1] / x[1] for x, y in zip(a, b)),
-            statistics.median((y[1] - x[1]) * 1e6 for x, y in zip(a, b)))
+            statistics.median((y[1] - x[1]) * 1e6 for x, y in zip(a, b)),
+            statistics.median((y[0] - x[0]) * 1e6 for x, y in zip(a, b)))
 
 
 def fit_pair(steps: int, rounds: int, spe: int) -> Pair:
@@ -204,8 +205,8 @@ def parts(calls: int, rounds: int) -> dict[str, float]:
     out: dict[str, float] = {}
     # the step's time (wall): the process's CPU time also counts TensorFlow's idle pool threads
     # spinning, which swings by more than the few µs measured here
-    a, b, _w, _c, _added = stamps_pair(512, rounds)
-    out["stamps"] = (b - a) * 1e3
+    *_, wall_added = stamps_pair(512, rounds)
+    out["stamps"] = wall_added
 
     class Opt:
         def has_value(self) -> bool:
@@ -283,7 +284,7 @@ def main() -> int:
         }
         cheap: dict[str, Pair] = {}
         for name, pair in pairs.items():
-            a, b, wall, cpu, _d = cheap[name] = pair(args.steps, args.rounds)
+            a, b, wall, cpu, _d, _dw = cheap[name] = pair(args.steps, args.rounds)
             print(f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
                   f"wall ratio {wall:.4f}  CPU ratio {cpu:.4f} ({(cpu - 1) * 100:+.2f} %)")
         # the same pairs on a null step (a width-1 model: the framework's own cost per step),
@@ -293,7 +294,7 @@ def main() -> int:
         print(f"null step (width 1), {args.steps * 5} steps x {args.rounds} rounds per side:")
         worst = 0.0
         for name, pair in pairs.items():
-            a, b, _wall, _cpu, added = pair(args.steps * 5, args.rounds)
+            a, b, _wall, _cpu, added, _dw = pair(args.steps * 5, args.rounds)
             share = added / (cheap[name][0] * 1e3)
             worst = max(worst, share)
             print(f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "

@@ -116,7 +116,7 @@ def test_a_reused_pid_is_not_the_trainer(tmp_path: Path) -> None:
     `runs` calls a run whose monitor pid was reused interrupted."""
     import json
 
-    from stallscope.store.rundir import monitor_alive, run_state
+    from stallscope.store.rundir import monitor_alive, run_state, writer_stamp
 
     run = make_run(tmp_path)
     meta = json.loads((run / "meta.json").read_text())
@@ -129,6 +129,25 @@ def test_a_reused_pid_is_not_the_trainer(tmp_path: Path) -> None:
     assert monitor_alive(os.getpid(), time.time())
     assert run_state({"start": meta["start"], "monitor_pid": os.getpid()}) == "interrupted"
     assert run_state({"start": time.time(), "monitor_pid": os.getpid()}) == "running"
+    # runs record their writer's start ticks and boot id: an exact check that holds whatever
+    # the wall clock did since (here a start a day before this process: a clock step)
+    stamp = writer_stamp(os.getpid())
+    assert isinstance(stamp["start_ticks"], int) and stamp["boot_id"]
+    assert run_state({"start": meta["start"], "monitor_pid": os.getpid(),
+                      "monitor_stamp": stamp}) == "running"
+    other = dict(stamp, start_ticks=stamp["start_ticks"] + 1)
+    assert run_state({"start": time.time(), "monitor_pid": os.getpid(),
+                      "monitor_stamp": other}) == "interrupted"
+    assert run_state({"start": time.time(), "monitor_pid": os.getpid(),
+                      "monitor_stamp": dict(stamp, boot_id="another-boot")}) == "interrupted"
+    # a Session (`stallscope run`, the standalone probe) writes them
+    from stallscope.collect.session import Session
+
+    sess = Session.create(tmp_path / "s", "t", ["x"], interval=1.0, monitor_pid=os.getpid())
+    try:
+        assert sess.meta["monitor_stamp"] == stamp
+    finally:
+        sess.finish(0)
 
 
 def test_unreadable_step_rows_are_skipped(tmp_path: Path) -> None:

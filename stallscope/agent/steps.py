@@ -100,6 +100,7 @@ class _Followed:
     ended_at: float | None = None  #: when the agent saw it end (agent clock)
     pid: int | None = None  #: the trainer's process (meta.json ``pid``): its tree's root
     start: float | None = None  #: the run's start (meta.json): a later process is not its own
+    stamp: dict[str, Any] | None = None  #: meta.json ``pid_stamp``: the trainer's start ticks
 
 
 class StepFollower:
@@ -149,7 +150,8 @@ class StepFollower:
             self._expire(now)
             out: dict[str, tuple[int, dict[int, int]]] = {}
             for f in self._followed.values():
-                if f.ended_at is not None or f.pid is None or not monitor_alive(f.pid, f.start):
+                if f.ended_at is not None or f.pid is None \
+                        or not monitor_alive(f.pid, f.start, f.stamp):
                     continue  # ended, not started yet, or its trainer is gone
                 out[f.run_id] = (f.pid, self._probe_pids(f))
             return out
@@ -182,14 +184,14 @@ class StepFollower:
             running = _is_running(d)
             if f is None:
                 if running:
-                    self._followed[key] = _Followed(d, d.name, pid=_trainer_pid(d),
-                                                    start=_run_start(d))
+                    f = self._followed[key] = _Followed(d, d.name)
+                    _know_trainer(f)
                 else:
                     self._ignored.add(key)
             elif not running:
                 f.ended_at = now
             elif f.pid is None:
-                f.pid = _trainer_pid(d)  # meta.json is written before the trainer starts
+                _know_trainer(f)  # meta.json is written before the trainer starts
         # a followed run whose directory left the index (deleted) ends too
         listed = {str(d) for d in dirs}
         for key, f in self._followed.items():
@@ -255,24 +257,19 @@ class StepFollower:
             f.conn.close()
 
 
-def _trainer_pid(run_dir: Path) -> int | None:
-    """``pid`` of the run's ``meta.json``: the trainer (or what ``stallscope run`` started)."""
+def _know_trainer(f: _Followed) -> None:
+    """The trainer's pid, the run's start and the trainer's stamp, from meta.json."""
     try:
-        pid = read_meta(run_dir).get("pid")
+        meta = read_meta(f.run_dir)
     except RunNotFound:
-        return None
+        return
+    pid, start, stamp = meta.get("pid"), meta.get("start"), meta.get("pid_stamp")
     if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
-        return pid
-    return None
-
-
-def _run_start(run_dir: Path) -> float | None:
-    try:
-        start = read_meta(run_dir).get("start")
-    except RunNotFound:
-        return None
-    return float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) \
-        else None
+        f.pid = pid
+    if isinstance(start, (int, float)) and not isinstance(start, bool):
+        f.start = float(start)
+    if isinstance(stamp, dict):
+        f.stamp = stamp
 
 
 def _is_running(run_dir: Path) -> bool:
@@ -286,5 +283,5 @@ def _is_running(run_dir: Path) -> bool:
         return False
     pid = meta.get("pid")
     if meta.get("monitor_pid") is None and isinstance(pid, int) and not isinstance(pid, bool):
-        return monitor_alive(pid, meta.get("start"))
+        return monitor_alive(pid, meta.get("start"), meta.get("pid_stamp"))
     return True

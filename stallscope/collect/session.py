@@ -33,6 +33,7 @@ from stallscope.errors import StallscopeError, UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 from stallscope.store.index import record_run
+from stallscope.store.rundir import writer_stamp
 
 __all__ = ["Session", "data_devices", "dataset_bytes"]
 
@@ -136,6 +137,8 @@ class Session:
         record_run(run_dir)
         meta = base_meta(command, start=time.time(), interval_s=interval, data=data,
                          data_devices=devices, **meta_extra)
+        if isinstance(meta.get("monitor_pid"), int):
+            meta["monitor_stamp"] = writer_stamp(meta["monitor_pid"])  # known again later
         try:
             return cls(run_dir, meta, interval=interval, warmup=warmup, keep_full_s=keep_full_s,
                        sinks=sinks, unavailable={"data": note} if note else None)
@@ -153,6 +156,7 @@ class Session:
         self.unavailable.update(more)
         self.meta["unavailable"] = self.unavailable
         self.meta["pid"] = root_pid
+        self.meta["pid_stamp"] = writer_stamp(root_pid)
         write_meta(self.run_dir, self.meta)
         self._facts = threading.Thread(target=self._record_facts, name="stallscope-facts",
                                        daemon=True)

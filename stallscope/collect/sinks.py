@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stallscope.metrics import lookup
 
@@ -68,7 +68,7 @@ class StoreSink(Sink):
         self.downsample_every = downsample_every
         self.errors = 0  #: samples or events that could not be written
         self.written = 0
-        self._known: set[tuple[str, str]] = set()
+        self._known: dict[tuple[str, str], dict[str, Any]] = {}  #: attributes as stored
         self._keep: dict[str, bool] = {}
 
     def write(self, sample: Sample) -> None:
@@ -92,8 +92,8 @@ class StoreSink(Sink):
     def _entities(self, sample: Sample) -> None:
         for name, reading in sample.readings.items():
             for ent, attrs in reading.entities.items():
-                if (name, ent) not in self._known:
-                    self._known.add((name, ent))
+                if self._known.get((name, ent)) != attrs:  # new, or changed (a reused pid)
+                    self._known[(name, ent)] = attrs
                     self.store.upsert_entity(name, ent, attrs, sample.ts)
             if reading.transient and reading.entities:
                 self.store.touch_entities(name, list(reading.entities), sample.ts)

@@ -349,6 +349,9 @@ class ProcsSource(Source):
             sched_run, sched_wait = parse_schedstat(self._pread(pid, "schedstat"))
         except (OSError, ParseError):
             sched_wait = None
+        prev = self._prev.get(pid)
+        if prev is not None and prev.starttime != st.starttime:
+            self.known.pop(pid, None)  # the pid was handed to a new process between samples
         if pid not in self.known:
             try:
                 cmd = self._read(str(pid), "cmdline").replace("\0", " ").strip()
@@ -371,7 +374,6 @@ class ProcsSource(Source):
         prev_main = self._prev_main.pop(pid, None)
         if main_ticks is not None:
             self._prev_main[pid] = (st.starttime, main_ticks)
-        prev = self._prev.get(pid)
         self._prev[pid] = _Prev(t, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
         rec: dict[str, Any] = {
             "name": st.comm,

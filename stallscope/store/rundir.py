@@ -12,7 +12,7 @@ from typing import Any, Literal
 from stallscope.errors import RunNotFound, UsageError
 
 __all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "known_runs", "list_runs",
-           "monitor_alive", "new_run_dir", "read_meta", "run_state", "write_meta"]
+           "monitor_alive", "new_run_dir", "read_meta", "run_state", "write_meta", "writer_stamp"]
 
 DEFAULT_OUT = "stallscope-runs"
 
@@ -134,32 +134,60 @@ RunState = Literal["running", "finished", "interrupted"]
 _PID_MAX = 2**22
 
 
-#: how much later than the run's start its writer may have started (clock steps, slow starts)
-#: before a live process under that pid is taken for another one that reused the pid
+#: how much later than the run's start its writer may have started (slow starts) before a live
+#: process under that pid is taken for another one that reused the pid; only for runs recorded
+#: without the writer's start ticks (their check is exact)
 _REUSE_SLACK_S = 120.0
 
 
-def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
-    """Unix time process ``pid`` started (``/proc/PID/stat`` field 22 after the boot time of
-    ``/proc/stat``), or None when it cannot be read."""
+def boot_id(proc_root: str = "/proc") -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), or None."""
+    try:
+        with open(os.path.join(proc_root, "sys", "kernel", "random", "boot_id")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
+    with the boot id, it names one process whatever the wall clock does. None if unreadable."""
     try:
         with open(os.path.join(proc_root, str(pid), "stat")) as f:
             stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_started_at(pid: int, proc_root: str = "/proc") -> float | None:
+    """Unix time process ``pid`` started (its start ticks after the boot time of
+    ``/proc/stat``, on today's clock), or None when it cannot be read."""
+    ticks = start_ticks(pid, proc_root)
+    if ticks is None:
+        return None
+    try:
         with open(os.path.join(proc_root, "stat")) as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def monitor_alive(pid: object, since: object = None) -> bool:
+def writer_stamp(pid: int) -> dict[str, Any]:
+    """What ``meta.json`` keeps of a process that writes a run, to know it again:
+    ``{"boot_id": ..., "start_ticks": ...}`` (values None when unreadable)."""
+    return {"boot_id": boot_id(), "start_ticks": start_ticks(pid)}
+
+
+def monitor_alive(pid: object, since: object = None, stamp: object = None) -> bool:
     """Whether the stallscope process that writes a run (``monitor_pid``) is still there.
 
     None (unknown: an older run, or a standalone probe) is taken as alive; a value that cannot
     be a process id (not an integer, zero, negative, past the kernel's maximum) as gone.
-    ``since``: the run's start (Unix time); a process under that pid that started well after it
-    is another one that reused the pid, so the writer is gone."""
+    ``stamp`` (:func:`writer_stamp` of the writer when the run began): a process under that pid
+    with other start ticks, or after a reboot, is another one that reused the pid. Without it,
+    ``since`` (the run's start, Unix time): a process that started well after it is another."""
     if pid is None:
         return True
     if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= _PID_MAX:
@@ -172,6 +200,13 @@ def monitor_alive(pid: object, since: object = None) -> bool:
         pass  # someone else's process: it exists
     except (OSError, OverflowError, ValueError):
         return False
+    if isinstance(stamp, dict) and isinstance(stamp.get("start_ticks"), int) \
+            and isinstance(stamp.get("boot_id"), str):
+        now_boot, now_ticks = boot_id(), start_ticks(pid)
+        if now_boot is not None and now_boot != stamp["boot_id"]:
+            return False  # the machine rebooted since: not the same process
+        if now_ticks is not None:
+            return now_ticks == stamp["start_ticks"]
     if isinstance(since, (int, float)) and not isinstance(since, bool):
         started = process_started_at(pid)
         if started is not None and started > since + _REUSE_SLACK_S:
@@ -185,7 +220,8 @@ def run_state(meta: dict[str, Any]) -> RunState:
     "interrupted" (it was killed, e.g. ``kill -9``, or the machine went down)."""
     if meta.get("end") is not None:
         return "finished"
-    return ("running" if monitor_alive(meta.get("monitor_pid"), meta.get("start"))
+    return ("running" if monitor_alive(meta.get("monitor_pid"), meta.get("start"),
+                                       meta.get("monitor_stamp"))
             else "interrupted")
 
 
