@@ -140,9 +140,11 @@ def test_fit_without_wait_is_compute(run_dir: Path) -> None:
     model.fit(ds, epochs=3, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
     steps, _ = read(run_dir)
     body = steps[BATCHES:]  # after the first (caching) epoch
-    wait = sum(s.wait_s for s in body)
-    host = sum(s.host_s for s in body)
-    assert host > 0 and wait / (wait + host) < 0.15
+    assert all(s.host_s > 0 for s in body)
+    # the typical step's share (a loaded machine may starve the prefetch thread for a step or
+    # two, which the total would count; a pipeline that lags shows in every step)
+    shares = sorted(s.wait_s / (s.wait_s + s.host_s) for s in body)
+    assert shares[len(shares) // 2] < 0.15, shares
 
 
 def test_a_second_fit_keeps_one_timed_function(run_dir: Path) -> None:
