@@ -242,6 +242,35 @@ def wait_for(prom: Prometheus, what: dict[str, str], timeout: float, alive: list
     assert not missing, f"never arrived in Prometheus: {missing}"
 
 
+def both_diagnoses(trainer: subprocess.Popen[str], out: Path, prom: Prometheus, port: int
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Let the training end, then diagnose it from its run directory and from Prometheus (the
+    agent on ``port``): the two `diagnose --json` documents."""
+    trainer.communicate(timeout=120)
+    assert trainer.returncode == 0
+    local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(out), "--json"),
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert local.returncode == 0, local.stderr
+    time.sleep(2)  # the agents' last scrape of the finished run
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
+                                       f"127.0.0.1:{port}", "--since", "2m", "--step", "1s",
+                                       "--json"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(local.stdout), json.loads(r.stdout)
+
+
+def stop_all(trainer: subprocess.Popen[str] | None, prom: Prometheus | None,
+             agents: list[RunningAgent]) -> None:
+    if trainer is not None and trainer.poll() is None:
+        trainer.kill()
+        trainer.wait()
+    if prom is not None:
+        stop_prometheus(prom)
+    for a in agents:
+        stop_agent(a)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Two real agents (one node trains with the probe under `stallscope run`), a replayed GPU
@@ -270,15 +299,9 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield {"agents": agents, "gpu": gpu, "prom": prom, "trainer": trainer, "out": out,
                "targets": targets}
     finally:
-        if trainer is not None and trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
-        if prom is not None:
-            stop_prometheus(prom)
         if gpu is not None:
             gpu.stop()
-        for a in agents:
-            stop_agent(a)
+        stop_all(trainer, prom, agents)
 
 
 @pytest.mark.slow
@@ -322,20 +345,7 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
     assert not empty, f"panels without data: {empty}"
 
     # the same training diagnosed from its run directory and from Prometheus
-    trainer.communicate(timeout=120)
-    assert trainer.returncode == 0
-    local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(cluster["out"]),
-                                           "--json"),
-                           capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert local.returncode == 0, local.stderr
-    here = json.loads(local.stdout)
-    time.sleep(2)  # the agents' last scrape of the finished run
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
-                                       f"127.0.0.1:{a0.port}", "--since", "2m", "--step", "1s",
-                                       "--json"),
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    there = json.loads(r.stdout)
+    here, there = both_diagnoses(trainer, cluster["out"], prom, a0.port)
     assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
     assert here["verdict"].startswith("input_bound"), here["findings"][0]
     assert there["stall_source"] == "probe"
@@ -384,31 +394,14 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
         wait_for(prom, {"worker": 'stallscope_proc_cpu_ratio{role="worker"}',
                         "trainer": 'stallscope_proc_main_thread_active_ratio{role="main"}'},
                  40, [trainer, agent.proc])
-        trainer.communicate(timeout=120)
-        assert trainer.returncode == 0
-        local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(out), "--json"),
-                               capture_output=True, text=True, timeout=60, cwd=ROOT)
-        assert local.returncode == 0, local.stderr
-        here = json.loads(local.stdout)
-        time.sleep(2)  # the last scrape of the finished run
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
-                                           f"127.0.0.1:{agent.port}", "--since", "2m", "--step",
-                                           "1s", "--json"),
-                           capture_output=True, text=True, timeout=60, cwd=ROOT)
-        assert r.returncode == 0, r.stderr
-        there = json.loads(r.stdout)
+        here, there = both_diagnoses(trainer, out, prom, agent.port)
         assert here["verdict"] == "input_bound.prep", here["findings"][0]
         assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
         assert there["stall_source"] == here["stall_source"] == "main_thread"
         assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.1, (
             here["stall_fraction"], there["stall_fraction"])
     finally:
-        if trainer is not None and trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
-        if prom is not None:
-            stop_prometheus(prom)
-        stop_agent(agent)
+        stop_all(trainer, prom, [agent])
 
 
 @pytest.mark.slow
