@@ -123,6 +123,17 @@ def model_for(kind: str, classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def _count(text: str) -> int:
+    """A number of threads: 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=3000)
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
-    ap.add_argument("--decode-threads", type=int, default=0, metavar="N",
+    ap.add_argument("--decode-threads", type=_count, default=0, metavar="N",
                     help="with --workers 0: decode each batch on N threads of the trainer's own "
                     "process (loading on threads, not worker processes)")
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")

@@ -90,11 +90,12 @@ class TrainerProcs(Source):
             procs = [{"entity": pid, "attrs": a} for pid, a in now_attrs.items()]
             roles = infer_roles(procs, {str(p) for p in pid_rank})
             parent = {pid: str(a.get("ppid")) for pid, a in now_attrs.items()}
+            rank_by_pid = {str(p): r for p, r in pid_rank.items()}
             for pid, rec in payload.items():
                 a = dict(now_attrs[pid])
                 a["run"] = run_id
                 a["role"] = roles.get(pid, a.get("role", "worker"))
-                rank = _rank_of(pid, parent, {str(p): r for p, r in pid_rank.items()})
+                rank = _rank_of(pid, parent, rank_by_pid)
                 if rank is not None:
                     a["rank"] = rank
                 attrs[pid] = a

@@ -22,8 +22,9 @@ every :data:`READ_EVERY` calls, the ring's capacity; and at each epoch's and tra
 host reads that variable once and makes one step record per element: ``wait_s`` is the in-graph time
 the step waited for its element, ``host_s`` the time from that element to the next request (the last
 step of a call: to the call's return). The per-step cost is two timestamp ops and one scatter into a
-variable in the graph; on the host, one clock read and a list append per call, and one variable read
-(~0.1-0.5 ms) every half second and a tuple per step (docs/probe.md).
+variable in the graph; on the host, one clock read and a list append per call, and one compiled
+gather of the rows written since the last read every half second, and a tuple per step
+(docs/probe.md).
 """
 
 from __future__ import annotations
