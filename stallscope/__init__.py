@@ -11,8 +11,7 @@ from stallscope.errors import (
     StallscopeError,
     UsageError,
 )
-
-__version__ = "0.1.0"
+from stallscope.version import __version__
 
 __all__ = [
     "ParseError",

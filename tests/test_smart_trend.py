@@ -18,7 +18,8 @@ from conftest import FIXTURES, stallscope_argv
 
 from stallscope.sources.health import parse_smartctl
 from stallscope.sources.smart import drive_points
-from stallscope.sources.smart_trend import drive_levels, fit_line, forecast, forecast_drive
+from stallscope.sources.smart_trend import drive_levels, forecast, forecast_drive
+from stallscope.stats import fit_line
 from stallscope.tools.health_state import HealthState
 
 DAY = 86400.0
@@ -44,8 +45,7 @@ def test_reallocations_rising_ten_a_day_reach_100_in_7_days() -> None:
 def test_noisy_series_recovers_the_slope() -> None:
     rng = random.Random(7)
     pts = [(T0 + i * DAY / 4, 3.0 + 0.5 * i / 4 + rng.gauss(0, 0.3)) for i in range(60)]
-    slope, _now = fit_line(pts)
-    assert slope * DAY == pytest.approx(0.5, rel=0.1)
+    assert fit_line(pts).slope * DAY == pytest.approx(0.5, rel=0.1)
     f = forecast("percentage_used", pts, 100, rising=True)
     assert f is not None and f.days == pytest.approx((100 - (3 + 0.5 * 59 / 4)) / 0.5, rel=0.1)
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from stallscope.alerts.rules import RulesFile, parse_rules
 from stallscope.errors import StallscopeError
+from stallscope.store.paths import state_dir
 from stallscope.tomlfile import TomlFileError, read_toml
 
 __all__ = ["DEFAULT_LISTEN", "AgentConfig", "ConfigError", "default_store_dir", "load_config",
@@ -87,12 +88,7 @@ _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.!:/-]*$")
 def default_store_dir(env: dict[str, str] | None = None) -> Path:
     """``$STALLSCOPE_STATE_DIR/agent``, else ``$XDG_STATE_HOME/stallscope/agent``, else
     ``~/.local/state/stallscope/agent`` (beside the run index and the SMART history)."""
-    e = os.environ if env is None else env
-    if e.get("STALLSCOPE_STATE_DIR"):
-        return Path(e["STALLSCOPE_STATE_DIR"]) / "agent"
-    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
-        Path(e.get("HOME") or Path.home()) / ".local" / "state")
-    return base / "stallscope" / "agent"
+    return state_dir(env) / "agent"
 
 
 def parse_listen(text: str) -> tuple[str, int]:

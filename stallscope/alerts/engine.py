@@ -23,6 +23,7 @@ from typing import Literal
 
 from stallscope.alerts.rules import TREND_MIN_POINTS, TREND_MIN_SPAN, Rule
 from stallscope.metrics import Point
+from stallscope.stats import fit_line
 
 __all__ = ["AlertEngine", "Transition"]
 
@@ -61,22 +62,6 @@ class _Track:
     notified: bool = False  #: the current firing was notified
     #: trend rules: the (ts, value) of the window
     window: deque[tuple[float, float]] = field(default_factory=deque)
-
-
-def fit(window: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares slope (per second) and r² of (ts, value) pairs; r² is 1 for a flat line of
-    identical values with no spread to explain (slope 0 there)."""
-    pts = list(window)
-    n = len(pts)
-    mt = sum(t for t, _ in pts) / n
-    mv = sum(v for _, v in pts) / n
-    stt = sum((t - mt) ** 2 for t, _ in pts)
-    svv = sum((v - mv) ** 2 for _, v in pts)
-    if stt <= 0:
-        return 0.0, 0.0
-    slope = sum((t - mt) * (v - mv) for t, v in pts) / stt
-    r2 = 1.0 if svv <= 0 else (slope * slope * stt) / svv
-    return slope, r2
 
 
 class AlertEngine:
@@ -141,9 +126,9 @@ class AlertEngine:
                 win.popleft()
             if len(win) < TREND_MIN_POINTS or ts - win[0][0] < TREND_MIN_SPAN * rule.trend_s:
                 return None  # not enough history to call it a trend
-            slope, r2 = fit(win)
-            v = round(slope * 60.0, 3)
-            steady = r2 >= rule.min_r2
+            line = fit_line(win)
+            v = round(line.slope * 60.0, 3)
+            steady = line.r2 >= rule.min_r2
         if tr.state == "firing":
             if rule.cleared(v) or not also_ok:
                 tr.state, tr.count = "ok", 0

@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stallscope.stats import median
+
 __all__ = ["Change", "detect_changes"]
 
 
@@ -42,23 +44,17 @@ class Change:
                 f"(detected {self.delay_s:.0f} s after it started)")
 
 
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 def _baseline(xs: Sequence[float], rel_floor: float) -> tuple[float, float, float]:
     """Median, and the spread above and below it (each 1.4826 × the median distance on that
     side: the MAD for symmetric noise; skewed noise such as latencies gets its own scale on
     each side, so its long upper tail does not read as a shift)."""
-    m = _median(xs)
+    m = median(xs)
     hi = [x - m for x in xs if x > m] or [0.0]
     lo = [m - x for x in xs if x < m] or [0.0]
     # a constant stretch (an idle GPU's 0%) has no spread: a floor keeps a tiny wobble from
     # reading as a huge shift
     floor = max(rel_floor * abs(m), 1e-9)
-    return m, max(1.4826 * _median(hi), floor), max(1.4826 * _median(lo), floor)
+    return m, max(1.4826 * median(hi), floor), max(1.4826 * median(lo), floor)
 
 
 def _date(xs: Sequence[float], start: int, end: int, m: float, s_up: float, s_down: float,
@@ -129,8 +125,8 @@ def detect_changes(ts: Sequence[float], xs: Sequence[float], *, ref: int = 50,
             # what follows the alarm is known), at least half a reference window
             after_end = min(n, start + max(2 * (j - start), ref // 2))
             after_vals = [v for v in xs[start:after_end] if math.isfinite(v)]
-            before = _median(before_vals) if before_vals else m
-            after = _median(after_vals) if after_vals else m
+            before = median(before_vals) if before_vals else m
+            after = median(after_vals) if after_vals else m
             scale = s_up if after > before else s_down
             if abs(after - before) >= max(min_effect * scale, min_shift):
                 found, found_at = Change(ts[start], ts[j - 1], before, after, direction), start

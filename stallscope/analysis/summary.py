@@ -6,18 +6,18 @@ rendering lives in :func:`render_summary`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stallscope.metrics import lookup
+from stallscope.stats import percentile
 from stallscope.store import Series
 
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
 
-__all__ = ["Stat", "percentile", "render_summary", "stat", "summarize"]
+__all__ = ["Stat", "render_summary", "stat", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,6 @@ class Stat:
     def as_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "entity": self.entity, "unit": self.unit, "n": self.n,
                 "median": self.median, "p95": self.p95, "max": self.max}
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def stat(s: Series) -> Stat | None:

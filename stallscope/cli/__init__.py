@@ -26,8 +26,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
-from stallscope import __version__
 from stallscope.errors import StallscopeError
+from stallscope.version import __version__
 
 #: exit status when stdout is a pipe whose reader went away (128 + SIGPIPE, as `yes | head`)
 EXIT_BROKEN_PIPE = 141

@@ -23,7 +23,7 @@ from stallscope.cli._common import err_console, interval_type, keep_full_type, s
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
-from stallscope.store.index import default_out
+from stallscope.store.paths import default_out
 
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
             signal.SIGUSR2)

@@ -151,7 +151,7 @@ def env_rank() -> int:
 
 def machine_config() -> dict[str, Any]:
     """Facts about the machine every recorder reports (adapters add their framework's)."""
-    from stallscope import __version__
+    from stallscope.version import __version__
 
     cfg: dict[str, Any] = {"host": socket.gethostname(), "python": sys.version.split()[0],
                            "stallscope": __version__, "logical_cores": os.cpu_count()}

@@ -163,9 +163,10 @@ def start_standalone(label: str, interval: float, *, start: float) -> Standalone
     machine samples). Ranks started together by one launcher (torchrun: ``$LOCAL_WORLD_SIZE`` or
     ``$WORLD_SIZE`` > 1) share one directory named after the launcher; only the node's local
     rank 0 writes ``meta.json`` and samples the machine. Raises when no directory can be made."""
-    from stallscope.store import DEFAULT_OUT, base_meta, new_run_dir, write_meta
+    from stallscope.store import base_meta, new_run_dir, write_meta
+    from stallscope.store.paths import default_out
 
-    out = os.environ.get("STALLSCOPE_OUT") or DEFAULT_OUT
+    out = default_out()
     lead, root_pid, run_dir = True, os.getpid(), None
     world = env_int("LOCAL_WORLD_SIZE") or env_int("WORLD_SIZE") or 1
     if world > 1:

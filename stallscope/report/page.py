@@ -18,11 +18,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from stallscope import __version__
 from stallscope.analysis.rundata import RunData
 from stallscope.metrics import lookup
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
 from stallscope.textsafe import html_text
+from stallscope.version import __version__
 
 __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.sources.health import MEDIUM_FAIL_AT, WEAR_FAILING_PCT, DriveHealth
+from stallscope.stats import fit_line
 
 __all__ = ["HORIZON_DAYS", "MIN_CHECKS", "MIN_SPAN_S", "Forecast", "drive_levels", "fit_line",
            "forecast", "forecast_drive"]
@@ -67,17 +68,6 @@ class Forecast:
                 "text": self.text()}
 
 
-def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (slope per second, value at the last point's time) of (ts, value)."""
-    n = len(points)
-    mt = sum(t for t, _ in points) / n
-    mv = sum(v for _, v in points) / n
-    stt = sum((t - mt) ** 2 for t, _ in points)
-    slope = 0.0 if stt <= 0 else sum((t - mt) * (v - mv) for t, v in points) / stt
-    last_t = max(t for t, _ in points)
-    return slope, mv + slope * (last_t - mt)
-
-
 def forecast(name: str, points: Sequence[tuple[float, float]], threshold: float, *,
              rising: bool) -> Forecast | None:
     """When the fitted line through ``points`` ((unix time, value), any order) reaches
@@ -92,8 +82,9 @@ def forecast(name: str, points: Sequence[tuple[float, float]], threshold: float,
     now_v = pts[-1][1]
     if (rising and now_v >= threshold) or (not rising and now_v < threshold):
         return None
-    slope, fitted = fit_line(pts)
-    per_day = slope * 86400.0
+    line = fit_line(pts)
+    fitted = line.at(pts[-1][0])
+    per_day = line.slope * 86400.0
     if (rising and per_day <= 0) or (not rising and per_day >= 0):
         return None
     # from the fitted line's current value, not the last reading: one odd reading must not

@@ -17,28 +17,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from stallscope.store.paths import default_out, state_dir
+
 __all__ = ["default_out", "index_path", "indexed_runs", "record_run"]
 
 #: compact the index when it holds this many lines more than live runs
 _COMPACT_SLACK = 200
 
 
-def default_out(env: Mapping[str, str] | None = None) -> str:
-    """Where new runs go when ``--out`` is not given: ``$STALLSCOPE_OUT`` or
-    ``./stallscope-runs``."""
-    from stallscope.store.rundir import DEFAULT_OUT
-
-    e = os.environ if env is None else env
-    return e.get("STALLSCOPE_OUT") or DEFAULT_OUT
-
-
 def index_path(env: Mapping[str, str] | None = None) -> Path:
-    e = os.environ if env is None else env
-    if e.get("STALLSCOPE_STATE_DIR"):
-        return Path(e["STALLSCOPE_STATE_DIR"]) / "runs.txt"
-    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
-        Path(e.get("HOME") or Path.home()) / ".local" / "state")
-    return base / "stallscope" / "runs.txt"
+    return state_dir(env) / "runs.txt"
 
 
 def record_run(run_dir: Path) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stallscope.errors import RunNotFound, UsageError
+from stallscope.store.paths import DEFAULT_OUT, default_out
 
 __all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "known_runs", "list_runs",
            "monitor_alive", "new_run_dir", "read_meta", "run_state", "write_meta", "writer_stamp"]
 
-DEFAULT_OUT = "stallscope-runs"
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -51,7 +51,7 @@ def base_meta(command: list[str], *, start: float, interval_s: float,
     import socket
     import sys
 
-    from stallscope import __version__
+    from stallscope.version import __version__
 
     versions: dict[str, Any] = {"stallscope": __version__,
                                 "python": platform.python_version(),
@@ -229,8 +229,6 @@ def _root(out: str | os.PathLike[str]) -> Path:
     """The runs folder a command looks in: ``--out`` when given, else ``$STALLSCOPE_OUT``,
     else ``./stallscope-runs``."""
     if str(out) == DEFAULT_OUT:
-        from stallscope.store.index import default_out
-
         return Path(default_out())
     return Path(out)
 

@@ -35,6 +35,7 @@ from stallscope.sources.health import (
     validate_device,
 )
 from stallscope.sources.smart_trend import drive_levels, forecast_drive
+from stallscope.store.paths import state_dir
 
 __all__ = [
     "MAX_CHECKS",
@@ -65,12 +66,7 @@ class Check:
 def default_state_path(env: Mapping[str, str] | None = None) -> Path:
     """``$STALLSCOPE_STATE_DIR/smart.json``, else ``$XDG_STATE_HOME/stallscope/smart.json``,
     else ``~/.local/state/stallscope/smart.json``."""
-    e = os.environ if env is None else env
-    if e.get("STALLSCOPE_STATE_DIR"):
-        return Path(e["STALLSCOPE_STATE_DIR"]) / "smart.json"
-    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
-        Path(e.get("HOME") or Path.home()) / ".local" / "state")
-    return base / "stallscope" / "smart.json"
+    return state_dir(env) / "smart.json"
 
 
 def pick_baseline(checks: list[Check], now: float, window_s: float = WINDOW_S) -> Check | None:

@@ -42,9 +42,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from stallscope import __version__
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.tools.data import MANIFEST_NAME, iter_samples
+from stallscope.version import __version__
 
 __all__ = [
     "DEFAULT_LOADER_WORKERS",

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
-from stallscope.analysis.diagnose.signals import Signals, linear_fit, median, trainer_gpus
+from stallscope.analysis.diagnose.signals import Signals, median, trainer_gpus
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_compute_fix,
@@ -21,6 +21,7 @@ from stallscope.analysis.diagnose.tfdata import (
     tf_prep_estimate,
     tf_prep_fixes,
 )
+from stallscope.stats import fit_line
 
 __all__ = ["RULES", "run_rules"]
 
@@ -580,7 +581,8 @@ def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
         if full.entity not in mine or len(vs) < 10:
             continue
         s = full
-        slope, r2 = linear_fit(ts, vs)
+        line = fit_line(zip(ts, vs))
+        slope, r2 = line.slope, line.r2
         grew = vs[-1] - vs[0]
         total = data.get("gpu.mem_total_mib", s.entity)
         cap = total.v[-1] if total and total.v else None

@@ -6,17 +6,17 @@ appear in a finding's evidence, so names carry units.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stallscope import stats
 from stallscope.analysis.diagnose.model import RunData
 from stallscope.store import Series, StepRow
 
-__all__ = ["Signals", "compute_signals", "linear_fit", "mean", "median", "p95"]
+__all__ = ["Signals", "compute_signals", "mean", "median", "p95"]
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -24,32 +24,11 @@ def mean(xs: Sequence[float]) -> float | None:
 
 
 def median(xs: Sequence[float]) -> float | None:
-    return float(statistics.median(xs)) if xs else None
+    return stats.median(xs) if xs else None
 
 
 def p95(xs: Sequence[float]) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    pos = (len(s) - 1) * 0.95
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def linear_fit(ts: Sequence[float], vs: Sequence[float]) -> tuple[float, float]:
-    """Least-squares slope (units per second) and r² of v over t."""
-    n = len(ts)
-    if n < 3:
-        return 0.0, 0.0
-    mt, mv = sum(ts) / n, sum(vs) / n
-    stt = sum((t - mt) ** 2 for t in ts)
-    svv = sum((v - mv) ** 2 for v in vs)
-    stv = sum((t - mt) * (v - mv) for t, v in zip(ts, vs))
-    if stt == 0 or svv == 0:
-        return 0.0, 0.0
-    slope = stv / stt
-    return slope, (stv * stv) / (stt * svv)
+    return stats.percentile(xs, 95) if xs else None
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:

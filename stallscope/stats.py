@@ -1,0 +1,68 @@
+"""The few statistics stallscope needs, written once: percentile, median and a least-squares
+line, each with one rule for the edge cases (no values, a flat line).
+
+Pure functions over plain sequences; no numpy (the core install does not need it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Line", "fit_line", "median", "percentile"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), ``q`` in [0, 100]; NaN when
+    there are no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    """The median (the mean of the middle two for an even count); NaN when there are none."""
+    xs = list(values)
+    return float(statistics.median(xs)) if xs else math.nan
+
+
+@dataclass(frozen=True)
+class Line:
+    """A least-squares line ``v = mean_v + slope * (t - mean_t)`` and how well it fits."""
+
+    slope: float  #: units of v per unit of t (per second for time series)
+    mean_t: float
+    mean_v: float
+    #: share of v's variance the line explains, 0..1. The agreed rule for a flat line: values
+    #: with no spread at all are explained completely (r2 1, slope 0); points that all share one
+    #: t have no line through them (r2 0, slope 0).
+    r2: float
+    n: int
+
+    def at(self, t: float) -> float:
+        """The line's value at ``t``."""
+        return self.mean_v + self.slope * (t - self.mean_t)
+
+
+def fit_line(points: Iterable[tuple[float, float]]) -> Line:
+    """Least-squares line through ``(t, v)`` pairs (any order); ValueError when empty."""
+    pts = list(points)
+    n = len(pts)
+    if n == 0:
+        raise ValueError("fit_line needs at least one point")
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    stt = sum((t - mt) ** 2 for t, _ in pts)
+    svv = sum((v - mv) ** 2 for _, v in pts)
+    if stt <= 0:
+        return Line(0.0, mt, mv, 0.0, n)
+    stv = sum((t - mt) * (v - mv) for t, v in pts)
+    slope = stv / stt
+    r2 = 1.0 if svv <= 0 else min(1.0, (stv * stv) / (stt * svv))
+    return Line(slope, mt, mv, r2, n)
