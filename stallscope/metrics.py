@@ -15,7 +15,8 @@ themselves. They are not in any ``sample()`` payload: a source hands them out th
   is ``stallscope_disk_read_bytes_total``; procs use ``stallscope_proc_`` as their gauges do);
   every counter's Prometheus name, and only a counter's, ends in ``_total``;
 * values are already in base units (seconds, bytes, plain counts), so ``prom_scale`` is 1;
-* the entity is the value of one Prometheus label, named by :attr:`Metric.label`: the device
+* the entity is the value of one Prometheus label, named by :attr:`Metric.label` (set on every
+  metric, by source in :data:`SOURCE_LABEL`; :mod:`stallscope.labels` spells it): the device
   for disk (``device``), the pid for procs (``pid``), and the CPU mode for
   ``host.cpu_seconds_total`` (``mode``: ``user``, ``nice``, ``system``, ``idle``,
   ``iowait``, ``irq``, ``softirq``, ``steal``, summed over all CPUs), so
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-__all__ = ["METRICS", "Metric", "Point", "by_source", "lookup"]
+__all__ = ["METRICS", "SOURCE_LABEL", "Metric", "Point", "by_source", "lookup"]
 
 #: gauge: a level; rate: per-second growth of a counter over one interval (in a payload);
 #: counter: the raw cumulative counter itself (from ``Source.counters()``, never in a payload)
@@ -54,8 +55,9 @@ class Metric:
     rollup: str = "mean"
     #: computed by the collector from several sources' payloads, not read by the source itself
     derived: bool = False
-    #: the Prometheus label whose value is the entity ("device", "pid", "mode"); set on every
-    #: counter, "" where the entity is empty or (older metrics) left to the exporter's default
+    #: the Prometheus label whose value is the entity: "device", "gpu", "pid", "cpu", "mode",
+    #: "rank"; "" for a metric about the whole host (no entity). How each is spelled, both
+    #: ways, is :data:`stallscope.labels.ENTITY_LABELS`
     label: str = ""
 
     @property
@@ -73,7 +75,17 @@ class Point(NamedTuple):
     value: float
 
 
-_M = Metric
+#: the entity label of each source's metrics (:mod:`stallscope.labels` holds how each is
+#: spelled); a metric of another shape says its own (``host.cpu_core_pct``: ``cpu``)
+SOURCE_LABEL = {"disk": "device", "gpu": "gpu", "procs": "pid", "smart": "device",
+                "probe": "rank", "host": "", "collector": ""}
+
+
+def _M(source: str, key: str, unit: str, help: str, kind: Kind = "gauge", prom: str = "",
+       prom_scale: float = 1.0, *, rollup: str = "mean", derived: bool = False,
+       label: str | None = None) -> Metric:
+    return Metric(source, key, unit, help, kind, prom, prom_scale, rollup, derived,
+                  SOURCE_LABEL[source] if label is None else label)
 
 METRICS: tuple[Metric, ...] = (
     # --- disk: exactly sysstat's `iostat -x` columns -------------------------------------------
@@ -156,7 +168,7 @@ METRICS: tuple[Metric, ...] = (
     _M("host", "cpu_max_core_pct", "%", "busiest single core (htop per-core bars)", "gauge",
        "stallscope_host_cpu_max_core_busy_ratio", 0.01),
     _M("host", "cpu_core_pct", "%", "busy time of one core; entity cpuN (mpstat -P ALL)",
-       "gauge", "stallscope_host_cpu_core_busy_ratio", 0.01),
+       "gauge", "stallscope_host_cpu_core_busy_ratio", 0.01, label="cpu"),
     _M("host", "load1", "", "1-minute load average (uptime)", "gauge", "stallscope_host_load1"),
     _M("host", "mem_used_mib", "MiB", "memory in use, excluding cache (free -m used)", "gauge",
        "stallscope_host_memory_used_bytes", 1048576.0),

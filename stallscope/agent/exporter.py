@@ -8,7 +8,8 @@ label set left behind.
 
 Names, units and kinds come from :mod:`stallscope.metrics` (``prom``, ``prom_scale``; counters
 become ``CounterMetricFamily`` so the exposition says ``_total``; metrics without a ``prom``
-name are not exported). Labels:
+name are not exported). Labels come from :mod:`stallscope.labels`, the one map that
+``diagnose --prometheus`` reads back with:
 
 * GPU series carry dcgm-exporter's labels, so dashboards join the two: ``gpu`` (NVML index),
   ``UUID``, ``pci_bus_id`` (when known), ``device`` (``nvidia0``), ``modelName``, ``hostname``;
@@ -43,13 +44,14 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
 from stallscope.collect.sinks import Sink
+from stallscope.labels import labels_for
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
     from stallscope.agent.steps import StepFollower
     from stallscope.collect.collector import Event, Sample
 
-__all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition", "labels_for"]
+__all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition"]
 
 #: what the agent exports beside the vocabulary: (name as exposed, type, help)
 AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -66,7 +68,8 @@ AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
      "Unix time of the latest sample (stops moving when sampling is stuck)"),
 )
 
-_GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname")
+#: any GPU metric: they share one label row (stallscope.labels)
+_GPU_METRIC = next(m for m in METRICS if m.source == "gpu")
 
 
 def _help(m: Metric) -> str:
@@ -98,41 +101,7 @@ class _Families:
 
 def gpu_labels(entity: str, attrs: Mapping[str, Any], hostname: str) -> dict[str, str]:
     """dcgm-exporter's labels for GPU ``gpuN`` with its entity attributes."""
-    index = entity[3:] if entity.startswith("gpu") else entity
-    out = {"gpu": index}
-    if attrs.get("uuid"):
-        out["UUID"] = str(attrs["uuid"])
-    if attrs.get("pci_bus_id"):
-        out["pci_bus_id"] = str(attrs["pci_bus_id"])
-    out["device"] = f"nvidia{index}"
-    if attrs.get("name"):
-        out["modelName"] = str(attrs["name"])
-    out["hostname"] = hostname
-    return out
-
-
-def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
-               ) -> dict[str, str]:
-    """The Prometheus labels of one point of metric ``m`` about ``entity`` (whose attributes
-    the source gave in its reading's entities)."""
-    if m.source == "gpu":
-        return gpu_labels(entity, attrs, hostname) if entity else {"hostname": hostname}
-    if m.source == "procs":
-        out = {"pid": entity}
-        for key in ("role", "name", "run", "rank", "ppid"):
-            if attrs.get(key) is not None and attrs.get(key) != "":
-                out[key] = str(attrs[key])
-        out["hostname"] = hostname
-        return out
-    if not entity:
-        return {}
-    if m.label:
-        return {m.label: entity}
-    if m.source == "disk":
-        return {"device": entity}
-    if m.source == "host" and entity.startswith("cpu"):
-        return {"cpu": entity[3:]}
-    return {"entity": entity}
+    return labels_for(_GPU_METRIC, entity, attrs, hostname)
 
 
 class SampleExposition(PromCollector):

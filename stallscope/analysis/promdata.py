@@ -29,10 +29,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
+from stallscope.labels import attrs_of, entity_of
 from stallscope.metrics import METRICS, Metric
 from stallscope.store import Series, StepRow
 
@@ -145,30 +147,6 @@ def _values(series: dict[str, Any]) -> tuple[list[float], list[float]]:
     return ts, vs
 
 
-def _entity(m: Metric, labels: dict[str, str]) -> str:
-    """The store's entity of an exported series (the inverse of the exporter's labels)."""
-    if m.source == "gpu":
-        return f"gpu{labels['gpu']}" if "gpu" in labels else ""
-    if m.source == "procs":
-        return labels.get("pid", "")
-    if m.label:
-        return labels.get(m.label, "")
-    if m.source == "disk":
-        return labels.get("device", "")
-    if m.source == "host" and "cpu" in labels:
-        return f"cpu{labels['cpu']}"
-    return labels.get("entity", "")
-
-
-def _attrs(m: Metric, labels: dict[str, str]) -> dict[str, Any]:
-    if m.source == "gpu":
-        return {k: labels[p] for k, p in (("uuid", "UUID"), ("name", "modelName"),
-                                           ("pci_bus_id", "pci_bus_id")) if p in labels}
-    if m.source == "procs":
-        return {k: labels[k] for k in ("role", "name", "run", "rank", "ppid") if k in labels}
-    return {}
-
-
 def _one_run_of_procs(series: dict[tuple[str, str], Series],
                       entities: dict[tuple[str, str], dict[str, Any]], run: str | None) -> None:
     """Keep the processes of one training (``run``; when no probe chose one, the run with the
@@ -208,97 +186,122 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
         a["role"] = "main" if a.get("role") == "main" else "worker"
 
 
-def load_prometheus(q: PromQuery) -> list[Any]:
-    """One :class:`RunData` per node (``instance``) the selection holds, sorted by instance;
-    :class:`PrometheusError` (one line) when Prometheus cannot be read or holds nothing."""
-    from stallscope.analysis.rundata import RunData
+_StepCols = dict[str, tuple[list[float], list[float]]]
 
-    start, end, step = q.window()
-    sel = q.selector()
-    raw = _query_range(q, '{__name__=~"stallscope_.+"' + (f",{sel}" if sel else "") + "}",
-                       start, end, step)
-    by_prom = {m.prom: m for m in METRICS if m.prom and m.kind != "counter"}
-    per_inst: dict[str, dict[tuple[str, str], Series]] = defaultdict(dict)
-    entities: dict[str, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
-    hosts: dict[str, str] = {}
-    down: dict[str, dict[str, str]] = defaultdict(dict)
-    steps_raw: dict[str, dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]]] = \
-        defaultdict(lambda: defaultdict(dict))
-    jobs: dict[str, str] = {}
-    for s in raw:
+
+@dataclass
+class _Scraped:
+    """What one query_range answer holds, sorted by node (``instance``)."""
+
+    series: dict[str, dict[tuple[str, str], Series]] = field(
+        default_factory=lambda: defaultdict(dict))
+    entities: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(
+        default_factory=lambda: defaultdict(dict))
+    hosts: dict[str, str] = field(default_factory=dict)
+    jobs: dict[str, str] = field(default_factory=dict)
+    down: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+    steps: dict[str, dict[tuple[str, int], _StepCols]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+
+    def instances(self) -> list[str]:
+        return sorted(set(self.series) | set(self.steps))
+
+    def add(self, s: dict[str, Any]) -> None:
+        """File one series of the answer under its node: a vocabulary metric, a step counter
+        or a source's up flag."""
         labels = {k: str(v) for k, v in (s.get("metric") or {}).items()}
         name = labels.pop("__name__", "")
         inst = labels.get("instance", "")
-        jobs.setdefault(inst, labels.get("job", ""))
+        self.jobs.setdefault(inst, labels.get("job", ""))
         if labels.get("hostname"):
-            hosts.setdefault(inst, labels["hostname"])
+            self.hosts.setdefault(inst, labels["hostname"])
         if name == "stallscope_source_up":
             _ts, vs = _values(s)
             if vs and vs[-1] == 0 and labels.get("source"):
-                down[inst][labels["source"]] = "down in Prometheus (stallscope_source_up 0)"
-            continue
-        if name in _STEP_NAMES:
+                self.down[inst][labels["source"]] = "down in Prometheus (stallscope_source_up 0)"
+        elif name in _STEP_NAMES:
             try:
                 key = (labels.get("run", ""), int(labels.get("rank", "")))
             except ValueError:
-                continue
-            steps_raw[inst][key][_STEP_NAMES[name]] = _values(s)
-            continue
-        m = by_prom.get(name)
-        if m is None:
-            continue
-        ts, vs = _values(s)
+                return
+            self.steps[inst][key][_STEP_NAMES[name]] = _values(s)
+        elif name in _BY_PROM:
+            self._add_metric(_BY_PROM[name], inst, labels, *_values(s))
+
+    def _add_metric(self, m: Metric, inst: str, labels: dict[str, str], ts: list[float],
+                    vs: list[float]) -> None:
         if not ts:
-            continue
-        ent = _entity(m, labels)
+            return
+        ent = entity_of(m, labels)
         scale = m.prom_scale or 1.0
         vs = [v / scale for v in vs]
-        had = per_inst[inst].get((m.name, ent))
+        had = self.series[inst].get((m.name, ent))
         if had is not None:
             # the same entity under another label set (a process that got its rank label
             # once its probe reported): one series, in time order, each time once
             merged = dict(zip(had.ts, had.v))
             merged.update(zip(ts, vs))
             ts, vs = sorted(merged), [merged[t] for t in sorted(merged)]
-        per_inst[inst][(m.name, ent)] = Series(m.name, ent, ts, vs)
-        attrs = _attrs(m, labels)
+        self.series[inst][(m.name, ent)] = Series(m.name, ent, ts, vs)
+        attrs = attrs_of(m, labels)
         if ent or attrs:
-            entities[inst].setdefault((m.source, ent), {}).update(attrs)
-    instances = sorted(set(per_inst) | set(steps_raw))
+            self.entities[inst].setdefault((m.source, ent), {}).update(attrs)
+
+
+#: exported gauges and rates by their Prometheus name (counters are node_exporter-style extras
+#: the rules do not read)
+_BY_PROM = {m.prom: m for m in METRICS if m.prom and m.kind != "counter"}
+
+
+def load_prometheus(q: PromQuery) -> list[RunData]:
+    """One :class:`RunData` per node (``instance``) the selection holds, sorted by instance;
+    :class:`PrometheusError` (one line) when Prometheus cannot be read or holds nothing."""
+    start, end, step = q.window()
+    sel = q.selector()
+    scraped = _Scraped()
+    for s in _query_range(q, '{__name__=~"stallscope_.+"' + (f",{sel}" if sel else "") + "}",
+                          start, end, step):
+        scraped.add(s)
+    instances = scraped.instances()
     if not instances:
         where = f" for {sel}" if sel else ""
         raise PrometheusError(f"Prometheus at {q.url.rstrip('/')} holds no stallscope series"
                               f"{where} in the last {q.since_s:g} s (is it scraping "
                               "`stallscope agent`?)")
-    out = []
-    for inst in instances:
-        series = per_inst.get(inst, {})
-        step_rows, runs = _steps(steps_raw.get(inst, {}), q.run, start, step)
-        _one_run_of_procs(series, entities.get(inst, {}),
-                          step_rows[0][0] if step_rows else q.run)
-        cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
-        mem = series.get(("host.mem_total_mib", ""))
-        firsts = [s.ts[0] for s in series.values() if s.ts]
-        meta: dict[str, Any] = {
-            "command": ["prometheus", q.url], "host": hosts.get(inst) or inst,
-            "start": start, "end": end, "exit_code": None, "interval_s": step,
-            "data": None, "data_devices": [], "logical_cores": len(cores) or None,
-            "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
-            "unavailable": down.get(inst, {}), "samples": len(firsts),
-            "run_dir": f"{q.url.rstrip('/')} instance={inst}",
-            "prometheus": {"url": q.url.rstrip("/"), "instance": inst, "job": jobs.get(inst),
-                           "step_s": step, "since_s": q.since_s, "runs": runs,
-                           "run": step_rows[0][0] if step_rows else None},
-        }
-        ents = [{"source": src, "entity": ent, "attrs": attrs}
-                for (src, ent), attrs in sorted(entities.get(inst, {}).items())]
-        rows = step_rows[0][1] if step_rows else []
-        span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
-        out.append(RunData(meta=meta, series=series, steps=rows, entities=ents, span=span))
-    return out
+    return [_node_run(q, scraped, inst, start, end, step) for inst in instances]
 
 
-def _steps(raw: dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]],
+def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: float,
+              step: float) -> RunData:
+    """The RunData of one node: its series, its processes of the chosen run, that run's steps,
+    and a meta.json-shaped description of where it all came from."""
+    series = scraped.series.get(inst, {})
+    entities = scraped.entities.get(inst, {})
+    step_rows, runs = _steps(scraped.steps.get(inst, {}), q.run, start, step)
+    chosen = step_rows[0][0] if step_rows else None
+    _one_run_of_procs(series, entities, chosen or q.run)
+    cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
+    mem = series.get(("host.mem_total_mib", ""))
+    firsts = [s.ts[0] for s in series.values() if s.ts]
+    meta: dict[str, Any] = {
+        "command": ["prometheus", q.url], "host": scraped.hosts.get(inst) or inst,
+        "start": start, "end": end, "exit_code": None, "interval_s": step,
+        "data": None, "data_devices": [], "logical_cores": len(cores) or None,
+        "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
+        "unavailable": scraped.down.get(inst, {}), "samples": len(firsts),
+        "run_dir": f"{q.url.rstrip('/')} instance={inst}",
+        "prometheus": {"url": q.url.rstrip("/"), "instance": inst,
+                       "job": scraped.jobs.get(inst), "step_s": step, "since_s": q.since_s,
+                       "runs": runs, "run": chosen},
+    }
+    ents = [{"source": src, "entity": ent, "attrs": attrs}
+            for (src, ent), attrs in sorted(entities.items())]
+    rows = step_rows[0][1] if step_rows else []
+    span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
+    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span)
+
+
+def _steps(raw: dict[tuple[str, int], _StepCols],
            want: str | None, start: float, step: float
            ) -> tuple[list[tuple[str, list[StepRow]]], dict[str, int]]:
     """Step rows of one run on one node, rebuilt from its counters; (the chosen run and its

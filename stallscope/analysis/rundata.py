@@ -3,9 +3,9 @@
 The summary, the diagnosis and the report all read a ``RunData``; none of them opens ``run.db``
 or looks at the machine. :func:`load_run` fills it from a run directory (``meta.json`` and
 ``run.db`` in one pass: a one-hour run at 1 Hz holds about a million points, and every extra
-pass costs about a second). :meth:`RunData.from_prometheus` fills the same structure from a
-Prometheus server (:mod:`stallscope.analysis.promdata`): series by (metric, entity), entities
-with their attributes, steps per rank.
+pass costs about a second). ``load_prometheus`` (:mod:`stallscope.analysis.promdata`) fills
+the same structure from a Prometheus server: series by (metric, entity), entities with their
+attributes, steps per rank.
 
 Recorded facts the diagnosis uses (never read again from the machine, so a run copied elsewhere,
 its dataset gone, gives the same diagnosis): ``meta.json`` (cores, RAM, ``dataset_bytes``,
@@ -55,14 +55,6 @@ class RunData:
             return None
         where = ", ".join(f"{t} {k}" for t, k in sorted(self.skipped.items()))
         return f"skipped {n} unreadable row{'s' if n != 1 else ''} in run.db ({where})"
-
-    @classmethod
-    def from_prometheus(cls, query: Any) -> list[RunData]:
-        """One RunData per node from a Prometheus server that scraped stallscope agents
-        (``query``: a :class:`stallscope.analysis.promdata.PromQuery`); see that module."""
-        from stallscope.analysis.promdata import load_prometheus
-
-        return load_prometheus(query)
 
     # --- series ---------------------------------------------------------------------------------
     def get(self, name: str, entity: str = "") -> Series | None:

@@ -62,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_prometheus(args: argparse.Namespace) -> int:
-    from stallscope.analysis.promdata import PromQuery, parse_duration
-    from stallscope.analysis.rundata import RunData
+    from stallscope.analysis.promdata import PromQuery, load_prometheus, parse_duration
 
     if args.run is not None:
         raise UsageError("give RUN or --prometheus, not both")
@@ -78,7 +77,7 @@ def _from_prometheus(args: argparse.Namespace) -> int:
     q = PromQuery(url=args.prometheus, job=args.job, instance=args.instance, run=args.run_id,
                   since_s=since, step_s=step)
     docs: list[dict[str, Any]] = []
-    for data in RunData.from_prometheus(q):
+    for data in load_prometheus(q):
         doc = diagnose(data)
         doc["prometheus"] = data.meta["prometheus"]
         docs.append(doc)

@@ -1,0 +1,112 @@
+"""The Prometheus label map, both directions, declared once beside :mod:`stallscope.metrics`.
+
+A point of the vocabulary is ``(metric, entity, value)``; the entity's source also hands out
+its attributes (a GPU's UUID and model, a process's role and parent). On the way out (the
+agent's ``/metrics``, :mod:`stallscope.agent.exporter`) :func:`labels_for` turns entity and
+attributes into labels; on the way back (``diagnose --prometheus``,
+:mod:`stallscope.analysis.promdata`) :func:`entity_of` and :func:`attrs_of` turn labels into
+the entity and attributes again. Both read the same :class:`EntityLabels` row, chosen by the
+metric's :attr:`~stallscope.metrics.Metric.label`, so they cannot drift apart; a round-trip test
+over every exported metric holds them to it.
+
+The rows:
+
+* ``gpu``: dcgm-exporter's labels, so dashboards join the two: ``gpu`` (the NVML index; the
+  entity is ``gpu<N>``), ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<N>``), ``modelName``,
+  ``hostname``;
+* ``pid``: a process of a followed training: ``pid``, ``role``, ``name`` (comm), ``run``,
+  ``rank``, ``ppid``, ``hostname``;
+* ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
+* ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
+  ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
+
+A metric whose ``label`` is ``""`` is about the whole host and has no entity label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.metrics import Metric
+
+__all__ = ["ENTITY_LABELS", "EntityLabels", "attrs_of", "entity_of", "labels_for"]
+
+
+@dataclass(frozen=True)
+class EntityLabels:
+    """How one kind of entity is spelled in labels."""
+
+    label: str  #: the label whose value is the entity (less ``prefix``)
+    prefix: str = ""  #: the entity is ``prefix + value`` (``gpu`` + ``"0"``)
+    #: (attribute key, label name), in exposition order, for attributes the source gives
+    attrs: tuple[tuple[str, str], ...] = ()
+    #: (label name, format of the value, ``{}`` = the label's value) computed from the entity
+    #: alone, placed before ``attrs[after_attr:]``: dcgm-exporter's ``device="nvidia0"``
+    derived: tuple[tuple[str, str], ...] = ()
+    after_attr: int = 0
+    hostname: bool = False  #: the series also carries ``hostname``
+
+
+ENTITY_LABELS: dict[str, EntityLabels] = {
+    "gpu": EntityLabels("gpu", prefix="gpu",
+                        attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
+                               ("name", "modelName")),
+                        derived=(("device", "nvidia{}"),), after_attr=2, hostname=True),
+    "pid": EntityLabels("pid", attrs=(("role", "role"), ("name", "name"), ("run", "run"),
+                                      ("rank", "rank"), ("ppid", "ppid")), hostname=True),
+    "device": EntityLabels("device"),
+    "cpu": EntityLabels("cpu", prefix="cpu"),
+    "mode": EntityLabels("mode"),
+    "rank": EntityLabels("rank", prefix="rank"),
+}
+
+
+def _row(m: Metric) -> EntityLabels | None:
+    return ENTITY_LABELS.get(m.label) if m.label else None
+
+
+def _given(v: Any) -> bool:
+    return v is not None and v != ""
+
+
+def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
+               ) -> dict[str, str]:
+    """The Prometheus labels of one point of metric ``m`` about ``entity`` (whose attributes
+    the source gave in its reading's entities)."""
+    row = _row(m)
+    if row is None:
+        return {"entity": entity} if entity else {}
+    if not entity:
+        return {"hostname": hostname} if row.hostname else {}
+    value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
+    out = {row.label: value}
+    for i, (key, label) in enumerate(row.attrs):
+        if i == row.after_attr:
+            out.update((name, fmt.format(value)) for name, fmt in row.derived)
+        if _given(attrs.get(key)):
+            out[label] = str(attrs[key])
+    if row.after_attr >= len(row.attrs):
+        out.update((name, fmt.format(value)) for name, fmt in row.derived)
+    if row.hostname:
+        out["hostname"] = hostname
+    return out
+
+
+def entity_of(m: Metric, labels: Mapping[str, str]) -> str:
+    """The store's entity of a series of metric ``m`` with these labels (the inverse of
+    :func:`labels_for`)."""
+    row = _row(m)
+    if row is None:
+        return labels.get("entity", "")
+    value = labels.get(row.label)
+    return "" if value is None else row.prefix + value
+
+
+def attrs_of(m: Metric, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The entity attributes a series' labels carry (the inverse of :func:`labels_for`)."""
+    row = _row(m)
+    if row is None:
+        return {}
+    return {key: labels[label] for key, label in row.attrs if label in labels}

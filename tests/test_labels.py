@@ -1,0 +1,62 @@
+"""stallscope.labels: the one label map, out (the agent's /metrics) and back (diagnose
+--prometheus), over every exported metric of the vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stallscope.labels import ENTITY_LABELS, attrs_of, entity_of, labels_for
+from stallscope.metrics import METRICS, SOURCE_LABEL
+
+#: one entity of each label kind, and the attributes its source gives
+SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpu": ("gpu1", {"uuid": "GPU-5f3e", "pci_bus_id": "00000000:1B:00.0", "name": "NVIDIA H100"}),
+    "pid": ("4242", {"role": "worker", "name": "pt_data_worker", "run": "20261125-x",
+                     "rank": "1", "ppid": "4200"}),
+    "device": ("nvme0n1", {}),
+    "cpu": ("cpu3", {}),
+    "mode": ("iowait", {}),
+    "rank": ("rank2", {}),
+}
+
+
+def test_every_metric_names_its_entity_label() -> None:
+    for m in METRICS:
+        assert m.label == "" or m.label in ENTITY_LABELS, m.name
+        assert m.source in SOURCE_LABEL, m.name
+
+
+@pytest.mark.parametrize("m", [m for m in METRICS if m.prom], ids=lambda m: m.name)
+def test_round_trip(m: Any) -> None:
+    entity, attrs = SAMPLES[m.label] if m.label else ("", {})
+    labels = labels_for(m, entity, attrs, "node-a")
+    assert entity_of(m, labels) == entity
+    assert attrs_of(m, labels) == {k: str(v) for k, v in attrs.items()}
+    # the attributes are optional: without them the entity still comes back
+    assert entity_of(m, labels_for(m, entity, {}, "node-a")) == entity
+
+
+def test_gpu_labels_are_dcgm_exporters_in_order() -> None:
+    m = next(m for m in METRICS if m.name == "gpu.util_pct")
+    entity, attrs = SAMPLES["gpu"]
+    assert list(labels_for(m, entity, attrs, "node-a").items()) == [
+        ("gpu", "1"), ("UUID", "GPU-5f3e"), ("pci_bus_id", "00000000:1B:00.0"),
+        ("device", "nvidia1"), ("modelName", "NVIDIA H100"), ("hostname", "node-a")]
+    # attributes NVML did not give are left out, never empty
+    assert labels_for(m, "gpu0", {"uuid": "", "name": None}, "n") == {
+        "gpu": "0", "device": "nvidia0", "hostname": "n"}
+
+
+def test_process_and_host_labels() -> None:
+    proc = next(m for m in METRICS if m.name == "procs.cpu_pct")
+    entity, attrs = SAMPLES["pid"]
+    assert labels_for(proc, entity, attrs, "node-a") == {
+        "pid": "4242", "role": "worker", "name": "pt_data_worker", "run": "20261125-x",
+        "rank": "1", "ppid": "4200", "hostname": "node-a"}
+    core = next(m for m in METRICS if m.name == "host.cpu_core_pct")
+    assert labels_for(core, "cpu3", {}, "node-a") == {"cpu": "3"}
+    host = next(m for m in METRICS if m.name == "host.mem_used_mib")
+    assert labels_for(host, "", {}, "node-a") == {}
+    assert entity_of(host, {"instance": "x:9"}) == ""
