@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import Signals, median, trainer_gpus
@@ -116,108 +117,139 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
     return fs, f, ps, p
 
 
+@dataclass(frozen=True)
+class _StallSource:
+    """How far an input-bound verdict can go on one way of measuring the stall
+    (:attr:`Signals.stall_source`)."""
+
+    base: float  #: confidence when the fetch/prep evidence is one-sided
+    min_stall: float | None  #: the stall it needs; None: no stall is measured
+    min_score: int  #: the points the stronger of fetch and prep needs
+    src: str  #: how the stall was measured, in the summary
+    rule: str  #: the rule in words; {stall} {fs} {ps} filled in
+    #: measured per step (the probe): epoch starts are split off, and no "add the probe" fix
+    measured: bool = False
+
+
+_STALL_SOURCES: dict[str | None, _StallSource] = {
+    "probe": _StallSource(
+        0.9, STALL_WARN, 0, "per-step probe",
+        f"data wait {{stall}} ≥ {STALL_WARN:.0%}; fetch score {{fs}} vs prep score {{ps}}",
+        measured=True),
+    "gpu_idle": _StallSource(
+        0.6, 0.3, 2, "GPU idle share",
+        "GPU idle {stall} ≥ 30%; fetch score {fs} vs prep score {ps}"),
+    "main_thread": _StallSource(
+        0.7, STALL_WARN, 0, "estimated: the time the trainer's main thread did not run; "
+        "no probe, no GPU",
+        f"estimated data wait {{stall}} (main thread idle) ≥ {STALL_WARN:.0%}; fetch score "
+        "{fs} vs prep score {ps}"),
+    None: _StallSource(
+        0.4, None, 4, "estimated",
+        "no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)"),
+}
+
+_INPUT_EVIDENCE = ("stall_fraction", "stall_source", "wait_ms_median", "step_ms_median",
+                   "gpu_util_median_pct", "workers", "worker_cpu_pct", "worker_d_share",
+                   "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
+                   "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
+                   "disk_r_s_median", "disk_rareq_kb_median", "psi_io_median_pct",
+                   "iowait_median_pct", "host_cpu_median_pct", "physical_cores")
+
+
 def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     """input_bound.fetch / input_bound.prep.
 
     Fires when the trainer waited for data ≥ 15% of step time (probe), or, without the probe,
     when the GPU was idle ≥ 30% of the time, or (no GPU, no probe) when the workers or disk show a
-    clear saturation pattern. fetch vs prep is decided by scoring the signals of
-    :func:`_fetch_prep_scores`; the side with more points wins."""
-    stall = sig.stall_fraction
-    steady: float | None = None
+    clear saturation pattern (:data:`_STALL_SOURCES`). fetch vs prep is decided by scoring the
+    signals of :func:`_fetch_prep_scores`; the side with more points wins."""
+    how = _STALL_SOURCES.get(sig.stall_source) or _STALL_SOURCES[None]
     fs, freasons, ps, preasons = _fetch_prep_scores(sig)
-    if sig.stall_source == "probe":
-        if stall is None or stall < STALL_WARN:
+    stall = sig.stall_fraction
+    if how.min_stall is not None and (stall is None or stall < how.min_stall):
+        return []
+    if max(fs, ps) < how.min_score:
+        return []
+    steady = _steady_stall(data, sig) if how.measured else None
+    if steady is not None:
+        # the epoch starts are input_bound.epoch_start's; this finding is about the wait
+        # between them, and says so
+        if steady < STALL_WARN:
             return []
-        steady = _steady_stall(data, sig)
-        if steady is not None:
-            # the epoch starts are input_bound.epoch_start's; this finding is about the wait
-            # between them, and says so
-            if steady < STALL_WARN:
-                return []
-            stall = steady
-        base = 0.9
-    elif sig.stall_source == "gpu_idle":
-        if stall is None or stall < 0.3 or max(fs, ps) < 2:
-            return []
-        base = 0.6
-    elif sig.stall_source == "main_thread":
-        if stall is None or stall < STALL_WARN:
-            return []
-        base = 0.7
-    else:
-        if max(fs, ps) < 4:
-            return []
-        base = 0.4
-
-    kind = "input_bound.fetch" if fs > ps else "input_bound.prep"
-    reasons = freasons if fs > ps else preasons
+        stall = steady
+    fetch = fs > ps
+    kind = "input_bound.fetch" if fetch else "input_bound.prep"
+    reasons = freasons if fetch else preasons
     margin = abs(fs - ps) / max(fs + ps, 1)
-    confidence = base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else base * 0.5
-    severity: Severity = "critical" if (stall or 0) >= STALL_CRIT else "warning"
-    if stall is None:
-        severity = "warning"
-    ev = sig.evidence("stall_fraction", "stall_source", "wait_ms_median", "step_ms_median",
-                      "gpu_util_median_pct", "workers", "worker_cpu_pct", "worker_d_share",
-                      "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
-                      "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
-                      "disk_r_s_median", "disk_rareq_kb_median", "psi_io_median_pct",
-                      "iowait_median_pct", "host_cpu_median_pct", "physical_cores")
-    ev["score_fetch"] = fs
-    ev["score_prep"] = ps
-    ev["signals"] = reasons
+    confidence = how.base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else how.base * 0.5
+    severity: Severity = "critical" if stall is not None and stall >= STALL_CRIT else "warning"
+    ev = sig.evidence(*_INPUT_EVIDENCE)
+    ev.update(score_fetch=fs, score_prep=ps, signals=reasons)
     if sig.samples_per_s is not None:
         ev["samples_per_s"] = sig.samples_per_s
-    what = "storage cannot deliver the data fast enough" if kind.endswith("fetch") else \
-        "CPU preprocessing (decode/transform) cannot keep up"
     if sig.focus_rank is not None:
         ev["rank"] = sig.focus_rank
+    tf = is_tf(sig)
+    note = _input_note(sig, tf, how)
+    if note:
+        ev["note"] = note
+    summary = _input_summary(sig, how, stall, fetch, steady is not None, reasons)
+    fixes = _input_fixes(data, sig, how, fetch, tf)
+    if tf and not fetch:
+        est = tf_prep_estimate(sig, _speedup(stall))
+    else:
+        est = _speedup(stall) if fetch else _prep_estimate(sig, stall)
+    rule = how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
+    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
+
+
+def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: bool,
+                   between_epochs: bool, reasons: list[str]) -> str:
+    what = ("storage cannot deliver the data fast enough" if fetch else
+            "CPU preprocessing (decode/transform) cannot keep up")
     if stall is not None:
-        src = {"probe": "per-step probe", "gpu_idle": "GPU idle share",
-               "main_thread": "estimated: the time the trainer's main thread did not run; "
-                              "no probe, no GPU"}.get(str(sig.stall_source), "estimated")
         who = (f"rank {sig.focus_rank} waited for data {stall:.0%} of its steps"
                if sig.focus_rank is not None else
                f"the trainer waited for data {stall:.0%} of the time")
-        if steady is not None:
+        if between_epochs:
             who += " between epoch starts"
-        summary = f"Input-bound: {who} ({src}); {what}."
+        summary = f"Input-bound: {who} ({how.src}); {what}."
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
     if reasons:
         joined = "; ".join(reasons[:2])
         summary += " " + joined[:1].upper() + joined[1:] + "."
-    tf = is_tf(sig)
+    return summary
+
+
+def _input_fixes(data: RunData, sig: Signals, how: _StallSource, fetch: bool, tf: bool
+                 ) -> list[Fix]:
     if tf:  # a tf.data pipeline: its own knobs, not DataLoader arguments
         fixes = (_fetch_fixes(data, sig, tf=True) + tf_fetch_fixes(data, sig)
-                 if kind.endswith("fetch") else tf_prep_fixes(data, sig))
+                 if fetch else tf_prep_fixes(data, sig))
     else:
-        fixes = _fetch_fixes(data, sig) if kind.endswith("fetch") else _prep_fixes(sig)
+        fixes = _fetch_fixes(data, sig) if fetch else _prep_fixes(sig)
         fixes += _loader_fixes(sig)
-    rule = (f"data wait {_pct(stall)} ≥ {STALL_WARN:.0%}; fetch score {fs} vs prep score {ps}"
-            if sig.stall_source == "probe" else
-            f"GPU idle {_pct(stall)} ≥ 30%; fetch score {fs} vs prep score {ps}"
-            if sig.stall_source == "gpu_idle" else
-            f"estimated data wait {_pct(stall)} (main thread idle) ≥ {STALL_WARN:.0%}; fetch "
-            f"score {fs} vs prep score {ps}"
-            if sig.stall_source == "main_thread" else
-            f"no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)")
-    if sig.stall_source != "probe":
+    if not how.measured:
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
                          "per step", "without the probe the stall is estimated from system "
                          "metrics only (lower confidence)"))
-    if tf and sig.stall_source == "probe":
-        ev["note"] = ("tf.data prepares elements on threads inside the trainer process: the "
-                      "probe times each step's wait for its element inside the train "
-                      "function, which system metrics alone cannot split from compute.")
-    elif not sig.workers and sig.stall_source == "probe":
-        ev["note"] = ("num_workers=0: loading runs on the training thread, so system metrics "
-                      "cannot split it from compute; the probe's data-wait timing does.")
-    if tf and kind.endswith("prep"):
-        est = tf_prep_estimate(sig, _speedup(stall))
-    else:
-        est = _prep_estimate(sig, stall) if kind.endswith("prep") else _speedup(stall)
-    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
+    return fixes
+
+
+def _input_note(sig: Signals, tf: bool, how: _StallSource) -> str | None:
+    """Why system metrics alone could not have split this stall from compute."""
+    if not how.measured:
+        return None
+    if tf:
+        return ("tf.data prepares elements on threads inside the trainer process: the "
+                "probe times each step's wait for its element inside the train "
+                "function, which system metrics alone cannot split from compute.")
+    if not sig.workers:
+        return ("num_workers=0: loading runs on the training thread, so system metrics "
+                "cannot split it from compute; the probe's data-wait timing does.")
+    return None
 
 
 def _size(n: float) -> str:
