@@ -25,8 +25,8 @@ from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
 from stallscope.metrics import Point
-from stallscope.sources import SOURCE_NAMES, open_sources
-from stallscope.sources.base import Counter, Reading, Source
+from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
+from stallscope.sources.base import Counter, Source
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 
 __all__ = ["Agent", "OnlyGpus"]
@@ -153,13 +153,9 @@ class Agent:
         sample = self.prom.latest
         if sample is None:
             return None
-        doc: dict[str, Any] = {"ts": round(sample.ts, 3), "interval_s": self.config.interval_s}
-        readings: dict[str, Reading] = sample.readings
-        for name in SOURCE_NAMES:
-            if name in readings:
-                doc[name] = readings[name].payload
-        doc["unavailable"] = dict(self.prom.unavailable)
-        return doc
+        return snapshot_doc(sample.ts, self.config.interval_s,
+                            {name: r.payload for name, r in sample.readings.items()},
+                            self.prom.unavailable)
 
     def health(self) -> dict[str, Any]:
         doc = self.prom.health()

@@ -15,7 +15,7 @@ from rich.table import Table
 from stallscope.cli._common import interval_type, out_console, safe
 from stallscope.collect import take_sample
 from stallscope.errors import UsageError
-from stallscope.sources import SOURCE_NAMES, open_sources
+from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,16 +50,6 @@ def _count(text: str) -> int:
     return n
 
 
-def _doc(payloads: dict[str, Any], interval: float, unavailable: dict[str, str]
-         ) -> dict[str, Any]:
-    doc: dict[str, Any] = {"ts": round(time.time(), 3), "interval_s": interval}
-    for name in SOURCE_NAMES:
-        if name in payloads and payloads[name] is not None:
-            doc[name] = payloads[name]
-    doc["unavailable"] = unavailable
-    return doc
-
-
 def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], None]) -> int:
     """Sample every ``every`` seconds (rates over each interval, from the previous sample:
     the sources stay open) and hand each document to ``emit``; returns samples taken."""
@@ -74,7 +64,8 @@ def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], Non
             time.sleep(max(0.0, next_t - time.monotonic()))
             next_t += every
             now = time.time()
-            emit(_doc({s.name: s.sample(now) for s in sources}, every, unavailable))
+            payloads = {s.name: s.sample(now) for s in sources}
+            emit(snapshot_doc(time.time(), every, payloads, unavailable))
             n += 1
     finally:
         for s in sources:
@@ -85,18 +76,12 @@ def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], Non
 def snapshot(interval: float) -> dict[str, Any]:
     """One sample of every machine-wide source, in the ``snapshot --json`` shape."""
     sources, unavailable = open_sources(SOURCE_NAMES)
-    doc: dict[str, Any] = {"ts": 0.0, "interval_s": interval}
     try:
         payloads = take_sample(sources, interval)
     finally:
         for s in sources:
             s.close()
-    doc["ts"] = round(time.time(), 3)
-    for name in SOURCE_NAMES:
-        if name in payloads and payloads[name] is not None:
-            doc[name] = payloads[name]
-    doc["unavailable"] = unavailable
-    return doc
+    return snapshot_doc(time.time(), interval, payloads, unavailable)
 
 
 _DISK_COLUMNS = (("r_s", "r/s"), ("rkb_s", "rkB/s"), ("r_await_ms", "r_await"),

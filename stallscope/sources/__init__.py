@@ -6,15 +6,29 @@ a source that cannot work here is reported once with its reason and left out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.base import Source
 
-__all__ = ["SOURCE_NAMES", "Source", "make_source", "open_sources"]
+__all__ = ["SOURCE_NAMES", "Source", "make_source", "open_sources", "snapshot_doc"]
 
 #: every machine-wide source, in display order (``procs`` needs a root pid: see make_source)
 SOURCE_NAMES: tuple[str, ...] = ("gpu", "disk", "host")
+
+
+def snapshot_doc(ts: float, interval_s: float, payloads: Mapping[str, Any],
+                 unavailable: Mapping[str, str]) -> dict[str, Any]:
+    """The ``snapshot --json`` document (docs/architecture.md): one key per machine-wide source
+    that gave a payload, in display order, and ``unavailable`` (source -> why). One builder for
+    ``snapshot``, ``snapshot --count`` and the agent's ``/api/v1/snapshot``."""
+    doc: dict[str, Any] = {"ts": round(ts, 3), "interval_s": interval_s}
+    for name in SOURCE_NAMES:
+        if payloads.get(name) is not None:
+            doc[name] = payloads[name]
+    doc["unavailable"] = dict(unavailable)
+    return doc
 
 
 def make_source(name: str, *, root_pid: int | None = None,
