@@ -248,7 +248,7 @@ def test_processes_from_prometheus_labels_one_run_and_its_tree() -> None:
     run's processes only, the roles of a torchrun tree without a probe (ppid labels), the
     rank-less and ranked label sets of one process as one series."""
     from stallscope.analysis.promdata import Series, _one_run_of_procs
-    from stallscope.analysis.roles import infer_roles
+    from stallscope.sources.roles import infer_roles
 
     def ent(pid: str, role: str, name: str, ppid: str | None, run: str = "r1",
             rank: str | None = None) -> dict[str, Any]:

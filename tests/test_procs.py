@@ -131,7 +131,7 @@ def _ent(pid: int, ppid: int, name: str, role: str = "worker") -> dict:
 
 
 def test_infer_roles_through_a_shell_launcher() -> None:
-    from stallscope.analysis.roles import infer_roles
+    from stallscope.sources.roles import infer_roles
 
     tree = [_ent(10, 1, "sh", "main"), _ent(11, 10, "python"), _ent(12, 11, "pt_data_worker"),
             _ent(13, 11, "pt_data_worker")]
@@ -140,7 +140,7 @@ def test_infer_roles_through_a_shell_launcher() -> None:
 
 
 def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
-    from stallscope.analysis.roles import infer_roles
+    from stallscope.sources.roles import infer_roles
 
     tree = [_ent(10, 1, "torchrun", "main"), _ent(11, 10, "python"), _ent(12, 10, "python"),
             _ent(13, 11, "python"), _ent(14, 12, "python")]

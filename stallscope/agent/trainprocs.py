@@ -9,7 +9,7 @@ dashboard needs:
 * ``run``: the run id;
 * ``role``: ``main`` (a trainer: a rank), ``worker`` (a DataLoader worker or any other
   descendant of a trainer) or ``launcher`` (``torchrun``, a shell: what started the trainers),
-  inferred as the run's own reports do (:func:`~stallscope.analysis.roles.infer_roles`, with the
+  inferred as the run's own reports do (:func:`~stallscope.sources.roles.infer_roles`, with the
   pids the probes reported in ``run.db``);
 * ``rank``: the rank whose probe runs in that process, or in the trainer a worker belongs to
   (left out when no probe said so).
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stallscope.analysis.roles import infer_roles
 from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Counter, Source
 from stallscope.sources.procs import ProcsSource, procs_points
+from stallscope.sources.roles import infer_roles
 
 if TYPE_CHECKING:
     from stallscope.agent.steps import StepFollower

@@ -152,7 +152,7 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
     """Keep the processes of one training (``run``; when no probe chose one, the run with the
     most process points) and give them back their parents: the agent's ``role`` and ``rank``
     labels say which worker belongs to which trainer (the tree the roles are inferred from,
-    :func:`~stallscope.analysis.roles.infer_roles`, needs ``ppid``)."""
+    :func:`~stallscope.sources.roles.infer_roles`, needs ``ppid``)."""
     procs = {ent: a for (src, ent), a in entities.items() if src == "procs"}
     if not procs:
         return

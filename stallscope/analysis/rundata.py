@@ -79,7 +79,7 @@ class RunData:
     def roles(self) -> dict[str, str]:
         """pid -> role ("main", "worker", "launcher") of the trainer's processes."""
         if self._roles is None:
-            from stallscope.analysis.roles import infer_roles
+            from stallscope.sources.roles import infer_roles
 
             probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
             self._roles = infer_roles([e for e in self.entities if e["source"] == "procs"],

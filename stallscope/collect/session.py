@@ -235,7 +235,7 @@ class Session:
     def _record_roles(self) -> None:
         """The procs entities' ``role`` as the whole run shows it (the probe's pid, DataLoader
         workers' parents, launchers): the sampler only knew the tree's root."""
-        from stallscope.analysis.roles import infer_roles
+        from stallscope.sources.roles import infer_roles
 
         procs = self.store.entities("procs")
         roles = infer_roles(procs, {str(p["pid"]) for p in self.store.probes()})

@@ -21,9 +21,9 @@ from typing import Any
 
 from rich.text import Text
 
-from stallscope.analysis.roles import infer_roles
 from stallscope.collect.collector import Event, Sample
 from stallscope.live.training import WINDOW_S, TrainingView, TrainingWatch
+from stallscope.sources.roles import infer_roles
 from stallscope.textsafe import plain
 
 __all__ = ["SORTS", "WIDE", "ViewState", "render"]
