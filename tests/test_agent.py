@@ -260,11 +260,13 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
     a = start_agent(tmp_path)
     t0 = time.monotonic()
     a.proc.send_signal(signal.SIGTERM)
-    code = a.proc.wait(10)
+    code = a.proc.wait(30)
     took = time.monotonic() - t0
     err = a.proc.stderr.read() if a.proc.stderr else ""
     assert code == 0, err
-    assert took < 5, took
+    # a generous ceiling for a busy 2-core machine (it stops in ~1 s; the bug it guards against
+    # held it 15-35 s)
+    assert took < 10, took
     assert "stallscope agent: stopped after" in err and "Traceback" not in err
     (run_dir,) = a.store.iterdir()
     meta = json.loads((run_dir / "meta.json").read_text())

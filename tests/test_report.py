@@ -390,14 +390,23 @@ def test_one_hour_run_is_small_and_fast(tmp_path: Path) -> None:
     run = make_run(tmp_path, duration_s=3600, gpus=4, disks=("nvme0n1", "nvme1n1", "sda", "sdb"),
                    workers=8, steps=36_000, cores=16)
     doc_diag = diagnosis(run)
+    # the same page for a one-minute run, timed on this machine now, is the yardstick
+    small = make_run(tmp_path, name="small", duration_s=60, gpus=4,
+                     disks=("nvme0n1", "nvme1n1", "sda", "sdb"), workers=8, steps=600, cores=16)
+    small_diag = diagnosis(small)
+    render_report(small, small_diag)  # warm: fonts, matplotlib's caches
+    start = time.perf_counter()
+    render_report(small, small_diag)
+    small_s = time.perf_counter() - start
     start = time.perf_counter()
     doc = render_report(run, doc_diag)
     took = time.perf_counter() - start
     size = len(doc.encode())
-    print(f"1 h report: {took:.2f} s, {size / 1024:.0f} KiB")
+    print(f"1 h report: {took:.2f} s ({small_s:.2f} s for 1 min), {size / 1024:.0f} KiB")
     assert size < 700 * 1024, f"{size / 1024:.0f} KiB: too big to mail"
-    # the target is < 3 s; the bound leaves room for a busy 2-core CI box
-    assert took < 9.0, f"{took:.1f} s"
+    # the target is < 3 s: 60x the data costs little more than the fixed cost of a page (about
+    # 2x here); a busy machine slows both alike, so the bound is a ratio, with a floor
+    assert took < max(9.0, 4 * small_s), f"{took:.1f} s vs {small_s:.1f} s for 1 min"
     for pid in ("gpu", "wait", "disk", "cpu", "mem"):
         assert _svg(doc, pid)
 

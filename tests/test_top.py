@@ -176,7 +176,7 @@ def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
 
         t0 = time.monotonic()
         t.keys("q")
-        screen = t.wait_for(lambda s: "EXITED" in s, "exit after q", timeout=5)
+        screen = t.wait_for(lambda s: "EXITED" in s, "exit after q", timeout=10)
         quit_s = time.monotonic() - t0
         assert "EXITED 0" in screen
         # the terminal is back: canonical mode again (stty prints icanon, not -icanon),
@@ -185,8 +185,10 @@ def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
         assert "-icanon" not in t.screen()
         assert t.show("#{alternate_on}") == "0"
         assert t.show("#{cursor_flag}") == "1"
-        assert quit_s < 3, quit_s
-        assert filled_s < 8, filled_s
+        # generous ceilings for a busy 2-core machine: quitting takes well under a second,
+        # filling two refreshes of 0.5 s plus the start
+        assert quit_s < 5, quit_s
+        assert filled_s < 15, filled_s
     finally:
         t.kill()
 
@@ -248,7 +250,7 @@ def test_top_piped_prints_plain_frames() -> None:
             assert "DISK" in out.stdout and "cpu " in out.stdout
             assert "\\x1b[31mevil" in out.stdout  # the name, escaped
             assert str(worker) in out.stdout
-            assert took < 10, took
+            assert took < 20, took  # two frames 0.5 s apart and the start: a generous ceiling
     finally:
         os.kill(worker, signal.SIGKILL)
         proc.kill()
