@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# Run the whole test suite the way CI does: real iostat, smartctl, fio and headless Chromium.
-# Usage: scripts/test.sh [pytest args...]
+# Run the test suite the way CI does: real iostat, smartctl, fio, Prometheus, Alertmanager,
+# headless Chromium, tmux, TensorFlow and torchrun; a missing tool fails the run.
+# Usage: scripts/test.sh [--fast] [pytest args...]
+#   --fast  the inner-loop tier (~3 min on 2 cores): leaves out the tests marked slow and those
+#           that start a heavy real component (prometheus, alertmanager, chromium, tmux,
+#           tensorflow, torchrun; see pyproject.toml), and skips the installs when the test
+#           tools are already there
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 [ -x .venv/bin/python ] || scripts/setup.sh
-# shellcheck source=scripts/_apt.sh
-source scripts/_apt.sh
-apt_install sysstat smartmontools fio chromium prometheus prometheus-alertmanager tmux
-# test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...)
-.venv/bin/python -m pip install -q -e ".[dev]"
+if [ "$fast" = 0 ] || ! .venv/bin/python -c "import pytest, pytest_timeout, hypothesis" 2>/dev/null
+then
+  # shellcheck source=scripts/_apt.sh
+  source scripts/_apt.sh
+  apt_install sysstat smartmontools fio chromium prometheus prometheus-alertmanager tmux
+  # test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...)
+  .venv/bin/python -m pip install -q -e ".[dev]"
+fi
 mkdir -p artifacts
 .venv/bin/ruff check stallscope tests benchmarks examples
 .venv/bin/mypy
+if [ "$fast" = 1 ]; then
+  exec .venv/bin/python -m pytest \
+    -m "not (slow or prometheus or alertmanager or chromium or tmux or tensorflow or torchrun)" "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -17,6 +17,8 @@ import pytest
 from conftest import terminate, tool_missing
 from test_agent import RunningAgent, free_port, start_agent, stop_agent
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.prometheus]
+
 WAIT_S = 40.0
 
 

@@ -37,6 +37,8 @@ def _tool(name: str, package: str) -> str:
     return path
 
 
+@pytest.mark.prometheus
+@pytest.mark.prometheus
 def test_rules_file_passes_promtool() -> None:
     promtool = _tool("promtool", "prometheus")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True,
@@ -48,6 +50,8 @@ def test_rules_file_passes_promtool() -> None:
     assert r.returncode == 0 and "SUCCESS: 12 rules found" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.prometheus
+@pytest.mark.prometheus
 def test_rules_fire_and_clear_in_promtool_unit_tests() -> None:
     """tests/promtool/stallscope-alerts.test.yml: constructed series; each alert fires and
     clears at the times the stallscope default would, hysteresis and the disk rule's pair
@@ -135,6 +139,10 @@ def _alerts(received: list[dict[str, Any]], status: str) -> list[dict[str, Any]]
             if a.get("status") == status and a["labels"].get("alertname") == "StallscopeGpuHot"]
 
 
+@pytest.mark.prometheus
+@pytest.mark.alertmanager
+@pytest.mark.prometheus
+@pytest.mark.alertmanager
 def test_prometheus_and_alertmanager_notify_a_webhook(
         tmp_path: Path, webhook: tuple[int, list[dict[str, Any]]]) -> None:
     prometheus = _tool("prometheus", "prometheus")

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from conftest import stallscope_argv
 
+pytestmark = [pytest.mark.slow, pytest.mark.slow]
+
 #: every reading command, as argv after `stallscope` ({run}, {out}, {tmp} filled per case)
 COMMANDS: dict[str, list[str]] = {
     "show": ["show", "{run}"],
