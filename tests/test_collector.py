@@ -140,14 +140,16 @@ def test_a_new_source_needs_no_change_to_collector_or_store(
 
 
 def test_collector_and_store_never_branch_on_a_source_name() -> None:
-    """No comparison with a source's name literal anywhere in the collector, sinks or store."""
+    """No comparison with a source's name literal anywhere in the collector, sinks, store or
+    the Prometheus label map (both directions read a metric's ``label``, never its source)."""
     import stallscope.collect.collector as collector_mod
     import stallscope.collect.sinks as sinks_mod
+    import stallscope.labels as labels_mod
     import stallscope.store.db as store_mod
     from stallscope.sources import SOURCE_NAMES
 
-    names = {*SOURCE_NAMES, "procs"}
-    for mod in (collector_mod, sinks_mod, store_mod):
+    names = {*SOURCE_NAMES, "procs", "smart"}
+    for mod in (collector_mod, sinks_mod, store_mod, labels_mod):
         tree = ast.parse(inspect.getsource(mod))
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
