@@ -74,3 +74,30 @@ def throttled_group() -> Iterator[str]:
     yield name
     subprocess.run([sys.executable, str(ROOT / "examples" / "constrain.py"), "--cleanup", name],
                    check=False)
+
+
+# --- shared by the SMART tests (test_health_fuzz, test_smartctl_mutation, test_faults_io) ---
+
+def json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path (keys and list indices) to a value inside a JSON document, depth first."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += json_paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += json_paths(v, (*prefix, i))
+    return out
+
+
+def print_drives(console: Any, drives: list[Any]) -> None:
+    """``stallscope disk``'s report of ``drives`` (``cli.disk._print_drives``) printed to the
+    rich ``console`` instead of the terminal."""
+    from stallscope.cli import disk
+
+    old = disk.out_console
+    disk.out_console = console
+    try:
+        disk._print_drives(drives, [])
+    finally:
+        disk.out_console = old

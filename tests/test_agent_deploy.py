@@ -195,8 +195,7 @@ class ReplayGpuNode:
         from stallscope.agent.exporter import PrometheusSink
         from stallscope.collect import Collector
         from stallscope.sources.gpu import GpuSource
-        from stallscope.sources.health import parse_smartctl
-        from stallscope.sources.smart import SmartSource
+        from stallscope.sources.smart import SmartSource, parse_smartctl
         from stallscope.testing.nvml_replay import NvmlReplay
 
         replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)

@@ -15,8 +15,7 @@ from conftest import FIXTURES, env_without_stallscope, stallscope_argv
 
 from stallscope.alerts import DEFAULT_RULES, AlertEngine, parse_rules
 from stallscope.metrics import Point, lookup
-from stallscope.sources.health import explain_series, parse_smartctl
-from stallscope.sources.smart import SmartSource, drive_points
+from stallscope.sources.smart import SmartSource, drive_points, explain_series, parse_smartctl
 from stallscope.sources.steps import StepsSource, window_points
 from stallscope.store import RunStore, StepRow
 

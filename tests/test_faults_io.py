@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, stallscope_argv
+from conftest import FIXTURES, print_drives, stallscope_argv
 
 from stallscope.report.page import esc
 from stallscope.textsafe import TERMINAL_LIMIT, clip, html_text, plain
@@ -118,7 +118,7 @@ def test_text_helpers() -> None:
 
 def test_advice_commands_are_never_wrapped() -> None:
     from stallscope.cli.disk import split_advice
-    from stallscope.sources.health import _open_fixes
+    from stallscope.sources.smart.runner import _open_fixes
 
     fixes = _open_fixes("/usr/sbin/smartctl", 1000, "alice")
     assert not any("agent" in f for f in fixes)  # there is no agent: advice names what exists
@@ -135,19 +135,17 @@ def test_disk_prints_each_fix_block_once() -> None:
     virtio disks) print the 8-line block once."""
     from rich.console import Console
 
-    from stallscope.cli import _common, disk
-    from stallscope.sources.health import _open_fixes, _unknown
+    from stallscope.cli import _common
+    from stallscope.sources.smart.parse import unknown_drive
+    from stallscope.sources.smart.runner import _open_fixes
 
     fixes = _open_fixes("/usr/sbin/smartctl", 0, "root")
-    drives = [_unknown("cannot open /dev/vda", device="/dev/vda", fixes=fixes),
-              _unknown("cannot open /dev/vdb", device="/dev/vdb", fixes=fixes)]
+    drives = [unknown_drive("cannot open /dev/vda", device="/dev/vda", fixes=fixes),
+              unknown_drive("cannot open /dev/vdb", device="/dev/vdb", fixes=fixes)]
     console = Console(width=60, record=True, file=open(os.devnull, "w"))
-    old = disk.out_console
-    disk.out_console = console
     try:
-        disk._print_drives(drives, [])
+        print_drives(console, drives)
     finally:
-        disk.out_console = old
         console.file.close()
     text = console.export_text()
     assert text.count("NOPASSWD") == 1 and "fix: as for /dev/vda above" in text

@@ -12,28 +12,25 @@ import pytest
 from conftest import FIXTURES, ROOT, tool_missing
 
 from stallscope.errors import UsageError
-from stallscope.sources.health import (
+from stallscope.sources.smart import (
+    MAX_CHECKS,
+    WINDOW_S,
+    Check,
     DriveHealth,
     Growth,
+    HealthState,
     apply_growth,
     compute_growth,
+    default_state_path,
     explain_series,
-    health_findings,
     iso_time,
     parse_smartctl,
     parse_smartctl_text,
+    pick_baseline,
     read_smart,
     smartctl_argv,
     validate_device,
     validate_device_type,
-)
-from stallscope.tools.health_state import (
-    MAX_CHECKS,
-    WINDOW_S,
-    Check,
-    HealthState,
-    default_state_path,
-    pick_baseline,
 )
 
 SHARED = ROOT.parent / "shared" / "fixtures" / "smartctl"
@@ -188,20 +185,6 @@ def test_growth_rules() -> None:
 def test_compute_growth() -> None:
     g = compute_growth({"a": 1, "b": 5, "c": 2}, {"a": 3, "b": 4, "d": 9}, "then")
     assert g == {"a": Growth(1, 3, "then")}
-
-
-def test_findings() -> None:
-    drives = [load("ST3500418AS_12"), load("MB0500EBNCR_13"),
-              load("sat-Seagate_Exos_X16-ST16000NM001G-2KK103-sda"),
-              parse_smartctl([])]
-    found = health_findings(drives)
-    assert [f["severity"] for f in found] == ["critical", "warning"]
-    for f in found:
-        assert f["kind"] == "disk_health"
-        assert set(f) == {"kind", "severity", "confidence", "summary", "evidence", "fixes",
-                          "est_speedup"}
-        assert 0 <= f["confidence"] <= 1 and f["fixes"] and f["summary"]
-    assert found[0]["evidence"]["counters"]["Reallocated_Sector_Ct"] == 304
 
 
 def test_recorded_open_failures() -> None:

@@ -16,11 +16,15 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, stallscope_argv
 
-from stallscope.sources.health import parse_smartctl
-from stallscope.sources.smart import drive_points
-from stallscope.sources.smart_trend import drive_levels, forecast, forecast_drive
+from stallscope.sources.smart import (
+    HealthState,
+    drive_levels,
+    drive_points,
+    forecast,
+    forecast_drive,
+    parse_smartctl,
+)
 from stallscope.stats import fit_line
-from stallscope.tools.health_state import HealthState
 
 DAY = 86400.0
 T0 = 1_763_712_000.0

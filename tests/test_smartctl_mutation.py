@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, stallscope_argv
+from conftest import FIXTURES, json_paths, print_drives, stallscope_argv
 from rich.console import Console
 
 from stallscope.cli import disk
@@ -36,18 +36,7 @@ TEXTS = {p.name: p.read_bytes() for p in sorted(FIXTURES.glob("smartctl-*.json")
 DOCS = {name: json.loads(text) for name, text in TEXTS.items()}
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-PATHS = {name: _paths(doc) for name, doc in DOCS.items()}
+PATHS = {name: json_paths(doc) for name, doc in DOCS.items()}
 
 
 DEEP = "__stallscope_deep__"
@@ -103,7 +92,7 @@ def mutations(seed: int = SEED, per_category: int = PER_CATEGORY
             doc = copy.deepcopy(DOCS[name])
             done = []
             for _ in range(rng.randint(1, 3)):  # one to three mutations of this kind
-                paths = _paths(doc) if done else PATHS[name]
+                paths = json_paths(doc) if done else PATHS[name]
                 if not paths:
                     break
                 path = rng.choice(paths)
@@ -131,13 +120,7 @@ def check_one(path: Path) -> str | None:
         return f"verdict {[d.verdict for d in drives]}"
     doc = {"drives": [d.to_json() for d in drives]}
     json.loads(json.dumps(doc, indent=2, allow_nan=False))  # strict JSON, as --json prints
-    console = Console(file=io.StringIO(), width=100, color_system=None)
-    old = disk.out_console
-    disk.out_console = console
-    try:
-        disk._print_drives(drives, [])
-    finally:
-        disk.out_console = old
+    print_drives(Console(file=io.StringIO(), width=100, color_system=None), drives)
     code = disk._exit_status(drives, saved=True)
     if code not in (0, 1, 3):
         return f"exit status {code}"

@@ -23,8 +23,9 @@ from rich.text import Text
 from stallscope.cli._common import bounded, err_console, out_console, size_type
 from stallscope.errors import UsageError
 from stallscope.sources.disk import describe_path, device_info
-from stallscope.sources.health import (
+from stallscope.sources.smart import (
     DriveHealth,
+    check_drives,
     explain_series,
     parse_smartctl_text,
     validate_device_type,
@@ -41,7 +42,6 @@ from stallscope.tools.diskbench import (
     run_builtin,
     run_fio,
 )
-from stallscope.tools.health_state import check_drives
 
 #: /sys/block names that are never physical drives
 _SKIP = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")

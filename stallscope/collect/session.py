@@ -169,7 +169,7 @@ class Session:
         """Slow facts, off the main path: SMART of the dataset's drives, the dataset's size."""
         devices = self.meta.get("data_devices") or []
         if devices:
-            from stallscope.tools.health_state import check_drives
+            from stallscope.sources.smart import check_drives
 
             drives, _notes = check_drives(devices)
             self._health.extend(d.to_json() for d in drives)

@@ -1,10 +1,13 @@
-"""SMART health as metrics, for the alert engine and Prometheus: a slow source.
+"""SMART health as metrics, for the alert engine and Prometheus: a slow source; and the check.
+
+:func:`check_drives` is one check of some drives, the same for ``stallscope disk``,
+``stallscope run --data`` (the dataset's drive) and this source: SMART read with smartctl
+(:mod:`.runner`), growth judged against the SMART state file and the trend fitted through the
+drive's past checks (:mod:`.history`).
 
 ``smartctl`` can take seconds (a drive waking up) and SMART counters change over hours, so the
-drives are checked on a background thread every :data:`SMART_EVERY_S` seconds (the same check as
-``stallscope disk``: :func:`~stallscope.tools.health_state.check_drives`, growth judged against
-the SMART state file) and each sample reports the latest check. Per drive (entity: the device
-name, ``sda``, ``nvme0n1``):
+source checks its drives on a background thread every :data:`SMART_EVERY_S` seconds and each
+sample reports the latest check. Per drive (entity: the device name, ``sda``, ``nvme0n1``):
 
 ``smart.failing``
     1 while the drive's verdict is ``failing`` (docs/disk-health.md), else 0.
@@ -15,8 +18,8 @@ name, ``sda``, ``nvme0n1``):
     the raw values, when the drive reports them (what a trend fit and Prometheus need).
 ``smart.days_left``
     days until the soonest value crosses its threshold at the current rate (a line fitted
-    through the drive's past checks, :mod:`stallscope.sources.smart_trend`), when one heads
-    there.
+    through the drive's past checks, :func:`~stallscope.sources.smart.history.forecast_drive`),
+    when one heads there.
 
 Drives whose SMART cannot be read (virtual disks, no permission) give no points; why is said
 once as a run event. :func:`drive_points` is the pure part.
@@ -25,19 +28,69 @@ once as a run event. :func:`drive_points` is the pure part.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from stallscope.errors import SourceUnavailable, UsageError
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
-from stallscope.sources.health import MEDIUM_FAIL_AT, DriveHealth
+from stallscope.sources.disk import device_info
+from stallscope.sources.smart.history import HealthState, default_state_path
+from stallscope.sources.smart.parse import MEDIUM_FAIL_AT, DriveHealth
+from stallscope.sources.smart.runner import read_smart, validate_device
 
-__all__ = ["SMART_EVERY_S", "SmartSource", "drive_points"]
+__all__ = ["SAVE_EVERY_S", "SMART_EVERY_S", "SmartSource", "check_drives", "drive_points"]
 
 #: seconds between two SMART checks of the watched drives
 SMART_EVERY_S = 600.0
 
 Check = Callable[[Sequence[str]], "tuple[list[DriveHealth], list[str]]"]
+
+
+def check_drives(devices: Sequence[str], *, device_type: str | None = None,
+                 smartctl: Sequence[str] = ("smartctl",), use_state: bool = True,
+                 state_path: Path | None = None,
+                 save: bool = True) -> tuple[list[DriveHealth], list[str]]:
+    """Read SMART for each device (partitions map to their disk), judge growth against the
+    state file and record this check. Returns the drives and notes for the user.
+
+    Used by ``stallscope disk`` and by ``stallscope run --data`` (the dataset's drive). With
+    ``save=False`` growth is judged but this check is not recorded (the periodic checks of the
+    ``smart`` source must not push a month of history out of the file)."""
+    notes: list[str] = []
+    state = None
+    if use_state:
+        state = HealthState.load(state_path or default_state_path())
+        if state.note:
+            notes.append(state.note)
+    drives = []
+    for name in devices:
+        disk = name
+        extra: list[str] = []
+        try:
+            info = device_info(name)
+            disk = str(info.get("disk") or name)
+            if info.get("virtual"):
+                extra.append(f"{disk} is a {info.get('kind')} device: virtual disks rarely "
+                             "pass SMART through")
+        except UsageError as exc:
+            extra.append(str(exc))
+        drive = read_smart(validate_device(disk), device_type=device_type, smartctl=smartctl)
+        if extra:
+            drive = replace(drive, notes=(*drive.notes, *extra))
+        if state is not None:
+            drive = state.observe(drive, time.time())
+        drives.append(drive)
+    if save and state is not None and any(d.counters for d in drives):
+        try:
+            state.save()
+        except OSError as exc:
+            notes.append(f"could not save {state.path} ({exc.strerror}): growth will not be "
+                         "tracked; set STALLSCOPE_STATE_DIR to a writable directory")
+    return drives, notes
 
 
 def _entity(drive: DriveHealth) -> str:
@@ -63,7 +116,7 @@ def drive_points(drive: DriveHealth) -> dict[str, float]:
         out["nvme_used_pct"] = float(a["percentage_used"])
     if isinstance(a.get("available_spare"), int):
         out["nvme_spare_pct"] = float(a["available_spare"])
-    if drive.forecast:  # soonest first (sources/smart_trend.py)
+    if drive.forecast:  # soonest first (history.forecast_drive)
         out["days_left"] = round(float(drive.forecast[0].days), 2)
     return out
 
@@ -82,10 +135,6 @@ class _DailySave:
         self._next_save = 0.0
 
     def __call__(self, devices: Sequence[str]) -> tuple[list[DriveHealth], list[str]]:
-        import time
-
-        from stallscope.tools.health_state import check_drives
-
         save = time.monotonic() >= self._next_save
         if save:
             self._next_save = time.monotonic() + SAVE_EVERY_S
@@ -109,8 +158,6 @@ class SmartSource(Source):
         self._said: set[str] = set()
 
     def open(self) -> None:
-        from stallscope.errors import SourceUnavailable
-
         if not self.devices:
             raise SourceUnavailable("no drive to watch")
         self._thread = threading.Thread(target=self._loop, name="stallscope-smart", daemon=True)
