@@ -109,101 +109,117 @@ def _is_torch_data(obj: Any) -> bool:
     return isinstance(obj, (DataLoader, Dataset, IterableDataset))
 
 
+def _drop_worker_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` without the keywords DataLoader refuses when ``num_workers`` is 0."""
+    if args.get("num_workers", 0) == 0:
+        for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout"):
+            args.pop(k, None)
+    return args
+
+
+def _given_of(loader: Any) -> dict[str, Any]:
+    """The tuned settings a built DataLoader has: the baseline configuration."""
+    given: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+                             "persistent_workers": loader.persistent_workers}
+    if loader.num_workers > 0:
+        given["prefetch_factor"] = loader.prefetch_factor
+    return given
+
+
 def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
     """Wrap what the user gave into a :class:`Target`."""
-    from torch.utils.data import (
-        DataLoader,
-        Dataset,
-        IterableDataset,
-        RandomSampler,
-        SequentialSampler,
-    )
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     if isinstance(obj, DataLoader):
-        loader = obj
-        fixed: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        if loader.batch_size is None and loader.batch_sampler is not None:
-            # a batch_sampler of the user's: it decides batch size, order and drop_last
-            extra["batch_sampler"] = loader.batch_sampler
-            fixed["batch_sampler"] = _Name("batch_sampler")
-        else:
-            fixed["batch_size"] = batch_size or loader.batch_size
-            if isinstance(loader.sampler, RandomSampler):
-                fixed["shuffle"] = True
-            elif not isinstance(loader.sampler, SequentialSampler) and \
-                    not isinstance(loader.dataset, IterableDataset):
-                extra["sampler"] = loader.sampler  # weighted, distributed, ...: kept
-                fixed["sampler"] = _Name("sampler")
-        names = ["collate_fn", "worker_init_fn", "multiprocessing_context", "generator",
-                 "timeout"]
-        if "batch_sampler" not in extra:
-            names.append("drop_last")
-        for name in names:
-            extra[name] = getattr(loader, name)
-        given: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-                 "persistent_workers": loader.persistent_workers}
-        if loader.num_workers > 0:
-            given["prefetch_factor"] = loader.prefetch_factor
-        dataset = loader.dataset
-
-        def make_from_loader(**kw: Any) -> Any:
-            args = {**extra, **{k: v for k, v in fixed.items() if not isinstance(v, _Name)},
-                    **given}
-            args.update(kw)
-            if args.get("num_workers", 0) == 0:
-                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
-                          "timeout"):
-                    args.pop(k, None)
-            return DataLoader(dataset, **args)
-
-        return Target(make_from_loader, given, "DataLoader(dataset, ", fixed)
-
+        return _target_of_loader(obj, batch_size)
     if isinstance(obj, (Dataset, IterableDataset)):
-        dataset_ = obj
-        fixed = {"batch_size": batch_size or DEFAULT_BATCH_SIZE}
-
-        def make_from_dataset(**kw: Any) -> Any:
-            args = {**fixed, **kw}
-            if args.get("num_workers", 0) == 0:
-                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
-                          "timeout"):
-                    args.pop(k, None)
-            return DataLoader(dataset_, **args)
-
-        return Target(make_from_dataset, {"num_workers": 0}, "DataLoader(dataset, ", fixed)
-
+        return _target_of_dataset(obj, batch_size)
     if callable(obj):
-        factory = obj
-        name = getattr(factory, "__name__", "make_loader")
-        probe = _call_user(factory, f"{name}()", **({} if batch_size is None
-                                                     else {"batch_size": batch_size}))
-        if not isinstance(probe, DataLoader):
-            raise UsageError(f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
-                             "factory must return a DataLoader built from its keyword arguments")
-        given_f: dict[str, Any] = {"num_workers": probe.num_workers, "pin_memory": probe.pin_memory,
-                 "persistent_workers": probe.persistent_workers}
-        if probe.num_workers > 0:
-            given_f["prefetch_factor"] = probe.prefetch_factor
-        fixed = {} if batch_size is None else {"batch_size": batch_size}
-        del probe
-
-        def make_from_factory(**kw: Any) -> Any:
-            args = {**fixed, **kw}
-            if args.get("num_workers", 0) == 0:
-                for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
-                          "timeout"):
-                    args.pop(k, None)
-            loader = _call_user(factory, f"{name}(...)", **args)
-            if not isinstance(loader, DataLoader):
-                raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a "
-                                 "DataLoader")
-            return loader
-
-        return Target(make_from_factory, given_f, f"{name}(", fixed)
-
+        return _target_of_factory(obj, batch_size)
     raise UsageError(f"cannot tune a {type(obj).__name__}: give a Dataset, a DataLoader, or a "
                      "function that takes DataLoader keyword arguments and returns a DataLoader")
+
+
+def _loader_sampling(loader: Any, batch_size: int | None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fixed, extra) of a DataLoader: what the recommendation repeats (batch size, shuffle, a
+    placeholder for the user's sampler) and the keyword arguments every rebuild passes on."""
+    from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
+
+    fixed: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        # a batch_sampler of the user's: it decides batch size, order and drop_last
+        extra["batch_sampler"] = loader.batch_sampler
+        fixed["batch_sampler"] = _Name("batch_sampler")
+    else:
+        fixed["batch_size"] = batch_size or loader.batch_size
+        if isinstance(loader.sampler, RandomSampler):
+            fixed["shuffle"] = True
+        elif not isinstance(loader.sampler, SequentialSampler) and \
+                not isinstance(loader.dataset, IterableDataset):
+            extra["sampler"] = loader.sampler  # weighted, distributed, ...: kept
+            fixed["sampler"] = _Name("sampler")
+    names = ["collate_fn", "worker_init_fn", "multiprocessing_context", "generator", "timeout"]
+    if "batch_sampler" not in extra:
+        names.append("drop_last")
+    for name in names:
+        extra[name] = getattr(loader, name)
+    return fixed, extra
+
+
+def _target_of_loader(loader: Any, batch_size: int | None) -> Target:
+    """A DataLoader: rebuilt on its dataset with its own settings, tuned ones overridden."""
+    from torch.utils.data import DataLoader
+
+    fixed, extra = _loader_sampling(loader, batch_size)
+    given = _given_of(loader)
+    dataset = loader.dataset
+
+    def make_from_loader(**kw: Any) -> Any:
+        args = {**extra, **{k: v for k, v in fixed.items() if not isinstance(v, _Name)},
+                **given}
+        args.update(kw)
+        return DataLoader(dataset, **_drop_worker_args(args))
+
+    return Target(make_from_loader, given, "DataLoader(dataset, ", fixed)
+
+
+def _target_of_dataset(dataset: Any, batch_size: int | None) -> Target:
+    """A bare Dataset: DataLoaders of the given (or default) batch size, no workers as given."""
+    from torch.utils.data import DataLoader
+
+    fixed = {"batch_size": batch_size or DEFAULT_BATCH_SIZE}
+
+    def make_from_dataset(**kw: Any) -> Any:
+        return DataLoader(dataset, **_drop_worker_args({**fixed, **kw}))
+
+    return Target(make_from_dataset, {"num_workers": 0}, "DataLoader(dataset, ", fixed)
+
+
+def _target_of_factory(factory: Any, batch_size: int | None) -> Target:
+    """A factory of DataLoaders: called once with no tuned arguments for the baseline, then
+    once per trial with the settings to try."""
+    from torch.utils.data import DataLoader
+
+    name = getattr(factory, "__name__", "make_loader")
+    probe = _call_user(factory, f"{name}()", **({} if batch_size is None
+                                                 else {"batch_size": batch_size}))
+    if not isinstance(probe, DataLoader):
+        raise UsageError(f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
+                         "factory must return a DataLoader built from its keyword arguments")
+    given = _given_of(probe)
+    fixed = {} if batch_size is None else {"batch_size": batch_size}
+    del probe
+
+    def make_from_factory(**kw: Any) -> Any:
+        loader = _call_user(factory, f"{name}(...)", **_drop_worker_args({**fixed, **kw}))
+        if not isinstance(loader, DataLoader):
+            raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a "
+                             "DataLoader")
+        return loader
+
+    return Target(make_from_factory, given, f"{name}(", fixed)
 
 
 def call_text(target: Target, config: dict[str, Any]) -> str:
