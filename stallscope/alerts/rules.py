@@ -227,18 +227,56 @@ def _parse_action(i: int, j: int, a: Any, problems: list[str]) -> Action | None:
 
 
 def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
-    where = f"alerts[{i}]"
     if not isinstance(t, dict):
-        problems.append(f"{where}: must be a table")
+        problems.append(f"alerts[{i}]: must be a table")
         return None
     n0 = len(problems)
-    name = t.get("name")
-    if not isinstance(name, str) or not name.strip():
-        problems.append(f"{where}.name: required, a non-empty string")
-        name = f"#{i}"
-    where = f"alerts[{i}] ({name})"
+    name, where = _rule_name(i, t, problems)
     for k in sorted(set(t) - _RULE_KEYS):
         problems.append(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_RULE_KEYS))})")
+    metric, t = _rule_metric(where, t, problems)
+    _check_thresholds(where, t, problems)
+    sev = t.get("severity", "warning")
+    if sev not in _SEVERITIES:
+        problems.append(f"{where}.severity: one of {', '.join(_SEVERITIES)}, got {sev!r}")
+    confirm = t.get("confirm", 1)
+    if not isinstance(confirm, int) or isinstance(confirm, bool) or not 1 <= confirm <= 1000:
+        problems.append(f"{where}.confirm: an integer from 1 to 1000, got {confirm!r}")
+    also = _parse_also(where, t.get("also", []), problems)
+    trend_s, min_r2 = _rule_trend(where, t, problems)
+    entity = t.get("entity")
+    if entity is not None and not isinstance(entity, str):
+        problems.append(f"{where}.entity: must be a string such as 'gpu0' or 'nvme0n1'")
+    actions = _parse_actions(i, where, t.get("actions", []), problems)
+    if "enabled" in t and not isinstance(t["enabled"], bool):
+        problems.append(f"{where}.enabled: must be true or false")
+    if len(problems) > n0:
+        return None
+    if not any(a.kind == "log" for a in actions):
+        actions.insert(0, Action("log"))  # every alert is recorded as a run event
+    return Rule(name=str(name), metric=str(metric), above=t.get("above"), below=t.get("below"),
+                entity=entity, for_s=float(t.get("for_s", 0)),
+                clear_below=t.get("clear_below"), clear_above=t.get("clear_above"),
+                severity=sev, cooldown_s=float(t.get("cooldown_s", 600)),
+                confirm=int(confirm), actions=tuple(actions), also=also,
+                trend_s=float(trend_s) if trend_s is not None else None,
+                min_r2=float(min_r2))
+
+
+def _rule_name(i: int, t: dict[str, Any], problems: list[str]) -> tuple[str, str]:
+    """(name, where): the rule's name (``#i`` when it has none) and the prefix of its
+    problems, ``alerts[i] (name)``."""
+    name = t.get("name")
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"alerts[{i}].name: required, a non-empty string")
+        name = f"#{i}"
+    return name, f"alerts[{i}] ({name})"
+
+
+def _rule_metric(where: str, t: dict[str, Any], problems: list[str]
+                 ) -> tuple[Any, dict[str, Any]]:
+    """(metric, table): the metric a rule reads, and the table with ``above = 0`` added for a
+    ``finding`` rule that gives no threshold (its value is the finding's confidence)."""
     metric = t.get("metric")
     if "finding" in t:
         from stallscope.analysis.diagnose.model import KINDS
@@ -260,6 +298,11 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
     elif not isinstance(metric, str) or lookup(metric) is None:
         problems.append(f"{where}.metric: {metric!r} is not a metric of the vocabulary "
                         "(e.g. gpu.temp_c, host.shm_used_pct, disk.util_pct)")
+    return metric, t
+
+
+def _check_thresholds(where: str, t: dict[str, Any], problems: list[str]) -> None:
+    """One of above/below, numbers where numbers go, and a clear level on the right side."""
     if ("above" in t) == ("below" in t):
         problems.append(f"{where}: give exactly one of 'above' or 'below'")
     for k in ("above", "below", "clear_below", "clear_above", "for_s", "cooldown_s"):
@@ -274,13 +317,10 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
         problems.append(f"{where}.clear_below: must not be above 'above' ({t['above']})")
     if _num(t.get("below")) and _num(t.get("clear_above")) and t["clear_above"] < t["below"]:
         problems.append(f"{where}.clear_above: must not be below 'below' ({t['below']})")
-    sev = t.get("severity", "warning")
-    if sev not in _SEVERITIES:
-        problems.append(f"{where}.severity: one of {', '.join(_SEVERITIES)}, got {sev!r}")
-    confirm = t.get("confirm", 1)
-    if not isinstance(confirm, int) or isinstance(confirm, bool) or not 1 <= confirm <= 1000:
-        problems.append(f"{where}.confirm: an integer from 1 to 1000, got {confirm!r}")
-    also = _parse_also(where, t.get("also", []), problems)
+
+
+def _rule_trend(where: str, t: dict[str, Any], problems: list[str]) -> tuple[Any, Any]:
+    """(trend_s, min_r2) of a trend rule; trend_s None for a rule on the value itself."""
     trend_s = t.get("trend_s")
     if trend_s is not None and not (_num(trend_s) and trend_s > 0):
         problems.append(f"{where}.trend_s: a positive number of seconds, got {trend_s!r}")
@@ -289,31 +329,20 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
         problems.append(f"{where}.min_r2: a number from 0 to 1, got {min_r2!r}")
     if "min_r2" in t and trend_s is None:
         problems.append(f"{where}.min_r2: only with trend_s")
-    entity = t.get("entity")
-    if entity is not None and not isinstance(entity, str):
-        problems.append(f"{where}.entity: must be a string such as 'gpu0' or 'nvme0n1'")
-    raw_actions = t.get("actions", [])
-    actions: list[Action] = []
-    if not isinstance(raw_actions, list):
+    return trend_s, min_r2
+
+
+def _parse_actions(i: int, where: str, raw: Any, problems: list[str]) -> list[Action]:
+    """The rule's valid actions; each invalid one is a problem."""
+    if not isinstance(raw, list):
         problems.append(f"{where}.actions: must be a list of tables")
-    else:
-        for j, a in enumerate(raw_actions):
-            act = _parse_action(i, j, a, problems)
-            if act is not None:
-                actions.append(act)
-    if "enabled" in t and not isinstance(t["enabled"], bool):
-        problems.append(f"{where}.enabled: must be true or false")
-    if len(problems) > n0:
-        return None
-    if not any(a.kind == "log" for a in actions):
-        actions.insert(0, Action("log"))  # every alert is recorded as a run event
-    return Rule(name=str(name), metric=str(metric), above=t.get("above"), below=t.get("below"),
-                entity=entity, for_s=float(t.get("for_s", 0)),
-                clear_below=t.get("clear_below"), clear_above=t.get("clear_above"),
-                severity=sev, cooldown_s=float(t.get("cooldown_s", 600)),
-                confirm=int(confirm), actions=tuple(actions), also=also,
-                trend_s=float(trend_s) if trend_s is not None else None,
-                min_r2=float(min_r2))
+        return []
+    actions: list[Action] = []
+    for j, a in enumerate(raw):
+        act = _parse_action(i, j, a, problems)
+        if act is not None:
+            actions.append(act)
+    return actions
 
 
 def _parse_also(where: str, raw: Any, problems: list[str]) -> tuple[Also, ...]:
