@@ -489,7 +489,6 @@ class PackResult:
         return sum(s.bytes or 0 for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        secs = max(self.seconds, 1e-9)
         return {
             "dst": self.dst,
             "manifest": os.path.join(self.dst, MANIFEST_NAME),
@@ -501,10 +500,15 @@ class PackResult:
             "written_shards": self.written_shards,
             "kept_shards": self.kept_shards,
             "seconds": round(self.seconds, 3),
-            "files_per_s": round(self.written_files / secs, 1),
-            "mb_per_s": round(self.written_bytes / secs / 1e6, 1),
+            "files_per_s": round(self.written_files / max(self.seconds, 1e-9), 1),
+            "mb_per_s": _mb_per_s(self.written_bytes, self.seconds),
             "warnings": self.warnings,
         }
+
+
+def _mb_per_s(nbytes: int, seconds: float) -> float:
+    """Throughput in MB/s (10**6 bytes) as the results report it, one decimal."""
+    return round(nbytes / max(seconds, 1e-9) / 1e6, 1)
 
 
 class PackProgress:
@@ -724,6 +728,19 @@ def _prepare_dst(dst: str, plan_id: str, overwrite: bool) -> dict[str, Any] | No
     return None
 
 
+@dataclass
+class _Plan:
+    """The samples in the order they are written, how they are cut into shards, and the id of
+    that plan (input fingerprint, options and cuts): a run resumes only the same plan."""
+
+    files: list[SourceFile]
+    sizes: list[int]  #: tar bytes of each sample
+    shards: list[range]  #: indices into ``files``, one range per shard
+    options: dict[str, Any]
+    fingerprint: str
+    id: str
+
+
 def pack(
     src: str,
     dst: str,
@@ -746,16 +763,55 @@ def pack(
     ``workers`` threads read files ahead of the single tar writer. A ``dst`` holding an
     unfinished run of the same input and options is resumed."""
     progress = progress or PackProgress()
+    src_abs, dst_abs = os.path.abspath(src), os.path.abspath(dst)
+    _check_args(src_abs, dst_abs, dst, workers, shard_size, samples_per_shard)
+    source = open_source(src_abs, strict_keys=strict_keys)
+    plan = _make_plan(source, shard_size, samples_per_shard, shuffle_seed, strict_keys, ranks,
+                      loader_workers)
+    warnings = _pack_warnings(source, plan, ranks, loader_workers)
+    previous = _open_dst(dst, dst_abs, plan.id, overwrite)
+    files = plan.files
+    records = [
+        ShardRecord(SHARD_NAME.format(i), len(r), files[r.start].key, files[r.stop - 1].key)
+        for i, r in enumerate(plan.shards)
+    ]
+    doc = _manifest(source, plan)
+    done = (set() if previous is None
+            else _keep_finished(dst_abs, previous, records, plan.shards, progress))
+
+    def save(complete: bool = False) -> None:
+        doc["complete"] = complete
+        doc["shards"] = [r.to_json() for r in records]
+        _write_json_atomic(os.path.join(dst_abs, MANIFEST_NAME), doc)
+
+    try:
+        return _pack_shards(dst_abs, plan.shards, files, records, done, save, workers, progress,
+                            source, warnings)
+    except OSError as exc:
+        # a full disk, an I/O error: nothing half-written stays to hold the space; the
+        # finished shards and the manifest that lists them do, so the same command resumes
+        _remove_leftovers(dst_abs)
+        raise _write_error(exc, dst, dst_abs, records, sum(plan.sizes)) from exc
+
+
+def _check_args(src_abs: str, dst_abs: str, dst: str, workers: int, shard_size: int | None,
+                samples_per_shard: int | None) -> None:
+    """The option combinations and folders :func:`pack` refuses before reading anything."""
     if workers < 1:
         raise UsageError("--workers must be at least 1")
     if shard_size is not None and samples_per_shard is not None:
         raise UsageError("give --shard-size or --samples-per-shard, not both")
-    src_abs, dst_abs = os.path.abspath(src), os.path.abspath(dst)
     if os.path.isdir(src_abs) and (os.path.realpath(dst_abs) + os.sep).startswith(
         os.path.realpath(src_abs) + os.sep
     ):
         raise PackError(f"{dst}: the destination is inside the source folder")
-    source = open_source(src_abs, strict_keys=strict_keys)
+
+
+def _make_plan(source: Source, shard_size: int | None, samples_per_shard: int | None,
+               shuffle_seed: int | None, strict_keys: bool, ranks: int,
+               loader_workers: int) -> _Plan:
+    """Order the samples (seeded shuffle or source order), cut them into shards and name the
+    plan; nothing is read but the file list."""
     files = list(source.files)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(files)
@@ -764,7 +820,7 @@ def pack(
         limit: int | None = auto_shard_bytes(sum(sizes), ranks, loader_workers)
     else:
         limit = shard_size
-    plan = plan_shards(sizes, shard_bytes=limit, samples_per_shard=samples_per_shard)
+    shards = plan_shards(sizes, shard_bytes=limit, samples_per_shard=samples_per_shard)
     options = {
         "shard_size": limit if samples_per_shard is None else None,
         "samples_per_shard": samples_per_shard,
@@ -773,95 +829,100 @@ def pack(
     }
     fingerprint = _fingerprint(source.files)
     plan_id = hashlib.sha256(
-        json.dumps([fingerprint, options, [[r.start, r.stop] for r in plan]]).encode()
+        json.dumps([fingerprint, options, [[r.start, r.stop] for r in shards]]).encode()
     ).hexdigest()
+    return _Plan(files, sizes, shards, options, fingerprint, plan_id)
 
+
+def _pack_warnings(source: Source, plan: _Plan, ranks: int, loader_workers: int) -> list[str]:
+    """The source's notes, renamed keys, and what the shard layout costs its readers."""
     warnings = list(source.notes)
     if source.renamed_keys:
         warnings.append(
             f"{source.renamed_keys} key(s) had dots in the file name, replaced by '_' "
             "(webdataset splits the field at the first dot); --strict-keys rejects them instead"
         )
-    warnings += layout_warnings([sum(sizes[i] for i in r) for r in plan], ranks, loader_workers)
+    shard_sizes = [sum(plan.sizes[i] for i in r) for r in plan.shards]
+    return warnings + layout_warnings(shard_sizes, ranks, loader_workers)
 
+
+def _open_dst(dst: str, dst_abs: str, plan_id: str, overwrite: bool) -> dict[str, Any] | None:
+    """Make the destination ready to write (created, cleared of a killed run's leftovers);
+    return the manifest in progress of the same plan, to resume from, if any."""
     try:
         previous = _prepare_dst(dst_abs, plan_id, overwrite)
         os.makedirs(dst_abs, exist_ok=True)
         _remove_leftovers(dst_abs)  # leftovers of a killed run are never valid
     except OSError as exc:  # under a file, under /proc, read-only, no permission
         raise PackError(f"cannot create {dst}: {_why(exc, dst_abs)}") from exc
+    return previous
 
-    records = [
-        ShardRecord(SHARD_NAME.format(i), len(r), files[r.start].key, files[r.stop - 1].key)
-        for i, r in enumerate(plan)
-    ]
-    doc: dict[str, Any] = {
+
+def _manifest(source: Source, plan: _Plan) -> dict[str, Any]:
+    """The manifest of ``plan``, not complete yet and with no shard written."""
+    return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "created_by": f"stallscope {__version__}",
         "complete": False,
-        "plan": plan_id,
+        "plan": plan.id,
         "source": {
             "kind": source.kind,
             "path": source.path,
-            "files": len(files),
+            "files": len(plan.files),
             "bytes": source.total_bytes,
             "classes": list(source.classes) if source.classes is not None else None,
-            "fingerprint": fingerprint,
+            "fingerprint": plan.fingerprint,
         },
-        "options": options,
+        "options": plan.options,
         "layout": "webdataset: <key>.<field> members, label as <key>.cls (ASCII integer)",
-        "pattern": shard_pattern(len(plan)),
-        "samples": len(files),
+        "pattern": shard_pattern(len(plan.shards)),
+        "samples": len(plan.files),
         "shards": [],
     }
 
-    # keep finished shards that still match the manifest in progress
+
+def _keep_finished(dst_abs: str, previous: dict[str, Any], records: list[ShardRecord],
+                   shards: Sequence[range], progress: PackProgress) -> set[int]:
+    """The shards of the manifest in progress that are still on disk as it recorded them
+    (size and sha256); their records are filled in, and their indices returned."""
+    old = {s.get("name"): s for s in previous["shards"] if isinstance(s, dict)}
+    todo = [
+        (i, old[r.name])
+        for i, r in enumerate(records)
+        if r.name in old and old[r.name].get("sha256")
+    ]
+    progress.start(
+        "checking",
+        sum(len(shards[i]) for i, _ in todo),
+        sum(int(o.get("bytes") or 0) for _, o in todo),
+    )
     done: set[int] = set()
-    if previous is not None:
-        old = {s.get("name"): s for s in previous["shards"] if isinstance(s, dict)}
-        todo = [
-            (i, old[r.name])
-            for i, r in enumerate(records)
-            if r.name in old and old[r.name].get("sha256")
-        ]
-        progress.start(
-            "checking",
-            sum(len(plan[i]) for i, _ in todo),
-            sum(int(o.get("bytes") or 0) for _, o in todo),
-        )
-        for i, entry in todo:
-            path = os.path.join(dst_abs, records[i].name)
-            if os.path.isfile(path) and os.path.getsize(path) == entry.get("bytes"):
-                nbytes, digest = _sha256_file(path)
-                if digest == entry["sha256"]:
-                    records[i].bytes, records[i].sha256 = nbytes, digest
-                    done.add(i)
-            progress.advance(len(plan[i]), int(entry.get("bytes") or 0))
+    for i, entry in todo:
+        path = os.path.join(dst_abs, records[i].name)
+        if os.path.isfile(path) and os.path.getsize(path) == entry.get("bytes"):
+            nbytes, digest = _sha256_file(path)
+            if digest == entry["sha256"]:
+                records[i].bytes, records[i].sha256 = nbytes, digest
+                done.add(i)
+        progress.advance(len(shards[i]), int(entry.get("bytes") or 0))
+    return done
 
-    def save(complete: bool = False) -> None:
-        doc["complete"] = complete
-        doc["shards"] = [r.to_json() for r in records]
-        _write_json_atomic(os.path.join(dst_abs, MANIFEST_NAME), doc)
 
-    try:
-        return _pack_shards(dst_abs, plan, files, records, done, save, workers, progress,
-                            source, warnings)
-    except OSError as exc:
-        # a full disk, an I/O error: nothing half-written stays to hold the space; the
-        # finished shards and the manifest that lists them do, so the same command resumes
-        _remove_leftovers(dst_abs)
-        kept = sum(1 for r in records if r.sha256)
-        hint = (f"; {kept} finished shard(s) kept: run the same command again to resume"
-                if kept else "")
-        if exc.errno == errno.ENOSPC:
-            hint = f"; free space on {dst} and run the same command again to resume" + (
-                f" ({kept} finished shard(s) kept)" if kept else "")
-        need = ""
-        if exc.errno == errno.ENOSPC:
-            need = f"; the shards take {human_bytes(sum(sizes))} in all"
-        raise PackError(f"cannot write {exc.filename or dst}: {_why(exc, dst_abs)}{need}"
-                        f"{hint}") from exc
+def _write_error(exc: OSError, dst: str, dst_abs: str, records: Sequence[ShardRecord],
+                 total: int) -> PackError:
+    """The one line a failed write ends with: what failed and why, the space the shards need
+    when the disk is full, and how to resume."""
+    kept = sum(1 for r in records if r.sha256)
+    hint = (f"; {kept} finished shard(s) kept: run the same command again to resume"
+            if kept else "")
+    need = ""
+    if exc.errno == errno.ENOSPC:
+        hint = f"; free space on {dst} and run the same command again to resume" + (
+            f" ({kept} finished shard(s) kept)" if kept else "")
+        need = f"; the shards take {human_bytes(total)} in all"
+    return PackError(f"cannot write {exc.filename or dst}: {_why(exc, dst_abs)}"
+                     f"{need}{hint}")
 
 
 def _why(exc: OSError, path: str) -> str:
@@ -1067,7 +1128,7 @@ class VerifyResult:
             "samples": self.samples,
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
-            "mb_per_s": round(self.bytes / max(self.seconds, 1e-9) / 1e6, 1),
+            "mb_per_s": _mb_per_s(self.bytes, self.seconds),
             "problems": self.problems,
         }
 
