@@ -58,6 +58,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SRC DST",
         help="source and destination; with --verify alone: DST",
     )
+    _add_packing_options(p)
+    _add_reader_options(p)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a stallscope shard set of other input/options in DST",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-read every shard and check counts and sha256 against the manifest",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def _add_packing_options(p: argparse.ArgumentParser) -> None:
+    """What goes into the shards: their size, the sample order, the keys; and the threads
+    that read ahead of the writer."""
     size = p.add_mutually_exclusive_group()
     size.add_argument(
         "--shard-size",
@@ -99,6 +119,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="reject file names with dots before the extension instead of "
         "replacing the dots by '_'",
     )
+
+
+def _add_reader_options(p: argparse.ArgumentParser) -> None:
+    """Who will read the shards: the layout warnings weigh the shard count against them."""
     p.add_argument(
         "--ranks",
         type=_positive,
@@ -113,19 +137,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="W",
         help=f"DataLoader workers per rank, for the warnings (default {DEFAULT_LOADER_WORKERS})",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a stallscope shard set of other input/options in DST",
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="re-read every shard and check counts and sha256 against the manifest",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(func=run)
 
 
 def _size(text: str) -> int:
