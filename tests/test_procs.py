@@ -14,11 +14,14 @@ import pytest
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.procs import (
+    ProcCounters,
+    ProcIo,
     ProcsSource,
     ThreadStates,
     parse_pid_io,
     parse_pid_stat,
     parse_schedstat,
+    proc_rates,
     thread_states,
 )
 
@@ -56,6 +59,60 @@ def test_parse_io_and_schedstat_recorded() -> None:
     io = parse_pid_io((PID / "io").read_text())
     assert io.rchar == 6976 and io.read_bytes == 0
     assert parse_schedstat((PID / "schedstat").read_text()) == (197486, 82838)
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BASE = ProcCounters(starttime=5000, cpu_ticks=100, main_ns=10**9, io=ProcIo(10_000, 4096, 0),
+                    sched_wait_ns=10**6, blkio_ticks=0)
+
+
+def test_proc_rates_over_an_interval() -> None:
+    cur = ProcCounters(starttime=5000, cpu_ticks=100 + CLK_TCK, main_ns=10**9 + 5 * 10**8,
+                       io=ProcIo(10_000 + 4 * 1048576, 4096 + 2 * 1048576, 1048576),
+                       sched_wait_ns=10**6 + 2 * 10**8, blkio_ticks=CLK_TCK // 2)
+    assert proc_rates(BASE, cur, 2.0) == {
+        "cpu_pct": pytest.approx(50.0),
+        "main_thread_active_pct": pytest.approx(25.0),
+        "read_kb_s": pytest.approx(1024.0),
+        "write_kb_s": pytest.approx(512.0),
+        "rchar_kb_s": pytest.approx(2048.0),
+        "runq_wait_pct": pytest.approx(10.0),
+        "blkio_wait_pct": pytest.approx(25.0),
+    }
+    # an unchanged counter is a real zero
+    assert proc_rates(BASE, BASE, 1.0) == {
+        "cpu_pct": 0.0, "main_thread_active_pct": 0.0, "read_kb_s": 0.0, "write_kb_s": 0.0,
+        "rchar_kb_s": 0.0, "runq_wait_pct": 0.0, "blkio_wait_pct": 0.0}
+
+
+def test_proc_rates_counter_reset_drops_only_that_rate() -> None:
+    cur = BASE._replace(cpu_ticks=50, io=ProcIo(10_000 + 1024, 100, 2048))
+    rates = proc_rates(BASE, cur, 1.0)
+    assert "cpu_pct" not in rates and "read_kb_s" not in rates  # went down: left out, not 0
+    assert rates["rchar_kb_s"] == pytest.approx(1.0)
+    assert rates["write_kb_s"] == pytest.approx(2.0)
+    assert rates["runq_wait_pct"] == 0.0
+
+
+def test_proc_rates_pid_reuse_new_process_and_no_time() -> None:
+    grown = BASE._replace(cpu_ticks=900, io=ProcIo(10**9, 10**9, 10**9))
+    # another start time: another process got the pid, its higher counters are not growth
+    assert proc_rates(BASE, grown._replace(starttime=9000), 1.0) == {}
+    assert proc_rates(None, grown, 1.0) == {}  # first read of a process: a baseline
+    assert proc_rates(BASE, grown, 0.0) == {}  # dt 0 (or a clock that went back): no rates
+    assert proc_rates(BASE, grown, -1.0) == {}
+
+
+def test_proc_rates_leave_out_what_either_read_lacks() -> None:
+    lacking = BASE._replace(main_ns=None, io=None, sched_wait_ns=None, blkio_ticks=None)
+    assert proc_rates(BASE, lacking, 1.0) == {"cpu_pct": 0.0}
+    assert proc_rates(lacking, BASE, 1.0) == {"cpu_pct": 0.0}
+    # percentages of a wait are capped at 100 (a sample late by scheduling)
+    late = BASE._replace(sched_wait_ns=10**6 + 3 * 10**9, main_ns=10**9 + 3 * 10**9,
+                         blkio_ticks=3 * CLK_TCK)
+    rates = proc_rates(BASE, late, 1.0)
+    assert rates["runq_wait_pct"] == rates["main_thread_active_pct"] == 100.0
+    assert rates["blkio_wait_pct"] == 100.0
 
 
 TREE = textwrap.dedent("""

@@ -12,8 +12,9 @@ Every interval growth goes through :func:`~stallscope.sources.base.counter_delta
 counters): a counter that went down leaves its rate out for that interval instead of reporting
 0; a pid reused by a new process (another start time) starts over, it is not a reset. Rates
 divide by the monotonic time taken right after the process's ``stat`` read, not the collector's
-``now``. :meth:`ProcsSource.counters` gives each process's raw CPU seconds, read/write bytes
-and rchar of the latest read.
+``now``. The reads of one process are a :class:`ProcCounters`; the rates are the pure
+:func:`proc_rates` of two of them. :meth:`ProcsSource.counters` gives each process's raw CPU
+seconds, read/write bytes and rchar of the latest read.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from stallscope.sources.base import (
     numeric_points,
 )
 
-__all__ = ["ProcIo", "ProcStat", "ProcsSource", "parse_pid_io", "parse_pid_stat",
-           "parse_schedstat", "proc_counters"]
+__all__ = ["ProcCounters", "ProcIo", "ProcStat", "ProcsSource", "parse_pid_io",
+           "parse_pid_stat", "parse_schedstat", "proc_counters", "proc_rates"]
 
 #: process names that start the trainer rather than being it (their children are the trainers)
 LAUNCHERS = frozenset({"sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nice", "ionice",
@@ -150,13 +151,58 @@ def _grown(prev: int, cur: int) -> int | None:
     return cur - prev if cur >= prev else counter_delta(prev, cur, 64)
 
 
+class ProcCounters(NamedTuple):
+    """One process's cumulative counters at one read: what :func:`proc_rates` differences."""
+
+    starttime: int  #: clock ticks after boot: tells a reused pid from its old process
+    cpu_ticks: int  #: utime + stime
+    main_ns: int | None  #: the main thread's ns on a CPU or waiting for one (schedstat)
+    io: ProcIo | None  #: None when /proc/PID/io is not readable
+    sched_wait_ns: int | None  #: ns runnable but waiting for a CPU (schedstat)
+    blkio_ticks: int | None  #: stat field 42, None on kernels that lack it
+
+
+def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> dict[str, float]:
+    """The rates of one process over ``dt`` seconds between two reads of its counters.
+
+    Nothing for a new process (``prev`` None), a pid reused by another process (another start
+    time: a new baseline, not a reset) or ``dt`` ≤ 0. Each rate is left out when its counter
+    is missing at either read or went down (:func:`_grown` is
+    :func:`~stallscope.sources.base.counter_delta`, 64-bit)."""
+    out: dict[str, float] = {}
+    if prev is None or prev.starttime != cur.starttime or dt <= 0:
+        return out
+    d = _grown(prev.cpu_ticks, cur.cpu_ticks)
+    if d is not None:
+        out["cpu_pct"] = round(100.0 * d / _CLK_TCK / dt, 2)
+    if cur.main_ns is not None and prev.main_ns is not None:
+        d = _grown(prev.main_ns, cur.main_ns)
+        if d is not None:
+            out["main_thread_active_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
+    if cur.io is not None and prev.io is not None:
+        d = _grown(prev.io.read_bytes, cur.io.read_bytes)
+        if d is not None:
+            out["read_kb_s"] = round(d / 1024 / dt, 2)
+        d = _grown(prev.io.write_bytes, cur.io.write_bytes)
+        if d is not None:
+            out["write_kb_s"] = round(d / 1024 / dt, 2)
+        d = _grown(prev.io.rchar, cur.io.rchar)
+        if d is not None:
+            out["rchar_kb_s"] = round(d / 1024 / dt, 2)
+    if cur.sched_wait_ns is not None and prev.sched_wait_ns is not None:
+        d = _grown(prev.sched_wait_ns, cur.sched_wait_ns)
+        if d is not None:
+            out["runq_wait_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
+    if cur.blkio_ticks is not None and prev.blkio_ticks is not None:
+        d = _grown(prev.blkio_ticks, cur.blkio_ticks)
+        if d is not None:
+            out["blkio_wait_pct"] = round(min(100.0, 100.0 * d / _CLK_TCK / dt), 2)
+    return out
+
+
 class _Prev(NamedTuple):
     ts: float  #: monotonic time of the stat read
-    cpu_ticks: int
-    io: ProcIo | None
-    sched_wait_ns: int | None
-    blkio_ticks: int | None
-    starttime: int
+    counters: ProcCounters
 
 
 class ProcsSource(Source):
@@ -171,9 +217,7 @@ class ProcsSource(Source):
         self._clock = clock  #: read right after each process's stat: its rates' time base
         self.proc_root = proc_root
         self.rescan_every = rescan_every
-        self._prev: dict[int, _Prev] = {}
-        #: pid -> (start time, main thread's ns running or runnable, from schedstat)
-        self._prev_main: dict[int, tuple[int, int]] = {}
+        self._prev: dict[int, _Prev] = {}  #: pid -> its counters at the latest sample
         self._n = 0
         self._tree: set[int] = {root_pid}
         self._parents: set[int] = {root_pid}
@@ -293,8 +337,6 @@ class ProcsSource(Source):
                 seen.add(pid)
         for gone in set(self._prev) - seen:
             del self._prev[gone]
-        for gone in set(self._prev_main) - seen:
-            del self._prev_main[gone]
         for gone in {k[0] for k in self._files} - seen:
             self._forget(gone)
         for gone in set(self.known) - seen:
@@ -325,6 +367,27 @@ class ProcsSource(Source):
         return out
 
     def _sample_one(self, pid: int) -> dict[str, Any] | None:
+        """One process's record: what it is, its state, and its rates since the last sample;
+        None when it exited."""
+        read = self._read_stat(pid)
+        if read is None:
+            return None
+        t, st = read
+        cur = self._read_counters(pid, st)
+        prev = self._prev.get(pid)
+        if prev is not None and prev.counters.starttime != st.starttime:
+            self.known.pop(pid, None)  # the pid was handed to a new process between samples
+        if pid not in self.known:
+            self.known[pid] = self._identity(pid, st)
+        self._prev[pid] = _Prev(t, cur)
+        rec = self._state(pid, st)
+        if prev is not None:
+            rec.update(proc_rates(prev.counters, cur, t - prev.ts))
+        return rec
+
+    def _read_stat(self, pid: int) -> tuple[float, ProcStat] | None:
+        """(monotonic time of the read, /proc/PID/stat); None for a process that exited
+        (gone, or a zombie not yet reaped: nothing left to measure)."""
         try:
             text = self._pread(pid, "stat")
             t = self._clock()
@@ -332,49 +395,57 @@ class ProcsSource(Source):
         except (OSError, ParseError):
             return None  # exited between discovery and read
         if st.state in ("Z", "X"):
-            return None  # exited, not yet reaped: nothing left to measure
-        io: ProcIo | None = None
-        if not self._io_denied:
-            try:
-                io = parse_pid_io(self._pread(pid, "io"))
-            except PermissionError:
-                self._io_denied = True
-                self.emit("note", "/proc/PID/io not readable (needs the same user or "
-                                  "CAP_SYS_PTRACE): per-process read bytes not reported")
-            except (OSError, ParseError):
-                io = None
-        sched_wait: int | None = None
+            return None
+        return t, st
+
+    def _read_counters(self, pid: int, st: ProcStat) -> ProcCounters:
+        """The process's counters: stat's, plus /proc/PID/io, schedstat and its main thread's
+        schedstat; each missing one is None."""
+        io = self._read_io(pid)
         sched_run: int | None = None
+        sched_wait: int | None = None
         try:
             sched_run, sched_wait = parse_schedstat(self._pread(pid, "schedstat"))
         except (OSError, ParseError):
-            sched_wait = None
-        prev = self._prev.get(pid)
-        if prev is not None and prev.starttime != st.starttime:
-            self.known.pop(pid, None)  # the pid was handed to a new process between samples
-        if pid not in self.known:
-            try:
-                cmd = self._read(str(pid), "cmdline").replace("\0", " ").strip()
-            except OSError:
-                cmd = ""
-            self.known[pid] = {"name": st.comm, "cmdline": cmd[:300], "ppid": st.ppid,
-                               "role": self._role(pid)}
-
-        ticks = st.utime + st.stime
+            pass
         # the main thread's time on a CPU or waiting for one (ns): single-threaded, the
         # process's own schedstat is its main thread's
-        main_ticks: int | None = None
+        main_ns: int | None = None
         if st.threads > 1:
             try:
-                main_ticks = sum(parse_schedstat(self._pread(pid, f"task/{pid}/schedstat")))
+                main_ns = sum(parse_schedstat(self._pread(pid, f"task/{pid}/schedstat")))
             except (OSError, ParseError):
-                main_ticks = None
+                pass
         elif sched_run is not None and sched_wait is not None:
-            main_ticks = sched_run + sched_wait
-        prev_main = self._prev_main.pop(pid, None)
-        if main_ticks is not None:
-            self._prev_main[pid] = (st.starttime, main_ticks)
-        self._prev[pid] = _Prev(t, ticks, io, sched_wait, st.blkio_ticks, st.starttime)
+            main_ns = sched_run + sched_wait
+        return ProcCounters(st.starttime, st.utime + st.stime, main_ns, io, sched_wait,
+                            st.blkio_ticks)
+
+    def _read_io(self, pid: int) -> ProcIo | None:
+        """/proc/PID/io; None when unreadable (a note, once, when permission is denied)."""
+        if self._io_denied:
+            return None
+        try:
+            return parse_pid_io(self._pread(pid, "io"))
+        except PermissionError:
+            self._io_denied = True
+            self.emit("note", "/proc/PID/io not readable (needs the same user or "
+                              "CAP_SYS_PTRACE): per-process read bytes not reported")
+        except (OSError, ParseError):
+            pass
+        return None
+
+    def _identity(self, pid: int, st: ProcStat) -> dict[str, Any]:
+        """What the store keeps of a process: name, command line, parent, role."""
+        try:
+            cmd = self._read(str(pid), "cmdline").replace("\0", " ").strip()
+        except OSError:
+            cmd = ""
+        return {"name": st.comm, "cmdline": cmd[:300], "ppid": st.ppid, "role": self._role(pid)}
+
+    def _state(self, pid: int, st: ProcStat) -> dict[str, Any]:
+        """The record's fields of one read, no rates: name, role, state, memory, threads (and,
+        for a multi-threaded trainer, how many threads are in D and how many are TensorFlow's)."""
         rec: dict[str, Any] = {
             "name": st.comm,
             "role": self._role(pid),
@@ -389,37 +460,6 @@ class ProcsSource(Source):
             if ts is not None:
                 rec["d_threads"] = ts.d
                 rec["tf_threads"] = ts.tf
-        if prev is None or prev.starttime != st.starttime:
-            return rec  # new, or a pid reused by another process: a new baseline, not a reset
-        dt = t - prev.ts
-        if dt <= 0:
-            return rec
-        # each rate is left out when its counter went down: _grown is counter_delta (64-bit)
-        d = _grown(prev.cpu_ticks, ticks)
-        if d is not None:
-            rec["cpu_pct"] = round(100.0 * d / _CLK_TCK / dt, 2)
-        if main_ticks is not None and prev_main is not None and prev_main[0] == st.starttime:
-            d = _grown(prev_main[1], main_ticks)
-            if d is not None:
-                rec["main_thread_active_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
-        if io is not None and prev.io is not None:
-            d = _grown(prev.io.read_bytes, io.read_bytes)
-            if d is not None:
-                rec["read_kb_s"] = round(d / 1024 / dt, 2)
-            d = _grown(prev.io.write_bytes, io.write_bytes)
-            if d is not None:
-                rec["write_kb_s"] = round(d / 1024 / dt, 2)
-            d = _grown(prev.io.rchar, io.rchar)
-            if d is not None:
-                rec["rchar_kb_s"] = round(d / 1024 / dt, 2)
-        if sched_wait is not None and prev.sched_wait_ns is not None:
-            d = _grown(prev.sched_wait_ns, sched_wait)
-            if d is not None:
-                rec["runq_wait_pct"] = round(min(100.0, 100.0 * d / 1e9 / dt), 2)
-        if st.blkio_ticks is not None and prev.blkio_ticks is not None:
-            d = _grown(prev.blkio_ticks, st.blkio_ticks)
-            if d is not None:
-                rec["blkio_wait_pct"] = round(min(100.0, 100.0 * d / _CLK_TCK / dt), 2)
         return rec
 
     def counters(self) -> list[Counter]:
@@ -428,7 +468,7 @@ class ProcsSource(Source):
         readable; see :func:`proc_counters`."""
         out: list[Counter] = []
         for pid, p in self._prev.items():
-            out.extend(proc_counters(str(pid), p.cpu_ticks, p.io))
+            out.extend(proc_counters(str(pid), p.counters.cpu_ticks, p.counters.io))
         return out
 
 
