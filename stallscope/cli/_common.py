@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stallscope.textsafe import safe
 
@@ -15,8 +15,13 @@ if TYPE_CHECKING:
     out_console: Console
     err_console: Console
 
-__all__ = ["bounded", "err_console", "interval_type", "keep_full_type", "out_console", "safe",
-           "size_type"]
+__all__ = ["RUN_HELP", "add_out_option", "bounded", "err_console", "interval_type",
+           "keep_full_type", "number_type", "out_console", "safe", "size_type"]
+
+#: the help of a RUN argument
+RUN_HELP = "run directory, run id (or prefix), or 'latest'"
+
+N = TypeVar("N", int, float)
 
 
 def __getattr__(name: str) -> Any:
@@ -31,47 +36,36 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def interval_type(text: str) -> float:
-    """``--interval``: seconds, a finite number between 0.1 and 3600."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--interval must be a number of seconds, got {text!r}"
-                                         ) from None
-    if not math.isfinite(v) or not 0.1 <= v <= 3600:
-        raise argparse.ArgumentTypeError(f"--interval must be between 0.1 and 3600 seconds, "
-                                         f"got {text!r}")
-    return v
+def number_type(flag: str, cast: Callable[[str], N], ok: Callable[[N], bool], kind: str,
+                limits: str) -> Callable[[str], N]:
+    """An argparse type: ``cast(text)`` (int or float), finite and ``ok``; otherwise one line
+    naming the flag, ``{flag} must be {kind}, got 'x'`` when it is no number and
+    ``{flag} must be {limits}, got 'x'`` when it is out of range."""
 
-
-def keep_full_type(text: str) -> float:
-    """``--keep-full``: seconds of full resolution, at least one minute, finite."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--keep-full must be a number of seconds, got "
-                                         f"{text!r}") from None
-    if not math.isfinite(v) or v < 60:
-        raise argparse.ArgumentTypeError(f"--keep-full must be at least 60 seconds, got {text!r}")
-    return v
-
-
-
-def bounded(flag: str, cast: Callable[[str], float], lo: float, hi: float
-            ) -> Callable[[str], float]:
-    """An argparse type: a number (``cast`` = int or float) between ``lo`` and ``hi``."""
-    kind = "an integer" if cast is int else "a number"
-
-    def parse(text: str) -> float:
+    def parse(text: str) -> N:
         try:
             v = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} must be {kind}, got {text!r}") from None
-        if not math.isfinite(v) or not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{flag} must be {lo:g}–{hi:g}, got {text!r}")
+        if (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
+            raise argparse.ArgumentTypeError(f"{flag} must be {limits}, got {text!r}")
         return v
 
     return parse
+
+
+#: ``--interval``: seconds, a finite number between 0.1 and 3600
+interval_type = number_type("--interval", float, lambda v: 0.1 <= v <= 3600,
+                            "a number of seconds", "between 0.1 and 3600 seconds")
+#: ``--keep-full``: seconds of full resolution, at least one minute, finite
+keep_full_type = number_type("--keep-full", float, lambda v: v >= 60, "a number of seconds",
+                             "at least 60 seconds")
+
+
+def bounded(flag: str, cast: Callable[[str], N], lo: float, hi: float) -> Callable[[str], N]:
+    """An argparse type: a number (``cast`` = int or float) between ``lo`` and ``hi``."""
+    return number_type(flag, cast, lambda v: lo <= v <= hi,
+                       "an integer" if cast is int else "a number", f"{lo:g}–{hi:g}")
 
 
 def size_type(text: str) -> int:
@@ -83,3 +77,11 @@ def size_type(text: str) -> int:
         return parse_size(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_out_option(p: argparse.ArgumentParser) -> None:
+    """The hidden ``--out`` of a command that reads a stored run: the folder to look the run
+    up in (``stallscope run --out``'s default unless given)."""
+    from stallscope.store import DEFAULT_OUT
+
+    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)

@@ -16,10 +16,10 @@ from typing import Any
 from stallscope.alerts import AlertEngine, load_rules, parse_rules
 from stallscope.alerts.rules import FINDING_PREFIX, finding_metric
 from stallscope.analysis.rundata import load_run
-from stallscope.cli._common import out_console, safe
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console, safe
 from stallscope.errors import UsageError
 from stallscope.metrics import Point
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.store import find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,9 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "stored run and print when each alert would have fired and cleared. "
                          "No action is run.")
     r.add_argument("file", metavar="FILE", help="rules file ('-' for the defaults only)")
-    r.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    r.add_argument("run", metavar="RUN", help=RUN_HELP)
     r.add_argument("--json", action="store_true", help="print JSON")
-    r.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    add_out_option(r)
     r.set_defaults(func=replay)
     p.set_defaults(func=lambda _a: _no_verb(p))
 

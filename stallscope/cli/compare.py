@@ -12,8 +12,8 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
-from stallscope.cli._common import out_console, safe
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.cli._common import add_out_option, out_console, safe
+from stallscope.store import find_run
 
 #: (label, key in the signals, unit)
 _ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_a", metavar="RUN_A", help="the run before (path, id, prefix, latest)")
     p.add_argument("run_b", metavar="RUN_B", help="the run after")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    add_out_option(p)
     p.set_defaults(func=run)
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose, diagnose_run, print_diagnosis
 from stallscope.analysis.rundata import load_run
-from stallscope.cli._common import out_console
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console
 from stallscope.errors import UsageError
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.store import find_run
 from stallscope.textsafe import plain
 
 
@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "--prometheus, the same rules over the series a Prometheus server "
                        "scraped from stallscope agents (docs/agent.md).")
     p.add_argument("run", metavar="RUN", nargs="?",
-                   help="run directory, run id (or prefix), or 'latest'")
+                   help=RUN_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    add_out_option(p)
     g = p.add_argument_group("cluster diagnosis (instead of RUN)")
     g.add_argument("--prometheus", metavar="URL",
                    help="read a Prometheus server, e.g. http://prometheus:9090")

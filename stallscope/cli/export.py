@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from stallscope.analysis.rundata import RunData, load_run
+from stallscope.cli._common import RUN_HELP, add_out_option
 from stallscope.errors import UsageError
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.store import find_run
 
 #: column -> type ("str", "float", "int"), for each --what
 POINT_COLUMNS = {"time": "str", "t_s": "float", "metric": "str", "entity": "str",
@@ -44,12 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "process series), value (6 significant digits)) or its per-step probe records (rank, "
         "step, time, t_s, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch). "
         "CSV and Parquet have the same columns.")
-    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
     p.add_argument("--what", choices=("points", "steps"), default="points",
                    help="time series (default) or per-step probe records")
     p.add_argument("-o", "--output", metavar="FILE", help="output file (default: stdout for csv)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    add_out_option(p)
     p.set_defaults(func=run)
 
 

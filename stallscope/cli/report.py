@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.cli._common import RUN_HELP, add_out_option
+from stallscope.store import find_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,12 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write one HTML file (no network, no external assets) that opens with the "
         "verdict and fixes, then time-aligned plots of GPU, data wait, disk, CPU and memory, "
         "the summary table and the run's events. Prints the file's path.")
-    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
     p.add_argument("-o", "--output", metavar="FILE.html", type=Path, default=None,
                    help="where to write the report (default: RUN/report.html); a symlink "
                    "writes its target, a directory gets DIR/report.html, a device or FIFO is "
                    "refused")
-    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    add_out_option(p)
     p.set_defaults(func=run)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
-from stallscope.cli._common import interval_type, out_console, safe
+from stallscope.cli._common import interval_type, number_type, out_console, safe
 from stallscope.collect import take_sample
 from stallscope.errors import UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
@@ -39,15 +39,7 @@ def _every(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).replace("--interval", "--every")) from None
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--count must be a whole number, got {text!r}"
-                                         ) from None
-    if not 1 <= n <= 10**9:
-        raise argparse.ArgumentTypeError(f"--count must be at least 1, got {text!r}")
-    return n
+_count = number_type("--count", int, lambda n: 1 <= n <= 10**9, "a whole number", "at least 1")
 
 
 def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], None]) -> int:
