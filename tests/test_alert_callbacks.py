@@ -21,9 +21,10 @@ from stallscope.alerts.actions import AlertSink
 from stallscope.collect import Sample
 from stallscope.metrics import Point
 from stallscope.probe import callbacks
-from stallscope.probe.callbacks import ALERTS_FILE, Alert, AlertInbox, run_callbacks
+from stallscope.probe.callbacks import Alert, AlertInbox, run_callbacks
 from stallscope.probe.recorder import Recorder, reset
-from stallscope.store import RunStore
+from stallscope.store import RunStore, alertlog
+from stallscope.store.alertlog import ALERTS_FILE, AlertTail
 
 T0 = 1_763_712_000.0
 
@@ -79,6 +80,20 @@ def test_the_inbox_reads_whole_lines_and_skips_what_cleared_before(tmp_path: Pat
     [a] = inbox.poll(tmp_path)
     assert (a.state, a.value, a.entity) == ("cleared", 70.0, "gpu0")
     assert callbacks.firing() == []
+
+
+def test_the_alerts_file_is_read_by_whole_lines_and_again_when_replaced(tmp_path: Path) -> None:
+    tail = AlertTail()
+    assert tail.read(tmp_path) == (None, False)  # nothing fired yet: no file
+    alertlog.append(tmp_path, {"alert": "a", "n": 1})
+    alertlog.append(tmp_path, {"alert": "b", "n": 2})
+    with open(tmp_path / ALERTS_FILE, "ab") as f:
+        f.write(b'[1, 2]\nnot json\n{"alert": "c"')  # not objects, and a line being written
+    assert tail.read(tmp_path) == ([{"alert": "a", "n": 1}, {"alert": "b", "n": 2}], False)
+    assert tail.read(tmp_path) == (None, False)
+    (tmp_path / ALERTS_FILE).write_bytes(alertlog.alert_line({"alert": "d"}))  # replaced
+    assert tail.read(tmp_path) == ([{"alert": "d"}], True)
+    assert tail.offset == (tmp_path / ALERTS_FILE).stat().st_size
 
 
 def test_callbacks_run_by_rule_or_probe_name_and_respect_the_cooldown() -> None:

@@ -29,6 +29,7 @@ from stallscope.alerts.engine import AlertEngine, Transition
 from stallscope.alerts.rules import FINDING_PREFIX, Action, RulesFile, Smtp, finding_metric
 from stallscope.collect.sinks import Sink
 from stallscope.metrics import Point
+from stallscope.store import alertlog
 
 if TYPE_CHECKING:
     from stallscope.collect.collector import Sample
@@ -195,21 +196,11 @@ class AlertSink(Sink):
     def _publish(self, t: Transition) -> None:
         if self.publish is None:
             return
-        # imported here: importing the probe package costs the agent ~2 MiB it never uses
-        from stallscope.probe.callbacks import ALERTS_FILE, alert_line
-
         body = alert_body(t, host=self.host, run=self.run)
         body["notify"] = t.notify
         body["probe"] = [str(a.target) for a in t.rule.actions if a.kind == "probe"]
-        line = alert_line(body)
         try:
-            # one write of one line with O_APPEND: a reader never sees half a line as whole
-            fd = os.open(self.publish / ALERTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                         0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            alertlog.append(self.publish, body)  # one write of one line: never half a line
         except OSError as exc:
             self._tell(t.ts, "alert_action_error",
                        f"{t.rule.name}: cannot publish to the trainer: {exc}")

@@ -2,12 +2,12 @@
 
 The alert engine runs in the collector: in ``stallscope run``'s own process, or in a background
 thread of the trainer when the probe runs standalone. Either way it appends every alert that
-fires or clears to ``<run dir>/alerts.jsonl`` (:data:`ALERTS_FILE`, one JSON object a line,
-appended with one ``write``). The probe's writer thread (never the training thread) looks at
-that file's size once per flush interval (1 s), and only while a callback is registered; new
-lines go on a queue. Between two steps the training thread checks that queue (one attribute
-test per step) and runs the callbacks there, on the training thread, so a callback may save a
-checkpoint, change the batch size or sleep until the GPU cooled down.
+fires or clears to ``<run dir>/alerts.jsonl`` (:mod:`stallscope.store.alertlog`, one JSON object
+a line, appended with one ``write``). The probe's writer thread (never the training thread) looks
+at that file's size once per flush interval (1 s), and only while a callback is registered; new
+lines go on a queue. Between two steps the training thread checks that
+queue (one truth test per step) and runs the callbacks there, on the training thread, so a
+callback may save a checkpoint, change the batch size or sleep until the GPU cooled down.
 
 Nothing is read from the run, and nothing reaches the trainer, unless a callback is registered.
 A callback runs for an alert of its name, or for an alert whose rule has a ``{probe = "name"}``
@@ -16,20 +16,13 @@ action of its name; only notified transitions run it (the cooldown holds, like e
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["ALERTS_FILE", "Alert", "AlertInbox", "firing", "on_alert", "registered",
+__all__ = ["Alert", "AlertInbox", "firing", "on_alert", "registered",
            "remove_alert_callbacks", "run_callbacks"]
-
-#: the file the alert engine appends transitions to, in the run directory
-ALERTS_FILE = "alerts.jsonl"
-#: longest line read (a transition is ~400 bytes; anything longer is not ours)
-MAX_LINE = 64 * 1024
 
 
 class Alert(NamedTuple):
@@ -88,9 +81,9 @@ def firing() -> list[Alert]:
         return list(_firing.values())
 
 
-def _parse(line: bytes) -> Alert | None:
+def _alert(d: dict[str, Any]) -> Alert | None:
+    """An alerts file's record as callbacks receive it; None when it is not a transition."""
     try:
-        d = json.loads(line)
         probe = d.get("probe") or []
         return Alert(str(d["alert"]), str(d["state"]), str(d.get("entity") or ""),
                      float(d["value"]), float(d["threshold"]), str(d.get("severity", "")),
@@ -104,31 +97,23 @@ class AlertInbox:
     """Reads the alerts the engine appended since the last look (writer thread only)."""
 
     def __init__(self) -> None:
-        self.offset = 0
+        # imported here: the store package opens SQLite, which importing the probe must not
+        from stallscope.store.alertlog import AlertTail
+
+        self._tail = AlertTail()
         self._first = True
 
     def poll(self, run_dir: Path | None) -> list[Alert]:
-        """New alerts in ``run_dir``'s :data:`ALERTS_FILE`, oldest first. The first look skips
-        what already cleared: a callback registered late hears only of alerts firing now."""
+        """New alerts in ``run_dir``'s alerts file, oldest first. The first look skips what
+        already cleared: a callback registered late hears only of alerts firing now."""
         if run_dir is None:
             return []
-        path = run_dir / ALERTS_FILE
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            return []  # nothing fired yet
-        if size < self.offset:  # replaced: start over
-            self.offset, self._first = 0, True
-        if size == self.offset:
+        recs, restarted = self._tail.read(run_dir)
+        if restarted:
+            self._first = True
+        if recs is None:
             return []
-        with open(path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(size - self.offset)
-        end = data.rfind(b"\n")
-        if end < 0:  # a line still being written
-            return [] if len(data) < MAX_LINE else self._skip(len(data))
-        self.offset += end + 1
-        got = [a for a in (_parse(x) for x in data[:end].split(b"\n") if x) if a is not None]
+        got = [a for a in map(_alert, recs) if a is not None]
         with _lock:
             for a in got:
                 key = (a.name, a.entity)
@@ -140,10 +125,6 @@ class AlertInbox:
                 self._first = False
                 got = [a for a in _firing.values()]
         return got
-
-    def _skip(self, n: int) -> list[Alert]:
-        self.offset += n
-        return []
 
 
 def run_callbacks(alerts: list[Alert]) -> int:
@@ -161,7 +142,3 @@ def run_callbacks(alerts: list[Alert]) -> int:
                 n += 1
     return n
 
-
-def alert_line(d: dict[str, Any]) -> bytes:
-    """One transition as :data:`ALERTS_FILE` holds it."""
-    return (json.dumps(d, separators=(",", ":"), default=str) + "\n").encode()
