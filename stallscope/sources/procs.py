@@ -200,9 +200,7 @@ def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> dict[
     return out
 
 
-class _Prev(NamedTuple):
-    ts: float  #: monotonic time of the stat read
-    counters: ProcCounters
+_NO_PREV: tuple[float, ProcCounters | None] = (0.0, None)  #: a process not seen before
 
 
 class ProcsSource(Source):
@@ -217,7 +215,8 @@ class ProcsSource(Source):
         self._clock = clock  #: read right after each process's stat: its rates' time base
         self.proc_root = proc_root
         self.rescan_every = rescan_every
-        self._prev: dict[int, _Prev] = {}  #: pid -> its counters at the latest sample
+        #: pid -> (monotonic time of its latest stat read, its counters then)
+        self._prev: dict[int, tuple[float, ProcCounters]] = {}
         self._n = 0
         self._tree: set[int] = {root_pid}
         self._parents: set[int] = {root_pid}
@@ -374,15 +373,15 @@ class ProcsSource(Source):
             return None
         t, st = read
         cur = self._read_counters(pid, st)
-        prev = self._prev.get(pid)
-        if prev is not None and prev.counters.starttime != st.starttime:
+        prev_t, prev = self._prev.get(pid, _NO_PREV)
+        if prev is not None and prev.starttime != st.starttime:
             self.known.pop(pid, None)  # the pid was handed to a new process between samples
         if pid not in self.known:
             self.known[pid] = self._identity(pid, st)
-        self._prev[pid] = _Prev(t, cur)
+        self._prev[pid] = (t, cur)
         rec = self._state(pid, st)
         if prev is not None:
-            rec.update(proc_rates(prev.counters, cur, t - prev.ts))
+            rec.update(proc_rates(prev, cur, t - prev_t))
         return rec
 
     def _read_stat(self, pid: int) -> tuple[float, ProcStat] | None:
@@ -467,8 +466,8 @@ class ProcsSource(Source):
         seconds (utime+stime), and read_bytes, write_bytes, rchar when ``/proc/PID/io`` is
         readable; see :func:`proc_counters`."""
         out: list[Counter] = []
-        for pid, p in self._prev.items():
-            out.extend(proc_counters(str(pid), p.counters.cpu_ticks, p.counters.io))
+        for pid, (_, c) in self._prev.items():
+            out.extend(proc_counters(str(pid), c.cpu_ticks, c.io))
         return out
 
 
