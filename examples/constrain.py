@@ -26,7 +26,7 @@ BLKIO = Path("/sys/fs/cgroup/blkio")
 def device_of(path: str) -> str:
     """major:minor of the whole disk holding path (the throttle applies to whole devices)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from stallscope.sources.disk import devices_for_path
+    from stallscope.sources.blockdev import devices_for_path
 
     devs = devices_for_path(path)
     if not devs:

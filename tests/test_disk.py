@@ -21,14 +21,12 @@ from hypothesis import strategies as st
 
 from stallscope.errors import ParseError, SourceUnavailable, UsageError
 from stallscope.metrics import by_source
+from stallscope.sources.blockdev import describe_path, device_info, devices_for_path
 from stallscope.sources.disk import (
     FIELDS,
     DiskCounters,
     DiskSource,
     counter_delta,
-    describe_path,
-    device_info,
-    devices_for_path,
     iostat_fields,
     parse_diskstats,
 )

@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, tool_missing
 
-from stallscope.sources.disk import FIELDS, DiskSource, describe_path
+from stallscope.sources.blockdev import describe_path
+from stallscope.sources.disk import FIELDS, DiskSource
 
 #: iostat -x JSON key -> stallscope key
 IOSTAT_KEYS = {

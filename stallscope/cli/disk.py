@@ -22,7 +22,7 @@ from rich.text import Text
 
 from stallscope.cli._common import bounded, err_console, out_console, size_type
 from stallscope.errors import UsageError
-from stallscope.sources.disk import describe_path, device_info
+from stallscope.sources.blockdev import describe_path, device_info
 from stallscope.sources.smart import (
     DriveHealth,
     check_drives,

@@ -53,7 +53,7 @@ def data_devices(path: str | None) -> tuple[list[str], str | None]:
     if not os.path.exists(path):
         raise UsageError(f"--data {path}: no such file or directory")
     try:
-        from stallscope.sources.disk import devices_for_path
+        from stallscope.sources.blockdev import devices_for_path
     except ImportError:
         return [], "disk source not available"
     try:

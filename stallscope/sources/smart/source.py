@@ -37,7 +37,7 @@ from typing import Any
 from stallscope.errors import SourceUnavailable, UsageError
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
-from stallscope.sources.disk import device_info
+from stallscope.sources.blockdev import device_info
 from stallscope.sources.smart.history import HealthState, default_state_path
 from stallscope.sources.smart.parse import MEDIUM_FAIL_AT, DriveHealth
 from stallscope.sources.smart.runner import read_smart, validate_device
