@@ -181,7 +181,7 @@ _NETWORK_FS = frozenset({
 
 def classify(fstype: str, infos: Sequence[Mapping[str, Any]]) -> str:
     """Device class of a filesystem: ``hdd``, ``sata_ssd``, ``nvme``, ``network_virtual``,
-    ``memory`` or ``unknown`` (pure; ``infos`` are ``sources.disk.device_info`` dicts).
+    ``memory`` or ``unknown`` (pure; ``infos`` are ``sources.blockdev.device_info`` dicts).
 
     Several devices (RAID, LVM) give the slowest class among them."""
     if fstype in _MEMORY_FS:
