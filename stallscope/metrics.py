@@ -230,7 +230,7 @@ METRICS: tuple[Metric, ...] = (
        "wait_s + host_s)", "gauge", "", 1e-3, label="rank"),
     _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
        "(last 30 s; 1 = as fast as the others)", "gauge", "", label="rank"),
-    # --- smart: SMART checks of the watched drives, every 10 min (sources/smart/source.py) -----------
+    # --- smart: SMART checks of the watched drives, every 10 min (sources/smart/source.py) --
     _M("smart", "failing", "", "1 while the drive's SMART verdict is failing (stallscope disk; "
        "docs/disk-health.md)", "gauge", "stallscope_smart_failing", rollup="max", label="device"),
     _M("smart", "medium_growth", "", "growth of the medium-defect counters (SMART 5, 187, 197, "

@@ -105,7 +105,6 @@ def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 # --- /metrics ------------------------------------------------------------------------------------
 
 @pytest.mark.prometheus
-@pytest.mark.prometheus
 def test_exposition_passes_promtool(agent: RunningAgent) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -287,7 +286,6 @@ def test_sigint_stops_cleanly(tmp_path: Path) -> None:
 # --- the exporter on replayed GPUs ----------------------------------------------------------------
 
 @pytest.mark.prometheus
-@pytest.mark.prometheus
 def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     # replayed real readings (nvidia-smi captures of an RTX 2080 SUPER held by its power cap
     # and an H100 under load, see tests/fixtures/README-nvml.md), through the real GpuSource
@@ -356,7 +354,6 @@ def test_a_gone_gpu_leaves_no_stale_series() -> None:
 
 # --- deploy ---------------------------------------------------------------------------------------
 
-@pytest.mark.prometheus
 @pytest.mark.prometheus
 def test_deploy_prometheus_config_is_valid() -> None:
     promtool = shutil.which("promtool")

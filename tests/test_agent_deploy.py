@@ -72,6 +72,7 @@ def concrete(expr: str) -> str:
 
 # --- the files, statically ------------------------------------------------------------------------
 
+@pytest.mark.prometheus
 def test_recording_rules_pass_promtool() -> None:
     r = subprocess.run([promtool(), "check", "rules", str(RECORDING)], capture_output=True,
                        text=True, timeout=30)
@@ -304,6 +305,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.prometheus
 def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> None:
     prom: Prometheus = cluster["prom"]
     trainer: subprocess.Popen[str] = cluster["trainer"]
@@ -373,6 +375,7 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.prometheus
 def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
     """An unchanged trainer (no probe) under `stallscope run`, whose one DataLoader worker cannot
     keep up: the agent exports its processes with their roles, and `diagnose --prometheus`
@@ -508,6 +511,7 @@ def test_bad_prometheus_arguments_are_one_line(args: list[str], words: str) -> N
     assert words in one_line(r)
 
 
+@pytest.mark.prometheus
 def test_prometheus_without_stallscope_series_is_one_line(tmp_path: Path) -> None:
     # a real Prometheus that scrapes only itself: it answers, but holds no stallscope series
     prom = start_prometheus(tmp_path, [], None)

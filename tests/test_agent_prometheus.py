@@ -17,7 +17,7 @@ import pytest
 from conftest import terminate, tool_missing
 from test_agent import RunningAgent, free_port, start_agent, stop_agent
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.prometheus]
+pytestmark = pytest.mark.prometheus
 
 WAIT_S = 40.0
 

@@ -38,7 +38,6 @@ def _tool(name: str, package: str) -> str:
 
 
 @pytest.mark.prometheus
-@pytest.mark.prometheus
 def test_rules_file_passes_promtool() -> None:
     promtool = _tool("promtool", "prometheus")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True,
@@ -50,7 +49,6 @@ def test_rules_file_passes_promtool() -> None:
     assert r.returncode == 0 and "SUCCESS: 12 rules found" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.prometheus
 @pytest.mark.prometheus
 def test_rules_fire_and_clear_in_promtool_unit_tests() -> None:
     """tests/promtool/stallscope-alerts.test.yml: constructed series; each alert fires and

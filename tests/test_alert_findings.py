@@ -61,7 +61,6 @@ def test_check_accepts_finding_rules_and_names_bad_ones(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_finding_rule_fires_from_the_diagnosis_so_far(demo_run: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(actions_mod, "FINDINGS_EVERY_S", 0.0)

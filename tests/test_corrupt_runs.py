@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import stallscope_argv
 
-pytestmark = [pytest.mark.slow, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 #: every reading command, as argv after `stallscope` ({run}, {out}, {tmp} filled per case)
 COMMANDS: dict[str, list[str]] = {

@@ -210,6 +210,7 @@ def _printing_commands(run_dir: Path) -> list[list[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_stdout_on_a_full_device(tiny_run: Path) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
@@ -220,6 +221,7 @@ def test_stdout_on_a_full_device(tiny_run: Path) -> None:
         assert proc.returncode == 1, (args, proc.returncode)
 
 
+@pytest.mark.slow
 def test_stdout_a_closed_pipe(tiny_run: Path) -> None:
     """`stallscope runs | head -0`: the reader is gone before a byte is written. Exit 141 (as a
     tool killed by SIGPIPE) and nothing on stderr."""
@@ -367,6 +369,7 @@ def _fill(path: Path, leave: int = 0) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_report_into_a_full_disk(tiny_run: Path, small_tmpfs: Path) -> None:
     filler = small_tmpfs / "filler"
     _fill(filler, leave=8192)  # a few kB: less than any report

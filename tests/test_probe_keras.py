@@ -27,7 +27,7 @@ from stallscope.probe.keras import TFProbe, dataset_config  # noqa: E402
 from stallscope.probe.recorder import reset  # noqa: E402
 from stallscope.store import RunStore, StepRow, new_run_dir  # noqa: E402
 
-pytestmark = [pytest.mark.tensorflow, pytest.mark.tensorflow]
+pytestmark = pytest.mark.tensorflow
 
 SLEEP_S = 0.03
 BATCHES = 8

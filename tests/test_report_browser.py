@@ -21,7 +21,7 @@ from test_report import EVIL, diagnosis, make_run
 
 from stallscope.report import render_report
 
-pytestmark = [pytest.mark.chromium, pytest.mark.chromium]
+pytestmark = pytest.mark.chromium
 
 REPO = Path(__file__).resolve().parents[1]
 PLOTS = ("gpu", "wait", "disk", "cpu", "mem")

@@ -141,7 +141,6 @@ def _filled(pids: tuple[int, int]) -> Callable[[str], bool]:
 
 
 @pytest.mark.tmux
-@pytest.mark.tmux
 def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
     parent, worker = tree
     t = Tmux(_top_command("--pid", str(parent), "--interval", "0.5"), 80, 24, _env())
@@ -196,7 +195,6 @@ def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
 
 
 @pytest.mark.tmux
-@pytest.mark.tmux
 def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
     t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 80, 24, _env())
     try:
@@ -214,7 +212,6 @@ def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
         t.kill()
 
 
-@pytest.mark.tmux
 @pytest.mark.tmux
 def test_top_120x40_uses_the_width_no_color(tree: tuple[int, int]) -> None:
     t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 120, 40,
@@ -272,7 +269,6 @@ def test_top_missing_pid_is_one_line_exit_1() -> None:
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.tmux
 @pytest.mark.tmux
 def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None:
     """A real training (the demo: a prep-bound DataLoader) under `stallscope run`; top --pid on
