@@ -77,6 +77,7 @@ def check_drive(d: DriveHealth) -> None:
 
 @FUZZ
 @given(mutated_documents())
+@pytest.mark.slow
 def test_mutated_real_documents(doc: Any) -> None:
     d = parse_smartctl(doc)
     check_drive(d)

@@ -151,6 +151,7 @@ def test_mutation_count_is_deterministic() -> None:
     assert a == b and len(a) == 5 * len(CATEGORIES)
 
 
+@pytest.mark.slow
 def test_mutated_documents_never_crash(tmp_path: Path) -> None:
     t0 = time.monotonic()
     tried, failed = run_all(tmp_path)
