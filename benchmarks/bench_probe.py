@@ -200,8 +200,8 @@ def main() -> int:
         run_dir = new_run_dir(tmp, "bench")
         RunStore(run_dir / "run.db").close()
         p = Probe(rank=0, run_dir=run_dir, capacity=max(65536, args.n * 2))
-    if p._thread.ident is not None:
-        _WRITER.append(p._thread.ident)
+    if p.writer.thread.ident is not None:
+        _WRITER.append(p.writer.thread.ident)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}, "
           f"mode {'standalone' if args.standalone else 'under stallscope run'}")
@@ -242,7 +242,7 @@ def main() -> int:
           f"{t['cpu_p75']:.4f}), total {t['cpu_total_ratio']:.4f} -> cost {closs:+.2f} %")
     st = p.stats()
     p.close()
-    print(f"probe: {st['steps']} steps, {p.written} written, {st['dropped']} dropped, "
+    print(f"probe: {st['steps']} steps, {st['written']} written, {st['dropped']} dropped, "
           f"{st['lost']} lost; run in {p.run_dir}")
     return 0
 

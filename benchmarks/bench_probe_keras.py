@@ -200,7 +200,7 @@ def parts(calls: int, rounds: int) -> dict[str, float]:
     read twice a second included (the compiled step replaced by a stub that returns at once, vs the
     stub alone); ``writer``, the probe's writer thread storing one step row (rows pushed as a
     training would, written by one flush, thread CPU time)."""
-    from stallscope.probe.keras import _TimedTrainFunction, get_tf_probe
+    from stallscope.probe.keras import TimedTrainFunction, get_tf_probe
 
     out: dict[str, float] = {}
     # the step's time (wall): the process's CPU time also counts TensorFlow's idle pool threads
@@ -222,7 +222,7 @@ def parts(calls: int, rounds: int) -> dict[str, float]:
 
     probe = get_tf_probe()
     assert probe is not None
-    timed = _TimedTrainFunction(model(1, 1), stub, None, probe, tf, None)
+    timed = TimedTrainFunction(model(1, 1), stub, None, probe, tf, None)
     timed._fn = stub  # the compiled step, stubbed: what is left is the wrapper's own work
     it = iter(dataset(4).repeat())
     diffs = []
@@ -242,7 +242,7 @@ def parts(calls: int, rounds: int) -> dict[str, float]:
         probe.flush()
         now = time.time()
         for i in range(2000):
-            probe._push((10**6 * (r + 1) + i, now, 0.001, 0.004, 32, 0, None, None))
+            probe.buffer.push((10**6 * (r + 1) + i, now, 0.001, 0.004, 32, 0, None, None))
         t0 = time.thread_time()
         probe.flush()
         per_row.append((time.thread_time() - t0) / 2000 * 1e6)

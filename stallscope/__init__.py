@@ -29,9 +29,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from stallscope.probe import h2d, step, watch
     from stallscope.probe.callbacks import firing as alerts_firing
     from stallscope.probe.callbacks import on_alert
+    from stallscope.probe.pytorch import h2d
+    from stallscope.probe.watch import step, watch
     from stallscope.tuner import tune
 
 _PROBE_NAMES = ("h2d", "step", "watch")

@@ -101,3 +101,16 @@ def print_drives(console: Any, drives: list[Any]) -> None:
         disk._print_drives(drives, [])
     finally:
         disk.out_console = old
+
+
+@pytest.fixture
+def probe_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A probe test's environment: no run directory, output folder, probe switch, interval or
+    launcher ranks from the caller's; every recorder of this process is closed afterwards."""
+    for k in ("STALLSCOPE_RUN_DIR", "STALLSCOPE_OUT", "STALLSCOPE_PROBE", "STALLSCOPE_INTERVAL",
+              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    yield
+    from stallscope.probe.recorder import reset
+
+    reset()

@@ -116,7 +116,7 @@ def test_nothing_is_read_unless_a_callback_is_registered(tmp_path: Path) -> None
     _temps(sink, [90])
     rec = Recorder(run_dir=tmp_path, register_atexit=False)
     rec.poll_alerts()
-    assert rec._inbox is None and not rec._due
+    assert rec.alerts.inbox is None and not rec.alerts.due
     rec.close()
 
 
@@ -125,13 +125,13 @@ def test_a_callback_runs_on_the_stepping_thread_between_steps(tmp_path: Path) ->
     rec = Recorder(run_dir=tmp_path, register_atexit=False, flush_interval=0.05)
     ran: list[tuple[str, int, int]] = []
     stallscope.on_alert("cool_down", lambda a: ran.append(
-        (a.name, threading.get_ident(), rec._step)))
+        (a.name, threading.get_ident(), rec.state.step)))
     sink = _sink(tmp_path, HOT)
     with rec.begin_step():
         pass
     _temps(sink, [95])
     deadline = time.monotonic() + 5
-    while not rec._due and time.monotonic() < deadline:  # the writer thread polls every 0.05 s
+    while not rec.alerts.due and time.monotonic() < deadline:  # the writer polls every 0.05 s
         time.sleep(0.01)
     assert ran == []  # queued: nothing runs outside a step boundary
     with rec.begin_step():

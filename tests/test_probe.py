@@ -34,13 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("STALLSCOPE_RUN_DIR", "STALLSCOPE_OUT", "STALLSCOPE_PROBE", "STALLSCOPE_INTERVAL",
-              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(k, raising=False)
-    yield
-    probe_mod.reset()
+pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
 
 
 def make_run(tmp_path: Path) -> Path:
@@ -365,7 +359,7 @@ def test_import_stays_light() -> None:
 def test_buffer_overflow_drops_and_counts(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, capacity=5, flush_interval=3600)
-    p._ready.wait(10)
+    p.writer.ready.wait(10)
     for _x in Watched(list(range(20)), p):
         pass
     p.close()
@@ -399,7 +393,7 @@ def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
                                                         ) -> None:
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, flush_interval=3600)
-    p._ready.wait(10)
+    p.writer.ready.wait(10)
 
     class Broken:
         def add_steps(self, rows: Any) -> int:
@@ -408,13 +402,13 @@ def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
         def close(self) -> None:
             return None
 
-    real = p._store
-    p._store = Broken()  # type: ignore[assignment]
+    real = p.writer.store
+    p.writer.store = Broken()  # type: ignore[assignment]
     for _ in range(3):
         for _x in Watched(list(range(4)), p):
             pass
         p.flush()
-    p._store = real
+    p.writer.store = real
     p.close()
     assert p.stats()["lost"] == 12
     assert capsys.readouterr().err.count("disk I/O error") == 1
@@ -464,7 +458,7 @@ def test_fake_cuda_events_give_busy_and_idle(tmp_path: Path) -> None:
     gpu = FakeGpu()
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
-    p._ready.wait(10)
+    p.writer.ready.wait(10)
     idle = [0.5, 0.01, 0.2, 0.03, 0.0, 0.07]
     busy = [0.1, 0.3, 0.05, 0.2, 0.4, 0.15]
     ends: list[float] = []

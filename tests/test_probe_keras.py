@@ -151,7 +151,7 @@ def test_fit_without_wait_is_compute(run_dir: Path) -> None:
 
 def test_a_second_fit_keeps_one_timed_function(run_dir: Path) -> None:
     from stallscope.integrations.keras import StallscopeCallback
-    from stallscope.probe.keras import _TimedTrainFunction
+    from stallscope.probe.keras import TimedTrainFunction
 
     model = small_model()
     model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
@@ -159,7 +159,7 @@ def test_a_second_fit_keeps_one_timed_function(run_dir: Path) -> None:
     first = model.train_function
     model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
               callbacks=[StallscopeCallback()])
-    assert isinstance(first, _TimedTrainFunction) and model.train_function is first
+    assert isinstance(first, TimedTrainFunction) and model.train_function is first
     steps, _ = read(run_dir)
     assert len(steps) == 2 * BATCHES
 

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +16,13 @@ import pytest
 from conftest import env_without_stallscope
 
 from stallscope.probe import recorder as recorder_mod
-from stallscope.probe.recorder import EventLike, Recorder, StepRecord, reset
+from stallscope.probe.recorder import EventLike, Recorder, StepRecord
 from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("STALLSCOPE_RUN_DIR", "STALLSCOPE_OUT", "STALLSCOPE_PROBE", "STALLSCOPE_INTERVAL",
-              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(k, raising=False)
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
 
 
 def make_run(tmp_path: Path) -> Path:
@@ -48,7 +41,10 @@ def read_store(run_dir: Path) -> tuple[list[StepRow], list[dict[str, Any]]]:
 
 # --- no framework in the recorder ----------------------------------------------------------------
 def test_importing_the_recorder_does_not_import_torch() -> None:
-    code = "import stallscope.probe.recorder, sys; assert 'torch' not in sys.modules"
+    """Nor TensorFlow or Keras, and neither does the core's step loop (stallscope.probe.watch,
+    which imports the package and with it both adapters)."""
+    code = ("import stallscope.probe.recorder, stallscope.probe.watch, sys; "
+            "assert not {'torch', 'tensorflow', 'keras'} & set(sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     assert res.returncode == 0, res.stderr
@@ -59,6 +55,54 @@ def test_the_recorder_source_never_imports_torch() -> None:
     src = Path(recorder_mod.__file__).read_text()
     assert not re.search(r"^\s*(import\s+torch|from\s+torch[\s.])", src, re.MULTILINE)
     assert "import_module" not in src and "__import__" not in src
+
+
+CORE = ("watch", "recorder", "buffer", "device", "writer", "loaders", "notices", "callbacks",
+        "standalone")
+FRAMEWORK_IMPORT = r"^\s*(import\s+(torch|tensorflow|keras)|from\s+(torch|tensorflow|keras)[\s.])"
+
+
+def imports_adapter(src: str, adapter: str) -> bool:
+    """Whether ``src`` has an import statement of the probe adapter ``adapter``."""
+    return bool(re.search(rf"^\s*(from\s+stallscope\.probe\.{adapter}\s+import|import\s+"
+                          rf"stallscope\.probe\.{adapter}\b|from\s+stallscope\.probe\s+import"
+                          rf"\s+[^\n]*\b{adapter}\b)", src, re.MULTILINE))
+
+
+def test_the_core_never_imports_a_framework_and_the_adapters_are_leaves() -> None:
+    """The core's sources name no framework import, not even lazily; each adapter imports the
+    core, never the other adapter."""
+    probe_dir = Path(recorder_mod.__file__).parent
+    for name in CORE:
+        src = (probe_dir / f"{name}.py").read_text()
+        assert not re.search(FRAMEWORK_IMPORT, src, re.MULTILINE), name
+        assert "import_module" not in src and "__import__" not in src, name
+        assert not imports_adapter(src, "pytorch") and not imports_adapter(src, "keras"), name
+    for adapter, other in (("pytorch", "keras"), ("keras", "pytorch")):
+        src = (probe_dir / f"{adapter}.py").read_text()
+        assert "from stallscope.probe.watch import" in src
+        assert not imports_adapter(src, other), adapter
+
+
+def test_watch_hands_each_loader_to_the_adapter_that_claims_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stallscope.probe import Probe
+    from stallscope.probe.watch import Adapter, adapter_for, register_adapter, watch
+
+    core = sys.modules["stallscope.probe.watch"]
+    monkeypatch.setattr(core, "_claiming", list(core._claiming))  # undone after the test
+    monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(make_run(tmp_path)))
+    assert adapter_for([1, 2]).name == "pytorch"  # the default: any iterable
+    assert isinstance(watch([1, 2]).probe, Probe)
+    mine = FakeRecorder(rank=5, run_dir=make_run(tmp_path / "fake"), register_atexit=False)
+    register_adapter(Adapter("fake", lambda loader: isinstance(loader, tuple),
+                             lambda rank: mine))
+    assert adapter_for(("a", "b")).name == "fake" and adapter_for(["a"]).name == "pytorch"
+    assert [x for x in watch(("a", "b"))] == ["a", "b"]
+    mine.close()
+    steps, probes = read_store(mine.run_dir)
+    assert [s.step for s in steps] == [0, 1] and {s.rank for s in steps} == {5}
+    assert probes[0]["config"]["loader"] == {"loader_type": "fake.Pipeline", "shards": 2}
 
 
 def test_the_raw_tuple_layout_is_the_records() -> None:

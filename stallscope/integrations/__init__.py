@@ -19,7 +19,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from stallscope.probe import Recorder, StepTimer, _warn, get_probe
+from stallscope.probe import Recorder, StepTimer, get_probe
+from stallscope.probe.notices import warn
 
 __all__ = ["StepHooks", "safe_hook"]
 
@@ -38,7 +39,7 @@ def safe_hook(fn: F) -> F:
             return fn(self, *args, **kwargs)
         except Exception as exc:  # the probe must never stop training: report once, go quiet
             self._broken = True
-            _warn(f"step probe callback turned off after {fn.__name__} failed: {exc!r}")
+            warn(f"step probe callback turned off after {fn.__name__} failed: {exc!r}")
             return None
 
     return wrapper  # type: ignore[return-value]

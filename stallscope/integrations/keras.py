@@ -28,13 +28,13 @@ import keras
 
 from stallscope.integrations import StepHooks, safe_hook
 from stallscope.probe.keras import (
-    _TimedTrainFunction,
+    TimedTrainFunction,
     dataset_config,
     get_tf_probe,
     instrument,
     is_tf_dataset,
 )
-from stallscope.probe.recorder import _warn
+from stallscope.probe.notices import warn
 
 __all__ = ["StallscopeCallback"]
 
@@ -66,12 +66,11 @@ class StallscopeCallback(keras.callbacks.Callback):
         try:
             cfg = dataset_config(dataset)
         except Exception as exc:  # an odd dataset: the steps are still timed
-            _warn(f"cannot read the tf.data pipeline: {exc!r}")
+            warn(f"cannot read the tf.data pipeline: {exc!r}")
             return
         size = cfg.get("batch_size")
         self.samples = size if isinstance(size, int) and size > 0 else None
-        with p._cfg_lock:
-            p.config["loader"] = cfg
+        p.update_config({"loader": cfg})
 
     @safe_hook
     def on_train_begin(self, logs: Any = None) -> None:
@@ -82,7 +81,7 @@ class StallscopeCallback(keras.callbacks.Callback):
             return
         self._graph = instrument(self.model, p, self)
         if not self._graph:
-            _warn("this Keras does not fetch batches the way Keras 3 on TensorFlow does: "
+            warn("this Keras does not fetch batches the way Keras 3 on TensorFlow does: "
                   "timing whole train calls only (input wait is counted as compute)")
 
     @safe_hook
@@ -92,7 +91,7 @@ class StallscopeCallback(keras.callbacks.Callback):
 
     def _drain(self) -> None:
         fn = getattr(self.model, "train_function", None)
-        if isinstance(fn, _TimedTrainFunction):
+        if isinstance(fn, TimedTrainFunction):
             fn.drain()
 
     @safe_hook

@@ -32,57 +32,45 @@ Where it reports: into ``$STALLSCOPE_RUN_DIR/run.db`` under ``stallscope run``; 
 writes ``meta.json`` and samples the machine itself with a background collector.
 ``STALLSCOPE_PROBE=0`` turns the probe off (``watch`` then returns the loader unchanged).
 
-The package is split so that other frameworks reuse the recording without PyTorch:
+The package is split so that other frameworks reuse the recording without PyTorch; the core
+never imports a framework, and the two adapters are leaves (they import the core, never each
+other):
 
-- :mod:`stallscope.probe.recorder`: the framework-free :class:`Recorder` (buffer, writer
-  thread, close/atexit, typed :class:`StepRecord`, the :class:`DeviceTimer` interface,
-  :class:`StepTimer`); it never imports a framework.
-- :mod:`stallscope.probe.pytorch`: the PyTorch adapter (:func:`watch`, :func:`h2d`,
-  :func:`step`, :class:`Probe`, DataLoader configuration, CUDA events). :func:`watch` hands a
-  ``tf.data.Dataset`` to the TensorFlow adapter.
+- :mod:`stallscope.probe.watch`: the framework-free step loop (:class:`Watched`) and
+  :func:`watch`, which hands a loader to the adapter that claims it (a ``tf.data.Dataset``: the
+  TensorFlow adapter; any other iterable: the PyTorch one), and :func:`step`.
+- :mod:`stallscope.probe.recorder`: the framework-free :class:`Recorder` (close/atexit, the
+  configuration, :class:`StepTimer`, one recorder per process and rank), made of small parts:
+  :mod:`~stallscope.probe.buffer` (the training thread's state and the bounded hand-over of
+  :class:`StepRecord` tuples), :mod:`~stallscope.probe.device` (the :class:`DeviceTimer`
+  interface and the event pool), :mod:`~stallscope.probe.writer` (the writer thread),
+  :mod:`~stallscope.probe.callbacks` (alerts for training-side callbacks) and
+  :mod:`~stallscope.probe.notices` (what goes wrong, said once).
+- :mod:`stallscope.probe.loaders`: batch sizes and the loader's knobs, read by duck typing.
+- :mod:`stallscope.probe.pytorch`: the PyTorch adapter (:func:`h2d`, :class:`Probe`, worker
+  pids, torch.distributed rank, CUDA events).
 - :mod:`stallscope.probe.keras`: the TensorFlow adapter (:class:`TFProbe`, the tf.data pipeline's
   shape in :func:`dataset_config`, ``model.fit``'s timed train function); it imports TensorFlow
   only inside its functions.
 - :mod:`stallscope.probe.standalone`: the monitored session the probe starts for itself when
   ``stallscope run`` is not watching.
 
-This module re-exports the public names, so ``from stallscope.probe import watch`` and friends
-stay as they were.
+This module imports both adapters (so that they register with :func:`watch`) and re-exports the
+public names, so ``from stallscope.probe import watch`` and friends stay as they were.
 """
 
 from __future__ import annotations
 
+from stallscope.probe.buffer import DEFAULT_CAPACITY, RawStep, StepRecord
+from stallscope.probe.device import DeviceTimer, EventLike, EventTimer
 from stallscope.probe.keras import TFProbe, dataset_config
-from stallscope.probe.pytorch import (
-    CudaTimer,
-    Probe,
-    Watched,
-    batch_size_of,
-    detect_rank,
-    get_probe,
-    h2d,
-    loader_config,
-    step,
-    watch,
-)
-from stallscope.probe.pytorch import _default_probe as _default_probe
-from stallscope.probe.recorder import (
-    CLOSE_WAIT_S,
-    DEFAULT_CAPACITY,
-    DEFAULT_FLUSH_S,
-    MAX_EPOCHS_KEPT,
-    DeviceTimer,
-    EventLike,
-    EventTimer,
-    RawStep,
-    Recorder,
-    StepRecord,
-    StepTimer,
-    reset,
-)
+from stallscope.probe.loaders import batch_size_of, loader_config
+from stallscope.probe.pytorch import CudaTimer, Probe, detect_rank, get_probe, h2d
+from stallscope.probe.recorder import MAX_EPOCHS_KEPT, Recorder, StepTimer, reset
 from stallscope.probe.recorder import _probes as _probes  # the registry tests inject into
-from stallscope.probe.recorder import _warn as _warn  # the integrations' once-warnings
 from stallscope.probe.standalone import DEFAULT_COLLECT_S
+from stallscope.probe.watch import Watched, step, watch
+from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S
 
 __all__ = [
     "CLOSE_WAIT_S",

@@ -5,7 +5,7 @@ thread of the trainer when the probe runs standalone. Either way it appends ever
 fires or clears to ``<run dir>/alerts.jsonl`` (:mod:`stallscope.store.alertlog`, one JSON object
 a line, appended with one ``write``). The probe's writer thread (never the training thread) looks
 at that file's size once per flush interval (1 s), and only while a callback is registered; new
-lines go on a queue. Between two steps the training thread checks that
+lines go on a queue (:class:`AlertQueue`). Between two steps the training thread checks that
 queue (one truth test per step) and runs the callbacks there, on the training thread, so a
 callback may save a checkpoint, change the batch size or sleep until the GPU cooled down.
 
@@ -17,11 +17,12 @@ action of its name; only notified transitions run it (the cooldown holds, like e
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Alert", "AlertInbox", "firing", "on_alert", "registered",
+__all__ = ["Alert", "AlertInbox", "AlertQueue", "firing", "on_alert", "registered",
            "remove_alert_callbacks", "run_callbacks"]
 
 
@@ -125,6 +126,38 @@ class AlertInbox:
                 self._first = False
                 got = [a for a in _firing.values()]
         return got
+
+
+class AlertQueue:
+    """The alerts due to run callbacks, from a recorder's writer thread to its training
+    thread. The writer fills ``due`` (:meth:`poll`); the training thread tests it once per step
+    and empties it between steps (:meth:`run`)."""
+
+    __slots__ = ("due", "inbox")
+
+    def __init__(self) -> None:
+        self.due: deque[Alert] = deque()
+        self.inbox: AlertInbox | None = None  #: made on the first look with a callback
+
+    def poll(self, run_dir: Path | None, say: Callable[[str, str], None]) -> None:
+        """Writer thread: queue the alerts the engine published since the last look. Reads
+        nothing unless a callback is registered; a read error is said (``say``) and skipped."""
+        if not registered():
+            return
+        if self.inbox is None:
+            self.inbox = AlertInbox()
+        try:
+            got = self.inbox.poll(run_dir)
+        except OSError as exc:
+            say("alerts", f"cannot read alerts from {run_dir}: {exc}")
+            return
+        self.due.extend(got)
+
+    def run(self) -> int:
+        """Training thread: run the callbacks of the alerts queued so far; returns how many
+        ran."""
+        due = self.due
+        return run_callbacks([due.popleft() for _ in range(len(due))])
 
 
 def run_callbacks(alerts: list[Alert]) -> int:

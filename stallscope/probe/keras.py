@@ -1,9 +1,10 @@
 """The TensorFlow / Keras adapter of the step probe: ``model.fit`` and custom loops over tf.data.
 
-Built on the framework-free :class:`~stallscope.probe.recorder.Recorder` like the PyTorch adapter.
-TensorFlow is imported lazily, only by the functions that need it (never by ``import
-stallscope``); the Keras callback that uses this module lives in
-:mod:`stallscope.integrations.keras`.
+Built on the framework-free core (:class:`~stallscope.probe.recorder.Recorder`,
+:mod:`stallscope.probe.watch`) like the PyTorch adapter, and independent of it. TensorFlow is
+imported lazily, only by the functions that need it (never by ``import stallscope``); the Keras
+callback that uses this module lives in :mod:`stallscope.integrations.keras`. It registers itself
+with :func:`~stallscope.probe.watch.watch` as the adapter of ``tf.data.Dataset`` loaders.
 
 **Custom loops** iterate a dataset eagerly, so the input wait is the host time of ``next()``:
 ``for x, y in stallscope.watch(dataset): train_step(x, y)`` times it exactly as for a
@@ -35,18 +36,15 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from stallscope.probe.recorder import (
-    Recorder,
-    _warn,
-    env_rank,
-    machine_config,
-    obtain,
-    probe_enabled,
-)
+from stallscope.probe.loaders import loader_config
+from stallscope.probe.notices import warn
+from stallscope.probe.recorder import Recorder, env_rank, machine_config, obtain, probe_enabled
+from stallscope.probe.watch import Adapter, Watched, register_adapter
 
 __all__ = [
     "RING",
     "TFProbe",
+    "TimedTrainFunction",
     "dataset_config",
     "get_tf_probe",
     "instrument",
@@ -212,8 +210,6 @@ class TFProbe(Recorder):
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
         if is_tf_dataset(loader):
             return dataset_config(loader)
-        from stallscope.probe.pytorch import loader_config
-
         return loader_config(loader)
 
     def machine_config(self) -> dict[str, Any]:
@@ -236,8 +232,6 @@ def get_tf_probe(rank: int | None = None) -> Recorder | None:
 
 def watch_dataset(ds: Iterable[T], *, rank: int | None = None) -> Any:
     """``stallscope.watch`` for a tf.data dataset in a custom (eager) loop."""
-    from stallscope.probe.pytorch import Watched
-
     return Watched(ds, get_tf_probe(rank))
 
 
@@ -287,7 +281,7 @@ class _StampedIterator:
         return getattr(self._it, name)
 
 
-class _TimedTrainFunction:
+class TimedTrainFunction:
     """``model.train_function`` with per-step input wait (see the module docstring)."""
 
     def __init__(self, model: Any, original: Any, step_fn: Any, probe: Recorder, tf: Any,
@@ -345,7 +339,7 @@ class _TimedTrainFunction:
                       hooks.epoch if hooks is not None else 0))
         if now - self._drained_at >= READ_EVERY_S or len(calls) >= READ_EVERY:
             self.drain()
-        if self.probe._due:  # alert callbacks (stallscope.on_alert), between two calls
+        if self.probe.alerts.due:  # alert callbacks (stallscope.on_alert), between two calls
             self.probe.run_due()
         if not opt.has_value():
             raise StopIteration
@@ -359,13 +353,14 @@ class _TimedTrainFunction:
         finally:
             t1 = time.perf_counter()
             p = self.probe
-            last = p._last_end if p._last_end is not None else t0
-            p._push((p._step + 1, t0, max(0.0, t0 - last), t1 - t0,
-                     hooks.samples if hooks is not None else None,
-                     hooks.epoch if hooks is not None else 0, None, None))
-            p._step += 1
-            p._last_end = t1
-            if p._due:
+            st = p.state
+            last = st.last_end if st.last_end is not None else t0
+            p.buffer.push((st.step + 1, t0, max(0.0, t0 - last), t1 - t0,
+                           hooks.samples if hooks is not None else None,
+                           hooks.epoch if hooks is not None else 0, None, None))
+            st.step += 1
+            st.last_end = t1
+            if p.alerts.due:
                 p.run_due()
 
     def drain(self) -> None:
@@ -382,7 +377,7 @@ class _TimedTrainFunction:
             self._record(int(n), int(first), got.numpy().tolist(), calls)
         except Exception as exc:  # the steps ran; only their records are lost
             self.broken = True
-            _warn(f"Keras step timing off: {exc!r}")
+            warn(f"Keras step timing off: {exc!r}")
 
     def _record(self, n: int, first: int, got: list[list[float]],
                 calls: list[tuple[float, int | None, int]]) -> None:
@@ -393,7 +388,8 @@ class _TimedTrainFunction:
         end."""
         p = self.probe
         shift = self._perf_minus_wall
-        buf, cap = p._buf, p.capacity
+        st, buf = p.state, p.buffer
+        queue, cap = buf.queue, buf.capacity
         c, last = 0, len(calls) - 1
         for j in range(first, n):
             t0, t1 = got[j - first]
@@ -405,19 +401,19 @@ class _TimedTrainFunction:
             t_next = got[j + 1 - first][0] if j + 1 < n else end
             if t_next > end:
                 t_next = end
-            cur = p._step = p._step + 1
+            cur = st.step = st.step + 1
             rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None)
-            if len(buf) < cap:
-                buf.append(rec)
+            if len(queue) < cap:
+                queue.append(rec)
             else:
-                p.dropped += 1
-        p._last_end = calls[-1][0] + shift
+                buf.dropped += 1
+        st.last_end = calls[-1][0] + shift
         self._seen = n
 
 
 def _step_function(train_function: Any) -> Any:
     """Keras 3's compiled ``multi_step_on_iterator`` inside ``model.train_function``."""
-    if isinstance(train_function, _TimedTrainFunction):
+    if isinstance(train_function, TimedTrainFunction):
         return None
     try:
         cells = inspect.getclosurevars(train_function).nonlocals
@@ -431,7 +427,7 @@ def instrument(model: Any, probe: Recorder, hooks: Any = None) -> bool:
     when this Keras does not build its train function the way Keras 3 does on the TensorFlow
     backend: each call is then recorded whole (no input wait, all compute)."""
     fn = getattr(model, "train_function", None)
-    if isinstance(fn, _TimedTrainFunction):  # a second fit(): same function, new callback
+    if isinstance(fn, TimedTrainFunction):  # a second fit(): same function, new callback
         fn.hooks = hooks
         return fn._fn is not None
     if fn is None:
@@ -439,6 +435,8 @@ def instrument(model: Any, probe: Recorder, hooks: Any = None) -> bool:
     step = _step_function(fn)
     import tensorflow as tf
 
-    model.train_function = _TimedTrainFunction(model, fn, step, probe, tf, hooks)
+    model.train_function = TimedTrainFunction(model, fn, step, probe, tf, hooks)
     return step is not None
 
+
+register_adapter(Adapter("tensorflow", is_tf_dataset, get_tf_probe))

@@ -18,24 +18,19 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
+
+from stallscope.probe.notices import warn
 
 if TYPE_CHECKING:
     from stallscope.collect.session import Session
 
-__all__ = ["DEFAULT_COLLECT_S", "StandaloneRun", "default_label", "interval_from_env",
-           "standalone_rules", "start_standalone"]
+__all__ = ["DEFAULT_COLLECT_S", "ExitStatus", "StandaloneRun", "default_label", "env_int",
+           "interval_from_env", "standalone_rules", "start_standalone"]
 
 #: seconds between machine samples of the standalone collector (env STALLSCOPE_INTERVAL)
 DEFAULT_COLLECT_S = 5.0
-
-
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"stallscope: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at shutdown: nothing left to tell
-        return
 
 
 def env_int(name: str) -> int | None:
@@ -60,7 +55,7 @@ def interval_from_env() -> float:
             return f
     except ValueError:
         pass
-    _warn(f"STALLSCOPE_INTERVAL={v!r} is not a positive number of seconds; using "
+    warn(f"STALLSCOPE_INTERVAL={v!r} is not a positive number of seconds; using "
           f"{DEFAULT_COLLECT_S:g}")
     return DEFAULT_COLLECT_S
 
@@ -98,9 +93,30 @@ def standalone_rules() -> Any:
         try:
             return load_rules(path)
         except UsageError as exc:
-            _warn(f"STALLSCOPE_ALERTS: {str(exc).splitlines()[0]}; using the shipped alert "
+            warn(f"STALLSCOPE_ALERTS: {str(exc).splitlines()[0]}; using the shipped alert "
                   "rules")
     return parse_rules({}, "defaults")
+
+
+class ExitStatus:
+    """The trainer's exit status as ``meta.json`` records it: 1 once an uncaught exception
+    reached ``sys.excepthook`` (which still runs as before), else 0. Installed when made, on the
+    training thread (a crash in the first step must still be seen); :meth:`restore` puts the
+    previous hook back."""
+
+    def __init__(self) -> None:
+        self.code = 0
+        prev = self._prev = sys.excepthook
+
+        def hook(tp: type[BaseException], value: BaseException,
+                 tb: TracebackType | None) -> None:
+            self.code = 1  # an uncaught exception ends the process with status 1
+            prev(tp, value, tb)
+
+        sys.excepthook = hook
+
+    def restore(self) -> None:
+        sys.excepthook = self._prev
 
 
 class StandaloneRun:

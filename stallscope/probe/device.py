@@ -1,0 +1,123 @@
+"""Device (GPU) step timing as the recorder sees it: events an adapter lends, never a device.
+
+An adapter supplies a :class:`DeviceTimer` (PyTorch: CUDA events); :class:`DeviceClock` is how
+the recorder uses it: ready once the timer says so (off for good once it fails), events made by
+the timer and pooled for reuse (making one can cost a driver call). The training thread takes
+events and records them; the writer thread reads them once they completed and gives them back.
+Nothing here knows which device or framework it times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["MAX_FREE_EVENTS", "DeviceClock", "DeviceMarks", "DeviceTimer", "EventLike",
+           "EventTimer"]
+
+#: device events kept for reuse (making one can cost a driver call)
+MAX_FREE_EVENTS = 4096
+
+
+class EventLike(Protocol):
+    """A marker in the device's work stream (``torch.cuda.Event(enable_timing=True)`` obeys it).
+
+    ``record()`` only enqueues it (never waits); ``query()`` says whether the device got there;
+    ``elapsed_time`` is only asked once both events completed."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end_event: Any) -> float:
+        """Milliseconds from this event to ``end_event``."""
+        ...
+
+
+class DeviceTimer(Protocol):
+    """How an adapter lends the recorder its device clock, so the recorder never knows which
+    device (or framework) it times."""
+
+    #: what the device is called in messages ("CUDA")
+    name: str
+
+    def ready(self) -> bool:
+        """True once timing can be used. May stay False for a while (CUDA: until the trainer
+        initializes it; the probe must never initialize a device itself); raising turns device
+        timing off for good."""
+        ...
+
+    def event(self) -> EventLike:
+        """A new, unrecorded event (the recorder pools and reuses them)."""
+        ...
+
+
+class EventTimer:
+    """A :class:`DeviceTimer` from a bare event factory, always ready: for tests (fake events)
+    and for frameworks whose device is ready as soon as events can be made."""
+
+    __slots__ = ("event", "name")
+
+    def __init__(self, events: Callable[[], EventLike], name: str = "device") -> None:
+        self.event = events
+        self.name = name
+
+    def ready(self) -> bool:
+        return True
+
+
+#: device markers of one step: (start event, end event, ((h2d start, h2d end), ...) or None)
+DeviceMarks = tuple[EventLike, EventLike, "tuple[tuple[EventLike, EventLike], ...] | None"]
+
+
+class DeviceClock:
+    """A recorder's device timing: the adapter's ``timer`` (None: no device timing), ``timing``
+    once it said it is ready, and a pool of events for reuse. Hot loops may test ``timing`` and
+    ``timer`` themselves before calling :meth:`ready` (cheaper than a call per step)."""
+
+    __slots__ = ("_free", "_say", "timer", "timing")
+
+    def __init__(self, timer: DeviceTimer | None, say: Callable[[str, str], None]) -> None:
+        self.timer = timer
+        self.timing = False
+        self._free: list[EventLike] = []
+        self._say = say
+
+    @property
+    def name(self) -> str:
+        """The device's name in messages ("CUDA"; "device" without a timer)."""
+        t = self.timer
+        return t.name if t is not None else "device"
+
+    def ready(self) -> bool:
+        """True once device step timing can be used (the adapter's timer says so)."""
+        if self.timing:
+            return True
+        timer = self.timer
+        if timer is None:
+            return False
+        try:
+            self.timing = bool(timer.ready())
+        except Exception as exc:
+            self.timer = None
+            self._say("cuda", f"{timer.name} step timing off: {exc}")
+            return False
+        return self.timing
+
+    def event(self) -> EventLike:
+        """An unrecorded event: a pooled one, else a new one from the timer (training
+        thread)."""
+        free = self._free
+        if free:
+            return free.pop()
+        assert self.timer is not None
+        return self.timer.event()
+
+    def release(self, ev: EventLike | None) -> None:
+        """Give an event back once it was read (writer thread)."""
+        if ev is not None and len(self._free) < MAX_FREE_EVENTS:
+            self._free.append(ev)
+
+    def record_failed(self, exc: Exception) -> None:
+        """Say (once) that recording an event failed: the caller stops device timing."""
+        self._say("cuda", f"{self.name} event record failed, GPU step timing off: {exc}")

@@ -1,0 +1,237 @@
+"""The framework-free core of the step probe: the step loop of a watched loader and ``watch``.
+
+:class:`Watched` times every step of any iterable: data wait (host time blocked in ``next()``)
+and the step's own host time, the sample count, and device markers when the recorder's device
+clock is ready. Its hot loop talks to the recorder through the small public state made for it
+(:class:`~stallscope.probe.buffer.StepState`, :class:`~stallscope.probe.buffer.StepBuffer`,
+:class:`~stallscope.probe.device.DeviceClock`, the alert queue), bound once per epoch: two
+``perf_counter`` reads and one tuple appended per step.
+
+:func:`watch` picks which adapter's recorder times a loader (:class:`Adapter`): each framework's
+adapter registers itself when imported (:mod:`stallscope.probe` imports them all); the one that
+claims the loader (TensorFlow: a ``tf.data.Dataset``) gets it, the default one (PyTorch) gets
+every other iterable. This module never imports a training framework: adapters import it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from stallscope.probe.loaders import sizer_for
+from stallscope.probe.notices import warn
+from stallscope.probe.recorder import Recorder, StepTimer, current, env_rank, obtain
+
+__all__ = [
+    "Adapter",
+    "Watched",
+    "adapter_for",
+    "default_probe",
+    "register_adapter",
+    "step",
+    "watch",
+]
+
+T = TypeVar("T")
+
+
+# --- the step loop -------------------------------------------------------------------------------
+class Watched(Generic[T]):
+    """An iterable that times every batch of ``loader`` (see the package docstring).
+
+    Attributes it does not have (``sampler``, ``dataset``, ``batch_size``...) come from the
+    wrapped loader, and ``len()`` is the loader's, so it can stand in for it."""
+
+    def __init__(self, loader: Iterable[T], probe: Recorder | None) -> None:
+        self.loader = loader
+        self.probe = probe
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "probe"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[T]:
+        p = self.probe
+        if p is None or not p.active:
+            yield from self.loader
+            return
+        perf = time.perf_counter
+        t_req = perf()
+        it = iter(self.loader)
+        try:
+            epoch = p.begin_epoch(self.loader, it, iter_s=perf() - t_req)
+            gpu = p.device.ready()
+        except Exception as exc:  # never stop the trainer: fall back to plain iteration
+            warn(f"probe disabled for this loader: {exc!r}")
+            yield from it
+            return
+        # bound once per epoch: the step state, the buffer, the alerts due, the device clock
+        state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device
+        queue, cap, event = buf.queue, buf.capacity, dev.event
+        maybe_gpu = dev.timer is not None and not gpu
+        sizer: Callable[[Any], int | None] | None = None
+        open_step = False
+        cur = 0
+        t_got = wait = 0.0
+        n: int | None = None
+        ev0: Any = None
+        try:
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                t_got = perf()
+                cur = state.step = state.step + 1
+                if maybe_gpu and dev.ready():
+                    gpu, maybe_gpu = True, False
+                if gpu:
+                    try:
+                        ev0 = event()
+                        ev0.record()
+                    except Exception as exc:  # device trouble is the trainer's to report
+                        gpu = maybe_gpu = False
+                        dev.record_failed(exc)
+                try:  # (a try costs nothing in CPython 3.11+ until something raises)
+                    if sizer is None:
+                        sizer = sizer_for(batch)
+                    n = sizer(batch)
+                except Exception:  # an odd batch: no sample count, never an error
+                    n = None
+                wait = t_got - t_req
+                open_step = True
+                yield batch
+                t_req = perf()
+                open_step = False
+                h2d = state.h2d_s
+                if h2d is not None:
+                    state.h2d_s = None
+                g: Any = None
+                if gpu:
+                    try:
+                        ev1 = event()
+                        ev1.record()
+                        g = (ev0, ev1, state.take_h2d()[1])
+                    except Exception as exc:
+                        gpu = maybe_gpu = False
+                        dev.record_failed(exc)
+                if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
+                    queue.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
+                else:
+                    buf.dropped += 1
+                if due:  # alerts for callbacks (stallscope.on_alert): run them between steps
+                    p.run_due()
+                    t_req = perf()
+        finally:
+            if open_step:  # the loop body broke out or raised: the step ends now
+                _end_step_now(p, cur, t_got, wait, n, epoch, ev0 if gpu else None)
+            state.last_end = perf()
+            p.epoch_done()
+
+
+def _end_step_now(p: Recorder, cur: int, t_got: float, wait: float, n: int | None, epoch: int,
+                  ev0: Any) -> None:
+    """Record the step a watched loop left under way (``ev0``: its start event, when timed on
+    the device): it ends now."""
+    t_end = time.perf_counter()
+    try:
+        h2d, h2d_evs = p.state.take_h2d()
+        g = None
+        if ev0 is not None:
+            ev1 = p.device.event()
+            ev1.record()
+            g = (ev0, ev1, h2d_evs)
+        p.buffer.push((cur, t_got, wait, t_end - t_got, n, epoch, h2d, g))
+    except Exception as exc:
+        warn(f"probe could not record the last step: {exc!r}")
+
+
+# --- which adapter watches a loader --------------------------------------------------------------
+class Adapter(NamedTuple):
+    """How a framework's adapter plugs into :func:`watch` and :func:`step`."""
+
+    name: str  #: the framework ("pytorch")
+    #: True for the loaders this adapter handles; None for the default adapter (any loader
+    #: no other adapter claims, and steps timed by hand)
+    claims: Callable[[Any], bool] | None
+    #: this process's recorder for a rank (None: the adapter's default rank), made on first
+    #: use; None when the probe is off or cannot start
+    probe: Callable[[int | None], Recorder | None]
+
+
+def _plain_probe(rank: int | None) -> Recorder | None:
+    return obtain(env_rank() if rank is None else int(rank), lambda r: Recorder(rank=r))
+
+
+#: adapters that claim their loaders, in the order they registered
+_claiming: list[Adapter] = []
+#: the adapter for everything else (a bare recorder until an adapter takes over)
+_default = Adapter("none", None, _plain_probe)
+
+
+def register_adapter(adapter: Adapter) -> None:
+    """Make ``adapter`` watch the loaders it claims (or, with ``claims`` None, be the default).
+    Adapters call it when imported; registering one of the same name again replaces it."""
+    global _default
+    _claiming[:] = [a for a in _claiming if a.name != adapter.name]
+    if adapter.claims is None:
+        _default = adapter
+    else:
+        _claiming.append(adapter)
+
+
+def adapter_for(loader: Any) -> Adapter:
+    """The adapter that watches ``loader``."""
+    for a in _claiming:
+        if a.claims is not None and a.claims(loader):
+            return a
+    return _default
+
+
+def watch(loader: Iterable[T], *, rank: int | None = None) -> Watched[T]:
+    """Wrap ``loader`` so every step is timed: ``for batch in stallscope.watch(loader): ...``.
+
+    Each ``for`` over the wrapper is one epoch. ``rank`` defaults to the adapter's (PyTorch:
+    torch.distributed's rank, else ``$RANK``, else 0). A ``tf.data.Dataset`` (iterated eagerly
+    in a custom loop) gets the TensorFlow adapter's recorder (:mod:`stallscope.probe.keras`)."""
+    return Watched(loader, adapter_for(loader).probe(rank))
+
+
+def default_probe() -> Recorder | None:
+    """The recorder of this process: the one live recorder when there is exactly one, else
+    the default adapter's for its default rank (made on first use)."""
+    p = current()
+    return p if p is not None else _default.probe(None)
+
+
+def step(samples: int | None = None, *, epoch: int | None = None,
+         rank: int | None = None) -> StepTimer | _NullStep:
+    """Time one step of a loop that does not iterate a loader::
+
+        with stallscope.step(samples=len(x)):
+            train_one_batch(x)
+
+    The data wait of a step is the time since the previous step ended."""
+    p = _default.probe(rank) if rank is not None else default_probe()
+    if p is None:
+        return _NULL_STEP
+    return StepTimer(p, samples, epoch).start()
+
+
+class _NullStep:
+    def __enter__(self) -> _NullStep:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+_NULL_STEP = _NullStep()
