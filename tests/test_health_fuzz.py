@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import FIXTURES, json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
