@@ -16,12 +16,13 @@ if TYPE_CHECKING:
     err_console: Console
 
 __all__ = ["RUN_HELP", "add_out_option", "bounded", "err_console", "interval_type",
-           "keep_full_type", "number_type", "out_console", "safe", "size_type"]
+           "keep_full_type", "number_type", "out_console", "safe", "size_type", "usage_type"]
 
 #: the help of a RUN argument
 RUN_HELP = "run directory, run id (or prefix), or 'latest'"
 
 N = TypeVar("N", int, float)
+T = TypeVar("T")
 
 
 def __getattr__(name: str) -> Any:
@@ -68,15 +69,25 @@ def bounded(flag: str, cast: Callable[[str], N], lo: float, hi: float) -> Callab
                        "an integer" if cast is int else "a number", f"{lo:g}–{hi:g}")
 
 
+def usage_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a parser that raises :class:`UsageError`: its one line becomes
+    argparse's error for the flag."""
+    def convert(text: str) -> T:
+        from stallscope.errors import UsageError
+
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
 def size_type(text: str) -> int:
     """An argparse type: a byte size such as ``256M`` or ``1GB``."""
-    from stallscope.errors import UsageError
     from stallscope.tools.diskbench import parse_size
 
-    try:
-        return parse_size(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return usage_type(parse_size)(text)
 
 
 def add_out_option(p: argparse.ArgumentParser) -> None:

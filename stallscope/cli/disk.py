@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 from rich.text import Text
 
-from stallscope.cli._common import bounded, err_console, out_console, size_type
+from stallscope.cli._common import bounded, err_console, out_console, size_type, usage_type
 from stallscope.errors import UsageError
 from stallscope.sources.blockdev import describe_path, device_info
 from stallscope.sources.smart import (
@@ -46,13 +46,6 @@ from stallscope.tools.diskbench import (
 #: /sys/block names that are never physical drives
 _SKIP = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd")
 _COLOR = {"ok": "green", "ageing": "yellow", "failing": "bold red", "unknown": "dim"}
-
-
-def _dtype(text: str) -> str:
-    try:
-        return validate_device_type(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--smartctl-json", nargs="+", metavar="FILE", default=None,
                    help="explain saved `smartctl --json` outputs instead of reading drives; "
                    "two of one drive are two checks: their growth is reported")
-    p.add_argument("--device-type", type=_dtype, metavar="TYPE",
+    p.add_argument("--device-type", type=usage_type(validate_device_type), metavar="TYPE",
                    help="smartctl -d TYPE (sat, nvme, megaraid,N ...)")
     p.add_argument("--sudo", action="store_true",
                    help="run smartctl through `sudo -n` (see docs/disk-health.md for the "

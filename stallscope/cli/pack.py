@@ -26,6 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from stallscope.cli._common import usage_type
 from stallscope.errors import UsageError
 from stallscope.tools.pack import (
     DEFAULT_LOADER_WORKERS,
@@ -81,7 +82,7 @@ def _add_packing_options(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument(
         "--shard-size",
-        type=_size,
+        type=usage_type(parse_size),
         metavar="SIZE",
         help="target bytes per shard, e.g. 500MB, 1GB, 512MiB (default: 1 GB, or "
         "less, down to 100 MB, so that every rank × worker reader gets a shard)",
@@ -137,13 +138,6 @@ def _add_reader_options(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help=f"DataLoader workers per rank, for the warnings (default {DEFAULT_LOADER_WORKERS})",
     )
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _positive(text: str) -> int:

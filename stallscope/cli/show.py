@@ -12,8 +12,8 @@ from rich.console import Console
 
 from stallscope.analysis.rundata import RunData, load_run
 from stallscope.analysis.summary import render_summary, summarize
-from stallscope.cli._common import out_console, safe
-from stallscope.store import DEFAULT_OUT, find_run
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console, safe
+from stallscope.store import find_run
 from stallscope.store.rundir import run_state
 
 
@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="summary of one run",
                        description="Summary of a stored run: per resource median/p95/max, the "
                        "GPU's idle share, what monitoring cost, and the diagnosis.")
-    p.add_argument("run", metavar="RUN", help="run directory, run id (or prefix), or 'latest'")
-    p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
+    add_out_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
