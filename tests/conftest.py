@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,40 @@ def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+#: real components a test may need, by marker (pyproject.toml declares the markers): any one of
+#: each tuple's executables on PATH, or (``module:``) an importable module. A test carrying the
+#: marker fails when it is missing (CI installs them all), unless
+#: STALLSCOPE_ALLOW_MISSING_TOOLS=1; ``scripts/test.sh --fast`` leaves these tests out.
+COMPONENTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "prometheus": (("prometheus",), ("promtool",)),
+    "alertmanager": (("prometheus-alertmanager", "alertmanager"),),
+    "chromium": (("chromium", "chromium-browser", "google-chrome"),),
+    "tmux": (("tmux",),),
+    "tensorflow": (("module:tensorflow",),),
+    "torchrun": (("module:torch.distributed.run",),),
+}
+
+
+def _present(name: str) -> bool:
+    if name.startswith("module:"):
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec(name[len("module:"):]) is not None
+        except ModuleNotFoundError:
+            return False
+    return shutil.which(name) is not None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, needs in COMPONENTS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        for choices in needs:
+            if not any(_present(n) for n in choices):
+                tool_missing(" or ".join(n.removeprefix("module:") for n in choices))
 
 
 @pytest.fixture

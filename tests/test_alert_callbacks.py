@@ -207,6 +207,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.tensorflow
 def test_run_with_alerts_reaches_a_keras_fit(tmp_path: Path) -> None:
     """The same under model.fit with the Keras callback: the alert callback runs on the
     training thread between two train-function calls, and can stop the training."""
