@@ -208,8 +208,4 @@ class Agent:
         except OSError as exc:
             sys.stderr.write(f"stallscope: cannot write {self.run_dir}/meta.json: "
                              f"{exc.strerror or exc}\n")
-        try:
-            self.store.finish()
-        except (sqlite3.Error, OSError):
-            pass  # stays in WAL mode: still a sound run
-        self.store.close()
+        self.store.finish_and_close()

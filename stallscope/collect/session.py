@@ -223,11 +223,7 @@ class Session:
             self.not_recorded.append(
                 f"the end of the run in meta.json (end time, exit code {exit_code}, sample "
                 f"count: {exc.strerror or exc}); it still says the run started")
-        try:
-            self.store.finish()
-        except (sqlite3.Error, OSError):
-            pass  # stays in WAL mode: still a sound run
-        self.store.close()
+        self.store.finish_and_close()
         if self.not_recorded:
             sys.stderr.write("stallscope: not recorded: " + "; ".join(self.not_recorded) + "\n")
         return meta

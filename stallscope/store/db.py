@@ -257,6 +257,15 @@ class RunStore:
     def close(self) -> None:
         self.db.close()
 
+    def finish_and_close(self) -> None:
+        """:meth:`finish` where the disk allows (a full or failing disk leaves the run in WAL
+        mode, still a sound run), then :meth:`close`."""
+        try:
+            self.finish()
+        except (sqlite3.Error, OSError):
+            pass
+        self.close()
+
     # --- reading -------------------------------------------------------------------------------
     # Readers are tolerant: a row whose columns do not hold what the schema says (a text or a
     # blob in a numeric column, NULL, inf, attributes that are not a JSON object, a point of an
@@ -319,29 +328,12 @@ class RunStore:
         # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
         # than these tests cost Python. A series of another id, a value or time that is not a
         # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
-        bad = 0
-        for ts, sid, vmean, vmax in self.db.execute(
-                "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"):
-            key = names.get(sid)
-            v = vmax if sid in use_max else vmean
-            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
-                bad += 1
-                continue
-            s = out[key]
-            s.ts.append(float(ts))
-            s.v.append(float(v))
-        self._skip("rollup", bad)
+        rollup = ((ts, sid, vmax if sid in use_max else vmean) for ts, sid, vmean, vmax in
+                  self.db.execute("SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"))
+        self._skip("rollup", _append_points(out, names, rollup))
         rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
-        bad = 0
-        for ts, sid, v in self.db.execute("SELECT ts, series, v FROM points ORDER BY ts"):
-            key = names.get(sid)
-            if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
-                bad += 1
-                continue
-            s = out[key]
-            s.ts.append(float(ts))
-            s.v.append(float(v))
-        self._skip("points", bad)
+        self._skip("points", _append_points(
+            out, names, self.db.execute("SELECT ts, series, v FROM points ORDER BY ts")))
         for k, n in rolled.items():  # a bucket newer than a point: only in a damaged store
             s = out[k]
             if n < len(s.ts) and s.ts[n - 1] > s.ts[n]:
@@ -444,6 +436,22 @@ def _int_or_null(col: str) -> str:
 
 
 _NUM = (float, int)
+
+
+def _append_points(out: dict[tuple[str, str], Series], names: dict[int, tuple[str, str]],
+                   rows: Iterable[tuple[Any, Any, Any]]) -> int:
+    """Append ``(ts, series id, value)`` rows to their series; returns how many rows were not
+    a known series with a finite number at a finite time (skipped)."""
+    bad = 0
+    for ts, sid, v in rows:
+        key = names.get(sid)
+        if key is None or type(ts) not in _NUM or type(v) not in _NUM or ts - ts or v - v:
+            bad += 1
+            continue
+        s = out[key]
+        s.ts.append(float(ts))
+        s.v.append(float(v))
+    return bad
 _POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
 _ROLLUP_OK = (f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND "
               f"{_finite('vmax')}")
