@@ -2,10 +2,11 @@
 # Run the test suite the way CI does: real iostat, smartctl, fio, Prometheus, Alertmanager,
 # headless Chromium, tmux, TensorFlow and torchrun; a missing tool fails the run.
 # Usage: scripts/test.sh [--fast] [pytest args...]
-#   --fast  the inner-loop tier (~3 min on 2 cores): leaves out the tests marked slow and those
-#           that start a heavy real component (prometheus, alertmanager, chromium, tmux,
-#           tensorflow, torchrun; see pyproject.toml), and skips the installs when the test
-#           tools are already there
+#   --fast  the inner-loop tier: leaves out the tests marked slow, those that start a heavy real
+#           component (prometheus, alertmanager, chromium, tmux, tensorflow, torchrun) and the
+#           exclusive ones (see pyproject.toml), and skips the installs when the test tools are
+#           already there
+# With pytest args: one pytest run of exactly those. Without: the whole suite, in two passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -22,8 +23,16 @@ fi
 mkdir -p artifacts
 .venv/bin/ruff check stallscope tests benchmarks examples
 .venv/bin/mypy
+heavy="slow or prometheus or alertmanager or chromium or tmux or tensorflow or torchrun"
 if [ "$fast" = 1 ]; then
-  exec .venv/bin/python -m pytest \
-    -m "not (slow or prometheus or alertmanager or chromium or tmux or tensorflow or torchrun)" "$@"
+  exec .venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($heavy or exclusive)" "$@"
 fi
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"  # what was asked for, as asked
+fi
+# the whole suite in two passes: the tests that share the machine well two at a time (a file per
+# worker), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
+rc=0
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not exclusive" || rc=$?
+.venv/bin/python -m pytest -m exclusive || rc=$((rc ? rc : $?))
+exit "$rc"

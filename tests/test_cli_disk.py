@@ -124,6 +124,7 @@ def test_bench_builtin_json(tmp_path: Path) -> None:
     assert os.listdir(target) == []
 
 
+@pytest.mark.exclusive
 def test_bench_fio_side_by_side(tmp_path: Path) -> None:
     if shutil.which("fio") is None:
         tool_missing("fio")

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, stallscope_argv
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.slow, pytest.mark.torchrun]
+pytestmark = [pytest.mark.slow, pytest.mark.torchrun, pytest.mark.exclusive]
 
 
 def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:

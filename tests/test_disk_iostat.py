@@ -227,6 +227,7 @@ def _mismatches(theirs: dict[str, float], ours: dict[str, float]) -> list[str]:
     return bad
 
 
+@pytest.mark.exclusive
 def test_fields_match_iostat_under_read_load(loaded_devices: list[str]) -> None:
     theirs, ours = _one_window(loaded_devices)
     assert sorted(theirs) == sorted(ours) == sorted(loaded_devices)

@@ -207,6 +207,7 @@ def test_fio_missing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_engines_agree_roughly(tmp_path: Path) -> None:
     """Same plan, same filesystem: the engines must measure the same thing. Best of two
     interleaved runs each, and a loose bound (x0.4–x2.5), because this runs beside other work

@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, stallscope_argv
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 TRAIN = str(ROOT / "examples" / "train_cpu.py")
 CONSTRAIN = str(ROOT / "examples" / "constrain.py")

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, stallscope_argv
 
 pytest.importorskip("tensorflow")
-pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
+pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.exclusive]
 
 TRAIN = str(ROOT / "examples" / "train_keras.py")
 CONSTRAIN = str(ROOT / "examples" / "constrain.py")

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 EXAMPLES = ROOT / "examples" / "tune_datasets.py"
 
-pytestmark = [pytest.mark.torch, pytest.mark.slow]
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def _tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
