@@ -32,7 +32,6 @@ def _diagnose(run_dir: Path, cwd: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
 def test_a_copied_run_with_its_dataset_gone_diagnoses_the_same(tmp_path: Path) -> None:
     data = tmp_path / "data"
     out = tmp_path / "runs"

@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 
 EXAMPLES = ROOT / "examples" / "tune_datasets.py"
 
-pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.exclusive]
+#: the trials that compare throughputs run alone (marker exclusive); the error paths share
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 def _tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -31,6 +32,7 @@ def _tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           timeout=timeout)
 
 
+@pytest.mark.exclusive
 def test_cpu_heavy_transform_gets_workers_and_a_pasteable_call() -> None:
     r = _tune(f"{EXAMPLES}:cpu_heavy", "--budget", "14", "--json")
     assert r.returncode == 0, r.stderr
@@ -65,6 +67,7 @@ def test_cpu_heavy_transform_gets_workers_and_a_pasteable_call() -> None:
     assert loader.num_workers == doc["best"]["num_workers"] and loader.batch_size == 32
 
 
+@pytest.mark.exclusive
 def test_table_and_bound_in_text(tmp_path: Path) -> None:
     r = _tune(f"{EXAMPLES}:cpu_heavy", "--budget", "15", "--max-workers", "1")
     assert r.returncode == 0, r.stderr
@@ -84,6 +87,7 @@ def _module(tmp_path: Path, body: str) -> str:
     return str(tmp_path / "tunemod.py")
 
 
+@pytest.mark.exclusive
 def test_stops_when_input_already_keeps_up(tmp_path: Path) -> None:
     mod = _module(tmp_path, """
         import time, torch
@@ -116,6 +120,7 @@ def test_a_dataset_failing_in_workers_is_named_never_hangs() -> None:
     assert doc["best"] == {"num_workers": 0}
 
 
+@pytest.mark.exclusive
 def test_spawn_start_method_and_a_factory(tmp_path: Path) -> None:
     mod = _module(tmp_path, """
         import torch
@@ -142,6 +147,7 @@ def test_spawn_start_method_and_a_factory(tmp_path: Path) -> None:
     assert doc["recommendation"].startswith("make_loader(")
 
 
+@pytest.mark.exclusive
 def test_a_dataloader_as_given_is_the_baseline() -> None:
     r = _tune(f"{EXAMPLES}:loader", "--budget", "6", "--json", "--max-workers", "2")
     assert r.returncode == 0, r.stderr
@@ -152,6 +158,7 @@ def test_a_dataloader_as_given_is_the_baseline() -> None:
     assert "shuffle=True" in doc["recommendation"]
 
 
+@pytest.mark.exclusive
 def test_ctrl_c_prints_what_was_found(tmp_path: Path) -> None:
     proc = subprocess.Popen(stallscope_argv("tune", f"{EXAMPLES}:cpu_heavy", "--budget", "120"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -210,6 +217,7 @@ def test_memory_check_rejects_what_would_not_fit() -> None:
     assert s._fits({"num_workers": 2}) == ""
 
 
+@pytest.mark.exclusive
 def test_python_api() -> None:
     import stallscope
 
@@ -228,6 +236,7 @@ def test_python_api() -> None:
         stallscope.tune(data, budget_s=0)
 
 
+@pytest.mark.exclusive
 def test_loaders_as_given_keep_their_samplers_and_persistent_workers(tmp_path: Path) -> None:
     mod = _module(tmp_path, """
         import torch
