@@ -149,3 +149,13 @@ def probe_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from stallscope.probe.recorder import reset
 
     reset()
+
+
+def make_run(tmp_path: Path) -> Path:
+    """A run directory with an empty run.db, as a probe finds it under `stallscope run` before
+    the trainer's first step."""
+    from stallscope.store import RunStore, new_run_dir
+
+    run_dir = new_run_dir(tmp_path / "runs", "test")
+    RunStore(run_dir / "run.db").close()
+    return run_dir

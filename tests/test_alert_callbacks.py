@@ -161,20 +161,28 @@ sys.exit(3)
 """
 
 
-def test_run_with_alerts_reaches_the_trainer(tmp_path: Path) -> None:
-    """A real `stallscope run --alerts`: the rule fires in the monitor process, the callback runs
-    on the trainer's main thread, and the trainer's exit code passes through."""
+def _run_with_a_probe_alert(tmp_path: Path, trainer: str, *, timeout: float
+                            ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`stallscope run --alerts` of ``trainer`` (a script taking the path it reports to) with a
+    rule that fires at once and asks the probe for ``save_checkpoint``."""
     rules = tmp_path / "rules.toml"
     rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
                      'actions = [{probe = "save_checkpoint"}]\n')
     script = tmp_path / "train.py"
-    script.write_text(TRAINER)
+    script.write_text(trainer)
     out = tmp_path / "seen.json"
     r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
                                        "--out", str(tmp_path / "runs"), "--quiet", "--",
                                        sys.executable, str(script), str(out)),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                        env=env_without_stallscope())
+    return r, out
+
+
+def test_run_with_alerts_reaches_the_trainer(tmp_path: Path) -> None:
+    """A real `stallscope run --alerts`: the rule fires in the monitor process, the callback runs
+    on the trainer's main thread, and the trainer's exit code passes through."""
+    r, out = _run_with_a_probe_alert(tmp_path, TRAINER, timeout=120)
     assert r.returncode == 3, r.stderr
     doc = json.loads(out.read_text())
     assert doc["steps"] < 1500, "the callback never ran"
@@ -212,17 +220,7 @@ def test_run_with_alerts_reaches_a_keras_fit(tmp_path: Path) -> None:
     """The same under model.fit with the Keras callback: the alert callback runs on the
     training thread between two train-function calls, and can stop the training."""
     pytest.importorskip("tensorflow")
-    rules = tmp_path / "rules.toml"
-    rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-                     'actions = [{probe = "save_checkpoint"}]\n')
-    script = tmp_path / "train.py"
-    script.write_text(KERAS_TRAINER)
-    out = tmp_path / "seen.json"
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, str(script), str(out)),
-                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
-                       env=env_without_stallscope())
+    r, out = _run_with_a_probe_alert(tmp_path, KERAS_TRAINER, timeout=180)
     assert r.returncode == 3, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["epochs"] < 2000, "the callback never ran"

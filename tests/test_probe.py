@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import env_without_stallscope
+from conftest import env_without_stallscope, make_run
 
 from stallscope import probe as probe_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
 from stallscope.probe import recorder as recorder_mod
-from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta, write_meta
+from stallscope.store import RunStore, StepRow, list_runs, read_meta, write_meta
 
 pytest.importorskip("torch")
 import torch
@@ -35,13 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
-
-
-def make_run(tmp_path: Path) -> Path:
-    """A run directory as `stallscope run` makes it (before the child starts)."""
-    run_dir = new_run_dir(tmp_path / "runs", "test")
-    RunStore(run_dir / "run.db").close()
-    return run_dir
 
 
 def read_steps(run_dir: Path, rank: int | None = None) -> list[StepRow]:

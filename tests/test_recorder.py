@@ -13,22 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import env_without_stallscope
+from conftest import env_without_stallscope, make_run
 
 from stallscope.probe import recorder as recorder_mod
 from stallscope.probe.recorder import EventLike, Recorder, StepRecord
-from stallscope.store import RunStore, StepRow, list_runs, new_run_dir, read_meta
+from stallscope.store import RunStore, StepRow, list_runs, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
-
-
-def make_run(tmp_path: Path) -> Path:
-    run_dir = new_run_dir(tmp_path / "runs", "test")
-    RunStore(run_dir / "run.db").close()
-    return run_dir
 
 
 def read_store(run_dir: Path) -> tuple[list[StepRow], list[dict[str, Any]]]:
