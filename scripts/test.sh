@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 fast=0
 if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 [ -x .venv/bin/python ] || scripts/setup.sh
-if [ "$fast" = 0 ] || ! .venv/bin/python -c "import pytest, pytest_timeout, hypothesis" 2>/dev/null
+if [ "$fast" = 0 ] || ! .venv/bin/python -c "import pytest, pytest_timeout, xdist, hypothesis" 2>/dev/null
 then
   # shellcheck source=scripts/_apt.sh
   source scripts/_apt.sh
