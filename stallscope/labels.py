@@ -31,7 +31,7 @@ from typing import Any
 
 from stallscope.metrics import Metric
 
-__all__ = ["ENTITY_LABELS", "EntityLabels", "attrs_of", "entity_of", "labels_for"]
+__all__ = ["ENTITY_LABELS", "EntityLabels", "attrs_of", "entity_of", "labels_for", "row_labels"]
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,8 @@ class EntityLabels:
     #: (attribute key, label name), in exposition order, for attributes the source gives
     attrs: tuple[tuple[str, str], ...] = ()
     #: (label name, format of the value, ``{}`` = the label's value) computed from the entity
-    #: alone, placed before ``attrs[after_attr:]``: dcgm-exporter's ``device="nvidia0"``
+    #: alone: dcgm-exporter's ``device="nvidia0"``
     derived: tuple[tuple[str, str], ...] = ()
-    after_attr: int = 0
     hostname: bool = False  #: the series also carries ``hostname``
 
 
@@ -53,7 +52,7 @@ ENTITY_LABELS: dict[str, EntityLabels] = {
     "gpu": EntityLabels("gpu", prefix="gpu",
                         attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
                                ("name", "modelName")),
-                        derived=(("device", "nvidia{}"),), after_attr=2, hostname=True),
+                        derived=(("device", "nvidia{}"),), hostname=True),
     "pid": EntityLabels("pid", attrs=(("role", "role"), ("name", "name"), ("run", "run"),
                                       ("rank", "rank"), ("ppid", "ppid")), hostname=True),
     "device": EntityLabels("device"),
@@ -78,17 +77,19 @@ def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
     row = _row(m)
     if row is None:
         return {"entity": entity} if entity else {}
+    return row_labels(row, entity, attrs, hostname)
+
+
+def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostname: str
+               ) -> dict[str, str]:
+    """The labels of ``entity`` spelled as ``row`` says (:func:`labels_for` of any metric with
+    that row)."""
     if not entity:
         return {"hostname": hostname} if row.hostname else {}
     value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
     out = {row.label: value}
-    for i, (key, label) in enumerate(row.attrs):
-        if i == row.after_attr:
-            out.update((name, fmt.format(value)) for name, fmt in row.derived)
-        if _given(attrs.get(key)):
-            out[label] = str(attrs[key])
-    if row.after_attr >= len(row.attrs):
-        out.update((name, fmt.format(value)) for name, fmt in row.derived)
+    out.update((name, fmt.format(value)) for name, fmt in row.derived)
+    out.update((label, str(attrs[key])) for key, label in row.attrs if _given(attrs.get(key)))
     if row.hostname:
         out["hostname"] = hostname
     return out

@@ -179,8 +179,16 @@ def test_snapshot_is_the_snapshot_json_shape(agent: RunningAgent) -> None:
 
 
 def test_history_from_the_store(agent: RunningAgent) -> None:
-    status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_pct&entity=&since=600")
-    doc = json.loads(body)
+    # the agent answers from its run store: give it the time to store two samples (it may have
+    # served its first one only moments ago)
+    deadline = time.monotonic() + 15
+    while True:
+        status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_pct&entity=&since=600")
+        doc = json.loads(body)
+        if sum(len(s["points"]) for s in doc.get("series", [])) >= 2 or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     assert status == 200 and doc["metric"] == "host.cpu_pct" and doc["unit"] == "%"
     (only,) = doc["series"]
     assert only["entity"] == "" and len(only["points"]) >= 2

@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
 from stallscope.collect.sinks import Sink
-from stallscope.labels import labels_for
+from stallscope.labels import ENTITY_LABELS, labels_for, row_labels
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
@@ -68,8 +68,6 @@ AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
      "Unix time of the latest sample (stops moving when sampling is stuck)"),
 )
 
-#: any GPU metric: they share one label row (stallscope.labels)
-_GPU_METRIC = next(m for m in METRICS if m.source == "gpu")
 
 
 def _help(m: Metric) -> str:
@@ -101,7 +99,7 @@ class _Families:
 
 def gpu_labels(entity: str, attrs: Mapping[str, Any], hostname: str) -> dict[str, str]:
     """dcgm-exporter's labels for GPU ``gpuN`` with its entity attributes."""
-    return labels_for(_GPU_METRIC, entity, attrs, hostname)
+    return row_labels(ENTITY_LABELS["gpu"], entity, attrs, hostname)
 
 
 class SampleExposition(PromCollector):
