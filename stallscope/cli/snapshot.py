@@ -39,7 +39,8 @@ def _every(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).replace("--interval", "--every")) from None
 
 
-_count = number_type("--count", int, lambda n: 1 <= n <= 10**9, "a whole number", "at least 1")
+_count = number_type("--count", int, lambda n: 1 <= n <= 10**9, "a whole number",
+                     "between 1 and 1000000000")
 
 
 def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], None]) -> int:
