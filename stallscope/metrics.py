@@ -78,7 +78,7 @@ class Point(NamedTuple):
 #: the entity label of each source's metrics (:mod:`stallscope.labels` holds how each is
 #: spelled); a metric of another shape says its own (``host.cpu_core_pct``: ``cpu``)
 SOURCE_LABEL = {"disk": "device", "gpu": "gpu", "procs": "pid", "smart": "device",
-                "probe": "rank", "host": "", "collector": ""}
+                "probe": "rank", "stacks": "pid", "host": "", "collector": ""}
 
 
 def _M(source: str, key: str, unit: str, help: str, kind: Kind = "gauge", prom: str = "",
@@ -230,6 +230,19 @@ METRICS: tuple[Metric, ...] = (
        "wait_s + host_s)", "gauge", "", 1e-3, label="rank"),
     _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
        "(last 30 s; 1 = as fast as the others)", "gauge", "", label="rank"),
+    # --- stacks: where the training thread's time went, from sampled stacks (per process; ---
+    # sources/stacks/; docs/diagnosis.md): shares of the interval's sampled training time;
+    # for a run's alerts and `top` (the agent does not sample stacks: not exported)
+    *(_M("stacks", f"{phase}_pct", "%", f"share of the training thread's time {what}, from "
+         "its sampled stacks", "gauge")
+      for phase, what in (("data", "waiting for or loading data"),
+                          ("h2d", "copying to the device"),
+                          ("compute", "computing (forward, backward, optimizer)"),
+                          ("gpu_wait", "waiting for the GPU (synchronize, .item())"),
+                          ("comm", "in collective communication"),
+                          ("ckpt", "in checkpoint I/O"), ("other", "elsewhere"))),
+    _M("stacks", "sampled_s", "s", "seconds of training time the samples of the interval stand "
+       "for (start-up left out)", "gauge"),
     # --- smart: SMART checks of the watched drives, every 10 min (sources/smart/source.py) --
     _M("smart", "failing", "", "1 while the drive's SMART verdict is failing (stallscope disk; "
        "docs/disk-health.md)", "gauge", "stallscope_smart_failing", rollup="max", label="device"),

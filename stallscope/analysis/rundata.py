@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallscope.sources.stacks.aggregate import read_records
 from stallscope.store import RunStore, Series, StepRow, read_meta
 
 T = TypeVar("T")
@@ -37,6 +38,8 @@ class RunData:
     probes: list[dict[str, Any]] = field(default_factory=list)
     entities: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: the sampled stacks' records, by time (``<run>/stacks/``; :mod:`stallscope.analysis.stacks`)
+    stacks: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path = field(default_factory=Path)
     span: tuple[float, float] | None = None  #: first and last sample time, None if no samples
     #: rows of run.db that could not be read (a wrong type, NULL, inf...), by table; the rest of
@@ -165,6 +168,7 @@ def load_run(run_dir: Path) -> RunData:
                        probes=optional("probes", store.probes),
                        entities=[_clean_entity(e) for e in entities],
                        events=optional("events", store.events), run_dir=run_dir,
+                       stacks=read_records(run_dir),
                        span=_span(series), skipped=dict(store.skipped), unreadable=unreadable)
     finally:
         store.close()

@@ -69,6 +69,10 @@ def bounded(flag: str, cast: Callable[[str], N], lo: float, hi: float) -> Callab
                        "an integer" if cast is int else "a number", f"{lo:g}–{hi:g}")
 
 
+#: samples per second of a stack sampler
+rate_type = bounded("--stack-rate", float, 1, 1000)
+
+
 def usage_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse type from a parser that raises :class:`UsageError`: its one line becomes
     argparse's error for the flag."""

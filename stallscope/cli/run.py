@@ -19,7 +19,7 @@ from types import FrameType
 
 from stallscope.alerts import load_rules, parse_rules
 from stallscope.alerts.actions import AlertSink
-from stallscope.cli._common import err_console, interval_type, keep_full_type, safe
+from stallscope.cli._common import err_console, interval_type, keep_full_type, rate_type, safe
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
@@ -55,6 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attach to a training that is already running: monitor PID's process "
                    "tree (DataLoader workers included, as they come and go) until it exits or "
                    "Ctrl-C, which stops the monitoring only (the trainer is never signalled)")
+    p.add_argument("--stack-rate", type=rate_type, default=None, metavar="HZ",
+                   help="samples per second of the trainer's stack, to tell data wait from "
+                   "compute with no code in the trainer (default 50 for a launched command, "
+                   "sampled from inside it; 20 with --pid, sampled by py-spy; see "
+                   "docs/diagnosis.md)")
+    p.add_argument("--no-stacks", action="store_true",
+                   help="do not sample the trainer's stacks")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=run)
 
@@ -127,6 +134,8 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
                              warmup=warmup, data=args.data, keep_full_s=args.keep_full,
                              sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
     alert_sink.attach_run(session.run_dir)
+    if not args.no_stacks:
+        _stacks(args, session, attach=[pid])
     stop: list[int] = []
 
     def detach(signum: int, _frame: FrameType | None) -> None:
@@ -156,6 +165,30 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     return 0
 
 
+def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None = None
+            ) -> dict[str, str]:
+    """Sample the trainer's stacks into the run: from inside a launched command (the
+    environment it needs is returned), or with py-spy from outside for ``attach``. A sampler
+    that cannot work is one line; the run goes on from system metrics."""
+    from stallscope.sources.stacks import inproc, pyspy
+    from stallscope.sources.stacks.source import StacksSource
+
+    rate = args.stack_rate or (pyspy.DEFAULT_RATE_HZ if attach else inproc.DEFAULT_RATE_HZ)
+    reason = session.add_source(StacksSource(session.run_dir, attach or (), rate))
+    if reason is not None:
+        if not args.quiet:
+            err_console.print(f"stallscope: no stack sampling: {safe(reason)}; the diagnosis "
+                              "goes on from system metrics", soft_wrap=True, highlight=False)
+        return {}
+    session.meta["stacks"] = {"sampler": "py-spy" if attach else "inproc", "rate_hz": rate}
+    if attach:
+        return {}
+    inject = str(Path(inproc.__file__).with_name("inject"))
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": inject + (os.pathsep + path if path else ""),
+            "STALLSCOPE_STACKS_HZ": f"{rate:g}"}
+
+
 def run(args: argparse.Namespace) -> int:
     rules = load_rules(args.alerts) if args.alerts else parse_rules({}, "defaults")
     alert_sink = AlertSink(rules)
@@ -170,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
                              monitor_pid=os.getpid())
     alert_sink.attach_run(session.run_dir)
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
+    if not args.no_stacks:
+        env.update(_stacks(args, session))
     received: list[int] = []
     started_child: list[subprocess.Popen[bytes]] = []
 

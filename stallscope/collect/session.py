@@ -150,6 +150,19 @@ class Session:
     def samples(self) -> int:
         return self.collector.samples if self.collector is not None else 0
 
+    def add_source(self, source: Any) -> str | None:
+        """Open one more source for this run (before :meth:`watch`); the reason it cannot
+        work, else None."""
+        from stallscope.errors import SourceUnavailable
+
+        try:
+            source.open()
+        except SourceUnavailable as exc:
+            self.unavailable[source.name] = str(exc)
+            return str(exc)
+        self.sources.append(source)
+        return None
+
     def watch(self, root_pid: int) -> None:
         """Follow the process tree under ``root_pid`` and start sampling."""
         procs, more = open_sources(("procs",), root_pid=root_pid)

@@ -136,6 +136,10 @@ _STALL_SOURCES: dict[str | None, _StallSource] = {
         0.9, STALL_WARN, 0, "per-step probe",
         f"data wait {{stall}} ≥ {STALL_WARN:.0%}; fetch score {{fs}} vs prep score {{ps}}",
         measured=True),
+    "stacks": _StallSource(
+        0.85, STALL_WARN, 0, "sampled stacks of the training thread",
+        f"sampled data wait {{stall}} ≥ {STALL_WARN:.0%} (training-thread stacks in the "
+        "loader's frames); fetch score {fs} vs prep score {ps}", measured=True),
     "gpu_idle": _StallSource(
         0.6, 0.3, 2, "GPU idle share",
         "GPU idle {stall} ≥ 30%; fetch score {fs} vs prep score {ps}"),
@@ -149,7 +153,8 @@ _STALL_SOURCES: dict[str | None, _StallSource] = {
         "no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)"),
 }
 
-_INPUT_EVIDENCE = ("stall_fraction", "stall_source", "wait_ms_median", "step_ms_median",
+_INPUT_EVIDENCE = ("stall_fraction", "stall_source", "phase_shares", "stack_samples",
+                   "stack_sampler", "wait_ms_median", "step_ms_median",
                    "gpu_util_median_pct", "workers", "worker_cpu_pct", "worker_d_share",
                    "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
                    "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
@@ -242,6 +247,11 @@ def _input_note(sig: Signals, tf: bool, how: _StallSource) -> str | None:
     """Why system metrics alone could not have split this stall from compute."""
     if not how.measured:
         return None
+    if sig.stall_source == "stacks":
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in sig.phase_shares.items())
+        return (f"no code in the trainer: its training thread's stack was sampled "
+                f"{sig.stack_samples} times ({sig.stack_sampler}); where its time went: "
+                f"{shares}.")
     if tf:
         return ("tf.data prepares elements on threads inside the trainer process: the "
                 "probe times each step's wait for its element inside the train "
@@ -535,7 +545,7 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
                              "the probe times each step's data wait instead of estimating it")],
                         1.0, f"estimated data wait {sig.stall_fraction:.0%} < "
                         f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)")]
-    if sig.stall_source != "probe" or sig.stall_fraction is None:
+    if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction is None:
         if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct >= 80:
             return [Finding("compute_bound", "info", 0.6,
                             f"The GPU is busy (median {sig.gpu_util_median_pct:.0f}% "
@@ -555,12 +565,16 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
              Fix("nothing to fix in the input pipeline; to go faster, make the model step "
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
-    return [Finding("compute_bound", "info", 0.85,
+    stacks = sig.stall_source == "stacks"
+    how = " (sampled stacks of the training thread, no code in the trainer)" if stacks else ""
+    return [Finding("compute_bound", "info", 0.8 if stacks else 0.85,
                     f"Compute-bound (healthy): the trainer waited for data only "
-                    f"{sig.stall_fraction:.0%} of the time{gpu}.",
-                    sig.evidence("stall_fraction", "wait_ms_median", "step_ms_median",
+                    f"{sig.stall_fraction:.0%} of the time{gpu}{how}.",
+                    sig.evidence("stall_fraction", "stall_source", "phase_shares",
+                                 "stack_samples", "wait_ms_median", "step_ms_median",
                                  "gpu_util_median_pct", "worker_cpu_pct", "samples_per_s"),
-                    fixes, 1.0, f"data wait {sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
+                    fixes, 1.0, f"{'sampled ' if stacks else ''}data wait "
+                    f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
 
 
 # --- GPU health ----------------------------------------------------------------------------------

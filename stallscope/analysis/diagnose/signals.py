@@ -14,6 +14,7 @@ from typing import Any
 
 from stallscope import stats
 from stallscope.analysis.diagnose.model import RunData
+from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
 __all__ = ["Signals", "compute_signals", "mean", "median", "p95"]
@@ -43,7 +44,12 @@ class Signals:
     steps: int = 0
     ranks: int = 0
     stall_fraction: float | None = None  #: data wait / step wall time (probe)
-    stall_source: str | None = None  #: "probe", "gpu_idle" or None
+    #: "probe", "stacks" (sampled stacks), "gpu_idle", "main_thread" or None
+    stall_source: str | None = None
+    #: the training thread's share of time per phase, from its sampled stacks (the focus rank's)
+    phase_shares: dict[str, float] = field(default_factory=dict)
+    stack_sampler: str | None = None  #: "inproc" (injected by `run`) or "py-spy" (attached)
+    stack_samples: int = 0
     wait_ms_median: float | None = None
     step_ms_median: float | None = None
     h2d_share: float | None = None
@@ -152,6 +158,8 @@ def compute_signals(data: RunData) -> Signals:
     sig.logical_cores = lc if isinstance(lc, int) and not isinstance(lc, bool) else None
 
     _probe_signals(sig, data)
+    if sig.stall_source is None:  # probe > sampled stacks > system metrics
+        _stack_signals(sig, data)
     _gpu_signals(sig, data)
     _proc_signals(sig, data)
     _disk_signals(sig, data)
@@ -244,6 +252,46 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         extra = [max(0.0, f - usual) for f in firsts]
         sig.epoch_start_cost_s = _r(median(extra), 3)
         sig.epoch_start_total_s = _r(sum(extra), 2)
+
+
+def _stack_signals(sig: Signals, data: RunData) -> None:
+    """The stall from the sampled stacks of the training thread: its data share (waiting for
+    the next batch, or loading it itself). With several ranks each gets its own picture, and
+    the rank that waits most, by ≥ 15 points, speaks for the job (as with the probe)."""
+    procs = trainer_phases(data.stacks, data.roles())
+    if not procs:
+        return
+    roles = data.roles()
+    detail = []
+    for p in procs:
+        d: dict[str, Any] = {"rank": p.rank if p.rank is not None else 0, "pid": p.pid,
+                             "stall_fraction": round(p.share("data"), 3),
+                             "comm_share": round(p.share("comm"), 3),
+                             "compute_share": round(p.share("compute"), 3),
+                             "sampled_s": round(p.total_s, 1), "source": "stacks"}
+        workers = {q for q in tree_of(data, str(p.pid)) if roles.get(q) == "worker"}
+        d["workers"] = len(workers)
+        w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
+        if w:
+            d["worker_cpu_pct"] = _r(mean(w))
+        detail.append(d)
+    focus = procs[0]
+    if len(detail) >= 2:
+        sig.ranks_detail = detail
+        worst = max(detail, key=lambda d: d["stall_fraction"])
+        best = min(detail, key=lambda d: d["stall_fraction"])
+        if worst["stall_fraction"] >= 0.15 and \
+                worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
+            sig.focus_rank = worst["rank"]
+            focus = next(p for p in procs if p.pid == worst["pid"])
+        sig.ranks = len(detail)
+    sig.stall_fraction = round(focus.share("data"), 3)
+    sig.stall_source = "stacks"
+    sig.phase_shares = focus.shares()
+    sig.stack_sampler = focus.sampler or None
+    sig.stack_samples = sum(p.samples for p in procs)
+    if focus.seconds.get("h2d"):
+        sig.h2d_share = round(focus.share("h2d"), 3)
 
 
 def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:

@@ -1,0 +1,113 @@
+"""Where each trainer process's training thread spent its time, from the sampled stacks.
+
+Pure functions over the records of ``<run>/stacks/`` (:attr:`RunData.stacks
+<stallscope.analysis.rundata.RunData.stacks>`): the phase seconds of each trainer process
+(:func:`trainer_phases`), its phases over time and its heaviest folded stacks, for the
+diagnosis (sampled stacks rank between the probe and system metrics), the report and ``top``.
+
+A trainer process is one whose training thread reached a training phase (samples before that
+are start-up and count nowhere) and whose recorded role is not a DataLoader worker or a
+launcher. Its rank is the ``RANK`` its launcher gave it; several processes without one (a
+helper script beside the trainer) leave the one that trained longest as the trainer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallscope.sources.stacks.aggregate import phase_seconds
+from stallscope.sources.stacks.phases import PHASES, TRAINING
+
+__all__ = ["MIN_TRAINING_S", "ProcPhases", "phases_over_time", "top_stacks", "trainer_phases"]
+
+#: seconds of sampled training a process needs before its shares mean anything
+MIN_TRAINING_S = 2.0
+
+
+@dataclass
+class ProcPhases:
+    """One trainer process: its rank, sampler, and seconds per phase (start-up left out)."""
+
+    pid: int
+    rank: int | None
+    sampler: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.get(p, 0.0) for p in PHASES)
+
+    def share(self, phase: str) -> float:
+        t = self.total_s
+        return self.seconds.get(phase, 0.0) / t if t > 0 else 0.0
+
+    def shares(self) -> dict[str, float]:
+        return {p: round(self.share(p), 3) for p in PHASES if self.seconds.get(p)}
+
+
+def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str] | None = None
+                   ) -> list[ProcPhases]:
+    """The trainer processes of a run, by rank (see the module docstring)."""
+    procs: dict[int, ProcPhases] = {}
+    for rec in records:
+        pid = rec["pid"]
+        p = procs.get(pid)
+        if p is None:
+            rank = rec.get("rank")
+            p = procs[pid] = ProcPhases(pid, rank if isinstance(rank, int) and rank >= 0
+                                        else None, str(rec.get("sampler") or ""))
+        for k, v in phase_seconds(rec).items():
+            p.seconds[k] = p.seconds.get(k, 0.0) + v
+        n = rec.get("n")
+        p.samples += n if isinstance(n, int) and n > 0 else 0
+    roles = roles or {}
+    out = [p for p in procs.values()
+           if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
+           and roles.get(str(p.pid)) not in ("worker", "launcher")]
+    ranked = [p for p in out if p.rank is not None]
+    if ranked:
+        by_rank: dict[int, ProcPhases] = {}
+        for p in sorted(ranked, key=lambda p: p.total_s):
+            by_rank[p.rank] = p  # type: ignore[index]  # the longest-training wins a rank
+        return [by_rank[r] for r in sorted(by_rank)]
+    return [max(out, key=lambda p: p.total_s)] if out else []
+
+
+def phases_over_time(records: Iterable[Mapping[str, Any]], pid: int, t0: float,
+                     bucket_s: float) -> list[tuple[float, dict[str, float]]]:
+    """(seconds since ``t0``, seconds per phase) in buckets of ``bucket_s`` for one process."""
+    buckets: dict[int, dict[str, float]] = defaultdict(dict)
+    for rec in records:
+        if rec["pid"] != pid:
+            continue
+        b = buckets[int((rec["ts"] - t0) // bucket_s)]
+        for k, v in phase_seconds(rec).items():
+            if k in PHASES:
+                b[k] = b.get(k, 0.0) + v
+    return [(i * bucket_s, d) for i, d in sorted(buckets.items())]
+
+
+def top_stacks(records: Iterable[Mapping[str, Any]], pid: int, n: int = 10
+               ) -> list[tuple[str, str, float]]:
+    """The ``n`` folded stacks of one process that stood for the most time, as
+    ``(folded, phase, seconds)`` (start-up left out)."""
+    secs: dict[str, float] = defaultdict(float)
+    phase: dict[str, str] = {}
+    for rec in records:
+        if rec["pid"] != pid:
+            continue
+        stacks, phases = rec.get("stacks"), rec.get("stack_phase")
+        if not isinstance(stacks, dict):
+            continue
+        for k, v in stacks.items():
+            ph = phases.get(k) if isinstance(phases, dict) else None
+            if not isinstance(v, (int, float)) or ph == "startup":
+                continue
+            secs[str(k)] += float(v)
+            phase[str(k)] = str(ph or "other")
+    top = sorted(secs.items(), key=lambda kv: -kv[1])[:n]
+    return [(k, phase[k], round(v, 3)) for k, v in top]

@@ -1,0 +1,177 @@
+"""Samples of one process's training thread, summed into windows and written as JSON lines.
+
+Both samplers feed a :class:`Tally`: the one inside the trainer that ``stallscope run``
+injects (:mod:`stallscope.probe.sampler`) and py-spy attached from outside
+(:mod:`stallscope.sources.stacks.pyspy`). Each sample carries the seconds it stands for (the
+time since the previous one), so a sample that came late is not under-counted. Once per
+flush the tally becomes one record, appended to ``<run>/stacks/<pid>.jsonl``::
+
+    {"ts": 1764060000.0, "pid": 4242, "rank": 1, "sampler": "inproc", "rate_hz": 50,
+     "s": {"data": 0.82, "compute": 0.16, "other": 0.02}, "n": 50,
+     "stacks": {"<module> (train.py);__next__ (torch/utils/data/dataloader.py)": 0.8, ...},
+     "stack_phase": {"<module> (train.py);...": "data"}}
+
+``s`` holds seconds per phase (:data:`~stallscope.sources.stacks.phases.PHASES`, plus
+``startup`` and, in the last record, ``tail``: what followed the last training sample);
+``stacks`` the seconds of each folded stack of the window (at most :data:`MAX_STACKS`, the
+rest under ``(other stacks)``). :func:`read_records` reads them back,
+skipping what it cannot parse (a line cut by a crash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stallscope.sources.stacks.phases import TRAINING, Frame, classify, fold, idle_process
+
+__all__ = ["MAX_STACKS", "STACKS_DIR", "Tally", "append_record", "phase_seconds",
+           "read_records", "stacks_dir"]
+
+#: the run directory's folder of sampled stacks, one file per sampled process
+STACKS_DIR = "stacks"
+#: distinct folded stacks one record keeps
+MAX_STACKS = 40
+#: seconds outside training held back at most before they count (see :attr:`Tally.pending`)
+MAX_PENDING_S = 30.0
+#: seconds one sample may stand for at most (a sampler that stalled does not invent time)
+MAX_WEIGHT_S = 1.0
+
+
+def stacks_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / STACKS_DIR
+
+
+class Tally:
+    """One process's samples since the last record. ``started`` turns True at the first
+    training-phase sample; until then every sample is ``startup``. ``idle`` turns True when the
+    process shows it is no trainer (a launcher, a multiprocessing child): the sampler stops."""
+
+    def __init__(self, pid: int, rank: int | None, sampler: str, rate_hz: float) -> None:
+        self.pid = pid
+        self.rank = rank
+        self.sampler = sampler
+        self.rate_hz = rate_hz
+        self.started = False
+        self.idle = False
+        self.seconds: dict[str, float] = {}
+        #: seconds outside training since the last training sample: counted once training
+        #: resumes, so the clean-up after the loop (saving, removing files) counts nowhere
+        self.pending: dict[str, float] = {}
+        self.stacks: dict[str, float] = {}
+        self.stack_phase: dict[str, str] = {}
+        self.n = 0
+        self.total_n = 0
+
+    def add(self, frames: Sequence[Frame], weight_s: float, key: Any = None) -> str:
+        """Count one sample (frames innermost first) standing for ``weight_s`` seconds; returns
+        its phase. ``key``: a hashable identity of the stack for the memo (the code objects),
+        None to fold every time."""
+        if not frames:
+            return "other"
+        weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
+        if not self.started and self.total_n < 3 and idle_process(frames):
+            self.idle = True
+        phase, _fw = classify(frames)
+        if not self.started:
+            if phase in TRAINING:
+                self.started = True
+            else:
+                phase = "startup"
+        elif phase == "import":
+            phase = "other"
+        if phase in TRAINING:
+            for k, v in self.pending.items():
+                self.seconds[k] = self.seconds.get(k, 0.0) + v
+            self.pending = {}
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + weight_s
+        elif phase == "startup":
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + weight_s
+        else:
+            self.pending[phase] = self.pending.get(phase, 0.0) + weight_s
+            if sum(self.pending.values()) > MAX_PENDING_S:  # a long pause is part of the run
+                for k, v in self.pending.items():
+                    self.seconds[k] = self.seconds.get(k, 0.0) + v
+                self.pending = {}
+        folded = fold(frames)
+        if folded in self.stacks or len(self.stacks) < MAX_STACKS:
+            self.stacks[folded] = self.stacks.get(folded, 0.0) + weight_s
+            self.stack_phase[folded] = phase
+        else:
+            self.stacks["(other stacks)"] = self.stacks.get("(other stacks)", 0.0) + weight_s
+            self.stack_phase["(other stacks)"] = "other"
+        self.n += 1
+        self.total_n += 1
+        return phase
+
+    def record(self, ts: float, final: bool = False) -> dict[str, Any] | None:
+        """The window as a record (None when empty), and a fresh window. ``final``: the last
+        one; what is still pending is written as ``tail`` (counted in no share)."""
+        if final and self.pending:
+            self.seconds["tail"] = sum(self.pending.values())
+            self.pending = {}
+        if not self.n:
+            return None
+        rec = {"ts": round(ts, 3), "pid": self.pid, "rank": self.rank, "sampler": self.sampler,
+               "rate_hz": self.rate_hz, "n": self.n,
+               "s": {k: round(v, 4) for k, v in self.seconds.items()},
+               "stacks": {k: round(v, 4) for k, v in self.stacks.items()},
+               "stack_phase": dict(self.stack_phase)}
+        self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
+        return rec
+
+
+def append_record(folder: Path, rec: dict[str, Any]) -> None:
+    """Append one record to ``folder/<pid>.jsonl`` as one line (one ``write`` of the whole
+    line, so a reader never sees half of one unless the writer dies mid-write)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(rec, separators=(",", ":")) + "\n"
+    with open(folder / f"{rec['pid']}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def _valid(rec: Any) -> bool:
+    return (isinstance(rec, dict) and isinstance(rec.get("pid"), int)
+            and isinstance(rec.get("ts"), (int, float)) and isinstance(rec.get("s"), dict))
+
+
+def parse_lines(lines: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """The valid records among ``lines`` (anything else is skipped)."""
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if _valid(rec):
+            yield rec
+
+
+def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record of a run, by time (a missing folder: none)."""
+    out: list[dict[str, Any]] = []
+    folder = stacks_dir(run_dir)
+    try:
+        files = sorted(folder.glob("*.jsonl"))
+    except OSError:
+        return out
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                out.extend(parse_lines(fh.read().splitlines()))
+        except OSError:
+            continue
+    out.sort(key=lambda r: r["ts"])
+    return out
+
+
+def phase_seconds(rec: Mapping[str, Any]) -> dict[str, float]:
+    """A record's seconds per phase, numbers only (a hand-edited file can hold anything)."""
+    out = {}
+    for k, v in rec.get("s", {}).items():
+        if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and v == v and 0 <= v < 1e7:
+            out[k] = float(v)
+    return out

@@ -1,0 +1,134 @@
+"""The in-process sampler: a thread inside the trainer that samples its main thread's stack.
+
+``stallscope run`` puts :mod:`inject/sitecustomize.py <stallscope.sources.stacks.inject>` on
+the trainer's ``PYTHONPATH``; Python imports it at start-up in every Python process of the run,
+and it calls :func:`start` when ``STALLSCOPE_RUN_DIR`` and ``STALLSCOPE_STACKS_HZ`` are set. No
+ptrace is needed (Ubuntu's ``ptrace_scope=1`` refuses a sampler that is the trainer's sibling),
+and nothing in the training changes: the thread reads ``sys._current_frames()`` ``rate_hz``
+times a second and appends one record per second to ``<run>/stacks/<pid>.jsonl``
+(:mod:`~stallscope.sources.stacks.aggregate`).
+
+Each sample holds the GIL for the few microseconds it takes to walk the frames; its weight is
+the time since the previous sample, so a sample that waited for the GIL (the training thread
+in a long C call) still stands for all the time it waited. A process that turns out not to be
+a trainer (torchrun's launcher, a multiprocessing child) stops its thread after the first
+samples and writes nothing. Every error stops sampling quietly; it never reaches the trainer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from stallscope.sources.stacks.aggregate import Tally, append_record, stacks_dir
+from stallscope.sources.stacks.phases import Frame
+
+__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "start", "walk"]
+
+#: samples per second of the training thread
+DEFAULT_RATE_HZ = 50.0
+#: frames walked per sample at most (innermost first)
+MAX_DEPTH = 64
+
+_started: list[InProcSampler] = []
+
+
+def env_rank() -> int | None:
+    """The process's rank as launchers set it (torchrun, accelerate, Lightning, Slurm)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        v = os.environ.get(key, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def walk(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[list[Frame], tuple[Any, ...]]:
+    """The frames innermost first, and a key that identifies the stack (its code objects and
+    the innermost line) for memos."""
+    frames: list[Frame] = []
+    codes: list[Any] = []
+    while frame is not None and len(frames) < depth:
+        code = frame.f_code
+        frames.append(Frame(code.co_filename, code.co_name, frame.f_lineno or 0))
+        codes.append(code)
+        frame = frame.f_back
+    return frames, (frames[0].line if frames else 0, *codes)
+
+
+class InProcSampler:
+    """Samples the main thread of this process into ``<run_dir>/stacks/``."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ,
+                 flush_s: float = 1.0) -> None:
+        self.folder = stacks_dir(run_dir)
+        self.rate_hz = max(1.0, min(float(rate_hz), 1000.0))
+        self.flush_s = flush_s
+        self.tally = Tally(os.getpid(), env_rank(), "inproc", self.rate_hz)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._main = threading.main_thread().ident or 0
+        self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def _loop(self) -> None:
+        period = 1.0 / self.rate_hz
+        last = time.monotonic()
+        next_flush = last + self.flush_s
+        try:
+            while not self._stop.wait(period):
+                frame = sys._current_frames().get(self._main)
+                if frame is None:
+                    break
+                frames, _key = walk(frame)
+                del frame
+                now = time.monotonic()
+                with self._lock:
+                    self.tally.add(frames, now - last)
+                last = now
+                if self.tally.idle:
+                    return
+                if now >= next_flush:
+                    self.flush()
+                    next_flush = now + self.flush_s
+        except Exception:  # never the trainer's problem: stop sampling
+            return
+
+    def flush(self, final: bool = False) -> None:
+        with self._lock:
+            rec = self.tally.record(time.time(), final)
+        if rec is not None and not self.tally.idle:
+            try:
+                append_record(self.folder, rec)
+            except OSError:
+                self._stop.set()  # the run directory is gone or full: stop quietly
+
+    def stop(self) -> None:
+        """Stop and write the last window (at interpreter exit too)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=1.0)
+        self.flush(final=True)
+
+
+def start(run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ) -> InProcSampler:
+    """Start sampling this process (once; a second call returns the first sampler)."""
+    if _started and _started[0].tally.pid == os.getpid():
+        return _started[0]
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"no run directory {run_dir}")
+    sampler = InProcSampler(run_dir, rate_hz)
+    _started[:] = [sampler]
+    sampler.start()
+    return sampler

@@ -1,0 +1,215 @@
+"""Phases from frames: what a training thread was doing, read off one sample of its stack.
+
+A sample is the thread's Python frames, innermost first, each ``(file, function, line)``. The
+phase is decided by the innermost frame that a framework's table knows (:data:`TABLES`, one
+table per framework, documented in docs/diagnosis.md): a frame in
+``torch/utils/data/dataloader.py`` means the step is waiting for its batch, whatever user code
+(a ``__getitem__`` with ``num_workers=0``) runs inside it; a frame in ``torch/nn/modules/``
+means compute. A C call has no frame of its own, so when the innermost frame is the trainer's
+own code, its source line is read too (:data:`LINE_PATTERNS`): ``x.to(device)`` is a copy to
+the device, ``loss.item()`` waits for the GPU. Pure: no I/O but :mod:`linecache` for source
+lines, and a memo, since a training loop repeats a handful of stacks.
+
+The phases (:data:`PHASES`): ``data`` (waiting for the next batch, or loading it on the
+training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, optimizer, a
+compiled graph), ``gpu_wait`` (synchronize, ``.item()``, ``.cpu()``), ``comm`` (collective
+communication), ``ckpt`` (checkpoint I/O), ``other``; and ``startup``, every sample of a process
+before its first ``data``/``compute``/``comm`` sample (imports, building the model), which no
+share counts. A sample inside ``import`` is ``import``: counted as ``other`` once training
+has started, and never starting it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "LINE_PATTERNS",
+    "PHASES",
+    "TABLES",
+    "TRAINING",
+    "Frame",
+    "Row",
+    "classify",
+    "fold",
+    "framework_of",
+    "idle_process",
+]
+
+
+class Frame(NamedTuple):
+    file: str  #: the code's file name as Python has it (absolute, or py-spy's short form)
+    func: str
+    line: int
+
+
+class Row(NamedTuple):
+    phase: str
+    path: str  #: a path fragment with "/" separators, matched anywhere in the file name
+    funcs: frozenset[str] = frozenset()  #: empty: any function of that file
+
+
+#: every phase a sample can get, in display order
+PHASES = ("data", "h2d", "compute", "gpu_wait", "comm", "ckpt", "other")
+#: phases that mean the training loop has started (samples before the first are "startup")
+TRAINING = frozenset({"data", "h2d", "compute", "gpu_wait", "comm", "ckpt"})
+
+
+def _r(phase: str, path: str, *funcs: str) -> Row:
+    return Row(phase, path, frozenset(funcs))
+
+
+#: per framework, the frames it is known by. Within a sample, the innermost frame that any row
+#: matches decides; the tables never overlap on a file.
+TABLES: dict[str, tuple[Row, ...]] = {
+    "pytorch": (
+        # a loader being torn down (after the loop, or when garbage-collected) is not a wait
+        _r("other", "torch/utils/data/dataloader.py", "_shutdown_workers", "__del__"),
+        _r("data", "torch/utils/data/"),  # DataLoader __next__, worker-queue wait, fetch
+        _r("data", "torchdata/"),
+        _r("comm", "torch/distributed/distributed_c10d.py"),  # all_reduce, barrier, broadcast
+        _r("comm", "torch/distributed/c10d_logger.py"),
+        _r("ckpt", "torch/serialization.py"),  # torch.save / torch.load
+        _r("ckpt", "torch/distributed/checkpoint/"),
+        _r("ckpt", "safetensors/"),
+        _r("gpu_wait", "torch/cuda/__init__.py", "synchronize"),
+        _r("gpu_wait", "torch/cuda/streams.py", "synchronize", "wait_event", "wait_stream"),
+        _r("compute", "torch/nn/"),  # modules, functional, DDP's forward
+        _r("compute", "torch/_tensor.py", "backward"),
+        _r("compute", "torch/autograd/"),
+        _r("compute", "torch/optim/"),
+        _r("compute", "torch/amp/"),
+        _r("compute", "torch/_dynamo/"),
+        _r("compute", "torch/_inductor/"),
+    ),
+    "hf": (
+        _r("data", "accelerate/data_loader.py"),
+        _r("data", "transformers/trainer.py", "get_batch_samples"),
+        _r("ckpt", "transformers/trainer.py", "_save_checkpoint", "save_model", "_save",
+           "_load_from_checkpoint", "_save_optimizer_and_scheduler"),
+        _r("ckpt", "transformers/modeling_utils.py", "save_pretrained"),
+        _r("compute", "transformers/trainer.py", "training_step", "compute_loss"),
+        _r("compute", "accelerate/accelerator.py", "backward"),
+    ),
+    "lightning": (
+        _r("data", "lightning/pytorch/loops/fetchers.py"),
+        _r("data", "pytorch_lightning/loops/fetchers.py"),
+        _r("ckpt", "lightning/fabric/plugins/io/"),
+        _r("ckpt", "lightning/pytorch/callbacks/model_checkpoint.py"),
+        _r("ckpt", "pytorch_lightning/callbacks/model_checkpoint.py"),
+        _r("compute", "lightning/pytorch/loops/optimization/"),
+        _r("compute", "lightning/pytorch/core/optimizer.py"),
+    ),
+    "tensorflow": (
+        _r("data", "tensorflow/python/data/"),  # iterator __next__ / get_next outside a graph
+        _r("data", "keras/src/trainers/epoch_iterator.py"),
+        _r("ckpt", "keras/src/saving/"),
+        _r("ckpt", "keras/src/callbacks/model_checkpoint.py"),
+        _r("ckpt", "tensorflow/python/checkpoint/"),
+        # a compiled train function: inside it, the graph runs the step and (in Keras 3) the
+        # tf.data get_next too, on threads Python cannot see (docs/diagnosis.md)
+        _r("compute", "tensorflow/python/eager/"),
+        _r("compute", "keras/src/backend/tensorflow/trainer.py", "train_step"),
+    ),
+}
+
+#: the trainer's own source line, when its frame is the innermost (a C call runs in it)
+LINE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("gpu_wait", re.compile(r"\.(item|cpu|numpy|tolist)\(\s*\)|\bsynchronize\(")),
+    ("h2d", re.compile(r"\.(to|cuda)\(|\bnon_blocking\s*=")),
+)
+
+#: frames of processes that are not trainers: a launcher, a multiprocessing child
+_IDLE = ("torch/distributed/run.py", "torch/distributed/elastic/", "multiprocessing/spawn.py",
+         "multiprocessing/forkserver.py", "multiprocessing/popen_fork.py")
+
+_ROWS = tuple((fw, row) for fw, rows in TABLES.items() for row in rows)
+_memo: dict[tuple[str, str], tuple[str, str] | None] = {}
+
+
+def _norm(path: str) -> str:
+    return "/" + path.replace("\\", "/").lstrip("/")
+
+
+def _match(frame: Frame) -> tuple[str, str] | None:
+    """(framework, phase) of the row that knows this frame, or None."""
+    key = (frame.file, frame.func)
+    if key in _memo:
+        return _memo[key]
+    path = _norm(frame.file)
+    found = None
+    for fw, row in _ROWS:
+        if "/" + row.path in path and (not row.funcs or frame.func in row.funcs):
+            found = (fw, row.phase)
+            break
+    if len(_memo) < 100_000:
+        _memo[key] = found
+    return found
+
+
+def _line_phase(frame: Frame) -> str | None:
+    text = linecache.getline(frame.file, frame.line) if frame.line > 0 else ""
+    if not text:
+        return None
+    code = text.split("#", 1)[0]
+    for phase, pat in LINE_PATTERNS:
+        if pat.search(code):
+            return phase
+    return None
+
+
+def _library(path: str) -> bool:
+    return "site-packages/" in path or "dist-packages/" in path or path.startswith("<")
+
+
+def classify(frames: Sequence[Frame]) -> tuple[str, str]:
+    """``(phase, framework)`` of one sample (frames innermost first); framework ``""`` when no
+    table knew a frame. A module being imported is ``import`` (``other`` in every share; a
+    framework's module-level code runs then, and is not training)."""
+    for f in reversed(frames):
+        if f.file.startswith("<frozen importlib"):
+            return "import", ""
+    for i, f in enumerate(frames):
+        hit = _match(f)
+        if hit is not None:
+            return hit[1], hit[0]
+        if i == 0 and not _library(_norm(f.file)):
+            phase = _line_phase(f)
+            if phase is not None:
+                return phase, ""
+    return "other", ""
+
+
+def framework_of(frames: Sequence[Frame]) -> str:
+    """The framework any table knows in these frames, "" for none."""
+    for f in frames:
+        hit = _match(f)
+        if hit is not None:
+            return hit[0]
+    return ""
+
+
+def idle_process(frames: Sequence[Frame]) -> bool:
+    """The frames are a launcher's (torchrun) or a multiprocessing child's start: not a
+    trainer's training thread."""
+    return any(p in _norm(f.file) for f in frames for p in _IDLE)
+
+
+def _short(path: str) -> str:
+    p = path.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in p:
+            return p.split(marker, 1)[1]
+    parts = p.rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 1 else p
+
+
+def fold(frames: Sequence[Frame], depth: int = 40) -> str:
+    """The sample as one folded-stack line, outermost first, ``func (file)`` per frame, at most
+    ``depth`` innermost frames (the flame-graph convention, lines left out so a loop's samples
+    fold together)."""
+    inner = frames[:depth]
+    return ";".join(f"{f.func} ({_short(f.file)})" for f in reversed(inner))

@@ -1,0 +1,208 @@
+"""Sampling a process stallscope did not start: py-spy, attached from outside.
+
+``run --pid`` (and ``top --pid``) cannot inject the in-process sampler into a trainer that is
+already running, so they run py-spy (MIT licence, a maintained Rust sampler from PyPI) on it,
+in short rounds: ``py-spy record --nonblocking --idle --threads --format raw --duration N``
+writes each round's folded stacks, which become the same records the in-process sampler writes
+(:mod:`~stallscope.sources.stacks.aggregate`). ``--nonblocking`` reads the target's memory
+without stopping it, so sampling never pauses the training. Only the main thread (its thread
+id is the pid) is kept: that is the training thread.
+
+py-spy needs ptrace rights over the target: the same user with ``kernel.yama.ptrace_scope`` 0,
+or ``CAP_SYS_PTRACE`` (root has it). :meth:`PySpySampler.start` tries once and raises
+:class:`~stallscope.errors.SourceUnavailable` with one line that says why when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from stallscope.errors import SourceUnavailable
+from stallscope.sources.stacks.aggregate import Tally, append_record
+from stallscope.sources.stacks.phases import TRAINING, Frame, classify
+
+__all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path"]
+
+#: samples per second: py-spy's own CPU stays under 1% of a core (benchmarks/bench_stacks.py)
+DEFAULT_RATE_HZ = 20.0
+#: seconds of one py-spy round
+ROUND_S = 2.0
+
+_FRAME = re.compile(r"^(.*) \((.*?):(\d+)\)$")
+_THREAD = re.compile(r"^thread \((\d+|0x[0-9a-fA-F]+)\)")
+RIGHTS = ("needs ptrace rights over it: run as the same user with kernel.yama.ptrace_scope=0, "
+          "or with CAP_SYS_PTRACE (docs/diagnosis.md)")
+
+
+def pyspy_path() -> str | None:
+    """The py-spy executable: beside this Python (a virtualenv's bin), else on the PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def parse_raw(text: str, tid: int | None = None) -> Iterator[tuple[list[Frame], int]]:
+    """(frames innermost first, count) of each line of py-spy's raw output; with ``--threads``
+    lines start ``thread (TID): name``, and with ``tid`` only that thread's are kept."""
+    for line in text.splitlines():
+        head, _, count = line.rpartition(" ")
+        if not head or not count.isdigit():
+            continue
+        parts = head.split(";")
+        m = _THREAD.match(parts[0]) if parts else None
+        if m is not None:
+            ident = m.group(1)
+            if tid is not None and int(ident, 0) != tid:
+                continue
+            parts = parts[1:]  # "thread (TID): name" is its own part
+        frames = []
+        for p in parts:
+            fm = _FRAME.match(p)
+            if fm is None:
+                if p.startswith("process "):
+                    continue
+                frames.append(Frame("", p, 0))
+            else:
+                frames.append(Frame(fm.group(2), fm.group(1), int(fm.group(3))))
+        if frames:
+            yield frames[::-1], int(count)
+
+
+def _reason(stderr: str) -> str:
+    """py-spy's one line of error ("Error: ..."), without its cause chain or backtrace."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    err = [ln.removeprefix("Error:").strip() for ln in lines if ln.startswith("Error:")]
+    return (err or lines or ["no reason given"])[0][:200]
+
+
+#: py-spy's environment: no Rust backtrace after its error line
+_ENV = dict(os.environ, RUST_BACKTRACE="0")
+
+
+class PySpySampler:
+    """py-spy rounds on each of ``pids``, in a background thread, into ``folder``."""
+
+    def __init__(self, folder: Path, pids: Sequence[int], rate_hz: float = DEFAULT_RATE_HZ,
+                 round_s: float = ROUND_S) -> None:
+        self.folder = folder
+        self.pids = list(pids)
+        self.rate_hz = rate_hz
+        self.round_s = round_s
+        self.exe = pyspy_path()
+        self._stop = threading.Event()
+        self._notes: list[tuple[str, str]] = []
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._thread: threading.Thread | None = None
+        self._tallies = {pid: Tally(pid, _rank_of(pid), "py-spy", rate_hz) for pid in self.pids}
+
+    def check(self, pid: int) -> None:
+        """One ``py-spy dump`` of ``pid``: raises SourceUnavailable with py-spy's reason."""
+        if self.exe is None:
+            raise SourceUnavailable("py-spy is not installed (pip install py-spy)")
+        try:
+            r = subprocess.run([self.exe, "dump", "--pid", str(pid), "--nonblocking"],
+                               capture_output=True, text=True, timeout=10, env=_ENV)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SourceUnavailable(f"py-spy could not run: {exc}") from exc
+        if r.returncode != 0:
+            why = _reason(r.stderr or r.stdout)
+            low = why.lower()
+            extra = (f"; it {RIGHTS}" if "permission" in low or "ptrace" in low
+                     or "not permitted" in low else
+                     "; is it a CPython process?" if "python version" in low else "")
+            raise SourceUnavailable(f"cannot sample pid {pid} with py-spy: {why}{extra}")
+
+    def start(self) -> None:
+        for pid in self.pids:
+            self.check(pid)
+        self._thread = threading.Thread(target=self._loop, name="stallscope-pyspy", daemon=True)
+        self._thread.start()
+
+    def drain_notes(self) -> list[tuple[str, str]]:
+        notes, self._notes = self._notes, []
+        return notes
+
+    def _loop(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="stallscope-pyspy-") as tmp:
+            while not self._stop.is_set() and self.pids:
+                outs = {pid: Path(tmp) / f"{pid}.txt" for pid in self.pids}
+                for pid, out in outs.items():
+                    self._procs[pid] = subprocess.Popen(
+                        [self.exe or "py-spy", "record", "--pid", str(pid), "--rate",
+                         str(int(self.rate_hz)), "--duration", str(int(self.round_s)),
+                         "--nonblocking", "--idle", "--threads", "--format", "raw",
+                         "-o", str(out)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_ENV)
+                for pid, proc in list(self._procs.items()):
+                    _out, err = proc.communicate()
+                    self._finish_round(pid, outs[pid], proc.returncode,
+                                       err.decode(errors="replace"))
+                self._procs.clear()
+
+    def _finish_round(self, pid: int, out: Path, code: int, err: str) -> None:
+        try:
+            text = out.read_text(errors="replace")
+            out.unlink()
+        except OSError:
+            text = ""
+        if code != 0 and not text:
+            self.pids.remove(pid)
+            if _alive(pid):
+                self._notes.append(("stacks", f"py-spy stopped sampling pid {pid}: "
+                                              f"{_reason(err)}"))
+            return
+        tally = self._tallies[pid]
+        samples = sorted(parse_raw(text, tid=pid),
+                         key=lambda fc: classify(fc[0])[0] in TRAINING)  # start-up first
+        for frames, count in samples:
+            for _ in range(count):
+                tally.add(frames, 1.0 / self.rate_hz)
+        rec = tally.record(time.time())
+        if rec is not None:
+            try:
+                append_record(self.folder, rec)
+            except OSError as exc:
+                self._notes.append(("stacks", f"cannot write sampled stacks: {exc}"))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in list(self._procs.values()):
+            try:
+                proc.terminate()
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=self.round_s + 5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rank_of(pid: int) -> int | None:
+    """The rank in the process's environment (readable with the same rights as its memory)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for key in (b"RANK=", b"SLURM_PROCID="):
+        for kv in env:
+            if kv.startswith(key) and kv[len(key):].isdigit():
+                return int(kv[len(key):])
+    return None

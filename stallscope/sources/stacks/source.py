@@ -1,0 +1,111 @@
+"""The sampled stacks as the collector sees them: per sampled process, the share of the last
+interval its training thread spent in each phase (``stacks.data_pct``...), for ``top``, the
+alert engine and the agent's ``/metrics``.
+
+It reads the records the samplers append to ``<run>/stacks/<pid>.jsonl``
+(:mod:`~stallscope.sources.stacks.aggregate`): incrementally, from the offset it reached, a
+line cut short left for the next read. With ``attach`` pids it also runs py-spy on them
+(:mod:`~stallscope.sources.stacks.pyspy`), which writes the same records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stallscope.metrics import Point
+from stallscope.sources.base import Source
+from stallscope.sources.stacks.aggregate import parse_lines, phase_seconds, stacks_dir
+from stallscope.sources.stacks.phases import PHASES
+
+__all__ = ["StacksSource", "window_shares"]
+
+#: bytes read from one file per sample at most (a runaway writer cannot stall the collector)
+MAX_READ = 4 << 20
+
+
+def window_shares(seconds: dict[str, float]) -> dict[str, float] | None:
+    """Each phase's share of the sampled training time (``startup`` left out), in %, plus
+    ``sampled_s``; None when nothing was sampled after start-up."""
+    total = sum(v for k, v in seconds.items() if k in PHASES)
+    if total <= 0:
+        return None
+    out = {f"{p}_pct": round(100.0 * seconds.get(p, 0.0) / total, 2) for p in PHASES}
+    out["sampled_s"] = round(total, 3)
+    return out
+
+
+class StacksSource(Source):
+    """Phase shares of every sampled process of one run (``run_dir``); ``attach``: pids to
+    sample with py-spy (``run --pid``)."""
+
+    name = "stacks"
+    transient_entities = True
+
+    def __init__(self, run_dir: str | os.PathLike[str], attach: Sequence[int] = (),
+                 rate_hz: float | None = None) -> None:
+        self.folder = stacks_dir(run_dir)
+        self.attach = list(attach)
+        self.rate_hz = rate_hz
+        self._offsets: dict[Path, int] = {}
+        self._rank: dict[str, int | None] = {}
+        self._sampler: Any = None
+
+    def open(self) -> None:
+        if self.attach:
+            from stallscope.sources.stacks.pyspy import PySpySampler
+
+            kw = {"rate_hz": self.rate_hz} if self.rate_hz else {}
+            self._sampler = PySpySampler(self.folder, self.attach, **kw)
+            self._sampler.start()  # raises SourceUnavailable with the reason
+
+    def _new_records(self, path: Path) -> list[dict[str, Any]]:
+        off = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(off)
+                chunk = fh.read(MAX_READ)
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self._offsets[path] = off + end + 1
+        return list(parse_lines(chunk[:end].decode("utf-8", "replace").splitlines()))
+
+    def sample(self, now: float) -> Any:
+        if self._sampler is not None:
+            for kind, msg in self._sampler.drain_notes():
+                self.emit(kind, msg)
+        try:
+            files = sorted(self.folder.glob("*.jsonl"))
+        except OSError:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for path in files:
+            seconds: dict[str, float] = {}
+            pid = ""
+            for rec in self._new_records(path):
+                pid = str(rec["pid"])
+                rank = rec.get("rank")
+                self._rank[pid] = rank if isinstance(rank, int) else None
+                for k, v in phase_seconds(rec).items():
+                    seconds[k] = seconds.get(k, 0.0) + v
+            shares = window_shares(seconds) if pid else None
+            if shares is not None:
+                out[pid] = shares
+        return out
+
+    def points(self, payload: Any) -> list[Point]:
+        return [Point(f"stacks.{k}", pid, float(v)) for pid, d in payload.items()
+                for k, v in d.items()]
+
+    def entities(self, payload: Any) -> dict[str, dict[str, Any]]:
+        return {pid: {"rank": self._rank.get(pid)} for pid in payload}
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
