@@ -109,6 +109,16 @@ class PySpySampler:
         """One ``py-spy dump`` of ``pid``: raises SourceUnavailable with py-spy's reason."""
         if self.exe is None:
             raise SourceUnavailable("py-spy is not installed (pip install py-spy)")
+        try:  # the kernel's ptrace check, as py-spy's reads of the target's memory meet it
+            with open(f"/proc/{pid}/mem", "rb"):
+                pass
+        except PermissionError as exc:
+            raise SourceUnavailable(f"cannot sample pid {pid}: reading its memory was refused "
+                                    f"({exc.strerror}); py-spy {RIGHTS}") from exc
+        except FileNotFoundError as exc:
+            raise SourceUnavailable(f"cannot sample pid {pid}: no such process") from exc
+        except OSError:
+            pass  # let py-spy say
         try:
             r = subprocess.run([self.exe, "dump", "--pid", str(pid), "--nonblocking"],
                                capture_output=True, text=True, timeout=10, env=_ENV)
