@@ -1,0 +1,341 @@
+"""Sampled stacks: the frame tables, the tally, py-spy's output, both samplers on real
+processes, a refused attach for real (a second user, no CAP_SYS_PTRACE), and the diagnosis
+built on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope_argv
+
+from stallscope.analysis.stacks import top_stacks, trainer_phases
+from stallscope.errors import SourceUnavailable
+from stallscope.sources.stacks.aggregate import Tally, append_record, read_records
+from stallscope.sources.stacks.phases import Frame, classify, fold, idle_process
+from stallscope.sources.stacks.pyspy import PySpySampler, parse_raw, pyspy_path
+from stallscope.sources.stacks.source import StacksSource, window_shares
+
+SP = "/usr/lib/python3/site-packages/"
+INJECT = ROOT / "stallscope" / "sources" / "stacks" / "inject"
+
+
+def F(path: str, func: str, line: int = 1) -> Frame:
+    return Frame(path, func, line)
+
+
+def stack(*frames: Frame) -> list[Frame]:
+    """Frames given outermost first (as a traceback reads), returned innermost first."""
+    return list(reversed(frames))
+
+
+LOOP = F("/home/u/train.py", "main", 40)
+
+
+@pytest.mark.parametrize("inner, phase, framework", [
+    ([F(SP + "torch/utils/data/dataloader.py", "__next__"),
+      F(SP + "torch/utils/data/dataloader.py", "_next_data"),
+      F("/usr/lib/python3.11/queue.py", "get")], "data", "pytorch"),
+    # num_workers=0: the user's __getitem__ runs inside the loader's fetch: still data
+    ([F(SP + "torch/utils/data/dataloader.py", "__next__"),
+      F(SP + "torch/utils/data/_utils/fetch.py", "fetch"),
+      F("/home/u/data.py", "__getitem__")], "data", "pytorch"),
+    ([F(SP + "torch/nn/modules/module.py", "_call_impl"),
+      F("/home/u/model.py", "forward")], "compute", "pytorch"),
+    ([F(SP + "torch/_tensor.py", "backward"),
+      F(SP + "torch/autograd/__init__.py", "backward")], "compute", "pytorch"),
+    ([F(SP + "torch/optim/adam.py", "step")], "compute", "pytorch"),
+    ([F(SP + "torch/distributed/c10d_logger.py", "wrapper"),
+      F(SP + "torch/distributed/distributed_c10d.py", "all_reduce")], "comm", "pytorch"),
+    ([F(SP + "torch/serialization.py", "save")], "ckpt", "pytorch"),
+    ([F(SP + "torch/cuda/__init__.py", "synchronize")], "gpu_wait", "pytorch"),
+    ([F(SP + "transformers/trainer.py", "train"),
+      F(SP + "transformers/trainer.py", "get_batch_samples"),
+      F(SP + "accelerate/data_loader.py", "__iter__")], "data", "hf"),
+    ([F(SP + "transformers/trainer.py", "_save_checkpoint")], "ckpt", "hf"),
+    ([F(SP + "lightning/pytorch/loops/fetchers.py", "__next__")], "data", "lightning"),
+    ([F(SP + "tensorflow/python/data/ops/iterator_ops.py", "__next__")], "data", "tensorflow"),
+    ([F(SP + "keras/src/backend/tensorflow/trainer.py", "fit"),
+      F(SP + "tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
+        "__call__")], "compute", "tensorflow"),
+    # the loader being torn down after the loop is not a wait
+    ([F(SP + "torch/utils/data/dataloader.py", "__del__"),
+      F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers")], "other", "pytorch"),
+    ([F("/home/u/train.py", "log_metrics")], "other", ""),
+])
+def test_the_innermost_known_frame_decides(inner: list[Frame], phase: str, framework: str
+                                           ) -> None:
+    assert classify(stack(LOOP, *inner)) == (phase, framework)
+
+
+def test_the_trainers_own_line_tells_a_copy_and_a_gpu_wait(tmp_path: Path) -> None:
+    """A C call has no frame: the innermost frame's source line says what it is."""
+    src = tmp_path / "train.py"
+    src.write_text("x = x.to(device, non_blocking=True)\nloss_value = loss.item()\n"
+                   "y = model(x)  # x.cpu() in a comment is not code\n")
+    f = str(src)
+    assert classify([F(f, "main", 1)])[0] == "h2d"
+    assert classify([F(f, "main", 2)])[0] == "gpu_wait"
+    assert classify([F(f, "main", 3)])[0] == "other"
+    # a library's line is not read: its frames are the tables' business
+    assert classify([F(SP + "foo/bar.py", "f", 1)])[0] == "other"
+
+
+def test_imports_launchers_and_spawned_children() -> None:
+    imp = stack(LOOP, F("<frozen importlib._bootstrap>", "_find_and_load"),
+                F(SP + "torch/nn/modules/linear.py", "<module>"))
+    assert classify(imp)[0] == "import"  # module-level code of torch is not training
+    assert idle_process(stack(F(SP + "torch/distributed/run.py", "main")))
+    assert idle_process(stack(F("/usr/lib/python3.11/multiprocessing/spawn.py", "spawn_main")))
+    assert not idle_process(stack(LOOP))
+
+
+def test_fold_is_outermost_first_without_lines() -> None:
+    s = stack(F("/home/u/train.py", "<module>", 3), F(SP + "torch/optim/adam.py", "step", 9))
+    assert fold(s) == "<module> (u/train.py);step (torch/optim/adam.py)"
+
+
+DATA = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__next__"))
+COMPUTE = stack(LOOP, F(SP + "torch/nn/modules/module.py", "_call_impl"))
+OTHER = stack(F("/home/u/train.py", "make_dataset"))
+
+
+def test_tally_leaves_out_startup_and_the_tail() -> None:
+    t = Tally(7, 1, "inproc", 50.0)
+    for _ in range(10):
+        t.add(OTHER, 0.1)  # building the dataset: start-up
+    t.add(DATA, 0.3)
+    t.add(OTHER, 0.2)  # between steps: counted once training goes on
+    t.add(COMPUTE, 0.1)
+    rec = t.record(100.0)
+    assert rec is not None and rec["rank"] == 1 and rec["n"] == 13
+    assert rec["s"] == {"startup": 1.0, "data": 0.3, "other": 0.2, "compute": 0.1}
+    t.add(OTHER, 0.5)  # clean-up after the loop: pending, then the tail
+    last = t.record(101.0, final=True)
+    assert last is not None and last["s"] == {"tail": 0.5}
+    assert t.add(DATA, 5.0) == "data" and t.seconds["data"] == 1.0  # one sample ≤ 1 s
+
+
+def test_folded_stacks_are_bounded_per_record() -> None:
+    t = Tally(7, None, "inproc", 50.0)
+    t.add(DATA, 0.1)
+    for i in range(100):
+        t.add(stack(LOOP, F(SP + "torch/nn/modules/module.py", f"f{i}")), 0.01)
+    rec = t.record(1.0)
+    assert rec is not None and len(rec["stacks"]) == 41  # 40 and "(other stacks)"
+    assert abs(sum(rec["stacks"].values()) - 1.1) < 1e-6
+
+
+RAW = ("thread (1282): MainThread;<module> (train.py:10);"
+       "__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 33\n") + """\
+thread (1282): MainThread;<module> (train.py:12);_call_impl (torch/nn/modules/module.py:1784) 46
+thread (1299): pin_memory;_pin_memory_loop (torch/utils/data/_utils/pin_memory.py:52) 79
+garbage line without count
+thread (1282): MainThread;<module> (train.py:10) x
+"""
+
+
+def test_pyspy_raw_output_keeps_the_main_thread() -> None:
+    got = list(parse_raw(RAW, tid=1282))
+    assert [(classify(f)[0], n) for f, n in got] == [("data", 33), ("compute", 46)]
+    frames = got[0][0]
+    assert frames[0] == Frame("queue.py", "get", 180)  # innermost first
+    assert len(list(parse_raw(RAW))) == 3
+
+
+def _write(run: Path, pid: int, rank: int | None, secs: dict[str, float], ts: float = 1.0,
+           stacks: dict[str, float] | None = None) -> None:
+    rec = {"ts": ts, "pid": pid, "rank": rank, "sampler": "inproc", "rate_hz": 50, "n": 50,
+           "s": secs, "stacks": stacks or {}, "stack_phase": {k: "data" for k in stacks or {}}}
+    append_record(run / "stacks", rec)
+
+
+def test_records_read_back_and_garbage_is_skipped(tmp_path: Path) -> None:
+    _write(tmp_path, 11, 0, {"data": 3.0, "compute": 1.0}, stacks={"a;b": 3.0})
+    with open(tmp_path / "stacks" / "11.jsonl", "a") as fh:
+        fh.write('{"pid": "x"}\n[1, 2]\nnot json\n{"ts": 2, "pid": 11, "s": {"data": "lots"}}\n'
+                 '{"ts": 3, "pid": 11, "s": {"data": 1e300, "other": -1}}\n{"ts": 4, "pi')
+    recs = read_records(tmp_path)
+    assert len(recs) == 3  # the two with odd values are read, their odd values not counted
+    [p] = trainer_phases(recs)
+    assert p.seconds == {"data": 3.0, "compute": 1.0} and p.share("data") == 0.75
+    assert top_stacks(recs, 11) == [("a;b", "data", 3.0)]
+
+
+def test_trainer_processes_are_ranks_not_workers_or_helpers(tmp_path: Path) -> None:
+    _write(tmp_path, 20, None, {"data": 1.0})  # too short to count
+    _write(tmp_path, 21, None, {"compute": 9.0})
+    _write(tmp_path, 22, None, {"data": 5.0})  # a helper script that trained less
+    assert [p.pid for p in trainer_phases(read_records(tmp_path))] == [21]
+    _write(tmp_path, 30, 1, {"data": 9.0, "compute": 1.0})
+    _write(tmp_path, 31, 0, {"data": 0.5, "comm": 9.5})
+    _write(tmp_path, 32, 2, {"data": 9.0})
+    procs = trainer_phases(read_records(tmp_path), roles={"32": "worker"})
+    assert [(p.rank, p.pid) for p in procs] == [(0, 31), (1, 30)]
+
+
+def test_the_collector_reads_new_records_only(tmp_path: Path) -> None:
+    src = StacksSource(tmp_path)
+    src.open()
+    assert src.sample(0.0) == {}
+    _write(tmp_path, 5, 3, {"startup": 2.0, "data": 1.5, "compute": 0.5})
+    with open(tmp_path / "stacks" / "5.jsonl", "a") as fh:
+        fh.write('{"ts": 9, "pid": 5, "s": {"data"')  # half a line: read next time
+    got = src.sample(1.0)
+    assert got == {"5": window_shares({"data": 1.5, "compute": 0.5})}
+    assert got["5"]["data_pct"] == 75.0 and got["5"]["sampled_s"] == 2.0
+    assert src.entities(got) == {"5": {"rank": 3}}
+    with open(tmp_path / "stacks" / "5.jsonl", "a") as fh:
+        fh.write(': 1.0}}\n')
+    assert src.sample(2.0)["5"]["data_pct"] == 100.0
+    assert src.sample(3.0) == {}
+    points = src.points({"5": {"data_pct": 10.0}})
+    assert points[0].name == "stacks.data_pct" and points[0].entity == "5"
+
+
+TRAINER = """\
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return torch.zeros(4)
+
+model = torch.nn.Linear(4, 4)
+it = iter(DataLoader(Slow(), batch_size=1, num_workers=0))
+print("ready", flush=True)
+t0 = time.monotonic()
+wait = 0.0
+while time.monotonic() - t0 < float(sys.argv[1]):
+    a = time.monotonic()
+    x = next(it)
+    wait += time.monotonic() - a
+    b = time.monotonic()
+    while time.monotonic() - b < 0.01:
+        model(x).sum().backward()
+print(f"data wait: {wait / (time.monotonic() - t0):.3f}", flush=True)
+"""
+
+
+def _share_of(run: Path) -> tuple[float, list]:
+    recs = read_records(run)
+    [p] = trainer_phases(recs)
+    return p.share("data"), recs
+
+
+@pytest.mark.slow
+def test_the_injected_sampler_in_a_real_trainer(tmp_path: Path) -> None:
+    """The sitecustomize on PYTHONPATH starts the sampler in a plain script; the data share it
+    finds is the script's own within 0.05; the trainer's own sitecustomize still runs."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = '1'\n"
+                                            "print('chained', flush=True)\n")
+    env = dict(os.environ, STALLSCOPE_RUN_DIR=str(tmp_path), STALLSCOPE_STACKS_HZ="100",
+               PYTHONPATH=f"{INJECT}{os.pathsep}{other}")
+    r = subprocess.run([sys.executable, str(script), "4"], env=env, capture_output=True,
+                       text=True, timeout=60, check=True)
+    assert "chained" in r.stdout, r.stderr
+    own = float(r.stdout.rsplit("data wait: ", 1)[1])
+    share, recs = _share_of(tmp_path)
+    print(f"trainer's own data wait {own:.3f}, sampled {share:.3f}")
+    assert abs(share - own) <= 0.05
+    assert {rec["sampler"] for rec in recs} == {"inproc"}
+
+
+@pytest.mark.slow
+def test_pyspy_attached_to_a_running_trainer(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    if pyspy_path() is None:
+        pytest.fail("py-spy is a dependency of stallscope: pip install py-spy")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    proc = subprocess.Popen([sys.executable, str(script), "7"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        sampler = PySpySampler(tmp_path / "stacks", [proc.pid], rate_hz=50, round_s=1.0)
+        sampler.start()
+        out, _ = proc.communicate(timeout=30)
+        sampler.stop()
+    finally:
+        proc.kill()
+    own = float(out.rsplit("data wait: ", 1)[1])
+    share, recs = _share_of(tmp_path)
+    print(f"trainer's own data wait {own:.3f}, sampled by py-spy {share:.3f}")
+    assert abs(share - own) <= 0.07  # py-spy starts a moment after the loop
+    assert {rec["sampler"] for rec in recs} == {"py-spy"}
+
+
+def test_attaching_to_what_is_not_python_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(SourceUnavailable) as err:
+            PySpySampler(tmp_path, [proc.pid]).start()
+    finally:
+        proc.kill()
+        proc.wait()
+    msg = str(err.value)
+    assert msg.startswith(f"cannot sample pid {proc.pid} with py-spy: ") and "\n" not in msg
+    assert "CPython" in msg
+    with pytest.raises(SourceUnavailable, match="no such process"):
+        PySpySampler(tmp_path, [proc.pid]).start()
+
+
+SLEEPER = "import time\nt = time.time()\nwhile time.time() - t < 20: sum(range(1000))\n"
+
+
+@pytest.mark.slow
+def test_a_refused_attach_is_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
+    """For real: the trainer runs as another user (nobody) and stallscope without
+    CAP_SYS_PTRACE, so the kernel refuses to let it read the trainer's memory. The run says
+    so in one line, and goes on from system metrics."""
+    setpriv = shutil.which("setpriv")
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or setpriv is None or system_python is None:
+        pytest.skip("needs root (to start a process as another user), setpriv and "
+                    "/usr/bin/python3")
+    target = subprocess.Popen([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                               system_python, "-c", SLEEPER])
+    try:
+        time.sleep(0.5)
+        drop = [setpriv, "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"]
+        r = subprocess.run([*drop, *stallscope_argv("run", "--pid", str(target.pid),
+                                                    "--out", str(tmp_path / "runs"))],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           input="", start_new_session=True)
+    finally:
+        target.kill()
+        target.wait()
+    assert r.returncode == 0, r.stderr[-2000:]
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("stallscope: no stack sampling: cannot sample pid "), r.stderr
+    assert "ptrace" in first and "Traceback" not in r.stderr
+    assert "verdict:" in r.stderr  # the diagnosis goes on from system metrics
+
+
+def test_stack_rate_is_checked_and_no_stacks_means_none(tmp_path: Path) -> None:
+    r = subprocess.run(stallscope_argv("run", "--stack-rate", "0", "--", "true"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--stack-rate" in r.stderr
+    r = subprocess.run(stallscope_argv("run", "--no-stacks", "--quiet", "--out",
+                                       str(tmp_path), "--", sys.executable, "-c", "pass"),
+                       capture_output=True, text=True, timeout=60, check=True)
+    [run] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert not (run / "stacks").exists()
+    meta = json.loads((run / "meta.json").read_text())
+    assert "stacks" not in meta
