@@ -15,7 +15,7 @@ LAYER = {
     "tomlfile": 0, "py": 0,
     "store": 1, "sources": 2, "collect": 3, "analysis": 4, "alerts": 5, "probe": 6,
     "integrations": 7, "report": 7, "live": 7, "agent": 7, "tuner": 7, "tools": 7, "testing": 7,
-    "cli": 8, "__main__": 8, "": 9,
+    "cli": 8, "__main__": 8, "inject": 8, "": 9,
 }
 MAX_LINES = 80
 

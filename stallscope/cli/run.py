@@ -183,7 +183,7 @@ def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None
     session.meta["stacks"] = {"sampler": "py-spy" if attach else "inproc", "rate_hz": rate}
     if attach:
         return {}
-    inject = str(Path(inproc.__file__).with_name("inject"))
+    inject = str(Path(inproc.__file__).parents[2] / "inject")
     path = os.environ.get("PYTHONPATH")
     return {"PYTHONPATH": inject + (os.pathsep + path if path else ""),
             "STALLSCOPE_STACKS_HZ": f"{rate:g}"}

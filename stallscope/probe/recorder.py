@@ -79,6 +79,9 @@ def machine_config() -> dict[str, Any]:
 
     cfg: dict[str, Any] = {"host": socket.gethostname(), "python": sys.version.split()[0],
                            "stallscope": __version__, "logical_cores": os.cpu_count()}
+    added = os.environ.get("STALLSCOPE_PROBE_ADDED")
+    if added:  # the trainer has no stallscope code: `stallscope run` added the probe
+        cfg["added_by"] = added[:100]
     try:
         import psutil
 

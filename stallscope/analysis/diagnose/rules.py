@@ -219,7 +219,10 @@ def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: 
                f"the trainer waited for data {stall:.0%} of the time")
         if between_epochs:
             who += " between epoch starts"
-        summary = f"Input-bound: {who} ({how.src}); {what}."
+        src = how.src
+        if sig.stall_source == "probe" and sig.config.get("added_by"):
+            src += f", added by {sig.config['added_by']}: no code in the trainer"
+        summary = f"Input-bound: {who} ({src}); {what}."
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
     if reasons:
@@ -566,7 +569,9 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
     stacks = sig.stall_source == "stacks"
-    how = " (sampled stacks of the training thread, no code in the trainer)" if stacks else ""
+    how = (" (sampled stacks of the training thread, no code in the trainer)" if stacks else
+           f" (per-step probe, added by {sig.config['added_by']}: no code in the trainer)"
+           if sig.config.get("added_by") else "")
     return [Finding("compute_bound", "info", 0.8 if stacks else 0.85,
                     f"Compute-bound (healthy): the trainer waited for data only "
                     f"{sig.stall_fraction:.0%} of the time{gpu}{how}.",

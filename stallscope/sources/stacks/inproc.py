@@ -1,6 +1,6 @@
 """The in-process sampler: a thread inside the trainer that samples its main thread's stack.
 
-``stallscope run`` puts :mod:`inject/sitecustomize.py <stallscope.sources.stacks.inject>` on
+``stallscope run`` puts ``stallscope/inject/sitecustomize.py`` on
 the trainer's ``PYTHONPATH``; Python imports it at start-up in every Python process of the run,
 and it calls :func:`start` when ``STALLSCOPE_RUN_DIR`` and ``STALLSCOPE_STACKS_HZ`` are set. No
 ptrace is needed (Ubuntu's ``ptrace_scope=1`` refuses a sampler that is the trainer's sibling),

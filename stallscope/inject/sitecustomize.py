@@ -1,6 +1,8 @@
 """Started by Python in every process of a training that ``stallscope run`` launched (this
 folder is put first on the trainer's ``PYTHONPATH``): starts the in-process stack sampler
-(:mod:`stallscope.sources.stacks.inproc`), then runs the ``sitecustomize`` this one hides, if
+(:mod:`stallscope.sources.stacks.inproc`) and, for Keras, whose input wait runs where stacks
+cannot see it, adds the probe's callback to ``model.fit``
+(:mod:`stallscope.integrations.autokeras`); then runs the ``sitecustomize`` this one hides, if
 any, so the interpreter's own start-up is unchanged. Never raises."""
 
 import os
@@ -16,11 +18,14 @@ def _start_sampler() -> None:
         try:
             from stallscope.sources.stacks.inproc import start
         except ImportError:  # a Python without stallscope installed: use this copy
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-                os.path.dirname(os.path.abspath(__file__))))))
+            root = os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))))
             sys.path.append(root)
             from stallscope.sources.stacks.inproc import start
         start(run_dir, float(rate))
+        from stallscope.integrations.autokeras import install
+
+        install()
     except Exception as exc:  # one line, never the trainer's problem
         try:
             sys.stderr.write(f"stallscope: no stack sampling in pid {os.getpid()}: "
