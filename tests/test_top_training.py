@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -70,4 +71,44 @@ def test_live_figures_then_the_next_run(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_no_run_no_panel(tmp_path: Path) -> None:
-    assert TrainingWatch(os.getpid()).view() is None
+    assert TrainingWatch(None).view() is None
+
+
+def test_a_process_no_run_watches_is_sampled_or_says_why(tmp_path: Path) -> None:
+    """``top --pid`` on a training no run watches: its stacks, sampled by py-spy; a process
+    py-spy cannot sample (not Python) gets one line saying why."""
+    w = TrainingWatch(os.getpid())
+    try:
+        v = w.view()
+        assert v is not None and v.sampled_only and v.stack_note is None
+        assert v.run_id == f"pid {os.getpid()} (sampled by py-spy, no run)"
+    finally:
+        w.stop()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        w = TrainingWatch(sleeper.pid)
+        v = w.view()
+        assert v is not None and v.stack_note is not None and "CPython" in v.stack_note
+        w.stop()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_panel_shows_phase_shares_without_a_probe() -> None:
+    from stallscope.live.training import TrainingView
+    from stallscope.live.view import ViewState, render
+
+    t = TrainingView(run_id="r1", phases={"data": 0.83, "compute": 0.12, "other": 0.05},
+                     phase_rank=1, verdict="straggler_rank", reason="Rank 1 holds the job back")
+    text = [ln.plain for ln in render(None, ViewState(training=t), 120, None)]
+    assert not any("TRAINING" in ln for ln in text)  # no sample yet: only the first line
+    from stallscope.live.view import _training_lines
+
+    lines = [ln.plain for ln in _training_lines(ViewState(training=t), 120)]
+    assert lines[0].startswith("TRAINING  data 83% · compute 12% · other 5% (sampled stacks, "
+                               "rank 1, last 10 s)"), lines
+    assert lines[1].startswith("verdict  straggler_rank  Rank 1 holds"), lines
+    refused = TrainingView(run_id="pid 7", stack_note="cannot sample pid 7: refused")
+    [line] = [ln.plain for ln in _training_lines(ViewState(training=refused), 120)]
+    assert line == "TRAINING  stacks not sampled: cannot sample pid 7: refused"

@@ -84,7 +84,7 @@ def run_top(*, interval: float, pid: int | None, count: int | None,
         collector.stop(final_sample=False)
         sink.release()
         if state.follow is not None:
-            state.follow.close()
+            state.follow.stop()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The training panel of ``stallscope top``: what a probe reports, live.
+"""The training panel of ``stallscope top``: what a probe and the sampled stacks report, live.
 
 A training watched by ``stallscope run`` (or by a standalone ``stallscope.watch``) writes its
 steps into its run directory's ``run.db``. :class:`TrainingWatch` finds that run in the per-user
@@ -6,12 +6,15 @@ run index (a running run whose trainer is the watched process, or, without ``--p
 running run), reads the steps that arrived since the last frame (by primary key: cheap at any
 run length) and keeps the last :data:`WINDOW_S` seconds for the live figures: data-wait share,
 steps/s and samples/s. The verdict is the run's diagnosis so far, recomputed off the drawing
-thread every :data:`VERDICT_EVERY_S` seconds from what the run has recorded.
+thread every :data:`VERDICT_EVERY_S` seconds from what the run has recorded. The run's sampled
+stacks (``<run>/stacks/``) give the training thread's share per phase over the same window;
+with ``--pid`` and no run watching that process, ``top`` samples it with py-spy itself.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import threading
 import time
 from collections import deque
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import StallscopeError
+from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
+from stallscope.sources.stacks.phases import PHASES
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -45,6 +50,13 @@ class TrainingView:
     verdict: str | None = None
     reason: str | None = None
     verdict_age_s: float | None = None
+    #: the training thread's share per phase over the window, from its sampled stacks (the
+    #: rank that waited most for data, with several), and that rank
+    phases: dict[str, float] | None = None
+    phase_rank: int | None = None
+    #: why the stacks of a process ``top --pid`` follows cannot be sampled
+    stack_note: str | None = None
+    sampled_only: bool = False  #: no run watches the process: only its stacks (py-spy)
 
 
 def _tree(pid: int) -> set[int]:
@@ -92,11 +104,26 @@ class TrainingWatch:
         self._verdict: tuple[str, str, float] | None = None
         self._next_verdict = 0.0
         self._busy = threading.Lock()
+        self._tail: RecordTail | None = None
+        self._phase_recent: deque[tuple[float, int, int | None, dict[str, float]]] = deque()
+        self._sampler: Any = None  # py-spy on --pid when no run watches it
+        self._sample_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._stack_note: str | None = None
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+    def stop(self) -> None:
+        """Close, and stop sampling a process this watch started to sample."""
+        self.close()
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        if self._sample_dir is not None:
+            self._sample_dir.cleanup()
+            self._sample_dir = None
 
     def _open(self, now: float) -> bool:
         if now < self._next_find:
@@ -114,6 +141,7 @@ class TrainingWatch:
         except sqlite3.Error:
             return False
         self.run_dir = run_dir
+        self._tail = RecordTail(stacks_dir(run_dir))
         return True
 
     def _still_running(self) -> bool:
@@ -134,6 +162,56 @@ class TrainingWatch:
         self._ranks = 0
         self._verdict = None
         self._next_verdict = 0.0
+        self._phase_recent.clear()
+
+    def _sample_pid(self) -> bool:
+        """No run watches ``--pid``: sample its stacks with py-spy here (once; a refusal is
+        kept as the panel's note)."""
+        if self.pid is None or self._stack_note is not None:
+            return self._sampler is not None
+        if self._sampler is None:
+            from stallscope.errors import SourceUnavailable
+            from stallscope.sources.stacks.pyspy import PySpySampler
+
+            self._sample_dir = tempfile.TemporaryDirectory(prefix="stallscope-top-")
+            folder = Path(self._sample_dir.name)
+            sampler = PySpySampler(folder, [self.pid])
+            try:
+                sampler.start()
+            except SourceUnavailable as exc:
+                self._stack_note = str(exc)
+                return False
+            self._sampler = sampler
+            self._tail = RecordTail(folder)
+        return True
+
+    def _read_phases(self, now: float) -> None:
+        if self._tail is not None:
+            for recs in self._tail.read_new().values():
+                for rec in recs:
+                    rank = rec.get("rank")
+                    self._phase_recent.append((float(rec["ts"]), int(rec["pid"]),
+                                               rank if isinstance(rank, int) else None,
+                                               phase_seconds(rec)))
+        while self._phase_recent and self._phase_recent[0][0] < now - WINDOW_S:
+            self._phase_recent.popleft()
+
+    def _phases(self, v: TrainingView) -> None:
+        """The window's phase shares of the process that waited most for data."""
+        by_pid: dict[int, dict[str, float]] = {}
+        rank_of: dict[int, int | None] = {}
+        for _ts, pid, rank, secs in self._phase_recent:
+            d = by_pid.setdefault(pid, {})
+            rank_of[pid] = rank
+            for k, x in secs.items():
+                if k in PHASES:
+                    d[k] = d.get(k, 0.0) + x
+        shares = {pid: {k: x / sum(d.values()) for k, x in d.items()}
+                  for pid, d in by_pid.items() if sum(d.values()) > 0}
+        if shares:
+            pid = max(shares, key=lambda p: shares[p].get("data", 0.0))
+            v.phases = shares[pid]
+            v.phase_rank = rank_of[pid] if len(shares) > 1 else None
 
     def _read_new(self) -> None:
         assert self._db is not None
@@ -164,9 +242,18 @@ class TrainingWatch:
         keep answering), instead of in the background."""
         now = time.time() if now is None else now
         if not self._open(time.monotonic()):
-            return None
+            if not self._sample_pid():
+                if self._stack_note is None:
+                    return None
+                return TrainingView(run_id=f"pid {self.pid}", stack_note=self._stack_note)
+            v = TrainingView(run_id=f"pid {self.pid} (sampled by py-spy, no run)",
+                             sampled_only=True)
+            self._read_phases(now)
+            self._phases(v)
+            return v
         assert self.run_dir is not None
         self._read_new()
+        self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
         v = TrainingView(run_id=self.run_dir.name, steps=self._total, ranks=self._ranks)
@@ -181,6 +268,7 @@ class TrainingWatch:
             n = sum(r[3] for r in recent)
             v.samples_s = n / span if n else None
             v.last_step_age_s = max(0.0, now - recent[-1][0])
+        self._phases(v)
         self._maybe_diagnose(wait)
         if self._verdict is not None:
             v.verdict, v.reason, at = self._verdict

@@ -347,13 +347,39 @@ def _short_cmd(cmd: str) -> str:
     return prog + sep + rest
 
 
+def _phase_parts(t: Any) -> list[tuple[str, str] | str]:
+    """"data 83% · compute 12% · other 5%" of the sampled stacks, biggest first."""
+    ph = t.phases or {}
+    shown = sorted(((k, x) for k, x in ph.items() if x >= 0.005), key=lambda kx: -kx[1])
+    out: list[tuple[str, str] | str] = []
+    for i, (k, x) in enumerate(shown):
+        out.append(" · " if i else "  ")
+        style = _pct_style(100 * x, 10, 30) if k in ("data", "comm", "gpu_wait") else ""
+        out += [f"{k} ", (f"{100 * x:.0f}%", style)]
+    rank = f", rank {t.phase_rank}" if t.phase_rank is not None else ""
+    out.append(f" (sampled stacks{rank}, last {WINDOW_S:g} s)")
+    return out
+
+
 def _training_lines(state: ViewState, width: int) -> list[Text]:
-    """Two lines from the training's probe: live data wait, rates; the verdict so far."""
+    """Two lines from the training's probe (or its sampled stacks): live data wait, rates;
+    the verdict so far."""
     t = state.training
     if t is None:
         return []
     share = t.wait_share
     parts: list[tuple[str, str] | str] = [("TRAINING", "bold")]
+    if t.stack_note is not None:
+        return [_line(*parts, ("  stacks not sampled: ", _WARN), plain(t.stack_note, 300),
+                      width=width)]
+    if share is None and (t.phases or t.sampled_only):
+        parts += _phase_parts(t) if t.phases else [("  sampling its stack…", "dim")]
+        parts.append(f"  {plain(t.run_id, 60)}")
+        lines = [_line(*parts, width=width)]
+        if t.verdict is not None:
+            lines.append(_line("verdict  ", (plain(t.verdict, 40), "bold"),
+                               f"  {plain(t.reason or '', 300)}", width=width))
+        return lines
     if share is not None:
         parts += ["  data wait ", (f"{100 * share:.0f}%", _pct_style(100 * share, 10, 30)),
                   f" (last {WINDOW_S:g} s)"]

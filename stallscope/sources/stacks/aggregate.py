@@ -28,8 +28,11 @@ from typing import Any
 
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify, fold, idle_process
 
-__all__ = ["MAX_STACKS", "STACKS_DIR", "Tally", "append_record", "phase_seconds",
+__all__ = ["MAX_STACKS", "STACKS_DIR", "RecordTail", "Tally", "append_record", "phase_seconds",
            "read_records", "stacks_dir"]
+
+#: bytes read from one file per look at most (a runaway writer cannot stall the reader)
+MAX_READ = 4 << 20
 
 #: the run directory's folder of sampled stacks, one file per sampled process
 STACKS_DIR = "stacks"
@@ -147,6 +150,37 @@ def parse_lines(lines: Sequence[str]) -> Iterator[dict[str, Any]]:
             continue
         if _valid(rec):
             yield rec
+
+
+class RecordTail:
+    """The records appended to a stacks folder since the last look (per file, from the offset
+    reached; a line cut short is left for the next look)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[Path, int] = {}
+
+    def _file(self, path: Path) -> list[dict[str, Any]]:
+        off = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(off)
+                chunk = fh.read(MAX_READ)
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self._offsets[path] = off + end + 1
+        return list(parse_lines(chunk[:end].decode("utf-8", "replace").splitlines()))
+
+    def read_new(self) -> dict[Path, list[dict[str, Any]]]:
+        """New records by file."""
+        try:
+            files = sorted(self.folder.glob("*.jsonl"))
+        except OSError:
+            return {}
+        return {path: self._file(path) for path in files}
 
 
 def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
-from stallscope.sources.stacks.aggregate import parse_lines, phase_seconds, stacks_dir
+from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
 from stallscope.sources.stacks.phases import PHASES
 
 __all__ = ["StacksSource", "window_shares"]
-
-#: bytes read from one file per sample at most (a runaway writer cannot stall the collector)
-MAX_READ = 4 << 20
-
 
 def window_shares(seconds: dict[str, float]) -> dict[str, float] | None:
     """Each phase's share of the sampled training time (``startup`` left out), in %, plus
@@ -49,7 +44,7 @@ class StacksSource(Source):
         self.folder = stacks_dir(run_dir)
         self.attach = list(attach)
         self.rate_hz = rate_hz
-        self._offsets: dict[Path, int] = {}
+        self._tail = RecordTail(self.folder)
         self._rank: dict[str, int | None] = {}
         self._sampler: Any = None
 
@@ -61,33 +56,15 @@ class StacksSource(Source):
             self._sampler = PySpySampler(self.folder, self.attach, **kw)
             self._sampler.start()  # raises SourceUnavailable with the reason
 
-    def _new_records(self, path: Path) -> list[dict[str, Any]]:
-        off = self._offsets.get(path, 0)
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(off)
-                chunk = fh.read(MAX_READ)
-        except OSError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self._offsets[path] = off + end + 1
-        return list(parse_lines(chunk[:end].decode("utf-8", "replace").splitlines()))
-
     def sample(self, now: float) -> Any:
         if self._sampler is not None:
             for kind, msg in self._sampler.drain_notes():
                 self.emit(kind, msg)
-        try:
-            files = sorted(self.folder.glob("*.jsonl"))
-        except OSError:
-            return {}
         out: dict[str, dict[str, Any]] = {}
-        for path in files:
+        for recs in self._tail.read_new().values():
             seconds: dict[str, float] = {}
             pid = ""
-            for rec in self._new_records(path):
+            for rec in recs:
                 pid = str(rec["pid"])
                 rank = rec.get("rank")
                 self._rank[pid] = rank if isinstance(rank, int) else None
