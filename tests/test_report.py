@@ -240,7 +240,8 @@ def test_absent_data_gives_one_line_notes(tmp_path: Path) -> None:
     doc = render_report(run, diagnosis(run))
     assert "<svg" not in doc.replace('<svg id="svg-', "")  # not a single plot drawn
     for pid, why in (("gpu", "NVML: driver not loaded"), ("wait", "stallscope.watch(loader)"),
-                     ("disk", "No disk samples"), ("mem", "No memory samples")):
+                     ("disk", "No disk samples"), ("mem", "No memory samples"),
+                     ("phases", "No sampled stacks in this run")):
         m = re.search(rf'<div class="skipped" id="plot-{pid}">(.*?)</div>', doc)
         assert m, pid
         assert why in m.group(1) and "\n" not in m.group(1)
@@ -261,7 +262,9 @@ def test_empty_and_unfinished_run(tmp_path: Path) -> None:
     assert "Not enough data to name a bottleneck" in doc
     assert "The diagnosis found nothing to report." in doc
     assert "No samples stored" in doc
-    assert doc.count('class="skipped"') == 5 and "<svg" not in doc
+    # every plot skipped with its reason (the sampled-stacks plot too)
+    assert doc.count('class="skipped"') == 6 and "<svg" not in doc
+    assert "No sampled stacks in this run" in doc
 
 
 def test_missing_run_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -457,3 +460,28 @@ def test_ranks_section_shows_each_rank(tmp_path: Path) -> None:
     ranks = page[page.index('id="ranks"'):page.index('id="timeline"')]
     assert "90%" in ranks and "3%" in ranks and "99" in ranks
     assert 'id="ranks"' not in render_report(run, diagnosis(run))  # one rank: no section
+
+
+def test_sampled_stacks_are_drawn_and_listed_escaped(tmp_path: Path) -> None:
+    """A run with no probe but sampled stacks: the phases over time per rank, and each rank's
+    heaviest folded stacks, with everything from the machine escaped."""
+    from stallscope.sources.stacks.aggregate import append_record
+
+    run = make_run(tmp_path, steps=0)
+    evil = "<script>alert(1)</script> (x.py)"
+    for rank, pid, data_s in ((0, 501, 0.1), (1, 502, 0.9)):
+        for i in range(30):
+            append_record(run / "stacks", {
+                "ts": T0 + i * 2, "pid": pid, "rank": rank, "sampler": "inproc", "n": 100,
+                "rate_hz": 50, "s": {"data": data_s * 2, "compute": (1 - data_s) * 2},
+                "stacks": {"main (t.py);__next__ (torch/utils/data/dataloader.py)": data_s * 2,
+                           f"main (t.py);{evil}": (1 - data_s) * 2},
+                "stack_phase": {"main (t.py);__next__ (torch/utils/data/dataloader.py)": "data",
+                                f"main (t.py);{evil}": "compute"}})
+    doc = render_report(run, diagnosis(run))
+    svg = _svg(doc, "phases")
+    assert "rank 1, data (90%)" in svg and "rank 0, data (10%)" in svg
+    assert "<script>alert(1)" not in doc and "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
+    section = doc[doc.index('id="stacks"'):]
+    assert "rank 1, pid 502: 60.0 s sampled" in section
+    assert re.search(r"<td>data</td><td class=\"num\">54.00 s</td><td class=\"num\">90%", section)

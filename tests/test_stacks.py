@@ -339,3 +339,49 @@ def test_stack_rate_is_checked_and_no_stacks_means_none(tmp_path: Path) -> None:
     assert not (run / "stacks").exists()
     meta = json.loads((run / "meta.json").read_text())
     assert "stacks" not in meta
+
+
+def _run_with(stacks: list[dict]) -> object:
+    from stallscope.analysis.rundata import RunData
+    from stallscope.store import Series
+
+    cost = Series("collector.cpu_s", "", [float(t) for t in range(30)], [0.001] * 30)
+    return RunData(meta={"start": 0.0, "end": 30.0}, series={("collector.cpu_s", ""): cost},
+                   stacks=stacks)
+
+
+def _rec(pid: int, rank: int | None, **secs: float) -> dict:
+    return {"ts": 1.0, "pid": pid, "rank": rank, "sampler": "inproc", "n": 500, "s": secs}
+
+
+def test_the_diagnosis_names_the_starving_rank_from_stacks() -> None:
+    """DDP without a probe: rank 1's training thread sits in the loader, rank 0's in the
+    all-reduce waiting for it. The straggler rule names rank 1, the evidence says stacks."""
+    from stallscope.analysis.diagnose import diagnose
+
+    doc = diagnose(_run_with([_rec(10, 0, data=0.4, compute=3.0, comm=6.6),
+                              _rec(11, 1, data=9.2, compute=0.8)]))
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "straggler_rank" in kinds, doc["findings"]
+    f = doc["findings"][kinds.index("straggler_rank")]
+    assert f["evidence"]["rank"] == 1 and f["evidence"]["best_rank"] == 0
+    assert doc["stall_source"] == "stacks" and doc["stall_fraction"] == 0.92
+    assert [(r["rank"], r["stall_fraction"], r["comm_share"]) for r in doc["ranks"]] == \
+        [(0, 0.04, 0.66), (1, 0.92, 0.0)]
+
+
+def test_sampled_stacks_rank_between_probe_and_system_metrics() -> None:
+    from stallscope.analysis.diagnose import diagnose
+
+    doc = diagnose(_run_with([_rec(10, None, data=0.2, compute=9.0, other=0.8)]))
+    assert doc["verdict"] == "compute_bound" and doc["stall_source"] == "stacks"
+    top = doc["findings"][0]
+    assert "sampled stacks" in top["summary"] and "sampled data wait 2%" in top["rule"]
+    assert top["evidence"]["phase_shares"] == {"data": 0.02, "compute": 0.9, "other": 0.08}
+    # the probe, where the trainer has one, speaks first
+    from stallscope.store import StepRow
+
+    data = _run_with([_rec(10, None, data=0.2, compute=9.0, other=0.8)])
+    data.steps = [StepRow(0, i, float(i), 0.5, 0.5) for i in range(20)]  # type: ignore[attr-defined]
+    doc = diagnose(data)  # type: ignore[arg-type]
+    assert doc["stall_source"] == "probe" and doc["stall_fraction"] == 0.5

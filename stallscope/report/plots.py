@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from stallscope.analysis.rundata import RunData
+from stallscope.analysis.stacks import phases_over_time, trainer_phases
+from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
 __all__ = [
@@ -149,8 +151,8 @@ def _sum_by_ts(series: Sequence[Series]) -> Series:
 # --- what to draw --------------------------------------------------------------------------------
 def build_plots(data: RunData, stall_fraction: float | None = None) -> list[Plot]:
     """The report's plots, in page order. Pure: no drawing, no I/O."""
-    return [_gpu_plot(data), _wait_plot(data, stall_fraction), _disk_plot(data),
-            _cpu_plot(data), _mem_plot(data)]
+    return [_gpu_plot(data), _wait_plot(data, stall_fraction), _phase_plot(data),
+            _disk_plot(data), _cpu_plot(data), _mem_plot(data)]
 
 
 def _gpu_plot(data: RunData) -> Plot:
@@ -181,8 +183,10 @@ def _gpu_plot(data: RunData) -> Plot:
 def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
     plot = Plot("wait", "Data wait per step")
     if not data.steps:
-        plot.note = ("No step timings: the in-trainer probe was not used. Wrap the loader in "
-                     "stallscope.watch(loader) to measure data wait per step.")
+        plot.note = ("No step timings: the in-trainer probe was not used"
+                     + ("; the sampled stacks below show where the training thread's time "
+                        "went." if data.stacks else ". Wrap the loader in "
+                        "stallscope.watch(loader) to measure data wait per step."))
         return plot
     by_rank: dict[int, list[StepRow]] = {}
     for s in data.steps:
@@ -230,6 +234,44 @@ def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
         plot.panels.append(gpu_panel)
     plot.note = ("Share of each step's wall time the trainer spent blocked waiting for the "
                  "next batch: wait / (wait + host time).")
+    return plot
+
+
+#: colour of each phase in the phases plot
+_PHASE_COLORS = {"data": "#d62728", "h2d": "#ff7f0e", "compute": "#2ca02c",
+                 "gpu_wait": "#9467bd", "comm": "#1f77b4", "ckpt": "#8c564b",
+                 "other": "#7f7f7f"}
+
+
+def _phase_plot(data: RunData) -> Plot:
+    """Per trainer process, each phase's share of the training thread's time over the run,
+    from its sampled stacks."""
+    plot = Plot("phases", "Where the training thread's time went (sampled stacks)")
+    procs = trainer_phases(data.stacks, data.roles())
+    if not procs:
+        plot.note = ("No sampled stacks in this run (stallscope run samples the trainer's stack "
+                     "unless --no-stacks; run --pid needs py-spy and ptrace rights).")
+        return plot
+    span = data.t1 - data.t0
+    width = max(2.0, _interval(data), span / 200.0)
+    for p in procs:
+        who = f"rank {p.rank}, " if len(procs) > 1 else ""
+        panel = Panel(f"{who}% of time", ylim=(0, 105))
+        rows = phases_over_time(data.stacks, p.pid, data.t0, width)
+        for phase in PHASES:
+            if not p.seconds.get(phase):
+                continue
+            t = np.array([b + width / 2 for b, _ in rows])
+            v = np.array([100.0 * d.get(phase, 0.0) / sum(d.values()) if sum(d.values()) > 0
+                          else np.nan for _, d in rows])
+            panel.lines.append(Line(f"{who}{phase} ({p.share(phase):.0%})", t, v,
+                                    color=_PHASE_COLORS.get(phase, "#333333"),
+                                    width=1.8 if phase == "data" else 1.2))
+        plot.panels.append(panel)
+    plot.note = (f"Share of each {_dur(width)} the training thread spent per phase, from "
+                 f"{sum(p.samples for p in procs):,} samples of its stack "
+                 f"({procs[0].sampler}); the frames that decide each phase are listed in "
+                 "docs/diagnosis.md. Start-up (imports, building the model) is left out.")
     return plot
 
 
