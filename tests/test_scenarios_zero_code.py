@@ -1,0 +1,164 @@
+"""Held-out trainings with no stallscope code in them (tests/trainings/), run under `stallscope
+run` as a user runs theirs: nothing imported, no probe, only the stacks sampled from inside the
+trainer. The diagnosis must name the bottleneck from the sampled stacks, and its data-wait
+share must come within 0.05 of the share each training measured itself (the time in
+``next(iterator)`` over the loop's wall time, printed as ``data wait: X of Y s``).
+
+Both figures are printed (``pytest -s`` shows them) and appended to artifacts/scenarios.jsonl,
+as tests/test_scenarios.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope_argv
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+
+TRAININGS = ROOT / "tests" / "trainings"
+ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
+#: seconds of training per run
+SECONDS = 15
+#: how far stallscope's data-wait share may be from the trainer's own
+TOLERANCE = 0.05
+PREP = "input_bound.prep"
+
+_WAIT = re.compile(r"^(?:rank (\d+):? )?data wait: ([0-9.]+) of ([0-9.]+) s", re.M)
+
+
+def zero_code_run(name: str, tmp_path: Path, training: list[str],
+                  *, timeout: int = 240) -> dict[str, Any]:
+    """Run ``training`` (argv after the interpreter) under `stallscope run`, diagnose the run;
+    the diagnosis with ``trainer_wait`` (the trainer's own share; with ranks, ``{rank:
+    share}`` in ``trainer_wait_ranks``) added."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "runs"
+    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(out)), "--",
+            sys.executable, *training]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "verdict:" in r.stderr  # the end of `run` prints the verdict
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120, check=True)
+    doc: dict[str, Any] = json.loads(d.stdout)
+    own = {(int(m.group(1)) if m.group(1) else None): float(m.group(2))
+           for m in _WAIT.finditer(r.stdout)}
+    assert own, f"the training printed no data-wait line:\n{r.stdout[-2000:]}"
+    # one process: its figure; ranks: the most-waiting rank's (the run's stall is its)
+    doc["trainer_wait"] = own[None] if None in own else max(own.values())
+    doc["trainer_wait_ranks"] = {k: v for k, v in own.items() if k is not None}
+    stacks_ranks = {x["rank"]: x.get("stall_fraction") for x in doc.get("ranks") or []}
+    shares = (doc.get("signals") or {}).get("phase_shares")
+    print(f"\n[{name}] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
+          f"stall_fraction {doc['stall_fraction']} ({doc.get('stall_source')}), verdict "
+          f"{doc['verdict']}; phase shares {shares}")
+    for rank in sorted(doc["trainer_wait_ranks"]):
+        print(f"[{name}] rank {rank}: trainer's own {doc['trainer_wait_ranks'][rank]:.3f}, "
+              f"stallscope {stacks_ranks.get(rank)}")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        top = doc["findings"][0]
+        rec = {"scenario": f"zero-code-{name}", "verdict": doc["verdict"],
+               "stall_fraction": doc["stall_fraction"],
+               "stall_source": doc.get("stall_source"),
+               "trainer_wait": doc["trainer_wait"], "phase_shares": shares,
+               "confidence": top["confidence"], "summary": top["summary"],
+               "fixes": [x["action"] for x in top["fixes"]]}
+        if doc["trainer_wait_ranks"]:
+            rec["ranks"] = {str(k): {"trainer_wait": v, "stall_fraction": stacks_ranks.get(k)}
+                            for k, v in doc["trainer_wait_ranks"].items()}
+        f.write(json.dumps(rec) + "\n")
+    return doc
+
+
+def training(script: str, *args: str) -> list[str]:
+    return [str(TRAININGS / script), "--seconds", str(SECONDS), *args]
+
+
+def assert_named(doc: dict[str, Any], verdict: str) -> None:
+    assert doc["verdict"] == verdict, doc["findings"][0]
+    assert doc["stall_source"] == "stacks", doc["stall_source"]
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= TOLERANCE, \
+        (doc["stall_fraction"], doc["trainer_wait"], doc["signals"].get("phase_shares"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_torch_prep(tmp_path: Path, workers: int) -> None:
+    """A heavy per-sample CPU transform in DataLoader workers, a tiny model."""
+    doc = zero_code_run(f"torch_prep-w{workers}", tmp_path,
+                        training("torch_prep.py", "--workers", str(workers)))
+    assert_named(doc, PREP)
+
+
+def test_torch_jpeg(tmp_path: Path) -> None:
+    """JPEG decode and resize with PIL in one worker (files in the page cache): the CPU work
+    of preparing, not the reads, holds the loop back."""
+    pytest.importorskip("PIL")
+    doc = zero_code_run("torch_jpeg", tmp_path, training("torch_jpeg.py"))
+    assert_named(doc, PREP)
+
+
+def test_torch_compute(tmp_path: Path) -> None:
+    """Data in memory, num_workers=0, a convolutional model: compute-bound."""
+    doc = zero_code_run("torch_compute", tmp_path, training("torch_compute.py"))
+    assert_named(doc, "compute_bound")
+
+
+def test_torch_inline(tmp_path: Path) -> None:
+    """num_workers=0 with a heavy transform: the batch is built on the training thread, inside
+    the DataLoader's frames."""
+    doc = zero_code_run("torch_inline", tmp_path, training("torch_inline.py"))
+    assert_named(doc, PREP)
+
+
+def test_hf_trainer(tmp_path: Path) -> None:
+    """A transformers Trainer (tiny BERT from a config, offline) fed by a slow Dataset."""
+    pytest.importorskip("transformers")
+    doc = zero_code_run("hf_trainer", tmp_path, training("hf_trainer.py"))
+    assert_named(doc, PREP)
+
+
+def test_lightning(tmp_path: Path) -> None:
+    """A lightning.pytorch Trainer on a tiny LightningModule fed by a slow Dataset."""
+    pytest.importorskip("lightning")
+    doc = zero_code_run("lightning", tmp_path, training("lightning_train.py"))
+    assert_named(doc, PREP)
+
+
+@pytest.mark.torchrun
+@pytest.mark.xfail(strict=True, reason=(
+    "stallscope counts set-up as training: dist.init_process_group() (frames in "
+    "torch/distributed/distributed_c10d.py, table row comm) is the first training-phase "
+    "sample, so what each rank does after it and before its loop (building its Dataset, "
+    "DistributedDataParallel(...) and the optimizer importing torch._dynamo: 'import' "
+    "samples, counted as 'other' once started) lands in the denominator; rank 1's data share "
+    "reads ~0.70-0.83 against the 0.95 it measured"))
+def test_ddp_starve(tmp_path: Path) -> None:
+    """Two DDP ranks (torchrun, gloo): rank 1's Dataset is slow, rank 0's fast. Rank 1 is named
+    the straggler, and each rank's data-wait share is its own."""
+    doc = zero_code_run("ddp_starve", tmp_path,
+                        ["-m", "torch.distributed.run", "--nproc_per_node", "2",
+                         *training("ddp_starve.py")], timeout=300)
+    own = doc["trainer_wait_ranks"]
+    assert set(own) == {0, 1}, own
+    assert doc["stall_source"] == "stacks", doc["stall_source"]
+    strag = [f for f in doc["findings"] if f["kind"] == "straggler_rank"]
+    assert strag, [f["kind"] for f in doc["findings"]]
+    assert strag[0]["evidence"]["rank"] == 1, strag[0]["evidence"]
+    ranks = {x["rank"]: x for x in doc["ranks"]}
+    assert set(ranks) == {0, 1}, ranks
+    for rank, share in own.items():
+        assert abs(ranks[rank]["stall_fraction"] - share) <= TOLERANCE, \
+            (rank, ranks[rank], share)
+    # the run's stall is the starving rank's
+    assert abs(doc["stall_fraction"] - own[1]) <= TOLERANCE, (doc["stall_fraction"], own)
