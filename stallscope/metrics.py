@@ -240,7 +240,9 @@ METRICS: tuple[Metric, ...] = (
                           ("compute", "computing (forward, backward, optimizer)"),
                           ("gpu_wait", "waiting for the GPU (synchronize, .item())"),
                           ("comm", "in collective communication"),
-                          ("ckpt", "in checkpoint I/O"), ("other", "elsewhere"))),
+                          ("ckpt", "in checkpoint I/O"),
+                          ("graph", "inside a compiled TensorFlow function"),
+                          ("other", "elsewhere"))),
     _M("stacks", "sampled_s", "s", "seconds of training time the samples of the interval stand "
        "for (start-up left out)", "gauge"),
     # --- smart: SMART checks of the watched drives, every 10 min (sources/smart/source.py) --

@@ -63,7 +63,7 @@ LOOP = F("/home/u/train.py", "main", 40)
     ([F(SP + "tensorflow/python/data/ops/iterator_ops.py", "__next__")], "data", "tensorflow"),
     ([F(SP + "keras/src/backend/tensorflow/trainer.py", "fit"),
       F(SP + "tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
-        "__call__")], "compute", "tensorflow"),
+        "__call__")], "graph", "tensorflow"),
     # the loader being torn down after the loop is not a wait
     ([F(SP + "torch/utils/data/dataloader.py", "__del__"),
       F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers")], "other", "pytorch"),
@@ -370,6 +370,17 @@ def test_the_diagnosis_names_the_starving_rank_from_stacks() -> None:
         [(0, 0.04, 0.66), (1, 0.92, 0.0)]
 
 
+def test_a_compiled_tensorflow_step_is_no_stall_measurement() -> None:
+    """``fit`` attached with py-spy: the training thread sits in the compiled function, which
+    holds the tf.data wait too. No stall from stacks then: never compute_bound on that."""
+    from stallscope.analysis.diagnose import diagnose
+
+    doc = diagnose(_run_with([_rec(10, None, graph=9.5, other=0.5)]))
+    assert doc["stall_source"] is None and doc["stall_fraction"] is None
+    assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
+    assert doc["signals"]["phase_shares"] == {"graph": 0.95, "other": 0.05}
+
+
 def test_sampled_stacks_rank_between_probe_and_system_metrics() -> None:
     from stallscope.analysis.diagnose import diagnose
 
@@ -385,3 +396,16 @@ def test_sampled_stacks_rank_between_probe_and_system_metrics() -> None:
     data.steps = [StepRow(0, i, float(i), 0.5, 0.5) for i in range(20)]  # type: ignore[attr-defined]
     doc = diagnose(data)  # type: ignore[arg-type]
     assert doc["stall_source"] == "probe" and doc["stall_fraction"] == 0.5
+
+
+def test_docs_phases_list_every_table_row() -> None:
+    """docs/diagnosis.md lists every frame-table row: its phase, file fragment, functions."""
+    from stallscope.sources.stacks.phases import TABLES
+
+    doc = (ROOT / "docs" / "diagnosis.md").read_text()
+    rows = [ln for ln in doc.splitlines() if ln.startswith("| ") and ln.count("|") == 5]
+    for rows_of in TABLES.values():
+        for row in rows_of:
+            hits = [ln for ln in rows if f"| {row.phase} |" in ln and f"`{row.path}`" in ln]
+            assert hits, f"docs/diagnosis.md has no row for {row}"
+            assert all(f"`{f}`" in hits[0] for f in row.funcs), (row, hits[0])

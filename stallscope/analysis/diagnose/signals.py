@@ -276,6 +276,11 @@ def _stack_signals(sig: Signals, data: RunData) -> None:
             d["worker_cpu_pct"] = _r(mean(w))
         detail.append(d)
     focus = procs[0]
+    if max(p.share("graph") for p in procs) >= 0.5:
+        # most of the time inside a compiled TensorFlow function, where the input pipeline
+        # runs too: the stacks cannot split it (docs/diagnosis.md); system metrics decide
+        sig.phase_shares = focus.shares()
+        return
     if len(detail) >= 2:
         sig.ranks_detail = detail
         worst = max(detail, key=lambda d: d["stall_fraction"])

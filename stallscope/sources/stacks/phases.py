@@ -11,12 +11,13 @@ the device, ``loss.item()`` waits for the GPU. Pure: no I/O but :mod:`linecache`
 lines, and a memo, since a training loop repeats a handful of stacks.
 
 The phases (:data:`PHASES`): ``data`` (waiting for the next batch, or loading it on the
-training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, optimizer, a
-compiled graph), ``gpu_wait`` (synchronize, ``.item()``, ``.cpu()``), ``comm`` (collective
-communication), ``ckpt`` (checkpoint I/O), ``other``; and ``startup``, every sample of a process
-before its first ``data``/``compute``/``comm`` sample (imports, building the model), which no
-share counts. A sample inside ``import`` is ``import``: counted as ``other`` once training
-has started, and never starting it.
+training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, optimizer),
+``gpu_wait`` (synchronize, ``.item()``, ``.cpu()``), ``comm`` (collective communication),
+``ckpt`` (checkpoint I/O), ``graph`` (inside a compiled TensorFlow function, which may hold the
+input pipeline too: stacks cannot tell), ``other``; and ``startup``, every sample of a process
+before its first training-phase sample (imports, building the model), which no share counts.
+A sample inside ``import`` is ``import``: counted as ``other`` once training has started, and
+never starting it.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class Row(NamedTuple):
 
 
 #: every phase a sample can get, in display order
-PHASES = ("data", "h2d", "compute", "gpu_wait", "comm", "ckpt", "other")
+PHASES = ("data", "h2d", "compute", "gpu_wait", "comm", "ckpt", "graph", "other")
 #: phases that mean the training loop has started (samples before the first are "startup")
-TRAINING = frozenset({"data", "h2d", "compute", "gpu_wait", "comm", "ckpt"})
+TRAINING = frozenset({"data", "h2d", "compute", "gpu_wait", "comm", "ckpt", "graph"})
 
 
 def _r(phase: str, path: str, *funcs: str) -> Row:
@@ -110,8 +111,9 @@ TABLES: dict[str, tuple[Row, ...]] = {
         _r("ckpt", "keras/src/callbacks/model_checkpoint.py"),
         _r("ckpt", "tensorflow/python/checkpoint/"),
         # a compiled train function: inside it, the graph runs the step and (in Keras 3) the
-        # tf.data get_next too, on threads Python cannot see (docs/diagnosis.md)
-        _r("compute", "tensorflow/python/eager/"),
+        # tf.data get_next too, on threads Python cannot see: neither data nor compute
+        # (docs/diagnosis.md)
+        _r("graph", "tensorflow/python/eager/"),
         _r("compute", "keras/src/backend/tensorflow/trainer.py", "train_step"),
     ),
 }
