@@ -90,7 +90,9 @@ def test_the_trainers_own_line_tells_a_copy_and_a_gpu_wait(tmp_path: Path) -> No
 def test_imports_launchers_and_spawned_children() -> None:
     imp = stack(LOOP, F("<frozen importlib._bootstrap>", "_find_and_load"),
                 F(SP + "torch/nn/modules/linear.py", "<module>"))
-    assert classify(imp)[0] == "import"  # module-level code of torch is not training
+    assert classify(imp)[0] == "setup"  # module-level code of torch is not training
+    join = stack(LOOP, F(SP + "torch/distributed/distributed_c10d.py", "init_process_group"))
+    assert classify(join)[0] == "setup"  # joining the group is not a collective
     assert idle_process(stack(F(SP + "torch/distributed/run.py", "main")))
     assert idle_process(stack(F("/usr/lib/python3.11/multiprocessing/spawn.py", "spawn_main")))
     assert not idle_process(stack(LOOP))

@@ -84,7 +84,7 @@ class Tally:
                 self.started = True
             else:
                 phase = "startup"
-        elif phase == "import":
+        elif phase == "setup":
             phase = "other"
         if phase in TRAINING:
             for k, v in self.pending.items():

@@ -16,8 +16,8 @@ training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, 
 ``ckpt`` (checkpoint I/O), ``graph`` (inside a compiled TensorFlow function, which may hold the
 input pipeline too: stacks cannot tell), ``other``; and ``startup``, every sample of a process
 before its first training-phase sample (imports, building the model), which no share counts.
-A sample inside ``import`` is ``import``: counted as ``other`` once training has started, and
-never starting it.
+A sample inside an ``import``, or joining a process group, is ``setup``: counted as ``other``
+once training has started, and never starting it.
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ TABLES: dict[str, tuple[Row, ...]] = {
         _r("other", "torch/utils/data/dataloader.py", "_shutdown_workers", "__del__"),
         _r("data", "torch/utils/data/"),  # DataLoader __next__, worker-queue wait, fetch
         _r("data", "torchdata/"),
+        # joining the process group is set-up, not a collective of the training
+        _r("setup", "torch/distributed/distributed_c10d.py", "init_process_group",
+           "_new_process_group_helper", "new_group", "_store_based_barrier"),
+        _r("setup", "torch/distributed/rendezvous.py"),
         _r("comm", "torch/distributed/distributed_c10d.py"),  # all_reduce, barrier, broadcast
         _r("comm", "torch/distributed/c10d_logger.py"),
         _r("ckpt", "torch/serialization.py"),  # torch.save / torch.load
@@ -169,11 +173,12 @@ def _library(path: str) -> bool:
 
 def classify(frames: Sequence[Frame]) -> tuple[str, str]:
     """``(phase, framework)`` of one sample (frames innermost first); framework ``""`` when no
-    table knew a frame. A module being imported is ``import`` (``other`` in every share; a
-    framework's module-level code runs then, and is not training)."""
+    table knew a frame. A module being imported is ``setup`` (``other`` in every share; a
+    framework's module-level code runs then, and is not training), and so is joining a
+    torch.distributed process group."""
     for f in reversed(frames):
         if f.file.startswith("<frozen importlib"):
-            return "import", ""
+            return "setup", ""
     for i, f in enumerate(frames):
         hit = _match(f)
         if hit is not None:
