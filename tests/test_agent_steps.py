@@ -356,3 +356,38 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
     finally:
         os.killpg(tree.pid, signal.SIGKILL)  # the ranks and workers too
         tree.wait()
+
+
+def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
+    """A followed run's own sampled stacks (``<run>/stacks/``): each trainer process's phase
+    shares of the interval, labelled like its process series; only new records count."""
+    from stallscope.agent.trainstacks import TrainerStacks
+    from stallscope.sources.stacks.aggregate import append_record
+
+    run = make_run(tmp_path)
+    record_run(run)
+
+    def add(pid: int, rank: int, data: float, compute: float) -> None:
+        append_record(run / "stacks", {"ts": time.time(), "pid": pid, "rank": rank,
+                                       "sampler": "inproc", "n": 50, "rate_hz": 50,
+                                       "s": {"data": data, "compute": compute}})
+
+    add(11, 1, 0.9, 0.1)
+    add(10, 0, 0.05, 0.95)
+    follower = StepFollower(rescan_s=0)
+    src = TrainerStacks(follower)
+    sink = PrometheusSink(["stacks"], hostname="node-3", steps=follower)
+    reading = src.read(time.time())
+    assert reading is not None
+    from stallscope.collect.collector import Sample
+
+    sink.write(Sample(time.time(), {"stacks": reading}, reading.points))
+    text = generate_latest(sink.registry).decode()
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("stallscope_stacks_data_ratio{") and 'pid="11"' in ln)
+    assert f'run="{run.name}"' in line and 'rank="1"' in line and 'role="main"' in line, line
+    assert 'hostname="node-3"' in line and line.endswith(" 0.9"), line
+    assert src.sample(time.time()) == {}  # nothing new since
+    end_run(run)
+    add(11, 1, 1.0, 0.0)
+    assert src.sample(time.time()) == {}  # an ended run is not followed

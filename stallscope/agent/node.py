@@ -21,6 +21,7 @@ from stallscope.agent.exporter import PrometheusSink
 from stallscope.agent.server import AgentHTTPServer, make_server
 from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.agent.trainprocs import TrainerProcs
+from stallscope.agent.trainstacks import TrainerStacks
 from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
@@ -120,7 +121,10 @@ class Agent:
         self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
         # the processes of the trainings it follows: run, role and rank labels
         sources.append(TrainerProcs(self.steps))
-        self.prom = PrometheusSink([*SOURCE_NAMES, "procs"], unavailable, steps=self.steps)
+        # and where their training threads spend their time (their own sampled stacks)
+        sources.append(TrainerStacks(self.steps))
+        self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,
+                                   steps=self.steps)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,

@@ -143,11 +143,7 @@ class StepFollower:
         each followed run that has not ended (:class:`~stallscope.agent.trainprocs.
         TrainerProcs` samples their process trees)."""
         with self._lock:
-            now = self.clock()
-            if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
-                self._scan(now)
-                self._scanned_at = now
-            self._expire(now)
+            self._refresh()
             out: dict[str, tuple[int, dict[int, int]]] = {}
             for f in self._followed.values():
                 if f.ended_at is not None or f.pid is None \
@@ -156,12 +152,28 @@ class StepFollower:
                 out[f.run_id] = (f.pid, self._probe_pids(f))
             return out
 
+    def run_dirs(self) -> dict[str, Path]:
+        """run id -> run directory of each followed run that has not ended (the agent reads
+        their sampled stacks, :mod:`stallscope.agent.trainstacks`)."""
+        with self._lock:
+            self._refresh()
+            return {f.run_id: f.run_dir for f in self._followed.values()
+                    if f.ended_at is None}
+
     def close(self) -> None:
         with self._lock:
             for key in list(self._followed):
                 self._drop(key)
 
     # --- inside the lock ------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Look for new runs when a rescan is due; drop the runs past their grace period."""
+        now = self.clock()
+        if self._scanned_at is None or now - self._scanned_at >= self.rescan_s:
+            self._scan(now)
+            self._scanned_at = now
+        self._expire(now)
+
     def _expire(self, now: float) -> None:
         """Drop the runs that ended more than the grace period ago (their connection closes),
         also when nothing scrapes."""
