@@ -100,6 +100,13 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
             fs += 1
             f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
     mc = sig.main_cpu_pct
+    if (not sig.workers and mc is not None and mc >= 80 and (d is None or d < 0.1)
+            and sig.stall_source in ("probe", "stacks")):
+        # the training thread measurably waits on its own loading, and the process is busy
+        # on the CPU, not blocked on reads: the loading is CPU work (decode, transform)
+        ps += 2
+        p.append(f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
+                 "reads: loading is CPU work")
     if not sig.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
         # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
         # process barely computes
