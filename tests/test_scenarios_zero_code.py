@@ -136,13 +136,6 @@ def test_lightning(tmp_path: Path) -> None:
 
 
 @pytest.mark.torchrun
-@pytest.mark.xfail(strict=True, reason=(
-    "stallscope counts set-up as training: dist.init_process_group() (frames in "
-    "torch/distributed/distributed_c10d.py, table row comm) is the first training-phase "
-    "sample, so what each rank does after it and before its loop (building its Dataset, "
-    "DistributedDataParallel(...) and the optimizer importing torch._dynamo: 'import' "
-    "samples, counted as 'other' once started) lands in the denominator; rank 1's data share "
-    "reads ~0.70-0.83 against the 0.95 it measured"))
 def test_ddp_starve(tmp_path: Path) -> None:
     """Two DDP ranks (torchrun, gloo): rank 1's Dataset is slow, rank 0's fast. Rank 1 is named
     the straggler, and each rank's data-wait share is its own."""
