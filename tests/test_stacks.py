@@ -177,9 +177,16 @@ def test_trainer_processes_are_ranks_not_workers_or_helpers(tmp_path: Path) -> N
     assert [p.pid for p in trainer_phases(read_records(tmp_path))] == [21]
     _write(tmp_path, 30, 1, {"data": 9.0, "compute": 1.0})
     _write(tmp_path, 31, 0, {"data": 0.5, "comm": 9.5})
-    _write(tmp_path, 32, 2, {"data": 9.0})
-    procs = trainer_phases(read_records(tmp_path), roles={"32": "worker"})
+    # a rank is a trainer even where the process tree, read early, made it look like a
+    # launcher (its worker not yet renamed pt_data_worker)
+    procs = trainer_phases(read_records(tmp_path), roles={"31": "launcher"})
     assert [(p.rank, p.pid) for p in procs] == [(0, 31), (1, 30)]
+    # without a rank, a worker is no trainer
+    unranked = tmp_path / "u"
+    _write(unranked, 50, None, {"data": 9.0})
+    _write(unranked, 51, None, {"compute": 5.0})
+    assert [p.pid for p in trainer_phases(read_records(unranked), roles={"50": "worker"})] == \
+        [51]
 
 
 def test_the_collector_reads_new_records_only(tmp_path: Path) -> None:
@@ -448,3 +455,23 @@ def test_ddp_fast_rank_waits_for_its_peer_inside_backward() -> None:
     share is what tells it from rank 1."""
     shares = _phases_of("ddp-starve-rank0.raw")
     assert shares.get("data", 0.0) <= 0.05 and shares.get("compute", 0.0) >= 0.9
+
+
+def test_building_and_profiler_frames() -> None:
+    """Building a model or an optimizer, or moving it to the device, is set-up wherever the
+    innermost frame is; the profiler's wrapper decides nothing."""
+    build = stack(LOOP, F(SP + "torch/nn/modules/linear.py", "__init__"),
+                  F(SP + "torch/nn/modules/module.py", "__setattr__"))
+    assert classify(build)[0] == "setup"
+    assert classify(stack(LOOP, F(SP + "torch/nn/init.py", "kaiming_uniform_")))[0] == "setup"
+    assert classify(stack(LOOP, F(SP + "torch/optim/sgd.py", "__init__"),
+                          F(SP + "torch/_dynamo/__init__.py", "<module>")))[0] == "setup"
+    assert classify(stack(LOOP, F(SP + "torch/nn/modules/module.py", "to"),
+                          F(SP + "torch/nn/modules/module.py", "_apply")))[0] == "setup"
+    wrapped = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__next__"),
+                    F(SP + "torch/autograd/profiler.py", "__enter__"),
+                    F(SP + "torch/_ops.py", "__call__"))
+    assert classify(wrapped)[0] == "data"
+    # a module's forward is compute, its __init__ is not
+    assert classify(stack(LOOP, F(SP + "torch/nn/modules/linear.py", "forward")))[0] == \
+        "compute"

@@ -85,6 +85,8 @@ class RunData:
             from stallscope.sources.roles import infer_roles
 
             probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
+            # a process whose own sampler read a RANK is a trainer whatever its tree looks like
+            probe_pids |= {str(r["pid"]) for r in self.stacks if isinstance(r.get("rank"), int)}
             self._roles = infer_roles([e for e in self.entities if e["source"] == "procs"],
                                       probe_pids)
         return self._roles

@@ -67,7 +67,7 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
     roles = roles or {}
     out = [p for p in procs.values()
            if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
-           and roles.get(str(p.pid)) not in ("worker", "launcher")]
+           and (p.rank is not None or roles.get(str(p.pid)) not in ("worker", "launcher"))]
     ranked = [p for p in out if p.rank is not None]
     if ranked:
         by_rank: dict[int, ProcPhases] = {}

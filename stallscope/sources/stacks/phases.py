@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 __all__ = [
+    "BUILDING",
     "LINE_PATTERNS",
     "PHASES",
     "TABLES",
@@ -67,6 +68,10 @@ def _r(phase: str, path: str, *funcs: str) -> Row:
 #: matches decides; the tables never overlap on a file.
 TABLES: dict[str, tuple[Row, ...]] = {
     "pytorch": (
+        # the profiler's record_function wrapper around a loader's __next__ or an op: the
+        # frame outside it decides
+        _r("skip", "torch/autograd/profiler.py", "__enter__", "__exit__"),
+        _r("skip", "torch/_ops.py", "__call__"),
         # a loader being torn down (after the loop, or when garbage-collected) is not a wait
         _r("other", "torch/utils/data/dataloader.py", "_shutdown_workers", "__del__"),
         _r("data", "torch/utils/data/"),  # DataLoader __next__, worker-queue wait, fetch
@@ -128,6 +133,18 @@ LINE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("h2d", re.compile(r"\.(to|cuda)\(|\bnon_blocking\s*=")),
 )
 
+#: frames that mean something is being built (a model, an optimizer) or moved to the device:
+#: set-up, wherever they are on the stack (the innermost frame is then often a generic
+#: ``__setattr__``): (path fragment, functions; empty: any)
+BUILDING: tuple[tuple[str, frozenset[str]], ...] = (
+    ("torch/nn/modules/", frozenset({"__init__", "reset_parameters", "_reset_parameters"})),
+    ("torch/nn/modules/module.py", frozenset({"to", "_apply", "cuda", "to_empty"})),
+    ("torch/nn/parallel/distributed.py", frozenset({"__init__"})),
+    ("torch/optim/", frozenset({"__init__"})),
+    ("torch/nn/init.py", frozenset()),
+    ("accelerate/utils/memory.py", frozenset()),
+)
+
 #: frames of processes that are not trainers: a launcher, a multiprocessing child
 _IDLE = ("torch/distributed/run.py", "torch/distributed/elastic/", "multiprocessing/spawn.py",
          "multiprocessing/forkserver.py", "multiprocessing/popen_fork.py")
@@ -156,6 +173,21 @@ def _match(frame: Frame) -> tuple[str, str] | None:
     return found
 
 
+_built: dict[tuple[str, str], bool] = {}
+
+
+def _building(frame: Frame) -> bool:
+    key = (frame.file, frame.func)
+    got = _built.get(key)
+    if got is None:
+        path = _norm(frame.file)
+        got = any("/" + frag in path and (not funcs or frame.func in funcs)
+                  for frag, funcs in BUILDING)
+        if len(_built) < 100_000:
+            _built[key] = got
+    return got
+
+
 def _line_phase(frame: Frame) -> str | None:
     text = linecache.getline(frame.file, frame.line) if frame.line > 0 else ""
     if not text:
@@ -174,14 +206,16 @@ def _library(path: str) -> bool:
 def classify(frames: Sequence[Frame]) -> tuple[str, str]:
     """``(phase, framework)`` of one sample (frames innermost first); framework ``""`` when no
     table knew a frame. A module being imported is ``setup`` (``other`` in every share; a
-    framework's module-level code runs then, and is not training), and so is joining a
-    torch.distributed process group."""
+    framework's module-level code runs then, and is not training), and so is building a
+    model or an optimizer, moving a model to the device (:data:`BUILDING`) and joining a
+    torch.distributed process group. Rows of phase ``skip`` (a profiler's wrapper) decide
+    nothing: the frame outside them does."""
     for f in reversed(frames):
-        if f.file.startswith("<frozen importlib"):
+        if f.file.startswith("<frozen importlib") or _building(f):
             return "setup", ""
     for i, f in enumerate(frames):
         hit = _match(f)
-        if hit is not None:
+        if hit is not None and hit[1] != "skip":
             return hit[1], hit[0]
         if i == 0 and not _library(_norm(f.file)):
             phase = _line_phase(f)
