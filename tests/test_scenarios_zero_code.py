@@ -155,3 +155,34 @@ def test_ddp_starve(tmp_path: Path) -> None:
             (rank, ranks[rank], share)
     # the run's stall is the starving rank's
     assert abs(doc["stall_fraction"] - own[1]) <= TOLERANCE, (doc["stall_fraction"], own)
+
+
+def test_attached_to_a_running_training(tmp_path: Path) -> None:
+    """`run --pid` on a training already running, started without stallscope: py-spy samples
+    it from outside, and the verdict is the launched run's, its share within 0.05 of the
+    trainer's own (py-spy joins a few seconds in; the loop's share is steady)."""
+    import time
+
+    out = tmp_path / "runs"
+    trainer = subprocess.Popen([sys.executable, *training("torch_prep.py", "--workers", "1")],
+                               stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        time.sleep(4)
+        r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "1",
+                                           "--out", str(out)),
+                           capture_output=True, text=True, timeout=120)
+        stdout, _ = trainer.communicate(timeout=60)
+    finally:
+        trainer.kill()
+    assert r.returncode == 0 and "no stack sampling" not in r.stderr, r.stderr[-3000:]
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120, check=True)
+    doc = json.loads(d.stdout)
+    m = _WAIT.search(stdout)
+    assert m is not None, stdout[-2000:]
+    doc["trainer_wait"] = float(m.group(2))
+    print(f"\n[attach] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
+          f"{doc['stall_fraction']} ({doc['signals'].get('stack_sampler')}), {doc['verdict']}")
+    assert doc["signals"]["stack_sampler"] == "py-spy"
+    assert_named(doc, PREP)
