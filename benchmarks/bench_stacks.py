@@ -2,8 +2,8 @@
 ``stallscope run`` injects, and py-spy attached from outside (``run --pid``). Goals: <= 1 %
 fewer steps per second, and <= 1 % of one core of sampler CPU.
 
-    .venv/bin/python benchmarks/bench_stacks.py [--seconds 8] [--rounds 3] [--rate 50]
-                                                [--pyspy-rates 20[,50]] [--wait-idle 2]
+    .venv/bin/python benchmarks/bench_stacks.py [--seconds 6] [--rounds 3] [--rate 50]
+                                  [--pyspy-rates 20[,50]] [--toggle 20] [--wait-idle 2]
 
 Defaults take about 2.5 minutes on 2 cores. The trainer is a CPU PyTorch loop written here,
 run as a subprocess for ``--seconds`` after a warm-up: a DataLoader with one worker and a
@@ -28,6 +28,12 @@ drift of the machine's load affects all alike:
   CPU is the ``RUSAGE_CHILDREN`` delta of this process over the window (py-spy rounds are
   children the sampler waits for; the trainer is reaped only afterwards), less one
   ``py-spy dump`` (the sampler's start-up check, measured just before).
+
+Fresh trainers differ by several % from one another even on an idle machine (measured: up to
+±7 % between baseline runs), more than the 1 % goal; so ``--toggle`` also runs one trainer
+that starts and stops an :class:`~stallscope.sources.stacks.inproc.InProcSampler` itself,
+in windows of half a second of steps, ABBA / BAAB, and prints the mean change of steps/s with
+the sampler over the blocks, with its standard error.
 
 Protocol with the trainer (stdin/stdout lines): it prints ``ready {...}`` after the warm-up
 and waits for ``go``; times ``--seconds`` of steps; prints ``done {...}`` and waits for
@@ -77,6 +83,7 @@ TRAINER = textwrap.dedent('''
     from torch.utils.data import DataLoader, Dataset
 
     SECONDS, WARMUP = float(sys.argv[1]), float(sys.argv[2])
+    TOGGLE = sys.argv[3:6]  # "toggle", rate, run dir: switch a sampler on and off
 
 
     class Images(Dataset):
@@ -134,7 +141,7 @@ TRAINER = textwrap.dedent('''
         loader = DataLoader(Images(), batch_size=32, num_workers=1)
         batches = iter(loader)
 
-        def train(until):
+        def train(until, steps=None):
             n = 0
             for x, y in batches:
                 opt.zero_grad(set_to_none=True)
@@ -142,11 +149,15 @@ TRAINER = textwrap.dedent('''
                 loss.backward()
                 opt.step()
                 n += 1
-                if time.perf_counter() >= until:
+                if n == steps or (steps is None and time.perf_counter() >= until):
                     break
             return n
 
-        train(time.perf_counter() + WARMUP)
+        t0 = time.perf_counter()
+        warm = train(t0 + WARMUP)
+        if TOGGLE:
+            toggle(train, warm / (time.perf_counter() - t0))
+            return
         st = sampler_thread()
         print("ready " + json.dumps({"pid": os.getpid(),
                                      "sampler_tid": st.native_id if st else None}), flush=True)
@@ -162,6 +173,29 @@ TRAINER = textwrap.dedent('''
                                     "sampler_cpu_s": cpu, "t_go": t_go, "t_done": time.time(),
                                     "sampler_alive": bool(st and st.is_alive())}), flush=True)
         wait_for("exit", 120)
+
+
+    def toggle(train, rate):
+        """Windows of k steps, the sampler off (0) or on (1) in ABBA / BAAB blocks, timed."""
+        from stallscope.sources.stacks.inproc import InProcSampler
+
+        hz, run_dir = float(TOGGLE[1]), TOGGLE[2]
+        k = max(5, round(rate * 0.5))
+        windows = []
+        end = time.perf_counter() + SECONDS
+        block = 0
+        while time.perf_counter() < end:
+            for on in ((0, 1, 1, 0) if block % 2 == 0 else (1, 0, 0, 1)):
+                sampler = InProcSampler(run_dir, hz) if on else None
+                if sampler is not None:
+                    sampler.start()
+                t0 = time.perf_counter()
+                train(None, k)
+                windows.append((block, on, time.perf_counter() - t0))
+                if sampler is not None:
+                    sampler.stop()
+            block += 1
+        print("toggle " + json.dumps({"k": k, "windows": windows}), flush=True)
 
 
     main()
@@ -426,6 +460,41 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_toggle(script: Path, args: argparse.Namespace, base_env: dict[str, str],
+               tmp: Path) -> dict[str, Any]:
+    """One trainer that starts and stops an in-process sampler itself, window by window
+    (ABBA / BAAB blocks of ``k`` steps each): the sampler's cost without the variation between
+    processes. Returns the per-block changes of steps/s with the sampler, in %."""
+    work = Path(tempfile.mkdtemp(prefix="toggle-", dir=tmp))
+    (work / "run").mkdir()
+    cmd = [sys.executable, str(script), str(args.toggle), str(args.warmup), "toggle",
+           f"{args.rate:g}", str(work / "run")]
+    proc = subprocess.Popen(cmd, env=base_env, cwd=work, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=args.toggle + args.warmup + 120)
+    except subprocess.TimeoutExpired:
+        out, err = "", "timed out"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    lines = [ln for ln in out.splitlines() if ln.startswith("toggle ")]
+    if not lines:
+        raise TrainerFailed("the toggling trainer gave no result: "
+                            + "\n".join(err.strip().splitlines()[-15:]))
+    res = json.loads(lines[-1][len("toggle "):])
+    blocks: dict[int, list[float]] = {}
+    for block, on, dt in res["windows"]:
+        blocks.setdefault(block, [0.0, 0.0])[on] += dt
+    changes = [(off / on - 1) * 100 for off, on in blocks.values() if off > 0 and on > 0]
+    return {"k": res["k"], "changes": changes}
+
+
 # --- report ------------------------------------------------------------------------------------
 
 def name_of(arm: tuple[str, float]) -> str:
@@ -450,7 +519,7 @@ def parse_rates(text: str) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=8.0, help="timed seconds per trainer")
+    ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per trainer")
     ap.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before them")
     ap.add_argument("--rounds", type=int, default=3, help="trainers per arm (alternating)")
     ap.add_argument("--rate", type=float, default=inproc.DEFAULT_RATE_HZ,
@@ -461,6 +530,9 @@ def main() -> int:
     ap.add_argument("--wait-idle", type=float, default=2.0, metavar="S",
                     help="before each trainer, wait up to S seconds for other processes to "
                          "leave the machine idle (default 2; 0: no wait)")
+    ap.add_argument("--toggle", type=float, default=20.0, metavar="S",
+                    help="also S seconds of one trainer switching the in-process sampler on "
+                         "and off every half second (default 20; 0: not run)")
     args = ap.parse_args()
     if args.seconds <= 0 or args.rounds < 1 or not 1 <= args.rate <= 1000:
         ap.error("--seconds > 0, --rounds >= 1, --rate 1 to 1000")
@@ -490,7 +562,8 @@ def main() -> int:
           f"{pyspy.DEFAULT_RATE_HZ:g}), {pyspy.pyspy_path() or 'not installed'}")
     print(f"trainer: CPU CNN, 1 torch thread, DataLoader with 1 worker; {args.warmup:g} s "
           f"warm-up + {args.seconds:g} s timed; {args.rounds} rounds of {len(arms)} arms, "
-          "order alternating")
+          "order alternating" + (f"; then {args.toggle:g} s of one trainer switching the "
+                                 "in-process sampler on and off" if args.toggle > 0 else ""))
 
     started = time.monotonic()
     results: dict[tuple[str, float], list[dict[str, Any]]] = {a: [] for a in arms}
@@ -521,8 +594,23 @@ def main() -> int:
                       f"{res['cpu_per_step_ms']:5.1f} ms CPU/step; other processes "
                       f"{res['other_cpu_s'] / res['wall_s'] * 100:3.0f}% of a core", flush=True)
             rounds.append(this_round)
+        toggled = None
+        if args.toggle > 0:
+            waited += wait_idle(args.wait_idle) if args.wait_idle > 0 else 0.0
+            try:
+                toggled = run_toggle(script, args, base_env, tmp)
+            except TrainerFailed as exc:
+                print(f"bench_stacks: toggling trainer: {exc}", file=sys.stderr)
+                return 1
     elapsed = time.monotonic() - started
     report(arms, results, rounds, usable)
+    if toggled is not None and toggled["changes"]:
+        ch = toggled["changes"]
+        se = statistics.stdev(ch) / len(ch) ** 0.5 if len(ch) > 1 else float("nan")
+        print(f"in-process {args.rate:g} Hz switched on and off inside one trainer "
+              f"({args.toggle:g} s, {len(ch)} ABBA blocks of {toggled['k']}-step windows): "
+              f"steps/s {pct(statistics.mean(ch))} ± {se:.1f}% with the sampler (mean over "
+              f"blocks ± standard error; median {pct(statistics.median(ch))}; goal >= -1%)")
     print(f"total {elapsed:.0f} s, of which {waited:.0f} s waiting for an idle machine")
     return 0
 
