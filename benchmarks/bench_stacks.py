@@ -3,7 +3,7 @@
 fewer steps per second, and <= 1 % of one core of sampler CPU.
 
     .venv/bin/python benchmarks/bench_stacks.py [--seconds 6] [--rounds 3] [--rate 50]
-                                  [--pyspy-rates 20[,50]] [--toggle 20] [--wait-idle 2]
+                                  [--pyspy-rates 20[,50]] [--toggle 30] [--wait-idle 2]
 
 Defaults take about 2.5 minutes on 2 cores. The trainer is a CPU PyTorch loop written here,
 run as a subprocess for ``--seconds`` after a warm-up: a DataLoader with one worker and a
@@ -29,10 +29,10 @@ drift of the machine's load affects all alike:
   children the sampler waits for; the trainer is reaped only afterwards), less one
   ``py-spy dump`` (the sampler's start-up check, measured just before).
 
-Fresh trainers differ by several % from one another even on an idle machine (measured: up to
-±7 % between baseline runs), more than the 1 % goal; so ``--toggle`` also runs one trainer
-that starts and stops an :class:`~stallscope.sources.stacks.inproc.InProcSampler` itself,
-in windows of half a second of steps, ABBA / BAAB, and prints the mean change of steps/s with
+Fresh trainers differ by several % from one another even on an idle machine (measured on a
+2-core VM: baseline spreads of ±2 to ±12 %), more than the 1 % goal; so ``--toggle`` also runs
+one trainer that starts and stops an :class:`~stallscope.sources.stacks.inproc.InProcSampler`
+itself, in windows of 0.2 s of steps, ABBA / BAAB, and prints the mean change of steps/s with
 the sampler over the blocks, with its standard error.
 
 Protocol with the trainer (stdin/stdout lines): it prints ``ready {...}`` after the warm-up
@@ -176,11 +176,13 @@ TRAINER = textwrap.dedent('''
 
 
     def toggle(train, rate):
-        """Windows of k steps, the sampler off (0) or on (1) in ABBA / BAAB blocks, timed."""
+        """Windows of k steps (about 0.2 s: short windows cancel the drift of the step time
+        best), the sampler off (0) or on (1) in ABBA / BAAB blocks, timed. A sampler started
+        for a window takes its first sample one period in."""
         from stallscope.sources.stacks.inproc import InProcSampler
 
         hz, run_dir = float(TOGGLE[1]), TOGGLE[2]
-        k = max(5, round(rate * 0.5))
+        k = max(3, round(rate * 0.2))
         windows = []
         end = time.perf_counter() + SECONDS
         block = 0
@@ -530,9 +532,9 @@ def main() -> int:
     ap.add_argument("--wait-idle", type=float, default=2.0, metavar="S",
                     help="before each trainer, wait up to S seconds for other processes to "
                          "leave the machine idle (default 2; 0: no wait)")
-    ap.add_argument("--toggle", type=float, default=20.0, metavar="S",
+    ap.add_argument("--toggle", type=float, default=30.0, metavar="S",
                     help="also S seconds of one trainer switching the in-process sampler on "
-                         "and off every half second (default 20; 0: not run)")
+                         "and off every 0.2 s (default 30; 0: not run)")
     args = ap.parse_args()
     if args.seconds <= 0 or args.rounds < 1 or not 1 <= args.rate <= 1000:
         ap.error("--seconds > 0, --rounds >= 1, --rate 1 to 1000")
