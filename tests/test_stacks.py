@@ -94,7 +94,13 @@ def test_imports_launchers_and_spawned_children() -> None:
     join = stack(LOOP, F(SP + "torch/distributed/distributed_c10d.py", "init_process_group"))
     assert classify(join)[0] == "setup"  # joining the group is not a collective
     assert idle_process(stack(F(SP + "torch/distributed/run.py", "main")))
-    assert idle_process(stack(F("/usr/lib/python3.11/multiprocessing/spawn.py", "spawn_main")))
+    spawned = F("/usr/lib/python3.11/multiprocessing/spawn.py", "spawn_main")
+    # a DataLoader worker started with spawn, mp.spawn's parent: no trainers
+    assert idle_process(stack(spawned, F(SP + "torch/utils/data/_utils/worker.py",
+                                         "_worker_loop")))
+    assert idle_process(stack(LOOP, F(SP + "torch/multiprocessing/spawn.py", "join")))
+    # the child mp.spawn started to train is one
+    assert not idle_process(stack(spawned, F("/home/u/train.py", "train")))
     assert not idle_process(stack(LOOP))
 
 
@@ -106,6 +112,20 @@ def test_fold_is_outermost_first_without_lines() -> None:
 DATA = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__next__"))
 COMPUTE = stack(LOOP, F(SP + "torch/nn/modules/module.py", "_call_impl"))
 OTHER = stack(F("/home/u/train.py", "make_dataset"))
+
+
+def test_a_process_found_to_be_no_trainer_stops_before_training_only() -> None:
+    t = Tally(7, None, "inproc", 50.0)
+    for _ in range(5):
+        t.add(OTHER, 0.1)  # the interpreter starting: nothing known yet
+    assert not t.idle
+    t.add(stack(LOOP, F(SP + "torch/multiprocessing/spawn.py", "join")), 0.1)
+    assert t.idle
+    t = Tally(8, None, "inproc", 50.0)
+    t.add(DATA, 0.1, key=("k",))
+    t.add(stack(LOOP, F(SP + "torch/multiprocessing/spawn.py", "join")), 0.1)
+    assert not t.idle  # once training started, it is a trainer
+    assert t.add(OTHER, 0.1, key=("k",)) == "data"  # the memo answers for a known key
 
 
 def test_tally_leaves_out_startup_and_the_tail() -> None:

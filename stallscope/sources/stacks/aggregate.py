@@ -40,6 +40,8 @@ STACKS_DIR = "stacks"
 MAX_STACKS = 40
 #: seconds outside training held back at most before they count (see :attr:`Tally.pending`)
 MAX_PENDING_S = 30.0
+#: distinct stacks a tally remembers the phase of
+MEMO_SIZE = 20_000
 #: seconds one sample may stand for at most (a sampler that stalled does not invent time)
 MAX_WEIGHT_S = 1.0
 
@@ -68,17 +70,27 @@ class Tally:
         self.stack_phase: dict[str, str] = {}
         self.n = 0
         self.total_n = 0
+        #: stack key -> (phase, folded stack, not a trainer's): a loop repeats a few stacks
+        self._memo: dict[Any, tuple[str, str, bool]] = {}
+
+    def _info(self, frames: Sequence[Frame], key: Any) -> tuple[str, str, bool]:
+        info = self._memo.get(key) if key is not None else None
+        if info is None:
+            info = (classify(frames)[0], fold(frames), idle_process(frames))
+            if key is not None and len(self._memo) < MEMO_SIZE:
+                self._memo[key] = info
+        return info
 
     def add(self, frames: Sequence[Frame], weight_s: float, key: Any = None) -> str:
         """Count one sample (frames innermost first) standing for ``weight_s`` seconds; returns
-        its phase. ``key``: a hashable identity of the stack for the memo (the code objects),
-        None to fold every time."""
+        its phase. ``key``: a hashable identity of the stack (its code objects and innermost
+        line) under which its phase and folded form are remembered; None: work them out."""
         if not frames:
             return "other"
         weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
-        if not self.started and self.total_n < 3 and idle_process(frames):
+        phase, folded, not_trainer = self._info(frames, key)
+        if not self.started and not_trainer:
             self.idle = True
-        phase, _fw = classify(frames)
         if not self.started:
             if phase in TRAINING:
                 self.started = True
@@ -99,7 +111,6 @@ class Tally:
                 for k, v in self.pending.items():
                     self.seconds[k] = self.seconds.get(k, 0.0) + v
                 self.pending = {}
-        folded = fold(frames)
         if folded in self.stacks or len(self.stacks) < MAX_STACKS:
             self.stacks[folded] = self.stacks.get(folded, 0.0) + weight_s
             self.stack_phase[folded] = phase

@@ -26,10 +26,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from stallscope.sources.stacks.aggregate import Tally, append_record, stacks_dir
+from stallscope.sources.stacks.aggregate import MEMO_SIZE, Tally, append_record, stacks_dir
 from stallscope.sources.stacks.phases import Frame
 
-__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "start", "walk"]
+__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "stack_key", "start", "walk"]
 
 #: samples per second of the training thread
 DEFAULT_RATE_HZ = 50.0
@@ -48,17 +48,26 @@ def env_rank() -> int | None:
     return None
 
 
-def walk(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[list[Frame], tuple[Any, ...]]:
-    """The frames innermost first, and a key that identifies the stack (its code objects and
-    the innermost line) for memos."""
+def stack_key(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[Any, ...]:
+    """What identifies a stack for the memos: the innermost line and every frame's code
+    object, innermost first (cheap: no strings built)."""
+    if frame is None:
+        return ()
+    key: list[Any] = [frame.f_lineno or 0]
+    while frame is not None and len(key) <= depth:
+        key.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(key)
+
+
+def walk(frame: FrameType | None, depth: int = MAX_DEPTH) -> list[Frame]:
+    """The frames innermost first."""
     frames: list[Frame] = []
-    codes: list[Any] = []
     while frame is not None and len(frames) < depth:
         code = frame.f_code
         frames.append(Frame(code.co_filename, code.co_name, frame.f_lineno or 0))
-        codes.append(code)
         frame = frame.f_back
-    return frames, (frames[0].line if frames else 0, *codes)
+    return frames
 
 
 class InProcSampler:
@@ -82,6 +91,7 @@ class InProcSampler:
 
     def _loop(self) -> None:
         period = 1.0 / self.rate_hz
+        memo: dict[tuple[Any, ...], list[Frame]] = {}
         last = time.monotonic()
         next_flush = last + self.flush_s
         try:
@@ -89,11 +99,16 @@ class InProcSampler:
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
-                frames, _key = walk(frame)
+                key = stack_key(frame)
+                frames = memo.get(key)
+                if frames is None:
+                    frames = walk(frame)
+                    if len(memo) < MEMO_SIZE:
+                        memo[key] = frames
                 del frame
                 now = time.monotonic()
                 with self._lock:
-                    self.tally.add(frames, now - last)
+                    self.tally.add(frames, now - last, key)
                 last = now
                 if self.tally.idle:
                     return

@@ -145,9 +145,18 @@ BUILDING: tuple[tuple[str, frozenset[str]], ...] = (
     ("accelerate/utils/memory.py", frozenset()),
 )
 
-#: frames of processes that are not trainers: a launcher, a multiprocessing child
-_IDLE = ("torch/distributed/run.py", "torch/distributed/elastic/", "multiprocessing/spawn.py",
-         "multiprocessing/forkserver.py", "multiprocessing/popen_fork.py")
+#: frames of processes that are no trainers: torchrun's agent, torch.multiprocessing.spawn's
+#: parent, a DataLoader worker (started with spawn or forkserver it runs the start-up too),
+#: multiprocessing's helpers. A child that ``mp.spawn`` started to train is not among them:
+#: ``multiprocessing/spawn.py`` alone says nothing.
+_IDLE: tuple[tuple[str, frozenset[str]], ...] = (
+    ("torch/distributed/run.py", frozenset()),
+    ("torch/distributed/elastic/", frozenset()),
+    ("torch/multiprocessing/spawn.py", frozenset({"join", "start_processes", "spawn"})),
+    ("torch/utils/data/_utils/worker.py", frozenset({"_worker_loop"})),
+    ("multiprocessing/resource_tracker.py", frozenset()),
+    ("multiprocessing/forkserver.py", frozenset({"main"})),
+)
 
 _ROWS = tuple((fw, row) for fw, rows in TABLES.items() for row in rows)
 _memo: dict[tuple[str, str], tuple[str, str] | None] = {}
@@ -234,9 +243,13 @@ def framework_of(frames: Sequence[Frame]) -> str:
 
 
 def idle_process(frames: Sequence[Frame]) -> bool:
-    """The frames are a launcher's (torchrun) or a multiprocessing child's start: not a
-    trainer's training thread."""
-    return any(p in _norm(f.file) for f in frames for p in _IDLE)
+    """The frames are those of a process that is no trainer (:data:`_IDLE`): checked on every
+    sample until training starts."""
+    for f in frames:
+        path = _norm(f.file)
+        if any("/" + frag in path and (not funcs or f.func in funcs) for frag, funcs in _IDLE):
+            return True
+    return False
 
 
 def _short(path: str) -> str:

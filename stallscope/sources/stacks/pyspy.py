@@ -32,10 +32,12 @@ from stallscope.sources.stacks.phases import TRAINING, Frame, classify
 
 __all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path"]
 
-#: samples per second: py-spy's own CPU stays under 1% of a core (benchmarks/bench_stacks.py)
+#: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.4 ms a sample; at 20 Hz in
+#: 10 s rounds under 1% of a core, benchmarks/bench_stacks.py)
 DEFAULT_RATE_HZ = 20.0
-#: seconds of one py-spy round
-ROUND_S = 2.0
+#: seconds of one py-spy round (the first is FIRST_ROUND_S: a first reading soon)
+ROUND_S = 10.0
+FIRST_ROUND_S = 2.0
 
 _FRAME = re.compile(r"^(.*) \((.*?):(\d+)\)$")
 _THREAD = re.compile(r"^thread \((\d+|0x[0-9a-fA-F]+)\)")
@@ -143,13 +145,14 @@ class PySpySampler:
         return notes
 
     def _loop(self) -> None:
+        seconds = min(FIRST_ROUND_S, self.round_s)
         with tempfile.TemporaryDirectory(prefix="stallscope-pyspy-") as tmp:
             while not self._stop.is_set() and self.pids:
                 outs = {pid: Path(tmp) / f"{pid}.txt" for pid in self.pids}
                 for pid, out in outs.items():
                     self._procs[pid] = subprocess.Popen(
                         [self.exe or "py-spy", "record", "--pid", str(pid), "--rate",
-                         str(int(self.rate_hz)), "--duration", str(int(self.round_s)),
+                         str(int(self.rate_hz)), "--duration", str(int(seconds)),
                          "--nonblocking", "--idle", "--threads", "--format", "raw",
                          "-o", str(out)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_ENV)
@@ -158,6 +161,7 @@ class PySpySampler:
                     self._finish_round(pid, outs[pid], proc.returncode,
                                        err.decode(errors="replace"))
                 self._procs.clear()
+                seconds = self.round_s
 
     def _finish_round(self, pid: int, out: Path, code: int, err: str) -> None:
         try:
