@@ -168,8 +168,9 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
                                stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         time.sleep(4)
+        # 20 Hz (the default is 10, for its cost): enough samples for the 0.05 in ~11 s
         r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "1",
-                                           "--out", str(out)),
+                                           "--stack-rate", "20", "--out", str(out)),
                            capture_output=True, text=True, timeout=120)
         stdout, _ = trainer.communicate(timeout=60)
     finally:

@@ -57,8 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "Ctrl-C, which stops the monitoring only (the trainer is never signalled)")
     p.add_argument("--stack-rate", type=rate_type, default=None, metavar="HZ",
                    help="samples per second of the trainer's stack, to tell data wait from "
-                   "compute with no code in the trainer (default 50 for a launched command, "
-                   "sampled from inside it; 20 with --pid, sampled by py-spy; see "
+                   "compute with no code in the trainer (default 40 for a launched command, "
+                   "sampled from inside it; 10 with --pid, sampled by py-spy; see "
                    "docs/diagnosis.md)")
     p.add_argument("--no-stacks", action="store_true",
                    help="do not sample the trainer's stacks")

@@ -32,7 +32,7 @@ from stallscope.sources.stacks.phases import Frame
 __all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "stack_key", "start", "walk"]
 
 #: samples per second of the training thread
-DEFAULT_RATE_HZ = 50.0
+DEFAULT_RATE_HZ = 40.0
 #: frames walked per sample at most (innermost first)
 MAX_DEPTH = 64
 

@@ -32,9 +32,9 @@ from stallscope.sources.stacks.phases import TRAINING, Frame, classify
 
 __all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path"]
 
-#: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.4 ms a sample; at 20 Hz in
-#: 10 s rounds under 1% of a core, benchmarks/bench_stacks.py)
-DEFAULT_RATE_HZ = 20.0
+#: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.5 ms a sample: 1.06% of a
+#: core at 15 Hz over 40 s, so 10 Hz by default; benchmarks/bench_stacks.py)
+DEFAULT_RATE_HZ = 10.0
 #: seconds of one py-spy round (the first is FIRST_ROUND_S: a first reading soon)
 ROUND_S = 10.0
 FIRST_ROUND_S = 2.0
