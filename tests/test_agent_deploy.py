@@ -378,8 +378,9 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
 @pytest.mark.prometheus
 def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
     """An unchanged trainer (no probe) under `stallscope run`, whose one DataLoader worker cannot
-    keep up: the agent exports its processes with their roles, and `diagnose --prometheus`
-    reaches the local verdict from them (the worker's CPU, the trainer's main thread)."""
+    keep up: the agent exports its processes with their roles and its training thread's phase
+    shares (its own sampled stacks), and `diagnose --prometheus` reaches the local verdict and
+    stall from them."""
     agent = start_agent(tmp_path / "node", interval="0.5")
     prom: Prometheus | None = None
     trainer: subprocess.Popen[str] | None = None
@@ -399,7 +400,8 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
         here, there = both_diagnoses(trainer, out, prom, agent.port)
         assert here["verdict"] == "input_bound.prep", here["findings"][0]
         assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
-        assert there["stall_source"] == here["stall_source"] == "main_thread"
+        # the trainer's own sampled stacks, exported by the agent, read back from Prometheus
+        assert there["stall_source"] == here["stall_source"] == "stacks"
         assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.1, (
             here["stall_fraction"], there["stall_fraction"])
     finally:

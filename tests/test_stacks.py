@@ -102,6 +102,10 @@ def test_imports_launchers_and_spawned_children() -> None:
     # the child mp.spawn started to train is one
     assert not idle_process(stack(spawned, F("/home/u/train.py", "train")))
     assert not idle_process(stack(LOOP))
+    # importing the modules of a launcher is not being one (transformers imports them all)
+    assert not idle_process(stack(LOOP, F("<frozen importlib._bootstrap>", "_find_and_load"),
+                                  F(SP + "torch/distributed/elastic/agent/server/api.py",
+                                    "<module>")))
 
 
 def test_fold_is_outermost_first_without_lines() -> None:

@@ -36,6 +36,7 @@ from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
 from stallscope.labels import attrs_of, entity_of
 from stallscope.metrics import METRICS, Metric
+from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
 __all__ = ["PromQuery", "PrometheusError", "load_prometheus", "parse_duration"]
@@ -148,14 +149,15 @@ def _values(series: dict[str, Any]) -> tuple[list[float], list[float]]:
 
 
 def _one_run_of_procs(series: dict[tuple[str, str], Series],
-                      entities: dict[tuple[str, str], dict[str, Any]], run: str | None) -> None:
+                      entities: dict[tuple[str, str], dict[str, Any]], run: str | None
+                      ) -> str | None:
     """Keep the processes of one training (``run``; when no probe chose one, the run with the
     most process points) and give them back their parents: the agent's ``role`` and ``rank``
     labels say which worker belongs to which trainer (the tree the roles are inferred from,
     :func:`~stallscope.sources.roles.infer_roles`, needs ``ppid``)."""
     procs = {ent: a for (src, ent), a in entities.items() if src == "procs"}
     if not procs:
-        return
+        return run
     if run is None or run not in {a.get("run") for a in procs.values()}:
         points: dict[str, int] = defaultdict(int)
         for (name, ent), ser in series.items():
@@ -184,6 +186,33 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
         a["ppid"] = parent
         # the sampler's role of a recorded run: "main" for the tree's root, else "worker"
         a["role"] = "main" if a.get("role") == "main" else "worker"
+    return run
+
+
+def _stack_records(series: dict[tuple[str, str], Series],
+                   entities: dict[tuple[str, str], dict[str, Any]], run: str | None
+                   ) -> list[dict[str, Any]]:
+    """The sampled stacks of one training's processes as the records a run directory holds
+    (:mod:`stallscope.sources.stacks.aggregate`): at each point, each phase's seconds =
+    its share × the seconds the interval's samples stood for."""
+    out: list[dict[str, Any]] = []
+    for (src, ent), attrs in entities.items():
+        if src != "stacks" or (run is not None and str(attrs.get("run")) != str(run)):
+            continue
+        sampled = series.get(("stacks.sampled_s", ent))
+        if sampled is None or not ent.isdigit():
+            continue
+        shares = {p: dict(zip(s.ts, s.v)) for p in PHASES
+                  if (s := series.get((f"stacks.{p}_pct", ent))) is not None}
+        rank_text = str(attrs.get("rank"))
+        rank = int(rank_text) if rank_text.isdigit() else None
+        for ts, secs in zip(sampled.ts, sampled.v):
+            s_ = {p: v[ts] / 100.0 * secs for p, v in shares.items() if ts in v and v[ts] > 0}
+            if s_:
+                out.append({"ts": ts, "pid": int(ent), "sampler": "agent, via Prometheus",
+                            "rank": rank, "s": s_})
+    out.sort(key=lambda r: r["ts"])
+    return out
 
 
 _StepCols = dict[str, tuple[list[float], list[float]]]
@@ -279,7 +308,8 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
     entities = scraped.entities.get(inst, {})
     step_rows, runs = _steps(scraped.steps.get(inst, {}), q.run, start, step)
     chosen = step_rows[0][0] if step_rows else None
-    _one_run_of_procs(series, entities, chosen or q.run)
+    kept = _one_run_of_procs(series, entities, chosen or q.run)
+    stacks = _stack_records(series, entities, kept)
     cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
     mem = series.get(("host.mem_total_mib", ""))
     firsts = [s.ts[0] for s in series.values() if s.ts]
@@ -298,7 +328,8 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
             for (src, ent), attrs in sorted(entities.items())]
     rows = step_rows[0][1] if step_rows else []
     span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
-    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span)
+    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span,
+                   stacks=stacks)
 
 
 def _steps(raw: dict[tuple[str, int], _StepCols],

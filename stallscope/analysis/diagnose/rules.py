@@ -259,9 +259,9 @@ def _input_note(sig: Signals, tf: bool, how: _StallSource) -> str | None:
         return None
     if sig.stall_source == "stacks":
         shares = ", ".join(f"{k} {v:.0%}" for k, v in sig.phase_shares.items())
-        return (f"no code in the trainer: its training thread's stack was sampled "
-                f"{sig.stack_samples} times ({sig.stack_sampler}); where its time went: "
-                f"{shares}.")
+        times = f" {sig.stack_samples} times" if sig.stack_samples else ""
+        return (f"no code in the trainer: its training thread's stack was sampled{times} "
+                f"({sig.stack_sampler}); where its time went: {shares}.")
     if tf:
         return ("tf.data prepares elements on threads inside the trainer process: the "
                 "probe times each step's wait for its element inside the train "

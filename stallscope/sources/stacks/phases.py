@@ -150,11 +150,12 @@ BUILDING: tuple[tuple[str, frozenset[str]], ...] = (
 #: multiprocessing's helpers. A child that ``mp.spawn`` started to train is not among them:
 #: ``multiprocessing/spawn.py`` alone says nothing.
 _IDLE: tuple[tuple[str, frozenset[str]], ...] = (
-    ("torch/distributed/run.py", frozenset()),
-    ("torch/distributed/elastic/", frozenset()),
+    ("torch/distributed/run.py", frozenset({"main", "run"})),
+    ("torch/distributed/elastic/agent/", frozenset({"run", "_invoke_run"})),
+    ("torch/distributed/launcher/api.py", frozenset({"launch_agent"})),
     ("torch/multiprocessing/spawn.py", frozenset({"join", "start_processes", "spawn"})),
     ("torch/utils/data/_utils/worker.py", frozenset({"_worker_loop"})),
-    ("multiprocessing/resource_tracker.py", frozenset()),
+    ("multiprocessing/resource_tracker.py", frozenset({"main"})),
     ("multiprocessing/forkserver.py", frozenset({"main"})),
 )
 
@@ -245,9 +246,11 @@ def framework_of(frames: Sequence[Frame]) -> str:
 def idle_process(frames: Sequence[Frame]) -> bool:
     """The frames are those of a process that is no trainer (:data:`_IDLE`): checked on every
     sample until training starts."""
+    if any(f.file.startswith("<frozen importlib") for f in frames):
+        return False  # a module being imported (torch imports torch.distributed.elastic...)
     for f in frames:
         path = _norm(f.file)
-        if any("/" + frag in path and (not funcs or f.func in funcs) for frag, funcs in _IDLE):
+        if any("/" + frag in path and f.func in funcs for frag, funcs in _IDLE):
             return True
     return False
 
