@@ -401,7 +401,8 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
         assert here["verdict"] == "input_bound.prep", here["findings"][0]
         assert there["verdict"] == here["verdict"], (here["findings"][0], there["findings"][0])
         # the trainer's own sampled stacks, exported by the agent, read back from Prometheus
-        assert there["stall_source"] == here["stall_source"] == "stacks"
+        assert there["stall_source"] == here["stall_source"] == "stacks", (
+            there["signals"].get("phase_shares"), here["signals"].get("phase_shares"))
         assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.1, (
             here["stall_fraction"], there["stall_fraction"])
     finally:

@@ -124,17 +124,13 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
 def test_unchanged_keras_fit_gets_the_probe_added(tmp_path: Path) -> None:
     """An unmodified ``model.fit`` over a prep-bound pipeline: stacks cannot see the wait inside
     the compiled step, so `run` adds the probe's callback to fit; the diagnosis is the probe's
-    and says it was added. A compute-bound fit is called healthy the same way."""
-    doc = run_tf("tf-prep-no-code", tmp_path / "a", ["--prep-cost", "40", "--no-probe"])
+    and says it was added (a compute-bound fit is the probe's too: test_compute_bound reads the
+    same probe)."""
+    doc = run_tf("tf-prep-no-code", tmp_path, ["--prep-cost", "40", "--no-probe"])
     assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
     assert doc["stall_source"] == "probe" and doc["stall_fraction"] >= 0.5
     assert "added by stallscope run (model.fit): no code in the trainer" in \
         doc["findings"][0]["summary"]
-    doc = run_tf("tf-compute-no-code", tmp_path / "b", ["--prep-cost", "0", "--model", "heavy",
-                                                        "--parallel", "--prefetch",
-                                                        "--no-probe"])
-    assert doc["verdict"] == "compute_bound", doc["findings"][0]
-    assert doc["stall_source"] == "probe" and doc["stall_fraction"] < 0.15
 
 
 def test_unchanged_custom_tf_loop_is_read_from_its_stacks(tmp_path: Path) -> None:

@@ -22,12 +22,15 @@ import pytest
 from conftest import ROOT, stallscope_argv
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+# the trainer's own share and the sampled one are measured at the same time, on the same
+# machine, so they agree under load too: these share the parallel pass; the DDP run (two ranks
+# and their workers on 2 cores) and the attach (py-spy joins seconds in) run alone
+pytestmark = [pytest.mark.slow]
 
 TRAININGS = ROOT / "tests" / "trainings"
 ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 #: seconds of training per run
-SECONDS = 15
+SECONDS = 12
 #: how far stallscope's data-wait share may be from the trainer's own
 TOLERANCE = 0.05
 PREP = "input_bound.prep"
@@ -136,6 +139,7 @@ def test_lightning(tmp_path: Path) -> None:
 
 
 @pytest.mark.torchrun
+@pytest.mark.exclusive
 def test_ddp_starve(tmp_path: Path) -> None:
     """Two DDP ranks (torchrun, gloo): rank 1's Dataset is slow, rank 0's fast. Rank 1 is named
     the straggler, and each rank's data-wait share is its own."""
@@ -157,6 +161,7 @@ def test_ddp_starve(tmp_path: Path) -> None:
     assert abs(doc["stall_fraction"] - own[1]) <= TOLERANCE, (doc["stall_fraction"], own)
 
 
+@pytest.mark.exclusive
 def test_attached_to_a_running_training(tmp_path: Path) -> None:
     """`run --pid` on a training already running, started without stallscope: py-spy samples
     it from outside, and the verdict is the launched run's, its share within 0.05 of the
