@@ -231,7 +231,7 @@ METRICS: tuple[Metric, ...] = (
     _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
        "(last 30 s; 1 = as fast as the others)", "gauge", "", label="rank"),
     # --- stacks: where the training thread's time went, from sampled stacks (per process; ---
-    # sources/stacks/; docs/diagnosis.md): shares of the interval's sampled training time;
+    # sources/stacks/; docs/diagnosis.md): shares of the last 10 s of sampled training time;
     # for a run's alerts and `top`, and the agent's /metrics (agent/trainstacks.py)
     *(_M("stacks", f"{phase}_pct", "%", f"share of the training thread's time {what}, from "
          "its sampled stacks", "gauge", f"stallscope_stacks_{phase}_ratio", 0.01)
@@ -244,7 +244,7 @@ METRICS: tuple[Metric, ...] = (
                           ("graph", "inside a compiled TensorFlow function"),
                           ("other", "elsewhere"))),
     _M("stacks", "sampled_s", "s", "seconds of training time the samples of the interval stand "
-       "for (start-up left out)", "gauge", "stallscope_stacks_sampled_seconds"),
+       "for (start-up left out; the last 10 s)", "gauge", "stallscope_stacks_sampled_seconds"),
     # --- smart: SMART checks of the watched drives, every 10 min (sources/smart/source.py) --
     _M("smart", "failing", "", "1 while the drive's SMART verdict is failing (stallscope disk; "
        "docs/disk-health.md)", "gauge", "stallscope_smart_failing", rollup="max", label="device"),

@@ -360,7 +360,7 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
 
 def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
     """A followed run's own sampled stacks (``<run>/stacks/``): each trainer process's phase
-    shares of the interval, labelled like its process series; only new records count."""
+    shares of the last 10 s, labelled like its process series."""
     from stallscope.agent.trainstacks import TrainerStacks
     from stallscope.sources.stacks.aggregate import append_record
 
@@ -387,7 +387,8 @@ def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
                 if ln.startswith("stallscope_stacks_data_ratio{") and 'pid="11"' in ln)
     assert f'run="{run.name}"' in line and 'rank="1"' in line and 'role="main"' in line, line
     assert 'hostname="node-3"' in line and line.endswith(" 0.9"), line
-    assert src.sample(time.time()) == {}  # nothing new since
+    # the shares of the last 10 s stay while nothing new came (no gauge that comes and goes)
+    assert src.sample(time.time())["11"]["data_pct"] == 90.0
     end_run(run)
     add(11, 1, 1.0, 0.0)
     assert src.sample(time.time()) == {}  # an ended run is not followed

@@ -226,8 +226,10 @@ def test_the_collector_reads_new_records_only(tmp_path: Path) -> None:
     assert src.entities(got) == {"5": {"rank": 3}}
     with open(tmp_path / "stacks" / "5.jsonl", "a") as fh:
         fh.write(': 1.0}}\n')
-    assert src.sample(2.0)["5"]["data_pct"] == 100.0
-    assert src.sample(3.0) == {}
+    # the last 10 s of records: the half line completed now (ts 9) counts with the first
+    assert src.sample(9.5)["5"] == window_shares({"data": 2.5, "compute": 0.5})
+    assert src.sample(15.0)["5"] == window_shares({"data": 1.0})  # ts 1 left the window
+    assert src.sample(30.0) == {}  # nothing in the last 10 s
     points = src.points({"5": {"data_pct": 10.0}})
     assert points[0].name == "stacks.data_pct" and points[0].entity == "5"
 

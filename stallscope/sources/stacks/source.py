@@ -1,6 +1,6 @@
 """The sampled stacks as the collector sees them: per sampled process, the share of the last
-interval its training thread spent in each phase (``stacks.data_pct``...), for ``top``, the
-alert engine and the agent's ``/metrics``.
+:data:`WINDOW_S` seconds its training thread spent in each phase (``stacks.data_pct``...), for
+``top``, the alert engine and the agent's ``/metrics``.
 
 It reads the records the samplers append to ``<run>/stacks/<pid>.jsonl``
 (:mod:`~stallscope.sources.stacks.aggregate`): incrementally, from the offset it reached, a
@@ -19,7 +19,11 @@ from stallscope.sources.base import Source
 from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
 from stallscope.sources.stacks.phases import PHASES
 
-__all__ = ["StacksSource", "window_shares"]
+__all__ = ["WINDOW_S", "StacksSource", "window_shares"]
+
+#: seconds of records each reading summarises: a process's shares stay in every reading
+#: while it samples (a gauge that does not come and go between the trainer's 1 s records)
+WINDOW_S = 10.0
 
 def window_shares(seconds: dict[str, float]) -> dict[str, float] | None:
     """Each phase's share of the sampled training time (``startup`` left out), in %, plus
@@ -46,6 +50,8 @@ class StacksSource(Source):
         self.rate_hz = rate_hz
         self._tail = RecordTail(self.folder)
         self._rank: dict[str, int | None] = {}
+        #: (record time, pid, seconds per phase) of the last WINDOW_S seconds
+        self._recent: list[tuple[float, str, dict[str, float]]] = []
         self._sampler: Any = None
 
     def open(self) -> None:
@@ -60,17 +66,22 @@ class StacksSource(Source):
         if self._sampler is not None:
             for kind, msg in self._sampler.drain_notes():
                 self.emit(kind, msg)
-        out: dict[str, dict[str, Any]] = {}
         for recs in self._tail.read_new().values():
-            seconds: dict[str, float] = {}
-            pid = ""
             for rec in recs:
                 pid = str(rec["pid"])
                 rank = rec.get("rank")
                 self._rank[pid] = rank if isinstance(rank, int) else None
-                for k, v in phase_seconds(rec).items():
-                    seconds[k] = seconds.get(k, 0.0) + v
-            shares = window_shares(seconds) if pid else None
+                self._recent.append((float(rec["ts"]), pid, phase_seconds(rec)))
+        horizon = now - WINDOW_S
+        self._recent = [r for r in self._recent if r[0] >= horizon]
+        by_pid: dict[str, dict[str, float]] = {}
+        for _ts, pid, secs in self._recent:
+            d = by_pid.setdefault(pid, {})
+            for k, v in secs.items():
+                d[k] = d.get(k, 0.0) + v
+        out: dict[str, dict[str, Any]] = {}
+        for pid, seconds in by_pid.items():
+            shares = window_shares(seconds)
             if shares is not None:
                 out[pid] = shares
         return out
