@@ -134,14 +134,16 @@ def test_a_process_found_to_be_no_trainer_stops_before_training_only() -> None:
 
 def test_tally_leaves_out_startup_and_the_tail() -> None:
     t = Tally(7, 1, "inproc", 50.0)
-    for _ in range(10):
+    t.add(OTHER, 0.1)
+    assert t.record(99.0) is None  # start-up only: no record (a helper process writes none)
+    for _ in range(9):
         t.add(OTHER, 0.1)  # building the dataset: start-up
     t.add(DATA, 0.3)
     t.add(OTHER, 0.2)  # between steps: counted once training goes on
     t.add(COMPUTE, 0.1)
     rec = t.record(100.0)
-    assert rec is not None and rec["rank"] == 1 and rec["n"] == 13
-    assert rec["s"] == {"startup": 1.0, "data": 0.3, "other": 0.2, "compute": 0.1}
+    assert rec is not None and rec["rank"] == 1 and rec["n"] == 12
+    assert rec["s"] == {"startup": 0.9, "data": 0.3, "other": 0.2, "compute": 0.1}
     t.add(OTHER, 0.5)  # clean-up after the loop: pending, then the tail
     last = t.record(101.0, final=True)
     assert last is not None and last["s"] == {"tail": 0.5}

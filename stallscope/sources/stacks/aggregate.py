@@ -129,6 +129,9 @@ class Tally:
             self.pending = {}
         if not self.n:
             return None
+        if not self.started:  # only start-up so far: nothing worth a line on disk
+            self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
+            return None
         rec = {"ts": round(ts, 3), "pid": self.pid, "rank": self.rank, "sampler": self.sampler,
                "rate_hz": self.rate_hz, "n": self.n,
                "s": {k: round(v, 4) for k, v in self.seconds.items()},

@@ -12,7 +12,9 @@ Each sample holds the GIL for the few microseconds it takes to walk the frames; 
 the time since the previous sample, so a sample that waited for the GIL (the training thread
 in a long C call) still stands for all the time it waited. A process that turns out not to be
 a trainer (torchrun's launcher, a multiprocessing child) stops its thread after the first
-samples and writes nothing. Every error stops sampling quietly; it never reaches the trainer.
+samples and writes nothing; one that has not started training after a minute is sampled
+twice a second until it does, and nothing is written for it before it does. Every error stops
+sampling quietly; it never reaches the trainer.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ __all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "stack_key", "start",
 
 #: samples per second of the training thread
 DEFAULT_RATE_HZ = 40.0
+#: a process that has not started training after this long (a helper such as wandb's service
+#: or TensorBoard, or a trainer still downloading its data) is sampled every SLOW_PERIOD_S
+SLOW_AFTER_S = 60.0
+SLOW_PERIOD_S = 0.5
 #: frames walked per sample at most (innermost first)
 MAX_DEPTH = 64
 
@@ -94,8 +100,10 @@ class InProcSampler:
         memo: dict[tuple[Any, ...], list[Frame]] = {}
         last = time.monotonic()
         next_flush = last + self.flush_s
+        slow_after = last + SLOW_AFTER_S
         try:
-            while not self._stop.wait(period):
+            while not self._stop.wait(period if self.tally.started or last < slow_after
+                                      else SLOW_PERIOD_S):
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
