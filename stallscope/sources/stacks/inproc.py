@@ -137,8 +137,8 @@ class InProcSampler:
 
     def stop(self) -> None:
         """Stop and write the last window (at interpreter exit too)."""
-        if self._stop.is_set():
-            return
+        if self._stop.is_set() or os.getpid() != self.tally.pid:
+            return  # a forked child exiting: the records are its parent's to write
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=1.0)
