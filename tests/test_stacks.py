@@ -189,6 +189,9 @@ def test_records_read_back_and_garbage_is_skipped(tmp_path: Path) -> None:
     with open(tmp_path / "stacks" / "11.jsonl", "a") as fh:
         fh.write('{"pid": "x"}\n[1, 2]\nnot json\n{"ts": 2, "pid": 11, "s": {"data": "lots"}}\n'
                  '{"ts": 3, "pid": 11, "s": {"data": 1e300, "other": -1}}\n{"ts": 4, "pi')
+    with open(tmp_path / "stacks" / "11.jsonl", "a") as fh:
+        fh.write('\n{"ts": NaN, "pid": 11, "s": {"data": 1}}\n{"ts": 1e999, "pid": 11, "s": {}}\n'
+                 '{"ts": 5, "pid": true, "s": {}}\n')
     recs = read_records(tmp_path)
     assert len(recs) == 3  # the two with odd values are read, their odd values not counted
     [p] = trainer_phases(recs)
@@ -203,10 +206,16 @@ def test_trainer_processes_are_ranks_not_workers_or_helpers(tmp_path: Path) -> N
     assert [p.pid for p in trainer_phases(read_records(tmp_path))] == [21]
     _write(tmp_path, 30, 1, {"data": 9.0, "compute": 1.0})
     _write(tmp_path, 31, 0, {"data": 0.5, "comm": 9.5})
-    # a rank is a trainer even where the process tree, read early, made it look like a
-    # launcher (its worker not yet renamed pt_data_worker)
-    procs = trainer_phases(read_records(tmp_path), roles={"31": "launcher"})
+    procs = trainer_phases(read_records(tmp_path))
     assert [(p.rank, p.pid) for p in procs] == [(0, 31), (1, 30)]
+    # a rank is a trainer even where the process tree, read early, made it look like a
+    # launcher (its worker not yet renamed pt_data_worker): RunData.roles says so
+    from stallscope.analysis.rundata import RunData
+
+    tree = [{"source": "procs", "entity": "31", "attrs": {"name": "python"}},
+            {"source": "procs", "entity": "99", "attrs": {"name": "python", "ppid": "31"}}]
+    data = RunData(meta={}, series={}, entities=tree, stacks=read_records(tmp_path))
+    assert data.roles()["31"] == "main"
     # without a rank, a worker is no trainer
     unranked = tmp_path / "u"
     _write(unranked, 50, None, {"data": 9.0})

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stallscope.sources.stacks.aggregate import read_records
+from stallscope.sources.stacks.aggregate import ranked_pids, read_records
 from stallscope.store import RunStore, Series, StepRow, read_meta
 
 T = TypeVar("T")
@@ -85,8 +85,7 @@ class RunData:
             from stallscope.sources.roles import infer_roles
 
             probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
-            # a process whose own sampler read a RANK is a trainer whatever its tree looks like
-            probe_pids |= {str(r["pid"]) for r in self.stacks if isinstance(r.get("rank"), int)}
+            probe_pids |= ranked_pids(self.stacks)  # trainers, whatever the tree looks like
             self._roles = infer_roles([e for e in self.entities if e["source"] == "procs"],
                                       probe_pids)
         return self._roles

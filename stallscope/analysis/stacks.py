@@ -6,8 +6,10 @@ Pure functions over the records of ``<run>/stacks/`` (:attr:`RunData.stacks
 diagnosis (sampled stacks rank between the probe and system metrics), the report and ``top``.
 
 A trainer process is one whose training thread reached a training phase (samples before that
-are start-up and count nowhere) and whose recorded role is not a DataLoader worker or a
-launcher. Its rank is the ``RANK`` its launcher gave it; several processes without one (a
+are start-up and count nowhere) and whose role is not a DataLoader worker or a launcher
+(:meth:`RunData.roles <stallscope.analysis.rundata.RunData.roles>` counts a process whose
+sampler read a rank as a trainer, whatever its process tree showed). Its rank is the
+``RANK`` its launcher gave it; several processes without one (a
 helper script beside the trainer) leave the one that trained longest as the trainer.
 """
 
@@ -67,7 +69,7 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
     roles = roles or {}
     out = [p for p in procs.values()
            if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
-           and (p.rank is not None or roles.get(str(p.pid)) not in ("worker", "launcher"))]
+           and roles.get(str(p.pid)) not in ("worker", "launcher")]
     ranked = [p for p in out if p.rank is not None]
     if ranked:
         by_rank: dict[int, ProcPhases] = {}

@@ -245,13 +245,11 @@ class Session:
         """The procs entities' ``role`` as the whole run shows it (the probe's pid, DataLoader
         workers' parents, launchers): the sampler only knew the tree's root."""
         from stallscope.sources.roles import infer_roles
-        from stallscope.sources.stacks.aggregate import read_records
+        from stallscope.sources.stacks.aggregate import ranked_pids, read_records
 
         procs = self.store.entities("procs")
         trainers = {str(p["pid"]) for p in self.store.probes()}
-        # a process whose own stack sampler read a RANK is a trainer, whatever its tree shows
-        trainers |= {str(r["pid"]) for r in read_records(self.run_dir)
-                     if isinstance(r.get("rank"), int)}
+        trainers |= ranked_pids(read_records(self.run_dir))  # whatever the tree shows
         roles = infer_roles(procs, trainers)
         self.store.set_attrs("procs", {e["entity"]: dict(e["attrs"], role=roles.get(
             e["entity"], "worker")) for e in procs})

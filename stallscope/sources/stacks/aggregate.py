@@ -21,15 +21,16 @@ skipping what it cannot parse (a line cut by a crash).
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify, fold, idle_process
 
 __all__ = ["MAX_STACKS", "STACKS_DIR", "RecordTail", "Tally", "append_record", "phase_seconds",
-           "read_records", "stacks_dir"]
+           "rank_from_env", "ranked_pids", "read_records", "stacks_dir"]
 
 #: bytes read from one file per look at most (a runaway writer cannot stall the reader)
 MAX_READ = 4 << 20
@@ -151,8 +152,25 @@ def append_record(folder: Path, rec: dict[str, Any]) -> None:
 
 
 def _valid(rec: Any) -> bool:
+    ts = rec.get("ts") if isinstance(rec, dict) else None
     return (isinstance(rec, dict) and isinstance(rec.get("pid"), int)
-            and isinstance(rec.get("ts"), (int, float)) and isinstance(rec.get("s"), dict))
+            and not isinstance(rec.get("pid"), bool) and isinstance(ts, (int, float))
+            and not isinstance(ts, bool) and math.isfinite(ts) and isinstance(rec.get("s"), dict))
+
+
+def rank_from_env(env: Mapping[str, str]) -> int | None:
+    """A process's rank as its launcher set it in its environment (torchrun, accelerate,
+    Lightning: ``RANK``; Slurm: ``SLURM_PROCID``), None when none did."""
+    for key in ("RANK", "SLURM_PROCID"):
+        v = env.get(key, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def ranked_pids(records: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The pids whose sampler read a rank: trainers, whatever their process tree looks like."""
+    return {str(r["pid"]) for r in records if isinstance(r.get("rank"), int)}
 
 
 def parse_lines(lines: Sequence[str]) -> Iterator[dict[str, Any]]:

@@ -28,10 +28,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from stallscope.sources.stacks.aggregate import MEMO_SIZE, Tally, append_record, stacks_dir
+from stallscope.sources.stacks.aggregate import (
+    MEMO_SIZE,
+    Tally,
+    append_record,
+    rank_from_env,
+    stacks_dir,
+)
 from stallscope.sources.stacks.phases import Frame
 
-__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "env_rank", "stack_key", "start", "walk"]
+__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "stack_key", "start", "walk"]
 
 #: samples per second of the training thread
 DEFAULT_RATE_HZ = 40.0
@@ -43,15 +49,6 @@ SLOW_PERIOD_S = 0.5
 MAX_DEPTH = 64
 
 _started: list[InProcSampler] = []
-
-
-def env_rank() -> int | None:
-    """The process's rank as launchers set it (torchrun, accelerate, Lightning, Slurm)."""
-    for key in ("RANK", "SLURM_PROCID"):
-        v = os.environ.get(key, "")
-        if v.isdigit():
-            return int(v)
-    return None
 
 
 def stack_key(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[Any, ...]:
@@ -84,7 +81,7 @@ class InProcSampler:
         self.folder = stacks_dir(run_dir)
         self.rate_hz = max(1.0, min(float(rate_hz), 1000.0))
         self.flush_s = flush_s
-        self.tally = Tally(os.getpid(), env_rank(), "inproc", self.rate_hz)
+        self.tally = Tally(os.getpid(), rank_from_env(os.environ), "inproc", self.rate_hz)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident or 0

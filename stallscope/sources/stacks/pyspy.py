@@ -27,12 +27,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from stallscope.errors import SourceUnavailable
-from stallscope.sources.stacks.aggregate import Tally, append_record
+from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_env
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify
+from stallscope.store.rundir import monitor_alive
 
 __all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path"]
 
-#: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.5 ms a sample: 1.06% of a
+#: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.4 ms a sample: 1.06% of a
 #: core at 15 Hz over 40 s, so 10 Hz by default; benchmarks/bench_stacks.py)
 DEFAULT_RATE_HZ = 10.0
 #: seconds of one py-spy round (the first is FIRST_ROUND_S: a first reading soon)
@@ -171,7 +172,7 @@ class PySpySampler:
             text = ""
         if code != 0 and not text:
             self.pids.remove(pid)
-            if _alive(pid):
+            if monitor_alive(pid):
                 self._notes.append(("stacks", f"py-spy stopped sampling pid {pid}: "
                                               f"{_reason(err)}"))
             return
@@ -199,24 +200,11 @@ class PySpySampler:
             self._thread.join(timeout=self.round_s + 5)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _rank_of(pid: int) -> int | None:
     """The rank in the process's environment (readable with the same rights as its memory)."""
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    for key in (b"RANK=", b"SLURM_PROCID="):
-        for kv in env:
-            if kv.startswith(key) and kv[len(key):].isdigit():
-                return int(kv[len(key):])
-    return None
+    env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+    return rank_from_env(env)
