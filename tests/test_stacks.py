@@ -19,7 +19,7 @@ from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.stacks.aggregate import Tally, append_record, read_records
 from stallscope.sources.stacks.phases import Frame, classify, fold, idle_process
-from stallscope.sources.stacks.pyspy import PySpySampler, parse_raw, pyspy_path
+from stallscope.sources.stacks.pyspy import PySpySampler, parse_raw, pyspy_path, sample_weight
 from stallscope.sources.stacks.source import StacksSource, window_shares
 
 SP = "/usr/lib/python3/site-packages/"
@@ -175,6 +175,17 @@ def test_pyspy_raw_output_keeps_the_main_thread() -> None:
     frames = got[0][0]
     assert frames[0] == Frame("queue.py", "get", 180)  # innermost first
     assert len(list(parse_raw(RAW))) == 3
+
+
+def test_a_pyspy_sample_stands_for_the_time_it_covered() -> None:
+    # on time: the aimed interval; behind (168 samples in a 10 s round at 20 Hz, as measured
+    # with both cores busy): the round's time over its samples; a stalled round: at most 4x
+    assert sample_weight(20, 200, 10.02) == pytest.approx(0.05)
+    assert sample_weight(20, 168, 10.0) == pytest.approx(10.0 / 168)
+    assert sample_weight(20, 10, 10.0) == pytest.approx(0.2)
+    # a round the target left early: fewer samples over a shorter time, not stretched
+    assert sample_weight(20, 60, 3.0) == pytest.approx(0.05)
+    assert sample_weight(20, 0, 10.0) == sample_weight(20, 5, None) == pytest.approx(0.05)
 
 
 def _write(run: Path, pid: int, rank: int | None, secs: dict[str, float], ts: float = 1.0,

@@ -31,7 +31,7 @@ from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify
 from stallscope.store.rundir import monitor_alive
 
-__all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path"]
+__all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path", "sample_weight"]
 
 #: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.4 ms a sample: 1.06% of a
 #: core at 15 Hz over 40 s, so 10 Hz by default; benchmarks/bench_stacks.py)
@@ -39,6 +39,9 @@ DEFAULT_RATE_HZ = 10.0
 #: seconds of one py-spy round (the first is FIRST_ROUND_S: a first reading soon)
 ROUND_S = 10.0
 FIRST_ROUND_S = 2.0
+
+#: tries of the first ``py-spy dump`` before sampling is called impossible
+DUMP_TRIES = 4
 
 _FRAME = re.compile(r"^(.*) \((.*?):(\d+)\)$")
 _THREAD = re.compile(r"^thread \((\d+|0x[0-9a-fA-F]+)\)")
@@ -122,11 +125,17 @@ class PySpySampler:
             raise SourceUnavailable(f"cannot sample pid {pid}: no such process") from exc
         except OSError:
             pass  # let py-spy say
-        try:
-            r = subprocess.run([self.exe, "dump", "--pid", str(pid), "--nonblocking"],
-                               capture_output=True, text=True, timeout=10, env=_ENV)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SourceUnavailable(f"py-spy could not run: {exc}") from exc
+        for attempt in range(DUMP_TRIES):
+            try:
+                r = subprocess.run([self.exe, "dump", "--pid", str(pid), "--nonblocking"],
+                                   capture_output=True, text=True, timeout=10, env=_ENV)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise SourceUnavailable(f"py-spy could not run: {exc}") from exc
+            if r.returncode == 0 or "failed to get stack traces" not in (r.stderr or "").lower():
+                break
+            # --nonblocking reads a process that keeps running: a read can meet its memory
+            # mid-change (seen while it imports torch); a moment later it reads fine
+            time.sleep(0.2 * (attempt + 1))
         if r.returncode != 0:
             why = _reason(r.stderr or r.stdout)
             low = why.lower()
@@ -150,6 +159,7 @@ class PySpySampler:
         with tempfile.TemporaryDirectory(prefix="stallscope-pyspy-") as tmp:
             while not self._stop.is_set() and self.pids:
                 outs = {pid: Path(tmp) / f"{pid}.txt" for pid in self.pids}
+                t0 = time.monotonic()
                 for pid, out in outs.items():
                     self._procs[pid] = subprocess.Popen(
                         [self.exe or "py-spy", "record", "--pid", str(pid), "--rate",
@@ -160,11 +170,12 @@ class PySpySampler:
                 for pid, proc in list(self._procs.items()):
                     _out, err = proc.communicate()
                     self._finish_round(pid, outs[pid], proc.returncode,
-                                       err.decode(errors="replace"))
+                                       err.decode(errors="replace"), time.monotonic() - t0)
                 self._procs.clear()
                 seconds = self.round_s
 
-    def _finish_round(self, pid: int, out: Path, code: int, err: str) -> None:
+    def _finish_round(self, pid: int, out: Path, code: int, err: str,
+                      wall_s: float | None = None) -> None:
         try:
             text = out.read_text(errors="replace")
             out.unlink()
@@ -179,9 +190,10 @@ class PySpySampler:
         tally = self._tallies[pid]
         samples = sorted(parse_raw(text, tid=pid),
                          key=lambda fc: classify(fc[0])[0] in TRAINING)  # start-up first
+        weight = sample_weight(self.rate_hz, sum(c for _f, c in samples), wall_s)
         for frames, count in samples:
             for _ in range(count):
-                tally.add(frames, 1.0 / self.rate_hz)
+                tally.add(frames, weight)
         rec = tally.record(time.time())
         if rec is not None:
             try:
@@ -198,6 +210,19 @@ class PySpySampler:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=self.round_s + 5)
+
+
+def sample_weight(rate_hz: float, n: int, wall_s: float | None) -> float:
+    """Seconds one of a round's ``n`` samples stands for. py-spy aims at ``rate_hz``, but on a
+    machine whose cores the trainer and its workers keep busy it falls behind (168 samples in a
+    10 s round at 20 Hz, measured): then each sample stood for the round's wall time over ``n``
+    (behind by more than 5%: a round's start-up, ~17 ms, is not falling behind). Never less than
+    the aimed interval, and at most 4 of them (a round that stalled for another reason says
+    nothing about the rest)."""
+    nominal = 1.0 / rate_hz
+    if not wall_s or n <= 0 or wall_s / n <= 1.05 * nominal:
+        return nominal
+    return min(wall_s / n, 4 * nominal)
 
 
 def _rank_of(pid: int) -> int | None:
