@@ -13,9 +13,9 @@ The rows:
 
 * ``gpu``: dcgm-exporter's labels, so dashboards join the two: ``gpu`` (the NVML index; the
   entity is ``gpu<N>``), ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<N>``), ``modelName``,
-  ``hostname``;
+  and the host label (:data:`HOST_LABEL`);
 * ``pid``: a process of a followed training: ``pid``, ``role``, ``name`` (comm), ``run``,
-  ``rank``, ``ppid``, ``hostname``;
+  ``rank``, ``ppid``, and the host label;
 * ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
 * ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
   ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
@@ -31,7 +31,15 @@ from typing import Any
 
 from stallscope.metrics import Metric
 
-__all__ = ["ENTITY_LABELS", "EntityLabels", "attrs_of", "entity_of", "labels_for", "row_labels"]
+__all__ = ["ENTITY_LABELS", "HOST_LABEL", "HOST_LABELS", "EntityLabels", "attrs_of", "entity_of",
+           "host_of", "labels_for", "row_labels"]
+
+#: the label naming the host on GPU, process and step series, spelled as dcgm-exporter spells
+#: it so the two join: ``Hostname`` in every release up to 4.5.3-4.8.2; its main branch spells
+#: it ``hostname`` since May 2026 (its #655). The agent's ``host_label`` setting follows the
+#: dcgm-exporter a fleet runs; readers accept both.
+HOST_LABEL = "Hostname"
+HOST_LABELS = ("Hostname", "hostname")
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class EntityLabels:
     #: (label name, format of the value, ``{}`` = the label's value) computed from the entity
     #: alone: dcgm-exporter's ``device="nvidia0"``
     derived: tuple[tuple[str, str], ...] = ()
-    hostname: bool = False  #: the series also carries ``hostname``
+    hostname: bool = False  #: the series also carries the host label (:data:`HOST_LABEL`)
 
 
 ENTITY_LABELS: dict[str, EntityLabels] = {
@@ -70,29 +78,34 @@ def _given(v: Any) -> bool:
     return v is not None and v != ""
 
 
-def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str
-               ) -> dict[str, str]:
+def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str,
+               host_label: str = HOST_LABEL) -> dict[str, str]:
     """The Prometheus labels of one point of metric ``m`` about ``entity`` (whose attributes
     the source gave in its reading's entities)."""
     row = _row(m)
     if row is None:
         return {"entity": entity} if entity else {}
-    return row_labels(row, entity, attrs, hostname)
+    return row_labels(row, entity, attrs, hostname, host_label)
 
 
-def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostname: str
-               ) -> dict[str, str]:
+def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostname: str,
+               host_label: str = HOST_LABEL) -> dict[str, str]:
     """The labels of ``entity`` spelled as ``row`` says (:func:`labels_for` of any metric with
     that row)."""
     if not entity:
-        return {"hostname": hostname} if row.hostname else {}
+        return {host_label: hostname} if row.hostname else {}
     value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
     out = {row.label: value}
     out.update((name, fmt.format(value)) for name, fmt in row.derived)
     out.update((label, str(attrs[key])) for key, label in row.attrs if _given(attrs.get(key)))
     if row.hostname:
-        out["hostname"] = hostname
+        out[host_label] = hostname
     return out
+
+
+def host_of(labels: Mapping[str, str]) -> str:
+    """The host a series names, in either spelling of :data:`HOST_LABELS` ("" if none)."""
+    return next((labels[k] for k in HOST_LABELS if labels.get(k)), "")
 
 
 def entity_of(m: Metric, labels: Mapping[str, str]) -> str:

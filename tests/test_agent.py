@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import FIXTURES, ROOT, stallscope_argv, terminate, tool_missing
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -223,7 +224,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
     assert r.returncode == 2
     assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
-                        "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, "
+                        "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, host_label, "
                         "alerts, smtp)\n")
     assert not (tmp_path / "s").exists()
 
@@ -251,7 +252,7 @@ def test_config_file_is_read(tmp_path: Path) -> None:
         "[::1]:9500", 2.0, 600.0, [0, 1], ["nvme0n1"])
     assert c.store_dir == os.path.expanduser("~/x")
     assert parse_listen("[::1]:9500") == ("::1", 9500)
-    assert parse_listen("0.0.0.0:9400") == ("0.0.0.0", 9400)
+    assert parse_listen("0.0.0.0:10127") == ("0.0.0.0", 10127)
 
 
 def test_port_in_use_is_one_line_exit_1(tmp_path: Path) -> None:
@@ -261,7 +262,11 @@ def test_port_in_use_is_one_line_exit_1(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         r = run_cli("agent", "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "s"))
     assert r.returncode == 1
-    assert r.stderr == f"stallscope: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    # one line that names the holder (this test's own process), the usual suspects and the way out
+    assert r.stderr == (f"stallscope: cannot listen on 127.0.0.1:{port}: address already in use "
+                        f"by pid {os.getpid()} ({psutil.Process().name()}) (dcgm-exporter "
+                        "listens on 9400, node_exporter on 9100); give another with --listen "
+                        "HOST:PORT or `listen` in the config\n")
     assert not (tmp_path / "s").exists()  # nothing was created
 
 
@@ -311,14 +316,14 @@ def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     assert util["0"]["device"] == "nvidia0" and util["1"]["device"] == "nvidia1"
     assert util["0"]["modelName"] == "NVIDIA GeForce RTX 2080 SUPER"
     assert util["1"]["modelName"] == "NVIDIA H100 80GB HBM3"
-    assert util["1"]["UUID"].startswith("GPU-") and util["1"]["hostname"] == "node-7"
+    assert util["1"]["UUID"].startswith("GPU-") and util["1"]["Hostname"] == "node-7"
     throttle = {(dict(k[1])["gpu"], dict(k[1])["reason"]): v for k, v in s.items()
                 if k[0] == "stallscope_gpu_throttle_active"}
     assert throttle[("0", "sw_power_cap")] == 1
     assert throttle[("1", "sw_power_cap")] == 0
     assert sum(v for (g, _r), v in throttle.items() if g == "1") == 0
     labels = next(dict(k[1]) for k in s if k[0] == "stallscope_gpu_throttle_active")
-    assert set(labels) >= {"reason", "gpu", "UUID", "device", "modelName", "hostname"}
+    assert set(labels) >= {"reason", "gpu", "UUID", "device", "modelName", "Hostname"}
     # units from metrics.py: MiB -> bytes, % -> ratio
     mem = {dict(k[1])["gpu"]: v for k, v in s.items()
            if k[0] == "stallscope_gpu_memory_total_bytes"}

@@ -589,7 +589,7 @@ def test_containerfile_builds_a_non_root_agent_image() -> None:
     cmd = json.loads(next(rest for k, rest in instr if k == "CMD"))
     assert entry == ["stallscope", "agent"]
     agent_args_parse(cmd)
-    assert "9400" in next(rest for k, rest in instr if k == "EXPOSE")
+    assert "10127" in next(rest for k, rest in instr if k == "EXPOSE")
 
 
 def test_kubernetes_daemonset(tmp_path: Path) -> None:
@@ -617,8 +617,8 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
     args = [a.replace("$(NODE_IP)", "10.0.0.5") for a in c["args"]]
     assert all("$(" not in a for a in args) and "NODE_IP" in env
     ns = agent_args_parse(args)
-    assert ns.listen == "10.0.0.5:9400"
-    assert {p["containerPort"] for p in c["ports"]} == {9400}
+    assert ns.listen == "10.0.0.5:10127"
+    assert {p["containerPort"] for p in c["ports"]} == {10127}
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/api/v1/health"
     volumes = {v["name"]: v for v in pod["volumes"]}

@@ -190,8 +190,8 @@ def test_exposition_of_the_steps(tmp_path: Path) -> None:
     add_steps(run, 1, 0, 2, 0.0, 0.5, samples=None)
     sink = PrometheusSink(["host"], hostname="node-3", steps=StepFollower(rescan_s=0))
     text = generate_latest(sink.registry).decode()
-    labels0 = f'hostname="node-3",rank="0",run="{run.name}"'
-    labels1 = f'hostname="node-3",rank="1",run="{run.name}"'
+    labels0 = f'Hostname="node-3",rank="0",run="{run.name}"'
+    labels1 = f'Hostname="node-3",rank="1",run="{run.name}"'
     assert f"stallscope_train_steps_total{{{labels0}}} 4.0" in text
     assert f"stallscope_train_data_wait_seconds_total{{{labels0}}} 1.0" in text
     assert f"stallscope_train_step_seconds_total{{{labels0}}} 2.0" in text
@@ -343,7 +343,7 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
                          and f'pid="{pid}"' in ln), None)
             assert line is not None, (pid, text)
             assert f'role="{role}"' in line and f'run="{run.name}"' in line, line
-            assert 'hostname="node-3"' in line and 'ppid="' in line, line
+            assert 'Hostname="node-3"' in line and 'ppid="' in line, line
             if rank is None:
                 assert "rank=" not in line, line
             else:
@@ -386,7 +386,7 @@ def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
     line = next(ln for ln in text.splitlines()
                 if ln.startswith("stallscope_stacks_data_ratio{") and 'pid="11"' in ln)
     assert f'run="{run.name}"' in line and 'rank="1"' in line and 'role="main"' in line, line
-    assert 'hostname="node-3"' in line and line.endswith(" 0.9"), line
+    assert 'Hostname="node-3"' in line and line.endswith(" 0.9"), line
     # the shares of the last 10 s stay while nothing new came (no gauge that comes and goes)
     assert src.sample(time.time())["11"]["data_pct"] == 90.0
     end_run(run)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stallscope.labels import ENTITY_LABELS, attrs_of, entity_of, labels_for
+from stallscope.labels import ENTITY_LABELS, attrs_of, entity_of, host_of, labels_for
 from stallscope.metrics import METRICS, SOURCE_LABEL
 
 #: one entity of each label kind, and the attributes its source gives
@@ -43,10 +43,16 @@ def test_gpu_labels_are_dcgm_exporters() -> None:
     entity, attrs = SAMPLES["gpu"]
     assert labels_for(m, entity, attrs, "node-a") == {
         "gpu": "1", "UUID": "GPU-5f3e", "pci_bus_id": "00000000:1B:00.0",
-        "device": "nvidia1", "modelName": "NVIDIA H100", "hostname": "node-a"}
+        "device": "nvidia1", "modelName": "NVIDIA H100", "Hostname": "node-a"}
     # attributes NVML did not give are left out, never empty
     assert labels_for(m, "gpu0", {"uuid": "", "name": None}, "n") == {
+        "gpu": "0", "device": "nvidia0", "Hostname": "n"}
+    # a fleet whose dcgm-exporter spells it "hostname" (its builds after May 2026)
+    assert labels_for(m, "gpu0", {}, "n", "hostname") == {
         "gpu": "0", "device": "nvidia0", "hostname": "n"}
+    # read back in either spelling
+    assert host_of({"Hostname": "a"}) == host_of({"hostname": "a"}) == "a"
+    assert host_of({"instance": "x:1"}) == ""
 
 
 def test_process_and_host_labels() -> None:
@@ -54,7 +60,7 @@ def test_process_and_host_labels() -> None:
     entity, attrs = SAMPLES["pid"]
     assert labels_for(proc, entity, attrs, "node-a") == {
         "pid": "4242", "role": "worker", "name": "pt_data_worker", "run": "20261125-x",
-        "rank": "1", "ppid": "4200", "hostname": "node-a"}
+        "rank": "1", "ppid": "4200", "Hostname": "node-a"}
     core = next(m for m in METRICS if m.name == "host.cpu_core_pct")
     assert labels_for(core, "cpu3", {}, "node-a") == {"cpu": "3"}
     host = next(m for m in METRICS if m.name == "host.mem_used_mib")

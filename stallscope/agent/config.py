@@ -2,7 +2,7 @@
 
 ::
 
-    listen = "127.0.0.1:9400"    # host:port ([::1]:9400 for IPv6); loopback unless told
+    listen = "127.0.0.1:10127"    # host:port ([::1]:10127 for IPv6); loopback unless told
     interval_s = 5.0             # seconds between samples (0.1 - 3600)
     store_dir = "/var/lib/stallscope/agent"   # default: $STALLSCOPE_STATE_DIR/agent
     keep_full_s = 3600           # full resolution for this long, then 1-minute buckets
@@ -10,6 +10,8 @@
     devices = ["nvme0n1"]        # block devices to include (default: whole devices with I/O)
     run_indexes = ["/home/*/.local/state/stallscope/runs.txt"]  # more run indexes to follow
     smart = ["sda", "nvme0n1"]   # drives whose SMART is checked every 10 min (default: none)
+    host_label = "Hostname"      # the host label's spelling: as the fleet's dcgm-exporter
+                                 # ("Hostname" up to 4.5.3-4.8.2, "hostname" after)
 
     [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
     name = "gpu_hot"             # (docs/alerts.md); the shipped defaults are always on
@@ -34,13 +36,14 @@ from typing import Any
 
 from stallscope.alerts.rules import RulesFile, parse_rules
 from stallscope.errors import StallscopeError
+from stallscope.labels import HOST_LABEL, HOST_LABELS
 from stallscope.store.paths import state_dir
 from stallscope.tomlfile import TomlFileError, read_toml
 
 __all__ = ["DEFAULT_LISTEN", "AgentConfig", "ConfigError", "default_store_dir", "load_config",
            "parse_listen"]
 
-DEFAULT_LISTEN = "127.0.0.1:9400"
+DEFAULT_LISTEN = "127.0.0.1:10127"
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_KEEP_FULL_S = 3600.0
 
@@ -63,6 +66,8 @@ class AgentConfig:
     #: index of the user it runs as
     run_indexes: list[str] = field(default_factory=list)
     smart: list[str] | None = None  #: drives whose SMART the agent checks; None: none
+    #: how the host label is spelled (:data:`stallscope.labels.HOST_LABELS`)
+    host_label: str = HOST_LABEL
     alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
     smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
     path: str | None = field(default=None, compare=False)  #: the file it came from
@@ -92,7 +97,7 @@ def default_store_dir(env: dict[str, str] | None = None) -> Path:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:9400`` for IPv6) -> (host, port); ValueError with the reason."""
+    """``host:port`` (``[::1]:10127`` for IPv6) -> (host, port); ValueError with the reason."""
     m = _HOSTPORT.match(text.strip())
     if m is None:
         raise ValueError(f"must be HOST:PORT (e.g. {DEFAULT_LISTEN}), got {text!r}")
@@ -152,6 +157,11 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError(f"{key} must be a list of block device names such as "
                              f"[\"nvme0n1\"], got {v!r}")
         return names
+    if key == "host_label":
+        if v not in HOST_LABELS:
+            raise ValueError(f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
+                             f"(as the fleet's dcgm-exporter spells it), got {v!r}")
+        return v
     if key == "run_indexes":
         if not isinstance(v, list) or not all(isinstance(p, str) and p.strip() for p in v):
             raise ValueError(f"run_indexes must be a list of run index paths (glob patterns "

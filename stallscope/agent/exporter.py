@@ -12,12 +12,13 @@ name are not exported). Labels come from :mod:`stallscope.labels`, the one map t
 ``diagnose --prometheus`` reads back with:
 
 * GPU series carry dcgm-exporter's labels, so dashboards join the two: ``gpu`` (NVML index),
-  ``UUID``, ``pci_bus_id`` (when known), ``device`` (``nvidia0``), ``modelName``, ``hostname``;
+  ``UUID``, ``pci_bus_id`` (when known), ``device`` (``nvidia0``), ``modelName``, ``Hostname``
+  (:data:`~stallscope.labels.HOST_LABEL`; the ``host_label`` setting spells it otherwise);
 * disk series ``device`` (``nvme0n1``, as node_exporter's ``node_disk_*``);
 * ``stallscope_host_cpu_seconds_total`` ``mode``; per-core series ``cpu`` (``"3"``);
 * process series (the trainings the agent follows, :mod:`stallscope.agent.trainprocs`)
   ``pid``, ``ppid``, ``name`` (comm), ``role`` (main, worker, launcher), ``run``, ``rank``
-  (when a probe told) and ``hostname``;
+  (when a probe told) and ``Hostname``;
 * throttle reasons one series per NVML reason name: ``stallscope_gpu_throttle_active{reason=
   "sw_power_cap", gpu="0", ...} 1``.
 
@@ -44,7 +45,7 @@ from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
 from stallscope.collect.sinks import Sink
-from stallscope.labels import ENTITY_LABELS, labels_for, row_labels
+from stallscope.labels import ENTITY_LABELS, HOST_LABEL, labels_for, row_labels
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
@@ -97,9 +98,10 @@ class _Families:
         fam.add_sample(sample_name, dict(labels), value)
 
 
-def gpu_labels(entity: str, attrs: Mapping[str, Any], hostname: str) -> dict[str, str]:
+def gpu_labels(entity: str, attrs: Mapping[str, Any], hostname: str,
+               host_label: str = HOST_LABEL) -> dict[str, str]:
     """dcgm-exporter's labels for GPU ``gpuN`` with its entity attributes."""
-    return row_labels(ENTITY_LABELS["gpu"], entity, attrs, hostname)
+    return row_labels(ENTITY_LABELS["gpu"], entity, attrs, hostname, host_label)
 
 
 class SampleExposition(PromCollector):
@@ -159,7 +161,8 @@ class SampleExposition(PromCollector):
             labels = labels_cache.get(key)
             if labels is None:
                 attrs = entities.get(m.source, {}).get(p.entity) or {}
-                labels = labels_cache[key] = labels_for(m, p.entity, attrs, hostname)
+                labels = labels_cache[key] = labels_for(m, p.entity, attrs, hostname,
+                                                        self.sink.host_label)
             fams.add(fams.get(m.prom, m.kind, doc), labels, p.value * m.prom_scale)
 
     def _train_steps(self, follower: StepFollower, fams: _Families) -> None:
@@ -176,7 +179,8 @@ class SampleExposition(PromCollector):
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
         for run_id, ranks in sorted(runs.items()):
             for rank, t in sorted(ranks.items()):
-                labels = {"run": run_id, "rank": str(rank), "hostname": self.sink.hostname}
+                labels = {"run": run_id, "rank": str(rank),
+                          self.sink.host_label: self.sink.hostname}
                 fams.add(steps, labels, float(t.steps))
                 fams.add(step_s, labels, t.step_s)
                 fams.add(wait_s, labels, t.wait_s)
@@ -204,7 +208,8 @@ class SampleExposition(PromCollector):
             if fam is None:
                 fam = fams.get("stallscope_gpu_throttle_active", "gauge", AGENT_METRICS[1][2])
             entity = f"gpu{g.get('index', 0)}"
-            base = gpu_labels(entity, reading.entities.get(entity) or {}, self.sink.hostname)
+            base = gpu_labels(entity, reading.entities.get(entity) or {}, self.sink.hostname,
+                              self.sink.host_label)
             for reason in [*known, *(r for r in active if r not in known)]:
                 fams.add(fam, {"reason": reason, **base}, 1.0 if reason in active else 0.0)
 
@@ -221,12 +226,13 @@ class PrometheusSink(Sink):
     wants_counters = True
 
     def __init__(self, sources: Sequence[str], unavailable: Mapping[str, str] | None = None, *,
-                 hostname: str | None = None,
+                 hostname: str | None = None, host_label: str = HOST_LABEL,
                  cpu_clock: Callable[[], float] = time.process_time,
                  steps: StepFollower | None = None) -> None:
         self.sources = list(dict.fromkeys([*sources, *(unavailable or {})]))
         self.unavailable = dict(unavailable or {})
         self.hostname = hostname if hostname is not None else socket.gethostname()
+        self.host_label = host_label
         self.cpu_clock = cpu_clock
         #: the trainings' step totals, read on each scrape (None: not followed)
         self.steps = steps

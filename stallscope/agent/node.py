@@ -124,7 +124,7 @@ class Agent:
         # and where their training threads spend their time (their own sampled stacks)
         sources.append(TrainerStacks(self.steps))
         self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,
-                                   steps=self.steps)
+                                   steps=self.steps, host_label=cfg.host_label)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,

@@ -34,7 +34,7 @@ from stallscope.metrics import lookup
 if TYPE_CHECKING:
     from stallscope.agent.node import Agent
 
-__all__ = ["AgentHTTPServer", "ListenError", "make_server"]
+__all__ = ["AgentHTTPServer", "ListenError", "make_server", "port_holder"]
 
 #: the longest history one request may ask for (a week)
 MAX_SINCE_S = 7 * 86400.0
@@ -50,6 +50,9 @@ class ListenError(StallscopeError):
 
 class AgentHTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # a slow client never holds the agent's exit
+    #: a burst of scrapes and API clients queues in the kernel instead of being refused and
+    #: retried (socketserver's default is 5: 250 connections took ~20 s to be accepted)
+    request_queue_size = 128
     agent: Agent | None = None
 
 
@@ -65,7 +68,10 @@ def make_server(host: str, port: int) -> AgentHTTPServer:
     except OSError as exc:
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if exc.errno == errno.EADDRINUSE:
-            why = "address already in use"
+            holder = port_holder(port)
+            why = (f"address already in use{f' by {holder}' if holder else ''} (dcgm-exporter "
+                   "listens on 9400, node_exporter on 9100); give another with --listen "
+                   "HOST:PORT or `listen` in the config")
         elif exc.errno == errno.EACCES:
             why = "permission denied (ports below 1024 need root)"
         elif exc.errno == errno.EADDRNOTAVAIL:
@@ -75,6 +81,24 @@ def make_server(host: str, port: int) -> AgentHTTPServer:
         else:
             why = (exc.strerror or str(exc)).lower()
         raise ListenError(f"cannot listen on {where}: {why}") from None
+
+
+def port_holder(port: int) -> str | None:
+    """``pid N (name)`` of the process listening on TCP ``port``, where this user may see it
+    (psutil reads /proc/net/tcp and each process's sockets); None when it cannot tell."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+            except (psutil.Error, OSError):
+                return f"pid {c.pid}"
+    return None
 
 
 class _BadRequest(Exception):

@@ -9,7 +9,7 @@ number, through a read-only SQLite connection: WAL readers never block the probe
 adds them to running totals. Nothing flows from the trainer to the agent, so a trainer never
 waits for the agent nor fails when it is absent or slow.
 
-The totals become counters labelled ``run`` (the run id), ``rank`` and ``hostname``:
+The totals become counters labelled ``run`` (the run id), ``rank`` and the host label (``Hostname``):
 ``stallscope_train_steps_total``, ``stallscope_train_step_seconds_total`` (wall time of the
 steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
 ``stallscope_train_samples_total`` (when the batch size is known), and the gauge

@@ -34,7 +34,7 @@ from typing import Any
 
 from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
-from stallscope.labels import attrs_of, entity_of
+from stallscope.labels import attrs_of, entity_of, host_of
 from stallscope.metrics import METRICS, Metric
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
@@ -242,8 +242,8 @@ class _Scraped:
         name = labels.pop("__name__", "")
         inst = labels.get("instance", "")
         self.jobs.setdefault(inst, labels.get("job", ""))
-        if labels.get("hostname"):
-            self.hosts.setdefault(inst, labels["hostname"])
+        if host_of(labels):
+            self.hosts.setdefault(inst, host_of(labels))
         if name == "stallscope_source_up":
             _ts, vs = _values(s)
             if vs and vs[-1] == 0 and labels.get("source"):

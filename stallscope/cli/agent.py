@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "keep a bounded local run store. Binds 127.0.0.1 unless told otherwise. "
                        "Flags override the config file.")
     p.add_argument("--listen", metavar="HOST:PORT", default=None,
-                   help="address to serve on (default 127.0.0.1:9400; 0.0.0.0:9400 to let "
+                   help="address to serve on (default 127.0.0.1:10127; 0.0.0.0:10127 to let "
                    "other machines scrape it)")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="TOML file with listen, interval_s, store_dir, keep_full_s, gpus, "

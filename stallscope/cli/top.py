@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--agent", metavar="URL",
                      help="take GPU, disk and host readings from the stallscope agent at URL "
-                     "(e.g. http://127.0.0.1:9400); default: the local agent when one answers "
+                     "(e.g. http://127.0.0.1:10127); default: the local agent when one answers "
                      "there and samples at least as often as --interval")
     src.add_argument("--no-agent", action="store_true",
                      help="sample the machine directly even when an agent runs")

@@ -25,7 +25,7 @@ from stallscope.sources import Source, make_source
 from stallscope.sources.base import Reading
 
 #: where ``stallscope agent`` listens unless told otherwise
-DEFAULT_AGENT = "http://127.0.0.1:9400"
+DEFAULT_AGENT = "http://127.0.0.1:10127"
 #: seconds to wait for the agent (it answers from memory: anything slower is not usable)
 TIMEOUT_S = 0.5
 

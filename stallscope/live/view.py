@@ -59,7 +59,7 @@ class ViewState:
     training: TrainingView | None = None
     #: where ``training`` comes from (set by the app; the view only reads ``training``)
     follow: TrainingWatch | None = None
-    #: the agent the machine-wide readings come from ("127.0.0.1:9400"), None: sampled here
+    #: the agent the machine-wide readings come from ("127.0.0.1:10127"), None: sampled here
     via: str | None = None
     host: str = field(default_factory=lambda: plain(os.uname().nodename, 40))
 
