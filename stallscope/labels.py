@@ -15,7 +15,8 @@ The rows:
   entity is ``gpu<N>``), ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<N>``), ``modelName``,
   and the host label (:data:`HOST_LABEL`);
 * ``pid``: a process of a followed training: ``pid``, ``role``, ``name`` (comm), ``run``,
-  ``rank``, ``ppid``, and the host label;
+  ``rank``, ``ppid``, its owner (``namespace``, ``pod``, ``container`` or ``hpc_job``, where
+  known) and the host label; a GPU carries the owner labels of the pod holding it;
 * ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
 * ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
   ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
@@ -56,13 +57,19 @@ class EntityLabels:
     hostname: bool = False  #: the series also carries the host label (:data:`HOST_LABEL`)
 
 
+#: whose job a process or GPU is (:mod:`stallscope.sources.owner`), named as dcgm-exporter
+#: names its pod labels and its HPC job label
+_OWNER = (("namespace", "namespace"), ("pod", "pod"), ("container", "container"),
+          ("hpc_job", "hpc_job"))
+
 ENTITY_LABELS: dict[str, EntityLabels] = {
     "gpu": EntityLabels("gpu", prefix="gpu",
                         attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
-                               ("name", "modelName")),
+                               ("name", "modelName"), *_OWNER),
                         derived=(("device", "nvidia{}"),), hostname=True),
     "pid": EntityLabels("pid", attrs=(("role", "role"), ("name", "name"), ("run", "run"),
-                                      ("rank", "rank"), ("ppid", "ppid")), hostname=True),
+                                      ("rank", "rank"), ("ppid", "ppid"), *_OWNER),
+                        hostname=True),
     "device": EntityLabels("device"),
     "cpu": EntityLabels("cpu", prefix="cpu"),
     "mode": EntityLabels("mode"),

@@ -130,8 +130,9 @@ def real_cgroup(request: pytest.FixtureRequest) -> Iterator[Any]:
             if not p.exists():
                 p.mkdir()
                 made.append(p)
+        base = {k: v for k, v in os.environ.items() if k not in ("HOSTNAME", "SLURM_JOB_ID")}
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                env={**os.environ, **(env or {})})
+                                env={**base, **(env or {})})
         procs.append(proc)
         (d / "cgroup.procs").write_text(str(proc.pid))
         return proc
@@ -159,6 +160,12 @@ def test_a_process_in_a_kubelet_cgroupfs_cgroup(real_cgroup: Any) -> None:
     o = read_owner(proc.pid)
     assert (o.pod_uid, o.container_id) == (UID, CID)
     assert describe(o.record()) == "pod 1e597579…"
+    # inside a pod the host name is the pod's name (kubelet sets it so)
+    named = read_owner(real_cgroup(f"kubepods/burstable/pod{UID}/{CID}",
+                                   env={"HOSTNAME": "trainer-0"}).pid)
+    assert (named.pod, named.names_from, named.pod_uid) == ("trainer-0", "environment", UID)
+    # the same host name outside a pod names nothing
+    assert read_owner(real_cgroup("elsewhere", env={"HOSTNAME": "trainer-0"}).pid) == Owner()
 
 
 @pytest.mark.root

@@ -12,6 +12,8 @@
     smart = ["sda", "nvme0n1"]   # drives whose SMART is checked every 10 min (default: none)
     host_label = "Hostname"      # the host label's spelling: as the fleet's dcgm-exporter
                                  # ("Hostname" up to 4.5.3-4.8.2, "hostname" after)
+    kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"  # pod names ("" = off;
+                                 # default: that path when it exists)
 
     [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
     name = "gpu_hot"             # (docs/alerts.md); the shipped defaults are always on
@@ -68,6 +70,9 @@ class AgentConfig:
     smart: list[str] | None = None  #: drives whose SMART the agent checks; None: none
     #: how the host label is spelled (:data:`stallscope.labels.HOST_LABELS`)
     host_label: str = HOST_LABEL
+    #: the kubelet's pod-resources socket (pod names); None: the default path when it exists;
+    #: "": never ask
+    kubelet_socket: str | None = None
     alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
     smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
     path: str | None = field(default=None, compare=False)  #: the file it came from
@@ -162,6 +167,11 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError(f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
                              f"(as the fleet's dcgm-exporter spells it), got {v!r}")
         return v
+    if key == "kubelet_socket":
+        if not isinstance(v, str) or "\n" in v or "\0" in v:
+            raise ValueError(f"kubelet_socket must be a socket path (\"\" to never ask the "
+                             f"kubelet), got {v!r}")
+        return os.path.expanduser(v)
     if key == "run_indexes":
         if not isinstance(v, list) or not all(isinstance(p, str) and p.strip() for p in v):
             raise ValueError(f"run_indexes must be a list of run index paths (glob patterns "

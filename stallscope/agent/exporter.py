@@ -129,9 +129,10 @@ class SampleExposition(PromCollector):
         sink = self.sink
         sample = sink.latest
         fams = _Families()
+        owners = sink.gpu_owners() if sink.gpu_owners is not None else {}
         if sample is not None:
-            self._points(sample, fams)
-            self._throttle(sample, fams)
+            self._points(sample, fams, owners)
+            self._throttle(sample, fams, owners)
         if sink.steps is not None:
             self._train_steps(sink.steps, fams)
         helps = {name: (kind, doc) for name, kind, doc in AGENT_METRICS}
@@ -148,7 +149,8 @@ class SampleExposition(PromCollector):
                      {}, sample.ts)
         yield from fams.by_name.values()
 
-    def _points(self, sample: Sample, fams: _Families) -> None:
+    def _points(self, sample: Sample, fams: _Families,
+                owners: Mapping[str, Mapping[str, str]]) -> None:
         hostname = self.sink.hostname
         entities = {name: r.entities for name, r in sample.readings.items()}
         labels_cache: dict[tuple[str, str, str], dict[str, str]] = {}
@@ -161,6 +163,8 @@ class SampleExposition(PromCollector):
             labels = labels_cache.get(key)
             if labels is None:
                 attrs = entities.get(m.source, {}).get(p.entity) or {}
+                if m.source == "gpu" and owners:
+                    attrs = {**attrs, **owners.get(str(attrs.get("uuid")), {})}
                 labels = labels_cache[key] = labels_for(m, p.entity, attrs, hostname,
                                                         self.sink.host_label)
             fams.add(fams.get(m.prom, m.kind, doc), labels, p.value * m.prom_scale)
@@ -177,10 +181,12 @@ class SampleExposition(PromCollector):
             return
         (steps, step_s, wait_s, samples, last_ts, first_ts) = (
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
+        owners = follower.owners()
         for run_id, ranks in sorted(runs.items()):
             for rank, t in sorted(ranks.items()):
                 labels = {"run": run_id, "rank": str(rank),
-                          self.sink.host_label: self.sink.hostname}
+                          self.sink.host_label: self.sink.hostname,
+                          **owners.get(run_id, {})}
                 fams.add(steps, labels, float(t.steps))
                 fams.add(step_s, labels, t.step_s)
                 fams.add(wait_s, labels, t.wait_s)
@@ -193,7 +199,8 @@ class SampleExposition(PromCollector):
         for name in [name for name, fam in fams.by_name.items() if not fam.samples]:
             del fams.by_name[name]  # no run knew its batch size: no empty family
 
-    def _throttle(self, sample: Sample, fams: _Families) -> None:
+    def _throttle(self, sample: Sample, fams: _Families,
+                  owners: Mapping[str, Mapping[str, str]]) -> None:
         reading = sample.readings.get("gpu")
         if reading is None or not isinstance(reading.payload, list):
             return
@@ -208,8 +215,9 @@ class SampleExposition(PromCollector):
             if fam is None:
                 fam = fams.get("stallscope_gpu_throttle_active", "gauge", AGENT_METRICS[1][2])
             entity = f"gpu{g.get('index', 0)}"
-            base = gpu_labels(entity, reading.entities.get(entity) or {}, self.sink.hostname,
-                              self.sink.host_label)
+            attrs = reading.entities.get(entity) or {}
+            attrs = {**attrs, **owners.get(str(attrs.get("uuid")), {})}
+            base = gpu_labels(entity, attrs, self.sink.hostname, self.sink.host_label)
             for reason in [*known, *(r for r in active if r not in known)]:
                 fams.add(fam, {"reason": reason, **base}, 1.0 if reason in active else 0.0)
 
@@ -228,7 +236,9 @@ class PrometheusSink(Sink):
     def __init__(self, sources: Sequence[str], unavailable: Mapping[str, str] | None = None, *,
                  hostname: str | None = None, host_label: str = HOST_LABEL,
                  cpu_clock: Callable[[], float] = time.process_time,
-                 steps: StepFollower | None = None) -> None:
+                 steps: StepFollower | None = None,
+                 gpu_owners: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
+                 ) -> None:
         self.sources = list(dict.fromkeys([*sources, *(unavailable or {})]))
         self.unavailable = dict(unavailable or {})
         self.hostname = hostname if hostname is not None else socket.gethostname()
@@ -236,6 +246,9 @@ class PrometheusSink(Sink):
         self.cpu_clock = cpu_clock
         #: the trainings' step totals, read on each scrape (None: not followed)
         self.steps = steps
+        #: GPU UUID -> the namespace, pod and container holding it (the kubelet's
+        #: pod-resources API), asked on each scrape; None: not on Kubernetes
+        self.gpu_owners = gpu_owners
         self.latest: Sample | None = None
         self.written = 0
         self._lock = threading.Lock()

@@ -9,6 +9,7 @@ the store (``meta.json`` end time, sample count; ``run.db`` out of WAL mode).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 import threading
@@ -28,6 +29,7 @@ from stallscope.collect.sinks import StoreSink
 from stallscope.metrics import Point
 from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
 from stallscope.sources.base import Counter, Source
+from stallscope.sources.podresources import PodResources
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 
 __all__ = ["Agent", "OnlyGpus"]
@@ -67,6 +69,19 @@ class OnlyGpus(Source):
         self.inner.close()
 
 
+def kubelet_client(socket_path: str | None) -> PodResources | None:
+    """A client of the kubelet's pod-resources socket: the one configured, else the default
+    path when it exists (a Kubernetes node); None off Kubernetes or with ``""``."""
+    from stallscope.sources.podresources import DEFAULT_SOCKET
+
+    if socket_path == "":
+        return None
+    path = socket_path or DEFAULT_SOCKET
+    if socket_path is None and not os.path.exists(path):
+        return None
+    return PodResources(path)
+
+
 class Agent:
     """See the module docstring. ``argv`` is recorded as the run's command."""
 
@@ -79,6 +94,7 @@ class Agent:
         self.store_sink: StoreSink | None = None
         self.prom: PrometheusSink
         self.steps: StepFollower | None = None
+        self.kubelet: PodResources | None = None
         self.alerts: AlertSink | None = None
         self.run_dir: Path | None = None
         self.meta: dict[str, Any] = {}
@@ -119,12 +135,16 @@ class Agent:
             smart.open()
             sources.append(smart)
         self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
-        # the processes of the trainings it follows: run, role and rank labels
-        sources.append(TrainerProcs(self.steps))
+        # on Kubernetes, the kubelet says which pod holds which GPU (sources/podresources.py)
+        self.kubelet = kubelet_client(cfg.kubelet_socket)
+        # the processes of the trainings it follows: run, role, rank and owner labels
+        sources.append(TrainerProcs(self.steps, kubelet=self.kubelet))
         # and where their training threads spend their time (their own sampled stacks)
         sources.append(TrainerStacks(self.steps))
         self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,
-                                   steps=self.steps, host_label=cfg.host_label)
+                                   steps=self.steps, host_label=cfg.host_label,
+                                   gpu_owners=self.kubelet.device_owners
+                                   if self.kubelet is not None else None)
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
             self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
@@ -168,6 +188,9 @@ class Agent:
         doc["store_errors"] = self.store_sink.errors if self.store_sink else 0
         firing = sorted(self.alerts.engine.firing()) if self.alerts is not None else []
         doc["alerts_firing"] = [{"alert": n, "entity": e} for n, e in firing]
+        if self.kubelet is not None:  # where pod names come from, and why not when they don't
+            doc["kubelet"] = {"socket": self.kubelet.socket_path,
+                              "problem": self.kubelet.problem}
         return doc
 
     def history(self, metric: str, entity: str | None, since_ts: float
@@ -203,6 +226,8 @@ class Agent:
             self.collector.stop()
         if self.steps is not None:
             self.steps.close()
+        if self.kubelet is not None:
+            self.kubelet.close()
         if self.store is None or self.run_dir is None:
             return
         self.meta.update(end=time.time(), exit_code=0,

@@ -9,7 +9,8 @@ number, through a read-only SQLite connection: WAL readers never block the probe
 adds them to running totals. Nothing flows from the trainer to the agent, so a trainer never
 waits for the agent nor fails when it is absent or slow.
 
-The totals become counters labelled ``run`` (the run id), ``rank`` and the host label (``Hostname``):
+The totals become counters labelled ``run`` (the run id), ``rank``, the host label
+(``Hostname``) and the owner labels of the run (``namespace``, ``pod``, ``container``, ``hpc_job``):
 ``stallscope_train_steps_total``, ``stallscope_train_step_seconds_total`` (wall time of the
 steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
 ``stallscope_train_samples_total`` (when the batch size is known), and the gauge
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound
+from stallscope.sources.owner import OWNER_KEYS, read_owner
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
@@ -101,6 +103,9 @@ class _Followed:
     pid: int | None = None  #: the trainer's process (meta.json ``pid``): its tree's root
     start: float | None = None  #: the run's start (meta.json): a later process is not its own
     stamp: dict[str, Any] | None = None  #: meta.json ``pid_stamp``: the trainer's start ticks
+    #: whose run it is (meta.json ``owner``, else read from the trainer's cgroup): the
+    #: ``namespace``, ``pod``, ``container`` and ``hpc_job`` labels of its series
+    owner: dict[str, str] = field(default_factory=dict)
 
 
 class StepFollower:
@@ -151,6 +156,11 @@ class StepFollower:
                     continue  # ended, not started yet, or its trainer is gone
                 out[f.run_id] = (f.pid, self._probe_pids(f))
             return out
+
+    def owners(self) -> dict[str, dict[str, str]]:
+        """run id -> its owner labels (pod or Slurm job; empty when none is known)."""
+        with self._lock:
+            return {f.run_id: dict(f.owner) for f in self._followed.values()}
 
     def run_dirs(self) -> dict[str, Path]:
         """run id -> run directory of each followed run that has not ended (the agent reads
@@ -282,6 +292,11 @@ def _know_trainer(f: _Followed) -> None:
         f.start = float(start)
     if isinstance(stamp, dict):
         f.stamp = stamp
+    owner = meta.get("owner")
+    if isinstance(owner, dict):
+        f.owner = {k: str(owner[k]) for k in OWNER_KEYS if owner.get(k)}
+    elif f.pid is not None:  # a standalone probe's run: its trainer's cgroup says
+        f.owner = read_owner(f.pid).attrs()
 
 
 def _is_running(run_dir: Path) -> bool:

@@ -12,7 +12,9 @@ dashboard needs:
   inferred as the run's own reports do (:func:`~stallscope.sources.roles.infer_roles`, with the
   pids the probes reported in ``run.db``);
 * ``rank``: the rank whose probe runs in that process, or in the trainer a worker belongs to
-  (left out when no probe said so).
+  (left out when no probe said so);
+* ``namespace``, ``pod``, ``container`` or ``hpc_job``: whose job it is
+  (:mod:`stallscope.sources.owner`), where known.
 
 A run that ends, or whose trainer is gone, drops out at the next sample: its processes stop
 appearing (no stale series). Reading another user's ``/proc/PID/io`` needs CAP_SYS_PTRACE; without
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Counter, Source
+from stallscope.sources.owner import OwnerCache
 from stallscope.sources.procs import ProcsSource, procs_points
 from stallscope.sources.roles import infer_roles
 
@@ -41,9 +44,13 @@ class TrainerProcs(Source):
     name = "procs"
     transient_entities = True
 
-    def __init__(self, follower: StepFollower, proc_root: str = "/proc") -> None:
+    def __init__(self, follower: StepFollower, proc_root: str = "/proc",
+                 kubelet: Any = None) -> None:
         self.follower = follower
         self.proc_root = proc_root
+        #: whose job each process is (pod or Slurm job; names from ``kubelet``, a
+        #: :class:`~stallscope.sources.podresources.PodResources`, when given)
+        self.owners = OwnerCache(proc_root, kubelet)
         #: run id -> (root pid, its sampler)
         self._trees: dict[str, tuple[int, ProcsSource]] = {}
         self._attrs: dict[str, dict[str, Any]] = {}  #: pid -> labels of the latest sample
@@ -98,6 +105,8 @@ class TrainerProcs(Source):
                 rank = _rank_of(pid, parent, rank_by_pid)
                 if rank is not None:
                     a["rank"] = rank
+                if pid.isdigit():
+                    a.update(self.owners.owner(int(pid)).attrs())
                 attrs[pid] = a
                 out[pid] = {**rec, "role": a["role"]}
         self._attrs = attrs

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from stallscope.cli._common import out_console, safe
 from stallscope.errors import RunNotFound, StallscopeError, UsageError
+from stallscope.sources.owner import describe
 from stallscope.store import DEFAULT_OUT, RunStore, read_meta
 from stallscope.store.rundir import _root, known_runs, run_state
 
@@ -48,6 +49,13 @@ def _when(ts: float) -> str:
         return "?"
 
 
+def owner_of(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner a run recorded (``meta.json`` ``owner``: pod or Slurm job), if any."""
+    owner = meta.get("owner")
+    return {str(k): v for k, v in owner.items() if isinstance(v, (str, int, list))} \
+        if isinstance(owner, dict) and owner else None
+
+
 def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is not a directory")
@@ -67,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             "start": start,
             "duration_s": None if end is None else round(max(0.0, end - start), 1),
             "exit_code": meta.get("exit_code"), "running": state == "running", "state": state,
+            "owner": owner_of(meta),
         })
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -78,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # the folder column only where it fits (`runs --json` always has each run's path)
     elsewhere = (out_console.width >= 110
                  and any(Path(r["path"]).resolve().parent != here for r in rows))
+    owned = any(r.get("owner") for r in rows)  # a shared node: whose run each one is
     t = Table(show_edge=False)
     # run ids are what users copy into the next command: never folded or cut; the command
     # and the folder give way instead
@@ -86,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
     t.add_column("started", no_wrap=True, min_width=11)
     t.add_column("duration", no_wrap=True, justify="right", min_width=8)
     t.add_column("exit", no_wrap=True, min_width=11)
-    rest = max(12, out_console.width - run_w - 11 - 8 - 11 - 3 * (5 if elsewhere else 4))
+    own_w = max((len(describe(r.get("owner"))) for r in rows), default=0) if owned else 0
+    if owned:
+        t.add_column("owner", no_wrap=True, overflow="ellipsis", max_width=min(own_w, 40))
+    rest = max(12, out_console.width - run_w - 11 - 8 - 11 - min(own_w, 40)
+               - 3 * (5 if elsewhere else 4) - (3 if owned else 0))
     cmd_w = rest * 2 // 3 if elsewhere else rest
     t.add_column("command", no_wrap=True, overflow="ellipsis", max_width=cmd_w)
     if elsewhere:
@@ -95,12 +109,14 @@ def run(args: argparse.Namespace) -> int:
         parent = Path(r["path"]).resolve().parent
         where = ([safe(str(parent)) if parent != here else "."] if elsewhere else [])
         if "error" in r:
-            t.add_row(safe(r["run"]), "-", "-", "-", f"[red]{safe(r['error'])}[/]", *where)
+            t.add_row(safe(r["run"]), "-", "-", "-", *(["-"] if owned else []),
+                      f"[red]{safe(r['error'])}[/]", *where)
             continue
         t.add_row(safe(r["run"]), _when(r["start"]),
                   "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
                   (str(r["exit_code"]) if r["exit_code"] is not None else "-")
                   if r["state"] == "finished" else r["state"],
+                  *([safe(describe(r.get("owner")) or "-")] if owned else []),
                   safe(" ".join(r["command"] or [])[:60]), *where)
     out_console.print(t)
     return 0

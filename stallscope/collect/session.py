@@ -31,6 +31,7 @@ from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import Sink, StoreSink
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.sources import SOURCE_NAMES, open_sources
+from stallscope.sources.owner import read_owner
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 from stallscope.store.index import record_run
 from stallscope.store.rundir import writer_stamp
@@ -170,6 +171,9 @@ class Session:
         self.meta["unavailable"] = self.unavailable
         self.meta["pid"] = root_pid
         self.meta["pid_stamp"] = writer_stamp(root_pid)
+        owner = read_owner(root_pid)
+        if owner.known:  # the pod or Slurm job the trainer runs in (sources/owner.py)
+            self.meta["owner"] = owner.record()
         write_meta(self.run_dir, self.meta)
         self._facts = threading.Thread(target=self._record_facts, name="stallscope-facts",
                                        daemon=True)

@@ -178,6 +178,8 @@ def read_owner(pid: int, proc_root: str = "/proc", containers: Iterable[Any] = (
     env = _read_env(proc)
     if env is not None:
         owner = owner.merge(owner_from_env(env))
+    if owner.pod_uid and not owner.pod and env is not None:
+        owner = _pod_from_inside(owner, proc, env)
     if owner.gpus:
         want = set(owner.gpus)
         for c in containers:
@@ -186,6 +188,26 @@ def read_owner(pid: int, proc_root: str = "/proc", containers: Iterable[Any] = (
                                 names_from="kubelet")
                 break
     return owner
+
+
+#: where every pod finds its namespace (the service account's projected volume)
+SA_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _pod_from_inside(owner: Owner, proc: Path, env: Mapping[str, str]) -> Owner:
+    """A pod's names as the pod itself sees them: kubelet sets a container's host name to its
+    pod's name (unless the spec sets ``hostname``), and mounts the namespace at
+    :data:`SA_NAMESPACE` (read through ``/proc/PID/root``, with the same rights as its
+    environment; absent when the pod does not mount a service account token)."""
+    pod = (env.get("HOSTNAME") or "").strip()
+    try:
+        ns = (proc / "root" / SA_NAMESPACE).read_text(errors="replace").strip()[:253]
+    except OSError:
+        ns = ""
+    if not pod:
+        return owner
+    return replace(owner, pod=pod, namespace=owner.namespace or ns or None,
+                   names_from="environment")
 
 
 class OwnerCache:

@@ -28,6 +28,7 @@ __all__ = [
     "diagnose",
     "diagnose_run",
     "diagnosis_lines",
+    "owner_lead",
     "print_diagnosis",
     "render_diagnosis",
 ]
@@ -49,7 +50,10 @@ def diagnose(data: RunData) -> dict[str, Any]:
                  "measures data wait vs compute per step")] if sig.stall_source != "probe"
             else [], 1.0, "no rule fired")]
     verdict = findings[0].kind if findings else "insufficient_data"
+    owner = data.meta.get("owner")
     return {
+        "owner": owner if isinstance(owner, dict) and owner else None,
+        "host": data.meta.get("host"),
         "ranks": sig.ranks_detail,
         "changes": changes(data),
         "run": data.meta.get("run_dir", ""),
@@ -131,6 +135,9 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
             lines.append(Text(ln, style=style))
 
     findings = doc["findings"]
+    lead = owner_lead(doc)
+    if lead:
+        lines.append(Text(lead, style="bold"))
     if not findings:
         lines.append(Text("verdict: nothing to report"))
     for i, f in enumerate(findings):
@@ -163,6 +170,32 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
     for ch in doc.get("changes") or []:
         prose(f"change: {ch['summary']}", "        ", "cyan", first="")
     return lines
+
+
+#: how a verdict reads after "is" in the owner's line
+_VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound (healthy)",
+                  "h2d_bound": "bound by host-to-device copies", "gpu_throttled":
+                  "held back by a throttled GPU", "straggler_rank": "held back by a straggler",
+                  "host_swap": "swapping", "shm_pressure": "short of shared memory",
+                  "insufficient_data": "not diagnosed yet (too little data)"}
+
+
+def owner_lead(doc: dict[str, Any]) -> str | None:
+    """"job 4242, rank 1 on node-a is input-bound (input_bound.prep)": whose run it is and
+    what it is, for a shared fleet; None when the run recorded no owner."""
+    from stallscope.sources.owner import describe
+
+    who = describe(doc.get("owner"))
+    if not who:
+        return None
+    focus = (doc.get("signals") or {}).get("focus_rank")
+    if focus is not None:
+        who += f", rank {focus}"
+    if doc.get("host"):
+        who += f" on {doc['host']}"
+    kind = str(doc.get("verdict") or "insufficient_data")
+    words = _VERDICT_WORDS.get(kind.split(".")[0], f"diagnosed {kind}")
+    return f"{who} is {words}" + (f" ({kind})" if "." in kind else "")
 
 
 def print_diagnosis(doc: dict[str, Any], console: Any) -> None:
