@@ -186,7 +186,8 @@ def test_a_process_in_a_slurm_step_cgroup_with_its_environment(real_cgroup: Any)
 _FULL_PROTO = """
 ListPodResourcesResponse: pod_resources=1:PodResources*
 PodResources: name=1:string namespace=2:string containers=3:ContainerResources*
-ContainerResources: name=1:string devices=2:ContainerDevices* cpu_ids=3:int64* memory=4:ContainerMemory*
+ContainerResources: name=1:string devices=2:ContainerDevices* cpu_ids=3:int64*
+ContainerResources: memory=4:ContainerMemory*
 ContainerDevices: resource_name=1:string device_ids=2:string* topology=3:TopologyInfo
 ContainerMemory: memory_type=1:string size=2:uint64 topology=3:TopologyInfo
 TopologyInfo: nodes=1:NUMANode*
@@ -202,9 +203,10 @@ def _server_messages() -> dict[str, Any]:
     fdp = descriptor_pb2.FileDescriptorProto(name="kubelet/podresources/v1/api.proto",
                                              package="v1", syntax="proto3")
     fdp.message_type.add(name="ListPodResourcesRequest")
+    made: dict[str, Any] = {}
     for line in _FULL_PROTO.strip().splitlines():
         name, fields = line.split(":", 1)
-        msg = fdp.message_type.add(name=name)
+        msg = made.get(name) or made.setdefault(name, fdp.message_type.add(name=name))
         for spec in fields.split():
             fname, rest = spec.split("=")
             num, kind = rest.split(":")
