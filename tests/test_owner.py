@@ -324,3 +324,110 @@ def test_no_kubelet_is_one_line_and_no_names(tmp_path: Path) -> None:
         assert bad.containers() == [] and bad.problem and "\n" not in bad.problem
     finally:
         srv.close()
+
+
+# --- end to end: what the agent exports and what `run`, `runs` and `diagnose` say ------------
+
+def test_the_agent_labels_steps_processes_and_gpus_with_their_owner(tmp_path: Path) -> None:
+    """A followed run of Slurm job 4242 (meta.json ``owner``): its step and process series carry
+    ``hpc_job``; a GPU the kubelet (a real gRPC server) gives to pod team-a/trainer-0 carries
+    that pod's labels, as dcgm-exporter's would."""
+    import json
+
+    from prometheus_client import generate_latest
+    from test_agent_steps import add_steps, make_run
+
+    from stallscope.agent.exporter import PrometheusSink
+    from stallscope.agent.steps import StepFollower
+    from stallscope.agent.trainprocs import TrainerProcs
+    from stallscope.collect import Collector
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.store.index import record_run
+    from stallscope.testing.nvml_replay import NvmlReplay
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sock = tmp_path / "kubelet.sock"
+    kubelet = Kubelet(sock, PODS)
+    try:
+        run = make_run(tmp_path / "runs", pid=sleeper.pid)
+        meta = json.loads((run / "meta.json").read_text())
+        meta["owner"] = {"hpc_job": "4242", "step": "0"}
+        (run / "meta.json").write_text(json.dumps(meta))
+        record_run(run)
+        add_steps(run, 0, 0, 3, 0.1, 0.1)
+        doc = json.loads((FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01"
+                                      ".json").read_text())
+        doc["devices"][0]["nvmlDeviceGetUUID"] = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+        (tmp_path / "replay.json").write_text(json.dumps(doc))
+        gpu = GpuSource(backend=NvmlReplay.load(tmp_path / "replay.json"))
+        gpu.open()
+        follower = StepFollower(rescan_s=0)
+        client = PodResources(str(sock))
+        procs = TrainerProcs(follower, kubelet=client)
+        procs.open()
+        sink = PrometheusSink(["gpu", "procs"], hostname="node-a", steps=follower,
+                              gpu_owners=client.device_owners)
+        collector = Collector([gpu, procs], [sink], interval=0.2)
+        collector.start()
+        deadline = time.monotonic() + 20
+        text = ""
+        while time.monotonic() < deadline:
+            text = generate_latest(sink.registry).decode()
+            if "stallscope_proc_cpu_ratio{" in text and "stallscope_gpu_power_watts{" in text:
+                break
+            time.sleep(0.2)
+        collector.stop(final_sample=False)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        kubelet.stop()
+    lines = text.splitlines()
+    step = next(ln for ln in lines if ln.startswith("stallscope_train_steps_total{"))
+    assert 'hpc_job="4242"' in step and 'Hostname="node-a"' in step, step
+    proc = next(ln for ln in lines if ln.startswith("stallscope_proc_cpu_ratio{"))
+    assert f'pid="{sleeper.pid}"' in proc and 'run="' in proc, proc
+    power = next(ln for ln in lines if ln.startswith("stallscope_gpu_power_watts{"))
+    for label in ('namespace="team-a"', 'pod="trainer-0"', 'container="pytorch"',
+                  'UUID="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"'):
+        assert label in power, power
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_run_runs_and_diagnose_name_the_slurm_job(tmp_path: Path, real_cgroup: Any) -> None:
+    """`stallscope run` started inside Slurm job 4242's step cgroup (made for real, named as
+    slurmd names it): meta.json records the owner, `runs` has an owner column, and the
+    diagnosis starts with whose run it is."""
+    import json
+    import socket
+
+    from conftest import stallscope_argv
+
+    out = tmp_path / "runs"
+    holder = real_cgroup("slurm/uid_0/job_4242/step_0/task_0")  # makes the path
+    holder.kill()
+    procs_file = CPU / "slurm/uid_0/job_4242/step_0/task_0/cgroup.procs"
+    # join the cgroup, then become `stallscope run` (the trainer inherits the cgroup)
+    argv = [*stallscope_argv("run", "--interval", "0.5", "--no-stacks", "--out", str(out)),
+            "--", sys.executable, "-c", "import time; time.sleep(2)"]
+    boot = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+            "os.execvp(sys.argv[2], sys.argv[2:])")
+    try:
+        r = subprocess.run([sys.executable, "-c", boot, str(procs_file), *argv],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        pass
+    assert r.returncode == 0, r.stderr[-2000:]
+    [run_dir] = list(out.iterdir())
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["owner"]["hpc_job"] == "4242" and meta["owner"]["step"] == "0"
+    rs = subprocess.run(stallscope_argv("runs", "--out", str(out)), capture_output=True,
+                        text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
+    assert "owner" in rs.stdout and "job 4242" in rs.stdout, rs.stdout
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir)), capture_output=True,
+                       text=True, timeout=60)
+    first = d.stdout.splitlines()[0]
+    assert first.startswith(f"job 4242 on {socket.gethostname()} is "), d.stdout
+    dj = json.loads(subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"),
+                                   capture_output=True, text=True, timeout=60).stdout)
+    assert dj["owner"]["hpc_job"] == "4242" and dj["host"] == socket.gethostname()

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     t.add_column("exit", no_wrap=True, min_width=11)
     own_w = max((len(describe(r.get("owner"))) for r in rows), default=0) if owned else 0
     if owned:
-        t.add_column("owner", no_wrap=True, overflow="ellipsis", max_width=min(own_w, 40))
+        t.add_column("owner", no_wrap=True, overflow="ellipsis", min_width=min(own_w, 40),
+                     max_width=min(own_w, 40))
     rest = max(12, out_console.width - run_w - 11 - 8 - 11 - min(own_w, 40)
                - 3 * (5 if elsewhere else 4) - (3 if owned else 0))
     cmd_w = rest * 2 // 3 if elsewhere else rest

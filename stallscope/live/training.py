@@ -36,6 +36,18 @@ VERDICT_EVERY_S = 15.0
 FIND_EVERY_S = 3.0
 
 
+def _run_label(run_dir: Path) -> str:
+    """The run id, with whose run it is on a shared node (``20261125-... (job 4242)``)."""
+    from stallscope.sources.owner import describe
+
+    try:
+        owner = read_meta(run_dir).get("owner")
+    except (StallscopeError, OSError, ValueError):
+        owner = None
+    who = describe(owner) if isinstance(owner, dict) else ""
+    return f"{run_dir.name} ({who})" if who else run_dir.name
+
+
 @dataclass
 class TrainingView:
     """The panel's figures (None: not known yet)."""
@@ -96,6 +108,7 @@ class TrainingWatch:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.run_dir: Path | None = None
+        self._label = ""  #: the run id, and whose run it is
         self._db: sqlite3.Connection | None = None
         self._last: dict[int, int] = {}  # rank -> last step read
         self._recent: deque[tuple[float, float, float, int]] = deque()  # ts, wait, host, n
@@ -141,6 +154,7 @@ class TrainingWatch:
         except sqlite3.Error:
             return False
         self.run_dir = run_dir
+        self._label = _run_label(run_dir)
         self._tail = RecordTail(stacks_dir(run_dir))
         return True
 
@@ -256,7 +270,7 @@ class TrainingWatch:
         self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
-        v = TrainingView(run_id=self.run_dir.name, steps=self._total, ranks=self._ranks)
+        v = TrainingView(run_id=self._label, steps=self._total, ranks=self._ranks)
         if self._recent:
             recent = sorted(self._recent)
             waited = sum(r[1] for r in recent)
