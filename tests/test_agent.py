@@ -105,6 +105,37 @@ def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 # --- /metrics ------------------------------------------------------------------------------------
 
+def test_the_first_scrape_has_the_node_counters(tmp_path: Path) -> None:
+    """Rates need two reads; the raw counters do not: the first /metrics after the agent starts
+    (sampling every 60 s, so no second read yet) has the disk and CPU counters, as
+    node_exporter's first scrape has them, and the sources count as up."""
+    port = free_port()
+    proc = subprocess.Popen(
+        stallscope_argv("agent", "--listen", f"127.0.0.1:{port}", "--interval", "60",
+                        "--store", str(tmp_path / "store")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        text = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not text:
+            if proc.poll() is not None:
+                pytest.fail(f"agent exited: {proc.stderr.read() if proc.stderr else ''}")
+            try:
+                text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
+            except OSError:
+                time.sleep(0.1)
+        got = series(text)
+        names = {name for name, _labels in got}
+        assert "stallscope_host_cpu_seconds_total" in names, sorted(names)
+        assert "stallscope_disk_read_bytes_total" in names, sorted(names)
+        assert "stallscope_host_cpu_busy_ratio" not in names  # no interval for a rate yet
+        up = {dict(labels)["source"]: v for (name, labels), v in got.items()
+              if name == "stallscope_source_up"}
+        assert up["disk"] == up["host"] == 1.0, up
+    finally:
+        terminate(proc)
+
 @pytest.mark.prometheus
 def test_exposition_passes_promtool(agent: RunningAgent) -> None:
     promtool = shutil.which("promtool")

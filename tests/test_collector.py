@@ -213,3 +213,33 @@ def test_counters_reach_sinks_that_want_them_and_the_store_keeps_rates(tmp_path:
     plain = Keeping()
     Collector([host], [plain], interval=1.0).sample_once()
     assert not {p.name for p in plain.samples[-1].points} & counters
+
+
+class _Keep(Sink):
+    name = "keep"
+
+    def __init__(self, counters: bool) -> None:
+        self.wants_counters = counters
+        self.got: list[Sample] = []
+
+    def write(self, sample: Sample) -> None:
+        self.got.append(sample)
+
+
+def test_the_first_read_hands_raw_counters_only_to_the_sinks_that_export_them() -> None:
+    """Rates need two reads, counters one: the host's first read gives its CPU counters to the
+    Prometheus-like sink (marked primed, no reading), nothing to the run store's kind, and no
+    sample is counted."""
+    host = HostSource()
+    host.open()
+    prom, store = _Keep(True), _Keep(False)
+    c = Collector([host], [prom, store], interval=1.0)
+    first = c.sample_once()
+    assert first.readings == {} and first.primed == {"host"}
+    assert [s.ts for s in prom.got] == [first.ts] and store.got == [] and c.samples == 0
+    names = {p.name for p in prom.got[0].points}
+    assert names and all(metrics.lookup(n) is not None and metrics.lookup(n).kind == "counter"
+                         for n in names), names
+    c.sample_once()
+    assert len(store.got) == 1 and len(prom.got) == 2 and c.samples == 1
+    assert prom.got[1].readings and not prom.got[1].primed

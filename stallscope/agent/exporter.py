@@ -260,7 +260,8 @@ class PrometheusSink(Sink):
 
     def write(self, sample: Sample) -> None:
         self.latest = sample  # one reference swap: a scrape sees the old or the new sample
-        self.written += 1
+        if sample.readings:  # not the counters-only first read (Sample.primed)
+            self.written += 1
 
     def event(self, event: Event) -> None:
         if event.kind in ("error", "disabled", "gpu_lost", "unavailable"):
@@ -270,8 +271,10 @@ class PrometheusSink(Sink):
     def source_up(self) -> dict[str, bool]:
         """Per source the agent meant to run: whether the latest sample has its reading."""
         sample = self.latest
-        readings = sample.readings if sample is not None else {}
-        return {name: name in readings for name in self.sources}
+        if sample is None:
+            return {name: False for name in self.sources}
+        return {name: name in sample.readings or name in sample.primed
+                for name in self.sources}
 
     def health(self) -> dict[str, Any]:
         """Per source: up or down and, when down or troubled, why (``/api/v1/health``)."""

@@ -50,6 +50,9 @@ class Sample:
     points: list[Point] = field(default_factory=list)  #: every source's points + derived + cost
     cpu_s: float = 0.0  #: the collector's CPU seconds for this sample
     wall_s: float = 0.0
+    #: sources that gave their raw counters but no reading yet (their first read: rates need
+    #: two), so Prometheus has node_exporter's counters from the first scrape
+    primed: set[str] = field(default_factory=set)
 
     @property
     def payloads(self) -> dict[str, Any]:
@@ -135,13 +138,26 @@ class Collector:
                 self._drain(now, src)
             self.failures[src.name] = 0
             if reading is None:
+                if counters:
+                    raw = self._raw_counters(now, src)
+                    if raw:
+                        sample.primed.add(src.name)
+                        points.extend(raw)
                 continue
             sample.readings[src.name] = reading
             points.extend(reading.points)
         for derive in self.derived:
             points.extend(derive(sample.readings))
         if not sample.readings:
-            return sample  # priming counters: nothing to hand over yet
+            # priming: no rates yet; the raw counters go to the sinks that export them
+            if sample.primed:
+                for sink in self.sinks:
+                    if sink.wants_counters:
+                        try:
+                            sink.write(sample)
+                        except Exception as exc:  # as below
+                            self._sink_error(now, sink, exc)
+            return sample
         sample.cpu_s = time.thread_time() - cpu0
         sample.wall_s = time.perf_counter() - wall0
         points.append(Point("collector.cpu_s", "", sample.cpu_s))
@@ -153,6 +169,14 @@ class Collector:
                 self._sink_error(now, sink, exc)
         self.samples += 1
         return sample
+
+    def _raw_counters(self, now: float, src: Source) -> list[Point]:
+        """A priming source's raw counters (its first read: no interval for rates yet)."""
+        try:
+            return [Point(*c) for c in src.counters()]
+        except Exception as exc:  # counters are a bonus: a failure costs only them
+            self.say(now, src.name, "error", f"counters: {type(exc).__name__}: {exc}")
+            return []
 
     def _sink_error(self, ts: float, sink: Sink, exc: BaseException) -> None:
         if id(sink) in self._sink_failed:
