@@ -598,7 +598,7 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" /
                                     "stallscope-agent.yaml").read_text()))
     kinds = {d["kind"]: d for d in docs}
-    assert set(kinds) == {"ConfigMap", "DaemonSet"}
+    assert set(kinds) == {"ConfigMap", "DaemonSet", "Service", "ServiceMonitor"}
     for d in docs:
         assert d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"]
     ds = kinds["DaemonSet"]
@@ -606,19 +606,39 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
     spec = ds["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     pod = spec["template"]["spec"]
-    assert pod["hostPID"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["hostPID"] is True
+    # the pod's own network: no port of the node is bound (no hostNetwork, no hostPort)
+    assert not pod.get("hostNetwork") and "hostPort" not in str(pod)
+    assert pod["priorityClassName"] == "system-node-critical"
+    # uid 0 only for the kubelet's root-owned socket: every capability dropped
     [c] = pod["containers"]
     assert c["image"] and c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert "privileged" not in c["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "privileged" not in c["securityContext"] and "add" not in c["securityContext"][
+        "capabilities"]
     assert "nvidia.com/gpu" not in str(c.get("resources")), "must not take a GPU from jobs"
-    # $(NODE_IP) is expanded by the kubelet from the env the container declares
-    env = {e["name"] for e in c["env"]}
-    args = [a.replace("$(NODE_IP)", "10.0.0.5") for a in c["args"]]
-    assert all("$(" not in a for a in args) and "NODE_IP" in env
+    # $(POD_IP) and $(NODE_NAME) are expanded by the kubelet from the downward API
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
+           if "valueFrom" in e}
+    assert env == {"POD_IP": "status.podIP", "NODE_NAME": "spec.nodeName"}
+    args = [a.replace("$(POD_IP)", "10.244.3.17").replace("$(NODE_NAME)", "gpu-node-7")
+            for a in c["args"]]
+    assert all("$(" not in a for a in args)
     ns = agent_args_parse(args)
-    assert ns.listen == "10.0.0.5:10127"
+    assert ns.listen == "10.244.3.17:10127" and ns.hostname == "gpu-node-7"
     assert {p["containerPort"] for p in c["ports"]} == {10127}
+    # the kubelet's pod-resources socket, read-only, where the agent looks by default
+    from stallscope.sources.podresources import DEFAULT_SOCKET
+
+    pr = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
+    assert pr["readOnly"] is True and DEFAULT_SOCKET.startswith(pr["mountPath"] + "/")
+    # the Service and ServiceMonitor find the pods' metrics port
+    svc, mon = kinds["Service"], kinds["ServiceMonitor"]
+    assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] == c["ports"][0]["name"]
+    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert mon["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/api/v1/health"
     volumes = {v["name"]: v for v in pod["volumes"]}

@@ -14,6 +14,7 @@
                                  # ("Hostname" up to 4.5.3-4.8.2, "hostname" after)
     kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"  # pod names ("" = off;
                                  # default: that path when it exists)
+    hostname = "gpu-node-7"      # the host label's value (default: this machine's name)
 
     [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
     name = "gpu_hot"             # (docs/alerts.md); the shipped defaults are always on
@@ -73,6 +74,9 @@ class AgentConfig:
     #: the kubelet's pod-resources socket (pod names); None: the default path when it exists;
     #: "": never ask
     kubelet_socket: str | None = None
+    #: the host label's value; None: the machine's host name (a pod's is its own name, so a
+    #: DaemonSet gives the node's)
+    hostname: str | None = None
     alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
     smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
     path: str | None = field(default=None, compare=False)  #: the file it came from
@@ -166,6 +170,11 @@ def _check(key: str, v: Any) -> Any:
         if v not in HOST_LABELS:
             raise ValueError(f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
                              f"(as the fleet's dcgm-exporter spells it), got {v!r}")
+        return v
+    if key == "hostname":
+        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", v):
+            raise ValueError(f"hostname must be a host name (letters, digits, '.', '-', '_'), "
+                             f"got {v!r}")
         return v
     if key == "kubelet_socket":
         if not isinstance(v, str) or "\n" in v or "\0" in v:

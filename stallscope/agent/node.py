@@ -143,6 +143,7 @@ class Agent:
         sources.append(TrainerStacks(self.steps))
         self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,
                                    steps=self.steps, host_label=cfg.host_label,
+                                   hostname=cfg.hostname,
                                    gpu_owners=self.kubelet.device_owners
                                    if self.kubelet is not None else None)
         try:

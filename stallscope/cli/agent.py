@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "devices")
     p.add_argument("--interval", type=interval_type, default=None, metavar="S",
                    help="seconds between samples (default 5)")
+    p.add_argument("--hostname", metavar="NAME", default=None,
+                   help="the host label's value (default: this machine's host name; in a "
+                   "Kubernetes pod give the node's name, --hostname $(NODE_NAME))")
     p.add_argument("--store", metavar="DIR", default=None,
                    help="where the agent's run directories go (default "
                    "$STALLSCOPE_STATE_DIR/agent, else ~/.local/state/stallscope/agent)")
@@ -51,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
             cfg.interval_s = args.interval
         if args.store is not None:
             cfg.store_dir = args.store
+        if args.hostname is not None:
+            try:
+                cfg.hostname = check_value("hostname", args.hostname)
+            except ValueError as exc:
+                raise StallscopeError(f"--{exc}") from None
         agent = Agent(cfg, argv=["stallscope", "agent", *sys.argv[2:]])
         stop = threading.Event()
 
