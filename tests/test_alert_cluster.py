@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import FIXTURES, ROOT, terminate, tool_missing
+from conftest import FIXTURES, ROOT, stallscope_argv, terminate, tool_missing
 from test_agent import free_port, get
 
 RULES = ROOT / "deploy" / "prometheus" / "stallscope-alerts.yml"
@@ -202,3 +202,65 @@ def test_prometheus_and_alertmanager_notify_a_webhook(
     finally:
         for p in reversed(procs):
             _stop(p)
+
+
+def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None:
+    """node-mixin grade: summary, templated description, runbook_url into an anchor that exists
+    in docs/alerts.md, `for:` at least two of deploy/prometheus.yml's scrape intervals."""
+    import yaml
+
+    doc = yaml.safe_load(RULES.read_text())
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    interval = _seconds(scrape["global"]["scrape_interval"])
+    alerts_md = (ROOT / "docs" / "alerts.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", alerts_md, re.M)}
+    rules = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    assert len(rules) >= 12
+    for r in rules:
+        a = r["annotations"]
+        assert a["summary"] and "{{" in a["description"], r["alert"]
+        assert a["runbook_url"] == f"docs/alerts.md#{r['alert'].lower()}", r["alert"]
+        assert r["alert"].lower() in anchors, f"docs/alerts.md has no section {r['alert']}"
+        assert _seconds(r.get("for", "0s")) >= 2 * interval, (r["alert"], r.get("for"))
+
+
+def _seconds(d: str) -> float:
+    total, units = 0.0, {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", d):
+        total += int(n) * units[u]
+    return total
+
+
+@pytest.mark.prometheus
+def test_the_shipped_rules_are_the_rendering_with_the_defaults(tmp_path: Path) -> None:
+    """deploy/prometheus/stallscope-alerts.yml is `stallscope alerts prometheus` as is; with a
+    selector every raw stallscope series and `up` carry it, the recorded ones do not, and the
+    result still passes promtool."""
+    r = subprocess.run(stallscope_argv("alerts", "prometheus"), capture_output=True, text=True,
+                       timeout=60, check=True)
+    assert r.stdout == RULES.read_text()
+    sel = 'job="gpu-nodes", cluster=~"a|b"'
+    r = subprocess.run(stallscope_argv("alerts", "prometheus", "--selector", sel,
+                                       "--runbook-url", "https://wiki.example/alerts.md"),
+                       capture_output=True, text=True, timeout=60, check=True)
+    exprs = [ln for ln in r.stdout.splitlines() if "stallscope_" in ln
+             and not ln.lstrip().startswith(("#", "summary", "description", "rule",
+                                             "runbook_url", "stallscope_rule", "- alert"))]
+    for ln in exprs:
+        for name in re.findall(r"(?<![\w:])stallscope_[a-z0-9_]+(?![\w:])", ln):
+            assert f"{name}{{{sel}}}" in ln, ln
+    assert f"up{{{sel}}} == 0" in r.stdout and "rank:stallscope_train_data_wait:ratio_rate1m >" \
+        in r.stdout
+    assert 'runbook_url: "https://wiki.example/alerts.md#stallscopegpuhot"' in r.stdout
+    out = tmp_path / "rules.yml"
+    out.write_text(r.stdout)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        tool_missing("promtool (Debian package prometheus)")
+    c = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert c.returncode == 0, c.stdout + c.stderr
+    bad = subprocess.run(stallscope_argv("alerts", "prometheus", "--selector", "job=gpu"),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -1,6 +1,7 @@
 """The proof: shipped example trainers reproduce each bottleneck for real on the CPU, run under
-`stallscope run`, and the diagnosis names it — within 15 s of training (25 s for the cold,
-throttled reads, for several epochs, and where a fix's speed-up is measured).
+`stallscope run`, and the diagnosis names it — within 12 s of training (25 s for the cold,
+throttled reads, for several epochs, and where a fix's speed-up is measured against a run of
+the same length).
 
 Verdicts and stall fractions are appended to artifacts/scenarios.json for the record.
 """
@@ -26,8 +27,9 @@ CONSTRAIN = str(ROOT / "examples" / "constrain.py")
 ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 
 
-#: seconds of training per run: enough for every verdict here (the TensorFlow scenarios need 10)
-SECONDS = 15
+#: seconds of training per run: enough for every verdict here (the TensorFlow scenarios need 10;
+#: the zero-code scenarios name theirs within 0.05 in 12)
+SECONDS = 12
 #: the cold, throttled reads: the trainer's own wait share settles only after its first epoch
 FETCH_SECONDS = 25
 
@@ -179,10 +181,11 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
     assert ev["score_fetch"] > ev["score_prep"]
     top = doc["findings"][0]
     assert "lift the I/O limit" in top["fixes"][0]["action"], top["fixes"]
-    # apply the first fix: the same cold reads with the limit lifted, and measure
+    # apply the first fix: the same cold reads with the limit lifted, and measure (unthrottled,
+    # its pace is steady within seconds: the speed-up is several times, its floor 1.5)
     after = run_scenario("fetch-fixed", tmp_path / "fixed",
                          ["--data-dir", str(data), "--files", "3000", "--cold", "--workers",
-                          "2", "--model", "tiny"], data=data, seconds=FETCH_SECONDS)
+                          "2", "--model", "tiny"], data=data)
     assert after["verdict"] != "input_bound.fetch", after["findings"][0]
     c = subprocess.run(stallscope_argv("compare", doc["run"], after["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
@@ -210,28 +213,6 @@ def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str) -> None
     assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
     assert doc["stall_source"] == "stacks"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, doc["trainer_wait"]
-
-
-def test_shm_pressure(tmp_path: Path) -> None:
-    """A 64 MiB /dev/shm (Docker's default) that the run fills to ~90%, in a private mount
-    namespace so the machine's /dev/shm is untouched."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small /dev/shm in a private namespace needs root")
-    doc = run_scenario("shm", tmp_path, ["--workers", "2", "--model", "tiny",
-                                         "--shm-fill", "52"],
-                       before=[sys.executable, CONSTRAIN, "--shm-size", "64m", "--"],
-                       may_crash=True)
-    kinds = [f["kind"] for f in doc["findings"]]
-    assert "shm_pressure" in kinds
-    shm = next(f for f in doc["findings"] if f["kind"] == "shm_pressure")
-    assert shm["evidence"]["shm_total_mib"] == 64
-    assert shm["evidence"]["shm_peak_share"] >= 0.8
-    assert shm["fixes"][0]["action"].startswith("enlarge /dev/shm")
-    # apply the first fix: the same run with a 1 GiB /dev/shm runs clean, without the finding
-    after = run_scenario("shm-fixed", tmp_path / "fixed",
-                         ["--workers", "2", "--model", "tiny", "--shm-fill", "52"],
-                         before=[sys.executable, CONSTRAIN, "--shm-size", "1g", "--"])
-    assert "shm_pressure" not in [f["kind"] for f in after["findings"]], after["findings"]
 
 
 # host_swap is not reproduced here: provoking swap means pushing a shared CI box into memory

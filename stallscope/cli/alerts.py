@@ -41,6 +41,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="print JSON")
     add_out_option(r)
     r.set_defaults(func=replay)
+    pr = verbs.add_parser("prometheus", help="the shipped defaults as Prometheus alerting "
+                          "rules for your fleet",
+                          description="Print the shipped defaults as Prometheus alerting rules "
+                          "(YAML) over the agents' metrics, with a label selector for your "
+                          "fleet's series and runbook links where your copy of docs/alerts.md "
+                          "is served. deploy/prometheus/stallscope-alerts.yml is this with the "
+                          "defaults.")
+    pr.add_argument("--selector", default="", metavar="MATCHERS",
+                    help='label matchers for the agents\' series, e.g. \'job="gpu-nodes"\' '
+                    '(default: none; the agent-down rule uses job="stallscope")')
+    pr.add_argument("--runbook-url", default=None, metavar="URL",
+                    help="where docs/alerts.md is served (each alert links to its anchor "
+                    "there; default: docs/alerts.md)")
+    pr.set_defaults(func=prometheus_rules)
     p.set_defaults(func=lambda _a: _no_verb(p))
 
 
@@ -110,4 +124,15 @@ def replay(args: argparse.Namespace) -> int:
     if still:
         out_console.print(f"  still firing at the end: {safe(', '.join(still))}",
                           highlight=False)
+    return 0
+
+
+def prometheus_rules(args: argparse.Namespace) -> int:
+    from stallscope.alerts.promrules import DEFAULT_RUNBOOK, render
+
+    try:
+        text = render(args.selector, args.runbook_url or DEFAULT_RUNBOOK)
+    except ValueError as exc:
+        raise UsageError(f"alerts prometheus: {exc}") from None
+    sys.stdout.write(text)
     return 0
