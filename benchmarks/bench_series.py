@@ -30,7 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-H100 = HERE / "tests" / "fixtures" / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+H100 = (HERE / "tests" / "fixtures"
+        / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json")
 
 #: a launcher that starts RANKS ranks, each starting WORKERS workers; all sleep
 TREE = """

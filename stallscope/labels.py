@@ -17,6 +17,8 @@ The rows:
 * ``pid``: a process of a followed training: ``pid``, ``role``, ``name`` (comm), ``run``,
   ``rank``, ``ppid``, its owner (``namespace``, ``pod``, ``container`` or ``hpc_job``, where
   known) and the host label; a GPU carries the owner labels of the pod holding it;
+* ``gpu_pid``: one process on one GPU (entity ``gpu<N>:<pid>``): the GPU's labels, ``pid``
+  and the process's owner;
 * ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
 * ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
   ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
@@ -55,6 +57,8 @@ class EntityLabels:
     #: alone: dcgm-exporter's ``device="nvidia0"``
     derived: tuple[tuple[str, str], ...] = ()
     hostname: bool = False  #: the series also carries the host label (:data:`HOST_LABEL`)
+    #: a second label after ``:`` in the entity: ``gpu0:4242`` is ``gpu="0"``, ``pid="4242"``
+    second: str = ""
 
 
 #: whose job a process or GPU is (:mod:`stallscope.sources.owner`), named as dcgm-exporter
@@ -70,6 +74,11 @@ ENTITY_LABELS: dict[str, EntityLabels] = {
     "pid": EntityLabels("pid", attrs=(("role", "role"), ("name", "name"), ("run", "run"),
                                       ("rank", "rank"), ("ppid", "ppid"), *_OWNER),
                         hostname=True),
+    # one process on one GPU: the GPU's labels, its pid, and the process's owner
+    "gpu_pid": EntityLabels("gpu", prefix="gpu",
+                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
+                                   ("name", "modelName"), *_OWNER),
+                            derived=(("device", "nvidia{}"),), hostname=True, second="pid"),
     "device": EntityLabels("device"),
     "cpu": EntityLabels("cpu", prefix="cpu"),
     "mode": EntityLabels("mode"),
@@ -102,7 +111,12 @@ def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostnam
     if not entity:
         return {host_label: hostname} if row.hostname else {}
     value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
+    sub = ""
+    if row.second:
+        value, _, sub = value.partition(":")
     out = {row.label: value}
+    if row.second:
+        out[row.second] = sub
     out.update((name, fmt.format(value)) for name, fmt in row.derived)
     out.update((label, str(attrs[key])) for key, label in row.attrs if _given(attrs.get(key)))
     if row.hostname:
@@ -122,7 +136,11 @@ def entity_of(m: Metric, labels: Mapping[str, str]) -> str:
     if row is None:
         return labels.get("entity", "")
     value = labels.get(row.label)
-    return "" if value is None else row.prefix + value
+    if value is None:
+        return ""
+    if row.second:
+        return f"{row.prefix}{value}:{labels.get(row.second, '')}"
+    return row.prefix + value
 
 
 def attrs_of(m: Metric, labels: Mapping[str, str]) -> dict[str, Any]:

@@ -150,6 +150,16 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu", "trainer_mem_mib", "MiB", "GPU memory held by the trainer's processes "
        "(nvidia-smi --query-compute-apps=pid,used_memory for the trainer's pids)", "gauge",
        "stallscope_gpu_trainer_memory_used_bytes", 1048576.0, derived=True),
+    # one process on one GPU (entity ``gpu<N>:<pid>``): GPU use per process, whoever owns it
+    _M("gpu", "proc_mem_mib", "MiB", "GPU memory one process holds on this GPU (nvidia-smi "
+       "--query-compute-apps used_memory)", "gauge",
+       "stallscope_gpu_process_memory_used_bytes", 1048576.0, label="gpu_pid"),
+    _M("gpu", "proc_sm_pct", "%", "share of the GPU's SMs one process used since the previous "
+       "sample (nvidia-smi pmon sm; none under MIG)", "gauge",
+       "stallscope_gpu_process_sm_utilization_ratio", 0.01, label="gpu_pid"),
+    _M("gpu", "proc_mem_util_pct", "%", "share of the GPU's memory bandwidth one process used "
+       "since the previous sample (nvidia-smi pmon mem; none under MIG)", "gauge",
+       "stallscope_gpu_process_memory_utilization_ratio", 0.01, label="gpu_pid"),
     _M("gpu", "throttle_serious", "", "1 while the clocks are held down for heat or a hardware "
        "power brake (hw_slowdown, sw_thermal, hw_thermal, hw_power_brake in "
        "clocks_event_reasons.active), else 0", "gauge", "stallscope_gpu_throttle_serious",

@@ -476,3 +476,37 @@ def test_tf_trainer_without_probe_is_never_called_compute_bound() -> None:
     assert tf["verdict"] == "insufficient_data"
     fix = tf["findings"][0]["fixes"][0]["action"]
     assert "stallscope.integrations.keras.StallscopeCallback()" in fix
+
+
+# --- a GPU held but idle ----------------------------------------------------------------------
+
+def _held(minutes_idle: int, *, mib: float = 2566.0, total_min: int = 20,
+          util_at_end: float = 0.0) -> RunData:
+    n = total_min  # one sample a minute
+    util = [95.0] * (n - minutes_idle) + [0.0] * minutes_idle
+    util[-1] = util_at_end if util_at_end else util[-1]
+    return run([ser("gpu.util_pct", "gpu0", util, dt=60.0),
+                ser("gpu.proc_mem_mib", "gpu0:11327", [mib] * n, dt=60.0)],
+               entities=[{"source": "gpu", "entity": "gpu0:11327",
+                          "attrs": {"pid": 11327, "namespace": "team-a", "pod": "nb-0"}}])
+
+
+def test_a_gpu_held_but_idle_is_named_with_who_holds_it() -> None:
+    doc = diagnose(_held(12))
+    f = next(f for f in doc["findings"] if f["kind"] == "gpu_held_idle")
+    assert f["evidence"]["gpu"] == "gpu0" and f["evidence"]["idle_s"] == 660
+    assert f["evidence"]["holders"] == [{"pid": 11327, "mem_mib": 2566,
+                                         "namespace": "team-a", "pod": "nb-0"}]
+    assert "pod team-a/nb-0" in f["summary"] and "2566 MiB" in f["summary"]
+    assert "gpu_held_idle" in KINDS
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (lambda: _held(8), "idle for less than 10 min"),
+    (lambda: _held(12, mib=100.0), "holding less than 256 MiB"),
+    (lambda: _held(12, util_at_end=40.0), "working again at the end"),
+    # MIG: NVML has no utilization, so no util series: never read as idle
+    (lambda: run([ser("gpu.proc_mem_mib", "gpu0:11327", [2566.0] * 20, dt=60.0)]), "MIG"),
+])
+def test_a_gpu_is_not_called_held_idle_when(data, why: str) -> None:  # type: ignore[no-untyped-def]
+    assert "gpu_held_idle" not in [f["kind"] for f in diagnose(data())["findings"]], why

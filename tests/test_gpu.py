@@ -155,8 +155,12 @@ def test_payload_has_exactly_the_contract_keys(name: str) -> None:
     assert len(payload) == len(doc(name)["devices"]) == 1
     for gpu in payload:
         assert set(gpu) == DESIGN_KEYS | EXTRA_KEYS
-        # every gpu metric the source itself reads (the collector derives the others)
-        assert {m.key for m in metrics.by_source("gpu") if not m.derived} <= set(gpu)
+        # every gpu metric the source itself reads (the collector derives the others; the
+        # per-process ones come from each entry of `processes`)
+        assert {m.key for m in metrics.by_source("gpu")
+                if not m.derived and m.label != "gpu_pid"} <= set(gpu)
+        proc_keys = {"pid", "used_mib", "sm_pct", "mem_util_pct"}
+        assert all(set(p) == proc_keys for p in gpu["processes"] or ())
         json.dumps(gpu)  # JSON-able
         assert gpu["name"] and gpu["name"].startswith("NVIDIA")
         assert gpu["mem_total_mib"] > 0 and gpu["power_limit_w"] > 0
@@ -182,9 +186,10 @@ def test_h100_under_load_reads_like_its_capture() -> None:
     assert gpu["throttle"] == [] and gpu["throttle_mask"] == 0
     assert gpu["ecc_errors"] == 0
     assert gpu["processes"] == [
-        {"pid": 11327, "used_mib": 2566},
-        {"pid": 11328, "used_mib": 1542},
-        {"pid": 11345, "used_mib": 15690},
+        # pmon: the two memory hogs hold memory and run nothing; gpu_burn has the SMs
+        {"pid": 11327, "used_mib": 2566, "sm_pct": 0.0, "mem_util_pct": 0.0},
+        {"pid": 11328, "used_mib": 1542, "sm_pct": 0.0, "mem_util_pct": 0.0},
+        {"pid": 11345, "used_mib": 15690, "sm_pct": 99.0, "mem_util_pct": 10.0},
     ]
     # nvidia-smi shows no GPM, so the derived replay has none
     assert gpu["sm_active_pct"] is None and gpu["tensor_active_pct"] is None
@@ -231,7 +236,10 @@ def test_geforce_without_ecc_and_with_power_cap_at_idle() -> None:
     assert gpu["throttle"] == ["sw_power_cap"] and gpu["throttle_mask"] == 0x4
     assert (gpu["pcie_gen"], gpu["pcie_gen_max"]) == (1, 3)  # link trained down at idle
     # graphics processes (Xorg etc.) count too
-    assert gpu["processes"] == [{"pid": 1696, "used_mib": 176}, {"pid": 4584, "used_mib": 3}]
+    # (idle: NVML has no per-process samples, so each ran nothing)
+    assert gpu["processes"] == [
+        {"pid": 1696, "used_mib": 176, "sm_pct": 0.0, "mem_util_pct": 0.0},
+        {"pid": 4584, "used_mib": 3, "sm_pct": 0.0, "mem_util_pct": 0.0}]
     gpu = one(RTX4080_LOAD)
     assert gpu["ecc_errors"] is None
     assert gpu["pcie_rx_kb_s"] == 1436230
@@ -438,3 +446,72 @@ def test_fixtures_regenerate_identically_from_the_captures(tmp_path: Path) -> No
     assert made == ALL_REPLAYS
     for name in made:
         assert (tmp_path / name).read_text() == (FIXTURES / name).read_text(), name
+
+
+# --- GPU use per process, and a GPU held but idle ----------------------------------------------
+
+def test_gpu_use_per_process_reaches_prometheus_and_a_held_idle_gpu_is_named(
+        tmp_path: Path) -> None:
+    """Real readings put together: the H100 at idle (its capture's idle phase: 0% busy) with the
+    two memory hogs of its load phase still holding 2566 and 1542 MiB and running nothing (pmon
+    shows them so): the state of a node whose training died while its helpers kept their
+    contexts. The exporter gives each process's memory and SM share with the GPU's labels and its
+    pid; a run of that state, 12 minutes on a stepped clock, is diagnosed gpu_held_idle naming
+    both holders."""
+    from prometheus_client import generate_latest
+
+    from stallscope.agent.exporter import PrometheusSink
+    from stallscope.analysis.diagnose import diagnose_run
+    from stallscope.collect import Collector, StoreSink
+    from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
+
+    idle = doc("nvml-replay-h100-80gb-hbm3-idle-from-nvidia-smi-590.48.01.json")
+    load = doc(H100_LOAD)
+    dev = idle["devices"][0]
+    hogs = [p for p in load["devices"][0]["nvmlDeviceGetComputeRunningProcesses"]
+            if p["pid"] in (11327, 11328)]
+    dev["nvmlDeviceGetComputeRunningProcesses"] = hogs
+    # pmon showed no sample for the hogs: NVML's "none since then"
+    assert dev["nvmlDeviceGetProcessUtilization"] == {"nvml_error": "NVML_ERROR_NOT_FOUND"}
+    gpu = GpuSource(NvmlReplay(idle), gpm=False)
+    gpu.open()
+    run_dir = new_run_dir(tmp_path, "held")
+    t = [1_700_000_000.0]
+    write_meta(run_dir, base_meta(["python", "train.py"], start=t[0], interval_s=60.0))
+    store = RunStore(run_dir / "run.db")
+    prom = PrometheusSink(["gpu"], hostname="gpu-node-1")
+    c = Collector([gpu], [prom, StoreSink(store)], interval=60.0, clock=lambda: t[0])
+    for _ in range(13):
+        c.sample_once()
+        t[0] += 60.0
+    text = generate_latest(prom.registry).decode()
+    c.stop(final_sample=False)
+    store.close()
+    lines = [ln for ln in text.splitlines() if ln.startswith("stallscope_gpu_process_")]
+    mem = next(ln for ln in lines if "memory_used_bytes" in ln and 'pid="11327"' in ln)
+    assert 'gpu="0"' in mem and 'UUID="GPU-' in mem and 'Hostname="gpu-node-1"' in mem
+    assert float(mem.rsplit(" ", 1)[1]) == 2566 * 1048576
+    sm = next(ln for ln in lines if "sm_utilization_ratio" in ln and 'pid="11328"' in ln)
+    assert float(sm.rsplit(" ", 1)[1]) == 0.0, sm
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta["end"] = t[0]
+    write_meta(run_dir, meta)
+    found = [f for f in diagnose_run(run_dir)["findings"] if f["kind"] == "gpu_held_idle"]
+    assert found, "no gpu_held_idle"
+    ev = found[0]["evidence"]
+    assert ev["gpu"] == "gpu0" and ev["idle_s"] >= 600
+    assert {(h["pid"], h["mem_mib"]) for h in ev["holders"]} == {(11327, 2566), (11328, 1542)}
+
+
+def test_under_mig_no_process_utilization_and_no_idle_verdict() -> None:
+    """MIG: NVML keeps no per-process samples (pmon shows '-' for the busy gpu_burn too) and no
+    GPU utilization: the per-process SM share is absent, never 0."""
+    mig = doc("nvml-replay-h100-mig-load-from-nvidia-smi-590.48.01.json")
+    source = GpuSource(NvmlReplay(mig), gpm=False)
+    [g] = source.sample(0.0)
+    source.close()
+    assert g["util_pct"] is None and g["processes"]
+    assert all(p["sm_pct"] is None and p["mem_util_pct"] is None for p in g["processes"])
+    names = {pt.name for pt in source.points([g])}
+    assert "gpu.proc_mem_mib" in names or all(p["used_mib"] is None for p in g["processes"])
+    assert "gpu.proc_sm_pct" not in names and "gpu.util_pct" not in names

@@ -15,6 +15,8 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
     "gpu": ("gpu1", {"uuid": "GPU-5f3e", "pci_bus_id": "00000000:1B:00.0", "name": "NVIDIA H100"}),
     "pid": ("4242", {"role": "worker", "name": "pt_data_worker", "run": "20261125-x",
                      "rank": "1", "ppid": "4200"}),
+    "gpu_pid": ("gpu1:4242", {"uuid": "GPU-5f3e", "name": "NVIDIA H100", "namespace": "team-a",
+                              "pod": "trainer-0", "container": "pytorch"}),
     "device": ("nvme0n1", {}),
     "cpu": ("cpu3", {}),
     "mode": ("iowait", {}),
@@ -66,3 +68,13 @@ def test_process_and_host_labels() -> None:
     host = next(m for m in METRICS if m.name == "host.mem_used_mib")
     assert labels_for(host, "", {}, "node-a") == {}
     assert entity_of(host, {"instance": "x:9"}) == ""
+
+
+def test_a_process_on_a_gpu_has_the_gpus_labels_its_pid_and_its_owner() -> None:
+    m = next(m for m in METRICS if m.name == "gpu.proc_sm_pct")
+    entity, attrs = SAMPLES["gpu_pid"]
+    assert labels_for(m, entity, attrs, "node-a") == {
+        "gpu": "1", "pid": "4242", "device": "nvidia1", "UUID": "GPU-5f3e",
+        "modelName": "NVIDIA H100", "namespace": "team-a", "pod": "trainer-0",
+        "container": "pytorch", "Hostname": "node-a"}
+    assert entity_of(m, {"gpu": "1", "pid": "4242"}) == "gpu1:4242"

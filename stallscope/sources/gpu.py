@@ -26,6 +26,7 @@ from typing import Any
 from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Source, numeric_points
+from stallscope.sources.owner import OwnerCache
 
 __all__ = [
     "THROTTLE_REASONS",
@@ -230,6 +231,22 @@ class Nvml:
                     self.on_event("error", msg)
             return None
 
+    def call_found(self, fn: str, *args: Any) -> Any | None:
+        """:meth:`call` for a function whose "nothing found" answer means an empty list
+        (``NVML_ERROR_NOT_FOUND``: no per-process samples since the given time): [] then, None
+        where the value does not exist here at all."""
+        b = self._backend
+        func = getattr(b, fn, None)
+        if func is None:
+            return None
+        self.start()
+        try:
+            return func(*args)
+        except b.NVMLError as exc:
+            if self._is(exc, ("NVML_ERROR_NOT_FOUND",)):
+                return []
+        return self.call(fn, *args)  # any other error: as call() says it
+
     def shutdown(self) -> None:
         """Undo :meth:`start` (NVML counts inits; other users in the process are unaffected)."""
         with self._lock:
@@ -250,6 +267,11 @@ class GpuProcess:
 
     pid: int
     used_mib: int | None  #: MiB of GPU memory; None where NVML cannot tell (MIG, WDDM)
+    #: its share of the SMs and of memory bandwidth since the previous sample (nvidia-smi pmon
+    #: sm %, mem %; NVML's per-process utilization samples); 0 when it ran nothing in that
+    #: time, None where NVML keeps no per-process samples (MIG, older drivers)
+    sm_pct: float | None = None
+    mem_util_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -349,9 +371,15 @@ class _Gpu:
     pcie_width_max: int | None = None
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, spare]
     gpm_taken_at: float | None = None  # when the previous sample was taken
+    #: the newest per-process utilization sample seen (NVML's microsecond clock): the next
+    #: call asks only for samples after it
+    proc_util_ts: int = 0
 
 
 #: the facts of a GPU that do not change during a run (its entity's attributes)
+#: (metric, field of a process of the payload) for each process on a GPU
+_PROC_POINTS = (("gpu.proc_mem_mib", "used_mib"), ("gpu.proc_sm_pct", "sm_pct"),
+                ("gpu.proc_mem_util_pct", "mem_util_pct"))
 _FIXED = ("name", "uuid", "pci_bus_id", "pcie_gen_max", "pcie_width_max", "mem_total_mib",
           "sm_clock_max_mhz")
 
@@ -380,6 +408,8 @@ class GpuSource(Source):
         self._gpus: list[_Gpu] | None = None
         self._unavailable: SourceUnavailable | None = None
         self.lost: dict[int, str] = {}
+        #: whose job each process on a GPU is (pod or Slurm job, from its cgroup)
+        self._owners = OwnerCache()
 
     # -- Source seam ----------------------------------------------------------------------
     def open(self) -> None:
@@ -425,12 +455,26 @@ class GpuSource(Source):
         out: list[Point] = []
         for g in payload:
             out.extend(numeric_points(self.name, f"gpu{g.get('index', 0)}", g))
+            for proc in g.get("processes") or ():
+                entity = f"gpu{g.get('index', 0)}:{proc['pid']}"
+                for key, field_ in _PROC_POINTS:
+                    v = proc.get(field_)
+                    if v is not None:
+                        out.append(Point(key, entity, float(v)))
         return out
 
     def entities(self, payload: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Each GPU (``gpuN``) with its fixed facts: name, UUID, PCI bus id, link maxima."""
-        return {f"gpu{g.get('index', 0)}": {k: g.get(k) for k in _FIXED if k in g}
-                for g in payload}
+        """Each GPU (``gpuN``) with its fixed facts: name, UUID, PCI bus id, link maxima; each
+        process on it (``gpuN:PID``) with the GPU's facts, its pid and whose job it is."""
+        out: dict[str, dict[str, Any]] = {}
+        for g in payload:
+            fixed = {k: g.get(k) for k in _FIXED if k in g}
+            out[f"gpu{g.get('index', 0)}"] = fixed
+            for proc in g.get("processes") or ():
+                pid = int(proc["pid"])
+                out[f"gpu{g.get('index', 0)}:{pid}"] = {**fixed, "pid": pid,
+                                                        **self._owners.owner(pid).attrs()}
+        return out
 
     def readings(self) -> list[GpuReading]:
         """Typed readings of the GPUs still present (same as :meth:`sample`, not as dicts)."""
@@ -508,7 +552,7 @@ class GpuSource(Source):
             sm_active_pct=gpm.get("sm_active_pct"),
             sm_occupancy_pct=gpm.get("sm_occupancy_pct"),
             tensor_active_pct=gpm.get("tensor_active_pct"),
-            processes=self._processes(h),
+            processes=self._processes(gpu),
         )
 
     def _memory(self, h: Any) -> Any | None:
@@ -523,7 +567,8 @@ class GpuSource(Source):
             mem = self.nvml.call("nvmlDeviceGetMemoryInfo", h)
         return mem
 
-    def _processes(self, h: Any) -> list[GpuProcess] | None:
+    def _processes(self, gpu: _Gpu) -> list[GpuProcess] | None:
+        h = gpu.handle
         compute = self.nvml.call("nvmlDeviceGetComputeRunningProcesses", h)
         graphics = self.nvml.call("nvmlDeviceGetGraphicsRunningProcesses", h)
         if compute is None and graphics is None:
@@ -536,7 +581,28 @@ class GpuSource(Source):
             old = by_pid.get(pid)
             # a C+G process is in both lists: keep the one answer that has a number
             by_pid[pid] = mib if old is None else old
-        return [GpuProcess(pid, by_pid[pid]) for pid in sorted(by_pid)]
+        util = self._process_util(gpu) if by_pid else None
+        return [GpuProcess(pid, by_pid[pid],
+                           *(util.get(pid, (0.0, 0.0)) if util is not None else (None, None)))
+                for pid in sorted(by_pid)]
+
+    def _process_util(self, gpu: _Gpu) -> dict[int, tuple[float, float]] | None:
+        """pid -> (sm %, memory %) from NVML's per-process samples since the previous read (the
+        newest per pid); {} when NVML has none since then (every process idle); None where it
+        keeps none at all (MIG, an older driver)."""
+        samples = self.nvml.call_found("nvmlDeviceGetProcessUtilization", gpu.handle,
+                                       gpu.proc_util_ts)
+        if samples is None:
+            return None
+        out: dict[int, tuple[int, float, float]] = {}
+        for smp in samples:
+            ts = int(getattr(smp, "timeStamp", 0) or 0)
+            pid = int(smp.pid)
+            if pid in out and out[pid][0] >= ts:
+                continue
+            out[pid] = (ts, float(smp.smUtil), float(smp.memUtil))
+            gpu.proc_util_ts = max(gpu.proc_util_ts, ts)
+        return {pid: (sm, mem) for pid, (_ts, sm, mem) in out.items()}
 
     # -- GPM (Hopper+) --------------------------------------------------------------------
     def _start_gpm(self, gpu: _Gpu) -> None:

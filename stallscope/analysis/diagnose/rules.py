@@ -22,6 +22,7 @@ from stallscope.analysis.diagnose.tfdata import (
     tf_prep_estimate,
     tf_prep_fixes,
 )
+from stallscope.sources.owner import OWNER_KEYS, describe
 from stallscope.stats import fit_line
 
 __all__ = ["RULES", "run_rules"]
@@ -877,6 +878,60 @@ def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
                     1.0, "no DataLoader workers, no probe, no GPU, not TensorFlow")]
 
 
+#: how long a GPU must sit idle while held before it is called held-idle, and what "held" is
+HELD_IDLE_S = 600.0
+HELD_MIB = 256.0
+IDLE_PCT = 1.0
+
+
+def rule_gpu_held_idle(data: RunData, sig: Signals) -> list[Finding]:
+    """gpu_held_idle: a GPU at ≤ 1% utilization for the last ≥ 10 minutes of the run while
+    processes hold ≥ 256 MiB of its memory: allocated to a job that does not use it (a hung
+    or finished job that keeps its context, a notebook left open). Under MIG NVML gives no
+    utilization: no series, no verdict (never read as idle)."""
+    out = []
+    for s in data.all("gpu.util_pct"):
+        if not s.ts:
+            continue
+        end = s.ts[-1]
+        since = end
+        for t, v in zip(reversed(s.ts), reversed(s.v)):
+            if v > IDLE_PCT:
+                break
+            since = t
+        idle_s = end - since
+        if idle_s < HELD_IDLE_S:
+            continue
+        holders = []
+        for ps in data.all("gpu.proc_mem_mib"):
+            if not ps.entity.startswith(f"{s.entity}:"):
+                continue
+            held = [v for t, v in zip(ps.ts, ps.v) if t >= since]
+            if held and min(held) >= HELD_MIB:
+                pid = ps.entity.split(":", 1)[1]
+                attrs = data.entity_attrs("gpu", ps.entity)
+                holders.append({"pid": int(pid) if pid.isdigit() else pid,
+                                "mem_mib": round(held[-1]),
+                                **{k: attrs[k] for k in OWNER_KEYS if attrs.get(k)}})
+        if not holders:
+            continue
+        who = ", ".join(describe(h) or f"pid {h['pid']}" for h in holders[:3])
+        ev = {"gpu": s.entity, "idle_s": round(idle_s), "util_max_pct": max(
+            v for t, v in zip(s.ts, s.v) if t >= since), "holders": holders}
+        out.append(Finding(
+            "gpu_held_idle", "warning", 0.9,
+            f"{s.entity} did no work for the last {idle_s / 60:.0f} min while {who} "
+            f"held {sum(h['mem_mib'] for h in holders):.0f} MiB of its memory: allocated, "
+            "unused.", ev,
+            [Fix("end or release the job holding it (or lower its GPU request)",
+                 "a held GPU cannot be scheduled to another job"),
+             Fix("if it should be training: look for a hang (stallscope top --pid PID, "
+                 "py-spy dump --pid PID)", "no kernel ran on it for minutes")],
+            1.0, f"GPU utilization ≤ {IDLE_PCT:g}% for ≥ {HELD_IDLE_S / 60:.0f} min while "
+                 f"processes hold ≥ {HELD_MIB:.0f} MiB"))
+    return out
+
+
 def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
@@ -896,7 +951,7 @@ RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
     rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
-    rule_straggler, rule_disk_health,
+    rule_straggler, rule_disk_health, rule_gpu_held_idle,
 )
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}
@@ -909,7 +964,7 @@ def run_rules(data: RunData, sig: Signals) -> list[Finding]:
     insufficient = [f for f in findings if f.kind == "insufficient_data"]
     if insufficient:
         # too little data: that is the verdict; only facts that need no time series stay
-        keep = [f for f in findings if f.kind in ("disk_health", "shm_pressure")]
+        keep = [f for f in findings if f.kind in ("disk_health", "shm_pressure", "gpu_held_idle")]
         findings = insufficient + keep
     return findings
 
