@@ -552,13 +552,13 @@ def test_systemd_unit_verifies_and_grants_nothing(tmp_path: Path) -> None:
     if analyze is None:
         tool_missing("systemd-analyze (Debian package systemd)")
         return
-    exec_start = re.search(r"^ExecStart=/usr/local/bin/stallscope agent (.*)$", unit, re.M)
-    assert exec_start, "ExecStart must run /usr/local/bin/stallscope"
+    exec_start = re.search(r"^ExecStart=/opt/stallscope/bin/stallscope agent (.*)$", unit, re.M)
+    assert exec_start, "ExecStart must run the venv's /opt/stallscope/bin/stallscope"
     ns = agent_args_parse(exec_start.group(1).split())
     assert ns.listen.startswith("127.0.0.1:")
     # verify needs the command to exist: the same unit with this checkout's interpreter
     local = tmp_path / "stallscope-agent.service"
-    local.write_text(unit.replace("/usr/local/bin/stallscope",
+    local.write_text(unit.replace("/opt/stallscope/bin/stallscope",
                                   f"{os.path.realpath(sys.executable)} -m stallscope"))
     r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
                        timeout=60)
@@ -567,6 +567,42 @@ def test_systemd_unit_verifies_and_grants_nothing(tmp_path: Path) -> None:
     assert settings["CapabilityBoundingSet"] == "" and settings["AmbientCapabilities"] == ""
     assert settings["DynamicUser"] == "yes" and settings["NoNewPrivileges"] == "yes"
     assert settings["KillSignal"] == "SIGTERM"
+
+
+def test_the_smart_drop_in_takes_effect(tmp_path: Path) -> None:
+    """systemd's own reading of the unit with and without the drop-in (`systemd-analyze
+    security --offline`, which merges drop-ins as systemd does): the unit alone has neither
+    capability smartctl needs; with smart.conf beside it, both, and it runs as root."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        tool_missing("systemd-analyze (Debian package systemd)")
+        return
+    unit = (ROOT / "deploy" / "systemd" / "stallscope-agent.service").read_text()
+    unit = unit.replace("/opt/stallscope/bin/stallscope",
+                        f"{os.path.realpath(sys.executable)} -m stallscope")
+
+    def allowed(with_drop_in: bool) -> dict[str, bool]:
+        d = tmp_path / ("with" if with_drop_in else "without")
+        d.mkdir()
+        (d / "stallscope-agent.service").write_text(unit)
+        if with_drop_in:
+            (d / "stallscope-agent.service.d").mkdir()
+            shutil.copy(ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf",
+                        d / "stallscope-agent.service.d" / "smart.conf")
+        r = subprocess.run([analyze, "security", "--offline=true", "--json=short",
+                            str(d / "stallscope-agent.service")], capture_output=True,
+                           text=True, timeout=60)
+        items = {x["name"]: x for x in json.loads(r.stdout)}
+        # "set": the restriction is in force (the capability is removed)
+        return {cap: not items[f"CapabilityBoundingSet=~{cap}"]["set"]
+                for cap in ("CAP_SYS_RAWIO", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_NET_ADMIN")}
+
+    assert allowed(False) == {"CAP_SYS_RAWIO": False, "CAP_SYS_ADMIN": False,
+                              "CAP_SYS_PTRACE": False, "CAP_NET_ADMIN": False}
+    assert allowed(True) == {"CAP_SYS_RAWIO": True, "CAP_SYS_ADMIN": True,
+                             "CAP_SYS_PTRACE": False, "CAP_NET_ADMIN": False}
+    drop_in = (ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf")
+    assert "User=root" in drop_in.read_text()
 
 
 def test_containerfile_builds_a_non_root_agent_image() -> None:
@@ -683,3 +719,58 @@ def test_gpu_series_carry_the_pci_bus_id() -> None:
             rf'stallscope_gpu_utilization_ratio\{{[^}}]*pci_bus_id="{re.escape(bus)}"[^}}]*'
             rf'gpu="{i}"', text), text
     c.stop(final_sample=False)
+
+
+@pytest.mark.slow
+def test_a_wheel_installs_into_a_fresh_venv_and_runs_the_agent(tmp_path: Path) -> None:
+    """What the systemd section tells an operator to do, for real: build the wheel, install it
+    into a new virtual environment (as /opt/stallscope), and run from there the commands a
+    fleet install uses: the agent serving /metrics, and the packaged alerting rules."""
+    dist = tmp_path / "dist"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-q", "-w", str(dist), str(ROOT)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [wheel] = list(dist.glob("stallscope-*.whl"))
+    venv = tmp_path / "opt-stallscope"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # its dependencies downloaded beside it; the wheel itself is what is tested
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index",
+                        "--find-links", str(dist), *_dependency_wheels(tmp_path),
+                        str(wheel)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    exe = venv / "bin" / "stallscope"
+    rules = subprocess.run([str(exe), "alerts", "prometheus"], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path)
+    assert rules.returncode == 0 and "StallscopeGpuHot" in rules.stdout, rules.stderr
+    port = free_port()
+    agent = subprocess.Popen([str(exe), "agent", "--listen", f"127.0.0.1:{port}", "--interval",
+                              "0.5", "--store", str(tmp_path / "store")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
+                                                "HOME": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline and "stallscope_host_cpu_seconds_total" not in text:
+            if agent.poll() is not None:
+                pytest.fail(f"agent exited: {agent.stderr.read() if agent.stderr else ''}")
+            try:
+                text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "stallscope_host_cpu_seconds_total" in text
+    finally:
+        terminate(agent)
+
+
+def _dependency_wheels(tmp: Path) -> list[str]:
+    """The core dependencies as wheels in a folder (`pip download`: pip's cache or the index),
+    for the fresh environment's `--no-index` install."""
+    deps = tmp / "deps"
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(deps),
+                        "psutil>=5.9", "nvidia-ml-py>=12.535", "rich>=13",
+                        "prometheus-client>=0.17", "py-spy>=0.4"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return ["--find-links", str(deps)]
