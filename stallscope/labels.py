@@ -19,6 +19,8 @@ The rows:
   known) and the host label; a GPU carries the owner labels of the pod holding it;
 * ``gpu_pid``: one process on one GPU (entity ``gpu<N>:<pid>``): the GPU's labels, ``pid``
   and the process's owner;
+* ``gpu_mig``: one MIG GPU instance (entity ``gpu<N>/gi<ID>``): the GPU's labels,
+  ``GPU_I_ID`` and ``GPU_I_PROFILE`` as dcgm-exporter spells them;
 * ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
 * ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
   ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
@@ -57,8 +59,10 @@ class EntityLabels:
     #: alone: dcgm-exporter's ``device="nvidia0"``
     derived: tuple[tuple[str, str], ...] = ()
     hostname: bool = False  #: the series also carries the host label (:data:`HOST_LABEL`)
-    #: a second label after ``:`` in the entity: ``gpu0:4242`` is ``gpu="0"``, ``pid="4242"``
+    #: a second label after ``sep`` in the entity: ``gpu0:4242`` is ``gpu="0"``,
+    #: ``pid="4242"``; ``gpu0/gi2`` is ``gpu="0"``, ``GPU_I_ID="2"``
     second: str = ""
+    sep: str = ":"
 
 
 #: whose job a process or GPU is (:mod:`stallscope.sources.owner`), named as dcgm-exporter
@@ -79,6 +83,12 @@ ENTITY_LABELS: dict[str, EntityLabels] = {
                             attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
                                    ("name", "modelName"), *_OWNER),
                             derived=(("device", "nvidia{}"),), hostname=True, second="pid"),
+    # one MIG GPU instance (entity ``gpu<N>/gi<ID>``): dcgm-exporter's GPU_I_ID, GPU_I_PROFILE
+    "gpu_mig": EntityLabels("gpu", prefix="gpu",
+                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
+                                   ("name", "modelName"), ("mig_profile", "GPU_I_PROFILE")),
+                            derived=(("device", "nvidia{}"),), hostname=True,
+                            second="GPU_I_ID", sep="/gi"),
     "device": EntityLabels("device"),
     "cpu": EntityLabels("cpu", prefix="cpu"),
     "mode": EntityLabels("mode"),
@@ -113,7 +123,7 @@ def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostnam
     value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
     sub = ""
     if row.second:
-        value, _, sub = value.partition(":")
+        value, _, sub = value.partition(row.sep)
     out = {row.label: value}
     if row.second:
         out[row.second] = sub
@@ -139,7 +149,7 @@ def entity_of(m: Metric, labels: Mapping[str, str]) -> str:
     if value is None:
         return ""
     if row.second:
-        return f"{row.prefix}{value}:{labels.get(row.second, '')}"
+        return f"{row.prefix}{value}{row.sep}{labels.get(row.second, '')}"
     return row.prefix + value
 
 

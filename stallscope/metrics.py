@@ -160,6 +160,12 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu", "proc_mem_util_pct", "%", "share of the GPU's memory bandwidth one process used "
        "since the previous sample (nvidia-smi pmon mem; none under MIG)", "gauge",
        "stallscope_gpu_process_memory_utilization_ratio", 0.01, label="gpu_pid"),
+    # one MIG GPU instance (entity ``gpu<N>/gi<ID>``), labelled as dcgm-exporter labels them
+    _M("gpu", "mig_mem_used_mib", "MiB", "framebuffer used in one MIG GPU instance (nvidia-smi "
+       "MIG devices, Memory-Usage)", "gauge", "stallscope_gpu_mig_memory_used_bytes",
+       1048576.0, label="gpu_mig"),
+    _M("gpu", "mig_mem_total_mib", "MiB", "framebuffer of one MIG GPU instance", "gauge",
+       "stallscope_gpu_mig_memory_total_bytes", 1048576.0, label="gpu_mig"),
     _M("gpu", "throttle_serious", "", "1 while the clocks are held down for heat or a hardware "
        "power brake (hw_slowdown, sw_thermal, hw_thermal, hw_power_brake in "
        "clocks_event_reasons.active), else 0", "gauge", "stallscope_gpu_throttle_serious",

@@ -115,7 +115,7 @@ def test_prometheus_joins_dcgm_exporter_and_stallscope(tmp_path: Path, capture: 
         join = (f"{dcgm_metric} * on (UUID, {host_label}) group_left "
                 "stallscope_gpu_temperature_celsius")
         wait_for(prom, {"dcgm": dcgm_metric, "ours": "stallscope_gpu_temperature_celsius",
-                        "join": join}, 60, [])
+                        "mig": "stallscope_gpu_mig_memory_total_bytes", "join": join}, 60, [])
         ours_labels = prom.query(f'stallscope_gpu_temperature_celsius{{gpu="{ident["gpu"]}"}}'
                                  )[0]["metric"]
         # every identity label dcgm-exporter gives the GPU, spelled and valued alike
@@ -129,6 +129,14 @@ def test_prometheus_joins_dcgm_exporter_and_stallscope(tmp_path: Path, capture: 
         back = prom.query(f"stallscope_gpu_power_watts * on (UUID, {host_label}) "
                           f"group_right count by (UUID, {host_label}, pod) ({dcgm_metric})")
         assert {r["metric"].get("pod") for r in back} >= expected_pods
+        if "GPU_I_ID" in ident:
+            # MIG: the replayed H100 has GPU instances 2, 3, 9, 10; the published one 7, 8, 9:
+            # the instance both have (9, a 1g.10gb in both) joins on GPU_I_ID, its pod along
+            mig = prom.query(f"{dcgm_metric} * on (UUID, GPU_I_ID, {host_label}) group_left "
+                             "(GPU_I_PROFILE) stallscope_gpu_mig_memory_total_bytes")
+            assert [(r["metric"]["GPU_I_ID"], r["metric"]["GPU_I_PROFILE"]) for r in mig] == [
+                ("9", "1g.10gb")], mig
+            assert mig[0]["metric"]["pod"].startswith("tts-predictor")
         # spelled the other way (copied to it, then this spelling blanked), the same
         # series join nothing: why host_label must follow the fleet's dcgm-exporter
         other = "hostname" if host_label == "Hostname" else "Hostname"

@@ -46,7 +46,7 @@ DESIGN_KEYS = {
 }
 EXTRA_KEYS = {
     "pci_bus_id", "sm_clock_max_mhz", "throttle_mask", "sm_active_pct", "sm_occupancy_pct",
-    "tensor_active_pct", "processes",
+    "tensor_active_pct", "processes", "mig",
 }
 
 
@@ -158,7 +158,7 @@ def test_payload_has_exactly_the_contract_keys(name: str) -> None:
         # every gpu metric the source itself reads (the collector derives the others; the
         # per-process ones come from each entry of `processes`)
         assert {m.key for m in metrics.by_source("gpu")
-                if not m.derived and m.label != "gpu_pid"} <= set(gpu)
+                if not m.derived and m.label not in ("gpu_pid", "gpu_mig")} <= set(gpu)
         proc_keys = {"pid", "used_mib", "sm_pct", "mem_util_pct"}
         assert all(set(p) == proc_keys for p in gpu["processes"] or ())
         json.dumps(gpu)  # JSON-able
@@ -515,3 +515,37 @@ def test_under_mig_no_process_utilization_and_no_idle_verdict() -> None:
     names = {pt.name for pt in source.points([g])}
     assert "gpu.proc_mem_mib" in names or all(p["used_mib"] is None for p in g["processes"])
     assert "gpu.proc_sm_pct" not in names and "gpu.util_pct" not in names
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    # nvidia-smi's MIG devices table of the H100: GI 2 3g.40gb 11091/40448 MiB under load...
+    ("nvml-replay-h100-mig-load-from-nvidia-smi-590.48.01.json",
+     [(2, "3g.40gb", 11091, 40448), (3, "2g.20gb", 17, 20096), (9, "1g.10gb", 9, 9984),
+      (10, "1g.10gb", 9, 9984)]),
+    # ...and the H200's, whose GPU instance 2 holds two compute instances (1c.3g.71gb and
+    # 2c.3g.71gb sharing one framebuffer): one GPU instance, listed once
+    ("nvml-replay-h200-mig-load-from-nvidia-smi-590.48.01.json",
+     [(2, "3g.71gb", 16925, 71424), (3, "2g.35gb", 17, 33280), (9, "1g.18gb", 9, 16384),
+      (10, "1g.18gb", 9, 16384)]),
+])
+def test_mig_instances_read_like_nvidia_smis_mig_table(name: str,
+                                                       want: list[tuple[Any, ...]]) -> None:
+    source = GpuSource(NvmlReplay(doc(name)), gpm=False)
+    [g] = source.sample(0.0)
+    got = [(m["gpu_instance_id"], m["profile"], m["mem_used_mib"], m["mem_total_mib"])
+           for m in g["mig"]]
+    assert got == want
+    assert all(m["uuid"].startswith("MIG-") for m in g["mig"])
+    points = {(p.name, p.entity): p.value for p in source.points([g])}
+    assert points[("gpu.mig_mem_used_mib", "gpu0/gi2")] == want[0][2]
+    ents = source.entities([g])
+    assert ents["gpu0/gi9"]["mig_profile"] == want[2][1]
+    source.close()
+
+
+def test_a_gpu_not_in_mig_mode_has_no_instances() -> None:
+    for name in (H100_LOAD, "nvml-replay-l40s-load-from-nvidia-smi-595.80.json"):
+        source = GpuSource(NvmlReplay(doc(name)), gpm=False)
+        [g] = source.sample(0.0)
+        source.close()
+        assert g["mig"] is None, name

@@ -17,6 +17,7 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
                      "rank": "1", "ppid": "4200"}),
     "gpu_pid": ("gpu1:4242", {"uuid": "GPU-5f3e", "name": "NVIDIA H100", "namespace": "team-a",
                               "pod": "trainer-0", "container": "pytorch"}),
+    "gpu_mig": ("gpu0/gi9", {"uuid": "GPU-5f3e", "name": "NVIDIA H100", "mig_profile": "1g.10gb"}),
     "device": ("nvme0n1", {}),
     "cpu": ("cpu3", {}),
     "mode": ("iowait", {}),
@@ -78,3 +79,12 @@ def test_a_process_on_a_gpu_has_the_gpus_labels_its_pid_and_its_owner() -> None:
         "modelName": "NVIDIA H100", "namespace": "team-a", "pod": "trainer-0",
         "container": "pytorch", "Hostname": "node-a"}
     assert entity_of(m, {"gpu": "1", "pid": "4242"}) == "gpu1:4242"
+
+
+def test_a_mig_instance_is_labelled_as_dcgm_exporter_labels_it() -> None:
+    m = next(m for m in METRICS if m.name == "gpu.mig_mem_used_mib")
+    entity, attrs = SAMPLES["gpu_mig"]
+    assert labels_for(m, entity, attrs, "node-a") == {
+        "gpu": "0", "GPU_I_ID": "9", "device": "nvidia0", "UUID": "GPU-5f3e",
+        "modelName": "NVIDIA H100", "GPU_I_PROFILE": "1g.10gb", "Hostname": "node-a"}
+    assert entity_of(m, {"gpu": "0", "GPU_I_ID": "9"}) == "gpu0/gi9"

@@ -17,6 +17,7 @@ list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --js
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -275,6 +276,19 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG GPU instance: dcgm-exporter's ``GPU_I_ID`` and ``GPU_I_PROFILE``, its MIG
+    device UUID and its share of the framebuffer (compute instances of one GPU instance share
+    it, so it is read once per GPU instance)."""
+
+    gpu_instance_id: int
+    profile: str | None  #: ``3g.40gb`` (the GPU instance's profile, compute-instance prefix cut)
+    uuid: str | None  #: ``MIG-...`` of its first MIG device
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One NVIDIA GPU at one moment. ``None`` = NVML has no such value on this GPU/driver."""
 
@@ -337,6 +351,9 @@ class GpuReading:
     PROF_PIPE_TENSOR_ACTIVE)."""
     processes: list[GpuProcess] | None = field(default=None)
     """Compute and graphics processes on this GPU (``nvidia-smi --query-compute-apps``)."""
+    mig: list[MigInstance] | None = field(default=None)
+    """In MIG mode, each GPU instance with its profile and framebuffer (``nvidia-smi`` "MIG
+    devices"); None when the GPU is not in MIG mode."""
 
     def as_dict(self) -> dict[str, Any]:
         """The ``snapshot --json`` shape (processes as ``{"pid", "used_mib"}`` dicts)."""
@@ -374,9 +391,25 @@ class _Gpu:
     #: the newest per-process utilization sample seen (NVML's microsecond clock): the next
     #: call asks only for samples after it
     proc_util_ts: int = 0
+    #: in MIG mode: (GPU instance id, profile, MIG UUID, a MIG device handle) per GPU instance
+    migs: list[tuple[int, str | None, str | None, Any]] | None = None
 
 
 #: the facts of a GPU that do not change during a run (its entity's attributes)
+#: (metric, field of a GPU instance of the payload) for each MIG GPU instance
+_MIG_POINTS = (("gpu.mig_mem_used_mib", "mem_used_mib"),
+               ("gpu.mig_mem_total_mib", "mem_total_mib"))
+
+
+def mig_profile(name: str | None) -> str | None:
+    """``NVIDIA H200 MIG 1c.3g.71gb`` -> ``3g.71gb``: the GPU instance's profile in a MIG
+    device's name (a compute-instance prefix ``Nc.`` cut), as dcgm-exporter's GPU_I_PROFILE."""
+    if not name or " MIG " not in name:
+        return None
+    prof = name.rsplit(" MIG ", 1)[1].strip()
+    return re.sub(r"^\d+c\.", "", prof) or None
+
+
 #: (metric, field of a process of the payload) for each process on a GPU
 _PROC_POINTS = (("gpu.proc_mem_mib", "used_mib"), ("gpu.proc_sm_pct", "sm_pct"),
                 ("gpu.proc_mem_util_pct", "mem_util_pct"))
@@ -461,6 +494,12 @@ class GpuSource(Source):
                     v = proc.get(field_)
                     if v is not None:
                         out.append(Point(key, entity, float(v)))
+            for mig in g.get("mig") or ():
+                entity = f"gpu{g.get('index', 0)}/gi{mig['gpu_instance_id']}"
+                for key, field_ in _MIG_POINTS:
+                    v = mig.get(field_)
+                    if v is not None:
+                        out.append(Point(key, entity, float(v)))
         return out
 
     def entities(self, payload: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -474,6 +513,9 @@ class GpuSource(Source):
                 pid = int(proc["pid"])
                 out[f"gpu{g.get('index', 0)}:{pid}"] = {**fixed, "pid": pid,
                                                         **self._owners.owner(pid).attrs()}
+            for mig in g.get("mig") or ():
+                out[f"gpu{g.get('index', 0)}/gi{mig['gpu_instance_id']}"] = {
+                    **fixed, "mig_profile": mig.get("profile"), "mig_uuid": mig.get("uuid")}
         return out
 
     def readings(self) -> list[GpuReading]:
@@ -508,6 +550,26 @@ class GpuSource(Source):
         gpu.sm_clock_max_mhz = _int(call("nvmlDeviceGetMaxClockInfo", h, b.NVML_CLOCK_SM))
         gpu.pcie_gen_max = _int(call("nvmlDeviceGetMaxPcieLinkGeneration", h))
         gpu.pcie_width_max = _int(call("nvmlDeviceGetMaxPcieLinkWidth", h))
+        gpu.migs = self._mig_instances(gpu)
+
+    def _mig_instances(self, gpu: _Gpu) -> list[tuple[int, str | None, str | None, Any]] | None:
+        """The GPU instances of a GPU in MIG mode (fixed until the mode or layout changes,
+        which needs the GPU idle and a reset); None otherwise."""
+        call = self.nvml.call
+        mode = call("nvmlDeviceGetMigMode", gpu.handle)
+        if mode is None or not int(mode[0]):
+            return None
+        out: dict[int, tuple[int, str | None, str | None, Any]] = {}
+        for i in range(_int(call("nvmlDeviceGetMaxMigDeviceCount", gpu.handle)) or 0):
+            mh = call("nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, i)
+            if mh is None:
+                continue  # an empty slot
+            gi = _int(call("nvmlDeviceGetGpuInstanceId", mh))
+            if gi is None or gi in out:
+                continue  # another compute instance of a GPU instance already listed
+            out[gi] = (gi, mig_profile(_text(call("nvmlDeviceGetName", mh))),
+                       _text(call("nvmlDeviceGetUUID", mh)), mh)
+        return [out[gi] for gi in sorted(out)]
 
     def _read(self, gpu: _Gpu) -> GpuReading:
         b, h, call = self.nvml.backend, gpu.handle, self.nvml.call
@@ -553,7 +615,19 @@ class GpuSource(Source):
             sm_occupancy_pct=gpm.get("sm_occupancy_pct"),
             tensor_active_pct=gpm.get("tensor_active_pct"),
             processes=self._processes(gpu),
+            mig=self._mig_readings(gpu),
         )
+
+    def _mig_readings(self, gpu: _Gpu) -> list[MigInstance] | None:
+        if gpu.migs is None:
+            return None
+        out = []
+        for gi, profile, uuid, mh in gpu.migs:
+            mem = self._memory(mh)
+            out.append(MigInstance(gi, profile, uuid,
+                                   None if mem is None else int(mem.used) // MIB,
+                                   None if mem is None else int(mem.total) // MIB))
+        return out
 
     def _memory(self, h: Any) -> Any | None:
         """``nvmlDeviceGetMemoryInfo`` v2 (used excludes reserved memory, as nvidia-smi's

@@ -72,9 +72,12 @@ class ReplayMissing(LookupError):
 
 @dataclass(frozen=True)
 class ReplayHandle:
-    """The device handle :class:`NvmlReplay` gives out (pynvml gives a ctypes pointer)."""
+    """The device handle :class:`NvmlReplay` gives out (pynvml gives a ctypes pointer); with
+    ``mig``, the handle of MIG device ``mig`` of GPU ``index`` (its answers are the GPU's
+    ``"mig_devices"[mig]`` in the document)."""
 
     index: int
+    mig: int | None = None
 
 
 def error_name(code: int) -> str:
@@ -238,6 +241,19 @@ class NvmlReplay:
         self._raise_failure(index, "nvmlDeviceGetHandleByIndex")
         return ReplayHandle(index)
 
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: ReplayHandle, index: int
+                                            ) -> ReplayHandle:
+        """MIG device ``index`` of a GPU in MIG mode: the document's ``mig_devices`` (NVML
+        answers NOT_FOUND for an empty slot, as for one past the instances that exist)."""
+        self._check_init("nvmlDeviceGetMigDeviceHandleByIndex")
+        self._raise_failure(handle.index, "nvmlDeviceGetMigDeviceHandleByIndex")
+        migs = self.devices[handle.index].get("mig_devices")
+        if migs is None:
+            raise ReplayMissing(f"GPU {handle.index}: the replay has no mig_devices")
+        if not 0 <= index < len(migs) or migs[index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return ReplayHandle(handle.index, index)
+
     def nvmlGpmSampleAlloc(self) -> Any:
         self._check_init("nvmlGpmSampleAlloc")
         address = self._next_sample
@@ -322,6 +338,8 @@ class NvmlReplay:
         self._check_init(name)
         self._raise_failure(handle.index, name)
         device = self.devices[handle.index]
+        if handle.mig is not None:
+            device = device["mig_devices"][handle.mig]
         if name not in device:
             if name == "nvmlGpmSampleGet":
                 return None  # not recorded: whether it works follows nvmlGpmQueryDeviceSupport
