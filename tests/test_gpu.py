@@ -422,6 +422,22 @@ def test_recorder_round_trip_gives_the_same_payload() -> None:
     again.close()
 
 
+def test_recorder_round_trip_of_a_mig_gpu() -> None:
+    """The recorder files a MIG device's answers under its GPU's mig_devices, so a recording
+    of a real MIG GPU replays to the same GPU instances and per-process answers."""
+    original = doc("nvml-replay-h200-mig-load-from-nvidia-smi-590.48.01.json")
+    recorder = NvmlRecorder(NvmlReplay(original))
+    source = GpuSource(recorder, gpm=False)
+    first = source.sample(0.0)
+    source.close()
+    recorded = json.loads(json.dumps(recorder.document({"kind": "recorded-nvml"})))
+    assert [m["nvmlDeviceGetGpuInstanceId"] for m in recorded["devices"][0]["mig_devices"]] \
+        == [2, 2, 3, 9, 10]
+    again = GpuSource(NvmlReplay(recorded), gpm=False)
+    assert again.sample(0.0) == first and first[0]["mig"]
+    again.close()
+
+
 def test_record_script_names() -> None:
     record = load_script("record_nvml")
     assert record.card_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"

@@ -366,6 +366,7 @@ class NvmlRecorder:
         self.system: dict[str, Any] = {}
         self.devices: dict[int, dict[str, Any]] = {}
         self._handles: list[tuple[Any, int]] = []
+        self._migs: list[tuple[Any, int, int]] = []  #: (MIG device handle, GPU, MIG index)
         self._samples: dict[int, int] = {}  # address -> gpu index
 
     def __getattr__(self, name: str) -> Any:
@@ -400,6 +401,11 @@ class NvmlRecorder:
             if name == "nvmlDeviceGetHandleByIndex":
                 self._handles.append((result, int(args[0])))
                 self.devices.setdefault(int(args[0]), {})
+            elif name == "nvmlDeviceGetMigDeviceHandleByIndex":
+                index = self._index(args[0])
+                if index is not None:  # its answers go to the GPU's mig_devices[i]
+                    self._migs.append((result, index, int(args[1])))
+                    self._mig_slot(index, int(args[1]))
             elif name == "nvmlGpmSampleGet":
                 index = self._index(args[0])
                 if index is not None:
@@ -412,7 +418,25 @@ class NvmlRecorder:
 
         return call
 
+    def _mig_slot(self, index: int, mig: int) -> dict[str, Any]:
+        migs = self.devices.setdefault(index, {}).setdefault("mig_devices", [])
+        while len(migs) <= mig:
+            migs.append(None)
+        if migs[mig] is None:
+            migs[mig] = {}
+        slot: dict[str, Any] = migs[mig]
+        return slot
+
     def _store(self, name: str, args: tuple[Any, ...], value: Any) -> None:
+        if name == "nvmlDeviceGetMigDeviceHandleByIndex":
+            index = self._index(args[0]) if args else None
+            if index is not None:  # an empty slot: its None stays (the replay says NOT_FOUND)
+                self.devices.setdefault(index, {}).setdefault("mig_devices", [])
+            return
+        for handle, index, mig in self._migs:
+            if args and args[0] is handle:
+                self._store_in(self._mig_slot(index, mig), name, args, value)
+                return
         index = self._index(args[0]) if args else None
         if index is None:
             if name not in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetHandleByIndex"):
@@ -422,6 +446,11 @@ class NvmlRecorder:
         if name in ("nvmlGpmSampleGet", "nvmlGpmMetricsGet"):
             device[name] = value
             return
+        self._store_in(device, name, args, value)
+
+    @staticmethod
+    def _store_in(device: dict[str, Any], name: str, args: tuple[Any, ...], value: Any) -> None:
+        """One answer filed under the device's function, by argument where it takes any."""
         key = arg_key(name, args[1:])
         if key is None or (isinstance(value, dict) and _ERROR in value and not args[1:]):
             device[name] = value
