@@ -431,3 +431,28 @@ def test_run_runs_and_diagnose_name_the_slurm_job(tmp_path: Path, real_cgroup: A
     dj = json.loads(subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"),
                                    capture_output=True, text=True, timeout=60).stdout)
     assert dj["owner"]["hpc_job"] == "4242" and dj["host"] == socket.gethostname()
+
+
+def test_diagnose_over_prometheus_names_the_owner_from_the_step_labels() -> None:
+    """The agent's step series carry the run's owner (hpc_job here): `diagnose --prometheus`
+    reads it back, and the diagnosis begins with it, as a local one does."""
+    from stallscope.analysis.diagnose import diagnose, owner_lead
+    from stallscope.analysis.promdata import PromQuery, _node_run, _Scraped
+
+    t0 = 1_700_000_000.0
+    scraped = _Scraped()
+    base = {"instance": "gpu-node-7:10127", "job": "stallscope", "run": "r1",
+            "Hostname": "gpu-node-7", "hpc_job": "4242"}
+    for rank, wait in ((0, 0.02), (1, 0.9)):
+        cols = {"stallscope_train_steps_total": [i * 10 for i in range(40)],
+                "stallscope_train_step_seconds_total": [i * 10.0 for i in range(40)],
+                "stallscope_train_data_wait_seconds_total": [i * 10.0 * wait for i in range(40)]}
+        for name, vals in cols.items():
+            scraped.add({"metric": {"__name__": name, **base, "rank": str(rank)},
+                         "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)]})
+    q = PromQuery(url="http://prometheus:9090", since_s=600, step_s=15)
+    data = _node_run(q, scraped, "gpu-node-7:10127", t0, t0 + 600, 15.0)
+    assert data.meta["owner"] == {"hpc_job": "4242"}
+    doc = diagnose(data)
+    lead = owner_lead(doc)
+    assert lead is not None and lead.startswith("job 4242, rank 1 on gpu-node-7 is "), lead

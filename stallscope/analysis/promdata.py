@@ -36,6 +36,7 @@ from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
 from stallscope.labels import attrs_of, entity_of, host_of
 from stallscope.metrics import METRICS, Metric
+from stallscope.sources.owner import OWNER_KEYS
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
@@ -227,6 +228,10 @@ class _Scraped:
     entities: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(
         default_factory=lambda: defaultdict(dict))
     hosts: dict[str, str] = field(default_factory=dict)
+    #: instance -> run id -> its owner labels (namespace, pod, container, hpc_job) as its step
+    #: series carry them
+    owners: dict[str, dict[str, dict[str, str]]] = field(
+        default_factory=lambda: defaultdict(dict))
     jobs: dict[str, str] = field(default_factory=dict)
     down: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
     steps: dict[str, dict[tuple[str, int], _StepCols]] = field(
@@ -254,6 +259,9 @@ class _Scraped:
             except ValueError:
                 return
             self.steps[inst][key][_STEP_NAMES[name]] = _values(s)
+            owner = {k: labels[k] for k in OWNER_KEYS if labels.get(k)}
+            if owner:
+                self.owners[inst][key[0]] = owner
         elif name in _BY_PROM:
             self._add_metric(_BY_PROM[name], inst, labels, *_values(s))
 
@@ -320,6 +328,7 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
         "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
         "unavailable": scraped.down.get(inst, {}), "samples": len(firsts),
         "run_dir": f"{q.url.rstrip('/')} instance={inst}",
+        "owner": scraped.owners.get(inst, {}).get(chosen or "") or None,
         "prometheus": {"url": q.url.rstrip("/"), "instance": inst,
                        "job": scraped.jobs.get(inst), "step_s": step, "since_s": q.since_s,
                        "runs": runs, "run": chosen},
