@@ -387,3 +387,19 @@ if __name__ == "__main__":
         print(f"{cat:14} {n:5}  {cases_tb:20}  {tbs:5}")
     print(f"{'total':14} {sum(v[0] for v in per.values()):5}  "
           f"{sum(v[1] for v in per.values()):20}  {sum(v[2] for v in per.values()):5}")
+
+
+@pytest.mark.parametrize("bad", ["/" + "x" * 5000, "/tmp/a\0b", "relative/../../x" * 300])
+def test_a_bad_line_in_the_run_index_is_skipped_everywhere(tmp_path: Path, bad: str) -> None:
+    """A line no path can be (5,000 characters: ENAMETOOLONG; a NUL byte) in runs.txt: `runs`,
+    `show latest` and `top` go on as if it were not there, one line each, no traceback."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "runs.txt").write_text(bad + "\n")
+    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(state)}
+    for args in (["runs"], ["show", "latest"], ["top", "--count", "1", "--no-agent"]):
+        r = subprocess.run(stallscope_argv(*args), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+        assert r.returncode in (0, 1, 2), (args, r.returncode, r.stderr[-500:])  # 2: no run
+        assert len(r.stderr.strip().splitlines()) <= 1, (args, r.stderr[-500:])

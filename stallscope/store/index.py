@@ -62,8 +62,12 @@ def indexed_runs(path: Path | None = None) -> list[Path]:
             continue
         seen.add(line)
         p = Path(line)
-        if (p / "meta.json").is_file():
-            out.append(p)
+        try:
+            if (p / "meta.json").is_file():
+                out.append(p)
+        except (OSError, ValueError):
+            continue  # a line no path can be (too long, a NUL byte): not a run, dropped
+
     if own and len(lines) > len(out) + _COMPACT_SLACK:
         _rewrite(path, out)
     return out
