@@ -416,3 +416,24 @@ def test_docs_list_every_exported_name() -> None:
     missing = [m.prom for m in exported_metrics() if f"`{m.prom}`" not in doc]
     missing += [name for name, _k, _h in AGENT_METRICS if f"`{name}`" not in doc]
     assert not missing, f"docs/agent.md does not list {missing}"
+
+
+def test_clients_that_reset_or_vanish_cost_no_traceback(tmp_path: Path) -> None:
+    """Clients that reset the connection before reading the answer (SO_LINGER 0), or send half a
+    request and leave: the agent says nothing about them and keeps serving."""
+    import struct
+
+    a = start_agent(tmp_path)
+    try:
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", a.port), timeout=5) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", a.port), timeout=5) as s:
+                s.sendall(b"GET /met")
+        assert get(a.url + "/api/v1/health")[0] == 200
+    finally:
+        stop_agent(a)
+    err = a.proc.stderr.read() if a.proc.stderr else ""
+    assert "Traceback" not in err, err[-2000:]

@@ -55,6 +55,18 @@ class AgentHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
     agent: Agent | None = None
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up early (reset, broken pipe, timeout) is no error of the
+        agent's: nothing is said. Anything else is one line on stderr, never a traceback; the
+        agent keeps serving either way."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        sys.stderr.write(f"stallscope agent: a request from {client_address[0]} failed: "
+                         f"{type(exc).__name__}: {str(exc)[:200]}\n")
+
 
 class _V6Server(AgentHTTPServer):
     address_family = socket.AF_INET6
