@@ -5,10 +5,14 @@ from __future__ import annotations
 import html
 import re
 
-__all__ = ["TERMINAL_LIMIT", "clip", "html_text", "plain", "safe"]
+__all__ = ["ERROR_LIMIT", "TERMINAL_LIMIT", "clip", "error_text", "html_text", "plain", "safe"]
 
 #: the most characters of one machine string shown in the terminal (JSON keeps all of it)
 TERMINAL_LIMIT = 200
+
+#: the most characters of one line of an error message (a 990,000-character key name in a config
+#: file is named, not echoed whole)
+ERROR_LIMIT = 400
 
 #: C0 controls except tab and newline, DEL, and C1 controls: never valid in HTML text
 _HTML_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -48,3 +52,10 @@ def html_text(v: object) -> str:
     if _HTML_CONTROLS.search(s):
         s = _HTML_CONTROLS.sub("", s)
     return html.escape(s, quote=True)
+
+
+def error_text(text: object, limit: int = ERROR_LIMIT) -> str:
+    """An error message for stderr: each line clipped to ``limit`` characters and control
+    characters shown as ``\\x1b`` (an error quoting a file or a server must not move the
+    cursor or retitle the terminal); its line breaks kept."""
+    return "\n".join(plain(line, limit) for line in str(text).split("\n"))

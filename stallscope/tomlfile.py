@@ -19,6 +19,10 @@ class TomlFileError(StallscopeError):
     """Why a TOML file could not be read (the caller adds which file it is)."""
 
 
+#: tables and arrays nest at most this deep in a config file (ours need 4)
+MAX_DEPTH = 32
+
+
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The document in ``path``; :class:`TomlFileError` with the reason otherwise."""
     if sys.version_info >= (3, 11):
@@ -37,10 +41,30 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise TomlFileError(f"larger than {MAX_BYTES // 1_000_000} MB: not a config file")
         with open(path, "rb") as f:
             doc: dict[str, Any] = toml.load(f)
+    except RecursionError:
+        raise TomlFileError(f"nested deeper than {MAX_DEPTH} levels: not a config file") from None
     except OSError as exc:
         raise TomlFileError(f"cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise TomlFileError(f"not UTF-8 text ({exc.reason})") from None
     except toml.TOMLDecodeError as exc:
         raise TomlFileError(f"not valid TOML ({exc})") from None
+    depth = _depth(doc)
+    if depth > MAX_DEPTH:
+        raise TomlFileError(f"nested {depth} levels deep (at most {MAX_DEPTH}): not a config "
+                            "file")
     return doc
+
+
+def _depth(doc: Any) -> int:
+    """How deep tables and arrays nest in ``doc`` (iterative: no recursion to exhaust)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(
+            node, list) else ()
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest

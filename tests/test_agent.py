@@ -437,3 +437,29 @@ def test_clients_that_reset_or_vanish_cost_no_traceback(tmp_path: Path) -> None:
         stop_agent(a)
     err = a.proc.stderr.read() if a.proc.stderr else ""
     assert "Traceback" not in err, err[-2000:]
+
+
+@pytest.mark.parametrize("text", [
+    "gpus = " + "[" * 2000 + "]" * 2000,                                       # an array
+    "[smtp]\nhost = " + "{a = " * 1500 + "1" + "}" * 1500,                      # inline tables
+    "[[alerts]]\nname = 'x'\nmetric = 'gpu.temp_c'\nabove = 1\nactions = [{command = "
+    + "[" * 1500 + "]" * 1500 + "}]",                                          # in a rule
+])
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path, text: str) -> None:
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(text + "\n")
+    for args in (["agent", "--config", str(cfg), "--store", str(tmp_path / "s")],
+                 ["alerts", "check", str(cfg)],
+                 ["run", "--alerts", str(cfg), "--", "true"]):
+        r = run_cli(*args)
+        assert r.returncode in (1, 2), (args, r.stderr[-800:])
+        assert r.stderr.count("\n") == 1 and "nested deeper than 32" in r.stderr, \
+            (args, r.stderr[-800:])
+
+
+def test_a_huge_key_name_is_named_not_echoed(tmp_path: Path) -> None:
+    cfg = tmp_path / "long.toml"
+    cfg.write_text("k" * 990_000 + " = 1\n")
+    r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert len(r.stderr) < 1000 and "unknown key 'kkk" in r.stderr and "chars)" in r.stderr

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
 from stallscope.errors import StallscopeError
+from stallscope.textsafe import error_text
 from stallscope.version import __version__
 
 #: exit status when stdout is a pipe whose reader went away (128 + SIGPIPE, as `yes | head`)
@@ -166,7 +167,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         code: int = args.func(args)
         return code
     except StallscopeError as exc:
-        sys.stderr.write(f"stallscope: error: {exc}\n")
+        sys.stderr.write(f"stallscope: error: {error_text(exc)}\n")
         return exc.exit_code
     except sqlite3.DatabaseError as exc:  # a run.db damaged or from a foreign schema
         sys.stderr.write(f"stallscope: error: run database unreadable ({exc}); "

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.agent.config import AgentConfig, check_value, load_config
     from stallscope.agent.node import Agent
     from stallscope.errors import StallscopeError
+    from stallscope.textsafe import error_text
 
     try:
         cfg = load_config(args.config) if args.config else AgentConfig()
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 signal.signal(s, h)
     except StallscopeError as exc:
         # one line, exit 2 for a bad config, 1 for an address that cannot be bound
-        sys.stderr.write(f"stallscope: {exc}\n")
+        sys.stderr.write(f"stallscope: {error_text(exc)}\n")
         return exc.exit_code
     samples = agent.collector.samples if agent.collector is not None else 0
     sys.stderr.write(f"stallscope agent: stopped after {samples} samples; run directory "

@@ -20,6 +20,7 @@ from stallscope.cli._common import RUN_HELP, add_out_option, out_console, safe
 from stallscope.errors import UsageError
 from stallscope.metrics import Point
 from stallscope.store import find_run
+from stallscope.textsafe import error_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +69,7 @@ def check(args: argparse.Namespace) -> int:
         rf = load_rules(args.file)
     except UsageError as exc:
         for line in str(exc).splitlines():
-            sys.stderr.write(f"stallscope: {line}\n")
+            sys.stderr.write(f"stallscope: {error_text(line)}\n")
         return 1
     out_console.print(f"{safe(args.file)}: {len(rf.rules)} rules OK (with the shipped "
                       "defaults)", highlight=False)
