@@ -222,6 +222,19 @@ def test_stdout_on_a_full_device(tiny_run: Path) -> None:
 
 
 @pytest.mark.slow
+def test_stdout_closed_from_the_start(tiny_run: Path) -> None:
+    """`stallscope snapshot --every 0.2 >&-`: fd 1 closed before Python starts (it then has no
+    sys.stdout at all). One line naming it, exit 1; no traceback."""
+    for args in [*_printing_commands(tiny_run)[:3],
+                 ["snapshot", "--every", "0.2", "--count", "3", "--json"]]:
+        proc = subprocess.run(stallscope_argv(*args), stderr=subprocess.PIPE, text=True,
+                              timeout=TIMEOUT, check=False,
+                              preexec_fn=lambda: os.close(1))
+        _one_line_error(proc, "stallscope: cannot write output: standard output is closed")
+        assert proc.returncode == 1, (args, proc.returncode)
+
+
+@pytest.mark.slow
 def test_stdout_a_closed_pipe(tiny_run: Path) -> None:
     """`stallscope runs | head -0`: the reader is gone before a byte is written. Exit 141 (as a
     tool killed by SIGPIPE) and nothing on stderr."""

@@ -195,9 +195,13 @@ def test_bad_targets_get_one_line(spec: str, expect: str) -> None:
 
 def test_bad_flags_get_one_line() -> None:
     for args in (["--budget", "0"], ["--budget", "nan"], ["--try-batch-sizes", "a,b"],
-                 ["--max-workers", "-1"]):
+                 ["--max-workers", "-1"], ["--try-batch-sizes", "99999999999"],
+                 ["--try-batch-sizes", ",".join(["8"] * 65)], ["--batch-size", "1048577"]):
         r = _tune(f"{EXAMPLES}:cpu_heavy", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    # the same bound on both flags (2^20)
+    assert "at most 1,048,576" in _tune(f"{EXAMPLES}:cpu_heavy", "--try-batch-sizes",
+                                        "99999999999").stderr
 
 
 def test_memory_check_rejects_what_would_not_fit() -> None:

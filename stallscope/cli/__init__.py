@@ -93,6 +93,9 @@ class _GuardedStdout:
         self._stream = stream
 
     def write(self, text: str) -> int:
+        if self._stream is None:  # started with fd 1 closed (`cmd >&-`): Python has no stdout
+            closed = OSError(errno.EBADF, "standard output is closed")
+            raise OutputError(closed) from closed
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -103,12 +106,18 @@ class _GuardedStdout:
             self.write(line)
 
     def flush(self) -> None:
+        if self._stream is None:
+            return  # nothing was written (write() said why)
         try:
             self._stream.flush()
         except OSError as exc:
             raise OutputError(exc) from exc
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer...
+        if self._stream is None:
+            if name == "isatty":
+                return lambda: False
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 

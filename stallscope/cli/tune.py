@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=bounded("--budget", float, 5, 86400),
                    default=DEFAULT_BUDGET_S,
                    help=f"seconds for all trials (default {DEFAULT_BUDGET_S:g})")
-    p.add_argument("--batch-size", type=bounded("--batch-size", int, 1, 1 << 20),
+    p.add_argument("--batch-size", type=bounded("--batch-size", int, 1, MAX_BATCH),
                    help="batch size when TARGET returns a Dataset (default 32)")
     p.add_argument("--try-batch-sizes", metavar="N,N", type=_sizes, default=(),
                    help="also try these batch sizes at the best settings (they change the "
@@ -55,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: the largest batch size either flag takes (2^20)
+MAX_BATCH = 1 << 20
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
@@ -63,6 +67,12 @@ def _sizes(text: str) -> tuple[int, ...]:
                                          f"commas, got {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"--try-batch-sizes must be positive, got {text!r}")
+    if max(sizes) > MAX_BATCH:  # as --batch-size: no DataLoader batch is that large
+        raise argparse.ArgumentTypeError(f"--try-batch-sizes must be at most {MAX_BATCH:,}, "
+                                         f"got {max(sizes):,}")
+    if len(sizes) > 64:
+        raise argparse.ArgumentTypeError(f"--try-batch-sizes takes at most 64 sizes, got "
+                                         f"{len(sizes)}")
     return sizes
 
 
