@@ -20,6 +20,7 @@ process), each disk's sysfs facts, SMART.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -54,6 +55,13 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 #: Prometheus answers at most 11,000 points per series
 _MAX_POINTS = 11000
+#: each read of an answer may wait this long; the whole answer, PromQuery.timeout_s
+READ_TIMEOUT_S = 30.0
+#: the largest answer read (a week of every series of a big node at 15 s is far below)
+MAX_ANSWER_BYTES = 512 << 20
+#: more steps a second than any training makes: a counter that jumps by more is not read as
+#: steps (one row is built per step)
+MAX_STEPS_PER_S = 10_000
 
 
 class PrometheusError(StallscopeError):
@@ -81,6 +89,7 @@ class PromQuery:
     since_s: float = 1800.0
     step_s: float | None = None  #: None: 15 s, or coarser when the window needs it
     end: float | None = None  #: None: now
+    timeout_s: float = 60.0  #: the longest wait for one whole answer
 
     def selector(self) -> str:
         parts = []
@@ -107,23 +116,27 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
         raise PrometheusError(f"--prometheus must be an http:// or https:// URL, got {q.url!r}")
     args = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}",
                                    "end": f"{end:.3f}", "step": f"{step:g}"})
-    req = urllib.request.Request(f"{base}/api/v1/query_range?{args}",
-                                 headers={"Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            body = r.read()
+        req = urllib.request.Request(f"{base}/api/v1/query_range?{args}",
+                                     headers={"Accept": "application/json"})
+        deadline = time.monotonic() + q.timeout_s
+        with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, q.timeout_s)) as r:
+            body = _read_all(r, deadline, base, q.timeout_s)
     except urllib.error.HTTPError as exc:
         try:
             why = json.loads(exc.read()).get("error") or exc.reason
-        except (ValueError, OSError, AttributeError):
+        except (ValueError, OSError, AttributeError, http.client.HTTPException):
             why = exc.reason
         raise PrometheusError(f"Prometheus at {base} refused the query ({exc.code}): "
-                              f"{str(why)[:200]}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+                              f"{_one_line(why)}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, socket.timeout):
             reason = "timed out"
-        raise PrometheusError(f"cannot reach Prometheus at {base}: {reason}") from None
+        elif isinstance(exc, http.client.IncompleteRead):
+            reason = "the answer ended before its Content-Length"
+        raise PrometheusError(f"cannot reach Prometheus at {base}: "
+                              f"{_one_line(reason)}") from None
     try:
         doc = json.loads(body)
         result = doc["data"]["result"] if doc.get("status") == "success" else None
@@ -135,16 +148,44 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
     return result
 
 
+def _read_all(r: Any, deadline: float, base: str, timeout_s: float) -> bytes:
+    """The whole answer by ``deadline`` (the socket timeout bounds each read, so a server that
+    trickles a byte every few seconds would otherwise never time out), at most
+    :data:`MAX_ANSWER_BYTES`."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise PrometheusError(f"cannot reach Prometheus at {base}: no complete answer in "
+                                  f"{timeout_s:g} s (--timeout)")
+        # read1: what one receive brings (read(n) waits until n bytes came, however slowly)
+        chunk = r.read1(1 << 16) if hasattr(r, "read1") else r.read(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise PrometheusError(f"{base} answered more than {MAX_ANSWER_BYTES >> 20} MiB: "
+                                  "narrow the window (--since) or the targets (--instance)")
+        chunks.append(chunk)
+
+
+def _one_line(why: object) -> str:
+    """A server's reason as one short line (a redirect loop's reason has three)."""
+    return "; ".join(ln.strip() for ln in str(why).splitlines() if ln.strip())[:200]
+
+
 def _values(series: dict[str, Any]) -> tuple[list[float], list[float]]:
     ts: list[float] = []
     vs: list[float] = []
-    for t, v in series.get("values") or []:
+    values = series.get("values") if isinstance(series, dict) else None
+    for pair in values if isinstance(values, list) else ():
         try:
-            x = float(v)
+            t, v = pair
+            x, tt = float(v), float(t)
         except (TypeError, ValueError):
-            continue
-        if math.isfinite(x):
-            ts.append(float(t))
+            continue  # not a [time, "value"] pair: skipped
+        if math.isfinite(x) and math.isfinite(tt):
+            ts.append(tt)
             vs.append(x)
     return ts, vs
 
@@ -243,7 +284,10 @@ class _Scraped:
     def add(self, s: dict[str, Any]) -> None:
         """File one series of the answer under its node: a vocabulary metric, a step counter
         or a source's up flag."""
-        labels = {k: str(v) for k, v in (s.get("metric") or {}).items()}
+        metric = s.get("metric") if isinstance(s, dict) else None
+        if not isinstance(metric, dict):
+            return  # not a series as the API gives them: skipped
+        labels = {str(k): str(v) for k, v in metric.items()}
         name = labels.pop("__name__", "")
         inst = labels.get("instance", "")
         self.jobs.setdefault(inst, labels.get("job", ""))
@@ -391,7 +435,9 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
         d = {k: (cur[k] - base.get(k, 0.0)) for k in cur}
         if d["n"] < 0:  # a counter reset (the agent restarted): the new totals are the delta
             d = dict(cur)
-        k = round(d["n"])
+        k = round(d["n"]) if math.isfinite(d["n"]) else 0
+        if k > MAX_STEPS_PER_S * max(1.0, t - t_from):
+            k = 0  # a counter no training reaches (garbage, a foreign series): not steps
         if k > 0 and math.isfinite(d["step_s"]) and math.isfinite(d["wait_s"]) \
                 and d["step_s"] >= 0 and d["wait_s"] >= 0:
             wait = d["wait_s"] / k

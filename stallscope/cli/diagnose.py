@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="window to read, e.g. 30m, 2h (default 30m)")
     g.add_argument("--step", metavar="DURATION",
                    help="query resolution (default 15s, coarser for long windows)")
+    g.add_argument("--timeout", metavar="DURATION", default="60s",
+                   help="longest wait for each answer of the server, whole (default 60s)")
     p.set_defaults(func=run)
 
 
@@ -74,7 +76,12 @@ def _from_prometheus(args: argparse.Namespace) -> int:
         step = parse_duration(args.step) if args.step is not None else None
     except ValueError as exc:
         raise UsageError(f"--step {exc}") from None
+    try:
+        timeout = parse_duration(args.timeout)
+    except ValueError as exc:
+        raise UsageError(f"--timeout {exc}") from None
     q = PromQuery(url=args.prometheus, job=args.job, instance=args.instance, run=args.run_id,
+                  timeout_s=timeout,
                   since_s=since, step_s=step)
     docs: list[dict[str, Any]] = []
     for data in load_prometheus(q):

@@ -1,0 +1,144 @@
+"""`diagnose --prometheus` against servers that misbehave: each answer is one line on stderr
+and a bounded wait, never a traceback, a hang or a terminal taken over by escape sequences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from conftest import stallscope_argv
+
+Reply = Callable[[BaseHTTPRequestHandler], None]
+
+
+def _json(doc: Any) -> Reply:
+    body = json.dumps(doc).encode()
+
+    def reply(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return reply
+
+
+def _result(result: Any) -> Reply:
+    return _json({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+def _trickle(h: BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Content-Length", "100000")
+    h.end_headers()
+    try:
+        for _ in range(200):  # a byte every 0.5 s: each read is quick, the answer never ends
+            h.wfile.write(b" ")
+            h.wfile.flush()
+            time.sleep(0.5)
+    except OSError:
+        pass
+
+
+def _short(h: BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Content-Length", "5000")
+    h.end_headers()
+    h.wfile.write(b'{"status": "success", "data": {')
+
+
+def _escapes(h: BaseHTTPRequestHandler) -> None:
+    body = json.dumps({"status": "error", "error":
+                       "bad \x1b]0;pwned\x07 query \x1b[2J\x1b[H"}).encode()
+    h.send_response(400)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def _redirect_loop(h: BaseHTTPRequestHandler) -> None:
+    h.send_response(302)
+    h.send_header("Location", h.path)
+    h.send_header("Content-Length", "0")
+    h.end_headers()
+
+
+T0 = time.time() - 300
+STEPS = [{"metric": {"__name__": name, "instance": "n1:10127", "run": "r", "rank": "0"},
+          "values": [[T0 + 15 * i, str(v)] for i, v in enumerate(vals)]}
+         for name, vals in (("stallscope_train_steps_total", [0, 10, 1e12, 1e12 + 10]),
+                            ("stallscope_train_step_seconds_total", [0, 5, 10, 15]),
+                            ("stallscope_train_data_wait_seconds_total", [0, 1, 2, 3]))]
+
+CASES: dict[str, Reply] = {
+    "trickle": _trickle,
+    "short body": _short,
+    "result of numbers": _result([1, 2, 3]),
+    "metric a number": _result([{"metric": 7, "values": [[T0, "1"]]}]),
+    "one-element values": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
+                                               "instance": "n1"}, "values": [[T0], "x"]}]),
+    "string values": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
+                                          "instance": "n1"}, "values": "abc"}]),
+    "bad timestamp": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
+                                          "instance": "n1"}, "values": [["soon", "1"]]}]),
+    "counter jump to 1e12": _result(STEPS),
+    "escape sequences": _escapes,
+    "redirect loop": _redirect_loop,
+}
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[Reply], str]]:
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(reply: Reply) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                reply(self)
+
+            def log_message(self, *_a: Any) -> None:
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_misbehaving_prometheus_is_one_line(server: Callable[[Reply], str],
+                                              case: str) -> None:
+    url = server(CASES[case])
+    t0 = time.monotonic()
+    argv = stallscope_argv("diagnose", "--prometheus", url, "--since", "10m", "--timeout", "6s")
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-2000:]
+    if case == "counter jump to 1e12":
+        # steps no training makes are not read as steps; the rest of the series is used
+        assert r.returncode in (0, 1), r.stderr
+    else:
+        assert r.returncode == 1, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+        assert r.stderr.count("\n") == 1, r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr, repr(r.stderr)
+    assert took < 30, took  # two queries, each bounded by --timeout 6s
+
+
+def test_a_url_python_cannot_parse_is_one_line() -> None:
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", "http://[::1"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, \
+        r.stderr
