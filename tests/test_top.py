@@ -350,3 +350,39 @@ def test_top_reads_a_running_agent_and_falls_back_when_it_stops(tmp_path: Path) 
                        capture_output=True, text=True, timeout=30, env=_env())
     assert r.returncode == 2 and "no stallscope agent answers there" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("snapshot", [b"{}", b"garbage", b'{"ts": 1, "host": [1, 2], '
+                                      b'"disk": "x", "gpu": {}}', b"[]"])
+def test_top_against_an_agent_whose_snapshot_is_not_one(snapshot: bytes) -> None:
+    """Something that answers /api/v1/health as an agent does but gives an empty, garbage or
+    odd-shaped snapshot: top reads the machine itself, draws its frames and stops at --count
+    (it drew nothing and never exited)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Fake(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (b'{"sources": {"host": {"up": true}}, "interval_s": 0.5}'
+                    if self.path.startswith("/api/v1/health") else snapshot)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = subprocess.run(stallscope_argv("top", "--agent", f"http://127.0.0.1:"
+                                           f"{srv.server_address[1]}", "--interval", "0.3",
+                                           "--count", "2"),
+                           capture_output=True, text=True, timeout=60, env=_env())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert r.stdout.count("Ctrl-C quits") == 2 and re.search(r"cpu\s+\d", r.stdout), r.stdout
+    assert "Traceback" not in r.stderr

@@ -71,6 +71,9 @@ class AgentFeed:
         if now != self._now:
             self._now = now
             self._doc = None if self.failed else _get(self.base + "/api/v1/snapshot")
+            ts = self._doc.get("ts") if isinstance(self._doc, dict) else None
+            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+                self._doc = None  # not an agent's snapshot ({}, garbage): sample directly
             if self._doc is None:
                 self.failed = True
         if self._doc is None:
@@ -91,9 +94,9 @@ class AgentPart(Source):
     def sample(self, now: float) -> Any:
         if not self.direct:
             answered, payload = self.feed.part(self.name, now)
-            if answered:
+            if answered and isinstance(payload, list if self.name == "gpu" else dict):
                 return payload
-            self.direct = True
+            self.direct = True  # no answer, or none of this source's shape: read it here
             try:
                 self.shape.open()
             except Exception as exc:
