@@ -463,3 +463,32 @@ def test_a_huge_key_name_is_named_not_echoed(tmp_path: Path) -> None:
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert len(r.stderr) < 1000 and "unknown key 'kkk" in r.stderr and "chars)" in r.stderr
+
+
+@pytest.mark.root
+def test_the_agent_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """Its store on a filesystem with no space left (a real 64 KiB tmpfs, filled): one line
+    naming the store and the reason, exit 1, and no half-made run directory (it left one with
+    only meta.json.tmp)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        with open(mnt / "fill", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        out = run_cli("agent", "--listen", "127.0.0.1:0", "--store", str(mnt / "store"))
+        assert out.returncode == 1, out.stderr
+        assert out.stderr == (f"stallscope: cannot write the agent's store in {mnt / 'store'}: "
+                              "No space left on device\n")
+        assert not any((mnt / "store").iterdir()) if (mnt / "store").exists() else True
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

@@ -10,6 +10,7 @@ the store (``meta.json`` end time, sample count; ``run.db`` out of WAL mode).
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import sys
 import threading
@@ -26,6 +27,7 @@ from stallscope.agent.trainstacks import TrainerStacks
 from stallscope.alerts.actions import AlertSink
 from stallscope.collect.collector import Collector
 from stallscope.collect.sinks import StoreSink
+from stallscope.errors import StallscopeError
 from stallscope.metrics import Point
 from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
 from stallscope.sources.base import Counter, Source
@@ -80,6 +82,12 @@ def kubelet_client(socket_path: str | None) -> PodResources | None:
     if socket_path is None and not os.path.exists(path):
         return None
     return PodResources(path)
+
+
+class StoreError(StallscopeError):
+    """The agent's store cannot be written (a full or read-only disk): one line, exit 1."""
+
+    exit_code = 1
 
 
 class Agent:
@@ -159,9 +167,15 @@ class Agent:
                                   unavailable=unavailable)
             write_meta(self.run_dir, self.meta)
             self.store = RunStore(self.run_dir / "run.db")
-        except BaseException:
+        except BaseException as exc:
             for s in sources:
                 s.close()
+            if self.run_dir is not None:  # nothing half-made is left behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            if isinstance(exc, (OSError, sqlite3.Error)):
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise StoreError(f"cannot write the agent's store in {cfg.store_path()}: "
+                                 f"{why}") from None
             raise
         self.store_sink = StoreSink(self.store, keep_full_s=cfg.keep_full_s)
         # the alert engine: the shipped defaults and the config's [[alerts]]; every alert is

@@ -79,8 +79,12 @@ def base_meta(command: list[str], *, start: float, interval_s: float,
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically (temp file + rename), so readers never see half of it."""
     tmp = run_dir / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, run_dir / "meta.json")
+    try:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, run_dir / "meta.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temp file behind
+        raise
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
