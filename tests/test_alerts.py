@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -285,3 +286,73 @@ def test_run_with_a_bad_rules_file_starts_nothing(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0 and "metric: 'nope'" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_hanging_command_action_dies_with_the_run(tmp_path: Path) -> None:
+    """A command action that never ends (it starts a child of its own, too): `run` returns
+    within the grace after a short trainer, with the trainer's exit code, and neither the
+    command nor its child outlives it."""
+    import psutil
+
+    marker = tmp_path / "hang.pid"
+    hang = tmp_path / "hang.sh"
+    hang.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {marker}\nsleep 300\n")
+    hang.chmod(0o755)
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+                     f'actions = [{{command = ["{hang}"]}}]\n')
+    t0 = time.monotonic()
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
+                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
+                                       sys.executable, "-c", "import time, sys; time.sleep(1.5);"
+                                       " sys.exit(7)"),
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert r.returncode == 7, r.stderr
+    assert took < 15, took
+    deadline = time.monotonic() + 5
+    child = int(marker.read_text()) if marker.exists() else None
+    while time.monotonic() < deadline:
+        alive = [p for p in psutil.process_iter(["cmdline"])
+                 if str(hang) in " ".join(p.info["cmdline"] or [])]
+        if not alive and (child is None or not psutil.pid_exists(child)):
+            break
+        time.sleep(0.2)
+    assert not alive, alive
+    assert child is None or not psutil.pid_exists(child) or \
+        psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_unanswered_webhooks_do_not_hold_the_run(tmp_path: Path) -> None:
+    """200 firing rules whose webhooks go to a server that accepts and never answers: the run
+    ends within the grace after its trainer (it took 37 s after a 3 s trainer), exit code
+    passed through, and the dropped notifications are said in the run."""
+    import socket as so
+
+    silent = so.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1024)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+    rules = tmp_path / "rules.toml"
+    rules.write_text("".join(
+        f'[[alerts]]\nname = "r{i}"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+        f'actions = [{{webhook = "{url}"}}]\n' for i in range(200)))
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
+                                           "--out", str(tmp_path / "runs"), "--quiet", "--",
+                                           sys.executable, "-c", "import time, sys; "
+                                           "time.sleep(1.5); sys.exit(3)"),
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        took = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert r.returncode == 3, r.stderr
+    assert took < 15, took
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    st = RunStore(run_dir / "run.db", readonly=True)
+    msgs = [e["message"] for e in st.events() if e["kind"] == "alert_action_error"]
+    st.close()
+    assert any("still pending" in m and "dropped" in m for m in msgs), msgs[-3:]

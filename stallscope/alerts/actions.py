@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import smtplib
 import socket
 import subprocess
@@ -39,6 +40,9 @@ __all__ = ["AlertSink", "alert_body", "deliver"]
 Say = Callable[[float, str, str, str], None]
 
 WEBHOOK_TIMEOUT_S = 5.0
+#: after the run (or the agent) stops, notifications still pending get this long, whole; what
+#: is left then is dropped and said so, and a command still running is killed
+CLOSE_GRACE_S = 5.0
 #: seconds between two diagnoses of the run for `finding` rules
 FINDINGS_EVERY_S = 30.0
 WEBHOOK_TRIES = 3
@@ -57,10 +61,17 @@ def alert_body(t: Transition, *, host: str, run: str) -> dict[str, Any]:
     }
 
 
-def _webhook(url: str, body: dict[str, Any]) -> str:
+#: the command actions running now (each in its own process group), killed at close
+_RUNNING: set[subprocess.Popen[str]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _webhook(url: str, body: dict[str, Any], stop: threading.Event | None = None) -> str:
     data = json.dumps(body).encode()
     last = ""
     for attempt in range(WEBHOOK_TRIES):
+        if stop is not None and stop.is_set():
+            break
         req = urllib.request.Request(url, data=data, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "User-Agent": "stallscope-alerts"})
@@ -73,7 +84,11 @@ def _webhook(url: str, body: dict[str, Any]) -> str:
                 break  # the receiver refused it: retrying will not help
         except (urllib.error.URLError, OSError) as exc:
             last = str(getattr(exc, "reason", exc))
-        time.sleep(0.5 * 2 ** attempt)
+        if stop is not None:
+            if stop.wait(0.5 * 2 ** attempt):
+                break  # closing: no more retries
+        else:
+            time.sleep(0.5 * 2 ** attempt)
     raise OSError(f"webhook {url} failed after retries: {last}")
 
 
@@ -82,17 +97,46 @@ def _command(argv: tuple[str, ...], body: dict[str, Any]) -> str:
     for k, v in body.items():
         env[f"STALLSCOPE_ALERT_{k.upper()}"] = str(v)
     try:
-        r = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                           timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise OSError(f"command {argv[0]} timed out after {COMMAND_TIMEOUT_S:g} s") from exc
+        # its own process group: at close, it and whatever it started are killed together
+        proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
     except OSError as exc:
         raise OSError(f"command {argv[0]}: {exc.strerror or exc}") from exc
-    out = (r.stdout + r.stderr).strip().replace("\n", " | ")[:500]
-    msg = f"command {argv[0]} exited {r.returncode}" + (f": {out}" if out else "")
-    if r.returncode != 0:
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        proc.communicate()
+        raise OSError(f"command {argv[0]} timed out after {COMMAND_TIMEOUT_S:g} s") from exc
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+    if proc.returncode < 0 and -proc.returncode == signal.SIGKILL:
+        raise OSError(f"command {argv[0]} was killed: the run ended while it ran")
+    out = (stdout + stderr).strip().replace("\n", " | ")[:500]
+    msg = f"command {argv[0]} exited {proc.returncode}" + (f": {out}" if out else "")
+    if proc.returncode != 0:
         raise OSError(msg)
     return msg
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass  # gone already
+
+
+def kill_running_commands() -> int:
+    """Kill every command action still running (and what it started); how many."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        _kill_group(proc)
+    return len(procs)
 
 
 def _email(to: str, body: dict[str, Any], smtp: Smtp) -> str:
@@ -110,10 +154,12 @@ def _email(to: str, body: dict[str, Any], smtp: Smtp) -> str:
     return f"email to {to} via {smtp.host}:{smtp.port}"
 
 
-def deliver(action: Action, body: dict[str, Any], smtp: Smtp | None) -> str:
-    """Run one action; returns what happened, raises OSError/smtplib errors when it failed."""
+def deliver(action: Action, body: dict[str, Any], smtp: Smtp | None,
+            stop: threading.Event | None = None) -> str:
+    """Run one action; returns what happened, raises OSError/smtplib errors when it failed.
+    ``stop``: set when the run ends (a webhook then retries no more)."""
     if action.kind == "webhook":
-        return _webhook(str(action.target), body)
+        return _webhook(str(action.target), body, stop)
     if action.kind == "command":
         return _command(tuple(action.target), body)
     if action.kind == "email":
@@ -141,6 +187,7 @@ class AlertSink(Sink):
         self.dropped = 0
         self._say: Say | None = None
         self._queue: queue.Queue[Transition | None] = queue.Queue(QUEUE_SIZE)
+        self._stop = threading.Event()  #: set at close: what is still pending is dropped
         self._worker = threading.Thread(target=self._work, name="stallscope-alerts",
                                         daemon=True)
         self._worker.start()
@@ -230,24 +277,38 @@ class AlertSink(Sink):
     def _work(self) -> None:
         while True:
             t = self._queue.get()
-            if t is None:
+            if t is None or self._stop.is_set():
                 return
             body = alert_body(t, host=self.host, run=self.run)
             for action in t.rule.actions:
-                if action.kind in ("log", "probe"):
+                if action.kind in ("log", "probe") or self._stop.is_set():
                     continue
                 try:
-                    done = deliver(action, body, self.rules.smtp)
+                    done = deliver(action, body, self.rules.smtp, self._stop)
                     self.delivered.append(done)
                     self._tell(time.time(), "alert_action", f"{t.rule.name}: {done}")
                 except (OSError, smtplib.SMTPException, ValueError) as exc:
                     self._tell(time.time(), "alert_action_error",
                                f"{t.rule.name}: {action.kind} failed: {exc}")
 
-    def close(self, timeout_s: float = 20.0) -> None:
-        """Deliver what is queued (bounded in time), then stop the worker."""
+    def close(self, timeout_s: float = CLOSE_GRACE_S) -> None:
+        """Deliver what is queued within ``timeout_s`` in all, then stop: notifications still
+        pending are dropped (one event says how many), a command action still running is
+        killed with its process group, and a webhook retries no more. The run's exit (and
+        the trainer's exit code) never waits longer than that."""
+        deadline = time.monotonic() + timeout_s
         try:
-            self._queue.put(None, timeout=timeout_s)
+            self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
+            pass
+        self._worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not self._worker.is_alive():
             return
-        self._worker.join(timeout=timeout_s)
+        self._stop.set()
+        pending = self._queue.qsize()
+        killed = kill_running_commands()
+        self._tell(time.time(), "alert_action_error",
+                   f"the run ended with {pending} notification(s) still pending after "
+                   f"{timeout_s:g} s: dropped" + (f"; {killed} command action(s) killed"
+                                                 if killed else ""))
+        self._worker.join(timeout=1.0)
