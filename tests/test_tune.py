@@ -295,3 +295,28 @@ def test_a_failing_baseline_recommends_nothing_and_errors_are_escaped(tmp_path: 
     assert r.returncode == 2
     assert r.stderr.strip() == (f"stallscope: error: {mod}:explodes raised RuntimeError: "
                                 "no dataset today")
+
+
+HANG_IMPORT = "import time\ntime.sleep(600)\n\ndef data():\n    return []\n"
+HANG_ITEM = ("import time\nimport torch\n\n\nclass D(torch.utils.data.Dataset):\n"
+             "    def __len__(self):\n        return 100\n\n"
+             "    def __getitem__(self, i):\n        time.sleep(600)\n\n\n"
+             "def data():\n    return D()\n")
+
+
+@pytest.mark.parametrize("source", [HANG_IMPORT, HANG_ITEM], ids=["import", "getitem"])
+def test_a_dataset_that_hangs_in_this_process_ends_past_the_budget(tmp_path: Path,
+                                                                   source: str) -> None:
+    """A module that hangs at import, or a __getitem__ that hangs in the main process (the
+    num_workers=0 baseline): tune gives up --budget + 10 s in, saying so, exit 1 (with
+    --budget 5 it ran until killed at 50-80 s)."""
+    mod = tmp_path / "hangs.py"
+    mod.write_text(source)
+    t0 = time.monotonic()
+    r = _tune(f"{mod}:data", "--budget", "5", timeout=90)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, (r.returncode, r.stderr[-1500:])
+    assert took < 30, took
+    assert "no answer from" in r.stdout + r.stderr and "hangs in this process" in \
+        (r.stdout + r.stderr).replace("\n", " "), r.stdout[-1500:] + r.stderr[-1500:]
+    assert "Traceback" not in r.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any
 
@@ -18,9 +19,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from stallscope.cli._common import bounded, out_console
-from stallscope.errors import UsageError
+from stallscope.errors import StallscopeError, UsageError
 from stallscope.textsafe import plain
 from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
+from stallscope.tuner.measure import Overtime
 from stallscope.tuner.target import load, resolve
 
 EXIT_INTERRUPTED = 130
@@ -55,6 +57,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: seconds past --budget (at least; half the budget for long ones) before a hung dataset is
+#: given up on
+GRACE_S = 10.0
+
+
+class TuneError(StallscopeError):
+    """The target never answered: one line, exit 1."""
+
+    exit_code = 1
+
+
 #: the largest batch size either flag takes (2^20)
 MAX_BATCH = 1 << 20
 
@@ -82,6 +95,29 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("stallscope tune needs PyTorch: pip install 'stallscope[torch]'"
                          ) from None
+    # the dataset's code runs in this process (its import; __getitem__ at num_workers=0): a
+    # hang there would outlast the budget, so a timer ends it (Overtime, as Ctrl-C would)
+    grace = max(GRACE_S, 0.5 * args.budget)
+    fired: list[bool] = []
+
+    def overtime(_sig: int, _frame: Any) -> None:
+        fired.append(True)
+        raise Overtime(f"no answer from {args.target} within --budget {args.budget:g} s and "
+                       f"{grace:g} s more: it hangs in this process (at import, or reading a "
+                       "sample without workers)")
+
+    old = signal.signal(signal.SIGALRM, overtime)
+    signal.setitimer(signal.ITIMER_REAL, args.budget + grace)
+    try:
+        return _tune(args)
+    except Overtime as exc:  # before the search began (importing the target): nothing found
+        raise TuneError(str(exc)) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _tune(args: argparse.Namespace) -> int:
     obj = load(args.target)
     step = resolve(args.step) if args.step else None
     if step is not None and not callable(step):
@@ -106,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_result(result, out_console)
     if result.interrupted:
-        return EXIT_INTERRUPTED
+        return 1 if result.stopped.startswith("no answer from") else EXIT_INTERRUPTED
     return 0 if result.samples_per_s else 1
 
 

@@ -20,6 +20,12 @@ import psutil
 CUT_SHARE = 0.6
 
 
+class Overtime(KeyboardInterrupt):
+    """Raised in the main thread when ``tune`` runs far past its budget: the dataset hangs in
+    this process (at import, or in ``__getitem__`` of a ``num_workers=0`` trial). A
+    KeyboardInterrupt, so the search stops as on Ctrl-C and keeps what it found."""
+
+
 @dataclass
 class Trial:
     """The outcome of one configuration."""
@@ -205,8 +211,9 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
         if step_fn is not None and batches:
             trial.data_wait_share = wait / (wait + step) if wait + step > 0 else None
             trial.step_ms = 1000.0 * step / batches
-    except KeyboardInterrupt:
-        trial.status, trial.reason = "interrupted", "interrupted by Ctrl-C"
+    except KeyboardInterrupt as exc:
+        trial.status = "interrupted"
+        trial.reason = str(exc) if isinstance(exc, Overtime) else "interrupted by Ctrl-C"
         raise
     except Exception as exc:
         trial.status = "failed"

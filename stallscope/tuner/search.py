@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from stallscope.tuner.measure import Trial, run_trial
+from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
 
 #: the data wait under which the input keeps up with the step ("more tuning cannot help")
@@ -234,9 +234,11 @@ class Search:
     def run(self) -> TuneResult:
         try:
             self._search()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self.interrupted = True
-            self.stopped = "interrupted by Ctrl-C: the best configuration found so far"
+            self.stopped = (f"{exc}: the best configuration found so far"
+                            if isinstance(exc, Overtime)
+                            else "interrupted by Ctrl-C: the best configuration found so far")
         return self._result()
 
     def _keeps_up(self, t: Trial | None) -> bool:
