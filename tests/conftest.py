@@ -12,6 +12,12 @@ from typing import Any
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# A suite started in the background (`scripts/test.sh &`) inherits SIGINT ignored, and an
+# ignored signal stays ignored across exec: the tests that press Ctrl-C on a child would find
+# it deaf. A handler (not an ignore) is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 ROOT = Path(__file__).resolve().parent.parent
 #: meta.json keys every run has, whichever started it (`stallscope run` or the standalone probe)
 META_KEYS = {"command", "host", "start", "end", "exit_code", "interval_s", "data",
