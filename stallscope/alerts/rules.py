@@ -193,6 +193,16 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _runnable(program: str) -> bool:
+    """``program`` (a path, or a name looked up on PATH) is an executable file."""
+    import os
+    import shutil
+
+    if "/" in program:
+        return os.path.isfile(program) and os.access(program, os.X_OK)
+    return shutil.which(program) is not None
+
+
 def _parse_action(i: int, j: int, a: Any, problems: list[str]) -> Action | None:
     where = f"alerts[{i}].actions[{j}]"
     if not isinstance(a, dict) or len(a) != 1:
@@ -215,6 +225,10 @@ def _parse_action(i: int, j: int, a: Any, problems: list[str]) -> Action | None:
                                   and all(isinstance(x, str) and x for x in target)):
         problems.append(f"{where}.command: must be a non-empty list of strings (argv; it is "
                         "never run through a shell)")
+        return None
+    if kind == "command" and not _runnable(target[0]):
+        problems.append(f"{where}.command: {str(target[0])[:200]!r} is not a program this "
+                        "user can run (not on PATH, or not an executable file)")
         return None
     if kind == "email" and not (isinstance(target, str) and "@" in target
                                 and "\n" not in target and "\r" not in target):
