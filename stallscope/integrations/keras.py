@@ -16,7 +16,7 @@ The callback overrides no batch hook, so Keras keeps dispatching batch callbacks
 asynchronously.
 
 Importing this module imports Keras (the package is optional: ``pip install
-stallscope[tensorflow]``).
+stallscope[tensorflow]``, or ``stallscope[tensorflow-cpu]`` without a GPU).
 """
 
 from __future__ import annotations
