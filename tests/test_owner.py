@@ -456,3 +456,29 @@ def test_diagnose_over_prometheus_names_the_owner_from_the_step_labels() -> None
     doc = diagnose(data)
     lead = owner_lead(doc)
     assert lead is not None and lead.startswith("job 4242, rank 1 on gpu-node-7 is "), lead
+
+
+def test_diagnose_over_prometheus_names_changes_from_the_window_and_keeps_its_hint() -> None:
+    """Over Prometheus the time axis starts at the window, not at the run: a change is placed
+    "into the window read from Prometheus" (it said "1764 s into the run" of a 90 s run)."""
+    from stallscope.analysis.diagnose import diagnose
+    from stallscope.analysis.promdata import PromQuery, _node_run, _Scraped
+
+    t0 = 1_700_000_000.0
+    scraped = _Scraped()
+    base = {"instance": "n1:10127", "job": "stallscope", "run": "r1", "rank": "0"}
+    n = 80
+    steps = [i * 10 for i in range(n)]
+    step_s = [0.0]
+    for i in range(1, n):  # steps of 0.1 s, then of 0.4 s from the middle on
+        step_s.append(step_s[-1] + (1.0 if i < n // 2 else 4.0))
+    for name, vals in (("stallscope_train_steps_total", steps),
+                       ("stallscope_train_step_seconds_total", step_s),
+                       ("stallscope_train_data_wait_seconds_total", [v * 0.1 for v in step_s])):
+        scraped.add({"metric": {"__name__": name, **base},
+                     "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)]})
+    q = PromQuery(url="http://p:9090", since_s=1800, step_s=15)
+    doc = diagnose(_node_run(q, scraped, "n1:10127", t0 - 600, t0 + 15 * n, 15.0))
+    summaries = [c["summary"] for c in doc["changes"]]
+    assert summaries and all("into the window read from Prometheus" in s for s in summaries), \
+        summaries

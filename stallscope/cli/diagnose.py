@@ -95,13 +95,15 @@ def _from_prometheus(args: argparse.Namespace) -> int:
     for i, doc in enumerate(docs):
         p = doc["prometheus"]
         runs = p.get("runs") or {}
-        head = f"node {p['instance']}" + (f" (job {p['job']})" if p.get("job") else "")
+        head = f"node {plain(p['instance'], 120)}" + (f" (job {plain(p['job'], 80)})"
+                                                      if p.get("job") else "")
         if p.get("run"):
-            head += f", steps of run {p['run']}"
+            head += f", steps of run {plain(p['run'], 80)}"
             if len(runs) > 1:
-                head += f" (also seen: {', '.join(r for r in sorted(runs) if r != p['run'])};"
-                head += " choose with --run-id)"
-        out_console.print(("\n" if i else "") + plain(head), soft_wrap=True, markup=False,
-                          highlight=False)
+                # the machine's run ids are clipped, never the hint after them
+                others = plain(", ".join(r for r in sorted(runs) if r != p["run"]), 160)
+                head += f" (also seen: {others}; choose with --run-id)"
+        out_console.print(("\n" if i else "") + plain(head, None), soft_wrap=True,
+                          markup=False, highlight=False)
         print_diagnosis(doc, out_console)
     return 0

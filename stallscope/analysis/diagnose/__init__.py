@@ -76,6 +76,9 @@ def changes(data: RunData) -> list[dict[str, Any]]:
     from stallscope.analysis.changes import detect_changes
 
     t0 = data.t0
+    # over Prometheus, t0 is the window's start, not the run's: say "into the window" there
+    into = "into the window read from Prometheus" if "prometheus" in data.meta else \
+        "into the run"
     out: list[dict[str, Any]] = []
 
     def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
@@ -88,7 +91,7 @@ def changes(data: RunData) -> list[dict[str, Any]]:
                         "start_s": round(c.start_ts - t0, 1),
                         "detected_s": round(c.detected_ts - t0, 1),
                         "summary": f"{what}{f' [{entity}]' if entity else ''} "
-                                   f"{c.describe(unit)}, {c.start_ts - t0:.0f} s into the run"})
+                                   f"{c.describe(unit)}, {c.start_ts - t0:.0f} s {into}"})
 
     ranks = sorted({s.rank for s in data.steps})
     for rank in ranks:
