@@ -281,3 +281,35 @@ def test_run_state(meta: dict[str, object], state: str) -> None:
     if meta.get("monitor_pid") == "__self__":
         meta = dict(meta, monitor_pid=os.getpid())
     assert run_state(meta) == state
+
+
+def test_latest_is_this_folders_newest_run_before_the_index(tmp_path: Path) -> None:
+    """On a shared account another program's newer run is in the per-user index: `latest`
+    is this folder's newest run; only a folder without runs falls back on the index, and the
+    command then says which run it took."""
+    import os
+    import subprocess
+
+    from conftest import stallscope_argv
+
+    from stallscope.store.index import record_run
+
+    mine = tmp_path / "here" / "stallscope-runs"
+    theirs = tmp_path / "elsewhere" / "stallscope-runs"
+    own = new_run_dir(mine, "train", now=1_000_000)
+    other = new_run_dir(theirs, "other", now=2_000_000)  # newer, and in the index
+    for d in (own, other):
+        write_meta(d, {"command": ["x"], "start": 1.0, "end": 2.0, "exit_code": 0})
+        RunStore(d / "run.db").close()
+        record_run(d)
+    assert find_run("latest", mine) == own
+    empty = tmp_path / "empty" / "stallscope-runs"
+    assert find_run("latest", empty) == other
+    r = subprocess.run(stallscope_argv("show", "latest", "--json"), cwd=tmp_path / "here",
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode == 0 and own.name in r.stdout and r.stderr == "", r.stderr
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run(stallscope_argv("show", "latest", "--json"), cwd=tmp_path / "empty",
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode == 0 and other.name in r.stdout
+    assert r.stderr.startswith("stallscope: latest run: ") and other.name in r.stderr

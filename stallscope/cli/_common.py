@@ -100,3 +100,25 @@ def add_out_option(p: argparse.ArgumentParser) -> None:
     from stallscope.store import DEFAULT_OUT
 
     p.add_argument("--out", default=DEFAULT_OUT, help=argparse.SUPPRESS)
+
+
+def resolve_run(ref: str, out: str) -> Any:
+    """RUN as the commands take it (:func:`stallscope.store.find_run`); when ``latest`` had to
+    come from the run index (no run in this folder's ``out``), one line says which it is, so a
+    run of another program on a shared account is not taken for one's own."""
+    import sys
+    from pathlib import Path
+
+    from stallscope.store import find_run
+    from stallscope.store.rundir import list_runs
+
+    run = find_run(ref, out)
+    if ref == "latest" and not list_runs(Path(out)):
+        sys.stderr.write(f"stallscope: latest run: {plain_path(run)} (none in {out}/)\n")
+    return run
+
+
+def plain_path(p: Any) -> str:
+    from stallscope.textsafe import plain
+
+    return plain(str(p), 300)

@@ -16,10 +16,9 @@ from typing import Any
 from stallscope.alerts import AlertEngine, load_rules, parse_rules
 from stallscope.alerts.rules import FINDING_PREFIX, finding_metric
 from stallscope.analysis.rundata import load_run
-from stallscope.cli._common import RUN_HELP, add_out_option, out_console, safe
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console, resolve_run, safe
 from stallscope.errors import UsageError
 from stallscope.metrics import Point
-from stallscope.store import find_run
 from stallscope.textsafe import error_text
 
 
@@ -82,7 +81,7 @@ def check(args: argparse.Namespace) -> int:
 
 def replay(args: argparse.Namespace) -> int:
     rf = parse_rules({}, "defaults") if args.file == "-" else load_rules(args.file)
-    data = load_run(find_run(args.run, args.out))
+    data = load_run(resolve_run(args.run, args.out))
     engine = AlertEngine(rf.rules)
     wanted = engine.metrics
     by_ts: dict[float, list[Point]] = defaultdict(list)

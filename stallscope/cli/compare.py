@@ -12,8 +12,7 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
-from stallscope.cli._common import add_out_option, out_console, safe
-from stallscope.store import find_run
+from stallscope.cli._common import add_out_option, out_console, resolve_run, safe
 
 #: (label, key in the signals, unit)
 _ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
@@ -74,7 +73,7 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = [find_run(args.run_a, args.out), find_run(args.run_b, args.out)]
+    runs = [resolve_run(args.run_a, args.out), resolve_run(args.run_b, args.out)]
     datas = [load_run(r) for r in runs]
     docs = [diagnose_run(r, d) for r, d in zip(runs, datas, strict=True)]
     out = compare(docs[0], docs[1], datas[0], datas[1])

@@ -11,9 +11,8 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose, diagnose_run, print_diagnosis
 from stallscope.analysis.rundata import load_run
-from stallscope.cli._common import RUN_HELP, add_out_option, out_console
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console, resolve_run
 from stallscope.errors import UsageError
-from stallscope.store import find_run
 from stallscope.textsafe import plain
 
 
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is None:
         raise UsageError("diagnose needs RUN (a run directory, run id or 'latest') or "
                          "--prometheus URL")
-    run_dir = find_run(args.run, args.out)
+    run_dir = resolve_run(args.run, args.out)
     data = load_run(run_dir)
     doc = diagnose_run(run_dir, data)
     note = data.skipped_note()

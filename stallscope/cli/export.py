@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from stallscope.analysis.rundata import RunData, load_run
-from stallscope.cli._common import RUN_HELP, add_out_option
+from stallscope.cli._common import RUN_HELP, add_out_option, resolve_run
 from stallscope.errors import UsageError
-from stallscope.store import find_run
 
 #: column -> type ("str", "float", "int"), for each --what
 POINT_COLUMNS = {"time": "str", "t_s": "float", "metric": "str", "entity": "str",
@@ -114,7 +113,7 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = find_run(args.run, args.out)
+    run_dir = resolve_run(args.run, args.out)
     data = load_run(run_dir)
     columns, rows = table(data, args.what)
     note = data.skipped_note()

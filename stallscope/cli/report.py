@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallscope.cli._common import RUN_HELP, add_out_option
-from stallscope.store import find_run
+from stallscope.cli._common import RUN_HELP, add_out_option, resolve_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from stallscope.report import write_report
 
-    run_dir = find_run(args.run, args.out)
+    run_dir = resolve_run(args.run, args.out)
     path = write_report(run_dir, args.output)
     print(path)
     return 0

@@ -12,8 +12,7 @@ from rich.console import Console
 
 from stallscope.analysis.rundata import RunData, load_run
 from stallscope.analysis.summary import render_summary, summarize
-from stallscope.cli._common import RUN_HELP, add_out_option, out_console, safe
-from stallscope.store import find_run
+from stallscope.cli._common import RUN_HELP, add_out_option, out_console, resolve_run, safe
 from stallscope.store.rundir import run_state
 
 
@@ -109,7 +108,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = find_run(args.run, args.out)
+    run_dir = resolve_run(args.run, args.out)
     if args.json:
         print(json.dumps(load_summary(run_dir), indent=2, default=str))
     else:

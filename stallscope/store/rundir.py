@@ -255,7 +255,7 @@ def known_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
 def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
     """Resolve RUN as given on the command line: a run directory path, a run id (under
     ``out`` first, then anywhere in the per-user index), a unique prefix of one, or
-    ``latest``."""
+    ``latest`` (the newest under ``out``; without any there, the newest in the index)."""
     if not ref.strip():
         raise RunNotFound("no run given: name a run directory, a run id, or 'latest'")
     p = Path(ref)
@@ -263,6 +263,11 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
         return p
     root = _root(out)
     if ref == "latest":
+        # this folder's newest run first: on a shared account the index's newest may be
+        # another program's; the index is the fallback for a folder without runs
+        here = list_runs(root)
+        if here:
+            return here[-1]
         runs = known_runs(out)
         if not runs:
             raise RunNotFound(f"no runs in {root} or in the run index")
