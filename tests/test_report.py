@@ -8,6 +8,7 @@ one where this stallscope has :mod:`stallscope.analysis.diagnose`.
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 import subprocess
@@ -179,7 +180,7 @@ def test_report_opens_with_verdict_and_findings(tmp_path: Path) -> None:
     # header
     header = doc[:doc.index('id="verdict"')]
     for text in ("python train.py --data /data/imagenet", "node-7", "exit code 0", "2:00",
-                 "1.0 s", "/data/imagenet"):
+                 "every 1 s", "/data/imagenet"):
         assert text in header, text
 
 
@@ -438,13 +439,22 @@ def test_a_run_without_gpu_is_not_blamed_on_a_gpu(tmp_path: Path) -> None:
 def test_loader_table_shows_ids_plainly_and_each_field_once(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     st = RunStore(run / "run.db")
+    t0 = json.loads((run / "meta.json").read_text())["start"]
     st.set_probe(0, 9487, {"rank": 0, "worker_pids": [9487, 9488], "updated": 1763712000.5,
-                           "loader": {"num_workers": 3, "batch_size": 1024}}, 12000, 0)
+                           "loader": {"num_workers": 3, "batch_size": 1024},
+                           "epochs": [{"epoch": 0, "ts": t0 + 2.0, "iter_s": 0.25,
+                                       "worker_pids": [9487, 9488]},
+                                      {"epoch": 1, "ts": t0 + 61.5, "iter_s": 1.5}]},
+                 12000, 0)
     st.close()
     doc = render_report(run, diagnosis(run))
     loader = doc[doc.index('id="loader"'):doc.index('id="unavailable"')]
     assert "9487, 9488" in loader and "9,487" not in loader
-    assert "1763712000.5" in loader
+    # times as times: the last update as a date, each epoch's start as time into the run
+    assert "1763712000.5" not in loader
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1763712000.5)) in loader
+    assert ">61.5 s<" in loader and ">1.500 s<" in loader and str(t0 + 61.5) not in loader
+    assert "</table>, <table" not in loader  # no stray commas between nested tables
     assert loader.count("<code>rank</code>") == 1
     assert "12,000" in loader  # a quantity keeps its grouping
 

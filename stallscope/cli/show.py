@@ -55,10 +55,9 @@ def duration(data: RunData) -> float | None:
 
 def _interval(meta: dict[str, Any]) -> str:
     """How often the run was sampled, in words."""
-    iv, wi, ws = meta.get("interval_s"), meta.get("warmup_interval_s"), meta.get("warmup_s")
-    if isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0:
-        return f"every {wi:g} s for the first {ws / 60:g} min, then every {iv:g} s"
-    return f"every {iv:g} s" if isinstance(iv, (int, float)) else "interval ?"
+    from stallscope.analysis.summary import sampling_text
+
+    return sampling_text(meta)
 
 
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import top_stacks, trainer_phases
+from stallscope.analysis.summary import sampling_text
 from stallscope.metrics import lookup
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
 from stallscope.textsafe import html_text
@@ -190,7 +191,7 @@ def _header(data: RunData) -> str:
          if start is not None else "-"),
         ("duration", esc(f"{clock(dur)} ({dur:,.0f} s)")),
         ("outcome", esc(state)),
-        ("interval", esc(f"{meta.get('interval_s', '-')} s")
+        ("sampled", esc(sampling_text(meta))
          + (f" · {esc(meta['samples'])} samples" if "samples" in meta else "")),
     ]
     if meta.get("data"):
@@ -465,13 +466,48 @@ def _loader(data: RunData) -> str:
     for p in data.probes:
         raw = p.get("config")
         cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        shown = {"rank", "steps", "dropped"}
+        shown = {"rank", "steps", "dropped", "epochs"}
         items = [("rank", p.get("rank")), ("steps", p.get("steps")),
                  ("dropped records", p.get("dropped")),
-                 *sorted((k, v) for k, v in cfg.items() if k not in shown)]
+                 *sorted((k, _when(v) if k == "updated" else v) for k, v in cfg.items()
+                         if k not in shown)]
         out.append(_kv_table(items, "loader"))
+        start = data.meta.get("start")
+        out.append(_epochs_table(cfg.get("epochs"), start if isinstance(start, (int, float))
+                                 and not isinstance(start, bool) else data.t0))
     out.append("</section>")
     return "".join(out)
+
+
+def _when(ts: Any) -> Any:
+    """A Unix time as a local date and time (a raw 1763712000.5 says nothing to a reader)."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts) \
+            and 0 < ts < 1e11:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return ts
+
+
+def _epochs_table(epochs: Any, t0: float) -> str:
+    """Each epoch's start as time into the run (not a Unix time), the time its iterator took to
+    start, and its workers' pids: one row each."""
+    if not isinstance(epochs, list) or not epochs:
+        return ""
+    rows = []
+    for e in epochs:
+        if not isinstance(e, dict):
+            continue
+        ts, it = e.get("ts"), e.get("iter_s")
+        started = (f"{ts - t0:,.1f} s" if isinstance(ts, (int, float))
+                   and not isinstance(ts, bool) and math.isfinite(ts) else "-")
+        iter_s = (f"{it:.3f} s" if isinstance(it, (int, float)) and not isinstance(it, bool)
+                  and math.isfinite(it) else "-")
+        pids = e.get("worker_pids")
+        workers = " ".join(str(x) for x in pids) if isinstance(pids, list) and pids else "-"
+        rows.append(f"<tr><td class=\"num\">{esc(e.get('epoch', '-'))}</td>"
+                    f"<td class=\"num\">{esc(started)}</td><td class=\"num\">{esc(iter_s)}"
+                    f"</td><td>{esc(workers)}</td></tr>")
+    return ("<table class=\"loader epochs\"><tr><th>epoch</th><th>began (into the run)</th>"
+            "<th>iterator start</th><th>worker pids</th></tr>" + "".join(rows) + "</table>")
 
 
 def _sources(data: RunData) -> str:
