@@ -510,3 +510,23 @@ def test_a_gpu_held_but_idle_is_named_with_who_holds_it() -> None:
 ])
 def test_a_gpu_is_not_called_held_idle_when(data, why: str) -> None:  # type: ignore[no-untyped-def]
     assert "gpu_held_idle" not in [f["kind"] for f in diagnose(data())["findings"]], why
+
+
+def test_a_young_running_run_is_not_said_to_have_no_workers() -> None:
+    """`top`'s verdict so far in the first seconds: a running run (no end yet) whose workers
+    have not shown up is not told "the trainer has no DataLoader worker processes" (the demo,
+    which has one, was, for ~15 s); the same samples of a finished run, or a running one past
+    30 s, are."""
+    def main_only(seconds: int, end: float | None) -> dict:
+        n = seconds
+        base = [ser("host.cpu_pct", "", [50] * n), ser("procs.cpu_pct", "100", [95] * n),
+                ser("procs.d_state", "100", [0] * n)]
+        data = run(base, entities=MAIN)
+        data.meta["end"] = end
+        return diagnose(data)
+
+    young = main_only(12, None)
+    assert not any("no DataLoader worker processes" in f["summary"]
+                   for f in young["findings"]), young["findings"]
+    for doc in (main_only(12, T0 + 12), main_only(40, None)):
+        assert "no DataLoader worker processes" in doc["findings"][0]["summary"]

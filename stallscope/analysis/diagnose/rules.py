@@ -851,6 +851,11 @@ def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
                     1.0, "TensorFlow threads (tf_*) in the trainer, no probe, no GPU")]
 
 
+#: a running run younger than this has not shown whether its loader has worker processes
+#: (they start with the first iteration, after the imports and the model's set-up)
+YOUNG_RUN_S = 30.0
+
+
 def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data for a CPU trainer without DataLoader worker processes, the probe or a
     GPU (PyTorch ``num_workers=0``, a threaded decoder, a hand-written loop): it loads and
@@ -859,6 +864,10 @@ def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
     ``num_workers=0`` trainer that waited for its own loading 90% of the time looked healthy."""
     if sig.tf_trainer or sig.stall_source is not None or sig.gpus or sig.workers \
             or sig.samples < 3:
+        return []
+    if data.meta.get("end") is None and (sig.duration_s or 0.0) < YOUNG_RUN_S:
+        # a run still starting (the verdict so far in `top`): its DataLoader may not have
+        # started its workers yet; "it has none" is not claimed before it could be seen
         return []
     read = sig.main_read_kb_s
     reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
