@@ -294,7 +294,16 @@ class TrainingWatch:
             return
         self._next_verdict = time.monotonic() + VERDICT_EVERY_S
         if wait:
-            self._diagnose()
+            # a plain frame is drawn once: a diagnosis that met the run mid-write (a busy
+            # machine, the writer's transaction) is tried again before the frame goes out
+            for attempt in range(3):
+                if attempt:
+                    time.sleep(0.5)
+                    if not self._busy.acquire(blocking=False):
+                        return
+                self._diagnose()
+                if self._verdict is not None:
+                    return
             return
         threading.Thread(target=self._diagnose, name="stallscope-top-verdict",
                          daemon=True).start()
