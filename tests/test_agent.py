@@ -84,6 +84,24 @@ def start_agent(tmp: Path, *extra: str, interval: str = "0.5") -> RunningAgent:
     pytest.fail("agent served no host samples within 20 s")
 
 
+def first_metrics(proc: subprocess.Popen[str], port: int, needle: str = "",
+                  timeout: float = 30.0) -> str:
+    """The agent's first /metrics that holds ``needle`` (any answer when empty); fails when the
+    agent exits or nothing comes within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"agent exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
+            if needle in text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"no /metrics{f' with {needle}' if needle else ''} within {timeout:g} s")
+
+
 def stop_agent(agent: RunningAgent) -> None:
     terminate(agent.proc)
 
@@ -116,16 +134,7 @@ def test_the_first_scrape_has_the_node_counters(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
-        text = ""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not text:
-            if proc.poll() is not None:
-                pytest.fail(f"agent exited: {proc.stderr.read() if proc.stderr else ''}")
-            try:
-                text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
-            except OSError:
-                time.sleep(0.1)
-        got = series(text)
+        got = series(first_metrics(proc, port))
         names = {name for name, _labels in got}
         assert "stallscope_host_cpu_seconds_total" in names, sorted(names)
         assert "stallscope_disk_read_bytes_total" in names, sorted(names)

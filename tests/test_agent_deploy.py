@@ -25,6 +25,7 @@ from test_agent import (
     H100_LOAD,
     RTX_IDLE_POWER_CAP,
     RunningAgent,
+    first_metrics,
     free_port,
     get,
     start_agent,
@@ -750,16 +751,8 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs_the_agent(tmp_path: Path) -
                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
                                                 "HOME": str(tmp_path)})
     try:
-        deadline = time.monotonic() + 30
-        text = ""
-        while time.monotonic() < deadline and "stallscope_host_cpu_seconds_total" not in text:
-            if agent.poll() is not None:
-                pytest.fail(f"agent exited: {agent.stderr.read() if agent.stderr else ''}")
-            try:
-                text = get(f"http://127.0.0.1:{port}/metrics")[2].decode()
-            except OSError:
-                time.sleep(0.2)
-        assert "stallscope_host_cpu_seconds_total" in text
+        assert "stallscope_host_cpu_seconds_total" in first_metrics(
+            agent, port, "stallscope_host_cpu_seconds_total")
     finally:
         terminate(agent)
 

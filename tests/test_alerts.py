@@ -293,6 +293,19 @@ def test_run_with_a_bad_rules_file_starts_nothing(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def _short_run_with(rules: Path, tmp_path: Path, exit_code: int
+                    ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`stallscope run --alerts rules` of a 1.5 s trainer exiting with ``exit_code``; and how
+    long `run` took."""
+    t0 = time.monotonic()
+    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
+                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
+                                       sys.executable, "-c", "import time, sys; "
+                                       f"time.sleep(1.5); sys.exit({exit_code})"),
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    return r, time.monotonic() - t0
+
+
 @pytest.mark.slow
 def test_a_hanging_command_action_dies_with_the_run(tmp_path: Path) -> None:
     """A command action that never ends (it starts a child of its own, too): `run` returns
@@ -307,13 +320,7 @@ def test_a_hanging_command_action_dies_with_the_run(tmp_path: Path) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
                      f'actions = [{{command = ["{hang}"]}}]\n')
-    t0 = time.monotonic()
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, "-c", "import time, sys; time.sleep(1.5);"
-                                       " sys.exit(7)"),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    took = time.monotonic() - t0
+    r, took = _short_run_with(rules, tmp_path, exit_code=7)
     assert r.returncode == 7, r.stderr
     assert took < 15, took
     deadline = time.monotonic() + 5
@@ -345,13 +352,7 @@ def test_unanswered_webhooks_do_not_hold_the_run(tmp_path: Path) -> None:
         f'[[alerts]]\nname = "r{i}"\nmetric = "host.mem_used_mib"\nabove = 0\n'
         f'actions = [{{webhook = "{url}"}}]\n' for i in range(200)))
     try:
-        t0 = time.monotonic()
-        r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                           "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                           sys.executable, "-c", "import time, sys; "
-                                           "time.sleep(1.5); sys.exit(3)"),
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        took = time.monotonic() - t0
+        r, took = _short_run_with(rules, tmp_path, exit_code=3)
     finally:
         silent.close()
     assert r.returncode == 3, r.stderr

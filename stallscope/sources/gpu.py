@@ -401,6 +401,12 @@ _MIG_POINTS = (("gpu.mig_mem_used_mib", "mem_used_mib"),
                ("gpu.mig_mem_total_mib", "mem_total_mib"))
 
 
+def _row_points(entity: str, row: dict[str, Any], fields: tuple[tuple[str, str], ...]
+                ) -> list[Point]:
+    """The points of one process or MIG instance of a GPU's payload: (metric, field) pairs."""
+    return [Point(key, entity, float(row[f])) for key, f in fields if row.get(f) is not None]
+
+
 def mig_profile(name: str | None) -> str | None:
     """``NVIDIA H200 MIG 1c.3g.71gb`` -> ``3g.71gb``: the GPU instance's profile in a MIG
     device's name (a compute-instance prefix ``Nc.`` cut), as dcgm-exporter's GPU_I_PROFILE."""
@@ -488,18 +494,11 @@ class GpuSource(Source):
         out: list[Point] = []
         for g in payload:
             out.extend(numeric_points(self.name, f"gpu{g.get('index', 0)}", g))
+            gpu = f"gpu{g.get('index', 0)}"
             for proc in g.get("processes") or ():
-                entity = f"gpu{g.get('index', 0)}:{proc['pid']}"
-                for key, field_ in _PROC_POINTS:
-                    v = proc.get(field_)
-                    if v is not None:
-                        out.append(Point(key, entity, float(v)))
+                out.extend(_row_points(f"{gpu}:{proc['pid']}", proc, _PROC_POINTS))
             for mig in g.get("mig") or ():
-                entity = f"gpu{g.get('index', 0)}/gi{mig['gpu_instance_id']}"
-                for key, field_ in _MIG_POINTS:
-                    v = mig.get(field_)
-                    if v is not None:
-                        out.append(Point(key, entity, float(v)))
+                out.extend(_row_points(f"{gpu}/gi{mig['gpu_instance_id']}", mig, _MIG_POINTS))
         return out
 
     def entities(self, payload: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
