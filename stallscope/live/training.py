@@ -227,7 +227,9 @@ class TrainingWatch:
             v.phases = shares[pid]
             v.phase_rank = rank_of[pid] if len(shares) > 1 else None
 
-    def _read_new(self) -> None:
+    def _read_new(self) -> bool:
+        """Read the steps written since the last read; False when the database could not be
+        read this time (the writer holds a lock, the run is being removed)."""
         assert self._db is not None
         rows: list[tuple[Any, ...]] = []
         try:
@@ -238,7 +240,7 @@ class TrainingWatch:
                     "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
                     (rank, self._last.get(rank, -1))).fetchall()
         except sqlite3.Error:
-            return  # the writer holds a lock, or the run is being removed: next frame
+            return False  # the next frame reads them
         for rank, step, ts, wait, host, n in rows:
             if not all(isinstance(v, (int, float)) for v in (step, ts, wait, host)):
                 continue
@@ -247,6 +249,7 @@ class TrainingWatch:
                                  int(n) if isinstance(n, int) else 0))
             self._total += 1
         self._ranks = len(self._last)
+        return True
 
     _ranks = 0
 
@@ -266,7 +269,10 @@ class TrainingWatch:
             self._phases(v)
             return v
         assert self.run_dir is not None
-        self._read_new()
+        tries = 3 if wait else 1  # a plain frame has no next frame to read the steps in
+        while not self._read_new() and tries > 1:
+            tries -= 1
+            time.sleep(0.5)
         self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
