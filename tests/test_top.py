@@ -282,9 +282,10 @@ def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None
     run = subprocess.Popen(
         [*stallscope_argv("run", "--quiet", "--interval", "1", "--out", str(tmp_path / "runs"),
                           "--"), sys.executable, str(ROOT / "examples" / "train_cpu.py"),
-         # long enough to outlast the test on a loaded machine (the piped frame at the end
-         # found the trainer gone after 60 s); the test ends it with SIGINT in any case
-         "--max-seconds", "300", "--files", "600", "--model", "tiny"],
+         # epochs and seconds enough to outlast the test on a loaded machine (with the default
+         # 2 epochs of 600 files the piped frame at the end found the trainer gone: reproduced
+         # in the parallel pass); the test ends it with SIGINT in any case
+         "--max-seconds", "300", "--epochs", "1000", "--files", "600", "--model", "tiny"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t = None
     try:
