@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from stallscope.textsafe import safe
+from stallscope.textsafe import plain, safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -114,11 +114,6 @@ def resolve_run(ref: str, out: str) -> Any:
 
     run = find_run(ref, out)
     if ref == "latest" and not list_runs(Path(out)):
-        sys.stderr.write(f"stallscope: latest run: {plain_path(run)} (none in {out}/)\n")
+        sys.stderr.write(f"stallscope: latest run: {plain(run, 300)} (none in "
+                         f"{plain(out, 300)}/)\n")
     return run
-
-
-def plain_path(p: Any) -> str:
-    from stallscope.textsafe import plain
-
-    return plain(str(p), 300)

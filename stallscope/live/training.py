@@ -227,9 +227,7 @@ class TrainingWatch:
             v.phases = shares[pid]
             v.phase_rank = rank_of[pid] if len(shares) > 1 else None
 
-    def _read_new(self) -> bool:
-        """Read the steps written since the last read; False when the database could not be
-        read this time (the writer holds a lock, the run is being removed)."""
+    def _read_new(self) -> None:
         assert self._db is not None
         rows: list[tuple[Any, ...]] = []
         try:
@@ -240,7 +238,7 @@ class TrainingWatch:
                     "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
                     (rank, self._last.get(rank, -1))).fetchall()
         except sqlite3.Error:
-            return False  # the next frame reads them
+            return  # the writer holds a lock, or the run is being removed: next frame
         for rank, step, ts, wait, host, n in rows:
             if not all(isinstance(v, (int, float)) for v in (step, ts, wait, host)):
                 continue
@@ -249,7 +247,6 @@ class TrainingWatch:
                                  int(n) if isinstance(n, int) else 0))
             self._total += 1
         self._ranks = len(self._last)
-        return True
 
     _ranks = 0
 
@@ -269,10 +266,7 @@ class TrainingWatch:
             self._phases(v)
             return v
         assert self.run_dir is not None
-        tries = 3 if wait else 1  # a plain frame has no next frame to read the steps in
-        while not self._read_new() and tries > 1:
-            tries -= 1
-            time.sleep(0.5)
+        self._read_new()
         self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
@@ -300,16 +294,7 @@ class TrainingWatch:
             return
         self._next_verdict = time.monotonic() + VERDICT_EVERY_S
         if wait:
-            # a plain frame is drawn once: a diagnosis that met the run mid-write (a busy
-            # machine, the writer's transaction) is tried again before the frame goes out
-            for attempt in range(3):
-                if attempt:
-                    time.sleep(0.5)
-                    if not self._busy.acquire(blocking=False):
-                        return
-                self._diagnose()
-                if self._verdict is not None:
-                    return
+            self._diagnose()
             return
         threading.Thread(target=self._diagnose, name="stallscope-top-verdict",
                          daemon=True).start()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["OWNER_KEYS", "Owner", "OwnerCache", "describe", "owner_from_env", "parse_cgroup",
-           "read_owner"]
+           "read_environ", "read_owner"]
 
 #: the owner attributes a process or GPU carries, in label order (dcgm-exporter's names)
 OWNER_KEYS = ("namespace", "pod", "container", "hpc_job")
@@ -157,11 +157,13 @@ def owner_from_env(env: Mapping[str, str]) -> Owner:
                  names_from="environment" if pod else "")
 
 
-def _read_env(proc: Path) -> dict[str, str] | None:
+def read_environ(proc: Path) -> dict[str, str] | None:
+    """``/proc/PID/environ`` as a dict; None where it cannot be read (another user's process
+    without ptrace rights, or gone)."""
     try:
-        raw = (proc / "environ").read_bytes()
+        raw = proc.joinpath("environ").read_bytes()
     except OSError:
-        return None  # another user's: the cgroup still says the pod or the job
+        return None
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
@@ -175,7 +177,7 @@ def read_owner(pid: int, proc_root: str = "/proc", containers: Iterable[Any] = (
         owner = parse_cgroup((proc / "cgroup").read_text(errors="replace"))
     except OSError:
         owner = Owner()
-    env = _read_env(proc)
+    env = read_environ(proc)  # another user's: the cgroup still says the pod or the job
     if env is not None:
         owner = owner.merge(owner_from_env(env))
     if owner.pod_uid and not owner.pod and env is not None:
@@ -218,14 +220,16 @@ class OwnerCache:
         self.proc_root = proc_root
         #: a :class:`~stallscope.sources.podresources.PodResources` or None
         self.kubelet = kubelet
-        self._owners: dict[tuple[int, str], Owner] = {}
+        self._owners: dict[tuple[int, int | None], Owner] = {}
 
-    def _start(self, pid: int) -> str:
+    def _start(self, pid: int) -> int | None:
+        from stallscope.sources.procs import parse_pid_stat
+
         try:
-            stat = (Path(self.proc_root) / str(pid) / "stat").read_text()
-        except OSError:
-            return ""
-        return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else ""
+            return parse_pid_stat((Path(self.proc_root) / str(pid) / "stat").read_text()
+                                  ).starttime
+        except (OSError, ValueError, IndexError):
+            return None
 
     def owner(self, pid: int) -> Owner:
         key = (pid, self._start(pid))

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from stallscope.errors import SourceUnavailable
+from stallscope.sources.owner import read_environ
 from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_env
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify
 from stallscope.store.rundir import monitor_alive
@@ -227,9 +228,5 @@ def sample_weight(rate_hz: float, n: int, wall_s: float | None) -> float:
 
 def _rank_of(pid: int) -> int | None:
     """The rank in the process's environment (readable with the same rights as its memory)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
-    return rank_from_env(env)
+    env = read_environ(Path(f"/proc/{pid}"))
+    return None if env is None else rank_from_env(env)
