@@ -9,10 +9,12 @@ run of that training followed through the run index, as the agent follows them; 
 machine's real disks and host. Then it exports what ``stallscope agent`` exports and prints the
 series per family group (GPU, process, steps, disk, host, the agent's own), the exposition's
 size, and the time of one scrape (``generate_latest``), against the same node with no
-training (the baseline in the same run).
+training (the baseline in the same run), with every worker its own series and with each rank's
+workers summed into one (the agent's ``worker_series = "rank"``).
 
-The budget (docs/agent.md "Cardinality"): series grow with processes (13 families per process),
-GPUs (~30 per GPU) and ranks (6 step families per rank).
+The budget (docs/agent.md "Cardinality"): series grow with processes (14 families per process),
+GPUs (39 per GPU) and ranks (6 step families per rank); at most 1,500 for 8 GPUs and 8 ranks x 8
+workers, 700 with the workers summed per rank.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def group(name: str) -> str:
     return "agent"
 
 
-def measure(gpus: int, ranks: int, workers: int, tmp: Path) -> dict[str, object]:
+def measure(gpus: int, ranks: int, workers: int, tmp: Path,
+            worker_series: str = "process") -> dict[str, object]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,6 +89,9 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path) -> dict[str, object]
         store = RunStore(run / "run.db")
         store.add_steps([StepRow(r, s, time.time(), 0.01, 0.05, samples=32)
                          for r in range(ranks) for s in range(10)])
+        # each rank's probe says which process it is (the launcher's children, in order)
+        for r, pid in enumerate(sorted(_children(tree.pid))):
+            store.set_probe(r, pid, {}, 0, 0)
         store.close()
         record_run(run)
     gpu = GpuSource(backend=NvmlReplay.load(*[H100] * gpus)) if gpus else None
@@ -94,7 +100,7 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path) -> dict[str, object]
         gpu.open()
         sources.append(gpu)
     follower = StepFollower(rescan_s=0)
-    procs = TrainerProcs(follower)
+    procs = TrainerProcs(follower, worker_series=worker_series)
     procs.open()
     sources.append(procs)
     sink = PrometheusSink(["gpu", "disk", "host", "procs"], unavailable, steps=follower,
@@ -127,6 +133,12 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path) -> dict[str, object]
             "processes": 1 + ranks * (1 + workers) if ranks else 0}
 
 
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(pid).children()]
+
+
 def _descendants(pid: int) -> list[int]:
     import psutil
 
@@ -153,19 +165,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         base = measure(args.gpus, 0, 0, Path(d) / "base")
         node = measure(args.gpus, args.ranks, args.workers, Path(d) / "node")
+        agg = measure(args.gpus, args.ranks, args.workers, Path(d) / "agg", "rank")
     if args.json:
-        print(json.dumps({"baseline": base, "training": node}, indent=2))
+        print(json.dumps({"baseline": base, "training": node, "workers_per_rank": agg},
+                         indent=2))
         return 0
     print(f"node: {args.gpus} GPUs; training: {args.ranks} ranks x {args.workers} workers "
           f"({node['processes']} processes)")
-    print(f"{'':22} {'no training':>12} {'training':>12}")
-    for g in sorted(set(base["groups"]) | set(node["groups"])):  # type: ignore[arg-type]
-        print(f"  {g:20} {base['groups'].get(g, 0):>12} {node['groups'].get(g, 0):>12}")  # type: ignore[union-attr]
-    print(f"  {'series':20} {base['series']:>12} {node['series']:>12}")
-    print(f"  {'exposition bytes':20} {base['bytes']:>12} {node['bytes']:>12}")
-    print(f"  {'scrape (ms)':20} {base['scrape_ms']:>12} {node['scrape_ms']:>12}")
+    cols = (base, node, agg)
+    print(f"{'':22} {'no training':>12} {'training':>12} {'workers/rank':>13}")
+    groups: set[str] = set()
+    for c in cols:
+        groups |= set(c["groups"])  # type: ignore[arg-type]
+    for g in sorted(groups):
+        print(f"  {g:20}" + "".join(f" {c['groups'].get(g, 0):>12}" for c in cols))  # type: ignore[attr-defined]
+    for key, title in (("series", "series"), ("bytes", "exposition bytes"),
+                       ("scrape_ms", "scrape (ms)")):
+        print(f"  {title:20}" + "".join(f" {c[key]:>12}" for c in cols))
     print(f"ratio training/no training: series {node['series'] / base['series']:.2f}, "  # type: ignore[operator]
-          f"scrape {node['scrape_ms'] / base['scrape_ms']:.2f}")  # type: ignore[operator]
+          f"scrape {node['scrape_ms'] / base['scrape_ms']:.2f}; "  # type: ignore[operator]
+          f"workers summed per rank: series {agg['series'] / base['series']:.2f}, "  # type: ignore[operator]
+          f"scrape {agg['scrape_ms'] / base['scrape_ms']:.2f}")  # type: ignore[operator]
     return 0
 
 

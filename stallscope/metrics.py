@@ -237,6 +237,9 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "blkio_wait_pct", "%", "time blocked on block I/O (delayacct_blkio_ticks)",
        "gauge", "stallscope_proc_blkio_wait_ratio", 0.01),
     _M("procs", "threads", "", "threads (htop NLWP)", "gauge", "stallscope_proc_threads"),
+    _M("procs", "processes", "", "processes the series sums: a rank's DataLoader workers "
+       "when the agent's worker_series is \"rank\" (pid \"<trainer pid>/workers\"); absent on "
+       "the series of one process", "gauge", "stallscope_proc_processes"),
     # --- probe: the trainer's steps, per rank (entity rank<N>), last 30 s (sources/steps.py), ---
     # for the alert engine of a run; not exported (the agent exports stallscope_train_* counters)
     _M("probe", "wait_pct", "%", "share of step wall time the rank waited for data over the last "

@@ -265,7 +265,7 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
                         "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, "
-                        "host_label, kubelet_socket, hostname, alerts, smtp)\n")
+                        "host_label, kubelet_socket, hostname, worker_series, alerts, smtp)\n")
     assert not (tmp_path / "s").exists()
 
 

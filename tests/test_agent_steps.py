@@ -392,3 +392,161 @@ def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
     end_run(run)
     add(11, 1, 1.0, 0.0)
     assert src.sample(time.time()) == {}  # an ended run is not followed
+
+
+_WORKERS_TREE = r"""
+import json, os, sys, time
+stop = sys.argv[1]
+def busy_until_stop():
+    while not os.path.exists(stop):
+        sum(range(20000))
+    os._exit(0)
+for r in (0, 1):
+    pid = os.fork()
+    if pid == 0:
+        workers = []
+        for w in range(3):
+            k = os.fork()
+            if k == 0:
+                if w == 0:
+                    busy_until_stop()  # works, then exits (an epoch's end)
+                time.sleep(60); os._exit(0)
+            workers.append(k)
+        sys.stdout.write(json.dumps({"rank": r, "pid": os.getpid(), "workers": workers}) + "\n")
+        sys.stdout.flush()
+        os.waitpid(workers[0], 0)
+        time.sleep(60); os._exit(0)
+time.sleep(60)
+"""
+
+
+def _series(text: str, name: str) -> dict[str, tuple[str, float]]:
+    """pid label -> (the line, its value) of ``name``'s samples."""
+    out = {}
+    for ln in text.splitlines():
+        if ln.startswith(name + "{"):
+            pid = ln.split('pid="', 1)[1].split('"', 1)[0]
+            out[pid] = (ln, float(ln.rsplit(" ", 1)[1]))
+    return out
+
+
+def test_worker_series_per_rank_sum_the_workers_and_never_go_down(tmp_path: Path) -> None:
+    """worker_series = "rank": a real launcher -> 2 ranks -> 3 workers each (one busy, then it
+    exits). Each rank's workers are one series (pid "<rank pid>/workers") carrying run, rank,
+    role and how many processes it sums; their CPU seconds are the workers' sum and do not go
+    down when the busy worker exits; ranks and launcher keep their own series."""
+    import json
+
+    from stallscope.agent.trainprocs import TrainerProcs
+
+    stop = tmp_path / "stop"
+    tree = subprocess.Popen([sys.executable, "-c", _WORKERS_TREE, str(stop)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert tree.stdout is not None
+        ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
+        run = make_run(tmp_path, pid=tree.pid)
+        record_run(run)
+        store = RunStore(run / "run.db")
+        for r in ranks:
+            store.set_probe(r["rank"], r["pid"], {}, 0, 0)
+        store.close()
+        follower = StepFollower(rescan_s=0)
+        per_proc = TrainerProcs(follower)
+        per_rank = TrainerProcs(follower, worker_series="rank")
+        sinks = {mode: PrometheusSink(["procs"], hostname="node-3", steps=follower)
+                 for mode in ("process", "rank")}
+
+        def scrape(mode: str, src: TrainerProcs) -> str:
+            from stallscope.collect import Collector
+
+            collector = Collector([src], [sinks[mode]], interval=60)
+            collector.sample_once()
+            return generate_latest(sinks[mode].registry).decode()
+
+        for _ in range(2):  # rates need two reads
+            texts = {m: scrape(m, s) for m, s in (("process", per_proc), ("rank", per_rank))}
+            time.sleep(0.5)
+        texts = {m: scrape(m, s) for m, s in (("process", per_proc), ("rank", per_rank))}
+        cpu = "stallscope_proc_cpu_seconds_total"
+        each = _series(texts["process"], cpu)
+        summed = _series(texts["rank"], cpu)
+        workers = {str(w) for r in ranks for w in r["workers"]}
+        assert workers <= set(each), each.keys()
+        assert not workers & set(summed), summed.keys()
+        for r in ranks:
+            group = f"{r['pid']}/workers"
+            line, value = summed[group]
+            assert f'rank="{r["rank"]}"' in line and 'role="worker"' in line, line
+            assert f'run="{run.name}"' in line and f'ppid="{r["pid"]}"' in line, line
+            assert str(r["pid"]) in summed and str(tree.pid) in summed  # trainer, launcher
+            mine = sum(each[str(w)][1] for w in r["workers"])
+            assert value >= 0.3, line  # the busy worker ran
+            assert abs(value - mine) <= 0.2 + 0.5, (value, mine)  # read 0-0.5 s apart
+            n = _series(texts["rank"], "stallscope_proc_processes")[group]
+            assert n[1] == 3, n
+            assert str(r["pid"]) not in _series(texts["rank"], "stallscope_proc_processes")
+        # one worker series per rank instead of three, for every worker family
+        assert len([ln for ln in texts["rank"].splitlines() if ln.startswith(cpu + "{")]) == 5
+        assert len([ln for ln in texts["process"].splitlines() if ln.startswith(cpu + "{")]) == 9
+        before = {g: v for g, (_ln, v) in summed.items() if g.endswith("/workers")}
+        stop.write_text("")  # the busy workers exit and are reaped by their rank
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            text = scrape("rank", per_rank)
+            n = _series(text, "stallscope_proc_processes")
+            if all(n.get(f"{r['pid']}/workers", (0, 3))[1] == 2 for r in ranks):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(text)
+        after = _series(text, cpu)
+        for g, v in before.items():
+            assert after[g][1] >= v, (g, v, after[g])  # the exited worker's seconds stay
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()
+
+
+def test_worker_series_config_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('worker_series = "rank"\n')
+    assert load_config(cfg).worker_series == "rank"
+    cfg.write_text('worker_series = "pod"\n')
+    import pytest
+
+    from stallscope.agent.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"worker_series must be \"process\".*got 'pod'"):
+        load_config(cfg)
+
+
+def test_a_rank_s_summed_workers_come_back_as_that_many_workers() -> None:
+    """diagnose --prometheus over an agent with worker_series = "rank": the group series
+    (pid "11/workers", 3 processes) becomes 3 workers of trainer 11, each the group's mean, so
+    the diagnosis counts 3 workers at their mean CPU."""
+    from stallscope.analysis.promdata import Series, _one_run_of_procs, _split_worker_groups
+    from stallscope.sources.roles import infer_roles
+
+    entities = {("procs", "11"): {"role": "main", "name": "python", "run": "r1", "rank": "0"},
+                ("procs", "11/workers"): {"role": "worker", "name": "workers", "run": "r1",
+                                          "rank": "0", "ppid": "11"}}
+    series = {("procs.cpu_pct", "11"): Series("procs.cpu_pct", "11", [1.0, 2.0], [90.0, 95.0]),
+              ("procs.cpu_pct", "11/workers"): Series("procs.cpu_pct", "11/workers",
+                                                      [1.0, 2.0], [150.0, 240.0]),
+              ("procs.main_thread_active_pct", "11/workers"): Series(
+                  "procs.main_thread_active_pct", "11/workers", [1.0, 2.0], [40.0, 40.0]),
+              ("procs.processes", "11/workers"): Series("procs.processes", "11/workers",
+                                                        [1.0, 2.0], [3.0, 3.0])}
+    _one_run_of_procs(series, entities, "r1")
+    _split_worker_groups(series, entities)
+    workers = sorted(p for (_s, p), a in entities.items() if a["role"] == "worker")
+    assert workers == ["11/workers", "11/workers#2", "11/workers#3"]
+    for w in workers:
+        assert series[("procs.cpu_pct", w)].v == [50.0, 80.0]
+        assert series[("procs.main_thread_active_pct", w)].v == [40.0, 40.0]  # a mean already
+        assert ("procs.processes", w) not in series
+    roles = infer_roles([{"entity": p, "attrs": a} for (_s, p), a in entities.items()])
+    assert roles == {"11": "main", "11/workers": "worker", "11/workers#2": "worker",
+                     "11/workers#3": "worker"}
+    assert series[("procs.cpu_pct", "11")].v == [90.0, 95.0]  # the trainer is untouched

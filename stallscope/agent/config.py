@@ -15,6 +15,7 @@
     kubelet_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"  # pod names ("" = off;
                                  # default: that path when it exists)
     hostname = "gpu-node-7"      # the host label's value (default: this machine's name)
+    worker_series = "process"    # "rank": one series per rank for its DataLoader workers
 
     [[alerts]]                   # alert rules, as in `stallscope run --alerts FILE`
     name = "gpu_hot"             # (docs/alerts.md); the shipped defaults are always on
@@ -43,12 +44,14 @@ from stallscope.labels import HOST_LABEL, HOST_LABELS
 from stallscope.store.paths import state_dir
 from stallscope.tomlfile import TomlFileError, read_toml
 
-__all__ = ["DEFAULT_LISTEN", "AgentConfig", "ConfigError", "default_store_dir", "load_config",
-           "parse_listen"]
+__all__ = ["DEFAULT_LISTEN", "WORKER_SERIES", "AgentConfig", "ConfigError", "default_store_dir",
+           "load_config", "parse_listen"]
 
 DEFAULT_LISTEN = "127.0.0.1:10127"
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_KEEP_FULL_S = 3600.0
+#: how DataLoader workers are exported: one series each, or summed per rank
+WORKER_SERIES = ("process", "rank")
 
 
 class ConfigError(StallscopeError):
@@ -77,6 +80,9 @@ class AgentConfig:
     #: the host label's value; None: the machine's host name (a pod's is its own name, so a
     #: DaemonSet gives the node's)
     hostname: str | None = None
+    #: "process": a series per DataLoader worker; "rank": the workers of each rank summed into
+    #: one series (:data:`WORKER_SERIES`)
+    worker_series: str = "process"
     alerts: list[dict[str, Any]] = field(default_factory=list)  #: ``[[alerts]]`` tables
     smtp: dict[str, Any] | None = None  #: the ``[smtp]`` table of email actions
     path: str | None = field(default=None, compare=False)  #: the file it came from
@@ -170,6 +176,11 @@ def _check(key: str, v: Any) -> Any:
         if v not in HOST_LABELS:
             raise ValueError(f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
                              f"(as the fleet's dcgm-exporter spells it), got {v!r}")
+        return v
+    if key == "worker_series":
+        if v not in WORKER_SERIES:
+            raise ValueError(f"worker_series must be \"process\" (a series per DataLoader "
+                             f"worker) or \"rank\" (a rank's workers summed), got {v!r}")
         return v
     if key == "hostname":
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", v):

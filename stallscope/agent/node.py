@@ -146,7 +146,8 @@ class Agent:
         # on Kubernetes, the kubelet says which pod holds which GPU (sources/podresources.py)
         self.kubelet = kubelet_client(cfg.kubelet_socket)
         # the processes of the trainings it follows: run, role, rank and owner labels
-        sources.append(TrainerProcs(self.steps, kubelet=self.kubelet))
+        sources.append(TrainerProcs(self.steps, kubelet=self.kubelet,
+                                    worker_series=cfg.worker_series))
         # and where their training threads spend their time (their own sampled stacks)
         sources.append(TrainerStacks(self.steps))
         self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,

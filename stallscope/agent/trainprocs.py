@@ -16,6 +16,13 @@ dashboard needs:
 * ``namespace``, ``pod``, ``container`` or ``hpc_job``: whose job it is
   (:mod:`stallscope.sources.owner`), where known.
 
+With ``worker_series="rank"`` (the agent's config) the DataLoader workers of each trainer are
+one entity, ``<trainer pid>/workers``: its gauges and rates are the workers' sums (the main
+thread's active share their mean), ``processes`` says how many it sums, and its counters carry
+the workers that exited (so CPU seconds and bytes never go down when a new epoch starts new
+workers). An 8-rank training with 8 workers each then exports 8 worker series per metric
+instead of 64 (``benchmarks/bench_series.py --worker-series rank``).
+
 A run that ends, or whose trainer is gone, drops out at the next sample: its processes stop
 appearing (no stale series). Reading another user's ``/proc/PID/io`` needs CAP_SYS_PTRACE; without
 it the read-bytes series are left out and the run says so once.
@@ -23,6 +30,7 @@ it the read-bytes series are left out and the run says so once.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from stallscope.errors import SourceUnavailable
@@ -37,6 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = ["TrainerProcs"]
 
+#: fields of a process record that are a mean over a rank's workers, not their sum
+_MEAN_FIELDS = frozenset({"main_thread_active_pct"})
+#: fields that identify, not measure
+_ID_FIELDS = frozenset({"ppid", "pid"})
+
 
 class TrainerProcs(Source):
     """The process trees of the runs ``follower`` follows (see the module docstring)."""
@@ -45,8 +58,11 @@ class TrainerProcs(Source):
     transient_entities = True
 
     def __init__(self, follower: StepFollower, proc_root: str = "/proc",
-                 kubelet: Any = None) -> None:
+                 kubelet: Any = None, worker_series: str = "process") -> None:
+        if worker_series not in ("process", "rank"):
+            raise ValueError(f"worker_series must be 'process' or 'rank', got {worker_series!r}")
         self.follower = follower
+        self.worker_series = worker_series
         self.proc_root = proc_root
         #: whose job each process is (pod or Slurm job; names from ``kubelet``, a
         #: :class:`~stallscope.sources.podresources.PodResources`, when given)
@@ -54,6 +70,12 @@ class TrainerProcs(Source):
         #: run id -> (root pid, its sampler)
         self._trees: dict[str, tuple[int, ProcsSource]] = {}
         self._attrs: dict[str, dict[str, Any]] = {}  #: pid -> labels of the latest sample
+        #: worker_series "rank": pid -> its group entity in the latest sample
+        self._member_of: dict[str, str] = {}
+        #: (counter, pid) -> (group, latest value) of the members counted so far
+        self._member_counts: dict[tuple[str, str], tuple[str, float]] = {}
+        #: (counter, group) -> the final values of the group's members that exited
+        self._retired: defaultdict[tuple[str, str], float] = defaultdict(float)
 
     def close(self) -> None:
         for _root, src in self._trees.values():
@@ -109,6 +131,8 @@ class TrainerProcs(Source):
                     a.update(self.owners.owner(int(pid)).attrs())
                 attrs[pid] = a
                 out[pid] = {**rec, "role": a["role"]}
+        if self.worker_series == "rank":
+            out, attrs = self._by_rank(out, attrs)
         self._attrs = attrs
         for src_events in (s.drain_events() for _r, s in self._trees.values()):
             for kind, message in src_events:
@@ -121,11 +145,82 @@ class TrainerProcs(Source):
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {pid: self._attrs[pid] for pid in payload if pid in self._attrs}
 
+    def _by_rank(self, out: dict[str, Any], attrs: dict[str, dict[str, Any]]
+                 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The workers of each trainer summed into one entity (``worker_series="rank"``)."""
+        parent = {pid: str(a.get("ppid")) for pid, a in attrs.items()}
+        mains = {pid for pid, a in attrs.items() if a.get("role") == "main"}
+        members: defaultdict[str, list[str]] = defaultdict(list)
+        for pid, a in attrs.items():
+            if a.get("role") != "worker":
+                continue
+            main = _ancestor_in(pid, parent, mains)
+            if main is not None:
+                members[f"{main}/workers"].append(pid)
+        self._member_of = {pid: g for g, pids in members.items() for pid in pids}
+        # a trainer that is gone takes its exited workers' counts with it
+        for key in [k for k in self._retired if k[1].split("/")[0] not in mains]:
+            del self._retired[key]
+        new_out = {pid: rec for pid, rec in out.items() if pid not in self._member_of}
+        new_attrs = {pid: a for pid, a in attrs.items() if pid not in self._member_of}
+        for group, pids in members.items():
+            main = group.split("/")[0]
+            recs = [out[p] for p in pids if p in out]
+            rec: dict[str, Any] = {"role": "worker", "processes": len(pids)}
+            for key in sorted({k for r in recs for k in r}):
+                vals = [r[key] for r in recs if _number(r.get(key))]
+                if key in _ID_FIELDS or not vals:
+                    continue
+                total = float(sum(vals))
+                rec[key] = round(total / len(vals) if key in _MEAN_FIELDS else total, 3)
+            new_out[group] = rec
+            m = attrs.get(main, {})
+            a = {"run": m.get("run"), "role": "worker", "name": "workers", "ppid": main}
+            if m.get("rank") is not None:
+                a["rank"] = m["rank"]
+            a.update({k: m[k] for k in ("namespace", "pod", "container", "hpc_job") if k in m})
+            new_attrs[group] = a
+        return new_out, new_attrs
+
     def counters(self) -> list[Counter]:
         out: list[Counter] = []
         for _root, src in self._trees.values():
             out.extend(src.counters())
-        return out
+        if self.worker_series != "rank":
+            return out
+        kept: list[Counter] = []
+        sums: defaultdict[tuple[str, str], float] = defaultdict(float)
+        seen: set[tuple[str, str]] = set()
+        for name, ent, value in out:
+            group = self._member_of.get(ent)
+            if group is None:
+                kept.append((name, ent, value))
+                continue
+            sums[(name, group)] += value
+            self._member_counts[(name, ent)] = (group, value)
+            seen.add((name, ent))
+        for key in [k for k in self._member_counts if k not in seen]:
+            group, last = self._member_counts.pop(key)  # an exited worker: its count stays
+            self._retired[(key[0], group)] += last
+        for (name, group), value in sorted(sums.items()):
+            kept.append((name, group, value + self._retired.get((name, group), 0.0)))
+        return kept
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def _ancestor_in(pid: str, parent: dict[str, str], wanted: set[str]) -> str | None:
+    """``pid``'s nearest ancestor in ``wanted`` (None if none)."""
+    seen: set[str] = {pid}
+    nxt = parent.get(pid)
+    while nxt is not None and nxt not in seen:
+        if nxt in wanted:
+            return nxt
+        seen.add(nxt)
+        nxt = parent.get(nxt)
+    return None
 
 
 def _rank_of(pid: str, parent: dict[str, str], ranks: dict[str, int]) -> int | None:

@@ -231,6 +231,40 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
     return run
 
 
+#: procs fields that an agent with ``worker_series = "rank"`` exports as the workers' mean
+_MEAN_OVER_WORKERS = frozenset({"procs.main_thread_active_pct"})
+
+
+def _split_worker_groups(series: dict[tuple[str, str], Series],
+                         entities: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """An agent with ``worker_series = "rank"`` sums each trainer's DataLoader workers into one
+    series (``pid="<trainer>/workers"``, ``stallscope_proc_processes`` = how many). The
+    diagnosis counts workers and reads the mean worker, so such a group comes back as that
+    many equal workers (each the group's mean at each point); counters are left out (the
+    rates beside them say the same)."""
+    for (src, ent), attrs in list(entities.items()):
+        count = series.get(("procs.processes", ent))
+        if src != "procs" or count is None or not count.v:
+            continue
+        n_at = dict(zip(count.ts, count.v))
+        n = max(1, round(sorted(count.v)[len(count.v) // 2]))
+        mine = {name: ser for (name, e), ser in series.items()
+                if e == ent and name.startswith("procs.")}
+        for name in mine:
+            del series[(name, ent)]
+        for i in range(n):
+            clone = ent if i == 0 else f"{ent}#{i + 1}"
+            entities[("procs", clone)] = dict(attrs)
+            for name, ser in mine.items():
+                if name == "procs.processes" or name.endswith("_total"):
+                    continue
+                keep = name in _MEAN_OVER_WORKERS
+                pts = [(t, v if keep else v / n_at[t]) for t, v in zip(ser.ts, ser.v)
+                       if keep or n_at.get(t)]
+                series[(name, clone)] = Series(name, clone, [t for t, _ in pts],
+                                               [v for _, v in pts])
+
+
 def _stack_records(series: dict[tuple[str, str], Series],
                    entities: dict[tuple[str, str], dict[str, Any]], run: str | None
                    ) -> list[dict[str, Any]]:
@@ -361,6 +395,7 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
     step_rows, runs = _steps(scraped.steps.get(inst, {}), q.run, start, step)
     chosen = step_rows[0][0] if step_rows else None
     kept = _one_run_of_procs(series, entities, chosen or q.run)
+    _split_worker_groups(series, entities)
     stacks = _stack_records(series, entities, kept)
     cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
     mem = series.get(("host.mem_total_mib", ""))
