@@ -1,7 +1,8 @@
 """A small DistributedDataParallel run on the CPU (gloo), to watch with stallscope, in which one
-rank's input pipeline is slower than the others' (a straggler).
+rank's input pipeline is slower than the others' (a straggler), or computes more per step.
 
     stallscope run -- torchrun --nproc-per-node 2 examples/train_ddp.py --slow-rank 1
+    stallscope run -- torchrun --nproc-per-node 2 examples/train_ddp.py --heavy-rank 1
 
 Every rank trains the same CNN as examples/train_cpu.py on its shard of synthetic images; the
 all-reduce makes each step as long as the slowest rank's, so step times are equal everywhere
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prep-cost", type=int, default=0, help="transform cost on every rank")
     ap.add_argument("--slow-rank", type=int, default=-1, help="this rank's transform is slow")
     ap.add_argument("--slow-cost", type=int, default=40, help="the slow rank's transform cost")
+    ap.add_argument("--heavy-rank", type=int, default=-1,
+                    help="this rank computes more per step (a straggler by compute)")
+    ap.add_argument("--heavy-extra", type=int, default=2,
+                    help="extra forward passes per step on the heavy rank")
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--no-probe", action="store_true")
     args = ap.parse_args(argv)
@@ -79,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                 break
             wait_total += time.perf_counter() - t_wait
             opt.zero_grad()
+            if rank == args.heavy_rank:  # more work on this rank only (no effect on training)
+                with torch.no_grad():
+                    for _ in range(args.heavy_extra):
+                        model.module(x)
             F.cross_entropy(model(x), y).backward()
             opt.step()
             steps += 1

@@ -92,7 +92,7 @@ def _procs_attrs(attrs: str) -> Callable[[Path], None]:
 
 def _bad_steps(col: str, value: str) -> Callable[[Path], None]:
     cols = ["rank", "step", "ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s",
-            "samples", "epoch"]
+            "samples", "epoch", "comm_s"]
     sel = ", ".join(value if c == col else ("100 + k" if c == "step" else c) for c in cols)
     return _sql(f"INSERT INTO steps SELECT {sel} FROM (SELECT * FROM steps LIMIT 1), "
                 "(SELECT 1 k UNION SELECT 2 UNION SELECT 3)")

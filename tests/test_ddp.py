@@ -1,14 +1,20 @@
-"""Per-rank diagnosis on a real DDP run: two ranks under `torchrun` (gloo, CPU), rank 1's
-input pipeline slow. The all-reduce makes both ranks' steps equally long; the diagnosis must
-still name rank 1, with rank 1's own figures, not an average of the two."""
+"""Per-rank diagnosis on real DDP runs: two ranks under `torchrun` (gloo, CPU), rank 1 slowed in
+three ways: a starving input pipeline, a heavier forward pass, a CPU quota on its process (a
+real cgroup). The all-reduce makes both ranks' steps equally long; the diagnosis must still name
+rank 1, with rank 1's own figures and its cause, and say that rank 0 waits for it in the
+collective (the probe's communication time, probe/comm.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, stallscope_argv
@@ -25,7 +31,7 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     r = subprocess.run(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
                                        str(torchrun), "--nproc-per-node", "2",
                                        str(ROOT / "examples" / "train_ddp.py"),
-                                       "--slow-rank", "1", "--max-seconds", "12",
+                                       "--slow-rank", "1", "--max-seconds", "10",
                                        "--data-dir", str(tmp_path / "data")),
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -53,3 +59,149 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     top = doc["findings"][0]
     if top["kind"] == "input_bound.prep":
         assert top["evidence"]["rank"] == 1 and "rank 1" in top["summary"]
+    # rank 0 waits in the all-reduce for rank 1's data: its communication wait, not compute
+    assert_peer_waits(doc, slow=1, fast=0)
+
+
+def assert_peer_waits(doc: dict[str, Any], slow: int, fast: int) -> None:
+    ranks = {x["rank"]: x for x in doc["ranks"]}
+    assert ranks[fast]["comm_share"] - ranks[slow]["comm_share"] >= 0.15, ranks
+    peers = [f for f in doc["findings"] if f["kind"] == "waiting_for_peers"]
+    assert len(peers) == 1, [f["kind"] for f in doc["findings"]]
+    assert peers[0]["evidence"]["rank"] == slow
+    assert peers[0]["evidence"]["waiting_ranks"] == [fast]
+    assert f"Rank {fast} waits for rank {slow} in the all-reduce" in peers[0]["summary"]
+
+
+def ddp_run(tmp_path: Path, *args: str, during: Any = None) -> dict[str, Any]:
+    """Two ranks of examples/train_ddp.py under `stallscope run` + torchrun; its diagnosis."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "runs"
+    proc = subprocess.Popen(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
+                                            str(torchrun), "--nproc-per-node", "2",
+                                            str(ROOT / "examples" / "train_ddp.py"),
+                                            "--data-dir", str(tmp_path / "data"), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    side = threading.Thread(target=during, daemon=True) if during is not None else None
+    if side is not None:
+        side.start()
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120, check=True)
+    doc: dict[str, Any] = json.loads(d.stdout)
+    return doc
+
+
+def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -> None:
+    """Rank 1 runs two extra forward passes per step: no data wait anywhere, equal step times,
+    and yet rank 0 waits for rank 1 in the all-reduce; the cause is rank 1's compute."""
+    doc = ddp_run(tmp_path, "--heavy-rank", "1", "--max-seconds", "8")
+    assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
+    strag = doc["findings"][0]
+    ev = strag["evidence"]
+    assert ev["rank"] == 1 and ev["cause"] == "compute", ev
+    assert ev["compute_ms_median"] >= 1.3 * ev["peers_compute_ms_median"], ev
+    assert "Rank 1 holds the job back: rank 0 waits for it in the all-reduce" in strag["summary"]
+    assert_peer_waits(doc, slow=1, fast=0)
+
+
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) -> None:
+    """Rank 1's process is moved into a real cgroup with a CPU quota of 0.3 cores once it
+    starts: it is the straggler, short of CPU (its run-queue wait), and rank 0 waits for it."""
+    if os.geteuid() != 0 or not (CPU_V1 / "cgroup.procs").exists():
+        pytest.skip("a CPU quota on one process needs root and a cgroup v1 cpu hierarchy")
+    cg = CPU_V1 / f"stallscope-test-quota-{os.getpid()}"
+    cg.mkdir()
+    (cg / "cpu.cfs_period_us").write_text("100000")
+    (cg / "cpu.cfs_quota_us").write_text("30000")
+    moved: list[int] = []
+
+    def quota_rank_1() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not moved:
+            for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"train_ddp.py" in cmd and b"torchrun" not in cmd and b"RANK=1" in env:
+                    (cg / "cgroup.procs").write_text(str(pid))
+                    moved.append(pid)
+                    return
+            time.sleep(0.1)
+
+    try:
+        doc = ddp_run(tmp_path, "--max-seconds", "8", during=quota_rank_1)
+    finally:
+        for pid in (cg / "cgroup.procs").read_text().split():
+            (CPU_V1 / "cgroup.procs").write_text(pid)
+        cg.rmdir()
+    assert moved, "rank 1 never started"
+    assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
+    ev = doc["findings"][0]["evidence"]
+    assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
+    assert ev["runq_wait_pct"] >= 20, ev
+    assert_peer_waits(doc, slow=1, fast=0)
+
+
+_SAME_TRAINING = r"""
+import hashlib, os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def rank_main(rank, port, timed, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if timed:
+        from stallscope.probe import comm
+        comm.install()
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10)), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(20):
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    if rank == 0:
+        h = hashlib.sha256()
+        for p in model.parameters():
+            h.update(p.detach().numpy().tobytes())
+        line = h.hexdigest()
+        if timed:
+            from stallscope.probe.comm import CLOCK
+            line += f" used={CLOCK.used}"
+        open(out, "w").write(line)
+    dist.barrier()
+    os._exit(0)  # gloo's teardown may abort when one rank closes first: nothing left to do
+
+if __name__ == "__main__":
+    port, timed, out = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+    mp.spawn(rank_main, args=(port, timed, out), nprocs=2)
+"""
+
+
+def test_timing_ddp_s_all_reduce_leaves_the_training_bit_identical(tmp_path: Path) -> None:
+    """The probe's communication hook does what DDP does without one: the same 20 steps on two
+    ranks give bit-identical parameters with and without it (and the hook did run)."""
+    from test_agent import free_port
+
+    script = tmp_path / "same.py"
+    script.write_text(_SAME_TRAINING)
+    got = {}
+    for timed in ("0", "1"):
+        out = tmp_path / f"out{timed}"
+        subprocess.run([sys.executable, str(script), str(free_port()), timed, str(out)],
+                       check=True, timeout=120, cwd=ROOT)
+        got[timed] = out.read_text()
+    assert got["1"] == got["0"] + " used=True", got

@@ -39,6 +39,7 @@ from typing import Any
 
 from stallscope.probe.buffer import DEFAULT_CAPACITY, RawStep, StepBuffer, StepRecord, StepState
 from stallscope.probe.callbacks import AlertQueue
+from stallscope.probe.comm import CLOCK as COMM
 from stallscope.probe.device import DeviceClock, DeviceTimer, EventLike, EventTimer
 from stallscope.probe.notices import Notices, warn
 from stallscope.probe.standalone import env_int, interval_from_env
@@ -125,6 +126,8 @@ class Recorder:
         self.device = DeviceClock(timer, self.notices.say)
         self.alerts = AlertQueue()
         self.config: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "epochs": []}
+        #: step -> its communication wait (probe/comm.py), for the writer to join to the step
+        self.comm_of: dict[int, float] = {}
         self._cfg_lock = threading.Lock()
         # where to write: explicit dir, stallscope run's dir, or (None) a standalone run
         env_dir = os.environ.get("STALLSCOPE_RUN_DIR")
@@ -363,6 +366,10 @@ class StepTimer:
                 gpu = (self._ev0, ev1, h2d_evs)
             except Exception as exc:
                 p.device.record_failed(exc)
+        if COMM.used:
+            c = COMM.take()
+            if c is not None:
+                p.comm_of[self._step] = c
         p.buffer.push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
                        self._epoch if self._epoch is not None else 0, h2d, gpu))
         if p.alerts.due:

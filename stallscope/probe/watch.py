@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from stallscope.probe.comm import CLOCK as COMM
 from stallscope.probe.loaders import sizer_for
 from stallscope.probe.notices import warn
 from stallscope.probe.recorder import Recorder, StepTimer, current, env_rank, obtain
@@ -72,6 +73,7 @@ class Watched(Generic[T]):
             return
         # bound once per epoch: the step state, the buffer, the alerts due, the device clock
         state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device
+        comm, comm_of = COMM, p.comm_of
         queue, cap, event = buf.queue, buf.capacity, dev.event
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
@@ -120,6 +122,8 @@ class Watched(Generic[T]):
                     except Exception as exc:
                         gpu = maybe_gpu = False
                         dev.record_failed(exc)
+                if comm.used and (c := comm.take()) is not None:  # collectives: probe/comm.py
+                    comm_of[cur] = c
                 if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
                     queue.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
                 else:
@@ -141,6 +145,9 @@ def _end_step_now(p: Recorder, cur: int, t_got: float, wait: float, n: int | Non
     t_end = time.perf_counter()
     try:
         h2d, h2d_evs = p.state.take_h2d()
+        c = COMM.take() if COMM.used else None
+        if c is not None:
+            p.comm_of[cur] = c
         g = None
         if ev0 is not None:
             ev1 = p.device.event()

@@ -132,13 +132,15 @@ class StepWriter:
         rank, wall0, perf0 = rec.rank, rec.wall0, rec.perf0
         pending = self._pending
         queue, make = rec.buffer.queue, StepRecord._make
+        comm_of = rec.comm_of  # set before the step is queued (training thread)
         for _ in range(len(queue)):  # what is there now; the training thread appends meanwhile
             r = make(queue.popleft())
             if r.gpu is not None:
                 pending.append(r)
                 continue
             rows.append(StepRow(rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s,
-                                r.h2d_host_s, None, None, r.samples, r.epoch))
+                                r.h2d_host_s, None, None, r.samples, r.epoch,
+                                comm_of.pop(r.step, None) if comm_of else None))
         rows.extend(self._gpu_rows(final))
         if self.store is None:
             self.lost += len(rows)
@@ -213,8 +215,10 @@ class StepWriter:
             else:
                 self.gpu_unread += 1
                 self._last_end_ev = None
+            comm_of = self._rec.comm_of
             out.append(StepRow(rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s, h2d,
-                               busy, idle, r.samples, r.epoch))
+                               busy, idle, r.samples, r.epoch,
+                               comm_of.pop(r.step, None) if comm_of else None))
         return out
 
     # --- shutdown --------------------------------------------------------------------------------

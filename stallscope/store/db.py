@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS events(
 CREATE TABLE IF NOT EXISTS steps(
     rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
     wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
-    samples INTEGER, epoch INTEGER,
+    samples INTEGER, epoch INTEGER, comm_s REAL,
     PRIMARY KEY(rank, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS probes(
     rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
@@ -84,6 +84,9 @@ class StepRow:
     gpu_idle_s: float | None = None  #: GPU gap before this step (end of previous -> start)
     samples: int | None = None
     epoch: int | None = None
+    #: host time blocked in collectives (DDP's gradient all-reduce, torch.distributed calls),
+    #: part of ``host_s``; None when the step had none (or the probe could not see them)
+    comm_s: float | None = None
 
 
 @dataclass
@@ -126,6 +129,9 @@ class RunStore:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.executescript(_SCHEMA)
+                cols = {r[1] for r in self.db.execute("PRAGMA table_info(steps)")}
+                if "comm_s" not in cols:  # a run.db from before communication time
+                    self.db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
                 self.db.execute(
                     "INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (SCHEMA_VERSION,)
                 )
@@ -191,12 +197,13 @@ class RunStore:
     def add_steps(self, rows: Iterable[StepRow]) -> int:
         data = [
             (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.h2d_s, r.gpu_busy_s, r.gpu_idle_s,
-             r.samples, r.epoch)
+             r.samples, r.epoch, r.comm_s)
             for r in rows
         ]
         with self.db:
             self.db.executemany(
-                "INSERT OR REPLACE INTO steps VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", data
+                f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s) "
+                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", data
             )
         return len(data)
 
@@ -374,7 +381,9 @@ class RunStore:
         return out
 
     def steps(self, rank: int | None = None) -> list[StepRow]:
-        q = f"SELECT {_STEP_COLUMNS} FROM steps WHERE {_STEP_OK}"
+        # a run.db written before communication time (read-only: not migrated) has no comm_s
+        comm = f"CASE WHEN {_finite('comm_s')} THEN comm_s END" if self._has_comm() else "NULL"
+        q = f"SELECT {_STEP_COLUMNS}, {comm} FROM steps WHERE {_STEP_OK}"
         args: tuple[Any, ...] = ()
         if rank is not None:
             q += " AND rank=?"
@@ -385,6 +394,9 @@ class RunStore:
                 f"SELECT COUNT(*) FROM steps WHERE NOT ({_STEP_OK})").fetchall()
             self._skip("steps", int(bad))
         return out
+
+    def _has_comm(self) -> bool:
+        return any(r[1] == "comm_s" for r in self.db.execute("PRAGMA table_info(steps)"))
 
     def probes(self) -> list[dict[str, Any]]:
         out = []

@@ -167,6 +167,10 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
             bits.append(f"data wait {r['stall_fraction']:.0%}")
         if r.get("step_ms_median") is not None:
             bits.append(f"step {r['step_ms_median']:.0f} ms")
+        if r.get("comm_share") is not None:
+            bits.append(f"in collectives {r['comm_share']:.0%}")
+        if r.get("compute_ms_median") is not None:
+            bits.append(f"compute {r['compute_ms_median']:.0f} ms")
         if r.get("worker_cpu_pct") is not None:
             bits.append(f"{r.get('workers', 0)} worker(s) at {r['worker_cpu_pct']:.0f}% CPU")
         lines.append(Text(f"  rank {r['rank']}: " + ", ".join(bits), style="dim"))
@@ -179,6 +183,8 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
 _VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound (healthy)",
                   "h2d_bound": "bound by host-to-device copies", "gpu_throttled":
                   "held back by a throttled GPU", "straggler_rank": "held back by a straggler",
+                  "waiting_for_peers": "waiting for a slower rank",
+                  "communication_bound": "communication-bound",
                   "host_swap": "swapping", "shm_pressure": "short of shared memory",
                   "insufficient_data": "not diagnosed yet (too little data)"}
 

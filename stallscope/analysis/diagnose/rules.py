@@ -12,9 +12,16 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
-from stallscope.analysis.diagnose.signals import Signals, median, trainer_gpus
+from stallscope.analysis.diagnose.signals import (
+    COMM_GAP,
+    COMM_HEAVY,
+    Signals,
+    median,
+    trainer_gpus,
+)
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_compute_fix,
@@ -784,6 +791,8 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                         _prep_estimate(sig) if ps >= fs else _speedup(r["stall_fraction"]),
                         f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
                         f"rank {best['rank']}'s {best['stall_fraction']:.0%}")]
+    if sig.comm_straggler is not None and sig.comm_straggler in detail:
+        return _comm_straggler(data, sig, detail[sig.comm_straggler])
     per: dict[int, list[float]] = defaultdict(list)
     for s in data.steps:
         per[s.rank].append(s.wait_s + s.host_s)
@@ -807,6 +816,121 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                             " (slow compute: check that GPU's clocks/throttling)"),
                          "all ranks go at the pace of the slowest")],
                     round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
+
+
+#: a rank's process waiting for a CPU this share of the time is short of CPU (a busy host or a
+#: CPU quota), not slow by its own work
+RUNQ_BUSY_PCT = 20.0
+
+
+def _peers_wait(sig: Signals, slow: int) -> tuple[list[dict[str, Any]], float]:
+    """The other ranks with their communication share, and the least of those shares."""
+    peers = [d for d in sig.ranks_detail if d["rank"] != slow and d.get("comm_share") is not None]
+    return peers, min((d["comm_share"] for d in peers), default=0.0)
+
+
+def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Finding]:
+    """straggler_rank from communication time: the peers wait in collectives for rank ``r``,
+    whose own data wait is not the cause (that is the input branch above). Its cause: short
+    of CPU (its process waits for a core), else its own compute is slower than the peers'."""
+    host = data.meta.get("host") or "this host"
+    peers, peer_comm = _peers_wait(sig, r["rank"])
+    gap = peer_comm - (r.get("comm_share") or 0.0)
+    peer_compute = median([d["compute_ms_median"] for d in peers
+                           if d.get("compute_ms_median") is not None])
+    mine = r.get("compute_ms_median")
+    runq = r.get("runq_wait_pct")
+    names = ", ".join(str(d["rank"]) for d in peers)
+    wait_words, their = (f"rank {names} waits", "its") if len(peers) == 1 else (
+        f"ranks {names} wait", "their")
+    if runq is not None and runq >= RUNQ_BUSY_PCT:
+        cause = "cpu"
+        why = (f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait): a busy "
+               "host or a CPU quota (cgroup cpu.max / cpu.cfs_quota_us) slows it")
+        fixes = [Fix(f"on rank {r['rank']}'s host {host}: give the trainer its cores back (look "
+                     "for other processes, a CPU quota on its container or cgroup, or too many "
+                     "DataLoader workers for the cores)",
+                     f"its trainer waited for a CPU {runq:.0f}% of the time; the others did not")]
+    else:
+        cause = "compute"
+        slower = (f"{mine:.0f} ms of compute per step against {peer_compute:.0f} ms on the "
+                  "others" if mine is not None and peer_compute else "more compute per step")
+        why = f"its own step is slower: {slower}"
+        fixes = [Fix(f"compare rank {r['rank']}'s work with the others': a larger shard or "
+                     "batch, longer sequences, a different model branch, or a slower or "
+                     "throttled device (its GPU's clocks and throttle reasons)",
+                     "the ranks run the same code; the slow one does more or runs slower")]
+    ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": sig.ranks_detail,
+          "comm_share": r.get("comm_share"), "peers_comm_share": round(peer_comm, 3),
+          "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
+          "runq_wait_pct": runq, "data_wait_share": r.get("stall_fraction")}
+    return [Finding("straggler_rank", "critical" if gap >= STALL_CRIT else "warning", 0.85,
+                    f"Rank {r['rank']} holds the job back: {wait_words} for it in the "
+                    f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
+                    f"{r.get('comm_share') or 0.0:.0%}; {why}.",
+                    ev, fixes, _speedup(gap),
+                    f"peers' communication wait {peer_comm:.0%} ≥ {COMM_GAP:.0%} above rank "
+                    f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (probe, collectives timed); "
+                    + ("run-queue wait ≥ 20%" if cause == "cpu" else
+                       "its data wait is not the cause"))]
+
+
+def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
+    """waiting_for_peers: the ranks a straggler holds back, with the share of their step spent
+    in collectives waiting (their GPUs idle in the all-reduce, their step looks like compute)."""
+    slow = sig.focus_rank if sig.focus_rank is not None else sig.comm_straggler
+    if slow is None:
+        return []
+    peers, _least = _peers_wait(sig, slow)
+    waiting = [d for d in peers if d["comm_share"] >= COMM_GAP]
+    if not waiting:
+        return []
+    names = ", ".join(str(d["rank"]) for d in waiting)
+    shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in waiting)
+    who, their = (f"Rank {names} waits", "its") if len(waiting) == 1 else (
+        f"Ranks {names} wait", "their")
+    return [Finding("waiting_for_peers", "info", 0.85,
+                    f"{who} for rank {slow} in the all-reduce ({shares} of {their} step "
+                    f"time): {their} devices sit idle there, so {their} step looks like "
+                    f"compute. It goes away with rank {slow}'s own cause.",
+                    {"rank": slow, "waiting_ranks": [d["rank"] for d in waiting],
+                     "comm_share": {str(d["rank"]): d["comm_share"] for d in waiting}},
+                    [Fix(f"fix rank {slow} (the straggler finding); nothing to change on "
+                         f"rank{'s' if len(waiting) > 1 else ''} {names}", f"{their} wait is "
+                         f"rank {slow}'s slowness, passed on by the collective")],
+                    1.0, f"communication wait ≥ {COMM_GAP:.0%} of the step while "
+                    f"rank {slow} is the straggler")]
+
+
+def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
+    """communication_bound: every rank spends ≥ 30% of its step in collectives and none waits
+    for another (no straggler): the network or the topology is the limit."""
+    ranks = sig.ranks_detail
+    if len(ranks) < 2 or sig.focus_rank is not None or sig.comm_straggler is not None:
+        return []
+    shares = [d.get("comm_share") for d in ranks]
+    if any(x is None for x in shares):
+        return []
+    least = min(x for x in shares if x is not None)
+    if least < COMM_HEAVY:
+        return []
+    return [Finding("communication_bound", "critical" if least >= STALL_CRIT else "warning", 0.8,
+                    f"Communication-bound: every rank spends at least {least:.0%} of its step in "
+                    "collectives (the gradient all-reduce), and no rank is waited for: the "
+                    "network or the topology is the limit.",
+                    {"comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
+                     "ranks": ranks},
+                    [Fix("all-reduce less often: a larger batch per rank, or gradient "
+                         "accumulation with model.no_sync() for all but the last micro-batch",
+                         "the collective's cost is per step, not per sample"),
+                     Fix("send less: a compression hook (model.register_comm_hook(None, "
+                         "fp16_compress_hook)) or larger buckets (bucket_cap_mb)",
+                         "fewer bytes, fewer round trips"),
+                     Fix("check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
+                         "`nvidia-smi topo -m` for the GPUs' links",
+                         "a fallback to sockets or PCIe across sockets multiplies the cost")],
+                    _speedup(least), f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
+                    "its step, no straggler")]
 
 
 # --- disk health (from stallscope disk / SMART) --------------------------------------------------
@@ -960,7 +1084,8 @@ RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
     rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
-    rule_straggler, rule_disk_health, rule_gpu_held_idle,
+    rule_straggler, rule_waiting_for_peers, rule_communication_bound, rule_disk_health,
+    rule_gpu_held_idle,
 )
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}

@@ -17,7 +17,14 @@ from stallscope.analysis.diagnose.model import RunData
 from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
-__all__ = ["Signals", "compute_signals", "mean", "median", "p95"]
+__all__ = ["COMM_GAP", "COMM_HEAVY", "Signals", "compute_signals", "mean", "median", "p95"]
+
+#: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
+#: one they wait for (docs/diagnosis.md "Communication wait")
+COMM_GAP = 0.15
+#: every rank in collectives ≥ this share of its step, none waiting for another: the network
+#: or the topology is the limit
+COMM_HEAVY = 0.30
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -101,6 +108,9 @@ class Signals:
     # --- ranks (DDP): each rank's own picture; the job goes at the pace of the worst ---
     ranks_detail: list[dict[str, Any]] = field(default_factory=list)
     focus_rank: int | None = None  #: the rank whose input holds the job back (its evidence)
+    #: the rank its peers wait for in collectives (the probe's communication time: the rank
+    #: with the least, ≥ 15 points below the most), whatever its cause
+    comm_straggler: int | None = None
     # --- loader configuration (probe) ---
     config: dict[str, Any] = field(default_factory=dict)
     physical_cores: int | None = None
@@ -319,9 +329,18 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
             "stall_fraction": round(sum(s.wait_s for s in rows) / wall, 3) if wall else None,
             "wait_ms_median": _r(median([s.wait_s * 1000 for s in rows])),
             "step_ms_median": _r(median([(s.wait_s + s.host_s) * 1000 for s in rows]))}
+        comm = [s.comm_s for s in rows if s.comm_s is not None]
+        if comm and wall:
+            d["comm_share"] = round(sum(comm) / wall, 3)
+            d["compute_ms_median"] = _r(median(
+                [(s.host_s - (s.comm_s or 0.0)) * 1000 for s in rows]))
         pid = pids.get(rank)
         if pid is not None:
             d["pid"] = int(pid)
+            runq_s = data.series.get(("procs.runq_wait_pct", pid))
+            runq = runq_s.v if runq_s is not None else []
+            if runq:
+                d["runq_wait_pct"] = _r(mean(runq))
             workers = {p for p in tree_of(data, pid) if roles.get(p) == "worker"}
             d["workers"] = len(workers)
             w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
@@ -336,6 +355,12 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
     best = min(shares, key=lambda d: d["stall_fraction"])
     if worst["stall_fraction"] >= 0.15 and worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
         sig.focus_rank = worst["rank"]
+    timed = [d for d in detail if d.get("comm_share") is not None]
+    if len(timed) == len(detail):
+        least = min(timed, key=lambda d: d["comm_share"])
+        most = max(timed, key=lambda d: d["comm_share"])
+        if most["comm_share"] - least["comm_share"] >= COMM_GAP:
+            sig.comm_straggler = least["rank"]
 
 
 def trainer_gpus(data: RunData) -> set[str]:

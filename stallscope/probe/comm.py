@@ -1,0 +1,185 @@
+"""How long each step waited in collective communication, with no code in the trainer.
+
+Under DistributedDataParallel every rank's step ends in the gradient all-reduce, which finishes
+only when the slowest rank has handed in its gradients: the fast ranks' GPUs (or CPUs) sit in
+the collective, and their step time looks like compute. This module measures that wait per step
+so the diagnosis can split a step into data wait + compute + communication wait:
+
+* **DDP's gradient all-reduce.** On a DDP model's first forward pass the probe registers a
+  communication hook that does what DDP does without one (``allreduce_hook``: divide by the
+  world size, all-reduce the bucket) and notes when each bucket was handed in and when its
+  all-reduce finished. A hook the trainer registers itself is wrapped the same way instead, so
+  its compression (fp16, PowerSGD...) is kept. The step's communication wait is the time from
+  the last bucket handed in (the end of the backward pass's own work) to the last all-reduce
+  done: the time the backward pass blocked for its peers and the network.
+* **Blocking ``torch.distributed`` calls** (``all_reduce``, ``broadcast``, ``barrier``, ...,
+  called with ``async_op=False``): their whole duration.
+
+Both add to one :class:`CommClock` per process that the step's end takes (:meth:`CommClock.take`).
+Without torch.distributed nothing is patched and a step costs one attribute read.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stallscope.probe.notices import warn
+
+__all__ = ["CLOCK", "COLLECTIVES", "CommClock", "install"]
+
+#: the blocking collectives of ``torch.distributed`` that are timed (those present)
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter",
+               "barrier", "all_to_all", "all_to_all_single", "all_gather_object",
+               "broadcast_object_list", "gather_object", "scatter_object_list")
+
+
+class CommClock:
+    """The communication wait of the step under way (see the module docstring). ``used`` turns
+    true once anything was timed, so steps before (or without) collectives pay nothing."""
+
+    __slots__ = ("_called", "_done", "_lock", "blocked_s", "depth", "used")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.used = False
+        self.blocked_s = 0.0  #: blocking torch.distributed calls (training thread)
+        self.depth = 0  #: nesting of timed calls (a collective calling another is timed once)
+        self._called: float | None = None  #: latest bucket handed to the all-reduce
+        self._done: float | None = None  #: latest bucket all-reduce finished (another thread)
+
+    def bucket_called(self, t: float) -> None:
+        with self._lock:
+            self.used = True
+            if self._called is None or t > self._called:
+                self._called = t
+
+    def bucket_done(self, t: float) -> None:
+        with self._lock:
+            if self._done is None or t > self._done:
+                self._done = t
+
+    def take(self) -> float | None:
+        """The step's communication wait in seconds (and start the next step's); None when the
+        step had no collective."""
+        with self._lock:
+            called, done, blocked = self._called, self._done, self.blocked_s
+            self._called = self._done = None
+            self.blocked_s = 0.0
+        if called is None and not blocked:
+            return None
+        wait = blocked
+        if called is not None and done is not None and done > called:
+            wait += done - called
+        return wait
+
+
+#: this process's clock (one training loop per process)
+CLOCK = CommClock()
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _timed_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        clock = CLOCK
+        if kwargs.get("async_op") or clock.depth:
+            return fn(*args, **kwargs)  # the caller waits on the work later: not blocking here
+        clock.depth += 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.depth -= 1
+            clock.blocked_s += time.perf_counter() - t0
+            clock.used = True
+
+    timed.__stallscope_timed__ = True  # type: ignore[attr-defined]
+    return timed
+
+
+def timed_hook(inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook doing what ``inner`` does, noting when each bucket is handed in
+    and when its future completes."""
+
+    def hook(state: Any, bucket: Any) -> Any:
+        CLOCK.bucket_called(time.perf_counter())
+        fut = inner(state, bucket)
+
+        def done(f: Any) -> Any:
+            CLOCK.bucket_done(time.perf_counter())
+            return f.value()
+
+        return fut.then(done)
+
+    hook.__name__ = getattr(inner, "__name__", "hook")
+    hook.__qualname__ = getattr(inner, "__qualname__", "hook")
+    try:  # DDP checks the hook's annotations: it has the inner hook's
+        hook.__signature__ = inspect.signature(inner)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    return hook
+
+
+def install() -> None:
+    """Patch ``torch.distributed``'s blocking collectives and DDP (once per process; a no-op
+    without torch.distributed). Never raises: what cannot be patched is said once."""
+    global _installed
+    if _installed:
+        return
+    with _install_lock:
+        if _installed:
+            return
+        _installed = True
+        try:
+            import torch.distributed as dist
+        except Exception:
+            return
+        if not dist.is_available():
+            return
+        try:
+            for name in COLLECTIVES:
+                fn = getattr(dist, name, None)
+                if fn is not None and not getattr(fn, "__stallscope_timed__", False):
+                    setattr(dist, name, _timed_call(fn))
+            _patch_ddp()
+        except Exception as exc:  # a torch we do not know: steps go on without comm times
+            warn(f"communication time not measured: {exc!r}")
+
+
+def _patch_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if getattr(DDP, "__stallscope_timed__", False):
+        return
+    register = DDP.register_comm_hook
+    forward = DDP.forward
+
+    @functools.wraps(register)
+    def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        self.__dict__["_stallscope_hook"] = True
+        return register(self, state, timed_hook(hook))
+
+    @functools.wraps(forward)
+    def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.__dict__.get("_stallscope_hook"):
+            self.__dict__["_stallscope_hook"] = True
+            try:
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+                    allreduce_hook,
+                )
+
+                register(self, self.process_group, timed_hook(allreduce_hook))
+            except Exception as exc:  # DDP as the trainer set it up, without comm times
+                warn(f"communication time of DDP not measured: {exc!r}")
+        return forward(self, *args, **kwargs)
+
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    DDP.forward = timed_forward  # type: ignore[method-assign]
+    DDP.__stallscope_timed__ = True  # type: ignore[attr-defined]
