@@ -550,3 +550,29 @@ def test_a_rank_s_summed_workers_come_back_as_that_many_workers() -> None:
     assert roles == {"11": "main", "11/workers": "worker", "11/workers#2": "worker",
                      "11/workers#3": "worker"}
     assert series[("procs.cpu_pct", "11")].v == [90.0, 95.0]  # the trainer is untouched
+
+
+def test_communication_wait_goes_out_and_comes_back(tmp_path: Path) -> None:
+    """Steps with the probe's communication time: the agent sums them per rank (only for the
+    ranks that have any), and diagnose --prometheus spreads the counter's growth over the
+    steps again."""
+    from stallscope.analysis.promdata import _rank_rows
+
+    run = make_run(tmp_path)
+    record_run(run)
+    store = RunStore(run / "run.db")
+    store.add_steps([StepRow(0, i, time.time(), 0.01, 0.09, comm_s=0.04) for i in range(5)])
+    store.add_steps([StepRow(1, i, time.time(), 0.01, 0.09) for i in range(5)])
+    store.close()
+    sink = PrometheusSink(["host"], hostname="node-3", steps=StepFollower(rescan_s=0))
+    text = generate_latest(sink.registry).decode()
+    labels0 = f'Hostname="node-3",rank="0",run="{run.name}"'
+    labels1 = f'Hostname="node-3",rank="1",run="{run.name}"'
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith(f"stallscope_train_comm_wait_seconds_total{{{labels0}}}"))
+    assert abs(float(line.rsplit(" ", 1)[1]) - 0.2) < 1e-9, line
+    assert f"stallscope_train_comm_wait_seconds_total{{{labels1}}}" not in text
+    cols = {"n": ([100.0, 101.0], [0, 4]), "step_s": ([100.0, 101.0], [0, 0.4]),
+            "wait_s": ([100.0, 101.0], [0, 0.04]), "comm_s": ([100.0, 101.0], [0, 0.16])}
+    rows = _rank_rows(0, cols, start=100.0, step=1.0)
+    assert len(rows) == 4 and all(abs((r.comm_s or 0) - 0.04) < 1e-9 for r in rows)

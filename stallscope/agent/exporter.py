@@ -179,7 +179,7 @@ class SampleExposition(PromCollector):
             return  # an unreadable run costs its step series, never the whole scrape
         if not runs:
             return
-        (steps, step_s, wait_s, samples, last_ts, first_ts) = (
+        (steps, step_s, wait_s, samples, comm_s, last_ts, first_ts) = (
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
         owners = follower.owners()
         for run_id, ranks in sorted(runs.items()):
@@ -192,6 +192,8 @@ class SampleExposition(PromCollector):
                 fams.add(wait_s, labels, t.wait_s)
                 if t.has_samples:
                     fams.add(samples, labels, float(t.samples))
+                if t.has_comm:
+                    fams.add(comm_s, labels, t.comm_s)
                 if t.last_ts is not None:
                     fams.add(last_ts, labels, t.last_ts)
                 if t.first_ts is not None:

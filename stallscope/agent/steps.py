@@ -13,7 +13,8 @@ The totals become counters labelled ``run`` (the run id), ``rank``, the host lab
 (``Hostname``) and the owner labels of the run (``namespace``, ``pod``, ``container``, ``hpc_job``):
 ``stallscope_train_steps_total``, ``stallscope_train_step_seconds_total`` (wall time of the
 steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
-``stallscope_train_samples_total`` (when the batch size is known), and the gauge
+``stallscope_train_samples_total`` (when the batch size is known),
+``stallscope_train_comm_wait_seconds_total`` (when the probe timed collectives), and the gauge
 ``stallscope_train_last_step_timestamp_seconds`` (and ``..._first_step_...``, when the run
 began: ``diagnose --prometheus`` spreads the steps before its first scrape from there).
 ``rate(wait) / rate(step)`` is the data-wait share over any window
@@ -52,6 +53,9 @@ STEP_METRICS: tuple[tuple[str, str, str], ...] = (
      "time the training loop waited for its next batch (data wait), seconds"),
     ("stallscope_train_samples_total", "counter",
      "samples in those steps (when the probe knows the batch size)"),
+    ("stallscope_train_comm_wait_seconds_total", "counter",
+     "time those steps waited in collectives (DDP's gradient all-reduce, torch.distributed "
+     "calls), part of the step's compute side, seconds (when the probe timed any)"),
     ("stallscope_train_last_step_timestamp_seconds", "gauge",
      "Unix time the latest recorded step's batch was handed over"),
     ("stallscope_train_first_step_timestamp_seconds", "gauge",
@@ -88,6 +92,8 @@ class RankTotals:
     wait_s: float = 0.0
     samples: int = 0
     has_samples: bool = False
+    comm_s: float = 0.0
+    has_comm: bool = False
     last_step: int = -1  #: the read cursor: rows with a larger step number are new
     last_ts: float | None = None
     first_ts: float | None = None
@@ -252,13 +258,16 @@ class StepFollower:
         if known:
             where += f" OR rank NOT IN ({','.join('?' * len(known))})"
             args += known
-        q = (f"SELECT rank, step, ts, wait_s, host_s, samples FROM steps WHERE ({_ROW_OK})"
-             + (f" AND ({where})" if known else "") + " ORDER BY rank, step")
-        try:
+        try:  # a run.db from before communication time has no comm_s
+            comm = "comm_s" if any(r[1] == "comm_s" for r in f.conn.execute(
+                "PRAGMA table_info(steps)")) else "NULL"
+            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm} FROM steps "
+                 f"WHERE ({_ROW_OK})" + (f" AND ({where})" if known else "")
+                 + " ORDER BY rank, step")
             rows = f.conn.execute(q, args).fetchall()
         except sqlite3.Error:
             return  # no steps table yet, or busy: the next scrape tries again
-        for rank, step, ts, wait_s, host_s, samples in rows:
+        for rank, step, ts, wait_s, host_s, samples, comm_s in rows:
             t = f.ranks.get(rank)
             if t is None:
                 t = f.ranks[rank] = RankTotals()
@@ -268,6 +277,9 @@ class StepFollower:
             if isinstance(samples, int) and samples > 0:
                 t.samples += samples
                 t.has_samples = True
+            if isinstance(comm_s, float) and 0 <= comm_s <= host_s:
+                t.comm_s += comm_s
+                t.has_comm = True
             t.last_step = max(t.last_step, step)
             t.last_ts = ts if t.last_ts is None else max(t.last_ts, ts)
             t.first_ts = ts if t.first_ts is None else min(t.first_ts, ts)

@@ -48,6 +48,7 @@ _STEP_NAMES = {
     "stallscope_train_step_seconds_total": "step_s",
     "stallscope_train_data_wait_seconds_total": "wait_s",
     "stallscope_train_samples_total": "samples",
+    "stallscope_train_comm_wait_seconds_total": "comm_s",
     "stallscope_train_first_step_timestamp_seconds": "first_ts",
 }
 _LABEL_VALUE = re.compile(r"^[^\"\\\n]*$")
@@ -479,10 +480,12 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
             host = max(0.0, d["step_s"] / k - wait)
             batch = d.get("samples", math.nan) / k
             samples = round(batch) if math.isfinite(batch) and batch > 0 else None
+            per_comm = d.get("comm_s", math.nan) / k
+            comm = min(per_comm, host) if math.isfinite(per_comm) and per_comm >= 0 else None
             for i in range(k):
                 rows.append(StepRow(rank=rank, step=counted + i,
                                     ts=t_from + (t - t_from) * (i + 1) / k,
-                                    wait_s=wait, host_s=host, samples=samples))
+                                    wait_s=wait, host_s=host, samples=samples, comm_s=comm))
             counted += k
         prev, prev_t = cur, t
     return rows
