@@ -31,7 +31,7 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     r = subprocess.run(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
                                        str(torchrun), "--nproc-per-node", "2",
                                        str(ROOT / "examples" / "train_ddp.py"),
-                                       "--slow-rank", "1", "--max-seconds", "10",
+                                       "--slow-rank", "1", "--max-seconds", "8",
                                        "--data-dir", str(tmp_path / "data")),
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -61,6 +61,12 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
         assert top["evidence"]["rank"] == 1 and "rank 1" in top["summary"]
     # rank 0 waits in the all-reduce for rank 1's data: its communication wait, not compute
     assert_peer_waits(doc, slow=1, fast=0)
+    # without the probe: the stacks say rank 1 starves and rank 0 waits in the collective
+    doc["run"] = str(run_dir)
+    bare = without_probe(doc)
+    assert bare["signals"]["focus_rank"] == 1, bare["ranks"]
+    assert bare["verdict"] in ("input_bound.prep", "straggler_rank"), bare["findings"][0]
+    assert_peer_waits(bare, slow=1, fast=0)
 
 
 def assert_peer_waits(doc: dict[str, Any], slow: int, fast: int) -> None:
@@ -73,9 +79,24 @@ def assert_peer_waits(doc: dict[str, Any], slow: int, fast: int) -> None:
     assert f"Rank {fast} waits for rank {slow} in the all-reduce" in peers[0]["summary"]
 
 
+def without_probe(doc: dict[str, Any]) -> dict[str, Any]:
+    """The same run diagnosed from what a trainer without the probe leaves: its sampled stacks
+    (stallscope run samples every trainer's stacks; the probe's steps are set aside)."""
+    from stallscope.analysis.diagnose import diagnose
+    from stallscope.analysis.rundata import load_run
+
+    data = load_run(Path(doc["run"]))
+    data.meta["run_dir"] = doc["run"]
+    data.steps, data.probes = [], []
+    out: dict[str, Any] = json.loads(json.dumps(diagnose(data), default=str))
+    assert out["stall_source"] == "stacks", out["stall_source"]
+    return out
+
+
 def ddp_run(tmp_path: Path, *args: str, during: Any = None) -> dict[str, Any]:
     """Two ranks of examples/train_ddp.py under `stallscope run` + torchrun; its diagnosis."""
     torchrun = Path(sys.executable).with_name("torchrun")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
     proc = subprocess.Popen(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
                                             str(torchrun), "--nproc-per-node", "2",
@@ -98,7 +119,7 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None) -> dict[str, Any]:
 def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -> None:
     """Rank 1 runs two extra forward passes per step: no data wait anywhere, equal step times,
     and yet rank 0 waits for rank 1 in the all-reduce; the cause is rank 1's compute."""
-    doc = ddp_run(tmp_path, "--heavy-rank", "1", "--max-seconds", "8")
+    doc = ddp_run(tmp_path / "probe", "--heavy-rank", "1", "--max-seconds", "8")
     assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
     strag = doc["findings"][0]
     ev = strag["evidence"]
@@ -106,6 +127,14 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
     assert ev["compute_ms_median"] >= 1.3 * ev["peers_compute_ms_median"], ev
     assert "Rank 1 holds the job back: rank 0 waits for it in the all-reduce" in strag["summary"]
     assert_peer_waits(doc, slow=1, fast=0)
+    # a trainer without the probe: stallscope run's stack sampler installs the same timing
+    # when torch is imported, and the all-reduce wait moves from compute to comm
+    bare = ddp_run(tmp_path / "bare", "--heavy-rank", "1", "--max-seconds", "8", "--no-probe")
+    assert bare["stall_source"] == "stacks" and not bare["signals"].get("steps")
+    assert bare["verdict"] == "straggler_rank", [f["kind"] for f in bare["findings"]]
+    ev = bare["findings"][0]["evidence"]
+    assert ev["rank"] == 1 and ev["cause"] == "compute", ev
+    assert_peer_waits(bare, slow=1, fast=0)
 
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
@@ -147,8 +176,13 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
     assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
     ev = doc["findings"][0]["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
-    assert ev["runq_wait_pct"] >= 20, ev
+    assert ev["runq_wait_pct"] >= 20 + ev["peers_runq_wait_pct"], ev
     assert_peer_waits(doc, slow=1, fast=0)
+    bare = without_probe(doc)  # the same run from its stacks alone
+    assert bare["verdict"] == "straggler_rank", [f["kind"] for f in bare["findings"]]
+    ev = bare["findings"][0]["evidence"]
+    assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
+    assert_peer_waits(bare, slow=1, fast=0)
 
 
 _SAME_TRAINING = r"""

@@ -12,17 +12,24 @@ so the diagnosis can split a step into data wait + compute + communication wait:
   its compression (fp16, PowerSGD...) is kept. The step's communication wait is the time from
   the last bucket handed in (the end of the backward pass's own work) to the last all-reduce
   done: the time the backward pass blocked for its peers and the network.
+  The wait is closed when ``torch.autograd.backward`` (``loss.backward()``) returns.
 * **Blocking ``torch.distributed`` calls** (``all_reduce``, ``broadcast``, ``barrier``, ...,
   called with ``async_op=False``): their whole duration.
 
-Both add to one :class:`CommClock` per process that the step's end takes (:meth:`CommClock.take`).
+Both add to one :class:`CommClock` per process that the probe takes at each step's end
+(:meth:`CommClock.take`); without a probe, the in-process stack sampler of ``stallscope run``
+installs the same timing once the trainer imports ``torch.nn.parallel`` and moves the measured
+seconds from the stacks' ``compute`` (the backward's C++ frames, where the wait happens) to
+``comm`` (:mod:`stallscope.sources.stacks.inproc`).
 Without torch.distributed nothing is patched and a step costs one attribute read.
+``STALLSCOPE_COMM=0`` in the trainer's environment turns all of this off.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,18 +47,24 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 
 class CommClock:
-    """The communication wait of the step under way (see the module docstring). ``used`` turns
-    true once anything was timed, so steps before (or without) collectives pay nothing."""
+    """The communication wait of this process (see the module docstring): per step for the
+    probe (:meth:`take`), and in all (``total_s``) for the in-process stack sampler, which has no
+    steps. ``used`` turns true once anything was timed, so steps before (or without)
+    collectives pay nothing."""
 
-    __slots__ = ("_called", "_done", "_lock", "blocked_s", "depth", "used")
+    __slots__ = ("_called", "_done", "_lock", "_step_s", "_stepped", "blocked_s", "depth",
+                 "total_s", "used")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.used = False
-        self.blocked_s = 0.0  #: blocking torch.distributed calls (training thread)
+        self.blocked_s = 0.0  #: blocking torch.distributed calls since the last take
         self.depth = 0  #: nesting of timed calls (a collective calling another is timed once)
         self._called: float | None = None  #: latest bucket handed to the all-reduce
         self._done: float | None = None  #: latest bucket all-reduce finished (another thread)
+        self._step_s = 0.0  #: backward passes' waits finished since the last take
+        self._stepped = False  #: a backward with buckets finished since the last take
+        self.total_s = 0.0  #: every wait so far (DDP's and blocking calls')
 
     def bucket_called(self, t: float) -> None:
         with self._lock:
@@ -64,18 +77,38 @@ class CommClock:
             if self._done is None or t > self._done:
                 self._done = t
 
+    def add_blocked(self, seconds: float) -> None:
+        with self._lock:
+            self.used = True
+            self.blocked_s += seconds
+            self.total_s += seconds
+
+    def finish_backward(self) -> None:
+        """A backward pass returned: its buckets are all reduced; its wait is the time from
+        the last bucket handed in to the last all-reduce done."""
+        with self._lock:
+            self._finish()
+
+    def _finish(self) -> None:
+        called, done = self._called, self._done
+        if called is None:
+            return
+        self._called = self._done = None
+        wait = done - called if done is not None and done > called else 0.0
+        self._step_s += wait
+        self.total_s += wait
+        self._stepped = True
+
     def take(self) -> float | None:
         """The step's communication wait in seconds (and start the next step's); None when the
         step had no collective."""
         with self._lock:
-            called, done, blocked = self._called, self._done, self.blocked_s
-            self._called = self._done = None
-            self.blocked_s = 0.0
-        if called is None and not blocked:
-            return None
-        wait = blocked
-        if called is not None and done is not None and done > called:
-            wait += done - called
+            self._finish()  # a backward not seen returning (torch.autograd.grad, compiled)
+            if not self._stepped and not self.blocked_s:
+                return None
+            wait = self._step_s + self.blocked_s
+            self._step_s = self.blocked_s = 0.0
+            self._stepped = False
         return wait
 
 
@@ -97,8 +130,7 @@ def _timed_call(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         finally:
             clock.depth -= 1
-            clock.blocked_s += time.perf_counter() - t0
-            clock.used = True
+            clock.add_blocked(time.perf_counter() - t0)
 
     timed.__stallscope_timed__ = True  # type: ignore[attr-defined]
     return timed
@@ -137,6 +169,8 @@ def install() -> None:
         if _installed:
             return
         _installed = True
+        if os.environ.get("STALLSCOPE_COMM", "1").strip().lower() in ("0", "false", "no", "off"):
+            return  # turned off: DDP and torch.distributed as they are
         try:
             import torch.distributed as dist
         except Exception:
@@ -153,8 +187,30 @@ def install() -> None:
             warn(f"communication time not measured: {exc!r}")
 
 
+def _patch_backward() -> None:
+    """``torch.autograd.backward`` (what ``loss.backward()`` calls) ends the wait of DDP's
+    buckets: all are reduced when it returns."""
+    import torch.autograd as autograd
+
+    backward = autograd.backward
+    if getattr(backward, "__stallscope_timed__", False):
+        return
+
+    @functools.wraps(backward)
+    def timed_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            CLOCK.finish_backward()
+
+    timed_backward.__stallscope_timed__ = True  # type: ignore[attr-defined]
+    autograd.backward = timed_backward
+
+
 def _patch_ddp() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    _patch_backward()
 
     if getattr(DDP, "__stallscope_timed__", False):
         return

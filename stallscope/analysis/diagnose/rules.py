@@ -818,8 +818,8 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                     round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
 
 
-#: a rank's process waiting for a CPU this share of the time is short of CPU (a busy host or a
-#: CPU quota), not slow by its own work
+#: a rank's process waiting for a CPU this share of the time, and this many points more than
+#: the others', is short of CPU (a busy host or a CPU quota), not slow by its own work
 RUNQ_BUSY_PCT = 20.0
 
 
@@ -840,21 +840,32 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
                            if d.get("compute_ms_median") is not None])
     mine = r.get("compute_ms_median")
     runq = r.get("runq_wait_pct")
+    peer_runq = median([d["runq_wait_pct"] for d in peers
+                        if d.get("runq_wait_pct") is not None]) or 0.0
     names = ", ".join(str(d["rank"]) for d in peers)
     wait_words, their = (f"rank {names} waits", "its") if len(peers) == 1 else (
         f"ranks {names} wait", "their")
-    if runq is not None and runq >= RUNQ_BUSY_PCT:
+    if runq is not None and runq >= RUNQ_BUSY_PCT and runq - peer_runq >= RUNQ_BUSY_PCT:
         cause = "cpu"
-        why = (f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait): a busy "
-               "host or a CPU quota (cgroup cpu.max / cpu.cfs_quota_us) slows it")
+        why = (f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait; the "
+               f"others {peer_runq:.0f}%): a busy host or a CPU quota (cgroup cpu.max / "
+               "cpu.cfs_quota_us) slows it")
         fixes = [Fix(f"on rank {r['rank']}'s host {host}: give the trainer its cores back (look "
                      "for other processes, a CPU quota on its container or cgroup, or too many "
                      "DataLoader workers for the cores)",
                      f"its trainer waited for a CPU {runq:.0f}% of the time; the others did not")]
     else:
         cause = "compute"
-        slower = (f"{mine:.0f} ms of compute per step against {peer_compute:.0f} ms on the "
-                  "others" if mine is not None and peer_compute else "more compute per step")
+        peer_share = median([d["compute_share"] for d in peers
+                             if d.get("compute_share") is not None])
+        if mine is not None and peer_compute:
+            slower = (f"{mine:.0f} ms of compute per step against {peer_compute:.0f} ms on "
+                      "the others")
+        elif r.get("compute_share") is not None and peer_share is not None:
+            slower = (f"it computes {r['compute_share']:.0%} of its time against "
+                      f"{peer_share:.0%} on the others (sampled stacks)")
+        else:
+            slower = "more compute per step"
         why = f"its own step is slower: {slower}"
         fixes = [Fix(f"compare rank {r['rank']}'s work with the others': a larger shard or "
                      "batch, longer sequences, a different model branch, or a slower or "
@@ -863,16 +874,18 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
     ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": sig.ranks_detail,
           "comm_share": r.get("comm_share"), "peers_comm_share": round(peer_comm, 3),
           "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
-          "runq_wait_pct": runq, "data_wait_share": r.get("stall_fraction")}
+          "runq_wait_pct": runq, "peers_runq_wait_pct": peer_runq,
+          "data_wait_share": r.get("stall_fraction")}
     return [Finding("straggler_rank", "critical" if gap >= STALL_CRIT else "warning", 0.85,
                     f"Rank {r['rank']} holds the job back: {wait_words} for it in the "
                     f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
                     f"{r.get('comm_share') or 0.0:.0%}; {why}.",
                     ev, fixes, _speedup(gap),
                     f"peers' communication wait {peer_comm:.0%} ≥ {COMM_GAP:.0%} above rank "
-                    f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (probe, collectives timed); "
-                    + ("run-queue wait ≥ 20%" if cause == "cpu" else
-                       "its data wait is not the cause"))]
+                    f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
+                    f"{'probe' if mine is not None else 'sampled stacks'}); "
+                    + ("run-queue wait ≥ 20% and ≥ 20 points above the others'"
+                       if cause == "cpu" else "its data wait is not the cause"))]
 
 
 def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:

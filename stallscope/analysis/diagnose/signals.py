@@ -284,6 +284,9 @@ def _stack_signals(sig: Signals, data: RunData) -> None:
         w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
         if w:
             d["worker_cpu_pct"] = _r(mean(w))
+        runq_s = data.series.get(("procs.runq_wait_pct", str(p.pid)))
+        if runq_s is not None and runq_s.v:
+            d["runq_wait_pct"] = _r(mean(runq_s.v))
         detail.append(d)
     focus = procs[0]
     if max(p.share("graph") for p in procs) >= 0.5:
@@ -299,6 +302,8 @@ def _stack_signals(sig: Signals, data: RunData) -> None:
                 worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
             sig.focus_rank = worst["rank"]
             focus = next(p for p in procs if p.pid == worst["pid"])
+        if any(p.seconds.get("comm") for p in procs):  # DDP's wait timed (probe/comm.py)
+            _comm_focus(sig, detail)
         sig.ranks = len(detail)
     sig.stall_fraction = round(focus.share("data"), 3)
     sig.stall_source = "stacks"
@@ -355,12 +360,19 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
     best = min(shares, key=lambda d: d["stall_fraction"])
     if worst["stall_fraction"] >= 0.15 and worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
         sig.focus_rank = worst["rank"]
+    _comm_focus(sig, detail)
+
+
+def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
+    """The rank the others wait for in collectives: the least communication share, ≥ COMM_GAP
+    below the most (every rank's share known)."""
     timed = [d for d in detail if d.get("comm_share") is not None]
-    if len(timed) == len(detail):
-        least = min(timed, key=lambda d: d["comm_share"])
-        most = max(timed, key=lambda d: d["comm_share"])
-        if most["comm_share"] - least["comm_share"] >= COMM_GAP:
-            sig.comm_straggler = least["rank"]
+    if len(timed) < 2 or len(timed) != len(detail):
+        return
+    least = min(timed, key=lambda d: d["comm_share"])
+    most = max(timed, key=lambda d: d["comm_share"])
+    if most["comm_share"] - least["comm_share"] >= COMM_GAP:
+        sig.comm_straggler = least["rank"]
 
 
 def trainer_gpus(data: RunData) -> set[str]:

@@ -122,6 +122,16 @@ class Tally:
         self.total_n += 1
         return phase
 
+    def reassign(self, src: str, dst: str, seconds: float) -> float:
+        """Move up to ``seconds`` of this window from phase ``src`` to ``dst`` (time measured
+        otherwise to be ``dst`` although the stacks said ``src``: DDP's all-reduce wait inside
+        the backward's C++ frames); returns the seconds moved."""
+        moved = min(max(seconds, 0.0), self.seconds.get(src, 0.0))
+        if moved > 0:
+            self.seconds[src] -= moved
+            self.seconds[dst] = self.seconds.get(dst, 0.0) + moved
+        return moved
+
     def record(self, ts: float, final: bool = False) -> dict[str, Any] | None:
         """The window as a record (None when empty), and a fresh window. ``final``: the last
         one; what is still pending is written as ``tail`` (counted in no share)."""

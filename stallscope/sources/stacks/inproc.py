@@ -85,6 +85,9 @@ class InProcSampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident or 0
+        #: the communication clock once installed (probe/comm.py), and its total last seen
+        self._comm: Any = None
+        self._comm_seen = 0.0
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
                                         daemon=True)
 
@@ -101,6 +104,8 @@ class InProcSampler:
         try:
             while not self._stop.wait(period if self.tally.started or last < slow_after
                                       else SLOW_PERIOD_S):
+                if self._comm is None:
+                    self._comm_install()
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
@@ -118,10 +123,36 @@ class InProcSampler:
                 if self.tally.idle:
                     return
                 if now >= next_flush:
+                    self._comm_time()
                     self.flush()
                     next_flush = now + self.flush_s
         except Exception:  # never the trainer's problem: stop sampling
             return
+
+    def _comm_install(self) -> None:
+        """Install the communication timing once torch is imported (not while its import is
+        under way on the main thread: that import finishes first)."""
+        torch = sys.modules.get("torch")
+        if torch is None or "torch.nn.parallel" not in sys.modules or \
+                getattr(getattr(torch, "__spec__", None), "_initializing", False):
+            return
+        from stallscope.probe import comm
+
+        comm.install()
+        self._comm = comm.CLOCK
+        self._comm_seen = comm.CLOCK.total_s
+
+    def _comm_time(self) -> None:
+        """Once the trainer imported torch.nn.parallel (DDP), time its collectives
+        (probe/comm.py); then, each window, the seconds they waited count as ``comm`` rather
+        than ``compute`` (where the stacks see the all-reduce wait: inside backward's C++)."""
+        if self._comm is None:
+            return
+        total = self._comm.total_s
+        waited, self._comm_seen = total - self._comm_seen, total
+        if waited > 0:
+            with self._lock:
+                self.tally.reassign("compute", "comm", waited)
 
     def flush(self, final: bool = False) -> None:
         with self._lock:
