@@ -119,3 +119,19 @@ def test_a_run_db_from_before_comm_s_reads_and_migrates(tmp_path: Path) -> None:
     store.add_steps([StepRow(0, 1, 2.0, 0.1, 0.2, comm_s=0.05)])
     assert [s.comm_s for s in store.steps()] == [None, 0.05]
     store.close()
+
+
+def test_the_stack_window_moves_measured_wait_from_compute_to_comm() -> None:
+    """Without the probe the all-reduce wait samples as compute (backward's C++ frames); the
+    sampler moves the seconds the clock measured, never more than the window's compute."""
+    from stallscope.sources.stacks.aggregate import Tally
+    from stallscope.sources.stacks.phases import Frame
+
+    t = Tally(1, 0, "inproc", 40.0)
+    backward = [Frame("/venv/torch/_tensor.py", "backward", 600), Frame("train.py", "main", 10)]
+    for _ in range(40):
+        t.add(backward, 0.025)
+    assert t.reassign("compute", "comm", 0.4) == 0.4
+    assert abs(t.reassign("compute", "comm", 5.0) - 0.6) < 1e-9  # only what the window holds
+    rec = t.record(100.0)
+    assert rec is not None and rec["s"] == {"compute": 0.0, "comm": 1.0}, rec["s"]
