@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_seconds and time.perf_counter() - start > args.max_seconds:
                 break
         wall = time.perf_counter() - start
-        print(f"data wait: {wait_total / wall:.3f} of {wall:.1f} s (measured by the trainer)",
+        print(f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s "
+              "(measured by the trainer)",
               flush=True)
     finally:
         shm_file.unlink(missing_ok=True)

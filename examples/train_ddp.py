@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         epoch += 1
     wall = time.perf_counter() - start
-    print(f"rank {rank}: data wait: {wait_total / wall:.3f} of {wall:.1f} s, {steps} steps "
+    print(f"rank {rank}: data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s, {steps} steps "
           "(measured by the trainer)", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 if done:
                     break
             wall = time.perf_counter() - start
-            print(f"data wait: {wait_total / wall:.3f} of {wall:.1f} s (measured by the "
+            print(f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s (measured by the "
                   "trainer)", flush=True)
         print(f"trained for {time.perf_counter() - start:.1f} s", flush=True)
     finally:

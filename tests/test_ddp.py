@@ -35,8 +35,8 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
                                        "--data-dir", str(tmp_path / "data")),
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    own = {int(m.group(1)): float(m.group(2))
-           for m in re.finditer(r"rank (\d+): data wait: ([0-9.]+) of", r.stdout)}
+    own = {int(m.group(1)): float(m.group(2)) / 100
+           for m in re.finditer(r"rank (\d+): data wait: ([0-9.]+)% of", r.stdout)}
     assert set(own) == {0, 1}, r.stdout
     [run_dir] = list(out.iterdir())
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,

@@ -55,8 +55,8 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
                        text=True, timeout=60, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
     # the trainer's own measure of its data wait (it times next(loader) itself)
-    m = re.search(r"data wait: ([0-9.]+) of", r.stdout)
-    doc["trainer_wait"] = float(m.group(1)) if m else None
+    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
+    doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
         top = doc["findings"][0]

@@ -50,8 +50,8 @@ def run_tf(name: str, tmp_path: Path, train_args: list[str], *, wrap: list[str] 
                        text=True, timeout=60, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
     top = doc["findings"][0]
-    m = re.search(r"data wait: ([0-9.]+) of", r.stdout)  # the custom loop's own measure
-    doc["trainer_wait"] = float(m.group(1)) if m else None
+    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)  # the custom loop's own measure
+    doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
     record(name, verdict=doc["verdict"], stall_fraction=doc["stall_fraction"],
            stall_source=doc["stall_source"], trainer_wait=doc["trainer_wait"],
            samples_per_s=top["evidence"].get("samples_per_s"),

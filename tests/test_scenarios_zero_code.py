@@ -35,7 +35,7 @@ SECONDS = 12
 TOLERANCE = 0.05
 PREP = "input_bound.prep"
 
-_WAIT = re.compile(r"^(?:rank (\d+):? )?data wait: ([0-9.]+) of ([0-9.]+) s", re.M)
+_WAIT = re.compile(r"^(?:rank (\d+):? )?data wait: ([0-9.]+)% of ([0-9.]+) s", re.M)
 
 
 def zero_code_run(name: str, tmp_path: Path, training: list[str],
@@ -54,7 +54,7 @@ def zero_code_run(name: str, tmp_path: Path, training: list[str],
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=120, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
-    own = {(int(m.group(1)) if m.group(1) else None): float(m.group(2))
+    own = {(int(m.group(1)) if m.group(1) else None): float(m.group(2)) / 100
            for m in _WAIT.finditer(r.stdout)}
     assert own, f"the training printed no data-wait line:\n{r.stdout[-2000:]}"
     # one process: its figure; ranks: the most-waiting rank's (the run's stall is its)
@@ -190,7 +190,7 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
     doc = json.loads(d.stdout)
     m = _WAIT.search(stdout)
     assert m is not None, stdout[-2000:]
-    doc["trainer_wait"] = float(m.group(2))
+    doc["trainer_wait"] = float(m.group(2)) / 100
     print(f"\n[attach] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
           f"{doc['stall_fraction']} ({doc['signals'].get('stack_sampler')}), {doc['verdict']}")
     records = [ln[:300] for f in sorted((run_dir / "stacks").glob("*.jsonl"))

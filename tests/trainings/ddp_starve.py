@@ -7,7 +7,7 @@ for its DataLoader worker: rank 1 is the straggler.
 
 A held-out training, written as a user writes one: it contains no stallscope code. Each rank
 measures its own data wait (the time spent in ``next(iterator)``, over the training loop's
-wall time) and prints it at the end as ``rank 1 data wait: 0.873 of 15.1 s (measured by the
+wall time) and prints it at the end as ``rank 1 data wait: 87.3% of 15.1 s (measured by the
 trainer)``. The ranks stop together: each step they all-reduce whether any one is out of time.
 
     torchrun --nproc_per_node 2 ddp_starve.py --seconds 15
@@ -104,7 +104,8 @@ def main() -> int:
         epoch += 1
     wall = time.perf_counter() - start
     print(f"rank {rank}: {steps} steps, last loss {loss.item():.3f}", flush=True)
-    print(f"rank {rank} data wait: {wait / wall:.3f} of {wall:.1f} s (measured by the trainer)",
+    print(f"rank {rank} data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
+          "(measured by the trainer)",
           flush=True)
     dist.destroy_process_group()
     return 0

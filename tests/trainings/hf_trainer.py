@@ -9,7 +9,7 @@ A held-out training, written as a user writes one: it contains no stallscope cod
 its own data wait: ``get_train_dataloader`` returns the Trainer's own DataLoader wrapped in a
 small iterable that times each ``next()`` on it; the wait is that time over the wall time of the
 training loop (from the Trainer's first request for a batch to the end of training). It prints
-``data wait: 0.873 of 15.1 s (measured by the trainer)`` at the end. Offline: no hub access, no
+``data wait: 87.3% of 15.1 s (measured by the trainer)`` at the end. Offline: no hub access, no
 reporting, no checkpoints.
 
     python hf_trainer.py --seconds 15
@@ -148,7 +148,7 @@ def main() -> int:
     timed = trainer.timed
     wall = stop.end - (timed.first if timed.first is not None else stop.start)
     print(f"{result.global_step} steps, loss {result.training_loss:.3f}", flush=True)
-    print(f"data wait: {timed.wait / wall:.3f} of {wall:.1f} s (measured by the trainer)",
+    print(f"data wait: {100 * timed.wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
           flush=True)
     return 0
 

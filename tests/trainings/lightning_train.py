@@ -7,7 +7,7 @@ Trainer's own ``max_time``; no logger, no checkpoints, no progress bar.
 A held-out training, written as a user writes one: it contains no stallscope code. It measures
 its own data wait: ``train_dataloader`` returns the DataLoader wrapped in a small iterable that
 times each ``next()`` on it; the wait is that time over the wall time of the fit loop (from its
-first request for a batch to ``on_train_end``). It prints ``data wait: 0.873 of 15.1 s
+first request for a batch to ``on_train_end``). It prints ``data wait: 87.3% of 15.1 s
 (measured by the trainer)`` at the end.
 
     python lightning_train.py --seconds 15
@@ -117,7 +117,7 @@ def main() -> int:
     timed = model.timed
     wall = model.end - timed.first
     print(f"{trainer.global_step} steps", flush=True)
-    print(f"data wait: {timed.wait / wall:.3f} of {wall:.1f} s (measured by the trainer)",
+    print(f"data wait: {100 * timed.wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
           flush=True)
     return 0
 

@@ -5,7 +5,7 @@ own process, so the loop spends most of its time getting its next batch.
 
 A held-out training, written as a user writes one: it contains no stallscope code. It measures
 its own data wait (the time spent in ``next(iterator)``, over the training loop's wall time)
-and prints it at the end as ``data wait: 0.873 of 15.1 s (measured by the trainer)``.
+and prints it at the end as ``data wait: 87.3% of 15.1 s (measured by the trainer)``.
 
     python torch_inline.py --seconds 15
 """
@@ -75,7 +75,8 @@ def main() -> int:
                 break
     wall = time.perf_counter() - start
     print(f"{steps} steps, last loss {loss.item():.3f}", flush=True)
-    print(f"data wait: {wait / wall:.3f} of {wall:.1f} s (measured by the trainer)", flush=True)
+    print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
+          "(measured by the trainer)", flush=True)
     return 0
 
 
