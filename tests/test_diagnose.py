@@ -367,10 +367,10 @@ def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
     assert f["fixes"][0]["action"].startswith("make per-sample work cheaper")
     assert "99% busy" in f["fixes"][0]["why"]
     # the first fix is cheaper work: how much cheaper is the user's choice, so the estimate is
-    # the bound (the whole wait gone); the workers fix says what more workers could add
+    # the bound (the whole wait gone); more workers could add ×1.02 (1.96 cores used + 0.04
+    # idle): a fix that promises nothing is not listed
     assert f["est_speedup"] == pytest.approx(2.5)
-    more = next(x for x in f["fixes"] if x["action"].startswith("num_workers 2 → "))
-    assert "expected ×1.02" in more["why"]  # 1.96 cores used + 0.04 idle
+    assert not [x for x in f["fixes"] if x["action"].startswith("num_workers")], f["fixes"]
 
 
 def test_epoch_start_stall_is_its_own_finding() -> None:

@@ -237,11 +237,15 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
     c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
     cmp = json.loads(c.stdout)
-    est, got = top["est_speedup"], cmp["speedup"]
+    fix = top["fixes"][0]
+    assert fix["change"] == {"num_workers": int(m.group(1))}, fix
+    est, got = fix["expected_speedup"], cmp["speedup"]
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
         f.write(json.dumps({"scenario": "fix-delivery", "estimated": est, "measured": got,
                             "workers": int(m.group(1))}) + "\n")
     assert got >= 1.1, (est, got, cmp)  # the fix helps
+    # compare checks the fix B applied, against that fix's own estimate
+    assert cmp["applied_fix"] == fix["action"] and "ceiling" not in cmp, cmp
     assert cmp["estimated_speedup"] == est and cmp["delivered_share"] == pytest.approx(
         (got - 1) / (est - 1), abs=0.01)
 

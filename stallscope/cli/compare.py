@@ -1,8 +1,10 @@
 """``stallscope compare RUN_A RUN_B [--json]``: before and after, side by side.
 
 Throughput (samples/s from the probe's steps), the data-wait share, the main resources and the
-verdicts of two runs, with the ratio B/A, and, when run A's verdict promised a speed-up, how
-much of it run B delivered: how a fix is checked."""
+verdicts of two runs, with the ratio B/A, and which of run A's fixes run B applied (the loader
+setting the fix names, as B's probe recorded it) with how much of that fix's expected speed-up
+B delivered: how a fix is checked. When no fix matches, A's ceiling (the whole stall gone) is
+set beside it instead, and said to be one."""
 
 from __future__ import annotations
 
@@ -63,13 +65,44 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
                            "verdict_a": doc_a["verdict"], "verdict_b": doc_b["verdict"]}
     ta, tb = _throughput(data_a), _throughput(data_b)
     top = (doc_a.get("findings") or [{}])[0]
-    est = top.get("est_speedup")
+    applied = applied_fix(doc_a, loader_config(data_a), loader_config(data_b))
     if ta and tb:
         out["speedup"] = round(tb / ta, 3)
+        if applied is not None:
+            out["applied_fix"] = applied["action"]
+            est = applied.get("expected_speedup")
+        else:  # no fix of A's matches what changed: A's ceiling is all there is to set beside
+            est = top.get("est_speedup")
+            out["ceiling"] = True
         if isinstance(est, (int, float)) and est > 1.01:
             out["estimated_speedup"] = est
             out["delivered_share"] = round((tb / ta - 1) / (est - 1), 3)
     return out
+
+
+def loader_config(data: RunData) -> dict[str, Any]:
+    """The DataLoader settings the run's probe recorded (rank 0's, else the first's)."""
+    probes = sorted(data.probes, key=lambda p: (p.get("rank") != 0, p.get("rank") or 0))
+    for p in probes:
+        loader = (p.get("config") or {}).get("loader")
+        if isinstance(loader, dict):
+            return loader
+    return {}
+
+
+def applied_fix(doc_a: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+                ) -> dict[str, Any] | None:
+    """The fix of A's diagnosis that run B applied: the first whose loader settings B has and
+    A had not (None when no fix says what it changes, or B changed something else)."""
+    for f in doc_a.get("findings") or []:
+        for fix in f.get("fixes") or []:
+            change = fix.get("change")
+            if not isinstance(change, dict) or not change:
+                continue
+            if all(after.get(k) == v for k, v in change.items()) and \
+                    any(before.get(k) != v for k, v in change.items()):
+                return dict(fix)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,8 +135,14 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(table)
     if "speedup" in out:
         line = f"B is ×{out['speedup']:.2f} the throughput of A"
-        if "estimated_speedup" in out:
-            line += (f"; A's diagnosis estimated up to ×{out['estimated_speedup']:.2f}: "
-                     f"{out['delivered_share']:.0%} of the promised gain delivered")
-        out_console.print(line, highlight=False)
+        if "applied_fix" in out:
+            line += f"; B applied A's fix \"{safe(out['applied_fix'])}\""
+            if "estimated_speedup" in out:
+                line += (f", expected ×{out['estimated_speedup']:.2f}: "
+                         f"{out['delivered_share']:.0%} of the expected gain delivered")
+        elif "estimated_speedup" in out:
+            line += (f"; no fix of A's diagnosis matches what changed; A's ceiling (the whole "
+                     f"stall gone, compute unchanged) was ×{out['estimated_speedup']:.2f}: "
+                     f"{out['delivered_share']:.0%} of it")
+        out_console.print(line, highlight=False, soft_wrap=True)
     return 0

@@ -28,6 +28,20 @@ KINDS: tuple[str, ...] = (
 class Fix:
     action: str  #: what to change, with this run's numbers
     why: str  #: the evidence that makes it the right change
+    #: the speed-up this fix alone is expected to give (None: not estimated); the finding's
+    #: ``est_speedup`` is the ceiling, if the whole stall went away
+    expected: float | None = None
+    #: the loader settings the fix changes (``{"num_workers": 2}``), so ``compare`` can tell
+    #: which fix a second run applied
+    change: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"action": self.action, "why": self.why}
+        if self.expected is not None:
+            out["expected_speedup"] = round(self.expected, 2)
+        if self.change:
+            out["change"] = dict(self.change)
+        return out
 
 
 @dataclass
@@ -46,6 +60,6 @@ class Finding:
             "kind": self.kind, "severity": self.severity,
             "confidence": round(self.confidence, 2), "summary": self.summary,
             "evidence": self.evidence,
-            "fixes": [{"action": f.action, "why": f.why} for f in self.fixes],
+            "fixes": [f.as_dict() for f in self.fixes],
             "est_speedup": round(self.est_speedup, 2), "rule": self.rule,
         }

@@ -359,7 +359,8 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
             "cores"))
     if nw is not None and cores:
         target = _prep_target(sig, nw, cores)
-        if nw < cores and target > nw:
+        gain = prep_gain(sig, target)
+        if nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
             fixes.append(Fix(
                 f"num_workers {nw} → {target} ({cores} physical cores"
                 + (f", workers at {sig.worker_cpu_pct:.0f}% CPU" if sig.worker_cpu_pct else "")
@@ -367,7 +368,7 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
                 f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
                 f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
                 "cores only adds context switches"
-                + _gain_note(sig, target)))
+                + _gain_note(sig, target), gain, {"num_workers": target}))
         elif not fixes:
             fixes.append(Fix(
                 "make per-sample work cheaper: decode at lower resolution, move augmentation "
@@ -377,6 +378,10 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
         fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
                          "min(4, cores))", "workers are CPU-saturated"))
     return fixes
+
+
+#: a fix expected to give less than this speed-up promises nothing: it is not listed
+MIN_GAIN = 1.05
 
 
 def _gain_note(sig: Signals, target: int) -> str:
@@ -447,10 +452,11 @@ def _loader_fixes(sig: Signals) -> list[Fix]:
             and (sig.epoch_start_wait_s or 0) > 1.0):
         fixes.append(Fix("persistent_workers=True",
                          f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
-                         "epoch boundaries"))
+                         "epoch boundaries", change={"persistent_workers": True}))
     if cfg.get("num_workers") and cfg.get("prefetch_factor") in (1,):
         fixes.append(Fix("prefetch_factor=2 (or more)",
-                         "one batch in flight per worker leaves no slack for slow samples"))
+                         "one batch in flight per worker leaves no slack for slow samples",
+                         change={"prefetch_factor": 2}))
     return fixes
 
 
@@ -482,10 +488,11 @@ def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
         return []
     cfg = sig.config
     fixes = []
+    gain = round(wall / (wall - total), 2)
     if cfg.get("num_workers") and cfg.get("persistent_workers") is False:
         fixes.append(Fix("persistent_workers=True",
                          f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
-                         "epoch boundaries"))
+                         "epoch boundaries", gain, {"persistent_workers": True}))
     fixes.append(Fix("build the dataset, its index and the sampler once, outside the epoch "
                      "loop; open files or databases lazily in each worker and keep them",
                      "whatever happens at the start of every epoch is paid once per epoch"))
@@ -499,7 +506,7 @@ def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
                     "prefetch bursts), so expect at least that much.",
                     sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
                                  "epoch_start_total_s", "wait_ms_median", "workers"),
-                    fixes, round(wall / (wall - total), 2),
+                    fixes, gain,
                     f"epoch start cost {cost:.1f} s ≥ 1 s over {sig.epochs} epochs, "
                     f"{share:.0%} ≥ 5% of step time")]
 
