@@ -142,6 +142,12 @@ def test_layout_warnings() -> None:
     assert len(small) == 1 and "far below" in small[0]
     large = layout_warnings([8 * 10**9] * 40, 8, 4)
     assert len(large) == 1 and "far above" in large[0]
+    # too few shards and too small ones: one warning, not two that contradict each other
+    both = layout_warnings([5 * 10**6] * 10, 8, 4)
+    assert len(both) == 1 and "too small for both one shard per reader" in both[0], both
+    assert "divided by 32" in both[0] and "defaults" not in both[0]
+    guessed = layout_warnings([300 * 10**6] * 10, 8, 4, readers_given=False)
+    assert "(the defaults of --ranks and --loader-workers: give yours)" in guessed[0]
 
 
 def test_parse_filelist_formats_and_errors() -> None:
@@ -446,7 +452,10 @@ def test_verify_cli_json_ok(tmp_path: Path) -> None:
     report = json.loads(cli.stdout)
     assert report["shards"] == 3 and report["samples"] == 10
     assert report["verify"]["ok"] is True and report["verify"]["samples"] == 10
-    assert "3 shard(s) for 8 rank(s)" in cli.stderr  # the warning, on stderr
+    # the warning, on stderr: 10 tiny samples can fill neither 32 readers nor 100 MB shards,
+    # and the readers are the defaults the user never gave
+    assert "the dataset (" in cli.stderr and "too small for both one shard per reader" in \
+        cli.stderr and "the defaults of --ranks and --loader-workers: give yours" in cli.stderr
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -127,14 +127,14 @@ def _add_reader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks",
         type=_positive,
-        default=DEFAULT_RANKS,
+        default=None,
         metavar="R",
         help=f"DDP ranks that will read the shards, for the warnings (default {DEFAULT_RANKS})",
     )
     p.add_argument(
         "--loader-workers",
         type=_positive,
-        default=DEFAULT_LOADER_WORKERS,
+        default=None,
         metavar="W",
         help=f"DataLoader workers per rank, for the warnings (default {DEFAULT_LOADER_WORKERS})",
     )

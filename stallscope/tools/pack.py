@@ -414,21 +414,36 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int) -> list[str]:
-    """The known traps of a shard layout (sizes in bytes, in shard order)."""
+def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,
+                    readers_given: bool = True) -> list[str]:
+    """The known traps of a shard layout (sizes in bytes, in shard order). ``readers_given``:
+    the user said how many ranks and workers will read (else the defaults are a guess, and the
+    warning says so)."""
     out: list[str] = []
     n = len(shard_sizes)
     readers = ranks * loader_workers
+    total = sum(shard_sizes)
+    full = list(shard_sizes[:-1]) or list(shard_sizes)  # the last shard is a remainder
+    typical = sorted(full)[len(full) // 2] if full else 0
+    who = (f"{ranks} rank(s) × {loader_workers} DataLoader worker(s)" if readers_given else
+           f"{ranks} rank(s) × {loader_workers} DataLoader worker(s) (the defaults of --ranks "
+           "and --loader-workers: give yours)")
+    if n < readers and full and typical < WARN_SMALL and total < readers * WARN_SMALL:
+        # both traps at once: the dataset is too small for one sizeable shard per reader
+        out.append(
+            f"the dataset ({human_bytes(total)}) is too small for both one shard per reader "
+            f"({who} = {readers} readers) and shards near the 100 MB sweet spot: readers "
+            f"without a shard sit idle, which costs more than small shards do; for "
+            f"--samples-per-shard, take your samples divided by {readers}"
+        )
+        return out
     if n < readers:
         out.append(
-            f"{n} shard(s) for {ranks} rank(s) × {loader_workers} DataLoader worker(s) = "
-            f"{readers} readers: {readers - n} reader(s) get no shard and sit idle (fewer "
-            "loader workers, or a smaller --shard-size / --samples-per-shard; hints: --ranks, "
-            "--loader-workers)"
+            f"{n} shard(s) for {who} = {readers} readers: {readers - n} reader(s) get no "
+            "shard and sit idle (fewer loader workers, or a smaller --shard-size / "
+            "--samples-per-shard)"
         )
-    full = list(shard_sizes[:-1]) or list(shard_sizes)  # the last shard is a remainder
     if full:
-        typical = sorted(full)[len(full) // 2]
         if typical < WARN_SMALL:
             out.append(
                 f"shards of ~{human_bytes(typical)} are far below the 100 MB–1 GB sweet spot: many "
@@ -751,8 +766,8 @@ def pack(
     shuffle_seed: int | None = 0,
     strict_keys: bool = False,
     overwrite: bool = False,
-    ranks: int = DEFAULT_RANKS,
-    loader_workers: int = DEFAULT_LOADER_WORKERS,
+    ranks: int | None = None,
+    loader_workers: int | None = None,
     progress: PackProgress | None = None,
 ) -> PackResult:
     """Pack ``src`` (ImageFolder tree or file list) into WebDataset shards in ``dst``.
@@ -766,9 +781,12 @@ def pack(
     src_abs, dst_abs = os.path.abspath(src), os.path.abspath(dst)
     _check_args(src_abs, dst_abs, dst, workers, shard_size, samples_per_shard)
     source = open_source(src_abs, strict_keys=strict_keys)
+    given = ranks is not None or loader_workers is not None
+    ranks = DEFAULT_RANKS if ranks is None else ranks
+    loader_workers = DEFAULT_LOADER_WORKERS if loader_workers is None else loader_workers
     plan = _make_plan(source, shard_size, samples_per_shard, shuffle_seed, strict_keys, ranks,
                       loader_workers)
-    warnings = _pack_warnings(source, plan, ranks, loader_workers)
+    warnings = _pack_warnings(source, plan, ranks, loader_workers, given)
     previous = _open_dst(dst, dst_abs, plan.id, overwrite)
     files = plan.files
     records = [
@@ -834,7 +852,8 @@ def _make_plan(source: Source, shard_size: int | None, samples_per_shard: int | 
     return _Plan(files, sizes, shards, options, fingerprint, plan_id)
 
 
-def _pack_warnings(source: Source, plan: _Plan, ranks: int, loader_workers: int) -> list[str]:
+def _pack_warnings(source: Source, plan: _Plan, ranks: int, loader_workers: int,
+                   readers_given: bool = True) -> list[str]:
     """The source's notes, renamed keys, and what the shard layout costs its readers."""
     warnings = list(source.notes)
     if source.renamed_keys:
@@ -843,7 +862,7 @@ def _pack_warnings(source: Source, plan: _Plan, ranks: int, loader_workers: int)
             "(webdataset splits the field at the first dot); --strict-keys rejects them instead"
         )
     shard_sizes = [sum(plan.sizes[i] for i in r) for r in plan.shards]
-    return warnings + layout_warnings(shard_sizes, ranks, loader_workers)
+    return warnings + layout_warnings(shard_sizes, ranks, loader_workers, readers_given)
 
 
 def _open_dst(dst: str, dst_abs: str, plan_id: str, overwrite: bool) -> dict[str, Any] | None:
