@@ -432,9 +432,10 @@ def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,
         # both traps at once: the dataset is too small for one sizeable shard per reader
         out.append(
             f"the dataset ({human_bytes(total)}) is too small for both one shard per reader "
-            f"({who} = {readers} readers) and shards near the 100 MB sweet spot: readers "
-            f"without a shard sit idle, which costs more than small shards do; for "
-            f"--samples-per-shard, take your samples divided by {readers}"
+            f"({who} = {readers} readers) and shards near the 100 MB sweet spot: with "
+            f"{n} shard(s), {readers - n} reader(s) get none and sit idle. A dataset this "
+            "small fits in memory: load it into RAM rather than streaming shards; to feed "
+            f"every reader anyway, --samples-per-shard (your samples divided by {readers})"
         )
         return out
     if n < readers:
