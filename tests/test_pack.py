@@ -145,7 +145,7 @@ def test_layout_warnings() -> None:
     # too few shards and too small ones: one warning, not two that contradict each other
     both = layout_warnings([5 * 10**6] * 10, 8, 4)
     assert len(both) == 1 and "too small for both one shard per reader" in both[0], both
-    assert "30 reader(s) get none" in both[0] and "divided by 32" in both[0]
+    assert "22 reader(s) get none" in both[0] and "divided by 32" in both[0]
     assert "defaults" not in both[0]
     guessed = layout_warnings([300 * 10**6] * 10, 8, 4, readers_given=False)
     assert "(the defaults of --ranks and --loader-workers: give yours)" in guessed[0]
