@@ -46,3 +46,65 @@ def test_compare_checks_the_applied_fix_against_its_own_estimate() -> None:
     out = compare(DOC_A, doc_b, _data(1, 0.2), _data(1, 0.1))
     assert "applied_fix" not in out and out["ceiling"] is True
     assert out["estimated_speedup"] == 1.83
+
+
+# --- an agent's store: one training at a time -------------------------------------------------
+
+def _agent_store(tmp_path: Any) -> Any:
+    """An agent's run directory that followed two trainings: r-big (two processes, 20 points
+    each) and r-small (one process, 5 points)."""
+    import time as _time
+
+    from stallscope.metrics import Point
+    from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
+
+    run = new_run_dir(tmp_path, "agent")
+    write_meta(run, base_meta(["stallscope", "agent"], start=_time.time() - 60,
+                              interval_s=1.0, pid=None, agent={"listen": "127.0.0.1:10127"}))
+    store = RunStore(run / "run.db")
+    t0 = _time.time() - 50
+    procs = {"11": ("r-big", "main", 20), "12": ("r-big", "worker", 20),
+             "21": ("r-small", "main", 5)}
+    for pid, (rid, role, n) in procs.items():
+        store.upsert_entity("procs", pid, {"run": rid, "role": role, "ppid": 1}, t0)
+        for i in range(n):
+            store.add_points(t0 + i, [Point("procs.cpu_pct", pid, 50.0)])
+    for i in range(20):
+        store.add_points(t0 + i, [Point("host.cpu_pct", "", 30.0)])
+    store.finish_and_close()
+    return run
+
+
+def test_an_agent_store_is_read_one_training_at_a_time(tmp_path: Any) -> None:
+    import subprocess
+
+    import pytest
+    from conftest import stallscope_argv
+
+    from stallscope.analysis.rundata import load_run
+    from stallscope.errors import UsageError
+
+    run = _agent_store(tmp_path)
+    data = load_run(run)
+    assert data.meta["training"] == "r-big"
+    assert data.meta["trainings"] == {"r-big": 40, "r-small": 5}
+    assert {e["entity"] for e in data.entities if e["source"] == "procs"} == {"11", "12"}
+    assert ("procs.cpu_pct", "21") not in data.series and ("host.cpu_pct", "") in data.series
+    small = load_run(run, "r-s")  # a prefix
+    assert {e["entity"] for e in small.entities if e["source"] == "procs"} == {"21"}
+    with pytest.raises(UsageError, match=r"no training 'x' in this agent store \(it followed: "
+                                         r"r-big, r-small\)"):
+        load_run(run, "x")
+    with pytest.raises(UsageError, match="more than one training 'r-'"):
+        load_run(run, "r-")
+    r = subprocess.run(stallscope_argv("diagnose", str(run)), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "agent store: training r-big (of 2 it followed: the one with the most process " \
+        "samples; another with --run-id r-small)" in r.stdout
+    r = subprocess.run(stallscope_argv("show", str(run), "--run-id", "r-small"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "agent store: training r-small" in r.stdout, r.stderr
+    r = subprocess.run(stallscope_argv("show", str(run), "--run-id", "nope"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no training 'nope'" in r.stderr

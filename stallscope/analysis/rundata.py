@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallscope.errors import UsageError
 from stallscope.sources.stacks.aggregate import ranked_pids, read_records
 from stallscope.store import RunStore, Series, StepRow, read_meta
 
@@ -141,7 +142,42 @@ class RunData:
         return t0, (t1 if t1 > t0 else t0 + 1.0)
 
 
-def load_run(run_dir: Path) -> RunData:
+def pick_training(data: RunData, run_id: str | None = None) -> str | None:
+    """An agent's store holds the processes of every training it followed (their ``run``
+    attribute): keep one, so a diagnosis speaks of one training. ``run_id`` chooses it (an id
+    or a prefix); by default the one with the most process points. Records the choice in
+    ``meta["training"]`` and every training seen, with its process points, in
+    ``meta["trainings"]``; returns the choice (None when the store followed none)."""
+    procs = {str(e["entity"]): str((e.get("attrs") or {}).get("run") or "")
+             for e in data.entities if e.get("source") == "procs"}
+    points: dict[str, int] = {}
+    for (name, ent), ser in data.series.items():
+        if name.startswith("procs.") and procs.get(ent):
+            points[procs[ent]] = points.get(procs[ent], 0) + len(ser.ts)
+    if not points:
+        return None
+    if run_id is not None:
+        matches = [r for r in points if r == run_id] or [r for r in points
+                                                          if r.startswith(run_id)]
+        if len(matches) != 1:
+            known = ", ".join(sorted(points))
+            raise UsageError(f"{'no' if not matches else 'more than one'} training "
+                                  f"{run_id!r} in this agent store (it followed: {known})")
+        chosen = matches[0]
+    else:
+        chosen = max(points, key=lambda r: (points[r], r))
+    gone = {ent for ent, r in procs.items() if r != chosen}
+    data.entities = [e for e in data.entities
+                     if not (e.get("source") == "procs" and str(e["entity"]) in gone)]
+    for key in [k for k in data.series if k[0].startswith("procs.") and k[1] in gone]:
+        del data.series[key]
+    data._roles = None
+    data.meta["training"] = chosen
+    data.meta["trainings"] = dict(sorted(points.items()))
+    return chosen
+
+
+def load_run(run_dir: Path, training: str | None = None) -> RunData:
     """Read ``meta.json`` and ``run.db`` of ``run_dir`` once (raises RunNotFound when absent).
 
     Damaged stores are read as far as they can be: unreadable rows are skipped and counted in
@@ -173,6 +209,11 @@ def load_run(run_dir: Path) -> RunData:
                        span=_span(series), skipped=dict(store.skipped), unreadable=unreadable)
     finally:
         store.close()
+    if "agent" in meta:  # a node agent's store: one training at a time (pick_training)
+        pick_training(data, training)
+    elif training is not None:
+        raise UsageError(f"{run_dir.name} is one training's run, not an agent's store: "
+                              "--run-id chooses among the trainings an agent followed")
     return data
 
 

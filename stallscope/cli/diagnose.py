@@ -31,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="read a Prometheus server, e.g. http://prometheus:9090")
     g.add_argument("--job", help="only targets of this scrape job")
     g.add_argument("--instance", help="only this target (HOST:PORT as Prometheus names it)")
-    g.add_argument("--run-id", dest="run_id", metavar="RUN",
-                   help="the training run to take steps from (default: the one with most "
+    p.add_argument("--run-id", dest="run_id", metavar="RUN",
+                   help="the training to diagnose: in an agent's store (RUN), one of the "
+                   "trainings it followed (default: the one with the most process samples); "
+                   "with --prometheus, the run to take steps from (default: the one with most "
                    "steps in the window)")
     g.add_argument("--since", default="30m", metavar="DURATION",
                    help="window to read, e.g. 30m, 2h (default 30m)")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("diagnose needs RUN (a run directory, run id or 'latest') or "
                          "--prometheus URL")
     run_dir = resolve_run(args.run, args.out)
-    data = load_run(run_dir)
+    data = load_run(run_dir, args.run_id)
     doc = diagnose_run(run_dir, data)
     note = data.skipped_note()
     if note:  # the diagnosis is of what could be read; say once what could not
@@ -58,8 +60,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
+        line = training_line(data.meta)
+        if line:
+            out_console.print(line, highlight=False, soft_wrap=True)
         print_diagnosis(doc, out_console)
     return 0
+
+
+def training_line(meta: dict[str, Any]) -> str | None:
+    """For an agent's store: which of the trainings it followed this is, and how to pick
+    another (None for one training's own run)."""
+    chosen, seen = meta.get("training"), meta.get("trainings") or {}
+    if not chosen:
+        return None
+    others = [r for r in seen if r != chosen]
+    text = (f"agent store: training {plain(str(chosen))}"
+            + (f" (of {len(seen)} it followed: the one with the most process samples; "
+               f"another with --run-id {plain(str(others[0]))})" if others else ""))
+    return text
 
 
 def _from_prometheus(args: argparse.Namespace) -> int:

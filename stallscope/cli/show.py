@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN", help=RUN_HELP)
     add_out_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--run-id", dest="run_id", metavar="RUN",
+                   help="in an agent's store: which of the trainings it followed (default: "
+                   "the one with the most process samples)")
     p.set_defaults(func=run)
 
 
@@ -60,8 +63,9 @@ def _interval(meta: dict[str, Any]) -> str:
     return sampling_text(meta)
 
 
-def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> None:
-    data = load_run(run_dir)
+def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
+              training: str | None = None) -> None:
+    data = load_run(run_dir, training)
     doc = load_summary(run_dir, data)
     meta, summary = doc["meta"], doc["summary"]
     cmd = " ".join(meta.get("command") or [])
@@ -77,6 +81,11 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
                   f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · {_interval(meta)} · "
                   f"{summary.get('samples', 0)} samples",
                   highlight=False)
+    from stallscope.cli.diagnose import training_line
+
+    about = training_line(meta)
+    if about:
+        console.print(f"  {safe(about)}", highlight=False)
     line = data.skipped_note()
     if line:
         console.print(f"  [yellow]{line}[/]", highlight=False)
@@ -109,7 +118,8 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True) -> N
 def run(args: argparse.Namespace) -> int:
     run_dir = resolve_run(args.run, args.out)
     if args.json:
-        print(json.dumps(load_summary(run_dir), indent=2, default=str))
+        print(json.dumps(load_summary(run_dir, load_run(run_dir, args.run_id)), indent=2,
+                         default=str))
     else:
-        print_run(run_dir, out_console, with_diagnosis=True)
+        print_run(run_dir, out_console, with_diagnosis=True, training=args.run_id)
     return 0
