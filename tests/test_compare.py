@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_diagnose import T0, run
 
 from stallscope.cli.compare import applied_fix, compare
@@ -78,7 +79,6 @@ def _agent_store(tmp_path: Any) -> Any:
 def test_an_agent_store_is_read_one_training_at_a_time(tmp_path: Any) -> None:
     import subprocess
 
-    import pytest
     from conftest import stallscope_argv
 
     from stallscope.analysis.rundata import load_run
@@ -108,3 +108,54 @@ def test_an_agent_store_is_read_one_training_at_a_time(tmp_path: Any) -> None:
     r = subprocess.run(stallscope_argv("show", str(run), "--run-id", "nope"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no training 'nope'" in r.stderr
+
+
+@pytest.mark.slow
+def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) -> None:
+    """`run --pid` on a trainer that has a standalone probe (stallscope.watch, no stallscope
+    run): the probe writes to its own run; the attached run copies its steps as they come, so
+    its diagnosis is the probe's (not "no probe, add one")."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from conftest import ROOT, stallscope_argv
+
+    from stallscope.store import RunStore
+
+    pytest.importorskip("torch")
+    env = {**os.environ, "STALLSCOPE_OUT": str(tmp_path / "probe-runs")}
+    trainer = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_cpu.py"),
+                                "--max-seconds", "10", "--files", "300"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "probe-runs").glob("*/run.db")):  # the probe's run is up
+            assert trainer.poll() is None and time.monotonic() < deadline, "no probe run"
+            time.sleep(0.2)
+        r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "1",
+                                           "--no-stacks", "--out", str(tmp_path / "runs")),
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        trainer.wait(timeout=60)
+    finally:
+        trainer.kill()
+    assert r.returncode == 0, r.stderr[-3000:]
+    [probe_run] = list((tmp_path / "probe-runs").iterdir())
+    assert f"has the probe, reporting to {probe_run}" in r.stderr, r.stderr
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    theirs, ours = (RunStore(Path(d) / "run.db", readonly=True) for d in (probe_run, run_dir))
+    try:
+        n_theirs, n_ours = len(theirs.steps()), len(ours.steps())
+    finally:
+        theirs.close()
+        ours.close()
+    assert n_theirs > 20 and n_ours == n_theirs, (n_theirs, n_ours)  # every step, once
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120, check=True)
+    doc = json.loads(d.stdout)
+    assert doc["stall_source"] == "probe" and doc["verdict"].startswith("input_bound"), \
+        doc["findings"][0]

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from stallscope.alerts import load_rules, parse_rules
 from stallscope.alerts.actions import AlertSink
@@ -24,6 +25,9 @@ from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Sessi
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
 from stallscope.store.paths import default_out
+
+if TYPE_CHECKING:
+    from stallscope.store.mirror import StepMirror
 
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
             signal.SIGUSR2)
@@ -136,6 +140,7 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     alert_sink.attach_run(session.run_dir)
     if not args.no_stacks:
         _stacks(args, session, attach=[pid])
+    mirror = _probe_mirror(args, session, pid, started)
     stop: list[int] = []
 
     def detach(signum: int, _frame: FrameType | None) -> None:
@@ -152,17 +157,43 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
         if not args.quiet:
             err_console.print(f"stallscope: watching pid {pid} ({safe(name)}); Ctrl-C stops "
                               "watching, the process goes on", soft_wrap=True, highlight=False)
+        ticks = 0
         while not stop and _alive(pid, started):
             time.sleep(0.25)
+            ticks += 1
+            if mirror is not None and ticks % 4 == 0:
+                mirror.copy()
         if stop:
             how = "detached"
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if mirror is not None:  # the probe's last steps (it flushes at its exit)
+            mirror.copy()
+            mirror.close()
     # not our child: its exit code cannot be known
     session.finish(None, ended=how)
     _print_end(args, session.run_dir)
     return 0
+
+
+def _probe_mirror(args: argparse.Namespace, session: Session, pid: int, started: float
+                  ) -> StepMirror | None:
+    """When the attached trainer has a standalone probe, its steps go to the probe's own run:
+    copy them into this one (store/mirror.py), so this run's diagnosis has them."""
+    from stallscope.store.mirror import StepMirror, probe_run_of
+
+    probe_run = probe_run_of(pid, started)
+    if probe_run is None:
+        return None
+    session.meta["probe_run"] = str(probe_run)
+    if not args.quiet:
+        err_console.print(f"stallscope: pid {pid} has the probe, reporting to "
+                          f"{safe(str(probe_run))}: its steps are joined into this run",
+                          soft_wrap=True, highlight=False)
+    mirror = StepMirror(probe_run / "run.db", session.store.path)
+    mirror.copy()
+    return mirror
 
 
 def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None = None
