@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_diagnose import T0, run
 
 from stallscope.analysis.diagnose import diagnose
@@ -135,3 +136,67 @@ def test_the_stack_window_moves_measured_wait_from_compute_to_comm() -> None:
     assert abs(t.reassign("compute", "comm", 5.0) - 0.6) < 1e-9  # only what the window holds
     rec = t.record(100.0)
     assert rec is not None and rec["s"] == {"compute": 0.0, "comm": 1.0}, rec["s"]
+
+
+_SAME_TRAINING = r"""
+import hashlib, os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def rank_main(rank, port, timed, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if timed:
+        from stallscope.probe import comm
+        comm.install()
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10)), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(20):
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    if rank == 0:
+        h = hashlib.sha256()
+        for p in model.parameters():
+            h.update(p.detach().numpy().tobytes())
+        line = h.hexdigest()
+        if timed:
+            from stallscope.probe.comm import CLOCK
+            line += f" used={CLOCK.used}"
+        open(out, "w").write(line)
+    dist.barrier()
+    os._exit(0)  # gloo's teardown may abort when one rank closes first: nothing left to do
+
+if __name__ == "__main__":
+    port, timed, out = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+    mp.spawn(rank_main, args=(port, timed, out), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torchrun
+def test_timing_ddp_s_all_reduce_leaves_the_training_bit_identical(tmp_path: Path) -> None:
+    """The probe's communication hook does what DDP does without one: the same 20 steps on two
+    ranks give bit-identical parameters with and without it (and the hook did run)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from test_agent import free_port
+
+    pytest.importorskip("torch")
+
+    script = tmp_path / "same.py"
+    script.write_text(_SAME_TRAINING)
+    got = {}
+    for timed in ("0", "1"):
+        out = tmp_path / f"out{timed}"
+        subprocess.run([sys.executable, str(script), str(free_port()), timed, str(out)],
+                       check=True, timeout=120, cwd=ROOT)
+        got[timed] = out.read_text()
+    assert got["1"] == got["0"] + " used=True", got

@@ -129,7 +129,7 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
     pytest.importorskip("torch")
     env = {**os.environ, "STALLSCOPE_OUT": str(tmp_path / "probe-runs")}
     trainer = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_cpu.py"),
-                                "--max-seconds", "10", "--files", "300"],
+                                "--max-seconds", "8", "--epochs", "1000", "--files", "300"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                cwd=tmp_path, env=env)
     try:

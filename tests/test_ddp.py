@@ -31,7 +31,7 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     r = subprocess.run(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
                                        str(torchrun), "--nproc-per-node", "2",
                                        str(ROOT / "examples" / "train_ddp.py"),
-                                       "--slow-rank", "1", "--max-seconds", "8",
+                                       "--slow-rank", "1", "--max-seconds", "6",
                                        "--data-dir", str(tmp_path / "data")),
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -119,7 +119,7 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None) -> dict[str, Any]:
 def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -> None:
     """Rank 1 runs two extra forward passes per step: no data wait anywhere, equal step times,
     and yet rank 0 waits for rank 1 in the all-reduce; the cause is rank 1's compute."""
-    doc = ddp_run(tmp_path / "probe", "--heavy-rank", "1", "--max-seconds", "8")
+    doc = ddp_run(tmp_path / "probe", "--heavy-rank", "1", "--max-seconds", "6")
     assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
     strag = doc["findings"][0]
     ev = strag["evidence"]
@@ -129,7 +129,7 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
     assert_peer_waits(doc, slow=1, fast=0)
     # a trainer without the probe: stallscope run's stack sampler installs the same timing
     # when torch is imported, and the all-reduce wait moves from compute to comm
-    bare = ddp_run(tmp_path / "bare", "--heavy-rank", "1", "--max-seconds", "8", "--no-probe")
+    bare = ddp_run(tmp_path / "bare", "--heavy-rank", "1", "--max-seconds", "6", "--no-probe")
     assert bare["stall_source"] == "stacks" and not bare["signals"].get("steps")
     assert bare["verdict"] == "straggler_rank", [f["kind"] for f in bare["findings"]]
     ev = bare["findings"][0]["evidence"]
@@ -167,7 +167,7 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
             time.sleep(0.1)
 
     try:
-        doc = ddp_run(tmp_path, "--max-seconds", "8", during=quota_rank_1)
+        doc = ddp_run(tmp_path, "--max-seconds", "6", during=quota_rank_1)
     finally:
         for pid in (cg / "cgroup.procs").read_text().split():
             (CPU_V1 / "cgroup.procs").write_text(pid)
@@ -184,58 +184,3 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
     assert_peer_waits(bare, slow=1, fast=0)
 
-
-_SAME_TRAINING = r"""
-import hashlib, os, sys
-import torch, torch.distributed as dist, torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-def rank_main(rank, port, timed, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    if timed:
-        from stallscope.probe import comm
-        comm.install()
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)), bucket_cap_mb=0.01)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(20):
-        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    if rank == 0:
-        h = hashlib.sha256()
-        for p in model.parameters():
-            h.update(p.detach().numpy().tobytes())
-        line = h.hexdigest()
-        if timed:
-            from stallscope.probe.comm import CLOCK
-            line += f" used={CLOCK.used}"
-        open(out, "w").write(line)
-    dist.barrier()
-    os._exit(0)  # gloo's teardown may abort when one rank closes first: nothing left to do
-
-if __name__ == "__main__":
-    port, timed, out = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
-    mp.spawn(rank_main, args=(port, timed, out), nprocs=2)
-"""
-
-
-def test_timing_ddp_s_all_reduce_leaves_the_training_bit_identical(tmp_path: Path) -> None:
-    """The probe's communication hook does what DDP does without one: the same 20 steps on two
-    ranks give bit-identical parameters with and without it (and the hook did run)."""
-    from test_agent import free_port
-
-    script = tmp_path / "same.py"
-    script.write_text(_SAME_TRAINING)
-    got = {}
-    for timed in ("0", "1"):
-        out = tmp_path / f"out{timed}"
-        subprocess.run([sys.executable, str(script), str(free_port()), timed, str(out)],
-                       check=True, timeout=120, cwd=ROOT)
-        got[timed] = out.read_text()
-    assert got["1"] == got["0"] + " used=True", got
