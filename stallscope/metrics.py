@@ -249,6 +249,12 @@ METRICS: tuple[Metric, ...] = (
        "wait_s + host_s)", "gauge", "", 1e-3, label="rank"),
     _M("probe", "rank_slowdown", "", "the rank's median step time over the other ranks' median "
        "(last 30 s; 1 = as fast as the others)", "gauge", "", label="rank"),
+    _M("probe", "peers_wait_pct", "%", "how much more of their step the other ranks spent in "
+       "collectives than this rank over the last interval (the largest share among the others "
+       "minus its own; DDP with communication timed)", "gauge", "", 0.01, label="rank"),
+    _M("probe", "waited_for", "", "1 while the other ranks wait for this rank in the "
+       "all-reduce (a change in its peers' wait, or a gap of 15 points held; "
+       "sources/straggler.py), else 0", "gauge", "", label="rank"),
     # --- stacks: where the training thread's time went, from sampled stacks (per process; ---
     # sources/stacks/; docs/diagnosis.md): shares of the last 10 s of sampled training time;
     # for a run's alerts and `top`, and the agent's /metrics (agent/trainstacks.py)

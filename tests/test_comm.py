@@ -1,4 +1,4 @@
-"""Communication wait: the probe's clock (probe/comm.py) and the rules that read it
+"""Communication wait: the probe's clock (sources/comm.py) and the rules that read it
 (straggler by communication, waiting_for_peers, communication_bound) on synthetic steps. The real
 DDP runs under torchrun are in test_ddp.py."""
 
@@ -10,7 +10,7 @@ import pytest
 from test_diagnose import T0, run
 
 from stallscope.analysis.diagnose import diagnose
-from stallscope.probe.comm import CommClock, _timed_call, timed_hook
+from stallscope.sources.comm import CommClock, _timed_call, timed_hook
 from stallscope.store import RunStore, StepRow
 
 
@@ -31,7 +31,7 @@ def test_the_clock_adds_blocking_calls_and_the_tail_of_the_last_bucket() -> None
 
 
 def test_timed_calls_count_blocking_calls_once_and_skip_async_ones() -> None:
-    import stallscope.probe.comm as comm
+    import stallscope.sources.comm as comm
 
     calls = []
 
@@ -149,7 +149,7 @@ def rank_main(rank, port, timed, out):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if timed:
-        from stallscope.probe import comm
+        from stallscope.sources import comm
         comm.install()
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                     torch.nn.Linear(256, 10)), bucket_cap_mb=0.01)
@@ -166,7 +166,7 @@ def rank_main(rank, port, timed, out):
             h.update(p.detach().numpy().tobytes())
         line = h.hexdigest()
         if timed:
-            from stallscope.probe.comm import CLOCK
+            from stallscope.sources.comm import CLOCK
             line += f" used={CLOCK.used}"
         open(out, "w").write(line)
     dist.barrier()
@@ -200,3 +200,95 @@ def test_timing_ddp_s_all_reduce_leaves_the_training_bit_identical(tmp_path: Pat
                        check=True, timeout=120, cwd=ROOT)
         got[timed] = out.read_text()
     assert got["1"] == got["0"] + " used=True", got
+
+
+# --- online: the rank the others wait for (sources/straggler.py) ------------------------------
+
+def _noisy_shares(rng: object, n: int, gap: float, base: float = 0.05,
+                  noise: float = 0.015) -> list[dict[int, float]]:
+    """n intervals of 4 ranks' communication shares: rank 2 is waited for by ``gap``."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    out = []
+    for _ in range(n):
+        s = {r: max(0.0, base + rng.gauss(0, noise)) for r in range(4)}
+        for r in (0, 1, 3):
+            s[r] += gap
+        out.append(s)
+    return out
+
+
+def test_a_rank_turning_ten_percent_slower_is_flagged_within_seconds() -> None:
+    """Four ranks keep pace for a minute (1-s intervals, noisy shares), then rank 2 turns
+    ~10% slower (its peers wait 9 points more): flagged within 10 intervals, nothing before;
+    cleared once it keeps pace again."""
+    import random
+
+    from stallscope.sources.straggler import StragglerWatch
+
+    rng = random.Random(7)
+    w = StragglerWatch()
+    before = [w.update(s) for s in _noisy_shares(rng, 60, 0.0)]
+    assert not any(before), [b for b in before if b]
+    after = [w.update(s) for s in _noisy_shares(rng, 30, 0.09)]
+    first = next(i for i, f in enumerate(after) if f)
+    assert first < 10 and set(after[first]) == {2}, (first, after[first])
+    assert all(set(f) == {2} for f in after[first:])
+    back = [w.update(s) for s in _noisy_shares(rng, 10, 0.0)]
+    assert not back[-1]
+
+
+def test_no_false_alarm_in_a_healthy_simulated_hour() -> None:
+    import random
+
+    from stallscope.sources.straggler import StragglerWatch
+
+    rng = random.Random(11)
+    w = StragglerWatch()
+    flagged = [f for s in _noisy_shares(rng, 3600, 0.0, noise=0.02) if (f := w.update(s))]
+    assert flagged == []
+
+
+def test_a_rank_slow_from_the_start_is_flagged_by_its_level() -> None:
+    """No change to see (it was slow from the first interval): a gap of 15 points held for 3
+    intervals flags it all the same."""
+    import random
+
+    from stallscope.sources.straggler import StragglerWatch
+
+    w = StragglerWatch()
+    got = [w.update(s) for s in _noisy_shares(random.Random(3), 6, 0.3)]
+    assert not got[1] and set(got[2]) == {2} and got[2][2] > 0.25
+
+
+def test_the_run_alert_fires_on_the_rank_waited_for(tmp_path: Path) -> None:
+    """The collector's probe source reads the steps with their communication time, and the
+    default rule rank_waited_for fires on rank 1 when rank 0 starts waiting for it."""
+    from stallscope.alerts.engine import AlertEngine
+    from stallscope.alerts.rules import DEFAULT_RULES
+    from stallscope.sources.steps import StepsSource
+
+    store = RunStore(tmp_path / "run.db")
+    store.set_probe(0, 1, {}, 0, 0)
+    store.set_probe(1, 2, {}, 0, 0)
+    src = StepsSource(tmp_path / "run.db")
+    src.open()
+    engine = AlertEngine(DEFAULT_RULES)
+    fired = []
+    step = 0
+    for t in range(40):
+        gap = 0.0 if t < 20 else 0.3  # from t=20 rank 0 waits 30% more of its step
+        rows = []
+        for _ in range(10):
+            step += 1
+            rows.append(StepRow(0, step, T0 + t, 0.0, 0.1, comm_s=0.01 + gap * 0.1))
+            rows.append(StepRow(1, step, T0 + t, 0.0, 0.1, comm_s=0.01))
+        store.add_steps(rows)
+        payload = src.sample(T0 + t)
+        fired += [(t, x.rule.name, x.entity) for x in engine.evaluate(T0 + t, src.points(payload))
+                  if x.state == "firing"]
+    store.close()
+    src.close()
+    assert fired and fired[0][1:] == ("rank_waited_for", "rank1"), fired
+    assert 20 <= fired[0][0] <= 24, fired

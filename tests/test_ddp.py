@@ -2,7 +2,7 @@
 three ways: a starving input pipeline, a heavier forward pass, a CPU quota on its process (a
 real cgroup). The all-reduce makes both ranks' steps equally long; the diagnosis must still name
 rank 1, with rank 1's own figures and its cause, and say that rank 0 waits for it in the
-collective (the probe's communication time, probe/comm.py)."""
+collective (the probe's communication time, sources/comm.py)."""
 
 from __future__ import annotations
 

@@ -186,6 +186,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
          severity="warning"),
     Rule("rank_slow", "probe.rank_slowdown", above=1.5, for_s=60, clear_below=1.2,
          severity="warning"),
+    Rule("rank_waited_for", "probe.waited_for", above=0.5, severity="warning"),
 )
 
 

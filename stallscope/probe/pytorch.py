@@ -120,9 +120,9 @@ class Probe(Recorder):
                          capacity=capacity, flush_interval=flush_interval,
                          collect_interval=collect_interval, timer=timer,
                          register_atexit=register_atexit)
-        from stallscope.probe import comm
+        from stallscope.sources import comm
 
-        comm.install()  # time DDP's all-reduce and torch.distributed calls (probe/comm.py)
+        comm.install()  # time DDP's all-reduce and torch.distributed calls (sources/comm.py)
 
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
         return loader_config(loader)

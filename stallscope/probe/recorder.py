@@ -39,11 +39,11 @@ from typing import Any
 
 from stallscope.probe.buffer import DEFAULT_CAPACITY, RawStep, StepBuffer, StepRecord, StepState
 from stallscope.probe.callbacks import AlertQueue
-from stallscope.probe.comm import CLOCK as COMM
 from stallscope.probe.device import DeviceClock, DeviceTimer, EventLike, EventTimer
 from stallscope.probe.notices import Notices, warn
 from stallscope.probe.standalone import env_int, interval_from_env
 from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S, StepWriter
+from stallscope.sources.comm import CLOCK as COMM
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -126,7 +126,7 @@ class Recorder:
         self.device = DeviceClock(timer, self.notices.say)
         self.alerts = AlertQueue()
         self.config: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "epochs": []}
-        #: step -> its communication wait (probe/comm.py), for the writer to join to the step
+        #: step -> its communication wait (sources/comm.py), for the writer to join to the step
         self.comm_of: dict[int, float] = {}
         self._cfg_lock = threading.Lock()
         # where to write: explicit dir, stallscope run's dir, or (None) a standalone run

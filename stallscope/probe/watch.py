@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from stallscope.probe.comm import CLOCK as COMM
 from stallscope.probe.loaders import sizer_for
 from stallscope.probe.notices import warn
 from stallscope.probe.recorder import Recorder, StepTimer, current, env_rank, obtain
+from stallscope.sources.comm import CLOCK as COMM
 
 __all__ = [
     "Adapter",
@@ -122,7 +122,7 @@ class Watched(Generic[T]):
                     except Exception as exc:
                         gpu = maybe_gpu = False
                         dev.record_failed(exc)
-                if comm.used and (c := comm.take()) is not None:  # collectives: probe/comm.py
+                if comm.used and (c := comm.take()) is not None:  # collectives: sources/comm.py
                     comm_of[cur] = c
                 if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
                     queue.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))

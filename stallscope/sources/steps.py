@@ -3,10 +3,12 @@ the last :data:`WINDOW_S` seconds, read from the run's own ``run.db`` (table ``s
 the probe inside the trainer).
 
 This is what lets the alert engine, which runs in the collector, alert on what only the probe
-measures: "rank 1 has waited for data 45% of the last 30 s" (``probe.wait_pct``) and "rank 3's
-steps take 2.1x the other ranks'" (``probe.rank_slowdown``). The formulas are the diagnosis's
-(docs/diagnosis.md): wait share = sum(wait_s) / sum(wait_s + host_s); the first step of each rank
-(worker start-up) is left out.
+measures: "rank 1 has waited for data 45% of the last 30 s" (``probe.wait_pct``), "rank 3's
+steps take 2.1x the other ranks'" (``probe.rank_slowdown``) and, under DDP with communication
+timed, "the other ranks wait for rank 1 in the all-reduce" (``probe.waited_for``, from each
+interval's communication shares: :mod:`stallscope.sources.straggler`). The formulas are the
+diagnosis's (docs/diagnosis.md): wait share = sum(wait_s) / sum(wait_s + host_s); the first step
+of each rank (worker start-up) is left out.
 
 Reads are incremental (per rank, steps after the last one seen; the table's key is
 (rank, step)), through a read-only connection, so a long run costs the same per sample as a
@@ -25,6 +27,7 @@ from typing import Any
 from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
+from stallscope.sources.straggler import StragglerWatch, gaps
 
 __all__ = ["MIN_STEPS", "WINDOW_S", "StepsSource", "window_points"]
 
@@ -72,6 +75,8 @@ class StepsSource(Source):
         self._db: sqlite3.Connection | None = None
         self._last: dict[int, int] = {}
         self._rows: dict[int, deque[Step]] = {}
+        #: which rank the others wait for in collectives, interval by interval
+        self._stragglers = StragglerWatch()
 
     def open(self) -> None:
         if not self.db_path.exists():
@@ -85,19 +90,33 @@ class StepsSource(Source):
 
     def sample(self, now: float) -> Any:
         db = self._conn()
+        comm = "comm_s" if any(r[1] == "comm_s" for r in db.execute(
+            "PRAGMA table_info(steps)")) else "NULL"
+        shares: dict[int, float] = {}  # this interval's communication share per rank
         for (rank,) in db.execute("SELECT rank FROM probes").fetchall():
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read
-            rows = db.execute("SELECT step, ts, wait_s, host_s FROM steps WHERE rank = ? AND "
-                              "step > ? ORDER BY step", (rank, last)).fetchall()
+            rows = db.execute(f"SELECT step, ts, wait_s, host_s, {comm} FROM steps WHERE "
+                              "rank = ? AND step > ? ORDER BY step", (rank, last)).fetchall()
             if rows:
                 self._last[rank] = rows[-1][0]
                 q = self._rows.setdefault(rank, deque())
-                q.extend((ts, w, h) for _s, ts, w, h in rows)
+                q.extend((ts, w, h) for _s, ts, w, h, _c in rows)
+                timed = [(w + h, c) for _s, _ts, w, h, c in rows if isinstance(c, float)]
+                wall = sum(x for x, _c in timed)
+                if len(timed) >= 2 and wall > 0:
+                    shares[rank] = sum(c for _x, c in timed) / wall
         horizon = now - self.window_s
         for q in self._rows.values():
             while q and q[0][0] < horizon:
                 q.popleft()
-        return window_points(self._rows)
+        out = window_points(self._rows)
+        if len(shares) >= 2:  # DDP with communication timed: who do the others wait for
+            flagged = self._stragglers.update(shares)
+            for rank, g in gaps(shares).items():
+                d = out.setdefault(f"rank{rank}", {})
+                d["peers_wait_pct"] = round(100.0 * max(g, 0.0), 2)
+                d["waited_for"] = 1.0 if rank in flagged else 0.0
+        return out
 
     def points(self, payload: Any) -> list[Point]:
         return [Point(f"probe.{k}", entity, v) for entity, d in payload.items()

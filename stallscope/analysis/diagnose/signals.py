@@ -302,7 +302,7 @@ def _stack_signals(sig: Signals, data: RunData) -> None:
                 worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
             sig.focus_rank = worst["rank"]
             focus = next(p for p in procs if p.pid == worst["pid"])
-        if any(p.seconds.get("comm") for p in procs):  # DDP's wait timed (probe/comm.py)
+        if any(p.seconds.get("comm") for p in procs):  # DDP's wait timed (sources/comm.py)
             _comm_focus(sig, detail)
         sig.ranks = len(detail)
     sig.stall_fraction = round(focus.share("data"), 3)

@@ -85,7 +85,7 @@ class InProcSampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.main_thread().ident or 0
-        #: the communication clock once installed (probe/comm.py), and its total last seen
+        #: the communication clock once installed (sources/comm.py), and its total last seen
         self._comm: Any = None
         self._comm_seen = 0.0
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
@@ -136,7 +136,7 @@ class InProcSampler:
         if torch is None or "torch.nn.parallel" not in sys.modules or \
                 getattr(getattr(torch, "__spec__", None), "_initializing", False):
             return
-        from stallscope.probe import comm
+        from stallscope.sources import comm
 
         comm.install()
         self._comm = comm.CLOCK
@@ -144,7 +144,7 @@ class InProcSampler:
 
     def _comm_time(self) -> None:
         """Once the trainer imported torch.nn.parallel (DDP), time its collectives
-        (probe/comm.py); then, each window, the seconds they waited count as ``comm`` rather
+        (sources/comm.py); then, each window, the seconds they waited count as ``comm`` rather
         than ``compute`` (where the stacks see the all-reduce wait: inside backward's C++)."""
         if self._comm is None:
             return

@@ -30,14 +30,22 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from stallscope.probe.notices import warn
-
 __all__ = ["CLOCK", "COLLECTIVES", "CommClock", "install"]
+
+
+def warn(msg: str) -> None:
+    """One line on stderr (``stallscope: msg``); never raises (the trainer's stderr)."""
+    try:
+        sys.stderr.write(f"stallscope: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
 
 #: the blocking collectives of ``torch.distributed`` that are timed (those present)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
