@@ -112,3 +112,38 @@ def test_the_panel_shows_phase_shares_without_a_probe() -> None:
     refused = TrainingView(run_id="pid 7", stack_note="cannot sample pid 7: refused")
     [line] = [ln.plain for ln in _training_lines(ViewState(training=refused), 120)]
     assert line == "TRAINING  stacks not sampled: cannot sample pid 7: refused"
+
+
+def test_the_panel_names_the_rank_the_others_wait_for(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two DDP ranks with communication timed: for 25 frames they keep pace, then rank 0
+    waits 30% of its step in the all-reduce for rank 1: the panel names rank 1 within a few
+    frames, with the gap."""
+    from stallscope.live.view import ViewState, _training_lines
+
+    monkeypatch.setattr(training, "VERDICT_EVERY_S", 3600.0)
+    me = os.getpid()
+    run = _run(tmp_path, "ddp", me)
+    store = RunStore(run / "run.db")
+    store.set_probe(1, me, {}, 0, 0)
+    w = TrainingWatch(me)
+    now, step, named = time.time(), 0, None
+    for frame in range(40):
+        gap = 0.0 if frame < 25 else 0.3
+        rows = []
+        for _ in range(5):
+            step += 1
+            rows += [StepRow(0, step, now + frame, 0.0, 0.1, comm_s=0.01 + gap * 0.1),
+                     StepRow(1, step, now + frame, 0.0, 0.1, comm_s=0.01)]
+        store.add_steps(rows)
+        v = w.view(now + frame)
+        assert v is not None
+        if v.waited_for:
+            named = (frame, v.waited_for)
+            break
+    store.close()
+    assert named is not None and 25 <= named[0] <= 29 and set(named[1]) == {1}, named
+    lines = [ln.plain for ln in _training_lines(ViewState(training=v), 140)]
+    assert any(ln.startswith("straggler  rank 1: the other ranks wait for it in the "
+                             "all-reduce, 30 points more") for ln in lines), lines
+    w.close()

@@ -25,6 +25,7 @@ from typing import Any
 from stallscope.errors import StallscopeError
 from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
 from stallscope.sources.stacks.phases import PHASES
+from stallscope.sources.straggler import StragglerWatch
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -69,6 +70,9 @@ class TrainingView:
     #: why the stacks of a process ``top --pid`` follows cannot be sampled
     stack_note: str | None = None
     sampled_only: bool = False  #: no run watches the process: only its stacks (py-spy)
+    #: under DDP with communication timed: the rank the others wait for in the all-reduce
+    #: (sources/straggler.py) and how many points more of their step they wait than it does
+    waited_for: dict[int, float] | None = None
 
 
 def _tree(pid: int) -> set[int]:
@@ -120,6 +124,8 @@ class TrainingWatch:
         self._tail: RecordTail | None = None
         self._phase_recent: deque[tuple[float, int, int | None, dict[str, float]]] = deque()
         self._sampler: Any = None  # py-spy on --pid when no run watches it
+        self._stragglers = StragglerWatch()  # who the ranks wait for, frame by frame
+        self._waited_for: dict[int, float] = {}
         self._sample_dir: tempfile.TemporaryDirectory[str] | None = None
         self._stack_note: str | None = None
 
@@ -231,22 +237,33 @@ class TrainingWatch:
         assert self._db is not None
         rows: list[tuple[Any, ...]] = []
         try:
+            comm = "comm_s" if any(r[1] == "comm_s" for r in self._db.execute(
+                "PRAGMA table_info(steps)")) else "NULL"
             ranks = [r for (r,) in self._db.execute("SELECT rank FROM probes")]
             for rank in ranks:
                 rows += self._db.execute(
-                    "SELECT rank, step, ts, wait_s, host_s, samples FROM steps "
+                    f"SELECT rank, step, ts, wait_s, host_s, samples, {comm} FROM steps "
                     "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
                     (rank, self._last.get(rank, -1))).fetchall()
         except sqlite3.Error:
             return  # the writer holds a lock, or the run is being removed: next frame
-        for rank, step, ts, wait, host, n in rows:
+        timed: dict[int, list[float]] = {}  # rank -> [wall, comm, steps] of this frame's steps
+        for rank, step, ts, wait, host, n, c in rows:
             if not all(isinstance(v, (int, float)) for v in (step, ts, wait, host)):
                 continue
+            if isinstance(c, float):
+                acc = timed.setdefault(rank, [0.0, 0.0, 0.0])
+                acc[0] += wait + host
+                acc[1] += c
+                acc[2] += 1
             self._last[rank] = max(self._last.get(rank, -1), int(step))
             self._recent.append((float(ts), float(wait), float(host),
                                  int(n) if isinstance(n, int) else 0))
             self._total += 1
         self._ranks = len(self._last)
+        shares = {r: a[1] / a[0] for r, a in timed.items() if a[2] >= 2 and a[0] > 0}
+        if len(shares) >= 2:
+            self._waited_for = self._stragglers.update(shares)
 
     _ranks = 0
 
@@ -270,7 +287,8 @@ class TrainingWatch:
         self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
-        v = TrainingView(run_id=self._label, steps=self._total, ranks=self._ranks)
+        v = TrainingView(run_id=self._label, steps=self._total, ranks=self._ranks,
+                         waited_for=dict(self._waited_for) or None)
         if self._recent:
             recent = sorted(self._recent)
             waited = sum(r[1] for r in recent)

@@ -395,6 +395,10 @@ def _training_lines(state: ViewState, width: int) -> list[Text]:
         parts.append(("  waiting for the first step", "dim"))
     parts.append(f"  {t.steps:,} steps  run {plain(t.run_id, 60)}")
     lines = [_line(*parts, width=width)]
+    for rank, gap in sorted((t.waited_for or {}).items()):
+        lines.append(_line(("straggler", _WARN), f"  rank {rank}: the other ranks wait for it "
+                           f"in the all-reduce, {100 * gap:.0f} points more of their step "
+                           "than it does", width=width))
     if t.verdict is not None:
         age = f" (as of {t.verdict_age_s:.0f} s ago)" if t.verdict_age_s is not None else ""
         style = "" if t.verdict in ("compute_bound", "insufficient_data") else _WARN
