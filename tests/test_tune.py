@@ -320,3 +320,50 @@ def test_a_dataset_that_hangs_in_this_process_ends_past_the_budget(tmp_path: Pat
     assert "no answer from" in r.stdout + r.stderr and "hangs in this process" in \
         (r.stdout + r.stderr).replace("\n", " "), r.stdout[-1500:] + r.stderr[-1500:]
     assert "Traceback" not in r.stderr
+
+
+def test_the_bound_does_not_call_a_slowed_step_the_limit() -> None:
+    """The input keeps up only because the step slowed beside the workers (36 → 142 ms): that
+    is CPU-bound, not "the step is now the limit"; an unslowed step is the limit."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=10, max_workers=None, start_method=None)
+    s.step_ms = 36.0
+    s.trials.append(Trial(config={"num_workers": 2}, samples_per_s=200.0, data_wait_share=0.01,
+                          step_ms=142.0))
+    bound = s._bound(s.trials[0])
+    assert bound.startswith("CPU-bound: the input keeps up") and "from 36 to 142 ms" in bound
+    s.trials[0].step_ms = 37.0
+    assert s._bound(s.trials[0]).startswith("the training step (36.0 ms per batch) is now")
+
+
+def test_the_table_fits_a_pipe() -> None:
+    """At 80 columns (a pipe) the configurations go under the table, numbered, whole; on a
+    terminal wide enough for them they stay in the table."""
+    import io
+
+    from rich.console import Console
+
+    from stallscope.cli.tune import print_result
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import TuneResult
+
+    trials = [Trial({"num_workers": 0}, samples_per_s=120.0, data_wait_share=0.8),
+              Trial({"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True,
+                     "pin_memory": False}, samples_per_s=4120.0, data_wait_share=0.05,
+                    repeats=2)]
+    result = TuneResult(best={"num_workers": 2}, samples_per_s=4120.0, baseline={},
+                        trials=trials, best_index=1, recommendation="DataLoader(ds)",
+                        bound="b", stopped="s", step_ms=36.0, cores=2, budget_s=60,
+                        seconds=50, interrupted=False, notes=[])
+    for width in (80, 160):
+        buf = io.StringIO()
+        print_result(result, Console(file=buf, width=width))
+        lines = buf.getvalue().splitlines()
+        assert all(len(ln.rstrip()) <= width for ln in lines), lines
+        full = "num_workers=2 prefetch_factor=4 persistent_workers=True pin_memory=False"
+        assert any(full in ln for ln in lines), lines  # never folded
+        assert any("best (mean of 2)" in ln for ln in lines), lines

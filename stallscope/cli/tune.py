@@ -152,15 +152,27 @@ def _config_text(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={config[k]}" for k in keys)
 
 
+#: the columns of the trials' table besides the configuration take about this many characters;
+#: where the longest configuration does not fit beside them (a pipe is 80 columns wide), the
+#: configurations go under the table, numbered, so that no cell has to fold
+TABLE_COLUMNS = 80
+
+
 def print_result(result: TuneResult, console: Console) -> None:
+    longest = max((len(_config_text(t.config)) for t in result.trials), default=0)
+    wide = console.width >= longest + TABLE_COLUMNS
     table = Table(title="DataLoader trials", title_justify="left", show_edge=False)
-    table.add_column("configuration", overflow="fold", min_width=14)
+    if wide:
+        table.add_column("configuration", overflow="fold", min_width=14)
+    else:
+        table.add_column("#", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("data wait", justify="right")
     table.add_column("CPU %", justify="right")
     table.add_column("RSS MiB", justify="right")
     table.add_column("start-up s", justify="right")
-    table.add_column("")
+    table.add_column("", no_wrap=True)
+    configs: list[str] = []
     for i, t in enumerate(result.trials):
         cfg = {k: v for k, v in t.config.items() if k not in ("timeout",
                                                                "multiprocessing_context")}
@@ -168,8 +180,9 @@ def print_result(result: TuneResult, console: Console) -> None:
         note = "best" if is_best else ("" if t.status == "ok" else t.status)
         if t.repeats > 1:
             note = f"{note} (mean of {t.repeats})".strip()
+        configs.append(_config_text(cfg))
         table.add_row(
-            _config_text(cfg),
+            configs[-1] if wide else str(i + 1),
             f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-",
             f"{100 * t.data_wait_share:.0f}%" if t.data_wait_share is not None else "-",
             f"{t.cpu_pct:.0f}" if t.cpu_pct is not None else "-",
@@ -177,6 +190,10 @@ def print_result(result: TuneResult, console: Console) -> None:
             f"{t.startup_s:.2f}" if t.startup_s is not None else "-",
             note, style="bold" if is_best else None)
     console.print(table)
+    if not wide:
+        for i, text in enumerate(configs):
+            console.print(f"  {i + 1:>2}  {plain(text)}", highlight=False, markup=False,
+                          soft_wrap=True)
     for t in result.trials:
         if t.reason:
             console.print(f"  {_config_text(t.config)}: {t.status}: {plain(t.reason)}",

@@ -427,6 +427,14 @@ class Search:
         w = best.config.get("num_workers", 0)
         where = f"{rate:,.0f} samples/s with num_workers={w}"
         if self._keeps_up(best):
+            if best.step_ms and self.step_ms and best.step_ms > 1.3 * self.step_ms:
+                # the input keeps up only because the step itself slowed: they share the CPU
+                return (f"CPU-bound: the input keeps up at {where} (data wait "
+                        f"{100 * (best.data_wait_share or 0):.1f}%), but the training step "
+                        f"slowed from {self.step_ms:.0f} to {best.step_ms:.0f} ms per batch "
+                        f"with the workers beside it on the {self.cores} usable cores. A "
+                        "cheaper transform, decoding once ahead of time, or more cores would "
+                        "go further")
             step = f" ({self.step_ms:.1f} ms per batch)" if self.step_ms is not None else ""
             return (f"the training step{step} is now the limit, not the input: {where}, data "
                     f"wait {100 * (best.data_wait_share or 0):.1f}%")
