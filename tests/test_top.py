@@ -197,6 +197,61 @@ def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
         t.kill()
 
 
+def _picked(screen_with_escapes: str) -> int | None:
+    """The pid of the row drawn in reverse video (the picked process), if any."""
+    sgr = re.compile(r"\x1b\[([0-9;]*)m")
+    for ln in screen_with_escapes.split("\n"):
+        lead = re.match(r"(?:\x1b\[[0-9;]*m)+", ln)  # the codes before the first character
+        if lead is None or not any("7" in c.split(";") for c in sgr.findall(lead.group(0))):
+            continue
+        m = re.match(r"\s*(\d+) ", sgr.sub("", ln))
+        if m:
+            return int(m.group(1))
+    return None
+
+
+@pytest.mark.tmux
+def test_top_help_overlay_and_a_picked_process_that_stays_picked(
+        tree: tuple[int, int]) -> None:
+    """? shows the keys and any key closes them; j picks the first process (the burning
+    worker, by CPU), and it stays picked when the sort puts the parent first; Enter makes the
+    TRAINING panel follow it; Esc drops the pick."""
+    parent, worker = tree
+    t = Tmux(_top_command("--pid", str(parent), "--interval", "0.5"), 100, 30, _env())
+    try:
+        t.wait_for(_filled(tree), "the panels to fill")
+        t.keys("?")
+        screen = t.wait_for(lambda s: "KEYS" in s, "the help overlay")
+        assert "pick a process in the list" in screen and "PROCESSES" not in screen
+        t.keys("x")
+        t.wait_for(lambda s: "KEYS" not in s and "PROCESSES" in s, "the help closed")
+        t.keys("j")
+        deadline = time.monotonic() + 10
+        while _picked(t.screen(escapes=True)) != worker:
+            assert time.monotonic() < deadline, t.screen(escapes=True)
+            time.sleep(0.1)
+        t.keys("m")  # memory order: the parent (150 MiB) moves to the top
+        screen = t.wait_for(lambda s: "sort: mem" in s, "sort by memory")
+        assert int(_proc_rows(screen)[0].split()[0]) == parent
+        assert _picked(t.screen(escapes=True)) == worker  # the pick followed the process
+        t.keys("k")  # up: the row above it, now the parent
+        deadline = time.monotonic() + 10
+        while _picked(t.screen(escapes=True)) != parent:
+            assert time.monotonic() < deadline, t.screen(escapes=True)
+            time.sleep(0.1)
+        t.keys("Enter")
+        t.wait_for(lambda s: f"training of pid {parent}" in s, "the panel following it")
+        t.keys("Escape")
+        deadline = time.monotonic() + 10
+        while _picked(t.screen(escapes=True)) is not None:
+            assert time.monotonic() < deadline, t.screen(escapes=True)
+            time.sleep(0.1)
+        t.keys("q")
+        t.wait_for(lambda s: "EXITED 0" in s, "exit after q")
+    finally:
+        t.kill()
+
+
 @pytest.mark.tmux
 def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
     t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 80, 24, _env())

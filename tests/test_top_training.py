@@ -147,3 +147,27 @@ def test_the_panel_names_the_rank_the_others_wait_for(tmp_path: Path,
     assert any(ln.startswith("straggler  rank 1: the other ranks wait for it in the "
                              "all-reduce, 30 points more") for ln in lines), lines
     w.close()
+
+
+def test_keys_are_split_with_their_escape_sequences() -> None:
+    from stallscope.live.app import DOWN, ESC, UP, split_keys
+
+    assert split_keys("j\x1b[Bk\x1b[A") == ["j", DOWN, "k", UP]
+    assert split_keys("\x1bOB") == [DOWN]  # application cursor mode
+    assert split_keys("\x1b") == [ESC] and split_keys("\x1b[5~q") == ["q"]  # PgUp skipped
+    assert split_keys("\r") == ["\r"]
+
+
+def test_the_pick_moves_through_the_last_frame_s_order() -> None:
+    from stallscope.live.view import ViewState, move_selection
+
+    st = ViewState(order=["30", "10", "20"])
+    move_selection(st, 1)
+    assert st.selected == "30"
+    move_selection(st, 1)
+    move_selection(st, 1)
+    move_selection(st, 1)
+    assert st.selected == "20"  # stays at the end
+    st.order = ["20", "30", "10"]  # another sort: the pick is the process, not the row
+    move_selection(st, -1)
+    assert st.selected == "20"

@@ -26,7 +26,7 @@ from stallscope.live.agent_feed import agent_sources
 from stallscope.live.sink import LiveSink
 from stallscope.live.term import Terminated, cbreak, read_keys, signals_raise
 from stallscope.live.training import TrainingWatch
-from stallscope.live.view import ViewState, render
+from stallscope.live.view import ViewState, move_selection, render
 from stallscope.sources import SOURCE_NAMES, Source, open_sources
 
 __all__ = ["ProcessNotReadable", "open_top_sources", "run_top"]
@@ -148,15 +148,28 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
                 keys = read_keys(stdin_fd)
                 if not keys:  # end of input: the terminal went away
                     return
-                for k in keys:
+                for k in split_keys(keys):
                     if k in ("q", "Q"):
                         return
-                    if k in _SORT_KEYS:
+                    redraw = True
+                    if state.help:  # any key closes the help
+                        state.help = False
+                    elif k in ("h", "?"):
+                        state.help = True
+                    elif k in _SORT_KEYS:
                         state.sort = _SORT_KEYS[k]
-                        redraw = True
                     elif k in ("p", "P", " "):
                         state.paused = not state.paused
-                        redraw = True
+                    elif k in (DOWN, "j"):
+                        move_selection(state, 1)
+                    elif k in (UP, "k"):
+                        move_selection(state, -1)
+                    elif k == ESC:
+                        state.selected = None
+                    elif k in ("\r", "\n") and state.selected is not None:
+                        _follow(state, int(state.selected))
+                    else:
+                        redraw = False
             if sink.fd in ready:
                 sink.drain()
                 seq, sample = sink.get()
@@ -169,6 +182,46 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
                 redraw = True  # new sample, an event or a resize
             if redraw:
                 draw()
+
+
+#: the escape sequences of the arrow keys (normal and application cursor mode), and Esc
+UP, DOWN, ESC = "\x1b[A", "\x1b[B", "\x1b"
+_ARROWS = {"\x1b[A": UP, "\x1bOA": UP, "\x1b[B": DOWN, "\x1bOB": DOWN}
+
+
+def split_keys(text: str) -> list[str]:
+    """What one read of the terminal holds, as keys: an arrow's escape sequence is one key; a
+    lone Esc is Esc; any other escape sequence is skipped whole."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        seq = text[i:i + 3]
+        if seq in _ARROWS:
+            out.append(_ARROWS[seq])
+            i += 3
+        elif text[i] == "\x1b":
+            j = i + 1
+            if j < len(text) and text[j] in "[O":  # some other sequence: up to its final byte
+                j += 1
+                while j < len(text) and not ("@" <= text[j] <= "~"):
+                    j += 1
+                i = j + 1
+            else:
+                out.append(ESC)
+                i += 1
+        else:
+            out.append(text[i])
+            i += 1
+    return out
+
+
+def _follow(state: ViewState, pid: int) -> None:
+    """The TRAINING panel follows the training of ``pid`` from now on."""
+    if state.follow is not None:
+        state.follow.stop()
+    state.follow = TrainingWatch(pid)
+    state.followed = pid
+    state.training = state.follow.view()
 
 
 def frame_text(lines: Sequence[Text]) -> str:

@@ -62,6 +62,43 @@ class ViewState:
     #: the agent the machine-wide readings come from ("127.0.0.1:10127"), None: sampled here
     via: str | None = None
     host: str = field(default_factory=lambda: plain(os.uname().nodename, 40))
+    help: bool = False  #: the help overlay is shown (h or ?)
+    #: the process picked in the PROCESSES list (arrows or j/k): it stays picked, whatever the
+    #: sort, until it exits; Enter makes the TRAINING panel follow its training
+    selected: str | None = None
+    #: the processes' order in the last frame drawn (what the arrows move through)
+    order: list[str] = field(default_factory=list)
+    followed: int | None = None  #: the pid the TRAINING panel follows after Enter
+
+
+#: the help overlay: (keys, what they do)
+HELP: tuple[tuple[str, str], ...] = (
+    ("q", "quit"),
+    ("h  ?", "this help (any key closes it)"),
+    ("c  m  r", "sort processes by CPU, memory, disk reads"),
+    ("↓ ↑  j k", "pick a process in the list (it stays picked whatever the sort)"),
+    ("Enter", "the TRAINING panel follows the picked process's training"),
+    ("Esc", "drop the pick"),
+    ("p  space", "pause / resume the display (sampling goes on)"),
+)
+
+
+def move_selection(state: ViewState, step: int) -> None:
+    """Pick the next (``step`` 1) or previous (-1) process of the last frame's order."""
+    if not state.order:
+        return
+    if state.selected not in state.order:
+        state.selected = state.order[0 if step > 0 else -1]
+        return
+    i = state.order.index(state.selected) + step
+    state.selected = state.order[max(0, min(len(state.order) - 1, i))]
+
+
+def _help_lines(width: int) -> list[Text]:
+    out = [_line(("KEYS", "bold"), width=width)]
+    for keys, what in HELP:
+        out.append(_line((f"  {keys:<10}", "bold"), what, width=width))
+    return out
 
 
 # --- number formatting ------------------------------------------------------------------------
@@ -316,7 +353,11 @@ def _proc_lines(sample: Sample, state: ViewState, width: int
 
     rows = []
     name_w = max(8, width - 48 - (23 if wide else 0)) if not wide else 16
-    for pid, rec in sorted(payload.items(), key=order):
+    ranked = sorted(payload.items(), key=order)
+    state.order = [pid for pid, _rec in ranked]
+    if state.selected is not None and state.selected not in payload:
+        state.selected = None  # the picked process exited
+    for pid, rec in ranked:
         state_ = str(rec.get("state", "?"))[:1]
         cpu = rec.get("cpu_pct")
         parts: list[tuple[str, str] | str] = [
@@ -334,7 +375,10 @@ def _proc_lines(sample: Sample, state: ViewState, width: int
         if wide:
             cmd = _short_cmd((attrs.get(pid) or {}).get("cmdline") or "")
             parts += [" ", (plain(cmd, 300), "dim")]
-        rows.append(_line(*parts, width=width))
+        row = _line(*parts, width=width)
+        if pid == state.selected:
+            row.stylize("reverse")
+        rows.append(row)
     return headers, rows
 
 
@@ -419,8 +463,12 @@ def _cut(rows: list[Text], n: int, what: str, width: int) -> list[Text]:
 
 
 def _footer(sample: Sample, state: ViewState, width: int) -> Text:
-    keys = ("q quit  c/m/r sort cpu/mem/read  p " + ("resume" if state.paused else "pause")
+    keys = ("q quit  h help  c/m/r sort  ↓↑ pick  p " + ("resume" if state.paused else "pause")
             if state.keys else "Ctrl-C quits")
+    if state.keys and not state.unicode:
+        keys = keys.replace("↓↑", "j/k")
+    if state.followed is not None:
+        keys += f"  training of pid {state.followed}"
     cost = f"sample {sample.cpu_s * 1e3:.1f} ms CPU"
     if state.draw_cpu_s is not None:
         cost += f", draw {state.draw_cpu_s * 1e3:.1f} ms"
@@ -448,6 +496,11 @@ def render(sample: Sample | None, state: ViewState, width: int, height: int | No
                 f"  every {state.interval:g} s{what}{via}", width=width)
     if sample is None:
         return [top, _line(f"collecting the first sample ({state.interval:g} s)…", width=width)]
+    if state.help:
+        lines = [top, *_help_lines(width)]
+        if height is not None:
+            lines += [Text("")] * max(0, height - len(lines) - 1)
+        return [*lines, _footer(sample, state, width)]
     tall = height is None or height >= 40
     gpus = _gpu_lines(sample, state, width)
     host = _host_lines(sample, state, width, core_lines=4 if tall else 2)
