@@ -139,6 +139,89 @@ def test_hf_trainer_callback(run_dir: Path, tmp_path: Path) -> None:
     assert cfg["num_workers"] == 0 and cfg["dataset_len"] == 24
 
 
+# --- the probe's figures in the framework's own logger --------------------------------------------
+def test_lightning_logs_the_data_wait_share_through_its_logger(run_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """With a real CSVLogger: at every log_every_n_steps, stallscope/data_wait_share and
+    stallscope/step_ms of the steps since the last log, as the probe measured them."""
+    import csv
+
+    pl: Any = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.loggers import CSVLogger
+
+    from stallscope.integrations.lightning import StallscopeCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            time.sleep(STEP_S)
+            x, y = batch
+            return nn.functional.cross_entropy(self.lin(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
+    logger = CSVLogger(str(tmp_path / "logs"), name="t")
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=logger,
+                         log_every_n_steps=3, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[StallscopeCallback()])
+    trainer.fit(Tiny(), loader)
+    steps, _ = finish(run_dir)
+    rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
+    shares = [float(r["stallscope/data_wait_share"]) for r in rows
+              if r.get("stallscope/data_wait_share")]
+    assert len(shares) == 4, rows  # batches 3 and 6 of each epoch
+    measured = sum(s.wait_s for s in steps) / sum(s.wait_s + s.host_s for s in steps)
+    assert abs(statistics.mean(shares) - measured) < 0.1, (shares, measured)
+    step_ms = [float(r["stallscope/step_ms"]) for r in rows if r.get("stallscope/step_ms")]
+    assert all(ms >= STEP_S * 1000 for ms in step_ms), step_ms
+
+
+def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path) -> None:
+    """The Trainer's logs at each logging step carry stallscope/data_wait_share, also for a
+    callback that comes before stallscope's (as TensorBoard's and W&B's always do): the
+    stallscope callback puts itself first."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from stallscope.integrations.hf import StallscopeCallback
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+            time.sleep(STEP_S)
+            logits = self.lin(x)
+            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    seen: list[dict[str, Any]] = []
+
+    class Reporter(transformers.TrainerCallback):  # stands for TensorBoardCallback
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+                   **kwargs: Any) -> None:
+            seen.append(dict(logs or {}))
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="steps",
+        logging_steps=3, dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
+    trainer = transformers.Trainer(model=Tiny(), args=args,
+                                   train_dataset=SlowData(24, as_dict=True),
+                                   callbacks=[Reporter(), StallscopeCallback()])
+    trainer.train()
+    finish(run_dir)
+    train_logs = [x for x in seen if "loss" in x]
+    assert len(train_logs) == 4, seen
+    for x in train_logs:
+        assert 0 < x["stallscope/data_wait_share"] < 1 and x["stallscope/step_ms"] > 0, x
+
+
 # --- framework-free pieces -----------------------------------------------------------------------
 def test_step_hooks_exclude_announced_work_from_data_wait(run_dir: Path) -> None:
     hooks = StepHooks()

@@ -130,6 +130,26 @@ def test_fit_splits_input_wait_from_compute(run_dir: Path, spe: int) -> None:
     assert cfg["framework"] == "tensorflow" and cfg["tensorflow"] == tf.__version__
 
 
+def test_the_epoch_logs_carry_the_data_wait_share(run_dir: Path, tmp_path: Path) -> None:
+    """Each epoch's logs get the probe's figures for the epoch: History and a real CSVLogger
+    after the callback record them (the input wait dominates this dataset)."""
+    import csv
+
+    import keras
+
+    from stallscope.integrations.keras import StallscopeCallback
+
+    model = small_model(1)
+    log = tmp_path / "epochs.csv"
+    hist = model.fit(slow_dataset(), epochs=2, verbose=0, shuffle=False,
+                     callbacks=[StallscopeCallback(), keras.callbacks.CSVLogger(str(log))])
+    shares = hist.history["stallscope_data_wait_share"]
+    assert len(shares) == 2 and all(0.5 < s < 1 for s in shares), shares
+    rows = list(csv.DictReader(log.open()))
+    assert [float(r["stallscope_data_wait_share"]) for r in rows] == pytest.approx(shares)
+    assert all(float(r["stallscope_step_ms"]) >= 0.8 * SLEEP_S * 1000 for r in rows), rows
+
+
 def test_fit_without_wait_is_compute(run_dir: Path) -> None:
     """A pipeline that keeps up (cached, prefetched): the waits are small next to the step."""
     from stallscope.integrations.keras import StallscopeCallback

@@ -22,7 +22,34 @@ from typing import Any, TypeVar
 from stallscope.probe import Recorder, StepTimer, get_probe
 from stallscope.probe.notices import warn
 
-__all__ = ["StepHooks", "safe_hook"]
+__all__ = ["LogFigures", "StepHooks", "safe_hook"]
+
+
+class LogFigures:
+    """What a framework's logger gets from the probe at each of its logging points: the steps
+    recorded since the previous point (the probe writes what it holds first, a few
+    milliseconds on the training thread at each logging point), as ``{name: value}``:
+    ``data_wait_share`` (0-1), ``step_ms`` (mean), ``comm_share`` (0-1, DDP with communication
+    timed). Empty when no step came in between."""
+
+    def __init__(self) -> None:
+        self._mark = [0, 0.0, 0.0, 0, 0.0]
+
+    def take(self, probe: Recorder | None) -> dict[str, float]:
+        if probe is None:
+            return {}
+        probe.flush()  # what the probe holds, written now: a logging point is rare
+        now = list(probe.writer.sums)
+        d = [a - b for a, b in zip(now, self._mark, strict=True)]
+        self._mark = now
+        n, wait, wall, n_comm, comm = d
+        if n <= 0 or wall <= 0:
+            return {}
+        out = {"data_wait_share": round(wait / wall, 4),
+               "step_ms": round(wall / n * 1000.0, 3)}
+        if n_comm > 0:
+            out["comm_share"] = round(comm / wall, 4)
+        return out
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,7 +13,10 @@ is not Keras 3's (another backend, a future Keras), the callback says so once an
 train calls instead: input wait then shows as compute.
 
 The callback overrides no batch hook, so Keras keeps dispatching batch callbacks
-asynchronously.
+asynchronously. At each epoch's end the probe's figures for the epoch join the epoch's ``logs``
+(``stallscope_data_wait_share``, ``stallscope_step_ms``): ``History``, ``CSVLogger`` and
+``TensorBoard`` record them when they come after this callback in ``callbacks=[...]``
+(``log=False`` turns that off).
 
 Importing this module imports Keras (the package is optional: ``pip install
 stallscope[tensorflow]``, or ``stallscope[tensorflow-cpu]`` without a GPU).
@@ -26,7 +29,7 @@ from typing import Any
 
 import keras
 
-from stallscope.integrations import StepHooks, safe_hook
+from stallscope.integrations import LogFigures, StepHooks, safe_hook
 from stallscope.probe.keras import (
     TimedTrainFunction,
     dataset_config,
@@ -43,9 +46,10 @@ class StallscopeCallback(keras.callbacks.Callback):
     """Records every training step of ``model.fit`` with the stallscope probe (see the module
     docstring). ``rank`` overrides ``$RANK``."""
 
-    def __init__(self, rank: int | None = None) -> None:
+    def __init__(self, rank: int | None = None, log: bool = True) -> None:
         super().__init__()
         self._core = StepHooks(rank)
+        self._log = LogFigures() if log else None
         self._broken = False
         self._graph = False  # True: each step's input wait is timed inside the graph
         self.pending_dataset = True
@@ -97,6 +101,9 @@ class StallscopeCallback(keras.callbacks.Callback):
     @safe_hook
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self._drain()
+        p = self._core.probe
+        if self._log is not None and p is not None and isinstance(logs, dict):
+            logs.update({f"stallscope_{k}": v for k, v in self._log.take(p).items()})
 
     @safe_hook
     def on_test_end(self, logs: Any = None) -> None:

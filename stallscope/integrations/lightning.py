@@ -11,6 +11,10 @@ the epoch (``trainer.current_epoch``) and, on CUDA, GPU busy/idle time from CUDA
 loader configuration comes from ``trainer.train_dataloader``; the rank is ``trainer.global_rank``.
 Validation and checkpointing between batches are not counted as data wait.
 
+At the trainer's logging interval (``log_every_n_steps``) the probe's figures since the last
+one go to the trainer's loggers through ``pl_module.log_dict``: ``stallscope/data_wait_share``,
+``stallscope/step_ms`` and, under DDP, ``stallscope/comm_share`` (``log=False`` turns that off).
+
 Lightning ships as ``lightning`` (``lightning.pytorch``) and as ``pytorch_lightning``; their
 ``Callback`` classes differ, so this module subclasses whichever is installed (``lightning``
 first). ``PLStallscopeCallback`` is the ``pytorch_lightning`` one when both are installed.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from stallscope.integrations import StepHooks, safe_hook
+from stallscope.integrations import LogFigures, StepHooks, safe_hook
 from stallscope.probe import batch_size_of
 
 
@@ -49,10 +53,14 @@ def _first_loader(loaders: Any) -> Any:
 class _Hooks:
     """The hooks, independent of which Lightning package provides the base class."""
 
-    def __init__(self, rank: int | None = None) -> None:
+    def __init__(self, rank: int | None = None, log: bool = True) -> None:
         super().__init__()
         self._core = StepHooks(rank)
         self._broken = False
+        #: the probe's figures go to the trainer's loggers (``self.log``) at its logging
+        #: interval (``log_every_n_steps``): ``stallscope/data_wait_share`` and the others of
+        #: :class:`~stallscope.integrations.LogFigures`
+        self._log = LogFigures() if log else None
 
     @safe_hook
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -72,6 +80,13 @@ class _Hooks:
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._core.end_step()
+        every = int(getattr(trainer, "log_every_n_steps", 50) or 50)
+        if self._log is not None and (batch_idx + 1) % every == 0:
+            figures = self._log.take(self._core.probe)
+            if figures:
+                pl_module.log_dict({f"stallscope/{k}": v for k, v in figures.items()},
+                                   on_step=True, on_epoch=False, logger=True, prog_bar=False,
+                                   batch_size=1)
 
     @safe_hook
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:

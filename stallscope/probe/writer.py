@@ -56,6 +56,9 @@ class StepWriter:
         self.written = 0
         self.lost = 0
         self.gpu_unread = 0
+        #: every step handed over so far: [steps, wait s, step s, steps with comm, comm s]
+        #: (the writer thread adds; the framework callbacks read deltas for their loggers)
+        self.sums = [0, 0.0, 0.0, 0, 0.0]
         self._said_drop = 0
         self._pending: deque[StepRecord] = deque()  # steps waiting for their device events
         self._last_end_ev: EventLike | None = None
@@ -142,6 +145,14 @@ class StepWriter:
                                 r.h2d_host_s, None, None, r.samples, r.epoch,
                                 comm_of.pop(r.step, None) if comm_of else None))
         rows.extend(self._gpu_rows(final))
+        sums = self.sums
+        for row in rows:
+            sums[0] += 1
+            sums[1] += row.wait_s
+            sums[2] += row.wait_s + row.host_s
+            if row.comm_s is not None:
+                sums[3] += 1
+                sums[4] += row.comm_s
         if self.store is None:
             self.lost += len(rows)
             return 0
