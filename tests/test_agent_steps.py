@@ -190,8 +190,8 @@ def test_exposition_of_the_steps(tmp_path: Path) -> None:
     add_steps(run, 1, 0, 2, 0.0, 0.5, samples=None)
     sink = PrometheusSink(["host"], hostname="node-3", steps=StepFollower(rescan_s=0))
     text = generate_latest(sink.registry).decode()
-    labels0 = f'Hostname="node-3",rank="0",run="{run.name}"'
-    labels1 = f'Hostname="node-3",rank="1",run="{run.name}"'
+    labels0 = f'Hostname="node-3",rank="0",run="{run.name}",train_job="{run.name}"'
+    labels1 = f'Hostname="node-3",rank="1",run="{run.name}",train_job="{run.name}"'
     assert f"stallscope_train_steps_total{{{labels0}}} 4.0" in text
     assert f"stallscope_train_data_wait_seconds_total{{{labels0}}} 1.0" in text
     assert f"stallscope_train_step_seconds_total{{{labels0}}} 2.0" in text
@@ -566,8 +566,8 @@ def test_communication_wait_goes_out_and_comes_back(tmp_path: Path) -> None:
     store.close()
     sink = PrometheusSink(["host"], hostname="node-3", steps=StepFollower(rescan_s=0))
     text = generate_latest(sink.registry).decode()
-    labels0 = f'Hostname="node-3",rank="0",run="{run.name}"'
-    labels1 = f'Hostname="node-3",rank="1",run="{run.name}"'
+    labels0 = f'Hostname="node-3",rank="0",run="{run.name}",train_job="{run.name}"'
+    labels1 = f'Hostname="node-3",rank="1",run="{run.name}",train_job="{run.name}"'
     line = next(ln for ln in text.splitlines()
                 if ln.startswith(f"stallscope_train_comm_wait_seconds_total{{{labels0}}}"))
     assert abs(float(line.rsplit(" ", 1)[1]) - 0.2) < 1e-9, line
@@ -576,3 +576,25 @@ def test_communication_wait_goes_out_and_comes_back(tmp_path: Path) -> None:
             "wait_s": ([100.0, 101.0], [0, 0.04]), "comm_s": ([100.0, 101.0], [0, 0.16])}
     rows = _rank_rows(0, cols, start=100.0, step=1.0)
     assert len(rows) == 4 and all(abs((r.comm_s or 0) - 0.04) < 1e-9 for r in rows)
+
+
+def test_a_job_on_several_nodes_shares_its_train_job_label(tmp_path: Path) -> None:
+    """The probes name their job (torchrun's rendezvous id, the Slurm job, the rendezvous
+    endpoint): the step series carry it as train_job, so rules group a job's ranks across
+    nodes, whose run ids differ."""
+    from stallscope.probe.recorder import job_key
+
+    assert job_key({"TORCHELASTIC_RUN_ID": "j42", "SLURM_JOB_ID": "7"}) == "torchrun:j42"
+    assert job_key({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"}) == "slurm:7"
+    assert job_key({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == "10.0.0.1:29500"
+    assert job_key({}) is None
+    run = make_run(tmp_path)
+    record_run(run)
+    store = RunStore(run / "run.db")
+    store.set_probe(1, os.getpid(), {"job": "torchrun:j42"}, 0, 0)
+    store.add_steps([StepRow(1, i, time.time(), 0.01, 0.09) for i in range(3)])
+    store.close()
+    sink = PrometheusSink(["host"], hostname="node-b", steps=StepFollower(rescan_s=0))
+    text = generate_latest(sink.registry).decode()
+    assert (f'stallscope_train_steps_total{{Hostname="node-b",rank="1",run="{run.name}",'
+            'train_job="torchrun:j42"} 3.0') in text, text

@@ -182,9 +182,11 @@ class SampleExposition(PromCollector):
         (steps, step_s, wait_s, samples, comm_s, last_ts, first_ts) = (
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
         owners = follower.owners()
+        jobs = follower.jobs()
         for run_id, ranks in sorted(runs.items()):
             for rank, t in sorted(ranks.items()):
                 labels = {"run": run_id, "rank": str(rank),
+                          "train_job": jobs.get(run_id, run_id),
                           self.sink.host_label: self.sink.hostname,
                           **owners.get(run_id, {})}
                 fams.add(steps, labels, float(t.steps))

@@ -28,6 +28,7 @@ agent first saw them are never exported.
 from __future__ import annotations
 
 import glob
+import json
 import sqlite3
 import threading
 import time
@@ -112,6 +113,9 @@ class _Followed:
     #: whose run it is (meta.json ``owner``, else read from the trainer's cgroup): the
     #: ``namespace``, ``pod``, ``container`` and ``hpc_job`` labels of its series
     owner: dict[str, str] = field(default_factory=dict)
+    #: the job it belongs to on every node (its probes' ``job``: torchrun's rendezvous id, the
+    #: Slurm job, the rendezvous endpoint); the run id when its probes name none
+    job: str | None = None
 
 
 class StepFollower:
@@ -167,6 +171,33 @@ class StepFollower:
         """run id -> its owner labels (pod or Slurm job; empty when none is known)."""
         with self._lock:
             return {f.run_id: dict(f.owner) for f in self._followed.values()}
+
+    def jobs(self) -> dict[str, str]:
+        """run id -> the training job it is part of on every node (``train_job``): what its
+        probes name, else the run id itself."""
+        with self._lock:
+            out = {}
+            for f in self._followed.values():
+                if f.job is None:
+                    f.job = self._job_of(f)
+                out[f.run_id] = f.job or f.run_id
+            return out
+
+    def _job_of(self, f: _Followed) -> str | None:
+        if not self._connect(f) or f.conn is None:
+            return None
+        try:
+            rows = f.conn.execute("SELECT config FROM probes ORDER BY rank").fetchall()
+        except sqlite3.Error:
+            return None
+        for (config,) in rows:
+            try:
+                job = json.loads(config).get("job") if isinstance(config, str) else None
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(job, str) and job and len(job) <= 128 and "\n" not in job:
+                return job
+        return None
 
     def run_dirs(self) -> dict[str, Path]:
         """run id -> run directory of each followed run that has not ended (the agent reads

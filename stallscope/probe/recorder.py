@@ -32,7 +32,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -72,6 +72,21 @@ def env_rank() -> int:
     """``$RANK``, else 0: the rank when no framework says otherwise."""
     r = env_int("RANK")
     return r if r is not None else 0
+
+
+def job_key(env: Mapping[str, str] | None = None) -> str | None:
+    """What names one training job on all its nodes, from the environment the launcher set:
+    torchrun's rendezvous id (``TORCHELASTIC_RUN_ID``, ``--rdzv-id``), else Slurm's job id,
+    else the rendezvous endpoint (``MASTER_ADDR:MASTER_PORT``); None for a lone process."""
+    e = os.environ if env is None else env
+    rid = e.get("TORCHELASTIC_RUN_ID", "")
+    if rid and rid != "none":
+        return f"torchrun:{rid}"[:128]
+    if e.get("SLURM_JOB_ID"):
+        return f"slurm:{e['SLURM_JOB_ID']}"[:128]
+    if e.get("MASTER_ADDR") and e.get("MASTER_PORT"):
+        return f"{e['MASTER_ADDR']}:{e['MASTER_PORT']}"[:128]
+    return None
 
 
 def machine_config() -> dict[str, Any]:
@@ -126,6 +141,9 @@ class Recorder:
         self.device = DeviceClock(timer, self.notices.say)
         self.alerts = AlertQueue()
         self.config: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "epochs": []}
+        job = job_key()
+        if job:
+            self.config["job"] = job  # the same on every node of a job: the agent's train_job
         #: step -> its communication wait (sources/comm.py), for the writer to join to the step
         self.comm_of: dict[int, float] = {}
         self._cfg_lock = threading.Lock()
