@@ -128,7 +128,7 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
     assert "Rank 1 holds the job back: rank 0 waits for it in the all-reduce" in strag["summary"]
     assert_peer_waits(doc, slow=1, fast=0)
     # a trainer without the probe: stallscope run's stack sampler installs the same timing
-    # when torch is imported, and the all-reduce wait moves from compute to comm
+    # once the process group exists, and the all-reduce wait moves from compute to comm
     bare = ddp_run(tmp_path / "bare", "--heavy-rank", "1", "--max-seconds", "6", "--no-probe")
     assert bare["stall_source"] == "stacks" and not bare["signals"].get("steps")
     assert bare["verdict"] == "straggler_rank", [f["kind"] for f in bare["findings"]]

@@ -18,9 +18,9 @@ so the diagnosis can split a step into data wait + compute + communication wait:
 
 Both add to one :class:`CommClock` per process that the probe takes at each step's end
 (:meth:`CommClock.take`); without a probe, the in-process stack sampler of ``stallscope run``
-installs the same timing once the trainer imports ``torch.nn.parallel`` and moves the measured
-seconds from the stacks' ``compute`` (the backward's C++ frames, where the wait happens) to
-``comm`` (:mod:`stallscope.sources.stacks.inproc`).
+installs the same timing once the trainer has a process group (``init_process_group``) and
+moves the measured seconds from the stacks' ``compute`` (the backward's C++ frames, where the
+wait happens) to ``comm`` (:mod:`stallscope.sources.stacks.inproc`).
 Without torch.distributed nothing is patched and a step costs one attribute read.
 ``STALLSCOPE_COMM=0`` in the trainer's environment turns all of this off.
 """

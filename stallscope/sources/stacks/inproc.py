@@ -105,7 +105,7 @@ class InProcSampler:
             while not self._stop.wait(period if self.tally.started or last < slow_after
                                       else SLOW_PERIOD_S):
                 if self._comm is None:
-                    self._comm_install()
+                    self._comm_install()  # a dict lookup a sample until DDP starts
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
@@ -130,11 +130,20 @@ class InProcSampler:
             return
 
     def _comm_install(self) -> None:
-        """Install the communication timing once torch is imported (not while its import is
-        under way on the main thread: that import finishes first)."""
+        """Install the communication timing once the trainer has a torch.distributed process
+        group (what DDP needs, created before the model is wrapped): a training that is not
+        distributed is left exactly as it is. Never while torch's import is under way on the
+        main thread."""
         torch = sys.modules.get("torch")
-        if torch is None or "torch.nn.parallel" not in sys.modules or \
+        dist = sys.modules.get("torch.distributed")
+        if torch is None or dist is None or \
                 getattr(getattr(torch, "__spec__", None), "_initializing", False):
+            return
+        try:
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+        except Exception:  # a torch without these: nothing to time
+            self._comm = False
             return
         from stallscope.sources import comm
 
@@ -143,10 +152,10 @@ class InProcSampler:
         self._comm_seen = comm.CLOCK.total_s
 
     def _comm_time(self) -> None:
-        """Once the trainer imported torch.nn.parallel (DDP), time its collectives
+        """Once the trainer has a process group (DDP), its collectives are timed
         (sources/comm.py); then, each window, the seconds they waited count as ``comm`` rather
         than ``compute`` (where the stacks see the all-reduce wait: inside backward's C++)."""
-        if self._comm is None:
+        if not self._comm:
             return
         total = self._comm.total_s
         waited, self._comm_seen = total - self._comm_seen, total
