@@ -501,15 +501,3 @@ def test_the_agent_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path)
         assert not any((mnt / "store").iterdir()) if (mnt / "store").exists() else True
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
-
-
-def test_the_agent_caps_glibc_malloc_arenas() -> None:
-    """A new thread per request gives glibc a new arena each, which keeps freed memory: the
-    agent caps them (RSS flat under 10 scrapes/s: benchmarks/bench_soak.py). On glibc the call
-    takes effect; elsewhere it changes nothing and says so."""
-    import platform
-
-    from stallscope.agent.server import limit_malloc_arenas
-
-    got = limit_malloc_arenas()
-    assert got is (platform.libc_ver()[0] == "glibc"), platform.libc_ver()

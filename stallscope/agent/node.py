@@ -20,7 +20,7 @@ from typing import Any
 
 from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
-from stallscope.agent.server import AgentHTTPServer, limit_malloc_arenas, make_server
+from stallscope.agent.server import AgentHTTPServer, make_server
 from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.agent.trainprocs import TrainerProcs
 from stallscope.agent.trainstacks import TrainerStacks
@@ -120,7 +120,6 @@ class Agent:
         cfg = self.config
         host, port = parse_listen(cfg.listen)
         self.server = make_server(host, port)  # ListenError: nothing else was created
-        limit_malloc_arenas()  # before its threads start: flat memory under many scrapes
         try:
             self._start_sampling()
         except BaseException:

@@ -72,27 +72,6 @@ class _V6Server(AgentHTTPServer):
     address_family = socket.AF_INET6
 
 
-#: glibc's mallopt parameter for the number of malloc arenas (malloc.h M_ARENA_MAX)
-_M_ARENA_MAX = -8
-#: arenas the agent's process keeps (glibc's default is 8 per core)
-MALLOC_ARENAS = 2
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
-    """Cap glibc's malloc arenas for this process (what ``MALLOC_ARENA_MAX`` sets). The server
-    answers each request on a new thread, and glibc gives threads arenas of their own that keep
-    freed memory: scraped 10 times a second, the agent's RSS grew about 4 MiB an hour, and
-    stayed flat with two arenas (``benchmarks/bench_soak.py``, both measured side by side).
-    True when set; False off glibc (musl, macOS), where nothing is changed."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_ARENA_MAX, int(arenas)))
-    except (OSError, AttributeError, TypeError, ValueError):
-        return False
-
-
 def make_server(host: str, port: int) -> AgentHTTPServer:
     """Bind (and listen on) ``host:port``; :class:`ListenError` in one line if it cannot."""
     cls = _V6Server if ":" in host else AgentHTTPServer
