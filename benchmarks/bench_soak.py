@@ -9,7 +9,8 @@ the scrapes done and the exposition's size, and prints one line; at the end a ta
 minute vs last (the ratio), a least-squares slope of RSS per hour over the minutes after the
 first five (start-up allocations settle there), and CPU per scrape. It passes when RSS is flat:
 the slope under 1 MiB per hour and the last minute within 5% of minute 5. ``--out`` writes the
-per-minute records as JSON lines.
+per-minute records as JSON lines; ``--malloc-arena-max 2`` starts the agent as the shipped
+systemd unit, Containerfile and DaemonSet do (run it beside one without, to compare).
 """
 
 from __future__ import annotations
@@ -60,14 +61,19 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=10.0, help="scrapes per second")
     ap.add_argument("--out", type=Path, help="per-minute records as JSON lines")
+    ap.add_argument("--malloc-arena-max", type=int, metavar="N",
+                    help="start the agent with MALLOC_ARENA_MAX=N (as the shipped units do: 2)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
+    env = dict(os.environ)
+    if args.malloc_arena_max is not None:
+        env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
     with tempfile.TemporaryDirectory() as tmp:
         agent = subprocess.Popen([sys.executable, "-m", "stallscope", "agent", "--listen",
                                   f"127.0.0.1:{port}", "--interval", "1", "--store",
                                   f"{tmp}/store"], cwd=HERE, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE)
+                                 stderr=subprocess.PIPE, env=env)
         try:
             deadline = time.monotonic() + 60
             while True:
