@@ -76,11 +76,10 @@ def check_steps(steps: list[StepRow], n: int, batch: int, epochs: int) -> None:
 
 
 # --- PyTorch Lightning ---------------------------------------------------------------------------
-def test_lightning_callback(run_dir: Path) -> None:
-    pl: Any = pytest.importorskip("lightning.pytorch")
-    from stallscope.integrations.lightning import StallscopeCallback
+def lightning_tiny(pl: Any) -> Any:
+    """A linear model whose training step takes STEP_S (the host time the callbacks time)."""
 
-    class Tiny(pl.LightningModule):
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(4, 2)
@@ -93,12 +92,19 @@ def test_lightning_callback(run_dir: Path) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Tiny()
+
+
+def test_lightning_callback(run_dir: Path) -> None:
+    pl: Any = pytest.importorskip("lightning.pytorch")
+    from stallscope.integrations.lightning import StallscopeCallback
+
     loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False,
                          callbacks=[StallscopeCallback()])
-    trainer.fit(Tiny(), loader)
+    trainer.fit(lightning_tiny(pl), loader)
     steps, probes = finish(run_dir)
     check_steps(steps, n=6, batch=4, epochs=2)
     (p,) = probes
@@ -151,26 +157,13 @@ def test_lightning_logs_the_data_wait_share_through_its_logger(run_dir: Path,
 
     from stallscope.integrations.lightning import StallscopeCallback
 
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(4, 2)
-
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            time.sleep(STEP_S)
-            x, y = batch
-            return nn.functional.cross_entropy(self.lin(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
     logger = CSVLogger(str(tmp_path / "logs"), name="t")
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=logger,
                          log_every_n_steps=3, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[StallscopeCallback()])
-    trainer.fit(Tiny(), loader)
+    trainer.fit(lightning_tiny(pl), loader)
     steps, _ = finish(run_dir)
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
     shares = [float(r["stallscope/data_wait_share"]) for r in rows
