@@ -9,8 +9,8 @@ the scrapes done and the exposition's size, and prints one line; at the end a ta
 minute vs last (the ratio), a least-squares slope of RSS per hour over the minutes after the
 first five (start-up allocations settle there), and CPU per scrape. It passes when RSS is flat:
 the slope under 1 MiB per hour and the last minute within 5% of minute 5. ``--out`` writes the
-per-minute records as JSON lines; ``--malloc-arena-max 2`` starts the agent as the shipped
-systemd unit, Containerfile and DaemonSet do (run it beside one without, to compare).
+per-minute records as JSON lines; ``--malloc-arena-max N`` starts the agent with
+``MALLOC_ARENA_MAX=N`` (glibc's malloc arenas; run it beside one without, to compare).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10.0, help="scrapes per second")
     ap.add_argument("--out", type=Path, help="per-minute records as JSON lines")
     ap.add_argument("--malloc-arena-max", type=int, metavar="N",
-                    help="start the agent with MALLOC_ARENA_MAX=N (as the shipped units do: 2)")
+                    help="start the agent with MALLOC_ARENA_MAX=N (glibc's malloc arenas)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
