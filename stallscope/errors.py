@@ -3,13 +3,26 @@
 
 from __future__ import annotations
 
+import sys
+
 __all__ = [
     "ParseError",
     "RunNotFound",
     "SourceUnavailable",
     "StallscopeError",
     "UsageError",
+    "warn",
 ]
+
+
+def warn(msg: str) -> None:
+    """One line on stderr (``stallscope: msg``) from inside a trainer or a library call; never
+    raises (stderr may be closed at shutdown)."""
+    try:
+        sys.stderr.write(f"stallscope: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
 
 
 class StallscopeError(Exception):

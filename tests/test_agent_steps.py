@@ -304,10 +304,25 @@ time.sleep(60)
 """
 
 
+def _ranked_run(tmp_path: Path, tree: subprocess.Popen[str]) -> tuple[list[Any], Path]:
+    """The two ranks the tree printed, and an indexed run of the tree whose probes say which
+    pid is which rank."""
+    import json
+
+    assert tree.stdout is not None
+    ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
+    run = make_run(tmp_path, pid=tree.pid)
+    record_run(run)
+    store = RunStore(run / "run.db")
+    for r in ranks:
+        store.set_probe(r["rank"], r["pid"], {}, 0, 0)
+    store.close()
+    return ranks, run
+
+
 def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
     """A real launcher -> two ranks -> one worker each; the ranks' probes in run.db say which
     pid is which rank. The exposition labels every process; when the run ends, they go."""
-    import json
 
     from stallscope.agent.trainprocs import TrainerProcs
     from stallscope.collect import Collector
@@ -315,14 +330,7 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
     tree = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        assert tree.stdout is not None
-        ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
-        run = make_run(tmp_path, pid=tree.pid)
-        record_run(run)
-        store = RunStore(run / "run.db")
-        for r in ranks:
-            store.set_probe(r["rank"], r["pid"], {}, 0, 0)
-        store.close()
+        ranks, run = _ranked_run(tmp_path, tree)
         follower = StepFollower(rescan_s=0)
         procs = TrainerProcs(follower)
         sink = PrometheusSink(["procs"], hostname="node-3", steps=follower)
@@ -435,7 +443,6 @@ def test_worker_series_per_rank_sum_the_workers_and_never_go_down(tmp_path: Path
     exits). Each rank's workers are one series (pid "<rank pid>/workers") carrying run, rank,
     role and how many processes it sums; their CPU seconds are the workers' sum and do not go
     down when the busy worker exits; ranks and launcher keep their own series."""
-    import json
 
     from stallscope.agent.trainprocs import TrainerProcs
 
@@ -443,14 +450,7 @@ def test_worker_series_per_rank_sum_the_workers_and_never_go_down(tmp_path: Path
     tree = subprocess.Popen([sys.executable, "-c", _WORKERS_TREE, str(stop)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert tree.stdout is not None
-        ranks = [json.loads(tree.stdout.readline()) for _ in range(2)]
-        run = make_run(tmp_path, pid=tree.pid)
-        record_run(run)
-        store = RunStore(run / "run.db")
-        for r in ranks:
-            store.set_probe(r["rank"], r["pid"], {}, 0, 0)
-        store.close()
+        ranks, run = _ranked_run(tmp_path, tree)
         follower = StepFollower(rescan_s=0)
         per_proc = TrainerProcs(follower)
         per_rank = TrainerProcs(follower, worker_series="rank")

@@ -115,26 +115,29 @@ def test_lightning_callback(run_dir: Path) -> None:
 
 
 # --- Hugging Face transformers -------------------------------------------------------------------
+class HFTiny(nn.Module):
+    """A linear model in the Trainer's shape (a dict with the loss) whose step takes STEP_S."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        time.sleep(STEP_S)
+        logits = self.lin(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
 def test_hf_trainer_callback(run_dir: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from stallscope.integrations.hf import StallscopeCallback
 
-    class Tiny(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(4, 2)
-
-        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-            time.sleep(STEP_S)
-            logits = self.lin(x)
-            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
         report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
         dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
-    trainer = transformers.Trainer(model=Tiny(), args=args,
+    trainer = transformers.Trainer(model=HFTiny(), args=args,
                                    train_dataset=SlowData(24, as_dict=True),
                                    callbacks=[StallscopeCallback()])
     trainer.train()
@@ -183,16 +186,6 @@ def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path) ->
     pytest.importorskip("accelerate")
     from stallscope.integrations.hf import StallscopeCallback
 
-    class Tiny(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(4, 2)
-
-        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-            time.sleep(STEP_S)
-            logits = self.lin(x)
-            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
     seen: list[dict[str, Any]] = []
 
     class Reporter(transformers.TrainerCallback):  # stands for TensorBoardCallback
@@ -204,7 +197,7 @@ def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path) ->
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
         report_to=[], use_cpu=True, save_strategy="no", logging_strategy="steps",
         logging_steps=3, dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
-    trainer = transformers.Trainer(model=Tiny(), args=args,
+    trainer = transformers.Trainer(model=HFTiny(), args=args,
                                    train_dataset=SlowData(24, as_dict=True),
                                    callbacks=[Reporter(), StallscopeCallback()])
     trainer.train()

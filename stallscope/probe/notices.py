@@ -6,19 +6,11 @@ Nothing the probe does raises into the trainer; what goes wrong is said here, on
 
 from __future__ import annotations
 
-import sys
 import time
 
+from stallscope.errors import warn
+
 __all__ = ["Notices", "warn"]
-
-
-def warn(msg: str) -> None:
-    """One line on stderr (``stallscope: msg``); never raises."""
-    try:
-        sys.stderr.write(f"stallscope: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at shutdown: nothing left to tell
-        return
 
 
 class Notices:

@@ -120,9 +120,6 @@ class Probe(Recorder):
                          capacity=capacity, flush_interval=flush_interval,
                          collect_interval=collect_interval, timer=timer,
                          register_atexit=register_atexit)
-        from stallscope.sources import comm
-
-        comm.install()  # time DDP's all-reduce and torch.distributed calls (sources/comm.py)
 
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
         return loader_config(loader)

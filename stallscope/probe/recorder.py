@@ -44,6 +44,7 @@ from stallscope.probe.notices import Notices, warn
 from stallscope.probe.standalone import env_int, interval_from_env
 from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S, StepWriter
 from stallscope.sources.comm import CLOCK as COMM
+from stallscope.sources.comm import install_if_distributed
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -228,6 +229,7 @@ class Recorder:
         """Start a new epoch (a new pass over a watched loader); returns its number."""
         st = self.state
         st.epoch = st.epoch + 1 if epoch is None else int(epoch)
+        install_if_distributed()  # DDP's all-reduce timed from its first step (sources/comm.py)
         try:
             rec: dict[str, Any] = {"epoch": st.epoch, "ts": time.time()}
             if iter_s is not None:
@@ -252,7 +254,15 @@ class Recorder:
 
     def begin_step(self, samples: int | None = None, epoch: int | None = None) -> StepTimer:
         """Start a step by hand (what ``step()`` and the framework callbacks use)."""
+        install_if_distributed()
         return StepTimer(self, samples, epoch).start()
+
+    def take_comm(self, step: int) -> None:
+        """The communication wait of ``step``, just ended (sources/comm.py), for the writer."""
+        if COMM.used:
+            c = COMM.take()
+            if c is not None:
+                self.comm_of[step] = c
 
     def mark_idle(self) -> None:
         """Forget the time since the last step ended: what ran since (evaluation, checkpoint)
@@ -384,10 +394,7 @@ class StepTimer:
                 gpu = (self._ev0, ev1, h2d_evs)
             except Exception as exc:
                 p.device.record_failed(exc)
-        if COMM.used:
-            c = COMM.take()
-            if c is not None:
-                p.comm_of[self._step] = c
+        p.take_comm(self._step)
         p.buffer.push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
                        self._epoch if self._epoch is not None else 0, h2d, gpu))
         if p.alerts.due:

@@ -122,8 +122,8 @@ class Watched(Generic[T]):
                     except Exception as exc:
                         gpu = maybe_gpu = False
                         dev.record_failed(exc)
-                if comm.used and (c := comm.take()) is not None:  # collectives: sources/comm.py
-                    comm_of[cur] = c
+                if comm.used and (c := comm.take()) is not None and len(queue) < cap:
+                    comm_of[cur] = c  # collectives (sources/comm.py); a dropped step's: none
                 if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
                     queue.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
                 else:
@@ -145,9 +145,7 @@ def _end_step_now(p: Recorder, cur: int, t_got: float, wait: float, n: int | Non
     t_end = time.perf_counter()
     try:
         h2d, h2d_evs = p.state.take_h2d()
-        c = COMM.take() if COMM.used else None
-        if c is not None:
-            p.comm_of[cur] = c
+        p.take_comm(cur)
         g = None
         if ev0 is not None:
             ev1 = p.device.event()

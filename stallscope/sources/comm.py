@@ -16,12 +16,15 @@ so the diagnosis can split a step into data wait + compute + communication wait:
 * **Blocking ``torch.distributed`` calls** (``all_reduce``, ``broadcast``, ``barrier``, ...,
   called with ``async_op=False``): their whole duration.
 
-Both add to one :class:`CommClock` per process that the probe takes at each step's end
+Nothing is patched until the trainer has a torch.distributed process group
+(:func:`install_if_distributed`: the probe checks at each epoch's and step's start, before the
+first forward pass; a training that is not distributed is left exactly as it is). Both add to
+one :class:`CommClock` per process that the probe takes at each step's end
 (:meth:`CommClock.take`); without a probe, the in-process stack sampler of ``stallscope run``
-installs the same timing once the trainer has a process group (``init_process_group``) and
-moves the measured seconds from the stacks' ``compute`` (the backward's C++ frames, where the
-wait happens) to ``comm`` (:mod:`stallscope.sources.stacks.inproc`).
-Without torch.distributed nothing is patched and a step costs one attribute read.
+makes the same check at each sample and moves the measured seconds from the stacks'
+``compute`` (the backward's C++ frames, where the wait happens) to ``comm``
+(:mod:`stallscope.sources.stacks.inproc`).
+A step costs one attribute read while nothing is timed.
 ``STALLSCOPE_COMM=0`` in the trainer's environment turns all of this off.
 """
 
@@ -36,16 +39,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CLOCK", "COLLECTIVES", "CommClock", "install"]
+from stallscope.errors import warn
 
+__all__ = ["CLOCK", "COLLECTIVES", "CommClock", "install", "install_if_distributed"]
 
-def warn(msg: str) -> None:
-    """One line on stderr (``stallscope: msg``); never raises (the trainer's stderr)."""
-    try:
-        sys.stderr.write(f"stallscope: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        return
 
 #: the blocking collectives of ``torch.distributed`` that are timed (those present)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -193,6 +190,27 @@ def install() -> None:
             _patch_ddp()
         except Exception as exc:  # a torch we do not know: steps go on without comm times
             warn(f"communication time not measured: {exc!r}")
+
+
+def install_if_distributed() -> bool:
+    """:func:`install` once the process has a torch.distributed process group (what DDP
+    needs, created before the model is wrapped and the first batch is asked for): a training
+    that is not distributed is left exactly as it is. True once installed (or turned off);
+    never while torch's own import is under way on another thread."""
+    if _installed:
+        return True
+    torch = sys.modules.get("torch")
+    dist = sys.modules.get("torch.distributed")
+    if torch is None or dist is None or \
+            getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return False
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+    except Exception:  # a torch without these: nothing to time
+        return False
+    install()
+    return True
 
 
 def _patch_backward() -> None:

@@ -130,26 +130,12 @@ class InProcSampler:
             return
 
     def _comm_install(self) -> None:
-        """Install the communication timing once the trainer has a torch.distributed process
-        group (what DDP needs, created before the model is wrapped): a training that is not
-        distributed is left exactly as it is. Never while torch's import is under way on the
-        main thread."""
-        torch = sys.modules.get("torch")
-        dist = sys.modules.get("torch.distributed")
-        if torch is None or dist is None or \
-                getattr(getattr(torch, "__spec__", None), "_initializing", False):
-            return
-        try:
-            if not (dist.is_available() and dist.is_initialized()):
-                return
-        except Exception:  # a torch without these: nothing to time
-            self._comm = False
-            return
+        """The communication timing, once the trainer is distributed (sources/comm.py)."""
         from stallscope.sources import comm
 
-        comm.install()
-        self._comm = comm.CLOCK
-        self._comm_seen = comm.CLOCK.total_s
+        if comm.install_if_distributed():
+            self._comm = comm.CLOCK
+            self._comm_seen = comm.CLOCK.total_s
 
     def _comm_time(self) -> None:
         """Once the trainer has a process group (DDP), its collectives are timed
