@@ -39,6 +39,7 @@ from typing import Any
 
 from stallscope.errors import RunNotFound
 from stallscope.sources.owner import OWNER_KEYS, read_owner
+from stallscope.store.db import comm_column, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
@@ -283,17 +284,10 @@ class StepFollower:
     def _read(self, f: _Followed) -> None:
         if not self._connect(f) or f.conn is None:
             return
-        known = sorted(f.ranks)
-        where = " OR ".join(["(rank=? AND step>?)"] * len(known))
-        args: list[Any] = [x for r in known for x in (r, f.ranks[r].last_step)]
-        if known:
-            where += f" OR rank NOT IN ({','.join('?' * len(known))})"
-            args += known
+        where, args = steps_after({r: t.last_step for r, t in f.ranks.items()})
         try:  # a run.db from before communication time has no comm_s
-            comm = "comm_s" if any(r[1] == "comm_s" for r in f.conn.execute(
-                "PRAGMA table_info(steps)")) else "NULL"
-            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm} FROM steps "
-                 f"WHERE ({_ROW_OK})" + (f" AND ({where})" if known else "")
+            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)} "
+                 f"FROM steps WHERE ({_ROW_OK})" + (f" AND ({where})" if where else "")
                  + " ORDER BY rank, step")
             rows = f.conn.execute(q, args).fetchall()
         except sqlite3.Error:

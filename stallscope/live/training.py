@@ -26,6 +26,7 @@ from stallscope.errors import StallscopeError
 from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.sources.straggler import StragglerWatch
+from stallscope.store.db import comm_column
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -237,8 +238,7 @@ class TrainingWatch:
         assert self._db is not None
         rows: list[tuple[Any, ...]] = []
         try:
-            comm = "comm_s" if any(r[1] == "comm_s" for r in self._db.execute(
-                "PRAGMA table_info(steps)")) else "NULL"
+            comm = comm_column(self._db)
             ranks = [r for (r,) in self._db.execute("SELECT rank FROM probes")]
             for rank in ranks:
                 rows += self._db.execute(

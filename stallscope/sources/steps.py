@@ -28,6 +28,7 @@ from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
 from stallscope.sources.straggler import StragglerWatch, gaps
+from stallscope.store.db import comm_column
 
 __all__ = ["MIN_STEPS", "WINDOW_S", "StepsSource", "window_points"]
 
@@ -90,8 +91,7 @@ class StepsSource(Source):
 
     def sample(self, now: float) -> Any:
         db = self._conn()
-        comm = "comm_s" if any(r[1] == "comm_s" for r in db.execute(
-            "PRAGMA table_info(steps)")) else "NULL"
+        comm = comm_column(db)
         shares: dict[int, float] = {}  # this interval's communication share per rank
         for (rank,) in db.execute("SELECT rank FROM probes").fetchall():
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read

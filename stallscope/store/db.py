@@ -31,7 +31,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from typing import Any
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point, lookup
 
-__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow"]
+__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "comm_column", "steps_after"]
 
 SCHEMA_VERSION = 1
 
@@ -129,8 +129,7 @@ class RunStore:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.executescript(_SCHEMA)
-                cols = {r[1] for r in self.db.execute("PRAGMA table_info(steps)")}
-                if "comm_s" not in cols:  # a run.db from before communication time
+                if comm_column(self.db) == "NULL":  # a run.db from before communication time
                     self.db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
                 self.db.execute(
                     "INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (SCHEMA_VERSION,)
@@ -382,7 +381,8 @@ class RunStore:
 
     def steps(self, rank: int | None = None) -> list[StepRow]:
         # a run.db written before communication time (read-only: not migrated) has no comm_s
-        comm = f"CASE WHEN {_finite('comm_s')} THEN comm_s END" if self._has_comm() else "NULL"
+        comm = (f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
+                if comm_column(self.db) == "comm_s" else "NULL")
         q = f"SELECT {_STEP_COLUMNS}, {comm} FROM steps WHERE {_STEP_OK}"
         args: tuple[Any, ...] = ()
         if rank is not None:
@@ -394,9 +394,6 @@ class RunStore:
                 f"SELECT COUNT(*) FROM steps WHERE NOT ({_STEP_OK})").fetchall()
             self._skip("steps", int(bad))
         return out
-
-    def _has_comm(self) -> bool:
-        return any(r[1] == "comm_s" for r in self.db.execute("PRAGMA table_info(steps)"))
 
     def probes(self) -> list[dict[str, Any]]:
         out = []
@@ -431,6 +428,25 @@ class RunStore:
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def comm_column(conn: sqlite3.Connection) -> str:
+    """``comm_s``, or ``NULL`` for a run.db written before communication time (read-only
+    readers do not add the column): what a SELECT of the steps puts in its place."""
+    return "comm_s" if any(r[1] == "comm_s" for r in conn.execute(
+        "PRAGMA table_info(steps)")) else "NULL"
+
+
+def steps_after(last: Mapping[int, int]) -> tuple[str, list[int]]:
+    """SQL condition (and its arguments) for the step rows not read yet: per rank in ``last``
+    the steps after its last one read, and every row of a rank not seen before ("" when no
+    rank was: every row)."""
+    known = sorted(last)
+    if not known:
+        return "", []
+    where = " OR ".join(["(rank=? AND step>?)"] * len(known))
+    where += f" OR rank NOT IN ({','.join('?' * len(known))})"
+    return where, [x for r in known for x in (r, last[r])] + known
 
 
 def _finite(col: str) -> str:

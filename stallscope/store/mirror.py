@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 from stallscope.errors import StallscopeError
-from stallscope.store.db import RunStore, StepRow
+from stallscope.store.db import RunStore, StepRow, comm_column, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -84,17 +84,10 @@ class StepMirror:
         conn = self._connect()
         if conn is None:
             return 0
-        known = sorted(self._last)
-        where = " OR ".join(["(rank=? AND step>?)"] * len(known))
-        args: list[int] = [x for r in known for x in (r, self._last[r])]
-        if known:
-            where += f" OR rank NOT IN ({','.join('?' * len(known))})"
-            args += known
+        where, args = steps_after(self._last)
         try:
-            comm = "comm_s" if any(r[1] == "comm_s" for r in conn.execute(
-                "PRAGMA table_info(steps)")) else "NULL"
-            rows = conn.execute(f"SELECT {_COLS}, {comm} FROM steps"
-                                + (f" WHERE {where}" if known else "")
+            rows = conn.execute(f"SELECT {_COLS}, {comm_column(conn)} FROM steps"
+                                + (f" WHERE {where}" if where else "")
                                 + " ORDER BY rank, step", args).fetchall()
             probes = conn.execute("SELECT rank, pid, config, steps, dropped FROM probes"
                                   ).fetchall()
