@@ -225,7 +225,16 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
         assert a["summary"] and "{{" in a["description"], r["alert"]
         assert a["runbook_url"] == f"docs/alerts.md#{r['alert'].lower()}", r["alert"]
         assert r["alert"].lower() in anchors, f"docs/alerts.md has no section {r['alert']}"
+        if "rank:stallscope_train_comm_wait_gap:cusum" in r["expr"]:
+            continue  # no `for:`: the CUSUM needs two evaluations at least (below)
         assert _seconds(r.get("for", "0s")) >= 2 * interval, (r["alert"], r.get("for"))
+    # the straggler alert reads a CUSUM that no single evaluation can take to its threshold
+    [cusum] = [r for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]
+               if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
+    step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", cusum["expr"])[0])
+    [alert] = [r for r in rules if r["alert"] == "StallscopeRankWaitedFor"]
+    threshold = float(re.search(r"cusum >= (0\.\d+)", alert["expr"]).group(1))
+    assert step < threshold <= 2 * step, (step, threshold)
 
 
 def _seconds(d: str) -> float:
