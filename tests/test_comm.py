@@ -292,3 +292,28 @@ def test_the_run_alert_fires_on_the_rank_waited_for(tmp_path: Path) -> None:
     src.close()
     assert fired and fired[0][1:] == ("rank_waited_for", "rank1"), fired
     assert 20 <= fired[0][0] <= 24, fired
+
+
+def test_waiting_for_each_step_s_slowest_rank_is_jitter_not_the_network() -> None:
+    """Each step, one rank (a different one each time) takes 60 ms longer: every rank waits
+    about 40% of its step, but the least wait in each step (the transfer) is 2 ms of 102."""
+    rows = []
+    for i in range(100):
+        slow = i % 3
+        for rank in range(3):
+            own = 0.04 + (0.06 if rank == slow else 0.0)
+            rows.append(StepRow(rank, i, T0 + i * 0.102, 0.002, 0.1, comm_s=0.102 - own))
+    doc = diagnose(run([], rows, config={}))
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "rank_jitter" in kinds and "communication_bound" not in kinds, kinds
+    assert "straggler_rank" not in kinds, kinds
+    f = next(f for f in doc["findings"] if f["kind"] == "rank_jitter")
+    assert f["evidence"]["transfer_share"] == pytest.approx(0.02, abs=0.001)
+    assert f["evidence"]["jitter_share"] == pytest.approx(0.39, abs=0.01)
+    assert "a different one each time" in f["summary"]
+    # the same waits, but every rank waits them in every step: the transfer is the cost
+    rows = [StepRow(r, i, T0 + i * 0.1, 0.002, 0.098, comm_s=0.045) for i in range(100)
+            for r in range(3)]
+    doc = diagnose(run([], rows, config={}))
+    f = next(f for f in doc["findings"] if f["kind"] == "communication_bound")
+    assert f["evidence"]["transfer_share"] == pytest.approx(0.45, abs=0.001)

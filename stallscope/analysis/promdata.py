@@ -10,7 +10,9 @@ targets (``job``/``instance``), and the step counters of the trainings
 a rank, ``n`` new steps with ``w`` seconds of data wait and ``t`` seconds of step time become
 ``n`` step rows of ``w/n`` and ``t/n`` each, so sums and shares are exact and medians are those
 of the scrape intervals. One :class:`RunData` per node (``instance``); the steps of a training
-are those of its ranks on that node.
+are those of its ranks on that node. A training job whose ranks are on several nodes (one
+``train_job`` label under several instances) also gets a RunData of its own with every rank's
+steps (:func:`load_fleet`), so stragglers are found across nodes.
 
 What Prometheus does not hold is absent, and the rules that need it do not fire: the per-step
 detail inside a scrape interval (epoch starts), the DataLoader's configuration, the trainer's
@@ -41,7 +43,7 @@ from stallscope.sources.owner import OWNER_KEYS
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
-__all__ = ["PromQuery", "PrometheusError", "load_prometheus", "parse_duration"]
+__all__ = ["PromQuery", "PrometheusError", "load_fleet", "load_prometheus", "parse_duration"]
 
 _STEP_NAMES = {
     "stallscope_train_steps_total": "n",
@@ -309,6 +311,9 @@ class _Scraped:
     owners: dict[str, dict[str, dict[str, str]]] = field(
         default_factory=lambda: defaultdict(dict))
     jobs: dict[str, str] = field(default_factory=dict)
+    #: (instance, run id) -> the training job it is part of (``train_job``, the same on every
+    #: node of a job)
+    train_jobs: dict[tuple[str, str], str] = field(default_factory=dict)
     down: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
     steps: dict[str, dict[tuple[str, int], _StepCols]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
@@ -338,6 +343,8 @@ class _Scraped:
             except ValueError:
                 return
             self.steps[inst][key][_STEP_NAMES[name]] = _values(s)
+            if labels.get("train_job"):
+                self.train_jobs[(inst, key[0])] = labels["train_job"]
             owner = {k: labels[k] for k in OWNER_KEYS if labels.get(k)}
             if owner:
                 self.owners[inst][key[0]] = owner
@@ -372,6 +379,13 @@ _BY_PROM = {m.prom: m for m in METRICS if m.prom and m.kind != "counter"}
 def load_prometheus(q: PromQuery) -> list[RunData]:
     """One :class:`RunData` per node (``instance``) the selection holds, sorted by instance;
     :class:`PrometheusError` (one line) when Prometheus cannot be read or holds nothing."""
+    return load_fleet(q)[0]
+
+
+def load_fleet(q: PromQuery) -> tuple[list[RunData], list[RunData]]:
+    """:func:`load_prometheus`'s nodes, and one :class:`RunData` per training job whose ranks
+    are on two nodes or more (the same ``train_job`` under several instances): the steps of all
+    its ranks, so the rules compare ranks across nodes (stragglers, who waits for whom)."""
     start, end, step = q.window()
     sel = q.selector()
     scraped = _Scraped()
@@ -384,7 +398,51 @@ def load_prometheus(q: PromQuery) -> list[RunData]:
         raise PrometheusError(f"Prometheus at {q.url.rstrip('/')} holds no stallscope series"
                               f"{where} in the last {q.since_s:g} s (is it scraping "
                               "`stallscope agent`?)")
-    return [_node_run(q, scraped, inst, start, end, step) for inst in instances]
+    nodes = [_node_run(q, scraped, inst, start, end, step) for inst in instances]
+    return nodes, _job_runs(q, scraped, start, end, step)
+
+
+def _job_runs(q: PromQuery, scraped: _Scraped, start: float, end: float, step: float
+              ) -> list[RunData]:
+    """A RunData per training job seen on two instances or more: its ranks' steps from every
+    node (a rank number seen on two nodes is kept once, from the first), ``rank_hosts`` saying
+    where each rank ran. It holds no node series: each node's own diagnosis has those."""
+    members: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for (inst, run), job in sorted(scraped.train_jobs.items()):
+        members[job].append((inst, run))
+    out = []
+    for job, where in sorted(members.items()):
+        if len({inst for inst, _ in where}) < 2:
+            continue
+        rows: list[StepRow] = []
+        rank_hosts: dict[str, str] = {}
+        for inst, run in where:
+            for (r_run, rank), cols in sorted(scraped.steps.get(inst, {}).items()):
+                if r_run != run or str(rank) in rank_hosts:
+                    continue
+                if "n" not in cols or "step_s" not in cols or "wait_s" not in cols:
+                    continue
+                got = _rank_rows(rank, cols, start, step)
+                if got:
+                    rows.extend(got)
+                    rank_hosts[str(rank)] = scraped.hosts.get(inst) or inst
+        if len(rank_hosts) < 2:
+            continue
+        nodes = sorted(set(rank_hosts.values()))
+        meta: dict[str, Any] = {
+            "command": ["prometheus", q.url], "host": None, "start": start, "end": end,
+            "exit_code": None, "interval_s": step, "data": None, "data_devices": [],
+            "logical_cores": None, "physical_cores": None, "mem_total_mib": None,
+            "unavailable": {}, "samples": 0, "rank_hosts": rank_hosts,
+            "run_dir": f"{q.url.rstrip('/')} train_job={job}",
+            "prometheus": {"url": q.url.rstrip("/"), "train_job": job, "nodes": nodes,
+                           "runs": sorted({run for _, run in where}), "step_s": step,
+                           "since_s": q.since_s},
+        }
+        ts = [r.ts for r in rows]
+        out.append(RunData(meta=meta, series={}, steps=rows, entities=[],
+                           span=(min(ts), max(ts)) if ts else None, stacks=[]))
+    return out
 
 
 def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: float,

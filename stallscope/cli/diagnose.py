@@ -81,7 +81,7 @@ def training_line(meta: dict[str, Any]) -> str | None:
 
 
 def _from_prometheus(args: argparse.Namespace) -> int:
-    from stallscope.analysis.promdata import PromQuery, load_prometheus, parse_duration
+    from stallscope.analysis.promdata import PromQuery, load_fleet, parse_duration
 
     if args.run is not None:
         raise UsageError("give RUN or --prometheus, not both")
@@ -101,14 +101,34 @@ def _from_prometheus(args: argparse.Namespace) -> int:
                   timeout_s=timeout,
                   since_s=since, step_s=step)
     docs: list[dict[str, Any]] = []
-    for data in load_prometheus(q):
+    nodes, jobs = load_fleet(q)
+    for data in nodes:
         doc = diagnose(data)
         doc["prometheus"] = data.meta["prometheus"]
         docs.append(doc)
+    job_docs: list[dict[str, Any]] = []
+    for data in jobs:
+        doc = diagnose(data)
+        p = data.meta["prometheus"]
+        doc.update(prometheus=p, train_job=p["train_job"], nodes=p["nodes"],
+                   rank_hosts=data.meta["rank_hosts"])
+        job_docs.append(doc)
     if args.json:
-        print(json.dumps(docs[0] if len(docs) == 1 else
-                         {"prometheus": q.url.rstrip("/"), "nodes": docs}, indent=2, default=str))
+        if len(docs) == 1 and not job_docs:
+            print(json.dumps(docs[0], indent=2, default=str))
+        else:
+            out: dict[str, Any] = {"prometheus": q.url.rstrip("/"), "nodes": docs}
+            if job_docs:
+                out["jobs"] = job_docs
+            print(json.dumps(out, indent=2, default=str))
         return 0
+    for doc in job_docs:
+        # a job over several nodes first: who holds it back is the question across nodes
+        head = (f"training job {plain(doc['train_job'], 120)} on {len(doc['nodes'])} nodes "
+                f"({plain(', '.join(doc['nodes']), 200)}), {len(doc['rank_hosts'])} ranks")
+        out_console.print(plain(head, None), soft_wrap=True, markup=False, highlight=False)
+        print_diagnosis(doc, out_console)
+        out_console.print("")
     for i, doc in enumerate(docs):
         p = doc["prometheus"]
         runs = p.get("runs") or {}

@@ -185,6 +185,7 @@ _VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound 
                   "held back by a throttled GPU", "straggler_rank": "held back by a straggler",
                   "waiting_for_peers": "waiting for a slower rank",
                   "communication_bound": "communication-bound",
+                  "rank_jitter": "held back by ranks out of step",
                   "host_swap": "swapping", "shm_pressure": "short of shared memory",
                   "insufficient_data": "not diagnosed yet (too little data)"}
 

@@ -20,7 +20,7 @@ KINDS: tuple[str, ...] = (
     "input_bound.fetch", "input_bound.prep", "h2d_bound", "compute_bound", "gpu_throttled",
     "gpu_memory_growth", "host_swap", "shm_pressure", "pcie_degraded", "disk_health",
     "straggler_rank", "insufficient_data", "input_bound.epoch_start", "gpu_held_idle",
-    "waiting_for_peers", "communication_bound",
+    "waiting_for_peers", "communication_bound", "rank_jitter",
 )
 
 

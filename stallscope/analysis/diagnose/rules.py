@@ -771,9 +771,9 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
     where each rank spends its step tells, not how long it is); or, where steps are not tied
     together, one rank's median step takes ≥ 1.2× the median rank's."""
     detail = {d["rank"]: d for d in sig.ranks_detail}
-    host = data.meta.get("host") or "this host"
     if sig.focus_rank is not None and sig.focus_rank in detail:
         r = detail[sig.focus_rank]
+        host = _host_of(data, r["rank"])
         others = [d for d in sig.ranks_detail if d["rank"] != sig.focus_rank]
         best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
         where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
@@ -785,7 +785,7 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
         fixes.append(Fix(f"compare rank {r['rank']}'s data with the others' (shard size, "
                          "storage, transform)", "the ranks run the same code; the slow one "
                          "differs in what it reads or where"))
-        ev = {"rank": r["rank"], "host": host, "ranks": sig.ranks_detail,
+        ev = {"rank": r["rank"], "host": host, "cause": "input", "ranks": sig.ranks_detail,
               "stall_fraction": r["stall_fraction"], "data_wait_share": r["stall_fraction"],
               "best_rank": best["rank"], "best_stall_fraction": best["stall_fraction"]}
         return [Finding("straggler_rank", "critical" if r["stall_fraction"] >= STALL_CRIT
@@ -830,6 +830,15 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
 RUNQ_BUSY_PCT = 20.0
 
 
+def _host_of(data: RunData, rank: int) -> str:
+    """Where ``rank`` ran: its node in a job read across nodes (``diagnose --prometheus``),
+    else the run's host."""
+    hosts = data.meta.get("rank_hosts")
+    if isinstance(hosts, dict) and hosts.get(str(rank)):
+        return str(hosts[str(rank)])
+    return data.meta.get("host") or "this host"
+
+
 def _peers_wait(sig: Signals, slow: int) -> tuple[list[dict[str, Any]], float]:
     """The other ranks with their communication share, and the least of those shares."""
     peers = [d for d in sig.ranks_detail if d["rank"] != slow and d.get("comm_share") is not None]
@@ -840,7 +849,7 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
     """straggler_rank from communication time: the peers wait in collectives for rank ``r``,
     whose own data wait is not the cause (that is the input branch above). Its cause: short
     of CPU (its process waits for a core), else its own compute is slower than the peers'."""
-    host = data.meta.get("host") or "this host"
+    host = _host_of(data, r["rank"])
     peers, peer_comm = _peers_wait(sig, r["rank"])
     gap = peer_comm - (r.get("comm_share") or 0.0)
     peer_compute = median([d["compute_ms_median"] for d in peers
@@ -878,13 +887,14 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
                      "batch, longer sequences, a different model branch, or a slower or "
                      "throttled device (its GPU's clocks and throttle reasons)",
                      "the ranks run the same code; the slow one does more or runs slower")]
+    on = f" (on {host})" if data.meta.get("rank_hosts") else ""
     ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": sig.ranks_detail,
           "comm_share": r.get("comm_share"), "peers_comm_share": round(peer_comm, 3),
           "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
           "runq_wait_pct": runq, "peers_runq_wait_pct": peer_runq,
           "data_wait_share": r.get("stall_fraction")}
     return [Finding("straggler_rank", "critical" if gap >= STALL_CRIT else "warning", 0.85,
-                    f"Rank {r['rank']} holds the job back: {wait_words} for it in the "
+                    f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
                     f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
                     f"{r.get('comm_share') or 0.0:.0%}; {why}.",
                     ev, fixes, _speedup(gap),
@@ -934,12 +944,18 @@ def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
     least = min(x for x in shares if x is not None)
     if least < COMM_HEAVY:
         return []
+    transfer = sig.comm_transfer_share
+    if transfer is not None and transfer < least / 2:
+        return [_rank_jitter(sig, least, transfer)]
+    told = ("" if transfer is not None else " (from Prometheus' totals the transfer itself "
+            "and the wait for each step's slowest rank cannot be told apart: `stallscope "
+            "diagnose` on a run's own records splits them)")
     return [Finding("communication_bound", "critical" if least >= STALL_CRIT else "warning", 0.8,
                     f"Communication-bound: every rank spends at least {least:.0%} of its step in "
                     "collectives (the gradient all-reduce), and no rank is waited for: the "
-                    "network or the topology is the limit.",
+                    f"network or the topology is the limit{told}.",
                     {"comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
-                     "ranks": ranks},
+                     "transfer_share": transfer, "ranks": ranks},
                     [Fix("all-reduce less often: a larger batch per rank, or gradient "
                          "accumulation with model.no_sync() for all but the last micro-batch",
                          "the collective's cost is per step, not per sample"),
@@ -951,6 +967,33 @@ def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
                          "a fallback to sockets or PCIe across sockets multiplies the cost")],
                     _speedup(least), f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
                     "its step, no straggler")]
+
+
+def _rank_jitter(sig: Signals, least: float, transfer: float) -> Finding:
+    """rank_jitter: every rank waits heavily in collectives, but the transfer is a small part
+    of it: each step waits for that step's slowest rank, a different one each time."""
+    jitter = least - transfer
+    return Finding(
+        "rank_jitter", "critical" if jitter >= STALL_CRIT else "warning", 0.8,
+        f"The ranks wait for each other, not for the network: every rank spends at least "
+        f"{least:.0%} of its step in collectives, but the all-reduce itself takes "
+        f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
+        "that step's slowest rank, a different one each time: the ranks' step times vary "
+        "from step to step.",
+        {"comm_share": {str(d["rank"]): d["comm_share"] for d in sig.ranks_detail},
+         "transfer_share": transfer, "jitter_share": round(jitter, 3),
+         "ranks": sig.ranks_detail},
+        [Fix("make every rank's step as even as possible: enough DataLoader workers and "
+             "prefetch_factor that no batch arrives late, no other work on the trainers' cores "
+             "(one CPU thread per rank: torch.set_num_threads), batches of even size "
+             "(bucket sequences by length)",
+             "a step lasts as long as its slowest rank's; spikes on any rank cost every rank"),
+         Fix("look at one rank's steps over time (stallscope report RUN): spikes at a "
+             "period point to garbage collection (gc.freeze() after setup) or logging",
+             "periodic spikes have one cause; random ones come from contention")],
+        _speedup(jitter),
+        f"every rank's communication wait ≥ {COMM_HEAVY:.0%}, the transfer (least wait per "
+        "step) under half of it (per-step records)")
 
 
 # --- disk health (from stallscope disk / SMART) --------------------------------------------------

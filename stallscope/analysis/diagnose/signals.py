@@ -111,6 +111,11 @@ class Signals:
     #: the rank its peers wait for in collectives (the probe's communication time: the rank
     #: with the least, ≥ 15 points below the most), whatever its cause
     comm_straggler: int | None = None
+    #: the collective's own cost as a share of the step: per step, the least wait of any rank
+    #: in it (the slowest rank of that step waits only for the transfer), over the steps every
+    #: rank recorded; the rest of the ranks' wait is for each step's slowest rank. None when
+    #: the steps are not per-step records (rebuilt from Prometheus' totals) or not timed
+    comm_transfer_share: float | None = None
     # --- loader configuration (probe) ---
     config: dict[str, Any] = field(default_factory=dict)
     physical_cores: int | None = None
@@ -353,6 +358,8 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
                 d["worker_cpu_pct"] = _r(mean(w))
         detail.append(d)
     sig.ranks_detail = detail
+    if "prometheus" not in data.meta:  # per-step records, not totals spread over steps
+        sig.comm_transfer_share = _transfer_share(by_rank)
     shares = [d for d in detail if d["stall_fraction"] is not None]
     if not shares:
         return
@@ -361,6 +368,22 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
     if worst["stall_fraction"] >= 0.15 and worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
         sig.focus_rank = worst["rank"]
     _comm_focus(sig, detail)
+
+
+def _transfer_share(by_rank: dict[int, list[StepRow]]) -> float | None:
+    """Per step that every rank recorded with its communication time: the least of those
+    times (the transfer: the step's slowest rank waits for nothing else), summed over the
+    steps' wall time (the longest rank's). None under 10 such steps."""
+    steps: dict[int, list[StepRow]] = defaultdict(list)
+    for rows in by_rank.values():
+        for s in rows:
+            if s.comm_s is not None:
+                steps[s.step].append(s)
+    full = [rows for rows in steps.values() if len(rows) == len(by_rank)]
+    wall = sum(max(s.wait_s + s.host_s for s in rows) for rows in full)
+    if len(full) < 10 or wall <= 0:
+        return None
+    return round(sum(min(s.comm_s or 0.0 for s in rows) for rows in full) / wall, 3)
 
 
 def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
