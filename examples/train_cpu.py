@@ -13,6 +13,7 @@ As it comes (the demo), one worker's transform cannot keep up with the model: an
   --model heavy      a wider network: compute-bound (the healthy case)
   --data-dir DIR     read (and create if missing) the files there, e.g. on a throttled device
   --cold             evict the files from the page cache before each epoch (fetch from storage)
+  --autotune         let stallscope.watch(loader, autotune=True) set the worker count
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --workers 0: decode each batch on N threads of the trainer's own "
                     "process (loading on threads, not worker processes)")
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
+    ap.add_argument("--autotune", action="store_true",
+                    help="stallscope.watch(loader, autotune=True): let stallscope set "
+                    "num_workers and prefetch_factor between epochs")
     ap.add_argument("--no-persistent", action="store_true",
                     help="restart the DataLoader workers every epoch (persistent_workers=False)")
     ap.add_argument("--worker-init-s", type=float, default=0.0, metavar="S",
@@ -204,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         for epoch in range(args.epochs):
             if args.cold:
                 evict(root)
-            batches = watch(loader) if watch is not None else loader
+            batches = (watch(loader, autotune=args.autotune) if watch is not None
+                       else loader)
             seen, loss_sum, t_ep = 0, 0.0, time.perf_counter()
             it = iter(batches)
             while True:

@@ -93,6 +93,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
     for name, reason in (meta.get("unavailable") or {}).items():
         console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
+    tuned = [ev for ev in data.events if ev.get("kind") == "autotune"]
+    if tuned:  # what stallscope.watch(loader, autotune=True) changed, in order
+        console.print("  loader autotune:", highlight=False)
+        for ev in tuned:
+            console.print(f"    {safe(str(ev.get('message', '')))}", highlight=False,
+                          soft_wrap=True)
     if summary["rows"]:
         console.print(render_summary(summary))
     else:

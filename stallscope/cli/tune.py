@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stallscope.cli._common import bounded, out_console
+from stallscope.cli._common import add_out_option, bounded, out_console, resolve_run
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.textsafe import plain
 from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
@@ -36,7 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "recommend the fastest, with the bound it hit. TARGET is module:function or "
         "file.py:function returning a Dataset, a DataLoader, or a factory taking DataLoader "
         "keyword arguments.")
-    p.add_argument("target", metavar="TARGET", help="module:function or file.py:function")
+    p.add_argument("target", metavar="TARGET", nargs="?",
+                   help="module:function or file.py:function")
+    p.add_argument("--from-run", metavar="RUN", dest="from_run",
+                   help="instead of trials: what stallscope.watch(loader, autotune=True) found "
+                   "in that run (a run directory, its name, or 'latest'), as a DataLoader(...) "
+                   "call")
+    add_out_option(p)
     p.add_argument("--step", metavar="STEP",
                    help="module:function or file.py:function taking one batch: the training "
                    "step (default: none; the loader's own rate is maximised)")
@@ -90,6 +96,13 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_run is not None:
+        if args.target is not None:
+            raise UsageError("give TARGET or --from-run RUN, not both")
+        return from_run(args)
+    if args.target is None:
+        raise UsageError("tune needs TARGET (module:function or file.py:function) or "
+                         "--from-run RUN")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -215,3 +228,53 @@ def print_result(result: TuneResult, console: Console) -> None:
         console.print("recommended:", highlight=False, markup=False)
         console.print(f"    {plain(result.recommendation)}", highlight=False, markup=False,
                       soft_wrap=True)
+
+
+def from_run(args: argparse.Namespace) -> int:
+    """What the loader autotune of a run found, per rank: its trials and the call to write."""
+    from stallscope.store import RunStore
+    from stallscope.tuner.online import loader_call
+
+    run_dir = resolve_run(args.from_run, args.out)
+    db = run_dir / "run.db"
+    try:
+        store = RunStore(db, readonly=True)
+        try:
+            probes = store.probes()
+        finally:
+            store.close()
+    except Exception as exc:
+        raise StallscopeError(f"cannot read {db}: {exc}") from None
+    ranks = []
+    for p in probes:
+        cfg = p.get("config") if isinstance(p.get("config"), dict) else {}
+        at = cfg.get("autotune")
+        if not isinstance(at, dict) or not isinstance(at.get("best"), dict):
+            continue
+        given = dict(cfg.get("loader") or {})
+        if given.get("sampler_type") == "RandomSampler":
+            given["shuffle"] = True
+        ranks.append({"rank": p.get("rank"), "best": at["best"], "trials": at.get("trials", []),
+                      "changes": at.get("changes", []), "done": at.get("done"),
+                      "dataloader": loader_call(at["best"], given)})
+    if not ranks:
+        raise UsageError(f"run {run_dir.name} has no loader autotune: its trainer did not use "
+                         "stallscope.watch(loader, autotune=True) (or ended before an epoch)")
+    if args.json:
+        print(json.dumps({"run": str(run_dir), "ranks": ranks}, indent=2, default=str))
+        return 0
+    for r in ranks:
+        out_console.print(f"rank {r['rank']}: {len(r['trials'])} epoch(s) measured"
+                          + ("" if r["done"] else " (still tuning when the run ended)"),
+                          highlight=False)
+        for t in r["trials"]:
+            pf = t.get("prefetch_factor")
+            name = f"num_workers={t.get('num_workers')}" + (
+                f", prefetch_factor={pf}" if pf and t.get("num_workers") else "")
+            pred = t.get("predicted_rate")
+            out_console.print(f"  {name:<34}{t.get('steps_per_s', 0):6.1f} steps/s  wait "
+                              f"{t.get('wait_share', 0):>3.0%}"
+                              + (f"  predicted {pred:.1f}" if pred else ""), highlight=False)
+        out_console.print(f"  use: {plain(r['dataloader'], None)}", highlight=False,
+                          soft_wrap=True)
+    return 0

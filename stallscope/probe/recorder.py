@@ -147,6 +147,8 @@ class Recorder:
             self.config["job"] = job  # the same on every node of a job: the agent's train_job
         #: step -> its communication wait (sources/comm.py), for the writer to join to the step
         self.comm_of: dict[int, float] = {}
+        #: what the loader autotune changed (tuner/online.py), for the writer to store as events
+        self.tune_events: list[tuple[float, str]] = []
         self._cfg_lock = threading.Lock()
         # where to write: explicit dir, stallscope run's dir, or (None) a standalone run
         env_dir = os.environ.get("STALLSCOPE_RUN_DIR")
@@ -287,6 +289,12 @@ class Recorder:
             self.alerts.run()
         finally:
             self.state.last_end = time.perf_counter()
+
+    def tune_log(self, msg: str) -> None:
+        """A change the loader autotune made (or its end): one stderr line now, an
+        ``autotune`` event in the run at the next write."""
+        warn(f"autotune (rank {self.rank}): {msg}")
+        self.tune_events.append((time.time(), f"rank {self.rank}: {msg}"))
 
     # --- configuration, writing ------------------------------------------------------------------
     def update_config(self, values: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ every other iterable. This module never imports a training framework: adapters i
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -44,15 +45,19 @@ class Watched(Generic[T]):
     Attributes it does not have (``sampler``, ``dataset``, ``batch_size``...) come from the
     wrapped loader, and ``len()`` is the loader's, so it can stand in for it."""
 
-    def __init__(self, loader: Iterable[T], probe: Recorder | None) -> None:
+    def __init__(self, loader: Iterable[T], probe: Recorder | None,
+                 tuner: Any = None) -> None:
         self.loader = loader
         self.probe = probe
+        #: the loader autotune (tuner/online.py) when asked for: changes the loader between
+        #: epochs from what each epoch measured
+        self.tuner = tuner
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "probe"):
+        if name in ("loader", "probe", "tuner"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -62,7 +67,10 @@ class Watched(Generic[T]):
             yield from self.loader
             return
         perf = time.perf_counter
-        t_req = perf()
+        tuner = self.tuner
+        if tuner is not None:
+            _tuner_call(p, tuner.before_epoch)
+        t_req = t_start = perf()
         it = iter(self.loader)
         try:
             epoch = p.begin_epoch(self.loader, it, iter_s=perf() - t_req)
@@ -78,7 +86,9 @@ class Watched(Generic[T]):
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
         open_step = False
-        cur = 0
+        cur = first = state.step
+        waited = first_wait = 0.0
+        nsamples = 0
         t_got = wait = 0.0
         n: int | None = None
         ev0: Any = None
@@ -106,6 +116,11 @@ class Watched(Generic[T]):
                 except Exception:  # an odd batch: no sample count, never an error
                     n = None
                 wait = t_got - t_req
+                if not waited:
+                    first_wait = wait
+                waited += wait
+                if n:
+                    nsamples += n
                 open_step = True
                 yield batch
                 t_req = perf()
@@ -134,8 +149,20 @@ class Watched(Generic[T]):
         finally:
             if open_step:  # the loop body broke out or raised: the step ends now
                 _end_step_now(p, cur, t_got, wait, n, epoch, ev0 if gpu else None)
-            state.last_end = perf()
+            state.last_end = end = perf()
+            if tuner is not None:
+                _tuner_call(p, lambda: tuner.after_epoch(cur - first, end - t_start, waited,
+                                                         nsamples, first_wait))
+                p.update_config({"autotune": tuner.summary()})
             p.epoch_done()
+
+
+def _tuner_call(p: Recorder, fn: Callable[[], None]) -> None:
+    """Run a step of the loader autotune; what goes wrong stops it, never the training."""
+    try:
+        fn()
+    except Exception as exc:
+        p.notices.say("autotune", f"loader autotune stopped: {exc!r}")
 
 
 def _end_step_now(p: Recorder, cur: int, t_got: float, wait: float, n: int | None, epoch: int,
@@ -198,13 +225,43 @@ def adapter_for(loader: Any) -> Adapter:
     return _default
 
 
-def watch(loader: Iterable[T], *, rank: int | None = None) -> Watched[T]:
+def watch(loader: Iterable[T], *, rank: int | None = None,
+          autotune: bool = False) -> Watched[T]:
     """Wrap ``loader`` so every step is timed: ``for batch in stallscope.watch(loader): ...``.
 
     Each ``for`` over the wrapper is one epoch. ``rank`` defaults to the adapter's (PyTorch:
     torch.distributed's rank, else ``$RANK``, else 0). A ``tf.data.Dataset`` (iterated eagerly
-    in a custom loop) gets the TensorFlow adapter's recorder (:mod:`stallscope.probe.keras`)."""
-    return Watched(loader, adapter_for(loader).probe(rank))
+    in a custom loop) gets the TensorFlow adapter's recorder (:mod:`stallscope.probe.keras`).
+
+    ``autotune=True`` (a PyTorch ``DataLoader``): between epochs, set its ``num_workers`` and
+    ``prefetch_factor`` from what each epoch measured, until it keeps up
+    (:mod:`stallscope.tuner.online`); each change is logged in the run."""
+    probe = adapter_for(loader).probe(rank)
+    tuner = None
+    if autotune and probe is not None:
+        if hasattr(loader, "num_workers") and hasattr(loader, "prefetch_factor"):
+            tuner = _tuner_of(loader, probe)
+        else:
+            probe.notices.say("autotune", f"autotune=True needs a PyTorch DataLoader; "
+                              f"{type(loader).__name__} is watched without it")
+    return Watched(loader, probe, tuner)
+
+
+#: one autotune per loader, however often it is watched (a ``watch(loader)`` per epoch)
+_tuners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _tuner_of(loader: Any, probe: Recorder) -> Any:
+    try:
+        tuner = _tuners.get(loader)
+        if tuner is None:
+            from stallscope.tuner.online import OnlineTuner
+
+            tuner = _tuners[loader] = OnlineTuner(loader, log=probe.tune_log)
+        return tuner
+    except Exception as exc:  # an odd loader (not weak-referenceable...): no autotune
+        probe.notices.say("autotune", f"loader autotune could not start: {exc!r}")
+        return None
 
 
 def default_probe() -> Recorder | None:

@@ -168,6 +168,10 @@ class StepWriter:
             while notes:
                 ts, note = notes.pop(0)
                 store.add_event(ts, "probe", "error", note)
+            tuned = rec.tune_events
+            while tuned:
+                ts, note = tuned.pop(0)
+                store.add_event(ts, "probe", "autotune", note)
             if dropped_now > self._said_drop:
                 if self._said_drop == 0 or final:
                     store.add_event(

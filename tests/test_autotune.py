@@ -1,0 +1,150 @@
+"""The loader autotune (stallscope.watch(loader, autotune=True), stallscope/tuner/online.py):
+the model and the decisions on constructed epochs, then real trainings that start at
+num_workers=0 on a prep-bound dataset. How close it gets to an exhaustive grid's best, and how
+fast: benchmarks/bench_autotune.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import stallscope_argv
+
+from stallscope.tuner.online import EpochTrial, decide, loader_call, predict_rate
+
+
+def trial(k: int, rate: float, wait_share: float, pf: int | None = 2, steps: int = 101
+          ) -> EpochTrial:
+    """An epoch of ``steps`` at ``rate`` steps/s (the first batch's wait: 0)."""
+    wall = (steps - 1) / rate
+    return EpochTrial(k, pf if k else None, steps, wall, wait_share * wall)
+
+
+def test_the_model_bounds_the_rate_by_loading_computing_and_the_cores() -> None:
+    # a batch loads in 48 ms, a step computes in 22 ms
+    assert predict_rate(0, 0.048, 0.022, 2) == pytest.approx(1 / 0.070)
+    assert predict_rate(1, 0.048, 0.022, 8) == pytest.approx(1 / 0.048)  # one worker loads
+    assert predict_rate(3, 0.048, 0.022, 8) == pytest.approx(1 / 0.022)  # the step limits
+    assert predict_rate(3, 0.048, 0.022, 2) == pytest.approx(2 / 0.070)  # two cores for both
+
+
+def test_from_no_workers_it_asks_for_the_fewest_workers_that_keep_up() -> None:
+    t0 = trial(0, 1 / 0.070, 48 / 70)  # 48 ms of the 70 ms step waited: the load time
+    d = decide([t0], cores=8)
+    assert d.config == {"num_workers": 3, "prefetch_factor": 2} and not d.done
+    assert d.predicted_rate == pytest.approx(1 / 0.022, rel=0.01)
+    assert "48 ms" in d.why and "22 ms" in d.why
+    d2 = decide([t0], cores=2)  # two cores: loading and computing share them
+    assert d2.config == {"num_workers": 2, "prefetch_factor": 2}
+    assert d2.predicted_rate == pytest.approx(2 / 0.070, rel=0.01)
+
+
+def test_it_stops_when_the_loader_keeps_up_and_goes_back_from_a_worse_step() -> None:
+    d = decide([trial(0, 14.0, 0.6), trial(2, 40.0, 0.02)], cores=4)
+    assert d.done and d.config is None and "keeps up" in d.why
+    d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2), trial(4, 25.0, 0.1)], cores=4)
+    assert d.done and d.config == {"num_workers": 2, "prefetch_factor": 2}
+    assert "back to it" in d.why
+    # still waiting with every core in use: prefetch_factor 4 once, then it is over
+    d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2)], cores=2)
+    assert d.config == {"num_workers": 2, "prefetch_factor": 4} and not d.done
+    d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2), trial(2, 30.1, 0.2, pf=4)], cores=2)
+    # two alike (within 1%): the first, simpler one is kept
+    assert d.done and d.config == {"num_workers": 2, "prefetch_factor": 2}
+    assert "keeping num_workers=2, prefetch_factor=2" in d.why
+
+
+def test_a_configuration_that_does_not_fit_is_not_applied() -> None:
+    d = decide([trial(0, 14.0, 0.6)], cores=8,
+               fits=lambda cfg: "3 workers × 900 MiB > 80% of 2,000 MiB available")
+    assert d.done and d.config is None and "would not fit: 3 workers" in d.why
+
+
+def test_the_call_to_write_keeps_the_loader_s_other_arguments() -> None:
+    given = {"batch_size": 32, "shuffle": True, "drop_last": False, "pin_memory": False,
+             "persistent_workers": False, "num_workers": 0}
+    assert loader_call({"num_workers": 2, "prefetch_factor": 4}, given) == (
+        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2, prefetch_factor=4)")
+    assert loader_call({"num_workers": 0, "prefetch_factor": None}, given) == (
+        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)")
+
+
+TRAIN = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    import stallscope
+
+    class Burn(Dataset):
+        # each sample costs ~4 ms of CPU (decode + augment): a prep-bound input pipeline
+        def __len__(self):
+            return 240
+        def __getitem__(self, i):
+            t = time.process_time()
+            x = 0.0
+            while time.process_time() - t < 0.004:
+                x += 1.0
+            return torch.full((8,), float(i)), i
+
+    autotune = sys.argv[1] == "1"
+    loader = DataLoader(Burn(), batch_size=8, shuffle=True, num_workers=0,
+                        generator=torch.Generator().manual_seed(7))
+    model = torch.nn.Linear(8, 1)
+    orders = []
+    for epoch in range(4):
+        seen = []
+        for x, idx in stallscope.watch(loader, autotune=autotune):
+            model(x).sum().backward()
+            seen += idx.tolist()
+        orders.append(seen)
+    print(json.dumps({"orders": orders, "num_workers": loader.num_workers}))
+""")
+
+
+@pytest.mark.slow
+def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path: Path
+                                                                         ) -> None:
+    """The same seeded training twice: as written (num_workers=0 throughout) and with
+    autotune under `stallscope run`. Autotune gives it workers from the second epoch on; every
+    epoch sees the same samples in the same order; the changes are in the run (`show`), the
+    best configuration is kept, and the next run starts from it."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
+    ref = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert ref.returncode == 0, ref.stderr
+    plain = json.loads(ref.stdout.splitlines()[-1])
+    out = tmp_path / "runs"
+    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
+                                       sys.executable, str(script), "1"),
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    tuned = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert tuned["orders"] == plain["orders"]  # same samples, same order, every epoch
+    assert plain["num_workers"] == 0 and tuned["num_workers"] >= 1
+    assert "autotune (rank 0): before epoch 1: num_workers=0 → num_workers=" in r.stderr
+    [run_dir] = list(out.iterdir())
+    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
+                          text=True, timeout=60, env={**env, "COLUMNS": "200"})
+    assert "loader autotune:" in show.stdout, show.stdout
+    assert "before epoch 1: num_workers=0 → num_workers=" in show.stdout
+    assert "steps/s measured" in show.stdout and "predicted" in show.stdout
+    call = subprocess.run(stallscope_argv("tune", "--from-run", str(run_dir)),
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert call.returncode == 0, call.stderr
+    assert "use: DataLoader(dataset, batch_size=8, shuffle=True, num_workers=" in call.stdout
+    kept = json.loads((tmp_path / "state" / "autotune.json").read_text())
+    [(sig, best)] = kept.items()
+    assert "Burn|len=240|batch=8|train.py" in sig and best["num_workers"] >= 1
+    # the next run of the same loader starts where this one ended
+    again = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "the best configuration the last run of this loader found" in again.stderr
+    assert json.loads(again.stdout.splitlines()[-1])["orders"] == plain["orders"]
