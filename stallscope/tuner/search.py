@@ -2,9 +2,15 @@
 
 1. The configuration as given (the baseline), then the training step alone on one batch (the
    consumer's rate), when a step is given.
-2. ``num_workers`` up a ladder 1, 2, 4, 8 … capped at the usable cores, stopping as soon as the
-   input keeps up with the step (data wait under 5%: more tuning cannot help) or a step up gains
-   under 5%; then one trial between the best and its untried neighbours.
+2. ``num_workers``, predicted then verified: one worker's trial (unless the baseline is one)
+   gives a sample's load time in a worker ``L`` (1 / its rate while the step waits for it) and
+   the loading CPU per sample ``Lc``; the step gives ``c`` per sample. ``k`` workers then feed
+   ``min(k / L, 1 / c, cores / (Lc + c))`` samples/s (a resource model in the spirit of
+   Plumber, MLSys'22: loading in parallel, the step in series, both on the usable cores). The
+   fewest workers within 2% of the best prediction, and its neighbour, are tried; the
+   prediction error is noted. Without a prediction (the one-worker trial failed), the ladder
+   1, 2, 4, 8 … capped at the usable cores, stopping once the input keeps up (data wait under
+   5%) or a step up gains under 5%, then one trial between the best and an untried neighbour.
 3. At the best worker count: ``prefetch_factor`` 4 (then 8 if 4 helped), ``pin_memory`` when a GPU
    is present, and any batch sizes asked for. ``persistent_workers`` needs no trial: the worker
    start-up measured in every trial is what it saves per epoch, at no cost but memory.
@@ -35,6 +41,8 @@ KEEPS_UP_SHARE = 0.05
 MIN_GAIN = 1.05
 #: share of available memory a configuration may plan to use
 MEM_SHARE = 0.85
+#: two trials this close are alike within one window's noise: the lighter one is kept
+ALIKE = 0.97
 
 
 @dataclass
@@ -122,6 +130,8 @@ def _v1_quota(text: str, path: str) -> int | None:
 
 
 Progress = Callable[[str, float], None]
+#: runs one trial: (config, window_s, best rate so far) -> its Trial
+Measure = Callable[[dict[str, Any], float, "float | None"], Trial]
 
 
 class Search:
@@ -130,11 +140,20 @@ class Search:
     def __init__(self, target: Target, *, step_fn: Callable[[Any], Any] | None, budget_s: float,
                  max_workers: int | None, start_method: str | None,
                  batch_sizes: tuple[int, ...] = (), progress: Progress | None = None,
-                 gpu: bool | None = None) -> None:
+                 gpu: bool | None = None, cores: int | None = None,
+                 measure: Measure | None = None, step_ms: float | None = None) -> None:
         self.target = target
         self.step_fn = step_fn
         self.budget_s = budget_s
-        self.cores = usable_cores()
+        self.cores = cores or usable_cores()
+        #: runs one trial: real (run_trial) unless a simulation gives its own
+        self.measure: Measure = measure or (
+            lambda config, window_s, best_rate: run_trial(
+                self.target.make, config, window_s=window_s, step_fn=self.step_fn,
+                best_rate=best_rate))
+        self._given_step_ms = step_ms
+        #: what the model predicted per worker count (samples/s), when it could
+        self.predicted: dict[int, float] = {}
         self.max_workers = max(0, min(max_workers, self.cores)) if max_workers is not None \
             else self.cores
         self.start_method = start_method
@@ -156,7 +175,12 @@ class Search:
     def _left(self) -> float:
         return self.budget_s - (time.monotonic() - self.t0)
 
+    #: a trial chosen over the fastest one as its equal within the noise, but lighter
+    preferred: Trial | None = None
+
     def _best(self) -> Trial | None:
+        if self.preferred is not None:
+            return self.preferred
         ok = [t for t in self.trials if t.status == "ok" and t.samples_per_s and t.swap_in == 0]
         return max(ok, key=lambda t: t.samples_per_s or 0.0) if ok else None
 
@@ -221,8 +245,7 @@ class Search:
             return t
         self.progress(label, time.monotonic() - self.t0)
         best = self._best()
-        t = run_trial(self.target.make, config, window_s=self.window_s, step_fn=self.step_fn,
-                      best_rate=best.samples_per_s if best else None)
+        t = self.measure(config, self.window_s, best.samples_per_s if best else None)
         if t.swap_in:
             t.reason = (t.reason + "; " if t.reason else "") + \
                 f"the machine swapped in {t.swap_in} pages during the trial: not recommended"
@@ -264,25 +287,26 @@ class Search:
             self.stopped = ("the input already keeps up with the training step as given: "
                             "more tuning cannot help")
             return
-        self._climb_workers()
+        self._predict_workers()
         if self.stopped:
             return
         best = self._best()
         if best is None:
             return
         w = best.config.get("num_workers", 0)
-        if w > 0:
+        if w > 0 and not self._keeps_up(best):
             pf = best.config.get("prefetch_factor", 2)
             for factor in (4, 8):
                 if factor <= pf:
                     continue
+                before = self._best()
                 t = self._trial(f"num_workers={w} prefetch_factor={factor}",
                                 self._config(num_workers=w, prefetch_factor=factor))
                 if t is None or self.stopped or self._keeps_up(t):
                     break
-                cur = self._best()
-                if cur is None or cur.config.get("prefetch_factor") != factor:
-                    break
+                if before is None or (t.samples_per_s or 0.0) < MIN_GAIN * (
+                        before.samples_per_s or 0.0):
+                    break  # more batches in flight did not help: no further
         best = self._best()
         if best is not None and self.gpu and not best.config.get("pin_memory"):
             self._trial("pin_memory=True", {**best.config, "pin_memory": True})
@@ -308,14 +332,20 @@ class Search:
         if not rivals:
             return
         rival = max(rivals, key=lambda t: t.samples_per_s or 0.0)
+        if (rival.samples_per_s or 0.0) >= ALIKE * best.samples_per_s:
+            if _weight(rival.config) < _weight(best.config):
+                self.preferred = rival
+                self.notes.append(f"{_short(rival.config)} ran within {1 - ALIKE:.0%} of "
+                                  f"{_short(best.config)}: alike within a window's noise, the "
+                                  "lighter one is recommended")
+            return
         if self._left() < 2.2 * self.window_s:
             self.notes.append(f"{_short(rival.config)} came within 15% of the best; the budget "
                               "left no time to measure both again")
             return
         for t in (rival, best):
             self.progress(f"again: {_short(t.config)}", time.monotonic() - self.t0)
-            again = run_trial(self.target.make, t.config, window_s=self.window_s,
-                              step_fn=self.step_fn)
+            again = self.measure(t.config, self.window_s, None)
             if again.status == "ok":
                 t.merge(again)
         hi, lo = sorted((rival, best), key=lambda t: t.samples_per_s or 0.0, reverse=True)
@@ -326,6 +356,9 @@ class Search:
 
     def _measure_step(self) -> None:
         """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
+        if self._given_step_ms is not None:  # a simulation knows it
+            self.step_ms = self._given_step_ms
+            return
         loader = self.target.make(**self._config(num_workers=0))
         batch = next(iter(loader))
         self._batch_mib = _nbytes(batch) / 2**20
@@ -342,6 +375,95 @@ class Search:
                 break
         times.sort()
         self.step_ms = 1000.0 * times[len(times) // 2]
+
+    def _predict_workers(self) -> None:
+        """Predict each worker count's rate, try the predicted best; if it falls short of its
+        prediction, fit the workers' contention from what it measured and predict again (at
+        most three rounds). See the module docstring, step 2."""
+        if self.max_workers < 1:
+            return
+        base = self.trials[0] if self.trials else None
+        if base is not None and base.status == "ok" and \
+                not base.config.get("num_workers") and base.samples_per_s:
+            source = base  # no workers: the trainer loaded every batch itself
+        else:
+            one = self._trial("num_workers=1", self._config(num_workers=1))
+            if one is None:
+                return
+            source = one
+            if source.status == "failed":
+                self.stopped = (f"num_workers=1 failed ({source.reason}): the dataset must work "
+                                "in worker processes before more workers can help")
+                return
+            if self._keeps_up(source):
+                self.stopped = ("the input keeps up with the training step at num_workers=1 "
+                                f"(data wait {100 * (source.data_wait_share or 0):.1f}%): more "
+                                "tuning cannot help")
+                return
+        contention = 0.0
+        for _round in range(3):
+            rates = self._model(source, contention)
+            if not rates:
+                self._climb_workers()
+                return
+            self.predicted = rates
+            top = max(rates.values())
+            k = min(w for w, r in rates.items() if r >= 0.98 * top)
+            if self._tried(self._config(num_workers=k)) is not None:
+                return  # the model points where it measured already
+            t = self._trial(f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
+                            self._config(num_workers=k))
+            if t is None or t.status != "ok" or not t.samples_per_s:
+                return
+            err = t.samples_per_s / rates[k] - 1.0
+            self.notes.append(f"predicted {rates[k]:,.0f} samples/s at num_workers={k}; "
+                              f"measured {t.samples_per_s:,.0f} ({err:+.0%})")
+            if self._keeps_up(t):
+                self.stopped = (f"the input keeps up with the training step at num_workers={k} "
+                                f"(data wait {100 * (t.data_wait_share or 0):.1f}%): more "
+                                "tuning cannot help")
+                return
+            if err >= -0.05 or k <= 1:
+                return  # the prediction held
+            # k workers fell short: each one slows the others' loading by a share δ
+            # (k / (L (1 + δ (k - 1))) = measured), the model's one unknown
+            load = self._load_s(source)
+            if not load:
+                return
+            contention = max(0.0, (k / (t.samples_per_s * load) - 1.0) / (k - 1))
+
+    def _load_s(self, source: Trial) -> float:
+        """Seconds to load one sample in one worker, from the trial the model starts from."""
+        if not source.samples_per_s:
+            return 0.0
+        if source.config.get("num_workers"):
+            return 1.0 / source.samples_per_s
+        per_batch = source.samples / source.batches if source.batches else 0
+        c = (self.step_ms or 0.0) / 1000.0 / per_batch if per_batch and self.step_ms else 0.0
+        return max(1.0 / source.samples_per_s - c, 1e-9)
+
+    def _model(self, source: Trial, contention: float = 0.0) -> dict[int, float]:
+        """Samples/s per worker count (module docstring), from ``source`` (the baseline at
+        no workers, or one worker's trial) and the contention fitted so far; {} when the trial
+        does not tell a sample's load time."""
+        if source.status != "ok" or not source.samples_per_s or source.samples_per_s <= 0:
+            return {}
+        load = self._load_s(source)
+        per_batch = source.samples / source.batches if source.batches else 0
+        c = (self.step_ms or 0.0) / 1000.0 / per_batch if per_batch and self.step_ms else 0.0
+        if source.config.get("num_workers"):
+            cpu = (source.cpu_ms_per_sample or 0.0) / 1000.0 or load
+        else:  # the whole process's CPU: loading and the step
+            cpu = max((source.cpu_ms_per_sample or 0.0) / 1000.0 - c, 0.0) or load
+        cpu = min(cpu, load)
+        out = {}
+        for w in range(1, self.max_workers + 1):
+            slow = 1.0 + contention * (w - 1)
+            bounds = [w / (load * slow), self.cores / (cpu * slow + c)]
+            if c > 0:
+                bounds.append(1.0 / c)
+            out[w] = min(bounds)
+        return out
 
     def _climb_workers(self) -> None:
         ladder = [w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < self.max_workers]
@@ -459,6 +581,12 @@ class Search:
                     f"at {where}; pack the small files into shards (stallscope pack SRC DST) "
                     "or cache the dataset on a faster disk")
         return f"the pipeline saturates at {where}{per_text}"
+
+
+def _weight(config: dict[str, Any]) -> tuple[int, int]:
+    """What a configuration costs: workers, then batches in flight."""
+    w = int(config.get("num_workers", 0) or 0)
+    return w, w * int(config.get("prefetch_factor", 2) or 2)
 
 
 def _short(config: dict[str, Any]) -> str:
