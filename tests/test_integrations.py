@@ -244,3 +244,58 @@ def test_failing_hook_is_said_once_and_training_goes_on(capsys: pytest.CaptureFi
         cb.on_step()
     assert cb.calls == 1 and cb._broken
     assert capsys.readouterr().err.count("odd trainer") == 1
+
+
+# --- autotune through the callbacks --------------------------------------------------------------
+def _autotune_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    (p,) = probes
+    at = p["config"].get("autotune")
+    assert isinstance(at, dict), p["config"].keys()
+    return at
+
+
+def test_lightning_callback_autotunes_the_loader_between_epochs(run_dir: Path) -> None:
+    """A loader at num_workers=0 whose batches take 8 ms to load in the trainer: after the
+    first epoch the callback gives it a worker, and the next epochs run with it."""
+    pl: Any = pytest.importorskip("lightning.pytorch")
+    from stallscope.integrations.lightning import StallscopeCallback
+
+    loader = DataLoader(SlowData(40, as_dict=False), batch_size=4, num_workers=0)
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False,
+                         callbacks=[StallscopeCallback(autotune=True)])
+    trainer.fit(lightning_tiny(pl), loader)
+    steps, probes = finish(run_dir)
+    assert len(steps) == 30
+    at = _autotune_of(probes)
+    first = at["changes"][0]
+    assert first["from"]["num_workers"] == 0 and first["config"]["num_workers"] >= 1
+    assert first["epoch"] == 1
+    assert [t["num_workers"] for t in at["trials"]][:2] == [0, first["config"]["num_workers"]]
+    # and the workers really loaded: the next epoch waited far less
+    assert at["trials"][1]["wait_share"] < at["trials"][0]["wait_share"] / 2, at["trials"]
+    assert loader.num_workers >= 1  # the user's own loader object, changed in place
+
+
+def test_hf_callback_autotunes_the_loader_between_epochs(run_dir: Path, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from stallscope.integrations.hf import StallscopeCallback
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=3,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
+        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
+    trainer = transformers.Trainer(model=HFTiny(), args=args,
+                                   train_dataset=SlowData(40, as_dict=True),
+                                   callbacks=[StallscopeCallback(autotune=True)])
+    trainer.train()
+    steps, probes = finish(run_dir)
+    assert len(steps) == 30
+    at = _autotune_of(probes)
+    first = at["changes"][0]
+    assert first["from"]["num_workers"] == 0 and first["config"]["num_workers"] >= 1
+    assert [t["num_workers"] for t in at["trials"]][:2] == [0, first["config"]["num_workers"]]
+    # and the workers really loaded: the next epoch waited far less
+    assert at["trials"][1]["wait_share"] < at["trials"][0]["wait_share"] / 2, at["trials"]

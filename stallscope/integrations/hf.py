@@ -55,10 +55,13 @@ def _first_in_line(me: Any) -> None:
 class StallscopeCallback(TrainerCallback):
     """Records every training step with the stallscope probe (see the module docstring).
 
-    ``rank`` overrides ``args.process_index``."""
+    ``rank`` overrides ``args.process_index``. ``autotune=True`` sets the training
+    DataLoader's ``num_workers`` and ``prefetch_factor`` between epochs
+    (:mod:`stallscope.tuner.online`)."""
 
-    def __init__(self, rank: int | None = None, log: bool = True) -> None:
-        self._core = StepHooks(rank)
+    def __init__(self, rank: int | None = None, log: bool = True,
+                 autotune: bool = False) -> None:
+        self._core = StepHooks(rank, autotune)
         self._broken = False
         self._samples: int | None = None
         self._log = LogFigures() if log else None

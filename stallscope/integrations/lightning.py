@@ -53,9 +53,10 @@ def _first_loader(loaders: Any) -> Any:
 class _Hooks:
     """The hooks, independent of which Lightning package provides the base class."""
 
-    def __init__(self, rank: int | None = None, log: bool = True) -> None:
+    def __init__(self, rank: int | None = None, log: bool = True,
+                 autotune: bool = False) -> None:
         super().__init__()
-        self._core = StepHooks(rank)
+        self._core = StepHooks(rank, autotune)
         self._broken = False
         #: the probe's figures go to the trainer's loggers (``self.log``) at its logging
         #: interval (``log_every_n_steps``): ``stallscope/data_wait_share`` and the others of
@@ -108,7 +109,10 @@ class _Hooks:
 class StallscopeCallback(_Hooks, _Callback):
     """Records every training step with the stallscope probe (see the module docstring).
 
-    ``rank`` overrides ``trainer.global_rank``."""
+    ``rank`` overrides ``trainer.global_rank``. ``autotune=True`` sets the training
+    DataLoader's ``num_workers`` and ``prefetch_factor`` between epochs
+    (:mod:`stallscope.tuner.online`; with ``reload_dataloaders_every_n_epochs`` the loader
+    Lightning makes anew starts from the best found so far)."""
 
 
 try:

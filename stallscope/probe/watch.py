@@ -252,6 +252,12 @@ _tuners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _tuner_of(loader: Any, probe: Recorder) -> Any:
+    """The autotune of ``loader`` (made on first use); None when it cannot have one. A
+    wrapper that iterates a DataLoader of its own (accelerate's DataLoaderShard, which Hugging
+    Face's Trainer hands its callbacks) is tuned through that inner loader."""
+    inner = loader.__dict__.get("base_dataloader") if hasattr(loader, "__dict__") else None
+    if inner is not None and hasattr(inner, "num_workers"):
+        loader = inner
     try:
         tuner = _tuners.get(loader)
         if tuner is None:
