@@ -80,8 +80,6 @@ def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
     """The fixes for a drive SMART cannot open. Each names only what exists, and puts its one
     multi-word command last, in backticks, so that the terminal can print it on a line of its
     own (commands are never wrapped: they must survive copy and paste)."""
-    if euid == 0:  # a sudoers line for root grants nothing: name the account to grant
-        user = "<the user who runs stallscope>"
     grant = [
         "grant exactly smartctl, nothing else, with this sudoers line, then run stallscope "
         f"disk with --sudo: `echo '{user} ALL=(root) NOPASSWD: {smartctl_path}' | sudo tee "
@@ -97,8 +95,8 @@ def _open_fixes(smartctl_path: str, euid: int, user: str) -> list[str]:
         "on a virtual disk (virtio, cloud volume) SMART belongs to the host's physical "
         "drives: check them on the host, or the provider's volume health",
     ]
-    # as root, a grant changes nothing: where the device lives is the likelier cause
-    return place + grant if euid == 0 else grant + place
+    # root has every right a grant could give: where the device lives is the cause
+    return place if euid == 0 else grant + place
 
 
 def _user_name(uid: int) -> str:
