@@ -1,4 +1,4 @@
-"""The loader autotune (stallscope.watch(loader, autotune=True), stallscope/tuner/online.py):
+"""The loader autotune (stallscope.watch(loader, autotune=True), stallscope/probe/autotune.py):
 the model and the decisions on constructed epochs, then real trainings that start at
 num_workers=0 on a prep-bound dataset. How close it gets to an exhaustive grid's best, and how
 fast: benchmarks/bench_autotune.py."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import stallscope_argv
 
-from stallscope.tuner.online import EpochTrial, decide, loader_call, predict_rate
+from stallscope.probe.autotune import EpochTrial, decide, loader_call, predict_rate
 
 
 def trial(k: int, rate: float, wait_share: float, pf: int | None = 2, steps: int = 101

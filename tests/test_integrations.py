@@ -3,6 +3,7 @@ Trainer, on the CPU: one line of user code gives the same step records as ``watc
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -247,6 +248,24 @@ def test_failing_hook_is_said_once_and_training_goes_on(capsys: pytest.CaptureFi
 
 
 # --- autotune through the callbacks --------------------------------------------------------------
+class PidData(SlowData):
+    """SlowData that notes which process loaded each sample (one line per sample)."""
+
+    def __init__(self, n: int, as_dict: bool, log: Path) -> None:
+        super().__init__(n, as_dict)
+        self.log = log
+
+    def __getitem__(self, i: int) -> Any:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return super().__getitem__(i)
+
+
+def _loaded_by_workers(log: Path) -> int:
+    """Samples loaded in another process than this one (DataLoader workers)."""
+    return sum(1 for line in log.read_text().split() if int(line) != os.getpid())
+
+
 def _autotune_of(probes: list[dict[str, Any]]) -> dict[str, Any]:
     (p,) = probes
     at = p["config"].get("autotune")
@@ -260,7 +279,8 @@ def test_lightning_callback_autotunes_the_loader_between_epochs(run_dir: Path) -
     pl: Any = pytest.importorskip("lightning.pytorch")
     from stallscope.integrations.lightning import StallscopeCallback
 
-    loader = DataLoader(SlowData(40, as_dict=False), batch_size=4, num_workers=0)
+    log = run_dir / "pids.txt"
+    loader = DataLoader(PidData(40, as_dict=False, log=log), batch_size=4, num_workers=0)
     trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False,
@@ -273,8 +293,8 @@ def test_lightning_callback_autotunes_the_loader_between_epochs(run_dir: Path) -
     assert first["from"]["num_workers"] == 0 and first["config"]["num_workers"] >= 1
     assert first["epoch"] == 1
     assert [t["num_workers"] for t in at["trials"]][:2] == [0, first["config"]["num_workers"]]
-    # and the workers really loaded: the next epoch waited far less
-    assert at["trials"][1]["wait_share"] < at["trials"][0]["wait_share"] / 2, at["trials"]
+    # and the workers really loaded: the epochs after the first were loaded in other processes
+    assert _loaded_by_workers(log) >= 40, at["trials"]
     assert loader.num_workers >= 1  # the user's own loader object, changed in place
 
 
@@ -283,12 +303,13 @@ def test_hf_callback_autotunes_the_loader_between_epochs(run_dir: Path, tmp_path
     pytest.importorskip("accelerate")
     from stallscope.integrations.hf import StallscopeCallback
 
+    log = tmp_path / "pids.txt"
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=3,
         report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
         dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
     trainer = transformers.Trainer(model=HFTiny(), args=args,
-                                   train_dataset=SlowData(40, as_dict=True),
+                                   train_dataset=PidData(40, as_dict=True, log=log),
                                    callbacks=[StallscopeCallback(autotune=True)])
     trainer.train()
     steps, probes = finish(run_dir)
@@ -297,5 +318,5 @@ def test_hf_callback_autotunes_the_loader_between_epochs(run_dir: Path, tmp_path
     first = at["changes"][0]
     assert first["from"]["num_workers"] == 0 and first["config"]["num_workers"] >= 1
     assert [t["num_workers"] for t in at["trials"]][:2] == [0, first["config"]["num_workers"]]
-    # and the workers really loaded: the next epoch waited far less
-    assert at["trials"][1]["wait_share"] < at["trials"][0]["wait_share"] / 2, at["trials"]
+    # and the workers really loaded: the epochs after the first were loaded in other processes
+    assert _loaded_by_workers(log) >= 40, at["trials"]

@@ -232,8 +232,8 @@ def print_result(result: TuneResult, console: Console) -> None:
 
 def from_run(args: argparse.Namespace) -> int:
     """What the loader autotune of a run found, per rank: its trials and the call to write."""
+    from stallscope.probe.autotune import loader_call
     from stallscope.store import RunStore
-    from stallscope.tuner.online import loader_call
 
     run_dir = resolve_run(args.from_run, args.out)
     db = run_dir / "run.db"
@@ -247,7 +247,8 @@ def from_run(args: argparse.Namespace) -> int:
         raise StallscopeError(f"cannot read {db}: {exc}") from None
     ranks = []
     for p in probes:
-        cfg = p.get("config") if isinstance(p.get("config"), dict) else {}
+        raw = p.get("config")
+        cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
         at = cfg.get("autotune")
         if not isinstance(at, dict) or not isinstance(at.get("best"), dict):
             continue

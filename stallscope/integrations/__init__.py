@@ -81,7 +81,7 @@ class StepHooks:
         self.probe: Recorder | None = None
         self.epoch = -1
         self._timer: StepTimer | None = None
-        #: the loader autotune (tuner/online.py), when asked for and the loader allows it
+        #: the loader autotune (probe/autotune.py), when asked for and the loader allows it
         self.autotune = autotune
         self._tuner: Any = None
         #: this epoch's steps, data wait, wall (wait + the rest), first wait, samples

@@ -57,7 +57,7 @@ class StallscopeCallback(TrainerCallback):
 
     ``rank`` overrides ``args.process_index``. ``autotune=True`` sets the training
     DataLoader's ``num_workers`` and ``prefetch_factor`` between epochs
-    (:mod:`stallscope.tuner.online`)."""
+    (:mod:`stallscope.probe.autotune`)."""
 
     def __init__(self, rank: int | None = None, log: bool = True,
                  autotune: bool = False) -> None:

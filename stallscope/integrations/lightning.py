@@ -111,7 +111,7 @@ class StallscopeCallback(_Hooks, _Callback):
 
     ``rank`` overrides ``trainer.global_rank``. ``autotune=True`` sets the training
     DataLoader's ``num_workers`` and ``prefetch_factor`` between epochs
-    (:mod:`stallscope.tuner.online`; with ``reload_dataloaders_every_n_epochs`` the loader
+    (:mod:`stallscope.probe.autotune`; with ``reload_dataloaders_every_n_epochs`` the loader
     Lightning makes anew starts from the best found so far)."""
 
 

@@ -147,7 +147,7 @@ class Recorder:
             self.config["job"] = job  # the same on every node of a job: the agent's train_job
         #: step -> its communication wait (sources/comm.py), for the writer to join to the step
         self.comm_of: dict[int, float] = {}
-        #: what the loader autotune changed (tuner/online.py), for the writer to store as events
+        #: what the loader autotune changed (probe/autotune.py), for the writer to store as events
         self.tune_events: list[tuple[float, str]] = []
         self._cfg_lock = threading.Lock()
         # where to write: explicit dir, stallscope run's dir, or (None) a standalone run

@@ -49,7 +49,7 @@ class Watched(Generic[T]):
                  tuner: Any = None) -> None:
         self.loader = loader
         self.probe = probe
-        #: the loader autotune (tuner/online.py) when asked for: changes the loader between
+        #: the loader autotune (probe/autotune.py) when asked for: changes the loader between
         #: epochs from what each epoch measured
         self.tuner = tuner
 
@@ -79,6 +79,13 @@ class Watched(Generic[T]):
             warn(f"probe disabled for this loader: {exc!r}")
             yield from it
             return
+        yield from self._steps(p, it, epoch, gpu, t_req, t_start)
+
+    def _steps(self, p: Recorder, it: Iterator[T], epoch: int, gpu: bool, t_req: float,
+               t_start: float) -> Iterator[T]:
+        """The epoch's step loop (see the module docstring)."""
+        perf = time.perf_counter
+        tuner = self.tuner
         # bound once per epoch: the step state, the buffer, the alerts due, the device clock
         state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device
         comm, comm_of = COMM, p.comm_of
@@ -87,9 +94,8 @@ class Watched(Generic[T]):
         sizer: Callable[[Any], int | None] | None = None
         open_step = False
         cur = first = state.step
-        waited = first_wait = 0.0
         nsamples = 0
-        t_got = wait = 0.0
+        t_got = wait = waited = first_wait = 0.0
         n: int | None = None
         ev0: Any = None
         try:
@@ -116,11 +122,9 @@ class Watched(Generic[T]):
                 except Exception:  # an odd batch: no sample count, never an error
                     n = None
                 wait = t_got - t_req
-                if not waited:
-                    first_wait = wait
+                first_wait = first_wait or wait  # the workers' start-up, for the autotune
                 waited += wait
-                if n:
-                    nsamples += n
+                nsamples += n or 0
                 open_step = True
                 yield batch
                 t_req = perf()
@@ -235,7 +239,7 @@ def watch(loader: Iterable[T], *, rank: int | None = None,
 
     ``autotune=True`` (a PyTorch ``DataLoader``): between epochs, set its ``num_workers`` and
     ``prefetch_factor`` from what each epoch measured, until it keeps up
-    (:mod:`stallscope.tuner.online`); each change is logged in the run."""
+    (:mod:`stallscope.probe.autotune`); each change is logged in the run."""
     probe = adapter_for(loader).probe(rank)
     tuner = None
     if autotune and probe is not None:
@@ -261,7 +265,7 @@ def _tuner_of(loader: Any, probe: Recorder) -> Any:
     try:
         tuner = _tuners.get(loader)
         if tuner is None:
-            from stallscope.tuner.online import OnlineTuner
+            from stallscope.probe.autotune import OnlineTuner
 
             tuner = _tuners[loader] = OnlineTuner(loader, log=probe.tune_log)
         return tuner

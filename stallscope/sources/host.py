@@ -40,6 +40,7 @@ __all__ = [
     "parse_pressure_totals",
     "parse_proc_stat",
     "parse_vmstat",
+    "usable_cores",
 ]
 
 
@@ -368,3 +369,45 @@ class HostSource(Source):
         vm = self._prev_vm
         return host_counters(self._prev_cpu[0], None if vm is None else (vm[1], vm[2]),
                              self._psi_total)
+
+
+# --- what this process may use ------------------------------------------------------------------
+def usable_cores() -> int:
+    """Physical cores this process may run on: affinity and the cgroup CPU quota both cap it."""
+    import psutil
+
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = physical
+    return max(1, min(physical, allowed, _cgroup_cpus() or allowed))
+
+
+def _cgroup_cpus() -> int | None:
+    for path, parse in (("/sys/fs/cgroup/cpu.max", _v2_quota),
+                        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", _v1_quota)):
+        try:
+            with open(path) as f:
+                n = parse(f.read(), path)
+        except (OSError, ValueError):
+            continue
+        if n:
+            return n
+    return None
+
+
+def _v2_quota(text: str, _path: str) -> int | None:
+    quota, period = text.split()[:2]
+    if quota == "max":
+        return None
+    return max(1, int(int(quota) / int(period)))
+
+
+def _v1_quota(text: str, path: str) -> int | None:
+    quota = int(text.strip())
+    if quota <= 0:
+        return None
+    with open(path.replace("cfs_quota_us", "cfs_period_us")) as f:
+        period = int(f.read().strip())
+    return max(1, int(quota / period))

@@ -23,7 +23,6 @@ short, so a poor configuration costs half a window, not a whole one.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from stallscope.sources.host import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
 
@@ -88,45 +88,6 @@ class TuneResult:
 
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
-
-
-def usable_cores() -> int:
-    """Physical cores this process may run on: affinity and the cgroup CPU quota both cap it."""
-    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = physical
-    return max(1, min(physical, allowed, _cgroup_cpus() or allowed))
-
-
-def _cgroup_cpus() -> int | None:
-    for path, parse in (("/sys/fs/cgroup/cpu.max", _v2_quota),
-                        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", _v1_quota)):
-        try:
-            with open(path) as f:
-                n = parse(f.read(), path)
-        except (OSError, ValueError):
-            continue
-        if n:
-            return n
-    return None
-
-
-def _v2_quota(text: str, _path: str) -> int | None:
-    quota, period = text.split()[:2]
-    if quota == "max":
-        return None
-    return max(1, int(int(quota) / int(period)))
-
-
-def _v1_quota(text: str, path: str) -> int | None:
-    quota = int(text.strip())
-    if quota <= 0:
-        return None
-    with open(path.replace("cfs_quota_us", "cfs_period_us")) as f:
-        period = int(f.read().strip())
-    return max(1, int(quota / period))
 
 
 Progress = Callable[[str, float], None]
