@@ -417,6 +417,8 @@ def main() -> int:
         print("bench_fleet: each --nodes value must be a multiple of --nodes-per-job",
               file=sys.stderr)
         return 2
+    # a SIGTERM ends it like Ctrl-C: the agents and Prometheus it started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rec = load_recording()
     results = []
     for n in sizes:

@@ -34,5 +34,5 @@ fi
 # worker), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
 rc=0
 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not exclusive" || rc=$?
-.venv/bin/python -m pytest -m exclusive || rc=$((rc ? rc : $?))
+.venv/bin/python -m pytest -m exclusive --durations=12 || rc=$((rc ? rc : $?))
 exit "$rc"

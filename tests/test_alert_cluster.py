@@ -232,9 +232,13 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     [cusum] = [r for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]
                if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
     step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", cusum["expr"])[0])
+    cap = float(re.search(r"0, (0\.\d+)\)\s*$", cusum["expr"]).group(1))
     [alert] = [r for r in rules if r["alert"] == "StallscopeRankWaitedFor"]
     threshold = float(re.search(r"cusum >= (0\.\d+)", alert["expr"]).group(1))
-    assert step < threshold <= 2 * step, (step, threshold)
+    assert step < threshold <= 2 * step < cap + step, (step, threshold, cap)
+    # hysteresis: once firing it holds while the CUSUM is above a lower level
+    clear = float(re.search(r"cusum > (0\.\d+)", alert["expr"]).group(1))
+    assert 0 < clear < threshold, (clear, threshold)
 
 
 def _seconds(d: str) -> float:
