@@ -114,9 +114,10 @@ def test_a_dataset_failing_in_workers_is_named_never_hangs() -> None:
     assert time.monotonic() - t0 < 40
     doc = json.loads(r.stdout)
     failed = [t for t in doc["trials"] if t["status"] == "failed"]
-    assert failed and failed[0]["config"]["num_workers"] == 1
+    # the first trial with workers fails (its count is the model's prediction) and is named
+    assert failed and failed[0]["config"]["num_workers"] >= 1
     assert "sample" in failed[0]["reason"] and "is corrupt" in failed[0]["reason"]
-    assert "num_workers=1 failed" in doc["stopped"]
+    assert f"num_workers={failed[0]['config']['num_workers']} failed" in doc["stopped"]
     assert doc["best"] == {"num_workers": 0}
 
 
@@ -164,8 +165,8 @@ def test_ctrl_c_prints_what_was_found(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     try:
-        for line in proc.stderr:  # progress lines: interrupt during the second trial
-            if "trying num_workers=1" in line:
+        for line in proc.stderr:  # progress lines: interrupt during the first worker trial
+            if "trying num_workers=" in line:
                 break
         time.sleep(1.0)
         proc.send_signal(signal.SIGINT)

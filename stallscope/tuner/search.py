@@ -374,6 +374,10 @@ class Search:
                 return  # the model points where it measured already
             t = self._trial(f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
                             self._config(num_workers=k))
+            if t is not None and t.status == "failed":
+                self.stopped = (f"num_workers={k} failed ({t.reason}): the dataset must work in "
+                                "worker processes before more workers can help")
+                return
             if t is None or t.status != "ok" or not t.samples_per_s:
                 return
             err = t.samples_per_s / rates[k] - 1.0
