@@ -313,3 +313,27 @@ def test_latest_is_this_folders_newest_run_before_the_index(tmp_path: Path) -> N
                        capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert r.returncode == 0 and other.name in r.stdout
     assert r.stderr.startswith("stallscope: latest run: ") and other.name in r.stderr
+
+
+def test_reading_new_steps_seeks_the_key_never_scans_the_table(tmp_path: Path) -> None:
+    """The agent and the attach mirror read the steps written since their last read at every
+    scrape: by the (rank, step) key, whatever the table holds (a long training's run.db keeps
+    every step: a scan per scrape grew with the training's age), new ranks included."""
+    import sqlite3
+
+    from stallscope.store.db import step_ranks, steps_after
+
+    st = RunStore(tmp_path / "run.db")
+    for r in (0, 1, 5):
+        st.add_steps([StepRow(r, i, 1.0 + i, 0.01, 0.04) for i in range(50)])
+    st.close()
+    conn = sqlite3.connect(f"file:{tmp_path / 'run.db'}?mode=ro", uri=True)
+    assert step_ranks(conn) == [0, 1, 5]
+    where, args = steps_after({0: 47, 1: 49}, step_ranks(conn))
+    q = f"SELECT rank, step FROM steps WHERE ({where}) ORDER BY rank, step"
+    plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + q, args))
+    assert "SCAN steps" not in plan and "PRIMARY KEY" in plan, plan
+    rows = conn.execute(q, args).fetchall()
+    assert rows == [(0, 48), (0, 49)] + [(5, i) for i in range(50)]  # rank 5: never read
+    assert steps_after({}, []) == ("", [])
+    conn.close()

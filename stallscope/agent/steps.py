@@ -39,7 +39,7 @@ from typing import Any
 
 from stallscope.errors import RunNotFound
 from stallscope.sources.owner import OWNER_KEYS, read_owner
-from stallscope.store.db import comm_column, steps_after
+from stallscope.store.db import comm_column, step_ranks, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
@@ -284,8 +284,9 @@ class StepFollower:
     def _read(self, f: _Followed) -> None:
         if not self._connect(f) or f.conn is None:
             return
-        where, args = steps_after({r: t.last_step for r, t in f.ranks.items()})
         try:  # a run.db from before communication time has no comm_s
+            where, args = steps_after({r: t.last_step for r, t in f.ranks.items()},
+                                      step_ranks(f.conn))
             q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)} "
                  f"FROM steps WHERE ({_ROW_OK})" + (f" AND ({where})" if where else "")
                  + " ORDER BY rank, step")

@@ -39,7 +39,8 @@ from typing import Any
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point, lookup
 
-__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "comm_column", "steps_after"]
+__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "comm_column", "step_ranks",
+           "steps_after"]
 
 SCHEMA_VERSION = 1
 
@@ -437,16 +438,28 @@ def comm_column(conn: sqlite3.Connection) -> str:
         "PRAGMA table_info(steps)")) else "NULL"
 
 
-def steps_after(last: Mapping[int, int]) -> tuple[str, list[int]]:
-    """SQL condition (and its arguments) for the step rows not read yet: per rank in ``last``
-    the steps after its last one read, and every row of a rank not seen before ("" when no
-    rank was: every row)."""
-    known = sorted(last)
-    if not known:
+def step_ranks(conn: sqlite3.Connection) -> list[int]:
+    """The ranks that have step rows, found through the (rank, step) key one rank at a time
+    (a handful of index seeks, however many rows: never a scan of the table)."""
+    ranks: list[int] = []
+    cur = conn.execute("SELECT min(rank) FROM steps").fetchone()[0]
+    while isinstance(cur, int) and len(ranks) < 100_000:
+        ranks.append(cur)
+        cur = conn.execute("SELECT min(rank) FROM steps WHERE rank > ?", (cur,)).fetchone()[0]
+    return ranks
+
+
+def steps_after(last: Mapping[int, int], ranks: Iterable[int] = ()) -> tuple[str, list[int]]:
+    """SQL condition (and its arguments) for the step rows not read yet: per rank the steps
+    after its last one read (``last``), every step of a rank in ``ranks`` not read before.
+    Each term is a range of the (rank, step) key, so SQLite reads only the new rows (a
+    ``NOT IN`` for unseen ranks made it scan the whole table at every read: 90 ms at 560,000
+    rows). ("", []) when there is no rank at all."""
+    every = sorted(set(last) | set(ranks))
+    if not every:
         return "", []
-    where = " OR ".join(["(rank=? AND step>?)"] * len(known))
-    where += f" OR rank NOT IN ({','.join('?' * len(known))})"
-    return where, [x for r in known for x in (r, last[r])] + known
+    where = " OR ".join(["(rank=? AND step>?)"] * len(every))
+    return where, [x for r in every for x in (r, last.get(r, -(1 << 62)))]
 
 
 def _finite(col: str) -> str:

@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 from stallscope.errors import StallscopeError
-from stallscope.store.db import RunStore, StepRow, comm_column, steps_after
+from stallscope.store.db import RunStore, StepRow, comm_column, step_ranks, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -84,8 +84,8 @@ class StepMirror:
         conn = self._connect()
         if conn is None:
             return 0
-        where, args = steps_after(self._last)
         try:
+            where, args = steps_after(self._last, step_ranks(conn))
             rows = conn.execute(f"SELECT {_COLS}, {comm_column(conn)} FROM steps"
                                 + (f" WHERE {where}" if where else "")
                                 + " ORDER BY rank, step", args).fetchall()
