@@ -139,8 +139,10 @@ class Writer(threading.Thread):
             self.lag_s = max(self.lag_s, time.time() - now)
 
 
-def start_fleet(root: Path, n: int, rpn: int, npj: int, rec, seed: int, t0: float
-                ) -> tuple[list[Job], dict[tuple[str, str], RunStore], list[str]]:
+def start_fleet(root: Path, n: int, rpn: int, npj: int, rec, seed: int, t0: float,
+                trainer: int) -> tuple[list[Job], dict[tuple[str, str], RunStore], list[str]]:
+    """The nodes' runs: ``trainer`` is the pid their meta.json names (a process of its own,
+    alive for the run, without children: not this one, whose children are the agents)."""
     nodes = [f"node-{i:02d}" for i in range(n)]
     jobs, stores = [], {}
     for j in range(n // npj):
@@ -151,10 +153,10 @@ def start_fleet(root: Path, n: int, rpn: int, npj: int, rec, seed: int, t0: floa
             state = root / node
             run = new_run_dir(root / "runs" / node, f"job{j:02d}")
             write_meta(run, base_meta(["python", "train.py"], start=t0, interval_s=1.0,
-                                      pid=os.getpid()))
+                                      pid=trainer))
             store = RunStore(run / "run.db")
             for lr in range(rpn):
-                store.set_probe(ni * rpn + lr, os.getpid(), {"job": job.name}, 0, 0)
+                store.set_probe(ni * rpn + lr, trainer, {"job": job.name}, 0, 0)
             stores[(job.name, node)] = store
             state.mkdir(parents=True, exist_ok=True)
             with open(state / "runs.txt", "a") as f:
@@ -165,10 +167,13 @@ def start_fleet(root: Path, n: int, rpn: int, npj: int, rec, seed: int, t0: floa
 def run_one(args: argparse.Namespace, n: int, rec) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"bench-fleet-{n}-"))
     rng = random.Random(args.seed * 100 + n)
-    procs: list[subprocess.Popen] = []
+    # the "trainer" each run names: the agents follow its process tree (a lone sleep; were it
+    # this process, every agent would sample every other agent as the training's processes)
+    trainer = subprocess.Popen(["sleep", "infinity"])
+    procs: list[subprocess.Popen] = [trainer]
     t0 = time.time()
     jobs, stores, nodes = start_fleet(root, n, args.ranks_per_node, args.nodes_per_job, rec,
-                                      args.seed, t0)
+                                      args.seed, t0, trainer.pid)
     try:
         ports = {}
         exe = [sys.executable, "-m", "stallscope"]
@@ -178,7 +183,7 @@ def run_one(args: argparse.Namespace, n: int, rec) -> dict:
             procs.append(subprocess.Popen(
                 [*exe, "agent", "--listen", f"127.0.0.1:{ports[node]}", "--hostname", node],
                 env=env, stdout=open(root / f"{node}.log", "w"), stderr=subprocess.STDOUT))
-        agents = list(procs)
+        agents = procs[1:]  # not the sleeping "trainer"
         rules = root / "rules"
         rules.mkdir()
         for f in (HERE / "deploy" / "prometheus").glob("*.yml"):
