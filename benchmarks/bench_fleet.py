@@ -18,7 +18,8 @@ by data wait, for 60-90 s, 60-120 s apart. ``--healthy-for`` seconds with no fau
 from Prometheus' ``/api/v1/alerts`` every second:
 
 * a **detection** is an activation on a rank of a fault, between its start and 60 s after its
-  end; its latency is the activation time (``activeAt``) minus the fault's start;
+  end; its latency is the activation time (``activeAt``) minus the fault's start (0 when the
+  rank is still flagged from an earlier slowdown as this one starts);
 * any other activation is a **false alarm**; precision = detections' activations / all;
 * **recall** = faults detected / faults, per size.
 
@@ -264,6 +265,11 @@ def run_one(args: argparse.Namespace, n: int, rec) -> dict:
             shutil.rmtree(root, ignore_errors=True)
 
 
+#: activation -> when it was last seen firing (a fault that starts while its rank is still
+#: flagged from an earlier one is detected at once)
+last_seen: dict[tuple[str, str, str, str], float] = {}
+
+
 def _poll_alerts(base: str, seen: dict[tuple[str, str, str, str], float]) -> None:
     try:
         doc = get_json(f"{base}/api/v1/alerts")
@@ -277,6 +283,7 @@ def _poll_alerts(base: str, seen: dict[tuple[str, str, str, str], float]) -> Non
                a.get("activeAt", ""))
         if key not in seen:
             seen[key] = parse_ts(a["activeAt"])
+        last_seen[key] = time.time()
 
 
 def score(faults: list[Fault], seen: dict[tuple[str, str, str, str], float],
@@ -297,6 +304,13 @@ def score(faults: list[Fault], seen: dict[tuple[str, str, str, str], float],
         else:
             matched += 1
             first[hit] = min(first.get(hit, at), at)
+    # a fault that starts while its rank is still flagged (an earlier slowdown's alert has not
+    # cleared yet) is seen at once: latency 0
+    for (job, _inst, rank, act), at in seen.items():
+        until = last_seen.get((job, _inst, rank, act), at)
+        for i, f in enumerate(faults):
+            if i not in first and f.job == job and int(rank) in f.ranks and at < f.start <= until:
+                first[i] = f.start
     by_size: dict[str, dict] = {}
     for x in sorted({f.x for f in faults}):
         fs = [i for i, f in enumerate(faults) if f.x == x]
