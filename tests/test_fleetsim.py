@@ -1,0 +1,56 @@
+"""The fleet benchmark's simulator (benchmarks/fleetsim.py): steps replayed from the real gloo
+records behave as DDP steps do, and an injected slowdown lands where it says."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fleetsim import Fault, Job, load_recording, schedule  # noqa: E402
+
+
+def test_the_recording_is_real_and_scaled_to_one_median() -> None:
+    rec = load_recording()
+    assert len(rec.own) == 2 and all(len(r) == 908 for r in rec.own) and len(rec.comm) == 908
+    medians = [statistics.median(o for _w, o in r) for r in rec.own]
+    assert abs(medians[0] - medians[1]) < 1e-9 and 0.03 < medians[0] < 0.05
+
+
+def test_every_rank_s_step_is_as_long_as_the_slowest_and_a_slowdown_shows_in_the_others_wait(
+        ) -> None:
+    rec = load_recording()
+    job = Job("j", ["a", "b"], 4, rec, 0.0, seed=3)
+    job.faults.append(Fault("j", (5,), ("b",), 30.0, 90.0, 0.3, "compute", "rank"))
+    rows = [r for rs in job.steps_until(120.0).values() for r in rs]
+    by_step: dict[int, list[tuple]] = {}
+    for r in rows:
+        by_step.setdefault(r[1], []).append(r)
+    assert all(len(v) == 8 for v in by_step.values())  # every rank every step
+    for v in by_step.values():
+        walls = {round(w + h, 9) for _r, _k, _ts, w, h, _c in v}
+        assert len(walls) == 1  # one step time for all: the all-reduce ties them
+        assert min(c for *_x, c in v) >= 0.0
+
+    def comm_share(rank: int, lo: float, hi: float) -> float:
+        mine = [(w + h, c) for r, _k, ts, w, h, c in rows if r == rank and lo <= ts < hi]
+        return sum(c for _s, c in mine) / sum(s for s, _c in mine)
+
+    # during the slowdown rank 5 waits far less than its peers; before it, alike
+    assert comm_share(0, 40, 90) - comm_share(5, 40, 90) > 0.15
+    assert abs(comm_share(0, 0, 30) - comm_share(5, 0, 30)) < 0.08
+
+
+def test_the_schedule_never_overlaps_two_slowdowns_of_one_job() -> None:
+    job = Job("j", ["a", "b"], 8, load_recording(), 0.0, seed=1)
+    faults = schedule(job, random.Random(5), 100.0, 2000.0)
+    assert len(faults) >= 8
+    for a, b in zip(faults, faults[1:]):
+        assert a.end <= b.start and 60 <= a.end - a.start <= 90
+    assert all(f.x in (0.05, 0.1, 0.2, 0.3, 0.5) and f.cause in ("compute", "input")
+               for f in faults)
+    assert {len(f.nodes) for f in faults if f.scope == "node"} <= {1}
