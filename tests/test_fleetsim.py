@@ -3,6 +3,7 @@ records behave as DDP steps do, and an injected slowdown lands where it says."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import sys
@@ -11,7 +12,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fleetsim import Fault, Job, load_recording, schedule  # noqa: E402
+from fleetsim import Fault, Job, load_recording, schedule
 
 
 def test_the_recording_is_real_and_scaled_to_one_median() -> None:
@@ -49,7 +50,7 @@ def test_the_schedule_never_overlaps_two_slowdowns_of_one_job() -> None:
     job = Job("j", ["a", "b"], 8, load_recording(), 0.0, seed=1)
     faults = schedule(job, random.Random(5), 100.0, 2000.0)
     assert len(faults) >= 8
-    for a, b in zip(faults, faults[1:]):
+    for a, b in itertools.pairwise(faults):
         assert a.end <= b.start and 60 <= a.end - a.start <= 90
     assert all(f.x in (0.05, 0.1, 0.2, 0.3, 0.5) and f.cause in ("compute", "input")
                for f in faults)
