@@ -252,7 +252,8 @@ def from_run(args: argparse.Namespace) -> int:
         at = cfg.get("autotune")
         if not isinstance(at, dict) or not isinstance(at.get("best"), dict):
             continue
-        given = dict(cfg.get("loader") or {})
+        loader = cfg.get("loader")
+        given = dict(loader) if isinstance(loader, dict) else {}
         if given.get("sampler_type") == "RandomSampler":
             given["shuffle"] = True
         ranks.append({"rank": p.get("rank"), "best": at["best"], "trials": at.get("trials", []),
@@ -268,14 +269,21 @@ def from_run(args: argparse.Namespace) -> int:
         out_console.print(f"rank {r['rank']}: {len(r['trials'])} epoch(s) measured"
                           + ("" if r["done"] else " (still tuning when the run ended)"),
                           highlight=False)
-        for t in r["trials"]:
+        for t in r["trials"] if isinstance(r["trials"], list) else []:
+            if not isinstance(t, dict):
+                continue  # a run.db edited by hand: what cannot be read is left out
             pf = t.get("prefetch_factor")
-            name = f"num_workers={t.get('num_workers')}" + (
-                f", prefetch_factor={pf}" if pf and t.get("num_workers") else "")
-            pred = t.get("predicted_rate")
-            out_console.print(f"  {name:<34}{t.get('steps_per_s', 0):6.1f} steps/s  wait "
-                              f"{t.get('wait_share', 0):>3.0%}"
+            name = plain(f"num_workers={t.get('num_workers')}" + (
+                f", prefetch_factor={pf}" if pf and t.get("num_workers") else ""), 60)
+            pred = _num(t.get("predicted_rate"))
+            out_console.print(f"  {name:<34}{_num(t.get('steps_per_s')):6.1f} steps/s  wait "
+                              f"{_num(t.get('wait_share')):>3.0%}"
                               + (f"  predicted {pred:.1f}" if pred else ""), highlight=False)
         out_console.print(f"  use: {plain(r['dataloader'], None)}", highlight=False,
                           soft_wrap=True)
     return 0
+
+
+def _num(v: Any) -> float:
+    """A stored figure as a number (0 when it is not one)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0

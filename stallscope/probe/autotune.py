@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallscope.sources.host import swap_ins
+
 __all__ = ["EpochTrial", "OnlineTuner", "decide", "predict_rate"]
 
 #: below this share of an epoch waiting for data, the loader keeps up: tuning stops
@@ -232,7 +234,7 @@ class OnlineTuner:
         d, self._pending = self._pending, None
         if d is not None and d.config is not None:
             self._apply(d.config, d.why, d.predicted_rate)
-        self._swap_in0 = _swap_in()
+        self._swap_in0 = swap_ins()
 
     def after_epoch(self, steps: int, wall_s: float, wait_s: float, samples: int = 0,
                     first_wait_s: float = 0.0) -> None:
@@ -252,7 +254,7 @@ class OnlineTuner:
                                     prediction_error=round(err, 3))
             self.log(f"epoch {self._epoch} at {_name(t)}: {t.rate:.1f} steps/s measured, "
                      f"{predicted:.1f} predicted ({err:+.0%}); data wait {t.wait_share:.0%}")
-        if _swap_in() > self._swap_in0 and len(self.trials) > 1:
+        if swap_ins() > self._swap_in0 and len(self.trials) > 1:
             best = _best(self.trials[:-1])
             self._pending = Decision(best.config(), f"the host swapped during the epoch at "
                                      f"{_name(t)}: back to {_name(best)}", best.rate, True)
@@ -378,15 +380,6 @@ class OnlineTuner:
             os.replace(tmp, self.state_path)
         except OSError as exc:
             self.log(f"could not keep the result in {self.state_path}: {exc}")
-
-
-def _swap_in() -> int:
-    try:
-        import psutil
-
-        return int(psutil.swap_memory().sin)
-    except Exception:
-        return 0
 
 
 def _gpu() -> bool:

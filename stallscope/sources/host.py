@@ -40,6 +40,7 @@ __all__ = [
     "parse_pressure_totals",
     "parse_proc_stat",
     "parse_vmstat",
+    "swap_ins",
     "usable_cores",
 ]
 
@@ -411,3 +412,14 @@ def _v1_quota(text: str, path: str) -> int | None:
     with open(path.replace("cfs_quota_us", "cfs_period_us")) as f:
         period = int(f.read().strip())
     return max(1, int(quota / period))
+
+
+def swap_ins() -> int:
+    """Pages swapped in since boot (psutil's ``sin``; 0 where it cannot be read): a rise over
+    a trial or an epoch means the machine swapped during it."""
+    import psutil
+
+    try:
+        return int(psutil.swap_memory().sin)
+    except (psutil.Error, OSError, RuntimeError):
+        return 0

@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from stallscope.sources.host import swap_ins
+
 #: a trial whose rate so far is below this share of the best one is cut short ("clearly slower")
 CUT_SHARE = 0.6
 
@@ -161,7 +163,7 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
     """Measure ``config`` for about ``window_s`` seconds after the first batch. A trial that is
     clearly slower than ``best_rate`` halfway through is cut short (status ``cut``)."""
     trial = Trial(config=dict(config))
-    swap0 = _swap_in()
+    swap0 = swap_ins()
     sampler = _Sampler()
     sampler.start()
     it = None
@@ -223,7 +225,7 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
             _shutdown(it)
         usage = sampler.stop()
         _account(trial, usage, time.perf_counter() - t_start)
-        trial.swap_in = max(0, _swap_in() - swap0)
+        trial.swap_in = max(0, swap_ins() - swap0)
     return trial
 
 
@@ -268,8 +270,3 @@ def _shutdown(it: Any) -> None:
             pass
 
 
-def _swap_in() -> int:
-    try:
-        return int(psutil.swap_memory().sin)
-    except (psutil.Error, OSError, RuntimeError):
-        return 0
