@@ -148,3 +148,30 @@ def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path
     assert again.returncode == 0, again.stderr
     assert "the best configuration the last run of this loader found" in again.stderr
     assert json.loads(again.stdout.splitlines()[-1])["orders"] == plain["orders"]
+
+
+def test_tune_from_run_says_one_line_or_reads_odd_figures_without_a_traceback(tmp_path: Path
+                                                                              ) -> None:
+    from stallscope.store import RunStore, new_run_dir
+    from stallscope.store.rundir import base_meta, write_meta
+
+    def run_with(config: dict[str, object]) -> Path:
+        d = new_run_dir(tmp_path / "runs", "t")
+        write_meta(d, {**base_meta(["python"], start=1.0, interval_s=1.0, pid=1), "end": 2.0,
+                       "exit_code": 0})
+        st = RunStore(d / "run.db")
+        st.set_probe(0, 1, config, 0, 0)
+        st.close()
+        return d
+
+    none = subprocess.run(stallscope_argv("tune", "--from-run", str(run_with({}))),
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2 and "has no loader autotune" in none.stderr
+    assert "Traceback" not in none.stderr
+    odd = run_with({"loader": ["x"], "autotune": {"best": {"num_workers": 2},
+                                                  "trials": [{"steps_per_s": "fast",
+                                                              "wait_share": None}, 7]}})
+    r = subprocess.run(stallscope_argv("tune", "--from-run", str(odd)), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "use: DataLoader(dataset, num_workers=2)" in r.stdout
