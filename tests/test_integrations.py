@@ -150,24 +150,49 @@ def test_hf_trainer_callback(run_dir: Path, tmp_path: Path) -> None:
 
 
 # --- the probe's figures in the framework's own logger --------------------------------------------
-def test_lightning_logs_the_data_wait_share_through_its_logger(run_dir: Path,
-                                                                tmp_path: Path) -> None:
-    """With a real CSVLogger: at every log_every_n_steps, stallscope/data_wait_share and
-    stallscope/step_ms of the steps since the last log, as the probe measured them."""
+@pytest.fixture()
+def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """W&B in offline mode, writing under tmp_path/wandb only (nothing leaves the machine). W&B
+    reads its settings once per process: torn down before and after, so each test gets its own."""
+    wandb = pytest.importorskip("wandb")
+    d = tmp_path / "wandb"
+    d.mkdir()
+    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(d), "WANDB_SILENT": "true",
+                 "WANDB_CONFIG_DIR": str(d / "config"), "WANDB_CACHE_DIR": str(d / "cache"),
+                 "WANDB_PROJECT": "stallscope-test"}.items():
+        monkeypatch.setenv(k, v)
+    wandb.teardown()
+    yield d
+    wandb.finish()
+    wandb.teardown()
+
+
+def test_lightning_logs_the_data_wait_share_through_its_logger(
+        run_dir: Path, tmp_path: Path, offline_wandb: Path) -> None:
+    """With a real CSVLogger, TensorBoardLogger and an offline WandbLogger: at every
+    log_every_n_steps, stallscope/data_wait_share and stallscope/step_ms of the steps since the
+    last log, as the probe measured them; read back from the CSV, from TensorBoard's event files
+    with TensorBoard's reader, and from W&B's offline record log."""
     import csv
 
     pl: Any = pytest.importorskip("lightning.pytorch")
-    from lightning.pytorch.loggers import CSVLogger
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+    from logreaders import tb_scalars, wandb_history
 
     from stallscope.integrations.lightning import StallscopeCallback
 
+    wandb_dir = offline_wandb
     loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
     logger = CSVLogger(str(tmp_path / "logs"), name="t")
-    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=logger,
+    tb = TensorBoardLogger(str(tmp_path / "tb"), name="t")
+    wb = WandbLogger(offline=True, save_dir=str(wandb_dir))
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=[logger, tb, wb],
                          log_every_n_steps=3, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[StallscopeCallback()])
     trainer.fit(lightning_tiny(pl), loader)
+    wb.experiment.finish()
     steps, _ = finish(run_dir)
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
     shares = [float(r["stallscope/data_wait_share"]) for r in rows
@@ -178,35 +203,50 @@ def test_lightning_logs_the_data_wait_share_through_its_logger(run_dir: Path,
     step_ms = [float(r["stallscope/step_ms"]) for r in rows if r.get("stallscope/step_ms")]
     assert all(ms >= STEP_S * 1000 for ms in step_ms), step_ms
 
+    scalars = tb_scalars(tmp_path / "tb")
+    assert scalars["stallscope/data_wait_share"] == pytest.approx(shares), scalars
+    assert scalars["stallscope/step_ms"] == pytest.approx(step_ms), scalars
+    history = [r for r in wandb_history(wandb_dir) if "stallscope/data_wait_share" in r]
+    assert [r["stallscope/data_wait_share"] for r in history] == pytest.approx(shares), history
 
-def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path) -> None:
-    """The Trainer's logs at each logging step carry stallscope/data_wait_share, also for a
-    callback that comes before stallscope's (as TensorBoard's and W&B's always do): the
-    stallscope callback puts itself first."""
+
+def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path,
+                                               offline_wandb: Path) -> None:
+    """The Trainer's logs at each logging step carry stallscope/data_wait_share, also for the
+    callbacks that `report_to` puts before stallscope's (TensorBoard's and W&B's here, real and
+    offline): the stallscope callback moves itself first. Read back from TensorBoard's event
+    files with TensorBoard's reader and from W&B's offline record log."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
+    pytest.importorskip("tensorboard")
+    from logreaders import tb_scalars, wandb_history
+
     from stallscope.integrations.hf import StallscopeCallback
 
-    seen: list[dict[str, Any]] = []
-
-    class Reporter(transformers.TrainerCallback):  # stands for TensorBoardCallback
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-                   **kwargs: Any) -> None:
-            seen.append(dict(logs or {}))
-
+    wandb_dir = offline_wandb
+    out_dir = tmp_path / "hf"  # TensorBoard's event files go under it by default
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="steps",
-        logging_steps=3, dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
+        output_dir=str(out_dir), per_device_train_batch_size=4, num_train_epochs=2,
+        report_to=["tensorboard", "wandb"], use_cpu=True,
+        save_strategy="no", logging_strategy="steps", logging_steps=3,
+        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
     trainer = transformers.Trainer(model=HFTiny(), args=args,
                                    train_dataset=SlowData(24, as_dict=True),
-                                   callbacks=[Reporter(), StallscopeCallback()])
+                                   callbacks=[StallscopeCallback()])
+    names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
+    assert names.index("TensorBoardCallback") < names.index("StallscopeCallback"), names
     trainer.train()
+    import wandb
+
+    wandb.finish()
     finish(run_dir)
-    train_logs = [x for x in seen if "loss" in x]
-    assert len(train_logs) == 4, seen
-    for x in train_logs:
-        assert 0 < x["stallscope/data_wait_share"] < 1 and x["stallscope/step_ms"] > 0, x
+    scalars = tb_scalars(out_dir)
+    shares = scalars.get("train/stallscope/data_wait_share", [])
+    assert len(shares) == 4 and all(0 < x < 1 for x in shares), scalars
+    assert len(scalars["train/stallscope/step_ms"]) == 4, scalars
+    assert all(ms >= STEP_S * 1000 for ms in scalars["train/stallscope/step_ms"]), scalars
+    history = [r for r in wandb_history(wandb_dir) if "train/stallscope/data_wait_share" in r]
+    assert [r["train/stallscope/data_wait_share"] for r in history] == pytest.approx(shares)
 
 
 # --- framework-free pieces -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ prefetch, so each step waits about that long, and a model step much cheaper than
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -131,8 +132,9 @@ def test_fit_splits_input_wait_from_compute(run_dir: Path, spe: int) -> None:
 
 
 def test_the_epoch_logs_carry_the_data_wait_share(run_dir: Path, tmp_path: Path) -> None:
-    """Each epoch's logs get the probe's figures for the epoch: History and a real CSVLogger
-    after the callback record them (the input wait dominates this dataset)."""
+    """Each epoch's logs get the probe's figures for the epoch: History, a real CSVLogger and
+    Keras' TensorBoard callback after the callback record them (the input wait dominates this
+    dataset); TensorBoard's event files are read back with TensorBoard's own reader."""
     import csv
 
     import keras
@@ -141,13 +143,24 @@ def test_the_epoch_logs_carry_the_data_wait_share(run_dir: Path, tmp_path: Path)
 
     model = small_model(1)
     log = tmp_path / "epochs.csv"
-    hist = model.fit(slow_dataset(), epochs=2, verbose=0, shuffle=False,
-                     callbacks=[StallscopeCallback(), keras.callbacks.CSVLogger(str(log))])
+    callbacks = [StallscopeCallback(), keras.callbacks.CSVLogger(str(log))]
+    has_tb = importlib.util.find_spec("tensorboard") is not None
+    if has_tb:
+        callbacks.append(keras.callbacks.TensorBoard(str(tmp_path / "tb"), update_freq="epoch"))
+    hist = model.fit(slow_dataset(), epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
     shares = hist.history["stallscope_data_wait_share"]
     assert len(shares) == 2 and all(0.5 < s < 1 for s in shares), shares
     rows = list(csv.DictReader(log.open()))
     assert [float(r["stallscope_data_wait_share"]) for r in rows] == pytest.approx(shares)
     assert all(float(r["stallscope_step_ms"]) >= 0.8 * SLEEP_S * 1000 for r in rows), rows
+    if not has_tb:
+        pytest.skip("tensorboard is not installed: its event files were not checked")
+    from logreaders import tb_scalars
+
+    scalars = tb_scalars(tmp_path / "tb")
+    assert scalars["epoch_stallscope_data_wait_share"] == pytest.approx(shares), scalars
+    assert scalars["epoch_stallscope_step_ms"] == pytest.approx(
+        [float(r["stallscope_step_ms"]) for r in rows]), scalars
 
 
 def test_fit_without_wait_is_compute(run_dir: Path) -> None:
