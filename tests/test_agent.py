@@ -501,3 +501,58 @@ def test_the_agent_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path)
         assert not any((mnt / "store").iterdir()) if (mnt / "store").exists() else True
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_scrapes_reuse_a_few_handler_threads_and_stuck_clients_do_not_block() -> None:
+    """Scrapes one after another are served by the server's few long-lived handler threads (no
+    new thread per scrape: that churn grew the agent's memory, benchmarks/bench_soak.py).
+    Clients that hold every one of them (idle keep-alive connections) do not stop the next
+    scrape: it gets a thread of its own. Closing the server ends the handler threads."""
+    import threading
+
+    from stallscope.agent.server import AgentHTTPServer, Handler
+
+    served: list[str] = []
+
+    class Recording(Handler):
+        def do_GET(self) -> None:
+            served.append(threading.current_thread().name)
+            super().do_GET()  # no agent here: 503, "the agent is starting"
+
+    server = AgentHTTPServer(("127.0.0.1", 0), Recording)
+    port = server.server_address[1]
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                               daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scrape() -> int:
+        try:
+            urllib.request.urlopen(url, timeout=5)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        return 200
+
+    held: list[socket.socket] = []
+    try:
+        assert [scrape() for _ in range(50)] == [503] * 50
+        pool = {n for n in served if n.startswith("stallscope-agent-http-")}
+        assert len(served) == 50 and set(served) == pool and len(pool) <= 2, served
+        # every handler thread held by an idle keep-alive client
+        for _ in range(AgentHTTPServer.handler_threads):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 503")
+            held.append(s)
+        t0 = time.monotonic()
+        assert scrape() == 503 and time.monotonic() - t0 < 5
+        assert not served[-1].startswith("stallscope-agent-http-"), served[-1]
+    finally:
+        for s in held:
+            s.close()
+        server.shutdown()
+        server.server_close()
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("stallscope-agent-http-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
+        time.sleep(0.05)

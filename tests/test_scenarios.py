@@ -32,6 +32,8 @@ ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 SECONDS = 12
 #: the cold, throttled reads: the trainer's own wait share settles only after its first epoch
 FETCH_SECONDS = 25
+#: a run whose speed is compared with another's (a fix applied): two runs of this length
+FIX_SECONDS = 15
 
 
 def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: list[str] = (),
@@ -78,9 +80,9 @@ SYSTEM_ONLY = ["--no-stacks"]
 
 @pytest.fixture(scope="module")
 def prep_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The prep stall, run once: named by test_prep_stall, fixed by the top-fix test (25 s, as
+    """The prep stall, run once: named by test_prep_stall, fixed by the top-fix test (15 s, as
     the fixed run: the speed-up compares two runs of one length, warm-up a small share)."""
-    return run_scenario("prep", tmp_path_factory.mktemp("prep"), PREP, seconds=25)
+    return run_scenario("prep", tmp_path_factory.mktemp("prep"), PREP, seconds=FIX_SECONDS)
 
 
 def test_prep_stall(prep_run: dict[str, Any]) -> None:
@@ -163,12 +165,20 @@ def test_compute_bound(tmp_path: Path) -> None:
 
 
 
-def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
-    """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def fetch_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 files for the fetch scenarios, written once (each run evicts them from the page
+    cache before every epoch: --cold)."""
+    data = tmp_path_factory.mktemp("fetch") / "data"
     subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "3000",
                     "--epochs", "0", "--no-probe", "--prep-cost", "0"], check=True,
                    capture_output=True)
+    return data
+
+
+def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> None:
+    """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""
+    data = fetch_data
     doc = run_scenario("fetch", tmp_path, ["--data-dir", str(data), "--files", "3000", "--cold",
                                            "--workers", "2", "--model", "tiny"],
                        wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",
@@ -182,10 +192,11 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
     top = doc["findings"][0]
     assert "lift the I/O limit" in top["fixes"][0]["action"], top["fixes"]
     # apply the first fix: the same cold reads with the limit lifted, and measure (unthrottled,
-    # its pace is steady within seconds: the speed-up is several times, its floor 1.5)
+    # its pace is steady within seconds, 8 are enough: the speed-up is several times, its floor
+    # 1.5)
     after = run_scenario("fetch-fixed", tmp_path / "fixed",
                          ["--data-dir", str(data), "--files", "3000", "--cold", "--workers",
-                          "2", "--model", "tiny"], data=data)
+                          "2", "--model", "tiny"], data=data, seconds=8)
     assert after["verdict"] != "input_bound.fetch", after["findings"][0]
     c = subprocess.run(stallscope_argv("compare", doc["run"], after["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
@@ -196,13 +207,11 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str) -> None:
     assert got >= 1.5, (est, got)  # a 2 MB/s cap lifted: several times faster
 
 
-def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str) -> None:
+def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str,
+                                   fetch_data: Path) -> None:
     """The fetch stall of an unmodified script (no stallscope code): named, with the data-wait
     share from the training thread's sampled stacks within 0.05 of the trainer's own figure."""
-    data = tmp_path / "data"
-    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "3000",
-                    "--epochs", "0", "--no-probe", "--prep-cost", "0"], check=True,
-                   capture_output=True)
+    data = fetch_data
     doc = run_scenario("fetch-no-probe", tmp_path,
                        ["--data-dir", str(data), "--files", "3000", "--cold", "--workers", "2",
                         "--model", "tiny", "--no-probe"],
@@ -233,7 +242,7 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
     if m is None:
         pytest.skip(f"this machine's first fix is not more workers: {top['fixes'][0]}")
     b = run_scenario("fix-after", tmp_path / "b", ["--prep-cost", "40", "--workers", m.group(1),
-                                                   "--model", "tiny"], seconds=25)
+                                                   "--model", "tiny"], seconds=FIX_SECONDS)
     c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
     cmp = json.loads(c.stdout)
@@ -255,14 +264,14 @@ def test_epoch_boundary_stall_and_its_fix(tmp_path: Path) -> None:
     recurring wait at each epoch start is named with its cost per epoch; persistent workers
     remove it (how close the speed-up comes to the estimate: benchmarks/bench_fixes.py)."""
     base = ["--files", "400", "--workers", "2", "--worker-init-s", "1.5"]
-    # several epochs, each with its restart of the workers
-    a = run_scenario("epoch-start", tmp_path / "a", [*base, "--no-persistent"], seconds=25)
+    # several epochs (about 2 s each: 7 in 15 s), each with its restart of the workers
+    a = run_scenario("epoch-start", tmp_path / "a", [*base, "--no-persistent"], seconds=15)
     top = a["findings"][0]
     assert a["verdict"] == "input_bound.epoch_start", top
     assert 1.3 <= top["evidence"]["epoch_start_cost_s"] <= 3.0
     assert top["fixes"][0]["action"] == "persistent_workers=True"
-    # persistent workers start once: 15 s are enough to see no epoch-start wait and the gain
-    b = run_scenario("epoch-start-fixed", tmp_path / "b", base, seconds=15)
+    # persistent workers start once: 10 s are enough to see no epoch-start wait and the gain
+    b = run_scenario("epoch-start-fixed", tmp_path / "b", base, seconds=10)
     assert b["verdict"] != "input_bound.epoch_start"
     c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
                        capture_output=True, text=True, timeout=60, check=True)
