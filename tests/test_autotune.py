@@ -31,6 +31,9 @@ def test_the_model_bounds_the_rate_by_loading_computing_and_the_cores() -> None:
     assert predict_rate(1, 0.048, 0.022, 8) == pytest.approx(1 / 0.048)  # one worker loads
     assert predict_rate(3, 0.048, 0.022, 8) == pytest.approx(1 / 0.022)  # the step limits
     assert predict_rate(3, 0.048, 0.022, 2) == pytest.approx(2 / 0.070)  # two cores for both
+    # a step computing on two threads: 22 ms of wall time, 44 ms of CPU (92 ms in all a step)
+    assert predict_rate(3, 0.048, 0.022, 2, cpu_s=0.092) == pytest.approx(2 / 0.092)
+    assert predict_rate(3, 0.048, 0.022, 8, cpu_s=0.092) == pytest.approx(1 / 0.022)
 
 
 def test_from_no_workers_it_asks_for_the_fewest_workers_that_keep_up() -> None:
@@ -42,6 +45,10 @@ def test_from_no_workers_it_asks_for_the_fewest_workers_that_keep_up() -> None:
     d2 = decide([t0], cores=2)  # two cores: loading and computing share them
     assert d2.config == {"num_workers": 2, "prefetch_factor": 2}
     assert d2.predicted_rate == pytest.approx(2 / 0.070, rel=0.01)
+    # the main process's CPU over the epoch counts the step's other threads (92 ms a step)
+    t0.cpu_s = 0.092 * t0.steps
+    d3 = decide([t0], cores=2)
+    assert d3.predicted_rate == pytest.approx(2 / 0.092, rel=0.01) and "92 ms of CPU" in d3.why
 
 
 def test_it_stops_when_the_loader_keeps_up_and_goes_back_from_a_worse_step() -> None:
@@ -50,13 +57,17 @@ def test_it_stops_when_the_loader_keeps_up_and_goes_back_from_a_worse_step() -> 
     d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2), trial(4, 25.0, 0.1)], cores=4)
     assert d.done and d.config == {"num_workers": 2, "prefetch_factor": 2}
     assert "back to it" in d.why
-    # still waiting with every core in use: prefetch_factor 4 once, then it is over
+    # still waiting with a worker per core: the CPU is the bound, nothing left to try
     d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2)], cores=2)
-    assert d.config == {"num_workers": 2, "prefetch_factor": 4} and not d.done
-    d = decide([trial(0, 14.0, 0.6), trial(2, 30.0, 0.2), trial(2, 30.1, 0.2, pf=4)], cores=2)
-    # two alike (within 1%): the first, simpler one is kept
-    assert d.done and d.config == {"num_workers": 2, "prefetch_factor": 2}
-    assert "keeping num_workers=2, prefetch_factor=2" in d.why
+    assert d.done and d.config is None and "no configuration left" in d.why
+    # cores to spare and more workers tried (slower): prefetch_factor 4 once, then it is over
+    trials = [trial(0, 14.0, 0.6), trial(4, 28.0, 0.2), trial(3, 29.5, 0.2)]
+    d = decide(trials, cores=4)
+    assert d.config == {"num_workers": 3, "prefetch_factor": 4} and not d.done
+    d = decide([*trials, trial(3, 29.6, 0.2, pf=4)], cores=4)
+    # alike (within 1%): the first, simpler one is kept
+    assert d.done and d.config == {"num_workers": 3, "prefetch_factor": 2}
+    assert "keeping num_workers=3, prefetch_factor=2" in d.why
 
 
 def test_a_configuration_that_does_not_fit_is_not_applied() -> None:

@@ -10,11 +10,14 @@ and per step the data wait ``w`` and the rest ``c`` (compute), all without the f
 * at ``num_workers=0`` the main process loads every batch itself, so ``w`` is the load time of
   one batch ``L``. ``k`` workers supply at most ``k / L`` batches per second, the step takes at
   least ``c``, and loading plus computing share the usable cores ``n``: the predicted rate is
-  ``min(k / L, 1 / c, n / (L + c))``. The next configuration is the fewest workers that reach
-  98% of the best predicted rate (at most ``n``);
+  ``min(k / L, 1 / c, n / max(L + c, C))``, where ``C`` is the main process's CPU seconds per
+  step over that epoch (more than ``L + c`` when the step computes on several threads). The
+  next configuration is the fewest workers that reach 98% of the best predicted rate (at most
+  ``n``);
 * with workers, while the data wait stays ≥ 5% of the epoch: a worker's load time is
-  ``k / rate``; the workers needed, ``ceil(k / rate / c)``, up to ``n``. When more workers do
-  not help (or the cores are all in use), ``prefetch_factor`` 4 is tried once (uneven batches);
+  ``k / rate``; the workers needed, ``ceil(k / rate / c)``, up to ``n``. When more workers were
+  tried and cores are left, ``prefetch_factor`` 4 is tried once (uneven batches); with a worker
+  per usable core the CPU is the bound and tuning stops;
 * a configuration slower than one measured before sends the loader back to the best one, and
   tuning stops; so does a data wait under 5%, a guard that fails (memory for the workers,
   ``/dev/shm`` for their batches, swapping during the epoch), or ``max_trials`` epochs.
@@ -75,6 +78,13 @@ class EpochTrial:
     #: the first batch's wait (workers starting, the first loads): left out of the rate, which
     #: is the epoch's steady pace (the model predicts that)
     first_wait_s: float = 0.0
+    #: the main process's CPU seconds over the epoch, all its threads (0: not measured); at
+    #: num_workers=0 that is loading plus computing, with the step's intra-op threads counted
+    cpu_s: float = 0.0
+
+    @property
+    def cpu_per_step(self) -> float:
+        return self.cpu_s / self.steps if self.steps else 0.0
 
     @property
     def rate(self) -> float:
@@ -98,14 +108,17 @@ class EpochTrial:
         return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
 
 
-def predict_rate(k: int, load_s: float, compute_s: float, cores: int) -> float:
+def predict_rate(k: int, load_s: float, compute_s: float, cores: int,
+                 cpu_s: float = 0.0) -> float:
     """Steps per second with ``k`` workers (0: the main process loads), from one batch's load
-    time, one step's compute and the usable cores (see the module docstring)."""
+    time, one step's compute and the usable cores (see the module docstring). ``cpu_s``: the
+    CPU seconds one step's loading and computing take in all (more than their wall time when
+    the step computes on several threads); the cores bound uses the larger of the two."""
     if compute_s <= 0 and load_s <= 0:
         return 0.0
     if k == 0:
         return 1.0 / (load_s + compute_s)
-    bounds = [cores / (load_s + compute_s)]
+    bounds = [cores / max(load_s + compute_s, cpu_s)]
     if load_s > 0:
         bounds.append(k / load_s)
     if compute_s > 0:
@@ -141,13 +154,16 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
     c = cur.compute_per_step
     if cur.num_workers == 0:
         load = cur.wait_per_step
-        rates = {k: predict_rate(k, load, c, cores) for k in range(1, cores + 1)}
+        cpu = cur.cpu_per_step
+        rates = {k: predict_rate(k, load, c, cores, cpu) for k in range(1, cores + 1)}
         top = max(rates.values())
         k = min(k for k, r in rates.items() if r >= NEAR_BEST * top)
         cfg = {"num_workers": k, "prefetch_factor": cur.prefetch_factor or 2}
+        on_threads = (f" ({cpu * 1000:.0f} ms of CPU in all)"
+                      if cpu > 1.05 * (load + c) else "")
         why = (f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
-               f"computes in {c * 1000:.0f} ms on {cores} core(s): {k} worker(s) should give "
-               f"{top:.1f} steps/s (now {cur.rate:.1f})")
+               f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
+               f"should give {top:.1f} steps/s (now {cur.rate:.1f})")
         return _checked(cfg, why, top, ok, cur)
     k = cur.num_workers
     per_worker = k / cur.rate if cur.rate > 0 else math.inf  # one batch's load in a worker
@@ -161,11 +177,14 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
                f"{per_worker * 1000:.0f} ms, a step computes in {c * 1000:.0f} ms: {nk} "
                f"workers should give {predicted:.1f} steps/s (now {cur.rate:.1f})")
         return _checked(cfg, why, predicted, ok, cur)
-    if (k, 4) not in tried and (cur.prefetch_factor or 2) < 4:
+    if k < cores and (k, 4) not in tried and (cur.prefetch_factor or 2) < 4:
         cfg = {"num_workers": k, "prefetch_factor": 4}
-        return _checked(cfg, f"still waiting {cur.wait_share:.0%} of the epoch with every "
-                        f"usable core loading or computing: more batches in flight "
+        return _checked(cfg, f"still waiting {cur.wait_share:.0%} of the epoch with cores "
+                        f"to spare and more workers tried: more batches in flight "
                         f"(prefetch_factor 4) for uneven ones", cur.rate, ok, cur)
+    # with a worker per usable core the CPU is the bound: batches in flight add no CPU
+    # (measured on 2 cores, 2 workers: prefetch_factor 4 ran 3-5% slower than 2, median of 8
+    # epochs each, benchmarks/bench_autotune.py's dataset)
     return Decision(None if best is cur else best.config(), f"no configuration left to try "
                     f"within {cores} core(s): keeping {_name(best)}", best.rate, done=True)
 
@@ -211,6 +230,7 @@ class OnlineTuner:
     done: bool = False
     _pending: Decision | None = None
     _swap_in0: int = 0
+    _cpu0: float = 0.0
     _epoch: int = -1
 
     def __post_init__(self) -> None:
@@ -235,6 +255,7 @@ class OnlineTuner:
         if d is not None and d.config is not None:
             self._apply(d.config, d.why, d.predicted_rate)
         self._swap_in0 = swap_ins()
+        self._cpu0 = time.process_time()
 
     def after_epoch(self, steps: int, wall_s: float, wait_s: float, samples: int = 0,
                     first_wait_s: float = 0.0) -> None:
@@ -246,7 +267,8 @@ class OnlineTuner:
             self.changes[-1]["config"] == cfg and self.changes[-1]["epoch"] == self._epoch \
             else None
         t = EpochTrial(cfg["num_workers"], cfg["prefetch_factor"], steps, wall_s, wait_s,
-                       samples, predicted, min(first_wait_s, wait_s))
+                       samples, predicted, min(first_wait_s, wait_s),
+                       max(0.0, time.process_time() - self._cpu0))
         self.trials.append(t)
         if predicted:
             err = t.rate / predicted - 1.0
