@@ -20,6 +20,7 @@ from typing import Any
 
 from stallscope.agent.config import AgentConfig, parse_listen
 from stallscope.agent.exporter import PrometheusSink
+from stallscope.agent.memory import STORE_CACHE_KIB, TrimSink
 from stallscope.agent.server import AgentHTTPServer, make_server
 from stallscope.agent.steps import StepFollower, runs_of_indexes
 from stallscope.agent.trainprocs import TrainerProcs
@@ -167,7 +168,7 @@ class Agent:
                                                               cfg.rules().rules]},
                                   unavailable=unavailable)
             write_meta(self.run_dir, self.meta)
-            self.store = RunStore(self.run_dir / "run.db")
+            self.store = RunStore(self.run_dir / "run.db", cache_kib=STORE_CACHE_KIB)
         except BaseException as exc:
             for s in sources:
                 s.close()
@@ -183,7 +184,9 @@ class Agent:
         # an event in the agent's run store, and its actions run as in `stallscope run`
         self.alerts = AlertSink(cfg.rules(), run=str(self.run_dir))
         self.alerts.findings_dir = self.run_dir  # `finding` rules: the agent's own run
-        self.collector = Collector(sources, [self.prom, self.store_sink, self.alerts],
+        # a resident set that stays flat for days (agent/memory.py)
+        self.collector = Collector(sources, [self.prom, self.store_sink, self.alerts,
+                                             TrimSink()],
                                    interval=cfg.interval_s, unavailable=unavailable)
         self.collector.start()
 

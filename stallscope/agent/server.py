@@ -20,9 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import math
-import queue
 import socket
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -51,55 +49,11 @@ class ListenError(StallscopeError):
 
 
 class AgentHTTPServer(ThreadingHTTPServer):
-    """A connection is served by one of a few long-lived handler threads when one is idle, and
-    by a thread of its own otherwise (so slow or stuck clients never stop the scrapes).
-
-    Threads that live on, instead of one new thread per scrape: with a thread per scrape the
-    agent's resident set grew by a few MiB over the first hour of 10 scrapes a second, with
-    neither its Python objects nor SQLite's memory growing (benchmarks/bench_soak.py)."""
-
     daemon_threads = True  # a slow client never holds the agent's exit
     #: a burst of scrapes and API clients queues in the kernel instead of being refused and
     #: retried (socketserver's default is 5: 250 connections took ~20 s to be accepted)
     request_queue_size = 128
-    #: long-lived handler threads (a Prometheus or two, `top --agent`, a curl)
-    handler_threads = 4
     agent: Agent | None = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._pool_lock = threading.Lock()
-        self._pool_idle = 0
-        self._pool: list[threading.Thread] = []
-        self._pool_queue: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._pool_lock:
-            if self._pool_idle:
-                self._pool_idle -= 1
-                self._pool_queue.put((request, client_address))
-                return
-            if len(self._pool) < self.handler_threads:
-                t = threading.Thread(target=self._pool_loop, args=(request, client_address),
-                                     name=f"stallscope-agent-http-{len(self._pool)}",
-                                     daemon=True)
-                self._pool.append(t)
-                t.start()
-                return
-        super().process_request(request, client_address)  # all busy: a thread of its own
-
-    def _pool_loop(self, request: Any, client_address: Any) -> None:
-        item: tuple[Any, Any] | None = (request, client_address)
-        while item is not None:
-            self.process_request_thread(*item)  # handles, then closes the connection
-            with self._pool_lock:
-                self._pool_idle += 1
-            item = self._pool_queue.get()
-
-    def server_close(self) -> None:
-        super().server_close()
-        for _ in self._pool:
-            self._pool_queue.put(None)  # each idle handler thread ends
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up early (reset, broken pipe, timeout) is no error of the

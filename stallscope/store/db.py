@@ -103,7 +103,9 @@ class Series:
 class RunStore:
     """Writer and reader of one ``run.db``."""
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
+                 cache_kib: int | None = None) -> None:
+        """``cache_kib``: SQLite's page cache for this connection (its default: 2,000 KiB)."""
         self.path = Path(path)
         self.readonly = readonly
         try:
@@ -137,6 +139,8 @@ class RunStore:
                 )
                 self.db.commit()
             self.db.execute("PRAGMA busy_timeout=10000")
+            if cache_kib is not None:
+                self.db.execute(f"PRAGMA cache_size=-{max(64, int(cache_kib))}")
         except sqlite3.DatabaseError as exc:
             raise StallscopeError(f"cannot open run database {self.path}: {exc}") from exc
         self._series: dict[tuple[str, str], int] = {}
