@@ -368,3 +368,31 @@ def test_the_table_fits_a_pipe() -> None:
         full = "num_workers=2 prefetch_factor=4 persistent_workers=True pin_memory=False"
         assert any(full in ln for ln in lines), lines  # never folded
         assert any("best (mean of 2)" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("cpu_pct, tries_prefetch", [(190.0, False), (40.0, True)])
+def test_prefetch_is_tried_only_while_cores_are_left(cpu_pct: float,
+                                                      tries_prefetch: bool) -> None:
+    """Still waiting at the best worker count: with the trainer and its workers keeping the 2
+    usable cores busy (CPU-bound), more batches in flight add no CPU, so prefetch_factor is not
+    tried (and the notes say why); with the cores mostly idle (workers waiting on reads) it is."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        k = int(config.get("num_workers", 0) or 0)
+        rate = 100.0 * (1 + k)  # loading-bound: each worker adds the same
+        return Trial(config=config, samples_per_s=rate, data_wait_share=0.4,
+                     cpu_pct=cpu_pct, cpu_ms_per_sample=2.0, step_ms=5.0,
+                     samples=int(rate * window_s), batches=int(rate * window_s / 32),
+                     seconds=window_s)
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
+               gpu=False, cores=2, measure=measure, step_ms=5.0)
+    result = s.run()
+    tried = [t.config.get("prefetch_factor") for t in result.trials]
+    assert (4 in tried) == tries_prefetch, [t.config for t in result.trials]
+    assert any("prefetch_factor not tried" in n for n in result.notes) != tries_prefetch, \
+        result.notes

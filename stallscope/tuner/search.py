@@ -43,6 +43,8 @@ MIN_GAIN = 1.05
 MEM_SHARE = 0.85
 #: two trials this close are alike within one window's noise: the lighter one is kept
 ALIKE = 0.97
+#: the trainer and its workers use this share of the usable cores: the CPU is the bound
+CPU_BOUND_SHARE = 0.75
 
 
 @dataclass
@@ -255,7 +257,12 @@ class Search:
         if best is None:
             return
         w = best.config.get("num_workers", 0)
-        if w > 0 and not self._keeps_up(best):
+        if w > 0 and self._cpu_bound(best):
+            # every usable core busy loading or stepping: batches in flight add no CPU
+            # (measured on 2 cores: prefetch_factor 4 ran 3-5% slower than 2 at 2 workers)
+            self.notes.append(f"prefetch_factor not tried: {_short(best.config)} keeps the "
+                              f"{self.cores} usable cores {self._tree_share(best):.0%} busy")
+        elif w > 0 and not self._keeps_up(best):
             pf = best.config.get("prefetch_factor", 2)
             for factor in (4, 8):
                 if factor <= pf:
@@ -507,6 +514,13 @@ class Search:
             cores=self.cores, budget_s=self.budget_s,
             seconds=time.monotonic() - self.t0, interrupted=self.interrupted, notes=self.notes)
 
+    def _tree_share(self, t: Trial) -> float:
+        """The share of the usable cores the trainer and its workers used in ``t``."""
+        return (t.cpu_pct or 0.0) / (100.0 * self.cores) if self.cores else 0.0
+
+    def _cpu_bound(self, t: Trial) -> bool:
+        return self._tree_share(t) >= CPU_BOUND_SHARE
+
     def _bound(self, best: Trial | None) -> str:
         if best is None or not best.samples_per_s:
             return "no configuration ran: see the trials"
@@ -528,11 +542,11 @@ class Search:
         per = best.cpu_ms_per_sample
         per_text = f" ({per:.1f} ms of CPU per sample)" if per is not None else ""
         busy = best.worker_cpu_pct or 0.0 if w else best.cpu_pct or 0.0
-        tree_share = (best.cpu_pct or 0.0) / (100.0 * self.cores)
+        tree_share = self._tree_share(best)
         slowed = [t for t in self.trials if t.status in ("ok", "cut") and t.step_ms
                    and self.step_ms
                   and t.config.get("num_workers", 0) > w and t.step_ms > 1.3 * self.step_ms]
-        if tree_share >= 0.75 or slowed or (w and w >= self.max_workers and busy >= 60):
+        if tree_share >= CPU_BOUND_SHARE or slowed or (w and w >= self.max_workers and busy >= 60):
             why = (f"; with more workers the step slows from {self.step_ms:.0f} to "
                    f"{slowed[0].step_ms:.0f} ms per batch" if slowed and self.step_ms and
                    slowed[0].step_ms else "")
