@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "benchmarks"))
 
-from fleetsim import Fault, Job, load_recording, schedule  # noqa: E402
+from fleetsim import DETREND_STEPS, Fault, Job, load_recording, schedule  # noqa: E402
 
 from stallscope.store import RunStore, StepRow  # noqa: E402
 from stallscope.store.rundir import base_meta, new_run_dir, write_meta  # noqa: E402
@@ -467,12 +467,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders")
+    ap.add_argument("--raw-recording", action="store_true",
+                    help="replay each rank as recorded, its seconds-long slow stretches kept "
+                    "(fleetsim.load_recording): alarms on them count as false")
     ap.add_argument("--explain", type=Path, metavar="JSON",
                     help="no run: for each false alarm in a saved run (--json FILE, same "
                     "options), how much slower than its peers that rank really was")
     args = ap.parse_args()
     if args.explain is not None:
-        return explain(args.explain, args, load_recording())
+        return explain(args.explain, args, load_recording(detrend_steps=0 if args.raw_recording
+                                                  else DETREND_STEPS))
     if shutil.which("prometheus") is None:
         print("bench_fleet: needs prometheus on PATH (Debian: apt-get install prometheus)",
               file=sys.stderr)
@@ -489,7 +493,7 @@ def main() -> int:
         return 2
     # a SIGTERM ends it like Ctrl-C: the agents and Prometheus it started are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rec = load_recording()
+    rec = load_recording(detrend_steps=0 if args.raw_recording else DETREND_STEPS)
     results = []
     for n in sizes:
         res = run_one(args, n, rec)

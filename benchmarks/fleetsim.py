@@ -3,9 +3,10 @@ from real ones, with slowdowns injected on known ranks at known times.
 
 Every rank of a job draws its own time per step (data wait + compute, without the all-reduce)
 from one of the two ranks of a real gloo run here (``tests/fixtures/ddp-steps``, 908 steps
-each), at an offset of its own, scaled to the recording's common median so that no rank is
-slower than another by nature. A step lasts as long as its slowest rank's own time plus the
-all-reduce itself (the least communication time of the recorded step); every rank's
+each), at an offset of its own, detrended (its seconds-long slow stretches taken out, the
+step-to-step jitter kept: ``load_recording``) and scaled to the recording's common median so
+that no rank is slower than another by nature. A step lasts as long as its slowest rank's own
+time plus the all-reduce itself (the least communication time of the recorded step); every rank's
 communication wait is the step minus its own time, as the probe measures it
 (``sources/comm.py``).
 
@@ -43,16 +44,49 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-def load_recording(path: Path = FIXTURE) -> Recording:
+#: steps of the moving mean each rank's recording is divided by (about 4 s of steps)
+DETREND_STEPS = 101
+
+
+def _detrended(waits: list[float], owns: list[float], steps: int
+               ) -> tuple[list[float], list[float]]:
+    """Each step's (wait, own time) divided by the moving mean of own times around it (a
+    circular window of ``steps``: the replay loops), times the rank's overall mean: the step's
+    jitter stays, stretches of the recording where the rank ran slower for seconds go."""
+    n = len(owns)
+    if steps <= 1 or n < steps:
+        return waits, owns
+    half = steps // 2
+    overall = sum(owns) / n
+    window = sum(owns[(i - half) % n] for i in range(steps))
+    out_w, out_o = [], []
+    for i in range(n):
+        f = overall / (window / steps)
+        out_w.append(waits[i] * f)
+        out_o.append(owns[i] * f)
+        window += owns[(i + half + 1) % n] - owns[(i - half) % n]
+    return out_w, out_o
+
+
+def load_recording(path: Path = FIXTURE, detrend_steps: int = DETREND_STEPS) -> Recording:
+    """The recording, each rank detrended (``detrend_steps``; 0: as recorded) and scaled to
+    the ranks' common median own time.
+
+    Detrended because in 20-s windows (what the straggler rules look at) a recorded rank's own
+    time drifts by ±5% around its mean (this VM's noise): replayed from different offsets, two
+    ranks then differ by up to 10% for tens of seconds with no cause anyone injected, and the
+    benchmark could not tell an alarm on them from a false one. ``--raw-recording`` of
+    bench_fleet.py replays them as recorded."""
     doc = json.loads(path.read_text())
     ranks = [doc["ranks"][k] for k in sorted(doc["ranks"], key=int)]
     n = min(len(r) for r in ranks)
-    owns = [[w + h - c for w, h, c in r[:n]] for r in ranks]
-    common = _median([_median(o) for o in owns])
+    pairs = [_detrended([w for w, _h, _c in r[:n]], [w + h - c for w, h, c in r[:n]],
+                        detrend_steps) for r in ranks]
+    common = _median([_median(o) for _w, o in pairs])
     scaled = []
-    for r, o in zip(ranks, owns):
+    for waits, o in pairs:
         f = common / _median(o)
-        scaled.append(tuple((r[i][0] * f, o[i] * f) for i in range(n)))
+        scaled.append(tuple((waits[i] * f, o[i] * f) for i in range(n)))
     comm = tuple(min(r[i][2] for r in ranks) for i in range(n))
     return Recording(tuple(scaled), comm, common)
 
