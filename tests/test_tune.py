@@ -396,3 +396,31 @@ def test_prefetch_is_tried_only_while_cores_are_left(cpu_pct: float,
     assert (4 in tried) == tries_prefetch, [t.config for t in result.trials]
     assert any("prefetch_factor not tried" in n for n in result.notes) != tries_prefetch, \
         result.notes
+
+
+def test_the_step_time_comes_from_a_baseline_without_workers() -> None:
+    """A baseline at num_workers=0 ran its steps alone between loads: its step time is the
+    step's, and no window is spent timing the step again (a step on a batch here would take
+    50 ms; the baseline measured 7)."""
+    import time as _time
+
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        return Trial(config=config, samples_per_s=1000.0, data_wait_share=0.01, cpu_pct=50.0,
+                     cpu_ms_per_sample=0.5, step_ms=7.0, samples=3000, batches=94,
+                     seconds=window_s)
+
+    calls: list[int] = []
+
+    def step(_batch: Any) -> None:
+        calls.append(1)
+        _time.sleep(0.05)
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=step, budget_s=30, max_workers=None,
+               start_method=None, gpu=False, cores=2, measure=measure)
+    s.run()
+    assert s.step_ms == 7.0 and not calls

@@ -332,6 +332,13 @@ class Search:
         self._batch_mib = _nbytes(batch) / 2**20
         if self.step_fn is None:
             return
+        base = self.trials[0] if self.trials else None
+        if base is not None and base.status == "ok" and not base.config.get("num_workers") \
+                and base.step_ms and base.batches >= 10:
+            # the baseline loaded in the main process, between steps: its steps ran alone, as
+            # the step on a batch does here, so its figure is that one (a window saved)
+            self.step_ms = base.step_ms
+            return
         self.step_fn(batch)  # warm-up
         times: list[float] = []
         t_end = time.perf_counter() + min(2.0, self.window_s)
