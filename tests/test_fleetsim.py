@@ -60,7 +60,8 @@ def test_the_schedule_never_overlaps_two_slowdowns_of_one_job() -> None:
 def test_the_replay_keeps_each_step_s_jitter_but_not_the_recording_s_slow_stretches() -> None:
     """Over 20 s of steps (what the straggler rules average), a rank replayed as recorded
     drifts by several percent around its mean, which would show as a straggler no one
-    injected; detrended, its slowest and fastest 20 s stay within 3%, and its step-to-step spread is kept."""
+    injected; detrended, its slowest and fastest 20 s stay within 3%, and its step-to-step
+    spread is kept."""
     def spread_20s(own: list[float]) -> float:
         n, w = len(own), 500  # about 20 s of 38-ms steps
         means = [sum(own[(i + j) % n] for j in range(w)) / w for i in range(0, n, 25)]
