@@ -127,6 +127,8 @@ def main() -> int:
           + ", ".join(f"{e['samples_per_s']:.0f} at num_workers={e['num_workers']}"
                       + (f"/pf {e['prefetch_factor']}" if e["num_workers"] else "")
                       for e in runs[0]))
+    print("rounds (autotune's third epoch / the grid's best): " + ", ".join(
+        f"{a:.0f}/{b:.0f}" for a, b in zip(auto_rates, best_rates)))
     print(f"third epoch: median {statistics.median(auto_rates):.0f} samples/s over "
           f"{args.rounds} rounds; the grid's best ({best[0]} workers, prefetch {best[1]}) "
           f"{statistics.median(best_rates):.0f} in the same rounds: ratio {ratio:.3f} "
