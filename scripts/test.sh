@@ -33,6 +33,6 @@ fi
 # the whole suite in two passes: the tests that share the machine well two at a time (a file per
 # worker), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
 rc=0
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not exclusive" || rc=$?
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not exclusive" --durations=12 || rc=$?
 .venv/bin/python -m pytest -m exclusive --durations=12 || rc=$((rc ? rc : $?))
 exit "$rc"
