@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_diagnose import T0, run
+from test_diagnose import T0, run, ser
 
 from stallscope.analysis.diagnose import diagnose
 from stallscope.sources.comm import CommClock, _timed_call, timed_hook
@@ -82,6 +82,28 @@ def test_the_rank_its_peers_wait_for_is_the_straggler_by_compute() -> None:
         doc["findings"][0]["summary"]
     peers = next(f for f in doc["findings"] if f["kind"] == "waiting_for_peers")
     assert peers["evidence"]["waiting_ranks"] == [0]
+
+
+@pytest.mark.parametrize("runq_1, straggler", [(45.0, True), (12.0, False)])
+def test_a_rank_short_of_cpu_is_the_straggler_from_a_smaller_gap(runq_1: float,
+                                                                 straggler: bool) -> None:
+    """Rank 1 under a CPU quota on a busy host: time it spends frozen inside the all-reduce
+    counts as its own collective wait, so its peers wait only 11 points more than it does
+    (measured so under torchrun with a CPU hog beside it). With its process waiting for a CPU
+    45% of the time against 5% for rank 0 it is the straggler, short of CPU; at 12% it is not
+    named (the 15-point gap is the rule without that evidence)."""
+    rows = steps(0, 100, 0.002, 0.098, 0.041) + steps(1, 100, 0.002, 0.098, 0.030)
+    data = run([ser("procs.runq_wait_pct", "10", [5.0] * 20),
+                ser("procs.runq_wait_pct", "11", [runq_1] * 20)], rows, config={})
+    data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
+                    "updated": T0} for r in (0, 1)]
+    doc = diagnose(data)
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert ("straggler_rank" in kinds) == straggler, kinds
+    if straggler:
+        f = doc["findings"][0]
+        assert f["kind"] == "straggler_rank" and f["evidence"]["rank"] == 1
+        assert f["evidence"]["cause"] == "cpu" and "≥ 5% above rank 1's 30%" in f["rule"]
 
 
 def test_every_rank_in_collectives_and_none_waited_for_is_communication_bound() -> None:

@@ -184,7 +184,10 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
     assert ev["runq_wait_pct"] >= 20 + ev["peers_runq_wait_pct"], ev
     assert_peer_waits(doc, slow=1, fast=0)
     bare = without_probe(doc)  # the same run from its stacks alone
-    assert bare["verdict"] == "straggler_rank", [f["kind"] for f in bare["findings"]]
+    measured = [(r.get("rank"), r.get("comm_share"), r.get("compute_share"))
+                for r in bare["signals"].get("ranks_detail", [])]
+    assert bare["verdict"] == "straggler_rank", ([f["kind"] for f in bare["findings"]],
+                                                 measured, bare["signals"].get("stack_samples"))
     ev = bare["findings"][0]["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
     assert_peer_waits(bare, slow=1, fast=0)

@@ -17,9 +17,11 @@ from typing import Any
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import (
     COMM_GAP,
+    COMM_GAP_STARVED,
     COMM_HEAVY,
     Signals,
     median,
+    starved,
     trainer_gpus,
 )
 from stallscope.analysis.diagnose.tfdata import (
@@ -825,11 +827,6 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                     round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
 
 
-#: a rank's process waiting for a CPU this share of the time, and this many points more than
-#: the others', is short of CPU (a busy host or a CPU quota), not slow by its own work
-RUNQ_BUSY_PCT = 20.0
-
-
 def _host_of(data: RunData, rank: int) -> str:
     """Where ``rank`` ran: its node in a job read across nodes (``diagnose --prometheus``),
     else the run's host."""
@@ -861,7 +858,7 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
     names = ", ".join(str(d["rank"]) for d in peers)
     wait_words, their = (f"rank {names} waits", "its") if len(peers) == 1 else (
         f"ranks {names} wait", "their")
-    if runq is not None and runq >= RUNQ_BUSY_PCT and runq - peer_runq >= RUNQ_BUSY_PCT:
+    if starved(r, peers):
         cause = "cpu"
         why = (f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait; the "
                f"others {peer_runq:.0f}%): a busy host or a CPU quota (cgroup cpu.max / "
@@ -898,7 +895,8 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
                     f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
                     f"{r.get('comm_share') or 0.0:.0%}; {why}.",
                     ev, fixes, _speedup(gap),
-                    f"peers' communication wait {peer_comm:.0%} ≥ {COMM_GAP:.0%} above rank "
+                    f"peers' communication wait {peer_comm:.0%} ≥ "
+                    f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
                     f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
                     f"{'probe' if mine is not None else 'sampled stacks'}); "
                     + ("run-queue wait ≥ 20% and ≥ 20 points above the others'"

@@ -17,7 +17,8 @@ from stallscope.analysis.diagnose.model import RunData
 from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
-__all__ = ["COMM_GAP", "COMM_HEAVY", "Signals", "compute_signals", "mean", "median", "p95"]
+__all__ = ["COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "RUNQ_BUSY_PCT", "Signals",
+           "compute_signals", "mean", "median", "p95", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -25,6 +26,13 @@ COMM_GAP = 0.15
 #: every rank in collectives ≥ this share of its step, none waiting for another: the network
 #: or the topology is the limit
 COMM_HEAVY = 0.30
+#: a rank's process waiting for a CPU this share of the time, and this many points more than
+#: the others', is short of CPU (a busy host or a CPU quota), not slow by its own work
+RUNQ_BUSY_PCT = 20.0
+#: ... and such a rank is the one its peers wait for from this gap on: time it spends frozen
+#: (throttled, or runnable with no core) inside a collective counts as its own collective wait,
+#: so the gap shrinks (measured: 0.11 on a 0.3-core quota with a CPU hog on the host)
+COMM_GAP_STARVED = 0.05
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -386,15 +394,27 @@ def _transfer_share(by_rank: dict[int, list[StepRow]]) -> float | None:
     return round(sum(min(s.comm_s or 0.0 for s in rows) for rows in full) / wall, 3)
 
 
+def starved(rank: dict[str, Any], peers: list[dict[str, Any]]) -> bool:
+    """``rank``'s process waited for a CPU ≥ RUNQ_BUSY_PCT of the time and ≥ that many points
+    more than its peers' median (a CPU quota on it, or a host busy around it)."""
+    runq = rank.get("runq_wait_pct")
+    theirs = median([d["runq_wait_pct"] for d in peers
+                     if d.get("runq_wait_pct") is not None]) or 0.0
+    return runq is not None and runq >= RUNQ_BUSY_PCT and runq - theirs >= RUNQ_BUSY_PCT
+
+
 def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
     """The rank the others wait for in collectives: the least communication share, ≥ COMM_GAP
-    below the most (every rank's share known)."""
+    below the most (every rank's share known); ≥ COMM_GAP_STARVED below when that rank is short
+    of CPU (its frozen time inside collectives counts as its own wait there)."""
     timed = [d for d in detail if d.get("comm_share") is not None]
     if len(timed) < 2 or len(timed) != len(detail):
         return
     least = min(timed, key=lambda d: d["comm_share"])
     most = max(timed, key=lambda d: d["comm_share"])
-    if most["comm_share"] - least["comm_share"] >= COMM_GAP:
+    gap = most["comm_share"] - least["comm_share"]
+    if gap >= COMM_GAP or (gap >= COMM_GAP_STARVED
+                           and starved(least, [d for d in timed if d is not least])):
         sig.comm_straggler = least["rank"]
 
 
