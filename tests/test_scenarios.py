@@ -90,7 +90,18 @@ def test_prep_stall(prep_run: dict[str, Any]) -> None:
     doc = prep_run
     assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
     assert doc["stall_fraction"] >= 0.3
-    assert doc["findings"][0]["fixes"][0]["action"].startswith("num_workers 1 → ")
+    # the first fix follows the CPU the run left idle: more workers where a quarter core or
+    # more was idle (a quiet machine), cheaper per-sample work where the CPUs were busy (with a
+    # CPU hog beside the suite the host ran at ~100%: workers would only share the same cores)
+    sig = doc["signals"]
+    cpus = sig.get("logical_cores") or sig["physical_cores"]
+    spare = (100.0 - sig["host_cpu_median_pct"]) / 100.0 * cpus
+    first = doc["findings"][0]["fixes"][0]
+    if spare >= 0.25:
+        assert first["action"].startswith("num_workers 1 → "), (spare, first)
+    else:
+        assert first["action"].startswith("make per-sample work cheaper"), (spare, first)
+        assert "already" in first["why"] and "busy" in first["why"]
     meta = json.loads(Path(doc["run"], "meta.json").read_text())
     # the probe's view of the loader is kept in meta.json
     assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1
