@@ -10,7 +10,9 @@ minute vs last (the ratio), a least-squares slope of RSS per hour over the minut
 first five (start-up allocations settle there), and CPU per scrape. It passes when RSS is flat:
 the slope under 1 MiB per hour and the last minute within 5% of minute 5. ``--out`` writes the
 per-minute records as JSON lines; ``--malloc-arena-max N`` starts the agent with
-``MALLOC_ARENA_MAX=N`` (glibc's malloc arenas; run it beside one without, to compare).
+``MALLOC_ARENA_MAX=N`` (glibc's malloc arenas; run it beside one without, to compare). The
+agent gets a state folder of its own, so it follows no training started elsewhere on the machine
+meanwhile (``--follow-trainings``: the user's, as a deployed agent would).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=10.0, help="scrapes per second")
     ap.add_argument("--out", type=Path, help="per-minute records as JSON lines")
+    ap.add_argument("--follow-trainings", action="store_true",
+                    help="use the user's state folder: the agent follows the trainings started "
+                    "on this machine meanwhile (by default it has a state folder of its own)")
     ap.add_argument("--malloc-arena-max", type=int, metavar="N",
                     help="start the agent with MALLOC_ARENA_MAX=N (glibc's malloc arenas)")
     args = ap.parse_args()
@@ -70,6 +75,11 @@ def main() -> int:
     if args.malloc_arena_max is not None:
         env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.follow_trainings:
+            # a state folder of its own: the agent follows no training started elsewhere on the
+            # machine (a test suite's, another benchmark's), whose runs it would hold while
+            # they last: what is measured is sampling and scraping alone
+            env["STALLSCOPE_STATE_DIR"] = f"{tmp}/state"
         agent = subprocess.Popen([sys.executable, "-m", "stallscope", "agent", "--listen",
                                   f"127.0.0.1:{port}", "--interval", "1", "--store",
                                   f"{tmp}/store"], cwd=HERE, stdout=subprocess.DEVNULL,
