@@ -71,6 +71,19 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
     return doc
 
 
+def compare_fix(scenario: str, a: dict[str, Any], b: dict[str, Any], est: float,
+                **record: Any) -> dict[str, Any]:
+    """`stallscope compare A B --json` (B: A with a fix applied); its measured speed-up is
+    appended to artifacts/scenarios.jsonl beside the estimate."""
+    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
+                       capture_output=True, text=True, timeout=60, check=True)
+    cmp: dict[str, Any] = json.loads(c.stdout)
+    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
+        f.write(json.dumps({"scenario": scenario, "estimated": est,
+                            "measured": cmp["speedup"], **record}) + "\n")
+    return cmp
+
+
 PREP = ["--prep-cost", "40", "--workers", "1", "--model", "tiny"]
 #: no probe and no sampled stacks: what the diagnosis makes of system metrics alone (when
 #: sampling is refused or impossible); tests/test_scenarios_zero_code.py has the same trainings
@@ -195,15 +208,11 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
         pytest.skip(f"this machine's first fix is not more workers: {top['fixes'][0]}")
     b = run_scenario("fix-after", tmp_path / "b", ["--prep-cost", "40", "--workers", m.group(1),
                                                    "--model", "tiny"], seconds=FIX_SECONDS)
-    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
-                       capture_output=True, text=True, timeout=60, check=True)
-    cmp = json.loads(c.stdout)
     fix = top["fixes"][0]
     assert fix["change"] == {"num_workers": int(m.group(1))}, fix
-    est, got = fix["expected_speedup"], cmp["speedup"]
-    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
-        f.write(json.dumps({"scenario": "fix-delivery", "estimated": est, "measured": got,
-                            "workers": int(m.group(1))}) + "\n")
+    est = fix["expected_speedup"]
+    cmp = compare_fix("fix-delivery", a, b, est, workers=int(m.group(1)))
+    got = cmp["speedup"]
     assert got >= 1.1, (est, got, cmp)  # the fix helps
     # compare checks the fix B applied, against that fix's own estimate
     assert cmp["applied_fix"] == fix["action"] and "ceiling" not in cmp, cmp
@@ -225,10 +234,6 @@ def test_epoch_boundary_stall_and_its_fix(tmp_path: Path) -> None:
     # persistent workers start once: 10 s are enough to see no epoch-start wait and the gain
     b = run_scenario("epoch-start-fixed", tmp_path / "b", base, seconds=10)
     assert b["verdict"] != "input_bound.epoch_start"
-    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
-                       capture_output=True, text=True, timeout=60, check=True)
-    est, got = top["est_speedup"], json.loads(c.stdout)["speedup"]
-    with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
-        f.write(json.dumps({"scenario": "fix-delivery-epoch", "estimated": est,
-                            "measured": got}) + "\n")
+    est = top["est_speedup"]
+    got = compare_fix("fix-delivery-epoch", a, b, est)["speedup"]
     assert got >= 1.1, (est, got)

@@ -43,8 +43,8 @@ def test_cpu_heavy_transform_gets_workers_and_a_pasteable_call() -> None:
     assert doc["best"]["num_workers"] >= 1
     assert doc["best"]["persistent_workers"] is True
     # two cores and a CPU-heavy transform: workers are faster than none. A floor that holds
-    # with a CPU hog taking one of the two cores (measured 1.27x then; about 2x on a quiet
-    # machine): how much faster is benchmarks/bench_tune.py's to measure
+    # with a CPU hog taking one of the two cores (measured 1.27x then): how much faster is
+    # benchmarks/bench_tune.py's to measure
     assert doc["samples_per_s"] >= 1.1 * doc["baseline"]["samples_per_s"], doc["trials"]
     cores = doc["cores"]
     for t in doc["trials"]:
