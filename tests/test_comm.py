@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_diagnose import T0, run, ser
+from test_diagnose import T0, procs, run, ser
 
 from stallscope.analysis.diagnose import diagnose
 from stallscope.sources.comm import CommClock, _timed_call, timed_hook
@@ -104,6 +104,84 @@ def test_a_rank_short_of_cpu_is_the_straggler_from_a_smaller_gap(runq_1: float,
         f = doc["findings"][0]
         assert f["kind"] == "straggler_rank" and f["evidence"]["rank"] == 1
         assert f["evidence"]["cause"] == "cpu" and "≥ 5% above rank 1's 30%" in f["rule"]
+
+
+@pytest.mark.parametrize("runq, host_pct, contention", [
+    (28.0, 99.5, True),   # measured so: two ranks beside a CPU hog on 2 cores
+    (8.0, 99.5, False),   # the same host busy, the ranks rarely waiting: not short of CPU
+    (28.0, 60.0, False),  # the ranks wait, but nothing else runs: their own load, not a neighbour
+])
+def test_every_rank_waiting_for_a_cpu_on_a_busy_host_is_cpu_contention(
+        runq: float, host_pct: float, contention: bool) -> None:
+    """Two ranks beside a CPU hog on a 2-core host (as measured under torchrun: run-queue wait
+    27-28% each, the host 99.5% busy, each rank at about 55% CPU): while both wait for a core,
+    their all-reduce waits come out alike (25% and 26%) and tell no straggler. The finding says
+    the host is short of CPU, with the other processes' cores, and that the collective wait
+    cannot tell which rank is slow."""
+    rows = steps(0, 100, 0.002, 0.098, 0.025) + steps(1, 100, 0.002, 0.098, 0.026)
+    data = run([ser("procs.runq_wait_pct", "10", [runq] * 20),
+                ser("procs.runq_wait_pct", "11", [runq - 1] * 20),
+                ser("procs.cpu_pct", "10", [55.0] * 20), ser("procs.cpu_pct", "11", [55.0] * 20),
+                ser("host.cpu_pct", "", [host_pct] * 20)], rows, config={},
+               meta={"logical_cores": 2, "host": "node-a"})
+    data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
+                    "updated": T0} for r in (0, 1)]
+    doc = diagnose(data)
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "straggler_rank" not in kinds, kinds
+    assert ("cpu_contention" in kinds) == contention, (kinds, doc["signals"]["others_cpu_cores"])
+    if not contention:
+        return
+    f = doc["findings"][0]
+    assert f["kind"] == "cpu_contention" and doc["verdict"] == "cpu_contention"
+    assert f["evidence"]["runq_wait_pct"] == runq - 1
+    assert f["evidence"]["others_cpu_cores"] == 0.89  # 1.99 busy cores less 2 x 0.55
+    assert "every rank waited for a CPU (rank 0 28%, rank 1 27% of the time" in f["summary"]
+    assert "other processes kept 0.9 of its 2 cores busy" in f["summary"]
+    assert "(rank 0 25%, rank 1 26% of the step) cannot show which rank" in f["summary"]
+    assert "on node-a" in f["fixes"][0]["action"]
+    assert f["est_speedup"] == round(1 / (1 - 0.27), 2)
+
+
+def test_ranks_in_collectives_on_a_busy_host_are_not_communication_bound() -> None:
+    """Measured beside a CPU hog: both ranks 25-26% in the run queue and 46% / 32% of their
+    step in the all-reduce. They wait for one another's CPU, not for the network: the
+    verdict is cpu_contention and no communication_bound is claimed. The same shares on an
+    idle host are communication-bound."""
+    rows = steps(0, 100, 0.002, 0.098, 0.046) + steps(1, 100, 0.002, 0.098, 0.032)
+
+    def kinds(host_pct: float) -> list[str]:
+        data = run([ser("procs.runq_wait_pct", "10", [25.0] * 20),
+                    ser("procs.runq_wait_pct", "11", [26.0] * 20),
+                    ser("procs.cpu_pct", "10", [54.0] * 20),
+                    ser("procs.cpu_pct", "11", [54.0] * 20),
+                    ser("host.cpu_pct", "", [host_pct] * 20)], rows, config={},
+                   meta={"logical_cores": 2})
+        data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
+                        "updated": T0} for r in (0, 1)]
+        return [f["kind"] for f in diagnose(data)["findings"]]
+
+    busy = kinds(99.5)
+    assert busy[0] == "cpu_contention" and "communication_bound" not in busy, busy
+    idle = kinds(60.0)
+    assert "communication_bound" in idle and "cpu_contention" not in idle, idle
+
+
+def test_a_single_trainer_on_a_busy_host_is_cpu_contention() -> None:
+    """One trainer (no ranks) waiting for a CPU 35% of the time while a neighbour keeps 1.2 of
+    4 cores busy; no stall in the steps: the verdict is the busy host, not compute-bound."""
+    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
+                ser("procs.cpu_pct", "1", [180.0] * 20),
+                ser("host.cpu_pct", "", [75.0] * 20)],
+               steps(0, 100, 0.002, 0.098, None), config={}, meta={"logical_cores": 4},
+               entities=procs({"1": "main"}))
+    doc = diagnose(data)
+    assert doc["verdict"] == "cpu_contention", [f["kind"] for f in doc["findings"]]
+    f = doc["findings"][0]
+    assert "the trainer waited for a CPU 35% of the time (run-queue wait) while other " \
+        "processes kept 1.2 of its 4 cores busy." in f["summary"], f["summary"]
+    assert "cannot show which rank" not in f["summary"]
+    assert "compute_bound" in [x["kind"] for x in doc["findings"]]
 
 
 def test_every_rank_in_collectives_and_none_waited_for_is_communication_bound() -> None:

@@ -122,7 +122,7 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
     import time
     from pathlib import Path
 
-    from conftest import ROOT, stallscope_argv
+    from conftest import ROOT, stallscope_argv, training_finding
 
     from stallscope.store import RunStore
 
@@ -157,5 +157,5 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=120, check=True)
     doc = json.loads(d.stdout)
-    assert doc["stall_source"] == "probe" and doc["verdict"].startswith("input_bound"), \
-        doc["findings"][0]
+    assert doc["stall_source"] == "probe", doc["stall_source"]
+    assert training_finding(doc)["kind"].startswith("input_bound"), doc["findings"]

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope_argv
 
+from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
+
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.torchrun, pytest.mark.exclusive]
 
@@ -120,8 +122,7 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
     """Rank 1 runs two extra forward passes per step: no data wait anywhere, equal step times,
     and yet rank 0 waits for rank 1 in the all-reduce; the cause is rank 1's compute."""
     doc = ddp_run(tmp_path / "probe", "--heavy-rank", "1", "--max-seconds", "6")
-    assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
-    strag = doc["findings"][0]
+    strag = straggler_finding(doc)
     ev = strag["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "compute", ev
     assert ev["compute_ms_median"] >= 1.3 * ev["peers_compute_ms_median"], ev
@@ -133,13 +134,44 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
     # 0.29-0.53 in 6 s. The failure message now carries what the sampler measured per rank.)
     bare = ddp_run(tmp_path / "bare", "--heavy-rank", "1", "--max-seconds", "8", "--no-probe")
     assert bare["stall_source"] == "stacks" and not bare["signals"].get("steps")
-    measured = [(r.get("rank"), r.get("comm_share"), r.get("compute_share"))
-                for r in bare["signals"].get("ranks_detail", [])]
-    assert bare["verdict"] == "straggler_rank", ([f["kind"] for f in bare["findings"]],
-                                                 measured, bare["signals"].get("stack_samples"))
-    ev = bare["findings"][0]["evidence"]
+    detail = bare["signals"].get("ranks_detail", [])
+    measured = [(r.get("rank"), r.get("comm_share"), r.get("compute_share"),
+                 r.get("runq_wait_pct")) for r in detail]
+    if bare["verdict"] == "cpu_contention" and "straggler_rank" not in kinds(bare):
+        # a busy host (a CPU hog beside the suite measured: both ranks 25-28% in the run
+        # queue, all-reduce waits 25% and 26%): the waiting rank's core goes to the busy one,
+        # and the stacks cannot tell the straggler. Then, and only on that measured evidence,
+        # the finding must say the host is short of CPU and that no straggler can be told.
+        assert_busy_host(bare)
+        assert "cannot show which rank the others wait for" in bare["findings"][0]["summary"]
+        return
+    ev = straggler_finding(bare, measured, bare["signals"].get("stack_samples"))["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "compute", ev
     assert_peer_waits(bare, slow=1, fast=0)
+
+
+def kinds(doc: dict[str, Any]) -> list[str]:
+    return [f["kind"] for f in doc["findings"]]
+
+
+def assert_busy_host(doc: dict[str, Any]) -> None:
+    """The run's measurements show a host short of CPU: every rank waited for a core ≥ 20% of
+    the time while other processes kept ≥ 0.5 core busy (`cpu_contention`'s own rule)."""
+    detail = doc["signals"].get("ranks_detail", [])
+    assert detail and all((r.get("runq_wait_pct") or 0) >= RUNQ_BUSY_PCT for r in detail), detail
+    assert doc["signals"]["others_cpu_cores"] >= OTHERS_BUSY_CORES, doc["signals"]
+
+
+def straggler_finding(doc: dict[str, Any], *context: Any) -> dict[str, Any]:
+    """The straggler_rank finding: the verdict, or second to `cpu_contention` on a host whose
+    measurements show it busy (a CPU hog beside the suite): both are then real, and the busy
+    host's larger estimated gain puts it first."""
+    found = [f for f in doc["findings"] if f["kind"] == "straggler_rank"]
+    assert found, (kinds(doc), *context)
+    if doc["verdict"] != "straggler_rank":
+        assert doc["verdict"] == "cpu_contention", (kinds(doc), *context)
+        assert_busy_host(doc)
+    return found[0]
 
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
@@ -178,17 +210,14 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
             (CPU_V1 / "cgroup.procs").write_text(pid)
         cg.rmdir()
     assert moved, "rank 1 never started"
-    assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
-    ev = doc["findings"][0]["evidence"]
+    ev = straggler_finding(doc)["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
     assert ev["runq_wait_pct"] >= 20 + ev["peers_runq_wait_pct"], ev
     assert_peer_waits(doc, slow=1, fast=0)
     bare = without_probe(doc)  # the same run from its stacks alone
     measured = [(r.get("rank"), r.get("comm_share"), r.get("compute_share"))
                 for r in bare["signals"].get("ranks_detail", [])]
-    assert bare["verdict"] == "straggler_rank", ([f["kind"] for f in bare["findings"]],
-                                                 measured, bare["signals"].get("stack_samples"))
-    ev = bare["findings"][0]["evidence"]
+    ev = straggler_finding(bare, measured, bare["signals"].get("stack_samples"))["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
     assert_peer_waits(bare, slow=1, fast=0)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv
+from conftest import ROOT, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
@@ -61,7 +61,7 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
     doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
-        top = doc["findings"][0]
+        top = training_finding(doc)
         f.write(json.dumps({"scenario": name, "verdict": doc["verdict"],
                             "stall_fraction": doc["stall_fraction"],
                             "stall_source": doc.get("stall_source"),
@@ -101,7 +101,7 @@ def prep_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_prep_stall(prep_run: dict[str, Any]) -> None:
     """Heavy per-sample CPU transform with one worker: the worker is saturated, the disk idle."""
     doc = prep_run
-    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_fraction"] >= 0.3
     # the first fix follows the CPU the run left idle: more workers where a quarter core or
     # more was idle (a quiet machine), cheaper per-sample work where the CPUs were busy (with a
@@ -109,7 +109,7 @@ def test_prep_stall(prep_run: dict[str, Any]) -> None:
     sig = doc["signals"]
     cpus = sig.get("logical_cores") or sig["physical_cores"]
     spare = (100.0 - sig["host_cpu_median_pct"]) / 100.0 * cpus
-    first = doc["findings"][0]["fixes"][0]
+    first = training_finding(doc)["fixes"][0]
     if spare >= 0.25:
         assert first["action"].startswith("num_workers 1 → "), (spare, first)
     else:
@@ -128,8 +128,8 @@ def test_prep_stall_without_probe(tmp_path: Path) -> None:
     doc = run_scenario("prep-no-probe", tmp_path, ["--prep-cost", "40", "--workers", "1",
                                                    "--model", "tiny", "--no-probe"],
                        run_args=SYSTEM_ONLY)
-    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
-    top = doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
+    top = training_finding(doc)
     assert doc["stall_source"] == "main_thread" and top["confidence"] <= 0.7
     assert "estimated" in top["summary"]
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
@@ -140,7 +140,7 @@ def test_compute_bound_without_probe(tmp_path: Path) -> None:
     """An unmodified CPU trainer that computes: compute_bound, not insufficient_data."""
     doc = run_scenario("compute-no-probe", tmp_path, ["--model", "heavy", "--workers", "1",
                                                       "--no-probe"], run_args=SYSTEM_ONLY)
-    assert doc["verdict"] == "compute_bound", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
     assert doc["stall_source"] == "main_thread"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
 
@@ -153,9 +153,9 @@ def test_loading_in_the_trainer_without_probe_is_never_called_healthy(tmp_path: 
                                                          "--model", "tiny", "--no-probe"],
                        run_args=SYSTEM_ONLY)
     assert doc["trainer_wait"] >= 0.5  # the trainer did wait for its own loading
-    assert doc["verdict"] == "insufficient_data", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "insufficient_data", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
-    top = doc["findings"][0]
+    top = training_finding(doc)
     assert "no DataLoader worker processes" in top["summary"]
     assert any("stallscope.watch" in f["action"] for f in top["fixes"])
 
@@ -169,22 +169,22 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     doc = run_scenario("threads-no-probe", tmp_path / "a", [*args, "--no-probe"],
                        run_args=SYSTEM_ONLY)
     assert doc["trainer_wait"] >= 0.5
-    assert doc["verdict"] == "insufficient_data", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "insufficient_data", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
     doc = run_scenario("threads-probe", tmp_path / "b", args)
-    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "probe"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
     # worker processes among the fixes (first, or after "make per-sample work cheaper" when
     # the trainer's threads already use every core)
     assert any(f["action"].startswith("num_workers 0 → ")
-               for f in doc["findings"][0]["fixes"]), doc["findings"][0]["fixes"]
+               for f in training_finding(doc)["fixes"]), training_finding(doc)["fixes"]
 
 
 def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, heavy model: the trainer computes, the loader keeps up."""
     doc = run_scenario("compute", tmp_path, ["--model", "heavy", "--workers", "1"])
-    assert doc["verdict"] == "compute_bound", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
     assert doc["stall_fraction"] < 0.15
 
 
@@ -201,7 +201,7 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
     is timing, measured by benchmarks/bench_fixes.py; here the fix must help and the numbers
     are recorded."""
     a = prep_run
-    top = a["findings"][0]
+    top = training_finding(a)
     assert top["kind"] == "input_bound.prep", top
     m = re.match(r"num_workers 1 → (\d+)", top["fixes"][0]["action"])
     if m is None:
@@ -227,8 +227,8 @@ def test_epoch_boundary_stall_and_its_fix(tmp_path: Path) -> None:
     base = ["--files", "400", "--workers", "2", "--worker-init-s", "1.5"]
     # several epochs (about 2 s each: 7 in 15 s), each with its restart of the workers
     a = run_scenario("epoch-start", tmp_path / "a", [*base, "--no-persistent"], seconds=15)
-    top = a["findings"][0]
-    assert a["verdict"] == "input_bound.epoch_start", top
+    top = training_finding(a)
+    assert top["kind"] == "input_bound.epoch_start", top
     assert 1.3 <= top["evidence"]["epoch_start_cost_s"] <= 3.0
     assert top["fixes"][0]["action"] == "persistent_workers=True"
     # persistent workers start once: 10 s are enough to see no epoch-start wait and the gain

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import training_finding
 from test_scenarios import CONSTRAIN, FETCH_SECONDS, TRAIN, compare_fix, run_scenario
 
 pytest.importorskip("torch")
@@ -37,12 +38,12 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
                        wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",
                              str(data), "--cgroup", throttled_group, "--"], data=data,
                        seconds=FETCH_SECONDS)
-    assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_fraction"] >= 0.3
     ev = doc["findings"][0]["evidence"]
     assert ev["worker_d_share"] >= 0.25
     assert ev["score_fetch"] > ev["score_prep"]
-    top = doc["findings"][0]
+    top = training_finding(doc)
     assert "lift the I/O limit" in top["fixes"][0]["action"], top["fixes"]
     # apply the first fix: the same cold reads with the limit lifted, and measure (unthrottled,
     # its pace is steady within seconds, 8 are enough: the speed-up is several times, its floor
@@ -50,7 +51,7 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     after = run_scenario("fetch-fixed", tmp_path / "fixed",
                          ["--data-dir", str(data), "--files", "3000", "--cold", "--workers",
                           "2", "--model", "tiny"], data=data, seconds=8)
-    assert after["verdict"] != "input_bound.fetch", after["findings"][0]
+    assert training_finding(after)["kind"] != "input_bound.fetch", after["findings"]
     est = top["est_speedup"]
     got = compare_fix("fix-delivery-fetch", doc, after, est)["speedup"]
     assert got >= 1.5, (est, got)  # a 2 MB/s cap lifted: several times faster
@@ -68,6 +69,6 @@ def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str,
                              str(data), "--cgroup", throttled_group, "--"], data=data,
                        seconds=FETCH_SECONDS)
     print(f"fetch, no code: trainer {doc['trainer_wait']}, stallscope {doc['stall_fraction']}")
-    assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_source"] == "stacks"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, doc["trainer_wait"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv
+from conftest import ROOT, stallscope_argv, training_finding
 
 pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.exclusive]
@@ -49,7 +49,7 @@ def run_tf(name: str, tmp_path: Path, train_args: list[str], *, wrap: list[str] 
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=60, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
-    top = doc["findings"][0]
+    top = training_finding(doc)
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)  # the custom loop's own measure
     doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
     record(name, verdict=doc["verdict"], stall_fraction=doc["stall_fraction"],
@@ -72,8 +72,8 @@ def test_prep_bound_map_and_its_fix(tmp_path: Path) -> None:
     wait inside model.fit's compiled function, and the first fix is the parallel map, which
     makes the run faster."""
     a = run_tf("tf-prep", tmp_path / "a", ["--prep-cost", "40"])
-    top = a["findings"][0]
-    assert a["verdict"] == "input_bound.prep", top
+    top = training_finding(a)
+    assert top["kind"] == "input_bound.prep", top
     assert a["stall_source"] == "probe" and a["stall_fraction"] >= 0.4
     assert top["fixes"][0]["action"].startswith("map(..., num_parallel_calls=tf.data.AUTOTUNE)")
     assert not any("num_workers" in f["action"] for f in top["fixes"])
@@ -90,8 +90,8 @@ def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, a wider model: compute-bound, with Keras advice (not torch's)."""
     doc = run_tf("tf-compute", tmp_path, ["--prep-cost", "0", "--prefetch", "--model", "small",
                             "--steps-per-execution", "2"])
-    top = doc["findings"][0]
-    assert doc["verdict"] == "compute_bound", top
+    top = training_finding(doc)
+    assert top["kind"] == "compute_bound", top
     assert doc["stall_fraction"] < 0.15
     assert "jit_compile=True" in top["fixes"][0]["action"]
     assert "torch" not in top["fixes"][0]["action"]
@@ -109,8 +109,8 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",
             "--cold"]
     a = run_tf("tf-fetch", tmp_path / "a", base, wrap=wrap, data=data)
-    top = a["findings"][0]
-    assert a["verdict"] == "input_bound.fetch", top
+    top = training_finding(a)
+    assert top["kind"] == "input_bound.fetch", top
     actions = [f["action"] for f in top["fixes"]]
     assert any(x.startswith("read files in parallel") for x in actions), actions
     assert any("TFRecord" in x for x in actions), actions
@@ -127,7 +127,7 @@ def test_unchanged_keras_fit_gets_the_probe_added(tmp_path: Path) -> None:
     and says it was added (a compute-bound fit is the probe's too: test_compute_bound reads the
     same probe)."""
     doc = run_tf("tf-prep-no-code", tmp_path, ["--prep-cost", "40", "--no-probe"])
-    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "probe" and doc["stall_fraction"] >= 0.5
     assert "added by stallscope run (model.fit): no code in the trainer" in \
         doc["findings"][0]["summary"]
@@ -141,7 +141,7 @@ def test_unchanged_custom_tf_loop_is_read_from_its_stacks(tmp_path: Path) -> Non
                                                  "--no-probe"])
     print(f"tf custom loop, no code: trainer {doc['trainer_wait']}, "
           f"stallscope {doc['stall_fraction']}")
-    assert doc["verdict"] == "input_bound.prep", doc["findings"][0]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "stacks"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv
+from conftest import ROOT, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 # the trainer's own share and the sampled one are measured at the same time, on the same
@@ -70,7 +70,7 @@ def zero_code_run(name: str, tmp_path: Path, training: list[str],
               f"stallscope {stacks_ranks.get(rank)}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
-        top = doc["findings"][0]
+        top = training_finding(doc)
         rec = {"scenario": f"zero-code-{name}", "verdict": doc["verdict"],
                "stall_fraction": doc["stall_fraction"],
                "stall_source": doc.get("stall_source"),
@@ -89,7 +89,7 @@ def training(script: str, *args: str) -> list[str]:
 
 
 def assert_named(doc: dict[str, Any], verdict: str) -> None:
-    assert doc["verdict"] == verdict, doc["findings"][0]
+    assert training_finding(doc)["kind"] == verdict, doc["findings"]
     assert doc["stall_source"] == "stacks", doc["stall_source"]
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= TOLERANCE, \
         (doc["stall_fraction"], doc["trainer_wait"], doc["signals"].get("phase_shares"))

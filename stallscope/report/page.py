@@ -42,6 +42,11 @@ KIND_TITLES: dict[str, str] = {
     "pcie_degraded": "PCIe link runs below its maximum",
     "disk_health": "A disk reports health problems",
     "straggler_rank": "One rank is slower than the others",
+    "waiting_for_peers": "Ranks wait for a slower rank in the all-reduce",
+    "communication_bound": "Communication-bound: the collectives are the limit",
+    "rank_jitter": "Each step waits for a different slow rank",
+    "cpu_contention": "The host is short of CPU: other processes take the training's cores",
+    "gpu_held_idle": "A GPU is held but idle",
     "insufficient_data": "Not enough data to name a bottleneck",
 }
 _SEVERITIES = ("critical", "warning", "info")

@@ -186,6 +186,7 @@ _VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound 
                   "waiting_for_peers": "waiting for a slower rank",
                   "communication_bound": "communication-bound",
                   "rank_jitter": "held back by ranks out of step",
+                  "cpu_contention": "short of CPU on a busy host",
                   "host_swap": "swapping", "shm_pressure": "short of shared memory",
                   "insufficient_data": "not diagnosed yet (too little data)"}
 

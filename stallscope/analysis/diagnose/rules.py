@@ -19,6 +19,8 @@ from stallscope.analysis.diagnose.signals import (
     COMM_GAP,
     COMM_GAP_STARVED,
     COMM_HEAVY,
+    OTHERS_BUSY_CORES,
+    RUNQ_BUSY_PCT,
     Signals,
     median,
     starved,
@@ -903,6 +905,60 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
                        if cause == "cpu" else "its data wait is not the cause"))]
 
 
+def _busy_host(sig: Signals) -> tuple[float, float] | None:
+    """(least run-queue wait %, other processes' cores) when every trainer process waited for a
+    CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥ OTHERS_BUSY_CORES busy."""
+    if len(sig.ranks_detail) >= 2:
+        waits = [d.get("runq_wait_pct") for d in sig.ranks_detail]
+    else:
+        waits = [sig.main_runq_pct]
+    others = sig.others_cpu_cores
+    if any(w is None for w in waits) or others is None or others < OTHERS_BUSY_CORES:
+        return None
+    least = min(w for w in waits if w is not None)
+    return (least, others) if least >= RUNQ_BUSY_PCT else None
+
+
+def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
+    """cpu_contention: every trainer process (each rank, or the one trainer) waited for a CPU
+    ≥ 20% of the time while other processes kept ≥ 0.5 of the host's cores busy: a busy host,
+    not the training's own work. A rank short of CPU alone is a straggler (``starved``)."""
+    busy = _busy_host(sig)
+    if busy is None:
+        return []
+    least, others = busy
+    ranks = sig.ranks_detail
+    host = data.meta.get("host") or "this host"
+    cores = f" of its {sig.logical_cores}" if sig.logical_cores else ""
+    if len(ranks) >= 2:
+        who = "every rank waited for a CPU (" + ", ".join(
+            f"rank {d['rank']} {d['runq_wait_pct']:.0f}%" for d in ranks) + " of the time"
+    else:
+        who = f"the trainer waited for a CPU {least:.0f}% of the time ("
+    summary = (f"The host is short of CPU for this training: {who}"
+               f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
+               f"{others:.1f}{cores} cores busy.")
+    comm = [d.get("comm_share") for d in ranks]
+    if len(ranks) >= 2 and sig.comm_straggler is None and all(c is not None for c in comm):
+        shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
+        summary += (f" While the ranks share too few cores, their wait in the all-reduce "
+                    f"({shares} of the step) cannot show which rank the others wait for.")
+    fixes = [Fix(f"give the training its cores back on {host}: stop or move the other busy "
+                 "processes (`top` sorted by CPU shows them), or run on a less loaded node",
+                 f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
+                 f"time while other processes used {others:.1f} cores")]
+    ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
+                          "host_cpu_median_pct": sig.host_cpu_median_pct,
+                          "logical_cores": sig.logical_cores}
+    if len(ranks) >= 2:
+        ev["ranks"] = ranks
+    return [Finding("cpu_contention", "critical" if least >= STALL_CRIT * 100 else "warning",
+                    0.8, summary, ev, fixes, _speedup(least / 100),
+                    f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
+                    f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
+                    f"core busy ({others:.1f})")]
+
+
 def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
     """waiting_for_peers: the ranks a straggler holds back, with the share of their step spent
     in collectives waiting (their GPUs idle in the all-reduce, their step looks like compute)."""
@@ -940,14 +996,21 @@ def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
     if any(x is None for x in shares):
         return []
     least = min(x for x in shares if x is not None)
-    if least < COMM_HEAVY:
-        return []
+    if least < COMM_HEAVY or _busy_host(sig) is not None:
+        return []  # ranks that wait for a CPU wait for one another: see rule_cpu_contention
     transfer = sig.comm_transfer_share
     if transfer is not None and transfer < least / 2:
         return [_rank_jitter(sig, least, transfer)]
-    told = ("" if transfer is not None else " (from Prometheus' totals the transfer itself "
-            "and the wait for each step's slowest rank cannot be told apart: `stallscope "
-            "diagnose` on a run's own records splits them)")
+    if transfer is not None:
+        told = ""
+    elif "prometheus" in data.meta:
+        told = (" (from Prometheus' totals the transfer itself and the wait for each step's "
+                "slowest rank cannot be told apart: `stallscope diagnose` on a run's own "
+                "records splits them)")
+    else:
+        told = (" (sampled stacks give shares, not each step's times, so the transfer itself "
+                "and the wait for each step's slowest rank cannot be told apart: the probe, "
+                "`stallscope.watch(loader)` in each rank, splits them)")
     return [Finding("communication_bound", "critical" if least >= STALL_CRIT else "warning", 0.8,
                     f"Communication-bound: every rank spends at least {least:.0%} of its step in "
                     "collectives (the gradient all-reduce), and no rank is waited for: the "
@@ -1145,8 +1208,8 @@ RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
     rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
-    rule_straggler, rule_waiting_for_peers, rule_communication_bound, rule_disk_health,
-    rule_gpu_held_idle,
+    rule_straggler, rule_waiting_for_peers, rule_communication_bound, rule_cpu_contention,
+    rule_disk_health, rule_gpu_held_idle,
 )
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}

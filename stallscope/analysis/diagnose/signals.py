@@ -17,7 +17,8 @@ from stallscope.analysis.diagnose.model import RunData
 from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
-__all__ = ["COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "RUNQ_BUSY_PCT", "Signals",
+__all__ = ["COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT",
+           "Signals",
            "compute_signals", "mean", "median", "p95", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
@@ -33,6 +34,9 @@ RUNQ_BUSY_PCT = 20.0
 #: (throttled, or runnable with no core) inside a collective counts as its own collective wait,
 #: so the gap shrinks (measured: 0.11 on a 0.3-core quota with a CPU hog on the host)
 COMM_GAP_STARVED = 0.05
+#: other processes (not the training's) keeping at least this many of the host's cores busy,
+#: while every trainer process waits for a CPU ≥ RUNQ_BUSY_PCT: the host is short of CPU
+OTHERS_BUSY_CORES = 0.5
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -87,6 +91,7 @@ class Signals:
     worker_read_kb_s: float | None = None  #: all workers together, from storage
     worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
     main_cpu_pct: float | None = None
+    main_runq_pct: float | None = None  #: the trainer's main process(es): run-queue wait
     #: share of the training time the trainer's main thread ran (no probe: the consumer's busy
     #: share; the rest it waited, for data above all)
     main_thread_busy_share: float | None = None
@@ -110,6 +115,9 @@ class Signals:
     # --- host ---
     host_cpu_median_pct: float | None = None
     host_max_core_median_pct: float | None = None
+    #: cores the host's other processes kept busy (median over samples: the host's busy cores
+    #: less the training's own processes' CPU)
+    others_cpu_cores: float | None = None
     iowait_median_pct: float | None = None
     psi_io_median_pct: float | None = None
     mem_available_min_mib: float | None = None
@@ -192,6 +200,7 @@ def compute_signals(data: RunData) -> Signals:
     sig.host_cpu_median_pct = _r(median(host["cpu_pct"].v)) if host["cpu_pct"] else None
     sig.host_max_core_median_pct = (_r(median(host["cpu_max_core_pct"].v))
                                     if host["cpu_max_core_pct"] else None)
+    sig.others_cpu_cores = _others_cpu(data, host["cpu_pct"], sig.logical_cores)
     sig.iowait_median_pct = _r(median(host["iowait_pct"].v)) if host["iowait_pct"] else None
     sig.psi_io_median_pct = (_r(median(host["psi_io_some_pct"].v))
                              if host["psi_io_some_pct"] else None)
@@ -470,6 +479,8 @@ def _proc_signals(sig: Signals, data: RunData) -> None:
     sig.worker_rchar_kb_s = _r(mean(list(rc.values())), 1)
     mcpu = [v for s in _procs(data, "procs.cpu_pct", "main") for v in s.v]
     sig.main_cpu_pct = _r(mean(mcpu))
+    mrq = [v for s in _procs(data, "procs.runq_wait_pct", "main") for v in s.v]
+    sig.main_runq_pct = _r(mean(mrq))
     sig.main_thread_busy_share = _main_thread_busy(data, wcpu)
     sig.main_d_share = _share(_procs(data, "procs.d_state", "main"))
     # any thread of the trainer in D (tf.data and threaded decoders read on their own threads)
@@ -479,6 +490,19 @@ def _proc_signals(sig: Signals, data: RunData) -> None:
     sig.tf_trainer = any(v > 0 for s in _procs(data, "procs.tf_threads", "main") for v in s.v)
     mr = _by_ts_sum(_procs(data, "procs.read_kb_s", "main"))
     sig.main_read_kb_s = _r(mean(list(mr.values())), 1)
+
+
+def _others_cpu(data: RunData, host: Series | None, cores: int | None) -> float | None:
+    """Median over the samples of the host's busy cores less the training's own processes'
+    (the procs source samples only the trainer's tree, in the same tick as the host)."""
+    if host is None or not host.v or not cores:
+        return None
+    own = _by_ts_sum([s for (n, _e), s in data.series.items() if n == "procs.cpu_pct"])
+    if not own:
+        return None
+    rest = [v * cores / 100 - own[t] / 100 for t, v in zip(host.ts, host.v) if t in own]
+    m = median(rest)
+    return None if m is None else _r(max(0.0, m))
 
 
 def _main_thread_busy(data: RunData, workers: list[Series]) -> float | None:
