@@ -40,7 +40,7 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
                        seconds=FETCH_SECONDS)
     assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_fraction"] >= 0.3
-    ev = doc["findings"][0]["evidence"]
+    ev = training_finding(doc)["evidence"]
     assert ev["worker_d_share"] >= 0.25
     assert ev["score_fetch"] > ev["score_prep"]
     top = training_finding(doc)
