@@ -348,9 +348,9 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
 
     # the same training diagnosed from its run directory and from Prometheus
     here, there = both_diagnoses(trainer, cluster["out"], prom, a0.port)
-    assert there["verdict"] == training_finding(here)["kind"], (here["findings"],
-                                                                 there["findings"][0])
-    assert there["verdict"].startswith("input_bound"), here["findings"]
+    assert training_finding(there)["kind"] == training_finding(here)["kind"], (
+        here["findings"], there["findings"])
+    assert training_finding(there)["kind"].startswith("input_bound"), here["findings"]
     assert there["stall_source"] == "probe"
     assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.05, (
         here["stall_fraction"], there["stall_fraction"])
@@ -373,7 +373,10 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
                                        f"127.0.0.1:{a0.port}", "--since", "2m"),
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert f"node 127.0.0.1:{a0.port}" in r.stdout and "verdict: input_bound" in r.stdout
+    assert f"node 127.0.0.1:{a0.port}" in r.stdout
+    # the training's own verdict: first, or after a busy host's (as in its JSON form above)
+    kind = training_finding(there)["kind"]
+    assert f"verdict: {kind}" in r.stdout or f"also: {kind}" in r.stdout, r.stdout
 
 
 @pytest.mark.slow
@@ -401,8 +404,8 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
                  40, [trainer, agent.proc])
         here, there = both_diagnoses(trainer, out, prom, agent.port)
         assert training_finding(here)["kind"] == "input_bound.prep", here["findings"]
-        assert there["verdict"] == training_finding(here)["kind"], (here["findings"],
-                                                                     there["findings"][0])
+        assert training_finding(there)["kind"] == training_finding(here)["kind"], (
+            here["findings"], there["findings"])
         # the trainer's own sampled stacks, exported by the agent, read back from Prometheus
         assert there["stall_source"] == here["stall_source"] == "stacks", (
             there["signals"].get("phase_shares"), here["signals"].get("phase_shares"))

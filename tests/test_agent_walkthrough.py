@@ -160,7 +160,10 @@ def test_zero_to_a_three_node_dashboard(tmp_path: Path) -> None:
         r = steps.run(diagnose, timeout=120)
         node_a = r.stdout[r.stdout.index("node node-a"):]
         node_a = node_a.split("\nnode node-", 1)[0]
-        assert "verdict: input_bound" in node_a, r.stdout
+        # (or, when the tests beside it kept the host busy, first the busy host: cpu_contention,
+        # whose rule the run's own run-queue and CPU figures met; the input finding follows)
+        assert "verdict: input_bound" in node_a or (
+            "verdict: cpu_contention" in node_a and "also: input_bound" in node_a), r.stdout
         assert {n for n in NODES if f"node {n}" in r.stdout} == set(NODES), r.stdout
         # 7. stop everything: each agent ends its store, nothing is left running
         pids = [int(p) for p in (steps.fleet / "pids").read_text().split()]

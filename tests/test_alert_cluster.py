@@ -45,10 +45,12 @@ def test_rules_file_passes_promtool() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     alerts = RULES.read_text().count("- alert: ")
     assert alerts == 14, alerts  # every shipped alert, each found by promtool
-    assert f"SUCCESS: {alerts} rules found" in r.stdout
+    records = RULES.read_text().count("- record: ")
+    assert records == 3, records  # the straggler alert's series, recorded in its group
+    assert f"SUCCESS: {alerts + records} rules found" in r.stdout
     r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and f"SUCCESS: {alerts} rules found" in r.stdout, \
+    assert r.returncode == 0 and f"SUCCESS: {alerts + records} rules found" in r.stdout, \
         r.stdout + r.stderr
 
 
@@ -229,7 +231,14 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
             continue  # no `for:`: the CUSUM needs two evaluations at least (below)
         assert _seconds(r.get("for", "0s")) >= 2 * interval, (r["alert"], r.get("for"))
     # the straggler alert reads a CUSUM that no single evaluation can take to its threshold
-    [cusum] = [r for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]
+    # (recorded in the alert's own group, ahead of it: each evaluation's alert reads that
+    # evaluation's CUSUM)
+    [group] = [g for g in doc["groups"] if g["name"] == "stallscope-stragglers"]
+    names = [r.get("record") or r.get("alert") for r in group["rules"]]
+    assert names == ["rank:stallscope_train_comm_wait:ratio_rate20s",
+                     "rank:stallscope_train_comm_wait_gap:ratio_rate20s",
+                     "rank:stallscope_train_comm_wait_gap:cusum", "StallscopeRankWaitedFor"], names
+    [cusum] = [r for r in group["rules"]
                if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
     step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", cusum["expr"])[0])
     cap = float(re.search(r"0, (0\.\d+)\)\s*$", cusum["expr"]).group(1))

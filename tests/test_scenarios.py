@@ -120,26 +120,47 @@ def test_prep_stall(prep_run: dict[str, Any]) -> None:
     assert meta["loader_config"]["0"]["loader"]["num_workers"] == 1
 
 
-def test_prep_stall_without_probe(tmp_path: Path) -> None:
+def system_only(doc: dict[str, Any]) -> dict[str, Any]:
+    """The same run diagnosed from its system metrics alone, as if recorded by `stallscope run
+    --no-stacks` for a trainer without the probe: its steps, probes and sampled stacks set
+    aside; the processes, host and disks are the same readings (the probe only times the
+    steps). `test_loading_in_the_trainer_without_probe_is_never_called_healthy` and the
+    threads scenario record such runs for real."""
+    from stallscope.analysis.diagnose import diagnose
+    from stallscope.analysis.rundata import load_run
+
+    data = load_run(Path(doc["run"]))
+    data.meta["run_dir"] = doc["run"]
+    data.steps, data.probes, data.stacks = [], [], []
+    out: dict[str, Any] = json.loads(json.dumps(diagnose(data), default=str))
+    out["trainer_wait"] = doc["trainer_wait"]
+    return out
+
+
+def test_prep_stall_without_probe(prep_run: dict[str, Any]) -> None:
     """The same stall with system metrics only (no probe, no sampled stacks): still named, its
     data-wait share estimated from the trainer's main thread (within 0.15 of what the trainer
     measured itself), said to be an estimate, and the finding says the probe would sharpen
     it."""
-    doc = run_scenario("prep-no-probe", tmp_path, ["--prep-cost", "40", "--workers", "1",
-                                                   "--model", "tiny", "--no-probe"],
-                       run_args=SYSTEM_ONLY)
-    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
+    doc = system_only(prep_run)
     top = training_finding(doc)
+    assert top["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "main_thread" and top["confidence"] <= 0.7
     assert "estimated" in top["summary"]
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
     assert any("stallscope.watch" in f["action"] for f in top["fixes"])
 
 
-def test_compute_bound_without_probe(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def compute_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Cheap data, heavy model, run once: read with its probe and from system metrics alone."""
+    return run_scenario("compute", tmp_path_factory.mktemp("compute"),
+                        ["--model", "heavy", "--workers", "1"])
+
+
+def test_compute_bound_without_probe(compute_run: dict[str, Any]) -> None:
     """An unmodified CPU trainer that computes: compute_bound, not insufficient_data."""
-    doc = run_scenario("compute-no-probe", tmp_path, ["--model", "heavy", "--workers", "1",
-                                                      "--no-probe"], run_args=SYSTEM_ONLY)
+    doc = system_only(compute_run)
     assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
     assert doc["stall_source"] == "main_thread"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
@@ -183,9 +204,9 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
                for f in training_finding(doc)["fixes"]), training_finding(doc)["fixes"]
 
 
-def test_compute_bound(tmp_path: Path) -> None:
+def test_compute_bound(compute_run: dict[str, Any]) -> None:
     """Cheap data, heavy model: the trainer computes, the loader keeps up."""
-    doc = run_scenario("compute", tmp_path, ["--model", "heavy", "--workers", "1"])
+    doc = compute_run
     assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
     assert doc["stall_fraction"] < 0.15
 

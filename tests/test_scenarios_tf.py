@@ -97,6 +97,30 @@ def test_compute_bound(tmp_path: Path) -> None:
     assert "torch" not in top["fixes"][0]["action"]
 
 
+
+def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
+    """Cold files read one at a time through a device capped at 2 MB/s: fetch-bound, with
+    tf.data fixes; caching the (small) dataset in RAM makes the run faster."""
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "1500",
+                    "--size", "32", "--epochs", "0"], check=True, capture_output=True)
+    wrap = [sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data", str(data),
+            "--cgroup", throttled_group, "--"]
+    base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",
+            "--cold"]
+    a = run_tf("tf-fetch", tmp_path / "a", base, wrap=wrap, data=data)
+    top = training_finding(a)
+    assert top["kind"] == "input_bound.fetch", top
+    actions = [f["action"] for f in top["fixes"]]
+    assert any(x.startswith("read files in parallel") for x in actions), actions
+    assert any("TFRecord" in x for x in actions), actions
+    assert any(x.startswith("add .cache()") for x in actions), actions
+    assert not any("num_workers" in x for x in actions), actions
+    b = run_tf("tf-fetch-fixed", tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap,
+               data=data)
+    assert speedup("tf-fetch-fix", a, b) >= 1.1
+
+
 def test_unchanged_keras_fit_gets_the_probe_added(tmp_path: Path) -> None:
     """An unmodified ``model.fit`` over a prep-bound pipeline: stacks cannot see the wait inside
     the compiled step, so `run` adds the probe's callback to fit; the diagnosis is the probe's
