@@ -944,7 +944,8 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
         summary += (f" While the ranks share too few cores, their wait in the all-reduce "
                     f"({shares} of the step) cannot show which rank the others wait for.")
     fixes = [Fix(f"give the training its cores back on {host}: stop or move the other busy "
-                 "processes (`top` sorted by CPU shows them), or run on a less loaded node",
+                 "processes (`ps -eo pid,pcpu,comm --sort=-pcpu | head` lists them), or run "
+                 "on a less loaded node",
                  f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
                  f"time while other processes used {others:.1f} cores")]
     ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
