@@ -70,6 +70,52 @@ def test_it_stops_when_the_loader_keeps_up_and_goes_back_from_a_worse_step() -> 
     assert "keeping num_workers=3, prefetch_factor=2" in d.why
 
 
+def test_prefetch_is_not_tried_once_the_cpu_is_the_bound() -> None:
+    """Cores are left (3 workers on 4) and more workers were tried, but the trainer and its
+    workers kept 85% of the 4 cores busy over the epoch: the CPU is the bound (the offline
+    tuner's rule, CPU_BOUND_SHARE), so no prefetch_factor 4 trial; at 60% it is tried."""
+    trials = [trial(0, 14.0, 0.6), trial(4, 28.0, 0.2), trial(3, 29.5, 0.2)]
+    cur = trials[-1]
+    cur.tree_cpu_s = 0.85 * cur.wall_s * 4
+    assert cur.cores_busy(4) == pytest.approx(0.85)
+    d = decide(trials, cores=4)
+    assert d.done and d.config is None, d
+    assert "kept 85% of the 4 usable core(s) busy at num_workers=3, prefetch_factor=2: " \
+        "the CPU is the bound" in d.why
+    cur.tree_cpu_s = 0.6 * cur.wall_s * 4
+    assert decide(trials, cores=4).config == {"num_workers": 3, "prefetch_factor": 4}
+    cur.tree_cpu_s = 0.0  # not measured: as before, the rule of the cores left
+    assert decide(trials, cores=4).config == {"num_workers": 3, "prefetch_factor": 4}
+
+
+def test_the_tree_s_cpu_counts_workers_alive_and_ended() -> None:
+    """_tree_cpu adds this process's CPU, its live children's and its ended children's: a
+    child that burns 0.3 s of CPU and exits moves the figure by about that much."""
+    import time as _time
+
+    from stallscope.probe.autotune import _tree_cpu
+
+    before = _tree_cpu()
+    subprocess.run([sys.executable, "-c",
+                    "import time\nt = time.process_time()\n"
+                    "while time.process_time() - t < 0.3: pass"], check=True)
+    grown = _tree_cpu() - before
+    assert 0.3 <= grown < 5.0, grown
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\n"
+                              "time.sleep(30)"])
+    try:
+        mid = _tree_cpu()
+        deadline = _time.monotonic() + 20
+        while _tree_cpu() - mid < 0.25 and _time.monotonic() < deadline:
+            _time.sleep(0.1)
+        assert _tree_cpu() - mid >= 0.25  # alive: read from /proc
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_configuration_that_does_not_fit_is_not_applied() -> None:
     d = decide([trial(0, 14.0, 0.6)], cores=8,
                fits=lambda cfg: "3 workers × 900 MiB > 80% of 2,000 MiB available")

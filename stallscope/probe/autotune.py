@@ -17,7 +17,9 @@ and per step the data wait ``w`` and the rest ``c`` (compute), all without the f
 * with workers, while the data wait stays ≥ 5% of the epoch: a worker's load time is
   ``k / rate``; the workers needed, ``ceil(k / rate / c)``, up to ``n``. When more workers were
   tried and cores are left, ``prefetch_factor`` 4 is tried once (uneven batches); with a worker
-  per usable core the CPU is the bound and tuning stops;
+  per usable core, or with the trainer and its workers keeping ≥ 75% of the usable cores busy
+  over the epoch (``CPU_BOUND_SHARE``, the offline tuner's rule too), the CPU is the bound and
+  tuning stops;
 * a configuration slower than one measured before sends the loader back to the best one, and
   tuning stops; so does a data wait under 5%, a guard that fails (memory for the workers,
   ``/dev/shm`` for their batches, swapping during the epoch), or ``max_trials`` epochs.
@@ -50,7 +52,7 @@ from typing import Any
 
 from stallscope.sources.host import swap_ins
 
-__all__ = ["EpochTrial", "OnlineTuner", "decide", "predict_rate"]
+__all__ = ["CPU_BOUND_SHARE", "EpochTrial", "OnlineTuner", "decide", "predict_rate"]
 
 #: below this share of an epoch waiting for data, the loader keeps up: tuning stops
 KEEPS_UP = 0.05
@@ -59,6 +61,9 @@ WORSE = 0.97
 #: the prediction: the fewest workers within this share of the best predicted rate
 NEAR_BEST = 0.98
 MAX_TRIALS = 4
+#: the trainer and its workers keep this share of the usable cores busy: the CPU is the bound,
+#: and batches in flight (prefetch_factor) add no CPU (both tuners: stallscope/tuner/search.py)
+CPU_BOUND_SHARE = 0.75
 #: share of the available memory the workers may take (the offline tuner's guard)
 MEM_SHARE = 0.8
 STATE_FILE = "autotune.json"
@@ -81,6 +86,15 @@ class EpochTrial:
     #: the main process's CPU seconds over the epoch, all its threads (0: not measured); at
     #: num_workers=0 that is loading plus computing, with the step's intra-op threads counted
     cpu_s: float = 0.0
+    #: CPU seconds over the epoch of the trainer and its child processes (its DataLoader
+    #: workers, live or ended); 0: not measured
+    tree_cpu_s: float = 0.0
+
+    def cores_busy(self, cores: int) -> float | None:
+        """The share of ``cores`` the trainer and its workers kept busy (None: not measured)."""
+        if not self.tree_cpu_s or self.wall_s <= 0 or cores <= 0:
+            return None
+        return self.tree_cpu_s / (self.wall_s * cores)
 
     @property
     def cpu_per_step(self) -> float:
@@ -177,6 +191,12 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
                f"{per_worker * 1000:.0f} ms, a step computes in {c * 1000:.0f} ms: {nk} "
                f"workers should give {predicted:.1f} steps/s (now {cur.rate:.1f})")
         return _checked(cfg, why, predicted, ok, cur)
+    busy = cur.cores_busy(cores)
+    if busy is not None and busy >= CPU_BOUND_SHARE:
+        return Decision(None if best is cur else best.config(), f"the trainer and its workers "
+                        f"kept {busy:.0%} of the {cores} usable core(s) busy at {_name(cur)}: "
+                        f"the CPU is the bound, more batches in flight add none; keeping "
+                        f"{_name(best)}", best.rate, done=True)
     if k < cores and (k, 4) not in tried and (cur.prefetch_factor or 2) < 4:
         cfg = {"num_workers": k, "prefetch_factor": 4}
         return _checked(cfg, f"still waiting {cur.wait_share:.0%} of the epoch with cores "
@@ -187,6 +207,25 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
     # epochs each, benchmarks/bench_autotune.py's dataset)
     return Decision(None if best is cur else best.config(), f"no configuration left to try "
                     f"within {cores} core(s): keeping {_name(best)}", best.rate, done=True)
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process, of its children that ended (waited for: workers that shut
+    down at the end of an epoch) and of those alive (the current workers)."""
+    t = os.times()
+    total = time.process_time() + t.children_user + t.children_system
+    try:
+        import psutil
+
+        for ch in psutil.Process().children(recursive=True):
+            try:
+                c = ch.cpu_times()
+            except psutil.Error:
+                continue
+            total += c.user + c.system
+    except Exception:  # no psutil or no /proc: the trainer's own CPU only
+        pass
+    return total
 
 
 def _best(trials: list[EpochTrial]) -> EpochTrial:
@@ -231,6 +270,7 @@ class OnlineTuner:
     _pending: Decision | None = None
     _swap_in0: int = 0
     _cpu0: float = 0.0
+    _tree0: float = 0.0
     _epoch: int = -1
 
     def __post_init__(self) -> None:
@@ -256,6 +296,7 @@ class OnlineTuner:
             self._apply(d.config, d.why, d.predicted_rate)
         self._swap_in0 = swap_ins()
         self._cpu0 = time.process_time()
+        self._tree0 = _tree_cpu()
 
     def after_epoch(self, steps: int, wall_s: float, wait_s: float, samples: int = 0,
                     first_wait_s: float = 0.0) -> None:
@@ -268,7 +309,8 @@ class OnlineTuner:
             else None
         t = EpochTrial(cfg["num_workers"], cfg["prefetch_factor"], steps, wall_s, wait_s,
                        samples, predicted, min(first_wait_s, wait_s),
-                       max(0.0, time.process_time() - self._cpu0))
+                       max(0.0, time.process_time() - self._cpu0),
+                       max(0.0, _tree_cpu() - self._tree0))
         self.trials.append(t)
         if predicted:
             err = t.rate / predicted - 1.0

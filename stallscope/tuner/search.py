@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from stallscope.probe.autotune import CPU_BOUND_SHARE
 from stallscope.sources.host import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
@@ -43,8 +44,6 @@ MIN_GAIN = 1.05
 MEM_SHARE = 0.85
 #: two trials this close are alike within one window's noise: the lighter one is kept
 ALIKE = 0.97
-#: the trainer and its workers use this share of the usable cores: the CPU is the bound
-CPU_BOUND_SHARE = 0.75
 
 
 @dataclass
