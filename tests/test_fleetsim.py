@@ -73,3 +73,22 @@ def test_the_replay_keeps_each_step_s_jitter_but_not_the_recording_s_slow_stretc
         own = [o for _w, o in clean.own[r]]
         assert spread_20s(raw_own) > 0.06 and spread_20s(own) < 0.03
         assert statistics.pstdev(own) > 0.8 * statistics.pstdev(raw_own)
+
+
+def test_the_rule_model_flags_a_slowdown_on_its_rank_and_nothing_before() -> None:
+    """benchmarks/straggler_rule_model.py, which weighs the straggler rules' parameters: over
+    a healthy stretch no activation; a rank 30% slower from minute 5 is flagged, on that rank,
+    within 30 s; at a threshold no CUSUM reaches, only the level clause (a minute) can."""
+    from straggler_rule_model import Params, activations
+
+    rec = load_recording()
+    job = Job("j", ["a", "b"], 4, rec, 0.0, seed=5)
+    job.faults.append(Fault("j", (6,), ("b",), 300.0, 390.0, 0.3, "compute", "rank"))
+    acts, top = activations(job, 420.0, Params())
+    assert acts and all(r == 6 for _t, r in acts), acts
+    assert 300.0 < acts[0][0] <= 330.0, acts
+    assert 0.15 <= top <= 0.3
+    job = Job("j", ["a", "b"], 4, rec, 0.0, seed=5)
+    job.faults.append(Fault("j", (6,), ("b",), 300.0, 390.0, 0.3, "compute", "rank"))
+    late, _ = activations(job, 420.0, Params(threshold=0.99))
+    assert late and late[0][1] == 6 and late[0][0] >= acts[0][0] + 20, (late, acts)

@@ -1,0 +1,172 @@
+"""An offline model of the straggler rules (`StallscopeRankWaitedFor` and the three series it
+reads, deploy/prometheus/stallscope-alerts.yml), to weigh their parameters in seconds instead of
+hours: fleetsim's DDP jobs run in virtual time, scraped every 5 s, and the rules are evaluated
+every 5 s in one group as Prometheus does (a phase after each scrape).
+
+    .venv/bin/python benchmarks/straggler_rule_model.py [--threshold 0.15] [--allowance 0.02]
+        [--cap 0.075] [--window 20] [--healthy-hours 3] [--fault-jobs 8] [--seeds 4]
+
+It prints, for the parameters given, the false alarms and the highest CUSUM of a healthy rank
+over ``--healthy-hours`` per seed on the raw recording (its seconds-long slow stretches are this
+VM's real noise) and on the detrended one, and the detection latency of 10% and larger
+slowdowns injected as bench_fleet.py injects them (detrended replay, 30 minutes per job).
+
+A model, not the real thing: the rate over the window is the counters' increase between the
+first and the last scrape inside it (Prometheus' extrapolation cancels in the ratio), the
+baseline is the median gap of the 30 minutes before the last one (from 2 minutes of them),
+there is no scrape jitter and no agent lag. `benchmarks/bench_fleet.py` measures the real
+rules with a real Prometheus; this one only says which parameters are worth that run
+(docs/agent.md "A fleet").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleetsim import DETREND_STEPS, Fault, Job, load_recording, schedule
+
+SCRAPE_S = 5.0
+PHASE_S = 2.5  #: the rule group's evaluation after each scrape
+WARMUP_S = 240.0
+TRAIL_S = 60.0  #: an activation this long after a fault's end still belongs to it
+
+
+@dataclass(frozen=True)
+class Params:
+    threshold: float = 0.15
+    allowance: float = 0.02
+    cap: float = 0.075
+    window_s: float = 20.0
+    level: float = 0.15  #: the level clause: a gap this large held for a minute
+    clear: float = 0.05  #: hysteresis: once firing, held while the CUSUM is above this
+
+
+def scrapes(job: Job, horizon: float) -> list[tuple[float, list[tuple[float, float]]]]:
+    """Per scrape: each rank's (communication seconds, step seconds) counters."""
+    cum = [[0.0, 0.0] for _ in range(job.size)]
+    out = []
+    t = SCRAPE_S
+    while t <= horizon:
+        for rows in job.steps_until(t).values():
+            for r, _k, _ts, wait, host, comm in rows:
+                cum[r][0] += comm
+                cum[r][1] += wait + host
+        out.append((t, [(c, s) for c, s in cum]))
+        t += SCRAPE_S
+    return out
+
+
+def activations(job: Job, horizon: float, p: Params) -> tuple[list[tuple[float, int]], float]:
+    """(time, rank) of each activation of the alert, and the highest CUSUM of any rank."""
+    sc = scrapes(job, horizon)
+    history: list[list[tuple[float, float]]] = [[] for _ in range(job.size)]
+    cusum = [0.0] * job.size
+    firing = [False] * job.size
+    acts: list[tuple[float, int]] = []
+    top = 0.0
+    per_window = int(p.window_s // SCRAPE_S) + 1
+    for j in range(len(sc)):
+        te = sc[j][0] + PHASE_S
+        inside = [k for k in range(max(0, j - per_window), j + 1) if sc[k][0] > te - p.window_s]
+        if len(inside) < 2:
+            continue
+        a, b = sc[inside[0]][1], sc[inside[-1]][1]
+        shares = [(b[r][0] - a[r][0]) / (b[r][1] - a[r][1]) if b[r][1] > a[r][1] else None
+                  for r in range(job.size)]
+        if any(x is None for x in shares):
+            continue
+        most = max(x for x in shares if x is not None)
+        for r in range(job.size):
+            gap = most - (shares[r] or 0.0)
+            base = [g for t, g in history[r] if te - 60 - 1800 < t <= te - 60]
+            if len(base) >= 24:
+                rise = min(gap - statistics.median(base) - p.allowance, p.cap)
+                cusum[r] = min(max(cusum[r] + rise, 0.0), 0.3)
+                top = max(top, cusum[r])
+            history[r].append((te, gap))
+            last = [g for t, g in history[r] if te - 60 < t <= te]
+            on = (cusum[r] >= p.threshold
+                  or (len(last) >= 12 and sum(last) / len(last) >= p.level)
+                  or (firing[r] and cusum[r] > p.clear))
+            if on and not firing[r]:
+                acts.append((te, r))
+            firing[r] = on
+    return acts, top
+
+
+def healthy(p: Params, hours: float, seeds: int, detrend: int) -> tuple[int, float]:
+    rec = load_recording(detrend_steps=detrend)
+    false, top = 0, 0.0
+    for seed in range(seeds):
+        job = Job(f"j{seed}", ["a", "b"], 8, rec, 0.0, seed=seed)
+        acts, t = activations(job, WARMUP_S + hours * 3600, p)
+        false += len(acts)
+        top = max(top, t)
+    return false, top
+
+
+def faults(p: Params, jobs: int) -> tuple[dict[float, list[float]], int, int]:
+    """Per slowdown size, the latencies; the faults missed; the false alarms."""
+    rec = load_recording(detrend_steps=DETREND_STEPS)
+    lat: dict[float, list[float]] = {}
+    missed = false = 0
+    for seed in range(jobs):
+        job = Job(f"j{seed}", ["a", "b"], 8, rec, 0.0, seed=seed)
+        horizon = WARMUP_S + 1800
+        fl: list[Fault] = schedule(job, random.Random(seed), WARMUP_S, horizon)
+        acts, _ = activations(job, horizon, p)
+        for f in fl:
+            hit = [t for t, r in acts if r in f.ranks and f.start <= t <= f.end + TRAIL_S]
+            if hit:
+                lat.setdefault(f.x, []).append(min(hit) - f.start)
+            else:
+                missed += 1  # (bench_fleet counts a rank still flagged from before as found)
+        false += sum(1 for t, r in acts if not any(
+            r in f.ranks and f.start <= t <= f.end + TRAIL_S for f in fl))
+    return lat, missed, false
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threshold", type=float, default=0.15)
+    ap.add_argument("--allowance", type=float, default=0.02)
+    ap.add_argument("--cap", type=float, default=0.075)
+    ap.add_argument("--window", type=float, default=20.0, help="rate window, seconds")
+    ap.add_argument("--healthy-hours", type=float, default=3.0)
+    ap.add_argument("--seeds", type=int, default=4, help="healthy jobs (16 ranks each)")
+    ap.add_argument("--fault-jobs", type=int, default=8)
+    a = ap.parse_args()
+    if a.window < 2 * SCRAPE_S or not 0 < a.threshold < 1 or a.healthy_hours <= 0 \
+            or a.seeds < 1 or a.fault_jobs < 1:
+        print("straggler_rule_model: --window must span two scrapes (>= 10), --threshold lie "
+              "in (0, 1), and --healthy-hours, --seeds, --fault-jobs be positive",
+              file=sys.stderr)
+        return 2
+    p = Params(a.threshold, a.allowance, a.cap, a.window)
+    print(f"parameters: {p}")
+    for name, detrend in (("raw recording", 0), ("detrended", DETREND_STEPS)):
+        false, top = healthy(p, a.healthy_hours, a.seeds, detrend)
+        print(f"healthy, {name}: {false} false alarm(s) in {a.seeds} x {a.healthy_hours:g} h "
+              f"of 16 ranks; highest CUSUM {top:.3f}")
+    lat, missed, false = faults(p, a.fault_jobs)
+    big = sorted(x for k, v in lat.items() if k >= 0.1 for x in v)
+    ten = sorted(lat.get(0.1, []))
+    if big:
+        p95 = big[min(len(big) - 1, int(0.95 * len(big)))]
+        print(f"slowdowns >= 10%: {len(big)} found, latency median {statistics.median(big):.1f} "
+              f"s, p95 {p95:.1f} s; 10% alone: " + (
+                  f"median {statistics.median(ten):.1f} s, max {max(ten):.1f} s ({len(ten)})"
+                  if ten else "none"))
+    print(f"faults missed: {missed}; false alarms among the faults: {false}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
