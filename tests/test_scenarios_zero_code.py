@@ -60,6 +60,7 @@ def zero_code_run(name: str, tmp_path: Path, training: list[str],
     # one process: its figure; ranks: the most-waiting rank's (the run's stall is its)
     doc["trainer_wait"] = own[None] if None in own else max(own.values())
     doc["trainer_wait_ranks"] = {k: v for k, v in own.items() if k is not None}
+    doc["trainer_stdout"] = r.stdout[-3000:]
     stacks_ranks = {x["rank"]: x.get("stall_fraction") for x in doc.get("ranks") or []}
     shares = (doc.get("signals") or {}).get("phase_shares")
     print(f"\n[{name}] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
@@ -147,7 +148,7 @@ def test_ddp_starve(tmp_path: Path) -> None:
                         ["-m", "torch.distributed.run", "--nproc_per_node", "2",
                          *training("ddp_starve.py")], timeout=300)
     own = doc["trainer_wait_ranks"]
-    assert set(own) == {0, 1}, own
+    assert set(own) == {0, 1}, (own, doc["trainer_stdout"])
     assert doc["stall_source"] == "stacks", doc["stall_source"]
     strag = [f for f in doc["findings"] if f["kind"] == "straggler_rank"]
     assert strag, [f["kind"] for f in doc["findings"]]

@@ -103,10 +103,10 @@ def main() -> int:
                 break
         epoch += 1
     wall = time.perf_counter() - start
-    print(f"rank {rank}: {steps} steps, last loss {loss.item():.3f}", flush=True)
-    print(f"rank {rank} data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
-          "(measured by the trainer)",
-          flush=True)
+    # both lines in one write: the ranks share torchrun's stdout
+    print(f"rank {rank}: {steps} steps, last loss {loss.item():.3f}\n"
+          f"rank {rank} data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
+          "(measured by the trainer)", flush=True)
     dist.destroy_process_group()
     return 0
 
