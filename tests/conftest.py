@@ -91,18 +91,42 @@ def stallscope_argv(*args: str) -> list[str]:
 def training_finding(doc: dict[str, Any]) -> dict[str, Any]:
     """The diagnosis's first finding about the training itself: its first finding, or the one
     after ``cpu_contention`` when that leads. That one fires only on what the run measured: every
-    trainer process waited for a CPU ≥ 20% of the time while other processes kept ≥ 0.5 core
-    busy: a CPU hog beside the suite, or the test beside it in the parallel pass. The busy host
-    then rightly comes first, and a test of what the training itself does reads the next one."""
+    trainer process waited for a CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥
+    OTHERS_BUSY_CORES busy: a CPU hog beside the suite, or the test beside it in the parallel
+    pass. The busy host then rightly comes first, and a test of what the training itself does
+    reads the next one."""
+    from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
+
     findings = doc["findings"]
     assert findings, doc
     if findings[0]["kind"] != "cpu_contention":
         return dict(findings[0])
     ev = findings[0]["evidence"]
-    assert ev["runq_wait_pct"] >= 20 and ev["others_cpu_cores"] >= 0.5, ev
+    assert ev["runq_wait_pct"] >= RUNQ_BUSY_PCT and ev["others_cpu_cores"] >= OTHERS_BUSY_CORES, ev
     rest = [f for f in findings if f["kind"] != "cpu_contention"]
     assert rest, [f["kind"] for f in findings]
     return dict(rest[0])
+
+
+def rediagnosed(doc: dict[str, Any], *, stacks: bool) -> dict[str, Any]:
+    """The run of ``doc`` (a `diagnose --json` document with its "run") diagnosed again from
+    what a trainer without the probe leaves: its steps and probes set aside, and its sampled
+    stacks too unless ``stacks`` (`stallscope run --no-stacks`). The process, host and disk
+    readings are the same: the probe only times the steps."""
+    import json
+
+    from stallscope.analysis.diagnose import diagnose
+    from stallscope.analysis.rundata import load_run
+
+    data = load_run(Path(doc["run"]))
+    data.meta["run_dir"] = doc["run"]
+    data.steps, data.probes = [], []
+    if not stacks:
+        data.stacks = []
+    out: dict[str, Any] = json.loads(json.dumps(diagnose(data), default=str))
+    if "trainer_wait" in doc:
+        out["trainer_wait"] = doc["trainer_wait"]
+    return out
 
 
 def tool_missing(tool: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv
+from conftest import ROOT, rediagnosed, stallscope_argv, training_finding
 
 from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
 
@@ -84,13 +84,7 @@ def assert_peer_waits(doc: dict[str, Any], slow: int, fast: int) -> None:
 def without_probe(doc: dict[str, Any]) -> dict[str, Any]:
     """The same run diagnosed from what a trainer without the probe leaves: its sampled stacks
     (stallscope run samples every trainer's stacks; the probe's steps are set aside)."""
-    from stallscope.analysis.diagnose import diagnose
-    from stallscope.analysis.rundata import load_run
-
-    data = load_run(Path(doc["run"]))
-    data.meta["run_dir"] = doc["run"]
-    data.steps, data.probes = [], []
-    out: dict[str, Any] = json.loads(json.dumps(diagnose(data), default=str))
+    out = rediagnosed(doc, stacks=True)
     assert out["stall_source"] == "stacks", out["stall_source"]
     return out
 
@@ -165,13 +159,10 @@ def assert_busy_host(doc: dict[str, Any]) -> None:
 def straggler_finding(doc: dict[str, Any], *context: Any) -> dict[str, Any]:
     """The straggler_rank finding: the verdict, or second to `cpu_contention` on a host whose
     measurements show it busy (a CPU hog beside the suite): both are then real, and the busy
-    host's larger estimated gain puts it first."""
-    found = [f for f in doc["findings"] if f["kind"] == "straggler_rank"]
-    assert found, (kinds(doc), *context)
-    if doc["verdict"] != "straggler_rank":
-        assert doc["verdict"] == "cpu_contention", (kinds(doc), *context)
-        assert_busy_host(doc)
-    return found[0]
+    host's larger estimated gain puts it first (`training_finding`)."""
+    found = training_finding(doc)
+    assert found["kind"] == "straggler_rank", (kinds(doc), *context)
+    return found
 
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv, training_finding
+from conftest import ROOT, rediagnosed, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
@@ -122,19 +122,9 @@ def test_prep_stall(prep_run: dict[str, Any]) -> None:
 
 def system_only(doc: dict[str, Any]) -> dict[str, Any]:
     """The same run diagnosed from its system metrics alone, as if recorded by `stallscope run
-    --no-stacks` for a trainer without the probe: its steps, probes and sampled stacks set
-    aside; the processes, host and disks are the same readings (the probe only times the
-    steps). `test_loading_in_the_trainer_without_probe_is_never_called_healthy` and the
-    threads scenario record such runs for real."""
-    from stallscope.analysis.diagnose import diagnose
-    from stallscope.analysis.rundata import load_run
-
-    data = load_run(Path(doc["run"]))
-    data.meta["run_dir"] = doc["run"]
-    data.steps, data.probes, data.stacks = [], [], []
-    out: dict[str, Any] = json.loads(json.dumps(diagnose(data), default=str))
-    out["trainer_wait"] = doc["trainer_wait"]
-    return out
+    --no-stacks` for a trainer without the probe. `test_loading_in_the_trainer_without_probe_
+    is_never_called_healthy` and the threads scenario record such runs for real."""
+    return rediagnosed(doc, stacks=False)
 
 
 def test_prep_stall_without_probe(prep_run: dict[str, Any]) -> None:
