@@ -1,10 +1,15 @@
 """An offline model of the straggler rules (`StallscopeRankWaitedFor` and the three series it
 reads, deploy/prometheus/stallscope-alerts.yml), to weigh their parameters in seconds instead of
 hours: fleetsim's DDP jobs run in virtual time, scraped every 5 s, and the rules are evaluated
-every 5 s in one group as Prometheus does (a phase after each scrape).
+every 5 s in one group as Prometheus does (a phase after each scrape: Prometheus fixes it per
+group and target, so each faulty job draws its own).
 
     .venv/bin/python benchmarks/straggler_rule_model.py [--threshold 0.15] [--allowance 0.02]
-        [--cap 0.075] [--window 20] [--healthy-hours 3] [--fault-jobs 8] [--seeds 4]
+        [--cap 0.075] [--window 20] [--eval 5] [--healthy-hours 3] [--fault-jobs 8] [--seeds 4]
+
+``--eval 1`` (or 2.5) models the group evaluated more often than the scrapes, each evaluation
+adding its share of a scrape's rise: the CUSUM grows as fast per second, and a scrape's news is
+read within a second instead of within 5 (what that is worth: docs/agent.md "A fleet").
 
 It prints, for the parameters given, the false alarms and the highest CUSUM of a healthy rank
 over ``--healthy-hours`` per seed on the raw recording (its seconds-long slow stretches are this
@@ -33,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleetsim import DETREND_STEPS, Fault, Job, load_recording, schedule
 
 SCRAPE_S = 5.0
-PHASE_S = 2.5  #: the rule group's evaluation after each scrape
 WARMUP_S = 240.0
 TRAIL_S = 60.0  #: an activation this long after a fault's end still belongs to it
 
@@ -46,6 +50,9 @@ class Params:
     window_s: float = 20.0
     level: float = 0.15  #: the level clause: a gap this large held for a minute
     clear: float = 0.05  #: hysteresis: once firing, held while the CUSUM is above this
+    #: the rule group's evaluation interval; each evaluation adds eval_s / SCRAPE_S of a
+    #: scrape's rise (and of its cap), so the CUSUM grows per second as at 5 s
+    eval_s: float = 5.0
 
 
 def scrapes(job: Job, horizon: float) -> list[tuple[float, list[tuple[float, float]]]]:
@@ -63,8 +70,14 @@ def scrapes(job: Job, horizon: float) -> list[tuple[float, list[tuple[float, flo
     return out
 
 
-def activations(job: Job, horizon: float, p: Params) -> tuple[list[tuple[float, int]], float]:
-    """(time, rank) of each activation of the alert, and the highest CUSUM of any rank."""
+def activations(job: Job, horizon: float, p: Params, phase: float | None = None
+                ) -> tuple[list[tuple[float, int]], float]:
+    """(time, rank) of each activation of the alert, and the highest CUSUM of any rank.
+    ``phase``: the group's first evaluation after each scrape, in seconds (under ``eval_s``;
+    Prometheus fixes it per group and target); half an interval when not given."""
+    phase = p.eval_s / 2 if phase is None else phase
+    evals = max(1, round(SCRAPE_S / p.eval_s))
+    scale = p.eval_s / SCRAPE_S
     sc = scrapes(job, horizon)
     history: list[list[tuple[float, float]]] = [[] for _ in range(job.size)]
     cusum = [0.0] * job.size
@@ -73,7 +86,7 @@ def activations(job: Job, horizon: float, p: Params) -> tuple[list[tuple[float, 
     top = 0.0
     per_window = int(p.window_s // SCRAPE_S) + 1
     for j in range(len(sc)):
-        te = sc[j][0] + PHASE_S
+        te = sc[j][0] + phase
         inside = [k for k in range(max(0, j - per_window), j + 1) if sc[k][0] > te - p.window_s]
         if len(inside) < 2:
             continue
@@ -86,18 +99,20 @@ def activations(job: Job, horizon: float, p: Params) -> tuple[list[tuple[float, 
         for r in range(job.size):
             gap = most - (shares[r] or 0.0)
             base = [g for t, g in history[r] if te - 60 - 1800 < t <= te - 60]
-            if len(base) >= 24:
-                rise = min(gap - statistics.median(base) - p.allowance, p.cap)
-                cusum[r] = min(max(cusum[r] + rise, 0.0), 0.3)
-                top = max(top, cusum[r])
+            rise = (min(gap - statistics.median(base) - p.allowance, p.cap) * scale
+                    if len(base) >= 24 else None)
             history[r].append((te, gap))
             last = [g for t, g in history[r] if te - 60 < t <= te]
-            on = (cusum[r] >= p.threshold
-                  or (len(last) >= 12 and sum(last) / len(last) >= p.level)
-                  or (firing[r] and cusum[r] > p.clear))
-            if on and not firing[r]:
-                acts.append((te, r))
-            firing[r] = on
+            level = len(last) >= 12 and sum(last) / len(last) >= p.level
+            for m in range(evals):  # the evaluations until the next scrape see the same window
+                if rise is not None:
+                    cusum[r] = min(max(cusum[r] + rise, 0.0), 0.3)
+                    top = max(top, cusum[r])
+                on = (cusum[r] >= p.threshold or level
+                      or (firing[r] and cusum[r] > p.clear))
+                if on and not firing[r]:
+                    acts.append((te + m * p.eval_s, r))
+                firing[r] = on
     return acts, top
 
 
@@ -120,8 +135,9 @@ def faults(p: Params, jobs: int) -> tuple[dict[float, list[float]], int, int]:
     for seed in range(jobs):
         job = Job(f"j{seed}", ["a", "b"], 8, rec, 0.0, seed=seed)
         horizon = WARMUP_S + 1800
-        fl: list[Fault] = schedule(job, random.Random(seed), WARMUP_S, horizon)
-        acts, _ = activations(job, horizon, p)
+        rng = random.Random(seed)
+        fl: list[Fault] = schedule(job, rng, WARMUP_S, horizon)
+        acts, _ = activations(job, horizon, p, phase=rng.uniform(0, p.eval_s))
         for f in fl:
             hit = [t for t, r in acts if r in f.ranks and f.start <= t <= f.end + TRAIL_S]
             if hit:
@@ -139,6 +155,8 @@ def main() -> int:
     ap.add_argument("--allowance", type=float, default=0.02)
     ap.add_argument("--cap", type=float, default=0.075)
     ap.add_argument("--window", type=float, default=20.0, help="rate window, seconds")
+    ap.add_argument("--eval", type=float, default=5.0, choices=(1.0, 2.5, 5.0),
+                    help="the rule group's evaluation interval, seconds")
     ap.add_argument("--healthy-hours", type=float, default=3.0)
     ap.add_argument("--seeds", type=int, default=4, help="healthy jobs (16 ranks each)")
     ap.add_argument("--fault-jobs", type=int, default=8)
@@ -149,7 +167,7 @@ def main() -> int:
               "in (0, 1), and --healthy-hours, --seeds, --fault-jobs be positive",
               file=sys.stderr)
         return 2
-    p = Params(a.threshold, a.allowance, a.cap, a.window)
+    p = Params(a.threshold, a.allowance, a.cap, a.window, eval_s=a.eval)
     print(f"parameters: {p}")
     for name, detrend in (("raw recording", 0), ("detrended", DETREND_STEPS)):
         false, top = healthy(p, a.healthy_hours, a.seeds, detrend)

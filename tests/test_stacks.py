@@ -78,11 +78,16 @@ def test_the_trainers_own_line_tells_a_copy_and_a_gpu_wait(tmp_path: Path) -> No
     """A C call has no frame: the innermost frame's source line says what it is."""
     src = tmp_path / "train.py"
     src.write_text("x = x.to(device, non_blocking=True)\nloss_value = loss.item()\n"
-                   "y = model(x)  # x.cpu() in a comment is not code\n")
+                   "y = model(x)  # x.cpu() in a comment is not code\n"
+                   "x, y = next(it)\nx = next(it).to(device)\nnext_lr = sched.step()\n")
     f = str(src)
     assert classify([F(f, "main", 1)])[0] == "h2d"
     assert classify([F(f, "main", 2)])[0] == "gpu_wait"
     assert classify([F(f, "main", 3)])[0] == "other"
+    # binding the batch next() returned (and freeing the last one) is getting the batch
+    assert classify([F(f, "main", 4)])[0] == "data"
+    assert classify([F(f, "main", 5)])[0] == "h2d"
+    assert classify([F(f, "main", 6)])[0] == "other"
     # a library's line is not read: its frames are the tables' business
     assert classify([F(SP + "foo/bar.py", "f", 1)])[0] == "other"
 

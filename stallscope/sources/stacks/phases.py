@@ -131,6 +131,9 @@ TABLES: dict[str, tuple[Row, ...]] = {
 LINE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("gpu_wait", re.compile(r"\.(item|cpu|numpy|tolist)\(\s*\)|\bsynchronize\(")),
     ("h2d", re.compile(r"\.(to|cuda)\(|\bnon_blocking\s*=")),
+    # ``x, y = next(it)``: the iterator's own frame has returned, and binding the new batch
+    # frees the last one (its shared-memory pages): still getting the batch
+    ("data", re.compile(r"\bnext\(")),
 )
 
 #: frames that mean something is being built (a model, an optimizer) or moved to the device:
