@@ -419,6 +419,26 @@ def test_tf_prep_stall_names_tf_data_fixes_not_dataloader_ones() -> None:
     assert two["kind"].startswith("input_bound") and two["est_speedup"] == 2.0  # 2 cores
 
 
+@pytest.mark.parametrize("host_pct, first, est", [
+    (70, "map(..., num_parallel_calls", 1.6),  # 0.6 of 2 cores idle: the map's core + 0.6
+    (95, "make per-sample work cheaper", 20.0),  # 0.1 idle: a parallel map adds nothing
+])
+def test_a_tf_parallel_map_is_promised_only_the_idle_cores(host_pct: int, first: str,
+                                                           est: float) -> None:
+    """Beside a CPU hog a parallel map measured x1.06: with no core idle, cheaper work comes
+    first, the parallel map after it, and the estimate is removing the whole wait."""
+    doc = diagnose(run([ser("host.cpu_pct", "", [host_pct] * N)],
+                       steps=steps(200, wait=0.095, host=0.005),
+                       config=TF_CFG | {"physical_cores": 2}))
+    f = doc["findings"][0]
+    actions = [x["action"] for x in f["fixes"]]
+    assert f["kind"] == "input_bound.prep" and actions[0].startswith(first), actions
+    assert any(a.startswith("map(..., num_parallel_calls") for a in actions)
+    assert f["est_speedup"] == est
+    if host_pct == 95:
+        assert "the CPUs are already 95% busy" in f["fixes"][0]["why"]
+
+
 def test_tf_fetch_stall_from_reader_threads_in_d_state() -> None:
     """tf.data reads on the trainer's threads: its main thread is never in D, its threads are;
     the disk is throttled (flat, low %util). Fetch, with tf.data's fixes and no DataLoader

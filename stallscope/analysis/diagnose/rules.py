@@ -16,6 +16,7 @@ from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
 from stallscope.analysis.diagnose.signals import (
+    BUSY_SPARE,
     COMM_GAP,
     COMM_GAP_STARVED,
     COMM_HEAVY,
@@ -23,6 +24,7 @@ from stallscope.analysis.diagnose.signals import (
     RUNQ_BUSY_PCT,
     Signals,
     median,
+    spare_cores,
     starved,
     trainer_gpus,
 )
@@ -303,14 +305,6 @@ def _workers_now(sig: Signals) -> int | None:
     return int(nw) if nw is not None else None
 
 
-def spare_cores(sig: Signals) -> float | None:
-    """CPUs left idle over the run (median host CPU), in cores; None when unknown."""
-    cpus = sig.logical_cores or sig.physical_cores
-    if cpus is None or sig.host_cpu_median_pct is None:
-        return None
-    return max(0.0, (100.0 - sig.host_cpu_median_pct) / 100.0 * cpus)
-
-
 def prep_gain(sig: Signals, target: int, stall: float | None = None) -> float | None:
     """The speed-up to expect from ``target`` workers instead of today's, for a prep stall: new
     workers only add throughput with CPU they can use. Workers now use ``worker_cpu_pct`` ×
@@ -335,7 +329,7 @@ def _prep_estimate(sig: Signals, stall: float | None = None) -> float:
     nw = _workers_now(sig)
     cores = sig.physical_cores
     spare = spare_cores(sig)
-    if nw is not None and cores and nw < cores and spare is not None and spare >= 0.25:
+    if nw is not None and cores and nw < cores and spare is not None and spare >= BUSY_SPARE:
         gain = prep_gain(sig, _prep_target(sig, nw, cores), stall)
         if gain is not None:
             return gain
@@ -354,7 +348,7 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
     cores = sig.physical_cores
     stall = sig.stall_fraction or 0.0
     spare = spare_cores(sig)
-    if nw is not None and cores and nw < cores and spare is not None and spare < 0.25:
+    if nw is not None and cores and nw < cores and spare is not None and spare < BUSY_SPARE:
         busy = sig.host_cpu_median_pct or 0.0
         fixes.append(Fix(
             "make per-sample work cheaper: decode at lower resolution, move augmentation to "

@@ -17,9 +17,9 @@ from stallscope.analysis.diagnose.model import RunData
 from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
-__all__ = ["COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT",
-           "Signals",
-           "compute_signals", "mean", "median", "p95", "starved"]
+__all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "OTHERS_BUSY_CORES",
+           "RUNQ_BUSY_PCT", "Signals", "compute_signals", "mean", "median", "p95", "spare_cores",
+           "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -564,3 +564,16 @@ def _disk_signals(sig: Signals, data: RunData) -> None:
     if len(busy) >= 3:
         m = sum(busy) / len(busy)
         sig.disk_rkb_s_cv = _r(statistics.pstdev(busy) / m if m else None, 3)
+
+
+#: idle cores (over the run) under which the CPUs count as busy: more workers or a parallel map
+#: would only share the same cores
+BUSY_SPARE = 0.25
+
+
+def spare_cores(sig: Signals) -> float | None:
+    """CPUs left idle over the run (median host CPU), in cores; None when unknown."""
+    cpus = sig.logical_cores or sig.physical_cores
+    if cpus is None or sig.host_cpu_median_pct is None:
+        return None
+    return max(0.0, (100.0 - sig.host_cpu_median_pct) / 100.0 * cpus)

@@ -10,7 +10,7 @@ functions of the signals (and the run's recorded dataset size): docs/diagnosis.m
 from __future__ import annotations
 
 from stallscope.analysis.diagnose.model import Fix, RunData
-from stallscope.analysis.diagnose.signals import Signals
+from stallscope.analysis.diagnose.signals import BUSY_SPARE, Signals, spare_cores
 
 __all__ = ["MANY_FILES", "is_tf", "tf_compute_fix", "tf_fetch_fixes", "tf_prep_estimate",
            "tf_prep_fixes"]
@@ -62,11 +62,21 @@ def _prefetch_fix(sig: Signals) -> list[Fix]:
 
 
 def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
-    """Fixes for input_bound.prep in a tf.data run."""
+    """Fixes for input_bound.prep in a tf.data run. A parallel map needs idle cores: when the
+    CPUs were already busy (under a quarter of a core idle over the run), cheaper per-sample
+    work comes first, as with DataLoader workers."""
     cfg = sig.config
     fixes: list[Fix] = []
     seq = int(cfg.get("sequential_maps") or 0)
     cores = sig.physical_cores or sig.logical_cores
+    busy = sig.host_cpu_median_pct
+    spare = spare_cores(sig)
+    cheaper = ("make per-sample work cheaper: decode at lower resolution, move augmentation into "
+               "the model (Keras preprocessing layers run on the accelerator), or preprocess "
+               "once offline and cache() the result")
+    if seq and busy is not None and spare is not None and spare < BUSY_SPARE:
+        fixes.append(Fix(cheaper, f"the CPUs are already {busy:.0f}% busy: a parallel map "
+                                  "would only share the same cores"))
     if seq:
         fixes.append(Fix(f"map(..., num_parallel_calls={_AUTO}) on the {seq} map(s) without it",
                          f"a map without num_parallel_calls transforms one element at a time "
@@ -74,22 +84,23 @@ def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
     fixes += _cache_fix(data, sig)
     fixes += _prefetch_fix(sig)
     if not seq:
-        busy = sig.host_cpu_median_pct
-        fixes.append(Fix("make per-sample work cheaper: decode at lower resolution, move "
-                         "augmentation into the model (Keras preprocessing layers run on the "
-                         "accelerator), or preprocess once offline and cache() the result",
-                         "every map already runs in parallel"
+        fixes.append(Fix(cheaper, "every map already runs in parallel"
                          + (f" and the CPUs are {busy:.0f}% busy" if busy is not None else "")))
     return fixes
 
 
 def tf_prep_estimate(sig: Signals, bound: float) -> float:
     """est_speedup of a tf.data prep stall: when maps run one element at a time, making them
-    parallel can use at most the machine's cores (×cores at most), and never more than removing
-    the whole wait (``bound``)."""
+    parallel adds at most the cores left idle over the run to the one the map uses now (×cores
+    at most), and never more than removing the whole wait (``bound``); with no idle core, it
+    adds nothing and the bound is cheaper work's."""
     cores = sig.physical_cores or sig.logical_cores
+    spare = spare_cores(sig)
     if int(sig.config.get("sequential_maps") or 0) and cores:
-        return round(min(bound, float(cores)), 2)
+        if spare is None:
+            return round(min(bound, float(cores)), 2)
+        if spare >= BUSY_SPARE:
+            return round(min(bound, float(cores), 1.0 + spare), 2)
     return bound
 
 
