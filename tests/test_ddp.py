@@ -148,13 +148,18 @@ def test_a_rank_that_computes_more_is_the_straggler_by_compute(tmp_path: Path) -
 def test_four_ranks_wait_for_the_one_that_computes_more(tmp_path: Path) -> None:
     """Four ranks on this 2-core box, rank 3 with two extra forward passes per step: rank 3 is
     the straggler by compute, and the other three wait for it in the all-reduce (measured:
-    all-reduce shares 0.42-0.52 on ranks 0-2, 0.11 on rank 3)."""
+    all-reduce shares 0.28-0.51 on ranks 0-2, 0.12-0.20 on rank 3 over 11 runs)."""
     doc = ddp_run(tmp_path, "--heavy-rank", "3", "--max-seconds", "6", ranks=4)
     ev = straggler_finding(doc)["evidence"]
     assert ev["rank"] == 3 and ev["cause"] == "compute", ev
     shares = {x["rank"]: x["comm_share"] for x in doc["ranks"]}
     assert set(shares) == {0, 1, 2, 3}, doc["ranks"]
-    assert all(shares[r] - shares[3] >= 0.15 for r in (0, 1, 2)), shares
+    # each waiting rank waits longer than the straggler, and together by a clear gap. Four ranks
+    # share 2 cores, so a waiting rank's own compute stretches too and one of them may wait
+    # little more than rank 3: over 11 runs the least single gap was 0.11 and the least mean
+    # gap 0.17 (CI's failed run of the former ≥ 0.15-each check: 0.12 and 0.21)
+    gaps = [shares[r] - shares[3] for r in (0, 1, 2)]
+    assert min(gaps) >= 0.05 and sum(gaps) / 3 >= 0.12, shares
     [peers] = [f for f in doc["findings"] if f["kind"] == "waiting_for_peers"]
     assert peers["evidence"]["rank"] == 3 and peers["evidence"]["waiting_ranks"] == [0, 1, 2]
 
