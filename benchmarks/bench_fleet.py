@@ -63,6 +63,8 @@ from stallscope.store.rundir import base_meta, new_run_dir, write_meta  # noqa: 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ALERT = "StallscopeRankWaitedFor"
+#: the straggler rules' rate window (deploy/prometheus/stallscope-alerts.yml)
+RULE_WINDOW_S = 15.0
 #: an activation this long after a fault's end still belongs to it (the windows trail)
 TRAIL_S = 60.0
 
@@ -238,6 +240,8 @@ def run_one(args: argparse.Namespace, n: int, rec) -> dict:
         evals = prom_metric(base, "prometheus_rule_group_last_duration_seconds")
         res["straggler_rules_eval_ms"] = round(1000 * sum(
             v for k, v in evals.items() if "stallscope-stragglers" in k), 2)
+        res["straggler_baselines_eval_ms"] = round(1000 * sum(
+            v for k, v in evals.items() if "stallscope-straggler-baselines" in k), 2)
         res["all_rules_eval_ms"] = round(1000 * sum(evals.values()), 2)
         res["prom_rss_mib"] = round(proc_rss_mib(prom.pid), 1)
         res["prom_cpu_pct"] = round(100 * cpu[prom.pid] / (end - t0 - 0), 1)
@@ -383,8 +387,8 @@ def diagnose_check(args: argparse.Namespace, base: str, jobs: list[Job], rng: ra
 
 def explain(path: Path, args: argparse.Namespace, rec) -> int:
     """For each false alarm of a saved run (``--json``), how much slower than its job's median
-    rank the flagged rank really was in the 30 s before (20 s windows): the replayed recording
-    has stretches where one rank runs a few percent slower than the others, which recur each
+    rank the flagged rank really was in the 30 s before (the rules' 15 s windows): the replayed
+    recording has stretches where one rank runs a few percent slower than the others, which recur each
     time a rank's replay loops (908 steps). The simulation is deterministic: the same seeds and
     schedule rebuild every step."""
     rows = json.loads(path.read_text())
@@ -413,7 +417,8 @@ def explain(path: Path, args: argparse.Namespace, rec) -> int:
                         own.setdefault(r, []).append((ts, w + h - c))
             worst = 0.0
             for end in [at - 30 + 5 * i for i in range(7)]:
-                means = {r: statistics.mean([o for ts, o in v if end - 20 <= ts < end] or [0])
+                means = {r: statistics.mean([o for ts, o in v
+                                             if end - RULE_WINDOW_S <= ts < end] or [0])
                          for r, v in own.items()}
                 med = statistics.median(means.values())
                 if med > 0:
@@ -422,7 +427,7 @@ def explain(path: Path, args: argparse.Namespace, rec) -> int:
             fa["rank_slower_than_median"] = round(worst, 3)
         slow = sum(1 for x in natural if x >= 0.04)
         print(f"N={n}: {len(natural)} false alarm(s); the flagged rank was ≥4% slower than its "
-              f"job's median rank (20 s windows, 30 s before) in {slow}: {natural}")
+              f"job's median rank ({RULE_WINDOW_S:g} s windows, 30 s before) in {slow}: {natural}")
     path.write_text(json.dumps(rows, indent=1))
     return 0
 
@@ -443,7 +448,8 @@ def print_table(res: dict) -> None:
           "stretch)")
     print(f"  Prometheus: {res['prom_head_series']} head series, RSS {res['prom_rss_mib']} MiB, "
           f"CPU {res['prom_cpu_pct']}%, straggler rules {res['straggler_rules_eval_ms']} ms "
-          f"per evaluation (all rules {res['all_rules_eval_ms']} ms)")
+          f"per 5-s evaluation, their baselines {res['straggler_baselines_eval_ms']} ms per 1-min "
+          f"evaluation (all rules {res['all_rules_eval_ms']} ms)")
     print(f"  agents: CPU {res['agents_cpu_pct']}% of a core together, RSS "
           f"{res['agent_rss_mib_mean']} MiB each; step writer CPU {res['writer_cpu_pct']}%, "
           f"{res['writer_rows']} rows, worst lag {res['writer_max_lag_s']} s")

@@ -46,7 +46,7 @@ def test_rules_file_passes_promtool() -> None:
     alerts = RULES.read_text().count("- alert: ")
     assert alerts == 14, alerts  # every shipped alert, each found by promtool
     records = RULES.read_text().count("- record: ")
-    assert records == 3, records  # the straggler alert's series, recorded in its group
+    assert records == 4, records  # the straggler alert's series and its ranks' baselines
     assert f"SUCCESS: {alerts + records} rules found" in r.stdout
     r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
                        capture_output=True, text=True, timeout=30)
@@ -235,8 +235,8 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     # evaluation's CUSUM)
     [group] = [g for g in doc["groups"] if g["name"] == "stallscope-stragglers"]
     names = [r.get("record") or r.get("alert") for r in group["rules"]]
-    assert names == ["rank:stallscope_train_comm_wait:ratio_rate20s",
-                     "rank:stallscope_train_comm_wait_gap:ratio_rate20s",
+    assert names == ["rank:stallscope_train_comm_wait:ratio_rate15s",
+                     "rank:stallscope_train_comm_wait_gap:ratio_rate15s",
                      "rank:stallscope_train_comm_wait_gap:cusum", "StallscopeRankWaitedFor"], names
     [cusum] = [r for r in group["rules"]
                if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
@@ -245,6 +245,13 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     [alert] = [r for r in rules if r["alert"] == "StallscopeRankWaitedFor"]
     threshold = float(re.search(r"cusum >= (0\.\d+)", alert["expr"]).group(1))
     assert step < threshold <= 2 * step < cap + step, (step, threshold, cap)
+    # each rank's baseline, the 30-minute median, is recorded once a minute in a group of its
+    # own (at 5 s it was most of the straggler group's time), and the CUSUM reads it
+    [base] = [g for g in doc["groups"] if g["name"] == "stallscope-straggler-baselines"]
+    assert base["interval"] == "1m" and [r["record"] for r in base["rules"]] == [
+        "rank:stallscope_train_comm_wait_gap:median30m"], base
+    assert "[30m]" in base["rules"][0]["expr"] and "[30m]" not in cusum["expr"]
+    assert "rank:stallscope_train_comm_wait_gap:median30m" in cusum["expr"]
     # hysteresis: once firing it holds while the CUSUM is above a lower level
     clear = float(re.search(r"cusum > (0\.\d+)", alert["expr"]).group(1))
     assert 0 < clear < threshold, (clear, threshold)
