@@ -388,9 +388,9 @@ def diagnose_check(args: argparse.Namespace, base: str, jobs: list[Job], rng: ra
 def explain(path: Path, args: argparse.Namespace, rec) -> int:
     """For each false alarm of a saved run (``--json``), how much slower than its job's median
     rank the flagged rank really was in the 30 s before (the rules' 15 s windows): the replayed
-    recording has stretches where one rank runs a few percent slower than the others, which recur each
-    time a rank's replay loops (908 steps). The simulation is deterministic: the same seeds and
-    schedule rebuild every step."""
+    recording has stretches where one rank runs a few percent slower than the others, which
+    recur each time a rank's replay loops (908 steps). The simulation is deterministic: the same
+    seeds and schedule rebuild every step."""
     rows = json.loads(path.read_text())
     for res in rows:
         n = res["n"]
