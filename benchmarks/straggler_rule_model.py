@@ -4,7 +4,7 @@ hours: fleetsim's DDP jobs run in virtual time, scraped every 5 s, and the rules
 every 5 s in one group as Prometheus does (a phase after each scrape: Prometheus fixes it per
 group and target, so each faulty job draws its own).
 
-    .venv/bin/python benchmarks/straggler_rule_model.py [--threshold 0.15] [--allowance 0.025]
+    .venv/bin/python benchmarks/straggler_rule_model.py [--threshold 0.15] [--allowance 0.02]
         [--cap 0.075] [--window 15] [--eval 5] [--healthy-hours 3] [--fault-jobs 8] [--seeds 4]
 
 ``--eval 1`` (or 2.5) models the group evaluated more often than the scrapes, each evaluation
@@ -46,7 +46,7 @@ TRAIL_S = 60.0  #: an activation this long after a fault's end still belongs to 
 @dataclass(frozen=True)
 class Params:
     threshold: float = 0.15
-    allowance: float = 0.025
+    allowance: float = 0.02
     cap: float = 0.075
     window_s: float = 15.0
     level: float = 0.15  #: the level clause: a gap this large held for a minute
@@ -155,7 +155,7 @@ def faults(p: Params, jobs: int) -> tuple[dict[float, list[float]], dict[float, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threshold", type=float, default=0.15)
-    ap.add_argument("--allowance", type=float, default=0.025)
+    ap.add_argument("--allowance", type=float, default=0.02)
     ap.add_argument("--cap", type=float, default=0.075)
     ap.add_argument("--window", type=float, default=15.0, help="rate window, seconds")
     ap.add_argument("--eval", type=float, default=5.0, choices=(1.0, 2.5, 5.0),
