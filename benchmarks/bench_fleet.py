@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -63,8 +64,9 @@ from stallscope.store.rundir import base_meta, new_run_dir, write_meta  # noqa: 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ALERT = "StallscopeRankWaitedFor"
-#: the straggler rules' rate window (deploy/prometheus/stallscope-alerts.yml)
-RULE_WINDOW_S = 15.0
+#: the straggler rules' rate window, read from the shipped rules (stallscope-alerts.yml)
+RULES = HERE / "deploy" / "prometheus" / "stallscope-alerts.yml"
+RULE_WINDOW_S = float(re.findall(r"ratio_rate(\d+)s", RULES.read_text())[0])
 #: an activation this long after a fault's end still belongs to it (the windows trail)
 TRAIL_S = 60.0
 
