@@ -14,10 +14,13 @@ process with a fresh state folder (nothing kept from an earlier run).
 2. **Autotune**: a training that starts at ``num_workers=0`` with ``autotune=True``, 4 epochs;
    its figure is the third epoch's samples/s (epoch index 2), the configuration it ran, its
    changes, and its sample order against the same training without autotune.
-3. **Rounds**: autotune and the grid's three fastest configurations again, alternately,
-   ``--rounds`` times, so all figures come from the same minutes of the machine; the grid's
-   best is the fastest of those three by its median (one epoch per configuration is noisy, and
-   the largest of noisy figures is biased upwards). Medians.
+3. **Rounds**: autotune and the grid's three fastest configurations again, back to back
+   (each of the four first in turn), ``--rounds`` times. Each round's ratio is autotune's
+   third epoch ÷ the grid's best in that round, where the best of the three is chosen by its
+   median over the *other* rounds (``benchmarks/paired.py``: the machine's drift cancels
+   within a round, and the best is not chosen on the figures it is compared on, which would
+   bias it upwards). The figure is the median of the rounds' ratios; the naive one (medians
+   over all rounds, the best by its own median) is printed beside it.
 
 Prints the grid, then autotune's third epoch ÷ the grid's best (goal ≥ 0.95), the epochs it
 took, and whether every epoch saw the same samples in the same order (goal: yes, 0 restarts).
@@ -37,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from paired import paired_ratio  # noqa: E402
 
 TRAIN = r"""
 import json, sys, time
@@ -105,18 +110,21 @@ def main() -> int:
     auto_rates, runs = [], []
     top_rates: dict[tuple[int, int], list[float]] = {k: [] for k in top}
     for i in range(args.rounds):
-        print(f"round {i + 1}: autotune, then the grid's three fastest …", file=sys.stderr,
+        print(f"round {i + 1}: autotune and the grid's three fastest …", file=sys.stderr,
               flush=True)
-        run = train(0, 2, True, 4, args.samples)
-        runs.append(run)
-        auto_rates.append(run[2]["samples_per_s"])
-        for k in top:
-            top_rates[k].append(train(k[0], k[1], False, 2, args.samples)[1]["samples_per_s"])
-    best = max(top, key=lambda k: statistics.median(top_rates[k]))
-    best_rates = top_rates[best]
+        order: list[tuple[int, int] | None] = [None, *top]  # None: autotune
+        for k in order[i % len(order):] + order[:i % len(order)]:  # each first in turn
+            if k is None:
+                run = train(0, 2, True, 4, args.samples)
+                runs.append(run)
+                auto_rates.append(run[2]["samples_per_s"])
+            else:
+                top_rates[k].append(train(k[0], k[1], False, 2, args.samples)[1]
+                                    ["samples_per_s"])
+    cmp = paired_ratio(auto_rates, top_rates)
+    best = cmp.best
     same_order = all([e["order"] for e in run] == [e["order"] for e in reference]
                      for run in runs)
-    ratio = statistics.median(auto_rates) / statistics.median(best_rates)
     print(f"\n{'configuration':<34} {'samples/s':>9}")
     for (w, pf), rate in sorted(grid.items()):
         name = f"num_workers={w}" + (f", prefetch_factor={pf}" if w else "")
@@ -127,12 +135,14 @@ def main() -> int:
           + ", ".join(f"{e['samples_per_s']:.0f} at num_workers={e['num_workers']}"
                       + (f"/pf {e['prefetch_factor']}" if e["num_workers"] else "")
                       for e in runs[0]))
-    print("rounds (autotune's third epoch / the grid's best): " + ", ".join(
-        f"{a:.0f}/{b:.0f}" for a, b in zip(auto_rates, best_rates)))
+    print("rounds (autotune's third epoch / the grid's best chosen from the other rounds): "
+          + ", ".join(f"{a:.0f}/{top_rates[k][i]:.0f} ({k[0]} w, pf {k[1]})"
+                      for i, (a, k) in enumerate(zip(auto_rates, cmp.chosen))))
     print(f"third epoch: median {statistics.median(auto_rates):.0f} samples/s over "
-          f"{args.rounds} rounds; the grid's best ({best[0]} workers, prefetch {best[1]}) "
-          f"{statistics.median(best_rates):.0f} in the same rounds: ratio {ratio:.3f} "
-          "(goal ≥ 0.95)")
+          f"{args.rounds} rounds; ÷ the grid's best in the same round: median "
+          f"{cmp.ratio:.3f} (rounds {', '.join(f'{r:.2f}' for r in cmp.per_round)}; goal "
+          f"≥ 0.95). Naive (medians, the best by its own median: {best[0]} workers, prefetch "
+          f"{best[1]}, {statistics.median(top_rates[best]):.0f}): {cmp.in_sample:.3f}")
     print(f"same samples in the same order in every epoch as without autotune: {same_order}; "
           "restarts: 0 (one process per training)")
     return 0

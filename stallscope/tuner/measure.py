@@ -62,13 +62,16 @@ class Trial:
     repeats: int = 1
 
     def merge(self, again: Trial) -> None:
-        """Average a second measurement of the same configuration into this one."""
+        """Average a second measurement of the same configuration into this one, each weighted
+        by its measured seconds (a rate over both windows together)."""
         n = self.repeats
+        wa, wb = (self.seconds, again.seconds) if self.seconds > 0 and again.seconds > 0 \
+            else (float(n), 1.0)
         for name in ("samples_per_s", "data_wait_share", "cpu_pct", "worker_cpu_pct", "step_ms",
                      "cpu_ms_per_sample", "read_mb_s"):
             a, b = getattr(self, name), getattr(again, name)
             if a is not None and b is not None:
-                setattr(self, name, (a * n + b) / (n + 1))
+                setattr(self, name, (a * wa + b * wb) / (wa + wb))
         self.rss_mib = max(self.rss_mib or 0.0, again.rss_mib or 0.0) or None
         self.batches += again.batches
         self.samples += again.samples

@@ -287,9 +287,11 @@ class Search:
             self.stopped = "every candidate worth trying was tried"
 
     def _confirm(self) -> None:
-        """Measure the best and a runner-up within 15% of it once more each (runner-up first)
-        and keep the averages: one window is a noisy figure, and a close call decided by noise
-        costs more than two windows."""
+        """Measure the best and a runner-up within 15% of it once more each for half a window
+        (runner-up first), back to back, and keep the time-weighted averages: one window is a
+        noisy figure, and a close call decided by noise costs more than the one window this
+        takes. (Two full windows made the tuner take 0.38 of an exhaustive grid's time on 2
+        cores, against a goal of 0.35: bench_tune.py.)"""
         best = self._best()
         if best is None or not best.samples_per_s:
             return
@@ -306,20 +308,21 @@ class Search:
                                   f"{_short(best.config)}: alike within a window's noise, the "
                                   "lighter one is recommended")
             return
-        if self._left() < 2.2 * self.window_s:
+        again_s = max(1.0, self.window_s / 2)
+        if self._left() < 2.2 * again_s:
             self.notes.append(f"{_short(rival.config)} came within 15% of the best; the budget "
                               "left no time to measure both again")
             return
         for t in (rival, best):
             self.progress(f"again: {_short(t.config)}", time.monotonic() - self.t0)
-            again = self.measure(t.config, self.window_s, None)
+            again = self.measure(t.config, again_s, None)
             if again.status == "ok":
                 t.merge(again)
         hi, lo = sorted((rival, best), key=lambda t: t.samples_per_s or 0.0, reverse=True)
         self.notes.append(
             f"close call measured twice: {_short(hi.config)} {hi.samples_per_s or 0:,.0f} vs "
-            f"{_short(lo.config)} {lo.samples_per_s or 0:,.0f} samples/s (means of "
-            f"{hi.repeats} and {lo.repeats} windows)")
+            f"{_short(lo.config)} {lo.samples_per_s or 0:,.0f} samples/s (over "
+            f"{hi.seconds:.1f} and {lo.seconds:.1f} s)")
 
     def _measure_step(self) -> None:
         """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
