@@ -436,3 +436,52 @@ def test_the_step_time_comes_from_a_baseline_without_workers() -> None:
                start_method=None, gpu=False, cores=2, measure=measure)
     s.run()
     assert s.step_ms == 7.0 and not calls
+
+
+@pytest.mark.parametrize("again, budget_left, pick, remeasured", [
+    ({0: 1000.0, 2: 1010.0}, 60.0, 0, True),   # still alike after half a window each: lighter
+    ({0: 900.0, 2: 1100.0}, 60.0, 2, True),    # two workers really are faster: kept
+    ({0: 900.0, 2: 1100.0}, 1.0, 0, False),    # no time to measure again: alike, lighter
+])
+def test_a_lighter_alike_runner_up_is_measured_again_before_it_is_chosen(
+        again: dict[int, float], budget_left: float, pick: int, remeasured: bool) -> None:
+    """One window each put no workers (1,000 samples/s) within 3% of two workers (1,020): a
+    close call decided by one window's noise. Both are measured again for half a window,
+    runner-up first, and the rates over all their seconds decide."""
+    import time as _time
+
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    calls: list[tuple[int, float]] = []
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        k = int(config.get("num_workers", 0) or 0)
+        calls.append((k, window_s))
+        rate = again[k]
+        return Trial(config=config, samples_per_s=rate, seconds=window_s,
+                     samples=int(rate * window_s), batches=int(rate * window_s / 32))
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
+               gpu=False, cores=2, measure=measure, step_ms=5.0)
+    s.t0 = _time.monotonic() - (60.0 - budget_left)
+    s.trials = [Trial({"num_workers": 0}, samples_per_s=1000.0, seconds=3.0, samples=3000,
+                      batches=94),
+                Trial({"num_workers": 2, "prefetch_factor": 2}, samples_per_s=1020.0,
+                      seconds=3.0, samples=3060, batches=96)]
+    s._confirm()
+    if remeasured:
+        assert calls == [(0, s.window_s / 2), (2, s.window_s / 2)]
+        w0, _w2 = s.trials
+        assert w0.seconds == pytest.approx(3.0 + s.window_s / 2)
+        # a rate over all the seconds measured
+        assert w0.samples_per_s == pytest.approx(
+            (1000.0 * 3.0 + again[0] * s.window_s / 2) / w0.seconds)
+        assert any("close call measured twice" in n for n in s.notes), s.notes
+    else:
+        assert calls == []
+    best = s._best()
+    assert best is not None and best.config["num_workers"] == pick, (best, s.notes)
+    assert any("lighter one is recommended" in n for n in s.notes) == (pick == 0), s.notes

@@ -291,7 +291,9 @@ class Search:
         (runner-up first), back to back, and keep the time-weighted averages: one window is a
         noisy figure, and a close call decided by noise costs more than the one window this
         takes. (Two full windows made the tuner take 0.38 of an exhaustive grid's time on 2
-        cores, against a goal of 0.35: bench_tune.py.)"""
+        cores, against a goal of 0.35: bench_tune.py.) A lighter runner-up still within
+        ``ALIKE`` of the best after that is recommended: alike within the noise (one window
+        each is too noisy to say so: a rate moved by 3-10% between 3-s windows on 2 cores)."""
         best = self._best()
         if best is None or not best.samples_per_s:
             return
@@ -301,17 +303,16 @@ class Search:
         if not rivals:
             return
         rival = max(rivals, key=lambda t: t.samples_per_s or 0.0)
-        if (rival.samples_per_s or 0.0) >= ALIKE * best.samples_per_s:
-            if _weight(rival.config) < _weight(best.config):
-                self.preferred = rival
-                self.notes.append(f"{_short(rival.config)} ran within {1 - ALIKE:.0%} of "
-                                  f"{_short(best.config)}: alike within a window's noise, the "
-                                  "lighter one is recommended")
-            return
+        alike = (rival.samples_per_s or 0.0) >= ALIKE * best.samples_per_s
+        if alike and _weight(rival.config) >= _weight(best.config):
+            return  # the best is the lighter one as well
         again_s = max(1.0, self.window_s / 2)
         if self._left() < 2.2 * again_s:
-            self.notes.append(f"{_short(rival.config)} came within 15% of the best; the budget "
-                              "left no time to measure both again")
+            if alike:
+                self._prefer_lighter(rival, best)
+            else:
+                self.notes.append(f"{_short(rival.config)} came within 15% of the best; the "
+                                  "budget left no time to measure both again")
             return
         for t in (rival, best):
             self.progress(f"again: {_short(t.config)}", time.monotonic() - self.t0)
@@ -323,6 +324,15 @@ class Search:
             f"close call measured twice: {_short(hi.config)} {hi.samples_per_s or 0:,.0f} vs "
             f"{_short(lo.config)} {lo.samples_per_s or 0:,.0f} samples/s (over "
             f"{hi.seconds:.1f} and {lo.seconds:.1f} s)")
+        if (lo.samples_per_s or 0.0) >= ALIKE * (hi.samples_per_s or 0.0) \
+                and _weight(lo.config) < _weight(hi.config):
+            self._prefer_lighter(lo, hi)
+
+    def _prefer_lighter(self, light: Trial, heavy: Trial) -> None:
+        self.preferred = light
+        self.notes.append(f"{_short(light.config)} ran within {1 - ALIKE:.0%} of "
+                          f"{_short(heavy.config)}: alike within the measurements' noise, the "
+                          "lighter one is recommended")
 
     def _measure_step(self) -> None:
         """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
