@@ -7,10 +7,12 @@
    the loading CPU per sample ``Lc``; the step gives ``c`` per sample. ``k`` workers then feed
    ``min(k / L, 1 / c, cores / (Lc + c))`` samples/s (a resource model in the spirit of
    Plumber, MLSys'22: loading in parallel, the step in series, both on the usable cores). The
-   fewest workers within 2% of the best prediction, and its neighbour, are tried; the
-   prediction error is noted. Without a prediction (the one-worker trial failed), the ladder
-   1, 2, 4, 8 … capped at the usable cores, stopping once the input keeps up (data wait under
-   5%) or a step up gains under 5%, then one trial between the best and an untried neighbour.
+   fewest workers within 2% of the best prediction are tried, and the prediction error is
+   noted; when they fall more than 5% short, the shortfall fits the workers' contention and the
+   next prediction is tried (at most three rounds). Without a prediction (the one-worker trial
+   failed), the ladder 1, 2, 4, 8 … capped at the usable cores, stopping once the input keeps
+   up (data wait under 5%) or a step up gains under 5%, then one trial between the best and an
+   untried neighbour.
 3. At the best worker count: ``prefetch_factor`` 4 (then 8 if 4 helped), ``pin_memory`` when a GPU
    is present, and any batch sizes asked for. ``persistent_workers`` needs no trial: the worker
    start-up measured in every trial is what it saves per epoch, at no cost but memory.
