@@ -92,6 +92,10 @@ def main() -> int:
                     "epoch of 1.5 s moved by ±15%% from run to run)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    if args.rounds < 2 or args.samples < 32:
+        print("--rounds takes 2 or more (each round's best is chosen from the others), "
+              "--samples 32 or more (one batch)", file=sys.stderr)
+        return 2
     cores = usable_cores()
     space = [(0, 2)] + [(w, pf) for w in range(1, cores + 2) for pf in (2, 4)]
     print(f"grid: {len(space)} configurations × 2 epochs of {args.samples} samples "
