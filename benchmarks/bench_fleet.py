@@ -67,6 +67,11 @@ ALERT = "StallscopeRankWaitedFor"
 #: the straggler rules' rate window, read from the shipped rules (stallscope-alerts.yml)
 RULES = HERE / "deploy" / "prometheus" / "stallscope-alerts.yml"
 RULE_WINDOW_S = float(re.findall(r"ratio_rate(\d+)s", RULES.read_text())[0])
+#: the rule groups' default interval, as deploy/prometheus.yml sets it (the straggler groups set
+#: their own): the recording rules' 1-minute shares, which the slower detector reads, are
+#: evaluated this often
+EVAL_INTERVAL = re.search(r"^\s+evaluation_interval:\s*(\S+)", (
+    HERE / "deploy" / "prometheus.yml").read_text(), re.M).group(1)
 #: an activation this long after a fault's end still belongs to it (the windows trail)
 TRAIL_S = 60.0
 
@@ -197,7 +202,7 @@ def run_one(args: argparse.Namespace, n: int, rec) -> dict:
             f'      - targets: ["127.0.0.1:{ports[node]}"]\n        labels: {{instance: {node}}}'
             for node in nodes)
         (root / "prometheus.yml").write_text(
-            "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
+            f"global:\n  scrape_interval: 5s\n  evaluation_interval: {EVAL_INTERVAL}\n"
             "rule_files:\n  - rules/*.yml\nscrape_configs:\n  - job_name: stallscope\n"
             "    scrape_timeout: 4s\n    static_configs:\n" + targets + "\n")
         pport = free_port()

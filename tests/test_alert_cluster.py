@@ -46,7 +46,7 @@ def test_rules_file_passes_promtool() -> None:
     alerts = RULES.read_text().count("- alert: ")
     assert alerts == 14, alerts  # every shipped alert, each found by promtool
     records = RULES.read_text().count("- record: ")
-    assert records == 4, records  # the straggler alert's series and its ranks' baselines
+    assert records == 7, records  # the straggler alert's two detectors and their baselines
     assert f"SUCCESS: {alerts + records} rules found" in r.stdout
     r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
                        capture_output=True, text=True, timeout=30)
@@ -237,7 +237,10 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     names = [r.get("record") or r.get("alert") for r in group["rules"]]
     assert names == ["rank:stallscope_train_comm_wait:ratio_rate15s",
                      "rank:stallscope_train_comm_wait_gap:ratio_rate15s",
-                     "rank:stallscope_train_comm_wait_gap:cusum", "StallscopeRankWaitedFor"], names
+                     "rank:stallscope_train_comm_wait_gap:cusum",
+                     "rank:stallscope_train_comm_wait_gap:ratio_rate1m",
+                     "rank:stallscope_train_comm_wait_gap:cusum_rate1m",
+                     "StallscopeRankWaitedFor"], names
     [cusum] = [r for r in group["rules"]
                if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
     step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", cusum["expr"])[0])
@@ -249,12 +252,30 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     # own (at 5 s it was most of the straggler group's time), and the CUSUM reads it
     [base] = [g for g in doc["groups"] if g["name"] == "stallscope-straggler-baselines"]
     assert base["interval"] == "1m" and [r["record"] for r in base["rules"]] == [
-        "rank:stallscope_train_comm_wait_gap:median30m"], base
+        "rank:stallscope_train_comm_wait_gap:median30m",
+        "rank:stallscope_train_comm_wait_gap:median30m_rate1m"], base
     assert "[30m]" in base["rules"][0]["expr"] and "[30m]" not in cusum["expr"]
     assert "rank:stallscope_train_comm_wait_gap:median30m" in cusum["expr"]
     # hysteresis: once firing it holds while the CUSUM is above a lower level
     clear = float(re.search(r"cusum > (0\.\d+)", alert["expr"]).group(1))
     assert 0 < clear < threshold, (clear, threshold)
+    # the slower detector for small slowdowns: the gap of the 1-minute shares that the
+    # recording rules record, its own baseline (median30m_rate1m) and CUSUM, with the same
+    # shape: no single evaluation reaches its threshold, and it clears below a lower level
+    [slow] = [r for r in group["rules"]
+              if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum_rate1m"]
+    assert "rank:stallscope_train_comm_wait_gap:median30m_rate1m" in slow["expr"]
+    assert "[30m]" in base["rules"][1]["expr"] and "ratio_rate1m[30m]" in base["rules"][1]["expr"]
+    s_step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", slow["expr"])[0])
+    s_cap = float(re.search(r"0, (0\.\d+)\)\s*$", slow["expr"]).group(1))
+    s_threshold = float(re.search(r"cusum_rate1m >= (0\.\d+)", alert["expr"]).group(1))
+    s_clear = float(re.search(r"cusum_rate1m > (0\.\d+)", alert["expr"]).group(1))
+    assert s_step < s_threshold <= 2 * s_step < s_cap + s_step, (s_step, s_threshold, s_cap)
+    assert 0 < s_clear < s_threshold, (s_clear, s_threshold)
+    recording = yaml.safe_load((ROOT / "deploy" / "prometheus" /
+                                "stallscope-recording.yml").read_text())
+    assert "rank:stallscope_train_comm_wait:ratio_rate1m" in {
+        r.get("record") for g in recording["groups"] for r in g["rules"]}
 
 
 def _seconds(d: str) -> float:

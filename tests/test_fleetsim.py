@@ -78,17 +78,41 @@ def test_the_replay_keeps_each_step_s_jitter_but_not_the_recording_s_slow_stretc
 def test_the_rule_model_flags_a_slowdown_on_its_rank_and_nothing_before() -> None:
     """benchmarks/straggler_rule_model.py, which weighs the straggler rules' parameters: over
     a healthy stretch no activation; a rank 30% slower from minute 5 is flagged, on that rank,
-    within 30 s; at a threshold no CUSUM reaches, only the level clause (a minute) can."""
+    within 30 s; at a threshold no CUSUM reaches (and without the slower one), only the level
+    clause (a minute) can."""
     from straggler_rule_model import Params, activations
 
     rec = load_recording()
     job = Job("j", ["a", "b"], 4, rec, 0.0, seed=5)
     job.faults.append(Fault("j", (6,), ("b",), 300.0, 390.0, 0.3, "compute", "rank"))
-    acts, top = activations(job, 420.0, Params())
+    acts, top, _ = activations(job, 420.0, Params())
     assert acts and all(r == 6 for _t, r in acts), acts
     assert 300.0 < acts[0][0] <= 330.0, acts
     assert 0.15 <= top <= 0.3
     job = Job("j", ["a", "b"], 4, rec, 0.0, seed=5)
     job.faults.append(Fault("j", (6,), ("b",), 300.0, 390.0, 0.3, "compute", "rank"))
-    late, _ = activations(job, 420.0, Params(threshold=0.99))
+    late, _, _ = activations(job, 420.0, Params(threshold=0.99, slow_window_s=0.0))
     assert late and late[0][1] == 6 and late[0][0] >= acts[0][0] + 20, (late, acts)
+
+
+def test_the_rule_model_finds_a_small_slowdown_with_the_slower_detector() -> None:
+    """A 5% slower rank raises its peers' wait by about 0.04 of the step, near the 15-s gap's
+    noise: the 15-s CUSUM alone (allowance 0.02) has not flagged it within 40 s of its start;
+    the shipped rules' 1-minute CUSUM flags it, on its rank, within its 90 s; the highest
+    1-minute CUSUM of the healthy stretch before stays far below its threshold."""
+    from straggler_rule_model import Params, activations
+
+    def run(p: Params) -> tuple[list[tuple[float, int]], float]:
+        job = Job("j", ["a", "b"], 4, load_recording(), 0.0, seed=3)
+        job.faults.append(Fault("j", (2,), ("a",), 600.0, 690.0, 0.05, "compute", "rank"))
+        acts, _top, slow_top = activations(job, 720.0, p)
+        return acts, slow_top
+
+    alone, _ = run(Params(slow_window_s=0.0))
+    assert not [t for t, _r in alone if t <= 640.0], alone
+    both, _ = run(Params())
+    assert both and all(r == 2 for _t, r in both), both
+    assert 600.0 < both[0][0] <= 690.0, both
+    job = Job("j", ["a", "b"], 4, load_recording(), 0.0, seed=3)
+    _acts, _t, quiet = activations(job, 600.0, Params())
+    assert quiet < 0.5 * Params().slow_threshold, quiet
