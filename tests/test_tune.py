@@ -485,3 +485,39 @@ def test_a_lighter_alike_runner_up_is_measured_again_before_it_is_chosen(
     best = s._best()
     assert best is not None and best.config["num_workers"] == pick, (best, s.notes)
     assert any("lighter one is recommended" in n for n in s.notes) == (pick == 0), s.notes
+
+
+@pytest.mark.parametrize("step_ms, tried_two", [(25.6, True), (5.0, False)])
+def test_the_models_runner_up_is_tried_when_predicted_close(step_ms: float,
+                                                           tried_two: bool) -> None:
+    """From a baseline without workers (1,000 samples/s) and the step's time, the model
+    predicts each worker count. With a slow step (25.6 ms a batch of about 32) one and two
+    workers are both predicted at the step's ~1,250 samples/s: one worker is tried, falls 13%
+    short, and the runner-up (two) is tried too and found faster; its prediction error is
+    noted. With a fast step (5 ms) two workers are predicted at 2,000 and one at 1,184, under
+    90% of it: one trial of two workers, which holds its prediction; no runner-up."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    truth = {0: 1000.0, 1: 1100.0, 2: 1230.0 if tried_two else 1950.0}
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        rate = truth[int(config.get("num_workers", 0) or 0)]
+        return Trial(config=config, samples_per_s=rate, data_wait_share=0.3, cpu_pct=120.0,
+                     cpu_ms_per_sample=1.0, step_ms=step_ms, samples=int(rate * window_s),
+                     batches=int(rate * window_s / 32), seconds=window_s)
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
+               gpu=False, cores=2, measure=measure, step_ms=step_ms)
+    result = s.run()
+    counts = [t.config.get("num_workers", 0) for t in result.trials]
+    runner = [n for n in result.notes if n.startswith("runner-up:")]
+    if tried_two:
+        assert counts[:3] == [0, 1, 2], counts
+        assert runner == ["runner-up: predicted 1,259 samples/s at num_workers=2; measured "
+                          "1,230 (-2%)"], result.notes
+        assert result.best["num_workers"] == 2, result.best
+    else:
+        assert 1 not in counts and 2 in counts and not runner, (counts, result.notes)

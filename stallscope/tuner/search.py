@@ -4,12 +4,16 @@
    consumer's rate), when a step is given.
 2. ``num_workers``, predicted then verified: one worker's trial (unless the baseline is one)
    gives a sample's load time in a worker ``L`` (1 / its rate while the step waits for it) and
-   the loading CPU per sample ``Lc``; the step gives ``c`` per sample. ``k`` workers then feed
-   ``min(k / L, 1 / c, cores / (Lc + c))`` samples/s (a resource model in the spirit of
+   the loading CPU per sample ``Lc``; the step gives ``c`` per sample, and the trainer's CPU
+   per sample beside the loading ``M`` (the step on all its threads, receiving batches: the
+   trial's CPU less ``Lc``, at least ``c``). ``k`` workers then feed
+   ``min(k / L, 1 / c, cores / (Lc + M))`` samples/s (a resource model in the spirit of
    Plumber, MLSys'22: loading in parallel, the step in series, both on the usable cores). The
    fewest workers within 2% of the best prediction are tried, and the prediction error is
    noted; when they fall more than 5% short, the shortfall fits the workers' contention and the
-   next prediction is tried (at most three rounds). Without a prediction (the one-worker trial
+   next prediction is tried (at most three rounds). Then the runner-up: the untried count the
+   model predicts next best, when within 10% of its best prediction (its error is noted too).
+   Without a prediction (the one-worker trial
    failed), the ladder 1, 2, 4, 8 … capped at the usable cores, stopping once the input keeps
    up (data wait under 5%) or a step up gains under 5%, then one trial between the best and an
    untried neighbour.
@@ -46,6 +50,8 @@ MIN_GAIN = 1.05
 MEM_SHARE = 0.85
 #: two trials this close are alike within one window's noise: the lighter one is kept
 ALIKE = 0.97
+#: the model's runner-up is tried when predicted within this share of its best prediction
+RUNNER_UP = 0.9
 
 
 @dataclass
@@ -368,9 +374,38 @@ class Search:
     def _predict_workers(self) -> None:
         """Predict each worker count's rate, try the predicted best; if it falls short of its
         prediction, fit the workers' contention from what it measured and predict again (at
-        most three rounds). See the module docstring, step 2."""
+        most three rounds); then the runner-up. See the module docstring, step 2."""
         if self.max_workers < 1:
             return
+        self._predict_rounds()
+        if not self.stopped:
+            self._try_runner_up()
+
+    def _try_runner_up(self) -> None:
+        """The worker count the model predicts next best, untried, when its prediction is
+        within ``RUNNER_UP`` of the best one: measured once, its prediction error noted. Where
+        two counts are predicted that close, the model's own error decides between them (on 2
+        cores the step slows beside the workers by more than it knows); one window settles it."""
+        rates = self.predicted
+        if not rates:
+            return
+        top = max(rates.values())
+        untried = {w: r for w, r in rates.items()
+                   if self._tried(self._config(num_workers=w)) is None}
+        if not untried:
+            return
+        w = max(untried, key=lambda n: (untried[n], -n))  # ties: the fewer workers
+        if untried[w] < RUNNER_UP * top:
+            return
+        t = self._trial(f"num_workers={w} (runner-up, predicted {untried[w]:,.0f} samples/s)",
+                        self._config(num_workers=w))
+        if t is None or t.status != "ok" or not t.samples_per_s:
+            return
+        err = t.samples_per_s / untried[w] - 1.0
+        self.notes.append(f"runner-up: predicted {untried[w]:,.0f} samples/s at num_workers="
+                          f"{w}; measured {t.samples_per_s:,.0f} ({err:+.0%})")
+
+    def _predict_rounds(self) -> None:
         base = self.trials[0] if self.trials else None
         if base is not None and base.status == "ok" and \
                 not base.config.get("num_workers") and base.samples_per_s:
@@ -449,10 +484,15 @@ class Search:
         else:  # the whole process's CPU: loading and the step
             cpu = max((source.cpu_ms_per_sample or 0.0) / 1000.0 - c, 0.0) or load
         cpu = min(cpu, load)
+        # the trainer's own CPU per sample beside the loading: the step on all its threads
+        # (torch uses every core: on 2 cores a step of 18 ms took 1.1 ms of CPU per sample
+        # of 32, not 0.6) and receiving batches; at least the step's time on one thread
+        total = (source.cpu_pct or 0.0) / 100.0 / source.samples_per_s
+        main = max(total - cpu, c)
         out = {}
         for w in range(1, self.max_workers + 1):
             slow = 1.0 + contention * (w - 1)
-            bounds = [w / (load * slow), self.cores / (cpu * slow + c)]
+            bounds = [w / (load * slow), self.cores / (cpu * slow + main)]
             if c > 0:
                 bounds.append(1.0 / c)
             out[w] = min(bounds)
