@@ -125,7 +125,14 @@ def one(name: str, window: float, rounds: int, verify_window: float) -> dict[str
             "time_share": round(tune_s / grid_s, 3),
             "vs_zero": round(med["pick"] / med["zero"], 2),
             "vs_given": round(med["pick"] / med["given"], 2),
-            "bound": result.bound, "stopped": result.stopped}
+            "bound": result.bound, "stopped": result.stopped,
+            "predictions": [n for n in result.notes if "predicted" in n],
+            "trial_configs": [_brief(t.config) for t in result.trials]}
+
+
+def _brief(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items()
+                    if k not in ("timeout", "multiprocessing_context"))
 
 
 def calibrate(name: str, window: float) -> dict[str, Any]:
@@ -291,6 +298,9 @@ def main() -> int:
               + (f"; reads capped at {r['reads_capped'] / 1e6:g} MB/s"
                  if r["reads_capped"] else ""))
         print(f"{'':<12} bound: {r['bound']}")
+        print(f"{'':<12} trials: {' | '.join(r.get('trial_configs', []))}")
+        for n in r.get("predictions", []):
+            print(f"{'':<12} {n}")
     print("goals: pick/grid ≥ 0.95, time ≤ 0.35 of the grid's (this 2-core machine); the "
           "notes give each prediction against its measurement")
     return 0
