@@ -65,7 +65,7 @@ def one(name: str, window: float, rounds: int, verify_window: float) -> dict[str
 
     from stallscope.tuner import tune
     from stallscope.tuner.measure import run_trial
-    from stallscope.tuner.search import usable_cores
+    from stallscope.tuner.search import _short, usable_cores
     from stallscope.tuner.target import target_of
 
     dataset = getattr(tune_datasets, name)()
@@ -127,12 +127,7 @@ def one(name: str, window: float, rounds: int, verify_window: float) -> dict[str
             "vs_given": round(med["pick"] / med["given"], 2),
             "bound": result.bound, "stopped": result.stopped,
             "predictions": [n for n in result.notes if "predicted" in n],
-            "trial_configs": [_brief(t.config) for t in result.trials]}
-
-
-def _brief(config: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items()
-                    if k not in ("timeout", "multiprocessing_context"))
+            "trial_configs": [_short(t.config) for t in result.trials]}
 
 
 def calibrate(name: str, window: float) -> dict[str, Any]:

@@ -228,6 +228,10 @@ def main() -> int:
               "in (0, 1), and --healthy-hours, --seeds, --fault-jobs be positive",
               file=sys.stderr)
         return 2
+    if min(a.allowance, a.slow_allowance) < 0 or min(a.cap, a.slow_cap) <= 0:
+        print("straggler_rule_model: the allowances must be 0 or more and the caps above 0",
+              file=sys.stderr)
+        return 2
     if a.slow_window and (a.slow_window < 2 * SCRAPE_S or not 0 < a.slow_threshold
                           < a.slow_ceiling):
         print("straggler_rule_model: --slow-window must span two scrapes (>= 10), and "
