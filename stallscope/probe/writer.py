@@ -17,6 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stallscope import forksafe
 from stallscope.probe.buffer import StepRecord
 from stallscope.probe.notices import warn
 from stallscope.probe.standalone import ExitStatus
@@ -70,7 +71,9 @@ class StepWriter:
                                        daemon=True)
 
     def start(self) -> None:
-        """Start the thread (once the recorder is complete: the thread reads it)."""
+        """Start the thread (once the recorder is complete: the thread reads it). Its imports
+        must not meet a fork of the training's workers (:mod:`stallscope.forksafe`)."""
+        forksafe.install()
         self.thread.start()
 
     def wake(self) -> None:

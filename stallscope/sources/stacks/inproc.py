@@ -92,6 +92,9 @@ class InProcSampler:
                                         daemon=True)
 
     def start(self) -> None:
+        from stallscope import forksafe  # the trainer forks workers beside this thread
+
+        forksafe.install()
         self._thread.start()
         atexit.register(self.stop)
 
