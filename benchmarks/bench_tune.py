@@ -209,7 +209,7 @@ def simulate(cal: dict[str, Any], cores: int, window: float, seed: int = 0) -> d
     target = target_of(getattr(tune_datasets, cal["dataset"])())
     search = Search(target, step_fn=tune_datasets.step, budget_s=14 * window * 4,
                     max_workers=None, start_method=None, gpu=False, cores=cores,
-                    measure=measure, step_ms=c * batch * 1000)
+                    measure=measure, step_ms=c * batch * 1000, read_caps={})
     search.window_s = window
     result = search.run()
     tuner_s = sum(t.seconds for t in result.trials) + min(2.0, window)

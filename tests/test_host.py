@@ -143,3 +143,55 @@ def test_live_host_sample_has_contract_keys() -> None:
                 "shm_total_mib"):
         assert key in out, key
     assert len(out["cpu_per_core_pct"]) == os.cpu_count()
+
+
+# --- the read limit of this process's cgroup (the tuner's storage bound) --------------------------
+
+def test_parse_read_caps_v1_and_v2() -> None:
+    from stallscope.sources.host import parse_read_caps
+
+    assert parse_read_caps("8:0 4000000\n254:0 10485760\n") == {"8:0": 4000000,
+                                                               "254:0": 10485760}
+    v2 = "8:0 rbps=2097152 wbps=max riops=max wiops=max\n8:16 wbps=1000 riops=50\n"
+    assert parse_read_caps(v2) == {"8:0": 2097152}  # 8:16 limits writes and IOPS only
+    assert parse_read_caps("garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n") == {}
+
+
+def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -> None:
+    from stallscope.sources.host import read_caps
+
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text("7:blkio:/kubepods/pod1\n4:memory:/x\n0::/slice/job\n")
+    (cg / "blkio" / "kubepods" / "pod1").mkdir(parents=True)
+    (cg / "blkio" / "kubepods" / "blkio.throttle.read_bps_device").write_text("8:0 3000000\n")
+    (cg / "blkio" / "kubepods" / "pod1" / "blkio.throttle.read_bps_device").write_text(
+        "8:0 5000000\n8:16 7000000\n")
+    (cg / "slice" / "job").mkdir(parents=True)
+    (cg / "slice" / "job" / "io.max").write_text("259:0 rbps=9000000 wbps=max\n")
+    assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {
+        "8:0": 3000000, "8:16": 7000000, "259:0": 9000000}
+    assert read_caps(43, proc_root=str(proc), cg_root=str(cg)) == {}  # no such process
+    (proc / "42" / "cgroup").write_text("7:blkio:/../../etc\n")  # never above the root
+    assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {}
+
+
+def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: str) -> None:
+    """examples/constrain.py caps reads of tmp_path's disk in a real cgroup; a process in it
+    reads that limit back."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = "import json; from stallscope.sources.host import read_caps; " \
+        "print(json.dumps(read_caps()))"
+    out = subprocess.run([sys.executable, str(root / "examples" / "constrain.py"),
+                          "--read-bps", "3000000", "--data", str(tmp_path), "--cgroup",
+                          throttled_group, "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60)
+    if "is not on a block device" in out.stderr:
+        pytest.skip("the temp folder is not on a block device")
+    assert out.returncode == 0, out.stderr
+    caps = json.loads(out.stdout)
+    assert list(caps.values()) == [3000000], caps

@@ -487,37 +487,83 @@ def test_a_lighter_alike_runner_up_is_measured_again_before_it_is_chosen(
     assert any("lighter one is recommended" in n for n in s.notes) == (pick == 0), s.notes
 
 
-@pytest.mark.parametrize("step_ms, tried_two", [(25.6, True), (5.0, False)])
-def test_the_models_runner_up_is_tried_when_predicted_close(step_ms: float,
-                                                           tried_two: bool) -> None:
-    """From a baseline without workers (1,000 samples/s) and the step's time, the model
-    predicts each worker count. With a slow step (25.6 ms a batch of about 32) one and two
-    workers are both predicted at the step's ~1,250 samples/s: one worker is tried, falls 13%
-    short, and the runner-up (two) is tried too and found faster; its prediction error is
-    noted. With a fast step (5 ms) two workers are predicted at 2,000 and one at 1,184, under
-    90% of it: one trial of two workers, which holds its prediction; no runner-up."""
+@pytest.mark.parametrize("step_ms, close", [(30.5, True), (8.0, False)])
+def test_the_models_runner_up_is_tried_when_predicted_close(step_ms: float, close: bool
+                                                           ) -> None:
+    """4 cores; a worker loads a sample in 2 ms (1.8 ms of CPU). From the baseline and one
+    worker's trial the model predicts each worker count. With a slow step (30.5 ms a batch of
+    32: at most 1,049 samples/s) two workers are predicted at 1,000 and three at the step's
+    1,049: three are tried and hold, and the runner-up, two, is tried too and found faster
+    (its prediction error is noted); four, predicted no faster than three, are not. With a fast
+    step (8 ms) four workers are predicted at 1,950 and three at 1,500, under 90% of it: no
+    runner-up."""
     from stallscope.tuner.measure import Trial
     from stallscope.tuner.search import Search
     from stallscope.tuner.target import target_of
 
-    truth = {0: 1000.0, 1: 1100.0, 2: 1230.0 if tried_two else 1950.0}
+    c = step_ms / 32 / 1000
+    truth = {0: 1 / (0.002 + c), 1: 500.0, 2: 1090.0, 3: 1080.0, 4: 1070.0} if close else \
+        {0: 1 / (0.002 + c), 1: 500.0, 2: 1000.0, 3: 1500.0, 4: 1900.0}
 
     def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
-        rate = truth[int(config.get("num_workers", 0) or 0)]
-        return Trial(config=config, samples_per_s=rate, data_wait_share=0.3, cpu_pct=120.0,
-                     cpu_ms_per_sample=1.0, step_ms=step_ms, samples=int(rate * window_s),
-                     batches=int(rate * window_s / 32), seconds=window_s)
+        k = int(config.get("num_workers", 0) or 0)
+        rate = truth[k]
+        per_sample = 0.0018 + c  # loading and the step, CPU seconds per sample
+        return Trial(config=config, samples_per_s=rate, data_wait_share=0.3,
+                     cpu_pct=100.0 * rate * per_sample,
+                     cpu_ms_per_sample=1.8 if k else 1000.0 * per_sample, step_ms=step_ms,
+                     samples=int(rate * window_s), batches=round(rate * window_s / 32),
+                     seconds=window_s)
 
     data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
     s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
-               gpu=False, cores=2, measure=measure, step_ms=step_ms)
+               gpu=False, cores=4, measure=measure, step_ms=step_ms, read_caps={})
     result = s.run()
     counts = [t.config.get("num_workers", 0) for t in result.trials]
     runner = [n for n in result.notes if n.startswith("runner-up:")]
-    if tried_two:
-        assert counts[:3] == [0, 1, 2], counts
-        assert runner == ["runner-up: predicted 1,259 samples/s at num_workers=2; measured "
-                          "1,230 (-2%)"], result.notes
+    if close:
+        assert counts[:4] == [0, 1, 3, 2] and 4 not in counts, counts
+        assert runner == ["runner-up: predicted 1,000 samples/s at num_workers=2; measured "
+                          "1,090 (+9%)"], result.notes
         assert result.best["num_workers"] == 2, result.best
     else:
-        assert 1 not in counts and 2 in counts and not runner, (counts, result.notes)
+        assert counts[:3] == [0, 1, 4] and 2 not in counts and 3 not in counts, counts
+        assert not runner, result.notes
+        assert "predicted 1,950 samples/s at num_workers=4; measured 1,900 (-3%)" in \
+            result.notes
+
+
+def test_the_read_limit_bounds_every_worker_count() -> None:
+    """Reads capped at 2 MB/s by the cgroup and 10 kB per sample: no worker count passes 200
+    samples/s. One worker loads 153 samples/s; the model predicts two at the limit and more
+    no faster, tries two, and spends no trial on more workers or on prefetching."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    truth = {0: 150.0, 1: 153.0, 2: 200.0, 3: 200.0, 4: 200.0}
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        rate = truth[int(config.get("num_workers", 0) or 0)]
+        return Trial(config=config, samples_per_s=rate, data_wait_share=0.6, cpu_pct=30.0,
+                     cpu_ms_per_sample=0.5, step_ms=5.0, samples=int(rate * window_s),
+                     batches=round(rate * window_s / 32), seconds=window_s,
+                     read_bytes_per_sample=10_000.0, read_devices=["8:0", "8:1"])
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
+               gpu=False, cores=4, measure=measure, step_ms=5.0, read_caps={"8:0": 2_000_000})
+    result = s.run()
+    workers = [t.config.get("num_workers", 0) for t in result.trials]
+    assert workers == [0, 1, 2], [t.config for t in result.trials]
+    assert round(s.predicted[1]) == 153 and [s.predicted[w] for w in (2, 3, 4)] == [200.0] * 3
+    assert "reads are capped at 2.0 MB/s (the cgroup's I/O limit) and a sample reads 10.0 kB:" \
+        " at most 200 samples/s whatever the workers" in result.notes
+    assert "predicted 200 samples/s at num_workers=2; measured 200 (+0%)" in result.notes
+    assert "prefetch_factor not tried: num_workers=2 reads at the cgroup's read limit " \
+        "already" in result.notes
+    # a limit on a device the trials did not read from does not count
+    s = Search(target_of(data), step_fn=None, budget_s=60, max_workers=None, start_method=None,
+               gpu=False, cores=4, measure=measure, step_ms=5.0, read_caps={"8:16": 2_000_000})
+    other = s.run()
+    assert s.storage_bound is None and not any("reads are capped" in n for n in other.notes)

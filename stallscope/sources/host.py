@@ -39,7 +39,10 @@ __all__ = [
     "parse_pressure",
     "parse_pressure_totals",
     "parse_proc_stat",
+    "parse_read_caps",
     "parse_vmstat",
+    "read_caps",
+    "read_devices",
     "swap_ins",
     "usable_cores",
 ]
@@ -423,3 +426,75 @@ def swap_ins() -> int:
         return int(psutil.swap_memory().sin)
     except (psutil.Error, OSError, RuntimeError):
         return 0
+
+
+# --- what this process may read -----------------------------------------------------------------
+def parse_read_caps(text: str) -> dict[str, int]:
+    """Read limits in bytes/s per device ``major:minor`` from a cgroup v1
+    ``blkio.throttle.read_bps_device`` (``8:0 4000000``) or a v2 ``io.max`` (``8:0 rbps=4000000
+    wbps=max ...``); devices without a read limit are left out, odd lines skipped."""
+    caps: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 2 or ":" not in fields[0]:
+            continue
+        value = fields[1]
+        for f in fields[1:]:
+            if f.startswith("rbps="):
+                value = f[5:]
+                break
+        else:
+            if "=" in value:  # an io.max line with no rbps key: no read limit
+                continue
+        if value.isdigit() and int(value) > 0:
+            caps[fields[0]] = int(value)
+    return caps
+
+
+def read_caps(pid: int | str = "self", *, proc_root: str = "/proc",
+              cg_root: str = "/sys/fs/cgroup") -> dict[str, int]:
+    """Bytes per second the process may read from each device (``major:minor``) under the I/O
+    limits of its cgroup and every cgroup above it (the smallest wins): cgroup v1's blkio
+    throttle or v2's ``io.max`` (``docker run --device-read-bps`` sets either). {} where none
+    applies or none can be read."""
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    caps: dict[str, int] = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = cg_root, "io.max"
+        elif "blkio" in controllers.split(","):
+            base, name = f"{cg_root}/{controllers}", "blkio.throttle.read_bps_device"
+        else:
+            continue
+        rel = [p for p in path.split("/") if p and p not in (".", "..")]
+        for depth in range(len(rel), -1, -1):
+            d = "/".join([base, *rel[:depth]])
+            try:
+                with open(f"{d}/{name}") as f:
+                    text = f.read(65536)
+            except OSError:
+                continue
+            for dev, bps in parse_read_caps(text).items():
+                caps[dev] = min(bps, caps.get(dev, bps))
+    return caps
+
+
+def read_devices(proc_root: str = "/proc") -> dict[str, int]:
+    """Bytes read so far from each block device, ``major:minor`` -> bytes (``/proc/diskstats``);
+    {} where it cannot be read."""
+    from stallscope.sources.disk import parse_diskstats
+
+    try:
+        with open(f"{proc_root}/diskstats") as f:
+            rows = parse_diskstats(f.read())
+    except (OSError, ParseError):
+        return {}
+    return {f"{r.major}:{r.minor}": 512 * r.rd_sectors for r in rows}

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from stallscope.sources.host import swap_ins
+from stallscope.sources.host import read_devices, swap_ins
 
 #: a trial whose rate so far is below this share of the best one is cut short ("clearly slower")
 CUT_SHARE = 0.6
@@ -51,6 +51,10 @@ class Trial:
     #: CPU seconds spent per sample by the loading side (workers, or the trainer when 0)
     cpu_ms_per_sample: float | None = None
     read_mb_s: float | None = None
+    #: bytes read from storage per sample, by the loading and the trainer together
+    read_bytes_per_sample: float | None = None
+    #: block devices (``major:minor``) whose read counters rose during the trial
+    read_devices: list[str] = field(default_factory=list)
     #: the training step's mean time in this trial, ms (it slows when workers take its cores)
     step_ms: float | None = None
     #: swap-ins seen during the trial (pages)
@@ -68,7 +72,7 @@ class Trial:
         wa, wb = (self.seconds, again.seconds) if self.seconds > 0 and again.seconds > 0 \
             else (float(n), 1.0)
         for name in ("samples_per_s", "data_wait_share", "cpu_pct", "worker_cpu_pct", "step_ms",
-                     "cpu_ms_per_sample", "read_mb_s"):
+                     "cpu_ms_per_sample", "read_mb_s", "read_bytes_per_sample"):
             a, b = getattr(self, name), getattr(again, name)
             if a is not None and b is not None:
                 setattr(self, name, (a * wa + b * wb) / (wa + wb))
@@ -77,6 +81,7 @@ class Trial:
         self.samples += again.samples
         self.seconds += again.seconds
         self.swap_in += again.swap_in
+        self.read_devices = sorted({*self.read_devices, *again.read_devices})
         self.repeats = n + 1
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,6 +172,7 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
     clearly slower than ``best_rate`` halfway through is cut short (status ``cut``)."""
     trial = Trial(config=dict(config))
     swap0 = swap_ins()
+    disks0 = read_devices()
     sampler = _Sampler()
     sampler.start()
     it = None
@@ -229,6 +235,8 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
         usage = sampler.stop()
         _account(trial, usage, time.perf_counter() - t_start)
         trial.swap_in = max(0, swap_ins() - swap0)
+        disks1 = read_devices()
+        trial.read_devices = sorted(d for d, n in disks1.items() if n > disks0.get(d, n))
     return trial
 
 
@@ -262,6 +270,7 @@ def _account(trial: Trial, u: _Usage, wall: float) -> None:
         # loading-side CPU per sample: the workers' CPU (the whole process's with no workers)
         # over the trial, spread over the samples produced at the measured rate
         trial.cpu_ms_per_sample = 1000.0 * loading_cpu / (trial.samples_per_s * wall)
+        trial.read_bytes_per_sample = read / (trial.samples_per_s * wall)
 
 
 def _shutdown(it: Any) -> None:

@@ -2,22 +2,27 @@
 
 1. The configuration as given (the baseline), then the training step alone on one batch (the
    consumer's rate), when a step is given.
-2. ``num_workers``, predicted then verified: one worker's trial (unless the baseline is one)
-   gives a sample's load time in a worker ``L`` (1 / its rate while the step waits for it) and
-   the loading CPU per sample ``Lc``; the step gives ``c`` per sample, and the trainer's CPU
-   per sample beside the loading ``M`` (the step on all its threads, receiving batches: the
-   trial's CPU less ``Lc``, at least ``c``). ``k`` workers then feed
-   ``min(k / L, 1 / c, cores / (Lc + M))`` samples/s (a resource model in the spirit of
-   Plumber, MLSys'22: loading in parallel, the step in series, both on the usable cores). The
-   fewest workers within 2% of the best prediction are tried, and the prediction error is
+2. ``num_workers``, predicted then verified. A baseline without workers predicts one worker;
+   one worker's trial is then measured (always: it calibrates the model) and gives a sample's
+   load time in a worker ``L`` (1 / its rate while the step waits for it) and the loading CPU
+   per sample ``Lc``; the step gives ``c`` per sample, and the trainer's CPU per sample beside
+   the loading ``M`` (the step on all its threads, receiving batches: the trial's CPU less
+   ``Lc``, at least ``c``). What that worker cost the cores beyond the same work done without
+   workers, ``X`` (the step's threads contending with it), is counted again for each further
+   worker. ``k`` workers then feed ``min(k / L, 1 / c, cores / (Lc + M + (k - 1) X), R / b)``
+   samples/s (a resource model in the spirit of Plumber, MLSys'22: loading in parallel, the
+   step in series, both on the usable cores, the storage at ``R`` bytes/s, the read limit of
+   this process's cgroup on a device the trial read from, over ``b`` bytes read per sample).
+   The fewest workers within 2% of the best prediction are tried, and the prediction error is
    noted; when they fall more than 5% short, the shortfall fits the workers' contention and the
    next prediction is tried (at most three rounds). Then the runner-up: the untried count the
-   model predicts next best, when within 10% of its best prediction (its error is noted too).
-   Without a prediction (the one-worker trial
-   failed), the ladder 1, 2, 4, 8 … capped at the usable cores, stopping once the input keeps
-   up (data wait under 5%) or a step up gains under 5%, then one trial between the best and an
-   untried neighbour.
-3. At the best worker count: ``prefetch_factor`` 4 (then 8 if 4 helped), ``pin_memory`` when a GPU
+   model predicts next best, when within 10% of its best prediction (fewer workers, or more
+   only where predicted faster); its error is noted too. Without a prediction (the one-worker
+   trial failed), the ladder 1, 2, 4, 8 … capped at the usable cores, stopping once the input
+   keeps up (data wait under 5%) or a step up gains under 5%, then one trial between the best
+   and an untried neighbour.
+3. At the best worker count: ``prefetch_factor`` 4 (then 8 if 4 helped; not while the usable
+   cores are busy or the reads are at the read limit), ``pin_memory`` when a GPU
    is present, and any batch sizes asked for. ``persistent_workers`` needs no trial: the worker
    start-up measured in every trial is what it saves per epoch, at no cost but memory.
 
@@ -38,6 +43,7 @@ from typing import Any
 import psutil
 
 from stallscope.probe.autotune import CPU_BOUND_SHARE
+from stallscope.sources.host import read_caps as host_read_caps
 from stallscope.sources.host import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
@@ -111,7 +117,8 @@ class Search:
                  max_workers: int | None, start_method: str | None,
                  batch_sizes: tuple[int, ...] = (), progress: Progress | None = None,
                  gpu: bool | None = None, cores: int | None = None,
-                 measure: Measure | None = None, step_ms: float | None = None) -> None:
+                 measure: Measure | None = None, step_ms: float | None = None,
+                 read_caps: dict[str, int] | None = None) -> None:
         self.target = target
         self.step_fn = step_fn
         self.budget_s = budget_s
@@ -122,6 +129,9 @@ class Search:
                 self.target.make, config, window_s=window_s, step_fn=self.step_fn,
                 best_rate=best_rate))
         self._given_step_ms = step_ms
+        #: bytes/s this process may read per device (its cgroup's I/O limit; a simulation
+        #: gives its own)
+        self.read_caps = host_read_caps() if read_caps is None else read_caps
         #: what the model predicted per worker count (samples/s), when it could
         self.predicted: dict[int, float] = {}
         self.max_workers = max(0, min(max_workers, self.cores)) if max_workers is not None \
@@ -198,6 +208,8 @@ class Search:
         return ""
 
     _batch_mib: float | None = None
+    #: samples/s the cgroup's read limit lets through (None: no limit applies)
+    storage_bound: float | None = None
 
     def _trial(self, label: str, config: dict[str, Any]) -> Trial | None:
         """Run one trial unless already tried, out of budget, or too big for memory."""
@@ -269,6 +281,10 @@ class Search:
             # (measured on 2 cores: prefetch_factor 4 ran 3-5% slower than 2 at 2 workers)
             self.notes.append(f"prefetch_factor not tried: {_short(best.config)} keeps the "
                               f"{self.cores} usable cores {self._tree_share(best):.0%} busy")
+        elif w > 0 and self.storage_bound and \
+                (best.samples_per_s or 0.0) >= 0.95 * self.storage_bound:
+            self.notes.append(f"prefetch_factor not tried: {_short(best.config)} reads at the "
+                              "cgroup's read limit already")
         elif w > 0 and not self._keeps_up(best):
             pf = best.config.get("prefetch_factor", 2)
             for factor in (4, 8):
@@ -390,8 +406,12 @@ class Search:
         if not rates:
             return
         top = max(rates.values())
+        best = min(w for w, r in rates.items() if r >= 0.98 * top)
+        # more workers than the best only where predicted faster: where they are not, the
+        # bound they share (the step, the cores, the read limit) does not move with workers
         untried = {w: r for w, r in rates.items()
-                   if self._tried(self._config(num_workers=w)) is None}
+                   if self._tried(self._config(num_workers=w)) is None
+                   and (w < best or r > rates[best])}
         if not untried:
             return
         w = max(untried, key=lambda n: (untried[n], -n))  # ties: the fewer workers
@@ -407,26 +427,33 @@ class Search:
 
     def _predict_rounds(self) -> None:
         base = self.trials[0] if self.trials else None
-        if base is not None and base.status == "ok" and \
-                not base.config.get("num_workers") and base.samples_per_s:
-            source = base  # no workers: the trainer loaded every batch itself
-        else:
-            one = self._trial("num_workers=1", self._config(num_workers=1))
-            if one is None:
-                return
-            source = one
-            if source.status == "failed":
-                self.stopped = (f"num_workers=1 failed ({source.reason}): the dataset must work "
-                                "in worker processes before more workers can help")
-                return
-            if self._keeps_up(source):
-                self.stopped = ("the input keeps up with the training step at num_workers=1 "
-                                f"(data wait {100 * (source.data_wait_share or 0):.1f}%): more "
-                                "tuning cannot help")
-                return
+        zero = base if base is not None and base.status == "ok" and \
+            not base.config.get("num_workers") and base.samples_per_s else None
+        # from the baseline alone (no workers: the trainer loaded every batch itself)
+        first = self._model(zero) if zero is not None else {}
+        if first:
+            self.predicted = first
+        one = self._trial("num_workers=1" + (f" (predicted {first[1]:,.0f} samples/s)"
+                                             if first else ""), self._config(num_workers=1))
+        if one is None:
+            return
+        if one.status == "failed":
+            self.stopped = (f"num_workers=1 failed ({one.reason}): the dataset must work "
+                            "in worker processes before more workers can help")
+            return
+        if first and one.status == "ok" and one.samples_per_s:
+            self.notes.append(f"predicted {first[1]:,.0f} samples/s at num_workers=1 from the "
+                              f"baseline; measured {one.samples_per_s:,.0f} "
+                              f"({one.samples_per_s / first[1] - 1.0:+.0%})")
+        if self._keeps_up(one):
+            self.stopped = ("the input keeps up with the training step at num_workers=1 "
+                            f"(data wait {100 * (one.data_wait_share or 0):.1f}%): more "
+                            "tuning cannot help")
+            return
+        # from here on, the baseline and the one worker's trial together
         contention = 0.0
         for _round in range(3):
-            rates = self._model(source, contention)
+            rates = self._model(one, contention, zero=zero)
             if not rates:
                 self._climb_workers()
                 return
@@ -455,7 +482,7 @@ class Search:
                 return  # the prediction held
             # k workers fell short: each one slows the others' loading by a share δ
             # (k / (L (1 + δ (k - 1))) = measured), the model's one unknown
-            load = self._load_s(source)
+            load = self._load_s(one)
             if not load:
                 return
             contention = max(0.0, (k / (t.samples_per_s * load) - 1.0) / (k - 1))
@@ -470,10 +497,14 @@ class Search:
         c = (self.step_ms or 0.0) / 1000.0 / per_batch if per_batch and self.step_ms else 0.0
         return max(1.0 / source.samples_per_s - c, 1e-9)
 
-    def _model(self, source: Trial, contention: float = 0.0) -> dict[int, float]:
+    def _model(self, source: Trial, contention: float = 0.0, *,
+               zero: Trial | None = None) -> dict[int, float]:
         """Samples/s per worker count (module docstring), from ``source`` (the baseline at
         no workers, or one worker's trial) and the contention fitted so far; {} when the trial
-        does not tell a sample's load time."""
+        does not tell a sample's load time. With one worker's trial, ``zero`` (the baseline
+        without workers) tells what that worker cost the machine's CPU beside the loading it
+        did: the trainer's threads and the worker contending for the cores (each further
+        worker is counted at that cost again)."""
         if source.status != "ok" or not source.samples_per_s or source.samples_per_s <= 0:
             return {}
         load = self._load_s(source)
@@ -489,14 +520,39 @@ class Search:
         # of 32, not 0.6) and receiving batches; at least the step's time on one thread
         total = (source.cpu_pct or 0.0) / 100.0 / source.samples_per_s
         main = max(total - cpu, c)
+        extra = 0.0
+        if zero is not None and zero.cpu_pct and zero.samples_per_s and source.cpu_pct and \
+                source.config.get("num_workers") == 1:
+            # CPU per sample with one worker beyond what the same work took without workers
+            # (on 2 cores: 2.27 against 1.99 ms; the step's threads spin and wait for cores)
+            extra = max(0.0, cpu + main - zero.cpu_pct / 100.0 / zero.samples_per_s)
+        storage = self._storage_bound(source)
         out = {}
         for w in range(1, self.max_workers + 1):
             slow = 1.0 + contention * (w - 1)
-            bounds = [w / (load * slow), self.cores / (cpu * slow + main)]
+            bounds = [w / (load * slow),
+                      self.cores / (cpu * slow + main + extra * (w - 1))]
             if c > 0:
                 bounds.append(1.0 / c)
+            if storage:
+                bounds.append(storage)
             out[w] = min(bounds)
         return out
+
+    def _storage_bound(self, source: Trial) -> float | None:
+        """Samples/s the storage lets through: the read limit of this process's cgroup on a
+        device the trial read from, over the bytes read per sample. None without a limit
+        (a device's own throughput is not known without a benchmark of it)."""
+        caps = [self.read_caps[d] for d in source.read_devices if d in self.read_caps]
+        b = source.read_bytes_per_sample or 0.0
+        if not caps or b <= 0:
+            return None
+        bound = self.storage_bound = min(caps) / b
+        if not any(n.startswith("reads are capped") for n in self.notes):
+            self.notes.append(f"reads are capped at {min(caps) / 1e6:,.1f} MB/s (the cgroup's "
+                              f"I/O limit) and a sample reads {b / 1e3:,.1f} kB: at most "
+                              f"{bound:,.0f} samples/s whatever the workers")
+        return bound
 
     def _climb_workers(self) -> None:
         ladder = [w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < self.max_workers]
