@@ -550,3 +550,38 @@ def test_a_young_running_run_is_not_said_to_have_no_workers() -> None:
                    for f in young["findings"]), young["findings"]
     for doc in (main_only(12, T0 + 12), main_only(40, None)):
         assert "no DataLoader worker processes" in doc["findings"][0]["summary"]
+
+
+@pytest.mark.parametrize("limit", [2_000_000, None])
+def test_reads_held_at_the_cgroup_read_limit_are_fetch_however_idle_the_device(
+        limit: int | None) -> None:
+    """Measured beside a CPU hog (the TF fetch scenario, 2026-11-26): reads capped at 2 MB/s by
+    the trainer's cgroup, a trainer loading on its own threads never seen in D state, the
+    device 0% busy. Without the limit in meta.json the device's idleness and the iowait tie
+    (prep wins ties); with it, the reads reaching the limit decide, and the first fix is the
+    limit."""
+    rkb = [0, 1963, 980, 1950, 0, 1010, 1955, 990, 20, 1960] * 3
+    data = run([
+        ser("host.cpu_pct", "", [64] * N), ser("host.iowait_pct", "", [19] * N),
+        ser("disk.util_pct", "vda", [0.4] * N), ser("disk.rkb_s", "vda", rkb),
+        ser("disk.r_s", "vda", [r / 4 for r in rkb]), ser("disk.r_await_ms", "vda", [0.05] * N),
+        ser("procs.cpu_pct", "100", [46] * N), ser("procs.d_state", "100", [0] * N),
+    ], steps=steps(100, wait=0.080, host=0.008), entities=procs({"100": "main"}),
+        config={"loader_type": "tf.data", "physical_cores": 2},
+        meta={"data_devices": ["vda"], **({"read_limits": {"vda": limit}} if limit else {})})
+    doc = diagnose(data)
+    f = doc["findings"][0]
+    if limit is None:
+        assert doc["verdict"] == "input_bound.prep", f  # the tie this fixes
+        return
+    assert doc["verdict"] == "input_bound.fetch", f
+    assert f["evidence"]["read_limit_kb_s"] == pytest.approx(1953.1, abs=0.1)
+    assert "reads of vda reached the trainer's cgroup read limit (2.0 MB/s; p95 2.0 MB/s)" \
+        in f["evidence"]["signals"]
+    assert not any("mostly idle" in s for s in f["evidence"]["signals"])
+    assert f["fixes"][0]["action"].startswith(
+        "reads of /dev/vda are held at the trainer's cgroup read limit (2.0 MB/s): raise or "
+        "lift the I/O limit")
+    # a limit the reads stayed far under says nothing
+    data.meta["read_limits"] = {"vda": 50_000_000}
+    assert diagnose(data)["verdict"] == "input_bound.prep"

@@ -195,3 +195,30 @@ def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: s
     assert out.returncode == 0, out.stderr
     caps = json.loads(out.stdout)
     assert list(caps.values()) == [3000000], caps
+
+
+def test_a_run_in_a_throttled_cgroup_records_its_read_limit(tmp_path: Path,
+                                                           throttled_group: str) -> None:
+    """`stallscope run` around a trainer that joins a read-limited cgroup after it started (as
+    a container runtime's wrapper does): meta.json names the device and the limit."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import stallscope_argv
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "runs"
+    r = subprocess.run(stallscope_argv("run", "--quiet", "--interval", "0.5", "--out", str(out),
+                                       "--", sys.executable, str(root / "examples" /
+                                                                 "constrain.py"),
+                                       "--read-bps", "3000000", "--data", str(tmp_path),
+                                       "--cgroup", throttled_group, "--", sys.executable, "-c",
+                                       "import time; time.sleep(2.5)"),
+                       capture_output=True, text=True, timeout=120)
+    if "is not on a block device" in r.stderr:
+        pytest.skip("the temp folder is not on a block device")
+    assert r.returncode == 0, r.stderr
+    [run] = list(out.iterdir())
+    limits = json.loads((run / "meta.json").read_text())["read_limits"]
+    assert list(limits.values()) == [3000000] and all(not k[0].isdigit() for k in limits), limits

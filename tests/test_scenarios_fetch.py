@@ -7,6 +7,7 @@ trainings measure CPU-bound work and run alone: tests/test_scenarios.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,11 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
                        seconds=FETCH_SECONDS)
     assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_fraction"] >= 0.3
+    # the session read the limit of the trainer's cgroup, named by the disk source's device
+    limits = json.loads((Path(doc["run"]) / "meta.json").read_text()).get("read_limits")
+    assert limits is not None and list(limits.values()) == [2000000], limits
     ev = training_finding(doc)["evidence"]
+    assert ev["read_limit_kb_s"] == pytest.approx(2000000 / 1024, abs=0.1)
     assert ev["worker_d_share"] >= 0.25
     assert ev["score_fetch"] > ev["score_prep"]
     top = training_finding(doc)

@@ -121,6 +121,8 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",
             "--cold"]
     a = run_tf("tf-fetch", tmp_path / "a", base, wrap=wrap, data=data)
+    limits = json.loads(Path(a["run"], "meta.json").read_text()).get("read_limits")
+    assert limits is not None and list(limits.values()) == [2000000], limits
     top = training_finding(a)
     assert top["kind"] == "input_bound.fetch", top
     actions = [f["action"] for f in top["fixes"]]

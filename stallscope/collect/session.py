@@ -121,6 +121,9 @@ class Session:
         self.collector: Collector | None = None
         self._facts: threading.Thread | None = None
         self._health: list[dict[str, Any]] = []
+        #: the trainer's cgroup read limits per device, bytes/s (the latest seen)
+        self._read_limits: dict[str, int] = {}
+        self._facts_stop = threading.Event()
         self._dataset_bytes: list[int] = []
         self.finished = False
         #: what :meth:`finish` could not write, in words (empty when everything was recorded)
@@ -175,15 +178,18 @@ class Session:
         if owner.known:  # the pod or Slurm job the trainer runs in (sources/owner.py)
             self.meta["owner"] = owner.record()
         write_meta(self.run_dir, self.meta)
-        self._facts = threading.Thread(target=self._record_facts, name="stallscope-facts",
-                                       daemon=True)
+        self._facts = threading.Thread(target=self._record_facts, args=(root_pid,),
+                                       name="stallscope-facts", daemon=True)
         self._facts.start()
         self.collector = Collector(self.sources + procs, self.sinks, interval=self.interval,
                                    warmup=self.warmup, unavailable=self.unavailable)
         self.collector.start()
 
-    def _record_facts(self) -> None:
-        """Slow facts, off the main path: SMART of the dataset's drives, the dataset's size."""
+    def _record_facts(self, root_pid: int) -> None:
+        """Slow facts, off the main path: SMART of the dataset's drives, the dataset's size,
+        and the read limits of the trainer's cgroup (read until the run ends: a wrapper may
+        join a cgroup after it started, as ``docker``'s and ``examples/constrain.py`` do)."""
+        self._note_read_limits(root_pid)
         devices = self.meta.get("data_devices") or []
         if devices:
             from stallscope.sources.smart import check_drives
@@ -195,6 +201,15 @@ class Session:
             size = dataset_bytes(path)
             if size:
                 self._dataset_bytes.append(size)
+        while not self._facts_stop.wait(min(self.interval, 2.0)):
+            self._note_read_limits(root_pid)
+
+    def _note_read_limits(self, root_pid: int) -> None:
+        from stallscope.sources.host import read_limits
+
+        limits = read_limits(root_pid)
+        if limits:
+            self._read_limits = limits
 
     def finish(self, exit_code: int | None, **meta_extra: Any) -> dict[str, Any]:
         """Stop sampling, record what the whole run shows (process roles, the probes' loader
@@ -217,7 +232,10 @@ class Session:
         meta["samples"] = self.samples
         meta.update(meta_extra)
         if self._facts is not None:
+            self._facts_stop.set()
             self._facts.join(timeout=30)
+            if self._read_limits:
+                meta["read_limits"] = dict(self._read_limits)
             if meta.get("data_devices"):
                 meta["disk_health"] = list(self._health)
             if self._dataset_bytes:

@@ -172,6 +172,15 @@ def _whole_disk(name: str, sys_root: str) -> str | None:
     return name
 
 
+def device_name(devnum: str, sys_root: str = "/sys") -> str | None:
+    """The kernel's name of block device ``major:minor`` (``254:0`` -> ``vda``), None when
+    there is none."""
+    major, _, minor = devnum.partition(":")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    return _name_for_devnum(int(major), int(minor), sys_root)
+
+
 def _name_for_devnum(major: int, minor: int, sys_root: str) -> str | None:
     try:
         target = os.readlink(os.path.join(sys_root, "dev", "block", f"{major}:{minor}"))

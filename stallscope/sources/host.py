@@ -43,6 +43,7 @@ __all__ = [
     "parse_vmstat",
     "read_caps",
     "read_devices",
+    "read_limits",
     "swap_ins",
     "usable_cores",
 ]
@@ -498,3 +499,16 @@ def read_devices(proc_root: str = "/proc") -> dict[str, int]:
     except (OSError, ParseError):
         return {}
     return {f"{r.major}:{r.minor}": 512 * r.rd_sectors for r in rows}
+
+
+def read_limits(pid: int | str) -> dict[str, int]:
+    """:func:`read_caps` of process ``pid`` keyed by device name (``vda``), as the disk source
+    names devices; devices without a name are left out."""
+    from stallscope.sources.blockdev import device_name
+
+    out: dict[str, int] = {}
+    for devnum, bps in read_caps(pid).items():
+        name = device_name(devnum)
+        if name:
+            out[name] = bps
+    return out

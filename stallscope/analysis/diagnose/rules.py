@@ -23,6 +23,7 @@ from stallscope.analysis.diagnose.signals import (
     OTHERS_BUSY_CORES,
     RUNQ_BUSY_PCT,
     Signals,
+    limited,
     median,
     spare_cores,
     starved,
@@ -80,7 +81,13 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         fs += 2
         f.append(f"workers blocked on block I/O {sig.worker_blkio_pct:.0f}% of the time")
     util, aw = sig.disk_util_median_pct, sig.disk_r_await_median_ms
-    if util is not None:
+    if limited(sig):
+        # a limit stands before the device: the device's own idleness says nothing
+        fs += 2
+        f.append(f"reads of {sig.device} reached the trainer's cgroup read limit "
+                 f"({_size(sig.read_limit_kb_s * 1024)}/s; p95 "  # type: ignore[operator]
+                 f"{_size((sig.disk_rkb_s_p95 or 0) * 1024)}/s)")
+    elif util is not None:
         if util >= 80:
             fs += 1
             f.append(f"{sig.device} busy {util:.0f}% of the time (iostat %util)")
@@ -180,7 +187,8 @@ _INPUT_EVIDENCE = ("stall_fraction", "stall_source", "phase_shares", "stack_samp
                    "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
                    "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
                    "disk_r_s_median", "disk_rareq_kb_median", "psi_io_median_pct",
-                   "iowait_median_pct", "host_cpu_median_pct", "physical_cores")
+                   "iowait_median_pct", "host_cpu_median_pct", "physical_cores",
+                   "read_limit_kb_s")
 
 
 def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
@@ -402,7 +410,15 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
             "rotational" if info.get("rotational") else info.get("kind") or "")
     capped = (aw is not None and aw < 10 and (sig.disk_util_median_pct or 0) < 50
               and (sig.worker_d_share or sig.main_d_share or 0) >= 0.25)
-    if dev and capped:
+    if dev and limited(sig):
+        limit = (sig.read_limit_kb_s or 0.0) * 1024
+        fixes.append(Fix(f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
+                         f"({_size(limit)}/s): raise or lift the I/O limit (cgroup io.max / blkio "
+                         "throttle, `docker run --device-read-bps`, the pod's I/O limits), or "
+                         "copy the dataset to storage the limit does not cover",
+                         f"the device's read rate reached {_size((sig.disk_rkb_s_p95 or 0) * 1024)}"
+                         f"/s (p95) against a limit of {_size(limit)}/s"))
+    elif dev and capped:
         # what the trainer itself gets; the device total also counts other processes
         rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
         util = sig.disk_util_median_pct or 0.0

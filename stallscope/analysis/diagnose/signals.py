@@ -17,9 +17,9 @@ from stallscope.analysis.diagnose.model import RunData
 from stallscope.analysis.stacks import trainer_phases
 from stallscope.store import Series, StepRow
 
-__all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "OTHERS_BUSY_CORES",
-           "RUNQ_BUSY_PCT", "Signals", "compute_signals", "mean", "median", "p95", "spare_cores",
-           "starved"]
+__all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
+           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "Signals", "compute_signals", "limited", "mean",
+           "median", "p95", "spare_cores", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -112,6 +112,8 @@ class Signals:
     disk_rareq_kb_median: float | None = None
     disk_rkb_s_cv: float | None = None  #: variation of read throughput while reading
     disk_aqu_sz_median: float | None = None
+    #: the read limit of the trainer's cgroup on that device, kB/s (meta ``read_limits``)
+    read_limit_kb_s: float | None = None
     # --- host ---
     host_cpu_median_pct: float | None = None
     host_max_core_median_pct: float | None = None
@@ -542,6 +544,10 @@ def _disk_signals(sig: Signals, data: RunData) -> None:
             return
         dev = max(reads, key=lambda d: reads[d])
     sig.device = dev
+    limits = data.meta.get("read_limits")
+    limit = limits.get(dev) if isinstance(limits, dict) else None
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0:
+        sig.read_limit_kb_s = float(limit) / 1024.0
 
     def vals(key: str) -> list[float]:
         s = data.get(f"disk.{key}", dev)
@@ -564,6 +570,18 @@ def _disk_signals(sig: Signals, data: RunData) -> None:
     if len(busy) >= 3:
         m = sum(busy) / len(busy)
         sig.disk_rkb_s_cv = _r(statistics.pstdev(busy) / m if m else None, 3)
+
+
+#: share of the cgroup's read limit the device's p95 read rate must reach for the reads to
+#: count as held at that limit
+LIMIT_REACHED = 0.8
+
+
+def limited(sig: Signals) -> bool:
+    """The trainer's cgroup limits reads of the dataset's device and the reads reached that
+    limit (p95 of the device's read rate at least :data:`LIMIT_REACHED` of it)."""
+    return (sig.read_limit_kb_s is not None and sig.disk_rkb_s_p95 is not None
+            and sig.disk_rkb_s_p95 >= LIMIT_REACHED * sig.read_limit_kb_s)
 
 
 #: idle cores (over the run) under which the CPUs count as busy: more workers or a parallel map
