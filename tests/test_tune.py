@@ -495,7 +495,7 @@ def test_the_models_runner_up_is_tried_when_predicted_close(step_ms: float, clos
     32: at most 1,049 samples/s) two workers are predicted at 1,000 and three at the step's
     1,049: three are tried and hold, and the runner-up, two, is tried too and found faster
     (its prediction error is noted); four, predicted no faster than three, are not. With a fast
-    step (8 ms) four workers are predicted at 1,950 and three at 1,500, under 90% of it: no
+    step (8 ms) four workers are predicted at 1,951 and three at 1,500, under 90% of it: no
     runner-up."""
     from stallscope.tuner.measure import Trial
     from stallscope.tuner.search import Search
@@ -529,7 +529,7 @@ def test_the_models_runner_up_is_tried_when_predicted_close(step_ms: float, clos
     else:
         assert counts[:3] == [0, 1, 4] and 2 not in counts and 3 not in counts, counts
         assert not runner, result.notes
-        assert "predicted 1,950 samples/s at num_workers=4; measured 1,900 (-3%)" in \
+        assert "predicted 1,951 samples/s at num_workers=4; measured 1,900 (-3%)" in \
             result.notes
 
 
@@ -567,3 +567,32 @@ def test_the_read_limit_bounds_every_worker_count() -> None:
                gpu=False, cores=4, measure=measure, step_ms=5.0, read_caps={"8:16": 2_000_000})
     other = s.run()
     assert s.storage_bound is None and not any("reads are capped" in n for n in other.notes)
+
+
+def test_the_step_slowed_beside_one_worker_bounds_the_next_prediction() -> None:
+    """Measured on 2 cores (cpu_heavy, 2026-11-26): the baseline ran 311 samples/s with a 29-ms
+    step; beside one worker the step took 88 ms and the rate fell to 232. The step's 88 ms (about
+    360 samples/s for batches of 32) is the bound of two workers, which then feed it without a wait
+    (measured 370); before, the model saw no gain in a second worker and stopped at one."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    seen = {0: (310.6, 0.714, 126.9, 4.085, 29.42), 1: (232.5, 0.361, 157.7, 3.234, 87.96),
+            2: (370.0, 0.02, 190.0, 3.2, 86.0)}
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        rate, wait, cpu, cpu_ms, step_ms = seen[int(config.get("num_workers", 0) or 0)]
+        return Trial(config=config, samples_per_s=rate, data_wait_share=wait, cpu_pct=cpu,
+                     cpu_ms_per_sample=cpu_ms, step_ms=step_ms, samples=int(rate * window_s),
+                     batches=round(rate * window_s / 32), seconds=window_s)
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=42, max_workers=None, start_method=None,
+               gpu=False, cores=2, measure=measure, read_caps={})
+    result = s.run()
+    counts = [t.config.get("num_workers", 0) for t in result.trials]
+    assert counts[:3] == [0, 1, 2], counts
+    assert 350 <= s.predicted[2] <= 370, s.predicted
+    assert "predicted 360 samples/s at num_workers=2; measured 370 (+3%)" in result.notes
+    assert result.best["num_workers"] == 2

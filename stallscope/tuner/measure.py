@@ -115,6 +115,9 @@ class _Usage:
     last: dict[int, tuple[float, int]] = field(default_factory=dict)
     peak_rss: float = 0.0
     peak_worker_rss: float = 0.0
+    #: bytes read by workers that ended (were reaped) during the trial: the kernel then adds
+    #: their reads to this process's own counter, which would count them twice
+    reaped_read: int = 0
 
 
 class _Sampler(threading.Thread):
@@ -124,6 +127,7 @@ class _Sampler(threading.Thread):
         self.usage = _Usage()
         self._halt = threading.Event()
         self._me = psutil.Process(os.getpid())
+        self._children: set[int] = set()
 
     def sample(self) -> None:
         u = self.usage
@@ -153,6 +157,11 @@ class _Sampler(threading.Thread):
             if p.pid != self._me.pid:
                 u.peak_worker_rss = max(u.peak_worker_rss, mem)
         u.peak_rss = max(u.peak_rss, rss)
+        alive = {p.pid for p in procs}
+        for pid in [p for p in self._children if p not in alive]:
+            u.reaped_read += u.last[pid][1] - u.first[pid][1]
+            self._children.discard(pid)
+        self._children |= alive - {self._me.pid}
 
     def run(self) -> None:
         while not self._halt.wait(self.period):
@@ -230,9 +239,9 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
         trial.status = "failed"
         trial.reason = failure_text(exc)[:300]
     finally:
+        usage = sampler.stop()  # before the workers end: see _Usage.reaped_read
         if it is not None:
             _shutdown(it)
-        usage = sampler.stop()
         _account(trial, usage, time.perf_counter() - t_start)
         trial.swap_in = max(0, swap_ins() - swap0)
         disks1 = read_devices()
@@ -254,7 +263,7 @@ def failure_text(exc: BaseException) -> str:
 
 def _account(trial: Trial, u: _Usage, wall: float) -> None:
     cpu = sum(u.last[p][0] - u.first[p][0] for p in u.last)
-    read = sum(u.last[p][1] - u.first[p][1] for p in u.last)
+    read = max(0, sum(u.last[p][1] - u.first[p][1] for p in u.last) - u.reaped_read)
     me = os.getpid()
     worker_cpu = sum(u.last[p][0] - u.first[p][0] for p in u.last if p != me)
     loading_cpu = worker_cpu if trial.config.get("num_workers", 0) > 0 else cpu

@@ -7,9 +7,9 @@
    load time in a worker ``L`` (1 / its rate while the step waits for it) and the loading CPU
    per sample ``Lc``; the step gives ``c`` per sample, and the trainer's CPU per sample beside
    the loading ``M`` (the step on all its threads, receiving batches: the trial's CPU less
-   ``Lc``, at least ``c``). What that worker cost the cores beyond the same work done without
-   workers, ``X`` (the step's threads contending with it), is counted again for each further
-   worker. ``k`` workers then feed ``min(k / L, 1 / c, cores / (Lc + M + (k - 1) X), R / b)``
+   ``Lc``, at least ``c``). After a baseline without workers, the step's bound is its time
+   as measured beside that worker, ``s`` (its threads share the cores with the loading), and
+   ``M`` is ``c``. ``k`` workers then feed ``min(k / L, 1 / s, cores / (Lc + M), R / b)``
    samples/s (a resource model in the spirit of Plumber, MLSys'22: loading in parallel, the
    step in series, both on the usable cores, the storage at ``R`` bytes/s, the read limit of
    this process's cgroup on a device the trial read from, over ``b`` bytes read per sample).
@@ -501,10 +501,8 @@ class Search:
                zero: Trial | None = None) -> dict[int, float]:
         """Samples/s per worker count (module docstring), from ``source`` (the baseline at
         no workers, or one worker's trial) and the contention fitted so far; {} when the trial
-        does not tell a sample's load time. With one worker's trial, ``zero`` (the baseline
-        without workers) tells what that worker cost the machine's CPU beside the loading it
-        did: the trainer's threads and the worker contending for the cores (each further
-        worker is counted at that cost again)."""
+        does not tell a sample's load time. With one worker's trial after a baseline without
+        workers (``zero``), the step's time is the one measured beside that worker."""
         if source.status != "ok" or not source.samples_per_s or source.samples_per_s <= 0:
             return {}
         load = self._load_s(source)
@@ -520,20 +518,22 @@ class Search:
         # of 32, not 0.6) and receiving batches; at least the step's time on one thread
         total = (source.cpu_pct or 0.0) / 100.0 / source.samples_per_s
         main = max(total - cpu, c)
-        extra = 0.0
-        if zero is not None and zero.cpu_pct and zero.samples_per_s and source.cpu_pct and \
-                source.config.get("num_workers") == 1:
-            # CPU per sample with one worker beyond what the same work took without workers
-            # (on 2 cores: 2.27 against 1.99 ms; the step's threads spin and wait for cores)
-            extra = max(0.0, cpu + main - zero.cpu_pct / 100.0 / zero.samples_per_s)
+        step = c
+        if zero is not None and source.config.get("num_workers") and source.step_ms \
+                and per_batch:
+            # the step as it ran beside a worker: its threads share the cores with the loading
+            # (on 2 cores a 29-ms step took 88 ms beside one worker, and about as long beside
+            # two). Its CPU counts as its time alone: what its threads burnt spinning while the
+            # worker had the cores is not work a second worker would compete with
+            step = max(c, source.step_ms / 1000.0 / per_batch)
+            main = c
         storage = self._storage_bound(source)
         out = {}
         for w in range(1, self.max_workers + 1):
             slow = 1.0 + contention * (w - 1)
-            bounds = [w / (load * slow),
-                      self.cores / (cpu * slow + main + extra * (w - 1))]
-            if c > 0:
-                bounds.append(1.0 / c)
+            bounds = [w / (load * slow), self.cores / (cpu * slow + main)]
+            if step > 0:
+                bounds.append(1.0 / step)
             if storage:
                 bounds.append(storage)
             out[w] = min(bounds)
