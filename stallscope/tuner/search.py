@@ -8,11 +8,11 @@
    per sample ``Lc``; the step gives ``c`` per sample, and the trainer's CPU per sample beside
    the loading ``M`` (the step on all its threads, receiving batches: the trial's CPU less
    ``Lc``, at least ``c``). After a baseline without workers, the step's bound is its time
-   as measured beside that worker, ``s`` (its threads share the cores with the loading), and
-   ``M`` is ``c``. ``k`` workers then feed ``min(k / L, 1 / s, cores / (Lc + M), R / b)``
-   samples/s (a resource model in the spirit of Plumber, MLSys'22: loading in parallel, the
-   step in series, both on the usable cores, the storage at ``R`` bytes/s, the read limit of
-   this process's cgroup on a device the trial read from, over ``b`` bytes read per sample).
+   as measured beside that worker, ``s`` (its threads share the cores with the loading).
+   ``k`` workers then feed ``min(k / L, 1 / s, cores / (Lc + M), R / b)`` samples/s (a
+   resource model in the spirit of Plumber, MLSys'22: loading in parallel, the step in series,
+   both on the usable cores, the storage at ``R`` bytes/s, the read limit of this process's
+   cgroup on a device the trial read from, over ``b`` bytes read per sample).
    The fewest workers within 2% of the best prediction are tried, and the prediction error is
    noted; when they fall more than 5% short, the shortfall fits the workers' contention and the
    next prediction is tried (at most three rounds). Then the runner-up: the untried count the
@@ -522,11 +522,10 @@ class Search:
         if zero is not None and source.config.get("num_workers") and source.step_ms \
                 and per_batch:
             # the step as it ran beside a worker: its threads share the cores with the loading
-            # (on 2 cores a 29-ms step took 88 ms beside one worker, and about as long beside
-            # two). Its CPU counts as its time alone: what its threads burnt spinning while the
-            # worker had the cores is not work a second worker would compete with
+            # (on 2 cores a 29-ms step took 63-88 ms beside one worker, a little more beside
+            # two); the trainer's CPU per sample stays the one measured there (its threads
+            # spinning for the cores included: two workers then kept the cores 190% busy)
             step = max(c, source.step_ms / 1000.0 / per_batch)
-            main = c
         storage = self._storage_bound(source)
         out = {}
         for w in range(1, self.max_workers + 1):
