@@ -80,20 +80,9 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
     if sig.worker_blkio_pct is not None and sig.worker_blkio_pct >= 20:
         fs += 2
         f.append(f"workers blocked on block I/O {sig.worker_blkio_pct:.0f}% of the time")
-    util, aw = sig.disk_util_median_pct, sig.disk_r_await_median_ms
-    if limited(sig):
-        # a limit stands before the device: the device's own idleness says nothing
-        fs += 2
-        f.append(f"reads of {sig.device} reached the trainer's cgroup read limit "
-                 f"({_size(sig.read_limit_kb_s * 1024)}/s; p95 "  # type: ignore[operator]
-                 f"{_size((sig.disk_rkb_s_p95 or 0) * 1024)}/s)")
-    elif util is not None:
-        if util >= 80:
-            fs += 1
-            f.append(f"{sig.device} busy {util:.0f}% of the time (iostat %util)")
-        elif util < 30 and (sig.disk_rkb_s_median or 0) < 1024:
-            ps += 1
-            p.append(f"{sig.device} mostly idle ({util:.0f}% util)")
+    dfs, dps = _device_scores(sig, f, p)
+    fs, ps = fs + dfs, ps + dps
+    aw = sig.disk_r_await_median_ms
     if aw is not None and aw >= 20:
         fs += 2 if aw >= 50 else 1
         f.append(f"read latency {aw:.0f} ms (r_await; > 20 ms deserves attention)")
@@ -143,6 +132,27 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         ps += 1
         p.append(f"all CPUs busy ({sig.host_cpu_median_pct:.0f}%)")
     return fs, f, ps, p
+
+
+def _device_scores(sig: Signals, f: list[str], p: list[str]) -> tuple[int, int]:
+    """The dataset device's part of :func:`_fetch_prep_scores`: its read limit, else its own
+    busy share (reasons appended to ``f`` and ``p``); returns (fetch, prep) points."""
+    util = sig.disk_util_median_pct
+    fs = ps = 0
+    if limited(sig):
+        # a limit stands before the device: the device's own idleness says nothing
+        fs += 2
+        f.append(f"reads of {sig.device} reached the trainer's cgroup read limit "
+                 f"({_size(sig.read_limit_kb_s * 1024)}/s; p95 "  # type: ignore[operator]
+                 f"{_size((sig.disk_rkb_s_p95 or 0) * 1024)}/s)")
+    elif util is not None:
+        if util >= 80:
+            fs += 1
+            f.append(f"{sig.device} busy {util:.0f}% of the time (iostat %util)")
+        elif util < 30 and (sig.disk_rkb_s_median or 0) < 1024:
+            ps += 1
+            p.append(f"{sig.device} mostly idle ({util:.0f}% util)")
+    return fs, ps
 
 
 @dataclass(frozen=True)
