@@ -255,6 +255,23 @@ class Search:
         best = self._best()
         return best is None or (t.samples_per_s or 0.0) >= 0.95 * (best.samples_per_s or 0.0)
 
+    def _failed(self, t: Trial) -> bool:
+        """``t`` failed: stop the search, saying the dataset must work in workers first."""
+        if t.status != "failed":
+            return False
+        self.stopped = (f"num_workers={t.config.get('num_workers', 0)} failed ({t.reason}): the "
+                        "dataset must work in worker processes before more workers can help")
+        return True
+
+    def _stop_if_keeps_up(self, t: Trial) -> bool:
+        """The input keeps up at ``t``: stop the search, saying so."""
+        if not self._keeps_up(t):
+            return False
+        self.stopped = (f"the input keeps up with the training step at num_workers="
+                        f"{t.config.get('num_workers', 0)} (data wait "
+                        f"{100 * (t.data_wait_share or 0):.1f}%): more tuning cannot help")
+        return True
+
     def _search(self) -> None:
         base = self._trial("baseline (as given)", self._config())
         if base is None or base.status == "failed":
@@ -437,18 +454,13 @@ class Search:
                                              if first else ""), self._config(num_workers=1))
         if one is None:
             return
-        if one.status == "failed":
-            self.stopped = (f"num_workers=1 failed ({one.reason}): the dataset must work "
-                            "in worker processes before more workers can help")
+        if self._failed(one):
             return
         if first and one.status == "ok" and one.samples_per_s:
             self.notes.append(f"predicted {first[1]:,.0f} samples/s at num_workers=1 from the "
                               f"baseline; measured {one.samples_per_s:,.0f} "
                               f"({one.samples_per_s / first[1] - 1.0:+.0%})")
-        if self._keeps_up(one):
-            self.stopped = ("the input keeps up with the training step at num_workers=1 "
-                            f"(data wait {100 * (one.data_wait_share or 0):.1f}%): more "
-                            "tuning cannot help")
+        if self._stop_if_keeps_up(one):
             return
         # from here on, the baseline and the one worker's trial together
         contention = 0.0
@@ -464,19 +476,14 @@ class Search:
                 return  # the model points where it measured already
             t = self._trial(f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
                             self._config(num_workers=k))
-            if t is not None and t.status == "failed":
-                self.stopped = (f"num_workers={k} failed ({t.reason}): the dataset must work in "
-                                "worker processes before more workers can help")
+            if t is not None and self._failed(t):
                 return
             if t is None or t.status != "ok" or not t.samples_per_s:
                 return
             err = t.samples_per_s / rates[k] - 1.0
             self.notes.append(f"predicted {rates[k]:,.0f} samples/s at num_workers={k}; "
                               f"measured {t.samples_per_s:,.0f} ({err:+.0%})")
-            if self._keeps_up(t):
-                self.stopped = (f"the input keeps up with the training step at num_workers={k} "
-                                f"(data wait {100 * (t.data_wait_share or 0):.1f}%): more "
-                                "tuning cannot help")
+            if self._stop_if_keeps_up(t):
                 return
             if err >= -0.05 or k <= 1:
                 return  # the prediction held
@@ -565,14 +572,9 @@ class Search:
             t = self._trial(f"num_workers={w}", self._config(num_workers=w))
             if t is None:
                 return
-            if t.status == "failed":
-                self.stopped = (f"num_workers={w} failed ({t.reason}): the dataset must work "
-                                "in worker processes before more workers can help")
+            if self._failed(t):
                 return
-            if self._keeps_up(t):
-                self.stopped = (f"the input keeps up with the training step at num_workers={w} "
-                                f"(data wait {100 * (t.data_wait_share or 0):.1f}%): more "
-                                "tuning cannot help")
+            if self._stop_if_keeps_up(t):
                 return
             if prev is None and t.status == "ok":
                 prev = t
