@@ -154,7 +154,8 @@ def test_parse_read_caps_v1_and_v2() -> None:
                                                                "254:0": 10485760}
     v2 = "8:0 rbps=2097152 wbps=max riops=max wiops=max\n8:16 wbps=1000 riops=50\n"
     assert parse_read_caps(v2) == {"8:0": 2097152}  # 8:16 limits writes and IOPS only
-    assert parse_read_caps("garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n") == {}
+    assert parse_read_caps("garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n"
+                           "8:2 \u00b2\n8:3 rbps=\u0661\n") == {}
 
 
 def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -> None:

@@ -447,8 +447,12 @@ def parse_read_caps(text: str) -> dict[str, int]:
         else:
             if "=" in value:  # an io.max line with no rbps key: no read limit
                 continue
-        if value.isdigit() and int(value) > 0:
-            caps[fields[0]] = int(value)
+        try:
+            bps = int(value) if value.isascii() and value.isdigit() else 0
+        except ValueError:
+            bps = 0
+        if bps > 0:
+            caps[fields[0]] = bps
     return caps
 
 

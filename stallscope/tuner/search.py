@@ -529,7 +529,7 @@ class Search:
         if zero is not None and source.config.get("num_workers") and source.step_ms \
                 and per_batch:
             # the step as it ran beside a worker: its threads share the cores with the loading
-            # (on 2 cores a 29-ms step took 63-88 ms beside one worker, a little more beside
+            # (on 2 cores a 29-33-ms step took 52-88 ms beside one worker, a little more beside
             # two); the trainer's CPU per sample stays the one measured there (its threads
             # spinning for the cores included: two workers then kept the cores 190% busy)
             step = max(c, source.step_ms / 1000.0 / per_batch)
