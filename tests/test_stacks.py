@@ -319,7 +319,7 @@ def test_the_injected_sampler_in_a_real_trainer(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive  # beside another test, py-spy read 0.79-0.83 against 0.752 (2 of 6 runs)
+@pytest.mark.exclusive  # beside another test, py-spy read 0.79-0.83 against 0.752 (3 of 6 runs)
 def test_pyspy_attached_to_a_running_trainer(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     if pyspy_path() is None:
