@@ -25,14 +25,16 @@ mkdir -p artifacts
 .venv/bin/mypy
 heavy="slow or prometheus or alertmanager or chromium or tmux or tensorflow or torchrun"
 if [ "$fast" = 1 ]; then
-  exec .venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($heavy or exclusive)" "$@"
+  exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
+    -m "not ($heavy or exclusive)" "$@"
 fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"  # what was asked for, as asked
 fi
 # the whole suite in two passes: the tests that share the machine well two at a time (a file per
-# worker), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
+# worker, long files first: tests/conftest.py), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
 rc=0
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not exclusive" --durations=12 || rc=$?
+.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not exclusive" \
+  --durations=12 || rc=$?
 .venv/bin/python -m pytest -m exclusive --durations=12 || rc=$((rc ? rc : $?))
 exit "$rc"

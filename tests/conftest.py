@@ -71,6 +71,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 tool_missing(" or ".join(n.removeprefix("module:") for n in choices))
 
 
+#: markers of tests that run a training or a heavy real component for seconds to a minute
+LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", "torchrun")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that hold long tests first, the order within each group kept: scripts/test.sh
+    hands out whole files to two workers in this order (``--dist loadfile
+    --no-loadscope-reorder``), so the short files fill in at the end. xdist's own order (most
+    tests first) started the 80-s scenario files last, one worker running them alone."""
+    long_files = {item.path for item in items
+                  if any(item.get_closest_marker(m) for m in LONG)}
+    items.sort(key=lambda item: item.path not in long_files)
+
+
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
