@@ -599,3 +599,28 @@ def test_the_step_slowed_beside_one_worker_bounds_the_next_prediction() -> None:
     assert "predicted 365 samples/s at num_workers=2; measured 368 (+1%)" in result.notes, \
         (s.predicted, result.notes)
     assert result.best["num_workers"] == 2
+    # the speed-up predicted before the pick's trial: 365 / 302, and said so in --json
+    assert result.predicted_speedup == pytest.approx(365.0 / 302.0, rel=0.01), s.forecast
+    assert result.to_json()["predicted_speedup"] == pytest.approx(1.21, abs=0.01)
+
+
+def test_no_predicted_speedup_for_a_pick_the_calibration_measured() -> None:
+    """One worker is a calibration trial: measured, not predicted; the result says none."""
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import Search
+    from stallscope.tuner.target import target_of
+
+    def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
+        w = int(config.get("num_workers", 0) or 0)
+        rate = {0: 100.0, 1: 400.0}.get(w, 390.0)
+        return Trial(config=config, samples_per_s=rate, data_wait_share=0.5 if w == 0 else 0.3,
+                     cpu_pct=100.0, cpu_ms_per_sample=1.0, step_ms=5.0,
+                     samples=int(rate * window_s), batches=round(rate * window_s / 32),
+                     seconds=window_s)
+
+    data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
+    s = Search(target_of(data), step_fn=None, budget_s=42, max_workers=None, start_method=None,
+               gpu=False, cores=2, measure=measure, read_caps={})
+    result = s.run()
+    assert result.best["num_workers"] == 1, [t.config for t in result.trials]
+    assert result.predicted_speedup is None and result.to_json()["predicted_speedup"] is None

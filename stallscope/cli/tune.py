@@ -218,7 +218,9 @@ def print_result(result: TuneResult, console: Console) -> None:
     if result.samples_per_s and base:
         console.print(f"best: {result.samples_per_s:,.0f} samples/s, "
                       f"×{result.samples_per_s / base:.2f} the configuration as given "
-                      f"({base:,.0f} samples/s)", highlight=False, markup=False)
+                      f"({base:,.0f} samples/s)"
+                      + (f"; predicted ×{result.predicted_speedup:.2f} before its trial"
+                         if result.predicted_speedup else ""), highlight=False, markup=False)
     console.print(f"bound: {plain(result.bound)}", highlight=False, markup=False)
     console.print(f"stopped: {plain(result.stopped)} ({result.seconds:.0f} s, "
                   f"{result.cores} usable cores)", highlight=False, markup=False)

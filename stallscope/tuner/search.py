@@ -80,6 +80,10 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     #: the position in ``trials`` of the trial ``best`` comes from
     best_index: int | None = None
+    #: the model's rate for the recommended worker count, predicted from the calibration
+    #: (the baseline and one worker) before a trial measured it, over the baseline's rate;
+    #: None where the pick is one of the calibration's own configurations or no model ran
+    predicted_speedup: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class TuneResult:
             "baseline": self.baseline,
             "speedup": _r(self.samples_per_s / self.baseline["samples_per_s"])
             if self.samples_per_s and self.baseline.get("samples_per_s") else None,
+            "predicted_speedup": _r(self.predicted_speedup),
             "recommendation": self.recommendation,
             "bound": self.bound,
             "stopped": self.stopped,
@@ -134,6 +139,9 @@ class Search:
         self.read_caps = host_read_caps() if read_caps is None else read_caps
         #: what the model predicted per worker count (samples/s), when it could
         self.predicted: dict[int, float] = {}
+        #: the rate predicted for a worker count before its trial measured it (the first
+        #: prediction each count got after the calibration trial), for the predicted speed-up
+        self.forecast: dict[int, float] = {}
         self.max_workers = max(0, min(max_workers, self.cores)) if max_workers is not None \
             else self.cores
         self.start_method = start_method
@@ -434,6 +442,7 @@ class Search:
         w = max(untried, key=lambda n: (untried[n], -n))  # ties: the fewer workers
         if untried[w] < RUNNER_UP * top:
             return
+        self.forecast.setdefault(w, untried[w])
         t = self._trial(f"num_workers={w} (runner-up, predicted {untried[w]:,.0f} samples/s)",
                         self._config(num_workers=w))
         if t is None or t.status != "ok" or not t.samples_per_s:
@@ -474,6 +483,7 @@ class Search:
             k = min(w for w, r in rates.items() if r >= 0.98 * top)
             if self._tried(self._config(num_workers=k)) is not None:
                 return  # the model points where it measured already
+            self.forecast.setdefault(k, rates[k])
             t = self._trial(f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
                             self._config(num_workers=k))
             if t is not None and self._failed(t):
@@ -623,7 +633,12 @@ class Search:
         baseline = {"config": _public(base.config) if base else {},
                     "samples_per_s": _r(base.samples_per_s) if base else None,
                     "data_wait_share": _r(base.data_wait_share) if base else None}
+        k = best_cfg.get("num_workers", 0)
+        predicted_speedup = None
+        if k in self.forecast and base is not None and base.samples_per_s:
+            predicted_speedup = self.forecast[k] / base.samples_per_s
         return TuneResult(
+            predicted_speedup=predicted_speedup,
             best=best_cfg, samples_per_s=best.samples_per_s if best else None,
             baseline=baseline, trials=self.trials,
             best_index=self.trials.index(best) if best is not None else None,
