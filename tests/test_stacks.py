@@ -182,6 +182,39 @@ def test_pyspy_raw_output_keeps_the_main_thread() -> None:
     assert len(list(parse_raw(RAW))) == 3
 
 
+def _round(pid: int) -> str:
+    """A py-spy round of ``pid``: 30 samples waiting for data, 10 of compute, and 8 tearing
+    down the loader's workers (py-spy's raw output: counts, no order)."""
+    main = f"thread ({pid}): MainThread;<module> (train.py:10);"
+    return (f"{main}__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 30\n"
+            f"{main}_call_impl (torch/nn/modules/module.py:1784) 10\n"
+            f"{main}__del__ (torch/utils/data/dataloader.py:1600);_shutdown_workers "
+            "(torch/utils/data/dataloader.py:1580);join (multiprocessing/process.py:149) 8\n")
+
+
+def test_pyspy_the_round_a_trainer_ended_in_leaves_its_end_out(tmp_path: Path) -> None:
+    """Within a round, py-spy keeps no order. In the round a trainer ended in, what was not
+    training (its workers torn down) is its end: ``tail``, in no share; in a round of a trainer
+    still running it is ``other``. Beside a CPU hog, counting the end as ``other`` read the
+    attached training's data share 0.083 low."""
+    alive = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    try:
+        sampler = PySpySampler(tmp_path / "stacks", [alive.pid, ended.pid], rate_hz=10)
+        for pid in (alive.pid, ended.pid):
+            sampler._tallies[pid].started = True  # training began in an earlier round
+            out = tmp_path / f"{pid}.txt"
+            out.write_text(_round(pid))
+            sampler._finish_round(pid, out, 0, "", wall_s=4.8)
+        recs = {r["pid"]: r for r in read_records(tmp_path)}
+        assert recs[alive.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "other": 0.8})
+        assert recs[ended.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "tail": 0.8})
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_a_pyspy_sample_stands_for_the_time_it_covered() -> None:
     # on time: the aimed interval; behind (168 samples in a 10 s round at 20 Hz, as measured
     # with both cores busy): the round's time over its samples; a stalled round: at most 4x

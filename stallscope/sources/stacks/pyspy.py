@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psutil
+
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.owner import read_environ
 from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_env
@@ -189,13 +191,19 @@ class PySpySampler:
                                               f"{_reason(err)}"))
             return
         tally = self._tallies[pid]
+        # py-spy's raw output keeps no order within a round. Before training starts, what is
+        # not training is start-up, so it goes first; in the round in which the trainer
+        # ended, after training, it is most likely the end: tearing down the loader's workers,
+        # saving (beside a CPU hog, a prep-bound training's worker shutdown stood for 7% of
+        # the run, and went first, it counted as "other" where the trainer timed nothing)
+        last = tally.started and _ended(pid)
         samples = sorted(parse_raw(text, tid=pid),
-                         key=lambda fc: classify(fc[0])[0] in TRAINING)  # start-up first
+                         key=lambda fc: (classify(fc[0])[0] in TRAINING) != last)
         weight = sample_weight(self.rate_hz, sum(c for _f, c in samples), wall_s)
         for frames, count in samples:
             for _ in range(count):
                 tally.add(frames, weight)
-        rec = tally.record(time.time())
+        rec = tally.record(time.time(), final=last)
         if rec is not None:
             try:
                 append_record(self.folder, rec)
@@ -224,6 +232,14 @@ def sample_weight(rate_hz: float, n: int, wall_s: float | None) -> float:
     if not wall_s or n <= 0 or wall_s / n <= 1.05 * nominal:
         return nominal
     return min(wall_s / n, 4 * nominal)
+
+
+def _ended(pid: int) -> bool:
+    """The process has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _rank_of(pid: int) -> int | None:
