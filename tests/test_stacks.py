@@ -155,6 +155,30 @@ def test_tally_leaves_out_startup_and_the_tail() -> None:
     assert t.add(DATA, 5.0) == "data" and t.seconds["data"] == 1.0  # one sample ≤ 1 s
 
 
+def test_building_a_dataloader_or_sampler_does_not_start_training() -> None:
+    """A sample taken while the DataLoader or DistributedSampler is built, before the loop, is
+    start-up: building the model and DDP joining its process group follow it (seconds on a
+    busy host; counted as training's `other`, a DDP rank's data share once read 0.672 against
+    its own 0.875). Iterating the loader starts training, a new iterator's workers included."""
+    dl = SP + "torch/utils/data/dataloader.py"
+    t = Tally(7, 1, "inproc", 50.0)
+    t.add(stack(LOOP, F(SP + "torch/utils/data/distributed.py", "__init__")), 0.1)
+    t.add(stack(LOOP, F(dl, "__init__"), F(dl, "__setattr__")), 0.1)
+    assert not t.started
+    t.add(stack(LOOP, F(SP + "torch/nn/parallel/distributed.py", "__init__"),
+                F(SP + "torch/distributed/distributed_c10d.py", "broadcast")), 0.9)  # DDP joins
+    assert not t.started
+    # the first epoch's iter(loader) starts the workers (an __init__ under __iter__): a wait
+    t.add(stack(LOOP, F(dl, "__iter__"), F(dl, "_get_iterator"), F(dl, "__init__")), 0.3)
+    assert t.started
+    t.add(COMPUTE, 0.1)
+    rec = t.record(100.0)
+    assert rec is not None and rec["s"] == pytest.approx(
+        {"startup": 1.1, "data": 0.3, "compute": 0.1})
+    # once training runs, building another loader (a validation one) is the input's time
+    assert t.add(stack(LOOP, F(dl, "__init__")), 0.1) == "data"
+
+
 def test_folded_stacks_are_bounded_per_record() -> None:
     t = Tally(7, None, "inproc", 50.0)
     t.add(DATA, 0.1)

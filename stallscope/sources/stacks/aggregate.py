@@ -27,7 +27,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stallscope.sources.stacks.phases import TRAINING, Frame, classify, fold, idle_process
+from stallscope.sources.stacks.phases import (
+    TRAINING,
+    Frame,
+    classify,
+    fold,
+    idle_process,
+    starts_training,
+)
 
 __all__ = ["MAX_STACKS", "STACKS_DIR", "RecordTail", "Tally", "append_record", "phase_seconds",
            "rank_from_env", "ranked_pids", "read_records", "stacks_dir"]
@@ -71,13 +78,16 @@ class Tally:
         self.stack_phase: dict[str, str] = {}
         self.n = 0
         self.total_n = 0
-        #: stack key -> (phase, folded stack, not a trainer's): a loop repeats a few stacks
-        self._memo: dict[Any, tuple[str, str, bool]] = {}
+        #: stack key -> (phase, folded stack, not a trainer's, starts training): a loop
+        #: repeats a few stacks
+        self._memo: dict[Any, tuple[str, str, bool, bool]] = {}
 
-    def _info(self, frames: Sequence[Frame], key: Any) -> tuple[str, str, bool]:
+    def _info(self, frames: Sequence[Frame], key: Any) -> tuple[str, str, bool, bool]:
         info = self._memo.get(key) if key is not None else None
         if info is None:
-            info = (classify(frames)[0], fold(frames), idle_process(frames))
+            phase, framework = classify(frames)
+            info = (phase, fold(frames), idle_process(frames),
+                    starts_training(frames, phase, framework))
             if key is not None and len(self._memo) < MEMO_SIZE:
                 self._memo[key] = info
         return info
@@ -89,11 +99,11 @@ class Tally:
         if not frames:
             return "other"
         weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
-        phase, folded, not_trainer = self._info(frames, key)
+        phase, folded, not_trainer, starts = self._info(frames, key)
         if not self.started and not_trainer:
             self.idle = True
         if not self.started:
-            if phase in TRAINING:
+            if starts:
                 self.started = True
             else:
                 phase = "startup"

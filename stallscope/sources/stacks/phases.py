@@ -15,7 +15,9 @@ training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, 
 ``gpu_wait`` (synchronize, ``.item()``, ``.cpu()``), ``comm`` (collective communication),
 ``ckpt`` (checkpoint I/O), ``graph`` (inside a compiled TensorFlow function, which may hold the
 input pipeline too: stacks cannot tell), ``other``; and ``startup``, every sample of a process
-before its first training-phase sample (imports, building the model), which no share counts.
+before its first training-phase sample (imports, building the model), which no share counts
+(a PyTorch ``data`` sample starts training only while the loader is iterated:
+:func:`starts_training`).
 A sample inside an ``import``, or joining a process group, is ``setup``: counted as ``other``
 once training has started, and never starting it.
 """
@@ -29,6 +31,7 @@ from typing import NamedTuple
 
 __all__ = [
     "BUILDING",
+    "ITERATING",
     "LINE_PATTERNS",
     "PHASES",
     "TABLES",
@@ -39,6 +42,7 @@ __all__ = [
     "fold",
     "framework_of",
     "idle_process",
+    "starts_training",
 ]
 
 
@@ -235,6 +239,24 @@ def classify(frames: Sequence[Frame]) -> tuple[str, str]:
             if phase is not None:
                 return phase, ""
     return "other", ""
+
+
+#: functions that iterate an input pipeline: a PyTorch ``data`` sample with one of them on its
+#: stack is fetching batches; without (a DataLoader or a sampler being built), it is set-up
+ITERATING = frozenset({"__iter__", "__next__"})
+
+
+def starts_training(frames: Sequence[Frame], phase: str, framework: str) -> bool:
+    """Whether a sample of ``phase`` (from :func:`classify`) shows the training loop has begun.
+    A PyTorch ``data`` sample does only while the pipeline is iterated: one taken while a
+    DataLoader or a DistributedSampler is being built, before the loop, does not (then the
+    model is built and DDP joins its process group, for seconds on a busy host; counted as
+    training's ``other``, a DDP rank's data share read 0.672 against its own 0.875)."""
+    if phase not in TRAINING:
+        return False
+    if phase != "data" or framework != "pytorch":
+        return True
+    return any(f.func in ITERATING for f in frames)
 
 
 def framework_of(frames: Sequence[Frame]) -> str:
