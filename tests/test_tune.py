@@ -25,7 +25,9 @@ torch = pytest.importorskip("torch")
 
 EXAMPLES = ROOT / "examples" / "tune_datasets.py"
 
-#: the trials that compare throughputs run alone (marker exclusive); the error paths share
+#: the trials that compare throughputs run alone (marker exclusive); the error paths, and the
+#: runs whose assertions hold at any speed (Ctrl-C, spawn, the API, a loader as given) share
+#: the parallel pass
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
@@ -135,7 +137,6 @@ def test_a_dataset_failing_in_workers_is_named_never_hangs() -> None:
     assert doc["best"] == {"num_workers": 0}
 
 
-@pytest.mark.exclusive
 def test_spawn_start_method_and_a_factory(tmp_path: Path) -> None:
     mod = _module(tmp_path, """
         import torch
@@ -162,7 +163,6 @@ def test_spawn_start_method_and_a_factory(tmp_path: Path) -> None:
     assert doc["recommendation"].startswith("make_loader(")
 
 
-@pytest.mark.exclusive
 def test_a_dataloader_as_given_is_the_baseline() -> None:
     r = _tune(f"{EXAMPLES}:loader", "--budget", "6", "--json", "--max-workers", "2")
     assert r.returncode == 0, r.stderr
@@ -173,7 +173,6 @@ def test_a_dataloader_as_given_is_the_baseline() -> None:
     assert "shuffle=True" in doc["recommendation"]
 
 
-@pytest.mark.exclusive
 def test_ctrl_c_prints_what_was_found(tmp_path: Path) -> None:
     proc = subprocess.Popen(stallscope_argv("tune", f"{EXAMPLES}:cpu_heavy", "--budget", "120"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -236,7 +235,6 @@ def test_memory_check_rejects_what_would_not_fit() -> None:
     assert s._fits({"num_workers": 2}) == ""
 
 
-@pytest.mark.exclusive
 def test_python_api() -> None:
     import stallscope
 
