@@ -622,3 +622,25 @@ def test_no_predicted_speedup_for_a_pick_the_calibration_measured() -> None:
     result = s.run()
     assert result.best["num_workers"] == 1, [t.config for t in result.trials]
     assert result.predicted_speedup is None and result.to_json()["predicted_speedup"] is None
+
+
+def test_the_trial_sampler_survives_a_child_it_listed_but_never_read() -> None:
+    """A child the sampler's process listing saw but could not read (it ended in between, or
+    was another test's short-lived process beside the trial) and that is gone at the next look:
+    nothing to subtract, no KeyError (seen in CI: test_python_api in the parallel pass)."""
+    from stallscope.tuner.measure import _Sampler
+
+    s = _Sampler()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        s.sample()  # read: its first and last reads are known
+        assert child.pid in s.usage.first
+    finally:
+        child.kill()
+        child.wait()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    s._children.add(gone.pid)  # listed once, never read
+    s.sample()  # both are gone now: the read one is accounted, the other skipped
+    assert s.usage.reaped_read >= 0
+    assert child.pid not in s._children and gone.pid not in s._children

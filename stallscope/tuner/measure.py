@@ -159,7 +159,8 @@ class _Sampler(threading.Thread):
         u.peak_rss = max(u.peak_rss, rss)
         alive = {p.pid for p in procs}
         for pid in [p for p in self._children if p not in alive]:
-            u.reaped_read += u.last[pid][1] - u.first[pid][1]
+            if pid in u.last and pid in u.first:  # a child listed once but never read: nothing
+                u.reaped_read += u.last[pid][1] - u.first[pid][1]
             self._children.discard(pid)
         self._children |= alive - {self._me.pid}
 
