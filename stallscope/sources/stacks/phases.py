@@ -38,6 +38,7 @@ __all__ = [
     "TRAINING",
     "Frame",
     "Row",
+    "bare",
     "classify",
     "fold",
     "framework_of",
@@ -170,6 +171,12 @@ _ROWS = tuple((fw, row) for fw, rows in TABLES.items() for row in rows)
 _memo: dict[tuple[str, str], tuple[str, str] | None] = {}
 
 
+def bare(func: str) -> str:
+    """A function's own name: py-spy names methods with their class (``Tensor.backward``,
+    ``_BaseDataLoaderIter.__next__``), Python's frames do not; the tables use the bare name."""
+    return func.rsplit(".", 1)[-1]
+
+
 def _norm(path: str) -> str:
     return "/" + path.replace("\\", "/").lstrip("/")
 
@@ -182,7 +189,7 @@ def _match(frame: Frame) -> tuple[str, str] | None:
     path = _norm(frame.file)
     found = None
     for fw, row in _ROWS:
-        if "/" + row.path in path and (not row.funcs or frame.func in row.funcs):
+        if "/" + row.path in path and (not row.funcs or bare(frame.func) in row.funcs):
             found = (fw, row.phase)
             break
     if len(_memo) < 100_000:
@@ -198,7 +205,7 @@ def _building(frame: Frame) -> bool:
     got = _built.get(key)
     if got is None:
         path = _norm(frame.file)
-        got = any("/" + frag in path and (not funcs or frame.func in funcs)
+        got = any("/" + frag in path and (not funcs or bare(frame.func) in funcs)
                   for frag, funcs in BUILDING)
         if len(_built) < 100_000:
             _built[key] = got
@@ -256,7 +263,7 @@ def starts_training(frames: Sequence[Frame], phase: str, framework: str) -> bool
         return False
     if phase != "data" or framework != "pytorch":
         return True
-    return any(f.func in ITERATING for f in frames)
+    return any(bare(f.func) in ITERATING for f in frames)
 
 
 def framework_of(frames: Sequence[Frame]) -> str:
@@ -275,7 +282,7 @@ def idle_process(frames: Sequence[Frame]) -> bool:
         return False  # a module being imported (torch imports torch.distributed.elastic...)
     for f in frames:
         path = _norm(f.file)
-        if any("/" + frag in path and f.func in funcs for frag, funcs in _IDLE):
+        if any("/" + frag in path and bare(f.func) in funcs for frag, funcs in _IDLE):
             return True
     return False
 
