@@ -153,7 +153,8 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
     finally:
         theirs.close()
         ours.close()
-    assert n_theirs > 20 and n_ours == n_theirs, (n_theirs, n_ours)  # every step, once
+    # every step, once; 8 s of training made 19 steps on a slow CI machine, more on a quiet one
+    assert n_theirs >= 10 and n_ours == n_theirs, (n_theirs, n_ours)
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=120, check=True)
     doc = json.loads(d.stdout)
