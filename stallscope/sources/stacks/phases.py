@@ -257,8 +257,10 @@ def starts_training(frames: Sequence[Frame], phase: str, framework: str) -> bool
     """Whether a sample of ``phase`` (from :func:`classify`) shows the training loop has begun.
     A PyTorch ``data`` sample does only while the pipeline is iterated: one taken while a
     DataLoader or a DistributedSampler is being built, before the loop, does not (then the
-    model is built and DDP joins its process group, for seconds on a busy host; counted as
-    training's ``other``, a DDP rank's data share read 0.672 against its own 0.875)."""
+    model is built and DDP joins its process group, for seconds on a busy host, which would
+    count as training's ``other``: the likely cause of a CI run in which a DDP rank's samples
+    were 24% ``other`` and its data share read 0.672 against its own 0.875, 0.885 without
+    them)."""
     if phase not in TRAINING:
         return False
     if phase != "data" or framework != "pytorch":
