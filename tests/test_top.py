@@ -137,6 +137,10 @@ def _filled(pids: tuple[int, int]) -> Callable[[str], bool]:
     def ok(text: str) -> bool:
         if not ("cpu " in text and "DISK" in text and "sort: cpu" in text):
             return False
+        # a whole frame: tmux may be read while a frame is half written (a 120x40 frame is
+        # several pty reads), the new top half above the old bottom, its footer not yet drawn
+        if "quit" not in text.rstrip("\n").split("\n")[-1]:
+            return False
         rows = _proc_rows(text)
         # both processes listed with a CPU rate (the second sample has one)
         return {int(r.split()[0]) for r in rows if re.search(r"\s\d+\.\d\s", r)} >= set(pids)
