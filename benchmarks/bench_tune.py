@@ -20,7 +20,10 @@ training step as the consumer:
 Prints, per dataset: pick ÷ grid best (goal ≥ 0.95), tuner wall time ÷ grid wall time (goal
 ≤ 0.35 on this 2-core machine), and the pick's speed-up over num_workers=0 and over the
 configuration as given (``examples/tune_datasets.py:loader`` gives num_workers=1 without
-persistent workers), and the tuner's predicted rate against the one measured for its pick.
+persistent workers), and the tuner's predicted speed-up for its pick against the one measured
+over the rounds (the pick and no workers back to back in each) and the one its own trials
+measured. Before and after, each core's speed on a fixed loop (``cpu_speed.py``): on a VM whose
+cores slow and speed up by 20-50% within seconds, no ratio here is finer than that.
 
 ``--simulate-cores 16,64`` runs the same search policy (``stallscope/tuner/search.py``) against
 a model of a machine with that many cores instead, calibrated per dataset on this machine: the
@@ -104,16 +107,27 @@ def one(name: str, window: float, rounds: int, verify_window: float) -> dict[str
     top = [c for c, _ in sorted(grid, key=lambda x: x[1], reverse=True)[:3]]
     configs = {key(c): c for c in [pick, *top, cfg(0), AS_GIVEN]}
     measured: dict[str, list[float]] = {k: [] for k in configs}
-    order = list(configs)
+    # the pick and no workers always back to back (their order alternating), the pair at a
+    # rotating place among the others: the speed-up is their ratio, and this machine's speed
+    # moves over seconds (3-s trials of one configuration read 228-307 samples/s in a row), so
+    # a pair 20 s apart within a round measured the drift as much as the speed-up
+    pair = list(dict.fromkeys([key(pick), key(cfg(0))]))
+    rest = [k for k in configs if k not in pair]
     for i in range(rounds):
-        for k in order[i % len(order):] + order[:i % len(order)]:
+        rot = rest[i % len(rest):] + rest[:i % len(rest)] if rest else []
+        at = i % (len(rot) + 1)
+        for k in rot[:at] + (pair if i % 2 == 0 else pair[::-1]) + rot[at:]:
             measured[k].append(rate(configs[k], verify_window))
     cmp = paired_ratio(measured[key(pick)], {key(c): measured[key(c)] for c in top})
     # the speed-up the model predicted for the pick (before a trial measured it) against the
     # one measured here: the pick over no workers, round by round
-    speedup = statistics.median(p / z for p, z in zip(measured[key(pick)],
-                                                      measured[key(cfg(0))], strict=True))
+    ups = [p / z for p, z in zip(measured[key(pick)], measured[key(cfg(0))], strict=True)]
+    speedup = statistics.median(ups)
     predicted = result.predicted_speedup
+    base_rate = result.baseline.get("samples_per_s")
+    # the speed-up the tuner itself measured: its pick's trials over its baseline's trial
+    own = (result.samples_per_s / base_rate) if result.samples_per_s and base_rate \
+        and not result.baseline["config"].get("num_workers") else None
     med = {"pick": statistics.median(measured[key(pick)]),
            "grid": statistics.median(measured[cmp.best]),
            "zero": statistics.median(measured[key(cfg(0))]),
@@ -135,6 +149,10 @@ def one(name: str, window: float, rounds: int, verify_window: float) -> dict[str
             "predicted_speedup": round(predicted, 3) if predicted else None,
             "measured_speedup": round(speedup, 3),
             "speedup_error": round(predicted / speedup - 1.0, 3) if predicted else None,
+            "speedup_per_round": [round(u, 3) for u in ups],
+            "trials_speedup": round(own, 3) if own else None,
+            "trials_speedup_error": round(predicted / own - 1.0, 3) if predicted and own
+            else None,
             "trial_configs": [_short(t.config) for t in result.trials]}
 
 
@@ -262,7 +280,10 @@ def main() -> int:
     if args.simulate_cores:
         return simulate_main(args)
     import tune_datasets
+    from cpu_speed import measure, summary
 
+    # how steady the cores were, before and after: no ratio below is finer than that
+    before = summary(measure(6.0))
     rows = []
     for name in args.only.split(","):
         argv = [sys.executable, __file__, "--one", name, "--window", str(args.window),
@@ -309,10 +330,14 @@ def main() -> int:
         if r.get("predicted_speedup"):
             print(f"{'':<12} speed-up over no workers: predicted ×{r['predicted_speedup']:.2f} "
                   f"before its trial, measured ×{r['measured_speedup']:.2f} over the rounds "
-                  f"({r['speedup_error']:+.0%})")
+                  f"({r['speedup_error']:+.0%}; per round {r['speedup_per_round']})")
+            if r.get("trials_speedup"):
+                print(f"{'':<12} the tuner's own trials measured ×{r['trials_speedup']:.2f} "
+                      f"(the prediction {r['trials_speedup_error']:+.0%})")
         else:
             print(f"{'':<12} speed-up over no workers: measured ×{r['measured_speedup']:.2f}; "
                   "the pick is a calibration trial's configuration (measured, not predicted)")
+    print(f"before: {before}\nafter:  {summary(measure(6.0))}")
     print("goals: pick/grid ≥ 0.95, time ≤ 0.35 of the grid's (this 2-core machine), the "
           "predicted speed-up within 10% of the measured one; the notes give each prediction "
           "against its trial's measurement")
