@@ -87,7 +87,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="how long (default 10)")
     args = ap.parse_args()
     if not (0 < args.seconds < 3600):
-        print("--seconds takes a positive number", file=sys.stderr)
+        print("--seconds takes a number of seconds above 0 and under 3600", file=sys.stderr)
         return 2
     print(summary(measure(args.seconds)))
     return 0
