@@ -280,10 +280,10 @@ def main() -> int:
     if args.simulate_cores:
         return simulate_main(args)
     import tune_datasets
-    from cpu_speed import measure, summary
+    from cpu_speed import line as cpu_speed
 
     # how steady the cores were, before and after: no ratio below is finer than that
-    before = summary(measure(6.0))
+    before = cpu_speed(6.0)
     rows = []
     for name in args.only.split(","):
         argv = [sys.executable, __file__, "--one", name, "--window", str(args.window),
@@ -337,7 +337,7 @@ def main() -> int:
         else:
             print(f"{'':<12} speed-up over no workers: measured ×{r['measured_speedup']:.2f}; "
                   "the pick is a calibration trial's configuration (measured, not predicted)")
-    print(f"before: {before}\nafter:  {summary(measure(6.0))}")
+    print(f"before: {before}\nafter:  {cpu_speed(6.0)}")
     print("goals: pick/grid ≥ 0.95, time ≤ 0.35 of the grid's (this 2-core machine), the "
           "predicted speed-up within 10% of the measured one; the notes give each prediction "
           "against its trial's measurement")

@@ -64,15 +64,31 @@ def measure(seconds: float = 10.0, slice_s: float = 0.5) -> list[CoreSpeed]:
     cores = sorted(os.sched_getaffinity(0))
     start = time.time() + 0.5  # every child pinned and waiting before the first slice
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(c), repr(start),
-                               repr(seconds), repr(slice_s)], stdout=subprocess.PIPE, text=True)
+                               repr(seconds), repr(slice_s)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for c in cores]
     out = []
     for c, p in zip(cores, procs, strict=True):
-        stdout, _ = p.communicate(timeout=seconds + 30)
+        stdout, err = p.communicate(timeout=seconds + 30)
         if p.returncode != 0:
-            raise RuntimeError(f"the speed probe on cpu {c} exited {p.returncode}")
+            raise RuntimeError(f"the speed probe on cpu {c} exited {p.returncode}: "
+                               f"{_last_line(err)}")
         out.append(CoreSpeed(c, [float(x) for x in json.loads(stdout)]))
     return out
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no message"
+
+
+def line(seconds: float = 6.0) -> str:
+    """``summary`` of a measurement, or one line saying why there is none (a benchmark goes on
+    without it)."""
+    try:
+        return summary(measure(seconds))
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        return f"CPU speed: not measured ({exc})"
 
 
 def summary(speeds: list[CoreSpeed]) -> str:
@@ -89,8 +105,9 @@ def main() -> int:
     if not (0 < args.seconds < 3600):
         print("--seconds takes a number of seconds above 0 and under 3600", file=sys.stderr)
         return 2
-    print(summary(measure(args.seconds)))
-    return 0
+    out = line(args.seconds)
+    print(out)
+    return 1 if out.startswith("CPU speed: not measured") else 0
 
 
 if __name__ == "__main__":

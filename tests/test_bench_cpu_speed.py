@@ -36,3 +36,14 @@ def test_bad_seconds_is_one_line_and_status_2() -> None:
                         "-1"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert r.stderr.strip() == "--seconds takes a number of seconds above 0 and under 3600"
+
+
+def test_a_core_it_cannot_pin_to_is_one_line_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a core outside the machine: the probe's sched_setaffinity fails in the child
+    import cpu_speed
+
+    monkeypatch.setattr(cpu_speed.os, "sched_getaffinity", lambda _pid: {4095})
+    got = cpu_speed.line(0.5)
+    assert got.startswith("CPU speed: not measured (the speed probe on cpu 4095 exited 1: "), got
+    assert "Invalid argument" in got and "\n" not in got, got
