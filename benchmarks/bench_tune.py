@@ -23,7 +23,7 @@ configuration as given (``examples/tune_datasets.py:loader`` gives num_workers=1
 persistent workers), and the tuner's predicted speed-up for its pick against the one measured
 over the rounds (the pick and no workers back to back in each) and the one its own trials
 measured. Before and after, each core's speed on a fixed loop (``cpu_speed.py``): on a VM whose
-cores slow and speed up by 20-50% within seconds, no ratio here is finer than that.
+cores slow and speed up by up to ~50% within seconds, no ratio here is finer than that.
 
 ``--simulate-cores 16,64`` runs the same search policy (``stallscope/tuner/search.py``) against
 a model of a machine with that many cores instead, calibrated per dataset on this machine: the

@@ -5,8 +5,9 @@
 One process pinned to each usable core runs the same pure-Python loop in 0.5-s slices, all at
 once, and counts iterations per second of its own CPU time (``thread_time``). CPU accounting
 cannot see a virtual CPU slowed by its host: the process is on the CPU the whole time, it only
-gets less done. On this project's 2-core VM the count moved between 800 and 1,435 per slice on
-one core within seconds, while the other held near 1,300: two trials of the same
+gets less done. On this project's 2-core VM (2026-11-27), one unpinned loop read 797-1,435 per
+slice within 15 s; pinned, one core moved from 877 to 1,397 while the other held near 1,300,
+and this script's spread per core ranged 4-53% over a dozen looks: two trials of the same
 configuration, seconds apart, can then differ by more than the effects a tuner weighs.
 
 ``bench_tune.py`` prints this before and after its runs, so a reader sees how noisy the
