@@ -164,7 +164,7 @@ def test_loading_in_the_trainer_without_probe_is_never_called_healthy(tmp_path: 
                                                          "--model", "tiny", "--no-probe"],
                        run_args=SYSTEM_ONLY)
     assert doc["trainer_wait"] >= 0.5  # the trainer did wait for its own loading
-    assert training_finding(doc)["kind"] == "insufficient_data", doc["findings"]
+    assert training_finding(doc)["kind"] == "data_wait_unknown", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
     top = training_finding(doc)
     assert "no DataLoader worker processes" in top["summary"]
@@ -182,7 +182,7 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     doc = run_scenario("threads-no-probe", tmp_path / "a", [*args, "--no-probe"],
                        run_args=SYSTEM_ONLY, seconds=8)
     assert doc["trainer_wait"] >= 0.5
-    assert training_finding(doc)["kind"] == "insufficient_data", doc["findings"]
+    assert training_finding(doc)["kind"] == "data_wait_unknown", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
     doc = run_scenario("threads-probe", tmp_path / "b", args, seconds=8)
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]

@@ -606,3 +606,50 @@ def test_building_and_profiler_frames() -> None:
     # a module's forward is compute, its __init__ is not
     assert classify(stack(LOOP, F(SP + "torch/nn/modules/linear.py", "forward")))[0] == \
         "compute"
+
+
+EXITING_JOIN = stack(F(SP + "torch/utils/data/dataloader.py", "_clean_up_worker"),
+                     F("/usr/lib/python3.12/multiprocessing/process.py", "join"),
+                     F("/usr/lib/python3.12/multiprocessing/popen_fork.py", "wait"))
+SHUTDOWN = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__del__"),
+                 F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers"),
+                 F("/usr/lib/python3.12/multiprocessing/process.py", "join"))
+FINALIZER = stack(F("/usr/lib/python3.12/weakref.py", "_exitfunc"),
+                  F("/usr/lib/python3.12/weakref.py", "__call__"),
+                  F(SP + "torch/library.py", "_del_library"))
+
+
+def test_a_process_shutting_down_is_exit_never_data() -> None:
+    """PyTorch's exit joining pinned persistent workers (30 s with 6 workers on an H200) ran
+    in torch/utils/data/dataloader.py and was counted as data; the frames of a shutdown are
+    ``exit`` wherever they are on the stack."""
+    for frames in (EXITING_JOIN, SHUTDOWN, FINALIZER):
+        assert classify(frames)[0] == "exit", frames
+    t = Tally(7, None, "inproc", 40.0)
+    t.add(DATA, 0.5)
+    t.add(COMPUTE, 0.5)
+    for _ in range(40):  # 40 s of joins: longer than MAX_PENDING_S, still not the run's
+        t.add(EXITING_JOIN, 1.0)
+    rec = t.record(100.0, final=True)
+    assert rec is not None
+    assert rec["s"] == {"data": 0.5, "compute": 0.5, "tail": 40.0, "exit": 40.0}
+    # a loader shut down mid-run (workers joined at an epoch's end) is part of the run: other
+    t = Tally(7, None, "inproc", 40.0)
+    t.add(DATA, 0.5)
+    t.add(SHUTDOWN, 0.3)
+    t.add(DATA, 0.2)
+    assert t.record(100.0)["s"] == {"data": 0.7, "other": 0.3}
+
+
+def test_a_run_recorded_before_the_exit_phase_reads_with_todays_tables(tmp_path: Path) -> None:
+    """Records written when the exit's joins were ``data`` (the H200 runs): the reader moves
+    those stacks' seconds to ``exit``, which no share counts."""
+    from stallscope.sources.stacks.aggregate import phase_seconds
+
+    folded = fold(EXITING_JOIN)
+    rec = {"ts": 1.0, "pid": 7, "s": {"compute": 0.3, "data": 0.7},
+           "stacks": {folded: 0.7, fold(COMPUTE): 0.3},
+           "stack_phase": {folded: "data", fold(COMPUTE): "compute"}}
+    assert phase_seconds(rec) == {"compute": 0.3, "data": 0.0, "exit": 0.7}
+    (p,) = trainer_phases([{**rec, "s": {"compute": 2.5, "data": 0.7}}])
+    assert p.share("data") == 0.0 and p.share("compute") == 1.0

@@ -17,7 +17,7 @@ from stallscope.store import Series
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
 
-__all__ = ["Stat", "render_summary", "stat", "summarize"]
+__all__ = ["Stat", "phases_text", "render_summary", "stat", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,19 @@ def summarize(data: RunData) -> dict[str, Any]:
     tr = data.span
     if tr:
         out["duration_s"] = round(tr[1] - tr[0], 1)
+    from stallscope.analysis.window import window_of
+
+    win = window_of(data)
+    if win.source != "run":  # start-up, training and exit: phases of their own
+        out["phases"] = {"startup_s": win.startup_s, "training_s": round(win.seconds, 1),
+                         "exit_s": win.exit_s, "window_source": win.source}
+        idle: dict[str, float] = {}
+        for ent in gpu_idle:
+            s = all_series[("gpu.util_pct", ent)]
+            inside = [v for t, v in zip(s.ts, s.v) if win.start <= t <= win.end + 1.0]
+            if inside:
+                idle[ent] = round(sum(100.0 - v for v in inside) / len(inside) / 100.0, 4)
+        out["gpu_idle_share_training"] = idle
     return out
 
 
@@ -134,3 +147,20 @@ def sampling_text(meta: dict[str, Any]) -> str:
     if isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0:
         return f"every {wi:g} s for the first {ws / 60:g} min, then every {iv:g} s"
     return f"every {iv:g} s" if isinstance(iv, (int, float)) else "interval ?"
+
+
+#: where the training window came from, in words (analysis/window.py)
+_WINDOW_FROM = {"probe": "the probe's steps", "stacks": "the sampled stacks",
+                "workers": "while DataLoader workers ran", "gpu": "while the GPU worked"}
+
+
+def phases_text(phases: dict[str, Any]) -> str:
+    """"phases: start-up 12 s · training 25 s (the probe's steps) · exit 31 s"."""
+    parts = []
+    if phases.get("startup_s") is not None:
+        parts.append(f"start-up {phases['startup_s']:.0f} s")
+    parts.append(f"training {phases['training_s']:.0f} s "
+                 f"({_WINDOW_FROM.get(phases.get('window_source') or '', '?')})")
+    if phases.get("exit_s") is not None:
+        parts.append(f"exit {phases['exit_s']:.0f} s")
+    return "phases: " + " · ".join(parts)

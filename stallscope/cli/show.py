@@ -103,8 +103,16 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         console.print(render_summary(summary))
     else:
         console.print("  no samples stored (the run ended before the first interval)")
+    phases = summary.get("phases")
+    if phases:
+        from stallscope.analysis.summary import phases_text
+
+        console.print("  " + phases_text(phases), highlight=False)
+    during = summary.get("gpu_idle_share_training") or {}
     for ent, share in sorted(summary.get("gpu_idle_share", {}).items()):
-        console.print(f"  {ent} idle {share:.0%} of the run")
+        inside = during.get(ent)
+        more = f", {inside:.0%} of the training" if inside is not None else ""
+        console.print(f"  {ent} idle {share:.0%} of the run{more}")
     if "collector_cpu_s_per_sample" in summary:
         cost = summary["collector_cpu_s_per_sample"]
         # per second of the run: the interval changes after the warm-up

@@ -445,7 +445,8 @@ def _training_lines(state: ViewState, width: int) -> list[Text]:
                            "than it does", width=width))
     if t.verdict is not None:
         age = f" (as of {t.verdict_age_s:.0f} s ago)" if t.verdict_age_s is not None else ""
-        style = "" if t.verdict in ("compute_bound", "insufficient_data") else _WARN
+        calm = ("compute_bound", "insufficient_data", "data_wait_unknown")
+        style = "" if t.verdict in calm else _WARN
         lines.append(_line("verdict  ", (plain(t.verdict, 40), style or "bold"),
                            f"  {plain(t.reason or '', 300)}", (age, "dim"), width=width))
     else:

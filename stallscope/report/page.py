@@ -47,6 +47,9 @@ KIND_TITLES: dict[str, str] = {
     "rank_jitter": "Each step waits for a different slow rank",
     "cpu_contention": "The host is short of CPU: other processes take the training's cores",
     "gpu_held_idle": "A GPU is held but idle",
+    "host_bound": "Host-bound: the GPU waits for the CPU to issue its work",
+    "slow_exit": "The trainer's exit takes long after its last step",
+    "data_wait_unknown": "Whether the trainer waits for data cannot be told without the probe",
     "insufficient_data": "Not enough data to name a bottleneck",
 }
 _SEVERITIES = ("critical", "warning", "info")
@@ -199,6 +202,11 @@ def _header(data: RunData) -> str:
         ("sampled", esc(sampling_text(meta))
          + (f" · {esc(meta['samples'])} samples" if "samples" in meta else "")),
     ]
+    phases = data.summary().get("phases")
+    if phases:  # start-up and exit are phases of their own, beside the training
+        from stallscope.analysis.summary import phases_text
+
+        rows.append(("phases", esc(phases_text(phases).removeprefix("phases: "))))
     if meta.get("data"):
         devs = ", ".join(str(d) for d in meta.get("data_devices") or []) or "unknown device"
         rows.append(("dataset", f"<code>{esc(meta['data'])}</code> on {esc(devs)}"))
@@ -378,9 +386,12 @@ def _summary(data: RunData) -> str:
                    + f"<td>{esc(r.get('unit', ''))}</td></tr>")
     out.append("</table>")
     idle = data.summary().get("gpu_idle_share") or {}
+    during = data.summary().get("gpu_idle_share_training") or {}
     if idle:
         out.append('<p class="note">GPU idle share of the run (100% − utilisation): '
                    + esc(", ".join(f"{k} {_pct(v)}" for k, v in sorted(idle.items())))
+                   + (("; of the training: " + esc(", ".join(
+                       f"{k} {_pct(v)}" for k, v in sorted(during.items())))) if during else "")
                    + ".</p>")
     cost = finite_or_none(data.summary().get("collector_cpu_s_per_sample"))
     if cost is not None:

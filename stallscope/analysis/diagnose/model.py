@@ -21,7 +21,7 @@ KINDS: tuple[str, ...] = (
     "gpu_memory_growth", "host_swap", "shm_pressure", "pcie_degraded", "disk_health",
     "straggler_rank", "insufficient_data", "input_bound.epoch_start", "gpu_held_idle",
     "waiting_for_peers", "communication_bound", "rank_jitter",
-    "cpu_contention",
+    "cpu_contention", "host_bound", "slow_exit", "data_wait_unknown",
 )
 
 
@@ -55,6 +55,9 @@ class Finding:
     fixes: list[Fix] = field(default_factory=list)
     est_speedup: float = 1.0
     rule: str = ""  #: the rule that fired, in words (shown by `diagnose`, documented in docs/)
+    #: the run holds too little data for any other finding to mean anything (rule_insufficient
+    #: alone): the others are dropped, but for facts that need no time series
+    too_little_data: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -606,11 +606,17 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
         return []
     if sig.stall_fraction >= STALL_WARN:
         return []
-    if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct < 70:
+    if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct < GPU_BUSY_PCT:
+        return []  # the GPU idles without waiting for data: rule_host_bound
+    if sig.gpu_util_median_pct is None and sig.gpu_busy_share is not None \
+            and sig.gpu_busy_share < GPU_BUSY_PCT / 100:
         return []
     gpu = (f", GPU busy {sig.gpu_util_median_pct:.0f}%" if sig.gpu_util_median_pct is not None
-           else "")
-    fixes = [tf_compute_fix() if is_tf(sig) else
+           else f", GPU busy {sig.gpu_busy_share:.0%} between the steps' CUDA events"
+           if sig.gpu_busy_share is not None else "")
+    if sig.gpu_warmup_s:
+        gpu += f" once warm (its first {sig.gpu_warmup_s:.0f} s of training were warm-up)"
+    fixes = [tf_compute_fix() if is_tf(sig) else _gpu_compute_fixes()[0] if sig.gpus else
              Fix("nothing to fix in the input pipeline; to go faster, make the model step "
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
@@ -623,9 +629,145 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
                     f"{sig.stall_fraction:.0%} of the time{gpu}{how}.",
                     sig.evidence("stall_fraction", "stall_source", "phase_shares",
                                  "stack_samples", "wait_ms_median", "step_ms_median",
-                                 "gpu_util_median_pct", "worker_cpu_pct", "samples_per_s"),
+                                 "gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
+                                 "worker_cpu_pct", "samples_per_s"),
                     fixes, 1.0, f"{'sampled ' if stacks else ''}data wait "
                     f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
+
+
+#: NVML utilization (%, the window's steady state) from which a GPU counts as busy: at or
+#: above it a run that does not wait for data is compute-bound, below it host-bound
+GPU_BUSY_PCT = 70.0
+#: the training thread's share in forward/backward/optimizer code (sampled stacks) from which
+#: it counts as busy issuing work, and the share waiting for the GPU under which it does not
+#: wait for it
+HOST_BUSY_SHARE = 0.5
+HOST_GPU_WAIT_SHARE = 0.2
+
+
+def _gpu_compute_fixes() -> list[Fix]:
+    return [Fix("make the GPU's work cheaper: bf16 autocast (torch.autocast('cuda', "
+                "dtype=torch.bfloat16)), channels_last for convolutions, torch.compile(model), "
+                "a larger batch if memory allows", "the GPU is busy: it is the bottleneck, and "
+                "the input keeps up")]
+
+
+def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
+    """host_bound: a GPU training that does not wait for data (< 15%) nor for copies (< 15%),
+    whose GPU is busy < 70% of the window's steady state (NVML), while its training thread is
+    in forward/backward/optimizer code ≥ 50% of the time and waits for the GPU < 20% (sampled
+    stacks; without them the probe's data wait alone says the gap is the host's step code):
+    the GPU waits for the CPU to issue its work (Python overhead, many small kernels)."""
+    if not sig.gpus or sig.gpu_util_median_pct is None or sig.stall_fraction is None:
+        return []
+    if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction >= STALL_WARN:
+        return []
+    if (sig.h2d_share or 0.0) >= 0.15 or sig.gpu_util_median_pct >= GPU_BUSY_PCT:
+        return []
+    util = sig.gpu_util_median_pct
+    shares = sig.phase_shares
+    if shares:
+        busy = shares.get("compute", 0.0)
+        waits = shares.get("gpu_wait", 0.0)
+        if busy < HOST_BUSY_SHARE or waits >= HOST_GPU_WAIT_SHARE:
+            return []
+        where = (f"its training thread was in forward/backward/optimizer code {busy:.0%} of "
+                 f"the time and waited for the GPU only {waits:.0%} (sampled stacks)")
+        confidence = 0.8
+        rule = (f"GPU util {util:.0f}% < {GPU_BUSY_PCT:.0f}%, data wait "
+                f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}, thread in compute {busy:.0%} ≥ "
+                f"{HOST_BUSY_SHARE:.0%}, waiting for the GPU {waits:.0%} < "
+                f"{HOST_GPU_WAIT_SHARE:.0%}")
+    else:
+        where = (f"the trainer waited for data only {sig.stall_fraction:.0%} of its steps "
+                 "(per-step probe), so the rest of each step is its own host code")
+        confidence = 0.6
+        rule = (f"GPU util {util:.0f}% < {GPU_BUSY_PCT:.0f}%, data wait "
+                f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%} (no stacks)")
+    est = round(min(5.0, GPU_BUSY_PCT / max(util, 14.0)), 2)
+    fixes = [
+        Fix("capture the step in CUDA graphs: torch.compile(model, mode=\"reduce-overhead\")",
+            "one launch replays the step's kernels: the CPU's per-kernel cost goes away"),
+        Fix("a larger batch (same steps, more work per launch)",
+            f"the GPU is busy {util:.0f}%: each kernel is too short to hide its launch"),
+        Fix("fused optimizers: torch.optim.AdamW(..., fused=True) (or foreach=True)",
+            "one kernel per parameter group instead of several per parameter"),
+        Fix("fewer host syncs per step: log loss.item() every N steps, not every step",
+            "each .item() waits for the GPU to drain, then the CPU starts issuing again"),
+    ]
+    ev = sig.evidence("gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
+                      "stall_fraction", "stall_source", "phase_shares", "stack_samples",
+                      "step_ms_median", "main_cpu_pct", "window_s")
+    sev: Severity = "warning"
+    return [Finding("host_bound", sev, confidence,
+                    f"Host-bound: the GPU was busy only {util:.0f}% of the training (NVML, "
+                    f"steady state) while {where}: the GPU waits for the CPU to issue its "
+                    "work (Python overhead, kernels too short to hide their launch).",
+                    ev, fixes, est, rule)]
+
+
+#: seconds after the last training step from which a trainer's exit is called slow
+SLOW_EXIT_S = 5.0
+
+
+def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
+    """slow_exit: the trainer's process took ≥ 5 s to end after its last training step. When
+    its stacks show a DataLoader joining its workers at exit (PyTorch joins each worker with a
+    5-s timeout when ``pin_memory`` and ``persistent_workers`` are both on), it says so and
+    names the fix; a team running many short jobs or sweeps pays this on every run."""
+    exit_s = sig.exit_s
+    if exit_s is None or exit_s < SLOW_EXIT_S or not sig.window_source \
+            or sig.window_source == "run":
+        return []
+    stacks = sig.exit_stacks
+    joins = sum(v for k, v in stacks if "dataloader.py" in k and ("join" in k or "_clean_up" in k
+                                                                   or "_shutdown" in k))
+    total = sig.window_s or 0.0
+    cfg = sig.config
+    workers = cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int) else sig.workers
+    ev: dict[str, Any] = {"exit_s": exit_s, "window_s": sig.window_s,
+                          "exit_stacks": [{"stack": k, "s": v} for k, v in stacks]}
+    if workers:
+        ev["workers"] = workers
+    for k in ("pin_memory", "persistent_workers"):
+        if k in cfg:
+            ev[k] = cfg[k]
+    pinned = (cfg.get("pin_memory") is True and cfg.get("persistent_workers") is True) or \
+        any("_clean_up_worker " in k for k, _ in stacks)
+    what = (f"its DataLoader joined its {workers} worker processes for {joins:.0f} s"
+            if workers else f"its DataLoader joined its workers for {joins:.0f} s")
+    if joins >= 0.5 * exit_s and not pinned:
+        why = (f"{what} after the loop: a worker still working on a batch finishes it "
+               "before it stops")
+        fixes = [Fix("shut the loader down as soon as the last batch you need is taken "
+                     "(`del loader` and any iterator of it) and keep per-batch work short: "
+                     "each worker ends its current batch before it can stop", why)]
+    elif joins >= 0.5 * exit_s:
+        why = (f"{what}: with pin_memory and persistent_workers PyTorch's exit waits up to "
+               "5 s for each worker before stopping it (PyTorch issue 81794)")
+        fixes = [Fix("end the workers once training is done: drop every reference to the "
+                     "loader and its iterator (`del loader`) before the script ends, so "
+                     "PyTorch stops them at once rather than at interpreter exit",
+                     why),
+                 Fix("persistent_workers=False when epochs are few (it keeps the workers "
+                     "between epochs, and makes exit join them one by one)",
+                     "the exit then takes about a second (measured on an H200, 2 workers: "
+                     "11.0 s with both options on, 1.0-1.7 s with either off)",
+                     change={"persistent_workers": False})]
+    else:
+        top = stacks[0][0].rsplit(";", 1)[-1] if stacks else "nothing sampled"
+        why = f"the exit's heaviest stack ends in {top}"
+        fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
+                     "threads or processes): `stallscope report` lists the exit's stacks",
+                     why)]
+    life = total + exit_s + (sig.startup_s or 0.0)
+    share = exit_s / life if total else None
+    more = f" ({share:.0%} of the process's life)" if share else ""
+    return [Finding("slow_exit", "warning", 0.9 if joins >= 0.5 * exit_s else 0.7,
+                    f"The trainer took {exit_s:.0f} s to exit after its last training step"
+                    f"{more}: {why}. A team running many short jobs or sweeps pays this on "
+                    "every run.", ev, fixes, 1.0,
+                    f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step")]
 
 
 # --- GPU health ----------------------------------------------------------------------------------
@@ -1100,13 +1242,13 @@ def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
 
 
 def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
-    """insufficient_data for a TensorFlow trainer without the probe and without a GPU: tf.data
+    """data_wait_unknown for a TensorFlow trainer without the probe and without a GPU: tf.data
     prepares elements on threads inside the trainer process, beside the threads that run the
     training step, and neither their names nor their CPU tell the two apart (TF 2.21 leaves
     both on unnamed inter-op threads). The run is never called compute-bound then."""
     if not sig.tf_trainer or sig.stall_source is not None or sig.gpus:
         return []
-    return [Finding("insufficient_data", "info", 0.5,
+    return [Finding("data_wait_unknown", "info", 0.5,
                     f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data runs "
                     "its input pipeline on threads inside the trainer, which system metrics "
                     "cannot tell from the training step's, so whether it waits for data is not "
@@ -1126,7 +1268,7 @@ YOUNG_RUN_S = 30.0
 
 
 def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
-    """insufficient_data for a CPU trainer without DataLoader worker processes, the probe or a
+    """data_wait_unknown for a CPU trainer without DataLoader worker processes, the probe or a
     GPU (PyTorch ``num_workers=0``, a threaded decoder, a hand-written loop): it loads and
     prepares data on its own threads between its steps, and CPU time spent decoding looks
     exactly like CPU time spent computing. The run is never called compute-bound then: a
@@ -1141,7 +1283,7 @@ def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
     read = sig.main_read_kb_s
     reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
              else "")
-    return [Finding("insufficient_data", "info", 0.5,
+    return [Finding("data_wait_unknown", "info", 0.5,
                     f"The trainer has no DataLoader worker processes: it loads and prepares "
                     f"data on its own threads between its steps{reads}, and system metrics "
                     f"cannot tell that time from compute ({sig.main_cpu_pct or 0:.0f}% CPU), so "
@@ -1220,13 +1362,14 @@ def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
                      "duration_s": sig.duration_s},
                     [Fix("run longer (≥ 30 s of training) or lower --interval",
                          "rules need several samples to tell a pattern from noise")],
-                    1.0, "< 3 samples and < 10 steps")]
+                    1.0, "< 3 samples and < 10 steps", too_little_data=True)]
 
 
 Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
+    rule_host_bound, rule_slow_exit,
     rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_waiting_for_peers, rule_communication_bound, rule_cpu_contention,
@@ -1234,13 +1377,18 @@ RULES: tuple[Rule, ...] = (
 )
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}
+#: kinds about the process around the training, listed after every finding about the training
+#: itself (the verdict names what limited the training)
+AFTER_TRAINING = frozenset({"slow_exit"})
 
 
 def run_rules(data: RunData, sig: Signals) -> list[Finding]:
     """Every rule's findings, most important first."""
     findings = [f for rule in RULES for f in rule(data, sig)]
-    findings.sort(key=lambda f: (_SEV[f.severity], -f.est_speedup, -f.confidence))
-    insufficient = [f for f in findings if f.kind == "insufficient_data"]
+    # what happened after the training (its exit) never outranks what limited the training
+    findings.sort(key=lambda f: (f.kind in AFTER_TRAINING, _SEV[f.severity], -f.est_speedup,
+                                 -f.confidence))
+    insufficient = [f for f in findings if f.too_little_data]
     if insufficient:
         # too little data: that is the verdict; only facts that need no time series stay
         keep = [f for f in findings if f.kind in ("disk_health", "shm_pressure", "gpu_held_idle")]

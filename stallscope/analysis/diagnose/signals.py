@@ -14,7 +14,14 @@ from typing import Any
 
 from stallscope import stats
 from stallscope.analysis.diagnose.model import RunData
-from stallscope.analysis.stacks import trainer_phases
+from stallscope.analysis.stacks import ProcPhases, trainer_phases
+from stallscope.analysis.window import (
+    TrainingWindow,
+    clip,
+    exit_stacks,
+    gpu_warmup_end,
+    training_window,
+)
 from stallscope.store import Series, StepRow
 
 __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
@@ -62,7 +69,20 @@ class Signals:
     # --- probe ---
     steps: int = 0
     ranks: int = 0
-    stall_fraction: float | None = None  #: data wait / step wall time (probe)
+    #: the training window (analysis/window.py): where it came from, its length, and the
+    #: process's start-up before it and exit after it (seconds; None when unknown)
+    window_source: str | None = None
+    window_s: float | None = None
+    startup_s: float | None = None
+    exit_s: float | None = None
+    #: what the exit was spent on: the heaviest folded stacks after the window, with seconds
+    exit_stacks: list[tuple[str, float]] = field(default_factory=list)
+    #: data wait / step wall time over every step of the window, as the trainer's own timer
+    #: sees it (probe); or the sampled or estimated share (``stall_source``)
+    stall_fraction: float | None = None
+    #: the probe's share with each rank's first step left out (warm-up: worker start,
+    #: cuDNN autotuning): the steady state, labelled as such wherever it is shown
+    steady_stall_fraction: float | None = None
     #: "probe", "stacks" (sampled stacks), "gpu_idle", "main_thread" or None
     stall_source: str | None = None
     #: the training thread's share of time per phase, from its sampled stacks (the focus rank's)
@@ -80,8 +100,17 @@ class Signals:
     samples_per_s: float | None = None
     # --- gpu ---
     gpus: int = 0
+    #: NVML utilization over the window's steady state (after the GPU's warm-up)
     gpu_util_median_pct: float | None = None
     gpu_idle_share: float | None = None
+    #: seconds at the window's start before the GPU reached its working level (cuDNN
+    #: autotuning, kernel compilation, lazy loading); left out of the two figures above
+    gpu_warmup_s: float | None = None
+    #: the GPU's busy share between the steps' CUDA events (probe): 1 less the gaps between
+    #: steps on the GPU's timeline. A step's own span counts as busy, so this tells a GPU
+    #: waiting between steps (for data) from one that is not; NVML's utilization tells busy
+    #: from merely fed (host-bound) inside the steps
+    gpu_busy_share: float | None = None
     # --- the trainer's processes ---
     workers: int = 0  #: DataLoader worker processes seen
     worker_cpu_pct: float | None = None  #: mean CPU of one worker (100 = one core)
@@ -191,9 +220,14 @@ def compute_signals(data: RunData) -> Signals:
     sig.logical_cores = lc if isinstance(lc, int) and not isinstance(lc, bool) else None
 
     _probe_signals(sig, data)
-    if sig.stall_source is None:  # probe > sampled stacks > system metrics
-        _stack_signals(sig, data)
-    _gpu_signals(sig, data)
+    procs = trainer_phases(data.stacks, data.roles())
+    win = training_window(data, {p.pid for p in procs}, trainer_gpus(data))
+    _window_signals(sig, data, win, procs)
+    full, data = data, clip(data, win)  # every figure below is the training's, not the process's
+    # probe > sampled stacks > system metrics for the stall; the stacks' phases are evidence
+    # either way (where the training thread was: host-bound or GPU-bound)
+    _stack_signals(sig, data, procs, stall=sig.stall_source is None)
+    _gpu_signals(sig, data, full)
     _proc_signals(sig, data)
     _disk_signals(sig, data)
 
@@ -219,6 +253,18 @@ def compute_signals(data: RunData) -> Signals:
         sig.stall_fraction = round(max(0.0, 1.0 - sig.main_thread_busy_share), 3)
         sig.stall_source = "main_thread"
     return sig
+
+
+def _window_signals(sig: Signals, data: RunData, win: TrainingWindow,
+                    procs: list[ProcPhases]) -> None:
+    sig.window_source = win.source
+    if win.source == "run":
+        return
+    sig.window_s = round(win.seconds, 1)
+    sig.startup_s = win.startup_s
+    sig.exit_s = win.exit_s
+    if sig.exit_s:
+        sig.exit_stacks = exit_stacks(data.stacks, {p.pid for p in procs}, win.end)
 
 
 def _probe_signals(sig: Signals, data: RunData) -> None:
@@ -249,8 +295,13 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         body = [s for s in body if s.rank == sig.focus_rank]
         wait = sum(s.wait_s for s in body)
         wall = sum(s.wait_s + s.host_s for s in body)
-    if wall > 0:
-        sig.stall_fraction = round(wait / wall, 3)
+    # the headline share counts every step, as the trainer's own timer does (the first step
+    # holds the workers' start and the GPU's warm-up: a real part of the wait)
+    every = [s for s in steps if sig.focus_rank is None or s.rank == sig.focus_rank]
+    all_wall = sum(s.wait_s + s.host_s for s in every)
+    if wall > 0 and all_wall > 0:
+        sig.stall_fraction = round(sum(s.wait_s for s in every) / all_wall, 3)
+        sig.steady_stall_fraction = round(wait / wall, 3)
         sig.stall_source = "probe"
         samples = [s.samples for s in body if s.samples]
         if samples:
@@ -288,12 +339,18 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         sig.epoch_start_total_s = _r(sum(extra), 2)
 
 
-def _stack_signals(sig: Signals, data: RunData) -> None:
+def _stack_signals(sig: Signals, data: RunData, procs: list[ProcPhases], stall: bool) -> None:
     """The stall from the sampled stacks of the training thread: its data share (waiting for
     the next batch, or loading it itself). With several ranks each gets its own picture, and
-    the rank that waits most, by ≥ 15 points, speaks for the job (as with the probe)."""
-    procs = trainer_phases(data.stacks, data.roles())
+    the rank that waits most, by ≥ 15 points, speaks for the job (as with the probe).
+    ``stall`` False (the probe measured it): only where the thread was, as evidence."""
     if not procs:
+        return
+    if not stall:
+        focus_p = next((p for p in procs if p.rank == sig.focus_rank), procs[0])
+        sig.phase_shares = focus_p.shares()
+        sig.stack_sampler = focus_p.sampler or None
+        sig.stack_samples = sum(p.samples for p in procs)
         return
     roles = data.roles()
     detail = []
@@ -441,14 +498,32 @@ def trainer_gpus(data: RunData) -> set[str]:
     return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= 10}
 
 
-def _gpu_signals(sig: Signals, data: RunData) -> None:
-    mine = trainer_gpus(data)
+def _gpu_signals(sig: Signals, data: RunData, full: RunData) -> None:
+    """The GPU's side, inside the window: NVML's utilization over the steady state (the GPU's
+    warm-up left out: :func:`~stallscope.analysis.window.gpu_warmup_end`), and the probe's
+    CUDA-event busy share."""
+    mine = trainer_gpus(full)
     utils = [s for s in data.all("gpu.util_pct") if s.entity in mine]
     sig.gpus = len(utils)
-    vals = [v for s in utils for v in s.v]
+    per_ts: dict[float, list[float]] = defaultdict(list)
+    for s in utils:
+        for t, v in zip(s.ts, s.v):
+            per_ts[t].append(v)
+    ts = sorted(per_ts)
+    mean_util = [sum(per_ts[t]) / len(per_ts[t]) for t in ts]
+    warm = gpu_warmup_end(ts, mean_util)
+    if warm is not None:
+        sig.gpu_warmup_s = round(warm - ts[0], 1)
+    vals = [v for s in utils for t, v in zip(s.ts, s.v) if warm is None or t >= warm]
     if vals:
         sig.gpu_util_median_pct = _r(median(vals))
         sig.gpu_idle_share = round(sum(100 - v for v in vals) / len(vals) / 100, 3)
+    timed = [s for s in data.steps if s.gpu_busy_s is not None
+             and (sig.focus_rank is None or s.rank == sig.focus_rank)]
+    busy = sum(s.gpu_busy_s or 0.0 for s in timed)
+    idle = sum(s.gpu_idle_s or 0.0 for s in timed)
+    if len(timed) >= 10 and busy + idle > 0:
+        sig.gpu_busy_share = round(busy / (busy + idle), 3)
 
 
 def _share(series: list[Series]) -> float | None:

@@ -12,7 +12,8 @@ flush the tally becomes one record, appended to ``<run>/stacks/<pid>.jsonl``::
      "stack_phase": {"<module> (train.py);...": "data"}}
 
 ``s`` holds seconds per phase (:data:`~stallscope.sources.stacks.phases.PHASES`, plus
-``startup`` and, in the last record, ``tail``: what followed the last training sample);
+``startup`` and, in the last record, ``tail``: what followed the last training sample, and
+``exit``: the part of the tail spent shutting down);
 ``stacks`` the seconds of each folded stack of the window (at most :data:`MAX_STACKS`, the
 rest under ``(other stacks)``). :func:`read_records` reads them back,
 skipping what it cannot parse (a line cut by a crash).
@@ -32,6 +33,7 @@ from stallscope.sources.stacks.phases import (
     Frame,
     classify,
     fold,
+    folded_exiting,
     idle_process,
     starts_training,
 )
@@ -111,6 +113,9 @@ class Tally:
             phase = "other"
         if phase in TRAINING:
             for k, v in self.pending.items():
+                # a loader shut down mid-run (its workers joined at an epoch's end) is part
+                # of the run: "other", as every pause the training came back from
+                k = "other" if k == "exit" else k
                 self.seconds[k] = self.seconds.get(k, 0.0) + v
             self.pending = {}
             self.seconds[phase] = self.seconds.get(phase, 0.0) + weight_s
@@ -118,10 +123,11 @@ class Tally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + weight_s
         else:
             self.pending[phase] = self.pending.get(phase, 0.0) + weight_s
-            if sum(self.pending.values()) > MAX_PENDING_S:  # a long pause is part of the run
-                for k, v in self.pending.items():
-                    self.seconds[k] = self.seconds.get(k, 0.0) + v
-                self.pending = {}
+            # a long pause is part of the run; a long exit (PyTorch joining pinned persistent
+            # workers, 5 s each) is not, however long
+            if sum(v for k, v in self.pending.items() if k != "exit") > MAX_PENDING_S:
+                for k in [k for k in self.pending if k != "exit"]:
+                    self.seconds[k] = self.seconds.get(k, 0.0) + self.pending.pop(k)
         if folded in self.stacks or len(self.stacks) < MAX_STACKS:
             self.stacks[folded] = self.stacks.get(folded, 0.0) + weight_s
             self.stack_phase[folded] = phase
@@ -147,6 +153,8 @@ class Tally:
         one; what is still pending is written as ``tail`` (counted in no share)."""
         if final and self.pending:
             self.seconds["tail"] = sum(self.pending.values())
+            if self.pending.get("exit"):
+                self.seconds["exit"] = self.pending["exit"]  # part of the tail
             self.pending = {}
         if not self.n:
             return None
@@ -253,11 +261,26 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and 0 <= v < 1e7
+
+
 def phase_seconds(rec: Mapping[str, Any]) -> dict[str, float]:
-    """A record's seconds per phase, numbers only (a hand-edited file can hold anything)."""
+    """A record's seconds per phase, numbers only (a hand-edited file can hold anything).
+
+    Stacks of a process shutting down that the sampler counted in a training phase (recorded
+    before the ``exit`` phase existed: PyTorch's exit joining pinned persistent workers was
+    ``data``) are moved to ``exit``, which no share counts."""
     out = {}
     for k, v in rec.get("s", {}).items():
-        if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) \
-                and v == v and 0 <= v < 1e7:
+        if isinstance(k, str) and _num(v):
             out[k] = float(v)
+    stacks, phases = rec.get("stacks"), rec.get("stack_phase")
+    if isinstance(stacks, dict) and isinstance(phases, dict):
+        for k, v in stacks.items():
+            ph = phases.get(k)
+            if ph in TRAINING and out.get(ph) and _num(v) and folded_exiting(str(k)):
+                moved = min(float(v), out[ph])
+                out[ph] -= moved
+                out["exit"] = out.get("exit", 0.0) + moved
     return out

@@ -17,7 +17,9 @@ training thread), ``h2d`` (host→device copy), ``compute`` (forward, backward, 
 input pipeline too: stacks cannot tell), ``other``; and ``startup``, every sample of a process
 before its first training-phase sample (imports, building the model), which no share counts
 (a PyTorch ``data`` sample starts training only while the loader is iterated:
-:func:`starts_training`).
+:func:`starts_training`). ``exit`` is a sample inside the process's shutdown (:data:`EXITING`:
+a DataLoader joining its workers, ``atexit`` and ``weakref`` finalizers): never ``data``, and
+after the last training sample it belongs to the exit, which no share counts either.
 A sample inside an ``import``, or joining a process group, is ``setup``: counted as ``other``
 once training has started, and never starting it.
 """
@@ -31,6 +33,7 @@ from typing import NamedTuple
 
 __all__ = [
     "BUILDING",
+    "EXITING",
     "ITERATING",
     "LINE_PATTERNS",
     "PHASES",
@@ -40,7 +43,9 @@ __all__ = [
     "Row",
     "bare",
     "classify",
+    "exiting",
     "fold",
+    "folded_exiting",
     "framework_of",
     "idle_process",
     "starts_training",
@@ -77,8 +82,6 @@ TABLES: dict[str, tuple[Row, ...]] = {
         # frame outside it decides
         _r("skip", "torch/autograd/profiler.py", "__enter__", "__exit__"),
         _r("skip", "torch/_ops.py", "__call__"),
-        # a loader being torn down (after the loop, or when garbage-collected) is not a wait
-        _r("other", "torch/utils/data/dataloader.py", "_shutdown_workers", "__del__"),
         _r("data", "torch/utils/data/"),  # DataLoader __next__, worker-queue wait, fetch
         _r("data", "torchdata/"),
         # joining the process group is set-up, not a collective of the training
@@ -167,6 +170,21 @@ _IDLE: tuple[tuple[str, frozenset[str]], ...] = (
     ("multiprocessing/forkserver.py", frozenset({"main"})),
 )
 
+#: frames of a process shutting down, wherever they are on the stack: a DataLoader joining its
+#: workers (with ``pin_memory`` and ``persistent_workers`` PyTorch's exit joins each worker
+#: with a 5-s timeout: 30 s for 6 workers, measured on an H200), Python's ``atexit`` and
+#: ``weakref`` finalizers, multiprocessing's and threading's exit hooks. Such a sample is
+#: ``exit``, never ``data``: (path fragment, functions; empty: any)
+EXITING: tuple[tuple[str, frozenset[str]], ...] = (
+    ("torch/utils/data/dataloader.py", frozenset({
+        "_shutdown_workers", "__del__", "_clean_up_worker",
+        "_clean_up_persistent_workers_atexit"})),
+    ("weakref.py", frozenset({"_exitfunc"})),
+    ("multiprocessing/util.py", frozenset({"_exit_function", "_run_finalizers"})),
+    ("threading.py", frozenset({"_shutdown"})),
+    ("concurrent/futures/thread.py", frozenset({"_python_exit"})),
+)
+
 _ROWS = tuple((fw, row) for fw, rows in TABLES.items() for row in rows)
 _memo: dict[tuple[str, str], tuple[str, str] | None] = {}
 
@@ -212,6 +230,39 @@ def _building(frame: Frame) -> bool:
     return got
 
 
+_exits: dict[tuple[str, str], bool] = {}
+
+
+def _exit_frame(file: str, func: str) -> bool:
+    key = (file, func)
+    got = _exits.get(key)
+    if got is None:
+        path = _norm(file)
+        name = bare(func)
+        got = any("/" + frag in path and (not funcs or name in funcs) for frag, funcs in EXITING)
+        if len(_exits) < 100_000:
+            _exits[key] = got
+    return got
+
+
+def exiting(frames: Sequence[Frame]) -> bool:
+    """The sample is of the process shutting down (:data:`EXITING`)."""
+    return any(_exit_frame(f.file, f.func) for f in frames)
+
+
+_FOLDED_FRAME = re.compile(r"(.*) \(([^()]*)\)$")
+
+
+def folded_exiting(folded: str) -> bool:
+    """The same for a folded stack as :func:`fold` writes it (``func (file);...``): a run
+    recorded before the ``exit`` phase existed is read with today's tables."""
+    for part in folded.split(";"):
+        m = _FOLDED_FRAME.match(part)
+        if m is not None and _exit_frame(m.group(2), m.group(1)):
+            return True
+    return False
+
+
 def _line_phase(frame: Frame) -> str | None:
     text = linecache.getline(frame.file, frame.line) if frame.line > 0 else ""
     if not text:
@@ -232,8 +283,11 @@ def classify(frames: Sequence[Frame]) -> tuple[str, str]:
     table knew a frame. A module being imported is ``setup`` (``other`` in every share; a
     framework's module-level code runs then, and is not training), and so is building a
     model or an optimizer, moving a model to the device (:data:`BUILDING`) and joining a
-    torch.distributed process group. Rows of phase ``skip`` (a profiler's wrapper) decide
-    nothing: the frame outside them does."""
+    torch.distributed process group. A process shutting down is ``exit`` (:data:`EXITING`).
+    Rows of phase ``skip`` (a profiler's wrapper) decide nothing: the frame outside them
+    does."""
+    if exiting(frames):
+        return "exit", ""
     for f in reversed(frames):
         if f.file.startswith("<frozen importlib") or _building(f):
             return "setup", ""
