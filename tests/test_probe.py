@@ -464,6 +464,7 @@ def test_fake_cuda_events_give_busy_and_idle(tmp_path: Path) -> None:
     for i in Watched(batches(), p):
         gpu.now += busy[i]  # the step's kernels
         ends.append(gpu.now)
+        time.sleep(0.006)  # a 6-ms step: every step is timed (device.timing_every)
         if i == 2:
             gpu.done_until = ends[1]  # the GPU is behind: only steps 0 and 1 have finished
     gpu.done_until = ends[3]
@@ -517,6 +518,7 @@ def test_fake_cuda_events_that_never_complete(tmp_path: Path,
     p = new_probe(run_dir, rank=0, events=lambda: FakeEvent(gpu))
     for _x in Watched(list(range(3)), p):
         gpu.now += 1.0
+        time.sleep(0.006)  # 6-ms steps: each one timed (device.timing_every)
     t0 = time.monotonic()
     p.close()
     assert time.monotonic() - t0 < 5  # close never blocks on the GPU
@@ -560,3 +562,38 @@ def test_failing_cuda_record_turns_gpu_timing_off_not_training(
     events = store.events()
     store.close()
     assert any("illegal memory access" in e["message"] for e in events)
+
+
+def test_short_steps_are_timed_in_pairs_one_in_many(tmp_path: Path) -> None:
+    """On an H200 the probe's two event records per step (6-7 us each) took a 50.5-us step to
+    97.7 us. Short steps are timed in pairs of consecutive steps, one pair in timing_every(step):
+    the second of a pair has the GPU's gap before it; the busy share stays that of every step."""
+    from stallscope.probe.device import timing_every
+
+    assert timing_every(0.05) == 1 and timing_every(0.0001) > 20 and timing_every(0.0) == 1
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
+    p.writer.ready.wait(10)
+    gpu.done_until = float("inf")
+
+    def batches() -> Iterator[int]:
+        for i in range(600):
+            gpu.now += 0.001  # the GPU waits 1 ms for each batch
+            yield i
+
+    for _ in Watched(batches(), p):
+        gpu.now += 0.003  # 3 ms of kernels
+        t = time.perf_counter() + 0.0002  # a 0.2-ms step on the host
+        while time.perf_counter() < t:
+            pass
+    p.close()
+    steps = read_steps(run_dir)
+    assert len(steps) == 600
+    timed = [s for s in steps if s.gpu_busy_s is not None]
+    assert 4 <= len(timed) <= 120, len(timed)  # pairs, one in many
+    gaps = [s for s in timed if s.gpu_idle_s is not None]
+    assert gaps and all(s.step - 1 in {t.step for t in timed} for s in gaps)
+    busy = sum(s.gpu_busy_s or 0.0 for s in gaps)
+    idle = sum(s.gpu_idle_s or 0.0 for s in gaps)
+    assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)

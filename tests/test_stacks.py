@@ -64,9 +64,9 @@ LOOP = F("/home/u/train.py", "main", 40)
     ([F(SP + "keras/src/backend/tensorflow/trainer.py", "fit"),
       F(SP + "tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
         "__call__")], "graph", "tensorflow"),
-    # the loader being torn down after the loop is not a wait
+    # the loader being torn down after the loop is not a wait: the process's exit
     ([F(SP + "torch/utils/data/dataloader.py", "__del__"),
-      F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers")], "other", "pytorch"),
+      F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers")], "exit", ""),
     ([F("/home/u/train.py", "log_metrics")], "other", ""),
 ])
 def test_the_innermost_known_frame_decides(inner: list[Frame], phase: str, framework: str
@@ -183,7 +183,7 @@ def test_pyspy_s_class_qualified_names_match_the_tables() -> None:
     """py-spy names methods with their class. Its `_BaseDataLoaderIter.__next__` starts the
     training and a loader torn down is still `other` (before, an attached trainer's waits
     counted as start-up until its first compute sample: 9 s of a 12-s run once, and its data
-    share read 0.806 against the trainer's own 0.953)."""
+    share read 0.806 against the trainer's own 0.953). A loader torn down is the exit."""
     dl = "torch/utils/data/dataloader.py"
     wait = stack(F("train.py", "<module>"), F(dl, "_BaseDataLoaderIter.__next__"),
                  F(dl, "_MultiProcessingDataLoaderIter._next_data"),
@@ -194,7 +194,7 @@ def test_pyspy_s_class_qualified_names_match_the_tables() -> None:
     assert t.add(wait, 0.1) == "data" and t.started
     end = stack(F("train.py", "<module>"), F(dl, "_MultiProcessingDataLoaderIter.__del__"),
                 F(dl, "_MultiProcessingDataLoaderIter._shutdown_workers"))
-    assert classify(end)[0] == "other"
+    assert classify(end)[0] == "exit"
     ddp = stack(F("train.py", "<module>"),
                 F("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__"))
     assert classify(ddp)[0] == "setup"
@@ -253,7 +253,8 @@ def test_pyspy_the_round_a_trainer_ended_in_leaves_its_end_out(tmp_path: Path) -
             sampler._finish_round(pid, out, 0, "", wall_s=4.8)
         recs = {r["pid"]: r for r in read_records(tmp_path)}
         assert recs[alive.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "other": 0.8})
-        assert recs[ended.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "tail": 0.8})
+        assert recs[ended.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "tail": 0.8,
+                                                      "exit": 0.8})  # the tail's exit part
     finally:
         alive.kill()
         alive.wait()

@@ -28,15 +28,17 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallscope import stats
-from stallscope.analysis.rundata import RunData
 from stallscope.sources.stacks.aggregate import phase_seconds
 from stallscope.sources.stacks.phases import TRAINING
 
+if TYPE_CHECKING:
+    from stallscope.analysis.rundata import RunData
+
 __all__ = ["GPU_WARM_FRACTION", "TrainingWindow", "clip", "exit_stacks", "gpu_warmup_end",
-           "training_window", "window_of"]
+           "trainer_gpus", "training_window", "window_of"]
 
 #: the GPU has warmed up at the first sample reaching this fraction of its working level (the
 #: 90th percentile of its utilization inside the window)
@@ -145,10 +147,21 @@ def training_window(data: RunData, trainer_pids: set[int] | None = None,
     return TrainingWindow(win[0], win[1], source, run_start, run_end)
 
 
+def trainer_gpus(data: RunData) -> set[str]:
+    """The GPUs this run used: those where the trainer's processes held memory; when that is
+    unknown (pids not visible to NVML, e.g. in a container), those that did any work. A CPU run
+    on a GPU machine uses none; an 8-GPU node running one job on gpu0 uses gpu0."""
+    held = data.all("gpu.trainer_mem_mib")
+    if held:
+        used = {s.entity for s in held if any(v > 0 for v in s.v)}
+        if used:
+            return used
+    return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= 10}
+
+
 def window_of(data: RunData) -> TrainingWindow:
     """The training window of a run, its trainer processes and GPUs found as the diagnosis
     finds them (the summary, ``show`` and the report use this)."""
-    from stallscope.analysis.diagnose.signals import trainer_gpus
     from stallscope.analysis.stacks import trainer_phases
 
     pids = {p.pid for p in trainer_phases(data.stacks, data.roles())}

@@ -63,6 +63,7 @@ class StepWriter:
         self._said_drop = 0
         self._pending: deque[StepRecord] = deque()  # steps waiting for their device events
         self._last_end_ev: EventLike | None = None
+        self._last_end_step = -2
         self._lock = threading.Lock()
         self.ready = threading.Event()  #: set once the store is open (or could not be)
         self._wake = threading.Event()
@@ -217,7 +218,9 @@ class StepWriter:
             if done:
                 try:
                     busy = start.elapsed_time(end) / 1e3
-                    if self._last_end_ev is not None:
+                    # the GPU's gap before this step: only from the step just before it (the
+                    # probe times short steps in pairs, every so many steps: device.py)
+                    if self._last_end_ev is not None and r.step == self._last_end_step + 1:
                         idle = max(0.0, self._last_end_ev.elapsed_time(start) / 1e3)
                     if h2d_evs:
                         h2d = (h2d or 0.0) + sum(a.elapsed_time(b) for a, b in h2d_evs) / 1e3
@@ -226,6 +229,7 @@ class StepWriter:
                     busy = idle = None
                 dev.release(self._last_end_ev)
                 self._last_end_ev = end
+                self._last_end_step = r.step
                 dev.release(start)
                 for a, b in h2d_evs or ():
                     dev.release(a)

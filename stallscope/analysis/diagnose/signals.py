@@ -20,6 +20,7 @@ from stallscope.analysis.window import (
     clip,
     exit_stacks,
     gpu_warmup_end,
+    trainer_gpus,
     training_window,
 )
 from stallscope.store import Series, StepRow
@@ -322,9 +323,12 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
                 sig.config.update(loader)
     sig.wait_ms_median = _r(median([s.wait_s * 1000 for s in body]))
     sig.step_ms_median = _r(median([(s.wait_s + s.host_s) * 1000 for s in body]))
-    h2d = [s.h2d_s for s in body if s.h2d_s is not None]
-    if h2d and wall > 0:
-        sig.h2d_share = round(sum(h2d) / wall, 3)
+    # over the steps whose copies were timed (the probe times short steps' device in pairs,
+    # one in so many: probe/device.py)
+    copied = [s for s in body if s.h2d_s is not None]
+    copy_wall = sum(s.wait_s + s.host_s for s in copied)
+    if copied and copy_wall > 0:
+        sig.h2d_share = round(sum(s.h2d_s or 0.0 for s in copied) / copy_wall, 3)
     epochs: dict[int, list[float]] = defaultdict(list)
     for s in steps:
         if s.epoch is not None:
@@ -484,18 +488,6 @@ def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
     if gap >= COMM_GAP or (gap >= COMM_GAP_STARVED
                            and starved(least, [d for d in timed if d is not least])):
         sig.comm_straggler = least["rank"]
-
-
-def trainer_gpus(data: RunData) -> set[str]:
-    """The GPUs this run used: those where the trainer's processes held memory; when that is
-    unknown (pids not visible to NVML, e.g. in a container), those that did any work. A CPU run
-    on a GPU machine uses none; an 8-GPU node running one job on gpu0 uses gpu0."""
-    held = data.all("gpu.trainer_mem_mib")
-    if held:
-        used = {s.entity for s in held if any(v > 0 for v in s.v)}
-        if used:
-            return used
-    return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= 10}
 
 
 def _gpu_signals(sig: Signals, data: RunData, full: RunData) -> None:
