@@ -229,3 +229,66 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
     assert doc["signals"].get("stack_sampler") == "py-spy", \
         (doc["signals"], r.stderr[-2000:], records)
     assert_named(doc, PREP)
+
+
+def test_a_slow_exit_is_its_own_phase_never_data(tmp_path: Path) -> None:
+    """After its loop the trainer lets go of its DataLoader while both workers are inside slow
+    samples: the shutdown joins each with a 5-s timeout (10 s), as PyTorch's exit does with
+    pinned persistent workers on a GPU (30 s for 6 workers on the H200, where the stacks counted
+    it as data: input_bound.prep 0.549 for a trainer that waited 0.005). The exit is its own
+    phase: not in the share, slow_exit after the verdict."""
+    doc = zero_code_run("torch_slow_exit", tmp_path, [str(TRAININGS / "torch_slow_exit.py"),
+                                                       "--seconds", "6", "--stuck", "8"])
+    assert_named(doc, "compute_bound")
+    sig = doc["signals"]
+    assert sig["exit_s"] >= 8, sig["exit_s"]
+    assert "_shutdown_workers" in sig["exit_stacks"][0][0]
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "slow_exit" in kinds and kinds[0] != "slow_exit", kinds
+    slow = next(f for f in doc["findings"] if f["kind"] == "slow_exit")
+    assert "joined its 2 worker processes" in slow["summary"], slow["summary"]
+
+
+def _replay_gpu(run_dir: Path, recording: Path) -> None:
+    """The run's samples get the GPU readings of ``recording`` (direct NVML recordings of an
+    H200, tests/fixtures/gpu-h200/SOURCE.md), read through the gpu source's own code path. The
+    recording's one process was the H200 training's trainer: its memory stands for this
+    trainer's (``gpu.trainer_mem_mib``, which tells the diagnosis the run uses that GPU)."""
+    from stallscope.metrics import Point
+    from stallscope.sources.gpu import GpuSource
+    from stallscope.store import RunStore
+    from stallscope.testing.nvml_replay import NvmlReplay
+
+    src = GpuSource(backend=NvmlReplay(json.loads(recording.read_text())))
+    src.open()
+    store = RunStore(run_dir / "run.db")
+    try:
+        (cost,) = store.read("collector.cpu_s")
+        for t in cost.ts:
+            reading = src.read(t)
+            if reading is not None:
+                held = sum(p.value for p in reading.points if p.name == "gpu.proc_mem_mib")
+                store.add_points(t, [*reading.points, Point("gpu.trainer_mem_mib", "gpu0", held)])
+    finally:
+        store.close()
+        src.close()
+
+
+def test_host_bound_a_launch_bound_step_beside_an_idle_gpu(tmp_path: Path) -> None:
+    """A tiny MLP whose steps are all operator calls from Python (its own data wait 0.1%),
+    sampled for real; its GPU is the H200's, replayed: 4% busy (the recording taken while a
+    ResNet-50 warmed up) gives host_bound: the GPU waits for the CPU to issue work. The same
+    run with a GPU never idle would be compute-bound."""
+    doc = zero_code_run("torch_launch_bound", tmp_path,
+                        [str(TRAININGS / "torch_launch_bound.py"), "--seconds", "8"])
+    assert doc["stall_fraction"] < 0.15
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    h200 = ROOT / "tests" / "fixtures" / "gpu-h200"
+    _replay_gpu(run_dir, h200 / "nvml-h200-load-nvml-580.159.04.json")
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120, check=True)
+    replayed = json.loads(d.stdout)
+    assert replayed["signals"]["gpu_util_median_pct"] <= 10
+    top = training_finding(replayed)
+    assert top["kind"] == "host_bound", replayed["findings"]
+    assert "reduce-overhead" in top["fixes"][0]["action"]
