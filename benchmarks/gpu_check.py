@@ -1,0 +1,188 @@
+"""The one-command GPU check: on a machine with an NVIDIA GPU, in one run of under 6 minutes,
+
+1. record NVML fixtures at idle and under load (tests/fixtures/record_nvml.py);
+2. time a whole GPU reading (stallscope's gpu source) against an ``nvidia-smi`` spawn for the
+   same fields (medians; the goal: a reading costs at most 1/30 of a spawn);
+3. time the probe's CUDA-event device timing at two step lengths (benchmarks/
+   bench_probe_cuda.py --cuda: the goal is < 1% of a step);
+4. run three GPU trainings with their own truth (benchmarks/gpu_trainer.py: input-bound,
+   compute-bound, host-bound) under ``stallscope run`` without and with the probe, and under
+   ``stallscope run --pid`` (py-spy attached);
+5. print one table of verdicts and data-wait shares against the trainers' own.
+
+    python benchmarks/gpu_check.py [--out DIR] [--seconds 15]
+
+Everything it writes goes under ``--out`` (default ``./gpu-check-<time>``): the NVML
+recordings, each run's folder and ``diagnose --json``, the logs and ``table.txt``. Works with
+torchvision (ResNet-18) and without it (a plain convolutional network). Exits 2 without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: training kind -> the verdict its trainer's truth supports
+TRUTH = {"input": "input_bound.prep", "compute": "compute_bound", "host": "host_bound"}
+_WAIT = re.compile(r"data wait: ([0-9.]+)% of ([0-9.]+) s")
+SMI_FIELDS = ("index,uuid,name,pci.bus_id,utilization.gpu,utilization.memory,memory.used,"
+              "memory.total,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.max.sm,"
+              "clocks_event_reasons.active,pcie.link.gen.current,pcie.link.width.current,"
+              "pcie.link.gen.max,ecc.errors.uncorrected.volatile.total")
+
+
+def stallscope_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "stallscope", *args]
+
+
+def log_run(argv: list[str], out: Path, name: str, timeout: float) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=out)
+    (out / f"{name}.log").write_text(f"$ {' '.join(argv)}\n{r.stdout}\n--- stderr\n{r.stderr}")
+    return r
+
+
+def nvml_costs(out: Path, n: int = 30) -> str:
+    """Median wall time of a whole gpu-source reading and of an nvidia-smi spawn."""
+    from stallscope.sources.gpu import GpuSource
+
+    src = GpuSource()
+    src.open()
+    reads = []
+    for _ in range(n):
+        t = time.perf_counter()
+        src.sample(time.time())
+        reads.append(time.perf_counter() - t)
+    src.close()
+    spawns = []
+    smi = shutil.which("nvidia-smi")
+    for _ in range(n if smi else 0):
+        t = time.perf_counter()
+        subprocess.run([smi or "nvidia-smi", f"--query-gpu={SMI_FIELDS}",
+                        "--format=csv,noheader"], capture_output=True, check=False)
+        spawns.append(time.perf_counter() - t)
+    read, spawn = statistics.median(reads), statistics.median(spawns) if spawns else None
+    line = f"gpu reading: median {read * 1e3:.2f} ms over {n}"
+    if spawn:
+        line += (f"; nvidia-smi spawn {spawn * 1e3:.2f} ms; ratio 1/{spawn / read:.1f} "
+                 f"(goal 1/30) -> {'OK' if spawn / read >= 30 else 'OVER'}")
+    (out / "nvml-costs.txt").write_text(line + "\n")
+    return line
+
+
+def diagnose(run_dir: Path) -> dict[str, Any]:
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=120)
+    try:
+        doc: dict[str, Any] = json.loads(d.stdout)
+    except ValueError:
+        return {"verdict": f"(diagnose failed: {d.stderr.strip()[-200:]})"}
+    (run_dir.parent / f"{run_dir.name}.diagnose.json").write_text(d.stdout)
+    return doc
+
+
+def one_training(kind: str, mode: str, out: Path, seconds: float) -> dict[str, Any]:
+    """``mode``: "run" (stacks), "probe" (stallscope.watch) or "pid" (run --pid)."""
+    runs = out / "runs" / f"{kind}-{mode}"
+    train = [sys.executable, str(ROOT / "benchmarks" / "gpu_trainer.py"), kind,
+             "--seconds", str(seconds), *(["--probe"] if mode == "probe" else [])]
+    if mode == "pid":
+        child = subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, cwd=out)
+        time.sleep(2.0)
+        att = log_run(stallscope_argv("run", "--pid", str(child.pid), "--interval", "1",
+                                      "--out", str(runs)), out, f"{kind}-{mode}",
+                      seconds + 120)
+        text = (child.communicate(timeout=60)[0] or "") + att.stdout
+    else:
+        r = log_run([*stallscope_argv("run", "--interval", "1", "--out", str(runs)), "--",
+                     *train], out, f"{kind}-{mode}", seconds + 180)
+        text = r.stdout
+    m = _WAIT.search(text)
+    truth = float(m.group(1)) / 100 if m else None
+    dirs = sorted(runs.iterdir()) if runs.exists() else []
+    doc = diagnose(dirs[-1]) if dirs else {"verdict": "(no run folder)"}
+    return {"kind": kind, "mode": mode, "truth_verdict": TRUTH[kind], "truth_share": truth,
+            "verdict": doc.get("verdict"), "share": doc.get("stall_fraction"),
+            "source": doc.get("stall_source"),
+            "exit_s": (doc.get("signals") or {}).get("exit_s")}
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'training':<9} {'mode':<6} {'truth':<17} {'own':>6} {'stallscope':<22} "
+            f"{'share':>6} {'by':<7} {'exit':>5}  ok")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ok = r["verdict"] == r["truth_verdict"] and (
+            r["truth_share"] is None or r["share"] is None
+            or abs(r["share"] - r["truth_share"]) <= 0.05)
+        lines.append(f"{r['kind']:<9} {r['mode']:<6} {r['truth_verdict']:<17} "
+                     f"{_f(r['truth_share']):>6} {r['verdict']!s:<22} {_f(r['share']):>6} "
+                     f"{r['source']!s:<7} {'-' if r['exit_s'] is None else r['exit_s']:>5}"
+                     f"  {'yes' if ok else 'NO'}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path,
+                    default=Path(f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
+    ap.add_argument("--seconds", type=float, default=15.0, help="each training's loop")
+    ap.add_argument("--skip-trainings", action="store_true")
+    args = ap.parse_args()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        print(f"gpu_check: no NVIDIA GPU here ({exc})")
+        return 2
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    rec = [sys.executable, str(ROOT / "tests" / "fixtures" / "record_nvml.py"), "--out",
+           str(out), "--keep-uuids"]
+    log_run([*rec, "--label", "idle"], out, "nvml-idle", 60)
+    print(nvml_costs(out), flush=True)
+    bench = log_run([sys.executable, str(ROOT / "benchmarks" / "bench_probe_cuda.py"), "--cuda",
+                     "--steps-us", "50,3300", "--reps", "7", "--seconds", "0.2"], out,
+                    "probe-cuda", 180)
+    print(bench.stdout.strip(), flush=True)
+    rows: list[dict[str, Any]] = []
+    if not args.skip_trainings:
+        load = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "gpu_trainer.py"),
+                                 "compute", "--seconds", "12"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(8.0)
+        log_run([*rec, "--label", "load"], out, "nvml-load", 60)
+        load.send_signal(signal.SIGTERM)
+        load.wait(timeout=30)
+        for kind in TRUTH:
+            for mode in ("run", "probe", "pid"):
+                rows.append(one_training(kind, mode, out, args.seconds))
+                print(f"  {kind}/{mode}: {rows[-1]['verdict']} "
+                      f"({time.monotonic() - t0:.0f} s)", flush=True)
+    text = table(rows) if rows else "(trainings skipped)"
+    (out / "table.txt").write_text(text + "\n")
+    print(text)
+    print(f"everything is in {out} ({time.monotonic() - t0:.0f} s)")
+    return 0 if all(r["verdict"] == r["truth_verdict"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
