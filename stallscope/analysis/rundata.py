@@ -50,6 +50,7 @@ class RunData:
     unreadable: list[str] = field(default_factory=list)
     _roles: dict[str, str] | None = field(default=None, repr=False)
     _summary: dict[str, Any] | None = field(default=None, repr=False)
+    _window: Any = field(default=None, repr=False)
     _axis: tuple[float, float] | None = field(default=None, repr=False)
 
     def skipped_note(self) -> str | None:
@@ -112,6 +113,15 @@ class RunData:
 
             self._summary = summarize(self)
         return self._summary
+
+    def window(self) -> Any:
+        """The training window (:func:`stallscope.analysis.window.window_of`), computed once:
+        the summary and the diagnosis share it."""
+        if self._window is None:
+            from stallscope.analysis.window import window_of
+
+            self._window = window_of(self)
+        return self._window
 
     # --- time -----------------------------------------------------------------------------------
     @property

@@ -95,9 +95,7 @@ def summarize(data: RunData) -> dict[str, Any]:
     tr = data.span
     if tr:
         out["duration_s"] = round(tr[1] - tr[0], 1)
-    from stallscope.analysis.window import window_of
-
-    win = window_of(data)
+    win = data.window()
     if win.source != "run":  # start-up, training and exit: phases of their own
         out["phases"] = {"startup_s": win.startup_s, "training_s": round(win.seconds, 1),
                          "exit_s": win.exit_s, "window_source": win.source}

@@ -31,8 +31,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from stallscope import stats
+from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.sources.stacks.aggregate import phase_seconds
-from stallscope.sources.stacks.phases import TRAINING
+from stallscope.sources.stacks.phases import TRAINING, folded_exiting
 
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
@@ -106,9 +107,11 @@ def _stack_window(records: Sequence[Mapping[str, Any]], pids: set[int]
         if not any(sec.get(k) for k in TRAINING):
             continue
         ts = float(rec["ts"])
-        span = sum(v for k, v in sec.items() if k not in ("startup", "tail", "exit"))
-        s0 = ts - span - sec.get("tail", sec.get("exit", 0.0))
-        e0 = ts - max(sec.get("tail", 0.0), sec.get("exit", 0.0))
+        # the record's after-training part: its tail (new records: the exit is part of it) or
+        # the exit moved out of a training phase (records written before the exit phase)
+        after = max(sec.get("tail", 0.0), sec.get("exit", 0.0))
+        e0 = ts - after
+        s0 = e0 - sum(v for k, v in sec.items() if k not in ("startup", "tail", "exit"))
         start = s0 if start is None else min(start, s0)
         end = e0 if end is None else max(end, e0)
     if start is None or end is None or end <= start:
@@ -161,9 +164,8 @@ def trainer_gpus(data: RunData) -> set[str]:
 
 def window_of(data: RunData) -> TrainingWindow:
     """The training window of a run, its trainer processes and GPUs found as the diagnosis
-    finds them (the summary, ``show`` and the report use this)."""
-    from stallscope.analysis.stacks import trainer_phases
-
+    finds them (computed once per run: :meth:`RunData.window
+    <stallscope.analysis.rundata.RunData.window>`)."""
     pids = {p.pid for p in trainer_phases(data.stacks, data.roles())}
     return training_window(data, pids, trainer_gpus(data))
 
@@ -205,21 +207,12 @@ def gpu_warmup_end(ts: Sequence[float], util: Sequence[float]) -> float | None:
 def exit_stacks(records: Iterable[Mapping[str, Any]], pids: set[int], after: float,
                 n: int = 3) -> list[tuple[str, float]]:
     """The folded stacks the trainer processes spent the most time in after ``after`` (the
-    training window's end): what the exit was spent on, heaviest first."""
+    training window's end): what the exit was spent on, heaviest first. The training samples
+    of the record the loop ended in are left out."""
+    late = [r for r in records if r["ts"] >= after]
     secs: dict[str, float] = defaultdict(float)
-    for rec in records:
-        if rec.get("pid") not in pids or float(rec["ts"]) < after:
-            continue
-        stacks, phases = rec.get("stacks"), rec.get("stack_phase")
-        if not isinstance(stacks, dict):
-            continue
-        for k, v in stacks.items():
-            ph = phases.get(k) if isinstance(phases, dict) else None
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-                continue
-            sec = phase_seconds({"s": {ph: float(v)} if isinstance(ph, str) else {},
-                                 "stacks": {k: v}, "stack_phase": {k: ph}})
-            if ph in TRAINING and not sec.get("exit"):
-                continue  # the last training samples of the record the loop ended in
-            secs[str(k)] += float(v)
+    for pid in pids:
+        for k, ph, v in top_stacks(late, pid, n=10_000):
+            if ph not in TRAINING or folded_exiting(k):
+                secs[k] += v
     return sorted(((k, round(v, 2)) for k, v in secs.items()), key=lambda kv: -kv[1])[:n]

@@ -21,7 +21,6 @@ from stallscope.analysis.window import (
     exit_stacks,
     gpu_warmup_end,
     trainer_gpus,
-    training_window,
 )
 from stallscope.store import Series, StepRow
 
@@ -222,7 +221,7 @@ def compute_signals(data: RunData) -> Signals:
 
     _probe_signals(sig, data)
     procs = trainer_phases(data.stacks, data.roles())
-    win = training_window(data, {p.pid for p in procs}, trainer_gpus(data))
+    win = data.window()
     _window_signals(sig, data, win, procs)
     full, data = data, clip(data, win)  # every figure below is the training's, not the process's
     # probe > sampled stacks > system metrics for the stall; the stacks' phases are evidence
