@@ -1,6 +1,7 @@
 """The one-command GPU check: on a machine with an NVIDIA GPU, in one run of under 6 minutes,
 
-1. record NVML fixtures at idle and under load (tests/fixtures/record_nvml.py);
+1. record NVML fixtures at idle and under load (tests/fixtures/record_nvml.py), and time every
+   NVML call the gpu source makes or could make (tests/fixtures/nvml_call_costs.py);
 2. time a whole GPU reading (stallscope's gpu source) against an ``nvidia-smi`` spawn for the
    same fields (medians; the goal: a reading costs at most 1/30 of a spawn);
 3. time the probe's CUDA-event device timing at two step lengths (benchmarks/
@@ -92,11 +93,13 @@ def diagnose(run_dir: Path) -> dict[str, Any]:
     return doc
 
 
-def one_training(kind: str, mode: str, out: Path, seconds: float) -> dict[str, Any]:
+def one_training(kind: str, mode: str, out: Path, seconds: float, device: str = "cuda"
+                 ) -> dict[str, Any]:
     """``mode``: "run" (stacks), "probe" (stallscope.watch) or "pid" (run --pid)."""
     runs = out / "runs" / f"{kind}-{mode}"
     train = [sys.executable, str(ROOT / "benchmarks" / "gpu_trainer.py"), kind,
-             "--seconds", str(seconds), *(["--probe"] if mode == "probe" else [])]
+             "--seconds", str(seconds), "--device", device,
+             *(["--probe"] if mode == "probe" else [])]
     if mode == "pid":
         child = subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, cwd=out)
@@ -144,7 +147,17 @@ def main() -> int:
                     default=Path(f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
     ap.add_argument("--seconds", type=float, default=15.0, help="each training's loop")
     ap.add_argument("--skip-trainings", action="store_true")
+    ap.add_argument("--dry-run-cpu", action="store_true",
+                    help="only the trainings, on the CPU: a check of this script itself, "
+                         "whose verdicts mean nothing")
     args = ap.parse_args()
+    if args.dry_run_cpu:
+        out = args.out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [one_training(kind, mode, out, args.seconds, "cpu")
+                for kind in TRUTH for mode in ("run", "probe", "pid")]
+        print(table(rows))
+        return 0
     try:
         import pynvml
 
@@ -158,6 +171,9 @@ def main() -> int:
     rec = [sys.executable, str(ROOT / "tests" / "fixtures" / "record_nvml.py"), "--out",
            str(out), "--keep-uuids"]
     log_run([*rec, "--label", "idle"], out, "nvml-idle", 60)
+    calls = log_run([sys.executable, str(ROOT / "tests" / "fixtures" / "nvml_call_costs.py"),
+                     "--out", str(out)], out, "nvml-call-costs", 120)
+    print(calls.stdout.strip(), flush=True)
     print(nvml_costs(out), flush=True)
     bench = log_run([sys.executable, str(ROOT / "benchmarks" / "bench_probe_cuda.py"), "--cuda",
                      "--steps-us", "50,3300", "--reps", "7", "--seconds", "0.2"], out,

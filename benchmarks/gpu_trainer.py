@@ -57,8 +57,9 @@ def main() -> int:
     ap.add_argument("kind", choices=("input", "compute", "host"))
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run")
     args = ap.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     if args.kind == "host":  # batches already on the GPU, a tiny model: launches dominate
         model: nn.Module = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev)
         xs = torch.rand(4096, 32, device=dev)
@@ -69,7 +70,8 @@ def main() -> int:
         size, cost, workers, batch = ((112, 12.0, 2, 32) if args.kind == "input"
                                       else (160, 0.0, 4, 128))
         loader = DataLoader(Images(1_000_000, size, cost), batch_size=batch,
-                            num_workers=workers, pin_memory=True, persistent_workers=True)
+                            num_workers=workers, pin_memory=dev.type == "cuda",
+                            persistent_workers=True)
     if args.probe:
         import stallscope
 
@@ -94,7 +96,8 @@ def main() -> int:
             if steps % 10 == 0:
                 loss.item()
             steps += 1
-    torch.cuda.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - start
     print(f"{args.kind}: {steps} steps", flush=True)
     print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
