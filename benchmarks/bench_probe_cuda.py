@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import importlib
 
-from stallscope.probe import Probe, Watched
+from stallscope.probe import Probe, Recorder, Watched
 from stallscope.probe.device import EVENT_RECORD_S, timing_every
 from stallscope.store import RunStore, new_run_dir
 
@@ -103,7 +103,8 @@ def main() -> int:
     RunStore(run_dir / "run.db").close()
     timed = Probe(rank=0, run_dir=run_dir, capacity=1 << 20, events=events,
                   register_atexit=False)
-    plain = Probe(rank=1, run_dir=run_dir, capacity=1 << 20, register_atexit=False)
+    # no device timer at all (a Probe would find torch's CUDA and time the device itself)
+    plain = Recorder(rank=1, run_dir=run_dir, capacity=1 << 20, register_atexit=False)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "
           f"{os.getloadavg()[0]:.1f}; {kind}; {args.reps} rounds x 4 arms of "
           f"{args.seconds:.2f} s per step length")

@@ -3,11 +3,13 @@
 ``data wait: 12.3% of 15.0 s (measured by the trainer)``.
 
     python benchmarks/gpu_trainer.py input   [--seconds 15] [--probe]  # slow CPU transform
-    python benchmarks/gpu_trainer.py compute [--seconds 15] [--probe]  # a busy GPU
+    python benchmarks/gpu_trainer.py compute [--seconds 15] [--probe]  # a busy GPU (ResNet-50)
     python benchmarks/gpu_trainer.py host    [--seconds 15] [--probe]  # launch-bound tiny MLP
 
-``--probe`` wraps the loader with ``stallscope.watch``. Uses torchvision's ResNet-18 when it
-imports, else a plain convolutional network of the same shape of work.
+``--probe`` wraps the loader with ``stallscope.watch``. Uses torchvision's ResNet-18 (input) and
+ResNet-50 (compute) when it imports, else plain convolutional networks. On an H200 the first
+version of ``compute`` (random float images made per sample by 4 workers) was input-bound by its
+own measure (39% data wait): its images now come from a uint8 pool, made float on the GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Images(Dataset):
-    """Random 3x``size``x``size`` images; ``cost_ms`` of CPU work per sample (a transform)."""
+    """3x``size``x``size`` uint8 images from a pool made once (as if decoded into RAM);
+    ``cost_ms`` of CPU work per sample (a slow transform). The GPU makes them float."""
 
     def __init__(self, n: int, size: int, cost_ms: float) -> None:
-        self.n, self.size, self.cost_ms = n, size, cost_ms
+        self.n, self.cost_ms = n, cost_ms
+        self.pool = torch.randint(0, 256, (32, 3, size, size), dtype=torch.uint8)
 
     def __len__(self) -> int:
         return self.n
@@ -36,20 +40,22 @@ class Images(Dataset):
         x = 0.0
         while time.perf_counter() < end:
             x += math.sqrt(i + 1.0)
-        return torch.rand(3, self.size, self.size), i % 10
+        return self.pool[i % len(self.pool)], i % 10
 
 
-def conv_model() -> nn.Module:
+def conv_model(big: bool) -> nn.Module:
+    """torchvision's ResNet-50 (``big``) or ResNet-18, else a plain convolutional network."""
     try:
-        from torchvision.models import resnet18
+        from torchvision.models import resnet18, resnet50
 
-        return resnet18(num_classes=10)
+        return (resnet50 if big else resnet18)(num_classes=10)
     except Exception:  # torchvision missing, or not importable beside this torch
+        width = 256 if big else 64
         return nn.Sequential(
-            nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.ReLU(),
-            *[m for _ in range(6) for m in (nn.Conv2d(64, 64, 3, padding=1),
-                                            nn.BatchNorm2d(64), nn.ReLU())],
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+            nn.Conv2d(3, width, 7, stride=2, padding=3), nn.ReLU(),
+            *[m for _ in range(8 if big else 6) for m in (nn.Conv2d(width, width, 3, padding=1),
+                                                          nn.BatchNorm2d(width), nn.ReLU())],
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
 
 
 def main() -> int:
@@ -66,9 +72,9 @@ def main() -> int:
         ys = torch.randint(0, 4, (4096,), device=dev)
         loader: object = [(xs[i:i + 16], ys[i:i + 16]) for i in range(0, 4096, 16)]
     else:
-        model = conv_model().to(dev)
+        model = conv_model(args.kind == "compute").to(dev)
         size, cost, workers, batch = ((112, 12.0, 2, 32) if args.kind == "input"
-                                      else (160, 0.0, 4, 128))
+                                      else (224, 0.0, 6, 128))
         loader = DataLoader(Images(1_000_000, size, cost), batch_size=batch,
                             num_workers=workers, pin_memory=dev.type == "cuda",
                             persistent_workers=True)
@@ -89,6 +95,8 @@ def main() -> int:
                 break
             wait += time.perf_counter() - t
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            if x.dtype == torch.uint8:
+                x = x.float().div_(255)
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
