@@ -147,6 +147,10 @@ def main() -> int:
                     default=Path(f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
     ap.add_argument("--seconds", type=float, default=15.0, help="each training's loop")
     ap.add_argument("--skip-trainings", action="store_true")
+    ap.add_argument("--kinds", default=",".join(TRUTH),
+                    help="trainings to run (default: input,compute,host)")
+    ap.add_argument("--modes", default="run,probe,pid",
+                    help="how each is watched (default: run,probe,pid)")
     ap.add_argument("--dry-run-cpu", action="store_true",
                     help="only the trainings, on the CPU: a check of this script itself, "
                          "whose verdicts mean nothing")
@@ -188,8 +192,8 @@ def main() -> int:
         log_run([*rec, "--label", "load"], out, "nvml-load", 60)
         load.send_signal(signal.SIGTERM)
         load.wait(timeout=30)
-        for kind in TRUTH:
-            for mode in ("run", "probe", "pid"):
+        for kind in args.kinds.split(","):
+            for mode in args.modes.split(","):
                 rows.append(one_training(kind, mode, out, args.seconds))
                 print(f"  {kind}/{mode}: {rows[-1]['verdict']} "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)

@@ -21,6 +21,8 @@ The rows:
   and the process's owner;
 * ``gpu_mig``: one MIG GPU instance (entity ``gpu<N>/gi<ID>``): the GPU's labels,
   ``GPU_I_ID`` and ``GPU_I_PROFILE`` as dcgm-exporter spells them;
+* ``gpu_xid``: one XID code of one GPU (entity ``gpu<N>/xid<code>``): the GPU's labels and
+  ``xid``;
 * ``device``: a disk or drive as node_exporter names it (``nvme0n1``);
 * ``cpu``: one core (``"3"``; the entity is ``cpu3``); ``mode``: a CPU mode of
   ``host_cpu_seconds_total``; ``rank``: a training rank (``rank<N>``; not exported).
@@ -89,6 +91,12 @@ ENTITY_LABELS: dict[str, EntityLabels] = {
                                    ("name", "modelName"), ("mig_profile", "GPU_I_PROFILE")),
                             derived=(("device", "nvidia{}"),), hostname=True,
                             second="GPU_I_ID", sep="/gi"),
+    # XIDs of one GPU per code (entity ``gpu<N>/xid<code>``): the GPU's labels and ``xid``
+    "gpu_xid": EntityLabels("gpu", prefix="gpu",
+                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
+                                   ("name", "modelName"), *_OWNER),
+                            derived=(("device", "nvidia{}"),), hostname=True,
+                            second="xid", sep="/xid"),
     "device": EntityLabels("device"),
     "cpu": EntityLabels("cpu", prefix="cpu"),
     "mode": EntityLabels("mode"),

@@ -176,6 +176,38 @@ METRICS: tuple[Metric, ...] = (
        "gauge", "stallscope_gpu_sm_occupancy_ratio", 0.01),
     _M("gpu", "tensor_active_pct", "%", "GPM tensor pipe activity, Hopper+ "
        "(DCGM PROF_PIPE_TENSOR_ACTIVE)", "gauge", "stallscope_gpu_tensor_active_ratio", 0.01),
+    # GPU health (issue 38): dcgm-exporter's defaults we lacked, nvidia-smi's names in brackets
+    _M("gpu", "mem_temp_c", "°C", "HBM memory temperature (temperature.memory; "
+       "DCGM_FI_DEV_MEMORY_TEMP)", "gauge", "stallscope_gpu_memory_temperature_celsius"),
+    _M("gpu", "energy_j", "J", "energy used since the driver loaded (nvmlDeviceGetTotalEnergy"
+       "Consumption; exported as the counter gpu.energy_joules_total)", "gauge", rollup="max"),
+    _M("gpu", "pcie_replays", "", "PCIe replays since the driver loaded (nvidia-smi -q Replays "
+       "Since Reset; exported as gpu.pcie_replays_total)", "gauge", rollup="max"),
+    _M("gpu", "remapped_rows_correctable", "", "rows remapped after correctable ECC errors "
+       "(remapped_rows.correctable; DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS)", "gauge",
+       "stallscope_gpu_remapped_rows_correctable", rollup="max"),
+    _M("gpu", "remapped_rows_uncorrectable", "", "rows remapped after uncorrectable ECC errors "
+       "(remapped_rows.uncorrectable; DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS)", "gauge",
+       "stallscope_gpu_remapped_rows_uncorrectable", rollup="max"),
+    _M("gpu", "row_remap_pending", "", "1 while a row remap waits for a GPU reset "
+       "(remapped_rows.pending; DCGM_FI_DEV_ROW_REMAP_PENDING)", "gauge",
+       "stallscope_gpu_row_remap_pending", rollup="max"),
+    _M("gpu", "row_remap_failed", "", "1 once a row remap failed (remapped_rows.failure; "
+       "DCGM_FI_DEV_ROW_REMAP_FAILURE)", "gauge", "stallscope_gpu_row_remap_failure",
+       rollup="max"),
+    _M("gpu", "retired_pages", "", "pages retired for ECC errors, before Ampere "
+       "(retired_pages.sbe + .dbe; DCGM_FI_DEV_RETIRED_SBE + _DBE)", "gauge",
+       "stallscope_gpu_retired_pages", rollup="max"),
+    _M("gpu", "retired_pages_pending", "", "1 while a page retirement waits for a reset "
+       "(retired_pages.pending; DCGM_FI_DEV_RETIRED_PENDING)", "gauge",
+       "stallscope_gpu_retired_pages_pending", rollup="max"),
+    _M("gpu", "xid_count", "", "XID errors since the source opened, application XIDs left out "
+       "(exported per code as gpu.xid_errors_total)", "gauge", rollup="max"),
+    _M("gpu", "xid_last", "", "the last XID code, 0 for none (DCGM_FI_DEV_XID_ERRORS)", "gauge",
+       "stallscope_gpu_xid_last_code", rollup="max"),
+    _M("gpu", "health_problem", "", "1 when the GPU needs a person: an XID, a pending or failed "
+       "row remap, or a pending page retirement", "gauge", "stallscope_gpu_health_problem",
+       rollup="max"),
     # --- host: /proc, psutil ---------------------------------------------------------------------
     _M("host", "cpu_pct", "%", "all-CPU busy time (top %Cpu us+sy+ni+irq+si+st)", "gauge",
        "stallscope_host_cpu_busy_ratio", 0.01),
@@ -294,6 +326,16 @@ METRICS: tuple[Metric, ...] = (
     _M("procs", "tf_threads", "", "the trainer's threads TensorFlow named (tf_*): a "
        "TensorFlow trainer", "gauge", "stallscope_proc_tensorflow_threads"),
     # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
+    _M("gpu", "xid_errors_total", "", "XID critical errors per code since the agent started, "
+       "application XIDs (13, 31, 43, 45, 68, 109) left out (nvmlEventSetWait; "
+       "DCGM_FI_DEV_XID_ERRORS)", "counter", "stallscope_gpu_xid_errors_total",
+       label="gpu_xid"),
+    _M("gpu", "energy_joules_total", "J", "energy used since the driver loaded "
+       "(nvmlDeviceGetTotalEnergyConsumption / 1000; DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)",
+       "counter", "stallscope_gpu_energy_joules_total"),
+    _M("gpu", "pcie_replays_total", "", "PCIe replays since the driver loaded "
+       "(nvmlDeviceGetPcieReplayCounter; DCGM_FI_DEV_PCIE_REPLAY_COUNTER)", "counter",
+       "stallscope_gpu_pcie_replays_total"),
     _M("disk", "reads_completed_total", "", "reads completed (/proc/diskstats field 4; "
        "node_disk_reads_completed_total)", "counter", "stallscope_disk_reads_completed_total",
        label="device"),

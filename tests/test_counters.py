@@ -105,7 +105,7 @@ def test_counter_prom_names_end_in_total_and_only_theirs() -> None:
         if m.kind == "counter":
             assert m.prom.endswith("_total") and m.key.endswith("_total"), m.name
             assert m.prom_scale == 1.0, m.name  # stored in base units already
-            assert m.unit in ("s", "B", ""), m.name
+            assert m.unit in ("s", "B", "J", ""), m.name  # Prometheus' base units
         elif m.prom:
             assert not m.prom.endswith("_total"), m.name
     assert len({m.prom for m in metrics.METRICS if m.prom}) == len(

@@ -674,3 +674,30 @@ def test_cannot_tell_the_data_wait_does_not_hide_other_findings() -> None:
     ks = kinds(diagnose(data))
     assert "data_wait_unknown" in ks and "host_swap" in ks, ks
     assert "insufficient_data" not in ks
+
+
+def test_gpu_health_names_the_xid_and_what_to_do() -> None:
+    """An XID 79 mid-run (the source counts it, application XIDs left out) and a row remap
+    waiting for a reset: one critical gpu_health finding with both, and the hot HBM goes into
+    gpu_throttled's evidence."""
+    xid_count = [0] * 15 + [1] * 15
+    data = run([ser("gpu.util_pct", "gpu0", [99] * N),
+                ser("gpu.health_problem", "gpu0", [0] * 15 + [1] * 15),
+                ser("gpu.xid_count", "gpu0", xid_count),
+                ser("gpu.xid_last", "gpu0", [0] * 15 + [79] * 15),
+                ser("gpu.row_remap_pending", "gpu0", [0] * 20 + [1] * 10),
+                ser("gpu.row_remap_failed", "gpu0", [0] * N),
+                ser("gpu.throttle_mask", "gpu0", [0x40] * N),
+                ser("gpu.temp_c", "gpu0", [70] * N), ser("gpu.mem_temp_c", "gpu0", [96] * N)])
+    doc = diagnose(data)
+    f = next(f for f in doc["findings"] if f["kind"] == "gpu_health")
+    assert f["severity"] == "critical"
+    assert f["evidence"]["xid_last"] == 79 and f["evidence"]["row_remap_pending"] == 1
+    assert "fallen off the bus" in f["summary"] and "waits for a reset" in f["summary"]
+    actions = " ".join(x["action"] for x in f["fixes"])
+    assert "Drain the node" in actions and "nvidia-smi -r -i 0" in actions
+    t = next(f for f in doc["findings"] if f["kind"] == "gpu_throttled")
+    assert t["evidence"]["mem_temp_max_c"] == 96
+    # a healthy GPU: no finding
+    ok = run([ser("gpu.util_pct", "gpu0", [99] * N), ser("gpu.health_problem", "gpu0", [0] * N)])
+    assert "gpu_health" not in kinds(diagnose(ok))

@@ -18,6 +18,7 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
     "gpu_pid": ("gpu1:4242", {"uuid": "GPU-5f3e", "name": "NVIDIA H100", "namespace": "team-a",
                               "pod": "trainer-0", "container": "pytorch"}),
     "gpu_mig": ("gpu0/gi9", {"uuid": "GPU-5f3e", "name": "NVIDIA H100", "mig_profile": "1g.10gb"}),
+    "gpu_xid": ("gpu0/xid79", {"uuid": "GPU-5f3e", "name": "NVIDIA H200"}),
     "device": ("nvme0n1", {}),
     "cpu": ("cpu3", {}),
     "mode": ("iowait", {}),

@@ -170,6 +170,7 @@ class RulesFile:
 DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("gpu_hot", "gpu.temp_c", above=85, for_s=30, clear_below=80, severity="critical"),
     Rule("gpu_throttled", "gpu.throttle_serious", above=0.5, for_s=10, severity="warning"),
+    Rule("gpu_health", "gpu.health_problem", above=0.5, severity="critical", cooldown_s=3600),
     Rule("shm_nearly_full", "host.shm_used_pct", above=90, for_s=10, clear_below=80,
          severity="critical"),
     Rule("host_swapping", "host.swap_in_kb_s", above=0, for_s=30, severity="warning"),

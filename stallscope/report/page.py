@@ -49,6 +49,7 @@ KIND_TITLES: dict[str, str] = {
     "gpu_held_idle": "A GPU is held but idle",
     "host_bound": "Host-bound: the GPU waits for the CPU to issue its work",
     "slow_exit": "The trainer's exit takes long after its last step",
+    "gpu_health": "A GPU needs attention: XID errors or memory repairs pending",
     "data_wait_unknown": "Whether the trainer waits for data cannot be told without the probe",
     "insufficient_data": "Not enough data to name a bottleneck",
 }

@@ -16,6 +16,7 @@ list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --js
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 import threading
@@ -93,8 +94,48 @@ _GPM_METRICS = (
     ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),  # DCGM PROF_SM_OCCUPANCY
     ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),  # DCGM PROF_PIPE_TENSOR_ACTIVE
 )
+#: GPM's PCIe traffic (MiB/s), read with the metrics above: NVML's non-blocking PCIe rate
+_GPM_PCIE = (("pcie_tx_mib_s", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
+             ("pcie_rx_mib_s", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"))
 #: NVML computes GPM metrics from samples at least this far apart (its refresh rate).
 GPM_MIN_INTERVAL_S = 0.1
+#: seconds between reads of the values too slow for every sample, on the source's helper
+#: thread: the energy counter (3.2 ms a call on an H200), the PCIe replay counter (0.18 ms),
+#: retired pages (GPUs before Ampere)
+SLOW_READ_S = 10.0
+#: seconds between ``nvmlDeviceGetPcieThroughput`` reads on the helper thread, for GPUs without
+#: GPM: each call waits out NVML's 20-ms window, so it never runs inside ``sample()``
+PCIE_FALLBACK_S = 2.0
+#: how long one wait for NVML events lasts (the XID thread checks for close between waits)
+EVENT_WAIT_MS = 250
+#: XID codes the NVIDIA device plugin treats as errors of the application, not of the GPU
+#: (its ``DP_DISABLE_HEALTHCHECKS`` default skip list): a graphics engine exception (13), an
+#: MMU fault (31), a stopped or killed channel (43, 45), a video decoder exception (68), a
+#: context-switch timeout (109). A crashing program raises them on a healthy GPU; they are not
+#: counted.
+APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+#: what the common XIDs mean and what to do (NVIDIA's XID catalog, shortened)
+XID_MEANINGS: dict[int, tuple[str, str]] = {
+    48: ("double-bit ECC error in GPU memory",
+         "drain the node and reset the GPU; replace it if it comes back"),
+    63: ("a row remap or page retirement was recorded after an ECC error",
+         "reset the GPU when the jobs on it end, so the remap takes effect"),
+    64: ("a row remap or page retirement failed to be recorded",
+         "drain the node and reset the GPU; replace it if this repeats"),
+    74: ("NVLink error", "drain the node and reset the GPUs; check the NVLink bridge or "
+         "baseboard, and replace the GPU if it repeats"),
+    79: ("the GPU has fallen off the bus", "drain the node and reboot it; check power and the "
+         "PCIe slot, and replace the GPU if it repeats"),
+    92: ("high single-bit ECC error rate", "watch it; replace the GPU if the rate keeps up"),
+    94: ("contained ECC error (one application was stopped)",
+         "reset the GPU when convenient, so the bad row is remapped"),
+    95: ("uncontained ECC error (every application on the GPU was stopped)",
+         "drain the node and reset the GPU; replace it if it repeats"),
+    119: ("GSP RPC timeout (the GPU's system processor did not answer)",
+          "drain the node and reset the GPU or reboot; update the driver if it repeats"),
+    120: ("GSP error", "drain the node and reset the GPU or reboot; update the driver if it "
+          "repeats"),
+}
 
 
 class GpuLost(Exception):
@@ -332,8 +373,9 @@ class GpuReading:
     pcie_width_max: int | None
     """Max PCIe link width, lanes (``pcie.link.width.max``)."""
     pcie_rx_kb_s: int | None
-    """PCIe receive (host to GPU) throughput, KB/s over NVML's 20 ms window (``nvidia-smi
-    dmon -s t`` rxpci, ``nvidia-smi -q`` "Rx Throughput")."""
+    """PCIe receive (host to GPU) throughput, KiB/s (``nvidia-smi dmon -s t`` rxpci,
+    ``nvidia-smi -q`` "Rx Throughput"): from GPM over the sample's interval on Hopper+, else
+    NVML's 20-ms window read on the helper thread (pcie_from)."""
     pcie_tx_kb_s: int | None
     """PCIe transmit (GPU to host) throughput, KB/s (``dmon -s t`` txpci, -q "Tx
     Throughput")."""
@@ -349,6 +391,42 @@ class GpuReading:
     tensor_active_pct: float | None = None
     """GPM, Hopper+: % of time the tensor cores were busy, over the interval (DCGM
     PROF_PIPE_TENSOR_ACTIVE)."""
+    mem_temp_c: float | None = None
+    """HBM memory temperature, °C (``temperature.memory``; DCGM_FI_DEV_MEMORY_TEMP); None where
+    the board has no memory sensor."""
+    energy_j: float | None = None
+    """Energy the GPU used since the driver loaded, J (``nvmlDeviceGetTotalEnergyConsumption``;
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); read every SLOW_READ_S s, off ``sample()``."""
+    pcie_replays: int | None = None
+    """PCIe replays since the driver loaded (``nvidia-smi -q`` "Replays Since Reset";
+    DCGM_FI_DEV_PCIE_REPLAY_COUNTER): a link that retransmits; read every SLOW_READ_S s."""
+    remapped_rows_correctable: int | None = None
+    """Rows remapped after correctable ECC errors (``remapped_rows.correctable``, Ampere+)."""
+    remapped_rows_uncorrectable: int | None = None
+    """Rows remapped after uncorrectable ECC errors (``remapped_rows.uncorrectable``)."""
+    row_remap_pending: int | None = None
+    """1 while a row remap waits for a GPU reset (``remapped_rows.pending``)."""
+    row_remap_failed: int | None = None
+    """1 once a row remap failed (``remapped_rows.failure``): replace the GPU."""
+    retired_pages: int | None = None
+    """Pages retired for ECC errors, single- and double-bit (``retired_pages.sbe`` + ``.dbe``);
+    GPUs before Ampere, where rows are not remapped."""
+    retired_pages_pending: int | None = None
+    """1 while a page retirement waits for a reset (``retired_pages.pending``)."""
+    xid_count: int | None = None
+    """XID errors on this GPU since the source opened, those the NVIDIA device plugin treats
+    as application errors left out (APP_XIDS); None where NVML gives no XID events here."""
+    xid_last: int | None = None
+    """The last such XID code, 0 if none (DCGM_FI_DEV_XID_ERRORS' value)."""
+    xid_errors: dict[str, int] | None = None
+    """Those XIDs counted per code (``{"79": 1}``)."""
+    health_problem: int | None = None
+    """1 when the GPU needs a person: an XID above, a pending or failed row remap, or a pending
+    page retirement; else 0."""
+    pcie_from: str | None = None
+    """Where the PCIe rates come from: ``"gpm"`` (Hopper+, read with the sample) or
+    ``"throughput"`` (``nvmlDeviceGetPcieThroughput`` on the helper thread, up to
+    PCIE_FALLBACK_S old)."""
     processes: list[GpuProcess] | None = field(default=None)
     """Compute and graphics processes on this GPU (``nvidia-smi --query-compute-apps``)."""
     mig: list[MigInstance] | None = field(default=None)
@@ -366,6 +444,27 @@ def _num(value: Any, scale: float = 1.0) -> float | None:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _field_value(b: Any, fv: Any) -> float | int | None:
+    """The number in one ``nvmlFieldValue_t`` (by its ``valueType``), None on its error."""
+    if int(getattr(fv, "nvmlReturn", 1)) != int(b.NVML_SUCCESS):
+        return None
+    u = fv.value
+    kind = int(getattr(fv, "valueType", 3))
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+            6: "usVal"}.get(kind, "ullVal")
+    value = getattr(u, attr, None)
+    return None if value is None else value
+
+
+def _handle_key(handle: Any) -> Any:
+    """What identifies a device handle in event data: the pointer's address (pynvml gives a new
+    ctypes object each time), or the handle itself (a replay's)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
 
 
 def _text(value: Any) -> str | None:
@@ -393,6 +492,16 @@ class _Gpu:
     proc_util_ts: int = 0
     #: in MIG mode: (GPU instance id, profile, MIG UUID, a MIG device handle) per GPU instance
     migs: list[tuple[int, str | None, str | None, Any]] | None = None
+    ecc_on: bool = False  #: ECC enabled (read once: a change needs a reset)
+    #: whether GPM gives the PCIe rates (None until the first GPM metrics tell)
+    pcie_gpm: bool | None = None
+    #: values the helper thread reads (energy, replays, retired pages, PCIe fallback), by
+    #: GpuReading field; replaced whole, so a reader never sees half an update
+    slow: dict[str, Any] = field(default_factory=dict)
+    #: XID code -> count, from the event thread
+    xids: dict[int, int] = field(default_factory=dict)
+    xid_last: int = 0
+    rows_supported: bool = True  #: remapped rows answer here (Ampere+)
 
 
 #: the facts of a GPU that do not change during a run (its entity's attributes)
@@ -439,16 +548,26 @@ class GpuSource(Source):
         *,
         clock: Callable[[], float] = time.monotonic,
         gpm: bool = True,
+        background: bool = True,
     ) -> None:
         self.nvml = Nvml(backend)
         self.nvml.on_event = self.emit
         self._clock = clock
         self._want_gpm = gpm
+        #: run the helper thread (slow values) and the XID event thread; tests without it call
+        #: :meth:`read_slow` and :meth:`poll_events` themselves
+        self._background = background
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._event_set: Any = None
+        #: event-set key of each GPU's handle -> the GPU (for XID events)
+        self._by_handle: dict[Any, _Gpu] = {}
         self._gpus: list[_Gpu] | None = None
         self._unavailable: SourceUnavailable | None = None
         self.lost: dict[int, str] = {}
         #: whose job each process on a GPU is (pod or Slurm job, from its cgroup)
         self._owners = OwnerCache()
+        self._said: set[str] = set()
 
     # -- Source seam ----------------------------------------------------------------------
     def open(self) -> None:
@@ -484,6 +603,13 @@ class GpuSource(Source):
         self._gpus = gpus
         for gpu in gpus:
             self._start_gpm(gpu)
+        self.read_slow(force=True)  # at open, so the first sample has them; later off sample()
+        self._start_events()
+        if self._background:
+            self._stop.clear()
+            self._spawn(self._slow_loop, "stallscope-gpu-slow")
+            if self._event_set is not None:
+                self._spawn(self._event_loop, "stallscope-gpu-xid")
 
     def sample(self, now: float) -> list[dict[str, Any]]:
         """One reading per GPU still present (``now`` is the collector's timestamp; GPM uses
@@ -515,6 +641,8 @@ class GpuSource(Source):
             for mig in g.get("mig") or ():
                 out[f"gpu{g.get('index', 0)}/gi{mig['gpu_instance_id']}"] = {
                     **fixed, "mig_profile": mig.get("profile"), "mig_uuid": mig.get("uuid")}
+            for code in g.get("xid_errors") or ():
+                out[f"gpu{g.get('index', 0)}/xid{code}"] = fixed
         return out
 
     def readings(self) -> list[GpuReading]:
@@ -533,11 +661,37 @@ class GpuSource(Source):
         return out
 
     def close(self) -> None:
-        """Free GPM buffers and release NVML."""
+        """Stop the helper threads, free GPM buffers and the event set, release NVML."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2 * EVENT_WAIT_MS / 1e3 + 1.0)
+        self._threads = []
+        if self._event_set is not None:
+            try:
+                self.nvml.call("nvmlEventSetFree", self._event_set)
+            except GpuLost:
+                pass
+            self._event_set = None
+        self._by_handle = {}
         for gpu in self._gpus or []:
             self._free_gpm(gpu)
         self._gpus = None
         self.nvml.shutdown()
+
+    def counters(self) -> list[tuple[str, str, float]]:
+        """Raw counters for ``/metrics``: XIDs per GPU and code (``gpu<N>/xid<code>``), the
+        energy counter (J) and PCIe replays per GPU, where NVML gives them."""
+        out: list[tuple[str, str, float]] = []
+        for gpu in self._gpus or []:
+            entity = f"gpu{gpu.index}"
+            for code, n in sorted(gpu.xids.items()):
+                out.append(("gpu.xid_errors_total", f"{entity}/xid{code}", float(n)))
+            slow = gpu.slow
+            if slow.get("energy_j") is not None:
+                out.append(("gpu.energy_joules_total", entity, float(slow["energy_j"])))
+            if slow.get("pcie_replays") is not None:
+                out.append(("gpu.pcie_replays_total", entity, float(slow["pcie_replays"])))
+        return out
 
     # -- reading --------------------------------------------------------------------------
     def _read_fixed(self, gpu: _Gpu) -> None:
@@ -549,6 +703,8 @@ class GpuSource(Source):
         gpu.sm_clock_max_mhz = _int(call("nvmlDeviceGetMaxClockInfo", h, b.NVML_CLOCK_SM))
         gpu.pcie_gen_max = _int(call("nvmlDeviceGetMaxPcieLinkGeneration", h))
         gpu.pcie_width_max = _int(call("nvmlDeviceGetMaxPcieLinkWidth", h))
+        mode = call("nvmlDeviceGetEccMode", h)  # 0.16 ms; changing it needs a reset
+        gpu.ecc_on = mode is not None and int(mode[0]) == int(b.NVML_FEATURE_ENABLED)
         gpu.migs = self._mig_instances(gpu)
 
     def _mig_instances(self, gpu: _Gpu) -> list[tuple[int, str | None, str | None, Any]] | None:
@@ -581,12 +737,24 @@ class GpuSource(Source):
             mask = call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
 
         ecc: int | None = None
-        mode = call("nvmlDeviceGetEccMode", h)
-        if mode is not None and int(mode[0]) == int(b.NVML_FEATURE_ENABLED):
+        if gpu.ecc_on:
             ecc = _int(call("nvmlDeviceGetTotalEccErrors", h,
                             b.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, b.NVML_VOLATILE_ECC))
 
         gpm = self._gpm(gpu)
+        slow = gpu.slow
+        if gpu.pcie_gpm:
+            rx, tx = gpm.get("pcie_rx_mib_s"), gpm.get("pcie_tx_mib_s")
+            rx_kb = None if rx is None else round(rx * 1024)
+            tx_kb = None if tx is None else round(tx * 1024)
+            pcie_from: str | None = "gpm"
+        else:
+            rx_kb, tx_kb = slow.get("pcie_rx_kb_s"), slow.get("pcie_tx_kb_s")
+            pcie_from = "throughput" if rx_kb is not None or tx_kb is not None else None
+        rows = self._rows(gpu)
+        xid_count = sum(gpu.xids.values()) if self._event_set is not None else None
+        problem = [xid_count, rows[2], rows[3], slow.get("retired_pages_pending")]
+        known = [v for v in problem if v is not None]
         return GpuReading(
             index=gpu.index,
             name=gpu.name,
@@ -607,12 +775,27 @@ class GpuSource(Source):
             pcie_gen_max=gpu.pcie_gen_max,
             pcie_width=_int(call("nvmlDeviceGetCurrPcieLinkWidth", h)),
             pcie_width_max=gpu.pcie_width_max,
-            pcie_rx_kb_s=_int(call("nvmlDeviceGetPcieThroughput", h, b.NVML_PCIE_UTIL_RX_BYTES)),
-            pcie_tx_kb_s=_int(call("nvmlDeviceGetPcieThroughput", h, b.NVML_PCIE_UTIL_TX_BYTES)),
+            pcie_rx_kb_s=rx_kb,
+            pcie_tx_kb_s=tx_kb,
             ecc_errors=ecc,
             sm_active_pct=gpm.get("sm_active_pct"),
             sm_occupancy_pct=gpm.get("sm_occupancy_pct"),
             tensor_active_pct=gpm.get("tensor_active_pct"),
+            mem_temp_c=self._mem_temp(gpu),
+            energy_j=slow.get("energy_j"),
+            pcie_replays=slow.get("pcie_replays"),
+            remapped_rows_correctable=rows[0],
+            remapped_rows_uncorrectable=rows[1],
+            row_remap_pending=rows[2],
+            row_remap_failed=rows[3],
+            retired_pages=slow.get("retired_pages"),
+            retired_pages_pending=slow.get("retired_pages_pending"),
+            xid_count=xid_count,
+            xid_last=gpu.xid_last if xid_count is not None else None,
+            xid_errors=({str(k): v for k, v in sorted(gpu.xids.items())}
+                        if xid_count is not None else None),
+            health_problem=(1 if any(known) else 0) if known else None,
+            pcie_from=pcie_from,
             processes=self._processes(gpu),
             mig=self._mig_readings(gpu),
         )
@@ -639,6 +822,153 @@ class GpuSource(Source):
         if mem is None:
             mem = self.nvml.call("nvmlDeviceGetMemoryInfo", h)
         return mem
+
+    def _mem_temp(self, gpu: _Gpu) -> float | None:
+        """HBM temperature through a field value (0.005 ms on an H200); None without a sensor."""
+        b = self.nvml.backend
+        fid = getattr(b, "NVML_FI_DEV_MEMORY_TEMP", None)
+        if fid is None:
+            return None
+        values = self.nvml.call("nvmlDeviceGetFieldValues", gpu.handle, [fid])
+        value = _field_value(b, values[0]) if values else None
+        # 0 °C is taken as "no sensor": a working GPU's memory is never that cold
+        return None if not value else round(float(value), 3)
+
+    def _rows(self, gpu: _Gpu) -> tuple[int | None, int | None, int | None, int | None]:
+        """(correctable, uncorrectable, pending, failed) remapped rows (0.004 ms; Ampere+)."""
+        if not gpu.rows_supported:
+            return (None, None, None, None)
+        rows = self.nvml.call("nvmlDeviceGetRemappedRows", gpu.handle)
+        if rows is None:
+            gpu.rows_supported = False  # asked once; retired pages then (helper thread)
+            return (None, None, None, None)
+        corr, unc, pending, failed = (int(x) for x in rows)
+        return corr, unc, int(bool(pending)), int(bool(failed))
+
+    # -- the helper thread: values too slow for every sample --------------------------------
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _slow_loop(self) -> None:
+        last_slow = self._clock()
+        while not self._stop.wait(PCIE_FALLBACK_S):
+            try:
+                now = self._clock()
+                slow = now - last_slow >= SLOW_READ_S
+                if slow:
+                    last_slow = now
+                self.read_slow(force=slow)
+            except Exception as exc:  # a bug here must never stop sampling: say it once
+                self._say_once("slow", f"GPU helper thread: {type(exc).__name__}: {exc}")
+
+    def read_slow(self, *, force: bool = True) -> None:
+        """Read what is too slow for every sample: the PCIe fallback (GPUs without GPM) always;
+        with ``force``, also the energy counter, PCIe replays and retired pages. Runs on the
+        helper thread (and once at open)."""
+        b = self.nvml.backend
+        for gpu in list(self._gpus or []):
+            try:
+                new = dict(gpu.slow)
+                if not gpu.pcie_gpm and not (gpu.pcie_gpm is None and gpu.gpm_samples):
+                    call = self.nvml.call
+                    new["pcie_rx_kb_s"] = _int(call("nvmlDeviceGetPcieThroughput", gpu.handle,
+                                                    b.NVML_PCIE_UTIL_RX_BYTES))
+                    new["pcie_tx_kb_s"] = _int(call("nvmlDeviceGetPcieThroughput", gpu.handle,
+                                                    b.NVML_PCIE_UTIL_TX_BYTES))
+                if force:
+                    new.update(self._slow_values(gpu))
+                gpu.slow = new
+            except GpuLost:
+                continue  # the next regular read reports the loss
+
+    def _slow_values(self, gpu: _Gpu) -> dict[str, Any]:
+        b, h, call = self.nvml.backend, gpu.handle, self.nvml.call
+        energy = call("nvmlDeviceGetTotalEnergyConsumption", h)  # mJ since the driver loaded
+        out: dict[str, Any] = {
+            "energy_j": None if energy is None else round(int(energy) / 1e3, 3),
+            "pcie_replays": _int(call("nvmlDeviceGetPcieReplayCounter", h)),
+        }
+        if not gpu.rows_supported:  # before Ampere: pages are retired instead
+            pages = [call("nvmlDeviceGetRetiredPages", h, cause) for cause in (
+                b.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                b.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)]
+            known = [p for p in pages if p is not None]
+            out["retired_pages"] = sum(len(p) for p in known) if known else None
+            pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
+            out["retired_pages_pending"] = None if pending is None else int(bool(pending))
+        return out
+
+    # -- XID events -------------------------------------------------------------------------
+    def _start_events(self) -> None:
+        """Register every GPU that can report them for XID critical-error events."""
+        b, call = self.nvml.backend, self.nvml.call
+        xid = getattr(b, "nvmlEventTypeXidCriticalError", None)
+        if xid is None or self._event_set is not None:
+            return
+        try:
+            event_set = call("nvmlEventSetCreate")
+        except GpuLost:
+            event_set = None
+        if event_set is None:
+            return
+        for gpu in self._gpus or []:
+            try:
+                types = call("nvmlDeviceGetSupportedEventTypes", gpu.handle)
+                if types is None or not int(types) & int(xid):
+                    continue
+                # its success is None as "not supported" is for call(): ask the backend itself
+                b.nvmlDeviceRegisterEvents(gpu.handle, xid, event_set)
+            except (GpuLost, b.NVMLError) as exc:
+                log.debug("GPU %s: no XID events (%s)", gpu.index, exc)
+                continue
+            self._by_handle[_handle_key(gpu.handle)] = gpu
+        if self._by_handle:
+            self._event_set = event_set
+        else:
+            call("nvmlEventSetFree", event_set)
+
+    def _event_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.poll_events(EVENT_WAIT_MS):
+                    continue
+            except Exception as exc:  # never stop sampling: say it once, wait, go on
+                self._say_once("xid", f"GPU XID events: {type(exc).__name__}: {exc}")
+                self._stop.wait(1.0)
+
+    def poll_events(self, timeout_ms: int = 0) -> bool:
+        """Wait up to ``timeout_ms`` for one NVML event and count it; True if one came."""
+        if self._event_set is None:
+            return False
+        b = self.nvml.backend
+        try:
+            data = b.nvmlEventSetWait(self._event_set, timeout_ms)
+        except b.NVMLError as exc:
+            if exc.value == getattr(b, "NVML_ERROR_TIMEOUT", 10):
+                return False
+            raise
+        code = int(getattr(data, "eventData", 0))
+        gpu = self._by_handle.get(_handle_key(getattr(data, "device", None)))
+        if gpu is None or code in APP_XIDS:
+            log.debug("XID %s on %s not counted", code, gpu.index if gpu else "?")
+            return True
+        gpu.xids = {**gpu.xids, code: gpu.xids.get(code, 0) + 1}
+        gpu.xid_last = code
+        meaning, todo = XID_MEANINGS.get(code, ("see NVIDIA's XID catalog", "drain the node "
+                                                "if it repeats"))
+        msg = f"GPU {gpu.index}: XID {code}: {meaning}; {todo}"
+        log.warning(msg)
+        self.emit("gpu_xid", msg)
+        return True
+
+    def _say_once(self, key: str, msg: str) -> None:
+        if key in self._said:
+            return
+        self._said.add(key)
+        log.warning(msg)
+        self.emit("error", msg)
 
     def _processes(self, gpu: _Gpu) -> list[GpuProcess] | None:
         h = gpu.handle
@@ -714,24 +1044,28 @@ class GpuSource(Source):
             return {}
         gpu.gpm_samples = [spare, previous]
         gpu.gpm_taken_at = now
+        metrics = _GPM_METRICS + (_GPM_PCIE if gpu.pcie_gpm is not False else ())
         request = b.c_nvmlGpmMetricsGet_t()
         request.version = b.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(_GPM_METRICS)
+        request.numMetrics = len(metrics)
         request.sample1 = previous
         request.sample2 = spare
-        for i, (_, metric) in enumerate(_GPM_METRICS):
+        for i, (_, metric) in enumerate(metrics):
             request.metrics[i].metricId = getattr(b, metric)
         if call("nvmlGpmMetricsGet", request) is None:
             return {}
         out: dict[str, float | None] = {}
-        for i, (key, _) in enumerate(_GPM_METRICS):
+        for i, (key, _) in enumerate(metrics):
             metric = request.metrics[i]
             ok = int(metric.nvmlReturn) == int(b.NVML_SUCCESS)
             out[key] = round(float(metric.value), 3) if ok else None
+        if gpu.pcie_gpm is None:  # the first answer decides: GPM's PCIe rates, or the fallback
+            gpu.pcie_gpm = all(out.get(k) is not None for k, _ in _GPM_PCIE)
         return out
 
     def _free_gpm(self, gpu: _Gpu) -> None:
         samples, gpu.gpm_samples, gpu.gpm_taken_at = gpu.gpm_samples, [], None
+        gpu.pcie_gpm = False
         for sample in samples:
             try:
                 self.nvml.call("nvmlGpmSampleFree", sample)

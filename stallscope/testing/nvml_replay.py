@@ -12,7 +12,14 @@ NVML function the gpu source calls returned -- or the NVML error it raised::
         "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1980},        # per argument (see ARG_PREFIXES)
         "nvmlDeviceGetEccMode": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"},  # NVML error
         "nvmlGpmMetricsGet": [{"NVML_GPM_METRIC_SM_UTIL": 97.5}, ...],  # one per call
-        ...}]}
+        "nvmlDeviceGetFieldValues": {"NVML_FI_DEV_MEMORY_TEMP": 36},  # by field id name
+        "costs_ms": {"nvmlDeviceGetPcieThroughput": 20.95, ...},  # median wall ms per call
+        ...}],
+     "xid_events": [{"gpu": 0, "xid": 79}]}  # optional: events the first waits deliver
+
+Recorded documents carry each call's median cost (``costs_ms``); :attr:`NvmlReplay.spent_ms`
+adds up the recorded cost of the calls each thread made, so a test without a GPU can tell how
+long a reading would take on the GPU that was recorded, and fail when a blocking call comes back.
 
 :class:`NvmlReplay` answers the same function names as ``pynvml`` (so the gpu source runs its
 one real code path against it), raising ``pynvml.NVMLError`` with the recorded code;
@@ -25,6 +32,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import statistics
+import threading
+import time
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,7 +70,13 @@ ARG_PREFIXES: dict[str, tuple[tuple[str, ...], ...]] = {
         ("NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC"),
     ),
     "nvmlDeviceGetMemoryInfo": (("nvmlMemory_v",),),
+    "nvmlDeviceGetRetiredPages": (("NVML_PAGE_RETIREMENT_CAUSE_",),),
 }
+
+#: calls whose wall time is a wait by design, never a cost (recorded without one)
+_WAITS = frozenset({"nvmlEventSetWait", "nvmlEventSetWait_v2"})
+_FIELD_TYPES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                6: "usVal"}
 
 _ERROR = "nvml_error"
 
@@ -161,6 +177,18 @@ def _to_json(value: Any) -> Any:
     return repr(value)
 
 
+def _fields_json(values: Any) -> dict[str, Any]:
+    """``nvmlDeviceGetFieldValues``' answers by field name: the number, or the NVML error."""
+    out: dict[str, Any] = {}
+    for fv in values:
+        name = _const_name(int(fv.fieldId), ("NVML_FI_DEV_",))
+        if int(fv.nvmlReturn) != pynvml.NVML_SUCCESS:
+            out[name] = {_ERROR: error_name(int(fv.nvmlReturn))}
+        else:
+            out[name] = getattr(fv.value, _FIELD_TYPES.get(int(fv.valueType), "ullVal"))
+    return out
+
+
 class NvmlReplay:
     """A stand-in for the ``pynvml`` module that answers from a replay document.
 
@@ -184,6 +212,12 @@ class NvmlReplay:
         self.live_samples: set[int] = set()
         #: (GPU, older sample's sequence number, newer one's) per nvmlGpmMetricsGet call
         self.gpm_pairs: list[tuple[int, int, int]] = []
+        #: recorded milliseconds of the calls made, per thread (threading.get_ident())
+        self.spent_ms: dict[int, float] = {}
+        self._events: list[tuple[int, int]] = [(int(e["gpu"]), int(e["xid"]))
+                                               for e in doc.get("xid_events", ())]
+        self._event_cond = threading.Condition()
+        self._event_sets = 0
 
     # -- building -------------------------------------------------------------------------
     @classmethod
@@ -200,6 +234,16 @@ class NvmlReplay:
         }
         merged["system"]["nvmlDeviceGetCount"] = len(merged["devices"])
         return cls(merged)
+
+    def xid(self, index: int, code: int) -> None:
+        """Deliver an XID critical-error event of GPU ``index`` to the next wait."""
+        with self._event_cond:
+            self._events.append((index, code))
+            self._event_cond.notify_all()
+
+    def spent(self) -> float:
+        """Recorded milliseconds of this thread's calls so far."""
+        return self.spent_ms.get(threading.get_ident(), 0.0)
 
     def fail(self, index: int, code: int, functions: set[str] | None = None) -> None:
         """From now on, calls on GPU ``index`` (all, or only ``functions``) raise ``code``."""
@@ -294,6 +338,7 @@ class NvmlReplay:
             # NVML wants two filled samples of one GPU, older first
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         index = first[0]
+        self._spend("nvmlGpmMetricsGet", index)
         self._raise_failure(index, "nvmlGpmMetricsGet")
         self.gpm_pairs.append((index, first[1], second[1]))
         readings = self.devices[index].get("nvmlGpmMetricsGet")
@@ -314,7 +359,65 @@ class NvmlReplay:
                 metric.value = float(value)
         return metrics_get
 
+    def nvmlEventSetCreate(self) -> Any:
+        self._check_init("nvmlEventSetCreate")
+        self._event_sets += 1
+        return types.SimpleNamespace(event_set=self._event_sets)
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self._check_init("nvmlEventSetFree")
+
+    def nvmlDeviceRegisterEvents(self, handle: ReplayHandle, event_types: int,
+                                 event_set: Any) -> None:
+        """Succeeds where the document's supported event types include them."""
+        supported = self._answer("nvmlDeviceGetSupportedEventTypes", handle, ())
+        if not int(supported) & int(event_types):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        """The next XID queued (the document's ``xid_events``, then :meth:`xid`), else NVML's
+        timeout once ``timeout_ms`` passed."""
+        self._check_init("nvmlEventSetWait")
+        with self._event_cond:
+            if not self._events:
+                self._event_cond.wait(timeout_ms / 1e3)
+            if not self._events:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            index, code = self._events.pop(0)
+        return types.SimpleNamespace(device=ReplayHandle(index),
+                                     eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                     eventData=code, gpuInstanceId=0xFFFFFFFF,
+                                     computeInstanceId=0xFFFFFFFF)
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    def nvmlDeviceGetFieldValues(self, handle: ReplayHandle, field_ids: list[Any]) -> Any:
+        """One ``nvmlFieldValue_t``-shaped answer per field id, from the document's
+        ``nvmlDeviceGetFieldValues`` (by field name; a missing one is not supported)."""
+        answers = self._answer("nvmlDeviceGetFieldValues", handle, ())
+        out = []
+        for fid in field_ids:
+            fid = fid[0] if isinstance(fid, tuple) else fid
+            value = getattr(answers, _const_name(fid, ("NVML_FI_DEV_",)), None)
+            if value is None or isinstance(value, types.SimpleNamespace):
+                code = (error_code(getattr(value, _ERROR)) if value is not None
+                        else pynvml.NVML_ERROR_NOT_SUPPORTED)
+                out.append(types.SimpleNamespace(fieldId=fid, scopeId=0, nvmlReturn=code,
+                                                 valueType=3, value=types.SimpleNamespace()))
+                continue
+            kind = 0 if isinstance(value, float) else 3
+            union = types.SimpleNamespace(**{a: value for a in _FIELD_TYPES.values()})
+            out.append(types.SimpleNamespace(fieldId=fid, scopeId=0, nvmlReturn=0,
+                                             valueType=kind, value=union))
+        return out
+
     # -- internals ------------------------------------------------------------------------
+    def _spend(self, name: str, index: int | None) -> None:
+        costs = (self.devices[index] if index is not None else self.doc).get("costs_ms")
+        if costs and name in costs:
+            tid = threading.get_ident()
+            self.spent_ms[tid] = self.spent_ms.get(tid, 0.0) + float(costs[name])
+
     def _check_init(self, name: str) -> None:
         self.calls.append(name)
         if self.initialized <= 0:
@@ -336,6 +439,7 @@ class NvmlReplay:
 
     def _answer(self, name: str, handle: ReplayHandle, args: tuple[Any, ...]) -> Any:
         self._check_init(name)
+        self._spend(name, handle.index)
         self._raise_failure(handle.index, name)
         device = self.devices[handle.index]
         if handle.mig is not None:
@@ -368,6 +472,8 @@ class NvmlRecorder:
         self._handles: list[tuple[Any, int]] = []
         self._migs: list[tuple[Any, int, int]] = []  #: (MIG device handle, GPU, MIG index)
         self._samples: dict[int, int] = {}  # address -> gpu index
+        #: (GPU index or None for system calls, function) -> wall milliseconds of each call
+        self.costs: dict[tuple[int | None, str], list[float]] = {}
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
@@ -378,11 +484,16 @@ class NvmlRecorder:
     def document(self, provenance: Mapping[str, Any]) -> dict[str, Any]:
         """The replay document of everything recorded so far."""
         count = self.system.get("nvmlDeviceGetCount", len(self.devices))
+        devices = [dict(self.devices.get(i, {})) for i in range(int(count))]
+        for (index, name), times in sorted(self.costs.items(), key=lambda kv: str(kv[0])):
+            if index is not None and 0 <= index < len(devices):
+                devices[index].setdefault("costs_ms", {})[name] = round(
+                    statistics.median(times), 4)
         return {
             "format": FORMAT,
             "provenance": dict(provenance),
             "system": dict(self.system),
-            "devices": [self.devices.get(i, {}) for i in range(int(count))],
+            "devices": devices,
         }
 
     def _index(self, handle: Any) -> int | None:
@@ -393,11 +504,14 @@ class NvmlRecorder:
 
     def _wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
+            t0 = time.perf_counter()
             try:
                 result = real(*args)
             except pynvml.NVMLError as exc:
+                self._cost(name, args, t0)
                 self._store(name, args, {_ERROR: error_name(exc.value)})
                 raise
+            self._cost(name, args, t0)
             if name == "nvmlDeviceGetHandleByIndex":
                 self._handles.append((result, int(args[0])))
                 self.devices.setdefault(int(args[0]), {})
@@ -412,11 +526,25 @@ class NvmlRecorder:
                     self._samples[_address(args[1])] = index
             elif name == "nvmlGpmMetricsGet":
                 self._store_gpm(result)
+            elif name == "nvmlDeviceGetFieldValues":
+                index = self._index(args[0])
+                if index is not None:  # merged: each call may ask for other fields
+                    self.devices.setdefault(index, {}).setdefault(name, {}).update(
+                        _fields_json(result))
             elif name not in ("nvmlGpmSampleAlloc", "nvmlGpmSampleFree"):
                 self._store(name, args, _to_json(result))
             return result
 
         return call
+
+    def _cost(self, name: str, args: tuple[Any, ...], t0: float) -> None:
+        if name in _WAITS:
+            return
+        ms = (time.perf_counter() - t0) * 1e3
+        index = self._index(args[0]) if args else None
+        if name == "nvmlGpmMetricsGet":
+            index = self._samples.get(_address(args[0].sample2))
+        self.costs.setdefault((index, name), []).append(ms)
 
     def _mig_slot(self, index: int, mig: int) -> dict[str, Any]:
         migs = self.devices.setdefault(index, {}).setdefault("mig_devices", [])

@@ -189,7 +189,8 @@ _VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound 
                   "cpu_contention": "short of CPU on a busy host",
                   "host_swap": "swapping", "shm_pressure": "short of shared memory",
                   "host_bound": "host-bound (the GPU waits for the CPU)",
-                  "slow_exit": "slow to exit", "data_wait_unknown":
+                  "slow_exit": "slow to exit", "gpu_health": "on a GPU that needs a person",
+                  "data_wait_unknown":
                   "not diagnosed without the probe (its data wait cannot be told)",
                   "insufficient_data": "not diagnosed yet (too little data)"}
 

@@ -21,7 +21,7 @@ KINDS: tuple[str, ...] = (
     "gpu_memory_growth", "host_swap", "shm_pressure", "pcie_degraded", "disk_health",
     "straggler_rank", "insufficient_data", "input_bound.epoch_start", "gpu_held_idle",
     "waiting_for_peers", "communication_bound", "rank_jitter",
-    "cpu_contention", "host_bound", "slow_exit", "data_wait_unknown",
+    "cpu_contention", "host_bound", "slow_exit", "data_wait_unknown", "gpu_health",
 )
 
 

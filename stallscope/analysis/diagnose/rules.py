@@ -789,8 +789,11 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
         if share < 0.2 and (tmax is None or tmax < 85):
             continue
         reasons = sorted({n for m in bad for b, n in _THROTTLE_BITS.items() if m & b})
+        mem = data.get("gpu.mem_temp_c", s.entity)
         ev = {"gpu": s.entity, "throttled_share": round(share, 3), "reasons": reasons,
-              "temp_max_c": tmax}
+              "temp_max_c": tmax,
+              # HBM heats apart from the core: a hot memory throttles a GPU with a cool core
+              "mem_temp_max_c": max(mem.v) if mem is not None and mem.v else None}
         fixes = []
         if any("thermal" in r for r in reasons) or (tmax or 0) >= 85:
             fixes.append(Fix("check cooling: fans, airflow, inlet temperature, dust",
@@ -803,6 +806,61 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
                            f"in {share:.0%} of samples.", ev, fixes,
                            round(1 + 0.2 * share, 2),
                            "thermal/power throttle reasons in ≥ 20% of samples or ≥ 85 °C"))
+    return out
+
+
+def rule_gpu_health(data: RunData, sig: Signals) -> list[Finding]:
+    """gpu_health: a GPU needs a person. An XID error during the run (the codes the NVIDIA
+    device plugin treats as application errors left out), a row remap pending a reset or
+    failed, or a page retirement pending. Any GPU of the machine, whether the trainer's or not:
+    the next job lands on it."""
+    from stallscope.sources.gpu import XID_MEANINGS
+
+    out = []
+    mine = trainer_gpus(data)
+
+    def peak(name: str, entity: str) -> float:
+        s = data.get(name, entity)
+        return max(s.v) if s is not None and s.v else 0.0
+
+    for s in data.all("gpu.health_problem"):
+        if not s.v or max(s.v) < 0.5:
+            continue
+        gpu = s.entity
+        xids = int(peak("gpu.xid_count", gpu))
+        last = data.get("gpu.xid_last", gpu)
+        code = next((int(v) for v in reversed(last.v) if v), 0) if last is not None else 0
+        pending, failed = peak("gpu.row_remap_pending", gpu), peak("gpu.row_remap_failed", gpu)
+        pages = peak("gpu.retired_pages_pending", gpu)
+        what, fixes = [], []
+        if xids:
+            meaning, todo = XID_MEANINGS.get(code, ("an XID NVIDIA's catalog lists",
+                                                    "drain the node if it repeats"))
+            what.append(f"{xids} XID error{'s' if xids > 1 else ''} (last: XID {code}, "
+                        f"{meaning})")
+            fixes.append(Fix(f"{todo[0].upper()}{todo[1:]}", f"XID {code} on {gpu}: {meaning}"))
+        if failed:
+            what.append("a row remap failed")
+            fixes.append(Fix(f"replace the GPU behind {gpu}",
+                             "a row remap failed (remapped_rows.failure): its memory can no "
+                             "longer hide bad rows"))
+        if pending:
+            what.append("a row remap waits for a reset")
+            fixes.append(Fix(f"reset the GPU when its jobs end (nvidia-smi -r -i "
+                             f"{gpu.removeprefix('gpu')}), or reboot the node",
+                             "the remap takes effect at the next reset (remapped_rows.pending)"))
+        if pages:
+            what.append("a page retirement waits for a reset")
+            fixes.append(Fix("reset the GPU or reboot the node when its jobs end",
+                             "pages are retired at the next reset (retired_pages.pending)"))
+        ev = {"gpu": gpu, "trainer_gpu": gpu in mine, "xid_count": xids, "xid_last": code,
+              "row_remap_pending": int(pending), "row_remap_failed": int(failed),
+              "retired_pages_pending": int(pages)}
+        out.append(Finding("gpu_health", "critical", 0.95,
+                           f"{gpu} needs attention: {'; '.join(what) or 'a health flag'}.",
+                           ev, fixes, 1.0,
+                           "an XID (not an application's), a pending or failed row remap, or a "
+                           "pending page retirement"))
     return out
 
 
@@ -1370,7 +1428,7 @@ Rule = Callable[[RunData, Signals], list[Finding]]
 RULES: tuple[Rule, ...] = (
     rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
     rule_host_bound, rule_slow_exit,
-    rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled,
+    rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled, rule_gpu_health,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
     rule_straggler, rule_waiting_for_peers, rule_communication_bound, rule_cpu_contention,
     rule_disk_health, rule_gpu_held_idle,
@@ -1391,7 +1449,8 @@ def run_rules(data: RunData, sig: Signals) -> list[Finding]:
     insufficient = [f for f in findings if f.too_little_data]
     if insufficient:
         # too little data: that is the verdict; only facts that need no time series stay
-        keep = [f for f in findings if f.kind in ("disk_health", "shm_pressure", "gpu_held_idle")]
+        keep = [f for f in findings
+                if f.kind in ("disk_health", "gpu_health", "shm_pressure", "gpu_held_idle")]
         findings = insufficient + keep
     return findings
 
