@@ -236,3 +236,83 @@ def test_under_training_load_a_reading_stays_under_a_thirtieth_of_a_spawn() -> N
     assert "nvmlDeviceGetProcessUtilization" not in made
     assert gpu["pcie_from"] == "gpm" and gpu["pcie_rx_kb_s"] is not None
     assert spent <= 25.34 / 30, f"{spent:.3f} ms: {made}"
+
+
+def test_show_and_the_report_give_the_runs_gpu_energy_and_health(tmp_path: Path) -> None:
+    """Readings of the recorded H200 (session2, in training) through the gpu source into a
+    run's store, an XID 48 on the way: `show` says the energy in kWh over the run and that
+    the GPU needs attention, its JSON carries both, and the report too."""
+    import subprocess
+    import sys
+
+    from stallscope.store import RunStore, new_run_dir
+
+    doc = json.loads((FIXTURES / "gpu-h200" / "session2" /
+                      "nvml-h200-load-nvml-580.159.04.json").read_text())
+    # the recorded energy counter, read as it would be 10 s apart at a mean 400 W
+    doc["devices"][0]["nvmlDeviceGetTotalEnergyConsumption"] = 8_601_323
+    run_dir = new_run_dir(tmp_path / "runs", "h200")
+    replay = NvmlReplay(doc)
+    src = GpuSource(replay, background=False)
+    src.open()
+    store = RunStore(run_dir / "run.db")
+    t0 = 1_700_000_000.0
+    try:
+        for i in range(7):
+            if i == 3:
+                replay.xid(0, 48)
+                src.poll_events(0)
+            replay.devices[0]["nvmlDeviceGetTotalEnergyConsumption"] = 8_601_323 + 4_000_000 * i
+            src.read_slow(force=True)
+            reading = src.read(t0 + 10 * i)
+            assert reading is not None
+            store.add_points(t0 + 10 * i, reading.points)
+    finally:
+        store.close()
+        src.close()
+    (run_dir / "meta.json").write_text(json.dumps({"start": t0, "end": t0 + 60,
+                                                   "interval_s": 10, "cmd": ["train.py"]}))
+    show = subprocess.run([sys.executable, "-m", "stallscope", "show", str(run_dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert show.returncode == 0, show.stderr
+    out = " ".join(show.stdout.split())
+    assert "gpu0 used 0.006667 kWh over 60 s (mean 400 W)" in out, out
+    assert "gpu0 needs attention: 1 XID (last 48: double-bit ECC error in GPU memory)" in out
+    js = subprocess.run([sys.executable, "-m", "stallscope", "show", str(run_dir), "--json"],
+                        capture_output=True, text=True, timeout=120)
+    summary = json.loads(js.stdout)["summary"]
+    assert summary["gpu_energy"]["gpu0"]["kwh"] == round(24e6 / 1e3 / 3.6e6, 6)
+    assert summary["gpu_health"]["gpu0"]["xid_last"] == 48
+    page = tmp_path / "r.html"
+    rep = subprocess.run([sys.executable, "-m", "stallscope", "report", str(run_dir), "-o",
+                          str(page)], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    html = page.read_text()
+    assert "GPU energy: gpu0 used 0.006667 kWh over 60 s (mean 400 W)." in html
+    assert "gpu0 needs attention: 1 XID (last 48: double-bit ECC error in GPU memory)." in html
+    assert "A GPU needs attention" in html  # the gpu_health finding's title
+
+
+def test_top_gives_a_gpu_that_needs_a_person_a_health_line() -> None:
+    from stallscope.collect import Sample
+    from stallscope.live.view import ViewState, _gpu_lines
+
+    doc = recorded()
+    doc["xid_events"] = [{"gpu": 0, "xid": 79}]
+    source, _, _ = opened(doc)
+    source.poll_events(0)
+    reading = source.read(0.0)
+    source.close()
+    assert reading is not None
+    sample = Sample(0.0)
+    sample.readings["gpu"] = reading
+    [lines] = _gpu_lines(sample, ViewState(), 100)
+    text = [str(t) for t in lines]
+    assert len(text) == 3 and "health XID 79 x1" in text[2] and "HBM 36°C" in text[2], text
+    # a healthy GPU keeps its two lines
+    source, _, _ = opened(recorded())
+    healthy = source.read(0.0)
+    source.close()
+    assert healthy is not None
+    sample.readings["gpu"] = healthy
+    assert len(_gpu_lines(sample, ViewState(), 100)[0]) == 2

@@ -46,6 +46,7 @@ def stat(s: Series) -> Stat | None:
 #: what the summary shows, in order: (metric, which entities)
 _ROWS: tuple[str, ...] = (
     "gpu.util_pct", "gpu.sm_active_pct", "gpu.mem_used_mib", "gpu.power_w", "gpu.temp_c",
+    "gpu.mem_temp_c",
     "host.cpu_pct", "host.cpu_max_core_pct", "host.iowait_pct", "host.mem_used_mib",
     "host.swap_in_kb_s", "host.shm_used_mib", "host.psi_io_some_pct",
     "disk.util_pct", "disk.r_await_ms", "disk.rkb_s", "disk.r_s",
@@ -89,6 +90,12 @@ def summarize(data: RunData) -> dict[str, Any]:
             gpu_idle[ent] = round(sum(100.0 - v for v in s.v) / len(s.v) / 100.0, 4)
     cost = all_series.get(("collector.cpu_s", ""))
     out: dict[str, Any] = {"rows": rows, "gpu_idle_share": gpu_idle}
+    energy = gpu_energy(data)
+    if energy:
+        out["gpu_energy"] = energy
+    health = gpu_health(data)
+    if health:
+        out["gpu_health"] = health
     if cost is not None and cost.v:
         out["collector_cpu_s_per_sample"] = round(sum(cost.v) / len(cost.v), 6)
         out["samples"] = len(cost.v)
@@ -107,6 +114,65 @@ def summarize(data: RunData) -> dict[str, Any]:
                 idle[ent] = round(sum(100.0 - v for v in inside) / len(inside) / 100.0, 4)
         out["gpu_idle_share_training"] = idle
     return out
+
+
+def gpu_energy(data: RunData) -> dict[str, dict[str, float]]:
+    """Per GPU, the energy it used over the run from its energy counter (``gpu.energy_j``,
+    read every 10 s): ``{"kwh", "seconds", "mean_w"}``; GPUs without the counter are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for (n, ent), s in data.series.items():
+        if n != "gpu.energy_j" or len(s.v) < 2:
+            continue
+        joules, secs = s.v[-1] - s.v[0], s.ts[-1] - s.ts[0]
+        if joules < 0 or secs <= 0:  # the driver reloaded mid-run: no honest total
+            continue
+        out[ent] = {"kwh": round(joules / 3.6e6, 6), "seconds": round(secs, 1),
+                    "mean_w": round(joules / secs, 1)}
+    return out
+
+
+def gpu_health(data: RunData) -> dict[str, dict[str, Any]]:
+    """Per GPU that had a health problem during the run: the XIDs, remaps and retirements."""
+    from stallscope.sources.gpu import XID_MEANINGS
+
+    out: dict[str, dict[str, Any]] = {}
+    for (n, ent), s in data.series.items():
+        if n != "gpu.health_problem" or not s.v or max(s.v) < 0.5:
+            continue
+
+        def peak(name: str, ent: str = ent) -> int:
+            x = data.get(name, ent)
+            return int(max(x.v)) if x is not None and x.v else 0
+
+        last = data.get("gpu.xid_last", ent)
+        code = next((int(v) for v in reversed(last.v) if v), 0) if last is not None else 0
+        out[ent] = {"xid_count": peak("gpu.xid_count"), "xid_last": code,
+                    "xid_meaning": XID_MEANINGS.get(code, ("",))[0] if code else "",
+                    "row_remap_pending": peak("gpu.row_remap_pending"),
+                    "row_remap_failed": peak("gpu.row_remap_failed"),
+                    "retired_pages_pending": peak("gpu.retired_pages_pending")}
+    return out
+
+
+def health_text(ent: str, h: dict[str, Any]) -> str:
+    """``gpu0 needs attention: 1 XID (last 79: the GPU has fallen off the bus); ...``."""
+    parts = []
+    if h.get("xid_count"):
+        meaning = f": {h['xid_meaning']}" if h.get("xid_meaning") else ""
+        parts.append(f"{h['xid_count']} XID (last {h['xid_last']}{meaning})")
+    if h.get("row_remap_failed"):
+        parts.append("a row remap failed")
+    if h.get("row_remap_pending"):
+        parts.append("a row remap waits for a reset")
+    if h.get("retired_pages_pending"):
+        parts.append("a page retirement waits for a reset")
+    return f"{ent} needs attention: {'; '.join(parts) or 'a health flag'}"
+
+
+def energy_text(ent: str, e: dict[str, float]) -> str:
+    """``gpu0 used 0.0123 kWh over 1,234 s (mean 268 W)``."""
+    return (f"{ent} used {e['kwh']:.4g} kWh over {e['seconds']:,.0f} s "
+            f"(mean {e['mean_w']:,.0f} W)")
 
 
 def _fmt(v: float) -> str:

@@ -113,6 +113,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         inside = during.get(ent)
         more = f", {inside:.0%} of the training" if inside is not None else ""
         console.print(f"  {ent} idle {share:.0%} of the run{more}")
+    from stallscope.analysis.summary import energy_text, health_text
+
+    for ent, e in sorted((summary.get("gpu_energy") or {}).items()):
+        console.print("  " + energy_text(ent, e), highlight=False)
+    for ent, h in sorted((summary.get("gpu_health") or {}).items()):
+        console.print("  [red]" + safe(health_text(ent, h)) + "[/]", highlight=False)
     if "collector_cpu_s_per_sample" in summary:
         cost = summary["collector_cpu_s_per_sample"]
         # per second of the run: the interval changes after the warm-up

@@ -204,7 +204,22 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
                    f" (max Gen{gen_max or '-'} x{wid_max or '-'})",
                    f"  rx {_rate(g.get('pcie_rx_kb_s'))} tx {_rate(g.get('pcie_tx_kb_s'))}",
                    width=width)
-        out.append([l1, l2])
+        lines = [l1, l2]
+        if g.get("health_problem"):  # a GPU that needs a person: said on a line of its own
+            what = []
+            if g.get("xid_count"):
+                what.append(f"XID {plain(g.get('xid_last'), 6)} x{plain(g.get('xid_count'), 6)}")
+            if g.get("row_remap_failed"):
+                what.append("row remap failed")
+            if g.get("row_remap_pending"):
+                what.append("row remap pending reset")
+            if g.get("retired_pages_pending"):
+                what.append("page retirement pending reset")
+            mem_t = g.get("mem_temp_c")
+            lines.append(_line("     health ", ("; ".join(what) or "problem", _BAD),
+                               f"  HBM {_num(mem_t, 3, 0).strip()}{deg}"
+                               if isinstance(mem_t, (int, float)) else "", width=width))
+        out.append(lines)
     return out
 
 

@@ -394,6 +394,14 @@ def _summary(data: RunData) -> str:
                    + (("; of the training: " + esc(", ".join(
                        f"{k} {_pct(v)}" for k, v in sorted(during.items())))) if during else "")
                    + ".</p>")
+    from stallscope.analysis.summary import energy_text, health_text
+
+    energy = data.summary().get("gpu_energy") or {}
+    if energy:
+        out.append('<p class="note">GPU energy: ' + esc("; ".join(
+            energy_text(k, v) for k, v in sorted(energy.items()))) + ".</p>")
+    for ent, h in sorted((data.summary().get("gpu_health") or {}).items()):
+        out.append(f'<p class="note crit">{esc(health_text(ent, h))}.</p>')
     cost = finite_or_none(data.summary().get("collector_cpu_s_per_sample"))
     if cost is not None:
         out.append(f'<p class="note">Monitoring cost: {cost * 1000:.2f} ms CPU per sample.</p>')
