@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import FIXTURES, ROOT, stallscope_argv, terminate, tool_missing
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stallscope.agent.config import ConfigError, load_config, parse_listen
@@ -200,7 +200,8 @@ def test_only_get_and_head(agent: RunningAgent, method: str) -> None:
 def test_head_and_unknown_path(agent: RunningAgent) -> None:
     status, headers, body = get(agent.url + "/metrics", method="HEAD")
     assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
-    assert headers["Content-Type"] == CONTENT_TYPE_LATEST
+    # no Accept header: the classic text format, as prometheus_client's negotiation gives it
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     status, headers, body = get(agent.url + "/api/v2/nothing")
     assert status == 404 and headers["Content-Type"] == "application/json"
     assert json.loads(body) == {"error": "no such endpoint: /api/v2/nothing"}
@@ -536,3 +537,46 @@ def test_the_agent_store_keeps_a_small_page_cache(tmp_path: Path) -> None:
         assert plain.db.execute("PRAGMA cache_size").fetchone()[0] != -STORE_CACHE_KIB
     finally:
         plain.close()
+
+
+# --- negotiation: gzip and OpenMetrics (issue 38) ----------------------------------------------
+#: what Prometheus 2.42 sends when it scrapes (scrape/scrape.go's acceptHeader)
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def _scrape(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
+    req = urllib.request.Request(url + "/metrics", headers=headers)
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return dict(r.headers), r.read()
+
+
+def test_metrics_are_gzipped_when_the_scraper_allows_it(agent: RunningAgent) -> None:
+    import gzip
+
+    headers, body = _scrape(agent.url, **{"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip" and "Accept-Encoding" in headers["Vary"]
+    text = gzip.decompress(body).decode()
+    assert "# TYPE stallscope_host_cpu_seconds_total counter" in text
+    assert len(body) < len(text) / 4
+    plain_headers, plain = _scrape(agent.url)  # no Accept-Encoding: plain text, as before
+    assert "Content-Encoding" not in plain_headers
+    assert plain.startswith(b"# HELP")
+
+
+def test_prometheus_gets_openmetrics_that_parse(agent: RunningAgent) -> None:
+    """Prometheus' own Accept header gets OpenMetrics. promtool 2.42's `check metrics` reads
+    the text format only (an OpenMetrics counter's family has no _total, so it reports each
+    counter as lacking help): the OpenMetrics answer is parsed by prometheus_client's
+    OpenMetrics parser here, and by a real Prometheus in test_agent_prometheus.py."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    headers, body = _scrape(agent.url, Accept=PROMETHEUS_ACCEPT)
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    text = body.decode()
+    assert text.endswith("# EOF\n")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    cpu = families["stallscope_host_cpu_seconds"]
+    assert cpu.type == "counter"
+    assert any(s.name == "stallscope_host_cpu_seconds_total" and s.labels.get("mode") == "idle"
+               for s in cpu.samples)

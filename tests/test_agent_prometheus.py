@@ -75,6 +75,11 @@ def test_prometheus_scrapes_two_agents(tmp_path: Path) -> None:
         # counters arrive as counters: rate() over them works in Prometheus
         cpu = query(base, 'stallscope_host_cpu_seconds_total{mode="idle"}')
         assert len(cpu) == 2
+        # Prometheus asked for OpenMetrics, gzipped, and parsed it with its own strict parser
+        for a in agents:
+            with urllib.request.urlopen(a.url + "/api/v1/health", timeout=5) as r:
+                scrapes = json.loads(r.read())["scrapes"]
+            assert scrapes.get("openmetrics,gzip", 0) >= 1, scrapes
     finally:
         if server is not None:
             terminate(server, 15)
