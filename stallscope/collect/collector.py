@@ -83,6 +83,7 @@ class Collector:
         self._want_counters = any(s.wants_counters for s in self.sinks)
         self.clock = clock
         self.samples = 0  #: samples handed to the sinks
+        self._sink_cpu_s = self._sink_wall_s = 0.0  #: what the sinks took for the last sample
         self.failures: dict[str, int] = {}
         self.events: list[Event] = []  #: everything said, in order (also handed to the sinks)
         self._said: set[tuple[str, str]] = set()
@@ -158,15 +159,21 @@ class Collector:
                         except Exception as exc:  # as below
                             self._sink_error(now, sink, exc)
             return sample
-        sample.cpu_s = time.thread_time() - cpu0
-        sample.wall_s = time.perf_counter() - wall0
+        # the sample's own cost: sources and derived points, plus what the sinks took for the
+        # previous sample (the store, the alerts, the exposition: the point is written by
+        # them, so their share is counted one sample late)
+        sample.cpu_s = time.thread_time() - cpu0 + self._sink_cpu_s
+        sample.wall_s = time.perf_counter() - wall0 + self._sink_wall_s
         points.append(Point("collector.cpu_s", "", sample.cpu_s))
         points.append(Point("collector.wall_s", "", sample.wall_s))
+        cpu1, wall1 = time.thread_time(), time.perf_counter()
         for sink in self.sinks:
             try:
                 sink.write(sample)
             except Exception as exc:  # one failing sink never stops the others or sampling
                 self._sink_error(now, sink, exc)
+        self._sink_cpu_s = time.thread_time() - cpu1
+        self._sink_wall_s = time.perf_counter() - wall1
         self.samples += 1
         return sample
 

@@ -81,22 +81,26 @@ class StoreSink(Sink):
             if k:
                 points.append(p)
         try:
-            self._entities(sample)
-            self.store.add_points(sample.ts, points)
+            touch = self._entities(sample)
+            self.store.add_points(sample.ts, points, touch)
             self.written += 1
             if self.written % self.downsample_every == 0:
                 self.store.downsample(sample.ts - self.keep_full_s, self.bucket_s)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
 
-    def _entities(self, sample: Sample) -> None:
+    def _entities(self, sample: Sample) -> list[tuple[str, list[str]]]:
+        """Store new or changed entities; returns the transient ones seen in this sample, whose
+        last-seen time is written with the sample's points."""
+        touch = []
         for name, reading in sample.readings.items():
             for ent, attrs in reading.entities.items():
                 if self._known.get((name, ent)) != attrs:  # new, or changed (a reused pid)
                     self._known[(name, ent)] = attrs
                     self.store.upsert_entity(name, ent, attrs, sample.ts)
             if reading.transient and reading.entities:
-                self.store.touch_entities(name, list(reading.entities), sample.ts)
+                touch.append((name, list(reading.entities)))
+        return touch
 
     def event(self, event: Event) -> None:
         try:

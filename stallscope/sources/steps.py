@@ -74,6 +74,7 @@ class StepsSource(Source):
         self.db_path = Path(db_path)
         self.window_s = window_s
         self._db: sqlite3.Connection | None = None
+        self._comm = "NULL"  #: the steps table's communication column, once it exists
         self._last: dict[int, int] = {}
         self._rows: dict[int, deque[Step]] = {}
         #: which rank the others wait for in collectives, interval by interval
@@ -91,7 +92,9 @@ class StepsSource(Source):
 
     def sample(self, now: float) -> Any:
         db = self._conn()
-        comm = comm_column(db)
+        comm = self._comm
+        if comm != "comm_s":  # asked each sample until the column is there (it never goes)
+            comm = self._comm = comm_column(db)
         shares: dict[int, float] = {}  # this interval's communication share per rank
         for (rank,) in db.execute("SELECT rank FROM probes").fetchall():
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read

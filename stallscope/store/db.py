@@ -160,15 +160,21 @@ class RunStore:
             self._series[key] = sid
         return sid
 
-    def add_points(self, ts: float, points: Iterable[Point]) -> int:
+    def add_points(self, ts: float, points: Iterable[Point],
+                   touch: Sequence[tuple[str, Sequence[str]]] = ()) -> int:
         """Append one sample's points in one transaction; returns how many were stored (values
-        that are not finite numbers are left out)."""
+        that are not finite numbers are left out). ``touch``: (source, entities) seen at
+        ``ts`` (:meth:`touch_entities`), in the same transaction (one commit a sample)."""
         # a value that is not a finite number (inf, -inf, NaN) is dropped, never stored: SQLite
         # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them)
-        rows = [(ts, self._series_id(p.name, p.entity), v) for p in points
-                if (v := float(p.value)) - v == 0.0]
+        sid = self._series
+        rows = [(ts, sid.get((p.name, p.entity)) or self._series_id(p.name, p.entity), v)
+                for p in points if (v := float(p.value)) - v == 0.0]
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO points VALUES(?, ?, ?)", rows)
+            for source, entities in touch:
+                self.db.executemany("UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
+                                    [(ts, source, e) for e in entities])
         return len(rows)
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:

@@ -1,0 +1,140 @@
+"""What one more sample costs ``stallscope run``, measured from outside, beside node_exporter.
+
+    .venv/bin/python benchmarks/bench_run_cost.py [--seconds 30] [--pairs 3]
+
+Issue 38's goal: the whole ``stallscope run`` process's CPU per extra sample at most 0.2x of one
+``prometheus-node-exporter`` scrape of the same host, measured in the same run, and the run's own
+"monitoring cost" line within 20% of it.
+
+* The trainer is a stand-in: a 9-process tree (a parent with 8 sleeping children, like a
+  trainer with 8 DataLoader workers) that lives ``--seconds``.
+* Each pair runs ``stallscope run --no-stacks --quiet`` over it twice, at ``--interval 0.25`` and
+  at ``--interval 60``. Between 5 s after the start and 3 s before the end it reads the run
+  process's own CPU (``/proc/PID/stat`` utime + stime, all its threads, none of its children).
+  The extra CPU per extra sample is the difference of the two CPU rates over the difference of
+  the sample rates (4/s against 1/60 s): start-up, exit and whatever does not grow with samples
+  cancel out.
+* node_exporter (Debian ``prometheus-node-exporter``) is scraped in bursts between the pairs:
+  CPU per scrape, its idle rate taken out (as benchmarks/bench_agent.py does).
+* The run's own line: the mean of ``collector.cpu_s`` in the fast run's ``run.db``.
+
+Prints one line per pair and the medians, with the ratios against the goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_agent import cpu_s, measure, stop, wait_up  # noqa: E402
+
+TREE = ("import os, sys, time\n"
+        "kids = []\n"
+        "for _ in range(8):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(float(sys.argv[1]) + 1)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "time.sleep(float(sys.argv[1]))\n"
+        "for k in kids: os.kill(k, 9)\n")
+FAST, SLOW = 0.25, 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_run(interval: float, seconds: float, out: Path) -> tuple[float, float | None]:
+    """(CPU seconds per second of the run process in its steady part, its own per-sample
+    cost line in seconds, or None)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "run", "--no-stacks", "--quiet", "--interval",
+         str(interval), "--out", str(out), "--", sys.executable, "-c", TREE, str(seconds)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    time.sleep(5.0)
+    t0, c0 = time.perf_counter(), cpu_s(proc.pid)
+    time.sleep(max(1.0, seconds - 8.0))
+    rate = (cpu_s(proc.pid) - c0) / (time.perf_counter() - t0)
+    proc.wait(timeout=seconds + 120)
+    own = None
+    dbs = sorted(out.glob("*/run.db"))
+    if dbs:
+        with sqlite3.connect(dbs[-1]) as db:
+            row = db.execute("SELECT avg(p.v) FROM points p JOIN series s ON s.id = p.series "
+                             "WHERE s.name = 'collector.cpu_s'").fetchone()
+        own = row[0] if row else None
+    return rate, own
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=30.0, help="each run's length")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--scrapes", type=int, default=100, help="node_exporter scrapes per burst")
+    args = ap.parse_args()
+    exporter_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    exporter = None
+    per_sample: list[float] = []
+    own_line: list[float] = []
+    scrape: list[float] = []
+    try:
+        if exporter_bin:
+            port = free_port()
+            exporter = subprocess.Popen([exporter_bin, f"--web.listen-address=127.0.0.1:{port}"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            url = f"http://127.0.0.1:{port}/metrics"
+            wait_up(url, exporter, b"node_cpu_seconds_total")
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.pairs):
+                order = (FAST, SLOW) if i % 2 == 0 else (SLOW, FAST)
+                rates: dict[float, float] = {}
+                for interval in order:
+                    rate, own = one_run(interval, args.seconds, Path(tmp) / f"{i}-{interval}")
+                    rates[interval] = rate
+                    if interval == FAST and own is not None:
+                        own_line.append(own)
+                extra = (rates[FAST] - rates[SLOW]) / (1 / FAST - 1 / SLOW)
+                per_sample.append(extra)
+                line = f"pair {i + 1}: {extra * 1e3:.2f} ms CPU per extra sample"
+                if exporter is not None:
+                    m = measure(exporter.pid, url, args.scrapes)
+                    scrape.append(m["cpu_per_scrape_ms"] / 1e3)
+                    line += f"; node_exporter {m['cpu_per_scrape_ms']:.2f} ms per scrape"
+                print(line, flush=True)
+    finally:
+        if exporter is not None:
+            stop(exporter)
+    ms = statistics.median(per_sample) * 1e3
+    print(f"stallscope run (--no-stacks, a 9-process tree): {ms:.2f} ms CPU per extra sample "
+          f"(median of {len(per_sample)} pairs)")
+    if own_line:
+        own = statistics.median(own_line) * 1e3
+        print(f"its own 'monitoring cost' line: {own:.2f} ms per sample "
+              f"({own / ms - 1:+.0%} against the outside measure; goal within 20%)")
+    if scrape:
+        ne = statistics.median(scrape) * 1e3
+        print(f"node_exporter: {ne:.2f} ms CPU per scrape; ratio x{ms / ne:.2f} (goal <= 0.2)")
+    else:
+        print("prometheus-node-exporter is not installed: no ratio (apt-get install "
+              "prometheus-node-exporter)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
