@@ -83,6 +83,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15, help="A/B rounds per step length")
     ap.add_argument("--seconds", type=float, default=0.25, help="length of one arm's pass")
     ap.add_argument("--cuda", action="store_true", help="real torch.cuda events (needs a GPU)")
+    ap.add_argument("--only", choices=("bare", "nodev", "pairs", "every"),
+                    help="run this arm alone for --seconds at the first --steps-us (to profile "
+                         "it, e.g. under py-spy record)")
     args = ap.parse_args()
 
     events: Callable[[], Any]
@@ -112,6 +115,19 @@ def main() -> int:
           f"{'cost now':>9} {'cost before':>11}")
     worst = 0.0
     now_every = watch_mod.timing_every
+    if args.only:
+        step_s = float(args.steps_us.split(",")[0]) / 1e6
+        n = max(20, int(args.seconds / step_s))
+        items = list(range(n))
+        loop = {"bare": lambda: iter(items), "nodev": lambda: iter(Watched(items, plain)),
+                "pairs": lambda: iter(Watched(items, timed)),
+                "every": lambda: iter(Watched(items, timed))}[args.only]
+        if args.only == "every":
+            watch_mod.timing_every = lambda _s: 1
+        print(f"{args.only}: {one_arm(loop, step_s) * 1e6:.2f} us per step over {n} steps")
+        timed.close()
+        plain.close()
+        return 0
     for us in (float(x) for x in args.steps_us.split(",")):
         step_s = us / 1e6
         n = max(20, int(args.seconds / step_s))
