@@ -180,8 +180,8 @@ def main() -> int:
     print(calls.stdout.strip(), flush=True)
     print(nvml_costs(out), flush=True)
     bench = log_run([sys.executable, str(ROOT / "benchmarks" / "bench_probe_cuda.py"), "--cuda",
-                     "--steps-us", "50,3300", "--reps", "7", "--seconds", "0.2"], out,
-                    "probe-cuda", 180)
+                     "--steps-us", "50,3300", "--reps", "3", "--seconds", "0.5"], out,
+                    "probe-cuda", 240)
     print(bench.stdout.strip(), flush=True)
     rows: list[dict[str, Any]] = []
     if not args.skip_trainings:
