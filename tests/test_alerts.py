@@ -362,3 +362,36 @@ def test_unanswered_webhooks_do_not_hold_the_run(tmp_path: Path) -> None:
     msgs = [e["message"] for e in st.events() if e["kind"] == "alert_action_error"]
     st.close()
     assert any("still pending" in m and "dropped" in m for m in msgs), msgs[-3:]
+
+
+def test_a_misspelt_metric_gets_the_closest_names_and_the_vocabulary_is_listed(
+        tmp_path: Path) -> None:
+    """Issue 40: a misspelt metric had no "did you mean", and no command listed the names."""
+    f = tmp_path / "rules.toml"
+    f.write_text('[[alerts]]\nname = "hot"\nmetric = "gpu.temp"\nabove = 80\n'
+                 '[[alerts]]\nname = "slow"\nmetric = "disk.util_pct"\nabove = 90\n'
+                 'also = [{metric = "disk.r_awit_ms", above = 50}]\n'
+                 '[[alerts]]\nname = "odd"\nmetric = "zzz.qqq"\nabove = 1\n')
+    r = subprocess.run(stallscope_argv("alerts", "check", str(f)), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert "'gpu.temp' is not a metric of the vocabulary (did you mean gpu.temp_c?)" in r.stderr
+    assert "'disk.r_awit_ms' is not a metric of the vocabulary (did you mean disk.r_await_ms" \
+        in r.stderr
+    assert "'zzz.qqq' is not a metric of the vocabulary (`stallscope alerts metrics` lists" \
+        in r.stderr
+    listing = subprocess.run(stallscope_argv("alerts", "metrics"), capture_output=True,
+                             text=True, timeout=60)
+    assert listing.returncode == 0
+    names = {line.split()[0] for line in listing.stdout.splitlines() if line[:1].isalpha()
+             and "." in line.split()[0]}
+    from stallscope.metrics import METRICS
+
+    assert names == {f"{m.source}.{m.key}" for m in METRICS if m.kind != "counter"}
+    assert "finding kinds" in listing.stdout and "gpu_health" in listing.stdout
+    gpu = subprocess.run(stallscope_argv("alerts", "metrics", "--source", "gpu"),
+                         capture_output=True, text=True, timeout=60)
+    assert all(line.startswith("gpu.") for line in gpu.stdout.splitlines())
+    bad = subprocess.run(stallscope_argv("alerts", "metrics", "--source", "gpus"),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no such source" in bad.stderr

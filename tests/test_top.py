@@ -322,13 +322,30 @@ def test_top_piped_prints_plain_frames() -> None:
         proc.wait(timeout=10)
 
 
-def test_top_missing_pid_is_one_line_exit_1() -> None:
-    out = subprocess.run(stallscope_argv("top", "--pid", "999999999"), capture_output=True,
-                         text=True, timeout=30, env=_env())
-    assert out.returncode == 1
-    assert out.stdout == ""
-    assert out.stderr.count("\n") == 1 and "999999999" in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+def test_a_missing_pid_is_the_same_line_and_exit_2_for_top_and_run() -> None:
+    """top --pid and run --pid say the same about a pid that is not there (issue 40: top said
+    "not readable in /proc" with exit 1, run "no such process" with exit 2)."""
+    said = []
+    for cmd in ("top", "run"):
+        out = subprocess.run(stallscope_argv(cmd, "--pid", "999999999"), capture_output=True,
+                             text=True, timeout=30, env=_env())
+        assert out.returncode == 2, (cmd, out.stderr)
+        assert out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        said.append(out.stderr)
+    assert said[0] == said[1] and "--pid 999999999: no such process" in said[0], said
+
+
+def test_run_refuses_to_watch_itself() -> None:
+    """`exec` makes the shell's $$ the pid of the stallscope process: one line, exit 2, no hang
+    (issue 40: it hung on Ctrl-C)."""
+    argv = stallscope_argv("run", "--pid", "$$")
+    cmd = "exec " + " ".join(shlex.quote(a) if a != "$$" else a for a in argv)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30,
+                         env=_env())
+    assert out.returncode == 2, out.stderr
+    assert "that is this stallscope process itself" in out.stderr
+    assert out.stderr.count("\n") == 1
 
 
 @pytest.mark.tmux

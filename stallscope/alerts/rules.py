@@ -312,9 +312,23 @@ def _rule_metric(where: str, t: dict[str, Any], problems: list[str]
             if k in t:
                 problems.append(f"{where}.{k}: not with 'finding'")
     elif not isinstance(metric, str) or lookup(metric) is None:
-        problems.append(f"{where}.metric: {metric!r} is not a metric of the vocabulary "
-                        "(e.g. gpu.temp_c, host.shm_used_pct, disk.util_pct)")
+        problems.append(f"{where}.metric: {metric!r} is not a metric of the vocabulary"
+                        f"{_did_you_mean(metric)}")
     return metric, t
+
+
+def _did_you_mean(name: Any) -> str:
+    """`` (did you mean gpu.temp_c?)`` for a misspelt metric, else where the names are."""
+    import difflib
+
+    from stallscope.metrics import METRICS
+
+    names = [f"{m.source}.{m.key}" for m in METRICS if m.kind != "counter"]
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.75) if isinstance(
+        name, str) else []
+    if close:
+        return f" (did you mean {' or '.join(close)}?)"
+    return " (`stallscope alerts metrics` lists them, e.g. gpu.temp_c, disk.util_pct)"
 
 
 def _check_thresholds(where: str, t: dict[str, Any], problems: list[str]) -> None:
@@ -376,7 +390,8 @@ def _parse_also(where: str, raw: Any, problems: list[str]) -> tuple[Also, ...]:
             problems.append(f"{at}: unknown key {k!r} (known: above, below, metric)")
         m = a.get("metric")
         if not isinstance(m, str) or lookup(m) is None:
-            problems.append(f"{at}.metric: {m!r} is not a metric of the vocabulary")
+            problems.append(f"{at}.metric: {m!r} is not a metric of the vocabulary"
+                            f"{_did_you_mean(m)}")
             continue
         if ("above" in a) == ("below" in a) or not all(_num(a[k]) for k in ("above", "below")
                                                         if k in a):

@@ -117,3 +117,34 @@ def resolve_run(ref: str, out: str) -> Any:
         sys.stderr.write(f"stallscope: latest run: {plain(run, 300)} (none in "
                          f"{plain(out, 300)}/)\n")
     return run
+
+
+def watchable_process(pid: int) -> tuple[list[str], str, float]:
+    """(command line, name, start time) of a process ``--pid`` may watch, for every command
+    that takes one (``run --pid``, ``top --pid``): one message and exit code 2 otherwise."""
+    import os
+
+    import psutil
+
+    from stallscope.errors import UsageError
+
+    if pid == os.getpid():
+        raise UsageError(f"--pid {pid}: that is this stallscope process itself; give the "
+                         "trainer's pid")
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            name, started = p.name(), p.create_time()
+        try:
+            cmdline = p.cmdline()
+        except psutil.AccessDenied:
+            cmdline = []
+        open(f"/proc/{pid}/stat").close()  # what the procs source reads
+    except psutil.NoSuchProcess:
+        raise UsageError(f"--pid {pid}: no such process") from None
+    except (psutil.AccessDenied, PermissionError):
+        raise UsageError(f"--pid {pid}: not allowed to read that process (another user's: "
+                         "run stallscope as that user or as root)") from None
+    except OSError as exc:
+        raise UsageError(f"--pid {pid}: cannot read /proc/{pid}: {exc.strerror}") from None
+    return cmdline or [name], name, started

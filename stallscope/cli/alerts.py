@@ -55,7 +55,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="where docs/alerts.md is served (each alert links to its anchor "
                     "there; default: docs/alerts.md)")
     pr.set_defaults(func=prometheus_rules)
+    m = verbs.add_parser("metrics", help="the metrics a rule can read",
+                         description="List the metrics alert rules can read (stallscope's "
+                         "vocabulary: name, unit, what it is), and the finding kinds a "
+                         "'finding' rule can name.")
+    m.add_argument("--source", default=None, help="only this source's (gpu, disk, host, ...)")
+    m.set_defaults(func=list_metrics)
     p.set_defaults(func=lambda _a: _no_verb(p))
+
+
+def list_metrics(args: argparse.Namespace) -> int:
+    """``stallscope alerts metrics``: the vocabulary a rule's ``metric`` may name."""
+    from stallscope.analysis.diagnose.model import KINDS
+    from stallscope.metrics import METRICS
+
+    rows = [m for m in METRICS if m.kind != "counter"
+            and (args.source is None or m.source == args.source)]
+    if not rows:
+        sources = sorted({m.source for m in METRICS})
+        raise UsageError(f"--source {args.source}: no such source (one of {', '.join(sources)})")
+    width = max(len(f"{m.source}.{m.key}") for m in rows)
+    for m in rows:
+        print(f"{m.source}.{m.key:<{width - len(m.source) - 1}}  {m.unit or '-':<6} {m.help}")
+    if args.source is None:
+        print(f"\nfinding kinds (finding = \"...\"): {', '.join(KINDS)}")
+    return 0
 
 
 def _no_verb(p: argparse.ArgumentParser) -> int:

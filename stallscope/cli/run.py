@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 
 from stallscope.alerts import load_rules, parse_rules
 from stallscope.alerts.actions import AlertSink
-from stallscope.cli._common import err_console, interval_type, keep_full_type, rate_type, safe
+from stallscope.cli._common import (
+    err_console,
+    interval_type,
+    keep_full_type,
+    rate_type,
+    safe,
+    watchable_process,
+)
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
@@ -93,29 +100,6 @@ def _pid_type(text: str) -> int:
     return pid
 
 
-def _process(pid: int) -> tuple[list[str], str, float]:
-    """(command line, name, start time) of a process we may watch; UsageError otherwise."""
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        with p.oneshot():
-            name, started = p.name(), p.create_time()
-        try:
-            cmdline = p.cmdline()
-        except psutil.AccessDenied:
-            cmdline = []
-        open(f"/proc/{pid}/stat").close()  # what the procs source reads
-    except psutil.NoSuchProcess:
-        raise UsageError(f"--pid {pid}: no such process") from None
-    except (psutil.AccessDenied, PermissionError):
-        raise UsageError(f"--pid {pid}: not allowed to read that process (another user's: "
-                         "run stallscope as that user or as root)") from None
-    except OSError as exc:
-        raise UsageError(f"--pid {pid}: cannot read /proc/{pid}: {exc.strerror}") from None
-    return cmdline or [name], name, started
-
-
 def _alive(pid: int, started: float) -> bool:
     """The process still exists and is the one we attached to (not a reused pid)."""
     import psutil
@@ -133,7 +117,7 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     if args.cmd and [c for c in args.cmd if c != "--"]:
         raise UsageError("--pid attaches to a running process: give no command")
     pid = args.pid
-    cmdline, name, started = _process(pid)
+    cmdline, name, started = watchable_process(pid)
     session = Session.create(args.out or default_out(), name, cmdline, interval=interval,
                              warmup=warmup, data=args.data, keep_full_s=args.keep_full,
                              sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)

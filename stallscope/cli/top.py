@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from stallscope.cli._common import bounded, interval_type
+from stallscope.cli._common import bounded, interval_type, watchable_process
 
 
 def _pid(text: str) -> int:
@@ -60,5 +60,7 @@ def run(args: argparse.Namespace) -> int:
         iv = agent_interval(default_agent())
         if iv is not None and iv <= args.interval:
             agent = default_agent()
+    if args.pid is not None:
+        watchable_process(args.pid)  # the same message and exit code as run --pid
     return run_top(interval=args.interval, pid=args.pid,
                    count=None if args.count is None else int(args.count), agent=agent)
