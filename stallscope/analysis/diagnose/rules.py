@@ -1410,6 +1410,48 @@ def rule_gpu_held_idle(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
+#: below this much CPU (100 = one core), the watched processes together do nothing a
+#: training does
+IDLE_TREE_CPU_PCT = 10.0
+#: nor this much reading (kB/s, page cache included), nor this share of samples in D state
+IDLE_TREE_READ_KB_S = 100.0
+IDLE_TREE_D_SHARE = 0.1
+
+
+def rule_not_training(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data ("nothing looks like a training"): no probe steps, no training frames
+    in the sampled stacks, no GPU held by the watched processes, and those processes together
+    used under 10% of a core, read under 100 kB/s and were rarely in D state. Then no verdict
+    is made: a sleeping script or ``--pid 1`` is not input-bound."""
+    if sig.steps or sig.samples < 3:
+        return []
+    from stallscope.sources.stacks.phases import TRAINING
+
+    frames = sum(v for k, v in (sig.phase_shares or {}).items() if k in TRAINING)
+    if frames >= 0.05 or trainer_gpus(data):
+        return []
+    tree = (sig.main_cpu_pct or 0.0) + (sig.worker_cpu_pct or 0.0) * sig.workers
+    read = (sig.main_read_kb_s or 0.0) + (sig.worker_read_kb_s or 0.0)
+    blocked = max(sig.main_d_share or 0.0, sig.worker_d_share or 0.0)
+    if tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S or blocked >= IDLE_TREE_D_SHARE:
+        return []
+    procs = 1 + sig.workers
+    stacks = (f"no training frames in {sig.stack_samples} sampled stacks" if sig.stack_samples
+              else "no stacks sampled")
+    return [Finding(
+        "insufficient_data", "info", 0.9,
+        f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
+        f"{procs} process{'es' if procs > 1 else ''} used {tree:.1f}% of one core and read "
+        f"{read:.0f} kB/s. No verdict.",
+        {"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
+         "d_share": round(blocked, 3), "stack_samples": sig.stack_samples},
+        [Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
+             "the Python process that runs the training loop",
+             "the watched processes did no work a training does")],
+        1.0, "no steps, no training frames, no GPU, < 10% of a core, < 100 kB/s read, "
+        "< 10% of samples in D state", too_little_data=True)]
+
+
 def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
@@ -1426,7 +1468,8 @@ def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
 Rule = Callable[[RunData, Signals], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
-    rule_insufficient, rule_input_bound, rule_epoch_start, rule_h2d, rule_compute_bound,
+    rule_insufficient, rule_not_training, rule_input_bound, rule_epoch_start, rule_h2d,
+    rule_compute_bound,
     rule_host_bound, rule_slow_exit,
     rule_tf_blind, rule_loading_in_trainer, rule_gpu_throttled, rule_gpu_health,
     rule_gpu_memory_growth, rule_pcie_degraded, rule_host_swap, rule_shm_pressure,
