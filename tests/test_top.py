@@ -316,6 +316,11 @@ def test_top_piped_prints_plain_frames() -> None:
             assert "\\x1b[31mevil" in out.stdout  # the name, escaped
             assert str(worker) in out.stdout
             assert took < 20, took  # two frames 0.5 s apart and the start: a generous ceiling
+            # for files and logs: no key hint, full lines, no padding (issue 40)
+            assert "Ctrl-C" not in out.stdout and "quit" not in out.stdout
+            lines = out.stdout.splitlines()
+            assert not [ln for ln in lines if ln != ln.rstrip()]
+            assert any(ln.startswith("sample ") and ln.endswith("ms CPU") for ln in lines)
     finally:
         os.kill(worker, signal.SIGKILL)
         proc.kill()

@@ -93,10 +93,17 @@ def _wait(fds: Sequence[int], timeout: float | None) -> list[int]:
     return ready
 
 
+#: the width plain frames are laid out for: lines are never cut for a terminal that is not
+#: there (the 80 columns a console assumes for a pipe cut process command lines)
+PIPED_WIDTH = 1000
+
+
 def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
            count: int | None) -> None:
-    """One plain frame per new sample (no height limit: every disk and process)."""
+    """One plain frame per new sample (no height limit: every disk and process; full lines, for
+    files and logs)."""
     state.keys = False
+    state.piped = True
     frames, shown = 0, first
     while count is None or frames < count:
         _wait([sink.fd], None)
@@ -109,7 +116,8 @@ def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
         state.training = state.follow.view(wait=True) if state.follow is not None else None
         if frames:
             console.print()
-        for line in render(sample, state, console.width, None):
+        for line in render(sample, state, PIPED_WIDTH, None):
+            line.rstrip()  # section headers are padded across the width
             console.print(line, soft_wrap=True)
         console.file.flush()
         frames += 1

@@ -54,6 +54,8 @@ class ViewState:
     events: Sequence[Event] = ()
     draw_cpu_s: float | None = None  #: CPU seconds the previous frame took to draw
     keys: bool = True  #: keys are read (a terminal on stdin): say so in the footer
+    #: frames go to a pipe or a file (``top | tee``): full lines, no key hints
+    piped: bool = False
     unicode: bool = True
     #: what a probe in the watched training reports (None: no training with a probe found)
     training: TrainingView | None = None
@@ -480,7 +482,7 @@ def _cut(rows: list[Text], n: int, what: str, width: int) -> list[Text]:
 
 def _footer(sample: Sample, state: ViewState, width: int) -> Text:
     keys = ("q quit  h help  c/m/r sort  ↓↑ pick  p " + ("resume" if state.paused else "pause")
-            if state.keys else "Ctrl-C quits")
+            if state.keys else "" if state.piped else "Ctrl-C quits")
     if state.keys and not state.unicode:
         keys = keys.replace("↓↑", "j/k")
     if state.followed is not None:
@@ -495,6 +497,9 @@ def _footer(sample: Sample, state: ViewState, width: int) -> Text:
     t.append(keys, style=_HEAD)
     room = width - len(t.plain)
     tail = f" · {cost} "
+    if state.piped:  # a log line: no padding to a width nobody sees
+        t.append(cost if not t.plain else tail.rstrip(), style=_HEAD)
+        return t
     t.append(tail.rjust(max(room, 0)) if room > len(tail) else tail, style=_HEAD)
     t.truncate(width, overflow="ellipsis")
     return t
