@@ -56,13 +56,16 @@ def fit_line(points: Iterable[tuple[float, float]]) -> Line:
     n = len(pts)
     if n == 0:
         raise ValueError("fit_line needs at least one point")
+    # the values are scaled by their largest magnitude first: a finite 1e300 in a store would
+    # overflow its square (a hand-edited or damaged run.db holds anything finite)
+    scale = max(abs(v) for _, v in pts) or 1.0
     mt = sum(t for t, _ in pts) / n
-    mv = sum(v for _, v in pts) / n
+    mu = sum(v / scale for _, v in pts) / n
     stt = sum((t - mt) ** 2 for t, _ in pts)
-    svv = sum((v - mv) ** 2 for _, v in pts)
+    suu = sum((v / scale - mu) ** 2 for _, v in pts)
     if stt <= 0:
-        return Line(0.0, mt, mv, 0.0, n)
-    stv = sum((t - mt) * (v - mv) for t, v in pts)
-    slope = stv / stt
-    r2 = 1.0 if svv <= 0 else min(1.0, (stv * stv) / (stt * svv))
-    return Line(slope, mt, mv, r2, n)
+        return Line(0.0, mt, mu * scale, 0.0, n)
+    stu = sum((t - mt) * (v / scale - mu) for t, v in pts)
+    slope = stu / stt * scale
+    r2 = 1.0 if suu <= 0 else min(1.0, (stu * stu) / (stt * suu))
+    return Line(slope, mt, mu * scale, r2, n)

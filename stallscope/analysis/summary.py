@@ -208,7 +208,8 @@ def sampling_text(meta: dict[str, Any]) -> str:
     """How often the run was sampled, in words: ``every 1 s for the first 2 min, then every 5
     s`` (a run's warm-up), or ``every 5 s`` (``show`` and the report say the same)."""
     iv, wi, ws = meta.get("interval_s"), meta.get("warmup_interval_s"), meta.get("warmup_s")
-    if isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0:
+    if (isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0
+            and isinstance(iv, (int, float))):
         return f"every {wi:g} s for the first {ws / 60:g} min, then every {iv:g} s"
     return f"every {iv:g} s" if isinstance(iv, (int, float)) else "interval ?"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 from typing import Any
@@ -258,14 +259,20 @@ def from_run(args: argparse.Namespace) -> int:
         given = dict(loader) if isinstance(loader, dict) else {}
         if given.get("sampler_type") == "RandomSampler":
             given["shuffle"] = True
-        ranks.append({"rank": p.get("rank"), "best": at["best"], "trials": at.get("trials", []),
-                      "changes": at.get("changes", []), "done": at.get("done"),
-                      "dataloader": loader_call(at["best"], given)})
+        trials, changes = at.get("trials"), at.get("changes")
+        ranks.append({"rank": p.get("rank"), "best": at["best"],
+                      # what a run.db edited by hand holds instead of lists is left out
+                      "trials": [t for t in trials if isinstance(t, dict)]
+                      if isinstance(trials, list) else [],
+                      "changes": changes if isinstance(changes, list) else [],
+                      "done": at.get("done"), "dataloader": loader_call(at["best"], given)})
     if not ranks:
         raise UsageError(f"run {run_dir.name} has no loader autotune: its trainer did not use "
                          "stallscope.watch(loader, autotune=True) (or ended before an epoch)")
     if args.json:
-        print(json.dumps({"run": str(run_dir), "ranks": ranks}, indent=2, default=str))
+        # NaN and infinities are not JSON: null
+        print(json.dumps(_finite({"run": str(run_dir), "ranks": ranks}), indent=2, default=str,
+                         allow_nan=False))
         return 0
     for r in ranks:
         out_console.print(f"rank {r['rank']}: {len(r['trials'])} epoch(s) measured"
@@ -287,5 +294,17 @@ def from_run(args: argparse.Namespace) -> int:
 
 
 def _num(v: Any) -> float:
-    """A stored figure as a number (0 when it is not one)."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+    """A stored figure as a number (0 when it is not a finite one)."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else 0.0
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with NaN and infinities as None, in nested dicts and lists."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v

@@ -38,12 +38,29 @@ _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}
                   r"|[0-9a-f]{32})(?![0-9a-f])")
 #: a container id after the pod: ``cri-containerd-ID.scope``, ``crio-ID.scope``,
 #: ``docker-ID.scope``, ``...slice:cri-containerd:ID`` or the bare id (cgroupfs driver)
-_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker|containerd)[-:])?([0-9a-f]{64})"
-                        r"(?:\.scope)?$")
+_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker|containerd)[-:])?(?<![0-9a-f])"
+                        r"([0-9a-f]{64})(?:\.scope)?$")
 #: Slurm: ``/slurm[_NODE]/uid_U/job_J/step_S/...`` (v1), ``/system.slice/[NODE_]slurmstepd.scope/
 #: job_J/step_S/...`` (v2)
 _SLURM = re.compile(r"/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/(?:[^/]+_)?slurmstepd\.scope)"
-                    r"/job_(\d+)(?:/step_([A-Za-z0-9_]+))?")
+                    r"/job_([0-9]+)(?=/|$)(?:/step_([A-Za-z0-9_]+)(?=/|$))?")
+#: a Kubernetes object name (RFC 1123: lower-case alphanumerics, '-' and '.', at most 253):
+#: what a pod or namespace name from an environment or a file must be to be shown at all
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def k8s_name(v: str) -> str | None:
+    """``v`` when it is a valid Kubernetes name, else None (an environment can hold anything:
+    escape sequences, newlines)."""
+    v = v.strip()
+    return v if _K8S_NAME.fullmatch(v) else None
+
+
+def slurm_job(v: str) -> str | None:
+    """A Slurm job id: ASCII digits only (``isdigit`` also takes full-width and superscript
+    digits)."""
+    v = v.strip()
+    return v if v.isascii() and v.isdigit() else None
 _RUNTIMES = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o",
              "docker": "docker"}
 
@@ -92,16 +109,20 @@ class Owner:
 def describe(owner: Mapping[str, Any] | None) -> str:
     """``job 4242`` / ``pod team-a/trainer-0 (container pytorch)`` / ``pod 1e597579…``: the
     owner in words for a diagnosis line; "" when nothing is known."""
+    from stallscope.textsafe import plain
+
     if not owner:
         return ""
+    # the owner comes back from meta.json, a file like any other: escaped wherever it is shown
     if owner.get("hpc_job"):
-        return f"job {owner['hpc_job']}"
+        return f"job {plain(str(owner['hpc_job']), 40)}"
     if owner.get("pod"):
-        ns = f"{owner['namespace']}/" if owner.get("namespace") else ""
-        ctr = f" (container {owner['container']})" if owner.get("container") else ""
-        return f"pod {ns}{owner['pod']}{ctr}"
+        ns = f"{plain(str(owner['namespace']), 80)}/" if owner.get("namespace") else ""
+        ctr = (f" (container {plain(str(owner['container']), 80)})" if owner.get("container")
+               else "")
+        return f"pod {ns}{plain(str(owner['pod']), 120)}{ctr}"
     if owner.get("pod_uid"):
-        return f"pod {str(owner['pod_uid'])[:8]}…"
+        return f"pod {plain(str(owner['pod_uid'])[:8])}…"
     return ""
 
 
@@ -148,12 +169,12 @@ def owner_from_env(env: Mapping[str, str]) -> Owner:
     ``SLURM_JOBID``; the step from ``SLURM_STEP_ID``), the pod and namespace where the
     Downward API put them in ``POD_NAME``/``POD_NAMESPACE``, and the GPUs the device plugin
     gave the container (``NVIDIA_VISIBLE_DEVICES``)."""
-    job = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
-    step = (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "").strip()
-    pod = (env.get("POD_NAME") or "").strip()
-    ns = (env.get("POD_NAMESPACE") or "").strip()
-    return Owner(namespace=ns or None, pod=pod or None, hpc_job=job if job.isdigit() else None,
-                 step=step or None, gpus=_uuids(env.get("NVIDIA_VISIBLE_DEVICES") or ""),
+    job = slurm_job(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "")
+    step = slurm_job(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "")
+    pod = k8s_name(env.get("POD_NAME") or "")
+    ns = k8s_name(env.get("POD_NAMESPACE") or "")
+    return Owner(namespace=ns, pod=pod, hpc_job=job, step=step,
+                 gpus=_uuids(env.get("NVIDIA_VISIBLE_DEVICES") or ""),
                  names_from="environment" if pod else "")
 
 
@@ -201,9 +222,9 @@ def _pod_from_inside(owner: Owner, proc: Path, env: Mapping[str, str]) -> Owner:
     pod's name (unless the spec sets ``hostname``), and mounts the namespace at
     :data:`SA_NAMESPACE` (read through ``/proc/PID/root``, with the same rights as its
     environment; absent when the pod does not mount a service account token)."""
-    pod = (env.get("HOSTNAME") or "").strip()
+    pod = k8s_name(env.get("HOSTNAME") or "")
     try:
-        ns = (proc / "root" / SA_NAMESPACE).read_text(errors="replace").strip()[:253]
+        ns = k8s_name((proc / "root" / SA_NAMESPACE).read_text(errors="replace")[:300]) or ""
     except OSError:
         ns = ""
     if not pod:

@@ -108,6 +108,11 @@ class RunStore:
         """``cache_kib``: SQLite's page cache for this connection (its default: 2,000 KiB)."""
         self.path = Path(path)
         self.readonly = readonly
+        from stallscope.safefile import is_regular
+
+        # a FIFO or a device in its place would hang or feed SQLite forever
+        if os.path.lexists(self.path) and not is_regular(self.path):
+            raise StallscopeError(f"{self.path} is not a regular file")
         try:
             if readonly:
                 if not self.path.exists():

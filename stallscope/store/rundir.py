@@ -87,11 +87,23 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
         raise
 
 
+#: the most of a meta.json read (stallscope writes a few kB; a bigger one is not ours)
+MAX_META_BYTES = 16 << 20
+
+
 def read_meta(run_dir: Path) -> dict[str, Any]:
+    from stallscope.safefile import NotRegular, read_bounded
+
     try:
-        meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text())
+        raw, more = read_bounded(run_dir / "meta.json", MAX_META_BYTES)
+        if more:
+            raise RunNotFound(f"{run_dir}/meta.json is unreadable: larger than "
+                              f"{MAX_META_BYTES >> 20} MiB")
+        meta: dict[str, Any] = json.loads(raw.decode("utf-8"))
     except FileNotFoundError as exc:
         raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
+    except NotRegular:
+        raise RunNotFound(f"{run_dir}/meta.json is not a regular file") from None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise RunNotFound(f"{run_dir}/meta.json is unreadable: {str(exc)[:200]}") from exc
     except RecursionError:
@@ -120,7 +132,17 @@ _META_TYPES: dict[str, tuple[str, Any]] = {
     "unavailable": ("an object", lambda v: isinstance(v, dict)),
     "disk_health": ("a list of drives",
                     lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+    "physical_cores": ("a number of cores", lambda v: _is_count(v)),
+    "logical_cores": ("a number of cores", lambda v: _is_count(v)),
+    "warmup_interval_s": ("a number of seconds", _is_num),
+    "warmup_s": ("a number of seconds", _is_num),
+    "training": ("a run id", lambda v: isinstance(v, str)),
+    "trainings": ("an object of run ids", lambda v: isinstance(v, dict)),
 }
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 20
 
 
 def _check_meta(run_dir: Path, meta: dict[str, Any]) -> None:
@@ -259,7 +281,7 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
     if not ref.strip():
         raise RunNotFound("no run given: name a run directory, a run id, or 'latest'")
     p = Path(ref)
-    if (p / "meta.json").exists() or (p / "run.db").exists():
+    if _is_run(p):
         return p
     root = _root(out)
     if ref == "latest":
@@ -272,7 +294,7 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
         if not runs:
             raise RunNotFound(f"no runs in {root} or in the run index")
         return runs[-1]
-    if (root / ref / "meta.json").exists() or (root / ref / "run.db").exists():
+    if _is_run(root / ref):
         return root / ref
     matches = [r for r in known_runs(out) if r.name.startswith(ref)]
     if len(matches) == 1:
@@ -280,10 +302,22 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
     if len(matches) > 1:
         names = ", ".join(m.name for m in matches[:5])
         raise RunNotFound(f"run {ref!r} is ambiguous: {names}")
-    if p.exists():
+    if _exists(p):
         raise RunNotFound(f"{ref} is not a stallscope run directory (no meta.json or run.db)")
     raise RunNotFound(f"unknown run {ref!r} (not a directory, not a run in {root}/ nor in the "
                       "run index)")
+
+
+def _exists(p: Path) -> bool:
+    """``p.exists()`` that says False for a name the system refuses (too long, a NUL)."""
+    try:
+        return p.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_run(p: Path) -> bool:
+    return _exists(p / "meta.json") or _exists(p / "run.db")
 
 
 def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:

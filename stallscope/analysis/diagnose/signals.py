@@ -58,6 +58,14 @@ def p95(xs: Sequence[float]) -> float | None:
     return stats.percentile(xs, 95) if xs else None
 
 
+def _cores(v: Any) -> int | None:
+    """A core count from a file (meta.json, the probe's config): a positive integer, or None
+    for anything else (text, a list, a bool, a negative number)."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 20:
+        return v
+    return None
+
+
 def _r(x: float | None, nd: int = 2) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -215,9 +223,8 @@ def compute_signals(data: RunData) -> Signals:
         sig.duration_s = round(end - start, 1)
     elif cost and cost.ts:
         sig.duration_s = round(cost.ts[-1] - cost.ts[0], 1)
-    sig.physical_cores = meta.get("physical_cores")
-    lc = meta.get("logical_cores")
-    sig.logical_cores = lc if isinstance(lc, int) and not isinstance(lc, bool) else None
+    sig.physical_cores = _cores(meta.get("physical_cores"))
+    sig.logical_cores = _cores(meta.get("logical_cores"))
 
     _probe_signals(sig, data)
     procs = trainer_phases(data.stacks, data.roles())
@@ -276,8 +283,8 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         if isinstance(loader, dict):
             cfg.update(loader)  # one flat table: each field once
         sig.config = cfg
-        if cfg.get("physical_cores"):
-            sig.physical_cores = cfg["physical_cores"]
+        if _cores(cfg.get("physical_cores")):  # the probe's config is a file too: checked
+            sig.physical_cores = _cores(cfg.get("physical_cores"))
     steps = data.steps
     if not steps:
         return

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ __all__ = ["MAX_STACKS", "STACKS_DIR", "RecordTail", "Tally", "append_record", "
 
 #: bytes read from one file per look at most (a runaway writer cannot stall the reader)
 MAX_READ = 4 << 20
+#: the most of one stacks file a run's reader takes: a sampler writes ~1-5 kB a second, so
+#: 256 MiB is days of one process; anything bigger is not ours (a link to /dev/zero)
+MAX_FILE = 256 << 20
 
 #: the run directory's folder of sampled stacks, one file per sampled process
 STACKS_DIR = "stacks"
@@ -206,7 +210,7 @@ def parse_lines(lines: Sequence[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested far too deep
             continue
         if _valid(rec):
             yield rec
@@ -223,9 +227,14 @@ class RecordTail:
     def _file(self, path: Path) -> list[dict[str, Any]]:
         off = self._offsets.get(path, 0)
         try:
-            with open(path, "rb") as fh:
-                fh.seek(off)
-                chunk = fh.read(MAX_READ)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hold us
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return []
+                os.lseek(fd, off, os.SEEK_SET)
+                chunk = os.read(fd, MAX_READ)
+            finally:
+                os.close(fd)
         except OSError:
             return []
         end = chunk.rfind(b"\n")
@@ -251,12 +260,14 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         files = sorted(folder.glob("*.jsonl"))
     except OSError:
         return out
+    from stallscope.safefile import read_bounded
+
     for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                out.extend(parse_lines(fh.read().splitlines()))
+        try:  # regular files only (a FIFO, /dev/zero), and at most MAX_FILE of each
+            raw, _more = read_bounded(path, MAX_FILE)
         except OSError:
             continue
+        out.extend(parse_lines(raw.decode("utf-8", "replace").splitlines()))
     out.sort(key=lambda r: r["ts"])
     return out
 
