@@ -234,3 +234,19 @@ def test_tune_from_run_says_one_line_or_reads_odd_figures_without_a_traceback(tm
                        text=True, timeout=60)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "use: DataLoader(dataset, num_workers=2)" in r.stdout
+
+
+def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path: Path
+                                                                        ) -> None:
+    """Issue 41: autotune.json replaced by a FIFO froze the training inside watch() (its open
+    waited for a writer). It is read as no state, and the training ends."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "autotune.json")
+    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(state), "STALLSCOPE_PROBE": "1"}
+    r = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(json.loads(r.stdout.splitlines()[-1])["orders"]) == 4

@@ -195,3 +195,37 @@ def test_pod_names_from_the_environment_are_checked_and_shown_escaped() -> None:
     # an owner read back from a meta.json is escaped where it is shown
     shown = describe({"pod": "x\x1b[2Jy\nz", "namespace": "ns"})
     assert "\x1b" not in shown and "\n" not in shown and "\\x1b" in shown
+
+
+# --- alert rules for Prometheus ----------------------------------------------------------------
+HOSTILE_SELECTORS = [
+    'job="gpu #1"', 'job="a\nb"', 'job="a\rb"', 'job="a\x85b"', 'job="a\u2028b"',
+    'job="a\x1bb"', 'job="\\q"', 'job=~"("', '__name__="x"', ',job="a"', 'job="a",',
+    'job="a",,x="b"', 'job="a\\"b", cluster=~"eu-.*"', 'job="a\\nb"', '{job="x"}',
+]
+
+
+@pytest.mark.parametrize("selector", HOSTILE_SELECTORS)
+def test_alerts_prometheus_output_passes_promtool_or_is_refused(tmp_path: Path,
+                                                               selector: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    r = stallscope("alerts", "prometheus", "--selector", selector)
+    if r.returncode != 0:
+        assert r.returncode == 2 and r.stdout == ""
+        one_line(r)
+        return
+    out = tmp_path / "rules.yml"
+    out.write_text(r.stdout)
+    check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, (selector, check.stdout + check.stderr)
+
+
+@pytest.mark.parametrize("url", ["https://x/a\rb", "https://x/a\x85b", "https://x/\x1b[2J",
+                                 "https://x/\x07", "https://x/{{"])
+def test_a_runbook_url_that_would_break_the_rules_is_refused(url: str) -> None:
+    r = stallscope("alerts", "prometheus", "--runbook-url", url)
+    assert r.returncode == 2 and r.stdout == ""
+    one_line(r)

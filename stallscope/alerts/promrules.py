@@ -16,7 +16,9 @@ clauses, matched on their labels already.
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from pathlib import Path
 
 __all__ = ["DEFAULT_RUNBOOK", "TEMPLATE", "check_selector", "render"]
@@ -31,23 +33,62 @@ DEFAULT_UP = 'job="stallscope"'
 #: a raw stallscope series (a recorded one, ``rank:stallscope_...:...``, is not: the recording
 #: rules aggregate the job and other target labels away)
 _METRIC = re.compile(r"(?<![\w:])(stallscope_[a-z0-9_]+)(?![\w:])(\{([^}]*)\})?")
-_MATCHER = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*')
+
+
+#: PromQL string escapes (Go's): \a \b \f \n \r \t \v \\ \' \" \xHH \uHHHH \UHHHHHHHH, octal
+_ESCAPE = re.compile(r'\\(?:[abfnrtv\\\'"]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}'
+                     r'|[0-7]{3})')
+_PARTS = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=|!=|=~|!~)\s*"((?:[^"\\]|\\.)*)"\s*')
+
+
+def _unprintable(text: str) -> str | None:
+    """The first control, format or line/paragraph-separator character in ``text`` (CR, NEL,
+    U+2028, ESC, BEL...), or None: such characters break the YAML or the terminal."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return ch
+    return None
 
 
 def check_selector(selector: str) -> str:
-    """``selector`` as label matchers (``job="a", cluster=~"b.*"``), or ValueError with why."""
-    sel = selector.strip().strip("{}").strip()
+    """``selector`` as label matchers (``job="a", cluster=~"b.*"``), or ValueError with why:
+    each part must parse as a PromQL label matcher (a label name that is not reserved, an
+    operator, a quoted value with PromQL's escapes; a regular expression that compiles), with no
+    empty parts and no control characters."""
+    sel = selector.strip()
+    if sel.startswith("{") and sel.endswith("}"):
+        sel = sel[1:-1].strip()
     if not sel:
         return ""
+    bad = _unprintable(sel)
+    if bad is not None:
+        raise ValueError(f"the selector holds a control character ({bad!r}); give plain "
+                         "label matchers such as job=\"gpu-nodes\"")
     for part in _split(sel):
-        if not _MATCHER.fullmatch(part):
+        if not part.strip():
+            raise ValueError("the selector has an empty matcher (a stray comma)")
+        m = _PARTS.fullmatch(part)
+        if not m:
             raise ValueError(f"selector part {part.strip()!r} is not a label matcher such as "
                              f'job="gpu-nodes"')
+        name, op, value = m.groups()
+        if name.startswith("__"):
+            raise ValueError(f"selector part {part.strip()!r}: label names starting with '__' "
+                             "are Prometheus' own")
+        if _ESCAPE.sub("", value).count("\\"):
+            raise ValueError(f"selector part {part.strip()!r}: not a PromQL escape in the value "
+                             "(\\n, \\t, \\\\, \\\" and the like)")
+        if op in ("=~", "!~"):
+            try:
+                re.compile(value.encode().decode("unicode_escape"))
+            except (re.error, UnicodeDecodeError) as exc:
+                raise ValueError(f"selector part {part.strip()!r}: not a regular expression "
+                                 f"({exc})") from None
     return sel
 
 
 def _split(sel: str) -> list[str]:
-    """Matchers separated by commas outside quotes."""
+    """Matchers separated by commas outside quotes (empty ones kept: they are errors)."""
     parts, cur, quoted, esc = [], "", False, False
     for ch in sel:
         if esc:
@@ -64,7 +105,7 @@ def _split(sel: str) -> list[str]:
         else:
             cur += ch
     parts.append(cur)
-    return [p for p in parts if p.strip()]
+    return parts
 
 
 def _with(sel: str, m: re.Match[str]) -> str:
@@ -77,9 +118,10 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
     ``runbook`` (a URL or path of docs/alerts.md; the alert's anchor is appended)."""
     sel = check_selector(selector)
     runbook = runbook.strip()
-    if not runbook or any(c in runbook for c in '"\n\\#'):
-        raise ValueError(f"the runbook URL must be a URL or path without quotes or '#', "
-                         f"got {runbook!r}")
+    if (not runbook or any(c in runbook for c in '"\\#') or _unprintable(runbook) is not None
+            or "{{" in runbook or "}}" in runbook):
+        raise ValueError(f"the runbook URL must be a URL or path without quotes, '#', braces "
+                         f"or control characters, got {runbook!r}")
     out: list[str] = []
     in_expr = False
     expr_indent = 0
@@ -89,7 +131,12 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
         if stripped.startswith("expr:"):
             in_expr, expr_indent = True, indent
             head, body = line.split("expr:", 1)
-            line = head + "expr:" + (_select(body, sel) if body.strip() != "|" else body)
+            if body.strip() == "|":
+                line = head + "expr:" + body
+            elif sel:  # one line: double-quoted, so a '#' in a value is no YAML comment
+                line = head + "expr: " + json.dumps(_select(body, sel).strip())
+            else:
+                line = head + "expr:" + body
         elif in_expr and stripped and indent > expr_indent:
             line = _select(line, sel)
         elif stripped:

@@ -67,6 +67,8 @@ CPU_BOUND_SHARE = 0.75
 #: share of the available memory the workers may take (the offline tuner's guard)
 MEM_SHARE = 0.8
 STATE_FILE = "autotune.json"
+#: the most of the state file read (a few hundred bytes per loader are written)
+MAX_STATE_BYTES = 4 << 20
 
 
 @dataclass
@@ -414,12 +416,22 @@ class OnlineTuner:
         return (f"{type(ds).__module__}.{type(ds).__qualname__}|len={n}|"
                 f"batch={getattr(ld, 'batch_size', None)}|{script}")
 
-    def _kept(self) -> dict[str, Any] | None:
+    def _state(self) -> dict[str, Any]:
+        """The state file's document: {} when absent, unreadable, not a regular file (a FIFO
+        there would hold the training inside watch()), too big, or not an object."""
+        from stallscope.safefile import read_bounded
+
+        if self.state_path is None:
+            return {}
         try:
-            doc = json.loads(self.state_path.read_text()) if self.state_path else {}
-            got = doc.get(self.signature()) if isinstance(doc, dict) else None
-        except (OSError, ValueError):
-            return None
+            raw, more = read_bounded(self.state_path, MAX_STATE_BYTES)
+            doc = None if more else json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _kept(self) -> dict[str, Any] | None:
+        got = self._state().get(self.signature())
         if not isinstance(got, dict) or not isinstance(got.get("num_workers"), int) \
                 or not 0 <= got["num_workers"] <= 4 * self.cores:
             return None
@@ -432,11 +444,7 @@ class OnlineTuner:
         if best is None or self.state_path is None:
             return
         try:
-            try:
-                doc = json.loads(self.state_path.read_text())
-                doc = doc if isinstance(doc, dict) else {}
-            except (OSError, ValueError):
-                doc = {}
+            doc = self._state()
             doc[self.signature()] = {**best, "ts": time.time()}
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.state_path.with_suffix(".tmp")
