@@ -195,3 +195,20 @@ def test_attach_follows_the_process_to_its_end_and_bad_pids_are_one_line(
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
     assert "Traceback" not in bad.stderr
+
+
+def test_a_bug_while_finishing_the_record_loses_it_not_the_exit_code(tmp_path: Path) -> None:
+    """Whatever breaks while the run's record is closed (here a bug planted in the roles pass;
+    a NameError there once crashed `run` with a traceback), the trainer's exit code passes
+    through and the user reads one line."""
+    code = ("import sys\n"
+            "import stallscope.collect.session as s\n"
+            "s.Session._record_roles = lambda self: 1 / 0\n"
+            "from stallscope.cli import main\n"
+            f"sys.exit(main(['run', '--quiet', '--out', {str(tmp_path)!r}, '--', sys.executable,"
+            " '-c', 'import sys; sys.exit(7)']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "the run's record could not be finished: ZeroDivisionError" in r.stderr

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stallscope.alerts import load_rules, parse_rules
 from stallscope.alerts.actions import AlertSink
@@ -156,7 +156,7 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
             mirror.copy()
             mirror.close()
     # not our child: its exit code cannot be known
-    session.finish(None, ended=how)
+    _finish(session, None, ended=how)
     _print_end(args, session.run_dir)
     return 0
 
@@ -256,9 +256,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    session.finish(code, signals_forwarded=[signal.Signals(s).name for s in received])
+    _finish(session, code, signals_forwarded=[signal.Signals(s).name for s in received])
     _print_end(args, session.run_dir)
     return code if code >= 0 else 128 - code
+
+
+def _finish(session: Session, code: int | None, **extra: Any) -> None:
+    """Close the run's record; whatever goes wrong there (a bug included) is one line, and the
+    trainer's exit code still passes through."""
+    try:
+        session.finish(code, **extra)
+    except Exception as exc:
+        err_console.print(f"stallscope: the run's record could not be finished: "
+                          f"{safe(type(exc).__name__)}: {safe(str(exc))}", soft_wrap=True,
+                          highlight=False)
 
 
 def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
@@ -268,7 +279,7 @@ def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
 
         try:
             print_run(run_dir, console=err_console, with_diagnosis=True)
-        except (StallscopeError, OSError, sqlite3.Error) as exc:
+        except Exception as exc:
             # the trainer's exit code passes through whatever happened to the record of it
             err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",
                               soft_wrap=True, highlight=False)
