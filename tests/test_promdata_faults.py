@@ -142,3 +142,28 @@ def test_a_url_python_cannot_parse_is_one_line() -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, \
         r.stderr
+
+
+def _trickle_headers(h: BaseHTTPRequestHandler) -> None:
+    try:
+        h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(100):  # a header line every 0.5 s: each read is quick, they never end
+            h.wfile.write(f"X-Slow-{i}: 1\r\n".encode())
+            h.wfile.flush()
+            time.sleep(0.5)
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("reply", [_trickle, _trickle_headers])
+def test_the_timeout_holds_for_the_whole_answer(server: Callable[[Reply], str],
+                                                reply: Reply) -> None:
+    """Issue 40: a server that trickles its answer made `diagnose --prometheus` return after its
+    own --timeout. Reaching the server, its headers and its body all count."""
+    url = server(reply)
+    t0 = time.monotonic()
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "3s"),
+                       capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 1 and "no complete answer in 3 s (--timeout)" in r.stderr, r.stderr
+    assert took < 3 + 2.5, took  # the deadline, and the interpreter's start and exit

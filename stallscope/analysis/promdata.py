@@ -27,6 +27,7 @@ import json
 import math
 import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -122,9 +123,7 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
     try:
         req = urllib.request.Request(f"{base}/api/v1/query_range?{args}",
                                      headers={"Accept": "application/json"})
-        deadline = time.monotonic() + q.timeout_s
-        with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, q.timeout_s)) as r:
-            body = _read_all(r, deadline, base, q.timeout_s)
+        body = _fetch(req, q.timeout_s, base)
     except urllib.error.HTTPError as exc:
         try:
             why = json.loads(exc.read()).get("error") or exc.reason
@@ -149,6 +148,32 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
         raise PrometheusError(f"{base} did not answer as the Prometheus HTTP API does "
                               "(/api/v1/query_range)")
     return result
+
+
+def _fetch(req: urllib.request.Request, timeout_s: float, base: str) -> bytes:
+    """The whole answer to ``req`` within ``timeout_s``, reaching the server included: the
+    request runs on a helper thread and is given up at the deadline, however slowly the server
+    sends its headers or its body (a socket timeout bounds each read, not their sum)."""
+    deadline = time.monotonic() + timeout_s
+    box: list[Any] = []
+
+    def work() -> None:
+        try:
+            with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, timeout_s)) as r:
+                box.append(_read_all(r, deadline, base, timeout_s))
+        except BaseException as exc:  # handed to the caller's thread as it is
+            box.append(exc)
+
+    t = threading.Thread(target=work, name="stallscope-prometheus", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()))
+    if not box:
+        raise PrometheusError(f"cannot reach Prometheus at {base}: no complete answer in "
+                              f"{timeout_s:g} s (--timeout)")
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    body: bytes = box[0]
+    return body
 
 
 def _read_all(r: Any, deadline: float, base: str, timeout_s: float) -> bytes:

@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--step", metavar="DURATION",
                    help="query resolution (default 15s, coarser for long windows)")
     g.add_argument("--timeout", metavar="DURATION", default="60s",
-                   help="longest wait for each answer of the server, whole (default 60s)")
+                   help="longest wait for the server's answer, reaching it and reading it "
+                   "whole (default 60s)")
     p.set_defaults(func=run)
 
 
