@@ -212,3 +212,35 @@ def test_a_bug_while_finishing_the_record_loses_it_not_the_exit_code(tmp_path: P
     assert r.returncode == 7, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert "the run's record could not be finished: ZeroDivisionError" in r.stderr
+
+
+def test_runs_are_named_after_the_script_not_the_interpreter() -> None:
+    """Issue 40: every run was named `<time>-python`; the probe's own runs already take the
+    script's name."""
+    from stallscope.cli.run import run_label
+
+    cases = {
+        ("/usr/bin/python3", "-u", "train_cpu.py", "--epochs", "3"): "train_cpu",
+        ("torchrun", "--standalone", "--nproc-per-node", "2", "train.py"): "train",
+        ("torchrun", "--nproc-per-node=2", "ddp.py"): "ddp",
+        ("accelerate", "launch", "--num_processes", "2", "fit.py"): "fit",
+        ("uv", "run", "python", "train.py"): "train",
+        ("python", "-m", "pkg.train_lm"): "train_lm",
+        ("python3", "-c", "print(1)"): "python3",
+        ("./train.sh", "--fast"): "train.sh",
+        ("sleep", "5"): "sleep",
+    }
+    for cmd, name in cases.items():
+        assert run_label(list(cmd)) == name, cmd
+
+
+def test_a_run_directory_takes_the_scripts_name(tmp_path: Path) -> None:
+    script = tmp_path / "train_cpu.py"
+    script.write_text("print('data wait: 0.0% of 0.1 s')\n")
+    out = tmp_path / "runs"
+    r = subprocess.run([*stallscope_argv("run", "--quiet", "--out", str(out)), "--",
+                        sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    [run_dir] = list(out.iterdir())
+    assert run_dir.name.endswith("-train_cpu"), run_dir.name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is not None:
         return attach(args, alert_sink, interval, warmup)
     cmd = _resolve(list(args.cmd))
-    session = Session.create(args.out or default_out(), Path(cmd[0]).name, cmd,
+    session = Session.create(args.out or default_out(), run_label(cmd), cmd,
                              interval=interval, warmup=warmup, data=args.data,
                              keep_full_s=args.keep_full, sinks=[alert_sink],
                              monitor_pid=os.getpid())
@@ -270,6 +271,40 @@ def _finish(session: Session, code: int | None, **extra: Any) -> None:
         err_console.print(f"stallscope: the run's record could not be finished: "
                           f"{safe(type(exc).__name__)}: {safe(str(exc))}", soft_wrap=True,
                           highlight=False)
+
+
+#: launchers whose own name says nothing of the training they start
+_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|accelerate|deepspeed|"
+                        r"lightning|uv|poetry|conda|env|sh|bash|mpirun|srun)$")
+
+
+def run_label(cmd: list[str]) -> str:
+    """A run's name from its command: the script's (``train_cpu`` for ``python
+    train_cpu.py``, ``torchrun --nproc-per-node 2 train.py``), the module's for ``python -m
+    pkg.train``, else the program's own name, as the probe names its runs."""
+    args = list(cmd)
+    launched = False  # past a launcher: its flags and subcommand come next
+    while args:
+        head = args[0]
+        if _LAUNCHERS.match(Path(head).name):
+            args, launched = args[1:], True
+        elif launched and head in ("run", "launch", "exec"):  # uv run, accelerate launch
+            args = args[1:]
+        elif launched and head.startswith("-"):
+            args = args[1:]
+            if head == "-m" and args:
+                return args[0].rsplit(".", 1)[-1] or "run"
+            if head == "-c":
+                return Path(cmd[0]).name
+            if head.startswith("--") and "=" not in head and args \
+                    and not args[0].startswith("-") and not args[0].endswith(".py"):
+                args = args[1:]  # the flag's value (--nproc-per-node 2)
+        else:
+            break
+    if args:
+        name = Path(args[0]).name
+        return Path(name).stem if name.endswith(".py") else name
+    return Path(cmd[0]).name
 
 
 def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
