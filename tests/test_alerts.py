@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -395,3 +396,26 @@ def test_a_misspelt_metric_gets_the_closest_names_and_the_vocabulary_is_listed(
     bad = subprocess.run(stallscope_argv("alerts", "metrics", "--source", "gpus"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such source" in bad.stderr
+
+
+def test_show_and_the_end_of_run_summary_list_the_alerts_that_fired(tmp_path: Path) -> None:
+    """docs/alerts.md says every alert shows in `show`; text `show` and the summary at the end
+    of `run` listed none (issue 40)."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[alerts]]\nname = "always"\nmetric = "host.mem_total_mib"\n'
+                     'above = 0\nseverity = "info"\n')
+    out = tmp_path / "runs"
+    r = subprocess.run([*stallscope_argv("run", "--interval", "0.5", "--alerts", str(rules),
+                                         "--out", str(out)), "--", sys.executable, "-c",
+                        "import time; time.sleep(2.5)"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    end = " ".join(r.stderr.split())
+    assert "alerts: fired:" in end and "always" in end, end[-1500:]
+    [run_dir] = list(out.iterdir())
+    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert show.returncode == 0
+    lines = show.stdout.splitlines()
+    i = lines.index("  alerts:")
+    assert lines[i + 1].startswith("    fired: ") and "always" in lines[i + 1], lines[i:i + 3]

@@ -63,6 +63,10 @@ def _interval(meta: dict[str, Any]) -> str:
     return sampling_text(meta)
 
 
+#: alert transitions listed by show before "… N more"
+MAX_ALERT_LINES = 20
+
+
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
               training: str | None = None) -> None:
     data = load_run(run_dir, training)
@@ -93,6 +97,17 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
     for name, reason in (meta.get("unavailable") or {}).items():
         console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
+    fired = [ev for ev in data.events if ev.get("source") == "alerts"
+             and ev.get("kind") in ("alert_firing", "alert_cleared")]
+    if fired:  # every alert that fired or cleared during the run, in order (docs/alerts.md)
+        console.print("  alerts:", highlight=False)
+        for ev in fired[:MAX_ALERT_LINES]:
+            word = "fired" if ev.get("kind") == "alert_firing" else "cleared"
+            console.print(f"    {word}: {safe(str(ev.get('message', '')))}", highlight=False,
+                          soft_wrap=True)
+        if len(fired) > MAX_ALERT_LINES:
+            console.print(f"    … {len(fired) - MAX_ALERT_LINES} more (stallscope report "
+                          f"{safe(str(run_dir))} lists every event)", highlight=False)
     tuned = [ev for ev in data.events if ev.get("kind") == "autotune"]
     if tuned:  # what stallscope.watch(loader, autotune=True) changed, in order
         console.print("  loader autotune:", highlight=False)
