@@ -644,3 +644,28 @@ def test_the_trial_sampler_survives_a_child_it_listed_but_never_read() -> None:
     s.sample()  # both are gone now: the read one is accounted, the other skipped
     assert s.usage.reaped_read >= 0
     assert child.pid not in s._children and gone.pid not in s._children
+
+
+def test_tune_prints_its_own_advice_whole() -> None:
+    """Issue 40: tune clipped its own advice mid-sentence ("A cheape…(+72 chars)"): clipping is
+    for what a machine or a file says, not for stallscope's own sentences."""
+    import io
+
+    from rich.console import Console
+
+    from stallscope.cli.tune import print_result
+    from stallscope.tuner.measure import Trial
+    from stallscope.tuner.search import TuneResult
+
+    note = ("the CPUs are already busy at the best worker count: " + "x" * 220
+            + " A cheaper transform is the next step.")
+    result = TuneResult(best={"num_workers": 2}, samples_per_s=4120.0, baseline={},
+                        trials=[Trial({"num_workers": 2}, samples_per_s=4120.0)], best_index=0,
+                        recommendation="DataLoader(ds, num_workers=2)" + " " * 0,
+                        bound="prep: " + "y" * 250, stopped="s", step_ms=36.0, cores=2,
+                        budget_s=60, seconds=50, interrupted=False, notes=[note])
+    buf = io.StringIO()
+    print_result(result, Console(file=buf, width=100))
+    text = "".join(buf.getvalue().split())
+    assert "chars)" not in text
+    assert "Acheapertransformisthenextstep." in text and "y" * 250 in text

@@ -210,7 +210,7 @@ def print_result(result: TuneResult, console: Console) -> None:
                           soft_wrap=True)
     for t in result.trials:
         if t.reason:
-            console.print(f"  {_config_text(t.config)}: {t.status}: {plain(t.reason)}",
+            console.print(f"  {_config_text(t.config)}: {t.status}: {plain(t.reason, None)}",
                           highlight=False, markup=False)
     if result.step_ms is not None:
         console.print(f"training step: {result.step_ms:.1f} ms per batch", highlight=False,
@@ -222,14 +222,14 @@ def print_result(result: TuneResult, console: Console) -> None:
                       f"({base:,.0f} samples/s)"
                       + (f"; predicted ×{result.predicted_speedup:.2f} before its trial"
                          if result.predicted_speedup else ""), highlight=False, markup=False)
-    console.print(f"bound: {plain(result.bound)}", highlight=False, markup=False)
-    console.print(f"stopped: {plain(result.stopped)} ({result.seconds:.0f} s, "
+    console.print(f"bound: {plain(result.bound, None)}", highlight=False, markup=False)
+    console.print(f"stopped: {plain(result.stopped, None)} ({result.seconds:.0f} s, "
                   f"{result.cores} usable cores)", highlight=False, markup=False)
-    for note in result.notes:
-        console.print(f"note: {plain(note)}", highlight=False, markup=False)
+    for note in result.notes:  # our own words, whole (clipping is for what a machine says)
+        console.print(f"note: {plain(note, None)}", highlight=False, markup=False)
     if result.recommendation:
         console.print("recommended:", highlight=False, markup=False)
-        console.print(f"    {plain(result.recommendation)}", highlight=False, markup=False,
+        console.print(f"    {plain(result.recommendation, None)}", highlight=False, markup=False,
                       soft_wrap=True)
 
 
