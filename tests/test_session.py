@@ -244,3 +244,39 @@ def test_a_run_directory_takes_the_scripts_name(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-1500:]
     [run_dir] = list(out.iterdir())
     assert run_dir.name.endswith("-train_cpu"), run_dir.name
+
+
+def test_attach_to_a_shell_wrapper_samples_the_python_trainer_under_it(tmp_path: Path) -> None:
+    """Issue 40: `run --pid` of a shell wrapper pointed py-spy at the shell ("is it a CPython
+    process?") although the Python trainer was in the tree: the trainer's stacks are sampled."""
+    import signal
+    import time
+
+    train = ROOT / "tests" / "trainings" / "torch_launch_bound.py"
+    wrapper = subprocess.Popen(["sh", "-c", f"{sys.executable} {train} --seconds 30; echo done"],
+                               stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)  # the wrapper has started its trainer
+        mon = subprocess.Popen(stallscope_argv("run", "--pid", str(wrapper.pid), "--interval",
+                                               "0.5", "--out", str(tmp_path / "runs")),
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        time.sleep(9.0)
+        mon.send_signal(signal.SIGINT)
+        _out, err = mon.communicate(timeout=60)
+        assert mon.returncode == 0, err[-2000:]
+        flat = " ".join(err.split())
+        assert f"pid {wrapper.pid} (sh) is not Python: sampling the stacks of the Python " \
+               "trainer it runs" in flat, flat[-1500:]
+        [run_dir] = list((tmp_path / "runs").iterdir())
+        files = sorted(p.name for p in (run_dir / "stacks").glob("*.jsonl"))
+        assert files and f"{wrapper.pid}.jsonl" not in files, files
+        records = [json.loads(line) for f in (run_dir / "stacks").glob("*.jsonl")
+                   for line in f.read_text().splitlines() if line.strip()]
+        assert any("torch_launch_bound.py" in "".join(r.get("stacks", {})) for r in records), \
+            records[:2]
+    finally:
+        wrapper.kill()
+        subprocess.run(["pkill", "-KILL", "-f", "torch_launch_bound.py --seconds 30"],
+                       check=False)
+        wrapper.wait()

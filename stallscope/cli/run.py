@@ -101,6 +101,49 @@ def _pid_type(text: str) -> int:
     return pid
 
 
+_PYTHON = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
+
+
+def _is_python(p: Any) -> bool:
+    import psutil
+
+    try:
+        exe = os.path.basename(p.exe() or "")
+    except psutil.Error:
+        exe = ""
+    try:
+        return bool(_PYTHON.match(p.name()) or _PYTHON.match(exe))
+    except psutil.Error:
+        return False
+
+
+def python_trainers(pid: int) -> list[int]:
+    """The pids whose Python stacks show the training of ``pid``'s tree: ``pid`` itself when it
+    is Python (or when nothing in its tree is), else the topmost Python processes under it (a
+    shell wrapper's trainer; that trainer's DataLoader workers are below it, not beside it)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        if _is_python(root):
+            return [pid]
+        kids = root.children(recursive=True)
+    except psutil.Error:
+        return [pid]
+    py = {k.pid for k in kids if _is_python(k)}
+    top = []
+    for k in kids:
+        if k.pid not in py:
+            continue
+        try:
+            parent = k.ppid()
+        except psutil.Error:
+            continue
+        if parent not in py:
+            top.append(k.pid)
+    return sorted(top) or [pid]
+
+
 def _alive(pid: int, started: float) -> bool:
     """The process still exists and is the one we attached to (not a reused pid)."""
     import psutil
@@ -124,7 +167,13 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
                              sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
     alert_sink.attach_run(session.run_dir)
     if not args.no_stacks:
-        _stacks(args, session, attach=[pid])
+        targets = python_trainers(pid)
+        if targets != [pid] and not args.quiet:
+            err_console.print(f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
+                              f"the stacks of the Python trainer it runs, pid "
+                              f"{', '.join(map(str, targets))}", soft_wrap=True,
+                              highlight=False)
+        _stacks(args, session, attach=targets)
     mirror = _probe_mirror(args, session, pid, started)
     stop: list[int] = []
 
