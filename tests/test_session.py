@@ -280,3 +280,28 @@ def test_attach_to_a_shell_wrapper_samples_the_python_trainer_under_it(tmp_path:
         subprocess.run(["pkill", "-KILL", "-f", "torch_launch_bound.py --seconds 30"],
                        check=False)
         wrapper.wait()
+
+
+def test_runs_shows_each_runs_verdict_and_lists_one_folder_alone(tmp_path: Path) -> None:
+    """Issue 40: `runs` had no verdict column and no way to list only this folder's runs."""
+    out = tmp_path / "runs"
+    r = subprocess.run([*stallscope_argv("run", "--interval", "0.3", "--out", str(out)), "--",
+                        sys.executable, "-c", "import time; time.sleep(1.5)"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    [run_dir] = list(out.iterdir())
+    verdict = read_meta(run_dir)["verdict"]
+    assert verdict in r.stderr  # what the end of the run printed
+    elsewhere = tmp_path / "other"
+    subprocess.run([*stallscope_argv("run", "--quiet", "--interval", "0.3", "--out",
+                                     str(elsewhere)), "--", "sleep", "0.5"],
+                   capture_output=True, text=True, timeout=120, check=True)
+    listed = subprocess.run(stallscope_argv("runs", "--out", str(out), "--here", "--json"),
+                            capture_output=True, text=True, timeout=60)
+    rows = json.loads(listed.stdout)
+    assert [row["run"] for row in rows] == [run_dir.name]
+    assert rows[0]["verdict"] == verdict
+    table = subprocess.run(stallscope_argv("runs", "--out", str(out), "--here"),
+                           capture_output=True, text=True, timeout=60,
+                           env={**__import__("os").environ, "COLUMNS": "160"})
+    assert "verdict" in table.stdout and verdict[:15] in table.stdout, table.stdout

@@ -362,7 +362,11 @@ def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
         from stallscope.cli.show import print_run
 
         try:
-            print_run(run_dir, console=err_console, with_diagnosis=True)
+            verdict = print_run(run_dir, console=err_console, with_diagnosis=True)
+            if verdict:  # for `stallscope runs`, without diagnosing every run again
+                from stallscope.store.rundir import read_meta, write_meta
+
+                write_meta(run_dir, {**read_meta(run_dir), "verdict": verdict})
         except Exception as exc:
             # the trainer's exit code passes through whatever happened to the record of it
             err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",

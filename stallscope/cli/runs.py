@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=DEFAULT_OUT,
                    help=f"where runs are (default $STALLSCOPE_OUT, else ./{DEFAULT_OUT}); runs "
                    "started elsewhere are listed too, from the per-user run index")
+    p.add_argument("--here", action="store_true",
+                   help="only the runs in --out, not those the run index knows elsewhere")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -60,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is not a directory")
     rows: list[dict[str, Any]] = []
-    for d in known_runs(args.out):
+    from stallscope.store.rundir import list_runs
+
+    for d in (list_runs(_root(args.out)) if args.here else known_runs(args.out)):
         try:
             meta = read_meta(d)
         except RunNotFound as exc:
@@ -76,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             "duration_s": None if end is None else round(max(0.0, end - start), 1),
             "exit_code": meta.get("exit_code"), "running": state == "running", "state": state,
             "owner": owner_of(meta),
+            # what `run` diagnosed at its end (None: run --quiet, or an older run)
+            "verdict": meta.get("verdict") if isinstance(meta.get("verdict"), str) else None,
         })
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -96,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
     t.add_column("started", no_wrap=True, min_width=11)
     t.add_column("duration", no_wrap=True, justify="right", min_width=8)
     t.add_column("exit", no_wrap=True, min_width=11)
+    verdicts = any(r.get("verdict") for r in rows)
+    if verdicts:
+        t.add_column("verdict", no_wrap=True, overflow="ellipsis", max_width=18)
     own_w = max((len(describe(r.get("owner"))) for r in rows), default=0) if owned else 0
     if owned:
         t.add_column("owner", no_wrap=True, overflow="ellipsis", min_width=min(own_w, 40),
                      max_width=min(own_w, 40))
     rest = max(12, out_console.width - run_w - 11 - 8 - 11 - min(own_w, 40)
-               - 3 * (5 if elsewhere else 4) - (3 if owned else 0))
+               - 3 * (5 if elsewhere else 4) - (3 if owned else 0) - (21 if verdicts else 0))
     cmd_w = rest * 2 // 3 if elsewhere else rest
     t.add_column("command", no_wrap=True, overflow="ellipsis", max_width=cmd_w)
     if elsewhere:
@@ -110,13 +119,15 @@ def run(args: argparse.Namespace) -> int:
         parent = Path(r["path"]).resolve().parent
         where = ([safe(str(parent)) if parent != here else "."] if elsewhere else [])
         if "error" in r:
-            t.add_row(safe(r["run"]), "-", "-", "-", *(["-"] if owned else []),
+            t.add_row(safe(r["run"]), "-", "-", "-", *(["-"] if verdicts else []),
+                      *(["-"] if owned else []),
                       f"[red]{safe(r['error'])}[/]", *where)
             continue
         t.add_row(safe(r["run"]), _when(r["start"]),
                   "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
                   (str(r["exit_code"]) if r["exit_code"] is not None else "-")
                   if r["state"] == "finished" else r["state"],
+                  *([safe(r.get("verdict") or "-")] if verdicts else []),
                   *([safe(describe(r.get("owner")) or "-")] if owned else []),
                   safe(" ".join(r["command"] or [])[:60]), *where)
     out_console.print(t)

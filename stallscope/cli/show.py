@@ -68,7 +68,8 @@ MAX_ALERT_LINES = 20
 
 
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
-              training: str | None = None) -> None:
+              training: str | None = None) -> str | None:
+    """The run's summary (and its diagnosis); returns the verdict when it was diagnosed."""
     data = load_run(run_dir, training)
     doc = load_summary(run_dir, data)
     meta, summary = doc["meta"], doc["summary"]
@@ -146,8 +147,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         try:
             from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
         except ImportError:
-            return
-        print_diagnosis(diagnose_run(run_dir, data), console)
+            return None
+        doc = diagnose_run(run_dir, data)
+        print_diagnosis(doc, console)
+        verdict: str | None = doc.get("verdict")
+        return verdict
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -138,6 +138,7 @@ _META_TYPES: dict[str, tuple[str, Any]] = {
     "warmup_s": ("a number of seconds", _is_num),
     "training": ("a run id", lambda v: isinstance(v, str)),
     "trainings": ("an object of run ids", lambda v: isinstance(v, dict)),
+    "verdict": ("a finding kind", lambda v: isinstance(v, str)),
 }
 
 
