@@ -250,3 +250,49 @@ def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(json.loads(r.stdout.splitlines()[-1])["orders"]) == 4
+
+
+ITERABLE = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+    import stallscope
+
+    class Stream(IterableDataset):  # not sharded by worker: each worker yields all of it
+        def __iter__(self):
+            for i in range(64):
+                end = time.perf_counter() + 0.004
+                while time.perf_counter() < end:
+                    pass
+                yield torch.tensor([float(i)])
+
+    loader = DataLoader(Stream(), batch_size=8, num_workers=1)
+    counts = []
+    for epoch in range(4):
+        n = 0
+        for x in stallscope.watch(loader, autotune=True):
+            time.sleep(0.001)
+            n += len(x)
+        counts.append(n)
+    print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
+""")
+
+
+def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> None:
+    """Issue 41: an unsharded IterableDataset switched to 2 workers delivered every sample twice
+    an epoch (128 instead of 64). Autotune leaves such a loader as written, and says so."""
+    script = tmp_path / "train.py"
+    script.write_text(ITERABLE)
+    out = tmp_path / "runs"
+    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
+                                       sys.executable, str(script)),
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert doc["counts"] == [64, 64, 64, 64] and doc["num_workers"] == 1, doc
+    [run_dir] = list(out.iterdir())
+    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
+                          text=True, timeout=60, env={**env, "COLUMNS": "250"})
+    assert "autotune off: the loader's dataset is an IterableDataset" in show.stdout, \
+        show.stdout[-2000:]

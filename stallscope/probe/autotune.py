@@ -284,6 +284,15 @@ class OnlineTuner:
             from stallscope.store.paths import state_dir
 
             self.state_path = state_dir() / STATE_FILE
+        if _iterable(getattr(self.loader, "dataset", None)):
+            # every worker runs the whole __iter__ unless the dataset shards itself by worker
+            # (get_worker_info()), which cannot be told from outside: more workers could
+            # deliver each sample several times an epoch. The training sees what it wrote.
+            self.done = True
+            self.log("autotune off: the loader's dataset is an IterableDataset, whose "
+                     "samples more workers would repeat unless it shards itself by worker; "
+                     "num_workers stays as written")
+            return
         kept = self._kept()
         if kept is not None and kept != self._current():
             self._apply(kept, "the best configuration the last run of this loader found "
@@ -452,6 +461,13 @@ class OnlineTuner:
             os.replace(tmp, self.state_path)
         except OSError as exc:
             self.log(f"could not keep the result in {self.state_path}: {exc}")
+
+
+def _iterable(ds: Any) -> bool:
+    """``ds`` is a torch ``IterableDataset`` (torch imported by the trainer)."""
+    data = sys.modules.get("torch.utils.data")
+    cls = getattr(data, "IterableDataset", None) if data is not None else None
+    return cls is not None and isinstance(ds, cls)
 
 
 def _gpu() -> bool:
