@@ -296,3 +296,52 @@ def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> N
                           text=True, timeout=60, env={**env, "COLUMNS": "250"})
     assert "autotune off: the loader's dataset is an IterableDataset" in show.stdout, \
         show.stdout[-2000:]
+
+
+MAIN_ONLY = textwrap.dedent("""
+    import json, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset, get_worker_info
+    import stallscope
+
+    class Local(Dataset):  # works in the main process only (a handle that does not survive fork)
+        def __len__(self):
+            return 96
+
+        def __getitem__(self, i):
+            if get_worker_info() is not None:
+                raise RuntimeError("this dataset's handle cannot be used in a worker")
+            end = time.perf_counter() + 0.004
+            while time.perf_counter() < end:
+                pass
+            return torch.tensor([float(i)])
+
+    loader = DataLoader(Local(), batch_size=8, num_workers=0)
+    counts = []
+    for epoch in range(4):
+        n = 0
+        for x in stallscope.watch(loader, autotune=True):
+            time.sleep(0.002)
+            n += len(x)
+        counts.append(n)
+    print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
+""")
+
+
+def test_a_dataset_that_cannot_run_in_workers_trains_on_under_autotune(tmp_path: Path) -> None:
+    """Issue 41: a dataset that fails in a worker trained fine without autotune and died with
+    RuntimeError under it. The epoch whose new configuration fails before its first batch runs
+    again with the configuration that worked; autotune says so and stops."""
+    script = tmp_path / "train.py"
+    script.write_text(MAIN_ONLY)
+    out = tmp_path / "runs"
+    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
+                                       sys.executable, str(script)),
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    assert doc["counts"] == [96, 96, 96, 96] and doc["num_workers"] == 0, doc
+    flat = " ".join(r.stderr.split())
+    assert "the loader failed at num_workers=" in flat and "back to what worked" in flat, \
+        flat[-2000:]

@@ -342,6 +342,20 @@ class OnlineTuner:
                 self.log(f"autotune done: {self._pending.why}")
             self._keep()
 
+    def revert(self, exc: BaseException) -> bool:
+        """The configuration set before this epoch failed before the epoch's first batch: go
+        back to the one before it, stop tuning, and say why. False when this epoch's
+        configuration is not autotune's (the failure is the training's own)."""
+        last = self.changes[-1] if self.changes else None
+        if last is None or last["epoch"] != max(self._epoch, 0) or last.get("reverted"):
+            return False
+        last["reverted"] = True
+        self.done = True
+        self._apply(last["from"], f"the loader failed at {_short(last['config'])} before the "
+                    f"epoch's first batch ({type(exc).__name__}: {str(exc)[:200]}): back to "
+                    "what worked, autotune off", None)
+        return True
+
     def best(self) -> dict[str, Any] | None:
         if not self.trials:
             return None

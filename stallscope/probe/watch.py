@@ -53,12 +53,14 @@ class Watched(Generic[T]):
         #: the loader autotune (probe/autotune.py) when asked for: changes the loader between
         #: epochs from what each epoch measured
         self.tuner = tuner
+        #: batches handed over in the current epoch (0: a failure can still be undone)
+        self.handed = 0
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "probe", "tuner"):
+        if name in ("loader", "probe", "tuner", "handed"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -80,7 +82,17 @@ class Watched(Generic[T]):
             warn(f"probe disabled for this loader: {exc!r}")
             yield from it
             return
-        yield from self._steps(p, it, epoch, gpu, t_req, t_start)
+        self.handed = 0
+        try:
+            yield from self._steps(p, it, epoch, gpu, t_req, t_start)
+        except Exception as exc:
+            # the configuration autotune set before this epoch failed before its first batch
+            # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
+            # there): back to the one that worked, this same epoch, said once
+            if tuner is None or self.handed or not tuner.revert(exc):
+                raise
+            t_req = t_start = perf()
+            yield from self._steps(p, iter(self.loader), epoch, gpu, t_req, t_start)
 
     def _steps(self, p: Recorder, it: Iterator[T], epoch: int, gpu: bool, t_req: float,
                t_start: float) -> Iterator[T]:
@@ -128,6 +140,7 @@ class Watched(Generic[T]):
                 waited += wait
                 nsamples += n or 0
                 open_step = True
+                self.handed += 1
                 yield batch
                 t_req = perf()
                 open_step = False
