@@ -495,3 +495,21 @@ def test_sampled_stacks_are_drawn_and_listed_escaped(tmp_path: Path) -> None:
     section = doc[doc.index('id="stacks"'):]
     assert "rank 1, pid 502: 60.0 s sampled" in section
     assert re.search(r"<td>data</td><td class=\"num\">54.00 s</td><td class=\"num\">90%", section)
+
+
+def test_the_verdicts_speedup_is_a_sentence_of_its_own(tmp_path: Path) -> None:
+    """Issue 40: the banner put a cpu_contention estimate (x1.63) in the data-wait sentence,
+    whose own finding said x1.55. Each number belongs to the sentence it sits in."""
+    run = make_run(tmp_path)
+    d = diagnosis(run)
+    d["verdict"] = "cpu_contention"
+    d["findings"].insert(0, {"kind": "cpu_contention", "severity": "warning",
+                             "confidence": 0.8, "summary": "Other processes took the cores.",
+                             "evidence": {}, "fixes": [{"action": "move them"}],
+                             "est_speedup": 1.63})
+    doc = render_report(run, d)
+    verdict = doc[doc.index('id="verdict"'):doc.index('id="findings"')]
+    wait = re.search(r"<p>The trainer waited for data[^<]*<b>42%</b>[^<]*\.</p>", verdict)
+    assert wait and "×" not in wait.group(0), verdict
+    assert ('<p id="verdict-speedup">Fixing this (cpu_contention) could make training up to '
+            '<b>×1.63</b> faster.</p>') in verdict
