@@ -513,3 +513,20 @@ def test_the_verdicts_speedup_is_a_sentence_of_its_own(tmp_path: Path) -> None:
     assert wait and "×" not in wait.group(0), verdict
     assert ('<p id="verdict-speedup">Fixing this (cpu_contention) could make training up to '
             '<b>×1.63</b> faster.</p>') in verdict
+
+
+def test_our_own_words_read_as_prose_in_the_report(tmp_path: Path) -> None:
+    """Issue 40: the report showed literal Markdown backticks, raw evidence keys
+    (`worker_blkio_pct`) and a first card titled only "Evidence for the verdict"."""
+    run = make_run(tmp_path)
+    d = diagnosis(run)
+    d["findings"][0]["evidence"]["worker_blkio_pct"] = 12.5
+    doc = render_report(run, d)
+    first = doc[doc.index('id="finding-0"'):doc.index('id="finding-1"')]
+    assert "<b>pack the dataset with <code>stallscope pack</code>" in first
+    assert "`" not in first
+    assert '<td title="worker_blkio_pct">worker blkio %</td>' in first
+    assert "<h3>Evidence for the verdict: Input-bound: storage cannot feed the trainer" in first
+    # what a machine said stays escaped: a backtick from a file is no markup either
+    evil = render_report(run, diagnosis(run, evil=True))
+    assert "<script>" not in evil.split("<script>", 1)[0]

@@ -133,6 +133,31 @@ def esc(v: Any) -> str:
     return html_text(v)
 
 
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def prose(v: Any) -> str:
+    """stallscope's own sentences (summaries, fixes, rules) as HTML: escaped, and their
+    `code` spans as <code> rather than literal backticks."""
+    return _CODE.sub(r"<code>\1</code>", esc(v))
+
+
+#: an evidence key's unit suffix, said in words
+_KEY_UNITS = (("_pct", " %"), ("_ms", " ms"), ("_kb_s", " kB/s"), ("_mib", " MiB"),
+              ("_s", " s"), ("_c", " °C"), ("_w", " W"))
+
+
+def key_words(k: Any) -> str:
+    """``worker_blkio_pct`` -> ``worker blkio %``: an evidence key for people (the raw key stays
+    in the cell's title, as `diagnose --json` names it)."""
+    text = str(k)
+    for suffix, unit in _KEY_UNITS:
+        if text.endswith(suffix) and len(text) > len(suffix):
+            text = text[: -len(suffix)] + unit
+            break
+    return text.replace("_", " ")
+
+
 def fmt_num(v: Any) -> str:
     """A number for people: 1,234 · 56.7 · 0.12; anything else as text."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -236,7 +261,7 @@ def _verdict(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
              f'<div class="big" id="verdict-title">{esc(_kind_title(kind, has_gpu))}</div>',
              f'<div><code id="verdict-kind">{esc(kind)}</code></div>']
     if top.get("summary"):
-        parts.append(f'<p id="verdict-summary">{esc(top["summary"])}</p>')
+        parts.append(f'<p id="verdict-summary">{prose(top["summary"])}</p>')
     sf = finite_or_none(diagnosis.get("stall_fraction"))
     facts = []
     if sf is not None:
@@ -256,7 +281,7 @@ def _verdict(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
                      f"up to <b>×{sp:.2f}</b> faster.</p>")
     fixes = [f for f in top.get("fixes") or [] if isinstance(f, dict)]
     if fixes:
-        parts.append("<div><b>Do first:</b> " + esc(fixes[0].get("action", "")) + "</div>")
+        parts.append("<div><b>Do first:</b> " + prose(fixes[0].get("action", "")) + "</div>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -276,7 +301,8 @@ def _findings(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
         sp = finite_or_none(f.get("est_speedup"))
         # the verdict above already gives the top finding's title and summary: its card here
         # carries the fixes, the evidence and the rule, without saying the same again
-        title = "Evidence for the verdict" if i == 0 else _kind_title(kind, has_gpu)
+        title = (f"Evidence for the verdict: {_kind_title(kind, has_gpu)}" if i == 0
+                 else _kind_title(kind, has_gpu))
         head = [f'<span class="badge {sev}">{sev}</span>',
                 f"<h3>{esc(title)}</h3>",
                 f'<code class="kind">{esc(kind)}</code>',
@@ -286,14 +312,14 @@ def _findings(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
             head.append(f'<span class="mute">est. speedup up to <b>×{sp:.2f}</b></span>')
         fixes = [x for x in f.get("fixes") or [] if isinstance(x, dict)]
         fix_html = ("<ol>" + "".join(
-            f"<li><b>{esc(x.get('action', ''))}</b>"
-            + (f' <span class="why">— {esc(x["why"])}</span>' if x.get("why") else "")
+            f"<li><b>{prose(x.get('action', ''))}</b>"
+            + (f' <span class="why">— {prose(x["why"])}</span>' if x.get("why") else "")
             + "</li>" for x in fixes) + "</ol>") if fixes else '<p class="note">No fix needed.</p>'
         ev = f.get("evidence")
         ev_html = (_kv_table(ev.items(), "evidence") if isinstance(ev, dict) and ev
                    else '<p class="note">No evidence recorded.</p>')
-        rule = (f'<p class="note rule">Rule: {esc(f["rule"])}</p>' if f.get("rule") else "")
-        summary = "" if i == 0 else f'<p class="summary">{esc(f.get("summary", ""))}</p>'
+        rule = (f'<p class="note rule">Rule: {prose(f["rule"])}</p>' if f.get("rule") else "")
+        summary = "" if i == 0 else f'<p class="summary">{prose(f.get("summary", ""))}</p>'
         out.append(
             f'<article class="finding sev-{sev}" id="finding-{i}"><header>{"".join(head)}'
             f'</header>{summary}'
@@ -342,8 +368,12 @@ def _value_html(v: Any, depth: int = 0, key: str = "") -> str:
 
 
 def _kv_table(items: Iterable[tuple[Any, Any]], cls: str, depth: int = 0) -> str:
-    rows = "".join(f"<tr><td><code>{esc(k)}</code></td><td>{_value_html(v, depth, str(k))}"
-                   "</td></tr>" for k, v in items)
+    if cls == "evidence":  # the diagnosis' keys, in words (the raw key in the title)
+        rows = "".join(f'<tr><td title="{esc(k)}">{esc(key_words(k))}</td>'
+                       f"<td>{_value_html(v, depth, str(k))}</td></tr>" for k, v in items)
+    else:  # names a user types (DataLoader arguments): as they are spelled
+        rows = "".join(f"<tr><td><code>{esc(k)}</code></td><td>{_value_html(v, depth, str(k))}"
+                       "</td></tr>" for k, v in items)
     return f'<table class="kv {cls}">{rows}</table>'
 
 
