@@ -16,7 +16,6 @@ clauses, matched on their labels already.
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from pathlib import Path
@@ -133,8 +132,8 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
             head, body = line.split("expr:", 1)
             if body.strip() == "|":
                 line = head + "expr:" + body
-            elif sel:  # one line: double-quoted, so a '#' in a value is no YAML comment
-                line = head + "expr: " + json.dumps(_select(body, sel).strip())
+            elif sel:  # one line: single-quoted, so a '#' in a value is no YAML comment
+                line = head + "expr: '" + _select(body, sel).strip().replace("'", "''") + "'"
             else:
                 line = head + "expr:" + body
         elif in_expr and stripped and indent > expr_indent:

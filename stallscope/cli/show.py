@@ -67,6 +67,32 @@ def _interval(meta: dict[str, Any]) -> str:
 MAX_ALERT_LINES = 20
 
 
+def _print_alerts(events: list[dict[str, Any]], run_dir: Path, console: Console) -> None:
+    """Every alert that fired or cleared during the run, in order (docs/alerts.md)."""
+    fired = [ev for ev in events if ev.get("source") == "alerts"
+             and ev.get("kind") in ("alert_firing", "alert_cleared")]
+    if not fired:
+        return
+    console.print("  alerts:", highlight=False)
+    for ev in fired[:MAX_ALERT_LINES]:
+        word = "fired" if ev.get("kind") == "alert_firing" else "cleared"
+        console.print(f"    {word}: {safe(str(ev.get('message', '')))}", highlight=False,
+                      soft_wrap=True)
+    if len(fired) > MAX_ALERT_LINES:
+        console.print(f"    … {len(fired) - MAX_ALERT_LINES} more (stallscope report "
+                      f"{safe(str(run_dir))} lists every event)", highlight=False)
+
+
+def _print_gpu_energy_health(summary: dict[str, Any], console: Console) -> None:
+    """Each GPU's energy over the run, and any GPU that needs a person."""
+    from stallscope.analysis.summary import energy_text, health_text
+
+    for ent, e in sorted((summary.get("gpu_energy") or {}).items()):
+        console.print("  " + energy_text(ent, e), highlight=False)
+    for ent, h in sorted((summary.get("gpu_health") or {}).items()):
+        console.print("  [red]" + safe(health_text(ent, h)) + "[/]", highlight=False)
+
+
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
               training: str | None = None) -> str | None:
     """The run's summary (and its diagnosis); returns the verdict when it was diagnosed."""
@@ -98,17 +124,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
     for name, reason in (meta.get("unavailable") or {}).items():
         console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
-    fired = [ev for ev in data.events if ev.get("source") == "alerts"
-             and ev.get("kind") in ("alert_firing", "alert_cleared")]
-    if fired:  # every alert that fired or cleared during the run, in order (docs/alerts.md)
-        console.print("  alerts:", highlight=False)
-        for ev in fired[:MAX_ALERT_LINES]:
-            word = "fired" if ev.get("kind") == "alert_firing" else "cleared"
-            console.print(f"    {word}: {safe(str(ev.get('message', '')))}", highlight=False,
-                          soft_wrap=True)
-        if len(fired) > MAX_ALERT_LINES:
-            console.print(f"    … {len(fired) - MAX_ALERT_LINES} more (stallscope report "
-                          f"{safe(str(run_dir))} lists every event)", highlight=False)
+    _print_alerts(data.events, run_dir, console)
     tuned = [ev for ev in data.events if ev.get("kind") == "autotune"]
     if tuned:  # what stallscope.watch(loader, autotune=True) changed, in order
         console.print("  loader autotune:", highlight=False)
@@ -129,12 +145,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         inside = during.get(ent)
         more = f", {inside:.0%} of the training" if inside is not None else ""
         console.print(f"  {ent} idle {share:.0%} of the run{more}")
-    from stallscope.analysis.summary import energy_text, health_text
-
-    for ent, e in sorted((summary.get("gpu_energy") or {}).items()):
-        console.print("  " + energy_text(ent, e), highlight=False)
-    for ent, h in sorted((summary.get("gpu_health") or {}).items()):
-        console.print("  [red]" + safe(health_text(ent, h)) + "[/]", highlight=False)
+    _print_gpu_energy_health(summary, console)
     if "collector_cpu_s_per_sample" in summary:
         cost = summary["collector_cpu_s_per_sample"]
         # per second of the run: the interval changes after the warm-up
