@@ -104,9 +104,8 @@ class Watched(Generic[T]):
         queue, cap, event = buf.queue, buf.capacity, dev.event
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
-        open_step = False
         cur = first = state.step
-        nsamples = 0
+        nsamples, open_step = 0, False
         t_got = wait = waited = first_wait = 0.0
         n: int | None = None
         ev0: Any = None
