@@ -96,3 +96,38 @@ def test_diagnose_reports_when_the_run_changed_pace() -> None:
     assert ("gpu.temp_c", "gpu0", "up") in got
     temp = next(c for c in doc["changes"] if c["metric"] == "gpu.temp_c")
     assert 115 <= temp["start_s"] <= 125 and 74 <= temp["after"] <= 76
+
+
+def test_a_blip_is_no_change_and_a_change_says_when_it_ended_and_why() -> None:
+    """Issue 40: a 1.2-s stall read as a lasting shift ("step_ms shifted up from 61 ms to 127
+    ms"), and autotune's switches as changes with no cause. A shift must last, the line says
+    when a level ended, and a change at a known turning point names it."""
+    from stallscope.analysis.diagnose import changes
+    from stallscope.analysis.rundata import RunData
+    from stallscope.store import StepRow
+
+    r = random.Random(5)
+    t0 = 1_763_712_000.0
+
+    def run(hosts: list[float], epochs: list[int], events: list[dict]) -> list[dict]:
+        steps, t = [], t0
+        for i, (host, ep) in enumerate(zip(hosts, epochs, strict=True)):
+            wait = 0.001 + abs(r.gauss(0, 0.0002))
+            steps.append(StepRow(0, i, t, wait, host + r.gauss(0, 0.002), epoch=ep))
+            t += wait + host
+        return changes(RunData(meta={"start": t0, "end": t}, series={}, steps=steps,
+                               events=events))
+
+    # 600 steps of 61 ms with a 1.2-s stall (20 steps at 127 ms) in the middle: no change
+    hosts = [0.061] * 300 + [0.127] * 20 + [0.061] * 300
+    assert [c for c in run(hosts, [0] * 620, []) if c["metric"] == "step_ms"] == []
+    # a slower level from step 300 to 500 (~12 s at 61 ms): a change, and when it ended
+    hosts = [0.061] * 300 + [0.127] * 200 + [0.061] * 300
+    got = [c for c in run(hosts, [0] * 800, []) if c["metric"] == "step_ms"]
+    assert got and got[0]["direction"] == "up" and got[0]["ended_s"] is not None, got
+    assert "back " in got[0]["summary"] and "s later" in got[0]["summary"]
+    # the same shift at an epoch boundary is named after it
+    got = [c for c in run([0.061] * 300 + [0.127] * 300, [0] * 300 + [1] * 300, [])
+           if c["metric"] == "step_ms"]
+    assert got and got[0]["cause"] == "the start of epoch 1", got
+    assert got[0]["summary"].endswith("(at the start of epoch 1)")

@@ -65,6 +65,51 @@ def diagnose(data: RunData) -> dict[str, Any]:
     }
 
 
+#: a shift undone sooner than this (or 5 samples) is a blip, not a change of pace
+MIN_LASTING_S = 10.0
+
+
+def _known_causes(data: RunData) -> list[tuple[float, str]]:
+    """(time, what) of the run's own turning points: autotune switches, epoch boundaries,
+    alerts that fired (a change near one is named after it)."""
+    out: list[tuple[float, str]] = []
+    for ev in data.events:
+        kind, ts = ev.get("kind"), ev.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        if kind == "autotune" and "→" in str(ev.get("message", "")):
+            out.append((float(ts), "an autotune switch"))
+        elif kind == "alert_firing":
+            out.append((float(ts), "an alert: " + str(ev.get("message", ""))[:80]))
+    last: dict[int, int | None] = {}
+    for st in data.steps:
+        prev = last.get(st.rank)
+        if st.epoch is not None and prev is not None and st.epoch != prev:
+            out.append((st.ts, f"the start of epoch {st.epoch}"))
+        last[st.rank] = st.epoch
+    return sorted(out)
+
+
+def _level_end(ts: list[float], xs: list[float], start: float, before: float, after: float,
+               k: int = 5) -> float | None:
+    """When the level a change reached ended: the first time from which ``k`` samples in a row
+    have a median nearer the level before it than the new one (None: it lasted to the end)."""
+    from stallscope.stats import median as med
+
+    idx = [i for i, t in enumerate(ts) if t >= start and math.isfinite(xs[i])]
+    for a in range(len(idx) - k + 1):
+        window = [xs[i] for i in idx[a:a + k]]
+        m = med(window)
+        if abs(m - before) < abs(m - after):
+            return ts[idx[a]]
+    return None
+
+
+def _cause_near(causes: list[tuple[float, str]], ts: float, within: float) -> str | None:
+    near = [(abs(t - ts), what) for t, what in causes if abs(t - ts) <= within]
+    return min(near)[1] if near else None
+
+
 #: (what, unit, smallest relative shift worth telling) for the series watched for changes
 _WATCHED = (("disk.r_await_ms", "ms", 0.25), ("gpu.temp_c", "°C", 0.05))
 
@@ -81,17 +126,35 @@ def changes(data: RunData) -> list[dict[str, Any]]:
         "into the run"
     out: list[dict[str, Any]] = []
 
+    causes = _known_causes(data)
+
     def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
             rel: float, least: float = 0.0) -> None:
-        for c in detect_changes(ts, xs):
-            if abs(c.after - c.before) < max(rel * abs(c.before), least, 1e-9):
-                continue  # a real but small shift: not worth a line
+        found = [c for c in detect_changes(ts, xs)
+                 if abs(c.after - c.before) >= max(rel * abs(c.before), least, 1e-9)]
+        # a real but small shift is not worth a line; a shift undone before it lasted
+        # MIN_LASTING_S is a blip, not a change of pace (a 1.2-s stall once read as one)
+        step = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else 0.0
+        lasting = max(MIN_LASTING_S, 5 * step)
+        keep: list[tuple[Any, float | None]] = []
+        for c in found:
+            # scanned from the alarm on (the dated start can sit a little before the shift)
+            ended = _level_end(ts, xs, c.detected_ts, c.before, c.after)
+            if ended is not None and ended - c.start_ts < lasting:
+                continue  # there and back again: a blip
+            keep.append((c, ended))
+        for c, ended in keep:
+            cause = _cause_near(causes, c.start_ts, max(2.0, 2 * step))
+            text = (f"{what}{f' [{entity}]' if entity else ''} {c.describe(unit)}, "
+                    f"{c.start_ts - t0:.0f} s {into}"
+                    + (f", back {ended - c.start_ts:.0f} s later" if ended else "")
+                    + (f" (at {cause})" if cause else ""))
             out.append({"metric": what, "entity": entity, "direction": c.direction,
                         "before": round(c.before, 4), "after": round(c.after, 4),
                         "start_s": round(c.start_ts - t0, 1),
                         "detected_s": round(c.detected_ts - t0, 1),
-                        "summary": f"{what}{f' [{entity}]' if entity else ''} "
-                                   f"{c.describe(unit)}, {c.start_ts - t0:.0f} s {into}"})
+                        "ended_s": None if ended is None else round(ended - t0, 1),
+                        "cause": cause, "summary": text})
 
     ranks = sorted({s.rank for s in data.steps})
     for rank in ranks:
