@@ -159,3 +159,20 @@ def test_bench_interrupted_cleans_up(tmp_path: Path, sig: int) -> None:
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "interrupted" in err
     assert os.listdir(target) == []
+
+
+@pytest.mark.parametrize("name, said", [
+    ("smartctl-7.3-virtio-vda-sat-eperm.json",
+     "cannot open /dev/vda for SMART (even as root"),
+    ("smartctl-7.3-virtio-vda-unable-to-detect.json",
+     "smartctl could not tell what kind of device /dev/vda is"),
+])
+def test_a_saved_unreadable_device_is_explained_as_the_live_path_does(
+        tmp_path: Path, name: str, said: str) -> None:
+    """Issue 40: real `smartctl --json -a /dev/vda` outputs exited 3 ("smartctl could not read
+    the device"); the device's state is explained, with its fix, and the check exits 0."""
+    p = _run(["disk", "--smartctl-json", str(FIXTURES / name), "--json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    [d] = json.loads(p.stdout)["drives"]
+    assert d["verdict"] == "unknown" and d["reasons"][0].startswith(said), d
+    assert d["fixes"], d

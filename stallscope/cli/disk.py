@@ -153,8 +153,29 @@ def read_saved(path: str, limit: int = MAX_SMARTCTL_JSON) -> bytes:
 
 
 def _from_files(files: Sequence[str]) -> list[DriveHealth]:
-    docs = [parse_smartctl_text(read_saved(f), source=f) for f in files]
+    """Saved ``smartctl --json`` files; a device smartctl could not read is explained as the
+    live path explains it (asleep, not allowed, not there, type unknown)."""
+    import os
+
+    from stallscope.sources.smart.runner import explain_unreadable
+
+    docs = []
+    for f in files:
+        d = parse_smartctl_text(read_saved(f), source=f)
+        if d.verdict == "unknown" and not d.counters and d.smart_passed is None:
+            told = explain_unreadable(d, d.device or _device_in(d) or "the device",
+                                      uid=os.geteuid(), smartctl_path="smartctl", source=f)
+            d = told if told is not None else d
+        docs.append(d)
     return explain_series(docs)
+
+
+def _device_in(d: DriveHealth) -> str | None:
+    """The device a saved document's error names (``Smartctl open device: /dev/vda``)."""
+    import re
+
+    m = re.search(r"(/dev/[A-Za-z0-9/_.-]+)", " ".join(d.reasons))
+    return m.group(1) if m else None
 
 
 # --- bench ----------------------------------------------------------------------------------
@@ -366,10 +387,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _exit_status(drives: Sequence[DriveHealth], *, saved: bool) -> int:
     """1 when a drive is failing (so `stallscope disk || alert` works); 3 when a saved
-    smartctl file was not recognised; else 0 (a live drive SMART cannot open is reported, with
-    its fix, but is not an error of the check)."""
+    smartctl file was not recognised; else 0 (a drive SMART cannot open, live or saved, is
+    reported with its cause and fix, but is not an error of the check)."""
     if any(d.verdict == "failing" for d in drives):
         return 1
-    if saved and any(d.verdict == "unknown" for d in drives):
+    if saved and any(d.verdict == "unknown" and not d.explained for d in drives):
         return 3
     return 0

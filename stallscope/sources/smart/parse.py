@@ -145,6 +145,9 @@ class DriveHealth:
     #: when values head for their thresholds at the current rate (history.Forecast), soonest
     #: first; from the drive's past checks
     forecast: tuple[Any, ...] = ()
+    #: an ``unknown`` verdict whose cause is known and said (asleep, not allowed, not there):
+    #: an answer about the device, not a document stallscope failed to understand
+    explained: bool = False
 
     def identity(self) -> str | None:
         """Key that recognises this drive across checks: serial, else model + capacity."""
@@ -255,11 +258,13 @@ def parse_document_text(text: str | bytes, *, source: str | None = None) -> Driv
 
 
 def unknown_drive(reason: str, *, source: str | None = None, device: str | None = None,
-                  fixes: Sequence[str] = (), notes: Sequence[str] = ()) -> DriveHealth:
+                  fixes: Sequence[str] = (), notes: Sequence[str] = (),
+                  explained: bool = False) -> DriveHealth:
     """A drive whose SMART could not be read or judged: verdict ``unknown`` for ``reason``."""
     return DriveHealth(device=device, model=None, serial=None, protocol=None,
                        verdict="unknown", reasons=(reason,), notes=tuple(notes),
-                       fixes=tuple(fixes), source=source, base=(("unknown", reason),))
+                       fixes=tuple(fixes), source=source, base=(("unknown", reason),),
+                       explained=explained)
 
 
 def parse_document(doc: object, *, source: str | None = None) -> DriveHealth:

@@ -108,6 +108,38 @@ def _user_name(uid: int) -> str:
         return "USER"
 
 
+def explain_unreadable(drive: DriveHealth, dev: str, *, uid: int, smartctl_path: str,
+                       source: str = "smartctl") -> DriveHealth | None:
+    """What smartctl's own words say of a device it could not read (asleep, not allowed, not
+    there, type unknown), with the fixes: the same whether smartctl ran now or its ``--json``
+    was saved earlier (``disk --smartctl-json``). None when its words say none of these."""
+    text = " ".join(drive.reasons)
+    low = text.lower()
+    if "standby" in low or "sleep" in low:
+        return unknown_drive(f"{dev} is asleep (standby); not woken up to read SMART",
+                             device=dev, source=source, explained=True)
+    if "permission denied" in low or "operation not permitted" in low:
+        who = ("even as root: the kernel or the container runtime forbids raw commands to "
+               "this device" if uid == 0 else "SMART needs raw device access")
+        user = os.environ.get("USER") or os.environ.get("LOGNAME") or _user_name(uid)
+        m = re.search(r"failed: ([^;]*)", text)
+        msg = m.group(1).strip() if m else text
+        return unknown_drive(f"cannot open {dev} for SMART ({who}): {msg}", device=dev,
+                             source=source, fixes=_open_fixes(smartctl_path, uid, user),
+                             explained=True)
+    if "no such device" in low or "no such file" in low:
+        return unknown_drive(f"no such device: {dev}", device=dev, source=source,
+                             explained=True)
+    if "unable to detect device type" in low:
+        return unknown_drive(f"smartctl could not tell what kind of device {dev} is",
+                             device=dev, source=source, explained=True,
+                             fixes=("on a virtual disk (virtio, cloud volume), check the "
+                                    "host's drives; else give the type, as stallscope disk "
+                                    f"does by itself: `stallscope disk --device-type sat {dev}`",
+                                    ))
+    return None
+
+
 def read_smart(device: str, *, device_type: str | None = None,
                smartctl: Sequence[str] = ("smartctl",), runner: Runner | None = None,
                timeout: float = 30.0, euid: int | None = None) -> DriveHealth:
@@ -151,20 +183,9 @@ def read_smart(device: str, *, device_type: str | None = None,
             # for SAT, what a user would try after reading "please specify -d".
             return read_smart(dev, device_type="sat", smartctl=smartctl, runner=run,
                               timeout=timeout, euid=uid)
-        low = text.lower()
-        if "standby" in low or "sleep" in low:
-            return unknown_drive(f"{dev} is asleep (standby); not woken up to read SMART",
-                                 device=dev, source="smartctl")
-        if "permission denied" in low or "operation not permitted" in low:
-            who = ("even as root: the kernel or the container runtime forbids raw commands to "
-                   "this device" if uid == 0 else "SMART needs raw device access")
-            user = os.environ.get("USER") or os.environ.get("LOGNAME") or _user_name(uid)
-            m = re.search(r"failed: ([^;]*)", text)
-            msg = m.group(1).strip() if m else text
-            return unknown_drive(f"cannot open {dev} for SMART ({who}): {msg}", device=dev,
-                                 source="smartctl", fixes=_open_fixes(path, uid, user))
-        if "no such device" in low or "no such file" in low:
-            return unknown_drive(f"no such device: {dev}", device=dev, source="smartctl")
+        told = explain_unreadable(drive, dev, uid=uid, smartctl_path=path)
+        if told is not None:
+            return told
     if drive.device is None:
         drive = replace(drive, device=dev)
     return drive
