@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -167,3 +168,85 @@ def test_the_timeout_holds_for_the_whole_answer(server: Callable[[Reply], str],
     took = time.monotonic() - t0
     assert r.returncode == 1 and "no complete answer in 3 s (--timeout)" in r.stderr, r.stderr
     assert took < 3 + 2.5, took  # the deadline, and the interpreter's start and exit
+
+
+def _needs(header: str) -> Reply:
+    """An empty Prometheus answer for requests carrying ``header`` as Authorization, 401 else."""
+    ok = _result([])
+
+    def reply(h: BaseHTTPRequestHandler) -> None:
+        if h.headers.get("Authorization") != header:
+            h.send_response(401)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        ok(h)
+
+    return reply
+
+
+def test_bearer_token_and_basic_auth_come_from_files(server: Callable[[Reply], str],
+                                                     tmp_path: Path) -> None:
+    """Issue 40: Thanos, Mimir, Grafana Cloud and most company Prometheus servers need a token
+    or a password; secrets come from files, never from the command line alone."""
+    import base64
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    url = server(_needs("Bearer s3cret-token"))
+    base = ("diagnose", "--prometheus", url, "--timeout", "10s")
+    r = subprocess.run(stallscope_argv(*base), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "refused the query (401)" in r.stderr
+    assert "--bearer-token-file" in r.stderr  # the refusal says how to get in
+    r = subprocess.run(stallscope_argv(*base, "--bearer-token-file", str(token)),
+                       capture_output=True, text=True, timeout=60)
+    assert "holds no stallscope series" in r.stderr, r.stderr  # let in: an empty answer
+    pw = tmp_path / "pw"
+    pw.write_text("hunter2\n")
+    url = server(_needs("Basic " + base64.b64encode(b"ops:hunter2").decode()))
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--basic-auth-user",
+                                       "ops", "--basic-auth-password-file", str(pw)),
+                       capture_output=True, text=True, timeout=60)
+    assert "holds no stallscope series" in r.stderr, r.stderr
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--basic-auth-user",
+                                       "ops"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "never taken on the command line" in r.stderr
+
+
+def test_a_ca_file_lets_in_a_server_with_its_own_certificate(tmp_path: Path) -> None:
+    import shutil
+    import ssl
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, check=True,
+                   timeout=60)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            _result([])(self)
+
+        def log_message(self, *_a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{srv.server_address[1]}"
+    try:
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "cannot reach Prometheus" in r.stderr
+        assert "CERTIFICATE_VERIFY_FAILED" in r.stderr or "certificate" in r.stderr, r.stderr
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
+                                           "--ca-file", str(cert)),
+                           capture_output=True, text=True, timeout=60)
+        assert "holds no stallscope series" in r.stderr, r.stderr
+    finally:
+        srv.shutdown()
+        srv.server_close()

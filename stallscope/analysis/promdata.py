@@ -94,6 +94,8 @@ class PromQuery:
     step_s: float | None = None  #: None: 15 s, or coarser when the window needs it
     end: float | None = None  #: None: now
     timeout_s: float = 60.0  #: the longest wait for one whole answer
+    #: request headers to be let in (``Authorization``), and ``ca_file``: CAs to trust (https)
+    auth: dict[str, str] = field(default_factory=dict)
 
     def selector(self) -> str:
         parts = []
@@ -121,16 +123,19 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
     args = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}",
                                    "end": f"{end:.3f}", "step": f"{step:g}"})
     try:
-        req = urllib.request.Request(f"{base}/api/v1/query_range?{args}",
-                                     headers={"Accept": "application/json"})
-        body = _fetch(req, q.timeout_s, base)
+        headers = {"Accept": "application/json",
+                   **{k: v for k, v in q.auth.items() if k != "ca_file"}}
+        req = urllib.request.Request(f"{base}/api/v1/query_range?{args}", headers=headers)
+        body = _fetch(req, q.timeout_s, base, q.auth.get("ca_file"))
     except urllib.error.HTTPError as exc:
         try:
             why = json.loads(exc.read()).get("error") or exc.reason
         except (ValueError, OSError, AttributeError, http.client.HTTPException):
             why = exc.reason
+        hint = ("; give --bearer-token-file, or --basic-auth-user with "
+                "--basic-auth-password-file" if exc.code in (401, 403) else "")
         raise PrometheusError(f"Prometheus at {base} refused the query ({exc.code}): "
-                              f"{_one_line(why)}") from None
+                              f"{_one_line(why)}{hint}") from None
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, socket.timeout):
@@ -150,7 +155,8 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
     return result
 
 
-def _fetch(req: urllib.request.Request, timeout_s: float, base: str) -> bytes:
+def _fetch(req: urllib.request.Request, timeout_s: float, base: str,
+           ca_file: str | None = None) -> bytes:
     """The whole answer to ``req`` within ``timeout_s``, reaching the server included: the
     request runs on a helper thread and is given up at the deadline, however slowly the server
     sends its headers or its body (a socket timeout bounds each read, not their sum)."""
@@ -159,7 +165,13 @@ def _fetch(req: urllib.request.Request, timeout_s: float, base: str) -> bytes:
 
     def work() -> None:
         try:
-            with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, timeout_s)) as r:
+            ctx = None
+            if ca_file:
+                import ssl
+
+                ctx = ssl.create_default_context(cafile=ca_file)
+            with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, timeout_s),
+                                        context=ctx) as r:
                 box.append(_read_all(r, deadline, base, timeout_s))
         except BaseException as exc:  # handed to the caller's thread as it is
             box.append(exc)

@@ -43,6 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--timeout", metavar="DURATION", default="60s",
                    help="longest wait for the server's answer, reaching it and reading it "
                    "whole (default 60s)")
+    g.add_argument("--bearer-token-file", metavar="FILE",
+                   help="send the token in FILE as 'Authorization: Bearer' (Thanos, Mimir, "
+                   "Grafana Cloud; a secret is never taken on the command line)")
+    g.add_argument("--basic-auth-user", metavar="USER",
+                   help="HTTP basic auth user; its password from --basic-auth-password-file")
+    g.add_argument("--basic-auth-password-file", metavar="FILE",
+                   help="the basic-auth password, first line of FILE")
+    g.add_argument("--ca-file", metavar="FILE",
+                   help="CA certificates (PEM) to trust for an https:// server")
     p.set_defaults(func=run)
 
 
@@ -81,6 +90,51 @@ def training_line(meta: dict[str, Any]) -> str | None:
     return text
 
 
+def _secret(flag: str, path: str) -> str:
+    """The first line of a secret file, or one line saying why not."""
+    from stallscope.safefile import NotRegular, read_bounded
+
+    try:
+        raw, _more = read_bounded(path, 64 << 10)
+    except NotRegular:
+        raise UsageError(f"{flag} {path}: not a regular file") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from None
+    text = raw.decode("utf-8", "replace").strip().splitlines()
+    if not text or not text[0].strip():
+        raise UsageError(f"{flag} {path}: the file is empty")
+    secret = text[0].strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in secret):
+        raise UsageError(f"{flag} {path}: the secret holds control characters")
+    return secret
+
+
+def _auth(args: argparse.Namespace) -> dict[str, str]:
+    """What --prometheus sends to be let in: headers, and a CA file to trust."""
+    out: dict[str, str] = {}
+    if args.bearer_token_file and args.basic_auth_user:
+        raise UsageError("give --bearer-token-file or --basic-auth-user, not both")
+    if args.bearer_token_file:
+        out["Authorization"] = "Bearer " + _secret("--bearer-token-file",
+                                                   args.bearer_token_file)
+    if args.basic_auth_user is not None:
+        if not args.basic_auth_password_file:
+            raise UsageError("--basic-auth-user needs --basic-auth-password-file (a password "
+                             "is never taken on the command line)")
+        import base64
+
+        pw = _secret("--basic-auth-password-file", args.basic_auth_password_file)
+        token = base64.b64encode(f"{args.basic_auth_user}:{pw}".encode()).decode()
+        out["Authorization"] = f"Basic {token}"
+    elif args.basic_auth_password_file:
+        raise UsageError("--basic-auth-password-file needs --basic-auth-user")
+    if args.ca_file:
+        if not args.prometheus.startswith("https://"):
+            raise UsageError("--ca-file is for an https:// server")
+        out["ca_file"] = args.ca_file
+    return out
+
+
 def _from_prometheus(args: argparse.Namespace) -> int:
     from stallscope.analysis.promdata import PromQuery, load_fleet, parse_duration
 
@@ -99,8 +153,7 @@ def _from_prometheus(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--timeout {exc}") from None
     q = PromQuery(url=args.prometheus, job=args.job, instance=args.instance, run=args.run_id,
-                  timeout_s=timeout,
-                  since_s=since, step_s=step)
+                  timeout_s=timeout, since_s=since, step_s=step, auth=_auth(args))
     docs: list[dict[str, Any]] = []
     nodes, jobs = load_fleet(q)
     for data in nodes:
