@@ -253,7 +253,7 @@ def test_attach_to_a_shell_wrapper_samples_the_python_trainer_under_it(tmp_path:
     import time
 
     train = ROOT / "tests" / "trainings" / "torch_launch_bound.py"
-    wrapper = subprocess.Popen(["sh", "-c", f"{sys.executable} {train} --seconds 30; echo done"],
+    wrapper = subprocess.Popen(["sh", "-c", f"{sys.executable} {train} --seconds 60; echo done"],
                                stdout=subprocess.DEVNULL)
     try:
         time.sleep(1.0)  # the wrapper has started its trainer
@@ -261,7 +261,13 @@ def test_attach_to_a_shell_wrapper_samples_the_python_trainer_under_it(tmp_path:
                                                "0.5", "--out", str(tmp_path / "runs")),
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
-        time.sleep(9.0)
+        # until the sampler wrote its first record (torch's import and py-spy's first round
+        # take longer on a busy machine), at most 40 s
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if any(f.stat().st_size for f in (tmp_path / "runs").glob("*/stacks/*.jsonl")):
+                break
         mon.send_signal(signal.SIGINT)
         _out, err = mon.communicate(timeout=60)
         assert mon.returncode == 0, err[-2000:]
@@ -277,7 +283,7 @@ def test_attach_to_a_shell_wrapper_samples_the_python_trainer_under_it(tmp_path:
             records[:2]
     finally:
         wrapper.kill()
-        subprocess.run(["pkill", "-KILL", "-f", "torch_launch_bound.py --seconds 30"],
+        subprocess.run(["pkill", "-KILL", "-f", "torch_launch_bound.py --seconds 60"],
                        check=False)
         wrapper.wait()
 
