@@ -417,3 +417,35 @@ def test_waiting_for_each_step_s_slowest_rank_is_jitter_not_the_network() -> Non
     doc = diagnose(run([], rows, config={}))
     f = next(f for f in doc["findings"] if f["kind"] == "communication_bound")
     assert f["evidence"]["transfer_share"] == pytest.approx(0.45, abs=0.001)
+
+
+def test_cpu_contention_names_the_busiest_other_processes() -> None:
+    """Issue 40: cpu_contention told the user to run `ps`; the run recorded who else used the
+    cores (meta.json busy_others), and the fix names them."""
+    busy = [{"pid": 4242, "name": "stress\x1b[31m", "cores": 1.17},
+            {"pid": 77, "name": "backup", "cores": 0.31}]
+    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
+                ser("procs.cpu_pct", "1", [180.0] * 20),
+                ser("host.cpu_pct", "", [75.0] * 20)],
+               steps(0, 100, 0.002, 0.098, None), config={},
+               meta={"logical_cores": 4, "busy_others": busy}, entities=procs({"1": "main"}))
+    f = diagnose(data)["findings"][0]
+    action = f["fixes"][0]["action"]
+    assert "pid 4242 (stress\\x1b[31m, 1.2 cores), pid 77 (backup, 0.3 cores)" in action, action
+    assert "ps -eo" not in action and f["evidence"]["busiest_others"][0]["pid"] == 4242
+
+
+def test_busiest_others_from_two_snapshots() -> None:
+    from stallscope.sources.others import busiest_others
+
+    t0 = 1000.0
+    before = {1: (10.0, "trainer", 500.0), 2: (5.0, "hog", 500.0), 3: (1.0, "idle", 500.0),
+              4: (50.0, "reused", 500.0)}
+    after = {1: (40.0, "trainer", 500.0), 2: (25.0, "hog", 500.0), 3: (1.01, "idle", 500.0),
+             4: (3.0, "reused", 1005.0), 5: (4.0, "newcomer", 1010.0)}
+    got = busiest_others(before, after, 20.0, exclude={1}, started=t0)
+    # the hog (1.0 core), the process started during the run (all its CPU), the reused pid
+    # as a new process; the trainer's tree and the idle one left out
+    assert got == [{"pid": 2, "name": "hog", "cores": 1.0},
+                   {"pid": 5, "name": "newcomer", "cores": 0.2},
+                   {"pid": 4, "name": "reused", "cores": 0.15}]

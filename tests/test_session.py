@@ -311,3 +311,24 @@ def test_runs_shows_each_runs_verdict_and_lists_one_folder_alone(tmp_path: Path)
                            capture_output=True, text=True, timeout=60,
                            env={**__import__("os").environ, "COLUMNS": "160"})
     assert "verdict" in table.stdout and verdict[:15] in table.stdout, table.stdout
+
+
+def test_a_run_records_the_busiest_processes_beside_it(tmp_path: Path) -> None:
+    """meta.json busy_others: a CPU hog outside the training's tree is named, with its share of
+    a core; the training's own processes are not."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = tmp_path / "runs"
+        r = subprocess.run([*stallscope_argv("run", "--quiet", "--interval", "0.5", "--out",
+                                             str(out)), "--", sys.executable, "-c",
+                            "import time\nt = time.time()\nwhile time.time() - t < 2: pass"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-1500:]
+    finally:
+        hog.kill()
+        hog.wait()
+    [run_dir] = list(out.iterdir())
+    meta = read_meta(run_dir)
+    busy = meta["busy_others"]
+    assert busy and busy[0]["pid"] == hog.pid and busy[0]["cores"] > 0.3, busy
+    assert meta["pid"] not in {b["pid"] for b in busy}

@@ -129,6 +129,9 @@ class Session:
         self._read_limits: dict[str, int] = {}
         self._facts_stop = threading.Event()
         self._dataset_bytes: list[int] = []
+        #: every process's CPU time when the watching began (sources/others.py), and when
+        self._others: dict[int, tuple[float, str, float]] | None = None
+        self._others_at = 0.0
         self.finished = False
         #: what :meth:`finish` could not write, in words (empty when everything was recorded)
         self.not_recorded: list[str] = []
@@ -182,6 +185,13 @@ class Session:
         if owner.known:  # the pod or Slurm job the trainer runs in (sources/owner.py)
             self.meta["owner"] = owner.record()
         write_meta(self.run_dir, self.meta)
+        self._others_at = time.time()
+        try:  # who else uses the cores, from now to the end (sources/others.py)
+            from stallscope.sources.others import cpu_snapshot
+
+            self._others = cpu_snapshot()
+        except Exception:  # a nicety: never a reason not to watch the training
+            self._others = None
         self._facts = threading.Thread(target=self._record_facts, args=(root_pid,),
                                        name="stallscope-facts", daemon=True)
         self._facts.start()
@@ -246,6 +256,7 @@ class Session:
                 meta["disk_health"] = list(self._health)
             if self._dataset_bytes:
                 meta["dataset_bytes"] = self._dataset_bytes[0]
+        self._record_others(meta)
         try:
             self._record_roles()
             probes = self.store.probes()
@@ -268,6 +279,24 @@ class Session:
         if self.not_recorded:
             sys.stderr.write("stallscope: not recorded: " + "; ".join(self.not_recorded) + "\n")
         return meta
+
+    def _record_others(self, meta: dict[str, Any]) -> None:
+        """``busy_others``: the processes outside the training's tree that used the most CPU
+        during the run (each ≥ 5% of a core)."""
+        before = self._others
+        if before is None:
+            return
+        try:
+            from stallscope.sources.others import busiest_others, cpu_snapshot
+
+            tree = {int(e["entity"]) for e in self.store.entities("procs")
+                    if str(e.get("entity", "")).isdigit()}
+            tree |= {os.getpid(), int(meta.get("pid") or 0)}
+            seconds = time.time() - self._others_at
+            meta["busy_others"] = busiest_others(before, cpu_snapshot(), seconds, tree,
+                                                 self._others_at)
+        except Exception as exc:  # a nicety: the run's record goes on without it
+            self.not_recorded.append(f"the busiest other processes ({exc})")
 
     def _record_roles(self) -> None:
         """The procs entities' ``role`` as the whole run shows it (the probe's pid, DataLoader

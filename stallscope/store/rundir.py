@@ -139,6 +139,8 @@ _META_TYPES: dict[str, tuple[str, Any]] = {
     "training": ("a run id", lambda v: isinstance(v, str)),
     "trainings": ("an object of run ids", lambda v: isinstance(v, dict)),
     "verdict": ("a finding kind", lambda v: isinstance(v, str)),
+    "busy_others": ("a list of processes",
+                    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
 }
 
 

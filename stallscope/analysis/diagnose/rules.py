@@ -38,6 +38,7 @@ from stallscope.analysis.diagnose.tfdata import (
 )
 from stallscope.sources.owner import OWNER_KEYS, describe
 from stallscope.stats import fit_line
+from stallscope.textsafe import plain
 
 __all__ = ["RULES", "run_rules"]
 
@@ -1163,14 +1164,22 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
         shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
         summary += (f" While the ranks share too few cores, their wait in the all-reduce "
                     f"({shares} of the step) cannot show which rank the others wait for.")
-    fixes = [Fix(f"give the training its cores back on {host}: stop or move the other busy "
-                 "processes (`ps -eo pid,pcpu,comm --sort=-pcpu | head` lists them), or run "
+    others_busy = [b for b in data.meta.get("busy_others") or []
+                   if isinstance(b, dict) and isinstance(b.get("pid"), int)
+                   and isinstance(b.get("cores"), (int, float))][:3]
+    who = ("the other busy processes: " + ", ".join(
+        f"pid {b['pid']} ({plain(str(b.get('name', '?')), 40)}, {b['cores']:.1f} cores)"
+        for b in others_busy) if others_busy else
+        "the other busy processes (`ps -eo pid,pcpu,comm --sort=-pcpu | head` lists them)")
+    fixes = [Fix(f"give the training its cores back on {host}: stop or move {who}, or run "
                  "on a less loaded node",
                  f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
                  f"time while other processes used {others:.1f} cores")]
     ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
                           "host_cpu_median_pct": sig.host_cpu_median_pct,
                           "logical_cores": sig.logical_cores}
+    if others_busy:
+        ev["busiest_others"] = others_busy
     if len(ranks) >= 2:
         ev["ranks"] = ranks
     return [Finding("cpu_contention", "critical" if least >= STALL_CRIT * 100 else "warning",
