@@ -59,3 +59,22 @@ def error_text(text: object, limit: int = ERROR_LIMIT) -> str:
     characters shown as ``\\x1b`` (an error quoting a file or a server must not move the
     cursor or retitle the terminal); its line breaks kept."""
     return "\n".join(plain(line, limit) for line in str(text).split("\n"))
+
+
+_COMMAND = re.compile(r"`([^`]*\s[^`]*)`")
+
+
+def split_commands(advice: str) -> tuple[str, list[str]]:
+    """Advice -> (its prose, its multi-word commands in backticks). The commands come out of
+    the sentence to be printed one per line, never folded (they must survive copy and paste):
+    one that ends the sentence leaves no trace (the prose then ends in ":"), one in the middle
+    leaves "(below)"."""
+    found = list(_COMMAND.finditer(advice))
+    if not found:
+        return advice, []
+    last = found[-1]
+    if advice[last.end():].strip(" .;,)"):
+        prose = _COMMAND.sub("(below)", advice)
+    else:
+        prose = _COMMAND.sub("(below)", advice[:last.start()]).rstrip(" :;,(") + ":"
+    return prose, [m.group(1) for m in found]

@@ -701,3 +701,23 @@ def test_gpu_health_names_the_xid_and_what_to_do() -> None:
     # a healthy GPU: no finding
     ok = run([ser("gpu.util_pct", "gpu0", [99] * N), ser("gpu.health_problem", "gpu0", [0] * N)])
     assert "gpu_health" not in kinds(diagnose(ok))
+
+
+def test_fix_lines_wrap_as_prose_and_keep_their_commands_whole() -> None:
+    """Issue 40: the summary wrapped, but `fix:` lines never did (150+ characters); a command
+    inside a fix must still survive copy and paste."""
+    from stallscope.analysis.diagnose import diagnosis_lines
+
+    cmd = "stallscope pack /data/imagenet --out /data/shards --shard-size 512MB"
+    doc = {"findings": [{"kind": "input_bound.fetch", "severity": "warning", "confidence": 0.8,
+                         "est_speedup": 1.5, "summary": "Workers wait on reads.",
+                         "fixes": [{"action": "pack the small files into large shards so each "
+                                   "read is one sequential request instead of thousands of "
+                                   f"tiny ones: `{cmd}`", "why": "4 KiB requests"}]}]}
+    lines = [str(t) for t in diagnosis_lines(doc, 60)]
+    fix = [i for i, ln in enumerate(lines) if ln.startswith("  fix: ")]
+    assert fix, lines
+    body = lines[fix[0]:]
+    assert any(ln.strip() == cmd for ln in body), body  # whole, on a line of its own
+    assert all(len(ln) <= 60 for ln in body if ln.strip() != cmd), body
+    assert "`" not in "".join(body)

@@ -30,7 +30,7 @@ from stallscope.sources.smart import (
     parse_smartctl_text,
     validate_device_type,
 )
-from stallscope.textsafe import TERMINAL_LIMIT, plain
+from stallscope.textsafe import TERMINAL_LIMIT, plain, split_commands
 from stallscope.tools.diskbench import (
     HEALTHY,
     BenchPlan,
@@ -172,7 +172,6 @@ def _from_files(files: Sequence[str]) -> list[DriveHealth]:
 
 def _device_in(d: DriveHealth) -> str | None:
     """The device a saved document's error names (``Smartctl open device: /dev/vda``)."""
-    import re
 
     m = re.search(r"(/dev/[A-Za-z0-9/_.-]+)", " ".join(d.reasons))
     return m.group(1) if m else None
@@ -249,22 +248,7 @@ def _print(text: Text | str, *, indent: int = 0, command: bool = False) -> None:
 _LONG = 4 * TERMINAL_LIMIT
 
 #: a command in advice: `...` holding a space (a single word wraps nowhere)
-_COMMAND = re.compile(r"`([^`]*\s[^`]*)`")
-
-
-def split_advice(fix: str) -> tuple[str, list[str]]:
-    """A fix -> (its prose, its multi-word commands). The commands come out of the sentence to
-    be printed one per line, unwrapped: one that ends the sentence leaves no trace (the prose
-    then ends in ":"), one in the middle leaves "(below)"."""
-    found = list(_COMMAND.finditer(fix))
-    if not found:
-        return fix, []
-    last = found[-1]
-    if fix[last.end():].strip(" .;,)"):
-        prose = _COMMAND.sub("(below)", fix)
-    else:
-        prose = _COMMAND.sub("(below)", fix[:last.start()]).rstrip(" :;,(") + ":"
-    return prose, [m.group(1) for m in found]
+split_advice = split_commands  # the name this module's callers and tests know
 
 
 def _print_fixes(fixes: Sequence[str]) -> None:

@@ -16,6 +16,7 @@ from stallscope.analysis.diagnose.model import KINDS, Finding, Fix
 from stallscope.analysis.diagnose.rules import RULES, run_rules
 from stallscope.analysis.diagnose.signals import Signals, compute_signals
 from stallscope.analysis.rundata import RunData, load_run
+from stallscope.textsafe import split_commands
 
 __all__ = [
     "KINDS",
@@ -218,10 +219,22 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
         if f.get("rule"):
             prose(f"rule: {f['rule']}", "        ", "dim", first="  ")
         for fix in f["fixes"]:
-            line = Text("  ")
-            line.append("fix:", style="bold")
-            line.append(f" {fix['action']}")
-            lines.append(line)  # one line, whatever its length: it may be a command
+            # the sentence wrapped to the terminal; its commands each on a line of their own,
+            # never folded (a command must survive copy and paste)
+            text, commands = split_commands(str(fix["action"]))
+            wrapped = textwrap.wrap(f"fix: {text}", w, initial_indent="  ",
+                                    subsequent_indent="       ", break_on_hyphens=False)
+            for j, ln in enumerate(wrapped or ["  fix:"]):
+                line = Text()
+                if j == 0:
+                    line.append("  ")
+                    line.append("fix:", style="bold")
+                    line.append(ln[len("  fix:"):])
+                else:
+                    line.append(ln)
+                lines.append(line)
+            for c in commands:
+                lines.append(Text(f"           {c}"))
             if fix.get("why"):
                 prose(f"why: {fix['why']}", "            ", "dim", first="       ")
     for r in doc.get("ranks") or []:
