@@ -10,6 +10,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Line", "fit_line", "median", "percentile"]
 
@@ -69,3 +70,15 @@ def fit_line(points: Iterable[tuple[float, float]]) -> Line:
     slope = stu / stt * scale
     r2 = 1.0 if suu <= 0 else min(1.0, (stu * stu) / (stt * suu))
     return Line(slope, mt, mu * scale, r2, n)
+
+
+def json_finite(v: Any) -> Any:
+    """``v`` with NaN and infinities as None, in nested dicts, lists and tuples: what strict
+    JSON can hold (``json.dumps(..., allow_nan=False)``)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_finite(x) for x in v]
+    return v

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import stallscope_argv
@@ -252,8 +253,21 @@ def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path
     assert len(json.loads(r.stdout.splitlines()[-1])["orders"]) == 4
 
 
+#: four autotuned epochs over ``loader``, counting the samples each delivered (appended to a
+#: script that defines the dataset and the loader)
+COUNT_EPOCHS = """
+counts = []
+for epoch in range(4):
+    n = 0
+    for x in stallscope.watch(loader, autotune=True):
+        time.sleep(0.001)
+        n += len(x)
+    counts.append(n)
+print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
+"""
+
 ITERABLE = textwrap.dedent("""
-    import json, sys, time
+    import json, time
     import torch
     from torch.utils.data import DataLoader, IterableDataset
     import stallscope
@@ -267,22 +281,13 @@ ITERABLE = textwrap.dedent("""
                 yield torch.tensor([float(i)])
 
     loader = DataLoader(Stream(), batch_size=8, num_workers=1)
-    counts = []
-    for epoch in range(4):
-        n = 0
-        for x in stallscope.watch(loader, autotune=True):
-            time.sleep(0.001)
-            n += len(x)
-        counts.append(n)
-    print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
-""")
+""") + COUNT_EPOCHS
 
 
-def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> None:
-    """Issue 41: an unsharded IterableDataset switched to 2 workers delivered every sample twice
-    an epoch (128 instead of 64). Autotune leaves such a loader as written, and says so."""
+def tuned_run(tmp_path: Path, script_text: str) -> tuple[dict[str, Any], str, Path]:
+    """``script_text`` under `stallscope run`: the counts it printed, its stderr, its run."""
     script = tmp_path / "train.py"
-    script.write_text(ITERABLE)
+    script.write_text(script_text)
     out = tmp_path / "runs"
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
     r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
@@ -290,10 +295,17 @@ def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> N
                        capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
-    assert doc["counts"] == [64, 64, 64, 64] and doc["num_workers"] == 1, doc
     [run_dir] = list(out.iterdir())
+    return doc, r.stderr, run_dir
+
+
+def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> None:
+    """Issue 41: an unsharded IterableDataset switched to 2 workers delivered every sample twice
+    an epoch (128 instead of 64). Autotune leaves such a loader as written, and says so."""
+    doc, _err, run_dir = tuned_run(tmp_path, ITERABLE)
+    assert doc["counts"] == [64, 64, 64, 64] and doc["num_workers"] == 1, doc
     show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
-                          text=True, timeout=60, env={**env, "COLUMNS": "250"})
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
     assert "autotune off: the loader's dataset is an IterableDataset" in show.stdout, \
         show.stdout[-2000:]
 
@@ -317,31 +329,15 @@ MAIN_ONLY = textwrap.dedent("""
             return torch.tensor([float(i)])
 
     loader = DataLoader(Local(), batch_size=8, num_workers=0)
-    counts = []
-    for epoch in range(4):
-        n = 0
-        for x in stallscope.watch(loader, autotune=True):
-            time.sleep(0.002)
-            n += len(x)
-        counts.append(n)
-    print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
-""")
+""") + COUNT_EPOCHS
 
 
 def test_a_dataset_that_cannot_run_in_workers_trains_on_under_autotune(tmp_path: Path) -> None:
     """Issue 41: a dataset that fails in a worker trained fine without autotune and died with
     RuntimeError under it. The epoch whose new configuration fails before its first batch runs
     again with the configuration that worked; autotune says so and stops."""
-    script = tmp_path / "train.py"
-    script.write_text(MAIN_ONLY)
-    out = tmp_path / "runs"
-    env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
-    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
-                                       sys.executable, str(script)),
-                       capture_output=True, text=True, timeout=180, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    doc, err, _run = tuned_run(tmp_path, MAIN_ONLY)
     assert doc["counts"] == [96, 96, 96, 96] and doc["num_workers"] == 0, doc
-    flat = " ".join(r.stderr.split())
+    flat = " ".join(err.split())
     assert "the loader failed at num_workers=" in flat and "back to what worked" in flat, \
         flat[-2000:]

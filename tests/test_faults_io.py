@@ -117,8 +117,8 @@ def test_text_helpers() -> None:
 # --- advice: commands survive copy and paste -------------------------------------------------
 
 def test_advice_commands_are_never_wrapped() -> None:
-    from stallscope.cli.disk import split_advice
     from stallscope.sources.smart.runner import _open_fixes
+    from stallscope.textsafe import split_commands as split_advice
 
     fixes = _open_fixes("/usr/sbin/smartctl", 1000, "alice")
     assert not any("agent" in f for f in fixes)  # there is no agent: advice names what exists

@@ -47,18 +47,24 @@ def opened(doc: dict[str, Any], **kw: Any) -> tuple[GpuSource, NvmlReplay, FakeC
     return source, replay, clock
 
 
+def one_reading(source: GpuSource, replay: NvmlReplay
+                ) -> tuple[dict[str, Any], float, list[str]]:
+    """One sample(): its reading, the recorded milliseconds its calls cost on the sampling
+    thread, and the calls it made; the source is closed after."""
+    before, n0 = replay.spent(), len(replay.calls)
+    [gpu] = source.sample(0.0)
+    spent, made = replay.spent() - before, replay.calls[n0:]
+    source.close()
+    return gpu, spent, made
+
+
 # -- a reading that never blocks ---------------------------------------------------------------
 def test_a_reading_costs_under_a_thirtieth_of_an_nvidia_smi_spawn_on_the_recorded_h200() -> None:
     """Each call's recorded H200 cost, summed over one sample() on the sampling thread: the
     20-ms PCIe throughput window (42 ms a reading before) and the 3.2-ms energy counter stay
     out of it."""
     source, replay, _ = opened(recorded())
-    before = replay.spent()
-    n0 = len(replay.calls)
-    [gpu] = source.sample(0.0)
-    spent = replay.spent() - before
-    made = replay.calls[n0:]
-    source.close()
+    gpu, spent, made = one_reading(source, replay)
     assert "nvmlDeviceGetPcieThroughput" not in made
     assert "nvmlDeviceGetTotalEnergyConsumption" not in made
     assert "nvmlDeviceGetMaxClockInfo" not in made and "nvmlDeviceGetEccMode" not in made
@@ -227,12 +233,7 @@ def test_under_training_load_a_reading_stays_under_a_thirtieth_of_a_spawn() -> N
     source, replay, clock = opened(doc)
     source.sample(0.0)  # the first reading asks for per-process shares once
     clock.t += 1.0
-    before = replay.spent()
-    n0 = len(replay.calls)
-    [gpu] = source.sample(0.0)
-    spent = replay.spent() - before
-    made = replay.calls[n0:]
-    source.close()
+    gpu, spent, made = one_reading(source, replay)
     assert "nvmlDeviceGetProcessUtilization" not in made
     assert gpu["pcie_from"] == "gpm" and gpu["pcie_rx_kb_s"] is not None
     assert spent <= 25.34 / 30, f"{spent:.3f} ms: {made}"
@@ -308,7 +309,8 @@ def test_top_gives_a_gpu_that_needs_a_person_a_health_line() -> None:
     sample.readings["gpu"] = reading
     [lines] = _gpu_lines(sample, ViewState(), 100)
     text = [str(t) for t in lines]
-    assert len(text) == 3 and "health XID 79 x1" in text[2] and "HBM 36°C" in text[2], text
+    assert len(text) == 3 and "health 1 XID (last 79: the GPU has fallen off the bus)" in text[2]
+    assert "HBM 36°C" in text[2], text
     # a healthy GPU keeps its two lines
     source, _, _ = opened(recorded())
     healthy = source.read(0.0)

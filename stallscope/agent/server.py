@@ -31,6 +31,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from stallscope.errors import StallscopeError
 from stallscope.metrics import lookup
+from stallscope.stats import json_finite
 
 if TYPE_CHECKING:
     from stallscope.agent.node import Agent
@@ -246,20 +247,9 @@ class Handler(BaseHTTPRequestHandler):
                 pass  # the client went away
 
 
-def _finite(v: Any) -> Any:
-    """``v`` with NaN and infinities as None (JSON has no such numbers)."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
 def _json(doc: Any) -> bytes:
     try:
         text = json.dumps(doc, default=str, allow_nan=False)
     except ValueError:  # a NaN somewhere in a payload: strict JSON says null
-        text = json.dumps(_finite(doc), default=str, allow_nan=False)
+        text = json.dumps(json_finite(doc), default=str, allow_nan=False)
     return (text + "\n").encode()

@@ -156,17 +156,9 @@ def gpu_health(data: RunData) -> dict[str, dict[str, Any]]:
 
 def health_text(ent: str, h: dict[str, Any]) -> str:
     """``gpu0 needs attention: 1 XID (last 79: the GPU has fallen off the bus); ...``."""
-    parts = []
-    if h.get("xid_count"):
-        meaning = f": {h['xid_meaning']}" if h.get("xid_meaning") else ""
-        parts.append(f"{h['xid_count']} XID (last {h['xid_last']}{meaning})")
-    if h.get("row_remap_failed"):
-        parts.append("a row remap failed")
-    if h.get("row_remap_pending"):
-        parts.append("a row remap waits for a reset")
-    if h.get("retired_pages_pending"):
-        parts.append("a page retirement waits for a reset")
-    return f"{ent} needs attention: {'; '.join(parts) or 'a health flag'}"
+    from stallscope.sources.gpu import health_parts
+
+    return f"{ent} needs attention: {'; '.join(health_parts(h)) or 'a health flag'}"
 
 
 def energy_text(ent: str, e: dict[str, float]) -> str:

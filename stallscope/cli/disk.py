@@ -248,13 +248,10 @@ def _print(text: Text | str, *, indent: int = 0, command: bool = False) -> None:
 _LONG = 4 * TERMINAL_LIMIT
 
 #: a command in advice: `...` holding a space (a single word wraps nowhere)
-split_advice = split_commands  # the name this module's callers and tests know
-
-
 def _print_fixes(fixes: Sequence[str]) -> None:
     _print("fix:", indent=2)
     for f in fixes:
-        prose, commands = split_advice(f)
+        prose, commands = split_commands(f)
         _print(Text("* ") + Text(plain(prose, _LONG)), indent=4)
         for c in commands:
             _print(Text(plain(c, _LONG)), indent=8, command=True)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from stallscope.cli._common import add_out_option, bounded, out_console, resolve_run
 from stallscope.errors import StallscopeError, UsageError
+from stallscope.stats import json_finite
 from stallscope.textsafe import plain
 from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
 from stallscope.tuner.measure import Overtime
@@ -271,7 +272,7 @@ def from_run(args: argparse.Namespace) -> int:
                          "stallscope.watch(loader, autotune=True) (or ended before an epoch)")
     if args.json:
         # NaN and infinities are not JSON: null
-        print(json.dumps(_finite({"run": str(run_dir), "ranks": ranks}), indent=2, default=str,
+        print(json.dumps(json_finite({"run": str(run_dir), "ranks": ranks}), indent=2, default=str,
                          allow_nan=False))
         return 0
     for r in ranks:
@@ -297,14 +298,3 @@ def _num(v: Any) -> float:
     """A stored figure as a number (0 when it is not a finite one)."""
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     return float(v) if ok else 0.0
-
-
-def _finite(v: Any) -> Any:
-    """``v`` with NaN and infinities as None, in nested dicts and lists."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v

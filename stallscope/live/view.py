@@ -23,6 +23,7 @@ from rich.text import Text
 
 from stallscope.collect.collector import Event, Sample
 from stallscope.live.training import WINDOW_S, TrainingView, TrainingWatch
+from stallscope.sources.gpu import health_parts
 from stallscope.sources.roles import infer_roles
 from stallscope.textsafe import plain
 
@@ -208,17 +209,9 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
                    width=width)
         lines = [l1, l2]
         if g.get("health_problem"):  # a GPU that needs a person: said on a line of its own
-            what = []
-            if g.get("xid_count"):
-                what.append(f"XID {plain(g.get('xid_last'), 6)} x{plain(g.get('xid_count'), 6)}")
-            if g.get("row_remap_failed"):
-                what.append("row remap failed")
-            if g.get("row_remap_pending"):
-                what.append("row remap pending reset")
-            if g.get("retired_pages_pending"):
-                what.append("page retirement pending reset")
+            what = health_parts(g) if isinstance(g, dict) else []
             mem_t = g.get("mem_temp_c")
-            lines.append(_line("     health ", ("; ".join(what) or "problem", _BAD),
+            lines.append(_line("     health ", (plain("; ".join(what)) or "problem", _BAD),
                                f"  HBM {_num(mem_t, 3, 0).strip()}{deg}"
                                if isinstance(mem_t, (int, float)) else "", width=width))
         out.append(lines)

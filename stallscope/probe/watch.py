@@ -53,14 +53,12 @@ class Watched(Generic[T]):
         #: the loader autotune (probe/autotune.py) when asked for: changes the loader between
         #: epochs from what each epoch measured
         self.tuner = tuner
-        #: batches handed over in the current epoch (0: a failure can still be undone)
-        self.handed = 0
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "probe", "tuner", "handed"):
+        if name in ("loader", "probe", "tuner"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -82,14 +80,14 @@ class Watched(Generic[T]):
             warn(f"probe disabled for this loader: {exc!r}")
             yield from it
             return
-        self.handed = 0
+        before = p.state.step  # the step count moves with each batch the loader hands over
         try:
             yield from self._steps(p, it, epoch, gpu, t_req, t_start)
         except Exception as exc:
             # the configuration autotune set before this epoch failed before its first batch
             # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
             # there): back to the one that worked, this same epoch, said once
-            if tuner is None or self.handed or not tuner.revert(exc):
+            if tuner is None or p.state.step != before or not tuner.revert(exc):
                 raise
             t_req = t_start = perf()
             yield from self._steps(p, iter(self.loader), epoch, gpu, t_req, t_start)
@@ -139,7 +137,6 @@ class Watched(Generic[T]):
                 waited += wait
                 nsamples += n or 0
                 open_step = True
-                self.handed += 1
                 yield batch
                 t_req = perf()
                 open_step = False

@@ -138,6 +138,23 @@ XID_MEANINGS: dict[int, tuple[str, str]] = {
 }
 
 
+def health_parts(h: Any) -> list[str]:
+    """What needs a person on one GPU, in words, from a reading (or a run's summary of one):
+    ``["1 XID (last 79: the GPU has fallen off the bus)", "a row remap waits for a reset"]``."""
+    parts = []
+    if h.get("xid_count"):
+        code = h.get("xid_last") or 0
+        meaning = XID_MEANINGS.get(int(code), ("",))[0] if code else ""
+        parts.append(f"{h['xid_count']} XID (last {code}{': ' + meaning if meaning else ''})")
+    if h.get("row_remap_failed"):
+        parts.append("a row remap failed")
+    if h.get("row_remap_pending"):
+        parts.append("a row remap waits for a reset")
+    if h.get("retired_pages_pending"):
+        parts.append("a page retirement waits for a reset")
+    return parts
+
+
 class GpuLost(Exception):
     """Internal: an NVML call said the GPU is gone. Caught per GPU by :class:`GpuSource`."""
 

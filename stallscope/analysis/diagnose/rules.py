@@ -1167,12 +1167,17 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
     others_busy = [b for b in data.meta.get("busy_others") or []
                    if isinstance(b, dict) and isinstance(b.get("pid"), int)
                    and isinstance(b.get("cores"), (int, float))][:3]
-    who = ("the other busy processes: " + ", ".join(
-        f"pid {b['pid']} ({plain(str(b.get('name', '?')), 40)}, {b['cores']:.1f} cores)"
-        for b in others_busy) if others_busy else
-        "the other busy processes (`ps -eo pid,pcpu,comm --sort=-pcpu | head` lists them)")
-    fixes = [Fix(f"give the training its cores back on {host}: stop or move {who}, or run "
-                 "on a less loaded node",
+    # the run names who took the cores when they were still there at its end; else the
+    # command that lists them, last, so it prints whole on a line of its own
+    action = (f"give the training its cores back on {host}: stop or move the other busy "
+              "processes: " + ", ".join(
+                  f"pid {b['pid']} ({plain(str(b.get('name', '?')), 40)}, {b['cores']:.1f} "
+                  "cores)" for b in others_busy) + ", or run on a less loaded node"
+              if others_busy else
+              f"give the training its cores back on {host}: stop or move the other busy "
+              "processes, or run on a less loaded node; they are listed by "
+              "`ps -eo pid,pcpu,comm --sort=-pcpu | head`")
+    fixes = [Fix(action,
                  f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
                  f"time while other processes used {others:.1f} cores")]
     ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
