@@ -146,6 +146,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path,
                     default=Path(f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
     ap.add_argument("--seconds", type=float, default=15.0, help="each training's loop")
+    ap.add_argument("--probe-seconds", type=float, default=2.0,
+                    help="each arm's pass in the probe's CUDA A/B (long enough for the probe's "
+                         "writer to flush in it: it shares the trainer's interpreter)")
     ap.add_argument("--skip-trainings", action="store_true")
     ap.add_argument("--kinds", default=",".join(TRUTH),
                     help="trainings to run (default: input,compute,host)")
@@ -180,7 +183,8 @@ def main() -> int:
     print(calls.stdout.strip(), flush=True)
     print(nvml_costs(out), flush=True)
     bench = log_run([sys.executable, str(ROOT / "benchmarks" / "bench_probe_cuda.py"), "--cuda",
-                     "--steps-us", "50,3300", "--reps", "3", "--seconds", "0.5"], out,
+                     "--steps-us", "50,3300", "--reps", "3", "--seconds",
+                     str(args.probe_seconds)], out,
                     "probe-cuda", 240)
     print(bench.stdout.strip(), flush=True)
     rows: list[dict[str, Any]] = []

@@ -91,3 +91,29 @@ def test_prep_probe_gpu_waits_between_steps(tmp_path: Path) -> None:
     doc = _diagnose("prep-probe", tmp_path)
     assert doc["signals"]["gpu_busy_share"] < 0.2  # 3.4 s busy of 24 s between steps
     assert doc["signals"].get("gpu_warmup_s") is None  # never busy: nothing to leave out
+
+
+# --- the GPU check's nine trainings (tests/fixtures/gpu-h200/session3, benchmarks/gpu_check.py) ---
+SESSION3 = Path(__file__).parent / "fixtures" / "gpu-h200" / "session3"
+#: training-mode -> (the trainer's own verdict, its own data-wait share), from table.txt there
+CHECK_TRUTH = {
+    "input-run": ("input_bound.prep", 0.906), "input-probe": ("input_bound.prep", 0.891),
+    "input-pid": ("input_bound.prep", 0.907), "compute-run": ("compute_bound", 0.015),
+    "compute-probe": ("compute_bound", 0.031), "compute-pid": ("compute_bound", 0.007),
+    "host-run": ("host_bound", 0.001), "host-probe": ("host_bound", 0.034),
+    "host-pid": ("host_bound", 0.001),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECK_TRUTH))
+def test_gpu_check_training_verdict_and_share(name: str, tmp_path: Path) -> None:
+    """Each of the GPU check's trainings on a lent H200 (ResNet-18 fed by a slow transform,
+    ResNet-50 on a uint8 pool, a launch-bound MLP), under ``stallscope run``, the probe and
+    ``run --pid``: the verdict its own timer supports, the share within 0.05 of its own."""
+    verdict, truth = CHECK_TRUTH[name]
+    run = tmp_path / name
+    shutil.copytree(SESSION3 / "runs" / name, run)
+    doc = diagnose_run(run)
+    assert doc["verdict"] == verdict, [(f["kind"], f["summary"]) for f in doc["findings"]]
+    assert abs(doc["stall_fraction"] - truth) <= 0.05, (doc["stall_fraction"], truth)
+    assert doc["signals"]["window_source"] == ("probe" if name.endswith("-probe") else "stacks")

@@ -389,8 +389,10 @@ def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
     p.writer.ready.wait(10)
 
     class Broken:
-        def add_steps(self, rows: Any) -> int:
+        def add_step_block(self, *args: Any) -> int:
             raise sqlite3.OperationalError("disk I/O error")
+
+        add_step_values = add_steps = add_step_block
 
         def close(self) -> None:
             return None
@@ -405,6 +407,31 @@ def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
     p.close()
     assert p.stats()["lost"] == 12
     assert capsys.readouterr().err.count("disk I/O error") == 1
+
+
+def test_writer_keeps_up_with_a_trainer_that_holds_the_interpreter(tmp_path: Path) -> None:
+    """A launch-bound trainer keeps the interpreter lock busy between its short steps. The writer
+    wrote a row per SQLite call, and after each it waited up to a switch interval (5 ms) for the
+    lock: at 20k steps/s it wrote nothing for 8 s while its queue grew. Blocks of rows per call
+    keep it up with the steps."""
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, capacity=1 << 22, flush_interval=0.2)
+    p.writer.ready.wait(10)
+    perf = time.perf_counter
+    end = perf() + 3.0
+    for _ in Watched(range(10**9), p):
+        t = perf() + 50e-6
+        while perf() < t:  # a step that never lets go of the lock
+            pass
+        if t > end:
+            break
+    steps, written = p.state.step + 1, p.writer.written
+    p.close()
+    assert steps > 5000
+    assert written >= steps // 4, (written, steps)
+    assert p.stats()["lost"] == 0
+    rows = RunStore(run_dir / "run.db").steps(rank=0)
+    assert len(rows) == steps and rows[-1].step == steps - 1 and rows[0].samples is None
 
 
 def test_standalone_in_an_unwritable_place_keeps_training(tmp_path: Path) -> None:
@@ -464,7 +491,7 @@ def test_fake_cuda_events_give_busy_and_idle(tmp_path: Path) -> None:
     for i in Watched(batches(), p):
         gpu.now += busy[i]  # the step's kernels
         ends.append(gpu.now)
-        time.sleep(0.006)  # a 6-ms step: every step is timed (device.timing_every)
+        time.sleep(0.025)  # a 25-ms step: every step is timed (device.timing_every)
         if i == 2:
             gpu.done_until = ends[1]  # the GPU is behind: only steps 0 and 1 have finished
     gpu.done_until = ends[3]
@@ -518,7 +545,7 @@ def test_fake_cuda_events_that_never_complete(tmp_path: Path,
     p = new_probe(run_dir, rank=0, events=lambda: FakeEvent(gpu))
     for _x in Watched(list(range(3)), p):
         gpu.now += 1.0
-        time.sleep(0.006)  # 6-ms steps: each one timed (device.timing_every)
+        time.sleep(0.025)  # 25-ms steps: each one timed (device.timing_every)
     t0 = time.monotonic()
     p.close()
     assert time.monotonic() - t0 < 5  # close never blocks on the GPU

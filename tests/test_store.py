@@ -80,6 +80,23 @@ def test_steps_probes_events_entities(tmp_path: Path) -> None:
     assert e["attrs"]["name"] == "x" and e["first_ts"] == 1.0 and e["last_ts"] == 2.0
 
 
+
+def test_step_blocks_store_the_same_rows_as_step_rows(tmp_path: Path) -> None:
+    """The probe's writer hands its steps over in blocks (bigger than one INSERT binds):
+    the rows read back are those written one by one."""
+    from stallscope.store.db import BLOCK_ROWS
+
+    n = BLOCK_ROWS + 7
+    raw = [(i, 0.25 + i * 1e-3, 1e-4 * (i % 5), 2e-3, 32 if i % 3 else None, i // 100,
+            0.5e-3 if i % 7 == 0 else None, None) for i in range(n)]
+    a, b = RunStore(tmp_path / "a.db"), RunStore(tmp_path / "b.db")
+    assert a.add_step_block(3, 1000.0, raw) == n
+    b.add_steps([StepRow(3, s, 1000.0 + t, w, h, h2d_s=c, samples=k, epoch=e)
+                 for s, t, w, h, k, e, c, _ in raw])
+    assert a.steps(rank=3) == b.steps(rank=3)
+    assert len(a.steps(rank=3)) == n and a.steps(rank=3)[9].samples is None
+
+
 def test_each_source_turns_its_payload_into_vocabulary_points() -> None:
     from stallscope.sources.gpu import GpuSource
     from stallscope.sources.host import HostSource

@@ -13,14 +13,19 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["DEVICE_TIMING_SHARE", "EVENT_RECORD_S", "MAX_FREE_EVENTS", "DeviceClock",
-           "DeviceMarks", "DeviceTimer", "EventLike", "EventTimer", "timing_every"]
+__all__ = ["DEVICE_TIMING_SHARE", "EVENT_RECORD_S", "MAX_FREE_EVENTS", "TIMED_STEP_S",
+           "DeviceClock", "DeviceMarks", "DeviceTimer", "EventLike", "EventTimer", "timing_every"]
 
 #: device events kept for reuse (making one can cost a driver call)
 MAX_FREE_EVENTS = 4096
 #: what recording one device event costs the training thread (``torch.cuda.Event.record()``:
 #: 6.1-7.2 µs on an H200, torch 2.11; tests/fixtures/gpu-h200/nvml-and-cuda-event-costs.txt)
 EVENT_RECORD_S = 7e-6
+#: what one device-timed step costs the trainer, both threads together (the training thread's two
+#: records, the writer's ``query()`` and ``elapsed_time()`` calls under the trainer's interpreter
+#: lock): 53 us on an H200, where timing every 3.3-ms step took it to 3.359 ms from 3.306 ms
+#: (tests/fixtures/gpu-h200/session3/probe-cuda.log); four records alone would say 28 us
+TIMED_STEP_S = 55e-6
 #: the share of a step the probe's device timing may cost on average (half the probe's 1%)
 DEVICE_TIMING_SHARE = 0.005
 #: at most one timed pair of steps in this many
@@ -28,13 +33,13 @@ MAX_TIMING_EVERY = 1000
 
 
 def timing_every(step_s: float) -> int:
-    """Time the device on a pair of consecutive steps once every this many steps, so that the
-    four event records of a pair cost at most :data:`DEVICE_TIMING_SHARE` of the steps' time:
-    every step from ~5.6 ms up, one pair in 52 for a 0.1-ms step. The second step of a pair
-    gives the GPU's gap between steps; a regular subsample keeps both shares unbiased."""
+    """Time the device on a pair of consecutive steps once every this many steps, so that a
+    pair (two :data:`TIMED_STEP_S`) costs at most :data:`DEVICE_TIMING_SHARE` of the steps'
+    time: every step from 22 ms up, one pair in 220 for a 0.1-ms step. The second step of a
+    pair gives the GPU's gap between steps; a regular subsample keeps both shares unbiased."""
     if not step_s > 0:
         return 1
-    k = math.ceil(4 * EVENT_RECORD_S / (DEVICE_TIMING_SHARE * step_s))
+    k = math.ceil(2 * TIMED_STEP_S / (DEVICE_TIMING_SHARE * step_s))
     return max(1, min(MAX_TIMING_EVERY, k))
 
 

@@ -11,6 +11,8 @@ training thread except making, starting, waking and closing the :class:`StepWrit
 
 from __future__ import annotations
 
+import math
+import operator
 import threading
 import time
 from collections import deque
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallscope import forksafe
-from stallscope.probe.buffer import StepRecord
+from stallscope.probe.buffer import RawStep, StepRecord
 from stallscope.probe.notices import warn
 from stallscope.probe.standalone import ExitStatus
 
@@ -26,9 +28,13 @@ if TYPE_CHECKING:
     from stallscope.probe.device import EventLike
     from stallscope.probe.recorder import Recorder
     from stallscope.probe.standalone import StandaloneRun
-    from stallscope.store import RunStore, StepRow
+    from stallscope.store import RunStore
+    from stallscope.store.db import StepValues
 
 __all__ = ["CLOSE_WAIT_S", "DEFAULT_FLUSH_S", "StepWriter"]
+
+#: a RawStep's wait_s, host_s and device marks (C-level getters: no Python call per row)
+_WAIT, _HOST, _GPU = operator.itemgetter(2), operator.itemgetter(3), operator.itemgetter(7)
 
 #: seconds between writes of the buffer to the run store
 DEFAULT_FLUSH_S = 1.0
@@ -132,42 +138,51 @@ class StepWriter:
             return self._flush_locked(final=False)
 
     def _flush_locked(self, *, final: bool) -> int:
-        from stallscope.store import StepRow
-
         rec = self._rec
-        rows: list[StepRow] = []
-        rank, wall0, perf0 = rec.rank, rec.wall0, rec.perf0
-        pending = self._pending
-        queue, make = rec.buffer.queue, StepRecord._make
+        queue = rec.buffer.queue
+        # this thread shares the trainer's interpreter: what it spends per row is taken from
+        # the training thread's steps, so plain steps go to the store as handed over, in blocks
+        raw = [queue.popleft() for _ in range(len(queue))]  # what is there now
         comm_of = rec.comm_of  # set before the step is queued (training thread)
-        for _ in range(len(queue)):  # what is there now; the training thread appends meanwhile
-            r = make(queue.popleft())
-            if r.gpu is not None:
-                pending.append(r)
-                continue
-            rows.append(StepRow(rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s,
-                                r.h2d_host_s, None, None, r.samples, r.epoch,
-                                comm_of.pop(r.step, None) if comm_of else None))
-        rows.extend(self._gpu_rows(final))
+        plain = raw if not comm_of and list(map(_GPU, raw)).count(None) == len(raw) else [
+            r for r in raw if r[7] is None and r[0] not in comm_of]
+        values: list[StepValues] = []
+        if len(plain) < len(raw):
+            rank, base = rec.rank, rec.wall0 - rec.perf0
+            for r in raw:
+                if r[7] is not None:
+                    self._pending.append(StepRecord._make(r))
+                elif (c := comm_of.pop(r[0], None)) is not None:
+                    values.append((rank, r[0], base + r[1], r[2], r[3], r[6], None, None, r[4],
+                                   r[5], c))
+        values.extend(self._gpu_rows(final))
         sums = self.sums
-        for row in rows:
+        wait_sum = math.fsum(map(_WAIT, plain))
+        sums[0] += len(plain)
+        sums[1] += wait_sum
+        sums[2] += wait_sum + math.fsum(map(_HOST, plain))
+        for row in values:
             sums[0] += 1
-            sums[1] += row.wait_s
-            sums[2] += row.wait_s + row.host_s
-            if row.comm_s is not None:
+            sums[1] += row[3]
+            sums[2] += row[3] + row[4]
+            if row[10] is not None:
                 sums[3] += 1
-                sums[4] += row.comm_s
+                sums[4] += row[10]
         if self.store is None:
-            self.lost += len(rows)
+            self.lost += len(plain) + len(values)
             return 0
-        return self._write(self.store, rows, rec.buffer.dropped, final)
+        return self._write(self.store, plain, values, rec.buffer.dropped, final)
 
-    def _write(self, store: RunStore, rows: list[StepRow], dropped_now: int, final: bool) -> int:
+    def _write(self, store: RunStore, plain: list[RawStep], rows: list[StepValues],
+               dropped_now: int, final: bool) -> int:
         rec = self._rec
+        n = len(plain) + len(rows)
         try:
+            if plain:
+                store.add_step_block(rec.rank, rec.wall0 - rec.perf0, plain)
             if rows:
-                store.add_steps(rows)
-            self.written += len(rows)
+                store.add_step_values(rows)
+            self.written += n
             notes = rec.notices.unsent
             while notes:
                 ts, note = notes.pop(0)
@@ -185,18 +200,16 @@ class StepWriter:
                 self._said_drop = dropped_now
             store.set_probe(rec.rank, rec.pid, rec.stored_config(), self.written, dropped_now)
         except Exception as exc:  # disk full, locked too long, read-only: count, say once
-            self.lost += len(rows)
+            self.lost += n
             rec.notices.say("write", f"cannot write step records to {self.run_dir}: {exc}; "
                             "training continues")
             return 0
-        return len(rows)
+        return n
 
-    def _gpu_rows(self, final: bool) -> list[StepRow]:
+    def _gpu_rows(self, final: bool) -> list[StepValues]:
         """Rows whose device events completed (in order: a device runs a stream in order)."""
-        from stallscope.store import StepRow
-
         rec = self._rec
-        out: list[StepRow] = []
+        out: list[StepValues] = []
         pending = self._pending
         rank, wall0, perf0 = rec.rank, rec.wall0, rec.perf0
         dev = rec.device
@@ -238,9 +251,9 @@ class StepWriter:
                 self.gpu_unread += 1
                 self._last_end_ev = None
             comm_of = self._rec.comm_of
-            out.append(StepRow(rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s, h2d,
-                               busy, idle, r.samples, r.epoch,
-                               comm_of.pop(r.step, None) if comm_of else None))
+            out.append((rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s, h2d,
+                        busy, idle, r.samples, r.epoch,
+                        comm_of.pop(r.step, None) if comm_of else None))
         return out
 
     # --- shutdown --------------------------------------------------------------------------------
