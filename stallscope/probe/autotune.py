@@ -50,22 +50,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, NEAR_BEST, rate
 from stallscope.sources.host import swap_ins
 
 __all__ = ["CPU_BOUND_SHARE", "EpochTrial", "OnlineTuner", "decide", "predict_rate"]
 
-#: below this share of an epoch waiting for data, the loader keeps up: tuning stops
-KEEPS_UP = 0.05
-#: a configuration this much slower than the best measured one is a step back
-WORSE = 0.97
-#: the prediction: the fewest workers within this share of the best predicted rate
-NEAR_BEST = 0.98
+#: epochs autotune may try before it settles
 MAX_TRIALS = 4
-#: the trainer and its workers keep this share of the usable cores busy: the CPU is the bound,
-#: and batches in flight (prefetch_factor) add no CPU (both tuners: stallscope/tuner/search.py)
-CPU_BOUND_SHARE = 0.75
-#: share of the available memory the workers may take (the offline tuner's guard)
-MEM_SHARE = 0.8
 STATE_FILE = "autotune.json"
 #: the most of the state file read (a few hundred bytes per loader are written)
 MAX_STATE_BYTES = 4 << 20
@@ -127,19 +118,14 @@ class EpochTrial:
 def predict_rate(k: int, load_s: float, compute_s: float, cores: int,
                  cpu_s: float = 0.0) -> float:
     """Steps per second with ``k`` workers (0: the main process loads), from one batch's load
-    time, one step's compute and the usable cores (see the module docstring). ``cpu_s``: the
-    CPU seconds one step's loading and computing take in all (more than their wall time when
-    the step computes on several threads); the cores bound uses the larger of the two."""
+    time, one step's compute and the usable cores: :func:`stallscope.loadermodel.rate` with a
+    batch as the item. ``cpu_s``: the CPU seconds one step's loading and computing take in all
+    (more than their wall time when the step computes on several threads); the cores bound
+    uses the larger of the two."""
     if compute_s <= 0 and load_s <= 0:
         return 0.0
-    if k == 0:
-        return 1.0 / (load_s + compute_s)
-    bounds = [cores / max(load_s + compute_s, cpu_s)]
-    if load_s > 0:
-        bounds.append(k / load_s)
-    if compute_s > 0:
-        bounds.append(1.0 / compute_s)
-    return min(bounds)
+    return rate(k, max(load_s, 0.0), cores=cores, step_s=max(compute_s, 0.0),
+                main_cpu_s=max(compute_s, cpu_s - load_s, 0.0))
 
 
 @dataclass
@@ -157,7 +143,7 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
     cur = trials[-1]
     best = _best(trials)
     ok = fits or (lambda _cfg: "")
-    if cur.rate < WORSE * best.rate and best is not cur:
+    if cur.rate < ALIKE * best.rate and best is not cur:
         return Decision(best.config(), f"{_name(cur)} ran {cur.rate:.1f} steps/s, slower than "
                         f"{_name(best)} ({best.rate:.1f}): back to it", best.rate, done=True)
     if cur.wait_share < KEEPS_UP:

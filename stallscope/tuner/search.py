@@ -42,20 +42,12 @@ from typing import Any
 
 import psutil
 
-from stallscope.probe.autotune import CPU_BOUND_SHARE
+from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, MIN_GAIN, rate
 from stallscope.sources.host import read_caps as host_read_caps
 from stallscope.sources.host import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
 
-#: the data wait under which the input keeps up with the step ("more tuning cannot help")
-KEEPS_UP_SHARE = 0.05
-#: a step up the ladder must gain this much to go on climbing
-MIN_GAIN = 1.05
-#: share of available memory a configuration may plan to use
-MEM_SHARE = 0.85
-#: two trials this close are alike within one window's noise: the lighter one is kept
-ALIKE = 0.97
 #: the model's runner-up is tried when predicted within this share of its best prediction
 RUNNER_UP = 0.9
 
@@ -258,7 +250,7 @@ class Search:
         """The input keeps up with the step in ``t``, and ``t`` is as fast as the best: a low
         data wait because the step itself slowed (workers taking its cores) does not count."""
         if t is None or t.status != "ok" or t.data_wait_share is None \
-                or t.data_wait_share >= KEEPS_UP_SHARE:
+                or t.data_wait_share >= KEEPS_UP:
             return False
         best = self._best()
         return best is None or (t.samples_per_s or 0.0) >= 0.95 * (best.samples_per_s or 0.0)
@@ -544,16 +536,9 @@ class Search:
             # spinning for the cores included: two workers then kept the cores 190% busy)
             step = max(c, source.step_ms / 1000.0 / per_batch)
         storage = self._storage_bound(source)
-        out = {}
-        for w in range(1, self.max_workers + 1):
-            slow = 1.0 + contention * (w - 1)
-            bounds = [w / (load * slow), self.cores / (cpu * slow + main)]
-            if step > 0:
-                bounds.append(1.0 / step)
-            if storage:
-                bounds.append(storage)
-            out[w] = min(bounds)
-        return out
+        return {w: rate(w, load, cores=self.cores, step_s=step, cpu_s=cpu, main_cpu_s=main,
+                        contention=contention, storage=storage)
+                for w in range(1, self.max_workers + 1)}
 
     def _storage_bound(self, source: Trial) -> float | None:
         """Samples/s the storage lets through: the read limit of this process's cgroup on a

@@ -36,6 +36,13 @@ from stallscope.analysis.diagnose.tfdata import (
     tf_prep_estimate,
     tf_prep_fixes,
 )
+from stallscope.loadermodel import (
+    MIN_GAIN,
+    stall_cap,
+    worker_gain,
+    workers_measured_slower,
+    workers_target,
+)
 from stallscope.sources.owner import OWNER_KEYS, describe
 from stallscope.stats import fit_line
 from stallscope.textsafe import plain
@@ -54,9 +61,7 @@ STALL_CRIT = 0.40
 
 def _speedup(stall: float | None) -> float:
     """Upper bound if the stall went away entirely: wall / (wall - wait)."""
-    if stall is None or stall <= 0:
-        return 1.0
-    return round(1.0 / max(1.0 - min(stall, 0.95), 0.05), 2)
+    return stall_cap(stall)
 
 
 # --- input bound: fetch vs prep ------------------------------------------------------------------
@@ -325,20 +330,15 @@ def _workers_now(sig: Signals) -> int | None:
 
 
 def prep_gain(sig: Signals, target: int, stall: float | None = None) -> float | None:
-    """The speed-up to expect from ``target`` workers instead of today's, for a prep stall: new
-    workers only add throughput with CPU they can use. Workers now use ``worker_cpu_pct`` ×
-    n of a core; the new ones can add at most one core each, and no more than the cores left
-    idle over the run. Never more than removing the whole stall would give."""
+    """The speed-up to expect from ``target`` workers instead of today's, for a prep stall
+    (:func:`stallscope.loadermodel.worker_gain`: new workers only add throughput with CPU they
+    can use, never more than removing the whole stall would give)."""
     nw = _workers_now(sig)
     spare = spare_cores(sig)
-    if not nw or sig.worker_cpu_pct is None or spare is None or target <= nw:
+    if not nw or sig.worker_cpu_pct is None or spare is None:
         return None
-    used = sig.worker_cpu_pct / 100.0 * nw
-    if used <= 0:
-        return None
-    added = min(float(target - nw), spare)
-    cap = _speedup(sig.stall_fraction if stall is None else stall)
-    return round(min(cap, (used + added) / used), 2)
+    return worker_gain(nw, target, sig.worker_cpu_pct / 100.0, spare,
+                       sig.stall_fraction if stall is None else stall)
 
 
 def _prep_estimate(sig: Signals, stall: float | None = None) -> float:
@@ -356,9 +356,25 @@ def _prep_estimate(sig: Signals, stall: float | None = None) -> float:
 
 
 def _prep_target(sig: Signals, nw: int, cores: int) -> int:
-    stall = sig.stall_fraction or 0.0
-    want = math.ceil(max(nw, 1) / max(1.0 - stall, 0.1))
-    return min(max(want, nw + 1), cores)
+    """The workers a prep stall asks for (:func:`stallscope.loadermodel.workers_target`),
+    below any count the run's autotune measured no faster than today's."""
+    target = workers_target(nw, sig.stall_fraction or 0.0, cores)
+    slower = _autotune_slower(sig, nw)
+    return target if slower is None else min(target, slower - 1)
+
+
+def _autotune_slower(sig: Signals, nw: int) -> int | None:
+    """The fewest workers above ``nw`` that the run's own autotune measured no faster (by
+    :data:`~stallscope.loadermodel.MIN_GAIN`) than ``nw`` or fewer; None without one."""
+    tuned = sig.config.get("autotune")
+    trials = tuned.get("trials") if isinstance(tuned, dict) else None
+    if not isinstance(trials, list):
+        return None
+    pairs = [(t["num_workers"], float(t["steps_per_s"])) for t in trials
+             if isinstance(t, dict) and type(t.get("num_workers")) is int
+             and isinstance(t.get("steps_per_s"), (int, float))
+             and math.isfinite(t["steps_per_s"])]
+    return workers_measured_slower(pairs, nw)
 
 
 def _prep_fixes(sig: Signals) -> list[Fix]:
@@ -377,7 +393,10 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
     if nw is not None and cores:
         target = _prep_target(sig, nw, cores)
         gain = prep_gain(sig, target)
-        if nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
+        slower = _autotune_slower(sig, nw)
+        if fixes:  # the CPUs are busy: more workers would contradict the fix above
+            pass
+        elif nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
             fixes.append(Fix(
                 f"num_workers {nw} → {target} ({cores} physical cores"
                 + (f", workers at {sig.worker_cpu_pct:.0f}% CPU" if sig.worker_cpu_pct else "")
@@ -386,19 +405,23 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
                 f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
                 "cores only adds context switches"
                 + _gain_note(sig, target), gain, {"num_workers": target}))
-        elif not fixes:
+        elif slower is not None and target <= nw:
             fixes.append(Fix(
                 "make per-sample work cheaper: decode at lower resolution, move augmentation "
                 "to the GPU, or preprocess once offline",
-                f"num_workers ({nw}) already matches the {cores} physical cores"))
+                f"this run's autotune measured num_workers={slower} no faster than {nw}: more "
+                "workers do not help here"))
+        else:
+            fixes.append(Fix(
+                "make per-sample work cheaper: decode at lower resolution, move augmentation "
+                "to the GPU, or preprocess once offline",
+                f"num_workers ({nw}) already matches the {cores} physical cores" if nw >= cores
+                else f"more workers promise less than ×{MIN_GAIN:.2f}: there is little idle "
+                     "CPU for them"))
     else:
         fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
                          "min(4, cores))", "workers are CPU-saturated"))
     return fixes
-
-
-#: a fix expected to give less than this speed-up promises nothing: it is not listed
-MIN_GAIN = 1.05
 
 
 def _gain_note(sig: Signals, target: int) -> str:

@@ -1,0 +1,127 @@
+"""How fast a DataLoader can deliver: the one model the diagnosis's fixes, the offline tuner
+(``stallscope tune``) and online autotune (``watch(loader, autotune=True)``) predict from, with
+one set of thresholds. Pure arithmetic: nothing here reads a file, a clock or a process.
+
+A loader whose ``workers`` each take ``load_s`` seconds of wall time per item (a batch or a
+sample; the caller picks one unit and keeps to it) delivers at most the least of:
+
+- ``workers / (load_s × slow)``: each worker delivers one item per load, ``slow`` = 1 + δ (k−1)
+  when the workers slow each other's loading by a share δ (``contention``, fitted by the tuner
+  from its trials; 0 unless measured);
+- ``cores / (cpu_s × slow + main_cpu_s)``: the CPU one item costs the workers and the trainer
+  beside them, over the usable cores;
+- ``1 / step_s``: the training step takes one item at a time;
+- ``storage``: what the storage lets through (items/s), when a limit is known.
+
+Without workers (``workers`` 0) the main process loads and steps in turn: ``1 / (load_s +
+step_s)``. :func:`worker_gain` is the same bound seen from a run that only tells the workers'
+CPU and the idle cores (the diagnosis: no trial was run), capped by what removing the whole
+wait would give (:func:`stall_cap`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+__all__ = ["ALIKE", "CPU_BOUND_SHARE", "KEEPS_UP", "MEM_SHARE", "MIN_GAIN", "NEAR_BEST",
+           "alike", "gains", "keeps_up", "rate", "stall_cap", "worker_gain",
+           "workers_measured_slower", "workers_target"]
+
+#: below this share of the time waiting for data the loader keeps up: more tuning cannot help
+KEEPS_UP = 0.05
+#: a change must promise (or measure) this speed-up to be worth making or listing
+MIN_GAIN = 1.05
+#: two rates this close (ratio above this) are alike within one window's noise: the lighter
+#: configuration is kept; below it, the slower one is a step back
+ALIKE = 0.97
+#: a prediction: the fewest workers within this share of the best predicted rate
+NEAR_BEST = 0.98
+#: the trainer and its workers keep this share of the usable cores busy: the CPU is the bound,
+#: and batches in flight (prefetch_factor) add no CPU
+CPU_BOUND_SHARE = 0.75
+#: the share of the available memory the workers may plan to take
+MEM_SHARE = 0.8
+#: the most a stall's removal is credited with: a 95% wait, ×20
+MAX_STALL = 0.95
+
+
+def rate(workers: int, load_s: float, *, cores: float, step_s: float = 0.0,
+         cpu_s: float | None = None, main_cpu_s: float = 0.0, contention: float = 0.0,
+         storage: float | None = None) -> float:
+    """Items per second with ``workers`` workers (the module docstring's bounds). ``cpu_s``:
+    the workers' CPU per item (default: ``load_s``, loading all on the CPU); ``main_cpu_s``:
+    the trainer's own CPU per item beside them. 0.0 when nothing bounds it (no load, no
+    step)."""
+    if workers <= 0:
+        total = max(load_s, 0.0) + max(step_s, 0.0)
+        return 1.0 / total if total > 0 else 0.0
+    slow = 1.0 + max(contention, 0.0) * (workers - 1)
+    cpu = load_s if cpu_s is None else cpu_s
+    bounds: list[float] = []
+    if load_s > 0:
+        bounds.append(workers / (load_s * slow))
+    per_item = max(cpu, 0.0) * slow + max(main_cpu_s, 0.0)
+    if cores > 0 and per_item > 0:
+        bounds.append(cores / per_item)
+    if step_s > 0:
+        bounds.append(1.0 / step_s)
+    if storage is not None and storage > 0:
+        bounds.append(storage)
+    return min(bounds) if bounds else 0.0
+
+
+def stall_cap(stall: float | None) -> float:
+    """The speed-up if the data wait (a share of the time) went away entirely: wall / (wall −
+    wait), credited up to a :data:`MAX_STALL` wait; 1.0 without a wait."""
+    if stall is None or not stall > 0:
+        return 1.0
+    return round(1.0 / max(1.0 - min(stall, MAX_STALL), 1.0 - MAX_STALL), 2)
+
+
+def worker_gain(workers: int, target: int, worker_cpu: float, spare_cores: float,
+                stall: float | None) -> float | None:
+    """The speed-up ``target`` workers promise over ``workers``, when loading is what the
+    training waits for, from a run alone: the workers now keep ``worker_cpu`` of a core busy
+    each (the CPU bound: their rate is their CPU), a new worker adds at most one core, and no
+    more than the ``spare_cores`` left idle. Never more than :func:`stall_cap`. None when the
+    run does not tell (no workers, no CPU, no more workers)."""
+    if workers <= 0 or target <= workers or not worker_cpu > 0 or spare_cores < 0:
+        return None
+    used = worker_cpu * workers
+    added = min(float(target - workers), spare_cores)
+    return round(min(stall_cap(stall), (used + added) / used), 2)
+
+
+def workers_target(workers: int, stall: float, cores: int) -> int:
+    """The workers that would deliver 1 / (1 − stall) times today's rate, at least one more
+    than today, never more than the physical ``cores``."""
+    want = math.ceil(max(workers, 1) / max(1.0 - stall, 0.1))
+    return min(max(want, workers + 1), cores)
+
+
+def keeps_up(wait_share: float | None) -> bool:
+    """Whether a loader waited on for this share of the time keeps up (:data:`KEEPS_UP`)."""
+    return wait_share is not None and wait_share < KEEPS_UP
+
+
+def gains(new: float, old: float) -> bool:
+    """Whether a rate of ``new`` is worth the change from ``old`` (:data:`MIN_GAIN`)."""
+    return old > 0 and new >= MIN_GAIN * old
+
+
+def alike(new: float, best: float) -> bool:
+    """Whether ``new`` is within one window's noise of ``best`` (:data:`ALIKE`)."""
+    return best > 0 and new >= ALIKE * best
+
+
+def workers_measured_slower(trials: Iterable[tuple[int, float]], workers: int) -> int | None:
+    """Given measured (worker count, rate) pairs, the smallest worker count above ``workers``
+    that did not gain :data:`MIN_GAIN` over the best rate measured with ``workers`` or fewer,
+    or None when no such measurement exists. A fix must not advise what a run measured."""
+    trials = [(k, r) for k, r in trials if r > 0]
+    base = max((r for k, r in trials if k <= workers), default=None)
+    if base is None:
+        return None
+    worse = [k for k, r in trials if k > workers and not gains(r, base)]
+    return min(worse) if worse else None
