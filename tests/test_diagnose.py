@@ -721,3 +721,31 @@ def test_fix_lines_wrap_as_prose_and_keep_their_commands_whole() -> None:
     assert any(ln.strip() == cmd for ln in body), body  # whole, on a line of its own
     assert all(len(ln) <= 60 for ln in body if ln.strip() != cmd), body
     assert "`" not in "".join(body)
+
+
+def test_kinds_carry_their_titles_everywhere() -> None:
+    """One enum holds each kind with its title: the JSON, the report and the architecture
+    document take them from it, and a finding of a kind it does not hold cannot be made."""
+    from pathlib import Path
+
+    from stallscope.analysis.diagnose import Finding, Kind, kind_title
+    from stallscope.report.page import KIND_TITLES
+
+    assert KINDS == tuple(k.value for k in Kind) and len(set(KINDS)) == len(KINDS)
+    assert KIND_TITLES == {k.value: k.heading for k in Kind}
+    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    for k in Kind:
+        assert f"| `{k.value}` | {k.heading} |" in doc, k.value
+    f = Finding(kind="host_swap", severity="warning", confidence=0.9, summary="s")
+    assert f.kind is Kind.HOST_SWAP and f.as_dict()["title"] == "The host is swapping"
+    assert json.loads(json.dumps(f.as_dict()))["kind"] == "host_swap"
+    with pytest.raises(ValueError):
+        Finding(kind="host_swapping", severity="warning", confidence=0.9, summary="s")
+    with pytest.raises(TypeError):
+        Finding("host_swap", "warning", 0.9, "s")  # type: ignore[misc]
+    assert kind_title("a_kind_from_a_newer_release") == "a_kind_from_a_newer_release"
+    # every finding of a real diagnosis carries its title
+    data = run([ser("host.cpu_pct", "", [35] * N)], steps=steps(200, wait=0.030, host=0.020),
+               entities=WORKERS, config={"num_workers": 2, "physical_cores": 8})
+    for g in diagnose(data)["findings"]:
+        assert g["title"] == kind_title(g["kind"]) != g["kind"]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from stallscope.analysis.diagnose.model import Kind
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.analysis.summary import sampling_text
@@ -28,31 +29,9 @@ from stallscope.version import __version__
 
 __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 
-#: a plain-language title per finding kind (docs/architecture.md's list); unknown kinds show as-is
-KIND_TITLES: dict[str, str] = {
-    "input_bound.fetch": "Input-bound: storage cannot feed the trainer fast enough",
-    "input_bound.prep": "Input-bound: CPU preprocessing cannot keep up",
-    "input_bound.epoch_start": "Every epoch starts with a long wait for data",
-    "h2d_bound": "Host-to-device copies hold the GPU back",
-    "compute_bound": "Compute-bound: the GPU is the bottleneck (healthy)",
-    "gpu_throttled": "GPU clocks are throttled",
-    "gpu_memory_growth": "GPU memory keeps growing",
-    "host_swap": "The host is swapping",
-    "shm_pressure": "/dev/shm is nearly full",
-    "pcie_degraded": "PCIe link runs below its maximum",
-    "disk_health": "A disk reports health problems",
-    "straggler_rank": "One rank is slower than the others",
-    "waiting_for_peers": "Ranks wait for a slower rank in the all-reduce",
-    "communication_bound": "Communication-bound: the collectives are the limit",
-    "rank_jitter": "Each step waits for a different slow rank",
-    "cpu_contention": "The host is short of CPU: other processes take the training's cores",
-    "gpu_held_idle": "A GPU is held but idle",
-    "host_bound": "Host-bound: the GPU waits for the CPU to issue its work",
-    "slow_exit": "The trainer's exit takes long after its last step",
-    "gpu_health": "A GPU needs attention: XID errors or memory repairs pending",
-    "data_wait_unknown": "Whether the trainer waits for data cannot be told without the probe",
-    "insufficient_data": "Not enough data to name a bottleneck",
-}
+#: a plain-language title per finding kind (the diagnosis's Kind carries them); unknown kinds
+#: show as-is
+KIND_TITLES: dict[str, str] = {k.value: k.heading for k in Kind}
 _SEVERITIES = ("critical", "warning", "info")
 MAX_EVENTS = 200
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stallscope.analysis.diagnose.model import KINDS, Finding, Fix
+from stallscope.analysis.diagnose.model import KINDS, Finding, Fix, Kind, kind_title
 from stallscope.analysis.diagnose.rules import RULES, run_rules
 from stallscope.analysis.diagnose.signals import Signals, compute_signals
 from stallscope.analysis.rundata import RunData, load_run
@@ -23,12 +23,14 @@ __all__ = [
     "RULES",
     "Finding",
     "Fix",
+    "Kind",
     "RunData",
     "Signals",
     "compute_signals",
     "diagnose",
     "diagnose_run",
     "diagnosis_lines",
+    "kind_title",
     "owner_lead",
     "print_diagnosis",
     "render_diagnosis",
@@ -41,16 +43,16 @@ def diagnose(data: RunData) -> dict[str, Any]:
     findings = run_rules(data, sig)
     if not findings:
         findings = [Finding(
-            "insufficient_data", "info", 0.5,
-            "No bottleneck pattern in the system metrics"
+            kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.5,
+            summary="No bottleneck pattern in the system metrics"
             + ("" if sig.stall_source == "probe" else
                "; the per-step probe would show whether the trainer waits for data") + ".",
-            sig.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
+            evidence=sig.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
                          "worker_cpu_pct", "disk_util_median_pct"),
-            [Fix("wrap the loader with stallscope.watch(loader)",
+            fixes=[Fix("wrap the loader with stallscope.watch(loader)",
                  "measures data wait vs compute per step")] if sig.stall_source != "probe"
-            else [], 1.0, "no rule fired")]
-    verdict = findings[0].kind if findings else "insufficient_data"
+            else [], est_speedup=1.0, rule="no rule fired")]
+    verdict = findings[0].kind.value if findings else "insufficient_data"
     owner = data.meta.get("owner")
     return {
         "owner": owner if isinstance(owner, dict) and owner else None,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stallscope.analysis.diagnose.model import Finding, Fix, RunData, Severity
+from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.signals import (
     BUSY_SPARE,
     COMM_GAP,
@@ -229,7 +229,7 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
             return []
         stall = steady
     fetch = fs > ps
-    kind = "input_bound.fetch" if fetch else "input_bound.prep"
+    kind = Kind.INPUT_FETCH if fetch else Kind.INPUT_PREP
     reasons = freasons if fetch else preasons
     margin = abs(fs - ps) / max(fs + ps, 1)
     confidence = how.base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else how.base * 0.5
@@ -251,7 +251,16 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     else:
         est = _speedup(stall) if fetch else _prep_estimate(sig, stall)
     rule = how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
-    return [Finding(kind, severity, min(confidence, 0.95), summary, ev, fixes, est, rule)]
+    return [Finding(
+        kind=kind,
+        severity=severity,
+        confidence=min(confidence, 0.95),
+        summary=summary,
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=est,
+        rule=rule,
+    )]
 
 
 def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: bool,
@@ -545,18 +554,22 @@ def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
                      "loop; open files or databases lazily in each worker and keep them",
                      "whatever happens at the start of every epoch is paid once per epoch"))
     share = total / wall
-    return [Finding("input_bound.epoch_start", "critical" if share >= STALL_CRIT else "warning",
-                    0.8,
-                    f"Every epoch starts with a {cost:.1f} s wait for the first batch "
-                    f"({sig.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
-                    "time): the input pipeline restarts at each epoch boundary. The speed-up "
-                    "counts only those waits: a restart also slows the steps around it (forks, "
-                    "prefetch bursts), so expect at least that much.",
-                    sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
-                                 "epoch_start_total_s", "wait_ms_median", "workers"),
-                    fixes, gain,
-                    f"epoch start cost {cost:.1f} s ≥ 1 s over {sig.epochs} epochs, "
-                    f"{share:.0%} ≥ 5% of step time")]
+    return [Finding(
+        kind=Kind.INPUT_EPOCH_START,
+        severity="critical" if share >= STALL_CRIT else "warning",
+        confidence=0.8,
+        summary=f"Every epoch starts with a {cost:.1f} s wait for the first batch "
+                f"({sig.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
+                "time): the input pipeline restarts at each epoch boundary. The speed-up "
+                "counts only those waits: a restart also slows the steps around it (forks, "
+                "prefetch bursts), so expect at least that much.",
+        evidence=sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
+                 "epoch_start_total_s", "wait_ms_median", "workers"),
+        fixes=fixes,
+        est_speedup=gain,
+        rule=f"epoch start cost {cost:.1f} s ≥ 1 s over {sig.epochs} epochs, "
+             f"{share:.0%} ≥ 5% of step time",
+    )]
 
 
 # --- host-to-device copies -----------------------------------------------------------------------
@@ -572,11 +585,11 @@ def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
     fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
                      f"copies take {share:.0%} of each step"))
     h2d_sev: Severity = "critical" if share >= 0.4 else "warning"
-    return [Finding("h2d_bound", h2d_sev, 0.85,
-                    f"Host-to-device copies take {share:.0%} of step time.",
-                    sig.evidence("h2d_share", "step_ms_median") | {"pin_memory":
+    return [Finding(kind=Kind.H2D_BOUND, severity=h2d_sev, confidence=0.85,
+                    summary=f"Host-to-device copies take {share:.0%} of step time.",
+                    evidence=sig.evidence("h2d_share", "step_ms_median") | {"pin_memory":
                                                                    sig.config.get("pin_memory")},
-                    fixes, _speedup(share), f"h2d share {share:.0%} ≥ 15%")]
+                    fixes=fixes, est_speedup=_speedup(share), rule=f"h2d share {share:.0%} ≥ 15%")]
 
 
 # --- healthy -------------------------------------------------------------------------------------
@@ -591,42 +604,52 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
         # CPU training without the probe: the trainer process itself is the compute
         fs, _, ps, _ = _fetch_prep_scores(sig)
         if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
-            return [Finding("compute_bound", "info", 0.5,
-                            f"Likely compute-bound: the trainer process computes at "
-                            f"{sig.main_cpu_pct:.0f}% CPU while its workers and the disk show "
-                            "no saturation.",
-                            sig.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
-                                         "disk_util_median_pct"),
-                            [Fix("wrap the loader with stallscope.watch(loader) to confirm",
-                                 "without the probe or a GPU the data wait is not measured")],
-                            1.0, "trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)")]
+            return [Finding(
+                kind=Kind.COMPUTE_BOUND,
+                severity="info",
+                confidence=0.5,
+                summary=f"Likely compute-bound: the trainer process computes at "
+                        f"{sig.main_cpu_pct:.0f}% CPU while its workers and the disk show "
+                        "no saturation.",
+                evidence=sig.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
+                         "disk_util_median_pct"),
+                fixes=[Fix("wrap the loader with stallscope.watch(loader) to confirm",
+                      "without the probe or a GPU the data wait is not measured")],
+                est_speedup=1.0,
+                rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)",
+            )]
         return []
     if sig.stall_source == "main_thread" and sig.stall_fraction is not None:
         if sig.stall_fraction >= STALL_WARN:
             return []
         busy = sig.main_thread_busy_share or 0.0
-        return [Finding("compute_bound", "info", 0.7,
-                        f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
-                        f"the time, so it waited for data about {sig.stall_fraction:.0%} "
-                        "(an estimate: no probe, no GPU).",
-                        sig.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
-                                     "main_cpu_pct", "worker_cpu_pct", "workers"),
-                        [Fix("nothing to fix in the input pipeline; to go faster, make the "
-                             "model step cheaper (a larger batch, torch.compile, more "
-                             "torch threads)", "the trainer computes; it rarely waits"),
-                         Fix("wrap the loader with stallscope.watch(loader) to measure it",
-                             "the probe times each step's data wait instead of estimating it")],
-                        1.0, f"estimated data wait {sig.stall_fraction:.0%} < "
-                        f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)")]
+        return [Finding(
+            kind=Kind.COMPUTE_BOUND,
+            severity="info",
+            confidence=0.7,
+            summary=f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
+                    f"the time, so it waited for data about {sig.stall_fraction:.0%} "
+                    "(an estimate: no probe, no GPU).",
+            evidence=sig.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
+                     "main_cpu_pct", "worker_cpu_pct", "workers"),
+            fixes=[Fix("nothing to fix in the input pipeline; to go faster, make the "
+                      "model step cheaper (a larger batch, torch.compile, more "
+                      "torch threads)", "the trainer computes; it rarely waits"),
+                  Fix("wrap the loader with stallscope.watch(loader) to measure it",
+                      "the probe times each step's data wait instead of estimating it")],
+            est_speedup=1.0,
+            rule=f"estimated data wait {sig.stall_fraction:.0%} < "
+                 f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)",
+        )]
     if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction is None:
         if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct >= 80:
-            return [Finding("compute_bound", "info", 0.6,
-                            f"The GPU is busy (median {sig.gpu_util_median_pct:.0f}% "
+            return [Finding(kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.6,
+                            summary=f"The GPU is busy (median {sig.gpu_util_median_pct:.0f}% "
                             "utilization): compute is the bottleneck, which is healthy.",
-                            sig.evidence("gpu_util_median_pct"),
-                            [Fix("wrap the loader with stallscope.watch(loader)",
-                                 "confirms with per-step data wait")], 1.0,
-                            "GPU util ≥ 80% (no probe)")]
+                            evidence=sig.evidence("gpu_util_median_pct"),
+                            fixes=[Fix("wrap the loader with stallscope.watch(loader)",
+                                 "confirms with per-step data wait")], est_speedup=1.0,
+                            rule="GPU util ≥ 80% (no probe)")]
         return []
     if sig.stall_fraction >= STALL_WARN:
         return []
@@ -648,14 +671,14 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
     how = (" (sampled stacks of the training thread, no code in the trainer)" if stacks else
            f" (per-step probe, added by {sig.config['added_by']}: no code in the trainer)"
            if sig.config.get("added_by") else "")
-    return [Finding("compute_bound", "info", 0.8 if stacks else 0.85,
-                    f"Compute-bound (healthy): the trainer waited for data only "
+    return [Finding(kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.8 if stacks else 0.85,
+                    summary=f"Compute-bound (healthy): the trainer waited for data only "
                     f"{sig.stall_fraction:.0%} of the time{gpu}{how}.",
-                    sig.evidence("stall_fraction", "stall_source", "phase_shares",
+                    evidence=sig.evidence("stall_fraction", "stall_source", "phase_shares",
                                  "stack_samples", "wait_ms_median", "step_ms_median",
                                  "gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
                                  "worker_cpu_pct", "samples_per_s"),
-                    fixes, 1.0, f"{'sampled ' if stacks else ''}data wait "
+                    fixes=fixes, est_speedup=1.0, rule=f"{'sampled ' if stacks else ''}data wait "
                     f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
 
 
@@ -723,11 +746,11 @@ def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
                       "stall_fraction", "stall_source", "phase_shares", "stack_samples",
                       "step_ms_median", "main_cpu_pct", "window_s")
     sev: Severity = "warning"
-    return [Finding("host_bound", sev, confidence,
-                    f"Host-bound: the GPU was busy only {util:.0f}% of the training (NVML, "
+    return [Finding(kind=Kind.HOST_BOUND, severity=sev, confidence=confidence,
+                    summary=f"Host-bound: the GPU was busy only {util:.0f}% of the training (NVML, "
                     f"steady state) while {where}: the GPU waits for the CPU to issue its "
                     "work (Python overhead, kernels too short to hide their launch).",
-                    ev, fixes, est, rule)]
+                    evidence=ev, fixes=fixes, est_speedup=est, rule=rule)]
 
 
 #: seconds after the last training step from which a trainer's exit is called slow
@@ -787,11 +810,18 @@ def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
     life = total + exit_s + (sig.startup_s or 0.0)
     share = exit_s / life if total else None
     more = f" ({share:.0%} of the process's life)" if share else ""
-    return [Finding("slow_exit", "warning", 0.9 if joins >= 0.5 * exit_s else 0.7,
-                    f"The trainer took {exit_s:.0f} s to exit after its last training step"
-                    f"{more}: {why}. A team running many short jobs or sweeps pays this on "
-                    "every run.", ev, fixes, 1.0,
-                    f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step")]
+    return [Finding(
+        kind=Kind.SLOW_EXIT,
+        severity="warning",
+        confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
+        summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
+                f"{more}: {why}. A team running many short jobs or sweeps pays this on "
+                "every run.",
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=1.0,
+        rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
+    )]
 
 
 # --- GPU health ----------------------------------------------------------------------------------
@@ -825,11 +855,17 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
         if any("power" in r for r in reasons):
             fixes.append(Fix("check the power limit (nvidia-smi -q -d POWER) and PSU/cabling",
                              "clocks capped by the power limit"))
-        out.append(Finding("gpu_throttled", "warning", 0.9,
-                           f"{s.entity} was throttled ({', '.join(reasons) or 'temperature'}) "
-                           f"in {share:.0%} of samples.", ev, fixes,
-                           round(1 + 0.2 * share, 2),
-                           "thermal/power throttle reasons in ≥ 20% of samples or ≥ 85 °C"))
+        out.append(Finding(
+            kind=Kind.GPU_THROTTLED,
+            severity="warning",
+            confidence=0.9,
+            summary=f"{s.entity} was throttled ({', '.join(reasons) or 'temperature'}) "
+                    f"in {share:.0%} of samples.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=round(1 + 0.2 * share, 2),
+            rule="thermal/power throttle reasons in ≥ 20% of samples or ≥ 85 °C",
+        ))
     return out
 
 
@@ -880,11 +916,17 @@ def rule_gpu_health(data: RunData, sig: Signals) -> list[Finding]:
         ev = {"gpu": gpu, "trainer_gpu": gpu in mine, "xid_count": xids, "xid_last": code,
               "row_remap_pending": int(pending), "row_remap_failed": int(failed),
               "retired_pages_pending": int(pages)}
-        out.append(Finding("gpu_health", "critical", 0.95,
-                           f"{gpu} needs attention: {'; '.join(what) or 'a health flag'}.",
-                           ev, fixes, 1.0,
-                           "an XID (not an application's), a pending or failed row remap, or a "
-                           "pending page retirement"))
+        out.append(Finding(
+            kind=Kind.GPU_HEALTH,
+            severity="critical",
+            confidence=0.95,
+            summary=f"{gpu} needs attention: {'; '.join(what) or 'a health flag'}.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=1.0,
+            rule="an XID (not an application's), a pending or failed row remap, or a "
+                 "pending page retirement",
+        ))
     return out
 
 
@@ -913,13 +955,19 @@ def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
               "r2": round(r2, 3)}
         if cap:
             ev["minutes_to_full"] = round((cap - vs[-1]) / slope / 60, 1)
-        out.append(Finding("gpu_memory_growth", "warning", min(0.95, r2),
-                           f"{s.entity} memory grows steadily ({slope * 60:.0f} MiB/min, "
-                           f"+{grew:.0f} MiB): likely a leak.", ev,
-                           [Fix("look for tensors kept across steps (loss accumulated without "
-                                ".item()/.detach(), lists of outputs, caches)",
-                                "memory rises linearly while the workload is steady")],
-                           1.0, "linear growth r² ≥ 0.8, ≥ 512 MiB and ≥ 2% of the card"))
+        out.append(Finding(
+            kind=Kind.GPU_MEMORY_GROWTH,
+            severity="warning",
+            confidence=min(0.95, r2),
+            summary=f"{s.entity} memory grows steadily ({slope * 60:.0f} MiB/min, "
+                    f"+{grew:.0f} MiB): likely a leak.",
+            evidence=ev,
+            fixes=[Fix("look for tensors kept across steps (loss accumulated without "
+                  ".item()/.detach(), lists of outputs, caches)",
+                  "memory rises linearly while the workload is steady")],
+            est_speedup=1.0,
+            rule="linear growth r² ≥ 0.8, ≥ 512 MiB and ≥ 2% of the card",
+        ))
     return out
 
 
@@ -952,14 +1000,14 @@ def rule_pcie_degraded(data: RunData, sig: Signals) -> list[Finding]:
             gmax = g["pcie_gen_max"].v[-1]  # type: ignore[union-attr]
             wmax = g["pcie_width_max"].v[-1]  # type: ignore[union-attr]
             out.append(Finding(
-                "pcie_degraded", "warning", 0.8,
-                f"{s.entity} PCIe link at Gen{worst[0]:.0f} x{worst[1]:.0f} under load "
+                kind=Kind.PCIE_DEGRADED, severity="warning", confidence=0.8,
+                summary=f"{s.entity} PCIe link at Gen{worst[0]:.0f} x{worst[1]:.0f} under load "
                 f"(max Gen{gmax:.0f} x{wmax:.0f}).",
-                {"gpu": s.entity, "gen": worst[0], "gen_max": gmax, "width": worst[1],
+                evidence={"gpu": s.entity, "gen": worst[0], "gen_max": gmax, "width": worst[1],
                  "width_max": wmax, "degraded_share": round(degraded / loaded, 3)},
-                [Fix("reseat the card / check the slot and riser; check BIOS PCIe settings",
+                fixes=[Fix("reseat the card / check the slot and riser; check BIOS PCIe settings",
                      "a degraded link cuts host-to-device bandwidth")],
-                1.0, "link below max gen/width in ≥ 50% of loaded samples"))
+                est_speedup=1.0, rule="link below max gen/width in ≥ 50% of loaded samples"))
     return out
 
 
@@ -975,15 +1023,20 @@ def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
     if share < 0.1:
         return []
     sev: Severity = "critical" if share >= 0.3 else "warning"
-    return [Finding("host_swap", sev, 0.9,
-                    f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
-                    "MB/s): memory is overcommitted.",
-                    {"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
-                     "mem_available_min_mib": sig.mem_available_min_mib},
-                    [Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
-                         "worker holds batches), smaller in-memory caches, or add RAM",
-                         "every swapped page costs a disk read on the critical path")],
-                    1.0, "swap ≥ 1 MB/s in ≥ 10% of samples")]
+    return [Finding(
+        kind=Kind.HOST_SWAP,
+        severity=sev,
+        confidence=0.9,
+        summary=f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
+                "MB/s): memory is overcommitted.",
+        evidence={"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
+                 "mem_available_min_mib": sig.mem_available_min_mib},
+        fixes=[Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
+              "worker holds batches), smaller in-memory caches, or add RAM",
+              "every swapped page costs a disk read on the critical path")],
+        est_speedup=1.0,
+        rule="swap ≥ 1 MB/s in ≥ 10% of samples",
+    )]
 
 
 def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
@@ -1000,16 +1053,21 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
         return []
     # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
     sev: Severity = "critical" if frac >= 0.95 else "warning" if frac >= 0.8 else "info"
-    return [Finding("shm_pressure", sev, 0.9,
-                    f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
-                    "workers pass batches through it and fail with bus errors when it is full.",
-                    {"shm_peak_mib": round(peak, 1), "shm_total_mib": round(cap, 1),
-                     "shm_peak_share": round(frac, 3)},
-                    [Fix("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
-                         "size=... /dev/shm)", f"only {cap:.0f} MiB available"),
-                     Fix("lower prefetch_factor or batch size; remove stale files in /dev/shm",
-                         "each worker keeps prefetch_factor batches in shared memory")],
-                    1.0, "/dev/shm ≥ 80% full, or < 1 GiB with workers")]
+    return [Finding(
+        kind=Kind.SHM_PRESSURE,
+        severity=sev,
+        confidence=0.9,
+        summary=f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
+                "workers pass batches through it and fail with bus errors when it is full.",
+        evidence={"shm_peak_mib": round(peak, 1), "shm_total_mib": round(cap, 1),
+                 "shm_peak_share": round(frac, 3)},
+        fixes=[Fix("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
+                  "size=... /dev/shm)", f"only {cap:.0f} MiB available"),
+              Fix("lower prefetch_factor or batch size; remove stale files in /dev/shm",
+                  "each worker keeps prefetch_factor batches in shared memory")],
+        est_speedup=1.0,
+        rule="/dev/shm ≥ 80% full, or < 1 GiB with workers",
+    )]
 
 
 # --- DDP -----------------------------------------------------------------------------------------
@@ -1036,16 +1094,21 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
         ev = {"rank": r["rank"], "host": host, "cause": "input", "ranks": sig.ranks_detail,
               "stall_fraction": r["stall_fraction"], "data_wait_share": r["stall_fraction"],
               "best_rank": best["rank"], "best_stall_fraction": best["stall_fraction"]}
-        return [Finding("straggler_rank", "critical" if r["stall_fraction"] >= STALL_CRIT
-                        else "warning", 0.85,
-                        f"Rank {r['rank']} holds the job back: it waited for data "
-                        f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
-                        f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
-                        f"rank wait for {where}.",
-                        ev, fixes,
-                        _prep_estimate(sig) if ps >= fs else _speedup(r["stall_fraction"]),
-                        f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
-                        f"rank {best['rank']}'s {best['stall_fraction']:.0%}")]
+        return [Finding(
+            kind=Kind.STRAGGLER_RANK,
+            severity="critical" if r["stall_fraction"] >= STALL_CRIT
+                     else "warning",
+            confidence=0.85,
+            summary=f"Rank {r['rank']} holds the job back: it waited for data "
+                    f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
+                    f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
+                    f"rank wait for {where}.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=_prep_estimate(sig) if ps >= fs else _speedup(r["stall_fraction"]),
+            rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
+                 f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
+        )]
     if sig.comm_straggler is not None and sig.comm_straggler in detail:
         return _comm_straggler(data, sig, detail[sig.comm_straggler])
     per: dict[int, list[float]] = defaultdict(list)
@@ -1059,18 +1122,23 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
     if typical <= 0 or med[slow] < 1.2 * typical:
         return []
     wshare = (detail.get(slow) or {}).get("stall_fraction") or 0.0
-    return [Finding("straggler_rank", "warning", 0.8,
-                    f"Rank {slow} is a straggler: its median step takes "
-                    f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
-                    "wait for it at every all-reduce.",
-                    {"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
-                     "typical_step_ms": round(typical * 1000, 1),
-                     "data_wait_share": round(wshare, 3), "ranks": sig.ranks_detail},
-                    [Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
-                         + (" (input-bound there)" if wshare >= STALL_WARN else
-                            " (slow compute: check that GPU's clocks/throttling)"),
-                         "all ranks go at the pace of the slowest")],
-                    round(med[slow] / typical, 2), "slowest rank ≥ 1.2× the median rank")]
+    return [Finding(
+        kind=Kind.STRAGGLER_RANK,
+        severity="warning",
+        confidence=0.8,
+        summary=f"Rank {slow} is a straggler: its median step takes "
+                f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
+                "wait for it at every all-reduce.",
+        evidence={"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
+                 "typical_step_ms": round(typical * 1000, 1),
+                 "data_wait_share": round(wshare, 3), "ranks": sig.ranks_detail},
+        fixes=[Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
+              + (" (input-bound there)" if wshare >= STALL_WARN else
+                 " (slow compute: check that GPU's clocks/throttling)"),
+              "all ranks go at the pace of the slowest")],
+        est_speedup=round(med[slow] / typical, 2),
+        rule="slowest rank ≥ 1.2× the median rank",
+    )]
 
 
 def _host_of(data: RunData, rank: int) -> str:
@@ -1136,17 +1204,23 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
           "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
           "runq_wait_pct": runq, "peers_runq_wait_pct": peer_runq,
           "data_wait_share": r.get("stall_fraction")}
-    return [Finding("straggler_rank", "critical" if gap >= STALL_CRIT else "warning", 0.85,
-                    f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
-                    f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
-                    f"{r.get('comm_share') or 0.0:.0%}; {why}.",
-                    ev, fixes, _speedup(gap),
-                    f"peers' communication wait {peer_comm:.0%} ≥ "
-                    f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
-                    f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
-                    f"{'probe' if mine is not None else 'sampled stacks'}); "
-                    + ("run-queue wait ≥ 20% and ≥ 20 points above the others'"
-                       if cause == "cpu" else "its data wait is not the cause"))]
+    return [Finding(
+        kind=Kind.STRAGGLER_RANK,
+        severity="critical" if gap >= STALL_CRIT else "warning",
+        confidence=0.85,
+        summary=f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
+                f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
+                f"{r.get('comm_share') or 0.0:.0%}; {why}.",
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=_speedup(gap),
+        rule=f"peers' communication wait {peer_comm:.0%} ≥ "
+             f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
+             f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
+             f"{'probe' if mine is not None else 'sampled stacks'}); "
+             + ("run-queue wait ≥ 20% and ≥ 20 points above the others'"
+                if cause == "cpu" else "its data wait is not the cause"),
+    )]
 
 
 def _busy_host(sig: Signals) -> tuple[float, float] | None:
@@ -1210,11 +1284,18 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
         ev["busiest_others"] = others_busy
     if len(ranks) >= 2:
         ev["ranks"] = ranks
-    return [Finding("cpu_contention", "critical" if least >= STALL_CRIT * 100 else "warning",
-                    0.8, summary, ev, fixes, _speedup(least / 100),
-                    f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
-                    f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
-                    f"core busy ({others:.1f})")]
+    return [Finding(
+        kind=Kind.CPU_CONTENTION,
+        severity="critical" if least >= STALL_CRIT * 100 else "warning",
+        confidence=0.8,
+        summary=summary,
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=_speedup(least / 100),
+        rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
+             f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
+             f"core busy ({others:.1f})",
+    )]
 
 
 def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
@@ -1231,16 +1312,16 @@ def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
     shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in waiting)
     who, their = (f"Rank {names} waits", "its") if len(waiting) == 1 else (
         f"Ranks {names} wait", "their")
-    return [Finding("waiting_for_peers", "info", 0.85,
-                    f"{who} for rank {slow} in the all-reduce ({shares} of {their} step "
+    return [Finding(kind=Kind.WAITING_FOR_PEERS, severity="info", confidence=0.85,
+                    summary=f"{who} for rank {slow} in the all-reduce ({shares} of {their} step "
                     f"time): {their} devices sit idle there, so {their} step looks like "
                     f"compute. It goes away with rank {slow}'s own cause.",
-                    {"rank": slow, "waiting_ranks": [d["rank"] for d in waiting],
+                    evidence={"rank": slow, "waiting_ranks": [d["rank"] for d in waiting],
                      "comm_share": {str(d["rank"]): d["comm_share"] for d in waiting}},
-                    [Fix(f"fix rank {slow} (the straggler finding); nothing to change on "
+                    fixes=[Fix(f"fix rank {slow} (the straggler finding); nothing to change on "
                          f"rank{'s' if len(waiting) > 1 else ''} {names}", f"{their} wait is "
                          f"rank {slow}'s slowness, passed on by the collective")],
-                    1.0, f"communication wait ≥ {COMM_GAP:.0%} of the step while "
+                    est_speedup=1.0, rule=f"communication wait ≥ {COMM_GAP:.0%} of the step while "
                     f"rank {slow} is the straggler")]
 
 
@@ -1269,23 +1350,28 @@ def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
         told = (" (sampled stacks give shares, not each step's times, so the transfer itself "
                 "and the wait for each step's slowest rank cannot be told apart: the probe, "
                 "`stallscope.watch(loader)` in each rank, splits them)")
-    return [Finding("communication_bound", "critical" if least >= STALL_CRIT else "warning", 0.8,
-                    f"Communication-bound: every rank spends at least {least:.0%} of its step in "
-                    "collectives (the gradient all-reduce), and no rank is waited for: the "
-                    f"network or the topology is the limit{told}.",
-                    {"comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
-                     "transfer_share": transfer, "ranks": ranks},
-                    [Fix("all-reduce less often: a larger batch per rank, or gradient "
-                         "accumulation with model.no_sync() for all but the last micro-batch",
-                         "the collective's cost is per step, not per sample"),
-                     Fix("send less: a compression hook (model.register_comm_hook(None, "
-                         "fp16_compress_hook)) or larger buckets (bucket_cap_mb)",
-                         "fewer bytes, fewer round trips"),
-                     Fix("check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
-                         "`nvidia-smi topo -m` for the GPUs' links",
-                         "a fallback to sockets or PCIe across sockets multiplies the cost")],
-                    _speedup(least), f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
-                    "its step, no straggler")]
+    return [Finding(
+        kind=Kind.COMMUNICATION_BOUND,
+        severity="critical" if least >= STALL_CRIT else "warning",
+        confidence=0.8,
+        summary=f"Communication-bound: every rank spends at least {least:.0%} of its step in "
+                "collectives (the gradient all-reduce), and no rank is waited for: the "
+                f"network or the topology is the limit{told}.",
+        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
+                 "transfer_share": transfer, "ranks": ranks},
+        fixes=[Fix("all-reduce less often: a larger batch per rank, or gradient "
+                  "accumulation with model.no_sync() for all but the last micro-batch",
+                  "the collective's cost is per step, not per sample"),
+              Fix("send less: a compression hook (model.register_comm_hook(None, "
+                  "fp16_compress_hook)) or larger buckets (bucket_cap_mb)",
+                  "fewer bytes, fewer round trips"),
+              Fix("check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
+                  "`nvidia-smi topo -m` for the GPUs' links",
+                  "a fallback to sockets or PCIe across sockets multiplies the cost")],
+        est_speedup=_speedup(least),
+        rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
+             "its step, no straggler",
+    )]
 
 
 def _rank_jitter(sig: Signals, least: float, transfer: float) -> Finding:
@@ -1293,26 +1379,30 @@ def _rank_jitter(sig: Signals, least: float, transfer: float) -> Finding:
     of it: each step waits for that step's slowest rank, a different one each time."""
     jitter = least - transfer
     return Finding(
-        "rank_jitter", "critical" if jitter >= STALL_CRIT else "warning", 0.8,
-        f"The ranks wait for each other, not for the network: every rank spends at least "
-        f"{least:.0%} of its step in collectives, but the all-reduce itself takes "
-        f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
-        "that step's slowest rank, a different one each time: the ranks' step times vary "
-        "from step to step.",
-        {"comm_share": {str(d["rank"]): d["comm_share"] for d in sig.ranks_detail},
-         "transfer_share": transfer, "jitter_share": round(jitter, 3),
-         "ranks": sig.ranks_detail},
-        [Fix("make every rank's step as even as possible: enough DataLoader workers and "
-             "prefetch_factor that no batch arrives late, no other work on the trainers' cores "
-             "(one CPU thread per rank: torch.set_num_threads), batches of even size "
-             "(bucket sequences by length)",
-             "a step lasts as long as its slowest rank's; spikes on any rank cost every rank"),
-         Fix("look at one rank's steps over time (stallscope report RUN): spikes at a "
-             "period point to garbage collection (gc.freeze() after setup) or logging",
-             "periodic spikes have one cause; random ones come from contention")],
-        _speedup(jitter),
-        f"every rank's communication wait ≥ {COMM_HEAVY:.0%}, the transfer (least wait per "
-        "step) under half of it (per-step records)")
+        kind=Kind.RANK_JITTER,
+        severity="critical" if jitter >= STALL_CRIT else "warning",
+        confidence=0.8,
+        summary=f"The ranks wait for each other, not for the network: every rank spends at least "
+                f"{least:.0%} of its step in collectives, but the all-reduce itself takes "
+                f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
+                "that step's slowest rank, a different one each time: the ranks' step times vary "
+                "from step to step.",
+        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in sig.ranks_detail},
+                 "transfer_share": transfer, "jitter_share": round(jitter, 3),
+                 "ranks": sig.ranks_detail},
+        fixes=[Fix("make every rank's step as even as possible: enough DataLoader workers and "
+                  "prefetch_factor that no batch arrives late, no other work on the trainers' "
+                  "cores "
+                  "(one CPU thread per rank: torch.set_num_threads), batches of even size "
+                  "(bucket sequences by length)",
+                  "a step lasts as long as its slowest rank's; spikes on any rank cost every rank"),
+              Fix("look at one rank's steps over time (stallscope report RUN): spikes at a "
+                  "period point to garbage collection (gc.freeze() after setup) or logging",
+                  "periodic spikes have one cause; random ones come from contention")],
+        est_speedup=_speedup(jitter),
+        rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%}, the transfer (least wait per "
+             "step) under half of it (per-step records)",
+    )
 
 
 # --- disk health (from stallscope disk / SMART) --------------------------------------------------
@@ -1324,15 +1414,17 @@ def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
         if verdict not in ("ageing", "failing"):
             continue
         dsev: Severity = "critical" if verdict == "failing" else "warning"
-        out.append(Finding("disk_health", dsev, 0.9,
-                           f"The dataset's drive {drive.get('device')} is {verdict}: "
+        out.append(Finding(kind=Kind.DISK_HEALTH, severity=dsev, confidence=0.9,
+                           summary=f"The dataset's drive {drive.get('device')} is {verdict}: "
                            + "; ".join(drive.get("reasons", [])[:3]),
-                           {"device": drive.get("device"), "model": drive.get("model"),
+                           evidence={"device": drive.get("device"), "model": drive.get("model"),
                             "verdict": verdict, "reasons": drive.get("reasons", []),
                             "growth": drive.get("growth", {})},
-                           [Fix("back up the dataset and checkpoints now; plan to replace the "
+                           fixes=[Fix("back up the dataset and checkpoints now; plan to replace "
+                                      "the "
                                 "drive", "SMART counters that grow predict failure")],
-                           1.0, "SMART verdict ageing/failing (see docs/disk-health.md)"))
+                           est_speedup=1.0, rule="SMART verdict ageing/failing (see "
+                                                 "docs/disk-health.md)"))
     return out
 
 
@@ -1343,18 +1435,20 @@ def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
     both on unnamed inter-op threads). The run is never called compute-bound then."""
     if not sig.tf_trainer or sig.stall_source is not None or sig.gpus:
         return []
-    return [Finding("data_wait_unknown", "info", 0.5,
-                    f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data runs "
+    return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
+                    summary=f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data "
+                            "runs "
                     "its input pipeline on threads inside the trainer, which system metrics "
                     "cannot tell from the training step's, so whether it waits for data is not "
                     "known without the probe.",
-                    sig.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
+                    evidence=sig.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
                                  "disk_util_median_pct"),
-                    [Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
+                    fixes=[Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
                          "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
                          "loop", "the probe times each step's wait for its element inside the "
                          "train function")],
-                    1.0, "TensorFlow threads (tf_*) in the trainer, no probe, no GPU")]
+                    est_speedup=1.0, rule="TensorFlow threads (tf_*) in the trainer, no probe, "
+                                          "no GPU")]
 
 
 #: a running run younger than this has not shown whether its loader has worker processes
@@ -1378,19 +1472,22 @@ def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
     read = sig.main_read_kb_s
     reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
              else "")
-    return [Finding("data_wait_unknown", "info", 0.5,
-                    f"The trainer has no DataLoader worker processes: it loads and prepares "
+    return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
+                    summary="The trainer has no DataLoader worker processes: it loads and "
+                            "prepares "
                     f"data on its own threads between its steps{reads}, and system metrics "
                     f"cannot tell that time from compute ({sig.main_cpu_pct or 0:.0f}% CPU), so "
                     "whether it waits for data is not known without the probe.",
-                    sig.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share", "workers",
-                                 "host_cpu_median_pct", "disk_util_median_pct"),
-                    [Fix("wrap the loader with stallscope.watch(loader)",
+                    evidence=sig.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share",
+                                          "workers", "host_cpu_median_pct",
+                                          "disk_util_median_pct"),
+                    fixes=[Fix("wrap the loader with stallscope.watch(loader)",
                          "the probe times each step's wait for its batch"),
                      Fix("DataLoader(num_workers=N): load in worker processes beside the step",
                          "loading then overlaps the step instead of adding to it (and system "
                          "metrics can see it)")],
-                    1.0, "no DataLoader workers, no probe, no GPU, not TensorFlow")]
+                    est_speedup=1.0, rule="no DataLoader workers, no probe, no GPU, not "
+                                          "TensorFlow")]
 
 
 #: how long a GPU must sit idle while held before it is called held-idle, and what "held" is
@@ -1434,15 +1531,16 @@ def rule_gpu_held_idle(data: RunData, sig: Signals) -> list[Finding]:
         ev = {"gpu": s.entity, "idle_s": round(idle_s), "util_max_pct": max(
             v for t, v in zip(s.ts, s.v) if t >= since), "holders": holders}
         out.append(Finding(
-            "gpu_held_idle", "warning", 0.9,
-            f"{s.entity} did no work for the last {idle_s / 60:.0f} min while {who} "
+            kind=Kind.GPU_HELD_IDLE, severity="warning", confidence=0.9,
+            summary=f"{s.entity} did no work for the last {idle_s / 60:.0f} min while {who} "
             f"held {sum(h['mem_mib'] for h in holders):.0f} MiB of its memory: allocated, "
-            "unused.", ev,
-            [Fix("end or release the job holding it (or lower its GPU request)",
+            "unused.", evidence=ev,
+            fixes=[Fix("end or release the job holding it (or lower its GPU request)",
                  "a held GPU cannot be scheduled to another job"),
              Fix("if it should be training: look for a hang (stallscope top --pid PID, "
                  "py-spy dump --pid PID)", "no kernel ran on it for minutes")],
-            1.0, f"GPU utilization ≤ {IDLE_PCT:g}% for ≥ {HELD_IDLE_S / 60:.0f} min while "
+            est_speedup=1.0, rule=f"GPU utilization ≤ {IDLE_PCT:g}% for ≥ {HELD_IDLE_S / 60:.0f} "
+                                  "min while "
                  f"processes hold ≥ {HELD_MIB:.0f} MiB"))
     return out
 
@@ -1476,16 +1574,17 @@ def rule_not_training(data: RunData, sig: Signals) -> list[Finding]:
     stacks = (f"no training frames in {sig.stack_samples} sampled stacks" if sig.stack_samples
               else "no stacks sampled")
     return [Finding(
-        "insufficient_data", "info", 0.9,
-        f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
+        kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.9,
+        summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
         f"{procs} process{'es' if procs > 1 else ''} used {tree:.1f}% of one core and read "
         f"{read:.0f} kB/s. No verdict.",
-        {"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
+        evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
          "d_share": round(blocked, 3), "stack_samples": sig.stack_samples},
-        [Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
+        fixes=[Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
              "the Python process that runs the training loop",
              "the watched processes did no work a training does")],
-        1.0, "no steps, no training frames, no GPU, < 10% of a core, < 100 kB/s read, "
+        est_speedup=1.0, rule="no steps, no training frames, no GPU, < 10% of a core, < 100 kB/s "
+                              "read, "
         "< 10% of samples in D state", too_little_data=True)]
 
 
@@ -1493,13 +1592,14 @@ def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if sig.samples >= 3 or sig.steps >= 10:
         return []
-    return [Finding("insufficient_data", "info", 1.0,
-                    f"Too little data to diagnose: {sig.samples} samples and {sig.steps} steps.",
-                    {"samples": sig.samples, "steps": sig.steps,
+    return [Finding(kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=1.0,
+                    summary=f"Too little data to diagnose: {sig.samples} samples and {sig.steps} "
+                            "steps.",
+                    evidence={"samples": sig.samples, "steps": sig.steps,
                      "duration_s": sig.duration_s},
-                    [Fix("run longer (≥ 30 s of training) or lower --interval",
+                    fixes=[Fix("run longer (≥ 30 s of training) or lower --interval",
                          "rules need several samples to tell a pattern from noise")],
-                    1.0, "< 3 samples and < 10 steps", too_little_data=True)]
+                    est_speedup=1.0, rule="< 3 samples and < 10 steps", too_little_data=True)]
 
 
 Rule = Callable[[RunData, Signals], list[Finding]]
