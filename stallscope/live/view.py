@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.text import Text
 
+from stallscope import units
 from stallscope.collect.collector import Event, Sample
 from stallscope.live.training import WINDOW_S, TrainingView, TrainingWatch
 from stallscope.sources.gpu import health_parts
@@ -119,14 +120,10 @@ def _num(v: Any, width: int, digits: int = 1) -> str:
 
 
 def _rate(kb_s: Any) -> str:
-    """kB/s as a short rate: 812 kB/s, 12.3 MB/s, 1.2 GB/s."""
-    if not isinstance(kb_s, (int, float)):
+    """A ``*_kb_s`` metric (KiB/s) as a short SI rate: 812 kB/s, 12 MB/s, 1.2 GB/s."""
+    if not isinstance(kb_s, (int, float)) or kb_s != kb_s:
         return "-"
-    if kb_s >= 1024 * 1024:
-        return f"{kb_s / 1048576:.1f} GB/s"
-    if kb_s >= 1024:
-        return f"{kb_s / 1024:.1f} MB/s"
-    return f"{kb_s:.0f} kB/s"
+    return units.rate(units.kib(kb_s))
 
 
 def _pct_style(v: Any, warn: float, bad: float) -> str:

@@ -42,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from stallscope import units
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.tools.data import MANIFEST_NAME, iter_samples
 from stallscope.version import __version__
@@ -407,11 +408,8 @@ def plan_shards(
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    """Bytes for people (:func:`stallscope.units.size`: SI)."""
+    return units.size(n)
 
 
 def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stallscope import units
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.signals import (
     BUSY_SPARE,
@@ -149,8 +150,8 @@ def _device_scores(sig: Signals, f: list[str], p: list[str]) -> tuple[int, int]:
         # a limit stands before the device: the device's own idleness says nothing
         fs += 2
         f.append(f"reads of {sig.device} reached the trainer's cgroup read limit "
-                 f"({_size(sig.read_limit_kb_s * 1024)}/s; p95 "  # type: ignore[operator]
-                 f"{_size((sig.disk_rkb_s_p95 or 0) * 1024)}/s)")
+                 f"({units.rate(units.kib(sig.read_limit_kb_s or 0))}; p95 "
+                 f"{units.rate(units.kib(sig.disk_rkb_s_p95 or 0))})")
     elif util is not None:
         if util >= 80:
             fs += 1
@@ -319,14 +320,6 @@ def _input_note(sig: Signals, tf: bool, how: _StallSource) -> str | None:
     return None
 
 
-def _size(n: float) -> str:
-    """Bytes for people: 36 MB, 6.2 GB."""
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}" if n / div < 10 else f"{n / div:.0f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0%}"
 
@@ -454,20 +447,22 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
     capped = (aw is not None and aw < 10 and (sig.disk_util_median_pct or 0) < 50
               and (sig.worker_d_share or sig.main_d_share or 0) >= 0.25)
     if dev and limited(sig):
-        limit = (sig.read_limit_kb_s or 0.0) * 1024
+        limit = units.kib(sig.read_limit_kb_s or 0.0)
+        p95 = units.rate(units.kib(sig.disk_rkb_s_p95 or 0))
         fixes.append(Fix(f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
-                         f"({_size(limit)}/s): raise or lift the I/O limit (cgroup io.max / blkio "
-                         "throttle, `docker run --device-read-bps`, the pod's I/O limits), or "
-                         "copy the dataset to storage the limit does not cover",
-                         f"the device's read rate reached {_size((sig.disk_rkb_s_p95 or 0) * 1024)}"
-                         f"/s (p95) against a limit of {_size(limit)}/s"))
+                         f"({units.rate(limit)}): raise or lift the I/O limit (cgroup io.max / "
+                         "blkio throttle, `docker run --device-read-bps`, the pod's I/O limits), "
+                         "or copy the dataset to storage the limit does not cover",
+                         f"the device's read rate reached {p95} (p95) against a limit of "
+                         f"{units.rate(limit)}"))
     elif dev and capped:
         # what the trainer itself gets; the device total also counts other processes
         rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
         util = sig.disk_util_median_pct or 0.0
         who = "workers" if sig.workers else "the trainer's threads"
         fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
-                         f"~{_size(rate * 1024)}/s, device not busy, {who} waiting): raise "
+                         f"~{units.rate(units.kib(rate))}, device not busy, {who} waiting): "
+                         "raise "
                          "the volume's provisioned throughput/IOPS or lift the I/O limit "
                          "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
                          f"{who} wait on I/O while the device shows {util:.0f}% util and "
@@ -490,9 +485,10 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
     size = data.dataset_bytes
     avail = sig.mem_available_min_mib
     if size and avail and size / 1048576 < 0.7 * avail:
-        fixes.append(Fix(f"dataset {_size(size)} < available RAM "
-                         f"{_size(avail * 1048576)}: cache it in memory (or copy it to /dev/shm or "
-                         "local disk first)", "after one pass every read is served from RAM"))
+        fixes.append(Fix(f"dataset {units.size(size)} < available RAM "
+                         f"{units.size(units.mib(avail))}: cache it in memory (or copy it to "
+                         "/dev/shm or local disk first)",
+                         "after one pass every read is served from RAM"))
     nw = _workers_now(sig)
     if nw is not None and sig.physical_cores and nw < min(4, sig.physical_cores) \
             and not (info.get("rotational") and not info.get("virtual")):
@@ -605,42 +601,34 @@ def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
         fs, _, ps, _ = _fetch_prep_scores(sig)
         if (sig.main_cpu_pct or 0) >= 80 and max(fs, ps) < 2:
             return [Finding(
-                kind=Kind.COMPUTE_BOUND,
-                severity="info",
-                confidence=0.5,
+                kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.5,
                 summary=f"Likely compute-bound: the trainer process computes at "
                         f"{sig.main_cpu_pct:.0f}% CPU while its workers and the disk show "
                         "no saturation.",
                 evidence=sig.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
-                         "disk_util_median_pct"),
+                                      "disk_util_median_pct"),
                 fixes=[Fix("wrap the loader with stallscope.watch(loader) to confirm",
-                      "without the probe or a GPU the data wait is not measured")],
-                est_speedup=1.0,
-                rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)",
-            )]
+                           "without the probe or a GPU the data wait is not measured")],
+                rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)")]
         return []
     if sig.stall_source == "main_thread" and sig.stall_fraction is not None:
         if sig.stall_fraction >= STALL_WARN:
             return []
         busy = sig.main_thread_busy_share or 0.0
         return [Finding(
-            kind=Kind.COMPUTE_BOUND,
-            severity="info",
-            confidence=0.7,
+            kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.7,
             summary=f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
                     f"the time, so it waited for data about {sig.stall_fraction:.0%} "
                     "(an estimate: no probe, no GPU).",
             evidence=sig.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
-                     "main_cpu_pct", "worker_cpu_pct", "workers"),
+                                  "main_cpu_pct", "worker_cpu_pct", "workers"),
             fixes=[Fix("nothing to fix in the input pipeline; to go faster, make the "
-                      "model step cheaper (a larger batch, torch.compile, more "
-                      "torch threads)", "the trainer computes; it rarely waits"),
-                  Fix("wrap the loader with stallscope.watch(loader) to measure it",
-                      "the probe times each step's data wait instead of estimating it")],
-            est_speedup=1.0,
+                       "model step cheaper (a larger batch, torch.compile, more "
+                       "torch threads)", "the trainer computes; it rarely waits"),
+                   Fix("wrap the loader with stallscope.watch(loader) to measure it",
+                       "the probe times each step's data wait instead of estimating it")],
             rule=f"estimated data wait {sig.stall_fraction:.0%} < "
-                 f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)",
-        )]
+                 f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)")]
     if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction is None:
         if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct >= 80:
             return [Finding(kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.6,

@@ -9,6 +9,7 @@ functions of the signals (and the run's recorded dataset size): docs/diagnosis.m
 
 from __future__ import annotations
 
+from stallscope import units
 from stallscope.analysis.diagnose.model import Fix, RunData
 from stallscope.analysis.diagnose.signals import BUSY_SPARE, Signals, spare_cores
 
@@ -26,19 +27,12 @@ def is_tf(sig: Signals) -> bool:
     return sig.config.get("loader_type") == "tf.data"
 
 
-def _size(n: float) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _fits_in_ram(data: RunData, sig: Signals) -> str | None:
     """'36 MB < 5.1 GB available' when the dataset (``--data``) fits comfortably in RAM."""
     size = data.dataset_bytes
     avail = sig.mem_available_min_mib
     if size and avail and size / 1048576 < 0.5 * avail:
-        return f"{_size(size)} < {_size(avail * 1048576)} available"
+        return f"{units.size(size)} < {units.size(units.mib(avail))} available"
     return None
 
 
