@@ -148,7 +148,7 @@ def test_live_host_sample_has_contract_keys() -> None:
 # --- the read limit of this process's cgroup (the tuner's storage bound) --------------------------
 
 def test_parse_read_caps_v1_and_v2() -> None:
-    from stallscope.sources.host import parse_read_caps
+    from stallscope.sources.cgroup import parse_read_caps
 
     assert parse_read_caps("8:0 4000000\n254:0 10485760\n") == {"8:0": 4000000,
                                                                "254:0": 10485760}
@@ -159,7 +159,7 @@ def test_parse_read_caps_v1_and_v2() -> None:
 
 
 def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -> None:
-    from stallscope.sources.host import read_caps
+    from stallscope.sources.cgroup import read_caps
 
     proc, cg = tmp_path / "proc", tmp_path / "cg"
     (proc / "42").mkdir(parents=True)
@@ -177,6 +177,30 @@ def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -
     assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {}
 
 
+def test_cgroup_cpu_quota_is_read_under_the_given_root(tmp_path: Path) -> None:
+    """The quota reader hard-coded /sys/fs/cgroup; like every other reader it takes its root."""
+    from stallscope.sources.cgroup import cgroup_cpus, usable_cores
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    assert cgroup_cpus(str(v2)) is None  # nothing there
+    (v2 / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpus(str(v2)) == 2
+    assert usable_cores(str(v2)) <= 2
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpus(str(v2)) is None
+    (v2 / "cpu.max").write_text("garbage\n")
+    assert cgroup_cpus(str(v2)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpus(str(v1)) == 3
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpus(str(v1)) is None
+    assert usable_cores(str(tmp_path / "none")) >= 1
+
+
 def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: str) -> None:
     """examples/constrain.py caps reads of tmp_path's disk in a real cgroup; a process in it
     reads that limit back."""
@@ -185,7 +209,7 @@ def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: s
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    code = "import json; from stallscope.sources.host import read_caps; " \
+    code = "import json; from stallscope.sources.cgroup import read_caps; " \
         "print(json.dumps(read_caps()))"
     out = subprocess.run([sys.executable, str(root / "examples" / "constrain.py"),
                           "--read-bps", "3000000", "--data", str(tmp_path), "--cgroup",

@@ -17,10 +17,10 @@ Typical use::
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +37,8 @@ from stallscope.store.index import record_run
 from stallscope.store.rundir import writer_stamp
 
 __all__ = ["Session", "data_devices", "dataset_bytes"]
+
+log = logging.getLogger("stallscope.collect")
 
 #: seconds the background walk of the dataset may take before its size is left unknown
 DATASET_WALK_S = 10.0
@@ -221,7 +223,7 @@ class Session:
             self._note_read_limits(root_pid)
 
     def _note_read_limits(self, root_pid: int) -> None:
-        from stallscope.sources.host import read_limits
+        from stallscope.sources.cgroup import read_limits
 
         limits = read_limits(root_pid)
         if limits:
@@ -277,7 +279,7 @@ class Session:
                 f"count: {exc.strerror or exc}); it still says the run started")
         self.store.finish_and_close()
         if self.not_recorded:
-            sys.stderr.write("stallscope: not recorded: " + "; ".join(self.not_recorded) + "\n")
+            log.warning("not recorded: %s", "; ".join(self.not_recorded))
         return meta
 
     def _record_others(self, meta: dict[str, Any]) -> None:

@@ -263,7 +263,7 @@ class OnlineTuner:
 
     def __post_init__(self) -> None:
         if not self.cores:
-            from stallscope.sources.host import usable_cores
+            from stallscope.sources.cgroup import usable_cores
 
             self.cores = usable_cores()
         if self.state_path is None:

@@ -39,13 +39,9 @@ __all__ = [
     "parse_pressure",
     "parse_pressure_totals",
     "parse_proc_stat",
-    "parse_read_caps",
     "parse_vmstat",
-    "read_caps",
     "read_devices",
-    "read_limits",
     "swap_ins",
-    "usable_cores",
 ]
 
 
@@ -376,51 +372,10 @@ class HostSource(Source):
                              self._psi_total)
 
 
-# --- what this process may use ------------------------------------------------------------------
-def usable_cores() -> int:
-    """Physical cores this process may run on: affinity and the cgroup CPU quota both cap it."""
-    import psutil
-
-    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = physical
-    return max(1, min(physical, allowed, _cgroup_cpus() or allowed))
-
-
-def _cgroup_cpus() -> int | None:
-    for path, parse in (("/sys/fs/cgroup/cpu.max", _v2_quota),
-                        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", _v1_quota)):
-        try:
-            with open(path) as f:
-                n = parse(f.read(), path)
-        except (OSError, ValueError):
-            continue
-        if n:
-            return n
-    return None
-
-
-def _v2_quota(text: str, _path: str) -> int | None:
-    quota, period = text.split()[:2]
-    if quota == "max":
-        return None
-    return max(1, int(int(quota) / int(period)))
-
-
-def _v1_quota(text: str, path: str) -> int | None:
-    quota = int(text.strip())
-    if quota <= 0:
-        return None
-    with open(path.replace("cfs_quota_us", "cfs_period_us")) as f:
-        period = int(f.read().strip())
-    return max(1, int(quota / period))
-
-
 def swap_ins() -> int:
-    """Pages swapped in since boot (psutil's ``sin``; 0 where it cannot be read): a rise over
-    a trial or an epoch means the machine swapped during it."""
+    """Bytes swapped in since boot (psutil's ``sin``, the kernel's pswpin pages times the page
+    size; 0 where it cannot be read): a rise over a trial or an epoch means the machine swapped
+    during it."""
     import psutil
 
     try:
@@ -429,69 +384,7 @@ def swap_ins() -> int:
         return 0
 
 
-# --- what this process may read -----------------------------------------------------------------
-def parse_read_caps(text: str) -> dict[str, int]:
-    """Read limits in bytes/s per device ``major:minor`` from a cgroup v1
-    ``blkio.throttle.read_bps_device`` (``8:0 4000000``) or a v2 ``io.max`` (``8:0 rbps=4000000
-    wbps=max ...``); devices without a read limit are left out, odd lines skipped."""
-    caps: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 2 or ":" not in fields[0]:
-            continue
-        value = fields[1]
-        for f in fields[1:]:
-            if f.startswith("rbps="):
-                value = f[5:]
-                break
-        else:
-            if "=" in value:  # an io.max line with no rbps key: no read limit
-                continue
-        try:
-            bps = int(value) if value.isascii() and value.isdigit() else 0
-        except ValueError:
-            bps = 0
-        if bps > 0:
-            caps[fields[0]] = bps
-    return caps
-
-
-def read_caps(pid: int | str = "self", *, proc_root: str = "/proc",
-              cg_root: str = "/sys/fs/cgroup") -> dict[str, int]:
-    """Bytes per second the process may read from each device (``major:minor``) under the I/O
-    limits of its cgroup and every cgroup above it (the smallest wins): cgroup v1's blkio
-    throttle or v2's ``io.max`` (``docker run --device-read-bps`` sets either). {} where none
-    applies or none can be read."""
-    try:
-        with open(f"{proc_root}/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return {}
-    caps: dict[str, int] = {}
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            base, name = cg_root, "io.max"
-        elif "blkio" in controllers.split(","):
-            base, name = f"{cg_root}/{controllers}", "blkio.throttle.read_bps_device"
-        else:
-            continue
-        rel = [p for p in path.split("/") if p and p not in (".", "..")]
-        for depth in range(len(rel), -1, -1):
-            d = "/".join([base, *rel[:depth]])
-            try:
-                with open(f"{d}/{name}") as f:
-                    text = f.read(65536)
-            except OSError:
-                continue
-            for dev, bps in parse_read_caps(text).items():
-                caps[dev] = min(bps, caps.get(dev, bps))
-    return caps
-
-
+# --- what this process has read ---------------------------------------------------------------
 def read_devices(proc_root: str = "/proc") -> dict[str, int]:
     """Bytes read so far from each block device, ``major:minor`` -> bytes (``/proc/diskstats``);
     {} where it cannot be read."""
@@ -503,16 +396,3 @@ def read_devices(proc_root: str = "/proc") -> dict[str, int]:
     except (OSError, ParseError):
         return {}
     return {f"{r.major}:{r.minor}": 512 * r.rd_sectors for r in rows}
-
-
-def read_limits(pid: int | str) -> dict[str, int]:
-    """:func:`read_caps` of process ``pid`` keyed by device name (``vda``), as the disk source
-    names devices; devices without a name are left out."""
-    from stallscope.sources.blockdev import device_name
-
-    out: dict[str, int] = {}
-    for devnum, bps in read_caps(pid).items():
-        name = device_name(devnum)
-        if name:
-            out[name] = bps
-    return out

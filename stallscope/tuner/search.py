@@ -43,8 +43,8 @@ from typing import Any
 import psutil
 
 from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, MIN_GAIN, rate
-from stallscope.sources.host import read_caps as host_read_caps
-from stallscope.sources.host import usable_cores
+from stallscope.sources.cgroup import read_caps as host_read_caps
+from stallscope.sources.cgroup import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, run_trial
 from stallscope.tuner.target import Target, call_text
 
