@@ -21,5 +21,5 @@ torch_index=()
 if [ -n "${STALLSCOPE_TORCH_INDEX:-}" ]; then torch_index=(--index-url "$STALLSCOPE_TORCH_INDEX"); fi
 .venv/bin/python -m pip install -q "${torch_index[@]}" "torch==${STALLSCOPE_TORCH_VERSION:-2.13.0}"
 # the runtime and what the demo and the report use; scripts/test.sh adds the test tools
-.venv/bin/python -m pip install -q -e ".[torch,report,pack,parquet]"
+.venv/bin/python -m pip install -q -e ".[torch,report,parquet]"
 echo "setup: done — try: .venv/bin/stallscope run -- .venv/bin/python examples/train_cpu.py" >&2

@@ -17,8 +17,10 @@ then
   # shellcheck source=scripts/_apt.sh
   source scripts/_apt.sh
   apt_install sysstat smartmontools fio chromium prometheus prometheus-alertmanager tmux
-  # test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...)
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  # test and lint dependencies (pytest, hypothesis, ruff, mypy, Lightning, transformers...):
+  # pyproject.toml's dependency group "dev" (PEP 735), read by scripts/group.py
+  .venv/bin/python scripts/group.py dev > .venv/dev-requirements.txt
+  .venv/bin/python -m pip install -q -e . -r .venv/dev-requirements.txt
 fi
 mkdir -p artifacts
 .venv/bin/ruff check stallscope tests benchmarks examples

@@ -3,8 +3,8 @@
 Each :class:`Metric` names the source it comes from, its key in that source's payload (the
 ``snapshot --json`` key), its unit, whether it is a gauge or a rate derived from a counter, the
 classic command it replaces, and the Prometheus name in base units with the factor that converts
-to it. The run store, JSON output, the report and (later) the Prometheus exporter and live view
-all read this table instead of keeping their own lists.
+to it. The run store, JSON output, the report, the agent's Prometheus exporter and the live
+view all read this table instead of keeping their own lists.
 
 Raw counters (kind ``"counter"``) are the cumulative kernel counters the rates are computed
 from, kept because Prometheus users expect ``*_total`` counters and take ``rate()``

@@ -539,7 +539,10 @@ def test_under_mig_no_process_utilization_and_no_idle_verdict() -> None:
     assert g["util_pct"] is None and g["processes"]
     assert all(p["sm_pct"] is None and p["mem_util_pct"] is None for p in g["processes"])
     names = {pt.name for pt in source.points([g])}
-    assert "gpu.proc_mem_mib" in names or all(p["used_mib"] is None for p in g["processes"])
+    # the recording holds three processes' memory (2,296, 1,272 and 7,484 MiB): kept, per pid
+    assert sorted(p["used_mib"] for p in g["processes"]) == [1272, 2296, 7484]
+    mem = [pt for pt in source.points([g]) if pt.name == "gpu.proc_mem_mib"]
+    assert sorted(pt.value for pt in mem) == [1272.0, 2296.0, 7484.0]
     assert "gpu.proc_sm_pct" not in names and "gpu.util_pct" not in names
 
 

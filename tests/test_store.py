@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,8 @@ def test_run_dirs_and_lookup(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     a = new_run_dir(out, "python train.py", now=0)
     b = new_run_dir(out, "python train.py", now=0)
-    assert (a != b and a.name.startswith("19700101-")) or a.name[:8].isdigit()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(0))  # local time, as the names
+    assert a.name == f"{stamp}-python-train.py" and b.name == f"{a.name}-1", (a.name, b.name)
     for d in (a, b):
         write_meta(d, {"command": ["x"], "start": 1.0})
     assert list_runs(out) == [a, b]

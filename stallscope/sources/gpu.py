@@ -451,7 +451,8 @@ class GpuReading:
     devices"); None when the GPU is not in MIG mode."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The ``snapshot --json`` shape (processes as ``{"pid", "used_mib"}`` dicts)."""
+        """The ``snapshot --json`` shape: every field, processes and MIG instances as dicts of
+        their own fields (:class:`GpuProcess`: pid, used_mib, sm_pct, mem_util_pct)."""
         return asdict(self)
 
 

@@ -52,11 +52,11 @@ __all__ = [
     "DEFAULT_RANKS",
     "FORMAT",
     "MANIFEST_NAME",
+    "DatasetSource",
     "PackError",
     "PackProgress",
     "PackResult",
     "ShardRecord",
-    "Source",
     "SourceFile",
     "VerifyResult",
     "auto_shard_bytes",
@@ -118,7 +118,7 @@ class SourceFile:
 
 
 @dataclass(frozen=True)
-class Source:
+class DatasetSource:
     """What ``SRC`` holds, in canonical (sorted or listed) order."""
 
     kind: str  # "imagefolder" | "csv" | "jsonl"
@@ -186,7 +186,7 @@ def _check_unique(files: Sequence[SourceFile]) -> None:
             raise PackError(f"{f.path}: the field 'cls' is reserved for the label")
 
 
-def scan_imagefolder(root: str, *, strict_keys: bool = False) -> Source:
+def scan_imagefolder(root: str, *, strict_keys: bool = False) -> DatasetSource:
     """Read an ImageFolder tree: ``root/<class>/**/<file>``, label = index of the class in the
     sorted class names (torchvision's ``ImageFolder`` rule). Unlike torchvision, every file is
     packed whatever its extension; hidden files and folders (``.name``) are skipped, and files
@@ -231,7 +231,7 @@ def scan_imagefolder(root: str, *, strict_keys: bool = False) -> Source:
     if empty:
         notes.append(f"class folder(s) without files keep their index: {', '.join(empty[:5])}")
     _check_unique(files)
-    return Source("imagefolder", root, tuple(files), tuple(classes), renamed, tuple(notes))
+    return DatasetSource("imagefolder", root, tuple(files), tuple(classes), renamed, tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def _labels(entries: Sequence[ListEntry]) -> tuple[list[int | None], tuple[str, 
     return [None if e.label is None else index[e.label] for e in entries], tuple(names)
 
 
-def read_filelist(path: str, *, strict_keys: bool = False) -> Source:
+def read_filelist(path: str, *, strict_keys: bool = False) -> DatasetSource:
     """Read a CSV / JSON-lines file list. Relative paths are relative to the list's folder;
     keys are the ``key`` column if given, else each path relative to the folder all listed
     files share, without extension."""
@@ -329,10 +329,10 @@ def read_filelist(path: str, *, strict_keys: bool = False) -> Source:
         renamed += ren
         files.append(SourceFile(full, key, fld, st.st_size, st.st_mtime_ns, label))
     _check_unique(files)
-    return Source(fmt, path, tuple(files), classes, renamed)
+    return DatasetSource(fmt, path, tuple(files), classes, renamed)
 
 
-def open_source(src: str, *, strict_keys: bool = False) -> Source:
+def open_source(src: str, *, strict_keys: bool = False) -> DatasetSource:
     """An ImageFolder tree if ``src`` is a folder, else a CSV / JSON-lines file list."""
     if os.path.isdir(src):
         return scan_imagefolder(src, strict_keys=strict_keys)
@@ -824,7 +824,7 @@ def _check_args(src_abs: str, dst_abs: str, dst: str, workers: int, shard_size: 
         raise PackError(f"{dst}: the destination is inside the source folder")
 
 
-def _make_plan(source: Source, shard_size: int | None, samples_per_shard: int | None,
+def _make_plan(source: DatasetSource, shard_size: int | None, samples_per_shard: int | None,
                shuffle_seed: int | None, strict_keys: bool, ranks: int,
                loader_workers: int) -> _Plan:
     """Order the samples (seeded shuffle or source order), cut them into shards and name the
@@ -851,7 +851,7 @@ def _make_plan(source: Source, shard_size: int | None, samples_per_shard: int | 
     return _Plan(files, sizes, shards, options, fingerprint, plan_id)
 
 
-def _pack_warnings(source: Source, plan: _Plan, ranks: int, loader_workers: int,
+def _pack_warnings(source: DatasetSource, plan: _Plan, ranks: int, loader_workers: int,
                    readers_given: bool = True) -> list[str]:
     """The source's notes, renamed keys, and what the shard layout costs its readers."""
     warnings = list(source.notes)
@@ -876,7 +876,7 @@ def _open_dst(dst: str, dst_abs: str, plan_id: str, overwrite: bool) -> dict[str
     return previous
 
 
-def _manifest(source: Source, plan: _Plan) -> dict[str, Any]:
+def _manifest(source: DatasetSource, plan: _Plan) -> dict[str, Any]:
     """The manifest of ``plan``, not complete yet and with no shard written."""
     return {
         "format": FORMAT,
@@ -984,7 +984,7 @@ def _pack_shards(
     save: Callable[..., None],
     workers: int,
     progress: PackProgress,
-    source: Source,
+    source: DatasetSource,
     warnings: list[str],
 ) -> PackResult:
     save()

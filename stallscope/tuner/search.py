@@ -295,7 +295,7 @@ class Search:
         w = best.config.get("num_workers", 0)
         if w > 0 and self._cpu_bound(best):
             # every usable core busy loading or stepping: batches in flight add no CPU
-            # (measured on 2 cores: prefetch_factor 4 ran 3-5% slower than 2 at 2 workers)
+            # (docs/tune.md, "What the tuner's rules rest on")
             self.notes.append(f"prefetch_factor not tried: {_short(best.config)} keeps the "
                               f"{self.cores} usable cores {self._tree_share(best):.0%} busy")
         elif w > 0 and self.storage_bound and \
@@ -331,10 +331,9 @@ class Search:
         """Measure the best and a runner-up within 15% of it once more each for half a window
         (runner-up first), back to back, and keep the time-weighted averages: one window is a
         noisy figure, and a close call decided by noise costs more than the one window this
-        takes. (Two full windows made the tuner take 0.38 of an exhaustive grid's time on 2
-        cores, against a goal of 0.35: bench_tune.py.) A lighter runner-up still within
-        ``ALIKE`` of the best after that is recommended: alike within the noise (one window
-        each is too noisy to say so: a rate moved by 3-10% between 3-s windows on 2 cores)."""
+        takes. A lighter runner-up still within ``ALIKE`` of the best after that is
+        recommended: alike within the noise (docs/tune.md, "What the tuner's rules rest
+        on")."""
         best = self._best()
         if best is None or not best.samples_per_s:
             return
@@ -523,17 +522,16 @@ class Search:
             cpu = max((source.cpu_ms_per_sample or 0.0) / 1000.0 - c, 0.0) or load
         cpu = min(cpu, load)
         # the trainer's own CPU per sample beside the loading: the step on all its threads
-        # (torch uses every core: on 2 cores a step of 18 ms took 1.1 ms of CPU per sample
-        # of 32, not 0.6) and receiving batches; at least the step's time on one thread
+        # (torch uses every core) and receiving batches; at least the step's time on one
+        # thread
         total = (source.cpu_pct or 0.0) / 100.0 / source.samples_per_s
         main = max(total - cpu, c)
         step = c
         if zero is not None and source.config.get("num_workers") and source.step_ms \
                 and per_batch:
-            # the step as it ran beside a worker: its threads share the cores with the loading
-            # (on 2 cores a 29-33-ms step took 52-88 ms beside one worker, a little more beside
-            # two); the trainer's CPU per sample stays the one measured there (its threads
-            # spinning for the cores included: two workers then kept the cores 190% busy)
+            # the step as it ran beside a worker: its threads share the cores with the loading;
+            # the trainer's CPU per sample stays the one measured there (its threads spinning
+            # for the cores included)
             step = max(c, source.step_ms / 1000.0 / per_batch)
         storage = self._storage_bound(source)
         return {w: rate(w, load, cores=self.cores, step_s=step, cpu_s=cpu, main_cpu_s=main,
