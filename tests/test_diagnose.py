@@ -749,3 +749,16 @@ def test_kinds_carry_their_titles_everywhere() -> None:
                entities=WORKERS, config={"num_workers": 2, "physical_cores": 8})
     for g in diagnose(data)["findings"]:
         assert g["title"] == kind_title(g["kind"]) != g["kind"]
+
+
+def test_evidence_names_only_signals_and_copies_them() -> None:
+    """Signals.evidence copied every field with asdict and dropped a misspelt key silently."""
+    from stallscope.analysis.diagnose.signals import Signals
+
+    sig = Signals(stall_fraction=0.4, ranks_detail=[{"rank": 0}])
+    assert sig.evidence("stall_fraction", "gpu_util_median_pct") == {"stall_fraction": 0.4}
+    ev = sig.evidence("ranks_detail")
+    ev["ranks_detail"].append({"rank": 1})
+    assert sig.ranks_detail == [{"rank": 0}]
+    with pytest.raises(KeyError, match="stall_fracion"):
+        sig.evidence("stall_fracion")

@@ -6,10 +6,11 @@ appear in a finding's evidence, so names carry units.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from stallscope import stats
@@ -177,8 +178,21 @@ class Signals:
     logical_cores: int | None = None
 
     def evidence(self, *keys: str) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: d[k] for k in keys if d.get(k) is not None}
+        """The named signals that have a value, for a finding's evidence (copies, so a finding
+        never shares a list with the signals). A name that is not a signal raises: a misspelt
+        key must not drop evidence silently."""
+        out: dict[str, Any] = {}
+        for k in keys:
+            if k not in _SIGNAL_NAMES:
+                raise KeyError(f"no signal named {k!r}")
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = copy.deepcopy(v) if isinstance(v, (list, dict)) else v
+        return out
+
+
+#: every field of :class:`Signals`, for :meth:`Signals.evidence`'s check
+_SIGNAL_NAMES = frozenset(f.name for f in fields(Signals))
 
 
 def _by_ts_sum(series: list[Series]) -> dict[float, float]:
