@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -243,3 +244,31 @@ def test_the_first_read_hands_raw_counters_only_to_the_sinks_that_export_them() 
     c.sample_once()
     assert len(store.got) == 1 and len(prom.got) == 2 and c.samples == 1
     assert prom.got[1].readings and not prom.got[1].primed
+
+
+def test_the_source_registry_knows_every_source(tmp_path: Path) -> None:
+    """One name -> factory map: make_source builds every source of stallscope/sources by its
+    name (SMART, steps and stacks were wired by hand in three places)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import stallscope.sources as pkg
+    from stallscope.sources import REGISTRY, Source, make_source
+
+    found: set[str] = set()
+    for mod in pkgutil.walk_packages(pkg.__path__, "stallscope.sources."):
+        m = importlib.import_module(mod.name)
+        for _, cls in inspect.getmembers(m, inspect.isclass):
+            if issubclass(cls, Source) and cls is not Source and cls.__module__ == m.__name__ \
+                    and not inspect.isabstract(cls):
+                found.add(cls.name)
+    assert found == set(REGISTRY), (found, set(REGISTRY))
+    kw = {"root_pid": os.getpid(), "run_dir": tmp_path, "smart_devices": ["sda"]}
+    for name in REGISTRY:
+        src = make_source(name, **kw)
+        assert src.name == name
+    with pytest.raises(ValueError, match="unknown source"):
+        make_source("nope")
+    with pytest.raises(ValueError, match="needs run_dir"):
+        make_source("probe")

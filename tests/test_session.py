@@ -330,5 +330,8 @@ def test_a_run_records_the_busiest_processes_beside_it(tmp_path: Path) -> None:
     [run_dir] = list(out.iterdir())
     meta = read_meta(run_dir)
     busy = meta["busy_others"]
-    assert busy and busy[0]["pid"] == hog.pid and busy[0]["cores"] > 0.3, busy
+    # the hog is named with its share of a core (other work on the machine may be busier)
+    hogs = [b for b in busy if b["pid"] == hog.pid]
+    assert hogs and hogs[0]["cores"] > 0.3, busy
+    assert [b["cores"] for b in busy] == sorted((b["cores"] for b in busy), reverse=True)
     assert meta["pid"] not in {b["pid"] for b in busy}

@@ -9,10 +9,10 @@ the store (``meta.json`` end time, sample count; ``run.db`` out of WAL mode).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +36,8 @@ from stallscope.sources.podresources import PodResources
 from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 
 __all__ = ["Agent", "OnlyGpus"]
+
+log = logging.getLogger("stallscope.agent")
 
 
 class OnlyGpus(Source):
@@ -138,11 +140,9 @@ class Agent:
         if cfg.gpus is not None:
             sources = [OnlyGpus(s, cfg.gpus) if s.name == "gpu" else s for s in sources]
         if cfg.smart:
-            from stallscope.sources.smart import SmartSource
-
-            smart = SmartSource(cfg.smart)
-            smart.open()
-            sources.append(smart)
+            smart, smart_why = open_sources(("smart",), smart_devices=cfg.smart)
+            sources += smart
+            unavailable.update(smart_why)
         self.steps = StepFollower(runs_of_indexes(cfg.run_indexes))
         # on Kubernetes, the kubelet says which pod holds which GPU (sources/podresources.py)
         self.kubelet = kubelet_client(cfg.kubelet_socket)
@@ -254,6 +254,5 @@ class Agent:
         try:
             write_meta(self.run_dir, self.meta)
         except OSError as exc:
-            sys.stderr.write(f"stallscope: cannot write {self.run_dir}/meta.json: "
-                             f"{exc.strerror or exc}\n")
+            log.warning("cannot write %s/meta.json: %s", self.run_dir, exc.strerror or exc)
         self.store.finish_and_close()

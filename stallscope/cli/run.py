@@ -235,11 +235,12 @@ def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None
     """Sample the trainer's stacks into the run: from inside a launched command (the
     environment it needs is returned), or with py-spy from outside for ``attach``. A sampler
     that cannot work is one line; the run goes on from system metrics."""
+    from stallscope.sources import make_source
     from stallscope.sources.stacks import inproc, pyspy
-    from stallscope.sources.stacks.source import StacksSource
 
     rate = args.stack_rate or (pyspy.DEFAULT_RATE_HZ if attach else inproc.DEFAULT_RATE_HZ)
-    reason = session.add_source(StacksSource(session.run_dir, attach or (), rate))
+    reason = session.add_source(make_source("stacks", run_dir=session.run_dir,
+                                            attach=attach or (), stack_rate_hz=rate))
     if reason is not None:
         if not args.quiet:
             err_console.print(f"stallscope: no stack sampling: {safe(reason)}; the diagnosis "

@@ -114,16 +114,13 @@ class Session:
         # the first sample should see the trainer from its start
         self.sources, self.unavailable = open_sources(SOURCE_NAMES)
         self.unavailable.update(unavailable or {})
-        # the probe's steps, summarised per rank for the alert engine (data-wait share, slow rank)
-        from stallscope.sources.steps import StepsSource
-
-        self.sources.append(StepsSource(run_dir / "run.db"))
-        if meta.get("data_devices"):  # SMART of the dataset's drives, for the alerts
-            from stallscope.sources.smart import SmartSource
-
-            smart = SmartSource(list(meta["data_devices"]))
-            smart.open()
-            self.sources.append(smart)
+        # the probe's steps, summarised per rank for the alert engine (data-wait share, slow
+        # rank), and SMART of the dataset's drives, for the alerts
+        drives = list(meta.get("data_devices") or ())
+        more, why = open_sources(("probe", "smart") if drives else ("probe",), run_dir=run_dir,
+                                 smart_devices=drives)
+        self.sources += more
+        self.unavailable.update(why)
         self.collector: Collector | None = None
         self._facts: threading.Thread | None = None
         self._health: list[dict[str, Any]] = []

@@ -6,13 +6,16 @@ a source that cannot work here is reported once with its reason and left out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.base import Source
 
-__all__ = ["SOURCE_NAMES", "Source", "make_source", "open_sources", "snapshot_doc"]
+__all__ = ["REGISTRY", "SOURCE_NAMES", "Source", "SourceArgs", "make_source", "open_sources",
+           "snapshot_doc"]
 
 #: every machine-wide source, in display order (``procs`` needs a root pid: see make_source)
 SOURCE_NAMES: tuple[str, ...] = ("gpu", "disk", "host")
@@ -31,39 +34,92 @@ def snapshot_doc(ts: float, interval_s: float, payloads: Mapping[str, Any],
     return doc
 
 
-def make_source(name: str, *, root_pid: int | None = None,
-                disk_devices: Sequence[str] | None = None) -> Source:
-    """Construct (not open) one source by name."""
-    if name == "gpu":
-        from stallscope.sources.gpu import GpuSource
+@dataclass(frozen=True)
+class SourceArgs:
+    """What a source may need besides its name: the trainer's root pid (``procs``), the disks to
+    read (``disk``), the run folder (``probe``: the steps the probe wrote, ``stacks``), the drives whose SMART health to
+    check (``smart``), the pids to sample with py-spy and at what rate (``stacks``)."""
 
-        return GpuSource()
-    if name == "disk":
-        from stallscope.sources.disk import DiskSource
-
-        return DiskSource(devices=disk_devices)
-    if name == "host":
-        from stallscope.sources.host import HostSource
-
-        return HostSource()
-    if name == "procs":
-        from stallscope.sources.procs import ProcsSource
-
-        if root_pid is None:
-            raise ValueError("procs source needs root_pid")
-        return ProcsSource(root_pid)
-    raise ValueError(f"unknown source {name!r}")
+    root_pid: int | None = None
+    disk_devices: Sequence[str] | None = None
+    run_dir: Path | None = None
+    smart_devices: Sequence[str] = ()
+    attach: Sequence[int] = ()
+    stack_rate_hz: float | None = None
 
 
-def open_sources(names: Sequence[str], *, root_pid: int | None = None,
-                 disk_devices: Sequence[str] | None = None
-                 ) -> tuple[list[Source], dict[str, str]]:
-    """Open each named source; returns (working sources, {name: reason} for the others)."""
+def _gpu(_a: SourceArgs) -> Source:
+    from stallscope.sources.gpu import GpuSource
+
+    return GpuSource()
+
+
+def _disk(a: SourceArgs) -> Source:
+    from stallscope.sources.disk import DiskSource
+
+    return DiskSource(devices=a.disk_devices)
+
+
+def _host(_a: SourceArgs) -> Source:
+    from stallscope.sources.host import HostSource
+
+    return HostSource()
+
+
+def _procs(a: SourceArgs) -> Source:
+    from stallscope.sources.procs import ProcsSource
+
+    if a.root_pid is None:
+        raise ValueError("procs source needs root_pid")
+    return ProcsSource(a.root_pid)
+
+
+def _steps(a: SourceArgs) -> Source:
+    from stallscope.sources.steps import StepsSource
+
+    if a.run_dir is None:
+        raise ValueError("probe source needs run_dir")
+    return StepsSource(a.run_dir / "run.db")
+
+
+def _smart(a: SourceArgs) -> Source:
+    from stallscope.sources.smart import SmartSource
+
+    return SmartSource(list(a.smart_devices))
+
+
+def _stacks(a: SourceArgs) -> Source:
+    from stallscope.sources.stacks.source import StacksSource
+
+    if a.run_dir is None:
+        raise ValueError("stacks source needs run_dir")
+    return StacksSource(a.run_dir, a.attach, a.stack_rate_hz)
+
+
+#: every source by name -> its factory (imports its module only when made): adding a source is
+#: its module, a line here and its metrics in ``metrics.py``
+REGISTRY: dict[str, Callable[[SourceArgs], Source]] = {
+    "gpu": _gpu, "disk": _disk, "host": _host, "procs": _procs, "probe": _steps,
+    "smart": _smart, "stacks": _stacks,
+}
+
+
+def make_source(name: str, **kw: Any) -> Source:
+    """Construct (not open) one source by name; ``kw`` are :class:`SourceArgs` fields."""
+    factory = REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown source {name!r}")
+    return factory(SourceArgs(**kw))
+
+
+def open_sources(names: Sequence[str], **kw: Any) -> tuple[list[Source], dict[str, str]]:
+    """Open each named source (``kw``: :class:`SourceArgs` fields); returns (working sources,
+    {name: reason} for the others)."""
     ok: list[Source] = []
     unavailable: dict[str, str] = {}
     for name in names:
         try:
-            src = make_source(name, root_pid=root_pid, disk_devices=disk_devices)
+            src = make_source(name, **kw)
             src.open()
         except SourceUnavailable as exc:
             unavailable[name] = str(exc)
