@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from stallscope.errors import (
+    FallbackHandler,
     ParseError,
     RunNotFound,
     SourceUnavailable,
@@ -12,6 +14,16 @@ from stallscope.errors import (
     UsageError,
 )
 from stallscope.version import __version__
+
+# A library's logger: a NullHandler, so that Python's last resort never prints for it, and the
+# fallback that prints warnings as `stallscope: ...` on stderr only while the program has set
+# up no logging of its own (stallscope/errors.py says how; docs/probe.md "Warnings and logging")
+_logger = logging.getLogger("stallscope")
+if not any(isinstance(h, logging.NullHandler) for h in _logger.handlers):
+    _logger.addHandler(logging.NullHandler())
+if not any(isinstance(h, FallbackHandler) for h in _logger.handlers):
+    _logger.addHandler(FallbackHandler())
+del _logger
 
 __all__ = [
     "ParseError",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import gzip
 import json
+import logging
 import math
 import socket
 import time
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from stallscope.agent.node import Agent
 
 __all__ = ["AgentHTTPServer", "ListenError", "make_server", "port_holder"]
+
+log = logging.getLogger("stallscope.agent")
 
 #: the longest history one request may ask for (a week)
 #: gzip level of ``/metrics``: on an 8-GPU node's exposition (benchmarks/bench_exposition.py)
@@ -64,15 +67,15 @@ class AgentHTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up early (reset, broken pipe, timeout) is no error of the
-        agent's: nothing is said. Anything else is one line on stderr, never a traceback; the
-        agent keeps serving either way."""
+        agent's: nothing is said. Anything else is one warning in the agent's log, never a
+        traceback; the agent keeps serving either way."""
         import sys
 
         exc = sys.exc_info()[1]
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return
-        sys.stderr.write(f"stallscope agent: a request from {client_address[0]} failed: "
-                         f"{type(exc).__name__}: {str(exc)[:200]}\n")
+        log.warning("a request from %s failed: %s: %s", client_address[0], type(exc).__name__,
+                    str(exc)[:200])
 
 
 class _V6Server(AgentHTTPServer):

@@ -13,6 +13,11 @@ Standard output that cannot be written is handled here, once, for every command:
 
 Either way stdout is then pointed at ``/dev/null``, so that Python's own flush at exit has
 nothing left to fail on (no "Exception ignored ... BrokenPipeError").
+
+What the library logs while a command runs (the ``stallscope`` logger's warnings: a store that
+cannot be written, an NVML call that fails) is printed by a handler installed here, one line
+``stallscope: ...`` on stderr each (:func:`~stallscope.errors.logging_to_stderr`); the agent
+replaces it with its logfmt lines for its lifetime.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
-from stallscope.errors import StallscopeError
+from stallscope.errors import PlainFormatter, StallscopeError, logging_to_stderr
 from stallscope.textsafe import error_text
 from stallscope.version import __version__
 
@@ -153,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = cast(TextIO, _GuardedStdout(real))
     try:
         try:
-            code = _dispatch(argv)
+            with logging_to_stderr(PlainFormatter()):
+                code = _dispatch(argv)
         except SystemExit:  # argparse: --help, --version, a bad flag
             sys.stdout.flush()
             raise

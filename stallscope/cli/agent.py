@@ -2,17 +2,23 @@
 
 The node agent: samples GPU, disk and host continuously, serves ``/metrics`` to Prometheus and a
 read-only JSON API, keeps a bounded local run store. Runs until SIGTERM or SIGINT, then stops
-cleanly (exit 0). See docs/agent.md."""
+cleanly (exit 0). While it runs, what it says goes to stderr as logfmt lines
+(``time=... level=INFO source=... msg=...``, :class:`~stallscope.errors.LogfmtFormatter`); a
+start that fails is one plain line ``stallscope: ...``, as from any command. See
+docs/agent.md."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
 from types import FrameType
 
 from stallscope.cli._common import interval_type
+
+log = logging.getLogger("stallscope.agent")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from stallscope.agent.config import AgentConfig, check_value, load_config
     from stallscope.agent.node import Agent
-    from stallscope.errors import StallscopeError
+    from stallscope.errors import LogfmtFormatter, StallscopeError, logging_to_stderr
     from stallscope.textsafe import error_text
 
     try:
@@ -69,23 +75,25 @@ def run(args: argparse.Namespace) -> int:
         # handlers before anything starts: a SIGTERM during start-up still stops cleanly
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            agent.start()
-            unavailable = agent.prom.unavailable
-            note = "".join(f"; {k} unavailable: {v}" for k, v in unavailable.items())
-            sys.stderr.write(f"stallscope agent: serving http://{agent.address}/metrics every "
-                             f"{cfg.interval_s:g} s; store {agent.run_dir}{note}\n")
-            sys.stderr.flush()
-            while not stop.wait(0.5):
-                pass
+            # from here the agent's log: logfmt lines with time and level (docs/agent.md)
+            with logging_to_stderr(LogfmtFormatter(), logging.INFO):
+                try:
+                    agent.start()
+                    unavailable = agent.prom.unavailable
+                    note = "".join(f"; {k} unavailable: {v}" for k, v in unavailable.items())
+                    log.info("serving http://%s/metrics every %g s; store %s%s",
+                             agent.address, cfg.interval_s, agent.run_dir, note)
+                    while not stop.wait(0.5):
+                        pass
+                finally:
+                    agent.stop()
+                samples = agent.collector.samples if agent.collector is not None else 0
+                log.info("stopped after %d samples; run directory %s", samples, agent.run_dir)
         finally:
-            agent.stop()
             for s, h in old.items():
                 signal.signal(s, h)
     except StallscopeError as exc:
         # one line, exit 2 for a bad config, 1 for an address that cannot be bound
         sys.stderr.write(f"stallscope: {error_text(exc)}\n")
         return exc.exit_code
-    samples = agent.collector.samples if agent.collector is not None else 0
-    sys.stderr.write(f"stallscope agent: stopped after {samples} samples; run directory "
-                     f"{agent.run_dir}\n")
     return 0

@@ -7,8 +7,8 @@ reports the failure once as a run event and goes on with the other sinks.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from stallscope.store import RunStore
 
 __all__ = ["Sink", "StoreSink"]
+
+log = logging.getLogger("stallscope.collect")
 
 
 class Sink:
@@ -111,5 +113,5 @@ class StoreSink(Sink):
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         if self.errors == 1:
-            sys.stderr.write(f"stallscope: cannot write to {self.store.path}: {exc} "
-                             "(samples are lost until it can)\n")
+            log.warning("cannot write to %s: %s (samples are lost until it can)",
+                        self.store.path, exc)

@@ -59,7 +59,9 @@ def _patch(keras: ModuleType) -> None:
             os.environ.setdefault("STALLSCOPE_PROBE_ADDED", "stallscope run (model.fit)")
             args, kwargs = add_callback(args, kwargs, StallscopeCallback, StallscopeCallback)
         except Exception as exc:  # the probe is extra: fit runs as it would have
-            sys.stderr.write(f"stallscope: model.fit without the probe: {exc}\n")
+            from stallscope.errors import warn
+
+            warn(f"model.fit without the probe: {exc}", "stallscope.probe")
         return fit(self, *args, **kwargs)
 
     timed_fit._stallscope = True  # type: ignore[attr-defined]

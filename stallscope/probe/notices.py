@@ -1,22 +1,33 @@
-"""What the probe tells the user: one stderr line now, and an event in the run at the next write.
+"""What the probe tells the user: one warning now, and an event in the run at the next write.
 
 Nothing the probe does raises into the trainer; what goes wrong is said here, once per kind
-(:class:`Notices`), on whichever thread found it.
+(:class:`Notices`), on whichever thread found it. The warning goes to the
+``stallscope.probe`` logger: one line ``stallscope: ...`` on the trainer's stderr unless the
+trainer configured logging, then through its handlers only (:mod:`stallscope.errors`,
+docs/probe.md "Warnings and logging").
 """
 
 from __future__ import annotations
 
 import time
 
-from stallscope.errors import warn
+from stallscope.errors import warn as _warn
 
-__all__ = ["Notices", "warn"]
+__all__ = ["LOGGER", "Notices", "warn"]
+
+#: the probe's logger (the integrations' too)
+LOGGER = "stallscope.probe"
+
+
+def warn(msg: str) -> None:
+    """``msg`` as a warning of the probe's logger; never raises."""
+    _warn(msg, LOGGER)
 
 
 class Notices:
-    """A recorder's trouble, told once per key: on stderr at once, and kept in ``unsent`` for
-    the writer thread to store as the run's events (never I/O on the training thread beyond the
-    one stderr line)."""
+    """A recorder's trouble, told once per key: logged at once (one stderr line by default), and
+    kept in ``unsent`` for the writer thread to store as the run's events (never I/O on the
+    training thread beyond that line)."""
 
     #: keys said on stderr only: failing to write the run is no event the run can hold
     STDERR_ONLY = ("write", "open")

@@ -37,8 +37,9 @@ def snapshot_doc(ts: float, interval_s: float, payloads: Mapping[str, Any],
 @dataclass(frozen=True)
 class SourceArgs:
     """What a source may need besides its name: the trainer's root pid (``procs``), the disks to
-    read (``disk``), the run folder (``probe``: the steps the probe wrote, ``stacks``), the drives whose SMART health to
-    check (``smart``), the pids to sample with py-spy and at what rate (``stacks``)."""
+    read (``disk``), the run folder (``probe``: the steps the probe wrote; ``stacks``), the
+    drives whose SMART health to check (``smart``), the pids to sample with py-spy and at what
+    rate (``stacks``)."""
 
     root_pid: int | None = None
     disk_devices: Sequence[str] | None = None
