@@ -762,3 +762,39 @@ def test_evidence_names_only_signals_and_copies_them() -> None:
     assert sig.ranks_detail == [{"rank": 0}]
     with pytest.raises(KeyError, match="stall_fracion"):
         sig.evidence("stall_fracion")
+
+
+def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
+    """Every rule declares the kinds it may report and the section of docs/diagnosis.md that
+    explains it; together they cover every kind; the thresholds are read off the rules."""
+    import re
+    from pathlib import Path
+
+    from stallscope.analysis.diagnose import Kind
+    from stallscope.analysis.diagnose.rules import RULES, rules_table
+
+    headings = set(re.findall(r"^#+ (.+)$", (Path(__file__).parents[1] / "docs"
+                                              / "diagnosis.md").read_text(), re.M))
+    for spec in RULES:
+        assert spec.docs in headings, (spec.name, spec.docs)
+        assert spec.check.__doc__, spec.name
+    assert {k for s in RULES for k in s.kinds} == set(Kind)
+    table = {r["rule"]: r for r in rules_table()}
+    assert table["rule_host_bound"]["thresholds"]["GPU_BUSY_PCT"] == 70.0
+    assert table["rule_compute_bound"]["thresholds"]["GPU_BUSY_UNMEASURED_PCT"] == 80.0
+    assert table["rule_gpu_held_idle"]["thresholds"]["HELD_IDLE_S"] == 600.0
+
+
+def test_a_rule_reporting_a_kind_it_does_not_declare_is_a_bug(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from stallscope.analysis.diagnose import Finding, Kind
+    from stallscope.analysis.diagnose import rules as rules_mod
+
+    def rogue(_data: object, _sig: object) -> list[Finding]:
+        """Reports swap while declaring shm."""
+        return [Finding(kind=Kind.HOST_SWAP, severity="info", confidence=1.0, summary="s")]
+
+    monkeypatch.setattr(rules_mod, "RULES",
+                        (rules_mod.RuleSpec(rogue, (Kind.SHM_PRESSURE,), "Other kinds"),))
+    with pytest.raises(AssertionError, match="rogue reported host_swap"):
+        diagnose(run([ser("host.cpu_pct", "", [35] * N)]))

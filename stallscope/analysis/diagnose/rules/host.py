@@ -1,0 +1,303 @@
+"""Rules about the host around the training: the trainer's slow exit, swap, /dev/shm, CPU
+contention, disk health, and trees that are not a training or too young to judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
+from stallscope.analysis.diagnose.rules.common import STALL_CRIT, _speedup
+from stallscope.analysis.diagnose.signals import (
+    OTHERS_BUSY_CORES,
+    RUNQ_BUSY_PCT,
+    Signals,
+    trainer_gpus,
+)
+from stallscope.textsafe import plain
+
+#: seconds after the last training step from which a trainer's exit is called slow
+SLOW_EXIT_S = 5.0
+
+
+def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
+    """slow_exit: the trainer's process took ≥ 5 s to end after its last training step. When
+    its stacks show a DataLoader joining its workers at exit (PyTorch joins each worker with a
+    5-s timeout when ``pin_memory`` and ``persistent_workers`` are both on), it says so and
+    names the fix; a team running many short jobs or sweeps pays this on every run."""
+    exit_s = sig.exit_s
+    if exit_s is None or exit_s < SLOW_EXIT_S or not sig.window_source \
+            or sig.window_source == "run":
+        return []
+    stacks = sig.exit_stacks
+    joins = sum(v for k, v in stacks if "dataloader.py" in k and ("join" in k or "_clean_up" in k
+                                                                   or "_shutdown" in k))
+    total = sig.window_s or 0.0
+    cfg = sig.config
+    workers = cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int) else sig.workers
+    ev: dict[str, Any] = {"exit_s": exit_s, "window_s": sig.window_s,
+                          "exit_stacks": [{"stack": k, "s": v} for k, v in stacks]}
+    if workers:
+        ev["workers"] = workers
+    for k in ("pin_memory", "persistent_workers"):
+        if k in cfg:
+            ev[k] = cfg[k]
+    pinned = (cfg.get("pin_memory") is True and cfg.get("persistent_workers") is True) or \
+        any("_clean_up_worker " in k for k, _ in stacks)
+    what = (f"its DataLoader joined its {workers} worker processes for {joins:.0f} s"
+            if workers else f"its DataLoader joined its workers for {joins:.0f} s")
+    if joins >= 0.5 * exit_s and not pinned:
+        why = (f"{what} after the loop: a worker still working on a batch finishes it "
+               "before it stops")
+        fixes = [Fix("shut the loader down as soon as the last batch you need is taken "
+                     "(`del loader` and any iterator of it) and keep per-batch work short: "
+                     "each worker ends its current batch before it can stop", why)]
+    elif joins >= 0.5 * exit_s:
+        why = (f"{what}: with pin_memory and persistent_workers PyTorch's exit waits up to "
+               "5 s for each worker before stopping it (PyTorch issue 81794)")
+        fixes = [Fix("end the workers once training is done: drop every reference to the "
+                     "loader and its iterator (`del loader`) before the script ends, so "
+                     "PyTorch stops them at once rather than at interpreter exit",
+                     why),
+                 Fix("persistent_workers=False when epochs are few (it keeps the workers "
+                     "between epochs, and makes exit join them one by one)",
+                     "the exit then takes about a second (measured on an H200, 2 workers: "
+                     "11.0 s with both options on, 1.0-1.7 s with either off)",
+                     change={"persistent_workers": False})]
+    else:
+        top = stacks[0][0].rsplit(";", 1)[-1] if stacks else "nothing sampled"
+        why = f"the exit's heaviest stack ends in {top}"
+        fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
+                     "threads or processes): `stallscope report` lists the exit's stacks",
+                     why)]
+    life = total + exit_s + (sig.startup_s or 0.0)
+    share = exit_s / life if total else None
+    more = f" ({share:.0%} of the process's life)" if share else ""
+    return [Finding(
+        kind=Kind.SLOW_EXIT,
+        severity="warning",
+        confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
+        summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
+                f"{more}: {why}. A team running many short jobs or sweeps pays this on "
+                "every run.",
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=1.0,
+        rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
+    )]
+
+
+def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
+    """host_swap: swapping ≥ 1 MB/s in ≥ 10% of samples (in or out)."""
+    si, so = data.get("host.swap_in_kb_s"), data.get("host.swap_out_kb_s")
+    if not si or not so or not si.v:
+        return []
+    rates = [a + b for a, b in zip(si.v, so.v)]
+    active = [r for r in rates if r >= 1024]
+    share = len(active) / len(rates)
+    if share < 0.1:
+        return []
+    sev: Severity = "critical" if share >= 0.3 else "warning"
+    return [Finding(
+        kind=Kind.HOST_SWAP,
+        severity=sev,
+        confidence=0.9,
+        summary=f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
+                "MB/s): memory is overcommitted.",
+        evidence={"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
+                 "mem_available_min_mib": sig.mem_available_min_mib},
+        fixes=[Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
+              "worker holds batches), smaller in-memory caches, or add RAM",
+              "every swapped page costs a disk read on the critical path")],
+        est_speedup=1.0,
+        rule="swap ≥ 1 MB/s in ≥ 10% of samples",
+    )]
+
+
+def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
+    """shm_pressure: /dev/shm ≥ 80% full (critical ≥ 95%), or smaller than 1 GiB while
+    DataLoader workers are in use (Docker's default is 64 MB): workers die with bus errors."""
+    used, total = data.get("host.shm_used_mib"), data.get("host.shm_total_mib")
+    if not used or not total or not used.v or not total.v:
+        return []
+    cap = total.v[-1]
+    peak = max(used.v)
+    frac = peak / cap if cap else 0.0
+    small = cap < 1024 and (sig.workers > 0 or (sig.config.get("num_workers") or 0) > 0)
+    if frac < 0.8 and not small:
+        return []
+    # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
+    sev: Severity = "critical" if frac >= 0.95 else "warning" if frac >= 0.8 else "info"
+    return [Finding(
+        kind=Kind.SHM_PRESSURE,
+        severity=sev,
+        confidence=0.9,
+        summary=f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
+                "workers pass batches through it and fail with bus errors when it is full.",
+        evidence={"shm_peak_mib": round(peak, 1), "shm_total_mib": round(cap, 1),
+                 "shm_peak_share": round(frac, 3)},
+        fixes=[Fix("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
+                  "size=... /dev/shm)", f"only {cap:.0f} MiB available"),
+              Fix("lower prefetch_factor or batch size; remove stale files in /dev/shm",
+                  "each worker keeps prefetch_factor batches in shared memory")],
+        est_speedup=1.0,
+        rule="/dev/shm ≥ 80% full, or < 1 GiB with workers",
+    )]
+
+
+def _busy_host(sig: Signals) -> tuple[float, float] | None:
+    """(least run-queue wait %, other processes' cores) when every trainer process waited for a
+    CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥ OTHERS_BUSY_CORES busy."""
+    if len(sig.ranks_detail) >= 2:
+        waits = [d.get("runq_wait_pct") for d in sig.ranks_detail]
+    else:
+        waits = [sig.main_runq_pct]
+    others = sig.others_cpu_cores
+    if any(w is None for w in waits) or others is None or others < OTHERS_BUSY_CORES:
+        return None
+    least = min(w for w in waits if w is not None)
+    return (least, others) if least >= RUNQ_BUSY_PCT else None
+
+
+def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
+    """cpu_contention: every trainer process (each rank, or the one trainer) waited for a CPU
+    ≥ 20% of the time while other processes kept ≥ 0.5 of the host's cores busy: a busy host,
+    not the training's own work. A rank short of CPU alone is a straggler (``starved``)."""
+    busy = _busy_host(sig)
+    if busy is None:
+        return []
+    least, others = busy
+    ranks = sig.ranks_detail
+    host = data.meta.get("host") or "this host"
+    cores = f" of its {sig.logical_cores}" if sig.logical_cores else ""
+    if len(ranks) >= 2:
+        who = "every rank waited for a CPU (" + ", ".join(
+            f"rank {d['rank']} {d['runq_wait_pct']:.0f}%" for d in ranks) + " of the time"
+    else:
+        who = f"the trainer waited for a CPU {least:.0f}% of the time ("
+    summary = (f"The host is short of CPU for this training: {who}"
+               f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
+               f"{others:.1f}{cores} cores busy.")
+    comm = [d.get("comm_share") for d in ranks]
+    if len(ranks) >= 2 and sig.comm_straggler is None and all(c is not None for c in comm):
+        shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
+        summary += (f" While the ranks share too few cores, their wait in the all-reduce "
+                    f"({shares} of the step) cannot show which rank the others wait for.")
+    others_busy = [b for b in data.meta.get("busy_others") or []
+                   if isinstance(b, dict) and isinstance(b.get("pid"), int)
+                   and isinstance(b.get("cores"), (int, float))][:3]
+    # the run names who took the cores when they were still there at its end; else the
+    # command that lists them, last, so it prints whole on a line of its own
+    action = (f"give the training its cores back on {host}: stop or move the other busy "
+              "processes: " + ", ".join(
+                  f"pid {b['pid']} ({plain(str(b.get('name', '?')), 40)}, {b['cores']:.1f} "
+                  "cores)" for b in others_busy) + ", or run on a less loaded node"
+              if others_busy else
+              f"give the training its cores back on {host}: stop or move the other busy "
+              "processes, or run on a less loaded node; they are listed by "
+              "`ps -eo pid,pcpu,comm --sort=-pcpu | head`")
+    fixes = [Fix(action,
+                 f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
+                 f"time while other processes used {others:.1f} cores")]
+    ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
+                          "host_cpu_median_pct": sig.host_cpu_median_pct,
+                          "logical_cores": sig.logical_cores}
+    if others_busy:
+        ev["busiest_others"] = others_busy
+    if len(ranks) >= 2:
+        ev["ranks"] = ranks
+    return [Finding(
+        kind=Kind.CPU_CONTENTION,
+        severity="critical" if least >= STALL_CRIT * 100 else "warning",
+        confidence=0.8,
+        summary=summary,
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=_speedup(least / 100),
+        rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
+             f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
+             f"core busy ({others:.1f})",
+    )]
+
+
+def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
+    """disk_health: the dataset's drive has a SMART verdict of ageing or failing."""
+    out = []
+    for drive in data.disk_health:
+        verdict = drive.get("verdict")
+        if verdict not in ("ageing", "failing"):
+            continue
+        dsev: Severity = "critical" if verdict == "failing" else "warning"
+        out.append(Finding(kind=Kind.DISK_HEALTH, severity=dsev, confidence=0.9,
+                           summary=f"The dataset's drive {drive.get('device')} is {verdict}: "
+                           + "; ".join(drive.get("reasons", [])[:3]),
+                           evidence={"device": drive.get("device"), "model": drive.get("model"),
+                            "verdict": verdict, "reasons": drive.get("reasons", []),
+                            "growth": drive.get("growth", {})},
+                           fixes=[Fix("back up the dataset and checkpoints now; plan to replace "
+                                      "the "
+                                "drive", "SMART counters that grow predict failure")],
+                           est_speedup=1.0, rule="SMART verdict ageing/failing (see "
+                                                 "docs/disk-health.md)"))
+    return out
+
+
+#: below this much CPU (100 = one core), the watched processes together do nothing a
+#: training does
+IDLE_TREE_CPU_PCT = 10.0
+
+
+#: nor this much reading (kB/s, page cache included), nor this share of samples in D state
+IDLE_TREE_READ_KB_S = 100.0
+
+
+IDLE_TREE_D_SHARE = 0.1
+
+
+def rule_not_training(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data ("nothing looks like a training"): no probe steps, no training frames
+    in the sampled stacks, no GPU held by the watched processes, and those processes together
+    used under 10% of a core, read under 100 kB/s and were rarely in D state. Then no verdict
+    is made: a sleeping script or ``--pid 1`` is not input-bound."""
+    if sig.steps or sig.samples < 3:
+        return []
+    from stallscope.sources.stacks.phases import TRAINING
+
+    frames = sum(v for k, v in (sig.phase_shares or {}).items() if k in TRAINING)
+    if frames >= 0.05 or trainer_gpus(data):
+        return []
+    tree = (sig.main_cpu_pct or 0.0) + (sig.worker_cpu_pct or 0.0) * sig.workers
+    read = (sig.main_read_kb_s or 0.0) + (sig.worker_read_kb_s or 0.0)
+    blocked = max(sig.main_d_share or 0.0, sig.worker_d_share or 0.0)
+    if tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S or blocked >= IDLE_TREE_D_SHARE:
+        return []
+    procs = 1 + sig.workers
+    stacks = (f"no training frames in {sig.stack_samples} sampled stacks" if sig.stack_samples
+              else "no stacks sampled")
+    return [Finding(
+        kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.9,
+        summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
+        f"{procs} process{'es' if procs > 1 else ''} used {tree:.1f}% of one core and read "
+        f"{read:.0f} kB/s. No verdict.",
+        evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
+         "d_share": round(blocked, 3), "stack_samples": sig.stack_samples},
+        fixes=[Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
+             "the Python process that runs the training loop",
+             "the watched processes did no work a training does")],
+        est_speedup=1.0, rule="no steps, no training frames, no GPU, < 10% of a core, < 100 kB/s "
+                              "read, "
+        "< 10% of samples in D state", too_little_data=True)]
+
+
+def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
+    """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
+    if sig.samples >= 3 or sig.steps >= 10:
+        return []
+    return [Finding(kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=1.0,
+                    summary=f"Too little data to diagnose: {sig.samples} samples and {sig.steps} "
+                            "steps.",
+                    evidence={"samples": sig.samples, "steps": sig.steps,
+                     "duration_s": sig.duration_s},
+                    fixes=[Fix("run longer (≥ 30 s of training) or lower --interval",
+                         "rules need several samples to tell a pattern from noise")],
+                    est_speedup=1.0, rule="< 3 samples and < 10 steps", too_little_data=True)]
