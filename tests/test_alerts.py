@@ -21,7 +21,7 @@ from conftest import stallscope_argv
 
 from stallscope.alerts import AlertEngine, Rule, load_rules, parse_rules
 from stallscope.alerts.actions import AlertSink, alert_body, deliver
-from stallscope.alerts.rules import Action, Smtp
+from stallscope.alerts.rulefile import Action, Smtp
 from stallscope.collect import Sample
 from stallscope.errors import UsageError
 from stallscope.metrics import Point

@@ -366,7 +366,7 @@ def test_the_run_alert_fires_on_the_rank_waited_for(tmp_path: Path) -> None:
     """The collector's probe source reads the steps with their communication time, and the
     default rule rank_waited_for fires on rank 1 when rank 0 starts waiting for it."""
     from stallscope.alerts.engine import AlertEngine
-    from stallscope.alerts.rules import DEFAULT_RULES
+    from stallscope.alerts.rulefile import DEFAULT_RULES
     from stallscope.sources.steps import StepsSource
 
     store = RunStore(tmp_path / "run.db")

@@ -356,3 +356,215 @@ def test_reading_new_steps_seeks_the_key_never_scans_the_table(tmp_path: Path) -
     assert rows == [(0, 48), (0, 49)] + [(5, i) for i in range(50)]  # rank 5: never read
     assert steps_after({}, []) == ("", [])
     conn.close()
+
+
+# --- schema version (PRAGMA user_version) and migration of older stores ------------------------
+#: run.db's layout as the first release wrote it (stallscope/store/db.py before DDP
+#: communication time): no steps.comm_s, PRAGMA user_version left at 0, info.schema_version 1.
+#: The release that timed collectives added comm_s with ALTER TABLE and kept both versions.
+FIRST_RELEASE_DDL = """
+CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series(
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, entity TEXT NOT NULL, UNIQUE(name, entity));
+CREATE TABLE IF NOT EXISTS points(
+    ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup(
+    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL,
+    vmin REAL NOT NULL, vmean REAL NOT NULL, vmax REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entities(
+    source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
+    first_ts REAL NOT NULL, last_ts REAL NOT NULL, PRIMARY KEY(source, entity));
+CREATE TABLE IF NOT EXISTS events(
+    ts REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps(
+    rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
+    wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
+    samples INTEGER, epoch INTEGER,
+    PRIMARY KEY(rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS probes(
+    rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
+    steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
+"""
+
+
+def _first_release_store(path: Path, *, with_comm: bool) -> None:
+    """A finished run.db of the previous release, with rows in every table (``with_comm``: as the
+    release that added ``steps.comm_s`` by ALTER TABLE left it, one step with a comm_s)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(FIRST_RELEASE_DDL)
+    if with_comm:
+        db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
+    with db:
+        db.execute("INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (1,))
+        db.execute("INSERT INTO series(id, name, entity) VALUES(1, 'gpu.util_pct', 'gpu0')")
+        db.executemany("INSERT INTO points VALUES(?, 1, ?)",
+                       [(120.0 + i, 40.0 + i) for i in range(3)])
+        db.execute("INSERT INTO rollup VALUES(60.0, 1, 60, 10.0, 20.0, 30.0)")
+        db.execute("INSERT INTO entities VALUES('gpu', 'gpu0', ?, 60.0, 122.0)",
+                   (json.dumps({"name": "H100"}),))
+        db.execute("INSERT INTO events VALUES(61.0, 'disk', 'unavailable', 'no /proc')")
+        db.executemany(
+            "INSERT INTO steps(rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, "
+            "samples, epoch) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(0, i, 100.0 + i, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0) for i in range(3)])
+        if with_comm:
+            db.execute("UPDATE steps SET comm_s=0.005 WHERE step=2")
+        db.execute("INSERT INTO probes VALUES(0, 4242, ?, 3, 0, 123.0)",
+                   (json.dumps({"num_workers": 4}),))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("PRAGMA journal_mode=DELETE")  # finished: one self-contained file
+    db.close()
+
+
+def _pragma(path: Path, name: str) -> object:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute(f"PRAGMA {name}").fetchone()[0]
+    finally:
+        db.close()
+
+
+def _columns(path: Path, table: str) -> list[str]:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+    finally:
+        db.close()
+
+
+def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
+    import sqlite3
+
+    from stallscope.store import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 2
+    st = RunStore(tmp_path / "run.db")
+    st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
+    st.close()
+    assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
+    assert "comm_s" in _columns(tmp_path / "run.db", "steps")
+    db = sqlite3.connect(tmp_path / "run.db")
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("2",)
+    db.close()
+    # opened again by a writer (the probe's writer, the attach mirror): nothing to migrate
+    st = RunStore(tmp_path / "run.db")
+    assert st.steps()[0].comm_s == 0.002
+    assert st.db.total_changes == 0
+    st.close()
+
+
+@pytest.mark.parametrize("with_comm", [False, True], ids=["first-release", "with-comm_s"])
+def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_comm: bool) -> None:
+    """A run.db written by the previous release (its exact DDL, user_version 0) reads as it is
+    read-only, without a write, and is migrated in place by a writer: the missing comm_s added,
+    the version set, every old row kept, new steps with comm_s accepted."""
+    import hashlib
+
+    from stallscope.store import SCHEMA_VERSION
+
+    path = tmp_path / "run.db"
+    _first_release_store(path, with_comm=with_comm)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert _pragma(path, "user_version") == 0
+
+    ro = RunStore(path, readonly=True)
+    steps = ro.steps()
+    assert [s.step for s in steps] == [0, 1, 2]
+    assert [s.comm_s for s in steps] == ([None, None, 0.005] if with_comm else [None] * 3)
+    assert ro.read("gpu.util_pct")[0].v == [20.0, 40.0, 41.0, 42.0]
+    ro.close()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
+
+    st = RunStore(path)
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert _columns(path, "steps")[-1] == "comm_s"
+    assert st.db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
+    # the old rows, every table
+    assert st.read("gpu.util_pct")[0].v == [20.0, 40.0, 41.0, 42.0]
+    assert st.entities() == [{"source": "gpu", "entity": "gpu0", "attrs": {"name": "H100"},
+                              "first_ts": 60.0, "last_ts": 122.0}]
+    assert [e["message"] for e in st.events()] == ["no /proc"]
+    assert [(p["rank"], p["pid"], p["config"]) for p in st.probes()] == [
+        (0, 4242, {"num_workers": 4})]
+    assert st.steps()[0] == StepRow(0, 0, 100.0, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0, None)
+    # new rows, comm_s included, through both ways the probe writes
+    st.add_steps([StepRow(1, 0, 200.0, 0.02, 0.05, comm_s=0.01)])
+    st.add_step_block(0, 100.0, [(3, 3.0, 0.01, 0.04, 32, 0, None, None)])
+    st.add_points(123.0, [Point("gpu.util_pct", "gpu0", 43.0)])
+    assert st.integrity_ok() and st.skipped == {}
+    st.close()
+
+    again = RunStore(path, readonly=True)
+    rows = {(s.rank, s.step): s for s in again.steps()}
+    assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert rows[(1, 0)].comm_s == 0.01 and rows[(0, 3)].comm_s is None
+    assert rows[(0, 2)].comm_s == (0.005 if with_comm else None)
+    assert again.read("gpu.util_pct")[0].v[-1] == 43.0
+    again.close()
+
+
+def test_migration_by_writers_opening_at_once(tmp_path: Path) -> None:
+    """The collector and an attached probe's mirror may open an old store together: each opens,
+    the column is added once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stallscope.store import SCHEMA_VERSION
+
+    path = tmp_path / "run.db"
+    _first_release_store(path, with_comm=False)
+    with ThreadPoolExecutor(8) as pool:
+        stores = list(pool.map(lambda _: RunStore(path), range(8)))
+    for i, st in enumerate(stores):
+        st.add_steps([StepRow(2, i, 300.0 + i, 0.01, 0.02, comm_s=0.001 * i)])
+        st.close()
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert _columns(path, "steps").count("comm_s") == 1
+    ro = RunStore(path, readonly=True)
+    assert len(ro.steps(2)) == 8 and len(ro.steps()) == 11
+    ro.close()
+
+
+def test_store_of_a_newer_version_is_one_clear_error(tmp_path: Path) -> None:
+    """A run.db written by a later stallscope (user_version above SCHEMA_VERSION) is refused,
+    read-only or not, with one error and without a byte written; the CLI says it in one line."""
+    import hashlib
+    import sqlite3
+    import subprocess
+
+    from conftest import stallscope_argv
+
+    from stallscope.errors import StallscopeError
+    from stallscope.store import SCHEMA_VERSION
+
+    run = new_run_dir(tmp_path, "newer")
+    write_meta(run, {"command": ["x"], "start": 0.0, "end": 2.0})
+    st = RunStore(run / "run.db")
+    st.add_points(1.0, [Point("host.cpu_pct", "", 5.0)])
+    st.finish_and_close()
+    db = sqlite3.connect(run / "run.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    before = hashlib.sha256((run / "run.db").read_bytes()).hexdigest()
+    for readonly in (True, False):
+        with pytest.raises(StallscopeError, match=(
+                rf"written by a newer stallscope \(run.db schema version {SCHEMA_VERSION + 1};"
+                rf".* reads versions up to {SCHEMA_VERSION}\)")):
+            RunStore(run / "run.db", readonly=readonly)
+    assert hashlib.sha256((run / "run.db").read_bytes()).hexdigest() == before
+    assert _pragma(run / "run.db", "journal_mode") == "delete"  # not even turned to WAL
+    r = subprocess.run(stallscope_argv("show", str(run)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "newer stallscope" in r.stderr

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from stallscope.alerts.rules import RulesFile, parse_rules
+from stallscope.alerts.rulefile import RulesFile, parse_rules
 from stallscope.errors import StallscopeError
 from stallscope.labels import HOST_LABEL, HOST_LABELS
 from stallscope.store.paths import state_dir

@@ -9,7 +9,14 @@ engine over a stored run. See docs/alerts.md.
 from __future__ import annotations
 
 from stallscope.alerts.engine import AlertEngine, Transition
-from stallscope.alerts.rules import DEFAULT_RULES, Action, Rule, RulesFile, load_rules, parse_rules
+from stallscope.alerts.rulefile import (
+           DEFAULT_RULES,
+           Action,
+           Rule,
+           RulesFile,
+           load_rules,
+           parse_rules,
+)
 
 __all__ = ["DEFAULT_RULES", "Action", "AlertEngine", "Rule", "RulesFile", "Transition",
            "load_rules", "parse_rules"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallscope.alerts.engine import AlertEngine, Transition
-from stallscope.alerts.rules import FINDING_PREFIX, Action, RulesFile, Smtp, finding_metric
+from stallscope.alerts.rulefile import FINDING_PREFIX, Action, RulesFile, Smtp, finding_metric
 from stallscope.collect.sinks import Sink
 from stallscope.metrics import Point
 from stallscope.store import alertlog

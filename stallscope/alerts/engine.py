@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stallscope.alerts.rules import TREND_MIN_POINTS, TREND_MIN_SPAN, Rule
+from stallscope.alerts.rulefile import TREND_MIN_POINTS, TREND_MIN_SPAN, Rule
 from stallscope.metrics import Point
 from stallscope.stats import fit_line
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from stallscope.alerts import AlertEngine, load_rules, parse_rules
-from stallscope.alerts.rules import FINDING_PREFIX, finding_metric
+from stallscope.alerts.rulefile import FINDING_PREFIX, finding_metric
 from stallscope.analysis.rundata import load_run
 from stallscope.cli._common import RUN_HELP, add_out_option, out_console, resolve_run, safe
 from stallscope.errors import UsageError

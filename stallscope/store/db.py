@@ -20,6 +20,13 @@ Layout:
 ``probes(rank, ...)``
     one row per probe (rank): loader configuration, drops.
 
+Schema version: ``PRAGMA user_version`` holds :data:`SCHEMA_VERSION` (also written to
+``info.schema_version``). A store of an older layout (user_version 0: the first release's, with
+or without ``steps.comm_s``) is migrated in place when a writer opens it (what is missing is
+added, then the version set, in one transaction); a read-only opening never writes and reads an
+older store as it is. A store of a newer version than this code knows is refused with one
+:class:`~stallscope.errors.StallscopeError`.
+
 Crash safety: WAL journal, one transaction per collector interval. A ``kill -9`` loses at most
 the interval in flight; the database stays consistent (``PRAGMA integrity_check``). Readers may
 open a run while it is being written (WAL allows one writer and many readers).
@@ -31,6 +38,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,11 +48,16 @@ from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point, lookup
+from stallscope.version import __version__
 
 __all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "StepTuple", "StepValues",
            "comm_column", "step_ranks", "steps_after"]
 
-SCHEMA_VERSION = 1
+#: the layout of run.db this code writes, kept in ``PRAGMA user_version``. The first release's
+#: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
+#: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there. Bump it
+#: with each change of the layout and teach :func:`_migrate` the step from the previous one.
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -155,25 +168,39 @@ class RunStore:
                         "SELECT name FROM sqlite_master WHERE type='table'")}
                 if "series" not in tables:
                     raise StallscopeError(f"{self.path} is not a stallscope run database")
+                self._check_version()  # an older one is read as it is (readers tolerate it)
             else:
                 self.db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+                self._check_version()  # before anything is written to a newer store
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
-                self.db.executescript(_SCHEMA)
-                if comm_column(self.db) == "NULL":  # a run.db from before communication time
-                    self.db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
-                self.db.execute(
-                    "INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (SCHEMA_VERSION,)
-                )
-                self.db.commit()
+                _migrate(self.db, self.path)
             self.db.execute("PRAGMA busy_timeout=10000")
             if cache_kib is not None:
                 self.db.execute(f"PRAGMA cache_size=-{max(64, int(cache_kib))}")
         except sqlite3.DatabaseError as exc:
+            self._close_quietly()
             raise StallscopeError(f"cannot open run database {self.path}: {exc}") from exc
+        except BaseException:
+            self._close_quietly()
+            raise
         self._series: dict[tuple[str, str], int] = {}
         #: rows the readers skipped as unreadable, by table (see "reading" below)
         self.skipped: dict[str, int] = {}
+
+    def _check_version(self) -> None:
+        """Refuse a store written by a newer stallscope (its layout is not known here)."""
+        version = _user_version(self.db)
+        if version > SCHEMA_VERSION:
+            raise StallscopeError(_newer_message(self.path, version))
+
+    def _close_quietly(self) -> None:
+        db = getattr(self, "db", None)
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass
 
     # --- writing -------------------------------------------------------------------------------
     def _series_id(self, name: str, entity: str) -> int:
@@ -438,7 +465,7 @@ class RunStore:
         return out
 
     def steps(self, rank: int | None = None) -> list[StepRow]:
-        # a run.db written before communication time (read-only: not migrated) has no comm_s
+        # a run.db of the first release opened read-only (not migrated) may lack comm_s
         comm = (f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
                 if comm_column(self.db) == "comm_s" else "NULL")
         q = f"SELECT {_STEP_COLUMNS}, {comm} FROM steps WHERE {_STEP_OK}"
@@ -486,6 +513,57 @@ class RunStore:
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _newer_message(path: Path, version: int) -> str:
+    return (f"{path} was written by a newer stallscope (run.db schema version {version}; this "
+            f"stallscope {__version__} reads versions up to {SCHEMA_VERSION}): read it with "
+            "that release or a later one")
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring a writer's store to :data:`SCHEMA_VERSION`: a new (empty) file gets the whole
+    layout, an older store (version 0: the first release's) what it lacks, then the version.
+    One IMMEDIATE transaction, so that two writers opening the same store at once (the
+    collector and an attached probe's mirror) migrate it once. A store at the version with its
+    whole layout is not written at all; one that lost a table or ``steps.comm_s`` gets it back
+    (as every writer's opening did before the version was kept)."""
+    if _user_version(db) == SCHEMA_VERSION and _layout_complete(db):
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = _user_version(db)  # another writer may have done it meanwhile
+        if version > SCHEMA_VERSION:
+            raise StallscopeError(_newer_message(path, version))
+        # version 0 (the first release, or a new file): every table that is missing, then
+        # steps.comm_s where the table predates it (the first release's own layout)
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        if comm_column(db) == "NULL":
+            db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
+        if version < SCHEMA_VERSION:
+            db.execute("INSERT OR REPLACE INTO info VALUES('schema_version', ?)",
+                       (str(SCHEMA_VERSION),))
+            db.execute(f"PRAGMA user_version = {int(SCHEMA_VERSION)}")
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
+#: the tables of :data:`_SCHEMA`
+_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
+
+
+def _layout_complete(db: sqlite3.Connection) -> bool:
+    """Every table of the layout is there, ``steps.comm_s`` included (two reads, no write)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    return _TABLES <= tables and comm_column(db) == "comm_s"
 
 
 def comm_column(conn: sqlite3.Connection) -> str:
