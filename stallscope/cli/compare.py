@@ -77,7 +77,40 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
         if isinstance(est, (int, float)) and est > 1.01:
             out["estimated_speedup"] = est
             out["delivered_share"] = round((tb / ta - 1) / (est - 1), 3)
+            if out["delivered_share"] < SHORT_OF:
+                out["shortfall"] = shortfall(doc_b)
+    elif ta is None or tb is None:
+        out["no_throughput"] = ("samples/s needs the probe's per-step records in both runs "
+                                "(wrap the loader with stallscope.watch(loader)); "
+                                + ("neither run has them" if ta is None and tb is None else
+                                   f"run {'A' if ta is None else 'B'} has none"))
     return out
+
+
+#: a fix that delivered less than this share of its expected gain gets the reasons run B shows
+SHORT_OF = 0.7
+#: host CPU (median %) from which run B's cores had no room left for more loading
+HOST_FULL_PCT = 90.0
+
+
+def shortfall(doc_b: dict[str, Any]) -> list[str]:
+    """Why run B may have delivered less than the fix promised, from what B itself shows: its
+    CPUs full, other processes taking its cores, or still waiting for data."""
+    sb = doc_b.get("signals") or {}
+    why: list[str] = []
+    host = sb.get("host_cpu_median_pct")
+    if isinstance(host, (int, float)) and host >= HOST_FULL_PCT:
+        why.append(f"run B's host CPU was at {host:.1f}% (median): the cores had no room "
+                   "left for the loading the fix added")
+    kinds = [f.get("kind") for f in doc_b.get("findings") or [] if isinstance(f, dict)]
+    if "cpu_contention" in kinds:
+        why.append("in run B other processes took the training's cores (cpu_contention)")
+    stall = sb.get("stall_fraction")
+    if isinstance(stall, (int, float)) and str(doc_b.get("verdict", "")).startswith(
+            "input_bound"):
+        why.append(f"run B still waited for data {stall:.0%} of the time "
+                   f"({doc_b.get('verdict')}): see its diagnosis")
+    return why
 
 
 def loader_config(data: RunData) -> dict[str, Any]:
@@ -145,4 +178,9 @@ def run(args: argparse.Namespace) -> int:
                      f"stall gone, compute unchanged) was ×{out['estimated_speedup']:.2f}: "
                      f"{out['delivered_share']:.0%} of it")
         out_console.print(line, highlight=False, soft_wrap=True)
+        for why in out.get("shortfall") or ():
+            out_console.print(f"  why less: {safe(why)}", highlight=False, soft_wrap=True)
+    elif "no_throughput" in out:
+        out_console.print(f"no samples/s: {safe(out['no_throughput'])}", highlight=False,
+                          soft_wrap=True)
     return 0
