@@ -624,3 +624,23 @@ def test_short_steps_are_timed_in_pairs_one_in_many(tmp_path: Path) -> None:
     busy = sum(s.gpu_busy_s or 0.0 for s in gaps)
     idle = sum(s.gpu_idle_s or 0.0 for s in gaps)
     assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)
+
+
+def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
+    """The writer hands plain steps to the store in blocks without looking at each; the few
+    steps with device marks come in a queue of their own, so a flush of many plain steps never
+    sorts through them (it did, row by row, under the trainer's interpreter lock)."""
+    gpu = FakeGpu()
+    gpu.done_until = float("inf")
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
+    p.writer.ready.wait(10)
+    for _ in Watched(list(range(300)), p):
+        gpu.now += 0.001
+    assert p.buffer.queue and all(r[7] is None for r in p.buffer.queue)
+    assert p.buffer.timed and all(r[7] is not None for r in p.buffer.timed)
+    assert len(p.buffer.queue) + len(p.buffer.timed) == 300
+    p.close()
+    steps = read_steps(run_dir)
+    assert [s.step for s in steps] == list(range(300))
+    assert any(s.gpu_busy_s is not None for s in steps)

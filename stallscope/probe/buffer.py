@@ -45,22 +45,26 @@ class StepBuffer:
     """Bounded steps from the training thread to the writer thread: ``queue``, a deque
     (appending on one thread and popping from the left on another needs no lock).
 
-    :meth:`push` appends a step, or counts it in ``dropped`` when ``capacity`` steps wait
-    already. A hot loop may do the same inline, without a call per step: bind ``queue`` and
-    ``capacity`` once, append while ``len(queue) < capacity``, else add one to ``dropped``. The
-    writer pops ``len(queue)`` steps from the left at each flush."""
+    :meth:`push` appends a step (to ``timed`` when it carries device marks), or counts it in
+    ``dropped`` when ``capacity`` steps wait already. A hot loop may do the same inline, without
+    a call per step: bind ``queue``, ``timed`` and ``capacity`` once, append while
+    ``len(queue) < capacity``, else add one to ``dropped``. The writer pops what each holds
+    from the left at each flush."""
 
-    __slots__ = ("capacity", "dropped", "queue")
+    __slots__ = ("capacity", "dropped", "queue", "timed")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = max(1, int(capacity))
         self.dropped = 0  #: steps not kept because the buffer was full (training thread)
         self.queue: deque[RawStep] = deque()
+        #: the steps with device marks, apart: the writer hands the plain ones to the store as
+        #: they are, with no look at each (it shares the trainer's interpreter lock)
+        self.timed: deque[RawStep] = deque()
 
     def push(self, rec: RawStep) -> None:
         """Hand one step over (training thread); never waits."""
         if len(self.queue) < self.capacity:
-            self.queue.append(rec)
+            (self.queue if rec[7] is None else self.timed).append(rec)
         else:
             self.dropped += 1
 

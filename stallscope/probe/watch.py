@@ -99,7 +99,7 @@ class Watched(Generic[T]):
         tuner = self.tuner
         state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device  # bound per epoch
         comm, comm_of = COMM, p.comm_of
-        queue, cap, event = buf.queue, buf.capacity, dev.event
+        queue, timed_q, cap, event = buf.queue, buf.timed, buf.capacity, dev.event
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
         cur = first = state.step
@@ -156,7 +156,8 @@ class Watched(Generic[T]):
                 if comm.used and (c := comm.take()) is not None and len(queue) < cap:
                     comm_of[cur] = c  # collectives (sources/comm.py); a dropped step's: none
                 if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
-                    queue.append((cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
+                    (queue if g is None else timed_q).append(
+                        (cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
                 else:
                     buf.dropped += 1
                 if due:  # alerts for callbacks (stallscope.on_alert): run them between steps

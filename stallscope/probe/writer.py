@@ -139,22 +139,28 @@ class StepWriter:
 
     def _flush_locked(self, *, final: bool) -> int:
         rec = self._rec
-        queue = rec.buffer.queue
+        queue, timed = rec.buffer.queue, rec.buffer.timed
         # this thread shares the trainer's interpreter: what it spends per row is taken from
         # the training thread's steps, so plain steps go to the store as handed over, in blocks
-        raw = [queue.popleft() for _ in range(len(queue))]  # what is there now
+        plain = [queue.popleft() for _ in range(len(queue))]  # what is there now
+        for _ in range(len(timed)):  # device-timed steps wait for their events
+            self._pending.append(StepRecord._make(timed.popleft()))
+        if any(map(_GPU, plain)):  # a hot loop that did not keep them apart (never in ours)
+            for r in [r for r in plain if r[7] is not None]:
+                self._pending.append(StepRecord._make(r))
+            plain = [r for r in plain if r[7] is None]
         comm_of = rec.comm_of  # set before the step is queued (training thread)
-        plain = raw if not comm_of and list(map(_GPU, raw)).count(None) == len(raw) else [
-            r for r in raw if r[7] is None and r[0] not in comm_of]
         values: list[StepValues] = []
-        if len(plain) < len(raw):
+        if comm_of:  # distributed: the steps that waited in collectives carry their wait
             rank, base = rec.rank, rec.wall0 - rec.perf0
-            for r in raw:
-                if r[7] is not None:
-                    self._pending.append(StepRecord._make(r))
-                elif (c := comm_of.pop(r[0], None)) is not None:
+            rest = []
+            for r in plain:
+                if (c := comm_of.pop(r[0], None)) is not None:
                     values.append((rank, r[0], base + r[1], r[2], r[3], r[6], None, None, r[4],
                                    r[5], c))
+                else:
+                    rest.append(r)
+            plain = rest
         values.extend(self._gpu_rows(final))
         sums = self.sums
         wait_sum = math.fsum(map(_WAIT, plain))
