@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -122,6 +123,32 @@ def test_stops_when_input_already_keeps_up(tmp_path: Path) -> None:
     assert 15 <= doc["step_ms"] <= 200
     assert "training step" in doc["bound"]
     assert doc["seconds"] < 15  # stopped early, long before the budget
+
+
+def test_trials_beside_another_jobs_load_say_so(tmp_path: Path) -> None:
+    """Run twice minutes apart, tune recommended num_workers=1, then 2: the first run had
+    another job's CPU load beside it and said nothing. Trials measured beside other processes
+    name them (as cpu_contention does), and the result says to tune again on a quiet host."""
+    mod = _module(tmp_path, """
+        import time, torch
+        from torch.utils.data import TensorDataset
+        def data():
+            return TensorDataset(torch.zeros(4096, 8))
+        def slow_step(batch):
+            time.sleep(0.1)
+    """)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        r = _tune(f"{mod}:data", "--step", f"{mod}:slow_step", "--budget", "30", "--json")
+    finally:
+        hog.kill()
+        hog.wait()
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    t = doc["trials"][0]
+    assert any(b["pid"] == hog.pid and b["cores"] > 0.5 for b in t["busy_others"]), t
+    assert "ran beside other processes" in t["reason"] and f"pid {hog.pid}" in t["reason"]
+    assert any("when the host is quiet" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_a_dataset_failing_in_workers_is_named_never_hangs() -> None:

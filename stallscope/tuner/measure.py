@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from stallscope.sources.host import read_devices, swap_ins
+from stallscope.sources.others import busiest_others, cpu_snapshot
 
 #: a trial whose rate so far is below this share of the best one is cut short ("clearly slower")
 CUT_SHARE = 0.6
@@ -57,8 +58,11 @@ class Trial:
     read_devices: list[str] = field(default_factory=list)
     #: the training step's mean time in this trial, ms (it slows when workers take its cores)
     step_ms: float | None = None
-    #: swap-ins seen during the trial (pages)
+    #: bytes swapped in during the trial
     swap_in: int = 0
+    #: the busiest processes outside this one and its workers during the trial, ``{"pid",
+    #: "name", "cores"}`` (sources/others.py): another job's load lowers the trial's rate
+    busy_others: list[dict[str, Any]] = field(default_factory=list)
     batches: int = 0
     samples: int = 0
     seconds: float = 0.0
@@ -183,6 +187,7 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
     trial = Trial(config=dict(config))
     swap0 = swap_ins()
     disks0 = read_devices()
+    others0, wall0 = cpu_snapshot(), time.time()
     sampler = _Sampler()
     sampler.start()
     it = None
@@ -247,7 +252,14 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
         trial.swap_in = max(0, swap_ins() - swap0)
         disks1 = read_devices()
         trial.read_devices = sorted(d for d, n in disks1.items() if n > disks0.get(d, n))
+        trial.busy_others = busiest_others(others0, cpu_snapshot(), time.time() - wall0,
+                                           exclude={os.getpid(), *usage.last}, started=wall0)
     return trial
+
+
+def others_cores(t: Trial) -> float:
+    """Cores the processes beside ``t`` kept busy (its busiest others together)."""
+    return sum(float(b.get("cores") or 0.0) for b in t.busy_others)
 
 
 def failure_text(exc: BaseException) -> str:

@@ -42,10 +42,12 @@ from typing import Any
 
 import psutil
 
+from stallscope import units
+from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
 from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, MIN_GAIN, rate
 from stallscope.sources.cgroup import read_caps as host_read_caps
 from stallscope.sources.cgroup import usable_cores
-from stallscope.tuner.measure import Overtime, Trial, run_trial
+from stallscope.tuner.measure import Overtime, Trial, others_cores, run_trial
 from stallscope.tuner.target import Target, call_text
 
 #: the model's runner-up is tried when predicted within this share of its best prediction
@@ -230,7 +232,13 @@ class Search:
         t = self.measure(config, self.window_s, best.samples_per_s if best else None)
         if t.swap_in:
             t.reason = (t.reason + "; " if t.reason else "") + \
-                f"the machine swapped in {t.swap_in} pages during the trial: not recommended"
+                f"the machine swapped in {units.size(t.swap_in)} during the trial: not " \
+                "recommended"
+        if others_cores(t) >= OTHERS_BUSY_CORES:
+            names = ", ".join(f"{b['name']} (pid {b['pid']}, {b['cores']:.1f})"
+                              for b in t.busy_others[:3])
+            t.reason = (t.reason + "; " if t.reason else "") + \
+                f"ran beside other processes keeping {others_cores(t):.1f} cores busy: {names}"
         self.trials.append(t)
         return t
 
@@ -613,6 +621,14 @@ class Search:
                 self.notes.append(
                     f"persistent_workers=True keeps the workers between epochs: saves the "
                     f"{best.startup_s:.2f} s worker start-up measured at the start of each epoch")
+        busy = [t for t in self.trials if t.status == "ok" and others_cores(t) >= OTHERS_BUSY_CORES]
+        if busy:
+            most = max(busy, key=others_cores)
+            self.notes.append(
+                f"{len(busy)} of the trials ran beside other processes (up to "
+                f"{others_cores(most):.1f} cores busy, {most.busy_others[0]['name']} first): "
+                "their rates are lower than on a quiet host and the recommendation may differ "
+                "there; run stallscope tune again when the host is quiet")
         baseline = {"config": _public(base.config) if base else {},
                     "samples_per_s": _r(base.samples_per_s) if base else None,
                     "data_wait_share": _r(base.data_wait_share) if base else None}
