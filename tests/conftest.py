@@ -150,6 +150,15 @@ def tool_missing(tool: str) -> None:
     pytest.fail(f"{tool} is not installed; CI installs it in .ci/run")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Per-user state of the whole session (module- and session-scoped fixtures run before any
+    test's own state dir below) goes to a temp dir too: runs made by those fixtures landed in
+    the user's run index, and a user who had run the suite saw them in `stallscope runs`."""
+    import tempfile
+
+    os.environ["STALLSCOPE_STATE_DIR"] = tempfile.mkdtemp(prefix="stallscope-test-state-")
+
+
 @pytest.fixture(autouse=True)
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -183,6 +183,29 @@ def test_runs_with_no_runs(tmp_path: Path) -> None:
     assert r.returncode == 0 and "no runs" in r.stdout
 
 
+def test_runs_piped_prints_whole_fields(tmp_path: Path) -> None:
+    """Piped, `runs` cut the verdict to "input_boun" and dropped the command and the folder at
+    80 columns. A pipe or a file gets one tab-separated line a run, nothing cut."""
+    from stallscope.store import new_run_dir, write_meta
+
+    out = tmp_path / "stallscope-runs"
+    cmd = ["python", "train_with_a_rather_long_name.py", "--epochs", "90", "--lr", "0.001"]
+    run_dir = new_run_dir(out, "train_with_a_rather_long_name")
+    write_meta(run_dir, {"command": cmd, "start": 1.7e9, "end": 1.7e9 + 26, "exit_code": 0,
+                         "verdict": "input_bound.epoch_start"})
+    r = subprocess.run(stallscope_argv("runs", "--out", str(out)), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    head, line = r.stdout.splitlines()
+    assert head.split("\t") == ["run", "started", "duration", "exit", "verdict", "owner",
+                                 "command", "in"]
+    fields = line.split("\t")
+    assert fields[0] == run_dir.name and fields[2] == "26 s" and fields[3] == "0"
+    assert fields[4] == "input_bound.epoch_start" and fields[6] == " ".join(cmd)
+    assert fields[7] == "."
+
+
 def test_module_entry_point_version() -> None:
     r = subprocess.run(stallscope_argv("--version"), capture_output=True, text=True,
                        env=dict(os.environ))

@@ -16,6 +16,7 @@ from stallscope.errors import RunNotFound, StallscopeError, UsageError
 from stallscope.sources.owner import describe
 from stallscope.store import DEFAULT_OUT, RunStore, read_meta
 from stallscope.store.rundir import _root, known_runs, run_state
+from stallscope.textsafe import plain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         out_console.print(f"no runs in {args.out}/ (start one with `stallscope run -- CMD`)")
         return 0
     here = _root(args.out).resolve()
+    if not out_console.is_terminal:  # a pipe or a file: whole fields, for grep and awk
+        _print_lines(rows, here)
+        return 0
     # the folder column only where it fits (`runs --json` always has each run's path)
     elsewhere = (out_console.width >= 110
                  and any(Path(r["path"]).resolve().parent != here for r in rows))
@@ -132,3 +136,24 @@ def run(args: argparse.Namespace) -> int:
                   safe(" ".join(r["command"] or [])[:60]), *where)
     out_console.print(t)
     return 0
+
+
+def _print_lines(rows: list[dict[str, Any]], here: Path) -> None:
+    """One line a run, tab-separated, nothing cut or folded (what a pipe or a file gets): run,
+    started, duration, exit, verdict, owner, command, folder."""
+    print("\t".join(("run", "started", "duration", "exit", "verdict", "owner", "command",
+                     "in")))
+    for r in rows:
+        parent = Path(r["path"]).resolve().parent
+        where = "." if parent == here else str(parent)
+        if "error" in r:
+            fields = [r["run"], "-", "-", "-", "-", "-", r["error"], where]
+        else:
+            fields = [r["run"], _when(r["start"]),
+                      "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
+                      (str(r["exit_code"]) if r["exit_code"] is not None else "-")
+                      if r["state"] == "finished" else r["state"],
+                      r.get("verdict") or "-", describe(r.get("owner")) or "-",
+                      " ".join(r["command"] or []), where]
+        print("\t".join(plain(f, None) for f in fields))  # a tab in a field shows as \t
+
