@@ -206,6 +206,19 @@ def test_runs_piped_prints_whole_fields(tmp_path: Path) -> None:
     assert fields[7] == "."
 
 
+def test_show_header_is_never_folded_when_piped(tmp_path: Path) -> None:
+    """Piped at 80 columns, the header folded and left "samples" alone on a line."""
+    r = _run(["run", "--quiet", "--", "sleep", "1"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
+    show = subprocess.run(stallscope_argv("show", str(run_dir)), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "80"})
+    head = show.stdout.splitlines()[1]
+    assert "every 1 s for the first 2 min, then every 5 s" in head and \
+        head.rstrip().endswith("samples"), show.stdout[:400]
+
+
 def test_module_entry_point_version() -> None:
     r = subprocess.run(stallscope_argv("--version"), capture_output=True, text=True,
                        env=dict(os.environ))

@@ -107,11 +107,14 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
                  else f"attached, {meta.get('ended') or 'ended'}")
     elif state == "interrupted":  # stallscope was killed: no end, the duration ends at the data
         state = "interrupted (to the last sample)"
-    console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False)
+    # the header's lines are never folded into a word alone on a line (piped, rich folded at
+    # 80 columns): the terminal wraps them, a file keeps them whole
+    console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False,
+                  soft_wrap=True)
     console.print(f"  {safe(str(meta.get('host')))} · "
                   f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · {_interval(meta)} · "
                   f"{summary.get('samples', 0)} samples",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     from stallscope.cli.diagnose import training_line
 
     about = training_line(meta)
