@@ -121,6 +121,16 @@ def _block_sql(n: int) -> str:
             "FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")")
 
 
+#: points bound by one INSERT of :meth:`RunStore.add_points`
+POINT_ROWS = 64
+
+
+@functools.lru_cache(maxsize=POINT_ROWS)
+def _points_sql(n: int) -> str:
+    """An INSERT of ``n`` points of one sample: the time once (``?1``), then (series, value)."""
+    return "INSERT OR REPLACE INTO points VALUES " + ", ".join(["(?1, ?, ?)"] * n)
+
+
 #: one step as a bare tuple in :class:`StepRow`'s field order
 StepValues = tuple[int, int, float, float, float, "float | None", "float | None",
                    "float | None", "int | None", "int | None", "float | None"]
@@ -223,14 +233,21 @@ class RunStore:
         # a value that is not a finite number (inf, -inf, NaN) is dropped, never stored: SQLite
         # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them)
         sid = self._series
-        rows = [(ts, sid.get((p.name, p.entity)) or self._series_id(p.name, p.entity), v)
-                for p in points if (v := float(p.value)) - v == 0.0]
+        flat: list[float | int] = []  # series id, value, series id, value...
+        for p in points:
+            if (v := float(p.value)) - v == 0.0:
+                flat += (sid.get((p.name, p.entity)) or self._series_id(p.name, p.entity), v)
+        n = len(flat) // 2
         with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO points VALUES(?, ?, ?)", rows)
+            # a few statements of many rows each, the sample's time bound once: a third of the
+            # CPU of a statement a row (benchmarks/bench_run_cost.py measures the whole sample)
+            for i in range(0, n, POINT_ROWS):
+                k = min(POINT_ROWS, n - i)
+                self.db.execute(_points_sql(k), [ts, *flat[2 * i:2 * (i + k)]])
             for source, entities in touch:
                 self.db.executemany("UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
                                     [(ts, source, e) for e in entities])
-        return len(rows)
+        return n
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
         with self.db:
