@@ -1,4 +1,4 @@
-"""Sizes, rates and durations written for people: one place, one convention.
+"""Sizes and rates written for people: one place, one convention.
 
 **Sizes and rates are SI decimal**: 1 kB = 1,000 B, 1 MB = 1,000,000 B (what disk and network
 vendors quote). Two sources count in binary and are converted to bytes before they are shown:
@@ -10,7 +10,7 @@ minutes and hours.
 
 from __future__ import annotations
 
-__all__ = ["KIB", "MIB", "duration", "kib", "mib", "rate", "size"]
+__all__ = ["KIB", "MIB", "kib", "mib", "rate", "size"]
 
 KIB = 1024  #: bytes in the kernel's and iostat's "kB"
 MIB = 1024 * 1024  #: bytes in a MiB (memory figures)
@@ -41,17 +41,3 @@ def kib(n: float) -> float:
 def mib(n: float) -> float:
     """Bytes in ``n`` MiB (metrics named ``*_mib``)."""
     return n * MIB
-
-
-def duration(seconds: float) -> str:
-    """Seconds for people: "850 ms", "12.3 s", "4 min 10 s", "2 h 5 min"."""
-    s = float(seconds)
-    if s < 1:
-        return f"{s * 1e3:.0f} ms"
-    if s < 60:
-        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
-    if s < 3600:
-        m, r = divmod(round(s), 60)
-        return f"{m} min {r} s" if r else f"{m} min"
-    h, r = divmod(round(s / 60), 60)
-    return f"{h} h {r} min" if r else f"{h} h"

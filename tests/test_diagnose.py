@@ -771,7 +771,7 @@ def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
     from pathlib import Path
 
     from stallscope.analysis.diagnose import Kind
-    from stallscope.analysis.diagnose.rules import RULES, rules_table
+    from stallscope.analysis.diagnose.rules import RULES
 
     headings = set(re.findall(r"^#+ (.+)$", (Path(__file__).parents[1] / "docs"
                                               / "diagnosis.md").read_text(), re.M))
@@ -779,10 +779,10 @@ def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
         assert spec.docs in headings, (spec.name, spec.docs)
         assert spec.check.__doc__, spec.name
     assert {k for s in RULES for k in s.kinds} == set(Kind)
-    table = {r["rule"]: r for r in rules_table()}
-    assert table["rule_host_bound"]["thresholds"]["GPU_BUSY_PCT"] == 70.0
-    assert table["rule_compute_bound"]["thresholds"]["GPU_BUSY_UNMEASURED_PCT"] == 80.0
-    assert table["rule_gpu_held_idle"]["thresholds"]["HELD_IDLE_S"] == 600.0
+    table = {s.name: s.thresholds for s in RULES}
+    assert table["rule_host_bound"]["GPU_BUSY_PCT"] == 70.0
+    assert table["rule_compute_bound"]["GPU_BUSY_UNMEASURED_PCT"] == 80.0
+    assert table["rule_gpu_held_idle"]["HELD_IDLE_S"] == 600.0
 
 
 def test_a_rule_reporting_a_kind_it_does_not_declare_is_a_bug(monkeypatch: pytest.MonkeyPatch

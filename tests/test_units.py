@@ -1,4 +1,4 @@
-"""Sizes, rates and durations for people come from one module, in SI (stallscope/units.py)."""
+"""Sizes and rates for people come from one module, in SI (stallscope/units.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,6 @@ def test_kernel_kb_and_mib_are_binary_and_shown_in_si() -> None:
     assert units.rate(units.kib(1953.125)) == "2.0 MB/s"
     assert units.size(units.mib(1024)) == "1.1 GB"  # 1 GiB
     assert units.kib(1) == 1024 and units.mib(1) == 1024 * 1024
-
-
-@pytest.mark.parametrize("s,text", [
-    (0.0004, "0 ms"), (0.85, "850 ms"), (1.0, "1.0 s"), (12.34, "12 s"), (60, "1 min"),
-    (250, "4 min 10 s"), (3600, "1 h"), (7500, "2 h 5 min")])
-def test_duration(s: float, text: str) -> None:
-    assert units.duration(s) == text
 
 
 def test_top_shows_kernel_kb_rates_in_si_units() -> None:

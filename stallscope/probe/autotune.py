@@ -50,7 +50,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, NEAR_BEST, rate
+from stallscope.loadermodel import (
+    ALIKE,
+    CPU_BOUND_SHARE,
+    MEM_SHARE,
+    NEAR_BEST,
+    keeps_up,
+    rate,
+)
 from stallscope.sources.host import swap_ins
 
 __all__ = ["CPU_BOUND_SHARE", "EpochTrial", "OnlineTuner", "decide", "predict_rate"]
@@ -146,7 +153,7 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
     if cur.rate < ALIKE * best.rate and best is not cur:
         return Decision(best.config(), f"{_name(cur)} ran {cur.rate:.1f} steps/s, slower than "
                         f"{_name(best)} ({best.rate:.1f}): back to it", best.rate, done=True)
-    if cur.wait_share < KEEPS_UP:
+    if keeps_up(cur.wait_share):
         return Decision(None, f"the loader keeps up at {_name(cur)} (data wait "
                         f"{cur.wait_share:.0%} of the epoch)", done=True)
     if len(trials) >= max_trials:

@@ -44,7 +44,16 @@ import psutil
 
 from stallscope import units
 from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
-from stallscope.loadermodel import ALIKE, CPU_BOUND_SHARE, KEEPS_UP, MEM_SHARE, MIN_GAIN, rate
+from stallscope.loadermodel import (
+    ALIKE,
+    CPU_BOUND_SHARE,
+    MEM_SHARE,
+    MIN_GAIN,
+    alike,
+    gains,
+    keeps_up,
+    rate,
+)
 from stallscope.sources.cgroup import read_caps as host_read_caps
 from stallscope.sources.cgroup import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, others_cores, run_trial
@@ -257,8 +266,7 @@ class Search:
     def _keeps_up(self, t: Trial | None) -> bool:
         """The input keeps up with the step in ``t``, and ``t`` is as fast as the best: a low
         data wait because the step itself slowed (workers taking its cores) does not count."""
-        if t is None or t.status != "ok" or t.data_wait_share is None \
-                or t.data_wait_share >= KEEPS_UP:
+        if t is None or t.status != "ok" or not keeps_up(t.data_wait_share):
             return False
         best = self._best()
         return best is None or (t.samples_per_s or 0.0) >= 0.95 * (best.samples_per_s or 0.0)
@@ -351,12 +359,12 @@ class Search:
         if not rivals:
             return
         rival = max(rivals, key=lambda t: t.samples_per_s or 0.0)
-        alike = (rival.samples_per_s or 0.0) >= ALIKE * best.samples_per_s
-        if alike and _weight(rival.config) >= _weight(best.config):
+        close = alike(rival.samples_per_s or 0.0, best.samples_per_s)
+        if close and _weight(rival.config) >= _weight(best.config):
             return  # the best is the lighter one as well
         again_s = max(1.0, self.window_s / 2)
         if self._left() < 2.2 * again_s:
-            if alike:
+            if close:
                 self._prefer_lighter(rival, best)
             else:
                 self.notes.append(f"{_short(rival.config)} came within 15% of the best; the "
@@ -581,7 +589,7 @@ class Search:
                 prev = t
                 continue
             if t.status != "ok" or not t.samples_per_s or prev is None or \
-                    not prev.samples_per_s or t.samples_per_s < MIN_GAIN * prev.samples_per_s:
+                    not prev.samples_per_s or not gains(t.samples_per_s, prev.samples_per_s):
                 if t.step_ms and self.step_ms and t.step_ms > 1.3 * self.step_ms:
                     self.notes.append(
                         f"at num_workers={w} the training step slowed from {self.step_ms:.0f} "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Kind, RunData
 from stallscope.analysis.diagnose.rules.common import Rule
@@ -131,8 +130,3 @@ def run_rules(data: RunData, sig: Signals) -> list[Finding]:
         findings = insufficient + [f for f in findings if f.kind in NO_SERIES]
     return findings
 
-
-def rules_table() -> list[dict[str, Any]]:
-    """Every rule as declared, for docs and tests: name, kinds, docs section, thresholds."""
-    return [{"rule": s.name, "kinds": [k.value for k in s.kinds], "docs": s.docs,
-             "thresholds": s.thresholds} for s in RULES]
