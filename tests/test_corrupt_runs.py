@@ -19,6 +19,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -256,28 +257,65 @@ def _env(base: Path) -> dict[str, str]:
     return env
 
 
-def _run_case(base: Path, pristine: Path, name: str, case: Case) -> dict[str, Result]:
+def _damaged(base: Path, pristine: Path, name: str, case: Case) -> list[tuple[str, str,
+                                                                           list[str]]]:
+    """A copy of the pristine run, damaged; the jobs of tests/cli_batch.py that run every
+    command of :data:`COMMANDS` on it, labelled ``name\tcommand``."""
     out = base / name / "stallscope-runs"
     run = out / pristine.name
     shutil.copytree(pristine, run)
     case.damage(run)
+    return [(f"{name}\t{label}", str(base / name),
+             [a.format(run=run, out=out, tmp=base / name) for a in argv])
+            for label, argv in COMMANDS.items()]
+
+
+def _run_batch(base: Path, i: int, jobs: list[tuple[str, str, list[str]]]
+               ) -> dict[str, Result]:
+    """Run ``jobs`` in one interpreter (tests/cli_batch.py: each command with its own stdout,
+    stderr and exit code, an escaped exception printed as a traceback)."""
+    jobs_file, results_file = base / f"jobs-{i}.json", base / f"results-{i}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_batch.py")),
+                        str(jobs_file), str(results_file)], cwd=base,
+                       capture_output=True, text=True, timeout=60 * len(jobs),
+                       errors="replace", env=_env(base))
+    done = json.loads(results_file.read_text()) if results_file.exists() else {}
     results = {}
-    for label, argv in COMMANDS.items():
-        args = [a.format(run=run, out=out, tmp=base / name) for a in argv]
-        r = subprocess.run(stallscope_argv(*args), cwd=base / name, capture_output=True,
-                           text=True, timeout=120, errors="replace", env=_env(base))
-        results[label] = Result(r.returncode, r.stdout, r.stderr)
+    for label, _cwd, _argv in jobs:
+        if label not in done:  # the batch died in this command: what the interpreter said
+            results[label] = Result(r.returncode or 1, "", f"batch died ({r.returncode}) in "
+                                    f"{label}:\n{r.stderr[-3000:]}")
+            break
+        rc, stdout, stderr = done[label]
+        results[label] = Result(rc, stdout, stderr)
     return results
+
+
+#: damaged runs per interpreter: the report's first plot costs ~1 s (matplotlib's import), each
+#: later one ~0.4 s
+BATCH = 6
 
 
 def build_corpus(base: Path, names: list[str] | None = None) -> dict[str, dict[str, Result]]:
     pristine = _pristine(base)
     names = names or list(CASES)
     cases = {n: CASES[n] for n in names} | {"": Case("none", lambda run: None)}
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2) + 1) as pool:
-        futs = {n: pool.submit(_run_case, base, pristine, n or "pristine", c)
-                for n, c in cases.items()}
-        return {n: f.result() for n, f in futs.items()}
+    jobs = [job for n, c in cases.items() for job in _damaged(base, pristine, n or "pristine", c)]
+    per = BATCH * len(COMMANDS)
+    batches = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        done: dict[str, Result] = {}
+        for part in pool.map(_run_batch, [base] * len(batches), range(len(batches)), batches):
+            done.update(part)
+    out: dict[str, dict[str, Result]] = {n: {} for n in cases}
+    for key, res in done.items():
+        name, label = key.split("\t")
+        out["" if name == "pristine" else name][label] = res
+    for res_of in out.values():  # a batch that died leaves the commands after it unrun: failed
+        for label in COMMANDS:
+            res_of.setdefault(label, Result(-1, "", "not run: its batch died before it"))
+    return out
 
 
 @pytest.fixture(scope="module")

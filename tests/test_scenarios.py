@@ -188,10 +188,21 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "probe"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.15, doc["trainer_wait"]
-    # worker processes among the fixes (first, or after "make per-sample work cheaper" when
-    # the trainer's threads already use every core)
-    assert any(f["action"].startswith("num_workers 0 → ")
-               for f in training_finding(doc)["fixes"]), training_finding(doc)["fixes"]
+    # worker processes as the fix, unless the trainer's threads already kept every core busy
+    # (on the 2-core CI VM the host read 88%): then cheaper per-sample work, and no advice for
+    # more workers beside it to contradict it (issue 39)
+    from stallscope.analysis.diagnose.signals import BUSY_SPARE
+
+    sig = doc["signals"]
+    cpus = sig.get("logical_cores") or sig["physical_cores"]
+    spare = (100.0 - sig["host_cpu_median_pct"]) / 100.0 * cpus
+    fixes = training_finding(doc)["fixes"]
+    more_workers = [f for f in fixes if f["action"].startswith("num_workers 0 → ")]
+    if spare >= BUSY_SPARE:
+        assert more_workers, (spare, fixes)
+    else:
+        assert fixes[0]["action"].startswith("make per-sample work cheaper"), (spare, fixes)
+        assert "busy" in fixes[0]["why"] and not more_workers, (spare, fixes)
 
 
 def test_compute_bound(compute_run: dict[str, Any]) -> None:

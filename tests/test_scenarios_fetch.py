@@ -2,8 +2,8 @@
 `stallscope run` with the probe and without it, and the first fix (the limit lifted) measured.
 
 These runs are bound by the throttled reads, not by the CPU: they ran the same with a CPU hog
-beside the suite, so they share the machine in the parallel pass (the other scenario
-trainings measure CPU-bound work and run alone: tests/test_scenarios.py)."""
+beside the suite, so the one without the probe shares the machine in the parallel pass (the
+other scenario trainings measure CPU-bound work and run alone: tests/test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,13 @@ def fetch_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
+@pytest.mark.exclusive
 def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> None:
-    """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle)."""
+    """Cold files on a device whose reads are capped at 2 MB/s (cgroup blkio throttle).
+
+    It runs alone: once in the parallel pass its workers read as in D state in 10% of samples
+    (98-100% alone, beside two CPU hogs too, and in the run without the probe beside it), for a
+    cause not found yet."""
     data = fetch_data
     doc = run_scenario("fetch", tmp_path, ["--data-dir", str(data), "--files", "3000", "--cold",
                                            "--workers", "2", "--model", "tiny"],
@@ -46,7 +51,7 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     assert limits is not None and list(limits.values()) == [2000000], limits
     ev = training_finding(doc)["evidence"]
     assert ev["read_limit_kb_s"] == pytest.approx(2000000 / 1024, abs=0.1)
-    assert ev["worker_d_share"] >= 0.25
+    assert ev["worker_d_share"] >= 0.25, ev
     assert ev["score_fetch"] > ev["score_prep"]
     top = training_finding(doc)
     assert "lift the I/O limit" in top["fixes"][0]["action"], top["fixes"]

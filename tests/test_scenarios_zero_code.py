@@ -70,6 +70,7 @@ def zero_code_run(name: str, tmp_path: Path, training: list[str],
     doc["trainer_wait_ranks"] = {k: v for k, v in own.items() if k is not None}
     doc["trainer_stdout"] = r.stdout[-3000:]
     doc["other_stacks"] = other_stacks(run_dir)
+    doc["stacks_seen"] = stacks_seen(run_dir)
     stacks_ranks = {x["rank"]: x.get("stall_fraction") for x in doc.get("ranks") or []}
     shares = (doc.get("signals") or {}).get("phase_shares")
     print(f"\n[{name}] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
@@ -108,6 +109,23 @@ def other_stacks(run_dir: Path, n: int = 5) -> list[tuple[str, str, float]]:
     return sorted(out, key=lambda x: -x[2])[:n]
 
 
+def stacks_seen(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Per sampled pid: records, samples and seconds by phase (what a failed ``stall_source``
+    check shows: once in CI, on the parallel pass, a run's diagnosis found no trainer in its
+    stacks and fell back to the main thread's busy share)."""
+    from stallscope.sources.stacks.aggregate import phase_seconds, read_records
+
+    out: dict[int, dict[str, Any]] = {}
+    for r in read_records(run_dir):
+        d = out.setdefault(r["pid"], {"records": 0, "n": 0, "rank": r.get("rank"),
+                                      "sampler": r.get("sampler"), "s": {}})
+        d["records"] += 1
+        d["n"] += r.get("n") or 0
+        for k, v in phase_seconds(r).items():
+            d["s"][k] = round(d["s"].get(k, 0.0) + v, 2)
+    return out
+
+
 def training(script: str, *args: str) -> list[str]:
     return [str(TRAININGS / script), "--seconds", str(SECONDS), *args]
 
@@ -116,7 +134,8 @@ def assert_named(doc: dict[str, Any], verdict: str) -> None:
     from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
 
     assert training_finding(doc)["kind"] == verdict, doc["findings"]
-    assert doc["stall_source"] == "stacks", doc["stall_source"]
+    assert doc["stall_source"] == "stacks", (doc["stall_source"], doc["stacks_seen"],
+                                             doc["signals"].get("window_source"))
     sig = doc["signals"]
     others = sig.get("others_cpu_cores")
     low = BUSY_LOW if others is not None and others >= OTHERS_BUSY_CORES else TOLERANCE

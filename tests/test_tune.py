@@ -280,7 +280,6 @@ def test_python_api() -> None:
         stallscope.tune(data, budget_s=0)
 
 
-@pytest.mark.exclusive
 def test_loaders_as_given_keep_their_samplers_and_persistent_workers(tmp_path: Path) -> None:
     mod = _module(tmp_path, """
         import torch
