@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -251,3 +252,68 @@ def test_real_threads_of_the_trainer() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def _tf_thread(stop: threading.Event, name: str = "tf_Compute") -> threading.Thread:
+    ready = threading.Event()
+
+    def run() -> None:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name)
+        ready.set()
+        stop.wait()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    ready.wait()
+    return t
+
+
+def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> None:
+    """The trainer's threads are listed again when their count changes or one's file fails;
+    between listings each stat is re-read through a kept descriptor, one a live thread."""
+    from stallscope.sources import procs
+
+    me = str(os.getpid())
+    stops = [threading.Event() for _ in range(4)]
+    threads = [_tf_thread(s) for s in stops[:3]]
+    src = ProcsSource(os.getpid())
+    src.open()
+
+    def sample() -> dict:
+        out = src.sample(time.time())
+        assert out is not None
+        return out[me]
+
+    def kept() -> int:
+        return sum(1 for pid, name in src._files if str(pid) == me and name.startswith("task/")
+                   and name.endswith("/stat"))
+
+    try:
+        base = len(os.listdir("/proc/self/task"))
+        rec = sample()
+        assert rec["tf_threads"] == 3 and kept() == base
+        for _ in range(3):  # the same threads: read through the kept descriptors
+            assert sample()["tf_threads"] == 3
+        threads.append(_tf_thread(stops[3]))  # one more: the count changed, listed again
+        assert sample()["tf_threads"] == 4 and kept() == base + 1
+        stops[0].set()
+        threads[0].join()
+        # one gone and one other started: the count is the same, the dead one's read fails...
+        extra = threading.Event()
+        other = _tf_thread(extra, "tf_data")
+        sample()
+        rec = sample()  # ...so they are listed again: both seen, the dead one's fd closed
+        assert rec["tf_threads"] == 4, rec
+        assert kept() == len(os.listdir("/proc/self/task"))
+        extra.set()
+        other.join()
+        # one that exits: the count changed, listed again; and a listing every RELIST_EVERY
+        # samples whatever happened keeps the same picture
+        for _ in range(procs.RELIST_EVERY + 1):
+            rec = sample()
+            assert rec["tf_threads"] == 3 and kept() == len(os.listdir("/proc/self/task"))
+    finally:
+        for s in stops:
+            s.set()
+        src.close()

@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from stallscope.sources.stacks.aggregate import phase_seconds
 from stallscope.sources.stacks.phases import PHASES, TRAINING
 
-__all__ = ["MIN_TRAINING_S", "ProcPhases", "phases_over_time", "top_stacks", "trainer_phases"]
+__all__ = ["MIN_TRAINING_S", "ProcPhases", "batch_throughput", "phases_over_time", "top_stacks",
+           "trainer_phases"]
 
 #: seconds of sampled training a process needs before its shares mean anything
 MIN_TRAINING_S = 2.0
@@ -37,7 +38,12 @@ class ProcPhases:
     rank: int | None
     sampler: str
     seconds: dict[str, float] = field(default_factory=dict)
+    #: stack samples taken
     samples: int = 0
+    #: DataLoader batches the process took, and the data samples in them (counted by the
+    #: in-trainer sampler: :mod:`stallscope.sources.stacks.batches`; 0 where nothing counted)
+    batches: int = 0
+    batch_samples: int = 0
 
     @property
     def total_s(self) -> float:
@@ -66,6 +72,10 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
             p.seconds[k] = p.seconds.get(k, 0.0) + v
         n = rec.get("n")
         p.samples += n if isinstance(n, int) and n > 0 else 0
+        b, bs = rec.get("batches"), rec.get("samples")
+        if _count(b) and _count(bs):  # a hand-edited file can hold anything
+            p.batches += b
+            p.batch_samples += bs
     roles = roles or {}
     out = [p for p in procs.values()
            if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
@@ -77,6 +87,17 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
             by_rank[p.rank] = p  # type: ignore[index]  # the longest-training wins a rank
         return [by_rank[r] for r in sorted(by_rank)]
     return [max(out, key=lambda p: p.total_s)] if out else []
+
+
+def _count(v: Any) -> TypeGuard[int]:
+    return type(v) is int and 0 <= v < 1 << 40
+
+
+def batch_throughput(procs: Iterable[ProcPhases], seconds: float) -> float | None:
+    """Data samples per second of the trainer processes together over ``seconds`` of training
+    (their DataLoader batches, counted inside them); None where nothing was counted."""
+    total = sum(p.batch_samples for p in procs)
+    return round(total / seconds, 2) if total > 0 and seconds > 0 else None
 
 
 def phases_over_time(records: Iterable[Mapping[str, Any]], pid: int, t0: float,

@@ -1,6 +1,7 @@
 """``stallscope compare RUN_A RUN_B [--json]``: before and after, side by side.
 
-Throughput (samples/s from the probe's steps), the data-wait share, the main resources and the
+Throughput (samples/s from the probe's steps, else from the DataLoader batches `stallscope
+run` counted inside the trainer), the data-wait share, the main resources and the
 verdicts of two runs, with the ratio B/A, and which of run A's fixes run B applied (the loader
 setting the fix names, as B's probe recorded it) with how much of that fix's expected speed-up
 B delivered: how a fix is checked. When no fix matches, A's ceiling (the whole stall gone) is
@@ -14,6 +15,7 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
+from stallscope.analysis.stacks import batch_throughput, trainer_phases
 from stallscope.cli._common import add_out_option, out_console, resolve_run, safe
 
 #: (label, key in the signals, unit)
@@ -37,25 +39,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _throughput(data: RunData) -> float | None:
-    """Samples per second over the steps the probe recorded (all ranks together)."""
-    if not data.steps:
-        return None
-    by_rank: dict[int, tuple[int, float]] = {}
-    for s in data.steps:
-        n, wall = by_rank.get(s.rank, (0, 0.0))
-        by_rank[s.rank] = (n + (s.samples or 0), wall + s.wait_s + s.host_s)
-    rates = [n / wall for n, wall in by_rank.values() if wall > 0 and n > 0]
-    return round(sum(rates), 2) if rates else None
+#: where a run's samples/s came from (JSON ``throughput_source``, and the text's note)
+PROBE_STEPS, COUNTED_BATCHES = "probe", "counted_batches"
+_SOURCE_TEXT = {PROBE_STEPS: "the probe's steps",
+                COUNTED_BATCHES: "the DataLoader batches counted inside the trainer"}
+
+
+def _throughput(data: RunData) -> tuple[float | None, str | None]:
+    """Samples per second (all ranks together), and where it came from: the probe's steps, else
+    the batches `stallscope run`'s in-trainer sampler counted over the training window."""
+    if data.steps:
+        by_rank: dict[int, tuple[int, float]] = {}
+        for s in data.steps:
+            n, wall = by_rank.get(s.rank, (0, 0.0))
+            by_rank[s.rank] = (n + (s.samples or 0), wall + s.wait_s + s.host_s)
+        rates = [n / wall for n, wall in by_rank.values() if wall > 0 and n > 0]
+        if rates:
+            return round(sum(rates), 2), PROBE_STEPS
+    procs = trainer_phases(data.stacks, data.roles())
+    win = data.window()
+    rate = batch_throughput(procs, win.seconds) if win.source != "run" else None
+    return (rate, COUNTED_BATCHES) if rate is not None else (None, None)
 
 
 def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
             data_b: RunData) -> dict[str, Any]:
     sa, sb = doc_a.get("signals", {}), doc_b.get("signals", {})
+    (ta, src_a), (tb, src_b) = _throughput(data_a), _throughput(data_b)
     rows = []
     for label, key, unit in _ROWS:
-        a = _throughput(data_a) if key == "samples_per_s" else sa.get(key)
-        b = _throughput(data_b) if key == "samples_per_s" else sb.get(key)
+        a = ta if key == "samples_per_s" else sa.get(key)
+        b = tb if key == "samples_per_s" else sb.get(key)
         if a is None and b is None:
             continue
         ratio = round(b / a, 3) if isinstance(a, (int, float)) and isinstance(
@@ -63,7 +77,8 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
         rows.append({"what": label, "key": key, "a": a, "b": b, "ratio": ratio, "unit": unit})
     out: dict[str, Any] = {"a": doc_a["run"], "b": doc_b["run"], "rows": rows,
                            "verdict_a": doc_a["verdict"], "verdict_b": doc_b["verdict"]}
-    ta, tb = _throughput(data_a), _throughput(data_b)
+    if ta is not None or tb is not None:
+        out["throughput_source"] = {"a": src_a, "b": src_b}
     top = (doc_a.get("findings") or [{}])[0]
     applied = applied_fix(doc_a, loader_config(data_a), loader_config(data_b))
     if ta and tb:
@@ -80,8 +95,10 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
             if out["delivered_share"] < SHORT_OF:
                 out["shortfall"] = shortfall(doc_b)
     elif ta is None or tb is None:
-        out["no_throughput"] = ("samples/s needs the probe's per-step records in both runs "
-                                "(wrap the loader with stallscope.watch(loader)); "
+        out["no_throughput"] = ("samples/s needs, in both runs, the probe's per-step records "
+                                "(wrap the loader with stallscope.watch(loader)) or the "
+                                "DataLoader batches `stallscope run` counts inside a PyTorch "
+                                "trainer (not with --pid or --no-stacks); "
                                 + ("neither run has them" if ta is None and tb is None else
                                    f"run {'A' if ta is None else 'B'} has none"))
     return out
@@ -166,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(f"A: {safe(out['a'])}", highlight=False, soft_wrap=True)
     out_console.print(f"B: {safe(out['b'])}", highlight=False, soft_wrap=True)
     out_console.print(table)
+    src = out.get("throughput_source") or {}
+    if any(v not in (None, PROBE_STEPS) for v in src.values()):
+        line = ("samples/s of both runs from " + _SOURCE_TEXT[src["b"]]
+                if src.get("a") == src.get("b") else "samples/s from: " + "; ".join(
+                    f"{k.upper()} {_SOURCE_TEXT[v]}" for k, v in src.items() if v))
+        out_console.print(line, highlight=False, soft_wrap=True)
     if "speedup" in out:
         line = f"B is ×{out['speedup']:.2f} the throughput of A"
         if "applied_fix" in out:

@@ -1,7 +1,7 @@
 """Samples of one process's training thread, summed into windows and written as JSON lines.
 
 Both samplers feed a :class:`Tally`: the one inside the trainer that ``stallscope run``
-injects (:mod:`stallscope.probe.sampler`) and py-spy attached from outside
+injects (:mod:`stallscope.sources.stacks.inproc`) and py-spy attached from outside
 (:mod:`stallscope.sources.stacks.pyspy`). Each sample carries the seconds it stands for (the
 time since the previous one), so a sample that came late is not under-counted. Once per
 flush the tally becomes one record, appended to ``<run>/stacks/<pid>.jsonl``::
@@ -15,7 +15,9 @@ flush the tally becomes one record, appended to ``<run>/stacks/<pid>.jsonl``::
 ``startup`` and, in the last record, ``tail``: what followed the last training sample, and
 ``exit``: the part of the tail spent shutting down);
 ``stacks`` the seconds of each folded stack of the window (at most :data:`MAX_STACKS`, the
-rest under ``(other stacks)``). :func:`read_records` reads them back,
+rest under ``(other stacks)``); ``batches`` and ``samples``, where there were any, what the
+trainer took from its DataLoaders in the window (the in-trainer sampler only:
+:mod:`.batches`). :func:`read_records` reads them back,
 skipping what it cannot parse (a line cut by a crash).
 """
 
@@ -84,6 +86,10 @@ class Tally:
         self.stack_phase: dict[str, str] = {}
         self.n = 0
         self.total_n = 0
+        #: batches and samples the trainer took from its DataLoaders in this window
+        #: (:mod:`.batches`; 0 where nothing counts them)
+        self.batches = 0
+        self.samples = 0
         #: stack key -> (phase, folded stack, not a trainer's, starts training): a loop
         #: repeats a few stacks
         self._memo: dict[Any, tuple[str, str, bool, bool]] = {}
@@ -152,6 +158,11 @@ class Tally:
             self.seconds[dst] = self.seconds.get(dst, 0.0) + moved
         return moved
 
+    def count(self, batches: int, samples: int) -> None:
+        """Add batches and samples taken since the last call to this window."""
+        self.batches += max(0, batches)
+        self.samples += max(0, samples)
+
     def record(self, ts: float, final: bool = False) -> dict[str, Any] | None:
         """The window as a record (None when empty), and a fresh window. ``final``: the last
         one; what is still pending is written as ``tail`` (counted in no share)."""
@@ -162,7 +173,8 @@ class Tally:
             self.pending = {}
         if not self.n:
             return None
-        if not self.started:  # only start-up so far: nothing worth a line on disk
+        if not self.started:  # only start-up so far: nothing worth a line on disk (batches
+            # counted before the first training sample go into the first record)
             self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
             return None
         rec = {"ts": round(ts, 3), "pid": self.pid, "rank": self.rank, "sampler": self.sampler,
@@ -170,7 +182,10 @@ class Tally:
                "s": {k: round(v, 4) for k, v in self.seconds.items()},
                "stacks": {k: round(v, 4) for k, v in self.stacks.items()},
                "stack_phase": dict(self.stack_phase)}
+        if self.batches:
+            rec["batches"], rec["samples"] = self.batches, self.samples
         self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
+        self.batches = self.samples = 0
         return rec
 
 

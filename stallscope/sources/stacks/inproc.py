@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from stallscope.sources.stacks import batches
 from stallscope.sources.stacks.aggregate import (
     MEMO_SIZE,
     Tally,
@@ -88,6 +89,8 @@ class InProcSampler:
         #: the communication clock once installed (sources/comm.py), and its total last seen
         self._comm: Any = None
         self._comm_seen = 0.0
+        #: the DataLoader batch counts (:mod:`.batches`) written so far
+        self._counted = (0, 0)
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
                                         daemon=True)
 
@@ -109,6 +112,8 @@ class InProcSampler:
                                       else SLOW_PERIOD_S):
                 if self._comm is None:
                     self._comm_install()  # a dict lookup a sample until DDP starts
+                if not batches.installed():
+                    batches.install()  # a dict lookup a sample until torch's DataLoader is in
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
@@ -153,7 +158,10 @@ class InProcSampler:
                 self.tally.reassign("compute", "comm", waited)
 
     def flush(self, final: bool = False) -> None:
+        total = (batches.COUNTS[0], batches.COUNTS[1])
         with self._lock:
+            self.tally.count(total[0] - self._counted[0], total[1] - self._counted[1])
+            self._counted = total
             rec = self.tally.record(time.time(), final)
         if rec is not None and not self.tally.idle:
             try:
