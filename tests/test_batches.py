@@ -1,6 +1,6 @@
 """The DataLoader batches `stallscope run` counts inside a PyTorch trainer
-(stallscope/sources/stacks/batches.py), and the throughput `compare` reads from them when a run
-has no probe (issue 40: "compare without the probe has no samples/s row")."""
+(stallscope/sources/stacks/batches.py), and the throughput `compare` and `show` read from them
+when a run has no probe (issue 40: "compare without the probe has no samples/s row")."""
 
 from __future__ import annotations
 
@@ -169,3 +169,8 @@ def test_compare_without_the_probe_reads_samples_per_s_from_the_counted_batches(
     assert "samples/s of both runs from the DataLoader batches counted inside the trainer" in \
         text.stdout, text.stdout
     assert "B is ×" in text.stdout, text.stdout
+    # show gives the same figure, from the same evidence
+    shown = json.loads(subprocess.run(stallscope_argv("show", str(b), "--json"),
+                                      capture_output=True, text=True, timeout=60,
+                                      check=True).stdout)["summary"]
+    assert (shown["samples_per_s"], shown["throughput_source"]) == (row["b"], "counted_batches")

@@ -102,6 +102,11 @@ def summarize(data: RunData) -> dict[str, Any]:
     tr = data.span
     if tr:
         out["duration_s"] = round(tr[1] - tr[0], 1)
+    from stallscope.analysis.throughput import throughput
+
+    rate, source = throughput(data)
+    if rate is not None:
+        out["samples_per_s"], out["throughput_source"] = rate, source
     win = data.window()
     if win.source != "run":  # start-up, training and exit: phases of their own
         out["phases"] = {"startup_s": win.startup_s, "training_s": round(win.seconds, 1),

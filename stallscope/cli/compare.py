@@ -15,7 +15,7 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
-from stallscope.analysis.stacks import batch_throughput, trainer_phases
+from stallscope.analysis.throughput import PROBE_STEPS, SOURCE_TEXT, throughput
 from stallscope.cli._common import add_out_option, out_console, resolve_run, safe
 
 #: (label, key in the signals, unit)
@@ -39,33 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-#: where a run's samples/s came from (JSON ``throughput_source``, and the text's note)
-PROBE_STEPS, COUNTED_BATCHES = "probe", "counted_batches"
-_SOURCE_TEXT = {PROBE_STEPS: "the probe's steps",
-                COUNTED_BATCHES: "the DataLoader batches counted inside the trainer"}
-
-
-def _throughput(data: RunData) -> tuple[float | None, str | None]:
-    """Samples per second (all ranks together), and where it came from: the probe's steps, else
-    the batches `stallscope run`'s in-trainer sampler counted over the training window."""
-    if data.steps:
-        by_rank: dict[int, tuple[int, float]] = {}
-        for s in data.steps:
-            n, wall = by_rank.get(s.rank, (0, 0.0))
-            by_rank[s.rank] = (n + (s.samples or 0), wall + s.wait_s + s.host_s)
-        rates = [n / wall for n, wall in by_rank.values() if wall > 0 and n > 0]
-        if rates:
-            return round(sum(rates), 2), PROBE_STEPS
-    procs = trainer_phases(data.stacks, data.roles())
-    win = data.window()
-    rate = batch_throughput(procs, win.seconds) if win.source != "run" else None
-    return (rate, COUNTED_BATCHES) if rate is not None else (None, None)
-
-
 def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
             data_b: RunData) -> dict[str, Any]:
     sa, sb = doc_a.get("signals", {}), doc_b.get("signals", {})
-    (ta, src_a), (tb, src_b) = _throughput(data_a), _throughput(data_b)
+    (ta, src_a), (tb, src_b) = throughput(data_a), throughput(data_b)
     rows = []
     for label, key, unit in _ROWS:
         a = ta if key == "samples_per_s" else sa.get(key)
@@ -185,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(table)
     src = out.get("throughput_source") or {}
     if any(v not in (None, PROBE_STEPS) for v in src.values()):
-        line = ("samples/s of both runs from " + _SOURCE_TEXT[src["b"]]
+        line = ("samples/s of both runs from " + SOURCE_TEXT[src["b"]]
                 if src.get("a") == src.get("b") else "samples/s from: " + "; ".join(
-                    f"{k.upper()} {_SOURCE_TEXT[v]}" for k, v in src.items() if v))
+                    f"{k.upper()} {SOURCE_TEXT[v]}" for k, v in src.items() if v))
         out_console.print(line, highlight=False, soft_wrap=True)
     if "speedup" in out:
         line = f"B is ×{out['speedup']:.2f} the throughput of A"

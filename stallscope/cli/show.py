@@ -143,6 +143,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         from stallscope.analysis.summary import phases_text
 
         console.print("  " + phases_text(phases), highlight=False)
+    if summary.get("samples_per_s") is not None:
+        from stallscope.analysis.throughput import SOURCE_TEXT
+
+        console.print(f"  throughput: {summary['samples_per_s']:,.1f} samples/s (from "
+                      f"{SOURCE_TEXT.get(summary.get('throughput_source') or '', '?')})",
+                      highlight=False)
     during = summary.get("gpu_idle_share_training") or {}
     for ent, share in sorted(summary.get("gpu_idle_share", {}).items()):
         inside = during.get(ent)
