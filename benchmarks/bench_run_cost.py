@@ -7,7 +7,8 @@ Issue 38's goal: the whole ``stallscope run`` process's CPU per extra sample at 
 "monitoring cost" line within 20% of it.
 
 * The trainer is a stand-in: a 9-process tree (a parent with 8 sleeping children, like a
-  trainer with 8 DataLoader workers) that lives ``--seconds``.
+  trainer with 8 DataLoader workers) that lives ``--seconds``; ``--trainer-threads N`` gives
+  the parent N sleeping threads (a PyTorch trainer's pools: its threads' states are read).
 * Each pair runs ``stallscope run --no-stacks --quiet`` over it twice, at ``--interval 0.25`` and
   at ``--interval 60``. Between 5 s after the start and 3 s before the end it reads the run
   process's own CPU (``/proc/PID/stat`` utime + stime, all its threads, none of its children).
@@ -48,6 +49,9 @@ TREE = ("import os, sys, time\n"
         "        time.sleep(float(sys.argv[1]) + 1)\n"
         "        os._exit(0)\n"
         "    kids.append(pid)\n"
+        "import threading\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    threading.Thread(target=time.sleep, args=(float(sys.argv[1]),), daemon=True).start()\n"
         "time.sleep(float(sys.argv[1]))\n"
         "for k in kids: os.kill(k, 9)\n")
 FAST, SLOW = 0.25, 60.0
@@ -59,13 +63,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_run(interval: float, seconds: float, out: Path) -> tuple[float, float | None]:
+def one_run(interval: float, seconds: float, out: Path, threads: int = 0
+            ) -> tuple[float, float | None]:
     """(CPU seconds per second of the run process in its steady part, its own per-sample
     cost line in seconds, or None)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "stallscope", "run", "--no-stacks", "--quiet", "--interval",
-         str(interval), "--out", str(out), "--", sys.executable, "-c", TREE, str(seconds)],
+         str(interval), "--out", str(out), "--", sys.executable, "-c", TREE, str(seconds),
+         str(threads)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     time.sleep(5.0)
     t0, c0 = time.perf_counter(), cpu_s(proc.pid)
@@ -87,6 +93,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="each run's length")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--scrapes", type=int, default=100, help="node_exporter scrapes per burst")
+    ap.add_argument("--trainer-threads", type=int, default=0,
+                    help="threads in the stand-in trainer besides its main one (a PyTorch "
+                    "trainer has its intra-op pool, pin-memory and loader threads: 20-40)")
     args = ap.parse_args()
     exporter_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     exporter = None
@@ -105,7 +114,8 @@ def main() -> int:
                 order = (FAST, SLOW) if i % 2 == 0 else (SLOW, FAST)
                 rates: dict[float, float] = {}
                 for interval in order:
-                    rate, own = one_run(interval, args.seconds, Path(tmp) / f"{i}-{interval}")
+                    rate, own = one_run(interval, args.seconds, Path(tmp) / f"{i}-{interval}",
+                                        args.trainer_threads)
                     rates[interval] = rate
                     if interval == FAST and own is not None:
                         own_line.append(own)
@@ -121,8 +131,9 @@ def main() -> int:
         if exporter is not None:
             stop(exporter)
     ms = statistics.median(per_sample) * 1e3
-    print(f"stallscope run (--no-stacks, a 9-process tree): {ms:.2f} ms CPU per extra sample "
-          f"(median of {len(per_sample)} pairs)")
+    print(f"stallscope run (--no-stacks, a 9-process tree, {args.trainer_threads} threads "
+          f"beside the trainer's main one): {ms:.2f} ms CPU per extra sample (median of "
+          f"{len(per_sample)} pairs)")
     if own_line:
         own = statistics.median(own_line) * 1e3
         print(f"its own 'monitoring cost' line: {own:.2f} ms per sample "
