@@ -112,3 +112,19 @@ def test_steps_have_time_and_rounded_seconds(tmp_path: Path) -> None:
     assert rows[0]["h2d_s"] == "" and rows[0]["gpu_busy_s"] == "0.25"
     assert datetime.fromisoformat(rows[1]["time"]).timestamp() == pytest.approx(
         START + 1 + 1 / 3, abs=1e-3)
+
+
+def test_steps_of_a_run_without_the_probe_say_why_there_are_none(tmp_path: Path) -> None:
+    """A fresh-clone trial: `export --what steps` of a run with no probe wrote the header alone
+    and exited 0, which reads as an export that broke."""
+    run = _run(tmp_path)
+    import sqlite3
+
+    with sqlite3.connect(run / "run.db") as db:
+        db.execute("DELETE FROM steps")
+    r = subprocess.run(stallscope_argv("export", str(run), "--format", "csv", "--what", "steps"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert r.stdout.strip() == ",".join(STEP_COLUMNS)
+    assert r.stderr.count("\n") == 1 and "has no per-step records" in r.stderr
+    assert "stallscope.watch(loader)" in r.stderr

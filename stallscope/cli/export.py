@@ -119,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     note = data.skipped_note()
     if note:  # the export is what could be read; say once what could not
         sys.stderr.write(f"stallscope: {run_dir.name}: {note}\n")
+    if args.what == "steps" and not rows:  # the header alone would read as an export that broke
+        sys.stderr.write(f"stallscope: {run_dir.name} has no per-step records: the probe writes "
+                         "them (wrap the loader with stallscope.watch(loader)); the export has "
+                         "its header only\n")
     if args.format == "parquet":
         if not args.output:
             raise UsageError("--format parquet needs -o FILE")

@@ -148,7 +148,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
 
         console.print(f"  throughput: {summary['samples_per_s']:,.1f} samples/s (from "
                       f"{SOURCE_TEXT.get(summary.get('throughput_source') or '', '?')})",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     during = summary.get("gpu_idle_share_training") or {}
     for ent, share in sorted(summary.get("gpu_idle_share", {}).items()):
         inside = during.get(ent)

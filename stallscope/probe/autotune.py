@@ -286,6 +286,9 @@ class OnlineTuner:
                      "samples more workers would repeat unless it shards itself by worker; "
                      "num_workers stays as written")
             return
+        from stallscope.probe import workererrors
+
+        workererrors.install()  # a dataset's exception keeps its type in the workers we add
         kept = self._kept()
         if kept is not None and kept != self._current():
             self._apply(kept, "the best configuration the last run of this loader found "
