@@ -169,6 +169,16 @@ def test_compare_without_the_probe_reads_samples_per_s_from_the_counted_batches(
     assert "samples/s of both runs from the DataLoader batches counted inside the trainer" in \
         text.stdout, text.stdout
     assert "B is ×" in text.stdout, text.stdout
+    # the loading sleeps: the diagnosis says it waits on something else, and asks for workers
+    # past the cores (it was "CPU preprocessing cannot keep up": a fresh-clone trial)
+    for run, nw in ((a, 0), (b, 2)):
+        doc = json.loads(subprocess.run(stallscope_argv("diagnose", str(run), "--json"),
+                                        capture_output=True, text=True, timeout=60,
+                                        check=True).stdout)
+        top = doc["findings"][0]
+        assert top["kind"] == "input_bound.wait", doc["findings"]
+        assert top["fixes"][0]["action"].startswith(f"num_workers {nw} → "), top["fixes"]
+        assert top["fixes"][0]["change"]["num_workers"] > max(nw, 2), top["fixes"]
     # show gives the same figure, from the same evidence
     shown = json.loads(subprocess.run(stallscope_argv("show", str(b), "--json"),
                                       capture_output=True, text=True, timeout=60,

@@ -118,6 +118,40 @@ def test_prep_stall_with_probe_suggests_workers_for_this_machine() -> None:
     assert f["est_speedup"] == pytest.approx(2.5)
 
 
+def _waiting_loader(worker_cpu: float, d_state: int = 0) -> RunData:
+    """The probe's 60% data wait with two workers at ``worker_cpu`` each on 8 cores, the disk
+    idle."""
+    return run([
+        ser("host.cpu_pct", "", [10] * N), ser("host.iowait_pct", "", [0] * N),
+        ser("disk.util_pct", "vda", [1] * N), ser("disk.rkb_s", "vda", [10] * N),
+        ser("procs.cpu_pct", "100", [8] * N),
+        ser("procs.cpu_pct", "101", [worker_cpu] * N),
+        ser("procs.cpu_pct", "102", [worker_cpu] * N),
+        ser("procs.d_state", "101", [d_state] * N), ser("procs.d_state", "102", [d_state] * N),
+    ], steps=steps(200, wait=0.030, host=0.020), entities=WORKERS,
+        config={"num_workers": 2, "physical_cores": 8}, meta={"data_devices": ["vda"]})
+
+
+def test_a_loader_that_neither_computes_nor_reads_waits_on_something_else() -> None:
+    """A fresh-clone trial: a Dataset that sleeps 4 ms a sample (a remote store, a slow
+    service) was called "CPU preprocessing cannot keep up" with its workers at 7-13% CPU, and
+    told to make per-sample work cheaper. Its workers wait: more of them overlap the waits,
+    past the physical cores."""
+    doc = diagnose(_waiting_loader(9))
+    f = doc["findings"][0]
+    assert f["kind"] == "input_bound.wait", doc["findings"]
+    assert "waits on something other than the CPU or the disk" in f["summary"]
+    assert "9% of a core each" in f["summary"]
+    assert f["fixes"][0]["action"] == "num_workers 2 → 5"  # ceil(2 / (1 - 0.6))
+    assert f["fixes"][0]["change"] == {"num_workers": 5}
+    assert "py-spy dump --pid PID" in f["fixes"][1]["action"]
+    assert f["evidence"]["loading_cpu_pct"] == 9
+    # workers that compute, or wait on the disk, are what they were
+    assert diagnose(_waiting_loader(95))["findings"][0]["kind"] == "input_bound.prep"
+    assert diagnose(_waiting_loader(9, d_state=1))["findings"][0]["kind"] == \
+        "input_bound.fetch"
+
+
 def test_throughput_capped_cloud_disk_is_fetch_despite_low_util() -> None:
     """A provisioned-throughput volume: %util and await look fine, the trainer starves."""
     data = run([

@@ -44,6 +44,8 @@ class Kind(str, Enum):
 
     INPUT_FETCH = ("input_bound.fetch", "Input-bound: storage cannot feed the trainer fast enough")
     INPUT_PREP = ("input_bound.prep", "Input-bound: CPU preprocessing cannot keep up")
+    INPUT_WAIT = ("input_bound.wait",
+                  "Input-bound: the loading waits on something other than the CPU or the disk")
     H2D_BOUND = ("h2d_bound", "Host-to-device copies hold the GPU back")
     COMPUTE_BOUND = ("compute_bound", "Compute-bound: the GPU is the bottleneck (healthy)")
     GPU_THROTTLED = ("gpu_throttled", "GPU clocks are throttled")

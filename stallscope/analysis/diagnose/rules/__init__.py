@@ -81,7 +81,7 @@ _INPUT, _OTHER, _COMM = ("input_bound.fetch vs input_bound.prep", "Other kinds",
 RULES: tuple[RuleSpec, ...] = (
     RuleSpec(rule_insufficient, (Kind.INSUFFICIENT_DATA,), _OTHER),
     RuleSpec(rule_not_training, (Kind.INSUFFICIENT_DATA,), _OTHER),
-    RuleSpec(rule_input_bound, (Kind.INPUT_FETCH, Kind.INPUT_PREP), _INPUT),
+    RuleSpec(rule_input_bound, (Kind.INPUT_FETCH, Kind.INPUT_PREP, Kind.INPUT_WAIT), _INPUT),
     RuleSpec(rule_epoch_start, (Kind.INPUT_EPOCH_START,), _OTHER),
     RuleSpec(rule_h2d, (Kind.H2D_BOUND,), _OTHER),
     RuleSpec(rule_compute_bound, (Kind.COMPUTE_BOUND,), _OTHER),

@@ -203,6 +203,9 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     fetch = fs > ps
     kind = Kind.INPUT_FETCH if fetch else Kind.INPUT_PREP
     reasons = freasons if fetch else preasons
+    waits = None if fetch or not how.measured else loading_waits(sig, stall)
+    if waits is not None:
+        return [_wait_finding(sig, how, stall, steady is not None, waits, fs, ps)]
     margin = abs(fs - ps) / max(fs + ps, 1)
     confidence = how.base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else how.base * 0.5
     severity: Severity = "critical" if stall is not None and stall >= STALL_CRIT else "warning"
@@ -235,10 +238,84 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
+#: the loading side's CPU (% of one core: each worker's mean, or the trainer's own at
+#: num_workers=0) below which a data wait is not CPU preprocessing: the loading waits on
+#: something else (a network or remote store, a lock, a sleep). Prep-bound workers read 60-100%
+#: in every scenario; a loader sleeping 4 ms a sample read 7-13% (a fresh-clone trial)
+WAIT_CPU_PCT = 40.0
+#: ... and its workers' run-queue wait below this (% of the time): starved of CPU by other
+#: processes is cpu_contention's
+WAIT_RUNQ_PCT = 20.0
+#: the most workers input_bound.wait asks for at once
+WAIT_MAX_WORKERS = 32
+
+
+def loading_waits(sig: Signals, stall: float | None) -> float | None:
+    """The loading side's CPU (% of one core) when the trainer waits for data while the
+    loading neither computes nor reads the disk; None otherwise."""
+    if stall is None or stall < STALL_WARN or is_tf(sig):
+        return None
+    cpu = sig.worker_cpu_pct if sig.workers else sig.main_cpu_pct
+    if cpu is None or cpu >= WAIT_CPU_PCT:
+        return None
+    if (sig.worker_runq_pct or 0.0) >= WAIT_RUNQ_PCT:
+        return None
+    d = sig.worker_d_share if sig.workers else sig.main_d_share
+    if d is not None and d >= 0.10:
+        return None
+    return cpu
+
+
+def _wait_finding(sig: Signals, how: _StallSource, stall: float | None, between_epochs: bool,
+                  cpu: float, fs: int, ps: int) -> Finding:
+    """input_bound.wait: more workers overlap the waits, past the physical cores."""
+    who = (f"the workers use {cpu:.0f}% of a core each" if sig.workers else
+           f"the trainer, which loads its own data (num_workers=0), uses {cpu:.0f}% of a core")
+    reason = (f"{who} and are rarely in D state" if sig.workers else f"{who} and is rarely in "
+              "D state")
+    summary = _input_summary(sig, how, stall, False, between_epochs, [reason],
+                             what="the loading waits on something other than the CPU or the "
+                             "disk (a network or remote store, a lock, a sleep)")
+    nw = _workers_now(sig) or 0
+    share = stall or 0.0
+    need = 1 / max(1.0 - share, 0.1)
+    target = min(WAIT_MAX_WORKERS, max(nw + 2, math.ceil(max(nw, 1) * need)))
+    rate = (f"at least {need:.0f}× today's rate" if share >= 0.9 else
+            f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate")
+    cores = sig.physical_cores
+    fixes = [Fix(f"num_workers {nw} → {target}",
+                 f"{who}: the loading waits rather than computes, so more workers overlap its "
+                 f"waits, and more of them than the {cores or 'physical'} cores is fine for "
+                 f"that (each is a process: watch host memory); loading keeps up when it "
+                 f"delivers {rate}", None, {"num_workers": target}),
+             Fix("find what the loading waits on: `py-spy dump --pid PID` of a DataLoader "
+                 "worker (at num_workers=0, of the trainer) shows where it waits",
+                 "a remote store or a service that answers slowly is fixed at its end, or by "
+                 "caching the data locally")]
+    fixes += _loader_fixes(sig)
+    if not how.measured:
+        fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
+                         "per step", "without the probe the stall is estimated from system "
+                         "metrics only (lower confidence)"))
+    ev = sig.evidence(*_INPUT_EVIDENCE)
+    ev.update(score_fetch=fs, score_prep=ps, signals=[reason], loading_cpu_pct=cpu)
+    return Finding(
+        kind=Kind.INPUT_WAIT,
+        severity="critical" if stall is not None and stall >= STALL_CRIT else "warning",
+        confidence=min(how.base * 0.8, 0.95),
+        summary=summary,
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=_speedup(stall),
+        rule=how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
+        + f"; the loading's CPU {cpu:.0f}% of a core < {WAIT_CPU_PCT:.0f}%, D state < 10%",
+    )
+
+
 def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: bool,
-                   between_epochs: bool, reasons: list[str]) -> str:
-    what = ("storage cannot deliver the data fast enough" if fetch else
-            "CPU preprocessing (decode/transform) cannot keep up")
+                   between_epochs: bool, reasons: list[str], what: str | None = None) -> str:
+    what = what or ("storage cannot deliver the data fast enough" if fetch else
+                    "CPU preprocessing (decode/transform) cannot keep up")
     if stall is not None:
         who = (f"rank {sig.focus_rank} waited for data {stall:.0%} of its steps"
                if sig.focus_rank is not None else
