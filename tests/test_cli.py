@@ -174,6 +174,10 @@ def test_bad_input_gives_one_line(tmp_path: Path) -> None:
     _one_line_error(_run(["run", "--data", "/no/such/path", "--", "true"], tmp_path),
                     "--data /no/such/path")
     _one_line_error(_run(["snapshot", "--bogus"], tmp_path), "unrecognized arguments")
+    # the help it points to is the command's (a fresh-clone trial: `diagnose latest --jsn`
+    # pointed to `stallscope --help`)
+    _one_line_error(_run(["snapshot", "--bogus"], tmp_path), "(see `stallscope snapshot --help`)")
+    _one_line_error(_run(["--bogus"], tmp_path), "(see `stallscope --help`)")
     assert not (tmp_path / "stallscope-runs").exists() or not any(
         (tmp_path / "stallscope-runs").iterdir())
 

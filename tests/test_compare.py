@@ -75,6 +75,22 @@ def test_without_the_probe_compare_says_what_would_give_throughput() -> None:
     assert "run B has none" in out["no_throughput"]
 
 
+def test_without_the_probe_the_applied_fix_is_found_from_the_worker_processes() -> None:
+    """A fresh-clone trial: two runs without the probe (0 then 2 workers) were never matched
+    to A's "num_workers → N" fix: their loader settings were unknown. The worker processes each
+    run had stand in for num_workers, and compare says so."""
+    doc_a = {**DOC_A, "signals": {"workers": 1}}
+    doc_b = {"run": "b", "verdict": "compute_bound", "findings": [], "signals": {"workers": 2}}
+    out = compare(doc_a, doc_b, run([]), run([]))
+    assert out["num_workers_from_processes"] == ["a", "b"]
+    other = compare(doc_a, {**doc_b, "signals": {"workers": 4}}, run([]), run([]))
+    assert "num_workers_from_processes" not in other  # 4 is not the fix's 2
+    # a probe's own settings come first
+    probed = compare(doc_a, doc_b, _data(1, 0.2), _data(2, 0.15))
+    assert probed["applied_fix"].startswith("num_workers 1 → 2")
+    assert "num_workers_from_processes" not in probed
+
+
 # --- an agent's store: one training at a time -------------------------------------------------
 
 def _agent_store(tmp_path: Any) -> Any:

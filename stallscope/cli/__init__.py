@@ -62,8 +62,13 @@ COMMANDS: tuple[str, ...] = (
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad flags in one line (exit 2) instead of usage + message."""
 
+    #: the command the user typed, when this is the top-level parser (an unrecognized flag
+    #: is reported here, and its help is the command's)
+    command: str | None = None
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"stallscope: error: {message} (see `{self.prog} --help`)\n")
+        where = f"{self.prog} {self.command}" if self.command else self.prog
+        sys.stderr.write(f"stallscope: error: {message} (see `{where} --help`)\n")
         raise SystemExit(2)
 
 
@@ -173,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    command = words[0] if words and words[0] in COMMANDS else None
+    parser = build_parser(command)
+    if isinstance(parser, _Parser):
+        parser.command = command
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -57,7 +57,15 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
     if ta is not None or tb is not None:
         out["throughput_source"] = {"a": src_a, "b": src_b}
     top = (doc_a.get("findings") or [{}])[0]
-    applied = applied_fix(doc_a, loader_config(data_a), loader_config(data_b))
+    conf_a, conf_b = dict(loader_config(data_a)), dict(loader_config(data_b))
+    seen = []
+    for conf, signals, name in ((conf_a, sa, "a"), (conf_b, sb, "b")):
+        if "num_workers" not in conf and type(signals.get("workers")) is int:
+            conf["num_workers"] = signals["workers"]  # no probe: the worker processes seen
+            seen.append(name)
+    applied = applied_fix(doc_a, conf_a, conf_b)
+    if applied is not None and seen:
+        out["num_workers_from_processes"] = seen
     if ta and tb:
         out["speedup"] = round(tb / ta, 3)
         if applied is not None:
@@ -170,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         line = f"B is ×{out['speedup']:.2f} the throughput of A"
         if "applied_fix" in out:
             line += f"; B applied A's fix \"{safe(out['applied_fix'])}\""
+            if out.get("num_workers_from_processes"):
+                line += " (num_workers read from the worker processes the runs had: no probe)"
             if "estimated_speedup" in out:
                 line += (f", expected ×{out['estimated_speedup']:.2f}: "
                          f"{out['delivered_share']:.0%} of the expected gain delivered")
