@@ -32,16 +32,27 @@ _original: list[Any] = []
 
 def batch_len(batch: Any) -> int:
     """The number of samples in ``batch`` (0 when no element says)."""
-    for item in (batch, *(batch if isinstance(batch, (tuple, list)) else
-                          batch.values() if isinstance(batch, dict) else ())):
-        shape = getattr(item, "shape", None)
-        try:
-            if shape is not None and len(shape) > 0:
-                n = int(shape[0])
-                return n if n > 0 else 0
-        except (TypeError, ValueError):
-            continue
+    n = _len_of(batch)
+    if n is not None:
+        return n
+    items = batch if isinstance(batch, (tuple, list)) else (
+        batch.values() if isinstance(batch, dict) else ())
+    for item in items:
+        n = _len_of(item)
+        if n is not None:
+            return n
     return 0
+
+
+def _len_of(item: Any) -> int | None:
+    """The first dimension of a tensor-like ``item``; None when it has no shape to say."""
+    shape = getattr(item, "shape", None)
+    try:
+        if shape is not None and len(shape) > 0:
+            return max(0, int(shape[0]))
+    except (TypeError, ValueError):
+        pass
+    return None
 
 
 def install() -> bool:

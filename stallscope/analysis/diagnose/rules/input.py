@@ -240,8 +240,8 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
 
 #: the loading side's CPU (% of one core: each worker's mean, or the trainer's own at
 #: num_workers=0) below which a data wait is not CPU preprocessing: the loading waits on
-#: something else (a network or remote store, a lock, a sleep). Prep-bound workers read 60-100%
-#: in every scenario; a loader sleeping 4 ms a sample read 7-13% (a fresh-clone trial)
+#: something else (a network or remote store, a lock, a sleep). Measured 2026-11-27: the CPU
+#: demo's two prep-bound workers 173% together; a loader sleeping 4 ms a sample 7-21%
 WAIT_CPU_PCT = 40.0
 #: ... and its workers' run-queue wait below this (% of the time): starved of CPU by other
 #: processes is cpu_contention's
