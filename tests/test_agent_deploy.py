@@ -765,10 +765,14 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs_the_agent(tmp_path: Path) -
 def _dependency_wheels(tmp: Path) -> list[str]:
     """The core dependencies as wheels in a folder (`pip download`: pip's cache or the index),
     for the fresh environment's `--no-index` install."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
     deps = tmp / "deps"
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(deps),
-                        "psutil>=5.9", "nvidia-ml-py>=12.535", "rich>=13",
-                        "prometheus-client>=0.17", "py-spy>=0.4"],
+    core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(deps), *core],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return ["--find-links", str(deps)]

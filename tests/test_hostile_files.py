@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import stallscope_argv
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stallscope.sources.owner import describe, owner_from_env, parse_cgroup
 from stallscope.sources.stacks.aggregate import read_records
@@ -221,6 +223,43 @@ def test_alerts_prometheus_output_passes_promtool_or_is_refused(tmp_path: Path,
     check = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, (selector, check.stdout + check.stderr)
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp", "Cs")),
+               max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_any_label_value_reads_back_from_the_rules_as_given(value: str) -> None:
+    """Whatever a selector's value holds ('#', ': ', quotes, braces, non-ASCII), the emitter
+    writes it so that YAML reads every expr back with the selector as given."""
+    import yaml
+
+    from stallscope.alerts.promrules import render
+
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    sel = f'job="{escaped}"'
+    doc = yaml.safe_load(render(sel))
+    exprs = [rule["expr"] for g in doc["groups"] for rule in g["rules"]]
+    assert any(f"stallscope_gpu_temperature_celsius{{{sel}}}" in e for e in exprs)
+    assert all(e.count("{" + sel + "}") == e.count("stallscope_") - e.count(":stallscope_")
+               for e in exprs if e.startswith("stallscope_"))
+
+
+def test_a_comment_inside_a_rule_of_the_template_is_refused(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The emitter keeps the template's comments before groups and rules; one inside a rule
+    cannot be kept, and rendering says so instead of dropping it."""
+    from stallscope.alerts import promrules
+
+    text = promrules.TEMPLATE.read_text(encoding="utf-8")
+    assert promrules.render().count("# the agent checks SMART every 10 min") == 3
+    moved = text.replace("        for: 30s\n", "        # a note in the rule\n        for: 30s\n",
+                         1)
+    assert moved != text
+    (tmp_path / "t.yml").write_text(moved, encoding="utf-8")
+    monkeypatch.setattr(promrules, "TEMPLATE", tmp_path / "t.yml")
+    with pytest.raises(ValueError, match="comment inside a rule"):
+        promrules.render()
 
 
 @pytest.mark.parametrize("url", ["https://x/a\rb", "https://x/a\x85b", "https://x/\x1b[2J",

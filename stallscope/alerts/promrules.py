@@ -114,34 +114,95 @@ def _with(sel: str, m: re.Match[str]) -> str:
 
 def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
     """The alerting rules with ``selector`` on every stallscope series and runbook links to
-    ``runbook`` (a URL or path of docs/alerts.md; the alert's anchor is appended)."""
+    ``runbook`` (a URL or path of docs/alerts.md; the alert's anchor is appended).
+
+    The template is read as YAML, the selector and runbook go into its values, and every group
+    and rule is written by PyYAML's emitter, which quotes or escapes whatever a value holds;
+    the template's comments are kept before the group or rule they precede. The text is read
+    back before it is returned and must give the same rules (ValueError otherwise)."""
+    import yaml  # only this command needs it
+
     sel = check_selector(selector)
     runbook = runbook.strip()
     if (not runbook or any(c in runbook for c in '"\\#') or _unprintable(runbook) is not None
             or "{{" in runbook or "}}" in runbook):
         raise ValueError(f"the runbook URL must be a URL or path without quotes, '#', braces "
                          f"or control characters, got {runbook!r}")
-    out: list[str] = []
-    in_expr = False
-    expr_indent = 0
-    for line in TEMPLATE.read_text().splitlines():
-        stripped = line.lstrip()
-        indent = len(line) - len(stripped)
-        if stripped.startswith("expr:"):
-            in_expr, expr_indent = True, indent
-            head, body = line.split("expr:", 1)
-            if body.strip() == "|":
-                line = head + "expr:" + body
-            elif sel:  # one line: single-quoted, so a '#' in a value is no YAML comment
-                line = head + "expr: '" + _select(body, sel).strip().replace("'", "''") + "'"
-            else:
-                line = head + "expr:" + body
-        elif in_expr and stripped and indent > expr_indent:
-            line = _select(line, sel)
-        elif stripped:
-            in_expr = False
-        out.append(line.replace('"RUNBOOK#', f'"{runbook}#'))
-    return "\n".join(out) + "\n"
+    text = TEMPLATE.read_text(encoding="utf-8")
+    header, group_notes, rule_notes = _comments(text)
+    doc = yaml.safe_load(text)
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = _select(rule["expr"], sel)
+            notes = rule.get("annotations", {})
+            if "runbook_url" in notes:
+                notes["runbook_url"] = notes["runbook_url"].replace("RUNBOOK#", f"{runbook}#")
+    if len(group_notes) != len(doc["groups"]) or len(rule_notes) != sum(
+            len(g["rules"]) for g in doc["groups"]):
+        raise ValueError(f"{TEMPLATE.name}: its comments could not be placed (a comment inside "
+                         "a rule? put it before the rule)")
+    out = [header, "groups:\n"]
+    notes_left = iter(rule_notes)
+    for group, note in zip(doc["groups"], group_notes):
+        head = {k: v for k, v in group.items() if k != "rules"}
+        out += [note, _indent(_dump([head]), 2), "    rules:\n"]
+        for rule in group["rules"]:
+            out += [next(notes_left), _indent(_dump([rule]), 6)]
+    rendered = "".join(out)
+    if yaml.safe_load(rendered) != doc:
+        raise ValueError("the rendered rules do not read back as written")
+    return rendered
+
+
+def _comments(text: str) -> tuple[str, list[str], list[str]]:
+    """The template's comment lines: those before ``groups:`` (the header), and the block of
+    comment and blank lines before each group and each rule, in order. A comment anywhere
+    else (inside a rule) cannot be kept, and leaves the counts short."""
+    header, rest = text.split("\ngroups:\n", 1)
+    groups: list[str] = []
+    rules: list[str] = []
+    pending: list[str] = []
+    for line in rest.splitlines(keepends=True):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            pending.append(line)
+            continue
+        if _GROUP.match(line):
+            groups.append("".join(pending))
+        elif _RULE.match(line):
+            rules.append("".join(pending))
+        elif any(p.strip() for p in pending):
+            rules.append("")  # a comment inside a rule: one block too many, refused above
+        pending = []
+    return header + "\n", groups, rules
+
+
+_GROUP = re.compile(r"^  - name:")
+_RULE = re.compile(r"^      - (alert|record):")
+
+
+def _indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "".join(pad + line if line.strip() else line
+                   for line in text.splitlines(keepends=True))
+
+
+def _dump(value: object) -> str:
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            super().increase_indent(flow, False)  # nested sequences indented, as Prometheus' docs
+
+    def _text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        # several lines as a literal block, words in double quotes unless they hold some
+        # (a selector's), else the emitter's choice; it falls back to quotes when it must
+        style = "|" if "\n" in data else '"' if " " in data and '"' not in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    _Dumper.add_representer(str, _text)
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                     default_flow_style=False, width=1 << 16)
 
 
 def _select(text: str, sel: str) -> str:
