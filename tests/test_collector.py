@@ -132,6 +132,7 @@ def test_a_new_source_needs_no_change_to_collector_or_store(
         c.sample_once()
     [s] = st.read("thermo.temp_c")
     assert s.entity == "roomA" and s.v == [21.0, 22.0, 23.0]
+    c.stop(final_sample=False)  # the store sink writes the last-seen times of those present
     ents = {e["entity"]: e for e in st.entities("thermo")}
     assert ents["roomA"]["attrs"] == {"label": "lab"} and ents["roomB"]["attrs"] == {"label": None}
     assert ents["roomA"]["last_ts"] > ents["roomA"]["first_ts"]  # transient: last seen kept
@@ -272,3 +273,39 @@ def test_the_source_registry_knows_every_source(tmp_path: Path) -> None:
         make_source("nope")
     with pytest.raises(ValueError, match="needs run_dir"):
         make_source("probe")
+
+
+class _Comings(Thermometer):
+    """roomA throughout, roomB in the second and third samples only."""
+
+    def sample(self, now: float) -> Any:
+        self.n += 1
+        rooms = {"roomA": {"temp_c": 20.0, "label": "lab"}}
+        if self.n in (2, 3):
+            rooms["roomB"] = {"temp_c": 5.0, "label": "cold"}
+        return rooms
+
+
+def test_last_seen_times_are_written_when_an_entity_goes_at_checkpoints_and_at_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entity that goes gets the time of the last sample that had it, at once; the ones
+    still there get theirs every downsample_every samples and when the collector stops; the
+    samples in between write no entity row."""
+    monkeypatch.setattr(metrics, "_BY_NAME", {**metrics._BY_NAME,
+                                               Thermometer.metric.name: Thermometer.metric})
+    st = RunStore(tmp_path / "run.db")
+    clock = iter(float(t) for t in range(100, 200))
+    c = Collector([_Comings()], [StoreSink(st, downsample_every=6)], interval=1.0,
+                  clock=lambda: next(clock))
+
+    def seen() -> dict[str, tuple[float, float]]:
+        return {e["entity"]: (e["first_ts"], e["last_ts"]) for e in st.entities("thermo")}
+
+    ts = [c.sample_once().ts for _ in range(4)]
+    assert seen() == {"roomA": (ts[0], ts[0]), "roomB": (ts[1], ts[2])}
+    ts += [c.sample_once().ts for _ in range(2)]  # the sixth sample: a checkpoint
+    assert seen()["roomA"] == (ts[0], ts[5])
+    ts.append(c.sample_once().ts)
+    assert seen()["roomA"] == (ts[0], ts[5])
+    c.stop(final_sample=False)
+    assert seen() == {"roomA": (ts[0], ts[6]), "roomB": (ts[1], ts[2])}

@@ -24,6 +24,7 @@ from stallscope.metrics import by_source
 from stallscope.sources.blockdev import describe_path, device_info, devices_for_path
 from stallscope.sources.disk import (
     FIELDS,
+    IOSTAT_FIELDS,
     DiskCounters,
     DiskSource,
     counter_delta,
@@ -578,3 +579,32 @@ def test_live_loop_device_maps_to_backing_disk_and_shows_io(tmp_path: Path) -> N
         if mounted:
             subprocess.run(["umount", str(mnt)], check=False)
         subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def test_an_unchanged_line_gives_what_parsing_it_again_would(fake_root: tuple[Path, Path]
+                                                             ) -> None:
+    """A line that reads as at the last sample is not parsed again (an idle device): its
+    fields are then all zero, as iostat_fields gives for it, and a line that changes is parsed
+    anew."""
+    proc, sys = fake_root
+    clock = _Clock()
+    stats = proc / "diskstats"
+    busy = _line("sda", r=100, rs=800, rt=50, busy=40, q=60)
+    stats.write_text(busy + _line("sdb", mn=16, r=9, rs=72, rt=3))
+    src = DiskSource(proc_root=str(proc), sys_root=str(sys), clock=clock)
+    assert src.sample(0.0) is None
+    first = src._last["sda"]
+    moved = _line("sda", r=130, rs=1040, rt=80, busy=70, q=95)
+    for later in (moved, moved):  # sda moves, then stays; sdb stays throughout
+        clock.t += 0.5
+        stats.write_text(later + _line("sdb", mn=16, r=9, rs=72, rt=3))
+        prev = src._last
+        out = src.sample(0.0)
+        assert out is not None
+        assert src._last["sdb"] is prev["sdb"]  # the same record, not parsed again
+        for dev in ("sda", "sdb"):
+            assert out[dev] == iostat_fields(prev[dev], src._last[dev], 0.5), dev
+    assert out["sda"] == out["sdb"] == dict.fromkeys(IOSTAT_FIELDS, 0.0)
+    assert src._last["sda"] is not first
+    assert list(iostat_fields(first, first, 1.0) or {}) == list(IOSTAT_FIELDS)
+    src.close()

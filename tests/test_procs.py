@@ -179,6 +179,48 @@ def test_real_tree_roles_and_cpu() -> None:
         p.wait()
 
 
+def test_an_idle_process_gives_its_last_record_with_zero_rates_and_its_io_unread() -> None:
+    """A sleeping single-threaded worker reads the same stat and schedstat at each sample: its
+    record is what a full read gives (all rates 0) without reading its io file; a busy one is
+    read in full every time."""
+    p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    kids: list[int] = []
+    try:
+        assert p.stdout is not None
+        kids = list(map(int, p.stdout.readline().split()))
+        burn, sleeper = kids
+        fast, full = ProcsSource(p.pid), ProcsSource(p.pid)
+        fast.open()
+        full.open()
+        reads: list[tuple[int, str]] = []
+        pread = fast._pread
+
+        def counted(pid: int, name: str) -> str:
+            reads.append((pid, name))
+            return pread(pid, name)
+
+        fast._pread = counted  # type: ignore[method-assign]
+        for _ in range(4):
+            full._idle.clear()  # the reference: every process read in full
+            a, b = fast.sample(time.time()), full.sample(time.time())
+            time.sleep(0.15)
+        assert a is not None and b is not None
+        assert a[str(sleeper)] == b[str(sleeper)]
+        assert a[str(sleeper)]["cpu_pct"] == a[str(sleeper)]["runq_wait_pct"] == 0.0
+        assert set(a[str(sleeper)]) == set(b[str(sleeper)]) >= {"read_kb_s", "rchar_kb_s"}
+        io = [pid for pid, name in reads if name == "io"]
+        assert io.count(burn) == 4 and io.count(sleeper) <= 2, io
+        assert a[str(burn)]["cpu_pct"] > 0 and set(a[str(burn)]) == set(b[str(burn)])
+    finally:
+        for pid in kids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait()
+
+
 def test_unreadable_root_pid() -> None:
     with pytest.raises(SourceUnavailable, match="not readable"):
         ProcsSource(2**22 + 7).open()

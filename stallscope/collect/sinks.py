@@ -71,6 +71,8 @@ class StoreSink(Sink):
         self.errors = 0  #: samples or events that could not be written
         self.written = 0
         self._known: dict[tuple[str, str], dict[str, Any]] = {}  #: attributes as stored
+        #: per transient source, the entities of its latest reading and that sample's time
+        self._present: dict[str, tuple[tuple[str, ...], float]] = {}
         self._keep: dict[str, bool] = {}
 
     def write(self, sample: Sample) -> None:
@@ -91,18 +93,43 @@ class StoreSink(Sink):
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
 
-    def _entities(self, sample: Sample) -> list[tuple[str, list[str]]]:
-        """Store new or changed entities; returns the transient ones seen in this sample, whose
-        last-seen time is written with the sample's points."""
-        touch = []
+    def _entities(self, sample: Sample) -> list[tuple[str, list[str], float]]:
+        """Store new or changed entities; returns the last-seen times to write with the
+        sample's points: (source, entities, time).
+
+        A transient entity (a process) gets its last-seen time when it is gone (the previous
+        sample's time), and every entity still there every ``downsample_every`` samples and at
+        :meth:`close`: one write when something changes rather than a row a sample (the
+        commit then leaves the entities table alone; a run killed outright keeps times at most
+        that many samples old)."""
+        touch: list[tuple[str, list[str], float]] = []
+        checkpoint = (self.written + 1) % self.downsample_every == 0
         for name, reading in sample.readings.items():
             for ent, attrs in reading.entities.items():
                 if self._known.get((name, ent)) != attrs:  # new, or changed (a reused pid)
                     self._known[(name, ent)] = attrs
                     self.store.upsert_entity(name, ent, attrs, sample.ts)
-            if reading.transient and reading.entities:
-                touch.append((name, list(reading.entities)))
+            if reading.transient:
+                before, before_ts = self._present.get(name, ((), 0.0))
+                gone = [e for e in before if e not in reading.entities]
+                if gone:
+                    touch.append((name, gone, before_ts))
+                self._present[name] = (tuple(reading.entities), sample.ts)
+                if checkpoint and reading.entities:
+                    touch.append((name, list(reading.entities), sample.ts))
         return touch
+
+    def close(self) -> None:
+        """Write the last-seen time of every transient entity still present."""
+        if not self._present:
+            return
+        try:
+            for name, (present, ts) in self._present.items():
+                if present:
+                    self.store.touch_entities(name, list(present), ts)
+            self._present = {}
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
 
     def event(self, event: Event) -> None:
         try:

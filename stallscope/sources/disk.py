@@ -218,6 +218,11 @@ def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
     return None if grown is None else _Deltas._make(grown)
 
 
+#: the fields :func:`iostat_fields` gives, in its order
+IOSTAT_FIELDS = ("r_s", "w_s", "rkb_s", "wkb_s", "rrqm_s", "wrqm_s", "r_await_ms", "w_await_ms",
+                 "aqu_sz", "rareq_kb", "wareq_kb", "util_pct")
+
+
 def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> dict[str, float] | None:
     """The twelve ``iostat -x`` fields (see the module docstring) of one device over ``dt_s``.
 
@@ -322,6 +327,8 @@ class DiskSource(Source):
         self._prev_t: float | None = None
         self._last: dict[str, DiskCounters] = {}  #: the latest reading, for counters()
         self._whole: dict[tuple[str, int, int], bool] = {}
+        #: the last reading's lines and their records (:meth:`_parse`)
+        self._lines: dict[str, DiskCounters] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -360,6 +367,7 @@ class DiskSource(Source):
         self._prev = {}
         self._prev_t = None
         self._last = {}
+        self._lines = {}
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -370,6 +378,24 @@ class DiskSource(Source):
             if len(data) < self._bufsize:
                 return data.decode("utf-8", "surrogateescape")
             self._bufsize *= 2  # the whole file in one read keeps the snapshot consistent
+
+    def _parse(self, text: str) -> list[DiskCounters]:
+        """:func:`parse_diskstats`, a line that reads as at the last call given its record
+        again (idle devices, most of them: loop devices, partitions)."""
+        seen = self._lines
+        lines: dict[str, DiskCounters] = {}
+        out: list[DiskCounters] = []
+        for line in text.splitlines():
+            c = seen.get(line)
+            if c is None:
+                parsed = parse_diskstats(line)
+                if not parsed:
+                    continue
+                c = parsed[0]
+            lines[line] = c
+            out.append(c)
+        self._lines = lines
+        return out
 
     def _is_whole_device(self, c: DiskCounters) -> bool:
         key = (c.name, c.major, c.minor)
@@ -385,7 +411,7 @@ class DiskSource(Source):
             self.open()
         text = self._read()
         t = self._clock()
-        rows = parse_diskstats(text)
+        rows = self._parse(text)
         if self.devices is not None:
             wanted = set(self.devices)
             return t, {c.name: c for c in rows if c.name in wanted}
@@ -427,6 +453,9 @@ class DiskSource(Source):
                 continue  # new device: rates from its second reading on
             if self.devices is None and c.total_ios == 0:
                 continue  # iostat hides devices that never did any I/O
+            if c is p and c.extended:  # the same line: nothing moved, every field is 0
+                out[name] = dict.fromkeys(IOSTAT_FIELDS, 0.0)
+                continue
             fields = iostat_fields(p, c, dt)
             if fields is not None:
                 out[name] = fields

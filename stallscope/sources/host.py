@@ -228,6 +228,11 @@ def host_counters(cpu: CpuTimes | None, swap: tuple[int, int] | None,
     return out
 
 
+#: how often the kernel updates PSI's avg10/avg60/avg300 (PSI_FREQ, 2 s): reading the files
+#: more often gives the same averages, so a sample within this of the last read reuses them
+PSI_AVG_PERIOD_S = 2.0
+
+
 class HostSource(Source):
     """CPU, memory, swap, shm and PSI of the whole machine."""
 
@@ -243,6 +248,10 @@ class HostSource(Source):
         self._prev_cpu: list[CpuTimes] | None = None
         self._prev_vm: tuple[float, int, int] | None = None  #: (read time, pswpin, pswpout)
         self._psi_total: dict[str, int] = {}  #: "io_some" -> µs, latest read
+        #: the PSI gauges of the latest read, and its clock time (:meth:`_read_psi`)
+        self._psi_gauges: dict[str, float | None] = {}
+        self._psi_at = -PSI_AVG_PERIOD_S
+        self._psi_fresh = False  #: whether the latest sample read the PSI files
         self._psi: list[str] = []
         self._shm_ok = True
         self._files: dict[str, ProcFile] = {}
@@ -340,13 +349,19 @@ class HostSource(Source):
             except OSError:
                 self._shm_ok = False
 
-        self._read_psi(out)
+        if t - self._psi_at >= PSI_AVG_PERIOD_S:
+            self._read_psi(out)
+            self._psi_at, self._psi_fresh = t, True
+        else:  # the kernel has not updated its averages since: the same values
+            out.update(self._psi_gauges)
+            self._psi_fresh = False
         return out
 
     def _read_psi(self, out: dict[str, Any] | None) -> None:
         """Read every PSI file once: avg10 gauges into ``out`` (when given), the ``total=``
         counters into ``self._psi_total`` for :meth:`counters`."""
         totals: dict[str, int] = {}
+        gauges: dict[str, float | None] = {}
         for res in self._psi:
             try:
                 psi, total = _parse_psi(self._read(f"pressure/{res}"))
@@ -356,17 +371,21 @@ class HostSource(Source):
             for line, us in total.items():
                 if line in ("some", "full"):  # the two lines declared in metrics
                     totals[f"{key}_{line}"] = us
-            if out is not None:
-                out[f"psi_{key}_some_pct"] = psi.get("some")
-                if res == "io":
-                    out["psi_io_full_pct"] = psi.get("full")
+            gauges[f"psi_{key}_some_pct"] = psi.get("some")
+            if res == "io":
+                gauges["psi_io_full_pct"] = psi.get("full")
         self._psi_total = totals
+        self._psi_gauges = gauges
+        if out is not None:
+            out.update(gauges)
 
     def counters(self) -> list[Counter]:
         """CPU seconds per mode (aggregate line), swap bytes and PSI stall seconds of the
         latest ``sample()`` (see :func:`host_counters`); [] before the first."""
         if self._prev_cpu is None:
             return []
+        if not self._psi_fresh:  # the averages were not read again, but the totals move
+            self._read_psi(None)
         vm = self._prev_vm
         return host_counters(self._prev_cpu[0], None if vm is None else (vm[1], vm[2]),
                              self._psi_total)

@@ -207,6 +207,9 @@ def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> dict[
 
 
 _NO_PREV: tuple[float, ProcCounters | None] = (0.0, None)  #: a process not seen before
+#: the record fields :func:`proc_rates` gives: zero for a process that did not run
+RATES = ("cpu_pct", "main_thread_active_pct", "read_kb_s", "write_kb_s", "rchar_kb_s",
+         "runq_wait_pct", "blkio_wait_pct")
 
 
 class ProcsSource(Source):
@@ -233,6 +236,11 @@ class ProcsSource(Source):
         self._files: dict[tuple[int, str], ProcFile] = {}
         #: pid -> (the thread count stat gave, its thread ids) as last listed, and when
         self._tids: dict[int, tuple[int, list[str], int]] = {}
+        #: pid -> its schedstat text at the last full read
+        self._sched_text: dict[int, str] = {}
+        #: pid -> (stat text, schedstat text, its record with every rate zero): a
+        #: single-threaded process that reads the same again has not run (:meth:`_sample_one`)
+        self._idle: dict[int, tuple[str, str, dict[str, Any]]] = {}
 
     def _read(self, *parts: str) -> str:
         with open(os.path.join(self.proc_root, *parts)) as f:
@@ -255,6 +263,8 @@ class ProcsSource(Source):
         for key in [k for k in self._files if k[0] == pid]:
             self._files.pop(key).close()
         self._tids.pop(pid, None)
+        self._idle.pop(pid, None)
+        self._sched_text.pop(pid, None)
 
     def close(self) -> None:
         close_all(self._files)
@@ -345,6 +355,8 @@ class ProcsSource(Source):
                 seen.add(pid)
         for gone in set(self._prev) - seen:
             del self._prev[gone]
+            self._idle.pop(gone, None)
+            self._sched_text.pop(gone, None)
         for gone in {k[0] for k in self._files} - seen:
             self._forget(gone)
         for gone in set(self.known) - seen:
@@ -397,12 +409,34 @@ class ProcsSource(Source):
 
     def _sample_one(self, pid: int) -> dict[str, Any] | None:
         """One process's record: what it is, its state, and its rates since the last sample;
-        None when it exited."""
-        read = self._read_stat(pid)
+        None when it exited.
+
+        A single-threaded process whose stat and schedstat read exactly as at the last sample
+        neither ran nor waited for a CPU in between (schedstat counts nanoseconds), so its
+        counters, state and memory are those of the last sample: its record is the last one
+        with every rate zero, and its io file is not read (an idle DataLoader worker: one read
+        and no parsing saved per sample)."""
+        try:
+            text = self._pread(pid, "stat")
+            t = self._clock()
+        except OSError:
+            return None  # exited between discovery and read
+        idle = self._idle.get(pid)
+        if idle is not None and idle[0] == text:
+            try:
+                sched = self._pread(pid, "schedstat")
+            except OSError:
+                sched = None
+            if sched is not None and sched == idle[1]:
+                self._prev[pid] = (t, self._prev[pid][1])
+                return dict(idle[2])
+        else:
+            sched = None
+        read = self._parse_stat(text, t)
         if read is None:
             return None
         t, st = read
-        cur = self._read_counters(pid, st)
+        cur = self._read_counters(pid, st, sched)
         prev_t, prev = self._prev.get(pid, _NO_PREV)
         if prev is not None and prev.starttime != st.starttime:
             self.known.pop(pid, None)  # the pid was handed to a new process between samples
@@ -412,29 +446,36 @@ class ProcsSource(Source):
         rec = self._state(pid, st)
         if prev is not None:
             rec.update(proc_rates(prev, cur, t - prev_t))
+            sched = self._sched_text.get(pid)
+            if st.threads == 1 and sched is not None:
+                self._idle[pid] = (text, sched, {**rec, **{k: 0.0 for k in RATES if k in rec}})
+            else:
+                self._idle.pop(pid, None)
         return rec
 
-    def _read_stat(self, pid: int) -> tuple[float, ProcStat] | None:
-        """(monotonic time of the read, /proc/PID/stat); None for a process that exited
-        (gone, or a zombie not yet reaped: nothing left to measure)."""
+    def _parse_stat(self, text: str, t: float) -> tuple[float, ProcStat] | None:
+        """(monotonic time of the read, /proc/PID/stat parsed); None for a zombie not yet
+        reaped or an unparsable text (nothing left to measure)."""
         try:
-            text = self._pread(pid, "stat")
-            t = self._clock()
             st = parse_pid_stat(text)
-        except (OSError, ParseError):
-            return None  # exited between discovery and read
+        except ParseError:
+            return None
         if st.state in ("Z", "X"):
             return None
         return t, st
 
-    def _read_counters(self, pid: int, st: ProcStat) -> ProcCounters:
-        """The process's counters: stat's, plus /proc/PID/io, schedstat and its main thread's
-        schedstat; each missing one is None."""
+    def _read_counters(self, pid: int, st: ProcStat, sched: str | None = None) -> ProcCounters:
+        """The process's counters: stat's, plus /proc/PID/io, schedstat (``sched``: its text
+        when already read) and its main thread's schedstat; each missing one is None."""
         io = self._read_io(pid)
         sched_run: int | None = None
         sched_wait: int | None = None
+        self._sched_text.pop(pid, None)
         try:
-            sched_run, sched_wait = parse_schedstat(self._pread(pid, "schedstat"))
+            if sched is None:
+                sched = self._pread(pid, "schedstat")
+            sched_run, sched_wait = parse_schedstat(sched)
+            self._sched_text[pid] = sched
         except (OSError, ParseError):
             pass
         # the main thread's time on a CPU or waiting for one (ns): single-threaded, the

@@ -92,11 +92,12 @@ class StepsSource(Source):
 
     def sample(self, now: float) -> Any:
         db = self._conn()
+        ranks = db.execute("SELECT rank FROM probes").fetchall()
         comm = self._comm
-        if comm != "comm_s":  # asked each sample until the column is there (it never goes)
+        if ranks and comm != "comm_s":  # asked until the column is there (it never goes)
             comm = self._comm = comm_column(db)
         shares: dict[int, float] = {}  # this interval's communication share per rank
-        for (rank,) in db.execute("SELECT rank FROM probes").fetchall():
+        for (rank,) in ranks:
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read
             rows = db.execute(f"SELECT step, ts, wait_s, host_s, {comm} FROM steps WHERE "
                               "rank = ? AND step > ? ORDER BY step", (rank, last)).fetchall()

@@ -226,10 +226,10 @@ class RunStore:
         return sid
 
     def add_points(self, ts: float, points: Iterable[Point],
-                   touch: Sequence[tuple[str, Sequence[str]]] = ()) -> int:
+                   touch: Sequence[tuple[str, Sequence[str], float]] = ()) -> int:
         """Append one sample's points in one transaction; returns how many were stored (values
-        that are not finite numbers are left out). ``touch``: (source, entities) seen at
-        ``ts`` (:meth:`touch_entities`), in the same transaction (one commit a sample)."""
+        that are not finite numbers are left out). ``touch``: (source, entities, last seen
+        time) (:meth:`touch_entities`), in the same transaction (one commit a sample)."""
         # a value that is not a finite number (inf, -inf, NaN) is dropped, never stored: SQLite
         # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them)
         sid = self._series
@@ -244,9 +244,9 @@ class RunStore:
             for i in range(0, n, POINT_ROWS):
                 k = min(POINT_ROWS, n - i)
                 self.db.execute(_points_sql(k), [ts, *flat[2 * i:2 * (i + k)]])
-            for source, entities in touch:
+            for source, entities, seen in touch:
                 self.db.executemany("UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
-                                    [(ts, source, e) for e in entities])
+                                    [(seen, source, e) for e in entities])
         return n
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
