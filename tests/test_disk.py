@@ -24,7 +24,6 @@ from stallscope.metrics import by_source
 from stallscope.sources.blockdev import describe_path, device_info, devices_for_path
 from stallscope.sources.disk import (
     FIELDS,
-    IOSTAT_FIELDS,
     DiskCounters,
     DiskSource,
     counter_delta,
@@ -604,7 +603,7 @@ def test_an_unchanged_line_gives_what_parsing_it_again_would(fake_root: tuple[Pa
         assert src._last["sdb"] is prev["sdb"]  # the same record, not parsed again
         for dev in ("sda", "sdb"):
             assert out[dev] == iostat_fields(prev[dev], src._last[dev], 0.5), dev
-    assert out["sda"] == out["sdb"] == dict.fromkeys(IOSTAT_FIELDS, 0.0)
+    assert out["sda"] == out["sdb"] == dict.fromkeys(FIELDS, 0.0)
     assert src._last["sda"] is not first
-    assert list(iostat_fields(first, first, 1.0) or {}) == list(IOSTAT_FIELDS)
+    assert list(iostat_fields(first, first, 1.0) or {}) == list(FIELDS)
     src.close()

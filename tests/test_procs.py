@@ -135,6 +135,17 @@ TREE = textwrap.dedent("""
 """)
 
 
+def _end_tree(p: subprocess.Popen[str], kids: list[int]) -> None:
+    """Kill TREE and its forked children (they outlive their parent)."""
+    for pid in kids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    p.kill()
+    p.wait()
+
+
 def test_real_tree_roles_and_cpu() -> None:
     p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
     kids: list[int] = []
@@ -170,13 +181,7 @@ def test_real_tree_roles_and_cpu() -> None:
         out = src.sample(time.time())
         assert out is not None and str(sleeper) not in out
     finally:
-        for pid in kids:  # the forked children outlive their parent: end them too
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        p.kill()
-        p.wait()
+        _end_tree(p, kids)
 
 
 def test_an_idle_process_gives_its_last_record_with_zero_rates_and_its_io_unread() -> None:
@@ -212,13 +217,7 @@ def test_an_idle_process_gives_its_last_record_with_zero_rates_and_its_io_unread
         assert io.count(burn) == 4 and io.count(sleeper) <= 2, io
         assert a[str(burn)]["cpu_pct"] > 0 and set(a[str(burn)]) == set(b[str(burn)])
     finally:
-        for pid in kids:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        p.kill()
-        p.wait()
+        _end_tree(p, kids)
 
 
 def test_unreadable_root_pid() -> None:

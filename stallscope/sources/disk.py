@@ -218,11 +218,6 @@ def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
     return None if grown is None else _Deltas._make(grown)
 
 
-#: the fields :func:`iostat_fields` gives, in its order
-IOSTAT_FIELDS = ("r_s", "w_s", "rkb_s", "wkb_s", "rrqm_s", "wrqm_s", "r_await_ms", "w_await_ms",
-                 "aqu_sz", "rareq_kb", "wareq_kb", "util_pct")
-
-
 def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> dict[str, float] | None:
     """The twelve ``iostat -x`` fields (see the module docstring) of one device over ``dt_s``.
 
@@ -454,7 +449,7 @@ class DiskSource(Source):
             if self.devices is None and c.total_ios == 0:
                 continue  # iostat hides devices that never did any I/O
             if c is p and c.extended:  # the same line: nothing moved, every field is 0
-                out[name] = dict.fromkeys(IOSTAT_FIELDS, 0.0)
+                out[name] = dict.fromkeys(FIELDS, 0.0)
                 continue
             fields = iostat_fields(p, c, dt)
             if fields is not None:
