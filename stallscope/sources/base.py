@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import le, sub
 from typing import Any, ClassVar
@@ -54,7 +54,7 @@ class Reading:
 _NAMES: dict[str, dict[str, str | None]] = {}
 
 
-def numeric_points(source: str, entity: str, fields: dict[str, Any]) -> list[Point]:
+def numeric_points(source: str, entity: str, fields: Mapping[str, Any]) -> list[Point]:
     """The numbers of one entity's fields that the vocabulary declares, as points.
 
     Ids (index, pid) and text are not metrics; None and NaN are not readings."""

@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypedDict, cast
 
 from stallscope.errors import ParseError, SourceUnavailable, StallscopeError
 from stallscope.metrics import Point
@@ -57,6 +57,8 @@ from stallscope.sources.blockdev import device_info, sys_name
 __all__ = [
     "FIELDS",
     "DiskCounters",
+    "DiskFields",
+    "DiskPayload",
     "DiskSource",
     "counter_delta",
     "disk_counters",
@@ -64,21 +66,29 @@ __all__ = [
     "parse_diskstats",
 ]
 
+
+class DiskFields(TypedDict):
+    """One device of a disk payload over one interval: the twelve ``iostat -x`` fields, in its
+    reading order. Each is the metric ``disk.<key>`` of the vocabulary."""
+
+    r_s: float
+    w_s: float
+    rkb_s: float
+    wkb_s: float
+    rrqm_s: float
+    wrqm_s: float
+    r_await_ms: float
+    w_await_ms: float
+    aqu_sz: float
+    rareq_kb: float
+    wareq_kb: float
+    util_pct: float
+
+
+#: a disk payload: device name -> its fields
+DiskPayload = dict[str, DiskFields]
 #: payload keys, in ``iostat -x`` reading order; the same keys as ``metrics.by_source("disk")``
-FIELDS: tuple[str, ...] = (
-    "r_s",
-    "w_s",
-    "rkb_s",
-    "wkb_s",
-    "rrqm_s",
-    "wrqm_s",
-    "r_await_ms",
-    "w_await_ms",
-    "aqu_sz",
-    "rareq_kb",
-    "wareq_kb",
-    "util_pct",
-)
+FIELDS: tuple[str, ...] = tuple(DiskFields.__annotations__)
 
 
 class DiskCounters(NamedTuple):
@@ -218,7 +228,7 @@ def _interval_deltas(prev: DiskCounters, cur: DiskCounters) -> _Deltas | None:
     return None if grown is None else _Deltas._make(grown)
 
 
-def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> dict[str, float] | None:
+def iostat_fields(prev: DiskCounters, cur: DiskCounters, dt_s: float) -> DiskFields | None:
     """The twelve ``iostat -x`` fields (see the module docstring) of one device over ``dt_s``.
 
     ``prev`` and ``cur`` are two readings of the same device ``dt_s`` seconds apart. Returns
@@ -412,13 +422,13 @@ class DiskSource(Source):
             return t, {c.name: c for c in rows if c.name in wanted}
         return t, {c.name: c for c in rows if self._is_whole_device(c)}
 
-    def points(self, payload: dict[str, dict[str, float]]) -> list[Point]:
+    def points(self, payload: DiskPayload) -> list[Point]:
         out: list[Point] = []
         for dev, fields in payload.items():
             out.extend(numeric_points(self.name, dev, fields))
         return out
 
-    def entities(self, payload: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    def entities(self, payload: DiskPayload) -> dict[str, dict[str, Any]]:
         """Each device with what sysfs says about it (kind, rotational, model, size...), read
         once per device: the diagnosis uses these recorded facts, not the machine it runs on."""
         facts = self.__dict__.setdefault("_facts", {})
@@ -430,7 +440,7 @@ class DiskSource(Source):
                     facts[dev] = {}
         return {dev: facts[dev] for dev in payload}
 
-    def sample(self, now: float) -> dict[str, dict[str, float]] | None:
+    def sample(self, now: float) -> DiskPayload | None:
         """``{device: {field: value}}`` over the interval since the previous call."""
         t, cur = self.read_counters()
         self._last = cur
@@ -441,7 +451,7 @@ class DiskSource(Source):
         if prev_t is None:
             return None
         dt = t - prev_t
-        out: dict[str, dict[str, float]] = {}
+        out: DiskPayload = {}
         for name, c in cur.items():
             p = prev.get(name)
             if p is None:
@@ -449,7 +459,7 @@ class DiskSource(Source):
             if self.devices is None and c.total_ios == 0:
                 continue  # iostat hides devices that never did any I/O
             if c is p and c.extended:  # the same line: nothing moved, every field is 0
-                out[name] = dict.fromkeys(FIELDS, 0.0)
+                out[name] = cast(DiskFields, dict.fromkeys(FIELDS, 0.0))
                 continue
             fields = iostat_fields(p, c, dt)
             if fields is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict, cast
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.metrics import Point
@@ -33,6 +33,7 @@ from stallscope.sources.base import (
 
 __all__ = [
     "CpuTimes",
+    "HostPayload",
     "HostSource",
     "cpu_busy",
     "parse_meminfo",
@@ -228,6 +229,31 @@ def host_counters(cpu: CpuTimes | None, swap: tuple[int, int] | None,
     return out
 
 
+class HostPayload(TypedDict, total=False):
+    """A host reading, the ``snapshot --json`` shape. Its numbers are the metrics
+    ``host.<key>`` of the vocabulary (a test holds the two together); ``cpu_per_core_pct`` is
+    the per-core list behind ``host.cpu_core_pct``. None where the machine does not tell."""
+
+    cpu_pct: float | None
+    iowait_pct: float | None
+    cpu_per_core_pct: list[float | None]
+    cpu_max_core_pct: float | None
+    load1: float
+    mem_total_mib: float
+    mem_used_mib: float
+    mem_available_mib: float
+    page_cache_mib: float
+    swap_used_mib: float
+    swap_in_kb_s: float
+    swap_out_kb_s: float
+    shm_total_mib: float
+    shm_used_mib: float
+    psi_io_some_pct: float | None
+    psi_io_full_pct: float | None
+    psi_cpu_some_pct: float | None
+    psi_mem_some_pct: float | None
+
+
 #: how often the kernel updates PSI's avg10/avg60/avg300 (PSI_FREQ, 2 s): reading the files
 #: more often gives the same averages, so a sample within this of the last read reuses them
 PSI_AVG_PERIOD_S = 2.0
@@ -249,7 +275,7 @@ class HostSource(Source):
         self._prev_vm: tuple[float, int, int] | None = None  #: (read time, pswpin, pswpout)
         self._psi_total: dict[str, int] = {}  #: "io_some" -> µs, latest read
         #: the PSI gauges of the latest read, and its clock time (:meth:`_read_psi`)
-        self._psi_gauges: dict[str, float | None] = {}
+        self._psi_gauges: HostPayload = {}
         self._psi_at = -PSI_AVG_PERIOD_S
         self._psi_fresh = False  #: whether the latest sample read the PSI files
         self._psi: list[str] = []
@@ -287,7 +313,7 @@ class HostSource(Source):
             self._shm_ok = False
             self.emit("note", f"{self.shm_path} not mounted: shm usage not reported")
 
-    def points(self, payload: dict[str, Any]) -> list[Point]:
+    def points(self, payload: HostPayload) -> list[Point]:
         """Host-wide numbers, plus one ``host.cpu_core_pct`` per core (entity ``cpuN``)."""
         out = numeric_points(self.name, "", payload)
         for i, v in enumerate(payload.get("cpu_per_core_pct") or ()):
@@ -295,7 +321,7 @@ class HostSource(Source):
                 out.append(Point("host.cpu_core_pct", f"cpu{i}", float(v)))
         return out
 
-    def sample(self, now: float) -> dict[str, Any] | None:
+    def sample(self, now: float) -> HostPayload | None:
         cpus = parse_proc_stat(self._read("stat"))
         mem = parse_meminfo(self._read("meminfo"), _MEMINFO_KEYS)
         vm_text = self._read("vmstat")
@@ -309,7 +335,7 @@ class HostSource(Source):
             self._read_psi(None)
             return None
 
-        out: dict[str, Any] = {}
+        out: HostPayload = {}
         both = cpu_busy(prev_cpu[0], cpus[0])
         prev_by_name = {c.name: c for c in prev_cpu[1:]}
         per_core: list[float | None] = []
@@ -357,7 +383,7 @@ class HostSource(Source):
             self._psi_fresh = False
         return out
 
-    def _read_psi(self, out: dict[str, Any] | None) -> None:
+    def _read_psi(self, out: HostPayload | None) -> None:
         """Read every PSI file once: avg10 gauges into ``out`` (when given), the ``total=``
         counters into ``self._psi_total`` for :meth:`counters`."""
         totals: dict[str, int] = {}
@@ -375,9 +401,9 @@ class HostSource(Source):
             if res == "io":
                 gauges["psi_io_full_pct"] = psi.get("full")
         self._psi_total = totals
-        self._psi_gauges = gauges
+        self._psi_gauges = cast(HostPayload, gauges)
         if out is not None:
-            out.update(gauges)
+            out.update(self._psi_gauges)
 
     def counters(self) -> list[Counter]:
         """CPU seconds per mode (aggregate line), swap bytes and PSI stall seconds of the

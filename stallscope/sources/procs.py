@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, cast
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.metrics import Point
@@ -35,7 +35,8 @@ from stallscope.sources.base import (
     numeric_points,
 )
 
-__all__ = ["ProcCounters", "ProcIo", "ProcStat", "ProcsSource", "parse_pid_io",
+__all__ = ["ProcCounters", "ProcIo", "ProcRates", "ProcRecord", "ProcStat", "ProcsPayload",
+           "ProcsSource", "parse_pid_io",
            "parse_pid_stat", "parse_schedstat", "proc_counters", "proc_rates"]
 
 #: process names that start the trainer rather than being it (their children are the trainers)
@@ -69,6 +70,40 @@ class ProcStat(NamedTuple):
     starttime: int
     rss_pages: int
     blkio_ticks: int | None  #: field 42, None on kernels that lack it
+
+
+class ProcRates(TypedDict, total=False):
+    """A process's rates over one interval (:func:`proc_rates`); each is left out when a
+    counter it needs is missing or went down. Every key is the metric ``procs.<key>``."""
+
+    cpu_pct: float
+    main_thread_active_pct: float
+    read_kb_s: float
+    write_kb_s: float
+    rchar_kb_s: float
+    runq_wait_pct: float
+    blkio_wait_pct: float
+
+
+class ProcRecord(ProcRates, total=False):
+    """One process of a procs payload, the ``snapshot --json`` shape. Its numbers are the
+    metrics ``procs.<key>`` of the vocabulary (a test holds the two together); ``name``,
+    ``role`` and ``state`` are text, ``ppid`` an id."""
+
+    name: str
+    role: str
+    ppid: int
+    state: str
+    d_state: int
+    rss_mib: float
+    threads: int
+    d_threads: int  #: the trainer's threads in D (multi-threaded main process only)
+    tf_threads: int  #: the trainer's threads TensorFlow named
+    processes: int  #: the processes a record sums (the agent's by-rank worker series)
+
+
+#: a procs payload: pid (text) -> its record
+ProcsPayload = dict[str, ProcRecord]
 
 
 class ProcIo(NamedTuple):
@@ -168,14 +203,14 @@ class ProcCounters(NamedTuple):
     blkio_ticks: int | None  #: stat field 42, None on kernels that lack it
 
 
-def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> dict[str, float]:
+def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> ProcRates:
     """The rates of one process over ``dt`` seconds between two reads of its counters.
 
     Nothing for a new process (``prev`` None), a pid reused by another process (another start
     time: a new baseline, not a reset) or ``dt`` ≤ 0. Each rate is left out when its counter
     is missing at either read or went down (:func:`_grown` is
     :func:`~stallscope.sources.base.counter_delta`, 64-bit)."""
-    out: dict[str, float] = {}
+    out: ProcRates = {}
     if prev is None or prev.starttime != cur.starttime or dt <= 0:
         return out
     d = _grown(prev.cpu_ticks, cur.cpu_ticks)
@@ -208,8 +243,7 @@ def proc_rates(prev: ProcCounters | None, cur: ProcCounters, dt: float) -> dict[
 
 _NO_PREV: tuple[float, ProcCounters | None] = (0.0, None)  #: a process not seen before
 #: the record fields :func:`proc_rates` gives: zero for a process that did not run
-RATES = ("cpu_pct", "main_thread_active_pct", "read_kb_s", "write_kb_s", "rchar_kb_s",
-         "runq_wait_pct", "blkio_wait_pct")
+RATES = tuple(ProcRates.__annotations__)
 
 
 class ProcsSource(Source):
@@ -240,7 +274,7 @@ class ProcsSource(Source):
         self._sched_text: dict[int, str] = {}
         #: pid -> (stat text, schedstat text, its record with every rate zero): a
         #: single-threaded process that reads the same again has not run (:meth:`_sample_one`)
-        self._idle: dict[int, tuple[str, str, dict[str, Any]]] = {}
+        self._idle: dict[int, tuple[str, str, ProcRecord]] = {}
 
     def _read(self, *parts: str) -> str:
         with open(os.path.join(self.proc_root, *parts)) as f:
@@ -335,18 +369,18 @@ class ProcsSource(Source):
         return set(self._tree)
 
     # --- sampling --------------------------------------------------------------------------------
-    def points(self, payload: dict[str, Any]) -> list[Point]:
+    def points(self, payload: ProcsPayload) -> list[Point]:
         return procs_points(payload)
 
-    def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def entities(self, payload: ProcsPayload) -> dict[str, dict[str, Any]]:
         """Each process with its name, command line, parent and the sampler's role."""
         known = self.known
         return {pid: known[int(pid)] for pid in payload if int(pid) in known}
 
-    def sample(self, now: float) -> dict[str, Any] | None:
+    def sample(self, now: float) -> ProcsPayload | None:
         self._tree = self._discover()
         self._n += 1
-        out: dict[str, Any] = {}
+        out: ProcsPayload = {}
         seen: set[int] = set()
         for pid in sorted(self._tree):
             rec = self._sample_one(pid)
@@ -407,7 +441,7 @@ class ProcsSource(Source):
                 lost = True
         return out, lost
 
-    def _sample_one(self, pid: int) -> dict[str, Any] | None:
+    def _sample_one(self, pid: int) -> ProcRecord | None:
         """One process's record: what it is, its state, and its rates since the last sample;
         None when it exited.
 
@@ -429,7 +463,7 @@ class ProcsSource(Source):
                 sched = None
             if sched is not None and sched == idle[1]:
                 self._prev[pid] = (t, self._prev[pid][1])
-                return dict(idle[2])
+                return idle[2].copy()
         else:
             sched = None
         read = self._parse_stat(text, t)
@@ -448,7 +482,8 @@ class ProcsSource(Source):
             rec.update(proc_rates(prev, cur, t - prev_t))
             sched = self._sched_text.get(pid)
             if st.threads == 1 and sched is not None:
-                self._idle[pid] = (text, sched, {**rec, **{k: 0.0 for k in RATES if k in rec}})
+                zero = cast(ProcRates, {k: 0.0 for k in RATES if k in rec})
+                self._idle[pid] = (text, sched, {**rec, **zero})
             else:
                 self._idle.pop(pid, None)
         return rec
@@ -513,10 +548,10 @@ class ProcsSource(Source):
             cmd = ""
         return {"name": st.comm, "cmdline": cmd[:300], "ppid": st.ppid, "role": self._role(pid)}
 
-    def _state(self, pid: int, st: ProcStat) -> dict[str, Any]:
+    def _state(self, pid: int, st: ProcStat) -> ProcRecord:
         """The record's fields of one read, no rates: name, role, state, memory, threads (and,
         for a multi-threaded trainer, how many threads are in D and how many are TensorFlow's)."""
-        rec: dict[str, Any] = {
+        rec: ProcRecord = {
             "name": st.comm,
             "role": self._role(pid),
             "ppid": st.ppid,
@@ -542,7 +577,7 @@ class ProcsSource(Source):
         return out
 
 
-def procs_points(payload: dict[str, Any]) -> list[Point]:
+def procs_points(payload: ProcsPayload) -> list[Point]:
     """The numbers of a procs payload (pid -> fields) as points, entity = pid."""
     out: list[Point] = []
     for pid, fields in payload.items():
@@ -560,7 +595,7 @@ def proc_counters(entity: str, cpu_ticks: int, io: ProcIo | None) -> list[Counte
     return out
 
 
-def tree_summary(payload: dict[str, Any]) -> dict[str, float]:
+def tree_summary(payload: ProcsPayload) -> dict[str, float]:
     """Totals by role over one procs payload: cpu %, read kB/s, processes in D."""
     out: dict[str, float] = {}
     for rec in payload.values():
