@@ -133,7 +133,9 @@ def training(script: str, *args: str) -> list[str]:
 def assert_named(doc: dict[str, Any], verdict: str) -> None:
     from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
 
-    assert training_finding(doc)["kind"] == verdict, doc["findings"]
+    assert training_finding(doc)["kind"] == verdict, (doc["findings"], doc["stall_source"],
+                                                      doc["stacks_seen"],
+                                                      doc["signals"].get("window_source"))
     assert doc["stall_source"] == "stacks", (doc["stall_source"], doc["stacks_seen"],
                                              doc["signals"].get("window_source"))
     sig = doc["signals"]
