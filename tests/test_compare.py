@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from test_diagnose import T0, run
 
-from stallscope.cli.compare import applied_fix, compare
+from stallscope.cli.compare import _ROWS, applied_fix, compare
 from stallscope.store import StepRow
 
 DOC_A: dict[str, Any] = {
@@ -202,3 +202,11 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
     doc = json.loads(d.stdout)
     assert doc["stall_source"] == "probe", doc["stall_source"]
     assert training_finding(doc)["kind"].startswith("input_bound"), doc["findings"]
+
+
+def test_every_row_that_sums_up_a_series_says_how() -> None:
+    """CPU, GPU and disk rows say whether they are a mean or a median (compare's CPU rows are
+    means, show's are medians: unlabeled, the two disagreed without a word)."""
+    for label, key, _unit in _ROWS:
+        if key.endswith(("_pct", "_ms_median")):
+            assert "(mean" in label or "(median" in label, label

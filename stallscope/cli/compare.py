@@ -22,7 +22,8 @@ from stallscope.cli._common import add_out_option, out_console, resolve_run, saf
 _ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
          ("step ms (median)", "step_ms_median", "ms"), ("GPU util % (median)",
                                                        "gpu_util_median_pct", "%"),
-         ("trainer CPU %", "main_cpu_pct", "%"), ("worker CPU %", "worker_cpu_pct", "%"),
+         ("trainer CPU % (mean)", "main_cpu_pct", "%"),
+         ("worker CPU % (mean, each)", "worker_cpu_pct", "%"),
          ("workers", "workers", ""), ("host CPU % (median)", "host_cpu_median_pct", "%"),
          ("disk util % (median)", "disk_util_median_pct", "%"))
 

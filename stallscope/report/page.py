@@ -317,7 +317,7 @@ def _ranks(diagnosis: dict[str, Any] | None) -> str:
            "rank's step as long as the slowest rank's: where each rank spends its step tells "
            "which one holds the job back.</p><table><tr><th>rank</th><th>data wait</th>"
            "<th>median step ms</th><th>steps</th><th>pid</th><th>workers</th>"
-           "<th>worker CPU %</th></tr>"]
+           "<th>worker CPU % (mean, each)</th></tr>"]
     for r in ranks:
         out.append(f'<tr><td class="num">{esc(r.get("rank"))}</td>'
                    f'<td class="num">{_pct(r.get("stall_fraction"))}</td>'

@@ -128,7 +128,7 @@ class Signals:
     worker_runq_pct: float | None = None
     worker_read_kb_s: float | None = None  #: all workers together, from storage
     worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
-    main_cpu_pct: float | None = None
+    main_cpu_pct: float | None = None  #: mean CPU of the trainer's main process(es)
     main_runq_pct: float | None = None  #: the trainer's main process(es): run-queue wait
     #: share of the training time the trainer's main thread ran (no probe: the consumer's busy
     #: share; the rest it waited, for data above all)
