@@ -260,6 +260,9 @@ def test_a_comment_inside_a_rule_of_the_template_is_refused(tmp_path: Path,
     monkeypatch.setattr(promrules, "TEMPLATE", tmp_path / "t.yml")
     with pytest.raises(ValueError, match="comment inside a rule"):
         promrules.render()
+    (tmp_path / "t.yml").write_text(text + "      # a last word\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="after the last one"):
+        promrules.render()
 
 
 @pytest.mark.parametrize("url", ["https://x/a\rb", "https://x/a\x85b", "https://x/\x1b[2J",

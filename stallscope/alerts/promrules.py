@@ -140,7 +140,7 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
     if len(group_notes) != len(doc["groups"]) or len(rule_notes) != sum(
             len(g["rules"]) for g in doc["groups"]):
         raise ValueError(f"{TEMPLATE.name}: its comments could not be placed (a comment inside "
-                         "a rule? put it before the rule)")
+                         "a rule, or after the last one? put it before a rule)")
     out = [header, "groups:\n"]
     notes_left = iter(rule_notes)
     for group, note in zip(doc["groups"], group_notes):
@@ -174,6 +174,8 @@ def _comments(text: str) -> tuple[str, list[str], list[str]]:
         elif any(p.strip() for p in pending):
             rules.append("")  # a comment inside a rule: one block too many, refused above
         pending = []
+    if any(p.strip() for p in pending):
+        rules.append("")  # comments after the last rule: nothing to keep them before
     return header + "\n", groups, rules
 
 
