@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--metric: {exc}")
     if metric.groups != 1:
         ap.error("--metric needs exactly one group, the figure")
+    if args.rounds < 1 or not args.timeout > 0:
+        ap.error("--rounds must be at least 1 and --timeout above 0")
+    if args.base.startswith("-"):
+        ap.error(f"--base: {args.base!r} is not a revision")
     repo = args.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="stallscope-ab-") as tmp:
         base = Path(tmp) / "base"

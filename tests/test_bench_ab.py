@@ -53,3 +53,18 @@ def test_a_command_without_the_figure_or_a_bad_base_fails_with_one_line(tmp_path
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert r.stderr.startswith("ab: ")
+
+
+def test_bad_flags_are_refused_with_one_line(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    for flags in (["--rounds", "0"], ["--metric", "(a)(b)"], ["--metric", "("],
+                  ["--base", "--exec=x"], ["--timeout", "-1"]):
+        args = {"--base": "HEAD", "--metric": r"value (\d+)", "--rounds": "1",
+                "--timeout": "60"}
+        args.update(dict(zip(flags[::2], flags[1::2])))
+        argv = [x for kv in args.items() for x in kv]
+        r = subprocess.run([sys.executable, str(AB), "--repo", str(repo), *argv, "--",
+                            sys.executable, "-c", "print('value 1')"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (flags, r.stderr)
+        assert "error: " in r.stderr.strip().splitlines()[-1], (flags, r.stderr)

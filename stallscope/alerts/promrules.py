@@ -16,6 +16,7 @@ clauses, matched on their labels already.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from pathlib import Path
@@ -192,19 +193,27 @@ def _indent(text: str, n: int) -> str:
 def _dump(value: object) -> str:
     import yaml
 
+    return yaml.dump(value, Dumper=_dumper(), sort_keys=False, allow_unicode=True,
+                     default_flow_style=False, width=1 << 16)
+
+
+@functools.cache
+def _dumper() -> type:
+    """PyYAML's safe dumper with nested sequences indented (as Prometheus' docs write them),
+    several lines as a literal block, words in double quotes unless they hold some (a
+    selector's), else the emitter's choice; it falls back to quotes when it must. Made once."""
+    import yaml
+
     class _Dumper(yaml.SafeDumper):
         def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-            super().increase_indent(flow, False)  # nested sequences indented, as Prometheus' docs
+            super().increase_indent(flow, False)
 
     def _text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-        # several lines as a literal block, words in double quotes unless they hold some
-        # (a selector's), else the emitter's choice; it falls back to quotes when it must
         style = "|" if "\n" in data else '"' if " " in data and '"' not in data else None
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
     _Dumper.add_representer(str, _text)
-    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
-                     default_flow_style=False, width=1 << 16)
+    return _Dumper
 
 
 def _select(text: str, sel: str) -> str:
