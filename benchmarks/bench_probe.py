@@ -41,8 +41,9 @@ def per_step_overhead(p: Probe, items: list[object], reps: int
                       ) -> tuple[float, float, float, float]:
     """(bare us/step, watched us/step, overhead us/step, writer us/step), medians over ``reps``.
 
-    The writer's cost is the time ``flush()`` takes per step record (convert + SQLite insert);
-    it runs on the probe's thread, counted here as if it all came out of the trainer."""
+    The writer's cost is the time ``flush()`` takes per step (convert + SQLite insert; steps
+    shorter than the probe's GROUP_S come summed, several to a record); it runs on the probe's
+    thread, counted here as if it all came out of the trainer."""
     n = len(items)
     bare: list[float] = []
     watched: list[float] = []
@@ -63,10 +64,12 @@ def per_step_overhead(p: Probe, items: list[object], reps: int
                     for _x in w:
                         pass
                     watched.append(perf() - t0)
+                    before = p.writer.sums[0]
                     t0 = perf()
-                    rows = p.flush()
-                    if rows:
-                        writer.append((perf() - t0) / rows)
+                    p.flush()
+                    steps = p.writer.sums[0] - before  # records may hold several steps
+                    if steps:
+                        writer.append((perf() - t0) / steps)
     finally:
         gc.enable()
     b, w_ = statistics.median(bare) / n * 1e6, statistics.median(watched) / n * 1e6

@@ -242,7 +242,7 @@ def parts(calls: int, rounds: int) -> dict[str, float]:
         probe.flush()
         now = time.time()
         for i in range(2000):
-            probe.buffer.push((10**6 * (r + 1) + i, now, 0.001, 0.004, 32, 0, None, None))
+            probe.buffer.push((10**6 * (r + 1) + i, now, 0.001, 0.004, 32, 0, None, None, 1))
         t0 = time.thread_time()
         probe.flush()
         per_row.append((time.thread_time() - t0) / 2000 * 1e6)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Line", "fit_line", "median", "percentile"]
+__all__ = ["Line", "fit_line", "median", "percentile", "weighted_median"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -31,6 +31,27 @@ def median(values: Iterable[float]) -> float:
     """The median (the mean of the middle two for an even count); NaN when there are none."""
     xs = list(values)
     return float(statistics.median(xs)) if xs else math.nan
+
+
+def weighted_median(pairs: Iterable[tuple[float, int]]) -> float:
+    """The median of values each counted ``w`` times (``(value, w)`` pairs, whole ``w``; those
+    under 1 are left out): what :func:`median` gives on the values repeated, without repeating
+    them. NaN when there are none."""
+    xs = sorted((v, w) for v, w in pairs if w >= 1)
+    total = sum(w for _, w in xs)
+    if not total:
+        return math.nan
+    lo_at, hi_at = (total - 1) // 2, total // 2  # where the middle one or two sit
+    lo: float | None = None
+    seen = 0
+    for v, w in xs:
+        seen += w
+        if lo is None and seen > lo_at:
+            lo = v
+        if seen > hi_at:
+            assert lo is not None
+            return float((lo + v) / 2)
+    raise AssertionError("unreachable: the weights add up to total")
 
 
 @dataclass(frozen=True)

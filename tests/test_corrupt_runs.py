@@ -93,7 +93,7 @@ def _procs_attrs(attrs: str) -> Callable[[Path], None]:
 
 def _bad_steps(col: str, value: str) -> Callable[[Path], None]:
     cols = ["rank", "step", "ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s",
-            "samples", "epoch", "comm_s"]
+            "samples", "epoch", "comm_s", "n"]
     sel = ", ".join(value if c == col else ("100 + k" if c == "step" else c) for c in cols)
     return _sql(f"INSERT INTO steps SELECT {sel} FROM (SELECT * FROM steps LIMIT 1), "
                 "(SELECT 1 k UNION SELECT 2 UNION SELECT 3)")
@@ -190,6 +190,9 @@ CASES: dict[str, Case] = {
     "step_inf": Case("values", _bad_steps("host_s", "9e999")),
     "step_h2d_text": Case("wrong type", _bad_steps("h2d_s", "'fast'")),
     "step_rank_text": Case("wrong type", _bad_steps("rank", "'zero' || k")),
+    "step_n_text": Case("wrong type", _bad_steps("n", "'two'")),
+    "step_n_zero": Case("values", _bad_steps("n", "0")),
+    "step_n_negative": Case("values", _bad_steps("n", "-3")),
     "step_null": Case("NULLs", lambda r: (_loosen("steps")(r), _bad_steps("wait_s", "NULL")(r))),
     "probe_pid_huge": Case("wrong type", _sql("UPDATE probes SET pid=1099511627776, "
                                               "config='[1]'")),

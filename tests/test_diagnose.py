@@ -832,3 +832,42 @@ def test_a_rule_reporting_a_kind_it_does_not_declare_is_a_bug(monkeypatch: pytes
                         (rules_mod.RuleSpec(rogue, (Kind.SHM_PRESSURE,), "Other kinds"),))
     with pytest.raises(AssertionError, match="rogue reported host_swap"):
         diagnose(run([ser("host.cpu_pct", "", [35] * N)]))
+
+
+def test_rows_of_several_steps_read_as_the_steps_they_sum() -> None:
+    """The probe sums steps shorter than GROUP_S into one row (n steps, sums; probe/watch.py):
+    every figure the diagnosis takes from steps (count, shares, medians, samples per second,
+    epoch starts, ranks) is the one the steps themselves give."""
+    def grouped(rows: list[StepRow], k: int) -> list[StepRow]:
+        out: list[StepRow] = []
+        by_epoch: dict[int | None, list[StepRow]] = {}
+        for r in rows:
+            by_epoch.setdefault(r.epoch, []).append(r)
+        for ep in by_epoch.values():
+            out.append(ep[0])  # an epoch's first step is a row of its own
+            rest = ep[1:]
+            for i in range(0, len(rest), k):
+                g = rest[i:i + k]
+                out.append(StepRow(g[0].rank, g[-1].step, g[0].ts,
+                                   sum(s.wait_s for s in g), sum(s.host_s for s in g),
+                                   samples=sum(s.samples or 0 for s in g), epoch=g[0].epoch,
+                                   n=len(g)))
+        return out
+
+    per_step = (steps(400, wait=0.0002, host=0.0003, rank=0, epochs=4, first_wait=0.5)
+                + steps(400, wait=0.0001, host=0.0004, rank=1, epochs=4, first_wait=0.5))
+    rows = grouped([s for s in per_step if s.rank == 0], 9) + grouped(
+        [s for s in per_step if s.rank == 1], 7)
+    assert len(rows) < len(per_step) // 5
+    series = [ser("host.cpu_pct", "", [50] * N)]
+    a = compute_signals(run(series, steps=per_step, config={}))
+    b = compute_signals(run(series, steps=rows, config={}))
+    for name in ("steps", "ranks", "epochs", "stall_fraction", "steady_stall_fraction",
+                 "samples_per_s", "wait_ms_median", "step_ms_median", "epoch_start_wait_s",
+                 "epoch_start_cost_s", "epoch_start_total_s"):
+        assert getattr(b, name) == pytest.approx(getattr(a, name)), name
+    assert a.steps == 800 and a.epoch_start_wait_s == 0.5
+    assert [d["steps"] for d in b.ranks_detail] == [399, 399]  # each rank's first left out
+    for x, y in zip(a.ranks_detail, b.ranks_detail, strict=True):
+        for key in ("steps", "stall_fraction", "wait_ms_median", "step_ms_median"):
+            assert y[key] == pytest.approx(x[key]), key

@@ -7,6 +7,7 @@ busy 2-core CI box does not make them flaky while a probe that mis-attributes ti
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sqlite3
@@ -28,6 +29,8 @@ from stallscope.probe import recorder as recorder_mod
 from stallscope.store import RunStore, StepRow, list_runs, read_meta, write_meta
 
 pytest.importorskip("torch")
+import itertools
+
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -118,7 +121,8 @@ def test_config_and_epochs_of_a_real_dataloader(tmp_path: Path) -> None:
     import psutil
 
     run_dir = make_run(tmp_path)
-    p = new_probe(run_dir, rank=0)
+    # records of a minute: each epoch's first step alone, its other steps summed in one
+    p = new_probe(run_dir, rank=0, group_s=60)
     loader = DataLoader(SleepyDataset(12, 0.0), batch_size=4, num_workers=2,
                         persistent_workers=True, pin_memory=False, drop_last=True)
     w = Watched(loader, p)
@@ -128,8 +132,8 @@ def test_config_and_epochs_of_a_real_dataloader(tmp_path: Path) -> None:
             pass
     p.close()
     steps = read_steps(run_dir)
-    assert [s.epoch for s in steps] == [0, 0, 0, 1, 1, 1]
-    assert [s.step for s in steps] == list(range(6))
+    assert [(s.step, s.n, s.epoch, s.samples) for s in steps] == [
+        (0, 1, 0, 4), (2, 2, 0, 8), (3, 1, 1, 4), (5, 2, 1, 8)]
     (row,) = read_probes(run_dir)
     assert row["rank"] == 0 and row["pid"] == os.getpid()
     assert row["steps"] == 6 and row["dropped"] == 0
@@ -169,7 +173,7 @@ def test_batch_size_of_common_batch_shapes() -> None:
 
 def test_break_and_exception_end_the_open_step(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    p = new_probe(run_dir, rank=0)
+    p = new_probe(run_dir, rank=0, group_s=60)  # the open step ends a record of several
     for i, _x in enumerate(Watched(list(range(10)), p)):
         if i == 2:
             time.sleep(0.02)
@@ -180,9 +184,88 @@ def test_break_and_exception_end_the_open_step(tmp_path: Path) -> None:
             _ = 1 / 0
     p.close()
     steps = read_steps(run_dir)
-    assert [(s.step, s.epoch) for s in steps] == [(0, 0), (1, 0), (2, 0), (3, 1)]
-    assert steps[2].host_s >= 0.019  # the step the loop broke out of still ends, timed
-    assert steps[3].host_s >= 0.0095
+    assert [(s.step, s.epoch, s.n) for s in steps] == [(0, 0, 1), (2, 0, 2), (3, 1, 1)]
+    assert steps[1].host_s >= 0.019  # the step the loop broke out of still ends, timed
+    assert steps[2].host_s >= 0.0095
+
+
+class FakeClock:
+    """``time`` for the watched loop: a ``perf_counter`` the test moves by exact binary
+    fractions, so where a record of several steps ends is known to the bit."""
+
+    def __init__(self) -> None:
+        self.t = 1024.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+def test_short_steps_are_summed_into_records_that_add_up_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps shorter than GROUP_S are summed, a record per GROUP_S: the epoch's first step
+    alone, each record's wait, host time and samples the sums of its steps, the records end to
+    end (``ts - wait_s`` one's start, ``ts + host_s`` its end), the epoch's short last batch
+    counted as it is."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")  # the package exports watch()
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+    wait, host = 2.0 ** -13, 2.0 ** -12  # a 0.37-ms step: three to a 1-ms record
+    sizes = [4] * 29 + [2]
+
+    def batches() -> Iterator[torch.Tensor]:
+        for k in sizes:
+            clock.t += wait
+            yield torch.zeros(k, 1)
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=0.001)
+    for _ in Watched(batches(), p):
+        clock.t += host
+    p.close()
+    rows = read_steps(run_dir)
+    assert [r.n for r in rows] == [1] + [3] * 9 + [2]
+    assert [r.step for r in rows] == [0] + [3 * i for i in range(1, 10)] + [29]
+    assert [r.samples for r in rows] == [4] + [12] * 9 + [6]
+    assert sum(r.wait_s for r in rows) == 30 * wait and sum(r.host_s for r in rows) == 30 * host
+    assert all(r.wait_s == r.n * wait and r.host_s == r.n * host for r in rows)
+    for a, b in itertools.pairwise(rows):  # end to end, nothing lost between records
+        assert b.ts - b.wait_s == pytest.approx(a.ts + a.host_s, abs=1e-9)
+    (probe_row,) = read_probes(run_dir)
+    assert probe_row["steps"] == 30
+
+
+def test_a_record_of_many_steps_counts_one_batch_in_size_every(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting a batch costs ~0.3 us: in a record of many steps one batch in SIZE_EVERY is
+    counted and the others taken at their mean; batches of one size come out exact."""
+    from stallscope.probe.buffer import SIZE_EVERY
+
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+    counted: list[int] = []
+
+    class Batch:
+        shape = (16, 3)
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "shape":
+                counted.append(1)
+            return object.__getattribute__(self, name)
+
+    def batches() -> Iterator[Batch]:
+        for _ in range(1 + 10 * SIZE_EVERY):
+            clock.t += 2.0 ** -20
+            yield Batch()
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=60)
+    for _ in Watched(batches(), p):
+        clock.t += 2.0 ** -20
+    p.close()
+    rows = read_steps(run_dir)
+    assert [(r.n, r.samples) for r in rows] == [(1, 16), (10 * SIZE_EVERY, 160 * SIZE_EVERY)]
+    assert len(counted) <= 2 + 10 + 1  # the first (twice: deciding how), 1 in 8, the last
 
 
 def test_step_context_manager(tmp_path: Path) -> None:
@@ -206,6 +289,7 @@ def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.M
                                            ) -> None:
     run_dir = make_run(tmp_path)
     monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("STALLSCOPE_GROUP_MS", "60000")  # the copies of steps summed add up
     import stallscope
 
     batches: list[dict[str, Any]] = [{"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]}
@@ -220,9 +304,9 @@ def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.M
     p.close()
     assert moved[0]["meta"][1] == "id" and torch.equal(moved[0]["x"], batches[0]["x"])
     steps = read_steps(run_dir)
-    assert len(steps) == 4 and all(s.h2d_s is not None and s.h2d_s >= 0 for s in steps)
-    assert [s.samples for s in steps] == [4, 4, 4, 2]
-    assert [s.epoch for s in steps] == [0, 0, 0, 0]
+    assert len(steps) == 3 and all(s.h2d_s is not None and s.h2d_s >= 0 for s in steps)
+    assert [(s.samples, s.n) for s in steps] == [(4, 1), (8, 2), (2, 1)]
+    assert [s.epoch for s in steps] == [0, 0, 0]
 
 
 # --- where records go ----------------------------------------------------------------------------
@@ -295,7 +379,7 @@ def test_standalone_exit_code_of_a_crash(tmp_path: Path) -> None:
     assert res.returncode == 1 and "boom" in res.stderr
     (run_dir,) = list_runs(tmp_path / "out")
     assert read_meta(run_dir)["exit_code"] == 1
-    assert len(read_steps(run_dir)) == 12
+    assert sum(s.n for s in read_steps(run_dir)) == 12
 
 
 def test_under_stallscope_run_steps_land_in_its_run(tmp_path: Path) -> None:
@@ -351,7 +435,7 @@ def test_import_stays_light() -> None:
 # --- bounded buffer, failures --------------------------------------------------------------------
 def test_buffer_overflow_drops_and_counts(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
-    p = new_probe(run_dir, rank=0, capacity=5, flush_interval=3600)
+    p = new_probe(run_dir, rank=0, capacity=5, flush_interval=3600, group_s=0)  # a row a step
     p.writer.ready.wait(10)
     for _x in Watched(list(range(20)), p):
         pass
@@ -415,7 +499,8 @@ def test_writer_keeps_up_with_a_trainer_that_holds_the_interpreter(tmp_path: Pat
     lock: at 20k steps/s it wrote nothing for 8 s while its queue grew. Blocks of rows per call
     keep it up with the steps."""
     run_dir = make_run(tmp_path)
-    p = new_probe(run_dir, rank=0, capacity=1 << 22, flush_interval=0.2)
+    # a record a step (GROUP_MS=0), the writer's worst case
+    p = new_probe(run_dir, rank=0, capacity=1 << 22, flush_interval=0.2, group_s=0)
     p.writer.ready.wait(10)
     perf = time.perf_counter
     end = perf() + 3.0
@@ -583,7 +668,8 @@ def test_failing_cuda_record_turns_gpu_timing_off_not_training(
     p.close()
     assert seen == 5
     steps = read_steps(run_dir)
-    assert len(steps) == 5 and all(s.gpu_busy_s is None and s.samples is None for s in steps)
+    assert sum(s.n for s in steps) == 5
+    assert all(s.gpu_busy_s is None and s.samples is None for s in steps)
     assert capsys.readouterr().err.count("illegal memory access") == 1
     store = RunStore(run_dir / "run.db", readonly=True)
     events = store.events()
@@ -616,9 +702,11 @@ def test_short_steps_are_timed_in_pairs_one_in_many(tmp_path: Path) -> None:
             pass
     p.close()
     steps = read_steps(run_dir)
-    assert len(steps) == 600
+    assert sum(s.n for s in steps) == 600  # the untimed short steps summed, a record a ms
+    assert len(steps) < 600
     timed = [s for s in steps if s.gpu_busy_s is not None]
     assert 4 <= len(timed) <= 120, len(timed)  # pairs, one in many
+    assert all(s.n == 1 for s in timed)  # each a record of its own
     gaps = [s for s in timed if s.gpu_idle_s is not None]
     assert gaps and all(s.step - 1 in {t.step for t in timed} for s in gaps)
     busy = sum(s.gpu_busy_s or 0.0 for s in gaps)
@@ -639,8 +727,10 @@ def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
         gpu.now += 0.001
     assert p.buffer.queue and all(r[7] is None for r in p.buffer.queue)
     assert p.buffer.timed and all(r[7] is not None for r in p.buffer.timed)
-    assert len(p.buffer.queue) + len(p.buffer.timed) == 300
+    assert sum(r[8] for r in p.buffer.queue) + len(p.buffer.timed) == 300
+    assert all(r[8] == 1 for r in p.buffer.timed)
     p.close()
     steps = read_steps(run_dir)
-    assert [s.step for s in steps] == list(range(300))
+    assert sum(s.n for s in steps) == 300 and steps[-1].step == 299
+    assert all(a.step + b.n == b.step for a, b in itertools.pairwise(steps))
     assert any(s.gpu_busy_s is not None for s in steps)

@@ -102,9 +102,9 @@ def test_watch_hands_each_loader_to_the_adapter_that_claims_it(
 def test_the_raw_tuple_layout_is_the_records() -> None:
     """Hot paths hand over bare tuples in StepRecord's field order; the writer relies on it."""
     assert StepRecord._fields == ("step", "t_got", "wait_s", "host_s", "samples", "epoch",
-                                  "h2d_host_s", "gpu")
-    raw = (3, 1.5, 0.25, 0.5, 8, 1, None, None)
-    assert StepRecord._make(raw).host_s == 0.5
+                                  "h2d_host_s", "gpu", "n")
+    raw = (3, 1.5, 0.25, 0.5, 8, 1, None, None, 4)
+    assert StepRecord._make(raw).host_s == 0.5 and StepRecord._make(raw).n == 4
 
 
 # --- a framework that is not PyTorch -------------------------------------------------------------

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from stallscope.stats import fit_line, median, percentile
+from stallscope.stats import fit_line, median, percentile, weighted_median
 
 
 @pytest.mark.parametrize("q", [0, 5, 50, 90, 95, 99, 100])
@@ -67,3 +67,21 @@ def test_paths_follow_the_environment() -> None:
     assert state_dir({"HOME": "/h"}) == Path("/h/.local/state/stallscope")
     assert default_out({}) == DEFAULT_OUT == "stallscope-runs"
     assert default_out({"STALLSCOPE_OUT": "/runs"}) == "/runs"
+
+
+def test_weighted_median_is_the_median_of_the_values_repeated() -> None:
+    """A row of n short steps counts n times (store/db.py): the weighted median must be what
+    median() gives on the values repeated, odd and even totals alike."""
+    rng = random.Random(7)
+    for trial in range(300):
+        pairs = [(rng.choice([rng.uniform(0, 9), 1.0, 2.0]), rng.randint(0, 5))
+                 for _ in range(rng.randint(1, 12))]
+        flat = [v for v, w in pairs for _ in range(w)]
+        got = weighted_median(pairs)
+        if flat:
+            assert got == pytest.approx(median(flat)), (trial, pairs)
+        else:
+            assert math.isnan(got)
+    assert weighted_median([(5.0, 1), (1.0, 1)]) == 3.0
+    assert weighted_median([(5.0, 3), (1.0, 1)]) == 5.0
+    assert math.isnan(weighted_median([]))

@@ -89,13 +89,14 @@ def test_step_blocks_store_the_same_rows_as_step_rows(tmp_path: Path) -> None:
 
     n = BLOCK_ROWS + 7
     raw = [(i, 0.25 + i * 1e-3, 1e-4 * (i % 5), 2e-3, 32 if i % 3 else None, i // 100,
-            0.5e-3 if i % 7 == 0 else None, None) for i in range(n)]
+            0.5e-3 if i % 7 == 0 else None, None, 1 + i % 4) for i in range(n)]
     a, b = RunStore(tmp_path / "a.db"), RunStore(tmp_path / "b.db")
     assert a.add_step_block(3, 1000.0, raw) == n
-    b.add_steps([StepRow(3, s, 1000.0 + t, w, h, h2d_s=c, samples=k, epoch=e)
-                 for s, t, w, h, k, e, c, _ in raw])
+    b.add_steps([StepRow(3, s, 1000.0 + t, w, h, h2d_s=c, samples=k, epoch=e, n=m)
+                 for s, t, w, h, k, e, c, _, m in raw])
     assert a.steps(rank=3) == b.steps(rank=3)
     assert len(a.steps(rank=3)) == n and a.steps(rank=3)[9].samples is None
+    assert [r.n for r in a.steps(rank=3)[:5]] == [1, 2, 3, 4, 1]
 
 
 def test_each_source_turns_its_payload_into_vocabulary_points() -> None:
@@ -389,9 +390,10 @@ CREATE TABLE IF NOT EXISTS probes(
 """
 
 
-def _first_release_store(path: Path, *, with_comm: bool) -> None:
+def _first_release_store(path: Path, *, with_comm: bool, version: int = 0) -> None:
     """A finished run.db of the previous release, with rows in every table (``with_comm``: as the
-    release that added ``steps.comm_s`` by ALTER TABLE left it, one step with a comm_s)."""
+    release that added ``steps.comm_s`` by ALTER TABLE left it, one step with a comm_s;
+    ``version`` 2: as schema version 2 wrote it, comm_s always there, one step a row)."""
     import sqlite3
 
     db = sqlite3.connect(path)
@@ -416,6 +418,10 @@ def _first_release_store(path: Path, *, with_comm: bool) -> None:
             db.execute("UPDATE steps SET comm_s=0.005 WHERE step=2")
         db.execute("INSERT INTO probes VALUES(0, 4242, ?, 3, 0, 123.0)",
                    (json.dumps({"num_workers": 4}),))
+        if version:
+            db.execute("UPDATE info SET value=? WHERE key='schema_version'", (str(version),))
+    if version:
+        db.execute(f"PRAGMA user_version = {int(version)}")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("PRAGMA journal_mode=DELETE")  # finished: one self-contained file
     db.close()
@@ -446,14 +452,14 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
     from stallscope.store import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
     st.close()
     assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
-    assert "comm_s" in _columns(tmp_path / "run.db", "steps")
+    assert {"comm_s", "n"} <= set(_columns(tmp_path / "run.db", "steps"))
     db = sqlite3.connect(tmp_path / "run.db")
-    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("2",)
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("3",)
     db.close()
     # opened again by a writer (the probe's writer, the attach mirror): nothing to migrate
     st = RunStore(tmp_path / "run.db")
@@ -462,23 +468,27 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
     st.close()
 
 
-@pytest.mark.parametrize("with_comm", [False, True], ids=["first-release", "with-comm_s"])
-def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_comm: bool) -> None:
-    """A run.db written by the previous release (its exact DDL, user_version 0) reads as it is
-    read-only, without a write, and is migrated in place by a writer: the missing comm_s added,
-    the version set, every old row kept, new steps with comm_s accepted."""
+@pytest.mark.parametrize(("with_comm", "version"), [(False, 0), (True, 0), (True, 2)],
+                         ids=["first-release", "with-comm_s", "version-2"])
+def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_comm: bool,
+                                                        version: int) -> None:
+    """A run.db written by an earlier release (its exact DDL, user_version 0, or 2: comm_s, one
+    step a row) reads as it is read-only, without a write (every row one step), and is migrated
+    in place by a writer: the missing comm_s and n added, the version set, every old row kept
+    (one step each), new steps with comm_s and rows of several steps accepted."""
     import hashlib
 
     from stallscope.store import SCHEMA_VERSION
 
     path = tmp_path / "run.db"
-    _first_release_store(path, with_comm=with_comm)
+    _first_release_store(path, with_comm=with_comm, version=version)
     before = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert _pragma(path, "user_version") == 0
+    assert _pragma(path, "user_version") == version
 
     ro = RunStore(path, readonly=True)
     steps = ro.steps()
     assert [s.step for s in steps] == [0, 1, 2]
+    assert [s.n for s in steps] == [1, 1, 1]
     assert [s.comm_s for s in steps] == ([None, None, 0.005] if with_comm else [None] * 3)
     assert ro.read("gpu.util_pct")[0].v == [20.0, 40.0, 41.0, 42.0]
     ro.close()
@@ -487,7 +497,7 @@ def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_com
 
     st = RunStore(path)
     assert _pragma(path, "user_version") == SCHEMA_VERSION
-    assert _columns(path, "steps")[-1] == "comm_s"
+    assert _columns(path, "steps")[-2:] == ["comm_s", "n"]
     assert st.db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == (
         str(SCHEMA_VERSION),)
     # the old rows, every table
@@ -497,18 +507,20 @@ def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_com
     assert [e["message"] for e in st.events()] == ["no /proc"]
     assert [(p["rank"], p["pid"], p["config"]) for p in st.probes()] == [
         (0, 4242, {"num_workers": 4})]
-    assert st.steps()[0] == StepRow(0, 0, 100.0, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0, None)
-    # new rows, comm_s included, through both ways the probe writes
+    assert st.steps()[0] == StepRow(0, 0, 100.0, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0, None, 1)
+    # new rows, comm_s and several steps a row included, through both ways the probe writes
     st.add_steps([StepRow(1, 0, 200.0, 0.02, 0.05, comm_s=0.01)])
-    st.add_step_block(0, 100.0, [(3, 3.0, 0.01, 0.04, 32, 0, None, None)])
+    st.add_step_block(0, 100.0, [(3, 3.0, 0.01, 0.04, 32, 0, None, None, 1),
+                                 (9, 4.0, 0.06, 0.24, 192, 0, None, None, 6)])
     st.add_points(123.0, [Point("gpu.util_pct", "gpu0", 43.0)])
     assert st.integrity_ok() and st.skipped == {}
     st.close()
 
     again = RunStore(path, readonly=True)
     rows = {(s.rank, s.step): s for s in again.steps()}
-    assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 9), (1, 0)]
     assert rows[(1, 0)].comm_s == 0.01 and rows[(0, 3)].comm_s is None
+    assert rows[(0, 9)].n == 6 and rows[(0, 9)].samples == 192 and rows[(0, 3)].n == 1
     assert rows[(0, 2)].comm_s == (0.005 if with_comm else None)
     assert again.read("gpu.util_pct")[0].v[-1] == 43.0
     again.close()

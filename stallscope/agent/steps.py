@@ -39,7 +39,7 @@ from typing import Any
 
 from stallscope.errors import RunNotFound
 from stallscope.sources.owner import OWNER_KEYS, read_owner
-from stallscope.store.db import comm_column, step_ranks, steps_after
+from stallscope.store.db import comm_column, n_column, step_ranks, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
@@ -287,17 +287,18 @@ class StepFollower:
         try:  # a run.db from before communication time has no comm_s
             where, args = steps_after({r: t.last_step for r, t in f.ranks.items()},
                                       step_ranks(f.conn))
-            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)} "
-                 f"FROM steps WHERE ({_ROW_OK})" + (f" AND ({where})" if where else "")
+            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)}, "
+                 f"{n_column(f.conn)} FROM steps WHERE ({_ROW_OK})"
+                 + (f" AND ({where})" if where else "")
                  + " ORDER BY rank, step")
             rows = f.conn.execute(q, args).fetchall()
         except sqlite3.Error:
             return  # no steps table yet, or busy: the next scrape tries again
-        for rank, step, ts, wait_s, host_s, samples, comm_s in rows:
+        for rank, step, ts, wait_s, host_s, samples, comm_s, n in rows:
             t = f.ranks.get(rank)
             if t is None:
                 t = f.ranks[rank] = RankTotals()
-            t.steps += 1
+            t.steps += n if isinstance(n, int) and n >= 1 else 1
             t.wait_s += wait_s
             t.step_s += wait_s + host_s
             if isinstance(samples, int) and samples > 0:

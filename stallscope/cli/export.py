@@ -33,7 +33,7 @@ POINT_COLUMNS = {"time": "str", "t_s": "float", "metric": "str", "entity": "str"
                  "role": "str", "process": "str", "value": "float"}
 STEP_COLUMNS = {"rank": "int", "step": "int", "time": "str", "t_s": "float", "wait_s": "float",
                 "host_s": "float", "h2d_s": "float", "gpu_busy_s": "float",
-                "gpu_idle_s": "float", "samples": "int", "epoch": "int"}
+                "gpu_idle_s": "float", "samples": "int", "epoch": "int", "n": "int"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,7 +95,7 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
         rows = [(r.rank, r.step, clock.iso(r.ts), clock.since(r.ts), tidy(r.wait_s),
                  tidy(r.host_s), *(None if x is None else tidy(x)
                                    for x in (r.h2d_s, r.gpu_busy_s, r.gpu_idle_s)),
-                 r.samples, r.epoch) for r in data.steps]
+                 r.samples, r.epoch, r.n) for r in data.steps]
         return STEP_COLUMNS, rows
     roles = data.roles()
     keyed: list[tuple[float, str, str, tuple[Any, ...]]] = []

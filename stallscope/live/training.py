@@ -26,7 +26,7 @@ from stallscope.errors import StallscopeError
 from stallscope.sources.stacks.aggregate import RecordTail, phase_seconds, stacks_dir
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.sources.straggler import StragglerWatch
-from stallscope.store.db import comm_column
+from stallscope.store.db import comm_column, n_column
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -116,7 +116,8 @@ class TrainingWatch:
         self._label = ""  #: the run id, and whose run it is
         self._db: sqlite3.Connection | None = None
         self._last: dict[int, int] = {}  # rank -> last step read
-        self._recent: deque[tuple[float, float, float, int]] = deque()  # ts, wait, host, n
+        #: ts, wait, host, samples, steps (of each row read)
+        self._recent: deque[tuple[float, float, float, int, int]] = deque()
         self._total = 0
         self._next_find = 0.0
         self._verdict: tuple[str, str, float] | None = None
@@ -238,28 +239,29 @@ class TrainingWatch:
         assert self._db is not None
         rows: list[tuple[Any, ...]] = []
         try:
-            comm = comm_column(self._db)
+            comm, nc = comm_column(self._db), n_column(self._db)
             ranks = [r for (r,) in self._db.execute("SELECT rank FROM probes")]
             for rank in ranks:
                 rows += self._db.execute(
-                    f"SELECT rank, step, ts, wait_s, host_s, samples, {comm} FROM steps "
+                    f"SELECT rank, step, ts, wait_s, host_s, samples, {comm}, {nc} FROM steps "
                     "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
                     (rank, self._last.get(rank, -1))).fetchall()
         except sqlite3.Error:
             return  # the writer holds a lock, or the run is being removed: next frame
         timed: dict[int, list[float]] = {}  # rank -> [wall, comm, steps] of this frame's steps
-        for rank, step, ts, wait, host, n, c in rows:
+        for rank, step, ts, wait, host, n, c, k in rows:
             if not all(isinstance(v, (int, float)) for v in (step, ts, wait, host)):
                 continue
+            k = k if isinstance(k, int) and k >= 1 else 1  # steps the row covers
             if isinstance(c, float):
                 acc = timed.setdefault(rank, [0.0, 0.0, 0.0])
                 acc[0] += wait + host
                 acc[1] += c
-                acc[2] += 1
+                acc[2] += k
             self._last[rank] = max(self._last.get(rank, -1), int(step))
             self._recent.append((float(ts), float(wait), float(host),
-                                 int(n) if isinstance(n, int) else 0))
-            self._total += 1
+                                 int(n) if isinstance(n, int) else 0, k))
+            self._total += k
         self._ranks = len(self._last)
         shares = {r: a[1] / a[0] for r, a in timed.items() if a[2] >= 2 and a[0] > 0}
         if len(shares) >= 2:
@@ -296,7 +298,7 @@ class TrainingWatch:
             v.wait_share = waited / busy if busy > 0 else None
             span = max(now - recent[0][0], 1e-3)
             ranks = max(1, self._ranks)
-            v.steps_s = len(recent) / span / ranks
+            v.steps_s = sum(r[4] for r in recent) / span / ranks
             n = sum(r[3] for r in recent)
             v.samples_s = n / span if n else None
             v.last_step_age_s = max(0.0, now - recent[-1][0])

@@ -17,15 +17,36 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from stallscope.probe.device import DeviceMarks, EventLike
 
-__all__ = ["DEFAULT_CAPACITY", "RawStep", "StepBuffer", "StepRecord", "StepState"]
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "GROUP_S",
+    "SIZE_EVERY",
+    "RawStep",
+    "StepBuffer",
+    "StepRecord",
+    "StepState",
+]
 
-#: steps the buffer holds between flushes before records are dropped (about 1 min at 1 kHz)
+#: step records the buffer holds between flushes before records are dropped (about 1 min at
+#: 1 kHz)
 DEFAULT_CAPACITY = 65536
+#: steps shorter than this are summed, consecutive ones, into records that span at least it
+#: (a step this long or longer is a record of its own): the writer's cost per record (3-4 us
+#: under the trainer's interpreter lock) then stays a small share of any step
+#: (benchmarks/bench_probe_cuda.py). ``$STALLSCOPE_GROUP_MS`` changes it; 0: a record a step
+GROUP_S = 1e-3
+#: in a record of several steps, one batch in this many is counted (dim 0 of its first tensor
+#: costs ~0.3 us, 0.6% of a 50-us step) and the others taken at the counted ones' mean; the
+#: record's first batch and the epoch's last are always counted
+SIZE_EVERY = 8
 
 
 class StepRecord(NamedTuple):
-    """One step as an adapter measured it. Hot paths hand over a :data:`RawStep` tuple in this
-    field order instead (cheaper to build); the writer thread makes the typed record."""
+    """One step as an adapter measured it, or ``n`` consecutive short steps summed (then
+    ``step`` is the last one's number, ``t_got`` the first one's request plus their waits, and
+    ``wait_s``, ``host_s``, ``samples`` and ``h2d_host_s`` their sums). Hot paths hand over a
+    :data:`RawStep` tuple in this field order instead (cheaper to build); the writer thread
+    makes the typed record."""
 
     step: int  #: step number within this recorder (0, 1, ...)
     t_got: float  #: ``time.perf_counter()`` when the batch was handed to the step
@@ -35,10 +56,11 @@ class StepRecord(NamedTuple):
     epoch: int  #: which pass over the data
     h2d_host_s: float | None  #: host-timed copy to the device, when the adapter timed one
     gpu: DeviceMarks | None  #: device markers, opaque to the adapter (read by the writer)
+    n: int = 1  #: steps the record covers (device-timed steps are always alone)
 
 
 #: what the training thread hands over: a bare tuple in :class:`StepRecord`'s field order
-RawStep = tuple[int, float, float, float, "int | None", int, "float | None", Any]
+RawStep = tuple[int, float, float, float, "int | None", int, "float | None", Any, int]
 
 
 class StepBuffer:

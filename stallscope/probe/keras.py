@@ -357,7 +357,7 @@ class TimedTrainFunction:
             last = st.last_end if st.last_end is not None else t0
             p.buffer.push((st.step + 1, t0, max(0.0, t0 - last), t1 - t0,
                            hooks.samples if hooks is not None else None,
-                           hooks.epoch if hooks is not None else 0, None, None))
+                           hooks.epoch if hooks is not None else 0, None, None, 1))
             st.step += 1
             st.last_end = t1
             if p.alerts.due:
@@ -402,7 +402,8 @@ class TimedTrainFunction:
             if t_next > end:
                 t_next = end
             cur = st.step = st.step + 1
-            rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None)
+            rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None,
+                   1)
             if len(queue) < cap:
                 queue.append(rec)
             else:

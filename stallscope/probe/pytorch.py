@@ -113,13 +113,14 @@ class Probe(Recorder):
         collect_interval: float | None = None,
         events: Callable[[], EventLike] | None = None,
         register_atexit: bool = True,
+        group_s: float | None = None,
     ) -> None:
         timer: DeviceTimer | None = (EventTimer(events, "CUDA") if events is not None
                                      else CudaTimer.detect())
         super().__init__(rank=detect_rank() if rank is None else rank, run_dir=run_dir,
                          capacity=capacity, flush_interval=flush_interval,
                          collect_interval=collect_interval, timer=timer,
-                         register_atexit=register_atexit)
+                         register_atexit=register_atexit, group_s=group_s)
 
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
         return loader_config(loader)

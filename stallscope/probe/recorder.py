@@ -41,7 +41,7 @@ from stallscope.probe.buffer import DEFAULT_CAPACITY, RawStep, StepBuffer, StepR
 from stallscope.probe.callbacks import AlertQueue
 from stallscope.probe.device import DeviceClock, DeviceTimer, EventLike, EventTimer
 from stallscope.probe.notices import Notices, warn
-from stallscope.probe.standalone import env_int, interval_from_env
+from stallscope.probe.standalone import env_int, group_from_env, interval_from_env
 from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S, StepWriter
 from stallscope.sources.comm import CLOCK as COMM
 from stallscope.sources.comm import install_if_distributed
@@ -128,11 +128,16 @@ class Recorder:
         collect_interval: float | None = None,
         timer: DeviceTimer | None = None,
         register_atexit: bool = True,
+        group_s: float | None = None,
     ) -> None:
         self.pid = os.getpid()
         self.rank = env_rank() if rank is None else int(rank)
         self.active = True
         self.closed = False
+        #: steps shorter than this are summed into records spanning at least it (watched
+        #: loaders; :data:`~stallscope.probe.buffer.GROUP_S`, ``$STALLSCOPE_GROUP_MS``; 0: a
+        #: record a step)
+        self.group_s = group_from_env() if group_s is None else max(0.0, float(group_s))
         #: the two clocks at the start: wall time of a perf_counter reading (:meth:`wall`)
         self.perf0 = time.perf_counter()
         self.wall0 = time.time()
@@ -221,7 +226,7 @@ class Recorder:
         if h2d_s is not None:
             h = h2d_s if h is None else h + h2d_s
         self.buffer.push((n, t_got, wait_s, host_s, samples,
-                          max(st.epoch, 0) if epoch is None else epoch, h, None))
+                          max(st.epoch, 0) if epoch is None else epoch, h, None, 1))
         if self.alerts.due:
             self.run_due()
         return n
@@ -404,7 +409,7 @@ class StepTimer:
                 p.device.record_failed(exc)
         p.take_comm(self._step)
         p.buffer.push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
-                       self._epoch if self._epoch is not None else 0, h2d, gpu))
+                       self._epoch if self._epoch is not None else 0, h2d, gpu, 1))
         if p.alerts.due:
             p.run_due()
 

@@ -60,6 +60,25 @@ def interval_from_env() -> float:
     return DEFAULT_COLLECT_S
 
 
+def group_from_env() -> float:
+    """``$STALLSCOPE_GROUP_MS`` as seconds (0: a step record per step), else
+    :data:`~stallscope.probe.buffer.GROUP_S` (said once if bad)."""
+    from stallscope.probe.buffer import GROUP_S
+
+    v = os.environ.get("STALLSCOPE_GROUP_MS")
+    if not v:
+        return GROUP_S
+    try:
+        f = float(v)
+        if 0 <= f <= 60_000:
+            return f / 1000.0
+    except ValueError:
+        pass
+    warn(f"STALLSCOPE_GROUP_MS={v!r} is not a number of milliseconds from 0 to 60000; using "
+         f"{GROUP_S * 1000:g}")
+    return GROUP_S
+
+
 def default_label() -> str:
     """The run's name: the training script's (``train`` for ``python train.py``)."""
     return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"

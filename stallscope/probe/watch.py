@@ -5,7 +5,10 @@ and the step's own host time, the sample count, and device markers when the reco
 clock is ready. Its hot loop talks to the recorder through the small public state made for it
 (:class:`~stallscope.probe.buffer.StepState`, :class:`~stallscope.probe.buffer.StepBuffer`,
 :class:`~stallscope.probe.device.DeviceClock`, the alert queue), bound once per epoch: two
-``perf_counter`` reads and one tuple appended per step.
+``perf_counter`` reads per step, and one tuple appended per record. A step at least
+:data:`~stallscope.probe.buffer.GROUP_S` long is a record of its own; shorter ones are summed
+into records that span it (the writer's cost per record would otherwise be a large share of a
+short step), with one batch in :data:`~stallscope.probe.buffer.SIZE_EVERY` counted.
 
 :func:`watch` picks which adapter's recorder times a loader (:class:`Adapter`): each framework's
 adapter registers itself when imported (:mod:`stallscope.probe` imports them all); the one that
@@ -20,6 +23,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from stallscope.probe.buffer import SIZE_EVERY, StepBuffer
 from stallscope.probe.device import timing_every
 from stallscope.probe.loaders import sizer_for
 from stallscope.probe.notices import warn
@@ -94,20 +98,22 @@ class Watched(Generic[T]):
 
     def _steps(self, p: Recorder, it: Iterator[T], epoch: int, gpu: bool, t_req: float,
                t_start: float) -> Iterator[T]:
-        """The epoch's step loop (see the module docstring)."""
+        """The epoch's step loop (see the module docstring): a step at least the recorder's
+        ``group_s`` long is a record of its own, and so are the epoch's first step and each
+        device-timed one; shorter steps are summed, a record per ``group_s``."""
         perf = time.perf_counter
-        tuner = self.tuner
         state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device  # bound per epoch
-        comm, comm_of = COMM, p.comm_of
-        queue, timed_q, cap, event = buf.queue, buf.timed, buf.capacity, dev.event
+        comm, comm_of, group_s, every = COMM, p.comm_of, p.group_s, SIZE_EVERY
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
         cur = first = state.step
-        nsamples, open_step = 0, False
-        t_got = wait = waited = first_wait = 0.0
-        n: int | None = None
-        ev0: Any = None
-        pairs, timed = Pairs(perf(), cur), False  # which steps the device times (device.py)
+        nsamples, open_step, timed, counted, lone = 0, False, False, False, True
+        t_got = waited = first_wait = 0.0
+        ev0 = marks = batch = None
+        pairs = Pairs(perf(), cur)  # which steps the device times (device.py)
+        # the record under way: its start, steps, data waits, host times, host-timed copies,
+        # collectives, and the batches counted (g_k, with g_s samples)
+        g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = t_req, 0, 0.0, 0.0, None, None, 0, 0
         try:
             while True:
                 try:
@@ -115,63 +121,151 @@ class Watched(Generic[T]):
                 except StopIteration:
                     break
                 t_got = perf()
-                cur = state.step = state.step + 1
+                cur = state.step = cur + 1
                 if maybe_gpu and dev.ready():
                     gpu, maybe_gpu = True, False
-                timed = gpu and pairs.due()
-                if timed:
-                    try:
-                        ev0 = event()
-                        ev0.record()
-                    except Exception as exc:  # device trouble is the trainer's to report
-                        gpu = maybe_gpu = timed = False
-                        dev.record_failed(exc)
-                try:  # (a try costs nothing in CPython 3.11+ until something raises)
-                    if sizer is None:
-                        sizer = sizer_for(batch)
-                    n = sizer(batch)
-                except Exception:  # an odd batch: no sample count, never an error
-                    n = None
+                if gpu and pairs.due():
+                    if g_n:  # a device-timed step is a record of its own: end the one under way
+                        nsamples += _record(buf, cur - 1, g_t0, g_n, g_wait, g_host, g_k, g_s,
+                                            epoch, g_h2d, None, g_comm, comm_of)
+                        waited += g_wait
+                        g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = (
+                            t_req, 0, 0.0, 0.0, None, None, 0, 0)
+                    ev0 = _mark(dev)
+                    timed = ev0 is not None
+                    gpu = maybe_gpu = timed  # a failed record turns device timing off
+                counted = not g_n % every  # one batch in SIZE_EVERY of a record
+                if counted:
+                    sizer, k = _count(batch, sizer)
+                    if k is not None:
+                        g_k, g_s = g_k + 1, g_s + k
                 wait = t_got - t_req
                 first_wait = first_wait or wait  # the workers' start-up, for the autotune
-                waited += wait
-                nsamples += n or 0
+                g_wait += wait
                 open_step = True
                 yield batch
                 t_req = perf()
                 open_step = False
-                h2d, state.h2d_s = state.h2d_s, None
-                g: Any = None
-                if gpu and not timed and state.h2d_events is not None:
-                    pairs.drop_copies(state, dev)
-                if timed and gpu:
-                    try:
-                        ev1 = event()
-                        ev1.record()
-                        g = (ev0, ev1, state.take_h2d()[1])
-                    except Exception as exc:
-                        gpu = maybe_gpu = False
-                        dev.record_failed(exc)
+                g_host += t_req - t_got
+                g_n += 1
+                if state.h2d_s is not None:
+                    g_h2d, state.h2d_s = state.h2d_s + (g_h2d or 0.0), None
+                if comm.used and (c := comm.take()) is not None:
+                    g_comm = c + (g_comm or 0.0)  # collectives (sources/comm.py)
+                if timed:
+                    marks = _end_marks(dev, state, ev0)
+                    gpu = maybe_gpu = marks is not None
                     pairs.timed(t_req, cur)
-                if comm.used and (c := comm.take()) is not None and len(queue) < cap:
-                    comm_of[cur] = c  # collectives (sources/comm.py); a dropped step's: none
-                if len(queue) < cap:  # a RawStep: StepRecord's fields in a bare tuple
-                    (queue if g is None else timed_q).append(
-                        (cur, t_got, wait, t_req - t_got, n, epoch, h2d, g))
-                else:
-                    buf.dropped += 1
-                if due:  # alerts for callbacks (stallscope.on_alert): run them between steps
-                    p.run_due()
-                    t_req = perf()
+                elif gpu and state.h2d_events is not None:
+                    pairs.drop_copies(state, dev)
+                if timed or lone or due or t_req - g_t0 >= group_s:
+                    nsamples += _record(buf, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch,
+                                        g_h2d, marks, g_comm, comm_of)
+                    waited += g_wait
+                    timed = lone = False
+                    marks = None
+                    if due:  # alerts for callbacks (stallscope.on_alert): run them between steps
+                        p.run_due()
+                        t_req = perf()
+                    g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = (
+                        t_req, 0, 0.0, 0.0, None, None, 0, 0)
         finally:
-            if open_step:  # the loop body broke out or raised: the step ends now
-                _end_step_now(p, cur, t_got, wait, n, epoch, ev0 if gpu and timed else None)
-            state.last_end = end = perf()
-            if tuner is not None:
-                _tuner_call(p, lambda: tuner.after_epoch(cur - first, end - t_start, waited,
-                                                         nsamples, first_wait))
-                p.update_config({"autotune": tuner.summary()})
-            p.epoch_done()
+            if g_n or open_step:
+                s, w = _last_record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, g_h2d,
+                                    g_comm, t_got, open_step, ev0 if timed and gpu else None,
+                                    None if counted else sizer, batch)
+                nsamples, waited = nsamples + s, waited + w
+            self._epoch_end(p, cur - first, t_start, waited, nsamples, first_wait)
+
+    def _epoch_end(self, p: Recorder, steps: int, t_start: float, waited: float, samples: int,
+                   first_wait: float) -> None:
+        """The epoch ended (or the loop left it): when, the autotune's turn, a flush soon."""
+        p.state.last_end = end = time.perf_counter()
+        tuner = self.tuner
+        if tuner is not None:
+            _tuner_call(p, lambda: tuner.after_epoch(steps, end - t_start, waited, samples,
+                                                     first_wait))
+            p.update_config({"autotune": tuner.summary()})
+        p.epoch_done()
+
+
+def _count(batch: Any, sizer: Callable[[Any], int | None] | None
+           ) -> tuple[Callable[[Any], int | None] | None, int | None]:
+    """(the loader's sizer, decided on its first batch; ``batch``'s samples, None when they
+    cannot be counted: an odd batch is never an error)."""
+    try:
+        if sizer is None:
+            sizer = sizer_for(batch)
+        return sizer, sizer(batch)
+    except Exception:
+        return sizer, None
+
+
+def _mark(dev: Any) -> Any:
+    """A device event recorded now (the start of a timed step); None when recording failed
+    (said once; device timing is then off)."""
+    try:
+        ev = dev.event()
+        ev.record()
+        return ev
+    except Exception as exc:  # device trouble is the trainer's to report
+        dev.record_failed(exc)
+        return None
+
+
+def _end_marks(dev: Any, state: Any, ev0: Any) -> Any:
+    """A timed step's device marks (start, end, its timed copies), its end recorded now; None
+    when recording failed."""
+    ev1 = _mark(dev)
+    return None if ev1 is None else (ev0, ev1, state.take_h2d()[1])
+
+
+def _last_record(p: Recorder, cur: int, t0: float, n: int, wait: float, host: float, k: int,
+                 s: int, epoch: int, h2d: float | None, comm: float | None, t_got: float,
+                 open_step: bool, ev0: Any, sizer: Callable[[Any], int | None] | None,
+                 batch: Any) -> tuple[int, float]:
+    """The epoch's last record, (its samples, its data wait). ``open_step``: the loop body
+    broke out or raised, and that step ends now; else ``sizer`` (when the last batch was not
+    counted) counts the epoch's last batch, often a short one, as it is."""
+    marks = None
+    try:
+        if open_step:
+            host += time.perf_counter() - t_got
+            n += 1
+            h, evs = p.state.take_h2d()
+            if h is not None:
+                h2d = h + (h2d or 0.0)
+            if COMM.used and (c := COMM.take()) is not None:
+                comm = c + (comm or 0.0)
+            if ev0 is not None and (ev1 := _mark(p.device)) is not None:
+                marks = (ev0, ev1, evs)
+        elif sizer is not None and k:
+            last = sizer(batch)
+            if last is not None:
+                s, k = round(s * (n - 1) / k) + last, n
+        return _record(p.buffer, cur, t0, n, wait, host, k, s, epoch, h2d, marks, comm,
+                       p.comm_of), wait
+    except Exception as exc:
+        warn(f"probe could not record the last steps: {exc!r}")
+        return 0, 0.0
+
+
+def _record(buf: StepBuffer, step: int, t0: float, n: int, wait: float, host: float, k: int,
+            s: int, epoch: int, h2d: float | None, marks: Any, comm: float | None,
+            comm_of: dict[int, float]) -> int:
+    """Hand over the record of ``n`` steps up to ``step`` that began at ``t0`` (``k`` of their
+    batches counted, ``s`` samples in those; ``marks``: a device-timed step's events); returns
+    its sample count. A full buffer drops it and counts its steps."""
+    samples = (s if k >= n else round(s * n / k)) if k else None
+    queue = buf.queue
+    if len(queue) < buf.capacity:  # a RawStep: StepRecord's fields in a bare tuple
+        (queue if marks is None else buf.timed).append(
+            (step, t0 + wait, wait, host, samples, epoch, h2d, marks, n))
+        if comm is not None:
+            comm_of[step] = comm
+    else:
+        buf.dropped += n
+    return samples or 0
 
 
 class Pairs:
@@ -216,24 +310,6 @@ def _tuner_call(p: Recorder, fn: Callable[[], None]) -> None:
         fn()
     except Exception as exc:
         p.notices.say("autotune", f"loader autotune stopped: {exc!r}")
-
-
-def _end_step_now(p: Recorder, cur: int, t_got: float, wait: float, n: int | None, epoch: int,
-                  ev0: Any) -> None:
-    """Record the step a watched loop left under way (``ev0``: its start event, when timed on
-    the device): it ends now."""
-    t_end = time.perf_counter()
-    try:
-        h2d, h2d_evs = p.state.take_h2d()
-        p.take_comm(cur)
-        g = None
-        if ev0 is not None:
-            ev1 = p.device.event()
-            ev1.record()
-            g = (ev0, ev1, h2d_evs)
-        p.buffer.push((cur, t_got, wait, t_end - t_got, n, epoch, h2d, g))
-    except Exception as exc:
-        warn(f"probe could not record the last step: {exc!r}")
 
 
 # --- which adapter watches a loader --------------------------------------------------------------

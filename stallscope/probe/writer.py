@@ -35,6 +35,7 @@ __all__ = ["CLOSE_WAIT_S", "DEFAULT_FLUSH_S", "StepWriter"]
 
 #: a RawStep's wait_s, host_s and device marks (C-level getters: no Python call per row)
 _WAIT, _HOST, _GPU = operator.itemgetter(2), operator.itemgetter(3), operator.itemgetter(7)
+_N = operator.itemgetter(8)
 
 #: seconds between writes of the buffer to the run store
 DEFAULT_FLUSH_S = 1.0
@@ -47,8 +48,9 @@ class StepWriter:
     device clock, notices, configuration) and never writes the training thread's.
 
     ``run_dir`` None means a standalone run of its own, made when the thread starts;
-    ``written``, ``lost`` (rows that could not be written) and ``gpu_unread`` (steps whose device
-    events never completed in time) are its counters."""
+    ``written``, ``lost`` (steps whose records could not be written) and ``gpu_unread`` (steps
+    whose device events never completed in time) are its counters, in steps (a record may hold
+    several: :data:`~stallscope.probe.buffer.GROUP_S`)."""
 
     def __init__(self, rec: Recorder, run_dir: Path | None, *, flush_interval: float,
                  collect_interval: float) -> None:
@@ -157,30 +159,33 @@ class StepWriter:
             for r in plain:
                 if (c := comm_of.pop(r[0], None)) is not None:
                     values.append((rank, r[0], base + r[1], r[2], r[3], r[6], None, None, r[4],
-                                   r[5], c))
+                                   r[5], c, r[8]))
                 else:
                     rest.append(r)
             plain = rest
         values.extend(self._gpu_rows(final))
         sums = self.sums
         wait_sum = math.fsum(map(_WAIT, plain))
-        sums[0] += len(plain)
+        steps = sum(map(_N, plain))
+        sums[0] += steps
         sums[1] += wait_sum
         sums[2] += wait_sum + math.fsum(map(_HOST, plain))
         for row in values:
-            sums[0] += 1
+            steps += row[11]
+            sums[0] += row[11]
             sums[1] += row[3]
             sums[2] += row[3] + row[4]
             if row[10] is not None:
-                sums[3] += 1
+                sums[3] += row[11]
                 sums[4] += row[10]
         if self.store is None:
-            self.lost += len(plain) + len(values)
+            self.lost += steps
             return 0
-        return self._write(self.store, plain, values, rec.buffer.dropped, final)
+        return self._write(self.store, plain, values, steps, rec.buffer.dropped, final)
 
-    def _write(self, store: RunStore, plain: list[RawStep], rows: list[StepValues],
+    def _write(self, store: RunStore, plain: list[RawStep], rows: list[StepValues], steps: int,
                dropped_now: int, final: bool) -> int:
+        """Write the records (``steps`` steps in all); returns how many records."""
         rec = self._rec
         n = len(plain) + len(rows)
         try:
@@ -188,7 +193,7 @@ class StepWriter:
                 store.add_step_block(rec.rank, rec.wall0 - rec.perf0, plain)
             if rows:
                 store.add_step_values(rows)
-            self.written += n
+            self.written += steps
             notes = rec.notices.unsent
             while notes:
                 ts, note = notes.pop(0)
@@ -206,7 +211,7 @@ class StepWriter:
                 self._said_drop = dropped_now
             store.set_probe(rec.rank, rec.pid, rec.stored_config(), self.written, dropped_now)
         except Exception as exc:  # disk full, locked too long, read-only: count, say once
-            self.lost += n
+            self.lost += steps
             rec.notices.say("write", f"cannot write step records to {self.run_dir}: {exc}; "
                             "training continues")
             return 0
@@ -259,7 +264,7 @@ class StepWriter:
             comm_of = self._rec.comm_of
             out.append((rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s, h2d,
                         busy, idle, r.samples, r.epoch,
-                        comm_of.pop(r.step, None) if comm_of else None))
+                        comm_of.pop(r.step, None) if comm_of else None, r.n))
         return out
 
     # --- shutdown --------------------------------------------------------------------------------

@@ -16,7 +16,12 @@ Layout:
 ``events(ts, source, kind, message)``
     things said once: a source unavailable, a GPU lost, a probe buffer overflow.
 ``steps(rank, step, ...)``
-    per training step timings written by the in-trainer probe.
+    per training step timings written by the in-trainer probe. A row covers ``n`` consecutive
+    steps (1: one step, ``step`` its number); steps shorter than the probe's
+    :data:`~stallscope.probe.buffer.GROUP_S` are written ``n`` to a row, ``step`` the last of
+    them, ``wait_s``, ``host_s``, ``h2d_s``, ``samples`` and ``comm_s`` their sums, ``ts``
+    the first's start plus their data wait (so ``ts - wait_s`` and ``ts + host_s`` are the
+    rows' ends at any ``n``).
 ``probes(rank, ...)``
     one row per probe (rank): loader configuration, drops.
 
@@ -51,13 +56,14 @@ from stallscope.metrics import Point, lookup
 from stallscope.version import __version__
 
 __all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "StepTuple", "StepValues",
-           "comm_column", "step_ranks", "steps_after"]
+           "comm_column", "n_column", "step_ranks", "steps_after"]
 
 #: the layout of run.db this code writes, kept in ``PRAGMA user_version``. The first release's
 #: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
-#: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there. Bump it
-#: with each change of the layout and teach :func:`_migrate` the step from the previous one.
-SCHEMA_VERSION = 2
+#: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there; 3 adds
+#: ``steps.n`` (steps a row covers, 1 in every older row). Bump it with each change of the
+#: layout and teach :func:`_migrate` the step from the previous one.
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -78,7 +84,7 @@ CREATE TABLE IF NOT EXISTS events(
 CREATE TABLE IF NOT EXISTS steps(
     rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
     wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
-    samples INTEGER, epoch INTEGER, comm_s REAL,
+    samples INTEGER, epoch INTEGER, comm_s REAL, n INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY(rank, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS probes(
     rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
@@ -88,7 +94,9 @@ CREATE TABLE IF NOT EXISTS probes(
 
 @dataclass(frozen=True)
 class StepRow:
-    """One training step as the probe saw it (seconds)."""
+    """One training step as the probe saw it (seconds), or ``n`` consecutive short steps
+    summed (see the module docstring: ``step`` is the last of them; per step, divide by
+    ``n``)."""
 
     rank: int
     step: int
@@ -103,22 +111,36 @@ class StepRow:
     #: host time blocked in collectives (DDP's gradient all-reduce, torch.distributed calls),
     #: part of ``host_s``; None when the step had none (or the probe could not see them)
     comm_s: float | None = None
+    #: how many consecutive steps the row covers (1 but for steps shorter than the probe's
+    #: GROUP_S, summed to a row so the probe's cost stays a small share of a step)
+    n: int = 1
+
+    @property
+    def step_s(self) -> float:
+        """The mean step's wall time (data wait plus host time) of the row's steps."""
+        return (self.wait_s + self.host_s) / self.n
+
+    @property
+    def mean_wait_s(self) -> float:
+        """The mean step's data wait of the row's steps."""
+        return self.wait_s / self.n
 
 
-#: one step as the probe hands it over: (step, clock s, wait_s, host_s, samples, epoch, h2d_s,
-#: anything); ``ts`` is a base plus the clock, the last field is not stored
-StepTuple = tuple[int, float, float, float, "int | None", int, "float | None", Any]
-#: rows bound by one INSERT of :meth:`RunStore.add_step_block` (8 parameters each, under
+#: one step (or ``n`` summed) as the probe hands it over: (step, clock s, wait_s, host_s,
+#: samples, epoch, h2d_s, anything, n); ``ts`` is a base plus the clock, the eighth field is not
+#: stored
+StepTuple = tuple[int, float, float, float, "int | None", int, "float | None", Any, int]
+#: rows bound by one INSERT of :meth:`RunStore.add_step_block` (9 parameters each, under
 #: SQLite's 32,766)
-BLOCK_ROWS = 4000
+BLOCK_ROWS = 3600
 
 
 @functools.lru_cache(maxsize=8)
 def _block_sql(n: int) -> str:
     """An INSERT of ``n`` :data:`StepTuple` rows after two parameters (rank, ts base)."""
-    return ("INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s) "
-            "SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7 "
-            "FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")")
+    return ("INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s, "
+            "n) SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7, "
+            "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")")
 
 
 #: points bound by one INSERT of :meth:`RunStore.add_points`
@@ -133,7 +155,7 @@ def _points_sql(n: int) -> str:
 
 #: one step as a bare tuple in :class:`StepRow`'s field order
 StepValues = tuple[int, int, float, float, float, "float | None", "float | None",
-                   "float | None", "int | None", "int | None", "float | None"]
+                   "float | None", "int | None", "int | None", "float | None", int]
 
 
 @dataclass
@@ -279,7 +301,7 @@ class RunStore:
     def add_steps(self, rows: Iterable[StepRow]) -> int:
         return self.add_step_values([
             (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.h2d_s, r.gpu_busy_s, r.gpu_idle_s,
-             r.samples, r.epoch, r.comm_s)
+             r.samples, r.epoch, r.comm_s, r.n)
             for r in rows
         ])
 
@@ -303,8 +325,8 @@ class RunStore:
         thread builds: no object per step, since it shares the trainer's interpreter)."""
         with self.db:
             self.db.executemany(
-                f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values
+                f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) "
+                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values
             )
         return len(values)
 
@@ -485,7 +507,10 @@ class RunStore:
         # a run.db of the first release opened read-only (not migrated) may lack comm_s
         comm = (f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
                 if comm_column(self.db) == "comm_s" else "NULL")
-        q = f"SELECT {_STEP_COLUMNS}, {comm} FROM steps WHERE {_STEP_OK}"
+        # a row's step count: a run.db before version 3 has one step a row
+        has_n = n_column(self.db) == "n"
+        ok = _STEP_OK + (f" AND {_N_OK}" if has_n else "")
+        q = f"SELECT {_STEP_COLUMNS}, {comm}, {'n' if has_n else '1'} FROM steps WHERE {ok}"
         args: tuple[Any, ...] = ()
         if rank is not None:
             q += " AND rank=?"
@@ -493,7 +518,7 @@ class RunStore:
         out = [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
         if rank is None:
             [(bad,)] = self.db.execute(
-                f"SELECT COUNT(*) FROM steps WHERE NOT ({_STEP_OK})").fetchall()
+                f"SELECT COUNT(*) FROM steps WHERE NOT ({ok})").fetchall()
             self._skip("steps", int(bad))
         return out
 
@@ -563,6 +588,8 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
                 db.execute(statement)
         if comm_column(db) == "NULL":
             db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
+        if n_column(db) == "1":  # version 2 and before: one step a row
+            db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
         if version < SCHEMA_VERSION:
             db.execute("INSERT OR REPLACE INTO info VALUES('schema_version', ?)",
                        (str(SCHEMA_VERSION),))
@@ -578,16 +605,26 @@ _TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
 
 
 def _layout_complete(db: sqlite3.Connection) -> bool:
-    """Every table of the layout is there, ``steps.comm_s`` included (two reads, no write)."""
+    """Every table of the layout is there, ``steps.comm_s`` and ``steps.n`` included (two
+    reads, no write)."""
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    return _TABLES <= tables and comm_column(db) == "comm_s"
+    return _TABLES <= tables and {"comm_s", "n"} <= _step_columns(db)
+
+
+def _step_columns(conn: sqlite3.Connection) -> set[str]:
+    return {r[1] for r in conn.execute("PRAGMA table_info(steps)")}
 
 
 def comm_column(conn: sqlite3.Connection) -> str:
     """``comm_s``, or ``NULL`` for a run.db written before communication time (read-only
     readers do not add the column): what a SELECT of the steps puts in its place."""
-    return "comm_s" if any(r[1] == "comm_s" for r in conn.execute(
-        "PRAGMA table_info(steps)")) else "NULL"
+    return "comm_s" if "comm_s" in _step_columns(conn) else "NULL"
+
+
+def n_column(conn: sqlite3.Connection) -> str:
+    """``n``, or ``1`` for a run.db written before rows of several steps (schema version 3;
+    read-only readers do not add the column): what a SELECT of the steps puts in its place."""
+    return "n" if "n" in _step_columns(conn) else "1"
 
 
 def step_ranks(conn: sqlite3.Connection) -> list[int]:
@@ -654,6 +691,8 @@ _STEP_OK = " AND ".join(
     + [_finite(c) for c in ("ts", "wait_s", "host_s")]
     + [_finite_or_null(c) for c in ("h2d_s", "gpu_busy_s", "gpu_idle_s")]
     + [_int_or_null(c) for c in ("samples", "epoch")])
+#: a row's step count is a whole number of steps, at least one
+_N_OK = "typeof(n) = 'integer' AND n >= 1"
 
 
 def _finite_or_none(v: Any) -> float | None:

@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 from stallscope.errors import StallscopeError
-from stallscope.store.db import RunStore, StepRow, comm_column, step_ranks, steps_after
+from stallscope.store.db import RunStore, StepRow, comm_column, n_column, step_ranks, steps_after
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -86,7 +86,7 @@ class StepMirror:
             return 0
         try:
             where, args = steps_after(self._last, step_ranks(conn))
-            rows = conn.execute(f"SELECT {_COLS}, {comm_column(conn)} FROM steps"
+            rows = conn.execute(f"SELECT {_COLS}, {comm_column(conn)}, {n_column(conn)} FROM steps"
                                 + (f" WHERE {where}" if where else "")
                                 + " ORDER BY rank, step", args).fetchall()
             probes = conn.execute("SELECT rank, pid, config, steps, dropped FROM probes"
@@ -95,7 +95,8 @@ class StepMirror:
             return 0  # no steps table yet, or busy
         good = [StepRow(*r) for r in rows
                 if isinstance(r[0], int) and isinstance(r[1], int)
-                and all(isinstance(x, (int, float)) for x in r[2:5])]
+                and all(isinstance(x, (int, float)) for x in r[2:5])
+                and isinstance(r[11], int) and r[11] >= 1]
         try:
             if good:
                 self.dest.add_steps(good)

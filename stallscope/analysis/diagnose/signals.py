@@ -7,6 +7,7 @@ appear in a finding's evidence, so names carry units.
 from __future__ import annotations
 
 import copy
+import operator
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -53,6 +54,22 @@ def mean(xs: Sequence[float]) -> float | None:
 
 def median(xs: Sequence[float]) -> float | None:
     return stats.median(xs) if xs else None
+
+
+#: a step row's data wait, and its wall time (data wait plus host time)
+_WAIT = operator.attrgetter("wait_s")
+
+
+def _step_wall(s: StepRow) -> float:
+    return s.wait_s + s.host_s
+
+
+def step_median(rows: Sequence[StepRow], value: Any) -> float | None:
+    """The median step's ``value(row)`` in ms, a row of ``n`` steps counting ``n`` times with
+    its mean step (``value`` of the row over ``n``); None without rows."""
+    if not rows:
+        return None
+    return stats.weighted_median((value(s) * 1000 / s.n, s.n) for s in rows)
 
 
 def p95(xs: Sequence[float]) -> float | None:
@@ -302,7 +319,7 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
     steps = data.steps
     if not steps:
         return
-    sig.steps = len(steps)
+    sig.steps = sum(s.n for s in steps)
     sig.ranks = len({s.rank for s in steps})
     # the first step of the run includes worker start-up and is reported apart (epoch gaps)
     first: dict[int, int] = {}
@@ -341,23 +358,25 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
             sig.config = {k: v for k, v in focus_cfg.items() if k != "loader"}
             if isinstance(loader, dict):
                 sig.config.update(loader)
-    sig.wait_ms_median = _r(median([s.wait_s * 1000 for s in body]))
-    sig.step_ms_median = _r(median([(s.wait_s + s.host_s) * 1000 for s in body]))
+    sig.wait_ms_median = _r(step_median(body, _WAIT))
+    sig.step_ms_median = _r(step_median(body, _step_wall))
     # over the steps whose copies were timed (the probe times short steps' device in pairs,
     # one in so many: probe/device.py)
     copied = [s for s in body if s.h2d_s is not None]
     copy_wall = sum(s.wait_s + s.host_s for s in copied)
     if copied and copy_wall > 0:
         sig.h2d_share = round(sum(s.h2d_s or 0.0 for s in copied) / copy_wall, 3)
-    epochs: dict[int, list[float]] = defaultdict(list)
+    epochs: dict[int, list[StepRow]] = defaultdict(list)
     for s in steps:
         if s.epoch is not None:
-            epochs[s.epoch].append(s.wait_s)
+            epochs[s.epoch].append(s)
     sig.epochs = len(epochs)
-    firsts = [w[0] for e, w in sorted(epochs.items()) if e >= 1 and w]
+    # an epoch's first step is a row of its own (probe/watch.py)
+    firsts = [w[0].wait_s for e, w in sorted(epochs.items()) if e >= 1 and w]
     if firsts:
         sig.epoch_start_wait_s = _r(median(firsts), 3)
-        usual = median([w for ws in epochs.values() for w in ws[1:]]) or 0.0
+        usual = (step_median([s for ws in epochs.values() for s in ws[1:]], _WAIT)
+                 or 0.0) / 1000
         extra = [max(0.0, f - usual) for f in firsts]
         sig.epoch_start_cost_s = _r(median(extra), 3)
         sig.epoch_start_total_s = _r(sum(extra), 2)
@@ -435,15 +454,15 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
     for rank, rows in sorted(by_rank.items()):
         wall = sum(s.wait_s + s.host_s for s in rows)
         d: dict[str, Any] = {
-            "rank": rank, "steps": len(rows),
+            "rank": rank, "steps": sum(s.n for s in rows),
             "stall_fraction": round(sum(s.wait_s for s in rows) / wall, 3) if wall else None,
-            "wait_ms_median": _r(median([s.wait_s * 1000 for s in rows])),
-            "step_ms_median": _r(median([(s.wait_s + s.host_s) * 1000 for s in rows]))}
+            "wait_ms_median": _r(step_median(rows, _WAIT)),
+            "step_ms_median": _r(step_median(rows, _step_wall))}
         comm = [s.comm_s for s in rows if s.comm_s is not None]
         if comm and wall:
             d["comm_share"] = round(sum(comm) / wall, 3)
-            d["compute_ms_median"] = _r(median(
-                [(s.host_s - (s.comm_s or 0.0)) * 1000 for s in rows]))
+            d["compute_ms_median"] = _r(step_median(
+                rows, lambda s: s.host_s - (s.comm_s or 0.0)))
         pid = pids.get(rank)
         if pid is not None:
             d["pid"] = int(pid)
@@ -473,11 +492,12 @@ def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
 def _transfer_share(by_rank: dict[int, list[StepRow]]) -> float | None:
     """Per step that every rank recorded with its communication time: the least of those
     times (the transfer: the step's slowest rank waits for nothing else), summed over the
-    steps' wall time (the longest rank's). None under 10 such steps."""
+    steps' wall time (the longest rank's). None under 10 such steps. Rows of several short
+    steps are left out: ranks sum different steps together."""
     steps: dict[int, list[StepRow]] = defaultdict(list)
     for rows in by_rank.values():
         for s in rows:
-            if s.comm_s is not None:
+            if s.comm_s is not None and s.n == 1:
                 steps[s.step].append(s)
     full = [rows for rows in steps.values() if len(rows) == len(by_rank)]
     wall = sum(max(s.wait_s + s.host_s for s in rows) for rows in full)

@@ -25,6 +25,7 @@ from stallscope.analysis.diagnose.signals import (
     median,
     starved,
 )
+from stallscope.stats import weighted_median
 
 
 def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
@@ -67,12 +68,12 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
         )]
     if sig.comm_straggler is not None and sig.comm_straggler in detail:
         return _comm_straggler(data, sig, detail[sig.comm_straggler])
-    per: dict[int, list[float]] = defaultdict(list)
-    for s in data.steps:
-        per[s.rank].append(s.wait_s + s.host_s)
+    per: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for s in data.steps:  # a row of n short steps counts n times, with its mean step
+        per[s.rank].append((s.step_s, s.n))
     if len(per) < 2:
         return []
-    med = {r: median(v) or 0.0 for r, v in per.items()}
+    med = {r: weighted_median(v) for r, v in per.items()}
     typical = median(list(med.values())) or 0.0
     slow = max(med, key=lambda r: med[r])
     if typical <= 0 or med[slow] < 1.2 * typical:
