@@ -122,12 +122,16 @@ def test_rank_slow_fires_and_clears() -> None:
 
 # --- what feeds them --------------------------------------------------------------------------
 def test_window_points_per_rank() -> None:
-    fast = [(T0 + i, 0.01, 0.09) for i in range(10)]  # waits 10%, 100 ms steps
-    slow = [(T0 + i, 0.15, 0.15) for i in range(10)]  # waits 50%, 300 ms steps
+    fast = [(T0 + i, 0.01, 0.09, 1) for i in range(10)]  # waits 10%, 100 ms steps
+    slow = [(T0 + i, 0.15, 0.15, 1) for i in range(10)]  # waits 50%, 300 ms steps
+    # rank 4: 0.5-ms steps, 50 to a row (the probe sums steps under a millisecond)
+    summed = [(T0 + i, 0.005, 0.02, 50) for i in range(3)]
     got = window_points({0: fast, 1: fast, 2: slow, 3: fast[:3]})
     assert set(got) == {"rank0", "rank1", "rank2"}  # rank 3: too few steps to say
     assert got["rank2"] == {"wait_pct": 50.0, "step_ms": 300.0, "rank_slowdown": 3.0}
     assert got["rank0"]["wait_pct"] == 10.0 and got["rank0"]["rank_slowdown"] == 0.5
+    # three rows, 150 steps: enough to say, each step its row's mean
+    assert window_points({4: summed}) == {"rank4": {"wait_pct": 20.0, "step_ms": 0.5}}
     assert "rank_slowdown" not in window_points({0: fast})["rank0"]
 
 

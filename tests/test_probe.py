@@ -234,6 +234,70 @@ def test_short_steps_are_summed_into_records_that_add_up_exactly(
     assert probe_row["steps"] == 30
 
 
+def _fake_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, waits: list[float],
+               host: float, *, stop_at: int | None = None, **kw: Any) -> list[StepRow]:
+    """A watched loop on the fake clock: step i waits ``waits[i]`` for its batch (of 4 samples,
+    the last of 2) and computes ``host``; ``stop_at``: the body breaks out in that step."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+
+    def batches() -> Iterator[torch.Tensor]:
+        for i, w in enumerate(waits):
+            clock.t += w
+            yield torch.zeros(2 if i == len(waits) - 1 else 4, 1)
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=0.001, **kw)
+    for i, _ in enumerate(Watched(batches(), p)):
+        clock.t += host
+        if i == stop_at:
+            break
+    p.close()
+    return read_steps(run_dir)
+
+
+def test_very_short_steps_are_sampled_and_add_up(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps under SAMPLED_STEP_S have only their end read, one in SAMPLE_EVERY timed in full:
+    records still hold every step, their wall time exactly, and a wait share that is the
+    steps' own (here every step alike, so exactly it)."""
+    wait, host = 2.0 ** -16, 2.0 ** -15  # a 46-us step
+    n = 5000
+    rows = _fake_loop(monkeypatch, tmp_path, [wait] * n, host)
+    assert sum(r.n for r in rows) == n and rows[-1].step == n - 1
+    assert rows[0].n == 1 and len(rows) < n // 10
+    wall = sum(r.wait_s + r.host_s for r in rows)
+    assert wall == pytest.approx(n * (wait + host), rel=1e-12)
+    assert sum(r.wait_s for r in rows) / wall == pytest.approx(1 / 3, rel=1e-9)
+    assert sum(r.samples or 0 for r in rows) == 4 * (n - 1) + 2  # the short last batch too
+    for a, b in itertools.pairwise(rows):  # end to end
+        assert b.ts - b.wait_s == pytest.approx(a.ts + a.host_s, abs=1e-9)
+
+
+def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers, each slow: every fourth batch waits 120 us, the others nothing. Timing one
+    step in every eighth would see only waits or none; random gaps see the true share."""
+    host = 2.0 ** -15
+    waits = [120e-6 if i % 4 == 0 else 0.0 for i in range(40000)]
+    rows = _fake_loop(monkeypatch, tmp_path, waits, host)
+    truth = sum(waits) / (sum(waits) + host * len(waits))
+    wall = sum(r.wait_s + r.host_s for r in rows)
+    assert wall == pytest.approx(sum(waits) + host * len(waits), rel=1e-9)
+    assert sum(r.wait_s for r in rows) / wall == pytest.approx(truth, abs=0.02)
+    assert sum(r.n for r in rows) == 40000 and len(rows) < 4000
+
+
+def test_a_break_in_a_sampled_record_ends_its_step(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    wait, host = 2.0 ** -16, 2.0 ** -15
+    rows = _fake_loop(monkeypatch, tmp_path, [wait] * 3000, host, stop_at=2500)
+    assert sum(r.n for r in rows) == 2501 and rows[-1].step == 2500
+    assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(2501 * (wait + host),
+                                                                   rel=1e-9)
+
+
 def test_a_record_of_many_steps_counts_one_batch_in_size_every(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counting a batch costs ~0.3 us: in a record of many steps one batch in SIZE_EVERY is
@@ -407,8 +471,9 @@ def test_two_ranks_report_apart(tmp_path: Path) -> None:
         _out, err = pr.communicate(timeout=120)
         assert pr.returncode == 0, err
     r0, r1 = read_steps(run_dir, 0), read_steps(run_dir, 1)
-    assert len(r0) == 12 and len(r1) == 12
-    assert statistics.median(s.host_s for s in r1) > statistics.median(s.host_s for s in r0)
+    assert sum(s.n for s in r0) == 12 and len(r1) == 12  # rank 0's 2-ms steps summed in twos
+    assert statistics.median(s.host_s for s in r1) > statistics.median(s.host_s / s.n
+                                                                    for s in r0)
     assert [p["rank"] for p in read_probes(run_dir)] == [0, 1]
 
 

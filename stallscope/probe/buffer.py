@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CAPACITY",
     "GROUP_S",
+    "SAMPLED_STEP_S",
+    "SAMPLE_EVERY",
     "SIZE_EVERY",
     "RawStep",
     "StepBuffer",
@@ -31,10 +33,17 @@ __all__ = [
 #: 1 kHz)
 DEFAULT_CAPACITY = 65536
 #: steps shorter than this are summed, consecutive ones, into records that span at least it
-#: (a step this long or longer is a record of its own): the writer's cost per record (3-4 us
-#: under the trainer's interpreter lock) then stays a small share of any step
+#: (a step this long or longer is a record of its own): the writer's cost per record (2.5-5 us
+#: of CPU, most of it in SQLite) then stays under 0.15% of any step
 #: (benchmarks/bench_probe_cuda.py). ``$STALLSCOPE_GROUP_MS`` changes it; 0: a record a step
-GROUP_S = 1e-3
+GROUP_S = 4e-3
+#: steps shorter than this (on average over a record) have only their end read; one in
+#: SAMPLE_EVERY, at random gaps, is timed in full (data wait apart), and a record's data wait is
+#: its wall time times those steps' wait share: two clock reads and the bookkeeping of a step
+#: timed in full cost ~0.5 us, 1% of a 50-us step (benchmarks/bench_probe_cuda.py)
+SAMPLED_STEP_S = 200e-6
+#: one step in this many (on average) is timed in full in a sampled record
+SAMPLE_EVERY = 8
 #: in a record of several steps, one batch in this many is counted (dim 0 of its first tensor
 #: costs ~0.3 us, 0.6% of a 50-us step) and the others taken at the counted ones' mean; the
 #: record's first batch and the epoch's last are always counted

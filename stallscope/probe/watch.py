@@ -18,12 +18,13 @@ every other iterable. This module never imports a training framework: adapters i
 
 from __future__ import annotations
 
+import random
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from stallscope.probe.buffer import SIZE_EVERY, StepBuffer
+from stallscope.probe.buffer import SAMPLE_EVERY, SAMPLED_STEP_S, SIZE_EVERY
 from stallscope.probe.device import timing_every
 from stallscope.probe.loaders import sizer_for
 from stallscope.probe.notices import warn
@@ -100,20 +101,22 @@ class Watched(Generic[T]):
                t_start: float) -> Iterator[T]:
         """The epoch's step loop (see the module docstring): a step at least the recorder's
         ``group_s`` long is a record of its own, and so are the epoch's first step and each
-        device-timed one; shorter steps are summed, a record per ``group_s``."""
+        device-timed one; shorter steps are summed, a record per ``group_s``. What only a
+        record needs (copies, collectives, alert callbacks) is looked at once a record."""
         perf = time.perf_counter
-        state, buf, due, dev = p.state, p.buffer, p.alerts.due, p.device  # bound per epoch
-        comm, comm_of, group_s, every = COMM, p.comm_of, p.group_s, SIZE_EVERY
+        state, due, dev = p.state, p.alerts.due, p.device  # bound per epoch
+        group_s, every = p.group_s, SIZE_EVERY
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
         cur = first = state.step
-        nsamples, open_step, timed, counted, lone = 0, False, False, False, True
-        t_got = waited = first_wait = 0.0
+        timed, lone, fast = False, True, False  # lone: the epoch's first step, a record alone
+        acc: list[Any] = [0, 0.0]  # the epoch's samples and data wait, for the autotune
+        t_got = first_wait = 0.0
         ev0 = marks = batch = None
         pairs = Pairs(perf(), cur)  # which steps the device times (device.py)
-        # the record under way: its start, steps, data waits, host times, host-timed copies,
-        # collectives, and the batches counted (g_k, with g_s samples)
-        g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = t_req, 0, 0.0, 0.0, None, None, 0, 0
+        # the record under way: its start, steps, data waits, host times, and the batches
+        # counted in it (g_k, with g_s samples)
+        g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
         try:
             while True:
                 try:
@@ -126,56 +129,124 @@ class Watched(Generic[T]):
                     gpu, maybe_gpu = True, False
                 if gpu and pairs.due():
                     if g_n:  # a device-timed step is a record of its own: end the one under way
-                        nsamples += _record(buf, cur - 1, g_t0, g_n, g_wait, g_host, g_k, g_s,
-                                            epoch, g_h2d, None, g_comm, comm_of)
-                        waited += g_wait
-                        g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = (
-                            t_req, 0, 0.0, 0.0, None, None, 0, 0)
+                        acc[0] += _record(p, cur - 1, g_t0, g_n, g_wait, g_host, g_k, g_s,
+                                          epoch, None)
+                        acc[1] += g_wait
+                        g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
                     ev0 = _mark(dev)
-                    timed = ev0 is not None
-                    gpu = maybe_gpu = timed  # a failed record turns device timing off
-                counted = not g_n % every  # one batch in SIZE_EVERY of a record
-                if counted:
+                    gpu = maybe_gpu = timed = ev0 is not None  # a failed record: timing off
+                if not g_n % every:  # one batch in SIZE_EVERY of a record is counted
                     sizer, k = _count(batch, sizer)
                     if k is not None:
                         g_k, g_s = g_k + 1, g_s + k
-                wait = t_got - t_req
-                first_wait = first_wait or wait  # the workers' start-up, for the autotune
-                g_wait += wait
-                open_step = True
+                g_wait += t_got - t_req
                 yield batch
                 t_req = perf()
-                open_step = False
                 g_host += t_req - t_got
                 g_n += 1
-                if state.h2d_s is not None:
-                    g_h2d, state.h2d_s = state.h2d_s + (g_h2d or 0.0), None
-                if comm.used and (c := comm.take()) is not None:
-                    g_comm = c + (g_comm or 0.0)  # collectives (sources/comm.py)
-                if timed:
-                    marks = _end_marks(dev, state, ev0)
-                    gpu = maybe_gpu = marks is not None
-                    pairs.timed(t_req, cur)
-                elif gpu and state.h2d_events is not None:
-                    pairs.drop_copies(state, dev)
-                if timed or lone or due or t_req - g_t0 >= group_s:
-                    nsamples += _record(buf, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch,
-                                        g_h2d, marks, g_comm, comm_of)
-                    waited += g_wait
+                if timed or lone or t_req - g_t0 >= group_s:
+                    if timed:
+                        marks = _end_marks(dev, ev0)
+                        gpu = maybe_gpu = marks is not None
+                        pairs.timed(t_req, cur)
+                    if g_n > 1:  # steps this short: ends read, one in SAMPLE_EVERY timed in full
+                        fast = t_req - g_t0 < SAMPLED_STEP_S * g_n
+                    acc[0] += _record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, marks)
+                    acc[1] += g_wait
+                    first_wait = first_wait or g_wait  # the workers' start-up, for the autotune
                     timed = lone = False
                     marks = None
                     if due:  # alerts for callbacks (stallscope.on_alert): run them between steps
                         p.run_due()
                         t_req = perf()
-                    g_t0, g_n, g_wait, g_host, g_h2d, g_comm, g_k, g_s = (
-                        t_req, 0, 0.0, 0.0, None, None, 0, 0)
+                    g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
+                    if fast and (not gpu or pairs.left > 2 * SAMPLE_EVERY):
+                        out, cur, t_req, sizer, until = yield from self._sampled(
+                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1)
+                        g_t0, pairs.left = t_req, max(0, until) if gpu else pairs.left
+                        if out:
+                            break
         finally:
+            open_step = t_got > t_req  # the loop body broke out or raised: it ends now
             if g_n or open_step:
-                s, w = _last_record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, g_h2d,
-                                    g_comm, t_got, open_step, ev0 if timed and gpu else None,
+                counted = open_step or not (g_n - 1) % every  # the last batch was counted
+                s, w = _last_record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, t_got,
+                                    open_step, ev0 if timed and gpu else None,
                                     None if counted else sizer, batch)
-                nsamples, waited = nsamples + s, waited + w
-            self._epoch_end(p, cur - first, t_start, waited, nsamples, first_wait)
+                acc[0], acc[1] = acc[0] + s, acc[1] + w
+                first_wait = first_wait or g_wait
+            self._epoch_end(p, state.step - first, t_start, acc[1], acc[0], first_wait)
+
+    def _sampled(self, p: Recorder, it: Iterator[T], epoch: int, cur: int, t_end: float,
+                 acc: list[Any], sizer: Any, until: int
+                 ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
+        """Steps shorter than :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, summed a record
+        per ``group_s`` as in :meth:`_steps`, but only each step's end read: one step in about
+        :data:`~stallscope.probe.buffer.SAMPLE_EVERY`, at random gaps (no loader's period can
+        line up with them), is timed in full, its data wait apart; a record's data wait is its
+        steps times their mean wait (what goes beyond its wall time carried to the next record,
+        so the sum stays unbiased), its host time the rest. ``until``:
+        steps before a device-timed pair is due (-1: no device timing). Returns (the loader ran
+        out, the last step, when it ended, the sizer, steps still before the pair) once steps
+        are longer again, the pair is due, device timing can start, or the loader ran out."""
+        perf = time.perf_counter
+        state, due, dev, group_s = p.state, p.alerts.due, p.device, p.group_s
+        wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
+        g_t0, base, entry = t_end, cur, cur  # the record's start, the step before its first
+        g_n = g_k = g_s = 0
+        batch: Any = None
+        w_s, j = 0.0, 0  # the timed steps' waits, and how many
+        mean_w = carry = 0.0  # the last record's mean wait; the wait beyond a record's time
+        gi = cur & _GAP_MASK
+        left = _GAPS[gi]
+        try:
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return True, cur, t_end, sizer, until - (cur - entry)
+                cur = state.step = cur + 1
+                if left:
+                    left -= 1
+                    yield batch
+                    t_end = perf()
+                    g_n += 1
+                    continue
+                t_got = perf()
+                sizer, k = _count(batch, sizer)
+                if k is not None:
+                    g_k, g_s = g_k + 1, g_s + k
+                yield batch
+                t = perf()
+                g_n += 1
+                w_s, j, t_end = w_s + t_got - t_end, j + 1, t
+                gi = (gi + 1) & _GAP_MASK
+                left = _GAPS[gi] if until < 0 else min(_GAPS[gi], until - (cur - entry) - 1)
+                paired = 0 <= until <= cur - entry
+                if t_end - g_t0 >= group_s or due or paired:
+                    span, n, mean_w = t_end - g_t0, g_n, w_s / j
+                    wait = max(0.0, min(span, n * mean_w + carry))
+                    carry += n * mean_w - wait
+                    acc[0] += _record(p, cur, g_t0, n, wait, span - wait, g_k, g_s, epoch, None)
+                    acc[1] += wait
+                    g_t0, base, g_n, g_k, g_s, w_s, j = t_end, cur, 0, 0, 0, 0.0, 0
+                    if due:  # alerts for callbacks (stallscope.on_alert): between steps
+                        p.run_due()
+                        t_end = g_t0 = perf()
+                    if span >= SAMPLED_STEP_S * n or paired or (wake and dev.ready()):
+                        return False, cur, t_end, sizer, until - (cur - entry)
+        finally:
+            if cur > base + g_n:  # the loop body broke out or raised: its step ends now
+                t_end, g_n = perf(), g_n + 1
+            if g_n:
+                span = t_end - g_t0
+                wait = max(0.0, min(span, g_n * (w_s / j if j else mean_w) + carry))
+                if left != _GAPS[gi] and sizer is not None and g_k:  # the last batch, counted
+                    last = _count(batch, sizer)[1]
+                    if last is not None:
+                        g_s, g_k = round(g_s * (g_n - 1) / g_k) + last, g_n
+                acc[0] += _record(p, cur, g_t0, g_n, wait, span - wait, g_k, g_s, epoch, None)
+                acc[1] += wait
 
     def _epoch_end(self, p: Recorder, steps: int, t_start: float, waited: float, samples: int,
                    first_wait: float) -> None:
@@ -213,17 +284,16 @@ def _mark(dev: Any) -> Any:
         return None
 
 
-def _end_marks(dev: Any, state: Any, ev0: Any) -> Any:
-    """A timed step's device marks (start, end, its timed copies), its end recorded now; None
-    when recording failed."""
+def _end_marks(dev: Any, ev0: Any) -> Any:
+    """A timed step's device marks (start, end; its copies come with the record), its end
+    recorded now; None when recording failed."""
     ev1 = _mark(dev)
-    return None if ev1 is None else (ev0, ev1, state.take_h2d()[1])
+    return None if ev1 is None else (ev0, ev1, None)
 
 
 def _last_record(p: Recorder, cur: int, t0: float, n: int, wait: float, host: float, k: int,
-                 s: int, epoch: int, h2d: float | None, comm: float | None, t_got: float,
-                 open_step: bool, ev0: Any, sizer: Callable[[Any], int | None] | None,
-                 batch: Any) -> tuple[int, float]:
+                 s: int, epoch: int, t_got: float, open_step: bool, ev0: Any,
+                 sizer: Callable[[Any], int | None] | None, batch: Any) -> tuple[int, float]:
     """The epoch's last record, (its samples, its data wait). ``open_step``: the loop body
     broke out or raised, and that step ends now; else ``sizer`` (when the last batch was not
     counted) counts the epoch's last batch, often a short one, as it is."""
@@ -232,46 +302,54 @@ def _last_record(p: Recorder, cur: int, t0: float, n: int, wait: float, host: fl
         if open_step:
             host += time.perf_counter() - t_got
             n += 1
-            h, evs = p.state.take_h2d()
-            if h is not None:
-                h2d = h + (h2d or 0.0)
-            if COMM.used and (c := COMM.take()) is not None:
-                comm = c + (comm or 0.0)
-            if ev0 is not None and (ev1 := _mark(p.device)) is not None:
-                marks = (ev0, ev1, evs)
+            if ev0 is not None:
+                marks = _end_marks(p.device, ev0)
         elif sizer is not None and k:
             last = sizer(batch)
             if last is not None:
                 s, k = round(s * (n - 1) / k) + last, n
-        return _record(p.buffer, cur, t0, n, wait, host, k, s, epoch, h2d, marks, comm,
-                       p.comm_of), wait
+        return _record(p, cur, t0, n, wait, host, k, s, epoch, marks), wait
     except Exception as exc:
         warn(f"probe could not record the last steps: {exc!r}")
         return 0, 0.0
 
 
-def _record(buf: StepBuffer, step: int, t0: float, n: int, wait: float, host: float, k: int,
-            s: int, epoch: int, h2d: float | None, marks: Any, comm: float | None,
-            comm_of: dict[int, float]) -> int:
+def _record(p: Recorder, step: int, t0: float, n: int, wait: float, host: float, k: int, s: int,
+            epoch: int, marks: Any) -> int:
     """Hand over the record of ``n`` steps up to ``step`` that began at ``t0`` (``k`` of their
-    batches counted, ``s`` samples in those; ``marks``: a device-timed step's events); returns
-    its sample count. A full buffer drops it and counts its steps."""
+    batches counted, ``s`` samples in those; ``marks``: a device-timed step's start and end
+    events), with the copies and collectives noted since the last record; returns its sample
+    count. A full buffer drops it and counts its steps."""
     samples = (s if k >= n else round(s * n / k)) if k else None
+    state, buf = p.state, p.buffer
+    h2d, evs = state.take_h2d()  # host-timed copies add up; device-timed ones: a timed step's
+    if marks is not None:
+        marks = (marks[0], marks[1], evs)
+    elif evs:
+        Pairs.drop_copies(evs, p.device)
+    comm = COMM.take() if COMM.used else None  # collectives (sources/comm.py) add up too
     queue = buf.queue
     if len(queue) < buf.capacity:  # a RawStep: StepRecord's fields in a bare tuple
         (queue if marks is None else buf.timed).append(
             (step, t0 + wait, wait, host, samples, epoch, h2d, marks, n))
         if comm is not None:
-            comm_of[step] = comm
+            p.comm_of[step] = comm
     else:
         buf.dropped += n
     return samples or 0
 
 
+#: the gaps between fully timed steps of a sampled record (uniform, 0 to 2 x SAMPLE_EVERY - 2:
+#: one step in SAMPLE_EVERY timed), fixed once so a run is reproducible
+_GAP_MASK = 4095
+_GAPS = (lambda rng: tuple(rng.randrange(2 * SAMPLE_EVERY - 1) for _ in range(4096)))(
+    random.Random(20261128))
+
+
 class Pairs:
     """Which steps a watched loop times on the device: pairs of consecutive steps (the second
     gives the GPU's gap between steps), one pair in :func:`~stallscope.probe.device.
-    timing_every` of the mean step since the last pair: every step from 22 ms up, so the
+    timing_every` of the mean step since the last pair: every step from 44 ms up, so the
     events' cost stays under half a percent of a step at any step length (on an H200 timing
     every step took a 50.5-us launch-bound step to 97.7 us)."""
 
@@ -297,9 +375,9 @@ class Pairs:
             self.t_mark, self.n_mark = t, step
 
     @staticmethod
-    def drop_copies(state: Any, dev: Any) -> None:
-        """An untimed step's device-timed copies (``stallscope.h2d``): give their events back."""
-        for a, b in state.take_h2d()[1] or ():
+    def drop_copies(evs: Any, dev: Any) -> None:
+        """Untimed steps' device-timed copies (``stallscope.h2d``): give their events back."""
+        for a, b in evs:
             dev.release(a)
             dev.release(b)
 

@@ -8,7 +8,8 @@ steps take 2.1x the other ranks'" (``probe.rank_slowdown``) and, under DDP with 
 timed, "the other ranks wait for rank 1 in the all-reduce" (``probe.waited_for``, from each
 interval's communication shares: :mod:`stallscope.sources.straggler`). The formulas are the
 diagnosis's (docs/diagnosis.md): wait share = sum(wait_s) / sum(wait_s + host_s); the first step
-of each rank (worker start-up) is left out.
+of each rank (worker start-up) is left out; a row of ``n`` short steps (the probe sums steps
+shorter than a millisecond) counts ``n`` steps, each its mean.
 
 Reads are incremental (per rank, steps after the last one seen; the table's key is
 (rank, step)), through a read-only connection, so a long run costs the same per sample as a
@@ -28,7 +29,8 @@ from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
 from stallscope.sources.straggler import StragglerWatch, gaps
-from stallscope.store.db import comm_column
+from stallscope.stats import weighted_median
+from stallscope.store.db import comm_column, n_column
 
 __all__ = ["MIN_STEPS", "WINDOW_S", "StepsSource", "window_points"]
 
@@ -37,8 +39,8 @@ WINDOW_S = 30.0
 #: steps a rank needs in the window before its figures mean anything
 MIN_STEPS = 5
 
-#: (ts, wait_s, host_s) of one step
-Step = tuple[float, float, float]
+#: (ts, wait_s, host_s, n) of one row of the steps table: ``n`` steps, their sums
+Step = tuple[float, float, float, int]
 
 
 def window_points(steps: Mapping[int, Sequence[Step]]) -> dict[str, dict[str, float]]:
@@ -48,13 +50,13 @@ def window_points(steps: Mapping[int, Sequence[Step]]) -> dict[str, dict[str, fl
     out: dict[str, dict[str, float]] = {}
     med: dict[int, float] = {}
     for rank, rows in sorted(steps.items()):
-        if len(rows) < MIN_STEPS:
+        if sum(r[3] for r in rows) < MIN_STEPS:
             continue
         wait = sum(r[1] for r in rows)
         wall = sum(r[1] + r[2] for r in rows)
         if wall <= 0:
             continue
-        med[rank] = median(r[1] + r[2] for r in rows)
+        med[rank] = weighted_median(((r[1] + r[2]) / r[3], r[3]) for r in rows)
         out[f"rank{rank}"] = {"wait_pct": round(100.0 * wait / wall, 2),
                               "step_ms": round(med[rank] * 1000.0, 3)}
     if len(med) >= 2:
@@ -75,6 +77,7 @@ class StepsSource(Source):
         self.window_s = window_s
         self._db: sqlite3.Connection | None = None
         self._comm = "NULL"  #: the steps table's communication column, once it exists
+        self._n = "1"  #: its steps-a-row column, once it exists (schema version 3)
         self._last: dict[int, int] = {}
         self._rows: dict[int, deque[Step]] = {}
         #: which rank the others wait for in collectives, interval by interval
@@ -93,19 +96,22 @@ class StepsSource(Source):
     def sample(self, now: float) -> Any:
         db = self._conn()
         ranks = db.execute("SELECT rank FROM probes").fetchall()
-        comm = self._comm
+        comm, n = self._comm, self._n
         if ranks and comm != "comm_s":  # asked until the column is there (it never goes)
             comm = self._comm = comm_column(db)
+        if ranks and n != "n":
+            n = self._n = n_column(db)
         shares: dict[int, float] = {}  # this interval's communication share per rank
         for (rank,) in ranks:
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read
-            rows = db.execute(f"SELECT step, ts, wait_s, host_s, {comm} FROM steps WHERE "
+            rows = db.execute(f"SELECT step, ts, wait_s, host_s, {comm}, {n} FROM steps WHERE "
                               "rank = ? AND step > ? ORDER BY step", (rank, last)).fetchall()
             if rows:
                 self._last[rank] = rows[-1][0]
                 q = self._rows.setdefault(rank, deque())
-                q.extend((ts, w, h) for _s, ts, w, h, _c in rows)
-                timed = [(w + h, c) for _s, _ts, w, h, c in rows if isinstance(c, float)]
+                q.extend((ts, w, h, k if isinstance(k, int) and k >= 1 else 1)
+                         for _s, ts, w, h, _c, k in rows)
+                timed = [(w + h, c) for _s, _ts, w, h, c, _k in rows if isinstance(c, float)]
                 wall = sum(x for x, _c in timed)
                 if len(timed) >= 2 and wall > 0:
                     shares[rank] = sum(c for _x, c in timed) / wall
