@@ -5,7 +5,8 @@
 2. time a whole GPU reading (stallscope's gpu source) against an ``nvidia-smi`` spawn for the
    same fields (medians; the goal: a reading costs at most 1/30 of a spawn);
 3. time the probe's CUDA-event device timing at two step lengths (benchmarks/
-   bench_probe_cuda.py --cuda: the goal is < 1% of a step);
+   bench_probe_cuda.py --cuda, its own time and whole loops by the wall clock: the goal is
+   < 1% of a step);
 4. run three GPU trainings with their own truth (benchmarks/gpu_trainer.py: input-bound,
    compute-bound, host-bound) under ``stallscope run`` without and with the probe, and under
    ``stallscope run --pid`` (py-spy attached);
@@ -187,6 +188,10 @@ def main() -> int:
                      str(args.probe_seconds)], out,
                     "probe-cuda", 240)
     print(bench.stdout.strip(), flush=True)
+    wall = log_run([sys.executable, str(ROOT / "benchmarks" / "bench_probe_cuda.py"), "--cuda",
+                    "--method", "wall", "--steps-us", "50,3300", "--reps", "3", "--seconds",
+                    str(args.probe_seconds / 2)], out, "probe-cuda-wall", 240)
+    print(wall.stdout.strip(), flush=True)
     rows: list[dict[str, Any]] = []
     if not args.skip_trainings:
         load = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "gpu_trainer.py"),
