@@ -4,7 +4,7 @@
 
 Each seed simulates ``--ranks`` ranks whose communication share per one-second interval is
 0.05 plus Gaussian noise (σ ``--noise``; the per-second shares of the 2-rank gloo runs in
-tests/test_ddp.py vary by about that much): a healthy hour (3,600 intervals), then a fresh
+tests/scenarios/test_ddp.py vary by about that much): a healthy hour (3,600 intervals), then a fresh
 detector sees a minute of healthy intervals and a slowdown of one rank that makes its peers
 wait ``gap`` more of their step (0.09 for a rank 10% slower, 0.045 for 5%, 0.45 for 50%).
 Prints, per slowdown, the detection latency in intervals (median, p95, max) and how many were

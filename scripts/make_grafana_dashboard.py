@@ -4,8 +4,8 @@
     python scripts/make_grafana_dashboard.py --check    # exit 1 if the file differs
 
 Panels read the agents' series and the recording rules of
-deploy/prometheus/stallscope-recording.yml (load both). tests/test_agent_deploy.py runs every
-panel's PromQL against a real Prometheus scraping real agents.
+deploy/prometheus/stallscope-recording.yml (load both). tests/integration/test_agent_deploy.py
+runs every panel's PromQL against a real Prometheus scraping real agents.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 #           component (prometheus, alertmanager, chromium, tmux, tensorflow, torchrun) and the
 #           exclusive ones (see pyproject.toml), and skips the installs when the test tools are
 #           already there
-# With pytest args: one pytest run of exactly those. Without: the whole suite, in two passes.
+# With pytest args: one pytest run of exactly those (a tier's folder: scripts/test.sh --fast
+# tests/unit, see tests/README.md). Without: the whole suite, in two passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0

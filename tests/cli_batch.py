@@ -5,7 +5,7 @@ exit (a ``Traceback``), exit code 1.
 
 A fault corpus runs a few hundred short commands; started one interpreter each, their imports
 and the report's first plot (matplotlib's import and font cache) were most of its time
-(tests/test_corrupt_runs.py). Each command works on its own run folder.
+(tests/scenarios/test_corrupt_runs.py). Each command works on its own run folder.
 
     python tests/cli_batch.py JOBS.json RESULTS.json
 

@@ -11,14 +11,20 @@ from typing import Any
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+#: this folder: the helper modules (this one, logreaders, cli_batch, replay_agent...), fixtures/,
+#: trainings/ and promtool/; the tests themselves are one level down, in unit/, integration/
+#: and scenarios/ (tests/README.md). pytest puts this folder on sys.path (it has no
+#: __init__.py), so a test in any tier imports the helpers by name: ``from conftest import ROOT``.
+TESTS_DIR = Path(__file__).resolve().parent
+FIXTURES = TESTS_DIR / "fixtures"
 
 # A suite started in the background (`scripts/test.sh &`) inherits SIGINT ignored, and an
 # ignored signal stays ignored across exec: the tests that press Ctrl-C on a child would find
 # it deaf. A handler (not an ignore) is reset to the default in every child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-ROOT = Path(__file__).resolve().parent.parent
+#: the repository
+ROOT = TESTS_DIR.parent
 #: meta.json keys every run has, whichever started it (`stallscope run` or the standalone probe)
 META_KEYS = {"command", "host", "start", "end", "exit_code", "interval_s", "data",
              "data_devices", "versions", "logical_cores", "physical_cores", "mem_total_mib",

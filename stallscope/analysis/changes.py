@@ -10,7 +10,7 @@ are reported as medians, and the detector starts again from the new level.
 With the defaults (reference 50 samples, k = 0.5, h = 14, clip = 3) a step of 2 scale units is
 found within about 10 samples, one of 1 unit within about 30, and stationary noise (Gaussian,
 Laplace, Student t with 2 degrees of freedom, log-normal) gives no alarm in 10,000 samples
-(``tests/test_changes.py`` measures both).
+(``tests/unit/test_changes.py`` measures both).
 """
 
 from __future__ import annotations

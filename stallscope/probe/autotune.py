@@ -26,9 +26,10 @@ and per step the data wait ``w`` and the rest ``c`` (compute), all without the f
 
 The loader changes only between epochs, and only in how it loads: the sampler (and its
 generator) and the base seed drawn for each epoch are the same whatever the worker count, so a
-seeded sampler yields the same samples in the same order (``tests/test_autotune.py``). Random
-transforms drawn inside workers are seeded per worker by PyTorch, so their draws depend on the
-worker count, as they do when the count is changed by hand. With a GPU present ``pin_memory``
+seeded sampler yields the same samples in the same order
+(``tests/integration/test_autotune.py``). Random transforms drawn inside workers are seeded per
+worker by PyTorch, so their draws depend on the worker count, as they do when the count is
+changed by hand. With a GPU present ``pin_memory``
 is turned on with the first workers (host-to-device copies from pinned pages).
 
 Every change is logged in the run (an ``autotune`` event, shown by ``stallscope show`` and the

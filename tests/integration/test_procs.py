@@ -8,10 +8,10 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
+from conftest import FIXTURES
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.procs import (
@@ -26,7 +26,7 @@ from stallscope.sources.procs import (
     thread_states,
 )
 
-PID = Path(__file__).parent / "fixtures" / "proc-kernel-6" / "pid-self"
+PID = FIXTURES / "proc-kernel-6" / "pid-self"
 
 
 def test_parse_pid_stat_recorded() -> None:

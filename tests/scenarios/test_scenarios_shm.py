@@ -1,6 +1,6 @@
-"""The shared-memory scenario of tests/test_scenarios.py, in the parallel pass: what it checks
-(a small /dev/shm filled to ~90% is named, a large one is not) does not depend on CPU time, so
-it need not run alone (scripts/test.sh runs the `exclusive` tests one at a time)."""
+"""The shared-memory scenario of tests/scenarios/test_scenarios.py, in the parallel pass: what it
+checks (a small /dev/shm filled to ~90% is named, a large one is not) does not depend on CPU
+time, so it need not run alone (scripts/test.sh runs the `exclusive` tests one at a time)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, ROOT
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.host import (
@@ -19,7 +20,7 @@ from stallscope.sources.host import (
     parse_vmstat,
 )
 
-K6 = Path(__file__).parent / "fixtures" / "proc-kernel-6"
+K6 = FIXTURES / "proc-kernel-6"
 
 
 def test_parse_proc_stat_recorded() -> None:
@@ -208,7 +209,7 @@ def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: s
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     code = "import json; from stallscope.sources.cgroup import read_caps; " \
         "print(json.dumps(read_caps()))"
     out = subprocess.run([sys.executable, str(root / "examples" / "constrain.py"),
@@ -232,7 +233,7 @@ def test_a_run_in_a_throttled_cgroup_records_its_read_limit(tmp_path: Path,
 
     from conftest import stallscope_argv
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     out = tmp_path / "runs"
     r = subprocess.run(stallscope_argv("run", "--quiet", "--interval", "0.5", "--out", str(out),
                                        "--", sys.executable, str(root / "examples" /

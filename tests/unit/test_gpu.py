@@ -18,6 +18,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from conftest import FIXTURES, ROOT
 
 from stallscope import metrics
 from stallscope.errors import SourceUnavailable
@@ -25,8 +26,7 @@ from stallscope.sources.base import Source
 from stallscope.sources.gpu import THROTTLE_REASONS, GpuSource, decode_throttle
 from stallscope.testing.nvml_replay import NvmlRecorder, NvmlReplay, ReplayMissing
 
-FIXTURES = Path(__file__).parent / "fixtures"
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
+CAPTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-smi"
 
 H100_IDLE = "nvml-replay-h100-80gb-hbm3-idle-from-nvidia-smi-590.48.01.json"
 H100_LOAD = "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT as REPO
 from test_report import EVIL, diagnosis, make_run
 
 from stallscope.report import render_report
 
 pytestmark = pytest.mark.chromium
 
-REPO = Path(__file__).resolve().parents[1]
 PLOTS = ("gpu", "wait", "disk", "cpu", "mem")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FIXTURES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,7 +24,6 @@ from stallscope.sources.disk import DiskSource, disk_counters, parse_diskstats
 from stallscope.sources.host import HostSource, parse_pressure_totals, parse_proc_stat
 from stallscope.sources.procs import ProcsSource
 
-FIXTURES = Path(__file__).parent / "fixtures"
 K6 = FIXTURES / "proc-kernel-6"
 VM_DISKSTATS = FIXTURES / "sys-vm-6.18-loop-overlay" / "proc" / "diskstats"
 VM_SYS = FIXTURES / "sys-vm-6.18-loop-overlay" / "sys"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_diagnose import T0, run
+from diagnose_inputs import T0, run
 
 from stallscope.cli.compare import _ROWS, applied_fix, compare
 from stallscope.store import StepRow

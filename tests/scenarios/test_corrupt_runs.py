@@ -6,7 +6,8 @@ one way each: wrong values and types in run.db rows, broken entity attributes, a
 foreign run.db file, a hostile meta.json. Every reading command runs on every case through the
 real CLI; none may print a traceback, and where rows were skipped the rest is still read.
 
-``python tests/test_corrupt_runs.py`` prints the cases per category and how many tracebacked.
+``PYTHONPATH=tests python tests/scenarios/test_corrupt_runs.py`` (from the repository; tests/
+holds the conftest it imports) prints the cases per category and how many tracebacked.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import stallscope_argv
+from conftest import TESTS_DIR, stallscope_argv
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +280,7 @@ def _run_batch(base: Path, i: int, jobs: list[tuple[str, str, list[str]]]
     stderr and exit code, an escaped exception printed as a traceback)."""
     jobs_file, results_file = base / f"jobs-{i}.json", base / f"results-{i}.json"
     jobs_file.write_text(json.dumps(jobs))
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_batch.py")),
+    r = subprocess.run([sys.executable, str(TESTS_DIR / "cli_batch.py"),
                         str(jobs_file), str(results_file)], cwd=base,
                        capture_output=True, text=True, timeout=60 * len(jobs),
                        errors="replace", env=_env(base))

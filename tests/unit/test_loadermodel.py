@@ -5,7 +5,7 @@ measured."""
 from __future__ import annotations
 
 import pytest
-from test_diagnose import WORKERS, N, run, ser, steps
+from diagnose_inputs import WORKERS, N, run, ser, steps
 
 from stallscope import loadermodel as lm
 from stallscope.analysis.diagnose import diagnose

@@ -3,67 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import pytest
+from conftest import ROOT
+from diagnose_inputs import T0, WORKERS, N, procs, run, ser, steps
 
 from stallscope.analysis.diagnose import KINDS, RunData, compute_signals, diagnose
-from stallscope.store import Series, StepRow
-
-T0 = 1_700_000_000.0
-
-
-def ser(name: str, entity: str, values: Sequence[float], dt: float = 1.0) -> Series:
-    return Series(name, entity, [T0 + i * dt for i in range(len(values))],
-                  [float(v) for v in values])
-
-
-def run(series: list[Series], steps: list[StepRow] | None = None,
-        config: dict | None = None, meta: dict | None = None,
-        entities: list[dict] | None = None, **extra: object) -> RunData:
-    n = max((len(s.v) for s in series), default=0)
-    series = [*series, ser("collector.cpu_s", "", [0.001] * n)]
-    m = {"start": T0, "end": T0 + n, "physical_cores": 8, "data_devices": []}
-    m.update(meta or {})
-    probes = [{"rank": 0, "pid": 1, "config": config, "steps": 0, "dropped": 0,
-               "updated": T0}] if config is not None else []
-    ents = list(entities or [])
-    # recorded facts go where a session records them: disk facts with the disk entities,
-    # dataset size and SMART health in meta.json
-    device_info: dict = extra.pop("device_info", None) or {}  # type: ignore[assignment]
-    ents += [{"source": "disk", "entity": dev, "attrs": info} for dev, info in device_info.items()]
-    m.update(extra)
-    return RunData(meta=m, series={(s.name, s.entity): s for s in series}, steps=steps or [],
-                   probes=probes, entities=ents)
-
-
-def procs(roles: dict[str, str]) -> list[dict]:
-    """Procs entities as the sampler records them: the root is "main"; workers are its
-    children (PyTorch names them pt_data_worker)."""
-    main = next(pid for pid, r in roles.items() if r == "main")
-    return [{"source": "procs", "entity": pid,
-             "attrs": {"role": r, "ppid": 1 if r == "main" else int(main),
-                       "name": "python" if r == "main" else "pt_data_worker"},
-             "first_ts": T0, "last_ts": T0} for pid, r in roles.items()]
-
-
-def steps(n: int, wait: float, host: float, rank: int = 0, epochs: int = 1,
-          first_wait: float | None = None, h2d: float | None = None) -> list[StepRow]:
-    out = []
-    per = n // epochs
-    for i in range(n):
-        e = i // per
-        w = first_wait if (first_wait is not None and i % per == 0 and e > 0) else wait
-        out.append(StepRow(rank, i, T0 + i * (wait + host), w, host, h2d, None, None, 32, e))
-    return out
+from stallscope.store import StepRow
 
 
 def kinds(doc: dict) -> list[str]:
     return [f["kind"] for f in doc["findings"]]
-
-
-N = 30
-WORKERS = procs({"100": "main", "101": "worker", "102": "worker"})
 
 
 def test_seed_signature_without_probe_is_fetch() -> None:
@@ -760,14 +710,12 @@ def test_fix_lines_wrap_as_prose_and_keep_their_commands_whole() -> None:
 def test_kinds_carry_their_titles_everywhere() -> None:
     """One enum holds each kind with its title: the JSON, the report and the architecture
     document take them from it, and a finding of a kind it does not hold cannot be made."""
-    from pathlib import Path
-
     from stallscope.analysis.diagnose import Finding, Kind, kind_title
     from stallscope.report.page import KIND_TITLES
 
     assert KINDS == tuple(k.value for k in Kind) and len(set(KINDS)) == len(KINDS)
     assert KIND_TITLES == {k.value: k.heading for k in Kind}
-    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    doc = (ROOT / "docs" / "architecture.md").read_text()
     for k in Kind:
         assert f"| `{k.value}` | {k.heading} |" in doc, k.value
     f = Finding(kind="host_swap", severity="warning", confidence=0.9, summary="s")
@@ -802,12 +750,11 @@ def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
     """Every rule declares the kinds it may report and the section of docs/diagnosis.md that
     explains it; together they cover every kind; the thresholds are read off the rules."""
     import re
-    from pathlib import Path
 
     from stallscope.analysis.diagnose import Kind
     from stallscope.analysis.diagnose.rules import RULES
 
-    headings = set(re.findall(r"^#+ (.+)$", (Path(__file__).parents[1] / "docs"
+    headings = set(re.findall(r"^#+ (.+)$", (ROOT / "docs"
                                               / "diagnosis.md").read_text(), re.M))
     for spec in RULES:
         assert spec.docs in headings, (spec.name, spec.docs)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "stallscope"
+from conftest import ROOT as REPO
+
+ROOT = REPO / "stallscope"
 
 #: top-level part of the package -> layer; a module may import only its own layer or lower ones
 LAYER = {

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conftest import FIXTURES
+
 from stallscope.sources.gpu import APP_XIDS, XID_MEANINGS, GpuSource
 from stallscope.testing.nvml_replay import NvmlReplay
 
-FIXTURES = Path(__file__).parent / "fixtures"
 H200_REC = FIXTURES / "gpu-h200" / "nvml-h200-load-nvml-580.159.04.json"
 H100_LOAD = FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
 #: one `nvidia-smi --query-gpu=...` spawn for the same fields on that H200 (issue 38, median of

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, tool_missing
+from conftest import ROOT, TESTS_DIR, tool_missing
 
 from stallscope.sources.blockdev import describe_path
 from stallscope.sources.disk import FIELDS, DiskSource
@@ -90,8 +90,11 @@ class _Load:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Load:
+        # this file run as a script: its imports (conftest) live one folder up, in tests/
+        path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen([sys.executable, __file__, str(self.workdir)],
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE,
+                                     env={**os.environ, "PYTHONPATH": path})
         return self
 
     def check(self) -> None:

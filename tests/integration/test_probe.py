@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import env_without_stallscope, make_run
+from conftest import ROOT, env_without_stallscope, make_run
 
 from stallscope import probe as probe_mod
 from stallscope.probe import Probe, StepTimer, Watched, batch_size_of, h2d, loader_config
@@ -33,9 +33,6 @@ import itertools
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
 

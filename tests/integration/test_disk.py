@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,7 +32,6 @@ from stallscope.sources.disk import (
     parse_diskstats,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
 VM = FIXTURES / "sys-vm-6.18-loop-overlay"
 SERVER = FIXTURES / "sys-typical-server"
 

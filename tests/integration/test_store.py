@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from stallscope.errors import RunNotFound
 from stallscope.store import (
@@ -199,7 +200,7 @@ def test_finished_run_reads_from_a_read_only_directory(tmp_path: Path) -> None:
     base = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
         os.chmod(base, 0o755)
-        pkg = Path(__file__).resolve().parent.parent / "stallscope"
+        pkg = ROOT / "stallscope"
         shutil.copytree(pkg, base / "stallscope")  # importable by nobody, wherever the repo is
         ro = base / "archived"
         ro.mkdir()

@@ -13,14 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import env_without_stallscope, make_run
+from conftest import ROOT, env_without_stallscope, make_run
 
 from stallscope.probe import recorder as recorder_mod
 from stallscope.probe.recorder import EventLike, Recorder, StepRecord
 from stallscope.store import RunStore, StepRow, list_runs, read_meta
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 pytestmark = pytest.mark.usefixtures("probe_env")  # (conftest.py)
 
@@ -250,7 +247,8 @@ def test_standalone_meta_keeps_loader_config_by_rank(tmp_path: Path) -> None:
     assert meta["loader_config"]["0"]["loader"]["loader_type"] == "builtins.list"
     assert meta["loader_config"]["0"]["loader"]["len"] == 6
     assert meta["probe"] == {"steps": 12, "dropped": 0, "lost": 0}
-    # the same Session as `stallscope run`: the same meta.json keys (tests/test_session.py)
+    # the same Session as `stallscope run`: the same meta.json keys
+    # (tests/integration/test_session.py)
     from conftest import META_KEYS
 
     assert META_KEYS <= set(meta), META_KEYS - set(meta)

@@ -3,7 +3,8 @@
 
 These runs are bound by the throttled reads, not by the CPU: they ran the same with a CPU hog
 beside the suite, so the one without the probe shares the machine in the parallel pass (the
-other scenario trainings measure CPU-bound work and run alone: tests/test_scenarios.py)."""
+other scenario trainings measure CPU-bound work and run alone:
+tests/scenarios/test_scenarios.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The proof: shipped example trainers reproduce each bottleneck for real on the CPU, run under
 `stallscope run`, and the diagnosis names it — within 12 s of training (15 s for several epochs,
 and where a fix's speed-up is measured against a run of the same length). The fetch stall (cold
-reads through a throttle, not CPU-bound) is in tests/test_scenarios_fetch.py.
+reads through a throttle, not CPU-bound) is in tests/scenarios/test_scenarios_fetch.py.
 
 Verdicts and stall fractions are appended to artifacts/scenarios.json for the record.
 """
@@ -86,8 +86,8 @@ def compare_fix(scenario: str, a: dict[str, Any], b: dict[str, Any], est: float,
 
 PREP = ["--prep-cost", "40", "--workers", "1", "--model", "tiny"]
 #: no probe and no sampled stacks: what the diagnosis makes of system metrics alone (when
-#: sampling is refused or impossible); tests/test_scenarios_zero_code.py has the same trainings
-#: with their stacks sampled
+#: sampling is refused or impossible); tests/scenarios/test_scenarios_zero_code.py has the same
+#: trainings with their stacks sampled
 SYSTEM_ONLY = ["--no-stacks"]
 
 
@@ -215,7 +215,7 @@ def test_compute_bound(compute_run: dict[str, Any]) -> None:
 
 # host_swap is not reproduced here: provoking swap means pushing a shared CI box into memory
 # pressure (and it has no swap device); the rule is tested on fixed inputs in
-# tests/test_diagnose.py::test_host_swap_and_shm.
+# tests/unit/test_diagnose.py::test_host_swap_and_shm.
 
 
 def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from conftest import FIXTURES
 
 from stallscope import metrics
 from stallscope.collect import Collector, Sample, Sink, StoreSink
@@ -176,7 +177,7 @@ def test_events_from_a_source_reach_the_run(tmp_path: Path) -> None:
     from stallscope.sources.gpu import GpuSource
     from stallscope.testing.nvml_replay import NvmlReplay
 
-    fixtures = Path(__file__).parent / "fixtures"
+    fixtures = FIXTURES
     replay = NvmlReplay(json.loads(sorted(fixtures.glob("nvml-replay-*.json"))[0].read_text()))
 
     src = GpuSource(backend=replay)

@@ -6,7 +6,7 @@ share must come within 0.05 of the share each training measured itself (the time
 that other processes keep busy, it may read up to 0.08 below (BUSY_LOW).
 
 Both figures are printed (``pytest -s`` shows them) and appended to artifacts/scenarios.jsonl,
-as tests/test_scenarios.py does.
+as tests/scenarios/test_scenarios.py does.
 """
 
 from __future__ import annotations

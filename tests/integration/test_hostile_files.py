@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import stallscope_argv
+from conftest import FIXTURES, stallscope_argv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +21,7 @@ from stallscope.sources.stacks.aggregate import read_records
 from stallscope.stats import fit_line
 from stallscope.store import RunStore
 
-RUN = Path(__file__).parent / "fixtures" / "gpu-h200" / "runs" / "compute-probe"
+RUN = FIXTURES / "gpu-h200" / "runs" / "compute-probe"
 
 
 def copy_run(tmp_path: Path) -> Path:

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FIXTURES
 
 from stallscope.analysis.diagnose import diagnose_run
 
-RUNS = Path(__file__).parent / "fixtures" / "gpu-h200" / "runs"
+RUNS = FIXTURES / "gpu-h200" / "runs"
 
 #: run -> (verdict, the trainer's own data-wait share, pinned persistent workers)
 TRUTH = {
@@ -94,7 +95,7 @@ def test_prep_probe_gpu_waits_between_steps(tmp_path: Path) -> None:
 
 
 # --- the GPU check's nine trainings (tests/fixtures/gpu-h200/session3, benchmarks/gpu_check.py) ---
-SESSION3 = Path(__file__).parent / "fixtures" / "gpu-h200" / "session3"
+SESSION3 = FIXTURES / "gpu-h200" / "session3"
 #: training-mode -> (the trainer's own verdict, its own data-wait share), from table.txt there
 CHECK_TRUTH = {
     "input-run": ("input_bound.prep", 0.906), "input-probe": ("input_bound.prep", 0.891),

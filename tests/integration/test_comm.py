@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_diagnose import T0, procs, run, ser
+from diagnose_inputs import T0, procs, run, ser
 
 from stallscope.analysis.diagnose import diagnose
 from stallscope.sources.comm import CommClock, _timed_call, timed_hook

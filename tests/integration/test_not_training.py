@@ -2,7 +2,7 @@
 sleeping children and sleeps, under `stallscope run`, was called input_bound.prep (critical,
 "up to 20x faster"), and `run --pid 1` input_bound.fetch. A training that only reads (its
 workers in D state, little CPU) still gets its verdict: the rule asks for no CPU, no reads and
-no D state at once (tests/test_diagnose.py has the input-bound cases)."""
+no D state at once (tests/unit/test_diagnose.py has the input-bound cases)."""
 
 from __future__ import annotations
 
