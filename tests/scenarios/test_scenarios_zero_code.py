@@ -2,8 +2,9 @@
 run` as a user runs theirs: nothing imported, no probe, only the stacks sampled from inside the
 trainer. The diagnosis must name the bottleneck from the sampled stacks, and its data-wait
 share must come within 0.05 of the share each training measured itself (the time in
-``next(iterator)`` over the loop's wall time, printed as ``data wait: X of Y s``); on a host
-that other processes keep busy, it may read up to 0.08 below (BUSY_LOW).
+``next(iterator)`` over the loop's wall time, printed as ``data wait: X of Y s``: the
+trainings' helper tests/trainings/_truth.py); on a host that other processes keep busy, it may
+read up to 0.08 below (BUSY_LOW).
 
 Both figures are printed (``pytest -s`` shows them) and appended to artifacts/scenarios.jsonl,
 as tests/scenarios/test_scenarios.py does.

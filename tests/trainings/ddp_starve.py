@@ -10,18 +10,19 @@ measures its own data wait (the time spent in ``next(iterator)``, over the train
 wall time) and prints it at the end as ``rank 1 data wait: 87.3% of 15.1 s (measured by the
 trainer)``. The ranks stop together: each step they all-reduce whether any one is out of time.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     torchrun --nproc_per_node 2 ddp_starve.py --seconds 15
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _truth import arguments, blur, train_for, truth
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
@@ -44,20 +45,13 @@ class Images(Dataset):
     def __getitem__(self, i: int):
         x = self.images[i]
         if self.rounds:
-            a = x.numpy()
-            for _ in range(self.rounds):
-                a = 0.25 * (np.roll(a, 1, 1) + np.roll(a, -1, 1) + np.roll(a, 1, 2)
-                            + np.roll(a, -1, 2))
-                a = np.tanh(1.5 * a + 0.1)
+            a = blur(x.numpy(), self.rounds)
             x = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         return x, self.labels[i]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap = arguments(__doc__, workers=1, batch_size=16)
     ap.add_argument("--slow-rank", type=int, default=1)
     args = ap.parse_args()
 
@@ -73,40 +67,24 @@ def main() -> int:
     model = DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    wait = 0.0
-    steps = 0
-    start = time.perf_counter()
-    done = False
-    epoch = 0
-    while not done:
-        sampler.set_epoch(epoch)
-        t = time.perf_counter()
-        it = iter(loader)
-        wait += time.perf_counter() - t
-        while True:
-            t = time.perf_counter()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            finally:
-                wait += time.perf_counter() - t
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            steps += 1
-            out_of_time = torch.tensor([float(time.perf_counter() - start >= args.seconds)])
-            dist.all_reduce(out_of_time, op=dist.ReduceOp.MAX)
-            if out_of_time.item():
-                done = True
-                break
-        epoch += 1
-    wall = time.perf_counter() - start
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def any_out_of_time(mine: bool) -> bool:
+        out_of_time = torch.tensor([float(mine)])
+        dist.all_reduce(out_of_time, op=dist.ReduceOp.MAX)
+        return bool(out_of_time.item())
+
+    run = train_for(args.seconds, loader, step, new_epoch=sampler.set_epoch,
+                    stop=any_out_of_time)
     # both lines in one write: the ranks share torchrun's stdout
-    print(f"rank {rank}: {steps} steps, last loss {loss.item():.3f}\n"
-          f"rank {rank} data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
-          "(measured by the trainer)", flush=True)
+    print(f"rank {rank}: {run.steps} steps, last loss {run.last.item():.3f}\n"
+          f"{truth(run.wait, run.wall, rank=rank)}", flush=True)
     dist.destroy_process_group()
     return 0
 

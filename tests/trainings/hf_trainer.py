@@ -12,6 +12,9 @@ training loop (from the Trainer's first request for a batch to the end of traini
 ``data wait: 87.3% of 15.1 s (measured by the trainer)`` at the end. Offline: no hub access, no
 reporting, no checkpoints.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python hf_trainer.py --seconds 15
 """
 
@@ -24,12 +27,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse
 import tempfile
 import time
 
 import numpy as np
 import torch
+from _truth import TimedBatches, arguments, blur, truth
 from torch.utils.data import Dataset
 from transformers import (
     BertConfig,
@@ -54,51 +57,23 @@ class SlowFeatures(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng(i)
-        x = rng.random((3, 96, 96), dtype=np.float32)
-        for _ in range(self.rounds):
-            x = 0.25 * (np.roll(x, 1, 1) + np.roll(x, -1, 1) + np.roll(x, 1, 2)
-                        + np.roll(x, -1, 2))
-            x = np.tanh(1.5 * x + 0.1)
+        x = blur(rng.random((3, 96, 96), dtype=np.float32), self.rounds)
         ids = (np.abs(x.reshape(-1)[: SEQ * 7 : 7]) * 1e4).astype(np.int64) % VOCAB
         return {"input_ids": torch.from_numpy(ids),
                 "attention_mask": torch.ones(SEQ, dtype=torch.long),
                 "labels": torch.tensor(i % 2)}
 
 
-class TimedBatches:
-    """The Trainer's DataLoader, with the time spent getting each batch added up."""
-
-    def __init__(self, loader) -> None:
-        self.loader = loader
-        self.wait = 0.0
-        self.first: float | None = None
-
-    def __len__(self) -> int:
-        return len(self.loader)
+class TrainerBatches(TimedBatches):
+    """The Trainer's DataLoader, timed; every other attribute is the DataLoader's."""
 
     def __getattr__(self, name: str):
         return getattr(self.loader, name)
 
-    def __iter__(self):
-        t = time.perf_counter()
-        if self.first is None:
-            self.first = t
-        it = iter(self.loader)
-        self.wait += time.perf_counter() - t
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.wait += time.perf_counter() - t
-                return
-            self.wait += time.perf_counter() - t
-            yield batch
-
 
 class TimedTrainer(Trainer):
     def get_train_dataloader(self):
-        self.timed = TimedBatches(super().get_train_dataloader())
+        self.timed = TrainerBatches(super().get_train_dataloader())
         return self.timed
 
 
@@ -122,11 +97,9 @@ class StopAfter(TrainerCallback):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
+    ap = arguments(__doc__, batch_size=8)
     ap.add_argument("--workers", type=int, default=0,
                     help="dataloader_num_workers (the Trainer's default: 0)")
-    ap.add_argument("--batch-size", type=int, default=8)
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -145,11 +118,10 @@ def main() -> int:
         trainer = TimedTrainer(model=model, args=targs, train_dataset=SlowFeatures(),
                                callbacks=[stop])
         result = trainer.train()
-    timed = trainer.timed
-    wall = stop.end - (timed.first if timed.first is not None else stop.start)
+    timer = trainer.timed.timer
+    wall = stop.end - (timer.first if timer.first is not None else stop.start)
     print(f"{result.global_step} steps, loss {result.training_loss:.3f}", flush=True)
-    print(f"data wait: {100 * timed.wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
-          flush=True)
+    print(truth(timer.seconds, wall), flush=True)
     return 0
 
 

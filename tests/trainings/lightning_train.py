@@ -10,68 +10,23 @@ times each ``next()`` on it; the wait is that time over the wall time of the fit
 first request for a batch to ``on_train_end``). It prints ``data wait: 87.3% of 15.1 s
 (measured by the trainer)`` at the end.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python lightning_train.py --seconds 15
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 import torch.nn.functional as F
+from _truth import BlurredImages, TimedBatches, arguments, report
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class BlurredImages(Dataset):
-    """Random 3×96×96 images, each blurred and tone-mapped ``rounds`` times when it is read."""
-
-    def __init__(self, n: int = 2048, size: int = 96, rounds: int = 100, classes: int = 10):
-        self.n, self.size, self.rounds, self.classes = n, size, rounds, classes
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        rng = np.random.default_rng(i)
-        x = rng.random((3, self.size, self.size), dtype=np.float32)
-        for _ in range(self.rounds):
-            x = 0.25 * (np.roll(x, 1, 1) + np.roll(x, -1, 1) + np.roll(x, 1, 2)
-                        + np.roll(x, -1, 2))
-            x = np.tanh(1.5 * x + 0.1)
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), i % self.classes
-
-
-class TimedBatches:
-    """A DataLoader, with the time spent getting each batch added up."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-        self.wait = 0.0
-        self.first: float | None = None
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        t = time.perf_counter()
-        if self.first is None:
-            self.first = t
-        it = iter(self.loader)
-        self.wait += time.perf_counter() - t
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.wait += time.perf_counter() - t
-                return
-            self.wait += time.perf_counter() - t
-            yield batch
+from torch.utils.data import DataLoader
 
 
 class TinyClassifier(pl.LightningModule):
@@ -100,11 +55,7 @@ class TinyClassifier(pl.LightningModule):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=16)
-    args = ap.parse_args()
+    args = arguments(__doc__, workers=1, batch_size=16).parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
 
     pl.seed_everything(0, verbose=False)
@@ -114,11 +65,8 @@ def main() -> int:
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(model)
-    timed = model.timed
-    wall = model.end - timed.first
-    print(f"{trainer.global_step} steps", flush=True)
-    print(f"data wait: {100 * timed.wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
-          flush=True)
+    timer = model.timed.timer
+    report(trainer.global_step, timer.seconds, model.end - timer.first)
     return 0
 
 

@@ -7,25 +7,23 @@ A held-out training, written as a user writes one: it contains no stallscope cod
 its own data wait (the time spent in ``next(iterator)``, over the training loop's wall time)
 and prints it at the end as ``data wait: 1.2% of 15.1 s (measured by the trainer)``.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python torch_compute.py --seconds 15
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import torch
 import torch.nn.functional as F
+from _truth import arguments, report, train_for
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--batch-size", type=int, default=32)
-    args = ap.parse_args()
+    args = arguments(__doc__, batch_size=32).parse_args()
 
     g = torch.Generator().manual_seed(0)
     images = torch.rand(2048, 3, 32, 32, generator=g)
@@ -39,32 +37,16 @@ def main() -> int:
         nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    wait = 0.0
-    steps = 0
-    start = time.perf_counter()
-    done = False
-    while not done:
-        it = iter(loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            finally:
-                wait += time.perf_counter() - t
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            steps += 1
-            if time.perf_counter() - start >= args.seconds:
-                done = True
-                break
-    wall = time.perf_counter() - start
-    print(f"{steps} steps, last loss {loss.item():.3f}", flush=True)
-    print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
-          "(measured by the trainer)", flush=True)
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = train_for(args.seconds, loader, step)
+    report(run.steps, run.wait, run.wall, loss=run.last)
     return 0
 
 

@@ -7,76 +7,38 @@ A held-out training, written as a user writes one: it contains no stallscope cod
 its own data wait (the time spent in ``next(iterator)``, over the training loop's wall time)
 and prints it at the end as ``data wait: 87.3% of 15.1 s (measured by the trainer)``.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python torch_inline.py --seconds 15
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-
-import numpy as np
 import torch
 import torch.nn.functional as F
+from _truth import BlurredImages, arguments, report, train_for
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class BlurredImages(Dataset):
-    """Random 3×96×96 images, each blurred and tone-mapped ``rounds`` times when it is read."""
-
-    def __init__(self, n: int = 2048, size: int = 96, rounds: int = 100, classes: int = 10):
-        self.n, self.size, self.rounds, self.classes = n, size, rounds, classes
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        rng = np.random.default_rng(i)
-        x = rng.random((3, self.size, self.size), dtype=np.float32)
-        for _ in range(self.rounds):
-            x = 0.25 * (np.roll(x, 1, 1) + np.roll(x, -1, 1) + np.roll(x, 1, 2)
-                        + np.roll(x, -1, 2))
-            x = np.tanh(1.5 * x + 0.1)
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), i % self.classes
+from torch.utils.data import DataLoader
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--batch-size", type=int, default=16)
-    args = ap.parse_args()
+    args = arguments(__doc__, batch_size=16).parse_args()
 
     loader = DataLoader(BlurredImages(), batch_size=args.batch_size, shuffle=True)
     model = nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    wait = 0.0
-    steps = 0
-    start = time.perf_counter()
-    done = False
-    while not done:
-        it = iter(loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            finally:
-                wait += time.perf_counter() - t
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            steps += 1
-            if time.perf_counter() - start >= args.seconds:
-                done = True
-                break
-    wall = time.perf_counter() - start
-    print(f"{steps} steps, last loss {loss.item():.3f}", flush=True)
-    print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s "
-          "(measured by the trainer)", flush=True)
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = train_for(args.seconds, loader, step)
+    report(run.steps, run.wait, run.wall, loss=run.last)
     return 0
 
 

@@ -11,12 +11,14 @@ A held-out training, written as a user writes one: it contains no stallscope cod
 its own data wait (the time spent in ``next(iterator)``, over the training loop's wall time)
 and prints it at the end as ``data wait: 87.3% of 15.1 s (measured by the trainer)``.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python torch_jpeg.py --seconds 15
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _truth import arguments, report, train_for
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -78,11 +81,8 @@ class ImageFolder(Dataset):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--workers", type=int, default=1)
+    ap = arguments(__doc__, workers=1, batch_size=32)
     ap.add_argument("--files", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=32)
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="photos-"))
@@ -95,34 +95,16 @@ def main() -> int:
         model = nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 5))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-        wait = 0.0
-        steps = 0
-        start = time.perf_counter()
-        done = False
-        while not done:
-            t = time.perf_counter()
-            it = iter(loader)
-            wait += time.perf_counter() - t
-            while True:
-                t = time.perf_counter()
-                try:
-                    x, y = next(it)
-                except StopIteration:
-                    break
-                finally:
-                    wait += time.perf_counter() - t
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                steps += 1
-                if time.perf_counter() - start >= args.seconds:
-                    done = True
-                    break
-        wall = time.perf_counter() - start
-        print(f"{steps} steps, last loss {loss.item():.3f}", flush=True)
-        print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
-              flush=True)
+        def step(batch):
+            x, y = batch
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = train_for(args.seconds, loader, step)
+        report(run.steps, run.wait, run.wall, loss=run.last)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

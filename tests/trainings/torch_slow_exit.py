@@ -7,16 +7,19 @@ A held-out training, written as a user writes one: it contains no stallscope cod
 its own data wait over its loop and prints ``data wait: 1.2% of 6.0 s (measured by the
 trainer)``, then ``exit: joined workers in 5.9 s``.
 
+What the trainings here share (the timing, the loop, the closing lines, the options) is in
+``_truth.py`` beside it, which holds no stallscope code either.
+
     python torch_slow_exit.py --seconds 6 --stuck 8
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.nn.functional as F
+from _truth import DataWait, arguments, report
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -37,8 +40,7 @@ class Items(Dataset):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap = arguments(__doc__, seconds=6.0)
     ap.add_argument("--stuck", type=float, default=8.0)
     args = ap.parse_args()
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
@@ -47,24 +49,20 @@ def main() -> int:
     deadline = time.time() + 3.0 + args.seconds  # 3 s for the workers to start
     loader = DataLoader(Items(10_000_000, deadline, args.stuck), batch_size=8, num_workers=2)
     it = iter(loader)
-    wait, steps = 0.0, 0
+    wait, steps = DataWait(), 0
     start = time.perf_counter()
     extra = 2  # batches taken after the deadline (ready before it): one request per worker
     while time.time() < deadline or extra:
         if time.time() >= deadline:
             extra -= 1
-        t = time.perf_counter()
-        x, y = next(it)
-        wait += time.perf_counter() - t
+        with wait:
+            x, y = next(it)
         for _ in range(20):  # compute: the loader keeps up easily
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
         steps += 1
-    wall = time.perf_counter() - start
-    print(f"{steps} steps", flush=True)
-    print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
-          flush=True)
+    report(steps, wait.seconds, time.perf_counter() - start)
     # both workers are now inside slow samples: letting go of the loader joins them
     t = time.perf_counter()
     del it
