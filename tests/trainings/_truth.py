@@ -92,6 +92,8 @@ def truth(wait: float, wall: float, rank: int | None = None) -> str:
 def report(steps: int, wait: float, wall: float, loss: Any = None) -> None:
     """The two closing lines of a training: its steps (and its last loss, when given), then
     :func:`truth`."""
+    if hasattr(loss, "detach"):
+        loss = loss.detach()
     last = "" if loss is None else f", last loss {float(loss):.3f}"
     print(f"{steps} steps{last}", flush=True)
     print(truth(wait, wall), flush=True)
@@ -138,6 +140,23 @@ def train_for(seconds: float, loader: Iterable[Any], step: Callable[[Any], Any],
             if done:
                 return Trained(steps, wait.seconds, time.perf_counter() - start, last)
         epoch += 1
+
+
+def classify_step(model: torch.nn.Module, opt: torch.optim.Optimizer
+                  ) -> Callable[[Any], Any]:
+    """The training step of an image classifier as a user writes one: forward, cross-entropy,
+    backward, optimizer step; returns the loss."""
+    import torch.nn.functional as F
+
+    def step(batch: Any) -> Any:
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
 
 
 def blur(x: np.ndarray, rounds: int) -> np.ndarray:

@@ -21,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from _truth import arguments, blur, train_for, truth
+from _truth import arguments, blur, classify_step, train_for, truth
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
@@ -67,13 +66,7 @@ def main() -> int:
     model = DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    def step(batch):
-        x, y = batch
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = classify_step(model, opt)
 
     def any_out_of_time(mine: bool) -> bool:
         out_of_time = torch.tensor([float(mine)])

@@ -16,8 +16,7 @@ What the trainings here share (the timing, the loop, the closing lines, the opti
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from _truth import arguments, report, train_for
+from _truth import arguments, classify_step, report, train_for
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -37,13 +36,7 @@ def main() -> int:
         nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step(batch):
-        x, y = batch
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = classify_step(model, opt)
 
     run = train_for(args.seconds, loader, step)
     report(run.steps, run.wait, run.wall, loss=run.last)

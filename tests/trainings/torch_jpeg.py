@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from _truth import arguments, report, train_for
+from _truth import arguments, classify_step, report, train_for
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -95,13 +94,7 @@ def main() -> int:
         model = nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 5))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-        def step(batch):
-            x, y = batch
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = classify_step(model, opt)
 
         run = train_for(args.seconds, loader, step)
         report(run.steps, run.wait, run.wall, loss=run.last)
