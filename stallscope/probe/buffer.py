@@ -33,8 +33,8 @@ __all__ = [
 #: 1 kHz)
 DEFAULT_CAPACITY = 65536
 #: steps shorter than this are summed, consecutive ones, into records that span at least it
-#: (a step this long or longer is a record of its own): the writer's cost per record (2.5-5 us
-#: of CPU, most of it in SQLite) then stays under 0.15% of any step
+#: (a step this long or longer is a record of its own): the writer's cost per record (2-7 us
+#: of CPU, most of it in SQLite) then stays under 0.2% of any step
 #: (benchmarks/bench_probe_cuda.py). ``$STALLSCOPE_GROUP_MS`` changes it; 0: a record a step
 GROUP_S = 4e-3
 #: steps shorter than this (on average over a record) have only their end read; one in

@@ -206,8 +206,8 @@ class StepWriter:
                 if self._said_drop == 0 or final:
                     store.add_event(
                         time.time(), "probe", "dropped",
-                        f"rank {rec.rank}: probe buffer full ({rec.buffer.capacity} steps), "
-                        f"{dropped_now} step records dropped so far")
+                        f"rank {rec.rank}: probe buffer full ({rec.buffer.capacity} step "
+                        f"records), {dropped_now} steps dropped so far")
                 self._said_drop = dropped_now
             store.set_probe(rec.rank, rec.pid, rec.stored_config(), self.written, dropped_now)
         except Exception as exc:  # disk full, locked too long, read-only: count, say once

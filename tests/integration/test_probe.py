@@ -508,7 +508,7 @@ def test_buffer_overflow_drops_and_counts(tmp_path: Path) -> None:
     store = RunStore(run_dir / "run.db", readonly=True)
     events = store.events()
     store.close()
-    assert any(e["kind"] == "dropped" and "15 step records dropped" in e["message"]
+    assert any(e["kind"] == "dropped" and "15 steps dropped" in e["message"]
                for e in events)
 
 
