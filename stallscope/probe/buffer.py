@@ -33,14 +33,16 @@ __all__ = [
 #: 1 kHz)
 DEFAULT_CAPACITY = 65536
 #: steps shorter than this are summed, consecutive ones, into records that span at least it
-#: (a step this long or longer is a record of its own): the writer's cost per record (2-7 us
-#: of CPU, most of it in SQLite) then stays under 0.2% of any step
-#: (benchmarks/bench_probe_cuda.py). ``$STALLSCOPE_GROUP_MS`` changes it; 0: a record a step
-GROUP_S = 4e-3
-#: steps shorter than this (on average over a record) have only their end read; one in
-#: SAMPLE_EVERY, at random gaps, is timed in full (data wait apart), and a record's data wait is
-#: its wall time times those steps' wait share: two clock reads and the bookkeeping of a step
-#: timed in full cost ~0.5 us, 1% of a 50-us step (benchmarks/bench_probe_cuda.py)
+#: (a step this long or longer is a record of its own): the writer's cost per record (6-16 us
+#: on the 2-core VM, most of it in SQLite, counted as if all of it were the trainer's) then
+#: stays under 0.1% of any step (benchmarks/bench_probe_cuda.py; at 4 ms it was 0.4%).
+#: ``$STALLSCOPE_GROUP_MS`` changes it; 0: a record a step
+GROUP_S = 16e-3
+#: steps shorter than this (on average over a record) are timed on a sample: one in
+#: SAMPLE_EVERY, at random gaps, is timed in full (data wait apart), the others only counted,
+#: and a record's data wait is its steps times those steps' mean wait; timing every step (two
+#: clock reads of ~85 ns each and the bookkeeping) costs ~0.5 us, 1% of a 50-us step
+#: (benchmarks/bench_probe_cuda.py)
 SAMPLED_STEP_S = 200e-6
 #: one step in this many (on average) is timed in full in a sampled record
 SAMPLE_EVERY = 8

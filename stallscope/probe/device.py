@@ -26,17 +26,17 @@ EVENT_RECORD_S = 7e-6
 #: lock): 53 us on an H200, where timing every 3.3-ms step took it to 3.359 ms from 3.306 ms
 #: (tests/fixtures/gpu-h200/session3/probe-cuda.log); four records alone would say 28 us
 TIMED_STEP_S = 55e-6
-#: the share of a step the probe's device timing may cost on average (a quarter of the probe's
-#: 1%: its host side takes up to 0.75% of a 50-us step, benchmarks/bench_probe_cuda.py)
-DEVICE_TIMING_SHARE = 0.0025
+#: the share of a step the probe's device timing may cost on average (a fifth of the probe's
+#: 1%: its host side takes up to 0.65% of a 50-us step, benchmarks/bench_probe_cuda.py)
+DEVICE_TIMING_SHARE = 0.002
 #: at most one timed pair of steps in this many
-MAX_TIMING_EVERY = 1000
+MAX_TIMING_EVERY = 2000
 
 
 def timing_every(step_s: float) -> int:
     """Time the device on a pair of consecutive steps once every this many steps, so that a
     pair (two :data:`TIMED_STEP_S`) costs at most :data:`DEVICE_TIMING_SHARE` of the steps'
-    time: every step from 44 ms up, one pair in 440 for a 0.1-ms step. The second step of a
+    time: every step from 55 ms up, one pair in 550 for a 0.1-ms step. The second step of a
     pair gives the GPU's gap between steps; a regular subsample keeps both shares unbiased."""
     if not step_s > 0:
         return 1

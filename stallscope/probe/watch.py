@@ -68,10 +68,12 @@ class Watched(Generic[T]):
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[T]:
+        """The epoch's iterator: the loader's own when the probe is off; else the step loop,
+        the epoch begun now (a plain function, not a generator: each level of generators a
+        batch passes through costs it ~30 ns)."""
         p = self.probe
         if p is None or not p.active:
-            yield from self.loader
-            return
+            return iter(self.loader)
         perf = time.perf_counter
         tuner = self.tuner
         if tuner is not None:
@@ -83,8 +85,15 @@ class Watched(Generic[T]):
             gpu = p.device.ready()
         except Exception as exc:  # never stop the trainer: fall back to plain iteration
             warn(f"probe disabled for this loader: {exc!r}")
-            yield from it
-            return
+            return it
+        if tuner is None:
+            return self._steps(p, it, epoch, gpu, t_req, t_start)
+        return self._tuned(p, tuner, it, epoch, gpu, t_req, t_start)
+
+    def _tuned(self, p: Recorder, tuner: Any, it: Iterator[T], epoch: int, gpu: bool,
+               t_req: float, t_start: float) -> Iterator[T]:
+        """The step loop under the loader autotune, which may have to take back the
+        configuration it set before this epoch."""
         before = p.state.step  # the step count moves with each batch the loader hands over
         try:
             yield from self._steps(p, it, epoch, gpu, t_req, t_start)
@@ -92,9 +101,9 @@ class Watched(Generic[T]):
             # the configuration autotune set before this epoch failed before its first batch
             # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
             # there): back to the one that worked, this same epoch, said once
-            if tuner is None or p.state.step != before or not tuner.revert(exc):
+            if p.state.step != before or not tuner.revert(exc):
                 raise
-            t_req = t_start = perf()
+            t_req = t_start = time.perf_counter()
             yield from self._steps(p, iter(self.loader), epoch, gpu, t_req, t_start)
 
     def _steps(self, p: Recorder, it: Iterator[T], epoch: int, gpu: bool, t_req: float,
@@ -111,7 +120,7 @@ class Watched(Generic[T]):
         cur = first = state.step
         timed, lone, fast = False, True, False  # lone: the epoch's first step, a record alone
         acc: list[Any] = [0, 0.0]  # the epoch's samples and data wait, for the autotune
-        t_got = first_wait = 0.0
+        t_got = first_wait = mean_s = 0.0
         ev0 = marks = batch = None
         pairs = Pairs(perf(), cur)  # which steps the device times (device.py)
         # the record under way: its start, steps, data waits, host times, and the batches
@@ -150,7 +159,7 @@ class Watched(Generic[T]):
                         gpu = maybe_gpu = marks is not None
                         pairs.timed(t_req, cur)
                     if g_n > 1:  # steps this short: ends read, one in SAMPLE_EVERY timed in full
-                        fast = t_req - g_t0 < SAMPLED_STEP_S * g_n
+                        fast = (mean_s := (t_req - g_t0) / g_n) < SAMPLED_STEP_S
                     acc[0] += _record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, marks)
                     acc[1] += g_wait
                     first_wait = first_wait or g_wait  # the workers' start-up, for the autotune
@@ -162,7 +171,8 @@ class Watched(Generic[T]):
                     g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
                     if fast and (not gpu or pairs.left > 2 * SAMPLE_EVERY):
                         out, cur, t_req, sizer, until = yield from self._sampled(
-                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1)
+                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1,
+                            mean_s)
                         g_t0, pairs.left = t_req, max(0, until) if gpu else pairs.left
                         if out:
                             break
@@ -178,21 +188,25 @@ class Watched(Generic[T]):
             self._epoch_end(p, state.step - first, t_start, acc[1], acc[0], first_wait)
 
     def _sampled(self, p: Recorder, it: Iterator[T], epoch: int, cur: int, t_end: float,
-                 acc: list[Any], sizer: Any, until: int
+                 acc: list[Any], sizer: Any, until: int, step_s: float
                  ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
-        """Steps shorter than :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, summed a record
-        per ``group_s`` as in :meth:`_steps`, but only each step's end read: one step in about
-        :data:`~stallscope.probe.buffer.SAMPLE_EVERY`, at random gaps (no loader's period can
-        line up with them), is timed in full, its data wait apart; a record's data wait is its
-        steps times their mean wait (what goes beyond its wall time carried to the next record,
-        so the sum stays unbiased), its host time the rest. ``until``:
-        steps before a device-timed pair is due (-1: no device timing). Returns (the loader ran
-        out, the last step, when it ended, the sizer, steps still before the pair) once steps
-        are longer again, the pair is due, device timing can start, or the loader ran out."""
+        """Steps shorter than :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, a record per
+        ``group_s`` as in :meth:`_steps`; one in about :data:`~stallscope.probe.buffer.
+        SAMPLE_EVERY`, at random gaps (no loader's period lines up with them), is timed in full
+        (the step before it reads its own end); the others are only counted (a clock read costs
+        ~85 ns, 0.17% of a 50-us step). A record ends with a timed step (its wall time exact);
+        its data wait is its steps times their mean wait (any excess over its wall time carried
+        to the next record: the sum stays unbiased). The epoch's untimed last steps end at the
+        last reading plus their mean step (``step_s`` at first), never after the clock.
+        ``until``: steps before a device-timed pair is due (-1: no device timing). Returns (the
+        loader ran out, the last step, when it ended, the sizer, steps before the pair) once
+        steps are longer again, the pair is due, device timing can start, or the loader ran
+        out."""
         perf = time.perf_counter
         state, due, dev, group_s = p.state, p.alerts.due, p.device, p.group_s
         wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
         g_t0, base, entry = t_end, cur, cur  # the record's start, the step before its first
+        t_in, n_read = t_end, cur  # when this stretch began; the step whose end was read last
         g_n = g_k = g_s = 0
         batch: Any = None
         w_s, j = 0.0, 0  # the timed steps' waits, and how many
@@ -203,13 +217,18 @@ class Watched(Generic[T]):
             while True:
                 try:
                     batch = next(it)
-                except StopIteration:
+                except StopIteration:  # (an untimed last step's end: below)
                     return True, cur, t_end, sizer, until - (cur - entry)
                 cur = state.step = cur + 1
-                if left:
+                if left > 1:  # untimed: counted, no clock read
                     left -= 1
                     yield batch
-                    t_end = perf()
+                    g_n += 1
+                    continue
+                if left:  # the step before a timed one: its end is that one's request
+                    left = 0
+                    yield batch
+                    t_end, n_read = perf(), cur
                     g_n += 1
                     continue
                 t_got = perf()
@@ -219,7 +238,7 @@ class Watched(Generic[T]):
                 yield batch
                 t = perf()
                 g_n += 1
-                w_s, j, t_end = w_s + t_got - t_end, j + 1, t
+                w_s, j, t_end, n_read = w_s + t_got - t_end, j + 1, t, cur
                 gi = (gi + 1) & _GAP_MASK
                 left = _GAPS[gi] if until < 0 else min(_GAPS[gi], until - (cur - entry) - 1)
                 paired = 0 <= until <= cur - entry
@@ -237,14 +256,14 @@ class Watched(Generic[T]):
                         return False, cur, t_end, sizer, until - (cur - entry)
         finally:
             if cur > base + g_n:  # the loop body broke out or raised: its step ends now
-                t_end, g_n = perf(), g_n + 1
+                t_end, g_n, n_read = perf(), g_n + 1, cur
+            elif n_read < cur:  # the loader ran out (or raised) after untimed steps
+                t_end = _ends(perf(), t_end, cur - n_read, t_in, n_read - entry, step_s)
             if g_n:
                 span = t_end - g_t0
                 wait = max(0.0, min(span, g_n * (w_s / j if j else mean_w) + carry))
                 if left != _GAPS[gi] and sizer is not None and g_k:  # the last batch, counted
-                    last = _count(batch, sizer)[1]
-                    if last is not None:
-                        g_s, g_k = round(g_s * (g_n - 1) / g_k) + last, g_n
+                    g_s, g_k = _with_last(g_s, g_k, g_n, sizer, batch)
                 acc[0] += _record(p, cur, g_t0, g_n, wait, span - wait, g_k, g_s, epoch, None)
                 acc[1] += wait
 
@@ -270,6 +289,22 @@ def _count(batch: Any, sizer: Callable[[Any], int | None] | None
         return sizer, sizer(batch)
     except Exception:
         return sizer, None
+
+
+def _with_last(s: int, k: int, n: int, sizer: Callable[[Any], int | None], batch: Any
+               ) -> tuple[int, int]:
+    """A record's (samples, batches counted) once its last batch, uncounted so far (often a
+    short one), is counted as it is: ``n`` batches, ``k`` of the others counted with ``s``
+    samples."""
+    last = _count(batch, sizer)[1]
+    return (s, k) if last is None else (round(s * (n - 1) / k) + last, n)
+
+
+def _ends(now: float, t_read: float, k: int, t_in: float, read: int, step_s: float) -> float:
+    """When ``k`` untimed steps after a reading at ``t_read`` ended: that reading plus ``k``
+    mean steps (over the ``read`` steps since ``t_in``, else ``step_s``), never after ``now``."""
+    per = (t_read - t_in) / read if read > 0 else step_s
+    return min(now, t_read + k * per)
 
 
 def _mark(dev: Any) -> Any:
@@ -305,9 +340,7 @@ def _last_record(p: Recorder, cur: int, t0: float, n: int, wait: float, host: fl
             if ev0 is not None:
                 marks = _end_marks(p.device, ev0)
         elif sizer is not None and k:
-            last = sizer(batch)
-            if last is not None:
-                s, k = round(s * (n - 1) / k) + last, n
+            s, k = _with_last(s, k, n, sizer, batch)
         return _record(p, cur, t0, n, wait, host, k, s, epoch, marks), wait
     except Exception as exc:
         warn(f"probe could not record the last steps: {exc!r}")
@@ -349,8 +382,8 @@ _GAPS = (lambda rng: tuple(rng.randrange(2 * SAMPLE_EVERY - 1) for _ in range(40
 class Pairs:
     """Which steps a watched loop times on the device: pairs of consecutive steps (the second
     gives the GPU's gap between steps), one pair in :func:`~stallscope.probe.device.
-    timing_every` of the mean step since the last pair: every step from 44 ms up, so the
-    events' cost stays under half a percent of a step at any step length (on an H200 timing
+    timing_every` of the mean step since the last pair: every step from 55 ms up, so the
+    events' cost stays under a fifth of a percent of a step at any step length (on an H200 timing
     every step took a 50.5-us launch-bound step to 97.7 us)."""
 
     __slots__ = ("left", "n_mark", "paired", "t_mark")

@@ -286,6 +286,35 @@ def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
     assert sum(r.n for r in rows) == 40000 and len(rows) < 4000
 
 
+def test_a_sampled_epochs_untimed_last_steps_leave_out_the_loaders_exit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only one sampled step in about SAMPLE_EVERY reads the clock. When the epoch ends on
+    untimed steps, their end is the last reading plus their mean step: the loader's own exit
+    (here 0.5 s in its last ``next()``, as a DataLoader shutting its workers down) is never
+    counted as the trainer's time, whichever step the epoch ends on."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    wait, host = 2.0 ** -16, 2.0 ** -15
+    for n in range(3000, 3016):  # the last step falls on every place of the gaps
+        clock = FakeClock()
+        monkeypatch.setattr(watch_mod, "time", clock)
+
+        def batches(n: int = n, clock: FakeClock = clock) -> Iterator[torch.Tensor]:
+            for _ in range(n):
+                clock.t += wait
+                yield torch.zeros(4, 1)
+            clock.t += 0.5  # the loader's exit
+
+        run_dir = make_run(tmp_path / str(n))
+        p = new_probe(run_dir, rank=0, group_s=0.001)
+        for _ in Watched(batches(), p):
+            clock.t += host
+        p.close()
+        rows = read_steps(run_dir)
+        assert sum(r.n for r in rows) == n
+        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(n * (wait + host),
+                                                                       rel=1e-9)
+
+
 def test_a_break_in_a_sampled_record_ends_its_step(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     wait, host = 2.0 ** -16, 2.0 ** -15
@@ -448,7 +477,7 @@ def test_under_stallscope_run_steps_land_in_its_run(tmp_path: Path) -> None:
     write_meta(run_dir, {"command": ["x"], "start": 1.0})
     res = run_script(tmp_path, {"STALLSCOPE_RUN_DIR": str(run_dir)})
     assert res.returncode == 0, res.stderr
-    assert len(read_steps(run_dir)) == 12
+    assert sum(s.n for s in read_steps(run_dir)) == 12
     assert read_meta(run_dir) == {"command": ["x"], "start": 1.0}  # the parent's file, untouched
     assert not (tmp_path / "stallscope-runs").exists()
 
@@ -638,7 +667,7 @@ def test_fake_cuda_events_give_busy_and_idle(tmp_path: Path) -> None:
     for i in Watched(batches(), p):
         gpu.now += busy[i]  # the step's kernels
         ends.append(gpu.now)
-        time.sleep(0.025)  # a 25-ms step: every step is timed (device.timing_every)
+        time.sleep(0.06)  # a 60-ms step: every step is timed (device.timing_every)
         if i == 2:
             gpu.done_until = ends[1]  # the GPU is behind: only steps 0 and 1 have finished
     gpu.done_until = ends[3]
@@ -692,7 +721,7 @@ def test_fake_cuda_events_that_never_complete(tmp_path: Path,
     p = new_probe(run_dir, rank=0, events=lambda: FakeEvent(gpu))
     for _x in Watched(list(range(3)), p):
         gpu.now += 1.0
-        time.sleep(0.025)  # 25-ms steps: each one timed (device.timing_every)
+        time.sleep(0.06)  # 60-ms steps: each one timed (device.timing_every)
     t0 = time.monotonic()
     p.close()
     assert time.monotonic() - t0 < 5  # close never blocks on the GPU
@@ -745,7 +774,7 @@ def test_short_steps_are_timed_in_pairs_one_in_many(tmp_path: Path) -> None:
     the second of a pair has the GPU's gap before it; the busy share stays that of every step."""
     from stallscope.probe.device import timing_every
 
-    assert timing_every(0.05) == 1 and timing_every(0.0001) > 20 and timing_every(0.0) == 1
+    assert timing_every(0.055) == 1 and timing_every(0.0001) > 20 and timing_every(0.0) == 1
     gpu = FakeGpu()
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
