@@ -45,7 +45,7 @@ GROUP_S = 16e-3
 #: (benchmarks/bench_probe_cuda.py)
 SAMPLED_STEP_S = 200e-6
 #: one step in this many (on average) is timed in full in a sampled record
-SAMPLE_EVERY = 8
+SAMPLE_EVERY = 16
 #: in a record of several steps, one batch in this many is counted (dim 0 of its first tensor
 #: costs ~0.3 us, 0.6% of a 50-us step) and the others taken at the counted ones' mean; the
 #: record's first batch and the epoch's last are always counted

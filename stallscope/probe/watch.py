@@ -127,11 +127,7 @@ class Watched(Generic[T]):
         # counted in it (g_k, with g_s samples)
         g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
         try:
-            while True:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
+            for batch in it:  # (a for loop: ~30 ns a step cheaper than next() in a try)
                 t_got = perf()
                 cur = state.step = cur + 1
                 if maybe_gpu and dev.ready():
@@ -207,18 +203,14 @@ class Watched(Generic[T]):
         wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
         g_t0, base, entry = t_end, cur, cur  # the record's start, the step before its first
         t_in, n_read = t_end, cur  # when this stretch began; the step whose end was read last
-        g_n = g_k = g_s = 0
+        g_n = g_k = g_s = p_k = p_s = 0  # p_: the last record's batches counted, samples
         batch: Any = None
         w_s, j = 0.0, 0  # the timed steps' waits, and how many
         mean_w = carry = 0.0  # the last record's mean wait; the wait beyond a record's time
         gi = cur & _GAP_MASK
         left = _GAPS[gi]
         try:
-            while True:
-                try:
-                    batch = next(it)
-                except StopIteration:  # (an untimed last step's end: below)
-                    return True, cur, t_end, sizer, until - (cur - entry)
+            for batch in it:
                 cur = state.step = cur + 1
                 if left > 1:  # untimed: counted, no clock read
                     left -= 1
@@ -248,12 +240,14 @@ class Watched(Generic[T]):
                     carry += n * mean_w - wait
                     acc[0] += _record(p, cur, g_t0, n, wait, span - wait, g_k, g_s, epoch, None)
                     acc[1] += wait
+                    p_k, p_s = g_k, g_s  # (the next record's batches may all go uncounted)
                     g_t0, base, g_n, g_k, g_s, w_s, j = t_end, cur, 0, 0, 0, 0.0, 0
                     if due:  # alerts for callbacks (stallscope.on_alert): between steps
                         p.run_due()
                         t_end = g_t0 = perf()
                     if span >= SAMPLED_STEP_S * n or paired or (wake and dev.ready()):
                         return False, cur, t_end, sizer, until - (cur - entry)
+            return True, cur, t_end, sizer, until - (cur - entry)  # (untimed last steps: below)
         finally:
             if cur > base + g_n:  # the loop body broke out or raised: its step ends now
                 t_end, g_n, n_read = perf(), g_n + 1, cur
@@ -262,8 +256,8 @@ class Watched(Generic[T]):
             if g_n:
                 span = t_end - g_t0
                 wait = max(0.0, min(span, g_n * (w_s / j if j else mean_w) + carry))
-                if left != _GAPS[gi] and sizer is not None and g_k:  # the last batch, counted
-                    g_s, g_k = _with_last(g_s, g_k, g_n, sizer, batch)
+                if left != _GAPS[gi] and sizer is not None and (g_k or p_k):  # the last batch
+                    g_s, g_k = _with_last(g_s if g_k else p_s, g_k or p_k, g_n, sizer, batch)
                 acc[0] += _record(p, cur, g_t0, g_n, wait, span - wait, g_k, g_s, epoch, None)
                 acc[1] += wait
 
@@ -294,8 +288,8 @@ def _count(batch: Any, sizer: Callable[[Any], int | None] | None
 def _with_last(s: int, k: int, n: int, sizer: Callable[[Any], int | None], batch: Any
                ) -> tuple[int, int]:
     """A record's (samples, batches counted) once its last batch, uncounted so far (often a
-    short one), is counted as it is: ``n`` batches, ``k`` of the others counted with ``s``
-    samples."""
+    short one), is counted as it is: ``n`` batches, the others at the mean of ``k`` counted
+    batches of ``s`` samples (its own, or the record's before when none of its own was)."""
     last = _count(batch, sizer)[1]
     return (s, k) if last is None else (round(s * (n - 1) / k) + last, n)
 

@@ -256,9 +256,10 @@ def _fake_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, waits: list[floa
 
 def test_very_short_steps_are_sampled_and_add_up(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steps under SAMPLED_STEP_S have only their end read, one in SAMPLE_EVERY timed in full:
-    records still hold every step, their wall time exactly, and a wait share that is the
-    steps' own (here every step alike, so exactly it)."""
+    """Steps under SAMPLED_STEP_S are timed on a sample, one in SAMPLE_EVERY in full, the others
+    only counted: records still hold every step, their wall time exactly, a wait share that is
+    the steps' own (here every step alike, so exactly it), and every sample, the epoch's last
+    record's too (its batches may all go uncounted)."""
     wait, host = 2.0 ** -16, 2.0 ** -15  # a 46-us step
     n = 5000
     rows = _fake_loop(monkeypatch, tmp_path, [wait] * n, host)
@@ -274,8 +275,9 @@ def test_very_short_steps_are_sampled_and_add_up(tmp_path: Path,
 
 def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four workers, each slow: every fourth batch waits 120 us, the others nothing. Timing one
-    step in every eighth would see only waits or none; random gaps see the true share."""
+    """Four workers, each slow: every fourth batch waits 120 us, the others nothing. Timing
+    every SAMPLE_EVERY-th step (a multiple of 4) would see only waits or none; random gaps see
+    the true share."""
     host = 2.0 ** -15
     waits = [120e-6 if i % 4 == 0 else 0.0 for i in range(40000)]
     rows = _fake_loop(monkeypatch, tmp_path, waits, host)
