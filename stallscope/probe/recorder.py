@@ -39,7 +39,7 @@ from typing import Any
 
 from stallscope.probe.buffer import DEFAULT_CAPACITY, RawStep, StepBuffer, StepRecord, StepState
 from stallscope.probe.callbacks import AlertQueue
-from stallscope.probe.device import DeviceClock, DeviceTimer, EventLike, EventTimer
+from stallscope.probe.device import DeviceClock, DeviceTimer, EventLike, EventTimer, Pairs
 from stallscope.probe.notices import Notices, warn
 from stallscope.probe.standalone import env_int, group_from_env, interval_from_env
 from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S, StepWriter
@@ -138,6 +138,9 @@ class Recorder:
         #: loaders; :data:`~stallscope.probe.buffer.GROUP_S`, ``$STALLSCOPE_GROUP_MS``; 0: a
         #: record a step)
         self.group_s = group_from_env() if group_s is None else max(0.0, float(group_s))
+        #: which steps timed by hand (:class:`StepTimer`, the framework callbacks) the device
+        #: times: made on the first one the device can time
+        self.hand_pairs: Pairs | None = None
         #: the two clocks at the start: wall time of a perf_counter reading (:meth:`wall`)
         self.perf0 = time.perf_counter()
         self.wall0 = time.time()
@@ -383,12 +386,16 @@ class StepTimer:
             self._epoch = max(st.epoch, 0)
         dev = p.device
         if dev.timing or (dev.timer is not None and dev.ready()):
-            try:
-                ev = dev.event()
-                ev.record()
-                self._ev0 = ev
-            except Exception as exc:
-                dev.record_failed(exc)
+            pairs = p.hand_pairs
+            if pairs is None:
+                pairs = p.hand_pairs = Pairs(t0, st.step - 1)
+            if pairs.due():  # pairs of steps, spaced as a watched loop's (device.py)
+                try:
+                    ev = dev.event()
+                    ev.record()
+                    self._ev0 = ev
+                except Exception as exc:
+                    dev.record_failed(exc)
         return self
 
     def stop(self) -> None:
@@ -405,8 +412,12 @@ class StepTimer:
                 ev1 = p.device.event()
                 ev1.record()
                 gpu = (self._ev0, ev1, h2d_evs)
+                if p.hand_pairs is not None:
+                    p.hand_pairs.timed(t1, self._step)
             except Exception as exc:
                 p.device.record_failed(exc)
+        elif h2d_evs:
+            Pairs.drop_copies(h2d_evs, p.device)
         p.take_comm(self._step)
         p.buffer.push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
                        self._epoch if self._epoch is not None else 0, h2d, gpu, 1))

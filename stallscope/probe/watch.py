@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from stallscope.probe.buffer import SAMPLE_EVERY, SAMPLED_STEP_S, SIZE_EVERY
-from stallscope.probe.device import timing_every
+from stallscope.probe.device import Pairs
 from stallscope.probe.loaders import sizer_for
 from stallscope.probe.notices import warn
 from stallscope.probe.recorder import Recorder, StepTimer, current, env_rank, obtain
@@ -371,42 +371,6 @@ def _record(p: Recorder, step: int, t0: float, n: int, wait: float, host: float,
 _GAP_MASK = 4095
 _GAPS = (lambda rng: tuple(rng.randrange(2 * SAMPLE_EVERY - 1) for _ in range(4096)))(
     random.Random(20261128))
-
-
-class Pairs:
-    """Which steps a watched loop times on the device: pairs of consecutive steps (the second
-    gives the GPU's gap between steps), one pair in :func:`~stallscope.probe.device.
-    timing_every` of the mean step since the last pair: every step from 55 ms up, so the
-    events' cost stays under a fifth of a percent of a step at any step length (on an H200 timing
-    every step took a 50.5-us launch-bound step to 97.7 us)."""
-
-    __slots__ = ("left", "n_mark", "paired", "t_mark")
-
-    def __init__(self, t: float, step: int) -> None:
-        self.left = self.paired = 0
-        self.t_mark, self.n_mark = t, step
-
-    def due(self) -> bool:
-        """Whether this step is timed (one call per step)."""
-        if self.left > 0:
-            self.left -= 1
-            return False
-        return True
-
-    def timed(self, t: float, step: int) -> None:
-        """A timed step ended at ``t``: after a pair, when the next one is due."""
-        self.paired += 1
-        if self.paired == 2:
-            self.paired = 0
-            self.left = timing_every((t - self.t_mark) / max(1, step - self.n_mark)) - 2
-            self.t_mark, self.n_mark = t, step
-
-    @staticmethod
-    def drop_copies(evs: Any, dev: Any) -> None:
-        """Untimed steps' device-timed copies (``stallscope.h2d``): give their events back."""
-        for a, b in evs:
-            dev.release(a)
-            dev.release(b)
 
 
 def _tuner_call(p: Recorder, fn: Callable[[], None]) -> None:

@@ -807,6 +807,38 @@ def test_short_steps_are_timed_in_pairs_one_in_many(tmp_path: Path) -> None:
     assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)
 
 
+def test_steps_timed_by_hand_are_device_timed_in_pairs_too(tmp_path: Path) -> None:
+    """``stallscope.step()`` and the framework callbacks (StepTimer) time the device as a watched
+    loop does: pairs one in timing_every(step), not every step (two event records of 6-7 us
+    each on every step would double a 50-us step); their untimed copies' events go back."""
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
+    p.writer.ready.wait(10)
+    for _ in range(600):
+        gpu.now += 0.001  # the GPU waits 1 ms for each batch
+        with StepTimer(p, samples=4).start():
+            a, b = p.device.event(), p.device.event()  # a device-timed copy in each step
+            a.record()
+            gpu.now += 0.003  # 3 ms of kernels
+            b.record()
+            p.note_h2d_events(a, b)
+            t = time.perf_counter() + 0.0002  # a 0.2-ms step on the host
+            while time.perf_counter() < t:
+                pass
+    p.close()
+    steps = read_steps(run_dir)
+    assert sum(s.n for s in steps) == 600
+    timed = [s for s in steps if s.gpu_busy_s is not None]
+    assert 4 <= len(timed) <= 120, len(timed)  # pairs, one in many
+    gaps = [s for s in timed if s.gpu_idle_s is not None]
+    assert gaps and all(s.step - 1 in {t.step for t in timed} for s in gaps)
+    busy = sum(s.gpu_busy_s or 0.0 for s in gaps)
+    idle = sum(s.gpu_idle_s or 0.0 for s in gaps)
+    assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)
+    assert gpu.created < 2 * len(timed) + 20  # the untimed steps' copy events were reused
+
+
 def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
     """The writer hands plain steps to the store in blocks without looking at each; the few
     steps with device marks come in a queue of their own, so a flush of many plain steps never
