@@ -185,7 +185,9 @@ def throughput(p: Probe, rounds: int, steps: int, target_ms: float) -> dict[str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=41, help="part 1 repetitions per arm")
-    ap.add_argument("--n", type=int, default=20000, help="part 1 steps per repetition")
+    ap.add_argument("--n", type=int, default=200000,
+                    help="part 1 steps per repetition (a pass of these empty steps must last well "
+                         "over the first record's 16 ms, timed in full before sampling starts)")
     ap.add_argument("--rounds", type=int, default=30, help="part 2 A/B rounds")
     ap.add_argument("--steps", type=int, default=60, help="part 2 steps per epoch")
     ap.add_argument("--step-ms", type=float, default=5.0, help="part 2 target step time")
