@@ -288,7 +288,11 @@ def test_the_agent_process_logs_logfmt_lines(tmp_path: Path) -> None:
         reader.join(30)
         assert first and first[0], "the agent said nothing within 30 s"
         proc.terminate()
-        out, rest = proc.communicate(timeout=30)
+        try:
+            out, rest = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # once, beside the fast tier: say where it hangs
+            pytest.fail(f"the agent did not stop within 30 s of SIGTERM; its threads:\n"
+                        f"{_threads_of(proc.pid)}")
     finally:
         terminate(proc)
     assert proc.returncode == 0, [*first, rest]
@@ -298,3 +302,14 @@ def test_the_agent_process_logs_logfmt_lines(tmp_path: Path) -> None:
     assert f'msg="serving http://127.0.0.1:{port}/metrics every 0.5 s; store ' in lines[0]
     assert 'msg="stopped after ' in lines[-1] and " level=INFO " in lines[-1]
     assert out == ""
+
+
+def _threads_of(pid: int) -> str:
+    """Where each thread of ``pid`` is (py-spy), for a failure's message."""
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        res = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy dump failed: {exc})"
+    return res.stdout or res.stderr
