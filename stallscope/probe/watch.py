@@ -127,7 +127,11 @@ class Watched(Generic[T]):
         # counted in it (g_k, with g_s samples)
         g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
         try:
-            for batch in it:  # (a for loop: ~30 ns a step cheaper than next() in a try)
+            while True:  # next(), never a for loop: that would call iter(it) again
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
                 t_got = perf()
                 cur = state.step = cur + 1
                 if maybe_gpu and dev.ready():
@@ -186,18 +190,13 @@ class Watched(Generic[T]):
     def _sampled(self, p: Recorder, it: Iterator[T], epoch: int, cur: int, t_end: float,
                  acc: list[Any], sizer: Any, until: int, step_s: float
                  ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
-        """Steps shorter than :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, a record per
-        ``group_s`` as in :meth:`_steps`; one in about :data:`~stallscope.probe.buffer.
-        SAMPLE_EVERY`, at random gaps (no loader's period lines up with them), is timed in full
-        (the step before it reads its own end); the others are only counted (a clock read costs
-        ~85 ns, 0.17% of a 50-us step). A record ends with a timed step (its wall time exact);
-        its data wait is its steps times their mean wait (any excess over its wall time carried
-        to the next record: the sum stays unbiased). The epoch's untimed last steps end at the
-        last reading plus their mean step (``step_s`` at first), never after the clock.
-        ``until``: steps before a device-timed pair is due (-1: no device timing). Returns (the
-        loader ran out, the last step, when it ended, the sizer, steps before the pair) once
-        steps are longer again, the pair is due, device timing can start, or the loader ran
-        out."""
+        """Steps under :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, a record per ``group_s``;
+        one in about ``SAMPLE_EVERY``, at random gaps, is timed in full (the step before it
+        reads its own end), the others only counted. A record ends with a timed step (wall time
+        exact); its wait is its steps times their mean wait (any excess carried on). Untimed
+        last steps end at the last reading plus their mean step, never after the clock.
+        ``until``: steps before a device pair is due (-1: none). Returns (the loader ran out,
+        the last step, when it ended, the sizer, steps before the pair) (docs/probe.md)."""
         perf = time.perf_counter
         state, due, dev, group_s = p.state, p.alerts.due, p.device, p.group_s
         wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
@@ -210,7 +209,11 @@ class Watched(Generic[T]):
         gi = cur & _GAP_MASK
         left = _GAPS[gi]
         try:
-            for batch in it:
+            while True:  # (next(): some loaders' __iter__ starts the epoch over)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
                 cur = state.step = cur + 1
                 if left > 1:  # untimed: counted, no clock read
                     left -= 1

@@ -859,3 +859,33 @@ def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
     assert sum(s.n for s in steps) == 300 and steps[-1].step == 299
     assert all(a.step + b.n == b.step for a, b in itertools.pairwise(steps))
     assert any(s.gpu_busy_s is not None for s in steps)
+
+
+def test_a_loader_whose_iter_starts_over_is_read_once_per_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-written loader whose ``__iter__`` resets and returns itself: the probe only ever
+    calls ``next()`` on the iterator it got, so sampled stretches never start the epoch over."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+
+    class Resetting:
+        def __iter__(self) -> Resetting:
+            self.i = 0
+            return self
+
+        def __next__(self) -> int:
+            if self.i >= 1000:
+                raise StopIteration
+            self.i += 1
+            clock.t += 2.0 ** -16
+            return self.i
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=0.001)
+    seen = 0
+    for _ in Watched(Resetting(), p):
+        clock.t += 2.0 ** -15
+        seen += 1
+    p.close()
+    assert seen == 1000 and sum(r.n for r in read_steps(run_dir)) == 1000
