@@ -53,6 +53,7 @@ from stallscope.probe.device import EVENT_RECORD_S, timing_every
 from stallscope.store import RunStore, new_run_dir
 
 watch_mod = importlib.import_module("stallscope.probe.watch")  # the package exports watch()
+dev_mod = importlib.import_module("stallscope.probe.device")  # Pairs reads timing_every here
 ARMS = ("bare", "nodev", "pairs", "every")
 
 
@@ -114,7 +115,7 @@ def one_process(arm: str, step_s: float, seconds: float, cuda: bool) -> float:
     elif arm == "nodev":  # no device timer (a Probe would find torch's CUDA and time it)
         rec = Recorder(rank=0, run_dir=run_dir, capacity=1 << 21, register_atexit=False)
     if arm == "every":
-        watch_mod.timing_every = lambda _s: 1
+        dev_mod.timing_every = lambda _s: 1
     n = max(20, int(seconds / step_s))
     items = list(range(n))
     warm = items[:max(20, n // 10)]
@@ -196,14 +197,14 @@ def cost_passes(step_s: float, reps: int, cuda: bool) -> dict[str, float]:
     n = max(20000, int(5.0 / step_s))
     items = range(n)
     perf = time.perf_counter
-    every = watch_mod.timing_every
+    every = dev_mod.timing_every
     out: dict[str, list[float]] = {k: [] for k in ARMS}
     reads: dict[str, float] = {"bare": 0.0}
     try:
         for r in range(reps + 2):  # a warm-up round, unmeasured; the last one counts reads
             counting = r == reps + 1
             for arm in (ARMS if r % 2 else ARMS[::-1]):
-                watch_mod.timing_every = (lambda _s: 1) if arm == "every" else every
+                dev_mod.timing_every = (lambda _s: 1) if arm == "every" else every
                 if counting and arm != "bare":
                     clock = watch_mod.time = CountingClock()
                 gc.collect()
@@ -222,7 +223,7 @@ def cost_passes(step_s: float, reps: int, cuda: bool) -> dict[str, float]:
                     out[arm].append((perf() - t0) / n)
     finally:
         watch_mod.time = real_time
-        watch_mod.timing_every = every
+        dev_mod.timing_every = every
         for rec in recs.values():
             rec.close()
     surplus = clock_surplus()
