@@ -17,6 +17,8 @@ import pytest
 from conftest import training_finding
 from test_scenarios import CONSTRAIN, FETCH_SECONDS, TRAIN, compare_fix, run_scenario
 
+from stallscope.analysis.diagnose.rules.common import STALL_WARN
+
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow]
 
@@ -62,7 +64,16 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     after = run_scenario("fetch-fixed", tmp_path / "fixed",
                          ["--data-dir", str(data), "--files", "3000", "--cold", "--workers",
                           "2", "--model", "tiny"], data=data, seconds=8)
-    assert training_finding(after)["kind"] != "input_bound.fetch", after["findings"]
+    # the verdict follows the trainer's own measure of its wait: 11% here unthrottled, but cold
+    # reads of a slower disk (CI's, 2 cores) left a real fetch stall above the 15% line once
+    seen, truth = after["stall_fraction"], after["trainer_wait"]
+    assert truth is not None and abs(seen - truth) <= 0.05, (seen, truth)
+    assert seen < doc["stall_fraction"], (seen, doc["stall_fraction"])
+    called = training_finding(after)["kind"]
+    if truth < STALL_WARN - 0.03:
+        assert called != "input_bound.fetch", (truth, after["findings"])
+    elif truth > STALL_WARN + 0.03:
+        assert called == "input_bound.fetch", (truth, after["findings"])
     est = top["est_speedup"]
     got = compare_fix("fix-delivery-fetch", doc, after, est)["speedup"]
     assert got >= 1.5, (est, got)  # a 2 MB/s cap lifted: several times faster
