@@ -145,8 +145,10 @@ class DeviceClock:
             self._free.append(ev)
 
     def record_failed(self, exc: Exception) -> None:
-        """Say (once) that recording an event failed: the caller stops device timing."""
+        """Recording an event failed (a CUDA error is sticky: the context is lost): device
+        timing off for good, said once (a hot loop also drops its own copy of ``timing``)."""
         self._say("cuda", f"{self.name} event record failed, GPU step timing off: {exc}")
+        self.timing, self.timer = False, None
 
 
 class Pairs:

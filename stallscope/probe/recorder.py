@@ -367,7 +367,7 @@ class StepTimer:
         self._p = probe
         self._n = samples
         self._epoch = epoch
-        self._t0 = 0.0
+        self._t0 = -1.0  # not started (or stopped)
         self._wait = 0.0
         self._step = -1
         self._ev0: EventLike | None = None
@@ -402,24 +402,31 @@ class StepTimer:
         p = self._p
         st = p.state
         t1 = time.perf_counter()
+        t0, self._t0 = self._t0, -1.0  # stopped once: a second stop() changes nothing
+        if t0 < 0:
+            return
         st.last_end = t1
-        if not p.active or self._step < 0:
+        step = self._step
+        if not p.active or step < 0:
             return
         h2d, h2d_evs = st.take_h2d()
         gpu = None
-        if self._ev0 is not None:
+        ev0, self._ev0 = self._ev0, None
+        if ev0 is not None:
+            dev = p.device
             try:
-                ev1 = p.device.event()
+                ev1 = dev.event()
                 ev1.record()
-                gpu = (self._ev0, ev1, h2d_evs)
+                gpu = (ev0, ev1, h2d_evs)
                 if p.hand_pairs is not None:
-                    p.hand_pairs.timed(t1, self._step)
+                    p.hand_pairs.timed(t1, step)
             except Exception as exc:
-                p.device.record_failed(exc)
-        elif h2d_evs:
+                dev.release(ev0)
+                dev.record_failed(exc)
+        if gpu is None and h2d_evs:
             Pairs.drop_copies(h2d_evs, p.device)
-        p.take_comm(self._step)
-        p.buffer.push((self._step, self._t0, self._wait, t1 - self._t0, self._n,
+        p.take_comm(step)
+        p.buffer.push((step, t0, self._wait, t1 - t0, self._n,
                        self._epoch if self._epoch is not None else 0, h2d, gpu, 1))
         if p.alerts.due:
             p.run_due()

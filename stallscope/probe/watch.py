@@ -69,58 +69,66 @@ class Watched(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """The epoch's iterator: the loader's own when the probe is off; else the step loop,
-        the epoch begun now (a plain function, not a generator: each level of generators a
-        batch passes through costs it ~30 ns)."""
+        whose epoch begins at its first ``next()`` (an ``iter()`` never iterated begins none).
+        ``__iter__`` itself is a plain function: each level of generators a batch passes
+        through costs it ~30 ns."""
         p = self.probe
         if p is None or not p.active:
             return iter(self.loader)
+        if self.tuner is None:
+            return self._steps(p)
+        return self._tuned(p, self.tuner)
+
+    def _begin(self, p: Recorder) -> tuple[Iterator[T], int | None, bool, float]:
+        """The epoch begun: (the loader's iterator, the epoch's number, None when the probe
+        cannot watch it (said once), whether the device clock is ready, when it was asked)."""
         perf = time.perf_counter
-        tuner = self.tuner
-        if tuner is not None:
-            _tuner_call(p, tuner.before_epoch)
-        t_req = t_start = perf()
+        t_req = perf()
         it = iter(self.loader)
         try:
             epoch = p.begin_epoch(self.loader, it, iter_s=perf() - t_req)
-            gpu = p.device.ready()
+            return it, epoch, p.device.ready(), t_req
         except Exception as exc:  # never stop the trainer: fall back to plain iteration
             warn(f"probe disabled for this loader: {exc!r}")
-            return it
-        if tuner is None:
-            return self._steps(p, it, epoch, gpu, t_req, t_start)
-        return self._tuned(p, tuner, it, epoch, gpu, t_req, t_start)
+            return it, None, False, t_req
 
-    def _tuned(self, p: Recorder, tuner: Any, it: Iterator[T], epoch: int, gpu: bool,
-               t_req: float, t_start: float) -> Iterator[T]:
-        """The step loop under the loader autotune, which may have to take back the
-        configuration it set before this epoch."""
+    def _tuned(self, p: Recorder, tuner: Any) -> Iterator[T]:
+        """The step loop under the loader autotune, which sets the loader up before the epoch
+        and may have to take back the configuration it set."""
+        _tuner_call(p, tuner.before_epoch)
+        begun = self._begin(p)
+        epoch, gpu = begun[1], begun[2]
         before = p.state.step  # the step count moves with each batch the loader hands over
         try:
-            yield from self._steps(p, it, epoch, gpu, t_req, t_start)
+            yield from self._steps(p, begun)
         except Exception as exc:
             # the configuration autotune set before this epoch failed before its first batch
             # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
             # there): back to the one that worked, this same epoch, said once
-            if p.state.step != before or not tuner.revert(exc):
+            if epoch is None or p.state.step != before or not tuner.revert(exc):
                 raise
-            t_req = t_start = time.perf_counter()
-            yield from self._steps(p, iter(self.loader), epoch, gpu, t_req, t_start)
+            yield from self._steps(p, (iter(self.loader), epoch, gpu, time.perf_counter()))
 
-    def _steps(self, p: Recorder, it: Iterator[T], epoch: int, gpu: bool, t_req: float,
-               t_start: float) -> Iterator[T]:
-        """The epoch's step loop (see the module docstring): a step at least the recorder's
-        ``group_s`` long is a record of its own, and so are the epoch's first step and each
-        device-timed one; shorter steps are summed, a record per ``group_s``. What only a
-        record needs (copies, collectives, alert callbacks) is looked at once a record."""
-        perf = time.perf_counter
+    def _steps(self, p: Recorder, begun: tuple[Iterator[T], int | None, bool, float] | None
+               = None) -> Iterator[T]:
+        """The epoch's step loop (see the module docstring), the epoch ``begun`` now unless
+        given: a step at least the recorder's ``group_s`` long is a record of its own, and so
+        are the epoch's first step and each device-timed one; shorter steps are summed, a record
+        per ``group_s``. What only a record needs (copies, collectives, alert callbacks) is
+        looked at once a record."""
+        it, epoch, gpu, t_req = begun or self._begin(p)
+        if epoch is None:  # the probe cannot watch this loader
+            yield from it
+            return
+        perf, t_start = time.perf_counter, t_req
         state, due, dev = p.state, p.alerts.due, p.device  # bound per epoch
         group_s, every = p.group_s, SIZE_EVERY
         maybe_gpu = dev.timer is not None and not gpu
         sizer: Callable[[Any], int | None] | None = None
         cur = first = state.step
         timed, lone, fast = False, True, False  # lone: the epoch's first step, a record alone
-        acc: list[Any] = [0, 0.0]  # the epoch's samples and data wait, for the autotune
-        t_got = first_wait = mean_s = 0.0
+        acc: list[Any] = [0, 0.0, 0.0]  # the epoch's samples, data wait, first wait (autotune)
+        t_got = mean_s = 0.0
         ev0 = marks = batch = None
         pairs = Pairs(perf(), cur)  # which steps the device times (device.py)
         # the record under way: its start, steps, data waits, host times, and the batches
@@ -138,9 +146,7 @@ class Watched(Generic[T]):
                     gpu, maybe_gpu = True, False
                 if gpu and pairs.due():
                     if g_n:  # a device-timed step is a record of its own: end the one under way
-                        acc[0] += _record(p, cur - 1, g_t0, g_n, g_wait, g_host, g_k, g_s,
-                                          epoch, None)
-                        acc[1] += g_wait
+                        _record(p, acc, cur - 1, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, None)
                         g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
                     ev0 = _mark(dev)
                     gpu = maybe_gpu = timed = ev0 is not None  # a failed record: timing off
@@ -158,11 +164,10 @@ class Watched(Generic[T]):
                         marks = _end_marks(dev, ev0)
                         gpu = maybe_gpu = marks is not None
                         pairs.timed(t_req, cur)
-                    if g_n > 1:  # steps this short: ends read, one in SAMPLE_EVERY timed in full
-                        fast = (mean_s := (t_req - g_t0) / g_n) < SAMPLED_STEP_S
-                    acc[0] += _record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, marks)
-                    acc[1] += g_wait
-                    first_wait = first_wait or g_wait  # the workers' start-up, for the autotune
+                    elif not lone:  # (lone or timed: one step of any length; else one step
+                        # alone is at least group_s long, never sampled)
+                        fast = g_n > 1 and (mean_s := (t_req - g_t0) / g_n) < SAMPLED_STEP_S
+                    _record(p, acc, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, marks)
                     timed = lone = False
                     marks = None
                     if due:  # alerts for callbacks (stallscope.on_alert): run them between steps
@@ -177,15 +182,10 @@ class Watched(Generic[T]):
                         if out:
                             break
         finally:
-            open_step = t_got > t_req  # the loop body broke out or raised: it ends now
-            if g_n or open_step:
-                counted = open_step or not (g_n - 1) % every  # the last batch was counted
-                s, w = _last_record(p, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, t_got,
-                                    open_step, ev0 if timed and gpu else None,
-                                    None if counted else sizer, batch)
-                acc[0], acc[1] = acc[0] + s, acc[1] + w
-                first_wait = first_wait or g_wait
-            self._epoch_end(p, state.step - first, t_start, acc[1], acc[0], first_wait)
+            if g_n or t_got > t_req:  # (t_got later: the loop body broke out or raised)
+                _last_record(p, acc, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, t_got,
+                             t_req, ev0 if timed and gpu else None, sizer, batch)
+            self._epoch_end(p, state.step - first, t_start, acc)
 
     def _sampled(self, p: Recorder, it: Iterator[T], epoch: int, cur: int, t_end: float,
                  acc: list[Any], sizer: Any, until: int, step_s: float
@@ -201,7 +201,9 @@ class Watched(Generic[T]):
         state, due, dev, group_s = p.state, p.alerts.due, p.device, p.group_s
         wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
         g_t0, base, entry = t_end, cur, cur  # the record's start, the step before its first
-        t_in, n_read = t_end, cur  # when this stretch began; the step whose end was read last
+        # since when, and from which step, untimed steps' mean is taken (the stretch's start,
+        # or the end of alert callbacks); the step whose end was read last
+        t_in, n_in, n_read = t_end, cur, cur
         g_n = g_k = g_s = p_k = p_s = 0  # p_: the last record's batches counted, samples
         batch: Any = None
         w_s, j = 0.0, 0  # the timed steps' waits, and how many
@@ -241,13 +243,13 @@ class Watched(Generic[T]):
                     span, n, mean_w = t_end - g_t0, g_n, w_s / j
                     wait = max(0.0, min(span, n * mean_w + carry))
                     carry += n * mean_w - wait
-                    acc[0] += _record(p, cur, g_t0, n, wait, span - wait, g_k, g_s, epoch, None)
-                    acc[1] += wait
+                    _record(p, acc, cur, g_t0, n, wait, span - wait, g_k, g_s, epoch, None)
                     p_k, p_s = g_k, g_s  # (the next record's batches may all go uncounted)
                     g_t0, base, g_n, g_k, g_s, w_s, j = t_end, cur, 0, 0, 0, 0.0, 0
                     if due:  # alerts for callbacks (stallscope.on_alert): between steps
                         p.run_due()
-                        t_end = g_t0 = perf()
+                        t_end = g_t0 = t_in = perf()
+                        n_in = cur
                     if span >= SAMPLED_STEP_S * n or paired or (wake and dev.ready()):
                         return False, cur, t_end, sizer, until - (cur - entry)
             return True, cur, t_end, sizer, until - (cur - entry)  # (untimed last steps: below)
@@ -255,21 +257,21 @@ class Watched(Generic[T]):
             if cur > base + g_n:  # the loop body broke out or raised: its step ends now
                 t_end, g_n, n_read = perf(), g_n + 1, cur
             elif n_read < cur:  # the loader ran out (or raised) after untimed steps
-                t_end = _ends(perf(), t_end, cur - n_read, t_in, n_read - entry, step_s)
+                t_end = _ends(perf(), t_end, cur - n_read, t_in, n_read - n_in, step_s)
             if g_n:
                 span = t_end - g_t0
                 wait = max(0.0, min(span, g_n * (w_s / j if j else mean_w) + carry))
                 if left != _GAPS[gi] and sizer is not None and (g_k or p_k):  # the last batch
                     g_s, g_k = _with_last(g_s if g_k else p_s, g_k or p_k, g_n, sizer, batch)
-                acc[0] += _record(p, cur, g_t0, g_n, wait, span - wait, g_k, g_s, epoch, None)
-                acc[1] += wait
+                _record(p, acc, cur, g_t0, g_n, wait, span - wait, g_k, g_s, epoch, None)
 
-    def _epoch_end(self, p: Recorder, steps: int, t_start: float, waited: float, samples: int,
-                   first_wait: float) -> None:
-        """The epoch ended (or the loop left it): when, the autotune's turn, a flush soon."""
+    def _epoch_end(self, p: Recorder, steps: int, t_start: float, acc: list[Any]) -> None:
+        """The epoch ended (or the loop left it): when, the autotune's turn (``acc``: its
+        samples, data wait and first step's wait), a flush soon."""
         p.state.last_end = end = time.perf_counter()
         tuner = self.tuner
         if tuner is not None:
+            samples, waited, first_wait = acc
             _tuner_call(p, lambda: tuner.after_epoch(steps, end - t_start, waited, samples,
                                                      first_wait))
             p.update_config({"autotune": tuner.summary()})
@@ -323,33 +325,33 @@ def _end_marks(dev: Any, ev0: Any) -> Any:
     return None if ev1 is None else (ev0, ev1, None)
 
 
-def _last_record(p: Recorder, cur: int, t0: float, n: int, wait: float, host: float, k: int,
-                 s: int, epoch: int, t_got: float, open_step: bool, ev0: Any,
-                 sizer: Callable[[Any], int | None] | None, batch: Any) -> tuple[int, float]:
-    """The epoch's last record, (its samples, its data wait). ``open_step``: the loop body
-    broke out or raised, and that step ends now; else ``sizer`` (when the last batch was not
-    counted) counts the epoch's last batch, often a short one, as it is."""
+def _last_record(p: Recorder, acc: list[Any], cur: int, t0: float, n: int, wait: float,
+                 host: float, k: int, s: int, epoch: int, t_got: float, t_req: float, ev0: Any,
+                 sizer: Callable[[Any], int | None] | None, batch: Any) -> None:
+    """The epoch's last record, added to ``acc``. When the last batch came after the last
+    request (``t_got`` > ``t_req``), the loop body broke out or raised, and that step ends now;
+    else the epoch's last batch, often a short one, is counted as it is when it was not yet."""
     marks = None
     try:
-        if open_step:
+        if t_got > t_req:
             host += time.perf_counter() - t_got
             n += 1
             if ev0 is not None:
                 marks = _end_marks(p.device, ev0)
-        elif sizer is not None and k:
+        elif (n - 1) % SIZE_EVERY and sizer is not None and k:
             s, k = _with_last(s, k, n, sizer, batch)
-        return _record(p, cur, t0, n, wait, host, k, s, epoch, marks), wait
+        _record(p, acc, cur, t0, n, wait, host, k, s, epoch, marks)
     except Exception as exc:
         warn(f"probe could not record the last steps: {exc!r}")
-        return 0, 0.0
 
 
-def _record(p: Recorder, step: int, t0: float, n: int, wait: float, host: float, k: int, s: int,
-            epoch: int, marks: Any) -> int:
+def _record(p: Recorder, acc: list[Any], step: int, t0: float, n: int, wait: float,
+            host: float, k: int, s: int, epoch: int, marks: Any) -> None:
     """Hand over the record of ``n`` steps up to ``step`` that began at ``t0`` (``k`` of their
     batches counted, ``s`` samples in those; ``marks``: a device-timed step's start and end
-    events), with the copies and collectives noted since the last record; returns its sample
-    count. A full buffer drops it and counts its steps."""
+    events), with the copies and collectives noted since the last record, and add its samples
+    and wait to the epoch's ``acc`` (the first record's wait, the workers' start-up, kept
+    apart). A full buffer drops it and counts its steps."""
     samples = (s if k >= n else round(s * n / k)) if k else None
     state, buf = p.state, p.buffer
     h2d, evs = state.take_h2d()  # host-timed copies add up; device-timed ones: a timed step's
@@ -366,7 +368,10 @@ def _record(p: Recorder, step: int, t0: float, n: int, wait: float, host: float,
             p.comm_of[step] = comm
     else:
         buf.dropped += n
-    return samples or 0
+    acc[0] += samples or 0
+    acc[1] += wait
+    if not acc[2]:
+        acc[2] = wait
 
 
 #: the gaps between fully timed steps of a sampled record (uniform, 0 to 2 x SAMPLE_EVERY - 2:

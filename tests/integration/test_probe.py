@@ -317,6 +317,85 @@ def test_a_sampled_epochs_untimed_last_steps_leave_out_the_loaders_exit(
                                                                        rel=1e-9)
 
 
+def test_alert_callbacks_in_a_sampled_stretch_stay_out_of_its_untimed_last_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alert callbacks (1 s here) run between sampled steps take no step's time, nor the mean
+    step that gives untimed last steps their end."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    wait, host = 2.0 ** -16, 2.0 ** -15
+    for n in range(3000, 3016):  # the last step falls on every place of the gaps
+        clock = FakeClock()
+        monkeypatch.setattr(watch_mod, "time", clock)
+        run_dir = make_run(tmp_path / str(n))
+        p = new_probe(run_dir, rank=0, group_s=0.001)
+
+        def callbacks(p: Probe = p, clock: FakeClock = clock) -> None:
+            clock.t += 1.0
+            p.alerts.due.clear()
+
+        monkeypatch.setattr(p, "run_due", callbacks)
+
+        def batches(n: int = n, p: Probe = p, clock: FakeClock = clock
+                    ) -> Iterator[torch.Tensor]:
+            for i in range(n):
+                clock.t += wait
+                if i == n - 200:  # an alert for a callback, a few records before the end
+                    p.alerts.due.append(None)  # type: ignore[arg-type]
+                yield torch.zeros(4, 1)
+            clock.t += 0.5  # the loader's exit
+
+        for _ in Watched(batches(), p):
+            clock.t += host
+        p.close()
+        rows = read_steps(run_dir)
+        assert sum(r.n for r in rows) == n
+        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(n * (wait + host),
+                                                                       rel=1e-9), n
+
+
+def test_steps_that_slow_down_after_a_sampled_stretch_are_records_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short steps are sampled; once steps last longer than a record's span, each is timed and
+    recorded alone again (not left in sampled records of many steps)."""
+    wait, host = 2.0 ** -16, 2.0 ** -15
+    rows = _fake_loop(monkeypatch, tmp_path, [wait] * 3000 + [2.0 ** -9] * 200, host)
+    assert sum(r.n for r in rows) == 3200
+    assert [r.n for r in rows[-150:]] == [1] * 150
+    assert [r.step for r in rows[-150:]] == list(range(3050, 3200))
+    assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
+        3000 * (wait + host) + 200 * (2.0 ** -9 + host), rel=1e-9)
+
+
+def test_an_iterator_made_but_not_yet_read_begins_no_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``iter()`` of a watched loader begins its epoch at the first ``next()``: an iterator
+    never read begins none, and the time between ``iter()`` and the first ``next()`` (setup in
+    the trainer) is not the first step's data wait."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+    wait, host = 2.0 ** -10, 2.0 ** -9
+
+    def batches() -> Iterator[torch.Tensor]:
+        for _ in range(10):
+            clock.t += wait
+            yield torch.zeros(4, 1)
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=0.001)
+    w = Watched(batches(), p)
+    iter(w)  # made and dropped
+    assert p.state.epoch == -1
+    it = iter(w)
+    clock.t += 5.0  # the trainer's setup before it asks for the first batch
+    for _ in it:
+        clock.t += host
+    p.close()
+    rows = read_steps(run_dir)
+    assert {r.epoch for r in rows} == {0} and sum(r.n for r in rows) == 10
+    assert sum(r.wait_s for r in rows) == 10 * wait
+
+
 def test_a_break_in_a_sampled_record_ends_its_step(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     wait, host = 2.0 ** -16, 2.0 ** -15
@@ -837,6 +916,35 @@ def test_steps_timed_by_hand_are_device_timed_in_pairs_too(tmp_path: Path) -> No
     idle = sum(s.gpu_idle_s or 0.0 for s in gaps)
     assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)
     assert gpu.created < 2 * len(timed) + 20  # the untimed steps' copy events were reused
+
+
+def test_a_step_timed_by_hand_is_recorded_once_and_gives_back_a_failed_pairs_event(
+        tmp_path: Path) -> None:
+    """A second ``stop()`` records nothing and moves no clock; when the device refuses a
+    step's end event, its start event goes back to the pool (and device timing goes off)."""
+    gpu = FakeGpu()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, flush_interval=3600, events=lambda: FakeEvent(gpu))
+    p.writer.ready.wait(10)
+    t = StepTimer(p, samples=4).start()
+    t.stop()
+    end = p.state.last_end
+    t.stop()
+    assert p.state.last_end == end
+    t = StepTimer(p, samples=4).start()
+    assert t._ev0 is not None  # the second step of the first pair
+    free = len(p.device._free)
+
+    class Refused(FakeEvent):
+        def record(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    p.device._free.append(Refused(gpu))
+    t.stop()
+    assert len(p.device._free) == free + 1 and t._ev0 is None and not p.device.timing
+    p.close()
+    steps = read_steps(run_dir)
+    assert [s.n for s in steps] == [1, 1] and steps[1].gpu_busy_s is None
 
 
 def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
