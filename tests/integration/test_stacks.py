@@ -654,3 +654,45 @@ def test_a_run_recorded_before_the_exit_phase_reads_with_todays_tables(tmp_path:
     assert phase_seconds(rec) == {"compute": 0.3, "data": 0.0, "exit": 0.7}
     (p,) = trainer_phases([{**rec, "s": {"compute": 2.5, "data": 0.7}}])
     assert p.share("data") == 0.0 and p.share("compute") == 1.0
+
+
+def test_a_hook_that_fails_to_install_never_stops_the_sampler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """DDP's communication timing raising as it installs (an import that met the trainer's own
+    import half-way) is tried again at later samples, and the sampler samples on; a hook that
+    always fails is given up after HOOK_TRIES tries, said once. (A rank's sampler that died on
+    such an error wrote no stacks at all: its rank vanished from a DDP diagnosis.)"""
+    from stallscope.sources import comm
+    from stallscope.sources.stacks import inproc
+
+    calls: list[int] = []
+
+    def flaky() -> bool:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise ImportError("cannot import name 'DistributedDataParallel' from partially "
+                              "initialized module 'torch.nn.parallel'")
+        return True
+
+    monkeypatch.setattr(comm, "install_if_distributed", flaky)
+    monkeypatch.setattr(inproc.batches, "install", lambda: (_ for _ in ()).throw(
+        RuntimeError("always")))
+    monkeypatch.setattr(inproc.batches, "installed", lambda: False)
+    sampler = inproc.InProcSampler(tmp_path, rate_hz=500)
+    sampler._thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sampler._hooks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sampler._hooks == {} and len(calls) == 4 and sampler._comm is comm.CLOCK
+        n = sampler.tally.total_n
+        time.sleep(0.2)
+        assert sampler._thread.is_alive()
+        assert sampler.tally.total_n > n  # still sampling
+    finally:
+        sampler._stop.set()
+        sampler._thread.join(5)
+    err = capsys.readouterr().err
+    assert err.count("batches hook not installed: RuntimeError: always") == 1, err
+    assert "stopped" not in err

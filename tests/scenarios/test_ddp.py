@@ -95,6 +95,7 @@ def without_probe(doc: dict[str, Any]) -> dict[str, Any]:
     (stallscope run samples every trainer's stacks; the probe's steps are set aside)."""
     out = rediagnosed(doc, stacks=True)
     assert out["stall_source"] == "stacks", out["stall_source"]
+    out["said"] = doc.get("said")
     return out
 
 
@@ -119,6 +120,8 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None, ranks: int = 2) -> d
     d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
                        text=True, timeout=120, check=True)
     doc: dict[str, Any] = json.loads(d.stdout)
+    # what stallscope said on the trainers' stderr (a stack sampler that stopped says why)
+    doc["said"] = [ln for ln in err.splitlines() if ln.startswith("stallscope:")][-10:]
     return doc
 
 
@@ -196,12 +199,16 @@ def straggler_finding(doc: dict[str, Any], *context: Any) -> dict[str, Any]:
 
 def measured(doc: dict[str, Any]) -> dict[str, Any]:
     """Per rank (comm share, compute share, run-queue wait %), the CPU other processes used and
-    the stack samples: what a failed straggler check needs to be understood."""
+    the stack samples and whose they are, what stallscope said on stderr: what a failed straggler
+    check needs to be understood."""
     sig = doc["signals"]
     return {"ranks": [(r.get("rank"), r.get("comm_share"), r.get("compute_share"),
                        r.get("runq_wait_pct")) for r in sig.get("ranks_detail", [])],
             "others_cpu_cores": sig.get("others_cpu_cores"),
-            "stack_samples": sig.get("stack_samples")}
+            "stack_samples": sig.get("stack_samples"),
+            "stack_pids": sorted({str(p.stem) for p in (Path(doc["run"]) / "stacks").glob(
+                "*.jsonl")}) if doc.get("run") else None,
+            "said": doc.get("said")}
 
 
 def straggler_unless_busy(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -13,8 +13,10 @@ the time since the previous sample, so a sample that waited for the GIL (the tra
 in a long C call) still stands for all the time it waited. A process that turns out not to be
 a trainer (torchrun's launcher, a multiprocessing child) stops its thread after the first
 samples and writes nothing; one that has not started training after a minute is sampled
-twice a second until it does, and nothing is written for it before it does. Every error stops
-sampling quietly; it never reaches the trainer.
+twice a second until it does, and nothing is written for it before it does. An error stops
+sampling, with one line on stderr; it never reaches the trainer. A hook that fails to install
+(DDP's communication timing, the DataLoader's batch count) is tried again, never a reason to
+stop.
 """
 
 from __future__ import annotations
@@ -49,7 +51,18 @@ SLOW_PERIOD_S = 0.5
 #: frames walked per sample at most (innermost first)
 MAX_DEPTH = 64
 
+#: a hook that failed to install this many times is given up (sampling goes on)
+HOOK_TRIES = 20
+
 _started: list[InProcSampler] = []
+
+
+def _say(msg: str) -> None:
+    """One line on the trainer's stderr (the sampler has no other voice); never raises."""
+    try:
+        sys.stderr.write(f"stallscope: {msg}\n")
+    except Exception:
+        pass
 
 
 def stack_key(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[Any, ...]:
@@ -91,6 +104,8 @@ class InProcSampler:
         self._comm_seen = 0.0
         #: the DataLoader batch counts (:mod:`.batches`) written so far
         self._counted = (0, 0)
+        #: hooks not installed yet -> failed tries (:meth:`_install_hooks`)
+        self._hooks = {"comm": 0, "batches": 0}
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
                                         daemon=True)
 
@@ -110,10 +125,8 @@ class InProcSampler:
         try:
             while not self._stop.wait(period if self.tally.started or last < slow_after
                                       else SLOW_PERIOD_S):
-                if self._comm is None:
-                    self._comm_install()  # a dict lookup a sample until DDP starts
-                if not batches.installed():
-                    batches.install()  # a dict lookup a sample until torch's DataLoader is in
+                if self._hooks:
+                    self._install_hooks()  # dict lookups a sample until DDP and the loader are in
                 frame = sys._current_frames().get(self._main)
                 if frame is None:
                     break
@@ -134,16 +147,33 @@ class InProcSampler:
                     self._comm_time()
                     self.flush()
                     next_flush = now + self.flush_s
-        except Exception:  # never the trainer's problem: stop sampling
-            return
+        except Exception as exc:  # never the trainer's problem: stop sampling, said once
+            _say(f"stack sampling in pid {os.getpid()} stopped: {type(exc).__name__}: {exc}")
 
-    def _comm_install(self) -> None:
-        """The communication timing, once the trainer is distributed (sources/comm.py)."""
+    def _install_hooks(self) -> None:
+        """The communication timing once the trainer is distributed (sources/comm.py) and the
+        DataLoader's batch count once torch's DataLoader is imported (:mod:`.batches`). Each
+        is tried again at later samples when it fails (an import that met the trainer's own
+        import of the same module half-way): never a reason to stop sampling; after
+        ``HOOK_TRIES`` failures it is given up, said once."""
         from stallscope.sources import comm
 
-        if comm.install_if_distributed():
-            self._comm = comm.CLOCK
-            self._comm_seen = comm.CLOCK.total_s
+        for name in tuple(self._hooks):
+            try:
+                done = (comm.install_if_distributed() if name == "comm"
+                        else batches.install())
+            except Exception as exc:
+                self._hooks[name] += 1
+                done = self._hooks[name] >= HOOK_TRIES
+                if done:
+                    _say(f"pid {os.getpid()}: {name} hook not installed: "
+                         f"{type(exc).__name__}: {exc}")
+            else:
+                if done and name == "comm":
+                    self._comm = comm.CLOCK
+                    self._comm_seen = comm.CLOCK.total_s
+            if done:
+                del self._hooks[name]
 
     def _comm_time(self) -> None:
         """Once the trainer has a process group (DDP), its collectives are timed
