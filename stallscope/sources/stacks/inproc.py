@@ -196,8 +196,10 @@ class InProcSampler:
         if rec is not None and not self.tally.idle:
             try:
                 append_record(self.folder, rec)
-            except OSError:
-                self._stop.set()  # the run directory is gone or full: stop quietly
+            except OSError as exc:  # the run directory is gone or full: stop, said once
+                if not self._stop.is_set():
+                    _say(f"stack sampling in pid {os.getpid()} stopped: {exc}")
+                self._stop.set()
 
     def stop(self) -> None:
         """Stop and write the last window (at interpreter exit too)."""
