@@ -193,11 +193,16 @@ def h2d(batch: T, device: Any, non_blocking: bool = True) -> T:
             a = dev.event()
             a.record()
         except Exception as exc:
-            p.notices.say("cuda", f"CUDA event record failed: {exc}")
+            dev.record_failed(exc)
             return _move(batch, device, non_blocking)
         out = _move(batch, device, non_blocking)
-        b = dev.event()
-        b.record()
+        try:
+            b = dev.event()
+            b.record()
+        except Exception as exc:  # the copy is done (queued): only its time is lost
+            dev.release(a)
+            dev.record_failed(exc)
+            return out
         p.note_h2d_events(a, b)
         return out
     t0 = time.perf_counter()

@@ -417,9 +417,9 @@ class StepTimer:
             try:
                 ev1 = dev.event()
                 ev1.record()
-                gpu = (ev0, ev1, h2d_evs)
                 if p.hand_pairs is not None:
                     p.hand_pairs.timed(t1, step)
+                gpu = (ev0, ev1, h2d_evs)
             except Exception as exc:
                 dev.release(ev0)
                 dev.record_failed(exc)

@@ -81,7 +81,8 @@ class Watched(Generic[T]):
 
     def _begin(self, p: Recorder) -> tuple[Iterator[T], int | None, bool, float]:
         """The epoch begun: (the loader's iterator, the epoch's number, None when the probe
-        cannot watch it (said once), whether the device clock is ready, when it was asked)."""
+        cannot watch it (said on stderr), whether the device clock is ready, when it was
+        asked)."""
         perf = time.perf_counter
         t_req = perf()
         it = iter(self.loader)
@@ -96,18 +97,23 @@ class Watched(Generic[T]):
         """The step loop under the loader autotune, which sets the loader up before the epoch
         and may have to take back the configuration it set."""
         _tuner_call(p, tuner.before_epoch)
-        begun = self._begin(p)
-        epoch, gpu = begun[1], begun[2]
         before = p.state.step  # the step count moves with each batch the loader hands over
+        begun = None
         try:
+            begun = self._begin(p)  # (iter() may fail: workers that cannot start)
             yield from self._steps(p, begun)
         except Exception as exc:
             # the configuration autotune set before this epoch failed before its first batch
             # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
             # there): back to the one that worked, this same epoch, said once
-            if epoch is None or p.state.step != before or not tuner.revert(exc):
+            if (begun is not None and begun[1] is None) or p.state.step != before \
+                    or not tuner.revert(exc):
                 raise
-            yield from self._steps(p, (iter(self.loader), epoch, gpu, time.perf_counter()))
+            if begun is None:  # iter() failed: the epoch begins now
+                yield from self._steps(p)
+                return
+            t_req = time.perf_counter()  # (iter() starts the workers: their start-up is wait)
+            yield from self._steps(p, (iter(self.loader), begun[1], begun[2], t_req))
 
     def _steps(self, p: Recorder, begun: tuple[Iterator[T], int | None, bool, float] | None
                = None) -> Iterator[T]:

@@ -120,6 +120,10 @@ class CommClock:
 #: this process's clock (one training loop per process)
 CLOCK = CommClock()
 _installed = False
+#: imports that failed half-way in :func:`install` (another thread importing the same module),
+#: and how many are tried before giving up
+_import_failures = [0]
+IMPORT_TRIES = 20
 _install_lock = threading.Lock()
 
 
@@ -188,6 +192,14 @@ def install() -> None:
                 if fn is not None and not getattr(fn, "__stallscope_timed__", False):
                     setattr(dist, name, _timed_call(fn))
             _patch_ddp()
+        except ImportError as exc:
+            # torch.nn.parallel half-imported by the trainer's thread as this one (the stack
+            # sampler's, or the probe's) got there: try again at the next call, a few times
+            _import_failures[0] += 1
+            if _import_failures[0] < IMPORT_TRIES:
+                _installed = False
+            else:
+                warn(f"communication time not measured: {exc!r}")
         except Exception as exc:  # a torch we do not know: steps go on without comm times
             warn(f"communication time not measured: {exc!r}")
 
@@ -210,7 +222,7 @@ def install_if_distributed() -> bool:
     except Exception:  # a torch without these: nothing to time
         return False
     install()
-    return True
+    return _installed  # (False: an import met another thread's half-way; asked again later)
 
 
 def _patch_backward() -> None:

@@ -4,9 +4,14 @@ DDP runs under torchrun are in test_ddp.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from diagnose_inputs import T0, procs, run, ser
 
 from stallscope.analysis.diagnose import diagnose
@@ -449,3 +454,40 @@ def test_busiest_others_from_two_snapshots() -> None:
     assert got == [{"pid": 2, "name": "hog", "cores": 1.0},
                    {"pid": 5, "name": "newcomer", "cores": 0.2},
                    {"pid": 4, "name": "reused", "cores": 0.15}]
+
+
+def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:
+    """``torch.nn.parallel`` half-imported by the trainer's thread when the sampler's thread
+    installs the communication timing (an ImportError there): not installed yet, and the next
+    call installs it; after IMPORT_TRIES such failures it is given up, said once."""
+    code = textwrap.dedent("""
+        import torch.distributed as dist
+        from stallscope.sources import comm
+        real, fails = comm._patch_ddp, [0]
+        def half_way():
+            fails[0] += 1
+            if fails[0] == 1:
+                raise ImportError("cannot import name 'DistributedDataParallel' from partially "
+                                  "initialized module 'torch.nn.parallel'")
+            real()
+        comm._patch_ddp = half_way
+        comm.install()
+        first = comm._installed
+        comm.install()
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        print(first, comm._installed, getattr(DDP.forward, "__wrapped__", None) is not None,
+              getattr(dist.all_reduce, "__stallscope_timed__", False))
+        comm._installed, comm._import_failures[0] = False, 0
+        def never():
+            raise ImportError("always")
+        comm._patch_ddp = never
+        for _ in range(comm.IMPORT_TRIES + 5):
+            comm.install()
+        print(comm._installed)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "True", "True", "True", "True"], (r.stdout, r.stderr)
+    assert r.stderr.count("communication time not measured: ImportError('always')") == 1, \
+        r.stderr

@@ -396,6 +396,68 @@ def test_an_iterator_made_but_not_yet_read_begins_no_epoch(
     assert sum(r.wait_s for r in rows) == 10 * wait
 
 
+@pytest.mark.parametrize("fails_at", ["iter", "next"])
+def test_a_configuration_the_autotune_takes_back_starts_the_epoch_over_with_its_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str) -> None:
+    """The loader as the autotune set it fails before its first batch, in ``iter()`` (workers
+    that cannot start: spawn and a dataset that does not pickle) or in the first ``next()``: the
+    autotune takes its configuration back and the same epoch starts over, the restored
+    workers' start-up (0.25 s in ``iter()``) counted as the first step's wait."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+    wait, host = 2.0 ** -8, 2.0 ** -7
+
+    class Loader:
+        broken = True
+
+        def __iter__(self) -> Iterator[int]:
+            if self.broken and fails_at == "iter":
+                raise RuntimeError("workers cannot start")
+            clock.t += 0.25
+            return self.batches()
+
+        def batches(self) -> Iterator[int]:
+            if self.broken:
+                raise RuntimeError("a worker failed")
+            for i in range(10):
+                clock.t += wait
+                yield i
+
+    loader = Loader()
+
+    class Tuner:
+        def __init__(self) -> None:
+            self.reverted: list[str] = []
+
+        def before_epoch(self) -> None:
+            pass
+
+        def revert(self, exc: BaseException) -> bool:
+            self.reverted.append(str(exc))
+            loader.broken = False
+            return True
+
+        def after_epoch(self, *_a: Any) -> None:
+            pass
+
+        def summary(self) -> dict[str, Any]:
+            return {}
+
+    tuner = Tuner()
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, group_s=0.001)
+    seen = []
+    for x in Watched(loader, p, tuner=tuner):
+        seen.append(x)
+        clock.t += host
+    p.close()
+    assert seen == list(range(10)) and len(tuner.reverted) == 1, tuner.reverted
+    rows = read_steps(run_dir)
+    assert sum(r.n for r in rows) == 10
+    assert sum(r.wait_s for r in rows) == pytest.approx(0.25 + 10 * wait, abs=1e-9)
+
+
 def test_a_break_in_a_sampled_record_ends_its_step(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     wait, host = 2.0 ** -16, 2.0 ** -15
@@ -791,6 +853,40 @@ def test_fake_cuda_h2d_is_timed_with_events(tmp_path: Path) -> None:
     (s,) = read_steps(run_dir)
     assert s.h2d_s == pytest.approx(0.5) and s.gpu_busy_s == pytest.approx(1.5)
     assert s.samples == 4
+
+
+def test_a_copy_whose_end_event_fails_returns_the_copy_and_turns_timing_off(
+        tmp_path: Path) -> None:
+    """``h2d`` with the device refusing the copy's end event (a sticky CUDA error): the copy
+    still comes back, the start event goes back to the pool, device timing is off, said once,
+    and nothing reaches the trainer."""
+    gpu = FakeGpu()
+    made: list[int] = []
+
+    class Refused(FakeEvent):
+        def record(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def events() -> FakeEvent:
+        made.append(1)
+        return FakeEvent(gpu) if len(made) % 2 else Refused(gpu)
+
+    run_dir = make_run(tmp_path)
+    p = new_probe(run_dir, rank=0, events=events)
+
+    class Tensor:
+        shape = (4,)
+
+        def to(self, device: str, non_blocking: bool = False) -> str:
+            return "on-gpu"
+
+    probe_mod._probes[0] = p
+    p.gpu_ready()  # (the trainer's CUDA is up)
+    assert p.device.timing
+    assert h2d(Tensor(), "cuda:0") == "on-gpu"
+    assert not p.device.timing and p.device.timer is None and len(p.device._free) == 1
+    assert h2d(Tensor(), "cuda:0") == "on-gpu"  # host-timed from now on
+    p.close()
 
 
 def test_fake_cuda_events_that_never_complete(tmp_path: Path,

@@ -156,10 +156,10 @@ class InProcSampler:
         is tried again at later samples when it fails (an import that met the trainer's own
         import of the same module half-way): never a reason to stop sampling; after
         ``HOOK_TRIES`` failures it is given up, said once."""
-        from stallscope.sources import comm
-
         for name in tuple(self._hooks):
             try:
+                from stallscope.sources import comm
+
                 done = (comm.install_if_distributed() if name == "comm"
                         else batches.install())
             except Exception as exc:
@@ -197,7 +197,7 @@ class InProcSampler:
             try:
                 append_record(self.folder, rec)
             except OSError as exc:  # the run directory is gone or full: stop, said once
-                if not self._stop.is_set():
+                if final or not self._stop.is_set():
                     _say(f"stack sampling in pid {os.getpid()} stopped: {exc}")
                 self._stop.set()
 
