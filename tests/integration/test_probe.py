@@ -288,69 +288,58 @@ def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
     assert sum(r.n for r in rows) == 40000 and len(rows) < 4000
 
 
+def _epoch_ending_in_an_exit(monkeypatch: pytest.MonkeyPatch, run_dir: Path, n: int,
+                             alert_at: int | None = None) -> list[StepRow]:
+    """One watched epoch of ``n`` 46-us steps on the fake clock whose loader takes 0.5 s to
+    exit in its last ``next()`` (a DataLoader shutting its workers down); ``alert_at``: an
+    alert for a callback comes at that step, and callbacks take 1 s."""
+    watch_mod = importlib.import_module("stallscope.probe.watch")
+    clock = FakeClock()
+    monkeypatch.setattr(watch_mod, "time", clock)
+    p = new_probe(run_dir, rank=0, group_s=0.001)
+
+    def callbacks() -> None:
+        clock.t += 1.0
+        p.alerts.due.clear()
+
+    monkeypatch.setattr(p, "run_due", callbacks)
+
+    def batches() -> Iterator[torch.Tensor]:
+        for i in range(n):
+            clock.t += 2.0 ** -16
+            if i == alert_at:
+                p.alerts.due.append(None)  # type: ignore[arg-type]
+            yield torch.zeros(4, 1)
+        clock.t += 0.5  # the loader's exit
+
+    for _ in Watched(batches(), p):
+        clock.t += 2.0 ** -15
+    p.close()
+    return read_steps(run_dir)
+
+
 def test_a_sampled_epochs_untimed_last_steps_leave_out_the_loaders_exit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only one sampled step in about SAMPLE_EVERY reads the clock. When the epoch ends on
     untimed steps, their end is the last reading plus their mean step: the loader's own exit
-    (here 0.5 s in its last ``next()``, as a DataLoader shutting its workers down) is never
-    counted as the trainer's time, whichever step the epoch ends on."""
-    watch_mod = importlib.import_module("stallscope.probe.watch")
-    wait, host = 2.0 ** -16, 2.0 ** -15
+    is never counted as the trainer's time, whichever step the epoch ends on."""
     for n in range(3000, 3016):  # the last step falls on every place of the gaps
-        clock = FakeClock()
-        monkeypatch.setattr(watch_mod, "time", clock)
-
-        def batches(n: int = n, clock: FakeClock = clock) -> Iterator[torch.Tensor]:
-            for _ in range(n):
-                clock.t += wait
-                yield torch.zeros(4, 1)
-            clock.t += 0.5  # the loader's exit
-
-        run_dir = make_run(tmp_path / str(n))
-        p = new_probe(run_dir, rank=0, group_s=0.001)
-        for _ in Watched(batches(), p):
-            clock.t += host
-        p.close()
-        rows = read_steps(run_dir)
+        rows = _epoch_ending_in_an_exit(monkeypatch, make_run(tmp_path / str(n)), n)
         assert sum(r.n for r in rows) == n
-        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(n * (wait + host),
-                                                                       rel=1e-9)
+        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
+            n * (2.0 ** -16 + 2.0 ** -15), rel=1e-9), n
 
 
 def test_alert_callbacks_in_a_sampled_stretch_stay_out_of_its_untimed_last_steps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Alert callbacks (1 s here) run between sampled steps take no step's time, nor the mean
     step that gives untimed last steps their end."""
-    watch_mod = importlib.import_module("stallscope.probe.watch")
-    wait, host = 2.0 ** -16, 2.0 ** -15
-    for n in range(3000, 3016):  # the last step falls on every place of the gaps
-        clock = FakeClock()
-        monkeypatch.setattr(watch_mod, "time", clock)
-        run_dir = make_run(tmp_path / str(n))
-        p = new_probe(run_dir, rank=0, group_s=0.001)
-
-        def callbacks(p: Probe = p, clock: FakeClock = clock) -> None:
-            clock.t += 1.0
-            p.alerts.due.clear()
-
-        monkeypatch.setattr(p, "run_due", callbacks)
-
-        def batches(n: int = n, p: Probe = p, clock: FakeClock = clock
-                    ) -> Iterator[torch.Tensor]:
-            for i in range(n):
-                clock.t += wait
-                if i == n - 200:  # an alert for a callback, a few records before the end
-                    p.alerts.due.append(None)  # type: ignore[arg-type]
-                yield torch.zeros(4, 1)
-            clock.t += 0.5  # the loader's exit
-
-        for _ in Watched(batches(), p):
-            clock.t += host
-        p.close()
-        rows = read_steps(run_dir)
+    for n in range(3000, 3016):
+        rows = _epoch_ending_in_an_exit(monkeypatch, make_run(tmp_path / str(n)), n,
+                                        alert_at=n - 200)  # a few records before the end
         assert sum(r.n for r in rows) == n
-        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(n * (wait + host),
-                                                                       rel=1e-9), n
+        assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
+            n * (2.0 ** -16 + 2.0 ** -15), rel=1e-9), n
 
 
 def test_steps_that_slow_down_after_a_sampled_stretch_are_records_of_their_own(

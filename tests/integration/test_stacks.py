@@ -659,40 +659,32 @@ def test_a_run_recorded_before_the_exit_phase_reads_with_todays_tables(tmp_path:
 def test_a_hook_that_fails_to_install_never_stops_the_sampler(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
-    """DDP's communication timing raising as it installs (an import that met the trainer's own
-    import half-way) is tried again at later samples, and the sampler samples on; a hook that
-    always fails is given up after HOOK_TRIES tries, said once. (A rank's sampler that died on
-    such an error wrote no stacks at all: its rank vanished from a DDP diagnosis.)"""
-    from stallscope.sources import comm
+    """A hook that raises as it installs (here the DataLoader's batch count) is given up, said
+    once, and the sampler samples on; the communication timing, not distributed yet, is still
+    asked for. (A sampler that died on an error wrote no stacks at all, silently: a DDP rank
+    vanished from a diagnosis from stacks.)"""
     from stallscope.sources.stacks import inproc
 
-    calls: list[int] = []
+    tries: list[int] = []
 
-    def flaky() -> bool:
-        calls.append(1)
-        if len(calls) <= 3:
-            raise ImportError("cannot import name 'DistributedDataParallel' from partially "
-                              "initialized module 'torch.nn.parallel'")
-        return True
+    def broken() -> bool:
+        tries.append(1)
+        raise RuntimeError("a torch this sampler does not know")
 
-    monkeypatch.setattr(comm, "install_if_distributed", flaky)
-    monkeypatch.setattr(inproc.batches, "install", lambda: (_ for _ in ()).throw(
-        RuntimeError("always")))
-    monkeypatch.setattr(inproc.batches, "installed", lambda: False)
+    monkeypatch.setattr(inproc.batches, "install", broken)
     sampler = inproc.InProcSampler(tmp_path, rate_hz=500)
     sampler._thread.start()
     try:
         deadline = time.monotonic() + 10
-        while sampler._hooks and time.monotonic() < deadline:
+        while "batches" in sampler._hooks and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert sampler._hooks == {} and len(calls) == 4 and sampler._comm is comm.CLOCK
         n = sampler.tally.total_n
         time.sleep(0.2)
-        assert sampler._thread.is_alive()
-        assert sampler.tally.total_n > n  # still sampling
+        assert sampler._thread.is_alive() and sampler.tally.total_n > n  # still sampling
+        assert sampler._hooks == ["comm"] and tries == [1]
     finally:
         sampler._stop.set()
         sampler._thread.join(5)
     err = capsys.readouterr().err
-    assert err.count("batches hook not installed: RuntimeError: always") == 1, err
+    assert err.count("batches hook not installed: RuntimeError: a torch this sampler") == 1, err
     assert "stopped" not in err

@@ -15,8 +15,8 @@ a trainer (torchrun's launcher, a multiprocessing child) stops its thread after 
 samples and writes nothing; one that has not started training after a minute is sampled
 twice a second until it does, and nothing is written for it before it does. An error stops
 sampling, with one line on stderr; it never reaches the trainer. A hook that fails to install
-(DDP's communication timing, the DataLoader's batch count) is tried again, never a reason to
-stop.
+(DDP's communication timing, the DataLoader's batch count) is given up, said once, and
+sampling goes on.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from stallscope.errors import warn
 from stallscope.sources.stacks import batches
 from stallscope.sources.stacks.aggregate import (
     MEMO_SIZE,
@@ -51,18 +52,7 @@ SLOW_PERIOD_S = 0.5
 #: frames walked per sample at most (innermost first)
 MAX_DEPTH = 64
 
-#: a hook that failed to install this many times is given up (sampling goes on)
-HOOK_TRIES = 20
-
 _started: list[InProcSampler] = []
-
-
-def _say(msg: str) -> None:
-    """One line on the trainer's stderr (the sampler has no other voice); never raises."""
-    try:
-        sys.stderr.write(f"stallscope: {msg}\n")
-    except Exception:
-        pass
 
 
 def stack_key(frame: FrameType | None, depth: int = MAX_DEPTH) -> tuple[Any, ...]:
@@ -104,8 +94,8 @@ class InProcSampler:
         self._comm_seen = 0.0
         #: the DataLoader batch counts (:mod:`.batches`) written so far
         self._counted = (0, 0)
-        #: hooks not installed yet -> failed tries (:meth:`_install_hooks`)
-        self._hooks = {"comm": 0, "batches": 0}
+        #: the hooks not installed yet (:meth:`_install_hooks`)
+        self._hooks = ["comm", "batches"]
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
                                         daemon=True)
 
@@ -148,32 +138,26 @@ class InProcSampler:
                     self.flush()
                     next_flush = now + self.flush_s
         except Exception as exc:  # never the trainer's problem: stop sampling, said once
-            _say(f"stack sampling in pid {os.getpid()} stopped: {type(exc).__name__}: {exc}")
+            warn(f"stack sampling in pid {os.getpid()} stopped: {type(exc).__name__}: {exc}")
 
     def _install_hooks(self) -> None:
-        """The communication timing once the trainer is distributed (sources/comm.py) and the
-        DataLoader's batch count once torch's DataLoader is imported (:mod:`.batches`). Each
-        is tried again at later samples when it fails (an import that met the trainer's own
-        import of the same module half-way): never a reason to stop sampling; after
-        ``HOOK_TRIES`` failures it is given up, said once."""
+        """The communication timing once the trainer is distributed (sources/comm.py, which
+        tries again itself when its import meets the trainer's half-way) and the DataLoader's
+        batch count once torch's DataLoader is imported (:mod:`.batches`). A hook that raises
+        is given up, said once: never a reason to stop sampling."""
         for name in tuple(self._hooks):
             try:
                 from stallscope.sources import comm
 
-                done = (comm.install_if_distributed() if name == "comm"
-                        else batches.install())
-            except Exception as exc:
-                self._hooks[name] += 1
-                done = self._hooks[name] >= HOOK_TRIES
-                if done:
-                    _say(f"pid {os.getpid()}: {name} hook not installed: "
-                         f"{type(exc).__name__}: {exc}")
-            else:
+                done = comm.install_if_distributed() if name == "comm" else batches.install()
                 if done and name == "comm":
                     self._comm = comm.CLOCK
                     self._comm_seen = comm.CLOCK.total_s
+            except Exception as exc:
+                warn(f"pid {os.getpid()}: {name} hook not installed: {type(exc).__name__}: {exc}")
+                done = True
             if done:
-                del self._hooks[name]
+                self._hooks.remove(name)
 
     def _comm_time(self) -> None:
         """Once the trainer has a process group (DDP), its collectives are timed
@@ -198,7 +182,7 @@ class InProcSampler:
                 append_record(self.folder, rec)
             except OSError as exc:  # the run directory is gone or full: stop, said once
                 if final or not self._stop.is_set():
-                    _say(f"stack sampling in pid {os.getpid()} stopped: {exc}")
+                    warn(f"stack sampling in pid {os.getpid()} stopped: {exc}")
                 self._stop.set()
 
     def stop(self) -> None:
