@@ -22,6 +22,7 @@ process), each disk's sysfs facts, SMART.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -38,13 +39,15 @@ from typing import Any
 
 from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
+from stallscope.httpsafe import opener, redact, secrets_of, split_userinfo
 from stallscope.labels import attrs_of, entity_of, host_of
 from stallscope.metrics import METRICS, Metric
 from stallscope.sources.owner import OWNER_KEYS
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
-__all__ = ["PromQuery", "PrometheusError", "load_fleet", "load_prometheus", "parse_duration"]
+__all__ = ["PromQuery", "PrometheusError", "load_fleet", "load_prometheus", "parse_duration",
+           "shown_url"]
 
 _STEP_NAMES = {
     "stallscope_train_steps_total": "n",
@@ -115,17 +118,29 @@ class PromQuery:
         return start, end, step
 
 
+def shown_url(q: PromQuery) -> str:
+    """The server's URL as messages and stored runs name it: no password, no token."""
+    return redact(q.url.rstrip("/"), secrets_of(q.auth))
+
+
 def _query_range(q: PromQuery, promql: str, start: float, end: float, step: float
                  ) -> list[dict[str, Any]]:
-    base = q.url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise PrometheusError(f"--prometheus must be an http:// or https:// URL, got {q.url!r}")
+    headers = {"Accept": "application/json",
+               **{k: v for k, v in q.auth.items() if k != "ca_file"}}
+    url, user, pw = split_userinfo(q.url.rstrip("/"))
+    if user is not None and pw is not None and "Authorization" not in headers:
+        # urllib cannot send a URL's user:password@: it becomes a basic-auth header
+        token = base64.b64encode(f"{user}:{pw}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    secrets = secrets_of(headers)
+    base = redact(url, secrets)  # what messages name: never a password nor a token
+    if not url.startswith(("http://", "https://")):
+        raise PrometheusError(f"--prometheus must be an http:// or https:// URL, got "
+                              f"{redact(q.url, secrets)!r}")
     args = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}",
                                    "end": f"{end:.3f}", "step": f"{step:g}"})
     try:
-        headers = {"Accept": "application/json",
-                   **{k: v for k, v in q.auth.items() if k != "ca_file"}}
-        req = urllib.request.Request(f"{base}/api/v1/query_range?{args}", headers=headers)
+        req = urllib.request.Request(f"{url}/api/v1/query_range?{args}", headers=headers)
         body = _fetch(req, q.timeout_s, base, q.auth.get("ca_file"))
     except urllib.error.HTTPError as exc:
         try:
@@ -135,7 +150,7 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
         hint = ("; give --bearer-token-file, or --basic-auth-user with "
                 "--basic-auth-password-file" if exc.code in (401, 403) else "")
         raise PrometheusError(f"Prometheus at {base} refused the query ({exc.code}): "
-                              f"{_one_line(why)}{hint}") from None
+                              f"{redact(_one_line(why), secrets)}{hint}") from None
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, socket.timeout):
@@ -143,7 +158,7 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
         elif isinstance(exc, http.client.IncompleteRead):
             reason = "the answer ended before its Content-Length"
         raise PrometheusError(f"cannot reach Prometheus at {base}: "
-                              f"{_one_line(reason)}") from None
+                              f"{redact(_one_line(reason), secrets)}") from None
     try:
         doc = json.loads(body)
         result = doc["data"]["result"] if doc.get("status") == "success" else None
@@ -165,13 +180,8 @@ def _fetch(req: urllib.request.Request, timeout_s: float, base: str,
 
     def work() -> None:
         try:
-            ctx = None
-            if ca_file:
-                import ssl
-
-                ctx = ssl.create_default_context(cafile=ca_file)
-            with urllib.request.urlopen(req, timeout=min(READ_TIMEOUT_S, timeout_s),
-                                        context=ctx) as r:
+            # redirects keep credentials on the server they were given for (httpsafe)
+            with opener(ca_file).open(req, timeout=min(READ_TIMEOUT_S, timeout_s)) as r:
                 box.append(_read_all(r, deadline, base, timeout_s))
         except BaseException as exc:  # handed to the caller's thread as it is
             box.append(exc)
@@ -432,7 +442,7 @@ def load_fleet(q: PromQuery) -> tuple[list[RunData], list[RunData]]:
     instances = scraped.instances()
     if not instances:
         where = f" for {sel}" if sel else ""
-        raise PrometheusError(f"Prometheus at {q.url.rstrip('/')} holds no stallscope series"
+        raise PrometheusError(f"Prometheus at {shown_url(q)} holds no stallscope series"
                               f"{where} in the last {q.since_s:g} s (is it scraping "
                               "`stallscope agent`?)")
     nodes = [_node_run(q, scraped, inst, start, end, step) for inst in instances]
@@ -467,12 +477,12 @@ def _job_runs(q: PromQuery, scraped: _Scraped, start: float, end: float, step: f
             continue
         nodes = sorted(set(rank_hosts.values()))
         meta: dict[str, Any] = {
-            "command": ["prometheus", q.url], "host": None, "start": start, "end": end,
+            "command": ["prometheus", shown_url(q)], "host": None, "start": start, "end": end,
             "exit_code": None, "interval_s": step, "data": None, "data_devices": [],
             "logical_cores": None, "physical_cores": None, "mem_total_mib": None,
             "unavailable": {}, "samples": 0, "rank_hosts": rank_hosts,
-            "run_dir": f"{q.url.rstrip('/')} train_job={job}",
-            "prometheus": {"url": q.url.rstrip("/"), "train_job": job, "nodes": nodes,
+            "run_dir": f"{shown_url(q)} train_job={job}",
+            "prometheus": {"url": shown_url(q), "train_job": job, "nodes": nodes,
                            "runs": sorted({run for _, run in where}), "step_s": step,
                            "since_s": q.since_s},
         }
@@ -497,14 +507,14 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
     mem = series.get(("host.mem_total_mib", ""))
     firsts = [s.ts[0] for s in series.values() if s.ts]
     meta: dict[str, Any] = {
-        "command": ["prometheus", q.url], "host": scraped.hosts.get(inst) or inst,
+        "command": ["prometheus", shown_url(q)], "host": scraped.hosts.get(inst) or inst,
         "start": start, "end": end, "exit_code": None, "interval_s": step,
         "data": None, "data_devices": [], "logical_cores": len(cores) or None,
         "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
         "unavailable": scraped.down.get(inst, {}), "samples": len(firsts),
-        "run_dir": f"{q.url.rstrip('/')} instance={inst}",
+        "run_dir": f"{shown_url(q)} instance={inst}",
         "owner": scraped.owners.get(inst, {}).get(chosen or "") or None,
-        "prometheus": {"url": q.url.rstrip("/"), "instance": inst,
+        "prometheus": {"url": shown_url(q), "instance": inst,
                        "job": scraped.jobs.get(inst), "step_s": step, "since_s": q.since_s,
                        "runs": runs, "run": chosen},
     }

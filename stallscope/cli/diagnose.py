@@ -136,7 +136,7 @@ def _auth(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _from_prometheus(args: argparse.Namespace) -> int:
-    from stallscope.analysis.promdata import PromQuery, load_fleet, parse_duration
+    from stallscope.analysis.promdata import PromQuery, load_fleet, parse_duration, shown_url
 
     if args.run is not None:
         raise UsageError("give RUN or --prometheus, not both")
@@ -171,7 +171,7 @@ def _from_prometheus(args: argparse.Namespace) -> int:
         if len(docs) == 1 and not job_docs:
             print(json.dumps(docs[0], indent=2, default=str))
         else:
-            out: dict[str, Any] = {"prometheus": q.url.rstrip("/"), "nodes": docs}
+            out: dict[str, Any] = {"prometheus": shown_url(q), "nodes": docs}
             if job_docs:
                 out["jobs"] = job_docs
             print(json.dumps(out, indent=2, default=str))

@@ -250,3 +250,160 @@ def test_a_ca_file_lets_in_a_server_with_its_own_certificate(tmp_path: Path) -> 
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class _Recorder:
+    """A server on another address (127.0.0.2) that records the headers it received."""
+
+    def __init__(self, host: str = "127.0.0.2") -> None:
+        seen = self.seen = []  # type: list[dict[str, str]]
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append({k.lower(): v for k, v in self.headers.items()})
+                _result([])(self)
+
+            def log_message(self, *_a: Any) -> None:
+                pass
+
+        self.srv = ThreadingHTTPServer((host, 0), Handler)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://{host}:{self.srv.server_address[1]}"
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _redirect_to(location: str, code: int, same_origin_seen: list[dict[str, str]] | None = None
+                 ) -> Reply:
+    def reply(h: BaseHTTPRequestHandler) -> None:
+        if same_origin_seen is not None and h.path.startswith("/final"):
+            same_origin_seen.append({k.lower(): v for k, v in h.headers.items()})
+            _result([])(h)
+            return
+        h.send_response(code)
+        h.send_header("Location", location + h.path)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    return reply
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("how", ["bearer", "basic", "userinfo"])
+def test_credentials_never_follow_a_redirect_to_another_host(
+        server: Callable[[Reply], str], tmp_path: Path, code: int, how: str) -> None:
+    """Issue 50: urllib's redirect handler copied `Authorization` onto the redirected request,
+    so a Prometheus answering 302 to another host handed it the token. Dropped when the scheme,
+    host or port changes (as Go's net/http and requests do); the query itself still runs."""
+    other = _Recorder()
+    try:
+        token = tmp_path / "token"
+        token.write_text("s3cret-token-xyz\n")
+        pw = tmp_path / "pw"
+        pw.write_text("hunter2-pw\n")
+        url = server(_redirect_to(other.url, code))
+        auth = {"bearer": ["--bearer-token-file", str(token)],
+                "basic": ["--basic-auth-user", "ops", "--basic-auth-password-file", str(pw)],
+                "userinfo": []}[how]
+        if how == "userinfo":
+            url = url.replace("http://", "http://ops:hunter2-pw@")
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
+                                           "--json", *auth),
+                           capture_output=True, text=True, timeout=60)
+        assert other.seen, (r.returncode, r.stderr)  # the redirect was followed
+        for headers in other.seen:
+            assert "authorization" not in headers, headers
+        assert "holds no stallscope series" in r.stderr, r.stderr
+        for secret in ("s3cret-token-xyz", "hunter2-pw"):
+            assert secret not in r.stderr + r.stdout
+    finally:
+        other.close()
+
+
+def test_credentials_stay_on_a_redirect_within_the_same_server(
+        server: Callable[[Reply], str], tmp_path: Path) -> None:
+    """A redirect to the same scheme, host and port (a path move) keeps the token: the
+    server it was given for asked for it."""
+    seen: list[dict[str, str]] = []
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-xyz\n")
+    box: list[str] = []
+
+    def reply(h: BaseHTTPRequestHandler) -> None:
+        _redirect_to(box[0] + "/final", 307, seen)(h)
+
+    url = server(reply)
+    box.append(url)
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
+                                       "--bearer-token-file", str(token)),
+                       capture_output=True, text=True, timeout=60)
+    assert seen and seen[0].get("authorization") == "Bearer s3cret-token-xyz", (seen, r.stderr)
+
+
+def test_a_scheme_relative_redirect_chain_drops_credentials(server: Callable[[Reply], str],
+                                                            tmp_path: Path) -> None:
+    """`Location: //127.0.0.2:port/...` (another host, same scheme), reached through a chain of
+    two redirects on the first server: no credential arrives there."""
+    other = _Recorder()
+    try:
+        token = tmp_path / "token"
+        token.write_text("s3cret-token-xyz\n")
+        box: list[str] = []
+
+        def reply(h: BaseHTTPRequestHandler) -> None:
+            h.send_response(302)
+            if h.path.startswith("/hop"):
+                h.send_header("Location", "//" + other.url.split("//", 1)[1] + "/x")
+            else:
+                h.send_header("Location", box[0] + "/hop")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+
+        url = server(reply)
+        box.append(url)
+        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
+                                           "--bearer-token-file", str(token)),
+                           capture_output=True, text=True, timeout=60)
+        assert other.seen, r.stderr
+        assert all("authorization" not in h for h in other.seen), other.seen
+    finally:
+        other.close()
+
+
+def _echoes_secrets(h: BaseHTTPRequestHandler) -> None:
+    got = h.headers.get("Authorization", "")
+    body = json.dumps({"status": "error", "error": f"bad credentials: {got}"}).encode()
+    h.send_response(403, f"Forbidden {got}")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def test_secrets_are_never_printed(server: Callable[[Reply], str], tmp_path: Path) -> None:
+    """Issue 50: a password in the URL was echoed in "cannot reach Prometheus at ...", and a
+    server echoing the token in its 401/403 body got it printed. Redacted everywhere."""
+    import base64
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-xyz\n")
+    url = server(_echoes_secrets)
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
+                                       "--bearer-token-file", str(token)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "refused the query (403)" in r.stderr, r.stderr
+    assert "s3cret-token-xyz" not in r.stderr and "***" in r.stderr, r.stderr
+    url = server(_echoes_secrets).replace("http://", "http://alice:pw-hunter2@")
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
+                       capture_output=True, text=True, timeout=60)
+    b64 = base64.b64encode(b"alice:pw-hunter2").decode()
+    assert "pw-hunter2" not in r.stderr and b64 not in r.stderr, r.stderr
+    assert "refused the query (403)" in r.stderr, r.stderr  # user:pw@ was sent as basic auth
+    # nothing listens there: the "cannot reach" line names the server without its password
+    r = subprocess.run(stallscope_argv("diagnose", "--prometheus",
+                                       "http://alice:pw-hunter2@127.0.0.1:1", "--timeout", "5s"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot reach Prometheus" in r.stderr, r.stderr
+    assert "pw-hunter2" not in r.stderr, r.stderr
