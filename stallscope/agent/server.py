@@ -22,13 +22,15 @@ import gzip
 import json
 import logging
 import math
+import re
 import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client import exposition as text_format
+from prometheus_client.openmetrics import exposition as openmetrics_format
 
 from stallscope.errors import StallscopeError
 from stallscope.metrics import lookup
@@ -37,7 +39,8 @@ from stallscope.stats import json_finite
 if TYPE_CHECKING:
     from stallscope.agent.node import Agent
 
-__all__ = ["AgentHTTPServer", "ListenError", "make_server", "port_holder"]
+__all__ = ["AgentHTTPServer", "ListenError", "choose_format", "gzip_wanted", "make_server",
+           "port_holder"]
 
 log = logging.getLogger("stallscope.agent")
 
@@ -191,17 +194,19 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, "application/json", _json(doc), send_body)
 
     def _metrics(self, agent: Agent, send_body: bool) -> None:
-        """The exposition as the scraper asks: OpenMetrics when its ``Accept`` prefers it,
-        else text 0.0.4 (prometheus_client's own encoders), gzipped when ``Accept-Encoding``
-        allows (Prometheus always asks): an 8-GPU node's text is ~200 kB."""
-        encoder, ctype = choose_encoder(self.headers.get("Accept") or "")
+        """The exposition as the scraper asks (:func:`choose_format`): OpenMetrics 1.0.0 when
+        its ``Accept`` prefers it, else text 0.0.4 (prometheus_client's own encoders), gzipped
+        when ``Accept-Encoding`` allows (:func:`gzip_wanted`; Prometheus always asks): an 8-GPU
+        node's text is ~200 kB."""
+        name = choose_format(self.headers.get("Accept") or "")
+        encoder, ctype = FORMATS[name]
         body = encoder(agent.prom.registry)
         extra = {"Vary": "Accept, Accept-Encoding"}
         encoding = "identity"
-        if gzip_accepted(self.headers.get("Accept-Encoding") or ""):
+        if gzip_wanted(self.headers.get("Accept-Encoding") or ""):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             extra["Content-Encoding"] = encoding = "gzip"
-        key = f"{'openmetrics' if 'openmetrics' in ctype else 'text'},{encoding}"
+        key = f"{name},{encoding}"
         scrapes = self.server.scrapes
         if scrapes is None:
             scrapes = self.server.scrapes = {}
@@ -248,6 +253,85 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away
+
+
+# --- negotiation (RFC 9110 §12.5) ----------------------------------------------------------------
+#: the formats ``/metrics`` serves, by name: (encoder, the whole Content-Type). The Content-Type
+#: is one of these constants, never built from the request: an ``Accept`` asking for a version
+#: we do not serve (``version=abc``, ``2.0.0``) gets another format, not its version echoed.
+FORMATS: dict[str, tuple[Any, str]] = {
+    "text": (text_format.generate_latest, text_format.CONTENT_TYPE_PLAIN_0_0_4),
+    "openmetrics": (openmetrics_format.generate_latest, openmetrics_format.CONTENT_TYPE_LATEST),
+}
+#: media type and version of each format; a range without ``version`` matches the one we serve
+_MEDIA = {"text": ("text/plain", "0.0.4"), "openmetrics": ("application/openmetrics-text", "1.0.0")}
+_QVALUE = re.compile(r"(?:0(?:\.\d{0,3})?|1(?:\.0{0,3})?)")
+
+
+def _elements(header: str) -> list[tuple[str, dict[str, str], float]]:
+    """``Accept`` / ``Accept-Encoding``'s list: (value, lower-cased parameters, q) per element.
+    An element whose ``q`` is not a qvalue (``0`` to ``1``, three decimals at most) counts as
+    ``q=0``: it is never chosen."""
+    out = []
+    for element in header.split(","):
+        value, *params = (part.strip() for part in element.split(";"))
+        if not value:
+            continue
+        named: dict[str, str] = {}
+        for param in params:
+            key, _, v = param.partition("=")
+            named[key.strip().lower()] = v.strip().strip('"')
+        q_text = named.pop("q", "1")
+        q = float(q_text) if _QVALUE.fullmatch(q_text) else 0.0
+        out.append((value.lower(), named, q))
+    return out
+
+
+def choose_format(accept: str) -> str:
+    """``"openmetrics"`` or ``"text"`` for an ``Accept`` header. Each format takes the ``q`` of
+    the most specific range that matches it (type with our version, type with no version,
+    ``type/*``, ``*/*``); the higher ``q`` wins, then the more specific range, then the earlier
+    one. A header that matches neither with ``q > 0`` (no header, ``application/json``, only
+    versions we do not serve) gets text 0.0.4, as prometheus_client does: an answer, never 406
+    nor a dropped connection."""
+    best: dict[str, tuple[float, int, int]] = {}
+    for position, (media, params, q) in enumerate(_elements(accept)):
+        for name, (ours, version) in _MEDIA.items():
+            if media == ours:
+                if "version" not in params:
+                    specificity = 2
+                elif params["version"] == version:
+                    specificity = 3
+                else:
+                    continue  # a version we do not serve
+            elif media == ours.split("/")[0] + "/*":
+                specificity = 1
+            elif media == "*/*":
+                specificity = 0
+            else:
+                continue
+            got = best.get(name)
+            if got is None or (specificity, -position) > (got[1], -got[2]):
+                best[name] = (q, specificity, position)
+    om, text = best.get("openmetrics"), best.get("text")
+    if om is None or om[0] <= 0:
+        return "text"
+    if text is None or (om[0], om[1], -om[2]) > (text[0], text[1], -text[2]):
+        return "openmetrics"
+    return "text"
+
+
+def gzip_wanted(accept_encoding: str) -> bool:
+    """Whether ``Accept-Encoding`` lets ``/metrics`` be gzipped: ``gzip`` (or ``x-gzip``) with
+    ``q > 0``, or not named and ``*`` with ``q > 0``; and ``identity`` not preferred over it.
+    ``gzip;q=0`` forbids it (RFC 9110 §12.5.3)."""
+    q_of: dict[str, float] = {}
+    for coding, _params, q in _elements(accept_encoding):
+        if coding == "x-gzip":
+            coding = "gzip"
+        q_of.setdefault(coding, q)
+    gz = q_of.get("gzip", q_of.get("*", 0.0))
+    return gz > 0 and gz >= q_of.get("identity", 0.0)
 
 
 def _json(doc: Any) -> bytes:

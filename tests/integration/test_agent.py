@@ -580,3 +580,104 @@ def test_prometheus_gets_openmetrics_that_parse(agent: RunningAgent) -> None:
     assert cpu.type == "counter"
     assert any(s.name == "stallscope_host_cpu_seconds_total" and s.labels.get("mode") == "idle"
                for s in cpu.samples)
+
+
+# --- odd Accept and Accept-Encoding headers (issue 50) -----------------------------------------
+#: the only Content-Types /metrics answers with, whatever the request asked
+TEXT_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CTYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def _promtool_ok(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        tool_missing("promtool (Debian package prometheus)")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (
+        r.stdout + r.stderr)
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("accept", [
+    "application/openmetrics-text; version=abc",        # prometheus_client raised: no answer
+    "application/openmetrics-text; version=2.0.0",      # a version we do not serve
+    "application/openmetrics-text; version=1.0.0.abc",
+    "application/openmetrics-text; version=",
+    "application/openmetrics-text; version=1.0.0; q=abc",
+    "text/plain; version=abc, application/openmetrics-text; version=x",
+    "application/openmetrics-text;version=1.0.0;q=0, text/plain;q=0",
+    ";;;,,=;version=1.0.0",
+])
+def test_an_accept_we_cannot_serve_gets_text_on_the_same_connection(
+        agent: RunningAgent, accept: str) -> None:
+    """An Accept header asking for a format or version the agent does not serve is answered in
+    the text format 0.0.4 (never a dropped connection, never its version echoed), and the same
+    keep-alive connection then answers a plain scrape whose exposition promtool accepts."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=5)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": accept})
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 200 and r.getheader("Content-Type") == TEXT_CTYPE, (
+            r.status, r.getheaders())
+        assert body.startswith(b"# HELP")
+        conn.request("GET", "/metrics")  # the same connection, kept alive
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 200 and r.getheader("Content-Type") == TEXT_CTYPE
+    finally:
+        conn.close()
+    _promtool_ok(text)
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("accept_encoding,gzipped", [
+    ("gzip;q=0", False),
+    ("gzip; q=0.000, deflate", False),
+    ("*;q=0", False),
+    ("gzip;q=abc", False),
+    ("identity, gzip;q=0.5", False),
+    ("gzip;q=0.5", True),
+    ("deflate, *;q=0.1", True),
+])
+def test_accept_encoding_q_values_are_honoured(agent: RunningAgent, accept_encoding: str,
+                                               gzipped: bool) -> None:
+    """``gzip;q=0`` means "not gzip" (RFC 9110 §12.5.3): the answer is plain text then, and gzip
+    only where a q above zero allows it; either answer is an exposition promtool accepts."""
+    import gzip
+
+    headers, body = _scrape(agent.url, **{"Accept-Encoding": accept_encoding})
+    assert (headers.get("Content-Encoding") == "gzip") is gzipped, headers
+    _promtool_ok((gzip.decompress(body) if gzipped else body).decode())
+
+
+@pytest.mark.prometheus
+def test_a_folded_accept_header_is_never_folded_back(agent: RunningAgent) -> None:
+    """A version followed by an obs-fold continuation line was echoed into Content-Type, fold and
+    all (a header line of the client's making in the answer). The answer's Content-Type is one of
+    the two the agent serves, and no header line of the answer is a continuation; the same
+    connection then answers a plain scrape that promtool accepts."""
+    request = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+               b"Accept: application/openmetrics-text; version=1.0.0.0\r\n X-Injected: yes\r\n"
+               b"\r\n"
+               b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as s:
+        s.sendall(request)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    answers = raw.split(b"HTTP/1.1 ")[1:]
+    assert len(answers) == 2, raw[:500]
+    for answer in answers:
+        head, _, _ = answer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0].startswith(b"200"), lines
+        assert not [ln for ln in lines[1:] if ln[:1] in (b" ", b"\t")], lines
+        ctypes = [ln.split(b":", 1)[1].strip() for ln in lines if ln.lower().startswith(
+            b"content-type:")]
+        assert ctypes and ctypes[0].decode() in (TEXT_CTYPE, OPENMETRICS_CTYPE), lines
+        assert b"Injected" not in head
+    _promtool_ok(answers[1].partition(b"\r\n\r\n")[2].decode())
