@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound
+from stallscope.safefile import owned_file
 from stallscope.sources.owner import OWNER_KEYS, read_owner
 from stallscope.store.db import comm_column, n_column, step_ranks, steps_after
 from stallscope.store.index import indexed_runs
@@ -64,6 +67,9 @@ STEP_METRICS: tuple[tuple[str, str, str], ...] = (
      "Unix time the run's first recorded step's batch was handed over (when the run began)"),
 )
 
+#: index files read per pattern of ``run_indexes`` (a user per index: more than any node has)
+MAX_INDEXES = 4096
+
 #: a step row the totals take (the store's own checks: finite, not negative)
 _ROW_OK = ("typeof(rank)='integer' AND typeof(step)='integer' AND typeof(ts)='real' "
            "AND typeof(wait_s)='real' AND typeof(host_s)='real' AND wait_s >= 0 "
@@ -75,10 +81,12 @@ def runs_of_indexes(patterns: list[str]) -> Callable[[], list[Path]]:
     (config ``run_indexes``: other users' indexes, or a shared one), each once."""
 
     def runs() -> list[Path]:
-        seen: dict[str, Path] = {str(d): d for d in indexed_runs()}
+        # each index is read as its owner: only that user's run folders count (docs/agent.md,
+        # "What the agent reads, and as whom")
+        seen: dict[str, Path] = {str(d): d for d in indexed_runs(as_owner=True)}
         for pattern in patterns:
-            for name in sorted(glob.glob(pattern)):
-                for d in indexed_runs(Path(name)):
+            for name in sorted(glob.glob(pattern))[:MAX_INDEXES]:
+                for d in indexed_runs(Path(name), as_owner=True):
                     seen.setdefault(str(d), d)
         return list(seen.values())
 
@@ -105,6 +113,8 @@ class RankTotals:
 class _Followed:
     run_dir: Path
     run_id: str
+    #: who owns the run folder: every file of it the agent reads must be theirs, not a link
+    uid: int | None = None
     ranks: dict[int, RankTotals] = field(default_factory=dict)
     conn: sqlite3.Connection | None = None
     ended_at: float | None = None  #: when the agent saw it end (agent clock)
@@ -200,12 +210,13 @@ class StepFollower:
                 return job
         return None
 
-    def run_dirs(self) -> dict[str, Path]:
-        """run id -> run directory of each followed run that has not ended (the agent reads
-        their sampled stacks, :mod:`stallscope.agent.trainstacks`)."""
+    def run_dirs(self) -> dict[str, tuple[Path, int | None]]:
+        """run id -> (run directory, the uid owning it) of each followed run that has not ended
+        (the agent reads their sampled stacks as that user,
+        :mod:`stallscope.agent.trainstacks`)."""
         with self._lock:
             self._refresh()
-            return {f.run_id: f.run_dir for f in self._followed.values()
+            return {f.run_id: (f.run_dir, f.uid) for f in self._followed.values()
                     if f.ended_at is None}
 
     def close(self) -> None:
@@ -241,10 +252,11 @@ class StepFollower:
             f = self._followed.get(key)
             if f is not None and f.ended_at is not None:
                 continue
-            running = _is_running(d)
+            uid = f.uid if f is not None else _dir_owner(d)
+            running = uid is not None and _is_running(d, uid)
             if f is None:
                 if running:
-                    f = self._followed[key] = _Followed(d, d.name)
+                    f = self._followed[key] = _Followed(d, d.name, uid)
                     _know_trainer(f)
                 else:
                     self._ignored.add(key)
@@ -261,7 +273,7 @@ class StepFollower:
     def _connect(self, f: _Followed) -> bool:
         if f.conn is None:
             db = f.run_dir / "run.db"
-            if not db.is_file():
+            if f.uid is None or not _db_owned(db, f.uid):
                 return False
             try:
                 f.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2,
@@ -321,7 +333,7 @@ class StepFollower:
 def _know_trainer(f: _Followed) -> None:
     """The trainer's pid, the run's start and the trainer's stamp, from meta.json."""
     try:
-        meta = read_meta(f.run_dir)
+        meta = read_meta(f.run_dir, owner=f.uid)
     except RunNotFound:
         return
     pid, start, stamp = meta.get("pid"), meta.get("start"), meta.get("pid_stamp")
@@ -338,11 +350,32 @@ def _know_trainer(f: _Followed) -> None:
         f.owner = read_owner(f.pid).attrs()
 
 
-def _is_running(run_dir: Path) -> bool:
+def _dir_owner(run_dir: Path) -> int | None:
+    """The uid owning the run folder (a folder, not a link), or None."""
+    try:
+        st = os.lstat(run_dir)
+    except (OSError, ValueError):
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+
+def _db_owned(db: Path, uid: int) -> bool:
+    """run.db and the WAL files beside it are regular files of ``uid``, not links (SQLite opens
+    all three)."""
+    if not owned_file(db, uid):
+        return False
+    for side in ("-wal", "-shm"):
+        p = db.with_name(db.name + side)
+        if os.path.lexists(p) and not owned_file(p, uid):
+            return False
+    return True
+
+
+def _is_running(run_dir: Path, uid: int | None = None) -> bool:
     """The run has not ended and the process that writes it (the monitor of ``stallscope run``,
     or the trainer itself for a standalone probe) is alive."""
     try:
-        meta = read_meta(run_dir)
+        meta = read_meta(run_dir, owner=uid)
     except RunNotFound:
         return False
     if run_state(meta) != "running":

@@ -41,10 +41,11 @@ class TrainerStacks(Source):
             del self._runs[run_id]
         out: dict[str, Any] = {}
         attrs: dict[str, dict[str, Any]] = {}
-        for run_id, run_dir in sorted(dirs.items()):
+        for run_id, (run_dir, uid) in sorted(dirs.items()):
             had = self._runs.get(run_id)
             if had is None or had[0] != run_dir:
-                had = self._runs[run_id] = (run_dir, StacksSource(run_dir))
+                # read as the run's owner: files of theirs only, never a link (safefile)
+                had = self._runs[run_id] = (run_dir, StacksSource(run_dir, owner=uid))
             src = had[1]
             payload = src.sample(now)
             for pid, shares in payload.items():

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from stallscope.store.paths import default_out, state_dir
 
-__all__ = ["default_out", "index_path", "indexed_runs", "record_run"]
+__all__ = ["MAX_INDEX_BYTES", "default_out", "index_path", "indexed_runs", "owned_runs",
+           "record_run"]
 
 #: compact the index when it holds this many lines more than live runs
 _COMPACT_SLACK = 200
@@ -43,18 +44,38 @@ def record_run(run_dir: Path) -> None:
         return
 
 
-def indexed_runs(path: Path | None = None) -> list[Path]:
+#: the most of an index read (a line per run: about 100 bytes; 160,000 runs)
+MAX_INDEX_BYTES = 16 << 20
+
+
+def indexed_runs(path: Path | None = None, *, as_owner: bool = False) -> list[Path]:
     """Run directories in the index that still exist, each once, in the order they were made.
 
     ``path``: another index than this user's (the node agent reads those of other users); it is
-    only read, never compacted."""
+    only read, never compacted. ``as_owner``: read it as its owner (what a root agent does with
+    indexes users control): the index is not a link, and a run directory counts only when it is
+    a folder, not a link, owned by the index's owner (:func:`owned_runs`). Either way the index
+    is read without waiting on it (a FIFO) and at most :data:`MAX_INDEX_BYTES` of it."""
+    return owned_runs(path, as_owner=as_owner)[0]
+
+
+def owned_runs(path: Path | None = None, *, as_owner: bool = False
+               ) -> tuple[list[Path], int | None]:
+    """(:func:`indexed_runs`, the uid whose runs they are: the index's owner when read
+    ``as_owner``, else None)."""
+    from stallscope.safefile import owned_dir, read_bounded, read_unfollowed
+
     own = path is None
     path = index_path() if path is None else path
+    uid: int | None = None
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    lines = text.splitlines()
+        if as_owner:
+            raw, more, uid = read_unfollowed(path, MAX_INDEX_BYTES)
+        else:
+            raw, more = read_bounded(path, MAX_INDEX_BYTES)
+    except (OSError, ValueError):  # missing, a FIFO, a device, a link: no runs from it
+        return [], uid
+    lines = raw.decode("utf-8", errors="replace").splitlines()
     seen: set[str] = set()
     out: list[Path] = []
     for line in lines:
@@ -63,14 +84,16 @@ def indexed_runs(path: Path | None = None) -> list[Path]:
         seen.add(line)
         p = Path(line)
         try:
+            if uid is not None and not owned_dir(p, uid):
+                continue  # another user's folder, or a link: not this user's run
             if (p / "meta.json").is_file():
                 out.append(p)
         except (OSError, ValueError):
             continue  # a line no path can be (too long, a NUL byte): not a run, dropped
 
-    if own and len(lines) > len(out) + _COMPACT_SLACK:
+    if own and not as_owner and not more and len(lines) > len(out) + _COMPACT_SLACK:
         _rewrite(path, out)
-    return out
+    return out, uid
 
 
 def _rewrite(path: Path, runs: list[Path]) -> None:

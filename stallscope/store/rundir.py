@@ -91,11 +91,13 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
 MAX_META_BYTES = 16 << 20
 
 
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    from stallscope.safefile import NotRegular, read_bounded
+def read_meta(run_dir: Path, *, owner: int | None = None) -> dict[str, Any]:
+    """The run's meta.json, checked. ``owner``: read it only when it is a file, not a link,
+    of this uid (the agent reading a user's run)."""
+    from stallscope.safefile import NotOwned, NotRegular, read_bounded
 
     try:
-        raw, more = read_bounded(run_dir / "meta.json", MAX_META_BYTES)
+        raw, more = read_bounded(run_dir / "meta.json", MAX_META_BYTES, owner=owner)
         if more:
             raise RunNotFound(f"{run_dir}/meta.json is unreadable: larger than "
                               f"{MAX_META_BYTES >> 20} MiB")
@@ -104,6 +106,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
     except NotRegular:
         raise RunNotFound(f"{run_dir}/meta.json is not a regular file") from None
+    except NotOwned:
+        raise RunNotFound(f"{run_dir}/meta.json is a link or another user's file") from None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise RunNotFound(f"{run_dir}/meta.json is unreadable: {str(exc)[:200]}") from exc
     except RecursionError:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -235,21 +234,17 @@ class RecordTail:
     """The records appended to a stacks folder since the last look (per file, from the offset
     reached; a line cut short is left for the next look)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, owner: int | None = None) -> None:
         self.folder = folder
+        self.owner = owner  #: read only files of this uid, never a link (safefile)
         self._offsets: dict[Path, int] = {}
 
     def _file(self, path: Path) -> list[dict[str, Any]]:
+        from stallscope.safefile import read_bounded
+
         off = self._offsets.get(path, 0)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hold us
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return []
-                os.lseek(fd, off, os.SEEK_SET)
-                chunk = os.read(fd, MAX_READ)
-            finally:
-                os.close(fd)
+        try:  # regular files only: a FIFO must not hold us, /dev/zero not fill us
+            chunk, _more = read_bounded(path, MAX_READ, owner=self.owner, offset=off)
         except OSError:
             return []
         end = chunk.rfind(b"\n")
@@ -260,6 +255,10 @@ class RecordTail:
 
     def read_new(self) -> dict[Path, list[dict[str, Any]]]:
         """New records by file."""
+        from stallscope.safefile import owned_dir
+
+        if self.owner is not None and not owned_dir(self.folder, self.owner):
+            return {}  # a link, or another user's folder
         try:
             files = sorted(self.folder.glob("*.jsonl"))
         except OSError:

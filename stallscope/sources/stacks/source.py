@@ -38,17 +38,18 @@ def window_shares(seconds: dict[str, float]) -> dict[str, float] | None:
 
 class StacksSource(Source):
     """Phase shares of every sampled process of one run (``run_dir``); ``attach``: pids to
-    sample with py-spy (``run --pid``)."""
+    sample with py-spy (``run --pid``); ``owner``: read only files of this uid, never a link
+    (the agent reading a user's run)."""
 
     name = "stacks"
     transient_entities = True
 
     def __init__(self, run_dir: str | os.PathLike[str], attach: Sequence[int] = (),
-                 rate_hz: float | None = None) -> None:
+                 rate_hz: float | None = None, *, owner: int | None = None) -> None:
         self.folder = stacks_dir(run_dir)
         self.attach = list(attach)
         self.rate_hz = rate_hz
-        self._tail = RecordTail(self.folder)
+        self._tail = RecordTail(self.folder, owner=owner)
         self._rank: dict[str, int | None] = {}
         #: (record time, pid, seconds per phase) of the last WINDOW_S seconds
         self._recent: list[tuple[float, str, dict[str, float]]] = []
@@ -56,10 +57,10 @@ class StacksSource(Source):
 
     def open(self) -> None:
         if self.attach:
-            from stallscope.sources.stacks.pyspy import PySpySampler
+            from stallscope.sources.stacks.pyspy import DEFAULT_RATE_HZ, PySpySampler
 
-            kw = {"rate_hz": self.rate_hz} if self.rate_hz else {}
-            self._sampler = PySpySampler(self.folder, self.attach, **kw)
+            self._sampler = PySpySampler(self.folder, self.attach,
+                                         self.rate_hz or DEFAULT_RATE_HZ)
             self._sampler.start()  # raises SourceUnavailable with the reason
 
     def sample(self, now: float) -> Any:
