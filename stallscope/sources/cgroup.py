@@ -19,8 +19,10 @@ CG_ROOT = "/sys/fs/cgroup"
 
 
 # --- CPUs ---------------------------------------------------------------------------------------
-def usable_cores(cg_root: str = CG_ROOT) -> int:
-    """Physical cores this process may run on: affinity and the cgroup CPU quota both cap it."""
+def usable_cores(cg_root: str = CG_ROOT, pid: int | str = "self", *,
+                 proc_root: str = "/proc") -> int:
+    """Physical cores this process may run on: affinity (which a cpuset narrows) and the CPU
+    quota of its cgroup and those above it (:func:`cgroup_cpus`) all cap it."""
     import psutil
 
     physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
@@ -28,22 +30,60 @@ def usable_cores(cg_root: str = CG_ROOT) -> int:
         allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         allowed = physical
-    return max(1, min(physical, allowed, cgroup_cpus(cg_root) or allowed))
+    quota = cgroup_cpus(cg_root, pid, proc_root=proc_root)
+    return max(1, min(physical, allowed, quota or allowed))
 
 
-def cgroup_cpus(cg_root: str = CG_ROOT) -> int | None:
-    """Whole CPUs the cgroup CPU quota at ``cg_root`` allows (v2 ``cpu.max``, else v1's
-    ``cpu/cpu.cfs_quota_us`` over its period); None without a quota or where none is read."""
-    for path, parse in ((f"{cg_root}/cpu.max", _v2_quota),
-                        (f"{cg_root}/cpu/cpu.cfs_quota_us", _v1_quota)):
-        try:
-            with open(path) as f:
-                n = parse(f.read(), path)
-        except (OSError, ValueError):
+def cgroup_cpus(cg_root: str = CG_ROOT, pid: int | str = "self", *,
+                proc_root: str = "/proc") -> int | None:
+    """Whole CPUs the CPU quota allows process ``pid``: v2 ``cpu.max``, or v1's
+    ``cpu.cfs_quota_us`` over its period, in the process's own cgroup (``/proc/PID/cgroup``)
+    and every cgroup above it up to ``cg_root``; the tightest wins. Without a cgroup namespace
+    (Slurm, systemd slices) the quota sits on a cgroup below the mount's root, not at it. None
+    without a quota or where none is read."""
+    found = [n for n in map(_quota, _cpu_dirs(cg_root, pid, proc_root)) if n]
+    return min(found) if found else None
+
+
+def _cpu_dirs(cg_root: str, pid: int | str, proc_root: str) -> list[tuple[str, bool]]:
+    """Each cgroup folder whose CPU quota binds ``pid``, deepest first, with whether it is v2:
+    its own cgroup's and every parent's, under v2 and under v1's ``cpu`` controller. The
+    mount's root is always among them (a process in a cgroup namespace sees its cgroup there);
+    ``..`` never climbs above it."""
+    rels: list[tuple[str, list[str], bool]] = []
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
             continue
-        if n:
-            return n
-    return None
+        _, controllers, path = parts
+        rel = [p for p in path.split("/") if p and p not in (".", "..")]
+        if controllers == "":
+            rels.append((cg_root, rel, True))
+        elif "cpu" in controllers.split(","):
+            for base in dict.fromkeys((f"{cg_root}/{controllers}", f"{cg_root}/cpu")):
+                rels.append((base, rel, False))
+    dirs: list[tuple[str, bool]] = []
+    for base, rel, v2 in rels:
+        dirs += [("/".join([base, *rel[:depth]]), v2) for depth in range(len(rel), -1, -1)]
+    for root in ((cg_root, True), (f"{cg_root}/cpu", False)):  # the mount's own root
+        if root not in dirs:
+            dirs.append(root)
+    return list(dict.fromkeys(dirs))
+
+
+def _quota(where: tuple[str, bool]) -> int | None:
+    folder, v2 = where
+    path = f"{folder}/cpu.max" if v2 else f"{folder}/cpu.cfs_quota_us"
+    try:
+        with open(path) as f:
+            return (_v2_quota if v2 else _v1_quota)(f.read(), path)
+    except (OSError, ValueError):
+        return None
 
 
 def _v2_quota(text: str, _path: str) -> int | None:
@@ -125,15 +165,15 @@ def read_caps(pid: int | str = "self", *, proc_root: str = "/proc",
     return caps
 
 
-def read_limits(pid: int | str, *, proc_root: str = "/proc",
-                cg_root: str = CG_ROOT) -> dict[str, int]:
+def read_limits(pid: int | str, *, proc_root: str = "/proc", cg_root: str = CG_ROOT,
+                sys_root: str = "/sys") -> dict[str, int]:
     """:func:`read_caps` of process ``pid`` keyed by device name (``vda``), as the disk source
-    names devices; devices without a name are left out."""
+    names devices (from ``sys_root``); devices without a name are left out."""
     from stallscope.sources.blockdev import device_name
 
     out: dict[str, int] = {}
     for devnum, bps in read_caps(pid, proc_root=proc_root, cg_root=cg_root).items():
-        name = device_name(devnum)
+        name = device_name(devnum, sys_root)
         if name:
             out[name] = bps
     return out

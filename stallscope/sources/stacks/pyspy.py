@@ -99,11 +99,14 @@ _ENV = dict(os.environ, RUST_BACKTRACE="0")
 
 
 class PySpySampler:
-    """py-spy rounds on each of ``pids``, in a background thread, into ``folder``."""
+    """py-spy rounds on each of ``pids``, in a background thread, into ``folder``. The
+    processes' ``/proc`` entries (their memory, their rank's environment) are read under
+    ``proc_root``."""
 
     def __init__(self, folder: Path, pids: Sequence[int], rate_hz: float = DEFAULT_RATE_HZ,
-                 round_s: float = ROUND_S) -> None:
+                 round_s: float = ROUND_S, *, proc_root: str = "/proc") -> None:
         self.folder = folder
+        self.proc_root = proc_root
         self.pids = list(pids)
         self.rate_hz = rate_hz
         self.round_s = round_s
@@ -112,14 +115,15 @@ class PySpySampler:
         self._notes: list[tuple[str, str]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._thread: threading.Thread | None = None
-        self._tallies = {pid: Tally(pid, _rank_of(pid), "py-spy", rate_hz) for pid in self.pids}
+        self._tallies = {pid: Tally(pid, _rank_of(pid, proc_root), "py-spy", rate_hz)
+                         for pid in self.pids}
 
     def check(self, pid: int) -> None:
         """One ``py-spy dump`` of ``pid``: raises SourceUnavailable with py-spy's reason."""
         if self.exe is None:
             raise SourceUnavailable("py-spy is not installed (pip install py-spy)")
         try:  # the kernel's ptrace check, as py-spy's reads of the target's memory meet it
-            with open(f"/proc/{pid}/mem", "rb"):
+            with open(f"{self.proc_root}/{pid}/mem", "rb"):
                 pass
         except PermissionError as exc:
             raise SourceUnavailable(f"cannot sample pid {pid}: reading its memory was refused "
@@ -242,7 +246,7 @@ def _ended(pid: int) -> bool:
         return True
 
 
-def _rank_of(pid: int) -> int | None:
+def _rank_of(pid: int, proc_root: str = "/proc") -> int | None:
     """The rank in the process's environment (readable with the same rights as its memory)."""
-    env = read_environ(Path(f"/proc/{pid}"))
+    env = read_environ(Path(proc_root, str(pid)))
     return None if env is None else rank_from_env(env)
