@@ -115,7 +115,7 @@ def training_finding(doc: dict[str, Any]) -> dict[str, Any]:
     OTHERS_BUSY_CORES busy: a CPU hog beside the suite, or the test beside it in the parallel
     pass. The busy host then rightly comes first, and a test of what the training itself does
     reads the next one."""
-    from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
+    from stallscope.analysis.facts.build import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
 
     findings = doc["findings"]
     assert findings, doc

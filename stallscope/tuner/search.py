@@ -43,7 +43,7 @@ from typing import Any
 import psutil
 
 from stallscope import units
-from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
+from stallscope.analysis.facts.build import OTHERS_BUSY_CORES
 from stallscope.loadermodel import (
     ALIKE,
     CPU_BOUND_SHARE,

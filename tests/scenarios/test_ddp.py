@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, rediagnosed, stallscope_argv, training_finding
 
-from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
+from stallscope.analysis.facts.build import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.torchrun, pytest.mark.exclusive]

@@ -191,7 +191,7 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     # worker processes as the fix, unless the trainer's threads already kept every core busy
     # (on the 2-core CI VM the host read 88%): then cheaper per-sample work, and no advice for
     # more workers beside it to contradict it (issue 39)
-    from stallscope.analysis.diagnose.signals import BUSY_SPARE
+    from stallscope.analysis.facts.build import BUSY_SPARE
 
     sig = doc["signals"]
     cpus = sig.get("logical_cores") or sig["physical_cores"]

@@ -132,7 +132,7 @@ def training(script: str, *args: str) -> list[str]:
 
 
 def assert_named(doc: dict[str, Any], verdict: str) -> None:
-    from stallscope.analysis.diagnose.signals import OTHERS_BUSY_CORES
+    from stallscope.analysis.facts.build import OTHERS_BUSY_CORES
 
     assert training_finding(doc)["kind"] == verdict, (doc["findings"], doc["stall_source"],
                                                       doc["stacks_seen"],

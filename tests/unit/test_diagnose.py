@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 from diagnose_inputs import T0, WORKERS, N, procs, run, ser, steps
 
-from stallscope.analysis.diagnose import KINDS, RunData, compute_signals, diagnose
+from stallscope.analysis.diagnose import KINDS, RunData, compute_facts, diagnose
 from stallscope.store import StepRow
 
 
@@ -251,10 +251,10 @@ def test_the_share_counts_every_step_and_the_steady_share_is_apart() -> None:
     0.939 without). The steady state, first step left out, is its own labelled figure."""
     st = steps(20, 0.001, 0.05)
     st[0] = StepRow(0, 0, T0, 5.0, 0.05, None, None, None, 32, 0)  # worker start-up
-    sig = compute_signals(run([ser("host.cpu_pct", "", [1] * N)], steps=st, config={}))
+    fx = compute_facts(run([ser("host.cpu_pct", "", [1] * N)], steps=st, config={})).steps
     wall = sum(s.wait_s + s.host_s for s in st)
-    assert sig.stall_fraction == round(sum(s.wait_s for s in st) / wall, 3)
-    assert sig.steady_stall_fraction is not None and sig.steady_stall_fraction < 0.05
+    assert fx.stall_fraction == round(sum(s.wait_s for s in st) / wall, 3)
+    assert fx.steady_stall_fraction is not None and fx.steady_stall_fraction < 0.05
 
 
 def test_only_the_trainers_gpus_count() -> None:
@@ -733,17 +733,25 @@ def test_kinds_carry_their_titles_everywhere() -> None:
         assert g["title"] == kind_title(g["kind"]) != g["kind"]
 
 
-def test_evidence_names_only_signals_and_copies_them() -> None:
-    """Signals.evidence copied every field with asdict and dropped a misspelt key silently."""
-    from stallscope.analysis.diagnose.signals import Signals
+def test_evidence_names_only_facts_and_copies_them() -> None:
+    """Signals.evidence copied every field with asdict and dropped a misspelt key silently.
+    Facts are frozen, their lists and tables read-only; evidence hands out plain copies."""
+    import dataclasses
 
-    sig = Signals(stall_fraction=0.4, ranks_detail=[{"rank": 0}])
-    assert sig.evidence("stall_fraction", "gpu_util_median_pct") == {"stall_fraction": 0.4}
-    ev = sig.evidence("ranks_detail")
+    from stallscope.analysis.facts import Facts
+
+    fx = Facts.of({"stall_fraction": 0.4, "ranks_detail": [{"rank": 0}]})
+    assert fx.evidence("stall_fraction", "gpu_util_median_pct") == {"stall_fraction": 0.4}
+    ev = fx.evidence("ranks_detail")
     ev["ranks_detail"].append({"rank": 1})
-    assert sig.ranks_detail == [{"rank": 0}]
+    ev["ranks_detail"][0]["rank"] = 9
+    assert fx.comm.ranks_detail[0]["rank"] == 0 and len(fx.comm.ranks_detail) == 1
     with pytest.raises(KeyError, match="stall_fracion"):
-        sig.evidence("stall_fracion")
+        fx.evidence("stall_fracion")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fx.steps.stall_fraction = 0.5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        fx.comm.ranks_detail[0]["rank"] = 3  # type: ignore[index]
 
 
 def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
@@ -807,14 +815,16 @@ def test_rows_of_several_steps_read_as_the_steps_they_sum() -> None:
         [s for s in per_step if s.rank == 1], 7)
     assert len(rows) < len(per_step) // 5
     series = [ser("host.cpu_pct", "", [50] * N)]
-    a = compute_signals(run(series, steps=per_step, config={}))
-    b = compute_signals(run(series, steps=rows, config={}))
+    fa = compute_facts(run(series, steps=per_step, config={}))
+    fb = compute_facts(run(series, steps=rows, config={}))
+    a, b = fa.steps, fb.steps
     for name in ("steps", "ranks", "epochs", "stall_fraction", "steady_stall_fraction",
                  "samples_per_s", "wait_ms_median", "step_ms_median", "epoch_start_wait_s",
                  "epoch_start_cost_s", "epoch_start_total_s"):
         assert getattr(b, name) == pytest.approx(getattr(a, name)), name
     assert a.steps == 800 and a.epoch_start_wait_s == 0.5
-    assert [d["steps"] for d in b.ranks_detail] == [399, 399]  # each rank's first left out
-    for x, y in zip(a.ranks_detail, b.ranks_detail, strict=True):
+    # each rank's first left out
+    assert [d["steps"] for d in fb.comm.ranks_detail] == [399, 399]
+    for x, y in zip(fa.comm.ranks_detail, fb.comm.ranks_detail, strict=True):
         for key in ("steps", "stall_fraction", "wait_ms_median", "step_ms_median"):
             assert y[key] == pytest.approx(x[key]), key

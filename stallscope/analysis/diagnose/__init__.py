@@ -2,8 +2,8 @@
 
 ``diagnose_run(run_dir)`` returns the ``diagnose --json`` document (docs/architecture.md). The
 rules are pure functions (:mod:`stallscope.analysis.diagnose.rules`) over the signals computed
-once from the run (:mod:`stallscope.analysis.diagnose.signals`); this module only shapes the
-output. Its input is what the run recorded (:class:`~stallscope.analysis.rundata.RunData`).
+once from the run (:mod:`stallscope.analysis.facts`); this module shapes the document. Its
+input is what the run recorded (:class:`~stallscope.analysis.rundata.RunData`).
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from typing import Any
 
 from stallscope.analysis.diagnose.model import KINDS, Finding, Fix, Kind, kind_title
 from stallscope.analysis.diagnose.rules import RULES, run_rules
-from stallscope.analysis.diagnose.signals import Signals, compute_signals
+from stallscope.analysis.facts import Facts, compute_facts
 from stallscope.analysis.rundata import RunData, load_run
 from stallscope.textsafe import split_commands
 
 __all__ = [
     "KINDS",
     "RULES",
+    "Facts",
     "Finding",
     "Fix",
     "Kind",
     "RunData",
-    "Signals",
-    "compute_signals",
+    "compute_facts",
     "diagnose",
     "diagnose_run",
     "diagnosis_lines",
@@ -39,32 +39,32 @@ __all__ = [
 
 def diagnose(data: RunData) -> dict[str, Any]:
     """The diagnosis document for data already in memory (pure)."""
-    sig = compute_signals(data)
-    findings = run_rules(data, sig)
+    fx = compute_facts(data)
+    findings = run_rules(data, fx)
     if not findings:
         findings = [Finding(
             kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.5,
             summary="No bottleneck pattern in the system metrics"
-            + ("" if sig.stall_source == "probe" else
+            + ("" if fx.steps.stall_source == "probe" else
                "; the per-step probe would show whether the trainer waits for data") + ".",
-            evidence=sig.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
+            evidence=fx.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
                          "worker_cpu_pct", "disk_util_median_pct"),
             fixes=[Fix("wrap the loader with stallscope.watch(loader)",
-                 "measures data wait vs compute per step")] if sig.stall_source != "probe"
+                 "measures data wait vs compute per step")] if fx.steps.stall_source != "probe"
             else [], est_speedup=1.0, rule="no rule fired")]
     verdict = findings[0].kind.value if findings else "insufficient_data"
     owner = data.meta.get("owner")
     return {
         "owner": owner if isinstance(owner, dict) and owner else None,
         "host": data.meta.get("host"),
-        "ranks": sig.ranks_detail,
+        "ranks": fx.evidence("ranks_detail").get("ranks_detail", []),
         "changes": changes(data),
         "run": data.meta.get("run_dir", ""),
         "verdict": verdict,
-        "stall_fraction": sig.stall_fraction,
-        "stall_source": sig.stall_source,
+        "stall_fraction": fx.steps.stall_fraction,
+        "stall_source": fx.steps.stall_source,
         "findings": [f.as_dict() for f in findings],
-        "signals": {k: v for k, v in sig.__dict__.items() if v is not None and v != {}},
+        "signals": fx.flat(),
     }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from stallscope.analysis.facts import thawed
 from stallscope.analysis.rundata import RunData, load_run
 
 __all__ = ["KINDS", "Finding", "Fix", "Kind", "RunData", "kind_title", "load_run"]
@@ -129,7 +130,7 @@ class Finding:
         return {
             "kind": self.kind.value, "title": self.kind.heading, "severity": self.severity,
             "confidence": round(self.confidence, 2), "summary": self.summary,
-            "evidence": self.evidence,
+            "evidence": thawed(self.evidence),  # facts quoted as evidence are read-only
             "fixes": [f.as_dict() for f in self.fixes],
             "est_speedup": round(self.est_speedup, 2), "rule": self.rule,
         }

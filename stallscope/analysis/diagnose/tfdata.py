@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from stallscope import units
 from stallscope.analysis.diagnose.model import Fix, RunData
-from stallscope.analysis.diagnose.signals import BUSY_SPARE, Signals, spare_cores
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import BUSY_SPARE, spare_cores
 
 __all__ = ["MANY_FILES", "is_tf", "tf_compute_fix", "tf_fetch_fixes", "tf_prep_estimate",
            "tf_prep_fixes"]
@@ -22,23 +23,23 @@ MANY_FILES = 1000
 _AUTO = "tf.data.AUTOTUNE"
 
 
-def is_tf(sig: Signals) -> bool:
+def is_tf(fx: Facts) -> bool:
     """The probe saw a tf.data pipeline (the TensorFlow adapter recorded it)."""
-    return sig.config.get("loader_type") == "tf.data"
+    return fx.loader.config.get("loader_type") == "tf.data"
 
 
-def _fits_in_ram(data: RunData, sig: Signals) -> str | None:
+def _fits_in_ram(data: RunData, fx: Facts) -> str | None:
     """'36 MB < 5.1 GB available' when the dataset (``--data``) fits comfortably in RAM."""
     size = data.dataset_bytes
-    avail = sig.mem_available_min_mib
+    avail = fx.host.mem_available_min_mib
     if size and avail and size / 1048576 < 0.5 * avail:
         return f"{units.size(size)} < {units.size(units.mib(avail))} available"
     return None
 
 
-def _cache_fix(data: RunData, sig: Signals) -> list[Fix]:
-    cfg = sig.config
-    fits = _fits_in_ram(data, sig)
+def _cache_fix(data: RunData, fx: Facts) -> list[Fix]:
+    cfg = fx.loader.config
+    fits = _fits_in_ram(data, fx)
     if cfg.get("cache") or fits is None:
         return []
     return [Fix("add .cache() after the read/decode map (before random augmentation)",
@@ -46,8 +47,8 @@ def _cache_fix(data: RunData, sig: Signals) -> list[Fix]:
                 "comes from RAM instead of being read and decoded again")]
 
 
-def _prefetch_fix(sig: Signals) -> list[Fix]:
-    if sig.config.get("prefetch"):
+def _prefetch_fix(fx: Facts) -> list[Fix]:
+    if fx.loader.config.get("prefetch"):
         return []
     return [Fix(f"end the pipeline with .prefetch({_AUTO})",
                 "no prefetch in the pipeline: without one the next batch is only prepared "
@@ -55,16 +56,16 @@ def _prefetch_fix(sig: Signals) -> list[Fix]:
                 "inject_prefetch optimization is on; an explicit one makes it certain)")]
 
 
-def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
+def tf_prep_fixes(data: RunData, fx: Facts) -> list[Fix]:
     """Fixes for input_bound.prep in a tf.data run. A parallel map needs idle cores: when the
     CPUs were already busy (under a quarter of a core idle over the run), cheaper per-sample
     work comes first, as with DataLoader workers."""
-    cfg = sig.config
+    cfg = fx.loader.config
     fixes: list[Fix] = []
     seq = int(cfg.get("sequential_maps") or 0)
-    cores = sig.physical_cores or sig.logical_cores
-    busy = sig.host_cpu_median_pct
-    spare = spare_cores(sig)
+    cores = fx.host.physical_cores or fx.host.logical_cores
+    busy = fx.host.host_cpu_median_pct
+    spare = spare_cores(fx)
     cheaper = ("make per-sample work cheaper: decode at lower resolution, move augmentation into "
                "the model (Keras preprocessing layers run on the accelerator), or preprocess "
                "once offline and cache() the result")
@@ -75,22 +76,22 @@ def tf_prep_fixes(data: RunData, sig: Signals) -> list[Fix]:
         fixes.append(Fix(f"map(..., num_parallel_calls={_AUTO}) on the {seq} map(s) without it",
                          f"a map without num_parallel_calls transforms one element at a time "
                          f"on one thread{f' ({cores} cores here)' if cores else ''}"))
-    fixes += _cache_fix(data, sig)
-    fixes += _prefetch_fix(sig)
+    fixes += _cache_fix(data, fx)
+    fixes += _prefetch_fix(fx)
     if not seq:
         fixes.append(Fix(cheaper, "every map already runs in parallel"
                          + (f" and the CPUs are {busy:.0f}% busy" if busy is not None else "")))
     return fixes
 
 
-def tf_prep_estimate(sig: Signals, bound: float) -> float:
+def tf_prep_estimate(fx: Facts, bound: float) -> float:
     """est_speedup of a tf.data prep stall: when maps run one element at a time, making them
     parallel adds at most the cores left idle over the run to the one the map uses now (×cores
     at most), and never more than removing the whole wait (``bound``); with no idle core, it
     adds nothing and the bound is cheaper work's."""
-    cores = sig.physical_cores or sig.logical_cores
-    spare = spare_cores(sig)
-    if int(sig.config.get("sequential_maps") or 0) and cores:
+    cores = fx.host.physical_cores or fx.host.logical_cores
+    spare = spare_cores(fx)
+    if int(fx.loader.config.get("sequential_maps") or 0) and cores:
         if spare is None:
             return round(min(bound, float(cores)), 2)
         if spare >= BUSY_SPARE:
@@ -98,9 +99,9 @@ def tf_prep_estimate(sig: Signals, bound: float) -> float:
     return bound
 
 
-def tf_fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
+def tf_fetch_fixes(data: RunData, fx: Facts) -> list[Fix]:
     """Fixes for input_bound.fetch in a tf.data run (the device-level ones are shared)."""
-    cfg = sig.config
+    cfg = fx.loader.config
     fixes: list[Fix] = []
     files = cfg.get("source_len")
     many = isinstance(files, int) and files >= MANY_FILES and cfg.get("reads_files")
@@ -118,8 +119,8 @@ def tf_fetch_fixes(data: RunData, sig: Signals) -> list[Fix]:
                          f"{_AUTO})",
                          f"{files} files read one per element: each pays an open and a "
                          "metadata lookup; shards are read sequentially in large requests"))
-    fixes += _cache_fix(data, sig)
-    fixes += _prefetch_fix(sig)
+    fixes += _cache_fix(data, fx)
+    fixes += _prefetch_fix(fx)
     return fixes
 
 

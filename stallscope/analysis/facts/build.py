@@ -1,21 +1,22 @@
-"""Signals: the numbers the diagnosis rules reason about, computed once from a run.
+"""How the facts of a run are computed (:func:`build`), once, from what it recorded.
 
-Pure functions over :class:`~stallscope.analysis.rundata.RunData`. Every value here can
-appear in a finding's evidence, so names carry units.
+Pure functions over :class:`~stallscope.analysis.rundata.RunData`. The figures are gathered in
+a private draft, one flat name each, then frozen into :class:`~stallscope.analysis.facts.Facts`
+by domain. Every value here can appear in a finding's evidence, so names carry units.
 """
 
 from __future__ import annotations
 
-import copy
 import operator
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope import stats
-from stallscope.analysis.diagnose.model import RunData
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import ProcPhases, trainer_phases
 from stallscope.analysis.window import (
     TrainingWindow,
@@ -27,8 +28,8 @@ from stallscope.analysis.window import (
 from stallscope.store import Series, StepRow
 
 __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
-           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "Signals", "compute_signals", "limited", "mean",
-           "median", "p95", "spare_cores", "starved"]
+           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "limited", "mean", "median", "p95",
+           "spare_cores", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -89,7 +90,9 @@ def _r(x: float | None, nd: int = 2) -> float | None:
 
 
 @dataclass
-class Signals:
+class _Draft:
+    """The facts while they are computed: flat, mutable, private (frozen by :func:`build`)."""
+
     duration_s: float = 0.0
     samples: int = 0
     # --- probe ---
@@ -124,6 +127,11 @@ class Signals:
     epoch_start_cost_s: float | None = None
     epoch_start_total_s: float | None = None
     samples_per_s: float | None = None
+    throughput_source: str | None = None
+    # --- exit ---
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    interrupted: bool = False
     # --- gpu ---
     gpus: int = 0
     #: NVML utilization over the window's steady state (after the GPU's warm-up)
@@ -138,7 +146,8 @@ class Signals:
     #: from merely fed (host-bound) inside the steps
     gpu_busy_share: float | None = None
     # --- the trainer's processes ---
-    workers: int = 0  #: DataLoader worker processes seen
+    workers: int = 0  #: DataLoader workers alive at one time (LoaderFacts)
+    workers_source: str | None = None
     worker_cpu_pct: float | None = None  #: mean CPU of one worker (100 = one core)
     worker_d_share: float | None = None  #: share of worker samples in state D
     worker_blkio_pct: float | None = None
@@ -194,23 +203,6 @@ class Signals:
     physical_cores: int | None = None
     logical_cores: int | None = None
 
-    def evidence(self, *keys: str) -> dict[str, Any]:
-        """The named signals that have a value, for a finding's evidence (copies, so a finding
-        never shares a list with the signals). A name that is not a signal raises: a misspelt
-        key must not drop evidence silently."""
-        out: dict[str, Any] = {}
-        for k in keys:
-            if k not in _SIGNAL_NAMES:
-                raise KeyError(f"no signal named {k!r}")
-            v = getattr(self, k)
-            if v is not None:
-                out[k] = copy.deepcopy(v) if isinstance(v, (list, dict)) else v
-        return out
-
-
-#: every field of :class:`Signals`, for :meth:`Signals.evidence`'s check
-_SIGNAL_NAMES = frozenset(f.name for f in fields(Signals))
-
 
 def _by_ts_sum(series: list[Series]) -> dict[float, float]:
     out: dict[float, float] = defaultdict(float)
@@ -244,8 +236,13 @@ def tree_of(data: RunData, root: str) -> set[str]:
     return out
 
 
-def compute_signals(data: RunData) -> Signals:
-    sig = Signals()
+def build(data: RunData) -> Facts:
+    """The facts of ``data`` (:func:`stallscope.analysis.facts.compute_facts`)."""
+    return Facts.of(vars(_draft(data)))
+
+
+def _draft(data: RunData) -> _Draft:
+    sig = _Draft()
     meta = data.meta
     start, end = meta.get("start"), meta.get("end")
     cost = data.get("collector.cpu_s")
@@ -293,7 +290,7 @@ def compute_signals(data: RunData) -> Signals:
     return sig
 
 
-def _window_signals(sig: Signals, data: RunData, win: TrainingWindow,
+def _window_signals(sig: _Draft, data: RunData, win: TrainingWindow,
                     procs: list[ProcPhases]) -> None:
     sig.window_source = win.source
     if win.source == "run":
@@ -305,7 +302,7 @@ def _window_signals(sig: Signals, data: RunData, win: TrainingWindow,
         sig.exit_stacks = exit_stacks(data.stacks, {p.pid for p in procs}, win.end)
 
 
-def _probe_signals(sig: Signals, data: RunData) -> None:
+def _probe_signals(sig: _Draft, data: RunData) -> None:
     if data.probes:
         # the probe keeps the DataLoader's knobs under "loader", the machine's beside them
         raw = data.probes[0]["config"]
@@ -382,7 +379,7 @@ def _probe_signals(sig: Signals, data: RunData) -> None:
         sig.epoch_start_total_s = _r(sum(extra), 2)
 
 
-def _stack_signals(sig: Signals, data: RunData, procs: list[ProcPhases], stall: bool) -> None:
+def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: bool) -> None:
     """The stall from the sampled stacks of the training thread: its data share (waiting for
     the next batch, or loading it itself). With several ranks each gets its own picture, and
     the rank that waits most, by ≥ 15 points, speaks for the job (as with the probe).
@@ -438,7 +435,7 @@ def _stack_signals(sig: Signals, data: RunData, procs: list[ProcPhases], stall: 
         sig.h2d_share = round(focus.share("h2d"), 3)
 
 
-def _rank_signals(sig: Signals, data: RunData, body: list[StepRow]) -> None:
+def _rank_signals(sig: _Draft, data: RunData, body: list[StepRow]) -> None:
     """Per rank, where its steps go. Under DDP the all-reduce makes every rank's step as long as
     the slowest rank's, so step times look alike; the data-wait share tells which rank's input
     holds the job back. That rank becomes the focus: its figures are the run's (a job whose
@@ -506,7 +503,7 @@ def _transfer_share(by_rank: dict[int, list[StepRow]]) -> float | None:
     return round(sum(min(s.comm_s or 0.0 for s in rows) for rows in full) / wall, 3)
 
 
-def starved(rank: dict[str, Any], peers: list[dict[str, Any]]) -> bool:
+def starved(rank: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
     """``rank``'s process waited for a CPU ≥ RUNQ_BUSY_PCT of the time and ≥ that many points
     more than its peers' median (a CPU quota on it, or a host busy around it)."""
     runq = rank.get("runq_wait_pct")
@@ -515,7 +512,7 @@ def starved(rank: dict[str, Any], peers: list[dict[str, Any]]) -> bool:
     return runq is not None and runq >= RUNQ_BUSY_PCT and runq - theirs >= RUNQ_BUSY_PCT
 
 
-def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
+def _comm_focus(sig: _Draft, detail: list[dict[str, Any]]) -> None:
     """The rank the others wait for in collectives: the least communication share, ≥ COMM_GAP
     below the most (every rank's share known); ≥ COMM_GAP_STARVED below when that rank is short
     of CPU (its frozen time inside collectives counts as its own wait there)."""
@@ -530,7 +527,7 @@ def _comm_focus(sig: Signals, detail: list[dict[str, Any]]) -> None:
         sig.comm_straggler = least["rank"]
 
 
-def _gpu_signals(sig: Signals, data: RunData, full: RunData) -> None:
+def _gpu_signals(sig: _Draft, data: RunData, full: RunData) -> None:
     """The GPU's side, inside the window: NVML's utilization over the steady state (the GPU's
     warm-up left out: :func:`~stallscope.analysis.window.gpu_warmup_end`), and the probe's
     CUDA-event busy share."""
@@ -563,7 +560,7 @@ def _share(series: list[Series]) -> float | None:
     return round(sum(vals) / len(vals), 3) if vals else None
 
 
-def _proc_signals(sig: Signals, data: RunData) -> None:
+def _proc_signals(sig: _Draft, data: RunData) -> None:
     roles = data.roles()
     only: set[str] | None = None
     if sig.focus_rank is not None and sig.focus_rank in rank_pids(data):
@@ -639,7 +636,7 @@ def _main_thread_busy(data: RunData, workers: list[Series]) -> float | None:
     return round(sum(shares) / len(shares), 3) if shares else None
 
 
-def _disk_signals(sig: Signals, data: RunData) -> None:
+def _disk_signals(sig: _Draft, data: RunData) -> None:
     named = [d for d in (data.meta.get("data_devices") or [])
              if data.get("disk.util_pct", d) is not None]
     if named:
@@ -684,11 +681,12 @@ def _disk_signals(sig: Signals, data: RunData) -> None:
 LIMIT_REACHED = 0.8
 
 
-def limited(sig: Signals) -> bool:
+def limited(fx: Facts) -> bool:
     """The trainer's cgroup limits reads of the dataset's device and the reads reached that
     limit (p95 of the device's read rate at least :data:`LIMIT_REACHED` of it)."""
-    return (sig.read_limit_kb_s is not None and sig.disk_rkb_s_p95 is not None
-            and sig.disk_rkb_s_p95 >= LIMIT_REACHED * sig.read_limit_kb_s)
+    d = fx.disk
+    return (d.read_limit_kb_s is not None and d.disk_rkb_s_p95 is not None
+            and d.disk_rkb_s_p95 >= LIMIT_REACHED * d.read_limit_kb_s)
 
 
 #: idle cores (over the run) under which the CPUs count as busy: more workers or a parallel map
@@ -696,9 +694,10 @@ def limited(sig: Signals) -> bool:
 BUSY_SPARE = 0.25
 
 
-def spare_cores(sig: Signals) -> float | None:
+def spare_cores(fx: Facts) -> float | None:
     """CPUs left idle over the run (median host CPU), in cores; None when unknown."""
-    cpus = sig.logical_cores or sig.physical_cores
-    if cpus is None or sig.host_cpu_median_pct is None:
+    h = fx.host
+    cpus = h.logical_cores or h.physical_cores
+    if cpus is None or h.host_cpu_median_pct is None:
         return None
-    return max(0.0, (100.0 - sig.host_cpu_median_pct) / 100.0 * cpus)
+    return max(0.0, (100.0 - h.host_cpu_median_pct) / 100.0 * cpus)

@@ -47,7 +47,7 @@ from stallscope.analysis.diagnose.rules.input import (
     rule_loading_in_trainer,
     rule_tf_blind,
 )
-from stallscope.analysis.diagnose.signals import Signals
+from stallscope.analysis.facts import Facts
 
 __all__ = ["RULES", "RuleSpec", "run_rules"]
 
@@ -112,11 +112,11 @@ NO_SERIES = frozenset({Kind.DISK_HEALTH, Kind.GPU_HEALTH, Kind.SHM_PRESSURE,
                        Kind.GPU_HELD_IDLE})
 
 
-def run_rules(data: RunData, sig: Signals) -> list[Finding]:
+def run_rules(data: RunData, fx: Facts) -> list[Finding]:
     """Every rule's findings, most important first."""
     findings: list[Finding] = []
     for spec in RULES:
-        found = spec.check(data, sig)
+        found = spec.check(data, fx)
         for f in found:
             if f.kind not in spec.kinds:
                 raise AssertionError(f"{spec.name} reported {f.kind}, which it does not declare")

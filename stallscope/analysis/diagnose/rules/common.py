@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, RunData
-from stallscope.analysis.diagnose.signals import (
-    Signals,
-)
+from stallscope.analysis.facts import Facts
 from stallscope.loadermodel import (
     stall_cap,
 )
@@ -28,11 +26,11 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0%}"
 
 
-def _workers_now(sig: Signals) -> int | None:
-    nw = sig.config.get("num_workers")
-    if nw is None and sig.workers:
-        return sig.workers
+def _workers_now(fx: Facts) -> int | None:
+    nw = fx.loader.config.get("num_workers")
+    if nw is None and fx.loader.workers:
+        return fx.loader.workers
     return int(nw) if nw is not None else None
 
 
-Rule = Callable[[RunData, Signals], list[Finding]]
+Rule = Callable[[RunData, Facts], list[Finding]]

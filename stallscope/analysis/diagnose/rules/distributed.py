@@ -5,6 +5,7 @@ that bound the step, and jitter between ranks.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData
@@ -17,38 +18,38 @@ from stallscope.analysis.diagnose.rules.input import (
     _prep_estimate,
     _prep_fixes,
 )
-from stallscope.analysis.diagnose.signals import (
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import (
     COMM_GAP,
     COMM_GAP_STARVED,
     COMM_HEAVY,
-    Signals,
     median,
     starved,
 )
 from stallscope.stats import weighted_median
 
 
-def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
+def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
     """straggler_rank: with ≥ 2 ranks, one rank waits for data ≥ 15% of its steps and ≥ 15
     points more than the least-waiting rank (under DDP the all-reduce evens out step times, so
     where each rank spends its step tells, not how long it is); or, where steps are not tied
     together, one rank's median step takes ≥ 1.2× the median rank's."""
-    detail = {d["rank"]: d for d in sig.ranks_detail}
-    if sig.focus_rank is not None and sig.focus_rank in detail:
-        r = detail[sig.focus_rank]
+    detail = {d["rank"]: d for d in fx.comm.ranks_detail}
+    if fx.comm.focus_rank is not None and fx.comm.focus_rank in detail:
+        r = detail[fx.comm.focus_rank]
         host = _host_of(data, r["rank"])
-        others = [d for d in sig.ranks_detail if d["rank"] != sig.focus_rank]
+        others = [d for d in fx.comm.ranks_detail if d["rank"] != fx.comm.focus_rank]
         best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
         where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
         wcpu = (f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
                 if r.get("worker_cpu_pct") is not None and r.get("workers") else "")
-        fs, _, ps, _ = _fetch_prep_scores(sig)
-        fixes = (_fetch_fixes(data, sig) if fs > ps else _prep_fixes(sig)) + _loader_fixes(sig)
+        fs, _, ps, _ = _fetch_prep_scores(fx)
+        fixes = (_fetch_fixes(data, fx) if fs > ps else _prep_fixes(fx)) + _loader_fixes(fx)
         fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
         fixes.append(Fix(f"compare rank {r['rank']}'s data with the others' (shard size, "
                          "storage, transform)", "the ranks run the same code; the slow one "
                          "differs in what it reads or where"))
-        ev = {"rank": r["rank"], "host": host, "cause": "input", "ranks": sig.ranks_detail,
+        ev = {"rank": r["rank"], "host": host, "cause": "input", "ranks": fx.comm.ranks_detail,
               "stall_fraction": r["stall_fraction"], "data_wait_share": r["stall_fraction"],
               "best_rank": best["rank"], "best_stall_fraction": best["stall_fraction"]}
         return [Finding(
@@ -62,12 +63,12 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                     f"rank wait for {where}.",
             evidence=ev,
             fixes=fixes,
-            est_speedup=_prep_estimate(sig) if ps >= fs else _speedup(r["stall_fraction"]),
+            est_speedup=_prep_estimate(fx) if ps >= fs else _speedup(r["stall_fraction"]),
             rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
                  f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
         )]
-    if sig.comm_straggler is not None and sig.comm_straggler in detail:
-        return _comm_straggler(data, sig, detail[sig.comm_straggler])
+    if fx.comm.comm_straggler is not None and fx.comm.comm_straggler in detail:
+        return _comm_straggler(data, fx, detail[fx.comm.comm_straggler])
     per: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for s in data.steps:  # a row of n short steps counts n times, with its mean step
         per[s.rank].append((s.step_s, s.n))
@@ -88,7 +89,7 @@ def rule_straggler(data: RunData, sig: Signals) -> list[Finding]:
                 "wait for it at every all-reduce.",
         evidence={"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
                  "typical_step_ms": round(typical * 1000, 1),
-                 "data_wait_share": round(wshare, 3), "ranks": sig.ranks_detail},
+                 "data_wait_share": round(wshare, 3), "ranks": fx.comm.ranks_detail},
         fixes=[Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
               + (" (input-bound there)" if wshare >= STALL_WARN else
                  " (slow compute: check that GPU's clocks/throttling)"),
@@ -107,18 +108,19 @@ def _host_of(data: RunData, rank: int) -> str:
     return data.meta.get("host") or "this host"
 
 
-def _peers_wait(sig: Signals, slow: int) -> tuple[list[dict[str, Any]], float]:
+def _peers_wait(fx: Facts, slow: int) -> tuple[list[Mapping[str, Any]], float]:
     """The other ranks with their communication share, and the least of those shares."""
-    peers = [d for d in sig.ranks_detail if d["rank"] != slow and d.get("comm_share") is not None]
+    peers = [d for d in fx.comm.ranks_detail
+             if d["rank"] != slow and d.get("comm_share") is not None]
     return peers, min((d["comm_share"] for d in peers), default=0.0)
 
 
-def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Finding]:
+def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Finding]:
     """straggler_rank from communication time: the peers wait in collectives for rank ``r``,
     whose own data wait is not the cause (that is the input branch above). Its cause: short
     of CPU (its process waits for a core), else its own compute is slower than the peers'."""
     host = _host_of(data, r["rank"])
-    peers, peer_comm = _peers_wait(sig, r["rank"])
+    peers, peer_comm = _peers_wait(fx, r["rank"])
     gap = peer_comm - (r.get("comm_share") or 0.0)
     peer_compute = median([d["compute_ms_median"] for d in peers
                            if d.get("compute_ms_median") is not None])
@@ -156,7 +158,7 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
                      "throttled device (its GPU's clocks and throttle reasons)",
                      "the ranks run the same code; the slow one does more or runs slower")]
     on = f" (on {host})" if data.meta.get("rank_hosts") else ""
-    ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": sig.ranks_detail,
+    ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": fx.comm.ranks_detail,
           "comm_share": r.get("comm_share"), "peers_comm_share": round(peer_comm, 3),
           "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
           "runq_wait_pct": runq, "peers_runq_wait_pct": peer_runq,
@@ -180,13 +182,13 @@ def _comm_straggler(data: RunData, sig: Signals, r: dict[str, Any]) -> list[Find
     )]
 
 
-def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
+def rule_waiting_for_peers(data: RunData, fx: Facts) -> list[Finding]:
     """waiting_for_peers: the ranks a straggler holds back, with the share of their step spent
     in collectives waiting (their GPUs idle in the all-reduce, their step looks like compute)."""
-    slow = sig.focus_rank if sig.focus_rank is not None else sig.comm_straggler
+    slow = fx.comm.focus_rank if fx.comm.focus_rank is not None else fx.comm.comm_straggler
     if slow is None:
         return []
-    peers, _least = _peers_wait(sig, slow)
+    peers, _least = _peers_wait(fx, slow)
     waiting = [d for d in peers if d["comm_share"] >= COMM_GAP]
     if not waiting:
         return []
@@ -207,21 +209,21 @@ def rule_waiting_for_peers(data: RunData, sig: Signals) -> list[Finding]:
                     f"rank {slow} is the straggler")]
 
 
-def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
+def rule_communication_bound(data: RunData, fx: Facts) -> list[Finding]:
     """communication_bound: every rank spends ≥ 30% of its step in collectives and none waits
     for another (no straggler): the network or the topology is the limit."""
-    ranks = sig.ranks_detail
-    if len(ranks) < 2 or sig.focus_rank is not None or sig.comm_straggler is not None:
+    ranks = fx.comm.ranks_detail
+    if len(ranks) < 2 or fx.comm.focus_rank is not None or fx.comm.comm_straggler is not None:
         return []
     shares = [d.get("comm_share") for d in ranks]
     if any(x is None for x in shares):
         return []
     least = min(x for x in shares if x is not None)
-    if least < COMM_HEAVY or _busy_host(sig) is not None:
+    if least < COMM_HEAVY or _busy_host(fx) is not None:
         return []  # ranks that wait for a CPU wait for one another: see rule_cpu_contention
-    transfer = sig.comm_transfer_share
+    transfer = fx.comm.comm_transfer_share
     if transfer is not None and transfer < least / 2:
-        return [_rank_jitter(sig, least, transfer)]
+        return [_rank_jitter(fx, least, transfer)]
     if transfer is not None:
         told = ""
     elif "prometheus" in data.meta:
@@ -256,7 +258,7 @@ def rule_communication_bound(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
-def _rank_jitter(sig: Signals, least: float, transfer: float) -> Finding:
+def _rank_jitter(fx: Facts, least: float, transfer: float) -> Finding:
     """rank_jitter: every rank waits heavily in collectives, but the transfer is a small part
     of it: each step waits for that step's slowest rank, a different one each time."""
     jitter = least - transfer
@@ -269,9 +271,9 @@ def _rank_jitter(sig: Signals, least: float, transfer: float) -> Finding:
                 f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
                 "that step's slowest rank, a different one each time: the ranks' step times vary "
                 "from step to step.",
-        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in sig.ranks_detail},
+        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in fx.comm.ranks_detail},
                  "transfer_share": transfer, "jitter_share": round(jitter, 3),
-                 "ranks": sig.ranks_detail},
+                 "ranks": fx.comm.ranks_detail},
         fixes=[Fix("make every rank's step as even as possible: enough DataLoader workers and "
                   "prefetch_factor that no batch arrives late, no other work on the trainers' "
                   "cores "

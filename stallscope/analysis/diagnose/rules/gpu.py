@@ -7,13 +7,13 @@ from __future__ import annotations
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_WARN
 from stallscope.analysis.diagnose.rules.input import _fetch_prep_scores
-from stallscope.analysis.diagnose.signals import (
-    Signals,
-    trainer_gpus,
-)
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_compute_fix,
+)
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import (
+    trainer_gpus,
 )
 from stallscope.sources.owner import OWNER_KEYS, describe
 from stallscope.stats import fit_line
@@ -33,86 +33,86 @@ TRAINER_BUSY_PCT = 80.0
 GPU_BUSY_UNMEASURED_PCT = 80.0
 
 
-def rule_compute_bound(data: RunData, sig: Signals) -> list[Finding]:
+def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
-    if sig.stall_source is None and sig.gpus == 0:
-        if sig.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
+    if fx.steps.stall_source is None and fx.gpu.gpus == 0:
+        if fx.procs.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
             return []
-        if not sig.workers:  # loading shares the trainer's threads: see rule_loading_in_trainer
+        if not fx.loader.workers:  # loading shares the trainer's threads: rule_loading_in_trainer
             return []
         # CPU training without the probe: the trainer process itself is the compute
-        fs, _, ps, _ = _fetch_prep_scores(sig)
-        if (sig.main_cpu_pct or 0) >= TRAINER_BUSY_PCT and max(fs, ps) < 2:
+        fs, _, ps, _ = _fetch_prep_scores(fx)
+        if (fx.procs.main_cpu_pct or 0) >= TRAINER_BUSY_PCT and max(fs, ps) < 2:
             return [Finding(
                 kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.5,
                 summary=f"Likely compute-bound: the trainer process computes at "
-                        f"{sig.main_cpu_pct:.0f}% CPU while its workers and the disk show "
+                        f"{fx.procs.main_cpu_pct:.0f}% CPU while its workers and the disk show "
                         "no saturation.",
-                evidence=sig.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
+                evidence=fx.evidence("main_cpu_pct", "worker_cpu_pct", "worker_d_share",
                                       "disk_util_median_pct"),
                 fixes=[Fix("wrap the loader with stallscope.watch(loader) to confirm",
                            "without the probe or a GPU the data wait is not measured")],
                 rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)")]
         return []
-    if sig.stall_source == "main_thread" and sig.stall_fraction is not None:
-        if sig.stall_fraction >= STALL_WARN:
+    if fx.steps.stall_source == "main_thread" and fx.steps.stall_fraction is not None:
+        if fx.steps.stall_fraction >= STALL_WARN:
             return []
-        busy = sig.main_thread_busy_share or 0.0
+        busy = fx.procs.main_thread_busy_share or 0.0
         return [Finding(
             kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.7,
             summary=f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
-                    f"the time, so it waited for data about {sig.stall_fraction:.0%} "
+                    f"the time, so it waited for data about {fx.steps.stall_fraction:.0%} "
                     "(an estimate: no probe, no GPU).",
-            evidence=sig.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
+            evidence=fx.evidence("stall_fraction", "stall_source", "main_thread_busy_share",
                                   "main_cpu_pct", "worker_cpu_pct", "workers"),
             fixes=[Fix("nothing to fix in the input pipeline; to go faster, make the "
                        "model step cheaper (a larger batch, torch.compile, more "
                        "torch threads)", "the trainer computes; it rarely waits"),
                    Fix("wrap the loader with stallscope.watch(loader) to measure it",
                        "the probe times each step's data wait instead of estimating it")],
-            rule=f"estimated data wait {sig.stall_fraction:.0%} < "
+            rule=f"estimated data wait {fx.steps.stall_fraction:.0%} < "
                  f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)")]
-    if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction is None:
-        if sig.gpu_util_median_pct is not None \
-                and sig.gpu_util_median_pct >= GPU_BUSY_UNMEASURED_PCT:
+    if fx.steps.stall_source not in ("probe", "stacks") or fx.steps.stall_fraction is None:
+        if fx.gpu.gpu_util_median_pct is not None \
+                and fx.gpu.gpu_util_median_pct >= GPU_BUSY_UNMEASURED_PCT:
             return [Finding(kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.6,
-                            summary=f"The GPU is busy (median {sig.gpu_util_median_pct:.0f}% "
+                            summary=f"The GPU is busy (median {fx.gpu.gpu_util_median_pct:.0f}% "
                             "utilization): compute is the bottleneck, which is healthy.",
-                            evidence=sig.evidence("gpu_util_median_pct"),
+                            evidence=fx.evidence("gpu_util_median_pct"),
                             fixes=[Fix("wrap the loader with stallscope.watch(loader)",
                                  "confirms with per-step data wait")], est_speedup=1.0,
                             rule=f"GPU util ≥ {GPU_BUSY_UNMEASURED_PCT:.0f}% (no probe)")]
         return []
-    if sig.stall_fraction >= STALL_WARN:
+    if fx.steps.stall_fraction >= STALL_WARN:
         return []
-    if sig.gpu_util_median_pct is not None and sig.gpu_util_median_pct < GPU_BUSY_PCT:
+    if fx.gpu.gpu_util_median_pct is not None and fx.gpu.gpu_util_median_pct < GPU_BUSY_PCT:
         return []  # the GPU idles without waiting for data: rule_host_bound
-    if sig.gpu_util_median_pct is None and sig.gpu_busy_share is not None \
-            and sig.gpu_busy_share < GPU_BUSY_PCT / 100:
+    if fx.gpu.gpu_util_median_pct is None and fx.gpu.gpu_busy_share is not None \
+            and fx.gpu.gpu_busy_share < GPU_BUSY_PCT / 100:
         return []
-    gpu = (f", GPU busy {sig.gpu_util_median_pct:.0f}%" if sig.gpu_util_median_pct is not None
-           else f", GPU busy {sig.gpu_busy_share:.0%} between the steps' CUDA events"
-           if sig.gpu_busy_share is not None else "")
-    if sig.gpu_warmup_s:
-        gpu += f" once warm (its first {sig.gpu_warmup_s:.0f} s of training were warm-up)"
-    fixes = [tf_compute_fix() if is_tf(sig) else _gpu_compute_fixes()[0] if sig.gpus else
+    gpu = (f", GPU busy {fx.gpu.gpu_util_median_pct:.0f}%" if fx.gpu.gpu_util_median_pct is not None
+           else f", GPU busy {fx.gpu.gpu_busy_share:.0%} between the steps' CUDA events"
+           if fx.gpu.gpu_busy_share is not None else "")
+    if fx.gpu.gpu_warmup_s:
+        gpu += f" once warm (its first {fx.gpu.gpu_warmup_s:.0f} s of training were warm-up)"
+    fixes = [tf_compute_fix() if is_tf(fx) else _gpu_compute_fixes()[0] if fx.gpu.gpus else
              Fix("nothing to fix in the input pipeline; to go faster, make the model step "
                  "cheaper (mixed precision, larger batch, torch.compile)",
                  "the step is compute time, not waiting")]
-    stacks = sig.stall_source == "stacks"
+    stacks = fx.steps.stall_source == "stacks"
     how = (" (sampled stacks of the training thread, no code in the trainer)" if stacks else
-           f" (per-step probe, added by {sig.config['added_by']}: no code in the trainer)"
-           if sig.config.get("added_by") else "")
+           f" (per-step probe, added by {fx.loader.config['added_by']}: no code in the trainer)"
+           if fx.loader.config.get("added_by") else "")
     return [Finding(kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.8 if stacks else 0.85,
                     summary=f"Compute-bound (healthy): the trainer waited for data only "
-                    f"{sig.stall_fraction:.0%} of the time{gpu}{how}.",
-                    evidence=sig.evidence("stall_fraction", "stall_source", "phase_shares",
+                    f"{fx.steps.stall_fraction:.0%} of the time{gpu}{how}.",
+                    evidence=fx.evidence("stall_fraction", "stall_source", "phase_shares",
                                  "stack_samples", "wait_ms_median", "step_ms_median",
                                  "gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
                                  "worker_cpu_pct", "samples_per_s"),
                     fixes=fixes, est_speedup=1.0, rule=f"{'sampled ' if stacks else ''}data wait "
-                    f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}")]
+                    f"{fx.steps.stall_fraction:.0%} < {STALL_WARN:.0%}")]
 
 
 #: NVML utilization (%, the window's steady state) from which a GPU counts as busy: at or
@@ -136,20 +136,20 @@ def _gpu_compute_fixes() -> list[Fix]:
                 "the input keeps up")]
 
 
-def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
+def rule_host_bound(data: RunData, fx: Facts) -> list[Finding]:
     """host_bound: a GPU training that does not wait for data (< 15%) nor for copies (< 15%),
     whose GPU is busy < 70% of the window's steady state (NVML), while its training thread is
     in forward/backward/optimizer code ≥ 50% of the time and waits for the GPU < 20% (sampled
     stacks; without them the probe's data wait alone says the gap is the host's step code):
     the GPU waits for the CPU to issue its work (Python overhead, many small kernels)."""
-    if not sig.gpus or sig.gpu_util_median_pct is None or sig.stall_fraction is None:
+    if not fx.gpu.gpus or fx.gpu.gpu_util_median_pct is None or fx.steps.stall_fraction is None:
         return []
-    if sig.stall_source not in ("probe", "stacks") or sig.stall_fraction >= STALL_WARN:
+    if fx.steps.stall_source not in ("probe", "stacks") or fx.steps.stall_fraction >= STALL_WARN:
         return []
-    if (sig.h2d_share or 0.0) >= 0.15 or sig.gpu_util_median_pct >= GPU_BUSY_PCT:
+    if (fx.steps.h2d_share or 0.0) >= 0.15 or fx.gpu.gpu_util_median_pct >= GPU_BUSY_PCT:
         return []
-    util = sig.gpu_util_median_pct
-    shares = sig.phase_shares
+    util = fx.gpu.gpu_util_median_pct
+    shares = fx.steps.phase_shares
     if shares:
         busy = shares.get("compute", 0.0)
         waits = shares.get("gpu_wait", 0.0)
@@ -159,15 +159,15 @@ def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
                  f"the time and waited for the GPU only {waits:.0%} (sampled stacks)")
         confidence = 0.8
         rule = (f"GPU util {util:.0f}% < {GPU_BUSY_PCT:.0f}%, data wait "
-                f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%}, thread in compute {busy:.0%} ≥ "
+                f"{fx.steps.stall_fraction:.0%} < {STALL_WARN:.0%}, thread in compute {busy:.0%} ≥ "
                 f"{HOST_BUSY_SHARE:.0%}, waiting for the GPU {waits:.0%} < "
                 f"{HOST_GPU_WAIT_SHARE:.0%}")
     else:
-        where = (f"the trainer waited for data only {sig.stall_fraction:.0%} of its steps "
+        where = (f"the trainer waited for data only {fx.steps.stall_fraction:.0%} of its steps "
                  "(per-step probe), so the rest of each step is its own host code")
         confidence = 0.6
         rule = (f"GPU util {util:.0f}% < {GPU_BUSY_PCT:.0f}%, data wait "
-                f"{sig.stall_fraction:.0%} < {STALL_WARN:.0%} (no stacks)")
+                f"{fx.steps.stall_fraction:.0%} < {STALL_WARN:.0%} (no stacks)")
     est = round(min(5.0, GPU_BUSY_PCT / max(util, 14.0)), 2)
     fixes = [
         Fix("capture the step in CUDA graphs: torch.compile(model, mode=\"reduce-overhead\")",
@@ -179,7 +179,7 @@ def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
         Fix("fewer host syncs per step: log loss.item() every N steps, not every step",
             "each .item() waits for the GPU to drain, then the CPU starts issuing again"),
     ]
-    ev = sig.evidence("gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
+    ev = fx.evidence("gpu_util_median_pct", "gpu_warmup_s", "gpu_busy_share",
                       "stall_fraction", "stall_source", "phase_shares", "stack_samples",
                       "step_ms_median", "main_cpu_pct", "window_s")
     sev: Severity = "warning"
@@ -190,7 +190,7 @@ def rule_host_bound(data: RunData, sig: Signals) -> list[Finding]:
                     evidence=ev, fixes=fixes, est_speedup=est, rule=rule)]
 
 
-def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
+def rule_gpu_throttled(data: RunData, fx: Facts) -> list[Finding]:
     """gpu_throttled: thermal/power clock-event reasons active in ≥ 20% of the samples, or the
     GPU at ≥ 85 °C (the usual alert threshold for sustained heat)."""
     out = []
@@ -234,7 +234,7 @@ def rule_gpu_throttled(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
-def rule_gpu_health(data: RunData, sig: Signals) -> list[Finding]:
+def rule_gpu_health(data: RunData, fx: Facts) -> list[Finding]:
     """gpu_health: a GPU needs a person. An XID error during the run (the codes the NVIDIA
     device plugin treats as application errors left out), a row remap pending a reset or
     failed, or a page retirement pending. Any GPU of the machine, whether the trainer's or not:
@@ -295,7 +295,7 @@ def rule_gpu_health(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
-def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
+def rule_gpu_memory_growth(data: RunData, fx: Facts) -> list[Finding]:
     """gpu_memory_growth: after the first quarter of the run (warm-up), GPU memory rises
     steadily (linear fit r² ≥ 0.8) by ≥ 512 MiB and ≥ 2% of the card over ≥ 10 samples: a leak
     (tensors kept across steps)."""
@@ -336,7 +336,7 @@ def rule_gpu_memory_growth(data: RunData, sig: Signals) -> list[Finding]:
     return out
 
 
-def rule_pcie_degraded(data: RunData, sig: Signals) -> list[Finding]:
+def rule_pcie_degraded(data: RunData, fx: Facts) -> list[Finding]:
     """pcie_degraded: under load (util ≥ 30%) the link runs below its max generation or width
     in ≥ 50% of samples. (Idle GPUs drop to a low generation to save power: not a finding.)"""
     out = []
@@ -386,7 +386,7 @@ HELD_MIB = 256.0
 IDLE_PCT = 1.0
 
 
-def rule_gpu_held_idle(data: RunData, sig: Signals) -> list[Finding]:
+def rule_gpu_held_idle(data: RunData, fx: Facts) -> list[Finding]:
     """gpu_held_idle: a GPU at ≤ 1% utilization for the last ≥ 10 minutes of the run while
     processes hold ≥ 256 MiB of its memory: allocated to a job that does not use it (a hung
     or finished job that keeps its context, a notebook left open). Under MIG NVML gives no

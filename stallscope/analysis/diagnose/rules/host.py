@@ -8,10 +8,10 @@ from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_CRIT, _speedup
-from stallscope.analysis.diagnose.signals import (
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import (
     OTHERS_BUSY_CORES,
     RUNQ_BUSY_PCT,
-    Signals,
     trainer_gpus,
 )
 from stallscope.textsafe import plain
@@ -20,22 +20,23 @@ from stallscope.textsafe import plain
 SLOW_EXIT_S = 5.0
 
 
-def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
+def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
     """slow_exit: the trainer's process took ≥ 5 s to end after its last training step. When
     its stacks show a DataLoader joining its workers at exit (PyTorch joins each worker with a
     5-s timeout when ``pin_memory`` and ``persistent_workers`` are both on), it says so and
     names the fix; a team running many short jobs or sweeps pays this on every run."""
-    exit_s = sig.exit_s
-    if exit_s is None or exit_s < SLOW_EXIT_S or not sig.window_source \
-            or sig.window_source == "run":
+    exit_s = fx.run.exit_s
+    if exit_s is None or exit_s < SLOW_EXIT_S or not fx.run.window_source \
+            or fx.run.window_source == "run":
         return []
-    stacks = sig.exit_stacks
+    stacks = fx.run.exit_stacks
     joins = sum(v for k, v in stacks if "dataloader.py" in k and ("join" in k or "_clean_up" in k
                                                                    or "_shutdown" in k))
-    total = sig.window_s or 0.0
-    cfg = sig.config
-    workers = cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int) else sig.workers
-    ev: dict[str, Any] = {"exit_s": exit_s, "window_s": sig.window_s,
+    total = fx.run.window_s or 0.0
+    cfg = fx.loader.config
+    workers = (cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int)
+               else fx.loader.workers)
+    ev: dict[str, Any] = {"exit_s": exit_s, "window_s": fx.run.window_s,
                           "exit_stacks": [{"stack": k, "s": v} for k, v in stacks]}
     if workers:
         ev["workers"] = workers
@@ -70,7 +71,7 @@ def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
         fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
                      "threads or processes): `stallscope report` lists the exit's stacks",
                      why)]
-    life = total + exit_s + (sig.startup_s or 0.0)
+    life = total + exit_s + (fx.run.startup_s or 0.0)
     share = exit_s / life if total else None
     more = f" ({share:.0%} of the process's life)" if share else ""
     return [Finding(
@@ -87,7 +88,7 @@ def rule_slow_exit(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
-def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
+def rule_host_swap(data: RunData, fx: Facts) -> list[Finding]:
     """host_swap: swapping ≥ 1 MB/s in ≥ 10% of samples (in or out)."""
     si, so = data.get("host.swap_in_kb_s"), data.get("host.swap_out_kb_s")
     if not si or not so or not si.v:
@@ -105,7 +106,7 @@ def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
         summary=f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
                 "MB/s): memory is overcommitted.",
         evidence={"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
-                 "mem_available_min_mib": sig.mem_available_min_mib},
+                 "mem_available_min_mib": fx.host.mem_available_min_mib},
         fixes=[Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
               "worker holds batches), smaller in-memory caches, or add RAM",
               "every swapped page costs a disk read on the critical path")],
@@ -114,7 +115,7 @@ def rule_host_swap(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
-def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
+def rule_shm_pressure(data: RunData, fx: Facts) -> list[Finding]:
     """shm_pressure: /dev/shm ≥ 80% full (critical ≥ 95%), or smaller than 1 GiB while
     DataLoader workers are in use (Docker's default is 64 MB): workers die with bus errors."""
     used, total = data.get("host.shm_used_mib"), data.get("host.shm_total_mib")
@@ -123,7 +124,7 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
     cap = total.v[-1]
     peak = max(used.v)
     frac = peak / cap if cap else 0.0
-    small = cap < 1024 and (sig.workers > 0 or (sig.config.get("num_workers") or 0) > 0)
+    small = cap < 1024 and (fx.loader.workers > 0 or (fx.loader.config.get("num_workers") or 0) > 0)
     if frac < 0.8 and not small:
         return []
     # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
@@ -145,31 +146,31 @@ def rule_shm_pressure(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
-def _busy_host(sig: Signals) -> tuple[float, float] | None:
+def _busy_host(fx: Facts) -> tuple[float, float] | None:
     """(least run-queue wait %, other processes' cores) when every trainer process waited for a
     CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥ OTHERS_BUSY_CORES busy."""
-    if len(sig.ranks_detail) >= 2:
-        waits = [d.get("runq_wait_pct") for d in sig.ranks_detail]
+    if len(fx.comm.ranks_detail) >= 2:
+        waits = [d.get("runq_wait_pct") for d in fx.comm.ranks_detail]
     else:
-        waits = [sig.main_runq_pct]
-    others = sig.others_cpu_cores
+        waits = [fx.procs.main_runq_pct]
+    others = fx.host.others_cpu_cores
     if any(w is None for w in waits) or others is None or others < OTHERS_BUSY_CORES:
         return None
     least = min(w for w in waits if w is not None)
     return (least, others) if least >= RUNQ_BUSY_PCT else None
 
 
-def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
+def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
     """cpu_contention: every trainer process (each rank, or the one trainer) waited for a CPU
     ≥ 20% of the time while other processes kept ≥ 0.5 of the host's cores busy: a busy host,
     not the training's own work. A rank short of CPU alone is a straggler (``starved``)."""
-    busy = _busy_host(sig)
+    busy = _busy_host(fx)
     if busy is None:
         return []
     least, others = busy
-    ranks = sig.ranks_detail
+    ranks = fx.comm.ranks_detail
     host = data.meta.get("host") or "this host"
-    cores = f" of its {sig.logical_cores}" if sig.logical_cores else ""
+    cores = f" of its {fx.host.logical_cores}" if fx.host.logical_cores else ""
     if len(ranks) >= 2:
         who = "every rank waited for a CPU (" + ", ".join(
             f"rank {d['rank']} {d['runq_wait_pct']:.0f}%" for d in ranks) + " of the time"
@@ -179,7 +180,7 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
                f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
                f"{others:.1f}{cores} cores busy.")
     comm = [d.get("comm_share") for d in ranks]
-    if len(ranks) >= 2 and sig.comm_straggler is None and all(c is not None for c in comm):
+    if len(ranks) >= 2 and fx.comm.comm_straggler is None and all(c is not None for c in comm):
         shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
         summary += (f" While the ranks share too few cores, their wait in the all-reduce "
                     f"({shares} of the step) cannot show which rank the others wait for.")
@@ -200,8 +201,8 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
                  f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
                  f"time while other processes used {others:.1f} cores")]
     ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
-                          "host_cpu_median_pct": sig.host_cpu_median_pct,
-                          "logical_cores": sig.logical_cores}
+                          "host_cpu_median_pct": fx.host.host_cpu_median_pct,
+                          "logical_cores": fx.host.logical_cores}
     if others_busy:
         ev["busiest_others"] = others_busy
     if len(ranks) >= 2:
@@ -220,7 +221,7 @@ def rule_cpu_contention(data: RunData, sig: Signals) -> list[Finding]:
     )]
 
 
-def rule_disk_health(data: RunData, sig: Signals) -> list[Finding]:
+def rule_disk_health(data: RunData, fx: Facts) -> list[Finding]:
     """disk_health: the dataset's drive has a SMART verdict of ageing or failing."""
     out = []
     for drive in data.disk_health:
@@ -254,33 +255,33 @@ IDLE_TREE_READ_KB_S = 100.0
 IDLE_TREE_D_SHARE = 0.1
 
 
-def rule_not_training(data: RunData, sig: Signals) -> list[Finding]:
+def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
     """insufficient_data ("nothing looks like a training"): no probe steps, no training frames
     in the sampled stacks, no GPU held by the watched processes, and those processes together
     used under 10% of a core, read under 100 kB/s and were rarely in D state. Then no verdict
     is made: a sleeping script or ``--pid 1`` is not input-bound."""
-    if sig.steps or sig.samples < 3:
+    if fx.steps.steps or fx.run.samples < 3:
         return []
     from stallscope.sources.stacks.phases import TRAINING
 
-    frames = sum(v for k, v in (sig.phase_shares or {}).items() if k in TRAINING)
+    frames = sum(v for k, v in (fx.steps.phase_shares or {}).items() if k in TRAINING)
     if frames >= 0.05 or trainer_gpus(data):
         return []
-    tree = (sig.main_cpu_pct or 0.0) + (sig.worker_cpu_pct or 0.0) * sig.workers
-    read = (sig.main_read_kb_s or 0.0) + (sig.worker_read_kb_s or 0.0)
-    blocked = max(sig.main_d_share or 0.0, sig.worker_d_share or 0.0)
+    tree = (fx.procs.main_cpu_pct or 0.0) + (fx.loader.worker_cpu_pct or 0.0) * fx.loader.workers
+    read = (fx.procs.main_read_kb_s or 0.0) + (fx.loader.worker_read_kb_s or 0.0)
+    blocked = max(fx.procs.main_d_share or 0.0, fx.loader.worker_d_share or 0.0)
     if tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S or blocked >= IDLE_TREE_D_SHARE:
         return []
-    procs = 1 + sig.workers
-    stacks = (f"no training frames in {sig.stack_samples} sampled stacks" if sig.stack_samples
-              else "no stacks sampled")
+    procs = 1 + fx.loader.workers
+    stacks = (f"no training frames in {fx.steps.stack_samples} sampled stacks"
+              if fx.steps.stack_samples else "no stacks sampled")
     return [Finding(
         kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.9,
         summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
         f"{procs} process{'es' if procs > 1 else ''} used {tree:.1f}% of one core and read "
         f"{read:.0f} kB/s. No verdict.",
         evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
-         "d_share": round(blocked, 3), "stack_samples": sig.stack_samples},
+         "d_share": round(blocked, 3), "stack_samples": fx.steps.stack_samples},
         fixes=[Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
              "the Python process that runs the training loop",
              "the watched processes did no work a training does")],
@@ -289,15 +290,15 @@ def rule_not_training(data: RunData, sig: Signals) -> list[Finding]:
         "< 10% of samples in D state", too_little_data=True)]
 
 
-def rule_insufficient(data: RunData, sig: Signals) -> list[Finding]:
+def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
-    if sig.samples >= 3 or sig.steps >= 10:
+    if fx.run.samples >= 3 or fx.steps.steps >= 10:
         return []
     return [Finding(kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=1.0,
-                    summary=f"Too little data to diagnose: {sig.samples} samples and {sig.steps} "
-                            "steps.",
-                    evidence={"samples": sig.samples, "steps": sig.steps,
-                     "duration_s": sig.duration_s},
+                    summary=f"Too little data to diagnose: {fx.run.samples} samples and "
+                            f"{fx.steps.steps} steps.",
+                    evidence={"samples": fx.run.samples, "steps": fx.steps.steps,
+                     "duration_s": fx.run.duration_s},
                     fixes=[Fix("run longer (≥ 30 s of training) or lower --interval",
                          "rules need several samples to tell a pattern from noise")],
                     est_speedup=1.0, rule="< 3 samples and < 10 steps", too_little_data=True)]

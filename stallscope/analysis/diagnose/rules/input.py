@@ -5,6 +5,7 @@ copies, and the trainers whose data wait cannot be told without the probe.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stallscope import units
@@ -16,17 +17,17 @@ from stallscope.analysis.diagnose.rules.common import (
     _speedup,
     _workers_now,
 )
-from stallscope.analysis.diagnose.signals import (
-    BUSY_SPARE,
-    Signals,
-    limited,
-    spare_cores,
-)
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_fetch_fixes,
     tf_prep_estimate,
     tf_prep_fixes,
+)
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import (
+    BUSY_SPARE,
+    limited,
+    spare_cores,
 )
 from stallscope.loadermodel import (
     MIN_GAIN,
@@ -36,13 +37,14 @@ from stallscope.loadermodel import (
 )
 
 
-def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
+def _fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
     """Points for 'storage can't keep up' vs 'CPU preprocessing can't keep up', with reasons."""
     f: list[str] = []
     p: list[str] = []
     fs = ps = 0
-    d = sig.worker_d_share if sig.workers else sig.main_d_share
-    who = ("workers" if sig.workers else "the trainer's threads" if sig.tf_trainer or is_tf(sig)
+    d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
+    who = ("workers" if fx.loader.workers
+           else "the trainer's threads" if fx.procs.tf_trainer or is_tf(fx)
            else "the trainer (num_workers=0)")
     if d is not None:
         if d >= 0.25:
@@ -51,32 +53,32 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         elif d >= 0.10:
             fs += 1
             f.append(f"{who} in D state in {d:.0%} of samples")
-        elif sig.workers:
+        elif fx.loader.workers:
             ps += 1
             p.append(f"workers rarely in D state ({d:.0%} of samples)")
-    if sig.worker_blkio_pct is not None and sig.worker_blkio_pct >= 20:
+    if fx.loader.worker_blkio_pct is not None and fx.loader.worker_blkio_pct >= 20:
         fs += 2
-        f.append(f"workers blocked on block I/O {sig.worker_blkio_pct:.0f}% of the time")
-    dfs, dps = _device_scores(sig, f, p)
+        f.append(f"workers blocked on block I/O {fx.loader.worker_blkio_pct:.0f}% of the time")
+    dfs, dps = _device_scores(fx, f, p)
     fs, ps = fs + dfs, ps + dps
-    aw = sig.disk_r_await_median_ms
+    aw = fx.disk.disk_r_await_median_ms
     if aw is not None and aw >= 20:
         fs += 2 if aw >= 50 else 1
         f.append(f"read latency {aw:.0f} ms (r_await; > 20 ms deserves attention)")
-    if (sig.disk_rkb_s_cv is not None and sig.disk_rkb_s_cv < 0.2
-            and (sig.disk_rkb_s_median or 0) > 1024 and fs > 0):
+    if (fx.disk.disk_rkb_s_cv is not None and fx.disk.disk_rkb_s_cv < 0.2
+            and (fx.disk.disk_rkb_s_median or 0) > 1024 and fs > 0):
         fs += 1
-        f.append(f"read throughput flat at ~{sig.disk_rkb_s_median / 1024:.1f} MB/s "  # type: ignore[operator]
-                 f"(variation {sig.disk_rkb_s_cv:.0%}): a ceiling")
-    if sig.psi_io_median_pct is not None and sig.psi_io_median_pct >= 10:
+        f.append(f"read throughput flat at ~{fx.disk.disk_rkb_s_median / 1024:.1f} MB/s "  # type: ignore[operator]
+                 f"(variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling")
+    if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= 10:
         fs += 1
-        f.append(f"I/O pressure: some task stalled on I/O {sig.psi_io_median_pct:.0f}% of "
+        f.append(f"I/O pressure: some task stalled on I/O {fx.host.psi_io_median_pct:.0f}% of "
                  "the time (PSI)")
-    if sig.iowait_median_pct is not None and sig.iowait_median_pct >= 10:
+    if fx.host.iowait_median_pct is not None and fx.host.iowait_median_pct >= 10:
         fs += 1
-        f.append(f"CPU iowait {sig.iowait_median_pct:.0f}%")
-    wc = sig.worker_cpu_pct
-    if sig.workers and wc is not None:
+        f.append(f"CPU iowait {fx.host.iowait_median_pct:.0f}%")
+    wc = fx.loader.worker_cpu_pct
+    if fx.loader.workers and wc is not None:
         if wc >= 80:
             ps += 2
             p.append(f"each worker at {wc:.0f}% CPU (saturated)")
@@ -86,56 +88,56 @@ def _fetch_prep_scores(sig: Signals) -> tuple[int, list[str], int, list[str]]:
         elif wc < 40:
             fs += 1
             f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
-    mc = sig.main_cpu_pct
-    if (not sig.workers and mc is not None and mc >= 80 and (d is None or d < 0.1)
-            and sig.stall_source in ("probe", "stacks")):
+    mc = fx.procs.main_cpu_pct
+    if (not fx.loader.workers and mc is not None and mc >= 80 and (d is None or d < 0.1)
+            and fx.steps.stall_source in ("probe", "stacks")):
         # the training thread measurably waits on its own loading, and the process is busy
         # on the CPU, not blocked on reads: the loading is CPU work (decode, transform)
         ps += 2
         p.append(f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
                  "reads: loading is CPU work")
-    if not sig.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
+    if not fx.loader.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
         # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
         # process barely computes
         fs += 1
         f.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not "
                  "computing")
-    if sig.worker_runq_pct is not None and sig.worker_runq_pct >= 15:
+    if fx.loader.worker_runq_pct is not None and fx.loader.worker_runq_pct >= 15:
         ps += 1
-        p.append(f"workers waiting for a free CPU {sig.worker_runq_pct:.0f}% of the time "
+        p.append(f"workers waiting for a free CPU {fx.loader.worker_runq_pct:.0f}% of the time "
                  "(CPU contention)")
-    if (sig.host_cpu_median_pct is not None and sig.host_cpu_median_pct >= 85
-            and (sig.iowait_median_pct or 0) < 10):
+    if (fx.host.host_cpu_median_pct is not None and fx.host.host_cpu_median_pct >= 85
+            and (fx.host.iowait_median_pct or 0) < 10):
         ps += 1
-        p.append(f"all CPUs busy ({sig.host_cpu_median_pct:.0f}%)")
+        p.append(f"all CPUs busy ({fx.host.host_cpu_median_pct:.0f}%)")
     return fs, f, ps, p
 
 
-def _device_scores(sig: Signals, f: list[str], p: list[str]) -> tuple[int, int]:
+def _device_scores(fx: Facts, f: list[str], p: list[str]) -> tuple[int, int]:
     """The dataset device's part of :func:`_fetch_prep_scores`: its read limit, else its own
     busy share (reasons appended to ``f`` and ``p``); returns (fetch, prep) points."""
-    util = sig.disk_util_median_pct
+    util = fx.disk.disk_util_median_pct
     fs = ps = 0
-    if limited(sig):
+    if limited(fx):
         # a limit stands before the device: the device's own idleness says nothing
         fs += 2
-        f.append(f"reads of {sig.device} reached the trainer's cgroup read limit "
-                 f"({units.rate(units.kib(sig.read_limit_kb_s or 0))}; p95 "
-                 f"{units.rate(units.kib(sig.disk_rkb_s_p95 or 0))})")
+        f.append(f"reads of {fx.disk.device} reached the trainer's cgroup read limit "
+                 f"({units.rate(units.kib(fx.disk.read_limit_kb_s or 0))}; p95 "
+                 f"{units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))})")
     elif util is not None:
         if util >= 80:
             fs += 1
-            f.append(f"{sig.device} busy {util:.0f}% of the time (iostat %util)")
-        elif util < 30 and (sig.disk_rkb_s_median or 0) < 1024:
+            f.append(f"{fx.disk.device} busy {util:.0f}% of the time (iostat %util)")
+        elif util < 30 and (fx.disk.disk_rkb_s_median or 0) < 1024:
             ps += 1
-            p.append(f"{sig.device} mostly idle ({util:.0f}% util)")
+            p.append(f"{fx.disk.device} mostly idle ({util:.0f}% util)")
     return fs, ps
 
 
 @dataclass(frozen=True)
 class _StallSource:
     """How far an input-bound verdict can go on one way of measuring the stall
-    (:attr:`Signals.stall_source`)."""
+    (:attr:`StepFacts.stall_source`)."""
 
     base: float  #: confidence when the fetch/prep evidence is one-sided
     min_stall: float | None  #: the stall it needs; None: no stall is measured
@@ -179,21 +181,21 @@ _INPUT_EVIDENCE = ("stall_fraction", "stall_source", "phase_shares", "stack_samp
                    "read_limit_kb_s")
 
 
-def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
+def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
     """input_bound.fetch / input_bound.prep.
 
     Fires when the trainer waited for data ≥ 15% of step time (probe), or, without the probe,
     when the GPU was idle ≥ 30% of the time, or (no GPU, no probe) when the workers or disk show a
     clear saturation pattern (:data:`_STALL_SOURCES`). fetch vs prep is decided by scoring the
     signals of :func:`_fetch_prep_scores`; the side with more points wins."""
-    how = _STALL_SOURCES.get(sig.stall_source) or _STALL_SOURCES[None]
-    fs, freasons, ps, preasons = _fetch_prep_scores(sig)
-    stall = sig.stall_fraction
+    how = _STALL_SOURCES.get(fx.steps.stall_source) or _STALL_SOURCES[None]
+    fs, freasons, ps, preasons = _fetch_prep_scores(fx)
+    stall = fx.steps.stall_fraction
     if how.min_stall is not None and (stall is None or stall < how.min_stall):
         return []
     if max(fs, ps) < how.min_score:
         return []
-    steady = _steady_stall(data, sig) if how.measured else None
+    steady = _steady_stall(data, fx) if how.measured else None
     if steady is not None:
         # the epoch starts are input_bound.epoch_start's; this finding is about the wait
         # between them, and says so
@@ -203,28 +205,28 @@ def rule_input_bound(data: RunData, sig: Signals) -> list[Finding]:
     fetch = fs > ps
     kind = Kind.INPUT_FETCH if fetch else Kind.INPUT_PREP
     reasons = freasons if fetch else preasons
-    waits = None if fetch or not how.measured else loading_waits(sig, stall)
+    waits = None if fetch or not how.measured else loading_waits(fx, stall)
     if waits is not None:
-        return [_wait_finding(sig, how, stall, steady is not None, waits, fs, ps)]
+        return [_wait_finding(fx, how, stall, steady is not None, waits, fs, ps)]
     margin = abs(fs - ps) / max(fs + ps, 1)
     confidence = how.base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else how.base * 0.5
     severity: Severity = "critical" if stall is not None and stall >= STALL_CRIT else "warning"
-    ev = sig.evidence(*_INPUT_EVIDENCE)
+    ev = fx.evidence(*_INPUT_EVIDENCE)
     ev.update(score_fetch=fs, score_prep=ps, signals=reasons)
-    if sig.samples_per_s is not None:
-        ev["samples_per_s"] = sig.samples_per_s
-    if sig.focus_rank is not None:
-        ev["rank"] = sig.focus_rank
-    tf = is_tf(sig)
-    note = _input_note(sig, tf, how)
+    if fx.steps.samples_per_s is not None:
+        ev["samples_per_s"] = fx.steps.samples_per_s
+    if fx.comm.focus_rank is not None:
+        ev["rank"] = fx.comm.focus_rank
+    tf = is_tf(fx)
+    note = _input_note(fx, tf, how)
     if note:
         ev["note"] = note
-    summary = _input_summary(sig, how, stall, fetch, steady is not None, reasons)
-    fixes = _input_fixes(data, sig, how, fetch, tf)
+    summary = _input_summary(fx, how, stall, fetch, steady is not None, reasons)
+    fixes = _input_fixes(data, fx, how, fetch, tf)
     if tf and not fetch:
-        est = tf_prep_estimate(sig, _speedup(stall))
+        est = tf_prep_estimate(fx, _speedup(stall))
     else:
-        est = _speedup(stall) if fetch else _prep_estimate(sig, stall)
+        est = _speedup(stall) if fetch else _prep_estimate(fx, stall)
     rule = how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
     return [Finding(
         kind=kind,
@@ -250,39 +252,39 @@ WAIT_RUNQ_PCT = 20.0
 WAIT_MAX_WORKERS = 32
 
 
-def loading_waits(sig: Signals, stall: float | None) -> float | None:
+def loading_waits(fx: Facts, stall: float | None) -> float | None:
     """The loading side's CPU (% of one core) when the trainer waits for data while the
     loading neither computes nor reads the disk; None otherwise."""
-    if stall is None or stall < STALL_WARN or is_tf(sig):
+    if stall is None or stall < STALL_WARN or is_tf(fx):
         return None
-    cpu = sig.worker_cpu_pct if sig.workers else sig.main_cpu_pct
+    cpu = fx.loader.worker_cpu_pct if fx.loader.workers else fx.procs.main_cpu_pct
     if cpu is None or cpu >= WAIT_CPU_PCT:
         return None
-    if (sig.worker_runq_pct or 0.0) >= WAIT_RUNQ_PCT:
+    if (fx.loader.worker_runq_pct or 0.0) >= WAIT_RUNQ_PCT:
         return None
-    d = sig.worker_d_share if sig.workers else sig.main_d_share
+    d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
     if d is not None and d >= 0.10:
         return None
     return cpu
 
 
-def _wait_finding(sig: Signals, how: _StallSource, stall: float | None, between_epochs: bool,
+def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epochs: bool,
                   cpu: float, fs: int, ps: int) -> Finding:
     """input_bound.wait: more workers overlap the waits, past the physical cores."""
-    who = (f"the workers use {cpu:.0f}% of a core each" if sig.workers else
+    who = (f"the workers use {cpu:.0f}% of a core each" if fx.loader.workers else
            f"the trainer, which loads its own data (num_workers=0), uses {cpu:.0f}% of a core")
-    reason = (f"{who} and are rarely in D state" if sig.workers else f"{who} and is rarely in "
-              "D state")
-    summary = _input_summary(sig, how, stall, False, between_epochs, [reason],
+    reason = (f"{who} and are rarely in D state" if fx.loader.workers
+              else f"{who} and is rarely in D state")
+    summary = _input_summary(fx, how, stall, False, between_epochs, [reason],
                              what="the loading waits on something other than the CPU or the "
                              "disk (a network or remote store, a lock, a sleep)")
-    nw = _workers_now(sig) or 0
+    nw = _workers_now(fx) or 0
     share = stall or 0.0
     need = 1 / max(1.0 - share, 0.1)
     target = min(WAIT_MAX_WORKERS, max(nw + 2, math.ceil(max(nw, 1) * need)))
     rate = (f"at least {need:.0f}× today's rate" if share >= 0.9 else
             f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate")
-    cores = sig.physical_cores
+    cores = fx.host.physical_cores
     fixes = [Fix(f"num_workers {nw} → {target}",
                  f"{who}: the loading waits rather than computes, so more workers overlap its "
                  f"waits, and more of them than the {cores or 'physical'} cores is fine for "
@@ -292,12 +294,12 @@ def _wait_finding(sig: Signals, how: _StallSource, stall: float | None, between_
                  "worker (at num_workers=0, of the trainer) shows where it waits",
                  "a remote store or a service that answers slowly is fixed at its end, or by "
                  "caching the data locally")]
-    fixes += _loader_fixes(sig)
+    fixes += _loader_fixes(fx)
     if not how.measured:
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
                          "per step", "without the probe the stall is estimated from system "
                          "metrics only (lower confidence)"))
-    ev = sig.evidence(*_INPUT_EVIDENCE)
+    ev = fx.evidence(*_INPUT_EVIDENCE)
     ev.update(score_fetch=fs, score_prep=ps, signals=[reason], loading_cpu_pct=cpu)
     return Finding(
         kind=Kind.INPUT_WAIT,
@@ -312,19 +314,19 @@ def _wait_finding(sig: Signals, how: _StallSource, stall: float | None, between_
     )
 
 
-def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: bool,
+def _input_summary(fx: Facts, how: _StallSource, stall: float | None, fetch: bool,
                    between_epochs: bool, reasons: list[str], what: str | None = None) -> str:
     what = what or ("storage cannot deliver the data fast enough" if fetch else
                     "CPU preprocessing (decode/transform) cannot keep up")
     if stall is not None:
-        who = (f"rank {sig.focus_rank} waited for data {stall:.0%} of its steps"
-               if sig.focus_rank is not None else
+        who = (f"rank {fx.comm.focus_rank} waited for data {stall:.0%} of its steps"
+               if fx.comm.focus_rank is not None else
                f"the trainer waited for data {stall:.0%} of the time")
         if between_epochs:
             who += " between epoch starts"
         src = how.src
-        if sig.stall_source == "probe" and sig.config.get("added_by"):
-            src += f", added by {sig.config['added_by']}: no code in the trainer"
+        if fx.steps.stall_source == "probe" and fx.loader.config.get("added_by"):
+            src += f", added by {fx.loader.config['added_by']}: no code in the trainer"
         summary = f"Input-bound: {who} ({src}); {what}."
     else:
         summary = f"Likely input-bound: {what} (no probe and no GPU to measure the stall)."
@@ -334,14 +336,14 @@ def _input_summary(sig: Signals, how: _StallSource, stall: float | None, fetch: 
     return summary
 
 
-def _input_fixes(data: RunData, sig: Signals, how: _StallSource, fetch: bool, tf: bool
+def _input_fixes(data: RunData, fx: Facts, how: _StallSource, fetch: bool, tf: bool
                  ) -> list[Fix]:
     if tf:  # a tf.data pipeline: its own knobs, not DataLoader arguments
-        fixes = (_fetch_fixes(data, sig, tf=True) + tf_fetch_fixes(data, sig)
-                 if fetch else tf_prep_fixes(data, sig))
+        fixes = (_fetch_fixes(data, fx, tf=True) + tf_fetch_fixes(data, fx)
+                 if fetch else tf_prep_fixes(data, fx))
     else:
-        fixes = _fetch_fixes(data, sig) if fetch else _prep_fixes(sig)
-        fixes += _loader_fixes(sig)
+        fixes = _fetch_fixes(data, fx) if fetch else _prep_fixes(fx)
+        fixes += _loader_fixes(fx)
     if not how.measured:
         fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
                          "per step", "without the probe the stall is estimated from system "
@@ -349,101 +351,103 @@ def _input_fixes(data: RunData, sig: Signals, how: _StallSource, fetch: bool, tf
     return fixes
 
 
-def _input_note(sig: Signals, tf: bool, how: _StallSource) -> str | None:
+def _input_note(fx: Facts, tf: bool, how: _StallSource) -> str | None:
     """Why system metrics alone could not have split this stall from compute."""
     if not how.measured:
         return None
-    if sig.stall_source == "stacks":
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in sig.phase_shares.items())
-        times = f" {sig.stack_samples} times" if sig.stack_samples else ""
+    if fx.steps.stall_source == "stacks":
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in fx.steps.phase_shares.items())
+        times = f" {fx.steps.stack_samples} times" if fx.steps.stack_samples else ""
         return (f"no code in the trainer: its training thread's stack was sampled{times} "
-                f"({sig.stack_sampler}); where its time went: {shares}.")
+                f"({fx.steps.stack_sampler}); where its time went: {shares}.")
     if tf:
         return ("tf.data prepares elements on threads inside the trainer process: the "
                 "probe times each step's wait for its element inside the train "
                 "function, which system metrics alone cannot split from compute.")
-    if not sig.workers:
+    if not fx.loader.workers:
         return ("num_workers=0: loading runs on the training thread, so system metrics "
                 "cannot split it from compute; the probe's data-wait timing does.")
     return None
 
 
-def prep_gain(sig: Signals, target: int, stall: float | None = None) -> float | None:
+def prep_gain(fx: Facts, target: int, stall: float | None = None) -> float | None:
     """The speed-up to expect from ``target`` workers instead of today's, for a prep stall
     (:func:`stallscope.loadermodel.worker_gain`: new workers only add throughput with CPU they
     can use, never more than removing the whole stall would give)."""
-    nw = _workers_now(sig)
-    spare = spare_cores(sig)
-    if not nw or sig.worker_cpu_pct is None or spare is None:
+    nw = _workers_now(fx)
+    spare = spare_cores(fx)
+    if not nw or fx.loader.worker_cpu_pct is None or spare is None:
         return None
-    return worker_gain(nw, target, sig.worker_cpu_pct / 100.0, spare,
-                       sig.stall_fraction if stall is None else stall)
+    return worker_gain(nw, target, fx.loader.worker_cpu_pct / 100.0, spare,
+                       fx.steps.stall_fraction if stall is None else stall)
 
 
-def _prep_estimate(sig: Signals, stall: float | None = None) -> float:
+def _prep_estimate(fx: Facts, stall: float | None = None) -> float:
     """est_speedup of a prep stall: what its first fix is expected to deliver. When that fix is
     more workers, the CPU they can get bounds it; when it is cheaper per-sample work (no idle
     CPU), how much cheaper is the user's choice: the bound is removing the wait entirely."""
-    nw = _workers_now(sig)
-    cores = sig.physical_cores
-    spare = spare_cores(sig)
+    nw = _workers_now(fx)
+    cores = fx.host.physical_cores
+    spare = spare_cores(fx)
     if nw is not None and cores and nw < cores and spare is not None and spare >= BUSY_SPARE:
-        gain = prep_gain(sig, _prep_target(sig, nw, cores), stall)
+        gain = prep_gain(fx, _prep_target(fx, nw, cores), stall)
         if gain is not None:
             return gain
-    return _speedup(sig.stall_fraction if stall is None else stall)
+    return _speedup(fx.steps.stall_fraction if stall is None else stall)
 
 
-def _prep_target(sig: Signals, nw: int, cores: int) -> int:
+def _prep_target(fx: Facts, nw: int, cores: int) -> int:
     """The workers a prep stall asks for (:func:`stallscope.loadermodel.workers_target`),
     below any count the run's autotune measured no faster than today's."""
-    target = workers_target(nw, sig.stall_fraction or 0.0, cores)
-    slower = _autotune_slower(sig, nw)
+    target = workers_target(nw, fx.steps.stall_fraction or 0.0, cores)
+    slower = _autotune_slower(fx, nw)
     return target if slower is None else min(target, slower - 1)
 
 
-def _autotune_slower(sig: Signals, nw: int) -> int | None:
+def _autotune_slower(fx: Facts, nw: int) -> int | None:
     """The fewest workers above ``nw`` that the run's own autotune measured no faster (by
     :data:`~stallscope.loadermodel.MIN_GAIN`) than ``nw`` or fewer; None without one."""
-    tuned = sig.config.get("autotune")
-    trials = tuned.get("trials") if isinstance(tuned, dict) else None
-    if not isinstance(trials, list):
+    tuned = fx.loader.config.get("autotune")
+    # facts are read-only: tables are mappings, lists tuples
+    trials = tuned.get("trials") if isinstance(tuned, Mapping) else None
+    if not isinstance(trials, (list, tuple)):
         return None
     pairs = [(t["num_workers"], float(t["steps_per_s"])) for t in trials
-             if isinstance(t, dict) and type(t.get("num_workers")) is int
+             if isinstance(t, Mapping) and type(t.get("num_workers")) is int
              and isinstance(t.get("steps_per_s"), (int, float))
              and math.isfinite(t["steps_per_s"])]
     return workers_measured_slower(pairs, nw)
 
 
-def _prep_fixes(sig: Signals) -> list[Fix]:
+def _prep_fixes(fx: Facts) -> list[Fix]:
     fixes: list[Fix] = []
-    nw = _workers_now(sig)
-    cores = sig.physical_cores
-    stall = sig.stall_fraction or 0.0
-    spare = spare_cores(sig)
+    nw = _workers_now(fx)
+    cores = fx.host.physical_cores
+    stall = fx.steps.stall_fraction or 0.0
+    spare = spare_cores(fx)
     if nw is not None and cores and nw < cores and spare is not None and spare < BUSY_SPARE:
-        busy = sig.host_cpu_median_pct or 0.0
+        busy = fx.host.host_cpu_median_pct or 0.0
         fixes.append(Fix(
             "make per-sample work cheaper: decode at lower resolution, move augmentation to "
             "the GPU, or preprocess once offline",
             f"the CPUs are already {busy:.0f}% busy: more workers would only share the same "
             "cores"))
     if nw is not None and cores:
-        target = _prep_target(sig, nw, cores)
-        gain = prep_gain(sig, target)
-        slower = _autotune_slower(sig, nw)
+        target = _prep_target(fx, nw, cores)
+        gain = prep_gain(fx, target)
+        slower = _autotune_slower(fx, nw)
         if fixes:  # the CPUs are busy: more workers would contradict the fix above
             pass
         elif nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
             fixes.append(Fix(
                 f"num_workers {nw} → {target} ({cores} physical cores"
-                + (f", workers at {sig.worker_cpu_pct:.0f}% CPU" if sig.worker_cpu_pct else "")
+                + (f", workers at {fx.loader.worker_cpu_pct:.0f}% CPU"
+                   if fx.loader.worker_cpu_pct else "")
                 + ")",
                 f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
                 f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
                 "cores only adds context switches"
-                + _gain_note(sig, target), gain, {"num_workers": target}))
+                + _gain_note(fx, target), gain, {"num_workers": target}))
         elif slower is not None and target <= nw:
             fixes.append(Fix(
                 "make per-sample work cheaper: decode at lower resolution, move augmentation "
@@ -463,29 +467,29 @@ def _prep_fixes(sig: Signals) -> list[Fix]:
     return fixes
 
 
-def _gain_note(sig: Signals, target: int) -> str:
-    gain = prep_gain(sig, target)
-    spare = spare_cores(sig)
+def _gain_note(fx: Facts, target: int) -> str:
+    gain = prep_gain(fx, target)
+    spare = spare_cores(fx)
     if gain is None or spare is None:
         return ""
-    return (f"; expected ×{gain:.2f}: the workers use {sig.worker_cpu_pct:.0f}% of a core "
+    return (f"; expected ×{gain:.2f}: the workers use {fx.loader.worker_cpu_pct:.0f}% of a core "
             f"each and {spare:.1f} core(s) sat idle")
 
 
-def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
+def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
     """Fixes for a fetch stall. ``tf``: only the storage-level ones (the tf.data pipeline's
     own come from :func:`~stallscope.analysis.diagnose.tfdata.tf_fetch_fixes`)."""
     fixes: list[Fix] = []
-    dev = sig.device
+    dev = fx.disk.device
     info = data.device_info().get(dev or "", {})
-    aw = sig.disk_r_await_median_ms
+    aw = fx.disk.disk_r_await_median_ms
     kind = ("virtual/network disk" if info.get("virtual") else
             "rotational" if info.get("rotational") else info.get("kind") or "")
-    capped = (aw is not None and aw < 10 and (sig.disk_util_median_pct or 0) < 50
-              and (sig.worker_d_share or sig.main_d_share or 0) >= 0.25)
-    if dev and limited(sig):
-        limit = units.kib(sig.read_limit_kb_s or 0.0)
-        p95 = units.rate(units.kib(sig.disk_rkb_s_p95 or 0))
+    capped = (aw is not None and aw < 10 and (fx.disk.disk_util_median_pct or 0) < 50
+              and (fx.loader.worker_d_share or fx.procs.main_d_share or 0) >= 0.25)
+    if dev and limited(fx):
+        limit = units.kib(fx.disk.read_limit_kb_s or 0.0)
+        p95 = units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))
         fixes.append(Fix(f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
                          f"({units.rate(limit)}): raise or lift the I/O limit (cgroup io.max / "
                          "blkio throttle, `docker run --device-read-bps`, the pod's I/O limits), "
@@ -494,9 +498,10 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
                          f"{units.rate(limit)}"))
     elif dev and capped:
         # what the trainer itself gets; the device total also counts other processes
-        rate = sig.worker_read_kb_s or sig.main_read_kb_s or sig.disk_rkb_s_median or 0.0
-        util = sig.disk_util_median_pct or 0.0
-        who = "workers" if sig.workers else "the trainer's threads"
+        rate = (fx.loader.worker_read_kb_s or fx.procs.main_read_kb_s
+                or fx.disk.disk_rkb_s_median or 0.0)
+        util = fx.disk.disk_util_median_pct or 0.0
+        who = "workers" if fx.loader.workers else "the trainer's threads"
         fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
                          f"~{units.rate(units.kib(rate))}, device not busy, {who} waiting): "
                          "raise "
@@ -506,42 +511,42 @@ def _fetch_fixes(data: RunData, sig: Signals, *, tf: bool = False) -> list[Fix]:
                          f"{aw:.0f} ms await: the limit is above the device"))
     elif dev:
         detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
-                                       f"{sig.disk_util_median_pct:.0f}% util"
-                                       if sig.disk_util_median_pct is not None else "") if x)
+                                       f"{fx.disk.disk_util_median_pct:.0f}% util"
+                                       if fx.disk.disk_util_median_pct is not None else "") if x)
         fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
                          + ("" if tf else
                             ", or pack it with `stallscope pack SRC DST` to read sequentially"),
                          "the device serves reads too slowly for the trainer"))
     if tf:
         return fixes
-    rq = sig.disk_rareq_kb_median
-    if rq is not None and rq < 64 and (sig.disk_r_s_median or 0) > 50:
+    rq = fx.disk.disk_rareq_kb_median
+    if rq is not None and rq < 64 and (fx.disk.disk_r_s_median or 0) > 50:
         fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
-                         f"reads average {rq:.0f} kB at {sig.disk_r_s_median:.0f} r/s: "
+                         f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
                          "many small random reads, each paying a seek/metadata lookup"))
     size = data.dataset_bytes
-    avail = sig.mem_available_min_mib
+    avail = fx.host.mem_available_min_mib
     if size and avail and size / 1048576 < 0.7 * avail:
         fixes.append(Fix(f"dataset {units.size(size)} < available RAM "
                          f"{units.size(units.mib(avail))}: cache it in memory (or copy it to "
                          "/dev/shm or local disk first)",
                          "after one pass every read is served from RAM"))
-    nw = _workers_now(sig)
-    if nw is not None and sig.physical_cores and nw < min(4, sig.physical_cores) \
+    nw = _workers_now(fx)
+    if nw is not None and fx.host.physical_cores and nw < min(4, fx.host.physical_cores) \
             and not (info.get("rotational") and not info.get("virtual")):
-        fixes.append(Fix(f"num_workers {nw} → {min(4, sig.physical_cores)} to keep more reads "
+        fixes.append(Fix(f"num_workers {nw} → {min(4, fx.host.physical_cores)} to keep more reads "
                          "in flight", "SSD/NVMe serve parallel reads faster than one at a time; "
                          "on a spinning disk this adds seeks instead"))
     return fixes
 
 
-def _loader_fixes(sig: Signals) -> list[Fix]:
+def _loader_fixes(fx: Facts) -> list[Fix]:
     fixes: list[Fix] = []
-    cfg = sig.config
-    if (cfg.get("num_workers") and cfg.get("persistent_workers") is False and sig.epochs >= 2
-            and (sig.epoch_start_wait_s or 0) > 1.0):
+    cfg = fx.loader.config
+    if (cfg.get("num_workers") and cfg.get("persistent_workers") is False and fx.steps.epochs >= 2
+            and (fx.steps.epoch_start_wait_s or 0) > 1.0):
         fixes.append(Fix("persistent_workers=True",
-                         f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
+                         f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
                          "epoch boundaries", change={"persistent_workers": True}))
     if cfg.get("num_workers") and cfg.get("prefetch_factor") in (1,):
         fixes.append(Fix("prefetch_factor=2 (or more)",
@@ -550,10 +555,10 @@ def _loader_fixes(sig: Signals) -> list[Fix]:
     return fixes
 
 
-def _steady_stall(data: RunData, sig: Signals) -> float | None:
+def _steady_stall(data: RunData, fx: Facts) -> float | None:
     """The stall between epoch starts, when input_bound.epoch_start fires (else None)."""
-    total = sig.epoch_start_total_s
-    if total is None or not rule_epoch_start(data, sig):
+    total = fx.steps.epoch_start_total_s
+    if total is None or not rule_epoch_start(data, fx):
         return None
     first: dict[int, int] = {}
     for s in data.steps:  # each rank's first step is its start-up, left out as in the stall
@@ -564,24 +569,24 @@ def _steady_stall(data: RunData, sig: Signals) -> float | None:
     return 0.0 if wall <= 0 else round(max(0.0, wait) / wall, 3)
 
 
-def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
+def rule_epoch_start(data: RunData, fx: Facts) -> list[Finding]:
     """input_bound.epoch_start: the first step of every epoch waits ≥ 1 s longer than an
     ordinary step (median over epochs ≥ 1), in ≥ 2 epochs, and those waits add up to ≥ 5% of
     the steps' wall time: DataLoader workers restarted each epoch (no persistent_workers), or a
     dataset or sampler rebuilt each epoch. Caught even when the stall over the whole run is
     small, because it recurs."""
-    cost, total = sig.epoch_start_cost_s, sig.epoch_start_total_s
-    if cost is None or total is None or sig.epochs < 3 or cost < 1.0:
+    cost, total = fx.steps.epoch_start_cost_s, fx.steps.epoch_start_total_s
+    if cost is None or total is None or fx.steps.epochs < 3 or cost < 1.0:
         return []
     wall = sum(s.wait_s + s.host_s for s in data.steps)
     if wall <= 0 or total / wall < 0.05:
         return []
-    cfg = sig.config
+    cfg = fx.loader.config
     fixes = []
     gain = round(wall / (wall - total), 2)
     if cfg.get("num_workers") and cfg.get("persistent_workers") is False:
         fixes.append(Fix("persistent_workers=True",
-                         f"workers restart each epoch: {sig.epoch_start_wait_s:.1f} s gap at "
+                         f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
                          "epoch boundaries", gain, {"persistent_workers": True}))
     fixes.append(Fix("build the dataset, its index and the sampler once, outside the epoch "
                      "loop; open files or databases lazily in each worker and keep them",
@@ -592,26 +597,26 @@ def rule_epoch_start(data: RunData, sig: Signals) -> list[Finding]:
         severity="critical" if share >= STALL_CRIT else "warning",
         confidence=0.8,
         summary=f"Every epoch starts with a {cost:.1f} s wait for the first batch "
-                f"({sig.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
+                f"({fx.steps.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
                 "time): the input pipeline restarts at each epoch boundary. The speed-up "
                 "counts only those waits: a restart also slows the steps around it (forks, "
                 "prefetch bursts), so expect at least that much.",
-        evidence=sig.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
+        evidence=fx.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
                  "epoch_start_total_s", "wait_ms_median", "workers"),
         fixes=fixes,
         est_speedup=gain,
-        rule=f"epoch start cost {cost:.1f} s ≥ 1 s over {sig.epochs} epochs, "
+        rule=f"epoch start cost {cost:.1f} s ≥ 1 s over {fx.steps.epochs} epochs, "
              f"{share:.0%} ≥ 5% of step time",
     )]
 
 
-def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
+def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
     """h2d_bound: host-to-device copies take ≥ 15% of step time (probe h2d timing)."""
-    share = sig.h2d_share
+    share = fx.steps.h2d_share
     if share is None or share < 0.15:
         return []
     fixes = []
-    if not sig.config.get("pin_memory"):
+    if not fx.loader.config.get("pin_memory"):
         fixes.append(Fix("pin_memory=True and .to(device, non_blocking=True)",
                          "pageable memory is copied twice and blocks the host"))
     fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
@@ -619,25 +624,24 @@ def rule_h2d(data: RunData, sig: Signals) -> list[Finding]:
     h2d_sev: Severity = "critical" if share >= 0.4 else "warning"
     return [Finding(kind=Kind.H2D_BOUND, severity=h2d_sev, confidence=0.85,
                     summary=f"Host-to-device copies take {share:.0%} of step time.",
-                    evidence=sig.evidence("h2d_share", "step_ms_median") | {"pin_memory":
-                                                                   sig.config.get("pin_memory")},
+                    evidence=fx.evidence("h2d_share", "step_ms_median") | {"pin_memory":
+                                                                   fx.loader.config.get("pin_memory")},
                     fixes=fixes, est_speedup=_speedup(share), rule=f"h2d share {share:.0%} ≥ 15%")]
 
 
-def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
+def rule_tf_blind(data: RunData, fx: Facts) -> list[Finding]:
     """data_wait_unknown for a TensorFlow trainer without the probe and without a GPU: tf.data
     prepares elements on threads inside the trainer process, beside the threads that run the
     training step, and neither their names nor their CPU tell the two apart (TF 2.21 leaves
     both on unnamed inter-op threads). The run is never called compute-bound then."""
-    if not sig.tf_trainer or sig.stall_source is not None or sig.gpus:
+    if not fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus:
         return []
     return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
-                    summary=f"A TensorFlow trainer at {sig.main_cpu_pct or 0:.0f}% CPU: tf.data "
-                            "runs "
-                    "its input pipeline on threads inside the trainer, which system metrics "
-                    "cannot tell from the training step's, so whether it waits for data is not "
-                    "known without the probe.",
-                    evidence=sig.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
+                    summary=f"A TensorFlow trainer at {fx.procs.main_cpu_pct or 0:.0f}% CPU: "
+                    "tf.data runs its input pipeline on threads inside the trainer, which "
+                    "system metrics cannot tell from the training step's, so whether it waits "
+                    "for data is not known without the probe.",
+                    evidence=fx.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
                                  "disk_util_median_pct"),
                     fixes=[Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
                          "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
@@ -652,29 +656,29 @@ def rule_tf_blind(data: RunData, sig: Signals) -> list[Finding]:
 YOUNG_RUN_S = 30.0
 
 
-def rule_loading_in_trainer(data: RunData, sig: Signals) -> list[Finding]:
+def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
     """data_wait_unknown for a CPU trainer without DataLoader worker processes, the probe or a
     GPU (PyTorch ``num_workers=0``, a threaded decoder, a hand-written loop): it loads and
     prepares data on its own threads between its steps, and CPU time spent decoding looks
     exactly like CPU time spent computing. The run is never called compute-bound then: a
     ``num_workers=0`` trainer that waited for its own loading 90% of the time looked healthy."""
-    if sig.tf_trainer or sig.stall_source is not None or sig.gpus or sig.workers \
-            or sig.samples < 3:
+    if fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus \
+            or fx.loader.workers or fx.run.samples < 3:
         return []
-    if data.meta.get("end") is None and (sig.duration_s or 0.0) < YOUNG_RUN_S:
+    if data.meta.get("end") is None and (fx.run.duration_s or 0.0) < YOUNG_RUN_S:
         # a run still starting (the verdict so far in `top`): its DataLoader may not have
         # started its workers yet; "it has none" is not claimed before it could be seen
         return []
-    read = sig.main_read_kb_s
+    read = fx.procs.main_read_kb_s
     reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
              else "")
     return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
                     summary="The trainer has no DataLoader worker processes: it loads and "
-                            "prepares "
-                    f"data on its own threads between its steps{reads}, and system metrics "
-                    f"cannot tell that time from compute ({sig.main_cpu_pct or 0:.0f}% CPU), so "
-                    "whether it waits for data is not known without the probe.",
-                    evidence=sig.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share",
+                    f"prepares data on its own threads between its steps{reads}, and system "
+                    f"metrics cannot tell that time from compute "
+                    f"({fx.procs.main_cpu_pct or 0:.0f}% CPU), so whether it waits for data "
+                    "is not known without the probe.",
+                    evidence=fx.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share",
                                           "workers", "host_cpu_median_pct",
                                           "disk_util_median_pct"),
                     fixes=[Fix("wrap the loader with stallscope.watch(loader)",
