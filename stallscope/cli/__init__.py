@@ -187,6 +187,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        _check_out(args)
         code: int = args.func(args)
         return code
     except StallscopeError as exc:
@@ -201,6 +202,25 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return 130
     except BrokenPipeError as exc:  # written to stdout without going through sys.stdout
         raise OutputError(exc) from exc
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """The runs folder of a command that has one (``--out``, else ``$STALLSCOPE_OUT``) refused
+    in one line when its name cannot be a folder here (:func:`~stallscope.store.paths.
+    out_problem`): too long (``ENAMETOOLONG`` from the first ``stat``) or not UTF-8 (the run
+    index could not hold it)."""
+    if not hasattr(args, "out"):
+        return
+    from stallscope.errors import UsageError
+    from stallscope.store.paths import DEFAULT_OUT, default_out, out_problem
+    from stallscope.textsafe import plain
+
+    given = args.out not in (None, DEFAULT_OUT)
+    out = str(args.out) if given else default_out()
+    why = out_problem(out)
+    if why:
+        raise UsageError(f"{'--out' if given else '$STALLSCOPE_OUT'} {plain(out, 100)} {why}; "
+                         "give a folder whose name is UTF-8 and fits")
 
 
 if __name__ == "__main__":

@@ -16,20 +16,23 @@ def _start_sampler() -> None:
         return
     try:
         try:
-            from stallscope.sources.stacks.inproc import start
+            from stallscope.sources.stacks.inproc import rate_from_env, start
         except ImportError:  # a Python without stallscope installed: use this copy
             root = os.path.dirname(os.path.dirname(os.path.dirname(
                 os.path.abspath(__file__))))
             sys.path.append(root)
-            from stallscope.sources.stacks.inproc import start
-        start(run_dir, float(rate))
+            from stallscope.sources.stacks.inproc import rate_from_env, start
+        start(run_dir, rate_from_env())
         from stallscope.integrations.autokeras import install
 
         install()
     except Exception as exc:  # one line, never the trainer's problem
         try:
+            # the error may quote $STALLSCOPE_RUN_DIR: shown safe for a terminal, clipped
+            from stallscope.textsafe import error_text
+
             sys.stderr.write(f"stallscope: no stack sampling in pid {os.getpid()}: "
-                             f"{type(exc).__name__}: {exc}\n")
+                             f"{error_text(f'{type(exc).__name__}: {exc}')}\n")
         except Exception:
             pass
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from stallscope.errors import warn as _warn
+from stallscope.textsafe import error_text
 
 __all__ = ["LOGGER", "Notices", "warn"]
 
@@ -20,8 +21,11 @@ LOGGER = "stallscope.probe"
 
 
 def warn(msg: str) -> None:
-    """``msg`` as a warning of the probe's logger; never raises."""
-    _warn(msg, LOGGER)
+    """``msg`` as a warning of the probe's logger; never raises. Its text is made safe for a
+    terminal first (:func:`~stallscope.textsafe.error_text`: control characters shown as
+    ``\\x1b``, each line clipped): it quotes paths and values from the environment
+    (``$STALLSCOPE_RUN_DIR``, ``$STALLSCOPE_ALERTS``) and the errors naming them."""
+    _warn(error_text(msg), LOGGER)
 
 
 class Notices:
@@ -42,6 +46,7 @@ class Notices:
         if key in self._said:
             return
         self._said.add(key)
+        msg = error_text(msg)  # the run's events are shown by `show` and the report as well
         warn(msg)
         if key not in self.STDERR_ONLY:
             self.unsent.append((time.time(), f"rank {self.rank}: {msg}"))

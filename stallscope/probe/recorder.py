@@ -45,6 +45,7 @@ from stallscope.probe.standalone import env_int, group_from_env, interval_from_e
 from stallscope.probe.writer import CLOSE_WAIT_S, DEFAULT_FLUSH_S, StepWriter
 from stallscope.sources.comm import CLOCK as COMM
 from stallscope.sources.comm import install_if_distributed
+from stallscope.textsafe import plain
 
 __all__ = [
     "CLOSE_WAIT_S",
@@ -98,7 +99,7 @@ def machine_config() -> dict[str, Any]:
                            "stallscope": __version__, "logical_cores": os.cpu_count()}
     added = os.environ.get("STALLSCOPE_PROBE_ADDED")
     if added:  # the trainer has no stallscope code: `stallscope run` added the probe
-        cfg["added_by"] = added[:100]
+        cfg["added_by"] = plain(added, 100)  # shown in findings: no escape sequence
     try:
         import psutil
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from stallscope.probe.notices import warn
+from stallscope.probe.notices import LOGGER, warn
 
 if TYPE_CHECKING:
     from stallscope.collect.session import Session
@@ -33,50 +33,37 @@ __all__ = ["DEFAULT_COLLECT_S", "ExitStatus", "StandaloneRun", "default_label", 
 DEFAULT_COLLECT_S = 5.0
 
 
+#: the launcher's rank and world size variables this probe reads, at most this (a million ranks)
+MAX_RANKS = 1 << 20
+
+
 def env_int(name: str) -> int | None:
-    """``$name`` as an int, None when unset or not a number."""
-    v = os.environ.get(name)
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        return None
+    """``$name`` as an int from 0 to :data:`MAX_RANKS` (a rank or a world size), None when
+    unset; anything else is said once and counts as unset."""
+    from stallscope.envvars import env_number
+
+    v = env_number(name, int, 0, MAX_RANKS, -1, instead="ignored", logger=LOGGER)
+    return None if v < 0 else v
 
 
 def interval_from_env() -> float:
-    """``$STALLSCOPE_INTERVAL`` seconds, else :data:`DEFAULT_COLLECT_S` (said once if bad)."""
-    v = os.environ.get("STALLSCOPE_INTERVAL")
-    if not v:
-        return DEFAULT_COLLECT_S
-    try:
-        f = float(v)
-        if f > 0:
-            return f
-    except ValueError:
-        pass
-    warn(f"STALLSCOPE_INTERVAL={v!r} is not a positive number of seconds; using "
-          f"{DEFAULT_COLLECT_S:g}")
-    return DEFAULT_COLLECT_S
+    """``$STALLSCOPE_INTERVAL`` seconds, between 0.1 and 3600 as ``--interval``, else
+    :data:`DEFAULT_COLLECT_S` (said once if bad: ``inf`` or ``1e309`` would stop the collector's
+    thread)."""
+    from stallscope.envvars import env_number
+
+    return env_number("STALLSCOPE_INTERVAL", float, 0.1, 3600, DEFAULT_COLLECT_S,
+                      kind="seconds", logger=LOGGER)
 
 
 def group_from_env() -> float:
     """``$STALLSCOPE_GROUP_MS`` as seconds (0: a step record per step), else
     :data:`~stallscope.probe.buffer.GROUP_S` (said once if bad)."""
+    from stallscope.envvars import env_number
     from stallscope.probe.buffer import GROUP_S
 
-    v = os.environ.get("STALLSCOPE_GROUP_MS")
-    if not v:
-        return GROUP_S
-    try:
-        f = float(v)
-        if 0 <= f <= 60_000:
-            return f / 1000.0
-    except ValueError:
-        pass
-    warn(f"STALLSCOPE_GROUP_MS={v!r} is not a number of milliseconds from 0 to 60000; using "
-         f"{GROUP_S * 1000:g}")
-    return GROUP_S
+    return env_number("STALLSCOPE_GROUP_MS", float, 0, 60_000, GROUP_S * 1000.0,
+                      kind="milliseconds", logger=LOGGER) / 1000.0
 
 
 def default_label() -> str:
@@ -112,8 +99,11 @@ def standalone_rules() -> Any:
         try:
             return load_rules(path)
         except UsageError as exc:
-            warn(f"STALLSCOPE_ALERTS: {str(exc).splitlines()[0]}; using the shipped alert "
-                  "rules")
+            from stallscope.textsafe import plain
+
+            # the file's name is the user's text: the error quoting it is shown, clipped
+            warn(f"STALLSCOPE_ALERTS: {plain(str(exc).splitlines()[0], 300)}; using the "
+                 "shipped alert rules")
     return parse_rules({}, "defaults")
 
 
@@ -199,9 +189,13 @@ def start_standalone(label: str, interval: float, *, start: float) -> Standalone
     ``$WORLD_SIZE`` > 1) share one directory named after the launcher; only the node's local
     rank 0 writes ``meta.json`` and samples the machine. Raises when no directory can be made."""
     from stallscope.store import base_meta, new_run_dir, write_meta
-    from stallscope.store.paths import default_out
+    from stallscope.store.paths import default_out, out_problem
+    from stallscope.textsafe import plain
 
     out = default_out()
+    why = out_problem(out)
+    if why:  # said by the writer as why no run is written; the training goes on
+        raise ValueError(f"$STALLSCOPE_OUT {plain(out, 100)} {why}")
     lead, root_pid, run_dir = True, os.getpid(), None
     world = env_int("LOCAL_WORLD_SIZE") or env_int("WORLD_SIZE") or 1
     if world > 1:

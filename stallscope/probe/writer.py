@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallscope import forksafe
+from stallscope import forksafe, textsafe
 from stallscope.probe.buffer import RawStep, StepRecord
 from stallscope.probe.notices import warn
 from stallscope.probe.standalone import ExitStatus
@@ -99,8 +99,9 @@ class StepWriter:
         try:
             self._open()
         except Exception as exc:  # no run directory: training goes on, records are counted lost
-            rec.notices.say("open", f"cannot write step records to {self.run_dir or 'a new run'}"
-                            f": {exc}; training continues without them")
+            where = textsafe.plain(self.run_dir, 200) if self.run_dir else "a new run"
+            rec.notices.say("open", f"cannot write step records to {where}: {exc}; training "
+                            "continues without them")
         finally:
             self.ready.set()
         if self._session is not None:
@@ -212,8 +213,9 @@ class StepWriter:
             store.set_probe(rec.rank, rec.pid, rec.stored_config(), self.written, dropped_now)
         except Exception as exc:  # disk full, locked too long, read-only: count, say once
             self.lost += steps
-            rec.notices.say("write", f"cannot write step records to {self.run_dir}: {exc}; "
-                            "training continues")
+            where = textsafe.plain(self.run_dir, 200)
+            rec.notices.say("write", f"cannot write step records to {where}: {exc}; training "
+                            "continues")
             return 0
         return n
 
@@ -284,7 +286,7 @@ class StepWriter:
         try:
             self._finish()
         except Exception as exc:  # at exit: tell, never raise
-            warn(f"could not finish the run in {self.run_dir}: {exc}")
+            warn(f"could not finish the run in {textsafe.plain(self.run_dir, 200)}: {exc}")
 
     def _finish(self) -> None:
         try:

@@ -258,7 +258,11 @@ def _dist_info() -> tuple[int, int]:
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    from stallscope.envvars import env_number
+
+    # a bad value is said once and taken as a single process (it raised ValueError here)
+    world = env_number("WORLD_SIZE", int, 1, 1 << 20, 1, instead="taking 1, rank 0")
+    return (env_number("RANK", int, 0, world - 1, 0) if world > 1 else 0), world
 
 
 class _ShardIterable:

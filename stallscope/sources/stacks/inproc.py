@@ -41,7 +41,7 @@ from stallscope.sources.stacks.aggregate import (
 )
 from stallscope.sources.stacks.phases import Frame
 
-__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "stack_key", "start", "walk"]
+__all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "rate_from_env", "stack_key", "start", "walk"]
 
 #: samples per second of the training thread
 DEFAULT_RATE_HZ = 40.0
@@ -193,6 +193,16 @@ class InProcSampler:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=1.0)
         self.flush(final=True)
+
+
+def rate_from_env() -> float:
+    """``$STALLSCOPE_STACKS_HZ`` (``stallscope run --stack-rate``), between 1 and 1000 as that
+    option; :data:`DEFAULT_RATE_HZ` when unset or bad (said once: ``inf`` would spin the
+    sampler's thread, ``0`` divide by zero)."""
+    from stallscope.envvars import env_number
+
+    return env_number("STALLSCOPE_STACKS_HZ", float, 1, 1000, DEFAULT_RATE_HZ,
+                      kind="samples a second")
 
 
 def start(run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ) -> InProcSampler:
