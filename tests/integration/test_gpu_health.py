@@ -78,9 +78,9 @@ def test_the_slow_values_come_from_the_helper_thread_never_from_sample(
     """This recording's GPM has no PCIe rates: the helper thread reads NVML's 20-ms window."""
     import threading
 
-    import stallscope.sources.gpu as gpu_mod
+    import stallscope.sources.gpu.slow as slow_mod
 
-    monkeypatch.setattr(gpu_mod, "PCIE_FALLBACK_S", 0.05)
+    monkeypatch.setattr(slow_mod, "PCIE_FALLBACK_S", 0.05)
     replay = NvmlReplay(recorded())
     source = GpuSource(replay)
     source.open()
