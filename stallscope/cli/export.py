@@ -144,7 +144,8 @@ def _write_parquet(path: str, columns: dict[str, str], rows: list[tuple[Any, ...
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise UsageError("parquet export needs pyarrow: pip install pyarrow") from None
+        raise UsageError("parquet export needs pyarrow: pip install 'stallscope[parquet]'"
+                         ) from None
     types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64()}
     arrays = [pa.array([r[i] for r in rows], type=types[kind])
               for i, kind in enumerate(columns.values())]
