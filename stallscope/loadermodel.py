@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["ALIKE", "CPU_BOUND_SHARE", "KEEPS_UP", "MEM_SHARE", "MIN_GAIN", "NEAR_BEST",
-           "alike", "gains", "keeps_up", "rate", "stall_cap", "worker_gain",
-           "workers_measured_slower", "workers_target"]
+__all__ = ["ALIKE", "AT_READ_LIMIT", "CPU_BOUND_SHARE", "KEEPS_UP", "KEEPS_UP_PACE", "MEM_SHARE",
+           "MIN_GAIN", "NEAR_BEST", "alike", "gains", "keeps_up", "rate", "stall_cap",
+           "worker_gain", "workers_measured_slower", "workers_target"]
 
 #: below this share of the time waiting for data the loader keeps up: more tuning cannot help
 KEEPS_UP = 0.05
@@ -37,6 +37,14 @@ MIN_GAIN = 1.05
 ALIKE = 0.97
 #: a prediction: the fewest workers within this share of the best predicted rate
 NEAR_BEST = 0.98
+#: a configuration whose loader keeps up (:data:`KEEPS_UP`) counts as keeping up, and is the
+#: one to recommend, while its rate is at least this share of the fastest one measured; below
+#: it, the low wait comes from a step slowed beside the workers (they took its cores), not from
+#: a loader that keeps up
+KEEPS_UP_PACE = 0.95
+#: a rate at this share of what the storage lets through (the cgroup's read limit) is at that
+#: limit: more batches in flight cannot raise it
+AT_READ_LIMIT = 0.95
 #: the trainer and its workers keep this share of the usable cores busy: the CPU is the bound,
 #: and batches in flight (prefetch_factor) add no CPU
 CPU_BOUND_SHARE = 0.75

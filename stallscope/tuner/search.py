@@ -46,9 +46,12 @@ from stallscope import units
 from stallscope.analysis.facts.build import OTHERS_BUSY_CORES
 from stallscope.loadermodel import (
     ALIKE,
+    AT_READ_LIMIT,
     CPU_BOUND_SHARE,
+    KEEPS_UP_PACE,
     MEM_SHARE,
     MIN_GAIN,
+    NEAR_BEST,
     alike,
     gains,
     keeps_up,
@@ -172,7 +175,7 @@ class Search:
     def _best(self) -> Trial | None:
         if self.preferred is not None:
             return self.preferred
-        ok = [t for t in self.trials if t.status == "ok" and t.samples_per_s and t.swap_in == 0]
+        ok = [t for t in self.trials if _eligible(t)]
         return max(ok, key=lambda t: t.samples_per_s or 0.0) if ok else None
 
     def _tried(self, config: dict[str, Any]) -> Trial | None:
@@ -266,10 +269,11 @@ class Search:
     def _keeps_up(self, t: Trial | None) -> bool:
         """The input keeps up with the step in ``t``, and ``t`` is as fast as the best: a low
         data wait because the step itself slowed (workers taking its cores) does not count."""
-        if t is None or t.status != "ok" or not keeps_up(t.data_wait_share):
+        if t is None or not _eligible(t) or not keeps_up(t.data_wait_share):
             return False
         best = self._best()
-        return best is None or (t.samples_per_s or 0.0) >= 0.95 * (best.samples_per_s or 0.0)
+        return best is None or (t.samples_per_s or 0.0) >= KEEPS_UP_PACE * (
+            best.samples_per_s or 0.0)
 
     def _failed(self, t: Trial) -> bool:
         """``t`` failed: stop the search, saying the dataset must work in workers first."""
@@ -280,12 +284,24 @@ class Search:
         return True
 
     def _stop_if_keeps_up(self, t: Trial) -> bool:
-        """The input keeps up at ``t``: stop the search, saying so."""
+        """The input keeps up at ``t``: stop the search, saying so, and recommend ``t`` (the
+        configuration the stop names), also where a trial without that pace measured up to
+        ``1 - KEEPS_UP_PACE`` faster (its wait says the step was slowed or the loader lags)."""
         if not self._keeps_up(t):
             return False
         self.stopped = (f"the input keeps up with the training step at num_workers="
                         f"{t.config.get('num_workers', 0)} (data wait "
                         f"{100 * (t.data_wait_share or 0):.1f}%): more tuning cannot help")
+        fastest = self._best()
+        if fastest is not None and fastest is not t:
+            self.preferred = t
+            self.notes.append(
+                f"num_workers={t.config.get('num_workers', 0)} keeps up (data wait "
+                f"{100 * (t.data_wait_share or 0):.1f}%) at {t.samples_per_s or 0:,.0f} "
+                f"samples/s, within {1 - KEEPS_UP_PACE:.0%} of num_workers="
+                f"{fastest.config.get('num_workers', 0)} ({fastest.samples_per_s or 0:,.0f} "
+                f"samples/s, data wait {100 * (fastest.data_wait_share or 0):.1f}%): the "
+                "configuration the input keeps up at is recommended")
         return True
 
     def _search(self) -> None:
@@ -315,7 +331,7 @@ class Search:
             self.notes.append(f"prefetch_factor not tried: {_short(best.config)} keeps the "
                               f"{self.cores} usable cores {self._tree_share(best):.0%} busy")
         elif w > 0 and self.storage_bound and \
-                (best.samples_per_s or 0.0) >= 0.95 * self.storage_bound:
+                (best.samples_per_s or 0.0) >= AT_READ_LIMIT * self.storage_bound:
             self.notes.append(f"prefetch_factor not tried: {_short(best.config)} reads at the "
                               "cgroup's read limit already")
         elif w > 0 and not self._keeps_up(best):
@@ -438,7 +454,7 @@ class Search:
         if not rates:
             return
         top = max(rates.values())
-        best = min(w for w, r in rates.items() if r >= 0.98 * top)
+        best = min(w for w, r in rates.items() if r >= NEAR_BEST * top)
         # more workers than the best only where predicted faster: where they are not, the
         # bound they share (the step, the cores, the read limit) does not move with workers
         untried = {w: r for w, r in rates.items()
@@ -487,7 +503,7 @@ class Search:
                 return
             self.predicted = rates
             top = max(rates.values())
-            k = min(w for w, r in rates.items() if r >= 0.98 * top)
+            k = min(w for w, r in rates.items() if r >= NEAR_BEST * top)
             if self._tried(self._config(num_workers=k)) is not None:
                 return  # the model points where it measured already
             self.forecast.setdefault(k, rates[k])
@@ -700,6 +716,11 @@ class Search:
                     f"at {where}; pack the small files into shards (stallscope pack SRC DST) "
                     "or cache the dataset on a faster disk")
         return f"the pipeline saturates at {where}{per_text}"
+
+
+def _eligible(t: Trial) -> bool:
+    """``t`` ran whole and may be recommended: measured a rate, and nothing swapped in."""
+    return t.status == "ok" and bool(t.samples_per_s) and t.swap_in == 0
 
 
 def _weight(config: dict[str, Any]) -> tuple[int, int]:
