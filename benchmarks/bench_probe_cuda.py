@@ -34,6 +34,7 @@ the bare step, against the 1% goal.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -230,6 +231,25 @@ def cost_passes(step_s: float, reps: int, cuda: bool) -> dict[str, float]:
     return {k: statistics.median(v) - reads[k] * surplus for k, v in out.items()}
 
 
+def _check(args: argparse.Namespace) -> tuple[list[float], str | None]:
+    """(the step lengths in microseconds, None), or ([], why the arguments are wrong in one
+    line): every number finite and in range (``nan``, ``inf``, ``0`` ran into a division or a
+    loop that never ends)."""
+    if not 1 <= args.reps <= 1000:
+        return [], f"--reps must be from 1 to 1000, got {args.reps}"
+    if not (math.isfinite(args.seconds) and 0 < args.seconds <= 3600):
+        return [], f"--seconds must be above 0 and at most 3600, got {args.seconds:g}"
+    try:
+        lengths = [float(x) for x in args.steps_us.split(",")]
+    except ValueError:
+        return [], (f"--steps-us {args.steps_us[:100]!r}: give step lengths in microseconds, "
+                    "e.g. 50,3300")
+    if not all(math.isfinite(x) and 0 < x <= 1e6 for x in lengths):
+        return [], (f"--steps-us {args.steps_us[:100]!r}: every step length must be above 0 "
+                    "and at most 1000000 microseconds")
+    return lengths, None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps-us", default="50,100,300,1000,3300",
@@ -244,31 +264,23 @@ def main() -> int:
                     help="run this arm alone in this process and print its time per step "
                          "(what each round runs; also to profile an arm under py-spy)")
     args = ap.parse_args()
+    lengths, problem = _check(args)
+    if problem:  # one line, exit 2, as the CLI does; --only (what each round runs) too
+        sys.stderr.write(f"bench_probe_cuda.py: error: {problem}\n")
+        return 2
     if args.cuda:
         import torch
 
         if not torch.cuda.is_available():
-            print("--cuda: no CUDA device here")
+            sys.stderr.write("bench_probe_cuda.py: error: --cuda: no CUDA device here\n")
             return 2
         kind = f"real CUDA events on {torch.cuda.get_device_name(0)}"
     else:
         kind = f"fake events, record() = {EVENT_RECORD_S * 1e6:.0f} us"
     if args.only:
-        step_s = float(args.steps_us.split(",")[0]) / 1e6
-        per = one_process(args.only, step_s, args.seconds, args.cuda)
+        per = one_process(args.only, lengths[0] / 1e6, args.seconds, args.cuda)
         print(f"{args.only}: {per * 1e6:.3f} us per step")
         return 0
-    if args.reps < 1 or args.seconds <= 0:
-        print("--reps must be at least 1 and --seconds above 0")
-        return 2
-    try:
-        lengths = [float(x) for x in args.steps_us.split(",")]
-    except ValueError:
-        print(f"--steps-us {args.steps_us!r}: give step lengths in microseconds, e.g. 50,3300")
-        return 2
-    if not lengths or min(lengths) <= 0:
-        print("--steps-us: every step length must be above 0")
-        return 2
     if args.method == "cost":
         return cost_main(lengths, args.reps, args.cuda, kind)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "

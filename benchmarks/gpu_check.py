@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import signal
@@ -142,6 +143,25 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _fail(why: str) -> int:
+    """One line on stderr, exit status 2, as the CLI does."""
+    sys.stderr.write(f"gpu_check: error: {why}\n")
+    return 2
+
+
+def _make_out(path: Path) -> Path | None:
+    """``--out`` made (with its parents) and resolved; None, said in one line, when it cannot be
+    a folder (a file there, a path under ``/dev/null``, no permission)."""
+    try:
+        out = path.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--out {str(path)[:200]}: cannot make the folder: "
+              f"{(exc.strerror or str(exc)).lower()}")
+        return None
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path,
@@ -159,9 +179,13 @@ def main() -> int:
                     help="only the trainings, on the CPU: a check of this script itself, "
                          "whose verdicts mean nothing")
     args = ap.parse_args()
+    for flag, v in (("--seconds", args.seconds), ("--probe-seconds", args.probe_seconds)):
+        if not (math.isfinite(v) and 0 < v <= 3600):
+            return _fail(f"{flag} must be above 0 and at most 3600, got {v:g}")
     if args.dry_run_cpu:
-        out = args.out.resolve()
-        out.mkdir(parents=True, exist_ok=True)
+        out = _make_out(args.out)
+        if out is None:
+            return 2
         rows = [one_training(kind, mode, out, args.seconds, "cpu")
                 for kind in TRUTH for mode in ("run", "probe", "pid")]
         print(table(rows))
@@ -171,10 +195,10 @@ def main() -> int:
 
         pynvml.nvmlInit()
     except Exception as exc:
-        print(f"gpu_check: no NVIDIA GPU here ({exc})")
+        return _fail(f"no NVIDIA GPU here ({str(exc)[:200]})")
+    out = _make_out(args.out)
+    if out is None:
         return 2
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     rec = [sys.executable, str(ROOT / "tests" / "fixtures" / "record_nvml.py"), "--out",
            str(out), "--keep-uuids"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 import torch
@@ -58,6 +59,35 @@ def conv_model(big: bool) -> nn.Module:
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
 
 
+def _fail(why: str) -> int:
+    """One line on stderr, exit status 2, as the CLI does."""
+    sys.stderr.write(f"gpu_trainer: error: {why}\n")
+    return 2
+
+
+def _device(name: str) -> torch.device | None:
+    """``--device`` as a device this machine has; None, said in one line, for a name torch does
+    not know (a RuntimeError) or a CUDA device that is not here (an AssertionError from a torch
+    built without CUDA, a RuntimeError from one with no GPU)."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        _fail(f"--device {name[:100]!r}: not a device torch knows (cuda, cuda:1, cpu)")
+        return None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            _fail("no CUDA GPU here (torch sees none); --device cpu for a dry run")
+            return None
+        if dev.index is not None and dev.index >= count:
+            _fail(f"--device {name}: this machine has {count} CUDA device(s)")
+            return None
+    elif dev.type != "cpu":
+        _fail(f"--device {name[:100]!r}: only cuda and cpu are supported")
+        return None
+    return dev
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("input", "compute", "host"))
@@ -65,7 +95,11 @@ def main() -> int:
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run")
     args = ap.parse_args()
-    dev = torch.device(args.device)
+    dev = _device(args.device)
+    if dev is None:
+        return 2
+    if not (math.isfinite(args.seconds) and 0 < args.seconds <= 86400):
+        return _fail(f"--seconds must be above 0 and at most 86400, got {args.seconds:g}")
     if args.kind == "host":  # batches already on the GPU, a tiny model: launches dominate
         model: nn.Module = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev)
         xs = torch.rand(4096, 32, device=dev)
