@@ -2,8 +2,9 @@
 
 Both formats have the same columns. Time series come in long form, one row per sample:
 
-``time``     ISO 8601 local time with milliseconds and the UTC offset
-             (``2025-11-21T14:03:07.250+01:00``)
+``time``     the sample's time to the millisecond: in CSV, ISO 8601 local time with the UTC
+             offset (``2025-11-21T14:03:07.250+01:00``); in Parquet, a timestamp (milliseconds,
+             UTC: ``timestamp[ms, tz=UTC]``), the same instant
 ``t_s``      seconds since the run's start (milliseconds)
 ``metric``   ``<source>.<key>`` of :mod:`stallscope.metrics` (``disk.r_await_ms``)
 ``entity``   what it is about (``nvme0n1``, ``gpu0``, a process id, empty for the host)
@@ -28,10 +29,11 @@ from stallscope.analysis.rundata import RunData, load_run
 from stallscope.cli._common import RUN_HELP, add_out_option, resolve_run
 from stallscope.errors import UsageError
 
-#: column -> type ("str", "float", "int"), for each --what
-POINT_COLUMNS = {"time": "str", "t_s": "float", "metric": "str", "entity": "str",
+#: column -> type ("time": an aware datetime, to the millisecond; "str", "float", "int"), for
+#: each --what
+POINT_COLUMNS = {"time": "time", "t_s": "float", "metric": "str", "entity": "str",
                  "role": "str", "process": "str", "value": "float"}
-STEP_COLUMNS = {"rank": "int", "step": "int", "time": "str", "t_s": "float", "wait_s": "float",
+STEP_COLUMNS = {"rank": "int", "step": "int", "time": "time", "t_s": "float", "wait_s": "float",
                 "host_s": "float", "h2d_s": "float", "gpu_busy_s": "float",
                 "gpu_idle_s": "float", "samples": "int", "epoch": "int", "n": "int"}
 
@@ -39,11 +41,11 @@ STEP_COLUMNS = {"rank": "int", "step": "int", "time": "str", "t_s": "float", "wa
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export", help="time series out as CSV or Parquet",
-        description="Export a run's time series (long form, one row per sample: time (ISO 8601 "
-        "local, ms), t_s (seconds since the start), metric, entity, role and process (for "
-        "process series), value (6 significant digits)) or its per-step probe records (rank, "
-        "step, time, t_s, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch). "
-        "CSV and Parquet have the same columns.")
+        description="Export a run's time series (long form, one row per sample: time (CSV: ISO "
+        "8601 local, ms; Parquet: a UTC timestamp, ms), t_s (seconds since the start), "
+        "metric, entity, role and process (for process series), value (6 significant "
+        "digits)) or its per-step probe records (rank, step, time, t_s, wait_s, host_s, h2d_s, "
+        "gpu_busy_s, gpu_idle_s, samples, epoch). CSV and Parquet have the same columns.")
     p.add_argument("run", metavar="RUN", help=RUN_HELP)
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
     p.add_argument("--what", choices=("points", "steps"), default="points",
@@ -62,22 +64,24 @@ def tidy(v: float) -> float:
 
 
 class _Clock:
-    """Unix time -> (ISO 8601 local time with ms, seconds since ``start``); samples share their
-    time across many points, so each is formatted once."""
+    """Unix time -> (an aware local datetime to the millisecond, seconds since ``start``);
+    samples share their time across many points, so each is converted once."""
 
     def __init__(self, start: float) -> None:
         self.start = start
-        self._iso: dict[float, str | None] = {}
+        self._at: dict[float, datetime | None] = {}
 
-    def iso(self, ts: float) -> str | None:
-        s = self._iso.get(ts, "")
-        if s == "":
-            try:
-                s = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
-            except (OverflowError, OSError, ValueError):  # past the calendar's years
-                s = None
-            self._iso[ts] = s
-        return s
+    def at(self, ts: float) -> datetime | None:
+        if ts in self._at:
+            return self._at[ts]
+        try:
+            d: datetime | None = datetime.fromtimestamp(ts).astimezone()
+        except (OverflowError, OSError, ValueError):  # past the calendar's years
+            d = None
+        if d is not None:  # milliseconds, as CSV writes them and Parquet stores them
+            d = d.replace(microsecond=d.microsecond // 1000 * 1000)
+        self._at[ts] = d
+        return d
 
     def since(self, ts: float) -> float:
         return round(ts - self.start, 3)
@@ -92,7 +96,7 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
     """The columns (name -> type) and rows of an export of ``data``."""
     clock = _Clock(_start(data))
     if what == "steps":
-        rows = [(r.rank, r.step, clock.iso(r.ts), clock.since(r.ts), tidy(r.wait_s),
+        rows = [(r.rank, r.step, clock.at(r.ts), clock.since(r.ts), tidy(r.wait_s),
                  tidy(r.host_s), *(None if x is None else tidy(x)
                                    for x in (r.h2d_s, r.gpu_busy_s, r.gpu_idle_s)),
                  r.samples, r.epoch, r.n) for r in data.steps]
@@ -105,7 +109,7 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
             role = roles.get(entity)
             proc_name = data.entity_attrs("procs", entity).get("name")
             process = proc_name if isinstance(proc_name, str) else None
-        keyed.extend((t, name, entity, (clock.iso(t), clock.since(t), name, entity, role,
+        keyed.extend((t, name, entity, (clock.at(t), clock.since(t), name, entity, role,
                                         process, tidy(v)))
                      for t, v in zip(s.ts, s.v))
     keyed.sort(key=lambda k: (k[0], k[1], k[2]))
@@ -146,7 +150,8 @@ def _write_parquet(path: str, columns: dict[str, str], rows: list[tuple[Any, ...
     except ImportError:
         raise UsageError("parquet export needs pyarrow: pip install 'stallscope[parquet]'"
                          ) from None
-    types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64()}
+    types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(),
+             "time": pa.timestamp("ms", tz="UTC")}
     arrays = [pa.array([r[i] for r in rows], type=types[kind])
               for i, kind in enumerate(columns.values())]
     try:
@@ -156,7 +161,10 @@ def _write_parquet(path: str, columns: dict[str, str], rows: list[tuple[Any, ...
 
 
 def _cell(v: Any) -> Any:
-    """A float as few digits as it needs: ``100`` not ``100.0``, ``0.3``."""
+    """A float as few digits as it needs: ``100`` not ``100.0``, ``0.3``; a time as ISO 8601
+    with milliseconds and the UTC offset."""
+    if isinstance(v, datetime):
+        return v.isoformat(timespec="milliseconds")
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return int(v)
     return v

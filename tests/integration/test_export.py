@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import subprocess
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow.parquet as pq  # a test dependency (the dev group): missing, it fails
 import pytest
 from conftest import stallscope_argv
 
@@ -83,7 +84,6 @@ def test_csv_has_readable_time_roles_and_rounded_values(tmp_path: Path) -> None:
 
 
 def test_parquet_has_the_same_columns_and_values(tmp_path: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
     run = _run(tmp_path)
     for what, columns in (("points", POINT_COLUMNS), ("steps", STEP_COLUMNS)):
         rows = list(csv.DictReader(io.StringIO(
@@ -98,6 +98,11 @@ def test_parquet_has_the_same_columns_and_values(tmp_path: Path) -> None:
             want = [r[col] for r in rows]
             if kind == "str":
                 assert [g or "" for g in got] == want, col
+            elif kind == "time":  # a UTC timestamp, the CSV's local ISO text's instant
+                assert str(table.schema.field(col).type) == "timestamp[ms, tz=UTC]"
+                assert [g.isoformat(timespec="milliseconds") for g in got] == [
+                    datetime.fromisoformat(w).astimezone(timezone.utc).isoformat(
+                        timespec="milliseconds") for w in want], col
             else:
                 assert [g for g in got] == [None if w == "" else float(w) for w in want], col
 
