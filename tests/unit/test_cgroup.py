@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stallscope.sources.cgroup import cgroup_cpus, read_limits, usable_cores
+from stallscope.sources.cgroup import (
+    cgroup_cpus,
+    parse_read_caps,
+    read_caps,
+    read_limits,
+    usable_cores,
+)
 
 #: a Slurm step's task cgroup on a cgroup v2 node (slurmstepd with cgroup/v2, no cgroup
 #: namespace): the path /proc/PID/cgroup names, below the mount's root
@@ -89,3 +95,53 @@ def test_read_limits_names_devices_from_the_given_sys_root(tmp_path: Path) -> No
         "fakedisk0": 5000000}
     assert read_limits(42, proc_root=str(proc), cg_root=str(cg),
                        sys_root=str(tmp_path / "nosys")) == {}
+
+
+def test_parse_read_caps_v1_and_v2() -> None:
+    assert parse_read_caps("8:0 4000000\n254:0 10485760\n") == {"8:0": 4000000,
+                                                               "254:0": 10485760}
+    v2 = "8:0 rbps=2097152 wbps=max riops=max wiops=max\n8:16 wbps=1000 riops=50\n"
+    assert parse_read_caps(v2) == {"8:0": 2097152}  # 8:16 limits writes and IOPS only
+    assert parse_read_caps("garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n"
+                           "8:2 \u00b2\n8:3 rbps=\u0661\n") == {}
+
+
+def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -> None:
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text("7:blkio:/kubepods/pod1\n4:memory:/x\n0::/slice/job\n")
+    (cg / "blkio" / "kubepods" / "pod1").mkdir(parents=True)
+    (cg / "blkio" / "kubepods" / "blkio.throttle.read_bps_device").write_text("8:0 3000000\n")
+    (cg / "blkio" / "kubepods" / "pod1" / "blkio.throttle.read_bps_device").write_text(
+        "8:0 5000000\n8:16 7000000\n")
+    (cg / "slice" / "job").mkdir(parents=True)
+    (cg / "slice" / "job" / "io.max").write_text("259:0 rbps=9000000 wbps=max\n")
+    assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {
+        "8:0": 3000000, "8:16": 7000000, "259:0": 9000000}
+    assert read_caps(43, proc_root=str(proc), cg_root=str(cg)) == {}  # no such process
+    (proc / "42" / "cgroup").write_text("7:blkio:/../../etc\n")  # never above the root
+    assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {}
+
+
+def test_cgroup_cpu_quota_is_read_under_the_given_root(tmp_path: Path) -> None:
+    """The quota reader hard-coded /sys/fs/cgroup; like every other reader it takes its root
+    (and /proc's: here one without this process, so only the mount's root is read)."""
+    proc = str(tmp_path / "proc")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    assert cgroup_cpus(str(v2), proc_root=proc) is None  # nothing there
+    (v2 / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpus(str(v2), proc_root=proc) == 2
+    assert usable_cores(str(v2), proc_root=proc) <= 2
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpus(str(v2), proc_root=proc) is None
+    (v2 / "cpu.max").write_text("garbage\n")
+    assert cgroup_cpus(str(v2), proc_root=proc) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpus(str(v1), proc_root=proc) == 3
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpus(str(v1), proc_root=proc) is None
+    assert usable_cores(str(tmp_path / "none"), proc_root=proc) >= 1

@@ -1,0 +1,135 @@
+"""Host source: pure parsers on recorded /proc files (tests/fixtures/proc-kernel-6), and the
+reader on a fake proc root in tmp_path. The reader on this machine's /proc:
+integration/test_host.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from stallscope.errors import ParseError, SourceUnavailable
+from stallscope.sources.host import (
+    CpuTimes,
+    HostSource,
+    cpu_busy,
+    parse_meminfo,
+    parse_pressure,
+    parse_proc_stat,
+    parse_vmstat,
+)
+
+K6 = FIXTURES / "proc-kernel-6"
+
+
+def test_parse_proc_stat_recorded() -> None:
+    cpus = parse_proc_stat((K6 / "stat").read_text())
+    assert cpus[0].name == "cpu"
+    assert [c.name for c in cpus[1:]] == ["cpu0", "cpu1"]
+    assert cpus[0].total >= cpus[1].total + cpus[2].total - 10  # aggregate ≈ sum of cores
+
+
+def test_parse_proc_stat_old_kernel_without_steal() -> None:
+    cpus = parse_proc_stat("cpu 10 0 5 100\ncpu0 10 0 5 100\nintr 1 2\n")
+    assert cpus[0].iowait == 0 and cpus[0].steal == 0 and cpus[0].total == 115
+
+
+def test_parse_proc_stat_garbage_quotes_line() -> None:
+    with pytest.raises(ParseError, match="cpu x y"):
+        parse_proc_stat("cpu x y z w\n")
+    with pytest.raises(ParseError, match="aggregate"):
+        parse_proc_stat("intr 1 2 3\n")
+
+
+def test_cpu_busy_matches_top_semantics() -> None:
+    a = CpuTimes("cpu", 100, 0, 50, 800, 50, 0, 0, 0)
+    b = CpuTimes("cpu", 160, 0, 70, 860, 110, 0, 0, 0)  # +60 user +20 sys +60 idle +60 iowait
+    busy, iowait = cpu_busy(a, b)
+    assert busy == pytest.approx(40.0)
+    assert iowait == pytest.approx(30.0)
+    assert cpu_busy(b, b) == (0.0, 0.0)
+
+
+def test_parse_meminfo_and_vmstat_recorded() -> None:
+    mem = parse_meminfo((K6 / "meminfo").read_text())
+    assert mem["MemTotal"] > 1_000_000 and "MemAvailable" in mem
+    vm = parse_vmstat((K6 / "vmstat").read_text())
+    assert "pswpin" in vm and "pswpout" in vm
+    with pytest.raises(ParseError):
+        parse_meminfo("Foo: 12 kB\n")
+
+
+def test_parse_pressure_recorded() -> None:
+    psi = parse_pressure((K6 / "pressure" / "io").read_text())
+    assert set(psi) == {"some", "full"}
+    assert 0 <= psi["some"] <= 100
+    with pytest.raises(ParseError, match="some total=1"):
+        parse_pressure("some total=1\n")
+
+
+def _proc_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    shutil.copytree(K6, root)
+    return root
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand (the rates' time base)."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
+    root = _proc_copy(tmp_path)
+    clock = _Clock(100.0)
+    src = HostSource(proc_root=str(root), shm_path=str(tmp_path), clock=clock)
+    src.open()
+    assert src.sample(100.0) is None  # priming
+    # advance the counters: 2 s later, 1000 pages swapped in, cpu0 fully busy, cpu1 idle
+    stat = parse_proc_stat((root / "stat").read_text())
+    lines = []
+    for c in stat:
+        add_user = 200 if c.name in ("cpu", "cpu0") else 0
+        add_idle = 200 if c.name in ("cpu", "cpu1") else 0
+        lines.append(f"{c.name} {c.user + add_user} {c.nice} {c.system} {c.idle + add_idle} "
+                     f"{c.iowait} {c.irq} {c.softirq} {c.steal} 0 0")
+    (root / "stat").write_text("\n".join(lines) + "\n")
+    vm = (root / "vmstat").read_text().splitlines()
+    vm = [f"pswpin {int(v.split()[1]) + 1000}" if v.startswith("pswpin ") else v for v in vm]
+    (root / "vmstat").write_text("\n".join(vm) + "\n")
+    clock.t = 102.0
+    out = src.sample(102.0)
+    assert out is not None
+    assert out["cpu_pct"] == pytest.approx(50.0)
+    assert out["cpu_per_core_pct"] == [pytest.approx(100.0), pytest.approx(0.0)]
+    assert out["cpu_max_core_pct"] == pytest.approx(100.0)
+    page_kb = os.sysconf("SC_PAGE_SIZE") / 1024
+    assert out["swap_in_kb_s"] == pytest.approx(1000 * page_kb / 2)
+    assert out["mem_total_mib"] > 0 and out["shm_total_mib"] > 0
+    assert "psi_io_some_pct" in out and "psi_io_full_pct" in out
+
+
+def test_missing_proc_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(SourceUnavailable, match="cannot read"):
+        HostSource(proc_root=str(tmp_path)).open()
+
+
+def test_no_psi_is_said_once(tmp_path: Path) -> None:
+    root = _proc_copy(tmp_path)
+    shutil.rmtree(root / "pressure")
+    src = HostSource(proc_root=str(root), shm_path=str(tmp_path / "nope"))
+    src.open()
+    notes = [m for k, m in src.drain_events() if k == "note"]
+    assert any("PSI" in n for n in notes)
+    assert any("not mounted" in n for n in notes)
+    assert src.drain_events() == []  # handed over once
+    src.sample(1.0)
+    out = src.sample(2.0)
+    assert out is not None and "psi_io_some_pct" not in out and "shm_used_mib" not in out
