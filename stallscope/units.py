@@ -10,7 +10,7 @@ minutes and hours.
 
 from __future__ import annotations
 
-__all__ = ["KIB", "MIB", "kib", "mib", "rate", "size"]
+__all__ = ["KIB", "MIB", "kib", "mib", "pct", "rate", "size", "throughput"]
 
 KIB = 1024  #: bytes in the kernel's and iostat's "kB"
 MIB = 1024 * 1024  #: bytes in a MiB (memory figures)
@@ -41,3 +41,22 @@ def kib(n: float) -> float:
 def mib(n: float) -> float:
     """Bytes in ``n`` MiB (metrics named ``*_mib``)."""
     return n * MIB
+
+
+def pct(share: float | None, digits: int = 0) -> str:
+    """A share (0.31) as a percentage ("31%"); "?" when unknown. Never "-0%": a share that
+    rounds to zero is "0%"."""
+    if share is None or share != share:
+        return "?"
+    v = round(share * 100, digits)
+    if v == 0:
+        v = 0.0  # -0.0 too
+    return f"{v:.{digits}f}%"
+
+
+def throughput(samples_per_s: float | None) -> str:
+    """Samples per second: "61.8 samples/s" (one decimal), "?" when unknown. Every surface
+    that shows a run's throughput writes it with this."""
+    if samples_per_s is None:
+        return "? samples/s"
+    return f"{samples_per_s:,.1f} samples/s"

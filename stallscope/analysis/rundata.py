@@ -51,6 +51,7 @@ class RunData:
     _roles: dict[str, str] | None = field(default=None, repr=False)
     _summary: dict[str, Any] | None = field(default=None, repr=False)
     _window: Any = field(default=None, repr=False)
+    _facts: Any = field(default=None, repr=False)
     _axis: tuple[float, float] | None = field(default=None, repr=False)
 
     def skipped_note(self) -> str | None:
@@ -122,6 +123,16 @@ class RunData:
 
             self._window = window_of(self)
         return self._window
+
+    def facts(self) -> Any:
+        """The run's facts (:func:`stallscope.analysis.facts.compute_facts`), computed once:
+        every surface (show, diagnose, compare, report, runs) renders these, never figures of
+        its own."""
+        if self._facts is None:
+            from stallscope.analysis.facts import compute_facts
+
+            self._facts = compute_facts(self)
+        return self._facts
 
     # --- time -----------------------------------------------------------------------------------
     @property

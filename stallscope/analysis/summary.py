@@ -102,15 +102,16 @@ def summarize(data: RunData) -> dict[str, Any]:
     tr = data.span
     if tr:
         out["duration_s"] = round(tr[1] - tr[0], 1)
-    from stallscope.analysis.throughput import throughput
-
-    rate, source = throughput(data)
-    if rate is not None:
-        out["samples_per_s"], out["throughput_source"] = rate, source
+    fx = data.facts()  # the figures every surface shows come from the facts, once
+    if fx.steps.samples_per_s is not None:
+        out["samples_per_s"] = fx.steps.samples_per_s
+        out["throughput_source"] = fx.steps.throughput_source
+    if fx.run.exit_code is not None:
+        out["exit_code"] = fx.run.exit_code
     win = data.window()
     if win.source != "run":  # start-up, training and exit: phases of their own
-        out["phases"] = {"startup_s": win.startup_s, "training_s": round(win.seconds, 1),
-                         "exit_s": win.exit_s, "window_source": win.source}
+        out["phases"] = {"startup_s": fx.run.startup_s, "training_s": fx.run.window_s,
+                         "exit_s": fx.run.exit_s, "window_source": fx.run.window_source}
         idle: dict[str, float] = {}
         for ent in gpu_idle:
             s = all_series[("gpu.util_pct", ent)]

@@ -15,8 +15,11 @@ from typing import Any
 
 from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
-from stallscope.analysis.throughput import PROBE_STEPS, SOURCE_TEXT, throughput
+from stallscope.analysis.throughput import PROBE_STEPS, SOURCE_TEXT
 from stallscope.cli._common import add_out_option, out_console, resolve_run, safe
+from stallscope.loadermodel import stall_cap
+from stallscope.units import pct
+from stallscope.units import throughput as fmt_rate
 
 #: (label, key in the signals, unit)
 _ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
@@ -42,8 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
             data_b: RunData) -> dict[str, Any]:
+    # every figure is the runs' facts, as `diagnose` and `show` print them (never recomputed)
     sa, sb = doc_a.get("signals", {}), doc_b.get("signals", {})
-    (ta, src_a), (tb, src_b) = throughput(data_a), throughput(data_b)
+    fa, fb = data_a.facts().steps, data_b.facts().steps
+    (ta, src_a), (tb, src_b) = ((fa.samples_per_s, fa.throughput_source),
+                                (fb.samples_per_s, fb.throughput_source))
     rows = []
     for label, key, unit in _ROWS:
         a = ta if key == "samples_per_s" else sa.get(key)
@@ -57,7 +63,6 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
                            "verdict_a": doc_a["verdict"], "verdict_b": doc_b["verdict"]}
     if ta is not None or tb is not None:
         out["throughput_source"] = {"a": src_a, "b": src_b}
-    top = (doc_a.get("findings") or [{}])[0]
     conf_a, conf_b = dict(loader_config(data_a)), dict(loader_config(data_b))
     seen = []
     for conf, signals, name in ((conf_a, sa, "a"), (conf_b, sb, "b")):
@@ -71,13 +76,20 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
         out["speedup"] = round(tb / ta, 3)
         if applied is not None:
             out["applied_fix"] = applied["action"]
+            out["measured_against"] = f"the fix's own estimate ({applied['kind']})"
             est = applied.get("expected_speedup")
-        else:  # no fix of A's matches what changed: A's ceiling is all there is to set beside
-            est = top.get("est_speedup")
+        else:
+            # no fix of A's matches what changed: A's data-wait ceiling (the whole stall gone,
+            # compute unchanged) is all there is to set beside it; never another finding's
+            # (cpu_contention's run-queue estimate is not what a loader change can deliver)
+            stall = fa.stall_fraction
+            est = stall_cap(stall) if stall is not None else None
             out["ceiling"] = True
+            out["stall_a"] = stall
+            out["measured_against"] = "A's data-wait ceiling (the whole stall gone)"
         if isinstance(est, (int, float)) and est > 1.01:
-            out["estimated_speedup"] = est
-            out["delivered_share"] = round((tb / ta - 1) / (est - 1), 3)
+            out["estimated_speedup"] = round(est, 2)
+            out["delivered_share"] = no_negative_zero(round((tb / ta - 1) / (est - 1), 3))
             if out["delivered_share"] < SHORT_OF:
                 out["shortfall"] = shortfall(doc_b)
     elif ta is None or tb is None:
@@ -137,8 +149,13 @@ def applied_fix(doc_a: dict[str, Any], before: dict[str, Any], after: dict[str, 
                 continue
             if all(after.get(k) == v for k, v in change.items()) and \
                     any(before.get(k) != v for k, v in change.items()):
-                return dict(fix)
+                return {**fix, "kind": f.get("kind")}
     return None
+
+
+def no_negative_zero(x: float) -> float:
+    """``x``, with -0.0 (and a share that rounds to zero) as 0.0: "-0%" is not a figure."""
+    return 0.0 if abs(x) < 0.0005 else x
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
         if v is None:
             return "-"
         if key == "stall_fraction" and isinstance(v, (int, float)):
-            return f"{v:.0%}"
+            return pct(v)
+        if key == "samples_per_s" and isinstance(v, (int, float)):
+            return fmt_rate(v).removesuffix(" samples/s")  # the row's label says the unit
         return f"{v:,.1f}" if isinstance(v, float) else str(v)
 
     for r in out["rows"]:
@@ -183,11 +202,12 @@ def run(args: argparse.Namespace) -> int:
                 line += " (num_workers read from the worker processes the runs had: no probe)"
             if "estimated_speedup" in out:
                 line += (f", expected ×{out['estimated_speedup']:.2f}: "
-                         f"{out['delivered_share']:.0%} of the expected gain delivered")
+                         f"{pct(out['delivered_share'])} of the expected gain delivered")
         elif "estimated_speedup" in out:
-            line += (f"; no fix of A's diagnosis matches what changed; A's ceiling (the whole "
-                     f"stall gone, compute unchanged) was ×{out['estimated_speedup']:.2f}: "
-                     f"{out['delivered_share']:.0%} of it")
+            line += (f"; no fix of A's diagnosis matches what changed; A's data-wait ceiling "
+                     f"(the whole stall of {pct(out.get('stall_a'))} gone, compute "
+                     f"unchanged) was ×{out['estimated_speedup']:.2f}: "
+                     f"{pct(out['delivered_share'])} of it")
         out_console.print(line, highlight=False, soft_wrap=True)
         for why in out.get("shortfall") or ():
             out_console.print(f"  why less: {safe(why)}", highlight=False, soft_wrap=True)

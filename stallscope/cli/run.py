@@ -359,19 +359,21 @@ def run_label(cmd: list[str]) -> str:
 
 def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
     """The summary, the diagnosis, the run directory and the next commands."""
-    if not args.quiet:
-        from stallscope.cli.show import print_run
+    from stallscope.cli.runs import remember_verdict, stored_verdict
 
-        try:
+    try:
+        if args.quiet:  # nothing printed, but `stallscope runs` still has the verdict
+            stored_verdict(run_dir, {})
+        else:
+            from stallscope.cli.show import print_run
+
             verdict = print_run(run_dir, console=err_console, with_diagnosis=True)
             if verdict:  # for `stallscope runs`, without diagnosing every run again
-                from stallscope.store.rundir import read_meta, write_meta
-
-                write_meta(run_dir, {**read_meta(run_dir), "verdict": verdict})
-        except Exception as exc:
-            # the trainer's exit code passes through whatever happened to the record of it
-            err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",
-                              soft_wrap=True, highlight=False)
+                remember_verdict(run_dir, verdict)
+    except Exception as exc:
+        # the trainer's exit code passes through whatever happened to the record of it
+        err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",
+                          soft_wrap=True, highlight=False)
     # soft_wrap: scripts parse this line; it must not be folded at the terminal width
     err_console.print(f"run directory: [bold]{safe(str(run_dir))}[/]", soft_wrap=True)
     if not args.quiet:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from stallscope.analysis.facts.build import exit_status
 from stallscope.cli._common import out_console, safe
 from stallscope.errors import RunNotFound, StallscopeError, UsageError
 from stallscope.sources.owner import describe
@@ -59,6 +60,33 @@ def owner_of(meta: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(owner, dict) and owner else None
 
 
+def stored_verdict(run_dir: Path, meta: dict[str, Any]) -> str | None:
+    """The run's verdict from meta.json; for a run that has none (``run --quiet``, a standalone
+    probe's run, an older run), the diagnosis's, written back so that it is made once (best
+    effort: a run folder that cannot be written is diagnosed again next time)."""
+    v = meta.get("verdict")
+    if isinstance(v, str):
+        return v
+    try:
+        from stallscope.analysis.diagnose import diagnose_run
+
+        v = diagnose_run(run_dir)["verdict"]
+    except Exception:  # an unreadable run has no verdict; `runs` lists it all the same
+        return None
+    remember_verdict(run_dir, v)
+    return v
+
+
+def remember_verdict(run_dir: Path, verdict: str) -> None:
+    """Keep the verdict in meta.json for ``runs`` (best effort)."""
+    from stallscope.store.rundir import write_meta
+
+    try:
+        write_meta(run_dir, {**read_meta(run_dir), "verdict": verdict})
+    except (OSError, RunNotFound):
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is not a directory")
@@ -79,10 +107,11 @@ def run(args: argparse.Namespace) -> int:
             "run": d.name, "path": str(d), "command": meta.get("command"),
             "start": start,
             "duration_s": None if end is None else round(max(0.0, end - start), 1),
-            "exit_code": meta.get("exit_code"), "running": state == "running", "state": state,
+            "exit_code": exit_status(meta)[0], "running": state == "running", "state": state,
             "owner": owner_of(meta),
-            # what `run` diagnosed at its end (None: run --quiet, or an older run)
-            "verdict": meta.get("verdict") if isinstance(meta.get("verdict"), str) else None,
+            # what the diagnosis said: stored by `run` at its end, else diagnosed now (a
+            # `run --quiet` run, a standalone probe's run) and kept for next time
+            "verdict": stored_verdict(d, meta) if state != "running" else None,
         })
     if args.json:
         print(json.dumps(rows, indent=2))

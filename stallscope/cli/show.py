@@ -93,6 +93,18 @@ def _print_gpu_energy_health(summary: dict[str, Any], console: Console) -> None:
         console.print("  [red]" + safe(health_text(ent, h)) + "[/]", highlight=False)
 
 
+def _state_text(state: str, data: RunData) -> str:
+    """"exit code 130 (SIGINT)": the exit as `run` returned it (never -2), from the facts."""
+    if state == "finished":
+        fx = data.facts().run
+        if fx.exit_code is None:
+            return f"attached, {data.meta.get('ended') or 'ended'}"
+        return f"exit code {fx.exit_code}" + (f" ({fx.exit_signal})" if fx.exit_signal else "")
+    if state == "interrupted":  # stallscope was killed: no end, the duration ends at the data
+        return "interrupted (to the last sample)"
+    return state
+
+
 def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
               training: str | None = None) -> str | None:
     """The run's summary (and its diagnosis); returns the verdict when it was diagnosed."""
@@ -102,11 +114,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
     cmd = " ".join(meta.get("command") or [])
     dur = doc["duration_s"]
     state = doc["state"]
-    if state == "finished":
-        state = (f"exit code {meta.get('exit_code')}" if meta.get("exit_code") is not None
-                 else f"attached, {meta.get('ended') or 'ended'}")
-    elif state == "interrupted":  # stallscope was killed: no end, the duration ends at the data
-        state = "interrupted (to the last sample)"
+    state = _state_text(state, data)
     # the header's lines are never folded into a word alone on a line (piped, rich folded at
     # 80 columns): the terminal wraps them, a file keeps them whole
     console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False,
@@ -145,8 +153,9 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         console.print("  " + phases_text(phases), highlight=False)
     if summary.get("samples_per_s") is not None:
         from stallscope.analysis.throughput import SOURCE_TEXT
+        from stallscope.units import throughput as fmt_rate
 
-        console.print(f"  throughput: {summary['samples_per_s']:,.1f} samples/s (from "
+        console.print(f"  throughput: {fmt_rate(summary['samples_per_s'])} (from "
                       f"{SOURCE_TEXT.get(summary.get('throughput_source') or '', '?')})",
                       highlight=False, soft_wrap=True)
     during = summary.get("gpu_idle_share_training") or {}

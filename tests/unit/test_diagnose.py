@@ -550,15 +550,19 @@ def test_reads_held_at_the_cgroup_read_limit_are_fetch_however_idle_the_device(
     (prep wins ties); with it, the reads reaching the limit decide, and the first fix is the
     limit."""
     rkb = [0, 1963, 980, 1950, 0, 1010, 1955, 990, 20, 1960] * 3
-    data = run([
-        ser("host.cpu_pct", "", [64] * N), ser("host.iowait_pct", "", [19] * N),
-        ser("disk.util_pct", "vda", [0.4] * N), ser("disk.rkb_s", "vda", rkb),
-        ser("disk.r_s", "vda", [r / 4 for r in rkb]), ser("disk.r_await_ms", "vda", [0.05] * N),
-        ser("procs.cpu_pct", "100", [46] * N), ser("procs.d_state", "100", [0] * N),
-    ], steps=steps(100, wait=0.080, host=0.008), entities=procs({"100": "main"}),
-        config={"loader_type": "tf.data", "physical_cores": 2},
-        meta={"data_devices": ["vda"], **({"read_limits": {"vda": limit}} if limit else {})})
-    doc = diagnose(data)
+
+    def recorded(limit: int | None) -> RunData:  # a run's facts are computed once: a new run
+        return run([
+            ser("host.cpu_pct", "", [64] * N), ser("host.iowait_pct", "", [19] * N),
+            ser("disk.util_pct", "vda", [0.4] * N), ser("disk.rkb_s", "vda", rkb),
+            ser("disk.r_s", "vda", [r / 4 for r in rkb]),
+            ser("disk.r_await_ms", "vda", [0.05] * N),
+            ser("procs.cpu_pct", "100", [46] * N), ser("procs.d_state", "100", [0] * N),
+        ], steps=steps(100, wait=0.080, host=0.008), entities=procs({"100": "main"}),
+            config={"loader_type": "tf.data", "physical_cores": 2},
+            meta={"data_devices": ["vda"], **({"read_limits": {"vda": limit}} if limit else {})})
+
+    doc = diagnose(recorded(limit))
     f = doc["findings"][0]
     if limit is None:
         assert doc["verdict"] == "input_bound.prep", f  # the tie this fixes
@@ -572,8 +576,7 @@ def test_reads_held_at_the_cgroup_read_limit_are_fetch_however_idle_the_device(
         "reads of /dev/vda are held at the trainer's cgroup read limit (2.0 MB/s): raise or "
         "lift the I/O limit")
     # a limit the reads stayed far under says nothing
-    data.meta["read_limits"] = {"vda": 50_000_000}
-    assert diagnose(data)["verdict"] == "input_bound.prep"
+    assert diagnose(recorded(50_000_000))["verdict"] == "input_bound.prep"
 
 
 def _stack_rec(ts: float, pid: int, **s: float) -> dict:

@@ -14,7 +14,8 @@ ROOT = REPO / "stallscope"
 #: top-level part of the package -> layer; a module may import only its own layer or lower ones
 LAYER = {
     "errors": 0, "version": 0, "stats": 0, "metrics": 0, "labels": 0, "textsafe": 0, "safefile": 0,
-    "tomlfile": 0, "py": 0, "forksafe": 0, "loadermodel": 0, "units": 0,
+    "tomlfile": 0, "py": 0, "forksafe": 0, "loadermodel": 0, "units": 0, "envvars": 0,
+    "httpsafe": 0,
     "store": 1, "sources": 2, "collect": 3, "analysis": 4, "alerts": 5, "probe": 6,
     "integrations": 7, "report": 7, "live": 7, "agent": 7, "tuner": 7, "tools": 7, "testing": 7,
     "cli": 8, "__main__": 8, "inject": 8, "": 9,

@@ -39,7 +39,7 @@ __all__ = [
 
 def diagnose(data: RunData) -> dict[str, Any]:
     """The diagnosis document for data already in memory (pure)."""
-    fx = compute_facts(data)
+    fx = data.facts()
     findings = run_rules(data, fx)
     if not findings:
         findings = [Finding(

@@ -12,12 +12,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallscope import stats
 from stallscope.analysis.facts import Facts
-from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import ProcPhases, trainer_phases
+from stallscope.analysis.throughput import throughput
 from stallscope.analysis.window import (
     TrainingWindow,
     clip,
@@ -27,9 +27,12 @@ from stallscope.analysis.window import (
 )
 from stallscope.store import Series, StepRow
 
+if TYPE_CHECKING:
+    from stallscope.analysis.rundata import RunData
+
 __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
-           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "limited", "mean", "median", "p95",
-           "spare_cores", "starved"]
+           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "exit_status", "limited", "mean",
+           "median", "p95", "spare_cores", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -251,10 +254,13 @@ def _draft(data: RunData) -> _Draft:
         sig.duration_s = round(end - start, 1)
     elif cost and cost.ts:
         sig.duration_s = round(cost.ts[-1] - cost.ts[0], 1)
+    _exit_facts(sig, meta)
     sig.physical_cores = _cores(meta.get("physical_cores"))
     sig.logical_cores = _cores(meta.get("logical_cores"))
 
     _probe_signals(sig, data)
+    # one definition of the throughput for every surface (analysis/throughput.py)
+    sig.samples_per_s, sig.throughput_source = throughput(data)
     procs = trainer_phases(data.stacks, data.roles())
     win = data.window()
     _window_signals(sig, data, win, procs)
@@ -288,6 +294,38 @@ def _draft(data: RunData) -> _Draft:
         sig.stall_fraction = round(max(0.0, 1.0 - sig.main_thread_busy_share), 3)
         sig.stall_source = "main_thread"
     return sig
+
+
+#: signals a user sends to stop a training (Ctrl-C, `kill`, a scheduler's cancel)
+_STOPS = frozenset({"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"})
+
+
+def exit_status(meta: dict[str, Any]) -> tuple[int | None, str | None, bool]:
+    """(exit code, the signal that ended or stopped it, interrupted) from meta.json: the exit as
+    a shell reports it (a child killed by signal N is 128 + N: ``run`` returns that, meta.json
+    keeps what ``wait`` said, -N). A run stopped by the user (a stop signal it died of, or one
+    ``run`` forwarded to it) is interrupted: its exit is not a finding. ``runs`` and the facts
+    both read it here."""
+    import signal as _signal
+
+    code = meta.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return None, None, False
+    name = None
+    if code < 0 or code > 128:
+        n = -code if code < 0 else code - 128
+        try:
+            name = _signal.Signals(n).name
+        except ValueError:
+            name = f"signal {n}" if code < 0 else None
+        code = 128 + n
+    forwarded = [s for s in meta.get("signals_forwarded") or [] if isinstance(s, str)]
+    name = name or (forwarded[0] if forwarded else None)
+    return code, name, bool(name in _STOPS or any(f in _STOPS for f in forwarded))
+
+
+def _exit_facts(sig: _Draft, meta: dict[str, Any]) -> None:
+    sig.exit_code, sig.exit_signal, sig.interrupted = exit_status(meta)
 
 
 def _window_signals(sig: _Draft, data: RunData, win: TrainingWindow,
@@ -338,16 +376,7 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
         sig.stall_fraction = round(sum(s.wait_s for s in every) / all_wall, 3)
         sig.steady_stall_fraction = round(wait / wall, 3)
         sig.stall_source = "probe"
-        samples = [s.samples for s in body if s.samples]
-        if samples:
-            sig.samples_per_s = round(sum(samples) / wall * sig.ranks, 1)
     if sig.focus_rank is not None:
-        samples = [s.samples for s in steps if s.samples]
-        all_wall = sum(s.wait_s + s.host_s for s in steps if s.rank == sig.focus_rank)
-        if samples and all_wall > 0:  # the job's rate: every rank steps together
-            sig.samples_per_s = round(sum(s.samples for s in steps if s.samples
-                                          and s.rank == sig.focus_rank) / all_wall
-                                      * sig.ranks, 1)
         cfgs = [p["config"] for p in data.probes if p.get("rank") == sig.focus_rank]
         focus_cfg: Any = cfgs[0] if cfgs else None
         if isinstance(focus_cfg, dict):
