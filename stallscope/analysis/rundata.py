@@ -14,6 +14,7 @@ its dataset gone, gives the same diagnosis): ``meta.json`` (cores, RAM, ``datase
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class RunData:
     events: list[dict[str, Any]] = field(default_factory=list)
     #: the sampled stacks' records, by time (``<run>/stacks/``; :mod:`stallscope.analysis.stacks`)
     stacks: list[dict[str, Any]] = field(default_factory=list)
+    #: uncaught exceptions of the trainer's Python processes, by time (``<run>/errors.jsonl``,
+    #: written by the hook ``run`` injects): ``{"ts", "pid", "error"}``
+    errors: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path = field(default_factory=Path)
     span: tuple[float, float] | None = None  #: first and last sample time, None if no samples
     #: rows of run.db that could not be read (a wrong type, NULL, inf...), by table; the rest of
@@ -226,7 +230,7 @@ def load_run(run_dir: Path, training: str | None = None) -> RunData:
                        probes=optional("probes", store.probes),
                        entities=[_clean_entity(e) for e in entities],
                        events=optional("events", store.events), run_dir=run_dir,
-                       stacks=read_records(run_dir),
+                       stacks=read_records(run_dir), errors=read_errors(run_dir),
                        span=_span(series), skipped=dict(store.skipped), unreadable=unreadable)
     finally:
         store.close()
@@ -236,6 +240,34 @@ def load_run(run_dir: Path, training: str | None = None) -> RunData:
         raise UsageError(f"{run_dir.name} is one training's run, not an agent's store: "
                               "--run-id chooses among the trainings an agent followed")
     return data
+
+
+#: the most of errors.jsonl read (a line a crashed process; a few kB in practice)
+MAX_ERRORS_BYTES = 1 << 20
+
+
+def read_errors(run_dir: Path) -> list[dict[str, Any]]:
+    """The trainer's uncaught exceptions the run recorded (regular file, bounded; lines that
+    are not such records are skipped), by time."""
+    import json
+
+    from stallscope.safefile import read_bounded
+
+    try:
+        raw, _more = read_bounded(run_dir / "errors.jsonl", MAX_ERRORS_BYTES)
+    except OSError:
+        return []
+    out = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("error"), str) \
+                and isinstance(rec.get("ts"), (int, float)) and math.isfinite(rec["ts"]):
+            out.append({"ts": float(rec["ts"]), "pid": rec.get("pid"),
+                        "error": rec["error"][:500]})
+    return sorted(out, key=lambda r: r["ts"])
 
 
 def _span(series: dict[tuple[str, str], Series]) -> tuple[float, float] | None:

@@ -2,8 +2,10 @@
 folder is put first on the trainer's ``PYTHONPATH``): starts the in-process stack sampler
 (:mod:`stallscope.sources.stacks.inproc`) and, for Keras, whose input wait runs where stacks
 cannot see it, adds the probe's callback to ``model.fit``
-(:mod:`stallscope.integrations.autokeras`); then runs the ``sitecustomize`` this one hides, if
-any, so the interpreter's own start-up is unchanged. Never raises."""
+(:mod:`stallscope.integrations.autokeras`); records the last line of an uncaught exception in
+``<run>/errors.jsonl`` (so a run whose trainer crashed says why: the diagnosis's
+``command_failed``); then runs the ``sitecustomize`` this one hides, if any, so the
+interpreter's own start-up is unchanged. Never raises."""
 
 import os
 import sys
@@ -37,6 +39,40 @@ def _start_sampler() -> None:
             pass
 
 
+#: the longest error line kept (a message can quote a whole tensor)
+_MAX_ERROR = 500
+
+
+def _record_errors() -> None:
+    """Chain ``sys.excepthook``: an uncaught exception's last line ("ModuleNotFoundError: No
+    module named 'torch'") is appended to ``<run>/errors.jsonl`` with its time and pid, then
+    the interpreter's own hook prints the traceback as always."""
+    run_dir = os.environ.get("STALLSCOPE_RUN_DIR")
+    if not run_dir:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        try:
+            import json
+            import time
+
+            line = "".join(ch for ch in f"{kind.__name__}: {value}".splitlines()[0][:_MAX_ERROR]
+                           if ch.isprintable())
+            rec = json.dumps({"ts": time.time(), "pid": os.getpid(), "error": line})
+            fd = os.open(os.path.join(run_dir, "errors.jsonl"),
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, (rec + "\n").encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except Exception:
+            pass  # never the trainer's problem
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def _chain() -> None:
     """Run the next ``sitecustomize`` on the path (Debian's, a virtualenv's)."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -59,4 +95,5 @@ def _chain() -> None:
 
 
 _start_sampler()
+_record_errors()
 _chain()

@@ -72,6 +72,7 @@ class Kind(str, Enum):
     DATA_WAIT_UNKNOWN = ("data_wait_unknown",
                          "Whether the trainer waits for data cannot be told without the probe")
     GPU_HEALTH = ("gpu_health", "A GPU needs attention: XID errors or memory repairs pending")
+    COMMAND_FAILED = ("command_failed", "The training command failed")
 
 
 #: every finding kind's string, in :class:`Kind`'s order

@@ -83,6 +83,14 @@ class RunFacts:
     exit_signal: str | None = None
     #: the user stopped it (Ctrl-C, SIGTERM forwarded by `run`): its exit is not a finding
     interrupted: bool = False
+    #: the last uncaught exception of the trainer's Python processes ("ModuleNotFoundError: No
+    #: module named 'torch'", ``<run>/errors.jsonl``) and when, in seconds into the run
+    error: str | None = None
+    error_at_s: float | None = None
+    #: whether the run trained: True with any evidence of it (steps, training frames in its
+    #: stacks, DataLoader workers, GPU work), False when its stacks were sampled and show none,
+    #: None when nothing can tell (no stacks, no probe, no workers, no GPU)
+    trained: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,9 @@ class ProcessFacts:
     #: the trainer runs TensorFlow (threads named tf_*): tf.data works on its threads
     tf_trainer: bool = False
     main_read_kb_s: float | None = None
+    #: the trainer's main process runs Python (its name or command line says so); None when
+    #: no process was recorded
+    main_python: bool | None = None
 
 
 @dataclass(frozen=True)

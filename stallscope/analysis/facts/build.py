@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
 
 __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
-           "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "exit_status", "limited", "mean",
-           "median", "p95", "spare_cores", "starved"]
+           "NO_TRAINING_SAMPLES", "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "exit_status",
+           "limited", "mean", "median", "p95", "spare_cores", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -135,6 +135,10 @@ class _Draft:
     exit_code: int | None = None
     exit_signal: str | None = None
     interrupted: bool = False
+    error: str | None = None
+    error_at_s: float | None = None
+    trained: bool | None = None
+    main_python: bool | None = None
     # --- gpu ---
     gpus: int = 0
     #: NVML utilization over the window's steady state (after the GPU's warm-up)
@@ -284,6 +288,7 @@ def _draft(data: RunData) -> _Draft:
     sig.mem_available_min_mib = (_r(min(host["mem_available_mib"].v))
                                  if host["mem_available_mib"] and host["mem_available_mib"].v
                                  else None)
+    _trained_facts(sig, data, full)
     if sig.stall_fraction is None and sig.gpu_idle_share is not None:
         sig.stall_fraction = sig.gpu_idle_share
         sig.stall_source = "gpu_idle"
@@ -326,6 +331,33 @@ def exit_status(meta: dict[str, Any]) -> tuple[int | None, str | None, bool]:
 
 def _exit_facts(sig: _Draft, meta: dict[str, Any]) -> None:
     sig.exit_code, sig.exit_signal, sig.interrupted = exit_status(meta)
+
+
+#: stack samples that, holding no training frame, show a process that did not train
+NO_TRAINING_SAMPLES = 20
+
+
+def _trained_facts(sig: _Draft, data: RunData, full: RunData) -> None:
+    """Whether the run trained, the trainer's last uncaught exception, and whether its main
+    process is Python (see :class:`~stallscope.analysis.facts.RunFacts`)."""
+    from stallscope.sources.stacks.phases import TRAINING
+
+    if full.errors:
+        last = full.errors[-1]
+        sig.error = last["error"]
+        start = full.meta.get("start")
+        if isinstance(start, (int, float)):
+            sig.error_at_s = round(max(0.0, last["ts"] - start), 1)
+    frames = sum(v for k, v in sig.phase_shares.items() if k in TRAINING)
+    if sig.steps or frames >= 0.05 or sig.window_source in ("probe", "stacks", "workers", "gpu"):
+        sig.trained = True
+    elif sig.stack_samples >= NO_TRAINING_SAMPLES or not full.series:
+        sig.trained = False
+    mains = [e for e in full.entities if e.get("source") == "procs"
+             and full.roles().get(str(e.get("entity"))) == "main"]
+    if mains:
+        sig.main_python = any("python" in str((e.get("attrs") or {}).get(k, "")).lower()
+                              for e in mains for k in ("name", "cmdline"))
 
 
 def _window_signals(sig: _Draft, data: RunData, win: TrainingWindow,
@@ -430,7 +462,8 @@ def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: b
                              "compute_share": round(p.share("compute"), 3),
                              "sampled_s": round(p.total_s, 1), "source": "stacks"}
         workers = {q for q in tree_of(data, str(p.pid)) if roles.get(q) == "worker"}
-        d["workers"] = len(workers)
+        d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) \
+            or len(workers)
         w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
         if w:
             d["worker_cpu_pct"] = _r(mean(w))
@@ -497,7 +530,8 @@ def _rank_signals(sig: _Draft, data: RunData, body: list[StepRow]) -> None:
             if runq:
                 d["runq_wait_pct"] = _r(mean(runq))
             workers = {p for p in tree_of(data, pid) if roles.get(p) == "worker"}
-            d["workers"] = len(workers)
+            d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) \
+                or len(workers)
             w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
             if w:
                 d["worker_cpu_pct"] = _r(mean(w))
@@ -589,13 +623,44 @@ def _share(series: list[Series]) -> float | None:
     return round(sum(vals) / len(vals), 3) if vals else None
 
 
+def alive_together(series: Sequence[Series]) -> int:
+    """How many of these processes were alive at one time: the most common count of them in
+    one sample (ties: the larger). A DataLoader without persistent workers starts new workers
+    each epoch, so the distinct pids over a run are a multiple of its num_workers."""
+    per_ts: dict[float, int] = defaultdict(int)
+    for s in series:
+        for t in set(s.ts):
+            per_ts[t] += 1
+    if not per_ts:
+        return 0
+    counts: dict[int, int] = defaultdict(int)
+    for n in per_ts.values():
+        counts[n] += 1
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def _worker_count(config: dict[str, Any], cpu: list[Series], distinct: int
+                  ) -> tuple[int, str | None]:
+    """(DataLoader workers, where that came from): the loader's own num_workers where the probe
+    read it ("config"), else the workers alive together in the samples ("processes")."""
+    nw = config.get("num_workers")
+    if isinstance(nw, int) and not isinstance(nw, bool) and 0 <= nw < 1 << 16:
+        return nw, "config"
+    together = alive_together(cpu)
+    if together:
+        return together, "processes"
+    return (distinct, "processes") if distinct else (0, None)
+
+
 def _proc_signals(sig: _Draft, data: RunData) -> None:
     roles = data.roles()
     only: set[str] | None = None
     if sig.focus_rank is not None and sig.focus_rank in rank_pids(data):
         only = tree_of(data, rank_pids(data)[sig.focus_rank])  # that rank's own workers
-    sig.workers = sum(1 for p, r in roles.items() if r == "worker" and (only is None or p in only))
     wcpu = _procs(data, "procs.cpu_pct", "worker", only)
+    sig.workers, sig.workers_source = _worker_count(
+        sig.config, wcpu, sum(1 for p, r in roles.items()
+                              if r == "worker" and (only is None or p in only)))
     if wcpu:
         # mean over samples of the mean worker: busy workers at 100% read as 100
         per_ts: dict[float, list[float]] = defaultdict(list)

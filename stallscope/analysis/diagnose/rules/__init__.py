@@ -32,6 +32,7 @@ from stallscope.analysis.diagnose.rules.gpu import (
     rule_pcie_degraded,
 )
 from stallscope.analysis.diagnose.rules.host import (
+    rule_command_failed,
     rule_cpu_contention,
     rule_disk_health,
     rule_host_swap,
@@ -79,6 +80,7 @@ _INPUT, _OTHER, _COMM = ("input_bound.fetch vs input_bound.prep", "Other kinds",
                          "Communication wait")
 
 RULES: tuple[RuleSpec, ...] = (
+    RuleSpec(rule_command_failed, (Kind.COMMAND_FAILED,), _OTHER),
     RuleSpec(rule_insufficient, (Kind.INSUFFICIENT_DATA,), _OTHER),
     RuleSpec(rule_not_training, (Kind.INSUFFICIENT_DATA,), _OTHER),
     RuleSpec(rule_input_bound, (Kind.INPUT_FETCH, Kind.INPUT_PREP, Kind.INPUT_WAIT), _INPUT),
@@ -106,7 +108,7 @@ RULES: tuple[RuleSpec, ...] = (
 _SEV = {"critical": 0, "warning": 1, "info": 2}
 #: kinds about the process around the training, listed after every finding about the training
 #: itself (the verdict names what limited the training)
-AFTER_TRAINING = frozenset({Kind.SLOW_EXIT})
+AFTER_TRAINING = frozenset({Kind.SLOW_EXIT, Kind.COMMAND_FAILED})
 #: facts that need no time series: they stay when the run holds too little data for the rest
 NO_SERIES = frozenset({Kind.DISK_HEALTH, Kind.GPU_HEALTH, Kind.SHM_PRESSURE,
                        Kind.GPU_HELD_IDLE})
@@ -125,6 +127,10 @@ def run_rules(data: RunData, fx: Facts) -> list[Finding]:
     findings.sort(key=lambda f: (f.kind in AFTER_TRAINING, _SEV[f.severity], -f.est_speedup,
                                  -f.confidence))
     insufficient = [f for f in findings if f.too_little_data]
+    failed = [f for f in insufficient if f.kind == Kind.COMMAND_FAILED]
+    if failed:
+        # a command that failed before it trained: that is what to say, not "run longer"
+        insufficient = failed
     if insufficient:
         # too little data: that is the verdict; only facts that need no time series stay
         findings = insufficient + [f for f in findings if f.kind in NO_SERIES]

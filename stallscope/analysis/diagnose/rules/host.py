@@ -4,12 +4,14 @@ contention, disk health, and trees that are not a training or too young to judge
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_CRIT, _speedup
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (
+    NO_TRAINING_SAMPLES,
     OTHERS_BUSY_CORES,
     RUNQ_BUSY_PCT,
     trainer_gpus,
@@ -29,6 +31,8 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
     if exit_s is None or exit_s < SLOW_EXIT_S or not fx.run.window_source \
             or fx.run.window_source == "run":
         return []
+    if fx.run.interrupted:
+        return []  # the user stopped it (Ctrl-C): an exit the user caused is not a finding
     stacks = fx.run.exit_stacks
     joins = sum(v for k, v in stacks if "dataloader.py" in k and ("join" in k or "_clean_up" in k
                                                                    or "_shutdown" in k))
@@ -66,11 +70,14 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
                      "11.0 s with both options on, 1.0-1.7 s with either off)",
                      change={"persistent_workers": False})]
     else:
-        top = stacks[0][0].rsplit(";", 1)[-1] if stacks else "nothing sampled"
-        why = f"the exit's heaviest stack ends in {top}"
+        # a sentence only from what was sampled: no stacks, no claim about them
+        why = (f"the exit's heaviest stack ends in {stacks[0][0].rsplit(';', 1)[-1]}"
+               if stacks else "no stack of the exit was sampled")
+        report = (f"`stallscope report {shlex.quote(str(data.run_dir))}` lists the exit's "
+                  "stacks" if stacks and str(data.run_dir) not in ("", ".")
+                  else "`py-spy dump --pid PID` of the trainer as it exits shows where")
         fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
-                     "threads or processes): `stallscope report` lists the exit's stacks",
-                     why)]
+                     f"threads or processes): {report}", why)]
     life = total + exit_s + (fx.run.startup_s or 0.0)
     share = exit_s / life if total else None
     more = f" ({share:.0%} of the process's life)" if share else ""
@@ -270,24 +277,43 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
     tree = (fx.procs.main_cpu_pct or 0.0) + (fx.loader.worker_cpu_pct or 0.0) * fx.loader.workers
     read = (fx.procs.main_read_kb_s or 0.0) + (fx.loader.worker_read_kb_s or 0.0)
     blocked = max(fx.procs.main_d_share or 0.0, fx.loader.worker_d_share or 0.0)
-    if tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S or blocked >= IDLE_TREE_D_SHARE:
+    idle = not (tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S
+                or blocked >= IDLE_TREE_D_SHARE)
+    # busy, but not a training: its stacks were sampled and hold no training frame, or it is
+    # not Python at all (`run --pid` on `yes`, `dd`, a busy loop), and it has no DataLoader
+    # workers. A busy Python process whose stacks were not sampled may be a training that
+    # loads on its own threads: rule_loading_in_trainer speaks of that one.
+    not_python = fx.procs.main_python is False
+    busy_elsewhere = not fx.loader.workers and (
+        fx.steps.stack_samples >= NO_TRAINING_SAMPLES or not_python)
+    if not idle and not busy_elsewhere:
         return []
     procs = 1 + fx.loader.workers
     stacks = (f"no training frames in {fx.steps.stack_samples} sampled stacks"
               if fx.steps.stack_samples else "no stacks sampled")
+    what = (f"{'it is not a Python process, ' if not_python else ''}"
+            f"{'its' if procs == 1 else f'its {procs}'} process{'es' if procs > 1 else ''} "
+            + (f"used {tree:.1f}% of one core and read {read:.0f} kB/s" if idle
+               else f"kept {tree / 100:.1f} core(s) busy"
+               + (f" and read {read:,.0f} kB/s" if read >= IDLE_TREE_READ_KB_S else "")))
     return [Finding(
         kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.9,
-        summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, and its "
-        f"{procs} process{'es' if procs > 1 else ''} used {tree:.1f}% of one core and read "
-        f"{read:.0f} kB/s. No verdict.",
+        summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, no "
+        f"DataLoader workers; {what}. "
+        + ("It sleeps. " if idle else "It is busy, but not with a training. ")
+        + "No verdict.",
         evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
          "d_share": round(blocked, 3), "stack_samples": fx.steps.stack_samples},
         fixes=[Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
              "the Python process that runs the training loop",
              "the watched processes did no work a training does")],
-        est_speedup=1.0, rule="no steps, no training frames, no GPU, < 10% of a core, < 100 kB/s "
-                              "read, "
-        "< 10% of samples in D state", too_little_data=True)]
+        est_speedup=1.0,
+        rule="no steps, no training frames, no GPU, "
+        + ("< 10% of a core, < 100 kB/s read, < 10% of samples in D state" if idle else
+           "no DataLoader workers, and "
+           + ("not a Python process" if not_python else
+              f"≥ {NO_TRAINING_SAMPLES} sampled stacks without a training frame")),
+        too_little_data=True)]
 
 
 def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:
@@ -302,3 +328,44 @@ def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:
                     fixes=[Fix("run longer (≥ 30 s of training) or lower --interval",
                          "rules need several samples to tell a pattern from noise")],
                     est_speedup=1.0, rule="< 3 samples and < 10 steps", too_little_data=True)]
+
+
+def rule_command_failed(data: RunData, fx: Facts) -> list[Finding]:
+    """command_failed: the trainer ended with a non-zero exit code that the user did not cause
+    (no Ctrl-C, no SIGTERM forwarded). Said plainly, with the exit code, when, and the last
+    uncaught exception of its Python processes (``<run>/errors.jsonl``). When the run never
+    trained (no steps, no training frames, no workers, no GPU work) it is the verdict and no
+    bottleneck is named from it; after some training it is listed after the training's own
+    findings."""
+    code = fx.run.exit_code
+    if code is None or code == 0 or fx.run.interrupted:
+        return []
+    when = fx.run.error_at_s if fx.run.error_at_s is not None else fx.run.duration_s
+    how = (f"killed by {fx.run.exit_signal} (exit code {code})" if fx.run.exit_signal
+           else f"exit code {code}")
+    trained = fx.run.trained is True
+    summary = (f"The training command failed: {how}, {when:.0f} s into the run"
+               + ("" if trained else ", before any training step was seen") + ".")
+    if fx.run.error:
+        summary += f" Its last error: {plain(fx.run.error, 300).rstrip('.')}."
+        why = "the trainer's own error, recorded when it was raised"
+    else:
+        why = ("the trainer's error output (above, in the terminal) says why; no Python "
+               "exception was recorded")
+    if not trained:
+        summary += " No bottleneck is named from a run that did not train."
+    fixes = [Fix("fix the error the trainer reported" + (f" ({plain(fx.run.error, 120)})"
+                                                         if fx.run.error else "")
+                 + ", then watch the training again", why)]
+    ev: dict[str, Any] = {"exit_code": code, "trained": fx.run.trained,
+                          "failed_at_s": when}
+    if fx.run.error:
+        ev["error"] = fx.run.error
+    if fx.run.exit_signal:
+        ev["signal"] = fx.run.exit_signal
+    return [Finding(
+        kind=Kind.COMMAND_FAILED, severity="critical" if not trained else "warning",
+        confidence=1.0, summary=summary, evidence=ev, fixes=fixes, est_speedup=1.0,
+        rule=f"exit code {code} ≠ 0, not stopped by the user"
+        + ("" if trained else "; no training seen: the verdict, no bottleneck named"),
+        too_little_data=not trained)]

@@ -26,6 +26,7 @@ from stallscope.analysis.diagnose.tfdata import (
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (
     BUSY_SPARE,
+    OTHERS_BUSY_CORES,
     limited,
     spare_cores,
 )
@@ -223,11 +224,15 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
         ev["note"] = note
     summary = _input_summary(fx, how, stall, fetch, steady is not None, reasons)
     fixes = _input_fixes(data, fx, how, fetch, tf)
+    cap, shared = stall_ceiling(fx, stall)
     if tf and not fetch:
-        est = tf_prep_estimate(fx, _speedup(stall))
+        est = tf_prep_estimate(fx, cap)
     else:
-        est = _speedup(stall) if fetch else _prep_estimate(fx, stall)
+        est = cap if fetch else _prep_estimate(fx, stall)
     rule = how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
+    if shared is not None and est == cap:
+        ev["ceiling_assumes"] = shared
+        rule += f"; ceiling ×{cap:.2f}: {shared}"
     return [Finding(
         kind=kind,
         severity=severity,
@@ -260,7 +265,10 @@ def loading_waits(fx: Facts, stall: float | None) -> float | None:
     cpu = fx.loader.worker_cpu_pct if fx.loader.workers else fx.procs.main_cpu_pct
     if cpu is None or cpu >= WAIT_CPU_PCT:
         return None
-    if (fx.loader.worker_runq_pct or 0.0) >= WAIT_RUNQ_PCT:
+    # waiting for a CPU is not waiting on something else: the loading side's own run-queue
+    # wait (the trainer's, at num_workers=0, where it loads its own data)
+    runq = fx.loader.worker_runq_pct if fx.loader.workers else fx.procs.main_runq_pct
+    if (runq or 0.0) >= WAIT_RUNQ_PCT:
         return None
     d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
     if d is not None and d >= 0.10:
@@ -393,7 +401,37 @@ def _prep_estimate(fx: Facts, stall: float | None = None) -> float:
         gain = prep_gain(fx, _prep_target(fx, nw, cores), stall)
         if gain is not None:
             return gain
-    return _speedup(fx.steps.stall_fraction if stall is None else stall)
+    return stall_ceiling(fx, fx.steps.stall_fraction if stall is None else stall)[0]
+
+
+#: the trainer's main-thread run-queue wait (% of the time) from which DataLoader workers on
+#: the same cores are taken to slow its compute as well as its input
+SHARED_RUNQ_PCT = 5.0
+#: the least step left once the stall and the core sharing are gone (share of today's step)
+MIN_LEFT = 0.05
+
+
+def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
+    """(the speed-up if the whole stall went away, what that assumed beyond "compute
+    unchanged"). Where the loading shares the cores with the compute (DataLoader workers beside
+    a trainer that waited for a CPU ≥ :data:`SHARED_RUNQ_PCT` of the time, no other process
+    taking cores: that is ``cpu_contention``), removing the loading also gives the compute the
+    CPU the loading took from it: the trainer's run-queue wait goes with the stall (measured:
+    one worker decoding beside the trainer on 2 cores, the stall's own ceiling ×1.9-2.1, the
+    loading removed ×5.2)."""
+    base = _speedup(stall)
+    runq = fx.procs.main_runq_pct
+    if stall is None or runq is None or runq < SHARED_RUNQ_PCT or not fx.loader.workers:
+        return base, None
+    if (fx.host.others_cpu_cores or 0.0) >= OTHERS_BUSY_CORES:
+        return base, None  # other processes take the cores: cpu_contention's
+    left = max(MIN_LEFT, 1.0 - stall - runq / 100.0)
+    est = round(1.0 / left, 2)
+    if est <= base:
+        return base, None
+    return est, (f"the loading shares the cores with the compute: the trainer waited for a CPU "
+                 f"{runq:.0f}% of the time, which goes with the loading (the stall's own "
+                 f"ceiling, compute unchanged, is ×{base:.2f})")
 
 
 def _prep_target(fx: Facts, nw: int, cores: int) -> int:
@@ -463,8 +501,22 @@ def _prep_fixes(fx: Facts) -> list[Fix]:
                      "CPU for them"))
     else:
         fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
-                         "min(4, cores))", "workers are CPU-saturated"))
+                         "min(4, cores))", _more_workers_why(fx)))
     return fixes
+
+
+def _more_workers_why(fx: Facts) -> str:
+    """Why more workers, from this run's own evidence only (a run with no workers is never
+    told its workers are saturated)."""
+    if fx.loader.workers:
+        cpu = fx.loader.worker_cpu_pct
+        return (f"its {fx.loader.workers} worker(s) ran at {cpu:.0f}% of a core each: more of "
+                "them prepare more batches at once" if cpu is not None else
+                f"its {fx.loader.workers} worker(s) did not keep up with the trainer")
+    cpu = fx.procs.main_cpu_pct
+    return ("the trainer loads its own data (no DataLoader worker processes)"
+            + (f" at {cpu:.0f}% CPU" if cpu is not None else "")
+            + ": workers would prepare the next batches while it computes")
 
 
 def _gain_note(fx: Facts, target: int) -> str:
