@@ -426,34 +426,27 @@ MAX_PROCESSES = 50
 
 
 def _processes(data: RunData) -> str:
-    procs = [e for e in data.entities if e.get("source") == "procs"]
+    """The training's processes as the facts hold them (the CPU mean over the training window,
+    the figure `compare` shows for the trainer)."""
+    procs = data.facts().procs.processes
     if not procs:
         return ""
-    cpu = data.metric("procs.cpu_pct")
-    rss = data.metric("procs.rss_mib")
-
-    def mean(ent: str) -> float:
-        s = cpu.get(ent)
-        return sum(s.v) / len(s.v) if s is not None and s.v else math.nan
-
-    roles = data.roles()
-    procs.sort(key=lambda e: (roles.get(e["entity"]) != "main", -_nan0(mean(e["entity"]))))
     out = ['<section id="processes"><h2>Trainer processes</h2><table><tr><th>pid</th>'
-           "<th>role</th><th>name</th><th>mean CPU %</th><th>max RSS MiB</th><th>seen</th>"
-           "<th>command line</th></tr>"]
-    for e in procs[:MAX_PROCESSES]:
-        a = e["attrs"] if isinstance(e.get("attrs"), dict) else {}
-        r = rss.get(e["entity"])
-        first = finite_or_none(e.get("first_ts"))
-        last = finite_or_none(e.get("last_ts"))
+           "<th>role</th><th>name</th><th>mean CPU % (training window)</th>"
+           "<th>max RSS MiB</th><th>seen</th><th>command line</th></tr>"]
+    for p in procs[:MAX_PROCESSES]:
+        first = finite_or_none(p.get("first_ts"))
+        last = finite_or_none(p.get("last_ts"))
         seen = (f"{clock(first - data.t0)}–{clock(last - data.t0)}"
                 if first is not None and last is not None else "-")
+        cpu, rss = p.get("cpu_mean_pct"), p.get("rss_max_mib")
         out.append(
-            f'<tr><td class="num">{esc(e["entity"])}</td><td>{esc(roles.get(e["entity"], ""))}</td>'
-            f'<td>{esc(a.get("name", ""))}</td><td class="num">{esc(fmt_num(mean(e["entity"])))}'
-            f'</td><td class="num">{esc(fmt_num(max(r.v)) if r is not None and r.v else "-")}'
-            f'</td><td class="mono">{esc(seen)}</td>'
-            f'<td><code>{esc(str(a.get("cmdline", ""))[:160])}</code></td></tr>')
+            f'<tr><td class="num">{esc(p["pid"])}</td><td>{esc(p["role"])}</td>'
+            f'<td>{esc(p["name"])}</td>'
+            f'<td class="num">{esc(fmt_num(cpu) if cpu is not None else "-")}</td>'
+            f'<td class="num">{esc(fmt_num(rss) if rss is not None else "-")}</td>'
+            f'<td class="mono">{esc(seen)}</td>'
+            f'<td><code>{esc(p["cmdline"][:160])}</code></td></tr>')
     out.append("</table>")
     if len(procs) > MAX_PROCESSES:
         out.append(f'<p class="note">{len(procs) - MAX_PROCESSES} more processes not shown.</p>')
@@ -491,10 +484,6 @@ def _stacks(data: RunData) -> str:
         out.append("</table>")
     out.append("</section>")
     return "".join(out)
-
-
-def _nan0(v: float) -> float:
-    return 0.0 if v != v else v
 
 
 def _loader(data: RunData) -> str:

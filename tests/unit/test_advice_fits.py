@@ -145,3 +145,19 @@ def test_a_command_that_failed_before_training_is_said_so() -> None:
     assert "ModuleNotFoundError: No module named 'torch'" in f["summary"]
     assert len(doc["findings"]) == 1  # no "run longer", no "nothing looks like a training"
     assert not any("stallscope run --" in x["action"] for x in f["fixes"])
+
+
+def test_the_stacks_listed_are_the_trainings_the_sampled_seconds_count() -> None:
+    """The report said "97.1 s sampled" over rows adding up to 104.6 s: 9.17 s of the exit's
+    `rmtree` were listed among the training's stacks."""
+    from stallscope.analysis.stacks import top_stacks, trainer_phases
+
+    recs = [{"ts": T0 + 10, "pid": 7, "rank": None, "sampler": "inproc", "n": 400,
+             "s": {"data": 6.0, "compute": 4.0, "exit": 9.17},
+             "stacks": {"train;next": 6.0, "train;forward": 4.0, "main;rmtree": 9.17},
+             "stack_phase": {"train;next": "data", "train;forward": "compute",
+                             "main;rmtree": "exit"}}]
+    [p] = trainer_phases(recs)
+    rows = top_stacks(recs, 7, 12)
+    assert [r[0] for r in rows] == ["train;next", "train;forward"]
+    assert sum(r[2] for r in rows) <= p.total_s == 10.0

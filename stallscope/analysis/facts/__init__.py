@@ -175,6 +175,11 @@ class ProcessFacts:
     #: the trainer's main process runs Python (its name or command line says so); None when
     #: no process was recorded
     main_python: bool | None = None
+    #: every process of the training's tree, main first: ``pid``, ``role``, ``name``,
+    #: ``cmdline``, ``cpu_mean_pct`` (mean over the training window, 100 = one core: the
+    #: statistic ``compare``'s trainer CPU is for one trainer), ``rss_max_mib`` (over the run),
+    #: ``first_ts``/``last_ts`` (when it was seen)
+    processes: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,7 @@ class _Draft:
     error_at_s: float | None = None
     trained: bool | None = None
     main_python: bool | None = None
+    processes: list[dict[str, Any]] = field(default_factory=list)
     # --- gpu ---
     gpus: int = 0
     #: NVML utilization over the window's steady state (after the GPU's warm-up)
@@ -274,6 +275,7 @@ def _draft(data: RunData) -> _Draft:
     _stack_signals(sig, data, procs, stall=sig.stall_source is None)
     _gpu_signals(sig, data, full)
     _proc_signals(sig, data)
+    sig.processes = _process_rows(data, full)
     _disk_signals(sig, data)
 
     host = {k: data.get(f"host.{k}") for k in ("cpu_pct", "cpu_max_core_pct", "iowait_pct",
@@ -703,6 +705,28 @@ def _others_cpu(data: RunData, host: Series | None, cores: int | None) -> float 
     rest = [v * cores / 100 - own[t] / 100 for t, v in zip(host.ts, host.v) if t in own]
     m = median(rest)
     return None if m is None else _r(max(0.0, m))
+
+
+def _process_rows(data: RunData, full: RunData) -> list[dict[str, Any]]:
+    """The training's processes, main first then by CPU: each one's mean CPU over the training
+    window (``data``, clipped), its peak memory over the run (``full``)."""
+    roles = full.roles()
+    out: list[dict[str, Any]] = []
+    for e in full.entities:
+        if e.get("source") != "procs":
+            continue
+        pid = str(e["entity"])
+        raw = e.get("attrs")
+        a: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        cpu = data.get("procs.cpu_pct", pid)
+        rss = full.get("procs.rss_mib", pid)
+        out.append({"pid": pid, "role": roles.get(pid, ""), "name": str(a.get("name", "")),
+                    "cmdline": str(a.get("cmdline", ""))[:400],
+                    "cpu_mean_pct": _r(mean(cpu.v)) if cpu is not None and cpu.v else None,
+                    "rss_max_mib": _r(max(rss.v), 1) if rss is not None and rss.v else None,
+                    "first_ts": e.get("first_ts"), "last_ts": e.get("last_ts")})
+    out.sort(key=lambda r: (r["role"] != "main", -float(r["cpu_mean_pct"] or 0.0)))
+    return out
 
 
 def _main_thread_busy(data: RunData, workers: list[Series]) -> float | None:
