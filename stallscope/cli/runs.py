@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from stallscope.analysis.facts.build import exit_status
+from stallscope.analysis.facts.build import exit_status, run_duration
 from stallscope.cli._common import out_console, safe
 from stallscope.errors import RunNotFound, StallscopeError, UsageError
 from stallscope.sources.owner import describe
@@ -101,12 +101,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         start = meta.get("start") or 0
         state = run_state(meta)  # the same answer as `show`
-        end = (meta.get("end") if state == "finished" else time.time() if state == "running"
-               else _last_sample(d))
+        last = _last_sample(d) if state == "interrupted" else None
         rows.append({
             "run": d.name, "path": str(d), "command": meta.get("command"),
             "start": start,
-            "duration_s": None if end is None else round(max(0.0, end - start), 1),
+            "duration_s": run_duration(meta, last),
             "exit_code": exit_status(meta)[0], "running": state == "running", "state": state,
             "owner": owner_of(meta),
             # what the diagnosis said: stored by `run` at its end, else diagnosed now (a

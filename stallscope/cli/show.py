@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +37,11 @@ def load_summary(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
 
 
 def duration(data: RunData) -> float | None:
-    """Seconds the run lasted: start to end once finished, start to now while it runs, start to
-    its last sample once interrupted (a killed monitor never wrote an end)."""
-    meta = data.meta
-    start = meta.get("start")
-    if start is None:
-        return None
-    state = run_state(meta)
-    if state == "finished":
-        end = meta["end"]
-    elif state == "running":
-        end = time.time()
-    elif data.span is not None:  # the same end as `runs` gives an interrupted run
-        end = data.span[1]
-    else:
-        return None
-    return round(max(0.0, float(end) - float(start)), 3)
+    """Seconds the run lasted, as the facts hold it (:func:`~stallscope.analysis.facts.build.
+    run_duration`: the same figure ``runs`` and the report show)."""
+    from stallscope.analysis.facts.build import run_duration
 
+    return run_duration(data.meta, data.span[1] if data.span else None)
 
 def _interval(meta: dict[str, Any]) -> str:
     """How often the run was sampled, in words."""

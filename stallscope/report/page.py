@@ -22,9 +22,11 @@ from stallscope.analysis.diagnose.model import Kind
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.analysis.summary import sampling_text
+from stallscope.analysis.throughput import SOURCE_TEXT
 from stallscope.metrics import lookup
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
 from stallscope.textsafe import html_text
+from stallscope.units import throughput as fmt_rate
 from stallscope.version import __version__
 
 __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
@@ -192,11 +194,15 @@ def _header(data: RunData) -> str:
     cmd_text = shlex.join(str(c) for c in cmd) if isinstance(cmd, list) else str(cmd or "-")
     start = finite_or_none(meta.get("start"))
     end = finite_or_none(meta.get("end"))
-    dur = (end - start) if start is not None and end is not None else data.t1 - data.t0
+    fx = data.facts()
+    dur = fx.run.duration_s if fx.run.duration_s else data.t1 - data.t0
     if end is None:
         state = "still running (or the monitor was killed)"
-    else:
-        state = f"exit code {meta.get('exit_code')}"
+    elif fx.run.exit_code is None:
+        state = "ended"
+    else:  # the exit as `run` returned it and `show` prints it (130 (SIGINT), never -2)
+        state = f"exit code {fx.run.exit_code}" + (f" ({fx.run.exit_signal})"
+                                                   if fx.run.exit_signal else "")
     rows: list[tuple[str, str]] = [
         ("command", f"<code>{esc(cmd_text)}</code>"),
         ("host", esc(meta.get("host", "-"))),
@@ -204,6 +210,9 @@ def _header(data: RunData) -> str:
          if start is not None else "-"),
         ("duration", esc(f"{clock(dur)} ({dur:,.0f} s)")),
         ("outcome", esc(state)),
+        ("throughput", esc(f"{fmt_rate(fx.steps.samples_per_s)} (from "
+                           f"{SOURCE_TEXT.get(fx.steps.throughput_source or '', '?')})")
+         if fx.steps.samples_per_s is not None else "-"),
         ("sampled", esc(sampling_text(meta))
          + (f" · {esc(meta['samples'])} samples" if "samples" in meta else "")),
     ]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
            "NO_TRAINING_SAMPLES", "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "build", "exit_status",
-           "limited", "mean", "median", "p95", "spare_cores", "starved"]
+           "limited", "mean", "median", "p95", "run_duration", "spare_cores", "starved"]
 
 #: a rank whose peers spend ≥ this share of their step more in collectives than it does is the
 #: one they wait for (docs/diagnosis.md "Communication wait")
@@ -252,11 +252,11 @@ def build(data: RunData) -> Facts:
 def _draft(data: RunData) -> _Draft:
     sig = _Draft()
     meta = data.meta
-    start, end = meta.get("start"), meta.get("end")
     cost = data.get("collector.cpu_s")
     sig.samples = len(cost.v) if cost else 0
-    if start and end:
-        sig.duration_s = round(end - start, 1)
+    dur = run_duration(meta, data.span[1] if data.span else None)
+    if dur is not None:
+        sig.duration_s = dur
     elif cost and cost.ts:
         sig.duration_s = round(cost.ts[-1] - cost.ts[0], 1)
     _exit_facts(sig, meta)
@@ -305,6 +305,25 @@ def _draft(data: RunData) -> _Draft:
 
 #: signals a user sends to stop a training (Ctrl-C, `kill`, a scheduler's cancel)
 _STOPS = frozenset({"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"})
+
+
+def run_duration(meta: dict[str, Any], last_sample: float | None) -> float | None:
+    """Seconds the run lasted (one decimal): start to end once finished, start to now while it
+    runs, start to its last sample once interrupted (a killed monitor never wrote an end).
+    ``show``, ``runs``, the report and the facts all read it here."""
+    import time
+
+    from stallscope.store.rundir import run_state
+
+    start = meta.get("start")
+    if not isinstance(start, (int, float)) or isinstance(start, bool):
+        return None
+    state = run_state(meta)
+    end = (meta.get("end") if state == "finished" else time.time() if state == "running"
+           else last_sample)
+    if not isinstance(end, (int, float)) or isinstance(end, bool):
+        return None
+    return round(max(0.0, float(end) - float(start)), 1)
 
 
 def exit_status(meta: dict[str, Any]) -> tuple[int | None, str | None, bool]:

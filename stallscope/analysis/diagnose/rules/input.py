@@ -717,7 +717,9 @@ def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
     if fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus \
             or fx.loader.workers or fx.run.samples < 3:
         return []
-    if data.meta.get("end") is None and (fx.run.duration_s or 0.0) < YOUNG_RUN_S:
+    ends = [t for s in data.series.values() for t in (s.ts[:1] + s.ts[-1:])]
+    sampled = max(ends) - min(ends) if ends else 0.0  # what was seen so far
+    if data.meta.get("end") is None and sampled < YOUNG_RUN_S:
         # a run still starting (the verdict so far in `top`): its DataLoader may not have
         # started its workers yet; "it has none" is not claimed before it could be seen
         return []
