@@ -10,7 +10,7 @@ minutes and hours.
 
 from __future__ import annotations
 
-__all__ = ["KIB", "MIB", "kib", "mib", "pct", "rate", "size", "throughput"]
+__all__ = ["KIB", "MIB", "kib", "mib", "pct", "rate", "size", "speedup", "throughput"]
 
 KIB = 1024  #: bytes in the kernel's and iostat's "kB"
 MIB = 1024 * 1024  #: bytes in a MiB (memory figures)
@@ -60,3 +60,9 @@ def throughput(samples_per_s: float | None) -> str:
     if samples_per_s is None:
         return "? samples/s"
     return f"{samples_per_s:,.1f} samples/s"
+
+
+def speedup(x: float) -> str:
+    """A speed-up or a ratio of throughputs: "×1.83" (two decimals). The verdict line, the
+    report and ``compare`` write every speed-up with this."""
+    return f"×{x:.2f}"

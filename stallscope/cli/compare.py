@@ -19,6 +19,7 @@ from stallscope.analysis.throughput import PROBE_STEPS, SOURCE_TEXT
 from stallscope.cli._common import add_out_option, out_console, resolve_run, safe
 from stallscope.loadermodel import stall_cap
 from stallscope.units import pct
+from stallscope.units import speedup as fmt_speedup
 from stallscope.units import throughput as fmt_rate
 
 #: (label, key in the signals, unit)
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     for r in out["rows"]:
         table.add_row(r["what"], fmt(r["key"], r["a"]), fmt(r["key"], r["b"]),
-                      "-" if r["ratio"] is None else f"×{r['ratio']:.2f}")
+                      "-" if r["ratio"] is None else fmt_speedup(r["ratio"]))
     table.add_row("verdict", safe(out["verdict_a"]), safe(out["verdict_b"]), "")
     out_console.print(f"A: {safe(out['a'])}", highlight=False, soft_wrap=True)
     out_console.print(f"B: {safe(out['b'])}", highlight=False, soft_wrap=True)
@@ -195,18 +196,18 @@ def run(args: argparse.Namespace) -> int:
                     f"{k.upper()} {SOURCE_TEXT[v]}" for k, v in src.items() if v))
         out_console.print(line, highlight=False, soft_wrap=True)
     if "speedup" in out:
-        line = f"B is ×{out['speedup']:.2f} the throughput of A"
+        line = f"B is {fmt_speedup(out['speedup'])} the throughput of A"
         if "applied_fix" in out:
             line += f"; B applied A's fix \"{safe(out['applied_fix'])}\""
             if out.get("num_workers_from_processes"):
                 line += " (num_workers read from the worker processes the runs had: no probe)"
             if "estimated_speedup" in out:
-                line += (f", expected ×{out['estimated_speedup']:.2f}: "
+                line += (f", expected {fmt_speedup(out['estimated_speedup'])}: "
                          f"{pct(out['delivered_share'])} of the expected gain delivered")
         elif "estimated_speedup" in out:
             line += (f"; no fix of A's diagnosis matches what changed; A's data-wait ceiling "
                      f"(the whole stall of {pct(out.get('stall_a'))} gone, compute "
-                     f"unchanged) was ×{out['estimated_speedup']:.2f}: "
+                     f"unchanged) was {fmt_speedup(out['estimated_speedup'])}: "
                      f"{pct(out['delivered_share'])} of it")
         out_console.print(line, highlight=False, soft_wrap=True)
         for why in out.get("shortfall") or ():

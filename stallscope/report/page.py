@@ -26,6 +26,7 @@ from stallscope.analysis.throughput import SOURCE_TEXT
 from stallscope.metrics import lookup
 from stallscope.report.plots import AXES_LEFT, AXES_RIGHT, clock, finite_or_none
 from stallscope.textsafe import html_text
+from stallscope.units import speedup as fmt_speedup
 from stallscope.units import throughput as fmt_rate
 from stallscope.version import __version__
 
@@ -266,7 +267,7 @@ def _verdict(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
         # fact it read as that finding's (a cpu_contention x1.63 next to a wait whose own
         # finding said x1.55)
         parts.append(f'<p id="verdict-speedup">Fixing this ({esc(kind)}) could make training '
-                     f"up to <b>×{sp:.2f}</b> faster.</p>")
+                     f"up to <b>{esc(fmt_speedup(sp))}</b> faster.</p>")
     fixes = [f for f in top.get("fixes") or [] if isinstance(f, dict)]
     if fixes:
         parts.append("<div><b>Do first:</b> " + prose(fixes[0].get("action", "")) + "</div>")
@@ -297,7 +298,8 @@ def _findings(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
                 f'<span class="mute">confidence <span class="conf"><i style="width:{width:.0f}%">'
                 f"</i></span> {_pct(conf)}</span>"]
         if sp is not None and sp > 1.01:  # ×1.00 says nothing: nothing to gain
-            head.append(f'<span class="mute">est. speedup up to <b>×{sp:.2f}</b></span>')
+            head.append('<span class="mute">est. speedup up to '
+                        f'<b>{esc(fmt_speedup(sp))}</b></span>')
         fixes = [x for x in f.get("fixes") or [] if isinstance(x, dict)]
         fix_html = ("<ol>" + "".join(
             f"<li><b>{prose(x.get('action', ''))}</b>"

@@ -3,7 +3,7 @@ evidence, on runs built from recorded-shape series (tests/diagnose_inputs.py).""
 
 from __future__ import annotations
 
-from diagnose_inputs import T0, N, WORKERS, procs, run, ser, steps
+from diagnose_inputs import T0, WORKERS, N, procs, run, ser, steps
 
 from stallscope.analysis.diagnose import diagnose
 from stallscope.store import Series

@@ -17,6 +17,7 @@ from stallscope.analysis.diagnose.rules import RULES, run_rules
 from stallscope.analysis.facts import Facts, compute_facts
 from stallscope.analysis.rundata import RunData, load_run
 from stallscope.textsafe import split_commands
+from stallscope.units import speedup
 
 __all__ = [
     "KINDS",
@@ -213,7 +214,7 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
         head.append("verdict: " if i == 0 else "also: ", style="bold")
         head.append(f["kind"], style=colors.get(f["severity"], ""))
         head.append(f"  ({f['severity']}, confidence {f['confidence']:.2f}"
-                    + (f", up to {f['est_speedup']:.1f}x faster" if f["est_speedup"] > 1.01
+                    + (f", up to {speedup(f['est_speedup'])} faster" if f["est_speedup"] > 1.01
                        else "") + ")")
         lines.append(head)
         prose(f["summary"], "  ")
