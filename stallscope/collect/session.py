@@ -129,7 +129,7 @@ class Session:
         self._facts_stop = threading.Event()
         self._dataset_bytes: list[int] = []
         #: every process's CPU time when the watching began (sources/others.py), and when
-        self._others: dict[int, tuple[float, str, float]] | None = None
+        self._others: dict[int, tuple[float, str, float, float]] | None = None
         self._others_at = 0.0
         self.finished = False
         #: what :meth:`finish` could not write, in words (empty when everything was recorded)
@@ -173,9 +173,10 @@ class Session:
         self.sources.append(source)
         return None
 
-    def watch(self, root_pid: int) -> None:
-        """Follow the process tree under ``root_pid`` and start sampling."""
-        procs, more = open_sources(("procs",), root_pid=root_pid)
+    def watch(self, root_pid: int, exclude: frozenset[int] = frozenset()) -> None:
+        """Follow the process tree under ``root_pid`` and start sampling; the ``exclude`` pids
+        and what they start are never part of it (``run --pid``: stallscope itself)."""
+        procs, more = open_sources(("procs",), root_pid=root_pid, exclude=exclude)
         self.unavailable.update(more)
         self.meta["unavailable"] = self.unavailable
         self.meta["pid"] = root_pid

@@ -16,11 +16,14 @@ __all__ = ["MIN_CORES", "busiest_others", "cpu_snapshot"]
 #: a process beside the run is named when it kept at least this share of a core busy
 MIN_CORES = 0.05
 
-Snapshot = dict[int, tuple[float, str, float]]  #: pid -> (CPU seconds, name, create time)
+#: pid -> (CPU seconds, name, create time, CPU seconds of its reaped children)
+Snapshot = dict[int, tuple[float, str, float, float]]  # (a 3-tuple: no children's time)
 
 
 def cpu_snapshot() -> Snapshot:
-    """Every process's CPU seconds (user + system), name and start time, now."""
+    """Every process's CPU seconds (user + system), name, start time, and the CPU its reaped
+    children used (the kernel adds an exited child's time to the parent that waited for it:
+    short-lived processes a shell or a job runner starts show there), now."""
     import psutil
 
     out: Snapshot = {}
@@ -29,32 +32,54 @@ def cpu_snapshot() -> Snapshot:
         t = info.get("cpu_times")
         if t is None or info.get("create_time") is None:
             continue  # gone, or not ours to read
+        kids = float(getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0))
         out[p.pid] = (float(t.user + t.system), str(info.get("name") or "?"),
-                      float(info["create_time"]))
+                      float(info["create_time"]), kids)
     return out
 
 
 def busiest_others(before: Snapshot, after: Snapshot, seconds: float, exclude: Iterable[int],
                    started: float, n: int = 5) -> list[dict[str, Any]]:
-    """The ``n`` processes not in ``exclude`` that used the most CPU between the snapshots
-    (``seconds`` apart; a process started after ``started``, the first snapshot's wall time,
-    counts all its CPU), each at least :data:`MIN_CORES`: ``{"pid", "name", "cores"}``."""
+    """Who used the CPU between the snapshots (``seconds`` apart), outside ``exclude``: each
+    process with what its short-lived children used (``{"pid", "name", "cores"}``, and
+    ``"children_cores"`` when those count), processes of one name taken together (``"pid"``
+    the busiest, ``"processes"`` how many), each entry at least :data:`MIN_CORES`, the ``n``
+    busiest. A process started after ``started`` (the first snapshot's wall time) counts all
+    its CPU. What these do not hold came from processes that came and went without a parent
+    here to reap them: the caller names that remainder."""
     if seconds <= 0:
         return []
     skip = set(exclude)
-    used: list[tuple[float, int, str]] = []
-    for pid, (cpu, name, created) in after.items():
+    groups: dict[str, dict[str, Any]] = {}
+    for pid, now in after.items():
         if pid in skip:
             continue
+        cpu, name, created = now[0], now[1], now[2]
+        kids = now[3] if len(now) > 3 else 0.0  # snapshots without children's time: none
         old = before.get(pid)
         if old is not None and abs(old[2] - created) < 0.01:
-            delta = cpu - old[0]  # the same process (not a reused pid)
+            own, reaped = cpu - old[0], kids - (old[3] if len(old) > 3 else 0.0)
         elif created >= started:
-            delta = cpu  # started during the run
+            own, reaped = cpu, kids  # started during the run
         else:
             continue
-        if delta / seconds >= MIN_CORES:
-            used.append((delta, pid, name))
-    used.sort(reverse=True)
-    return [{"pid": pid, "name": name, "cores": round(d / seconds, 2)}
-            for d, pid, name in used[:n]]
+        own, reaped = max(0.0, own), max(0.0, reaped)
+        g = groups.setdefault(name, {"name": name, "pids": [], "own": 0.0, "reaped": 0.0,
+                                     "top": (-1.0, pid)})
+        g["pids"].append(pid)
+        g["own"] += own
+        g["reaped"] += reaped
+        g["top"] = max(g["top"], (own + reaped, pid))
+    out = []
+    for g in groups.values():
+        cores = (g["own"] + g["reaped"]) / seconds
+        if cores < MIN_CORES:
+            continue
+        e: dict[str, Any] = {"pid": g["top"][1], "name": g["name"], "cores": round(cores, 2)}
+        if len(g["pids"]) > 1:
+            e["processes"] = len(g["pids"])
+        if g["reaped"] / seconds >= MIN_CORES:
+            e["children_cores"] = round(g["reaped"] / seconds, 2)
+        out.append(e)
+    out.sort(key=lambda e: -e["cores"])
+    return out[:n]

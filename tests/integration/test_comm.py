@@ -491,3 +491,32 @@ def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:
     assert r.stdout.split() == ["False", "True", "True", "True", "True"], (r.stdout, r.stderr)
     assert r.stderr.count("communication time not measured: ImportError('always')") == 1, \
         r.stderr
+
+
+def test_the_named_cores_add_up_to_the_figure() -> None:
+    """Issue 49: "other processes kept 1.7 of its 2 cores busy" then "stop pid 19288 (python,
+    0.2 cores)" left 1.5 cores unexplained. Processes of one name are taken together, a parent
+    counts the short-lived children it reaped, and what no process alive at the end explains
+    is said, so the parts add up to the figure."""
+    from stallscope.sources.others import busiest_others
+
+    t0 = 1000.0
+    before = {2: (5.0, "python", 500.0, 0.0), 3: (5.0, "python", 500.0, 0.0),
+              7: (1.0, "bash", 500.0, 10.0)}
+    after = {2: (9.0, "python", 500.0, 0.0), 3: (8.0, "python", 500.0, 0.0),
+             7: (1.2, "bash", 500.0, 24.0)}
+    got = busiest_others(before, after, 10.0, exclude=set(), started=t0)
+    assert got == [{"pid": 7, "name": "bash", "cores": 1.42, "children_cores": 1.4},
+                   {"pid": 2, "name": "python", "cores": 0.7, "processes": 2}]
+    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
+                ser("procs.cpu_pct", "1", [100.0] * 20),
+                ser("host.cpu_pct", "", [85.0] * 20)],
+               steps(0, 100, 0.002, 0.098, None), config={},
+               meta={"logical_cores": 4, "busy_others": got}, entities=procs({"1": "main"}))
+    f = next(f for f in diagnose(data)["findings"] if f["kind"] == "cpu_contention")
+    action = f["fixes"][0]["action"]
+    others = f["evidence"]["others_cpu_cores"]
+    assert "pid 7 (bash, 1.4 cores with the short-lived processes it started)" in action
+    assert "2 processes named python (pid 2 the busiest, 0.7 cores)" in action
+    rest = round(others - 1.42 - 0.7, 1)
+    assert f"and {rest:.1f} cores more by processes that came and went" in action, action

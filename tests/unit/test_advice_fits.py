@@ -161,3 +161,18 @@ def test_the_stacks_listed_are_the_trainings_the_sampled_seconds_count() -> None
     rows = top_stacks(recs, 7, 12)
     assert [r[0] for r in rows] == ["train;next", "train;forward"]
     assert sum(r[2] for r in rows) <= p.total_s == 10.0
+
+
+def test_a_move_within_the_metrics_own_noise_and_scale_is_no_change() -> None:
+    """`change:` called a disk's r_await moving from 0.25 ms to 0 ms a shift."""
+    from stallscope.analysis.diagnose import changes
+
+    # (the detector's reference is the first 50 samples: each level lasts 80)
+    quiet = [0.25, 0.3] * 40 + [0.0] * 80
+    data = run([ser("disk.r_await_ms", "vda", quiet)])
+    assert changes(data) == []
+    real = [0.5, 0.6] * 40 + [12.0, 12.5] * 40  # a real slowdown of the disk: still told
+    data = run([ser("disk.r_await_ms", "vda", real)])
+    assert [c["metric"] for c in changes(data)] == ["disk.r_await_ms"]
+    noisy = [4.0, 9.0] * 40 + [7.0, 12.0] * 40  # a 3-ms move inside a 5-ms swing
+    assert changes(run([ser("disk.r_await_ms", "vda", noisy)])) == []

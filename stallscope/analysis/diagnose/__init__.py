@@ -114,8 +114,22 @@ def _cause_near(causes: list[tuple[float, str]], ts: float, within: float) -> st
     return min(near)[1] if near else None
 
 
-#: (what, unit, smallest relative shift worth telling) for the series watched for changes
-_WATCHED = (("disk.r_await_ms", "ms", 0.25), ("gpu.temp_c", "°C", 0.05))
+#: (what, unit, smallest relative shift worth telling, smallest absolute one) for the series
+#: watched for changes: a disk's read latency moving from 0.25 ms to 0 ms is no change of pace
+_WATCHED = (("disk.r_await_ms", "ms", 0.25, 2.0), ("gpu.temp_c", "°C", 0.05, 3.0))
+#: a change must be this many times the series' own sample-to-sample noise
+NOISE_TIMES = 3.0
+
+
+def _noise(xs: list[float]) -> float:
+    """The series' own noise: the median absolute first difference over √2 (a level shift
+    moves one difference only, so it does not count as noise)."""
+    from itertools import pairwise
+
+    from stallscope.stats import median as med
+
+    d = [abs(b - a) for a, b in pairwise(xs) if math.isfinite(a) and math.isfinite(b)]
+    return med(d) / math.sqrt(2) if d else 0.0
 
 
 def changes(data: RunData) -> list[dict[str, Any]]:
@@ -134,8 +148,9 @@ def changes(data: RunData) -> list[dict[str, Any]]:
 
     def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
             rel: float, least: float = 0.0) -> None:
+        floor = max(least, NOISE_TIMES * _noise(xs), 1e-9)
         found = [c for c in detect_changes(ts, xs)
-                 if abs(c.after - c.before) >= max(rel * abs(c.before), least, 1e-9)]
+                 if abs(c.after - c.before) >= max(rel * abs(c.before), floor)]
         # a real but small shift is not worth a line; a shift undone before it lasted
         # MIN_LASTING_S is a blip, not a change of pace (a 1.2-s stall once read as one)
         step = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else 0.0
@@ -169,9 +184,9 @@ def changes(data: RunData) -> list[dict[str, Any]]:
         add("data_wait_share", f"rank{rank}", "", ts,
             [s.wait_s / (s.wait_s + s.host_s) if s.wait_s + s.host_s > 0 else math.nan
              for s in steps], 0.0, 0.2)
-    for name, unit, rel in _WATCHED:
+    for name, unit, rel, least in _WATCHED:
         for s in data.all(name):
-            add(name, s.entity, unit, s.ts, s.v, rel)
+            add(name, s.entity, unit, s.ts, s.v, rel, least)
     out.sort(key=lambda c: c["start_s"])
     return out
 

@@ -167,6 +167,18 @@ def _busy_host(fx: Facts) -> tuple[float, float] | None:
     return (least, others) if least >= RUNQ_BUSY_PCT else None
 
 
+def _other_text(b: dict[str, Any]) -> str:
+    """"pid 19288 (python, 0.2 cores)", "8 processes named python (pid 19288 the busiest, 1.6
+    cores)", "pid 77 (bash, 1.1 cores with the short-lived processes it started)"."""
+    name = plain(str(b.get("name", "?")), 40)
+    kids = " with the short-lived processes they started" if b.get("children_cores") else ""
+    if isinstance(b.get("processes"), int) and b["processes"] > 1:
+        return (f"{b['processes']} processes named {name} (pid {b['pid']} the busiest, "
+                f"{b['cores']:.1f} cores{kids})")
+    kids = kids.replace("they", "it")
+    return f"pid {b['pid']} ({name}, {b['cores']:.1f} cores{kids})"
+
+
 def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
     """cpu_contention: every trainer process (each rank, or the one trainer) waited for a CPU
     ≥ 20% of the time while other processes kept ≥ 0.5 of the host's cores busy: a busy host,
@@ -193,13 +205,18 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
                     f"({shares} of the step) cannot show which rank the others wait for.")
     others_busy = [b for b in data.meta.get("busy_others") or []
                    if isinstance(b, dict) and isinstance(b.get("pid"), int)
-                   and isinstance(b.get("cores"), (int, float))][:3]
-    # the run names who took the cores when they were still there at its end; else the
-    # command that lists them, last, so it prints whole on a line of its own
+                   and isinstance(b.get("cores"), (int, float))][:4]
+    # the run names who took the cores when they were still there at its end (a process
+    # with the short-lived ones it started, one name's processes together); what they do not
+    # explain of the figure above is said, so the named parts add up to it
+    named = sum(float(b["cores"]) for b in others_busy)
+    rest = others - named
+    parts = [_other_text(b) for b in others_busy]
+    if others_busy and rest >= 0.1:
+        parts.append(f"and {rest:.1f} cores more by processes that came and went during the "
+                     "run (not there to be named at its end)")
     action = (f"give the training its cores back on {host}: stop or move the other busy "
-              "processes: " + ", ".join(
-                  f"pid {b['pid']} ({plain(str(b.get('name', '?')), 40)}, {b['cores']:.1f} "
-                  "cores)" for b in others_busy) + ", or run on a less loaded node"
+              "processes: " + ", ".join(parts) + ", or run on a less loaded node"
               if others_busy else
               f"give the training its cores back on {host}: stop or move the other busy "
               "processes, or run on a less loaded node; they are listed by "
