@@ -22,6 +22,7 @@ from typing import Any
 from rich.text import Text
 
 from stallscope import units
+from stallscope.analysis.diagnose.model import Kind
 from stallscope.collect.collector import Event, Sample
 from stallscope.live.training import WINDOW_S, TrainingView, TrainingWatch
 from stallscope.sources.gpu import health_parts
@@ -452,8 +453,8 @@ def _training_lines(state: ViewState, width: int) -> list[Text]:
                            "than it does", width=width))
     if t.verdict is not None:
         age = f" (as of {t.verdict_age_s:.0f} s ago)" if t.verdict_age_s is not None else ""
-        calm = ("compute_bound", "insufficient_data", "data_wait_unknown")
-        style = "" if t.verdict in calm else _WARN
+        known = Kind.lookup(t.verdict)  # calm or alarm: said once, on Kind
+        style = "" if known is not None and known.calm else _WARN
         lines.append(_line("verdict  ", (plain(t.verdict, 40), style or "bold"),
                            f"  {plain(t.reason or '', 300)}", (age, "dim"), width=width))
     else:

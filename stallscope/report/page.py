@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from stallscope.analysis.diagnose.model import Kind
+from stallscope.analysis.diagnose.model import Kind, title_of
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.analysis.summary import sampling_text
@@ -34,7 +34,7 @@ __all__ = ["KIND_TITLES", "esc", "fmt_num", "render_page"]
 
 #: a plain-language title per finding kind (the diagnosis's Kind carries them); unknown kinds
 #: show as-is
-KIND_TITLES: dict[str, str] = {k.value: k.heading for k in Kind}
+KIND_TITLES: dict[str, str] = {k.value: k.title for k in Kind}
 _SEVERITIES = ("critical", "warning", "info")
 MAX_EVENTS = 200
 
@@ -166,13 +166,9 @@ def _pct(v: Any) -> str:
 
 
 def _kind_title(kind: str, has_gpu: bool = True) -> str:
-    """The plain-language title of a finding kind; a run without a GPU is bound by its CPU,
-    not by a GPU it does not have."""
-    if kind == "compute_bound" and not has_gpu:
-        return "Compute-bound: the CPU is the bottleneck (healthy: training, not input, " \
-            "takes the time)"
-    return KIND_TITLES.get(kind, kind)
-
+    """The plain-language title of a finding kind (:meth:`Kind.title_for`: a run without a GPU
+    is bound by its CPU, not by a GPU it does not have)."""
+    return title_of(kind, has_gpu)
 
 def _has_gpu(data: RunData) -> bool:
     return any(s.v for s in data.all("gpu.util_pct"))
@@ -244,7 +240,8 @@ def _verdict(diagnosis: dict[str, Any] | None, has_gpu: bool = True) -> str:
     kind = str(diagnosis.get("verdict") or (findings[0].get("kind") if findings else "")
                or "insufficient_data")
     top = next((f for f in findings if f.get("kind") == kind), findings[0] if findings else {})
-    sev = "ok" if kind == "compute_bound" else _severity(top.get("severity", "info"))
+    known = Kind.lookup(kind)  # a kind's mood lives on Kind
+    sev = "ok" if known is not None and known.healthy else _severity(top.get("severity", "info"))
     parts = [f'<section id="verdict" class="verdict sev-{sev}">',
              '<div class="mute">Verdict</div>',
              f'<div class="big" id="verdict-title">{esc(_kind_title(kind, has_gpu))}</div>',

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stallscope.analysis.diagnose.model import KINDS, Finding, Fix, Kind, kind_title
+from stallscope.analysis.diagnose.model import KINDS, Finding, Fix, Kind, title_of
 from stallscope.analysis.diagnose.rules import RULES, run_rules
 from stallscope.analysis.facts import Facts, compute_facts
 from stallscope.analysis.rundata import RunData, load_run
@@ -31,10 +31,10 @@ __all__ = [
     "diagnose",
     "diagnose_run",
     "diagnosis_lines",
-    "kind_title",
     "owner_lead",
     "print_diagnosis",
     "render_diagnosis",
+    "title_of",
 ]
 
 
@@ -272,22 +272,6 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
     return lines
 
 
-#: how a verdict reads after "is" in the owner's line
-_VERDICT_WORDS = {"input_bound": "input-bound", "compute_bound": "compute-bound (healthy)",
-                  "h2d_bound": "bound by host-to-device copies", "gpu_throttled":
-                  "held back by a throttled GPU", "straggler_rank": "held back by a straggler",
-                  "waiting_for_peers": "waiting for a slower rank",
-                  "communication_bound": "communication-bound",
-                  "rank_jitter": "held back by ranks out of step",
-                  "cpu_contention": "short of CPU on a busy host",
-                  "host_swap": "swapping", "shm_pressure": "short of shared memory",
-                  "host_bound": "host-bound (the GPU waits for the CPU)",
-                  "slow_exit": "slow to exit", "gpu_health": "on a GPU that needs a person",
-                  "data_wait_unknown":
-                  "not diagnosed without the probe (its data wait cannot be told)",
-                  "insufficient_data": "not diagnosed yet (too little data)"}
-
-
 def owner_lead(doc: dict[str, Any]) -> str | None:
     """"job 4242, rank 1 on node-a is input-bound (input_bound.prep)": whose run it is and
     what it is, for a shared fleet; None when the run recorded no owner."""
@@ -302,7 +286,8 @@ def owner_lead(doc: dict[str, Any]) -> str | None:
     if doc.get("host"):
         who += f" on {doc['host']}"
     kind = str(doc.get("verdict") or "insufficient_data")
-    words = _VERDICT_WORDS.get(kind.split(".")[0], f"diagnosed {kind}")
+    known = Kind.lookup(kind)  # a kind's wording lives on Kind
+    words = known.verdict if known is not None else f"diagnosed {kind}"
     return f"{who} is {words}" + (f" ({kind})" if "." in kind else "")
 
 
