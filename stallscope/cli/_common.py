@@ -148,3 +148,95 @@ def watchable_process(pid: int) -> tuple[list[str], str, float]:
     except OSError as exc:
         raise UsageError(f"--pid {pid}: cannot read /proc/{pid}: {exc.strerror}") from None
     return cmdline or [name], name, started
+
+
+#: programs that run another program named among their arguments (``uv run stallscope ...``)
+_TOOL_RUNNERS = frozenset({"uv", "uvx", "pipx", "poetry", "pdm", "hatch", "rye", "conda",
+                           "micromamba", "mamba", "pixi"})
+
+
+def runs_stallscope(argv: list[str]) -> bool:
+    """Whether a command line runs stallscope: its console script, ``python -m stallscope``,
+    or a tool runner given ``stallscope`` (``uv run stallscope ...``)."""
+    import os
+    import re
+
+    words = [os.path.basename(a) for a in argv]
+    if not words:
+        return False
+    if words[0] == "stallscope":
+        return True
+    if words[0] in _TOOL_RUNNERS:
+        return "stallscope" in words
+    if not re.match(r"^(python[0-9.]*|pypy[0-9.]*)$", words[0]):
+        return False
+    for i, a in enumerate(argv[1:], 1):  # the interpreter's options, then what it runs
+        if a == "-m":
+            return i + 1 < len(argv) and argv[i + 1].split(".")[0] == "stallscope"
+        if a.startswith("-m"):
+            return a[2:].split(".")[0] == "stallscope"
+        if not a.startswith("-"):
+            return words[i] == "stallscope"
+    return False
+
+
+def own_processes(root: int) -> frozenset[int]:
+    """The processes a ``--pid`` watch of ``root`` never enters, nor anything under them: this
+    stallscope process (and so its py-spy) and the stallscope processes among its ancestors
+    below ``root`` (``bash -c 'stallscope run --pid $$'`` watches the shell that started it;
+    ``uv run stallscope`` or a wrapper script is one more stallscope above this one)."""
+    import os
+
+    import psutil
+
+    own = {os.getpid()}
+    try:
+        for p in psutil.Process().parents():
+            if p.pid == root:
+                break
+            try:
+                if runs_stallscope(p.cmdline()):
+                    own.add(p.pid)
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return frozenset(own)
+
+
+def tree_without(root: int, exclude: frozenset[int]) -> dict[int, int]:
+    """``root``'s descendants (pid -> parent pid) now, less the ``exclude`` pids and what is
+    under them (:func:`own_processes`)."""
+    import psutil
+
+    try:
+        kids = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return {}
+    parent: dict[int, int] = {}
+    for k in kids:
+        try:
+            parent[k.pid] = k.ppid()
+        except psutil.Error:
+            continue
+    out = {}
+    for pid, pp in parent.items():
+        up, seen = pid, set()
+        while up in parent and up not in exclude and up not in seen:
+            seen.add(up)
+            up = parent[up]
+        if up not in exclude:
+            out[pid] = pp
+    return out
+
+
+def nothing_but_self(root: int, exclude: frozenset[int]) -> bool:
+    """``root`` started this stallscope and runs nothing else (``bash -c 'stallscope run --pid
+    $$'``): its tree less stallscope's own processes is only the chain that leads to this one."""
+    import psutil
+
+    try:
+        chain = {p.pid for p in psutil.Process().parents()}
+    except psutil.Error:
+        return False
+    return root in chain and not set(tree_without(root, exclude)) - chain

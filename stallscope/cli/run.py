@@ -25,14 +25,19 @@ from stallscope.cli._common import (
     err_console,
     interval_type,
     keep_full_type,
+    nothing_but_self,
+    own_processes,
     rate_type,
+    runs_stallscope,
     safe,
+    tree_without,
     watchable_process,
 )
 from stallscope.collect.session import DEFAULT_INTERVAL_S, DEFAULT_WARMUP, Session
 from stallscope.errors import StallscopeError, UsageError
 from stallscope.store import DEFAULT_OUT
 from stallscope.store.paths import default_out
+from stallscope.textsafe import plain
 
 if TYPE_CHECKING:
     from stallscope.store.mirror import StepMirror
@@ -117,31 +122,39 @@ def _is_python(p: Any) -> bool:
         return False
 
 
-def python_trainers(pid: int) -> list[int]:
+def _is_stallscope(p: Any) -> bool:
+    import psutil
+
+    try:
+        return runs_stallscope(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def python_trainers(pid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
     """The pids whose Python stacks show the training of ``pid``'s tree: ``pid`` itself when it
     is Python (or when nothing in its tree is), else the topmost Python processes under it (a
-    shell wrapper's trainer; that trainer's DataLoader workers are below it, not beside it)."""
+    shell wrapper's trainer; that trainer's DataLoader workers are below it, not beside it).
+    Never stallscope: the ``exclude`` pids and what is under them (:func:`own_processes`: this
+    process and its py-spy), and no process that runs stallscope is taken for a trainer."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        if _is_python(root):
+        if _is_python(root) and not _is_stallscope(root):
             return [pid]
-        kids = root.children(recursive=True)
     except psutil.Error:
         return [pid]
-    py = {k.pid for k in kids if _is_python(k)}
-    top = []
-    for k in kids:
-        if k.pid not in py:
-            continue
+    tree = tree_without(pid, exclude)
+    py = set()
+    for k in tree:
         try:
-            parent = k.ppid()
+            proc = psutil.Process(k)
         except psutil.Error:
             continue
-        if parent not in py:
-            top.append(k.pid)
-    return sorted(top) or [pid]
+        if _is_python(proc) and not _is_stallscope(proc):
+            py.add(k)
+    return sorted(k for k in py if tree[k] not in py) or [pid]
 
 
 def _alive(pid: int, started: float) -> bool:
@@ -162,12 +175,17 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
         raise UsageError("--pid attaches to a running process: give no command")
     pid = args.pid
     cmdline, name, started = watchable_process(pid)
+    own = own_processes(pid)  # never watched: this process, its py-spy, stallscopes above it
+    if nothing_but_self(pid, own):
+        raise UsageError(f"--pid {pid} ({plain(name, 60)}): nothing to watch there but this "
+                         "stallscope itself (that process started it and runs nothing else); "
+                         "start the training first, or give the trainer's pid")
     session = Session.create(args.out or default_out(), name, cmdline, interval=interval,
                              warmup=warmup, data=args.data, keep_full_s=args.keep_full,
                              sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
     alert_sink.attach_run(session.run_dir)
     if not args.no_stacks:
-        targets = python_trainers(pid)
+        targets = python_trainers(pid, own)
         if targets != [pid] and not args.quiet:
             err_console.print(f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
                               f"the stacks of the Python trainer it runs, pid "
@@ -184,7 +202,7 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     how = "exited"
     try:
         try:
-            session.watch(pid)
+            session.watch(pid, exclude=own)
         except (StallscopeError, OSError, sqlite3.Error) as exc:
             err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}",
                               soft_wrap=True, highlight=False)

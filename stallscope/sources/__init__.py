@@ -39,7 +39,7 @@ class SourceArgs:
     """What a source may need besides its name: the trainer's root pid (``procs``), the disks to
     read (``disk``), the run folder (``probe``: the steps the probe wrote; ``stacks``), the
     drives whose SMART health to check (``smart``), the pids to sample with py-spy and at what
-    rate (``stacks``)."""
+    rate (``stacks``), the pids the tree walk never enters (``procs``: stallscope's own)."""
 
     root_pid: int | None = None
     disk_devices: Sequence[str] | None = None
@@ -47,6 +47,7 @@ class SourceArgs:
     smart_devices: Sequence[str] = ()
     attach: Sequence[int] = ()
     stack_rate_hz: float | None = None
+    exclude: frozenset[int] = frozenset()
 
 
 def _gpu(_a: SourceArgs) -> Source:
@@ -72,7 +73,7 @@ def _procs(a: SourceArgs) -> Source:
 
     if a.root_pid is None:
         raise ValueError("procs source needs root_pid")
-    return ProcsSource(a.root_pid)
+    return ProcsSource(a.root_pid, exclude=a.exclude)
 
 
 def _steps(a: SourceArgs) -> Source:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple, TypedDict, cast
 
 from stallscope.errors import ParseError, SourceUnavailable
@@ -247,14 +247,18 @@ RATES = tuple(ProcRates.__annotations__)
 
 
 class ProcsSource(Source):
-    """The process tree rooted at ``root_pid``."""
+    """The process tree rooted at ``root_pid``, less the ``exclude`` pids and everything under
+    them (``run --pid`` of the shell that started it: stallscope itself and its py-spy)."""
 
     name = "procs"
     transient_entities = True
 
     def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 exclude: Collection[int] = ()) -> None:
         self.root_pid = root_pid
+        #: processes never entered by the tree walk: neither they nor their descendants
+        self.exclude = frozenset(exclude) - {root_pid}
         self._clock = clock  #: read right after each process's stat: its rates' time base
         self.proc_root = proc_root
         self.rescan_every = rescan_every
@@ -333,7 +337,8 @@ class ProcsSource(Source):
         tree = {self.root_pid}
         grew = True
         while grew:
-            new = {p for p, pp in parent.items() if pp in tree and p not in tree}
+            new = {p for p, pp in parent.items()
+                   if pp in tree and p not in tree and p not in self.exclude}
             tree |= new
             grew = bool(new)
         parents = {pp for p, pp in parent.items() if p in tree and pp in tree}
@@ -357,7 +362,7 @@ class ProcsSource(Source):
                 if kids:
                     self._parents.add(pid)
                 for c in kids:
-                    if c not in tree:
+                    if c not in tree and c not in self.exclude:
                         tree.add(c)
                         todo.append(c)
                 tree.add(pid)
