@@ -156,13 +156,115 @@ def tool_missing(tool: str) -> None:
     pytest.fail(f"{tool} is not installed; CI installs it in .ci/run")
 
 
+#: where `stallscope run` and the standalone probe put runs when started in the checkout without
+#: --out or $STALLSCOPE_OUT: a test that does so leaves a run that the user's `show latest`
+#: then shows (issue 49). Tests write only to temporary folders.
+CHECKOUT_RUNS = ROOT / "stallscope-runs"
+
+
+def run_folders(folder: Path = CHECKOUT_RUNS) -> set[str]:
+    """The names in a runs folder (none when it does not exist)."""
+    try:
+        return set(os.listdir(folder))
+    except OSError:
+        return set()
+
+
+def index_lines(path: Path) -> list[str]:
+    """The lines of a run index (none when it cannot be read)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def leaks(runs_before: set[str], runs_after: set[str], index_before: list[str],
+          index_after: list[str], test_roots: tuple[Path, ...]) -> list[str]:
+    """What a test session left outside its temporary folders, one line each: run folders new
+    in the checkout's runs folder, and lines new in the real user's run index naming a run
+    under ``test_roots`` (the session's temporary folders, the checkout). A line naming another
+    folder is the user's own run, made beside the suite: not counted."""
+    out = [f"{CHECKOUT_RUNS / name}: a run folder left in the checkout"
+           for name in sorted(runs_after - runs_before)]
+    seen = set(index_before)
+    for line in index_after:
+        if line in seen or not line.strip():
+            continue
+        path = Path(line)
+        if any(path.is_relative_to(root) for root in test_roots):
+            out.append(f"{line}: added to the user's run index")
+    return out
+
+
+def _real_index() -> Path:
+    """The user's own run index, as stallscope finds it from this environment (before the
+    session's own state dir is set)."""
+    from stallscope.store.index import index_path
+
+    return index_path(os.environ)
+
+
+def _test_roots(config: pytest.Config) -> tuple[Path, ...]:
+    """Where this session's runs are: its temporary folders (pytest's base temp, which holds
+    the xdist workers' too) and the checkout. Not the whole of /tmp: people run stallscope
+    there beside the suite, into their own index."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    base = factory.getbasetemp().resolve() if factory is not None else None
+    return (ROOT,) if base is None else (base, ROOT)
+
+
+_BEFORE = pytest.StashKey[tuple[set[str], Path, list[str]]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Per-user state of the whole session (module- and session-scoped fixtures run before any
     test's own state dir below) goes to a temp dir too: runs made by those fixtures landed in
-    the user's run index, and a user who had run the suite saw them in `stallscope runs`."""
+    the user's run index, and a user who had run the suite saw them in `stallscope runs`.
+    The session's first process (not an xdist worker, whose environment is already the
+    session's) notes the checkout's runs and the user's index for pytest_sessionfinish."""
     import tempfile
 
+    if not hasattr(config, "workerinput"):
+        index = _real_index()
+        config.stash[_BEFORE] = (run_folders(), index, index_lines(index))
     os.environ["STALLSCOPE_STATE_DIR"] = tempfile.mkdtemp(prefix="stallscope-test-state-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session fails when it left a run in the checkout or in the user's run index (each
+    test's own check, below, names the test; this one also sees session fixtures and the
+    tests' children that outlive them)."""
+    before = session.config.stash.get(_BEFORE, None)
+    if before is None:
+        return
+    runs, index, lines = before
+    found = leaks(runs, run_folders(), lines, index_lines(index),
+                  _test_roots(session.config))
+    if not found:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    text = ("tests must write only to temporary folders; this session left:\n  "
+            + "\n  ".join(found))
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", "written outside the tests' temporary folders", red=True)
+        reporter.write_line(text)
+    else:
+        sys.stderr.write(text + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_in_the_checkout() -> Iterator[None]:
+    """A test that leaves a run folder in the checkout's ./stallscope-runs fails, named (two
+    workers run side by side: the folder may be the other worker's test's, which fails too)."""
+    before = run_folders()
+    yield
+    new = run_folders() - before
+    if new:
+        pytest.fail(f"a run was written into the checkout: {sorted(new)} in {CHECKOUT_RUNS}; "
+                    "tests write only to temporary folders (--out, cwd=tmp_path or "
+                    "$STALLSCOPE_OUT)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ import pytest
 from conftest import stallscope_argv
 
 from stallscope.probe.autotune import EpochTrial, decide, loader_call, predict_rate
+from stallscope.store import read_meta
 
 
 def trial(k: int, rate: float, wait_share: float, pf: int | None = 2, steps: int = 101
@@ -176,8 +177,9 @@ def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
+    # its own folder: the standalone probe's runs go to ./stallscope-runs, never the checkout's
     ref = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True,
-                         timeout=120, env=env)
+                         timeout=120, env=env, cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr
     plain = json.loads(ref.stdout.splitlines()[-1])
     out = tmp_path / "runs"
@@ -204,7 +206,7 @@ def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path
     assert "Burn|len=240|batch=8|train.py" in sig and best["num_workers"] >= 1
     # the next run of the same loader starts where this one ended
     again = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
-                           timeout=120, env=env)
+                           timeout=120, env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "the best configuration the last run of this loader found" in again.stderr
     assert json.loads(again.stdout.splitlines()[-1])["orders"] == plain["orders"]
@@ -247,10 +249,14 @@ def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path
     state.mkdir()
     os.mkfifo(state / "autotune.json")
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(state), "STALLSCOPE_PROBE": "1"}
+    # in its own folder: the standalone probe's run goes to ./stallscope-runs (it went into
+    # the checkout's, and the user's `show latest` showed it)
     r = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
-                       timeout=120, env=env)
+                       timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(json.loads(r.stdout.splitlines()[-1])["orders"]) == 4
+    [run] = (tmp_path / "stallscope-runs").iterdir()
+    assert read_meta(run)["exit_code"] == 0
 
 
 #: four autotuned epochs over ``loader``, counting the samples each delivered (appended to a
