@@ -150,6 +150,10 @@ def training_window(data: RunData, trainer_pids: set[int] | None = None,
     return TrainingWindow(win[0], win[1], source, run_start, run_end)
 
 
+#: a GPU whose utilization reached this (%) did some work (which GPUs a run used)
+GPU_WORKED_PCT = 10.0
+
+
 def trainer_gpus(data: RunData) -> set[str]:
     """The GPUs this run used: those where the trainer's processes held memory; when that is
     unknown (pids not visible to NVML, e.g. in a container), those that did any work. A CPU run
@@ -159,7 +163,7 @@ def trainer_gpus(data: RunData) -> set[str]:
         used = {s.entity for s in held if any(v > 0 for v in s.v)}
         if used:
             return used
-    return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= 10}
+    return {s.entity for s in data.all("gpu.util_pct") if s.v and max(s.v) >= GPU_WORKED_PCT}
 
 
 def window_of(data: RunData) -> TrainingWindow:

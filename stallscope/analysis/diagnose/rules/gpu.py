@@ -33,6 +33,22 @@ TRAINER_BUSY_PCT = 80.0
 GPU_BUSY_UNMEASURED_PCT = 80.0
 
 
+#: gpu_throttled: thermal or hardware clock-event reasons in this share of samples, or a
+#: temperature from HOT_C (°C)
+THROTTLED_SHARE = 0.2
+HOT_C = 85.0
+#: gpu_health: the health flag's value that means a problem (0 or 1)
+HEALTH_FLAG = 0.5
+#: gpu_memory_growth: samples after the warm-up, fit (r²), growth in MiB and share of the card
+GROWTH_MIN_SAMPLES = 10
+GROWTH_R2 = 0.8
+GROWTH_MIB = 512.0
+GROWTH_SHARE = 0.02
+#: pcie_degraded: the share of loaded samples below the maximum, and what loaded means (%)
+PCIE_DEGRADED_SHARE = 0.5
+PCIE_LOADED_PCT = 30.0
+
+
 def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
@@ -146,7 +162,7 @@ def rule_host_bound(data: RunData, fx: Facts) -> list[Finding]:
         return []
     if fx.steps.stall_source not in ("probe", "stacks") or fx.steps.stall_fraction >= STALL_WARN:
         return []
-    if (fx.steps.h2d_share or 0.0) >= 0.15 or fx.gpu.gpu_util_median_pct >= GPU_BUSY_PCT:
+    if (fx.steps.h2d_share or 0.0) >= STALL_WARN or fx.gpu.gpu_util_median_pct >= GPU_BUSY_PCT:
         return []
     util = fx.gpu.gpu_util_median_pct
     shares = fx.steps.phase_shares
@@ -205,7 +221,7 @@ def rule_gpu_throttled(data: RunData, fx: Facts) -> list[Finding]:
         temp = data.get("gpu.temp_c", s.entity)
         tmax = max(temp.v) if temp and temp.v else None
         share = len(bad) / len(masks)
-        if share < 0.2 and (tmax is None or tmax < 85):
+        if share < THROTTLED_SHARE and (tmax is None or tmax < HOT_C):
             continue
         reasons = sorted({n for m in bad for b, n in _THROTTLE_BITS.items() if m & b})
         mem = data.get("gpu.mem_temp_c", s.entity)
@@ -214,7 +230,7 @@ def rule_gpu_throttled(data: RunData, fx: Facts) -> list[Finding]:
               # HBM heats apart from the core: a hot memory throttles a GPU with a cool core
               "mem_temp_max_c": max(mem.v) if mem is not None and mem.v else None}
         fixes = []
-        if any("thermal" in r for r in reasons) or (tmax or 0) >= 85:
+        if any("thermal" in r for r in reasons) or (tmax or 0) >= HOT_C:
             fixes.append(Fix("check cooling: fans, airflow, inlet temperature, dust",
                              f"thermal slowdown; max temperature {tmax} °C"))
         if any("power" in r for r in reasons):
@@ -249,7 +265,7 @@ def rule_gpu_health(data: RunData, fx: Facts) -> list[Finding]:
         return max(s.v) if s is not None and s.v else 0.0
 
     for s in data.all("gpu.health_problem"):
-        if not s.v or max(s.v) < 0.5:
+        if not s.v or max(s.v) < HEALTH_FLAG:
             continue
         gpu = s.entity
         xids = int(peak("gpu.xid_count", gpu))
@@ -306,7 +322,7 @@ def rule_gpu_memory_growth(data: RunData, fx: Facts) -> list[Finding]:
         # memory rising there is loading, not leaking
         skip = len(full.v) // 4
         ts, vs = full.ts[skip:], full.v[skip:]
-        if full.entity not in mine or len(vs) < 10:
+        if full.entity not in mine or len(vs) < GROWTH_MIN_SAMPLES:
             continue
         s = full
         line = fit_line(zip(ts, vs))
@@ -314,7 +330,7 @@ def rule_gpu_memory_growth(data: RunData, fx: Facts) -> list[Finding]:
         grew = vs[-1] - vs[0]
         total = data.get("gpu.mem_total_mib", s.entity)
         cap = total.v[-1] if total and total.v else None
-        if slope <= 0 or r2 < 0.8 or grew < 512 or (cap and grew < 0.02 * cap):
+        if slope <= 0 or r2 < GROWTH_R2 or grew < GROWTH_MIB or (cap and grew < GROWTH_SHARE * cap):
             continue
         ev = {"gpu": s.entity, "growth_mib": round(grew), "rate_mib_per_min": round(slope * 60, 1),
               "r2": round(r2, 3)}
@@ -355,13 +371,13 @@ def rule_pcie_degraded(data: RunData, fx: Facts) -> list[Finding]:
                                                   g["pcie_gen_max"].v, g["pcie_width"].v,  # type: ignore[union-attr]
                                                   g["pcie_width_max"].v):  # type: ignore[union-attr]
             i = idx.get(series_t)
-            if i is None or s.v[i] < 30:
+            if i is None or s.v[i] < PCIE_LOADED_PCT:
                 continue
             loaded += 1
             if gen < gmax or wid < wmax:
                 degraded += 1
                 worst = min(worst, (gen, wid))
-        if loaded and degraded / loaded >= 0.5:
+        if loaded and degraded / loaded >= PCIE_DEGRADED_SHARE:
             gmax = g["pcie_gen_max"].v[-1]  # type: ignore[union-attr]
             wmax = g["pcie_width_max"].v[-1]  # type: ignore[union-attr]
             out.append(Finding(

@@ -18,6 +18,24 @@ from stallscope.analysis.facts.build import (
 )
 from stallscope.textsafe import plain
 
+#: fewer samples than this and fewer steps than MIN_STEPS: too little data for a verdict
+MIN_SAMPLES = 3
+MIN_STEPS = 10
+#: share of the sampled stacks in training phases from which a tree counts as training
+TRAINING_FRAMES_SHARE = 0.05
+#: swap in + out (KiB/s) that counts a sample as swapping, and the shares of such samples for
+#: a warning and a critical host_swap
+SWAP_KB_S = 1024.0
+SWAP_SHARE = 0.1
+SWAP_SHARE_CRIT = 0.3
+#: /dev/shm: full from this share (warning; critical from the next), small under this (MiB)
+SHM_FULL = 0.8
+SHM_FULL_CRIT = 0.95
+SHM_SMALL_MIB = 1024.0
+#: cores of other processes cpu_contention says came and went unnamed, from this many
+UNNAMED_CORES = 0.1
+
+
 #: seconds after the last training step from which a trainer's exit is called slow
 SLOW_EXIT_S = 5.0
 
@@ -101,11 +119,11 @@ def rule_host_swap(data: RunData, fx: Facts) -> list[Finding]:
     if not si or not so or not si.v:
         return []
     rates = [a + b for a, b in zip(si.v, so.v)]
-    active = [r for r in rates if r >= 1024]
+    active = [r for r in rates if r >= SWAP_KB_S]
     share = len(active) / len(rates)
-    if share < 0.1:
+    if share < SWAP_SHARE:
         return []
-    sev: Severity = "critical" if share >= 0.3 else "warning"
+    sev: Severity = "critical" if share >= SWAP_SHARE_CRIT else "warning"
     return [Finding(
         kind=Kind.HOST_SWAP,
         severity=sev,
@@ -131,11 +149,13 @@ def rule_shm_pressure(data: RunData, fx: Facts) -> list[Finding]:
     cap = total.v[-1]
     peak = max(used.v)
     frac = peak / cap if cap else 0.0
-    small = cap < 1024 and (fx.loader.workers > 0 or (fx.loader.config.get("num_workers") or 0) > 0)
-    if frac < 0.8 and not small:
+    small = cap < SHM_SMALL_MIB and (fx.loader.workers > 0
+                                     or (fx.loader.config.get("num_workers") or 0) > 0)
+    if frac < SHM_FULL and not small:
         return []
     # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
-    sev: Severity = "critical" if frac >= 0.95 else "warning" if frac >= 0.8 else "info"
+    sev: Severity = ("critical" if frac >= SHM_FULL_CRIT else "warning" if frac >= SHM_FULL
+                     else "info")
     return [Finding(
         kind=Kind.SHM_PRESSURE,
         severity=sev,
@@ -212,7 +232,7 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
     named = sum(float(b["cores"]) for b in others_busy)
     rest = others - named
     parts = [_other_text(b) for b in others_busy]
-    if others_busy and rest >= 0.1:
+    if others_busy and rest >= UNNAMED_CORES:
         parts.append(f"and {rest:.1f} cores more by processes that came and went during the "
                      "run (not there to be named at its end)")
     action = (f"give the training its cores back on {host}: stop or move the other busy "
@@ -284,12 +304,12 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
     in the sampled stacks, no GPU held by the watched processes, and those processes together
     used under 10% of a core, read under 100 kB/s and were rarely in D state. Then no verdict
     is made: a sleeping script or ``--pid 1`` is not input-bound."""
-    if fx.steps.steps or fx.run.samples < 3:
+    if fx.steps.steps or fx.run.samples < MIN_SAMPLES:
         return []
     from stallscope.sources.stacks.phases import TRAINING
 
     frames = sum(v for k, v in (fx.steps.phase_shares or {}).items() if k in TRAINING)
-    if frames >= 0.05 or trainer_gpus(data):
+    if frames >= TRAINING_FRAMES_SHARE or trainer_gpus(data):
         return []
     tree = (fx.procs.main_cpu_pct or 0.0) + (fx.loader.worker_cpu_pct or 0.0) * fx.loader.workers
     read = (fx.procs.main_read_kb_s or 0.0) + (fx.loader.worker_read_kb_s or 0.0)
@@ -335,7 +355,7 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
 
 def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
-    if fx.run.samples >= 3 or fx.steps.steps >= 10:
+    if fx.run.samples >= MIN_SAMPLES or fx.steps.steps >= MIN_STEPS:
         return []
     return [Finding(kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=1.0,
                     summary=f"Too little data to diagnose: {fx.run.samples} samples and "

@@ -38,6 +38,54 @@ from stallscope.loadermodel import (
 )
 
 
+@dataclass(frozen=True)
+class ScoreLimits:
+    """The lines of the fetch vs prep scoring (:func:`_fetch_prep_scores`; docs/diagnosis.md
+    "input_bound.fetch vs input_bound.prep"): each crossed gives the side its points."""
+
+    d_state_strong: float = 0.25  #: share of samples in D state: 2 fetch points
+    d_state: float = 0.10  #: ... 1 fetch point; under it, workers rarely blocked: 1 prep point
+    blkio_pct: float = 20.0  #: workers blocked on block I/O (% of the time): 2 fetch points
+    await_ms: float = 20.0  #: read latency (r_await median): 1 fetch point
+    await_high_ms: float = 50.0  #: ... 2 fetch points
+    flat_cv: float = 0.2  #: read throughput varying less than this: a ceiling, 1 fetch point
+    flat_min_kb_s: float = 1024.0  #: ... when reading more than this (KiB/s)
+    psi_io_pct: float = 10.0  #: I/O pressure (PSI some): 1 fetch point
+    iowait_pct: float = 10.0  #: CPU iowait: 1 fetch point
+    worker_saturated_pct: float = 80.0  #: each worker's CPU: 2 prep points
+    worker_busy_pct: float = 55.0  #: ... 1 prep point
+    worker_idle_pct: float = 40.0  #: ... under it: waiting, not computing, 1 fetch point
+    main_busy_pct: float = 80.0  #: the trainer loading on its own thread, busy: 2 prep points
+    main_idle_pct: float = 50.0  #: ... barely computing while blocked on reads: 1 fetch point
+    runq_pct: float = 15.0  #: workers waiting for a CPU: 1 prep point
+    host_busy_pct: float = 85.0  #: every CPU busy (median host CPU): 1 prep point
+    device_busy_pct: float = 80.0  #: the dataset's device busy (%util): 1 fetch point
+    device_idle_pct: float = 30.0  #: ... mostly idle (and reading < flat_min_kb_s): 1 prep
+
+
+SCORES = ScoreLimits()
+
+
+#: a data wait from which "at least N×" is said rather than the formula (input_bound.wait)
+WAIT_SHARE_HIGH = 0.9
+#: input_bound.epoch_start: epochs needed, the extra wait of an epoch's first step (s), and
+#: the share of the steps' time all of them together must reach
+EPOCHS_MIN = 3
+EPOCH_COST_S = 1.0
+EPOCH_COST_SHARE = 0.05
+#: a throughput-capped device (a cloud disk): quick reads (r_await ms), a device mostly idle
+#: (%util), yet the readers blocked (D state ≥ SCORES.d_state_strong)
+CAPPED_AWAIT_MS = 10.0
+CAPPED_UTIL_PCT = 50.0
+#: small random reads: requests under this size (KiB) at more than SMALL_READS_S reads/s
+SMALL_READ_KB = 64.0
+SMALL_READS_S = 50.0
+#: the trainer reading its own files at this rate (KiB/s) is said in data_wait_unknown
+OWN_READ_KB_S = 100.0
+#: fewer machine samples than this: rule_loading_in_trainer says nothing
+MIN_SAMPLES = 3
+
+
 def _fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
     """Points for 'storage can't keep up' vs 'CPU preprocessing can't keep up', with reasons."""
     f: list[str] = []
@@ -48,67 +96,73 @@ def _fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
            else "the trainer's threads" if fx.procs.tf_trainer or is_tf(fx)
            else "the trainer (num_workers=0)")
     if d is not None:
-        if d >= 0.25:
+        if d >= SCORES.d_state_strong:
             fs += 2
             f.append(f"{who} in D state (waiting on I/O) in {d:.0%} of samples")
-        elif d >= 0.10:
+        elif d >= SCORES.d_state:
             fs += 1
             f.append(f"{who} in D state in {d:.0%} of samples")
         elif fx.loader.workers:
             ps += 1
             p.append(f"workers rarely in D state ({d:.0%} of samples)")
-    if fx.loader.worker_blkio_pct is not None and fx.loader.worker_blkio_pct >= 20:
+    if fx.loader.worker_blkio_pct is not None and fx.loader.worker_blkio_pct >= SCORES.blkio_pct:
         fs += 2
         f.append(f"workers blocked on block I/O {fx.loader.worker_blkio_pct:.0f}% of the time")
     dfs, dps = _device_scores(fx, f, p)
     fs, ps = fs + dfs, ps + dps
     aw = fx.disk.disk_r_await_median_ms
-    if aw is not None and aw >= 20:
-        fs += 2 if aw >= 50 else 1
-        f.append(f"read latency {aw:.0f} ms (r_await; > 20 ms deserves attention)")
-    if (fx.disk.disk_rkb_s_cv is not None and fx.disk.disk_rkb_s_cv < 0.2
-            and (fx.disk.disk_rkb_s_median or 0) > 1024 and fs > 0):
+    if aw is not None and aw >= SCORES.await_ms:
+        fs += 2 if aw >= SCORES.await_high_ms else 1
+        f.append(f"read latency {aw:.0f} ms (r_await; > {SCORES.await_ms:.0f} ms deserves "
+                 "attention)")
+    if (fx.disk.disk_rkb_s_cv is not None and fx.disk.disk_rkb_s_cv < SCORES.flat_cv
+            and (fx.disk.disk_rkb_s_median or 0) > SCORES.flat_min_kb_s and fs > 0):
         fs += 1
-        f.append(f"read throughput flat at ~{fx.disk.disk_rkb_s_median / 1024:.1f} MB/s "  # type: ignore[operator]
+        flat = units.rate(units.kib(fx.disk.disk_rkb_s_median or 0))
+        f.append(f"read throughput flat at ~{flat} "
                  f"(variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling")
-    if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= 10:
+    if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= SCORES.psi_io_pct:
         fs += 1
         f.append(f"I/O pressure: some task stalled on I/O {fx.host.psi_io_median_pct:.0f}% of "
                  "the time (PSI)")
-    if fx.host.iowait_median_pct is not None and fx.host.iowait_median_pct >= 10:
+    if fx.host.iowait_median_pct is not None \
+            and fx.host.iowait_median_pct >= SCORES.iowait_pct:
         fs += 1
         f.append(f"CPU iowait {fx.host.iowait_median_pct:.0f}%")
     wc = fx.loader.worker_cpu_pct
     if fx.loader.workers and wc is not None:
-        if wc >= 80:
+        if wc >= SCORES.worker_saturated_pct:
             ps += 2
             p.append(f"each worker at {wc:.0f}% CPU (saturated)")
-        elif wc >= 55:
+        elif wc >= SCORES.worker_busy_pct:
             ps += 1
             p.append(f"workers at {wc:.0f}% CPU")
-        elif wc < 40:
+        elif wc < SCORES.worker_idle_pct:
             fs += 1
             f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
     mc = fx.procs.main_cpu_pct
-    if (not fx.loader.workers and mc is not None and mc >= 80 and (d is None or d < 0.1)
+    if (not fx.loader.workers and mc is not None and mc >= SCORES.main_busy_pct
+            and (d is None or d < SCORES.d_state)
             and fx.steps.stall_source in ("probe", "stacks")):
         # the training thread measurably waits on its own loading, and the process is busy
         # on the CPU, not blocked on reads: the loading is CPU work (decode, transform)
         ps += 2
         p.append(f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
                  "reads: loading is CPU work")
-    if not fx.loader.workers and d is not None and d >= 0.25 and mc is not None and mc < 50:
+    if not fx.loader.workers and d is not None and d >= SCORES.d_state_strong \
+            and mc is not None and mc < SCORES.main_idle_pct:
         # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
         # process barely computes
         fs += 1
         f.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not "
                  "computing")
-    if fx.loader.worker_runq_pct is not None and fx.loader.worker_runq_pct >= 15:
+    if fx.loader.worker_runq_pct is not None and fx.loader.worker_runq_pct >= SCORES.runq_pct:
         ps += 1
         p.append(f"workers waiting for a free CPU {fx.loader.worker_runq_pct:.0f}% of the time "
                  "(CPU contention)")
-    if (fx.host.host_cpu_median_pct is not None and fx.host.host_cpu_median_pct >= 85
-            and (fx.host.iowait_median_pct or 0) < 10):
+    if (fx.host.host_cpu_median_pct is not None
+            and fx.host.host_cpu_median_pct >= SCORES.host_busy_pct
+            and (fx.host.iowait_median_pct or 0) < SCORES.iowait_pct):
         ps += 1
         p.append(f"all CPUs busy ({fx.host.host_cpu_median_pct:.0f}%)")
     return fs, f, ps, p
@@ -126,10 +180,11 @@ def _device_scores(fx: Facts, f: list[str], p: list[str]) -> tuple[int, int]:
                  f"({units.rate(units.kib(fx.disk.read_limit_kb_s or 0))}; p95 "
                  f"{units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))})")
     elif util is not None:
-        if util >= 80:
+        if util >= SCORES.device_busy_pct:
             fs += 1
             f.append(f"{fx.disk.device} busy {util:.0f}% of the time (iostat %util)")
-        elif util < 30 and (fx.disk.disk_rkb_s_median or 0) < 1024:
+        elif util < SCORES.device_idle_pct \
+                and (fx.disk.disk_rkb_s_median or 0) < SCORES.flat_min_kb_s:
             ps += 1
             p.append(f"{fx.disk.device} mostly idle ({util:.0f}% util)")
     return fs, ps
@@ -271,7 +326,7 @@ def loading_waits(fx: Facts, stall: float | None) -> float | None:
     if (runq or 0.0) >= WAIT_RUNQ_PCT:
         return None
     d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
-    if d is not None and d >= 0.10:
+    if d is not None and d >= SCORES.d_state:
         return None
     return cpu
 
@@ -290,7 +345,7 @@ def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epo
     share = stall or 0.0
     need = 1 / max(1.0 - share, 0.1)
     target = min(WAIT_MAX_WORKERS, max(nw + 2, math.ceil(max(nw, 1) * need)))
-    rate = (f"at least {need:.0f}× today's rate" if share >= 0.9 else
+    rate = (f"at least {need:.0f}× today's rate" if share >= WAIT_SHARE_HIGH else
             f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate")
     cores = fx.host.physical_cores
     fixes = [Fix(f"num_workers {nw} → {target}",
@@ -537,8 +592,10 @@ def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
     aw = fx.disk.disk_r_await_median_ms
     kind = ("virtual/network disk" if info.get("virtual") else
             "rotational" if info.get("rotational") else info.get("kind") or "")
-    capped = (aw is not None and aw < 10 and (fx.disk.disk_util_median_pct or 0) < 50
-              and (fx.loader.worker_d_share or fx.procs.main_d_share or 0) >= 0.25)
+    capped = (aw is not None and aw < CAPPED_AWAIT_MS
+              and (fx.disk.disk_util_median_pct or 0) < CAPPED_UTIL_PCT
+              and (fx.loader.worker_d_share or fx.procs.main_d_share or 0)
+              >= SCORES.d_state_strong)
     if dev and limited(fx):
         limit = units.kib(fx.disk.read_limit_kb_s or 0.0)
         p95 = units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))
@@ -572,7 +629,7 @@ def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
     if tf:
         return fixes
     rq = fx.disk.disk_rareq_kb_median
-    if rq is not None and rq < 64 and (fx.disk.disk_r_s_median or 0) > 50:
+    if rq is not None and rq < SMALL_READ_KB and (fx.disk.disk_r_s_median or 0) > SMALL_READS_S:
         fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
                          f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
                          "many small random reads, each paying a seek/metadata lookup"))
@@ -628,10 +685,10 @@ def rule_epoch_start(data: RunData, fx: Facts) -> list[Finding]:
     dataset or sampler rebuilt each epoch. Caught even when the stall over the whole run is
     small, because it recurs."""
     cost, total = fx.steps.epoch_start_cost_s, fx.steps.epoch_start_total_s
-    if cost is None or total is None or fx.steps.epochs < 3 or cost < 1.0:
+    if cost is None or total is None or fx.steps.epochs < EPOCHS_MIN or cost < EPOCH_COST_S:
         return []
     wall = sum(s.wait_s + s.host_s for s in data.steps)
-    if wall <= 0 or total / wall < 0.05:
+    if wall <= 0 or total / wall < EPOCH_COST_SHARE:
         return []
     cfg = fx.loader.config
     fixes = []
@@ -665,7 +722,7 @@ def rule_epoch_start(data: RunData, fx: Facts) -> list[Finding]:
 def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
     """h2d_bound: host-to-device copies take ≥ 15% of step time (probe h2d timing)."""
     share = fx.steps.h2d_share
-    if share is None or share < 0.15:
+    if share is None or share < STALL_WARN:
         return []
     fixes = []
     if not fx.loader.config.get("pin_memory"):
@@ -673,7 +730,7 @@ def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
                          "pageable memory is copied twice and blocks the host"))
     fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
                      f"copies take {share:.0%} of each step"))
-    h2d_sev: Severity = "critical" if share >= 0.4 else "warning"
+    h2d_sev: Severity = "critical" if share >= STALL_CRIT else "warning"
     return [Finding(kind=Kind.H2D_BOUND, severity=h2d_sev, confidence=0.85,
                     summary=f"Host-to-device copies take {share:.0%} of step time.",
                     evidence=fx.evidence("h2d_share", "step_ms_median") | {"pin_memory":
@@ -715,7 +772,7 @@ def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
     exactly like CPU time spent computing. The run is never called compute-bound then: a
     ``num_workers=0`` trainer that waited for its own loading 90% of the time looked healthy."""
     if fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus \
-            or fx.loader.workers or fx.run.samples < 3:
+            or fx.loader.workers or fx.run.samples < MIN_SAMPLES:
         return []
     ends = [t for s in data.series.values() for t in (s.ts[:1] + s.ts[-1:])]
     sampled = max(ends) - min(ends) if ends else 0.0  # what was seen so far
@@ -724,7 +781,8 @@ def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
         # started its workers yet; "it has none" is not claimed before it could be seen
         return []
     read = fx.procs.main_read_kb_s
-    reads = (f"; it read {read / 1024:.1f} MB/s of files itself" if read and read >= 100
+    reads = (f"; it read {units.rate(units.kib(read))} of files itself"
+             if read and read >= OWN_READ_KB_S
              else "")
     return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
                     summary="The trainer has no DataLoader worker processes: it loads and "
