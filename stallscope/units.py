@@ -10,7 +10,10 @@ minutes and hours.
 
 from __future__ import annotations
 
-__all__ = ["KIB", "MIB", "kib", "mib", "pct", "rate", "size", "speedup", "throughput"]
+import math
+
+__all__ = ["KIB", "MIB", "duration", "finite_or_none", "kib", "memory", "mib", "number", "pct",
+           "rate", "size", "speedup", "throughput"]
 
 KIB = 1024  #: bytes in the kernel's and iostat's "kB"
 MIB = 1024 * 1024  #: bytes in a MiB (memory figures)
@@ -66,3 +69,55 @@ def speedup(x: float) -> str:
     """A speed-up or a ratio of throughputs: "×1.83" (two decimals). The verdict line, the
     report and ``compare`` write every speed-up with this."""
     return f"×{x:.2f}"
+
+
+def finite_or_none(v: object) -> float | None:
+    """``v`` as a float when it is a finite number (never a bool, NaN or ±inf), else None:
+    the one check every reader of stored or foreign numbers uses."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def number(v: object) -> str:
+    """A number for people: 1,234 · 56.7 · 0.12 · 0.00345; "-" for NaN, ±inf or None; anything
+    else as text. Tables (show, the report, snapshot) write their numbers with this."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return "-"
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 0.01:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def duration(seconds: float) -> str:
+    """A duration for people: "250 ms" under a second, "45 s" under 90 s, "12 min" under 90
+    minutes, then "1.5 h"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def memory(used_mib: float, total_mib: float) -> str:
+    """Memory used of total, from MiB (the kernel's and NVML's unit), SI like every size:
+    "3.2/16 GB", "315 MB/16 GB"."""
+    used, total = size(mib(used_mib)), size(mib(total_mib))
+    if used.split()[-1] == total.split()[-1]:
+        return f"{used.split()[0]}/{total}"
+    return f"{used}/{total}"

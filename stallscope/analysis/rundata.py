@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from stallscope.errors import UsageError
 from stallscope.sources.stacks.aggregate import ranked_pids, read_records
 from stallscope.store import RunStore, Series, StepRow, read_meta
+from stallscope.units import finite_or_none
 
 T = TypeVar("T")
 
@@ -298,7 +299,4 @@ def _clean_entity(e: dict[str, Any]) -> dict[str, Any]:
     return dict(e, attrs=attrs)
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-        return float(v)
-    return None
+_num = finite_or_none  # the one check (units.py)

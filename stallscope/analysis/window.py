@@ -24,7 +24,6 @@ Pure functions over :class:`~stallscope.analysis.rundata.RunData`.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +33,7 @@ from stallscope import stats
 from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.sources.stacks.aggregate import phase_seconds
 from stallscope.sources.stacks.phases import TRAINING, folded_exiting
+from stallscope.units import finite_or_none
 
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
@@ -80,10 +80,7 @@ class TrainingWindow:
         return round(max(0.0, self.run_end - self.end), 1)
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
+_num = finite_or_none  # the one check (units.py)
 
 
 def _probe_window(data: RunData) -> tuple[float, float] | None:

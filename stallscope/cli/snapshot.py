@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
+from stallscope import units
 from stallscope.cli._common import interval_type, number_type, out_console, safe
 from stallscope.collect import take_sample
 from stallscope.errors import UsageError
@@ -83,17 +84,13 @@ _DISK_COLUMNS = (("r_s", "r/s"), ("rkb_s", "rkB/s"), ("r_await_ms", "r_await"),
 
 
 def _num(v: Any) -> str:
-    if not isinstance(v, (int, float)):
-        return "-"
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.1f}"
+    return units.number(v) if isinstance(v, (int, float)) else "-"
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.2f}"
     if isinstance(v, list):
         return ",".join(map(str, v)) or "-"
-    return "-" if v is None else str(v)
+    return units.number(v)
 
 
 def run(args: argparse.Namespace) -> int:

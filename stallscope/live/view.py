@@ -173,7 +173,7 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
     for g in gpus:
         total = g.get("mem_total_mib")
         used = g.get("mem_used_mib")
-        mem = (f"{used / 1024:5.1f}/{total / 1024:.1f} GiB"
+        mem = (units.memory(used, total)
                if isinstance(used, (int, float)) and isinstance(total, (int, float))
                else "-")
         power = g.get("power_w")
@@ -259,7 +259,7 @@ def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -
         lines.extend(_line(("core " if i == 0 else "     ", "dim"), f, width=width)
                      for i, f in enumerate(folded))
     total, used_m = h.get("mem_total_mib"), h.get("mem_used_mib")
-    mem = (f"{used_m / 1024:.1f}/{total / 1024:.1f} GiB"
+    mem = (units.memory(used_m, total)
            if isinstance(total, (int, float)) and isinstance(used_m, (int, float)) else "-")
     swap_in, swap_out = h.get("swap_in_kb_s"), h.get("swap_out_kb_s")
     swapping = any(isinstance(v, (int, float)) and v > 0 for v in (swap_in, swap_out))
@@ -267,7 +267,7 @@ def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -
     shm_pct = (shm_u / shm_t * 100 if isinstance(shm_u, (int, float))
                and isinstance(shm_t, (int, float)) and shm_t else None)
     lines.append(_line(("mem ", "bold"), mem,
-                       f" (avail {_num((h.get('mem_available_mib') or 0) / 1024, 1).strip()})",
+                       f" (avail {units.size(units.mib(h.get('mem_available_mib') or 0))})",
                        "  swap in/out ",
                        (f"{_num(swap_in, 1, 0).strip()}/{_num(swap_out, 1, 0).strip()} kB/s",
                         _WARN if swapping else ""),

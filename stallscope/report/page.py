@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from stallscope import units
 from stallscope.analysis.diagnose.model import Kind, title_of
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import top_stacks, trainer_phases
@@ -141,24 +142,8 @@ def key_words(k: Any) -> str:
 
 
 def fmt_num(v: Any) -> str:
-    """A number for people: 1,234 · 56.7 · 0.12; anything else as text."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if not math.isfinite(v):
-        return "-"
-    if v == int(v) and abs(v) < 1e15:
-        return f"{int(v):,}"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:,.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 0.01:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
+    """A number for people (:func:`stallscope.units.number`, the one number format)."""
+    return units.number(v)
 
 def _pct(v: Any) -> str:
     f = finite_or_none(v)

@@ -53,6 +53,7 @@ from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point, lookup
+from stallscope.units import finite_or_none
 from stallscope.version import __version__
 
 __all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "StepTuple", "StepValues",
@@ -695,10 +696,7 @@ _STEP_OK = " AND ".join(
 _N_OK = "typeof(n) = 'integer' AND n >= 1"
 
 
-def _finite_or_none(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v - v == 0:
-        return float(v)
-    return None
+_finite_or_none = finite_or_none  # the one check (units.py)
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:

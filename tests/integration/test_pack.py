@@ -353,7 +353,9 @@ def test_verify_cli_json_ok(tmp_path: Path) -> None:
     assert report["verify"]["ok"] is True and report["verify"]["samples"] == 10
     # the warning, on stderr: 10 tiny samples can fill neither 32 readers nor 100 MB shards,
     # and the readers are the defaults the user never gave
-    assert "the dataset (" in cli.stderr and "too small for both one shard per reader" in \
+    # (the files' bytes, as the summary's "N of files" says them: issue 49 read "the dataset
+    # (41 MB)" beside "42 MB in shards" as two figures for the same bytes)
+    assert "the dataset's files (" in cli.stderr and "too small for both one shard per" in \
         cli.stderr and "the defaults of --ranks and --loader-workers: give yours" in cli.stderr
 
 

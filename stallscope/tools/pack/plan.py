@@ -117,7 +117,8 @@ def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,
     if n < readers and full and typical < WARN_SMALL and total < readers * WARN_SMALL:
         # both traps at once: the dataset is too small for one sizeable shard per reader
         out.append(
-            f"the dataset ({human_bytes(total)}) is too small for both one shard per reader "
+            f"the dataset's files ({human_bytes(total)}) are too small for both one shard per "
+            "reader "
             f"({who} = {readers} readers) and shards near the 100 MB sweet spot: with "
             f"{n} shard(s), {readers - n} reader(s) get none and sit idle. A dataset this "
             "small fits in memory: load it into RAM rather than streaming shards; to feed "
