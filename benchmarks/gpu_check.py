@@ -1,4 +1,4 @@
-"""The one-command GPU check: on a machine with an NVIDIA GPU, in one run of under 6 minutes,
+"""The one-command GPU check: on a machine with an NVIDIA GPU, in one run of under 8 minutes,
 
 1. record NVML fixtures at idle and under load (tests/fixtures/record_nvml.py), and time every
    NVML call the gpu source makes or could make (tests/fixtures/nvml_call_costs.py);
@@ -10,9 +10,18 @@
 4. run three GPU trainings with their own truth (benchmarks/gpu_trainer.py: input-bound,
    compute-bound, host-bound) under ``stallscope run`` without and with the probe, and under
    ``stallscope run --pid`` (py-spy attached);
-5. print one table of verdicts and data-wait shares against the trainers' own.
+5. print one table of verdicts and data-wait shares against the trainers' own;
+6. check ``gpu_slowdown`` live: a compute-bound training (with the probe) under ``stallscope
+   run``, whose GPU is slowed mid-run: its power limit lowered to the least allowed
+   (``nvmlDeviceSetPowerManagementLimit``) where permitted, else its clocks locked at about
+   half their maximum (``nvmlDeviceSetGpuLockedClocks``); both are put back after. The run must
+   get a ``gpu_slowdown`` finding dated within 20 s of the moment, naming the power cap or the
+   locked clocks. Where neither is permitted (not root) it says so and checks that no
+   ``gpu_slowdown`` is found. ``slowdown.txt`` holds the outcome.
 
     python benchmarks/gpu_check.py [--out DIR] [--seconds 15]
+    python benchmarks/gpu_check.py --only-slowdown [--slowdown-seconds 60]
+    python benchmarks/gpu_check.py --dry-run-cpu --only-slowdown   # this script, on the CPU
 
 Everything it writes goes under ``--out`` (default ``./gpu-check-<time>``): the NVML
 recordings, each run's folder and ``diagnose --json``, the logs and ``table.txt``. Works with
@@ -124,6 +133,104 @@ def one_training(kind: str, mode: str, out: Path, seconds: float, device: str = 
             "exit_s": (doc.get("signals") or {}).get("exit_s")}
 
 
+#: how near the finding's start must be to the moment the GPU was slowed (the change detector
+#: dates a shift to a sample or two; the trainer's steps lag the clocks by a step)
+SLOWDOWN_WITHIN_S = 20.0
+
+
+def lower_gpu(index: int = 0) -> tuple[str, Any] | None:
+    """Slow GPU ``index`` down now: its power limit to the least NVML allows, else its clocks
+    locked at about half their maximum. Returns (what was done, a function that puts it back),
+    or None when neither is permitted (both need root)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        lo, _hi = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        was = pynvml.nvmlDeviceGetPowerManagementLimit(h)
+        pynvml.nvmlDeviceSetPowerManagementLimit(h, lo)
+
+        def put_back_power() -> None:
+            pynvml.nvmlDeviceSetPowerManagementLimit(h, was)
+
+        return (f"power limit lowered from {was / 1000:.0f} to {lo / 1000:.0f} W "
+                "(nvmlDeviceSetPowerManagementLimit)", put_back_power)
+    except pynvml.NVMLError as exc:
+        power_error = str(exc)
+    try:
+        top = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
+        target = max(300, top // 2)
+        pynvml.nvmlDeviceSetGpuLockedClocks(h, target, target)
+
+        def put_back_clocks() -> None:
+            pynvml.nvmlDeviceResetGpuLockedClocks(h)
+
+        return (f"SM clocks locked at {target} MHz of {top} (nvmlDeviceSetGpuLockedClocks; "
+                f"the power limit could not be set: {power_error})", put_back_clocks)
+    except pynvml.NVMLError as exc:
+        print(f"  slowdown: cannot slow the GPU (power limit: {power_error}; locked clocks: "
+              f"{exc})", flush=True)
+        return None
+
+
+def slowdown_case(out: Path, seconds: float, device: str = "cuda") -> dict[str, Any]:
+    """The live gpu_slowdown check (item 6 above). On the CPU (``--dry-run-cpu``) the GPU is not
+    touched and the launch-bound trainer runs: the script's own path, and no gpu_slowdown."""
+    runs = out / "runs" / "slowdown"
+    kind = "compute" if device == "cuda" else "host"
+    train = [sys.executable, str(ROOT / "benchmarks" / "gpu_trainer.py"), kind, "--probe",
+             "--seconds", str(seconds), "--device", device]
+    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(runs)), "--", *train]
+    log = (out / "slowdown.log").open("w")
+    child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=out)
+    done: tuple[str, Any] | None = None
+    at: float | None = None
+    try:
+        # start-up (imports, workers, cuDNN autotuning) takes about 12 s, then the loop: slow
+        # the GPU 45% into the loop, so the detector has steps on both sides
+        time.sleep(12.0 + 0.45 * seconds)
+        if device == "cuda":
+            done = lower_gpu(0)
+        at = time.time()
+        child.wait(timeout=seconds + 180)
+    finally:
+        if done is not None:
+            try:
+                done[1]()
+            except Exception as exc:  # said: the machine is left as it was only if this works
+                print(f"  slowdown: COULD NOT PUT THE GPU BACK: {exc}", flush=True)
+        if child.poll() is None:
+            child.kill()
+        log.close()
+    dirs = sorted(runs.iterdir()) if runs.exists() else []
+    doc = diagnose(dirs[-1]) if dirs else {"verdict": "(no run folder)", "findings": []}
+    found = [f for f in doc.get("findings") or [] if f.get("kind") == "gpu_slowdown"]
+    row: dict[str, Any] = {"slowed": done[0] if done else None, "found": bool(found)}
+    if found:
+        ev = found[0].get("evidence") or {}
+        reasons = sorted({r for c in ev.get("causes") or [] for r in c.get("reasons") or ()})
+        row.update(start_ts=ev.get("start_ts"), reasons=reasons, summary=found[0]["summary"])
+    if done is None:  # nothing slowed the GPU: nothing may be told
+        row["ok"] = not found
+    else:
+        near = bool(found) and at is not None and row.get("start_ts") is not None and \
+            abs(row["start_ts"] - at) <= SLOWDOWN_WITHIN_S
+        row["ok"] = near and bool({"sw_power_cap", "applications_clocks"}
+                                  & set(row.get("reasons") or ()))
+        row["off_by_s"] = None if not found or at is None or row.get("start_ts") is None \
+            else round(row["start_ts"] - at, 1)
+    text = (f"slowdown: {row['slowed'] or 'the GPU was not slowed'}; gpu_slowdown "
+            f"{'found' if found else 'not found'}"
+            + (f" ({row['off_by_s']:+.1f} s from the moment; reasons "
+               f"{', '.join(row['reasons']) or 'none'})" if found and done else "")
+            + f" -> {'OK' if row['ok'] else 'NO'}"
+            + (f"\n  {row['summary']}" if found else ""))
+    (out / "slowdown.txt").write_text(text + "\n")
+    row["text"] = text
+    return row
+
+
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -178,17 +285,28 @@ def main() -> int:
     ap.add_argument("--dry-run-cpu", action="store_true",
                     help="only the trainings, on the CPU: a check of this script itself, "
                          "whose verdicts mean nothing")
+    ap.add_argument("--slowdown-seconds", type=float, default=60.0,
+                    help="the gpu_slowdown case's training loop (default 60)")
+    ap.add_argument("--only-slowdown", action="store_true",
+                    help="only the gpu_slowdown case (item 6)")
+    ap.add_argument("--skip-slowdown", action="store_true")
     args = ap.parse_args()
-    for flag, v in (("--seconds", args.seconds), ("--probe-seconds", args.probe_seconds)):
+    for flag, v in (("--seconds", args.seconds), ("--probe-seconds", args.probe_seconds),
+                    ("--slowdown-seconds", args.slowdown_seconds)):
         if not (math.isfinite(v) and 0 < v <= 3600):
             return _fail(f"{flag} must be above 0 and at most 3600, got {v:g}")
     if args.dry_run_cpu:
         out = _make_out(args.out)
         if out is None:
             return 2
-        rows = [one_training(kind, mode, out, args.seconds, "cpu")
-                for kind in TRUTH for mode in ("run", "probe", "pid")]
-        print(table(rows))
+        if not args.only_slowdown:
+            rows = [one_training(kind, mode, out, args.seconds, "cpu")
+                    for kind in TRUTH for mode in ("run", "probe", "pid")]
+            print(table(rows))
+        if args.only_slowdown or not args.skip_slowdown:
+            case = slowdown_case(out, args.slowdown_seconds, "cpu")
+            print(case["text"])
+            return 0 if case["ok"] else 1
         return 0
     try:
         import pynvml
@@ -199,6 +317,10 @@ def main() -> int:
     out = _make_out(args.out)
     if out is None:
         return 2
+    if args.only_slowdown:
+        case = slowdown_case(out, args.slowdown_seconds)
+        print(case["text"])
+        return 0 if case["ok"] else 1
     t0 = time.monotonic()
     rec = [sys.executable, str(ROOT / "tests" / "fixtures" / "record_nvml.py"), "--out",
            str(out), "--keep-uuids"]
@@ -233,8 +355,13 @@ def main() -> int:
     text = table(rows) if rows else "(trainings skipped)"
     (out / "table.txt").write_text(text + "\n")
     print(text)
+    slow_ok = True
+    if not args.skip_slowdown:
+        case = slowdown_case(out, args.slowdown_seconds)
+        print(case["text"], flush=True)
+        slow_ok = case["ok"]
     print(f"everything is in {out} ({time.monotonic() - t0:.0f} s)")
-    return 0 if all(r["verdict"] == r["truth_verdict"] for r in rows) else 1
+    return 0 if slow_ok and all(r["verdict"] == r["truth_verdict"] for r in rows) else 1
 
 
 if __name__ == "__main__":

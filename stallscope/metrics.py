@@ -206,7 +206,8 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu", "xid_last", "", "the last XID code, 0 for none (DCGM_FI_DEV_XID_ERRORS)", "gauge",
        "stallscope_gpu_xid_last_code", rollup="max"),
     _M("gpu", "health_problem", "", "1 when the GPU needs a person: an XID, a pending or failed "
-       "row remap, or a pending page retirement", "gauge", "stallscope_gpu_health_problem",
+       "row remap, a pending page retirement, or uncorrected ECC errors, remapped rows or "
+       "retired pages that grew during the run", "gauge", "stallscope_gpu_health_problem",
        rollup="max"),
     # --- host: /proc, psutil ---------------------------------------------------------------------
     _M("host", "cpu_pct", "%", "all-CPU busy time (top %Cpu us+sy+ni+irq+si+st)", "gauge",

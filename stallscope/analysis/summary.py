@@ -156,7 +156,21 @@ def gpu_health(data: RunData) -> dict[str, dict[str, Any]]:
                     "xid_meaning": XID_MEANINGS.get(code, ("",))[0] if code else "",
                     "row_remap_pending": peak("gpu.row_remap_pending"),
                     "row_remap_failed": peak("gpu.row_remap_failed"),
-                    "retired_pages_pending": peak("gpu.retired_pages_pending")}
+                    "retired_pages_pending": peak("gpu.retired_pages_pending"),
+                    "grew": _grew(data, ent)}
+    return out
+
+
+def _grew(data: RunData, ent: str) -> list[str]:
+    """What grew on a GPU during the run: "2 rows remapped after uncorrectable ECC errors"."""
+    from stallscope.sources.gpu.health import GROWING
+
+    out = []
+    for key, what in GROWING:
+        x = data.get(f"gpu.{key}", ent)
+        n = int(max(x.v) - x.v[0]) if x is not None and x.v else 0
+        if n > 0:
+            out.append(f"{n} {what.format(s='' if n == 1 else 's')} during the run")
     return out
 
 

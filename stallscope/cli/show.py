@@ -70,6 +70,17 @@ def _print_alerts(events: list[dict[str, Any]], run_dir: Path, console: Console)
                       f"{safe(str(run_dir))} lists every event)", highlight=False)
 
 
+def _print_gpu_events(data: RunData, console: Console) -> None:
+    """The run's XIDs and other GPU health events, each with its time and step."""
+    from stallscope.analysis.gpuevents import event_line, health_events
+
+    told = health_events(data)
+    if told:
+        console.print("  GPU health events:", highlight=False)
+        for ev in told[:MAX_ALERT_LINES]:
+            console.print(f"    [red]{safe(event_line(ev))}[/]", highlight=False, soft_wrap=True)
+
+
 def _print_gpu_energy_health(summary: dict[str, Any], console: Console) -> None:
     """Each GPU's energy over the run, and any GPU that needs a person."""
     from stallscope.analysis.summary import energy_text, health_text
@@ -123,6 +134,7 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
     for name, reason in (meta.get("unavailable") or {}).items():
         console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
     _print_alerts(data.events, run_dir, console)
+    _print_gpu_events(data, console)
     tuned = [ev for ev in data.events if ev.get("kind") == "autotune"]
     if tuned:  # what stallscope.watch(loader, autotune=True) changed, in order
         console.print("  loader autotune:", highlight=False)

@@ -169,15 +169,56 @@ def _gpu_plot(data: RunData) -> Plot:
         if ent in sm:
             panel.lines.append(_line(data, sm[ent], f"{base} SM active", color=color,
                                      style="--"))
+    clocks = _gpu_health_marks(data, plot, panel)
     if panel.lines:
         plot.panels.append(panel)
+        if clocks is not None:
+            plot.panels.append(clocks)
         if not sm:
             plot.note = ("SM activity is not shown: it needs GPM metrics (Hopper or newer). "
-                         "Utilisation counts time any kernel ran, however few SMs it used.")
+                         "Utilisation counts time any kernel ran, however few SMs it used. "
+                         + plot.note).strip()
     else:
         why = (data.meta.get("unavailable") or {}).get("gpu")
         plot.note = "No GPU samples in this run" + (f": {why}" if why else ".")
     return plot
+
+
+#: health events named in the GPU plot's note (the rest: ``show`` and the events table)
+MAX_MARKED_EVENTS = 10
+
+
+def _gpu_health_marks(data: RunData, plot: Plot, panel: Panel) -> Panel | None:
+    """The run's GPU health events (XIDs, remapped rows, ECC errors, a link trained down) as
+    marks at the top of the utilisation panel, each named in the note with its time and step;
+    and, when a GPU had one or slowed its clocks for a reason that slows a training, a panel
+    of the SM clocks below (the ``gpu_slowdown`` finding's evidence)."""
+    from stallscope.analysis.diagnose.rules.slowdown import REASON_WORDS
+    from stallscope.analysis.gpuevents import event_line, health_events
+    from stallscope.sources.gpu import THROTTLE_REASONS
+
+    told = health_events(data)
+    bits = 0
+    for bit, name in THROTTLE_REASONS:
+        if name in REASON_WORDS and name != "sw_power_cap":  # a loaded GPU sits at its cap
+            bits |= bit
+    throttled = any(int(v) & bits for s in data.all("gpu.throttle_mask") for v in s.v)
+    if told:
+        t = np.asarray([e["at_s"] for e in told], dtype=float)
+        panel.lines.append(Line("GPU health event", t, np.full(len(t), 102.0),
+                                color="#d62728", style="."))
+        plot.note = ("GPU health events: " + "; ".join(
+            event_line(e) for e in told[:MAX_MARKED_EVENTS])
+            + (f"; {len(told) - MAX_MARKED_EVENTS} more" if len(told) > MAX_MARKED_EVENTS
+               else "") + ".")
+    clocks = data.metric("gpu.sm_clock_mhz")
+    if not (told or throttled) or not clocks:
+        return None
+    out = Panel("SM clock MHz")
+    for i, ent in enumerate(sorted(clocks, key=_natural)):
+        out.lines.append(_line(data, clocks[ent], f"{ent} SM clock",
+                               color=_COLORS[i % len(_COLORS)]))
+    return out
 
 
 def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:

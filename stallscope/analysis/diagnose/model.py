@@ -130,6 +130,7 @@ class Kind(str, Enum):
     GPU_HEALTH = ("gpu_health", "A GPU needs attention: XID errors or memory repairs pending",
                   "on a GPU that needs a person")
     COMMAND_FAILED = ("command_failed", "The training command failed", "a command that failed")
+    GPU_SLOWDOWN = ("gpu_slowdown", "The GPU slowed the training", "slowed by its GPU")
 
 
 #: every finding kind's string, in :class:`Kind`'s order

@@ -12,8 +12,8 @@ from typing import Any
 from stallscope.sources.gpu.nvml import GpuLost, Nvml, handle_key
 from stallscope.sources.gpu.reading import GpuState
 
-__all__ = ["APP_XIDS", "EVENT_WAIT_MS", "XID_MEANINGS", "XidEvents", "health_parts",
-           "remapped_rows", "retired_pages"]
+__all__ = ["APP_XIDS", "EVENT_WAIT_MS", "GROWING", "XID_MEANINGS", "XidEvents", "health_changes",
+           "health_parts", "remapped_rows", "retired_pages"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,66 @@ def health_parts(h: Any) -> list[str]:
         parts.append("a row remap waits for a reset")
     if h.get("retired_pages_pending"):
         parts.append("a page retirement waits for a reset")
+    parts.extend(h.get("grew") or ())  # "2 rows remapped after uncorrectable ECC errors"
     return parts
+
+
+#: NVML utilization from which a GPU counts as loaded: an idle GPU's link drops to a low PCIe
+#: generation to save power, which is no event
+PCIE_LOAD_PCT = 30
+#: counters whose growth during the run is a health event: (reading field, what grew)
+GROWING = (("remapped_rows_uncorrectable", "row{s} remapped after uncorrectable ECC errors"),
+            ("remapped_rows_correctable", "row{s} remapped after correctable ECC errors"),
+            ("ecc_errors", "new uncorrected ECC error{s}"),
+            ("retired_pages", "page{s} retired for ECC errors"))
+#: flags whose turning on is a health event: (reading field, what it means)
+_FLAGS = (("row_remap_pending", "a row remap waits for a GPU reset"),
+          ("row_remap_failed", "a row remap failed: the GPU's memory can no longer hide bad rows"),
+          ("retired_pages_pending", "a page retirement waits for a GPU reset"))
+
+
+def health_changes(seen: dict[str, Any], r: Any) -> list[str]:
+    """What changed in one GPU's health since its previous reading, in words, one event each
+    (``GPU 3: 2 rows remapped after uncorrectable ECC errors (5 in all)``): counters that grew
+    (remapped rows, uncorrected ECC errors, retired pages), flags that turned on (a remap
+    pending or failed, a page retirement pending), and a PCIe link that trained below its
+    maximum width, or its maximum generation under load. ``seen`` keeps what the previous
+    reading said (the GPU's :attr:`GpuState.health_seen`, updated here); the first reading is
+    the baseline, never an event."""
+    first = not seen
+    out: list[str] = []
+    gpu = f"GPU {r.index}"
+    for key, what in GROWING:
+        now, before = getattr(r, key, None), seen.get(key)
+        if now is None:
+            continue
+        if not first and before is not None and now > before:
+            n = now - before
+            out.append(f"{gpu}: {n} {what.format(s='' if n == 1 else 's')} ({now} in all)")
+            seen["grew"] = True  # a health problem from now on (gpu.health_problem)
+        seen[key] = now
+    for key, what in _FLAGS:
+        now = getattr(r, key, None)
+        if now is None:
+            continue
+        if not first and now and not seen.get(key):
+            out.append(f"{gpu}: {what}")
+        seen[key] = now
+    width, wmax = getattr(r, "pcie_width", None), getattr(r, "pcie_width_max", None)
+    gen, gmax = getattr(r, "pcie_gen", None), getattr(r, "pcie_gen_max", None)
+    loaded = (getattr(r, "util_pct", None) or 0) >= PCIE_LOAD_PCT
+    if width is not None and wmax is not None:
+        low = width < wmax
+        if not first and low and not seen.get("pcie_width_low"):
+            out.append(f"{gpu}: PCIe link trained at x{width} (its maximum x{wmax})")
+        seen["pcie_width_low"] = low
+    if gen is not None and gmax is not None and loaded:  # idle: a low generation saves power
+        low = gen < gmax
+        if not first and low and seen.get("pcie_gen_low") is False:
+            out.append(f"{gpu}: PCIe link at Gen{gen} under load (its maximum Gen{gmax})")
+        seen["pcie_gen_low"] = low
+    seen["_read"] = True
+    return out
 
 
 def remapped_rows(nvml: Nvml, gpu: GpuState
@@ -169,6 +228,9 @@ class XidEvents:
         meaning, todo = XID_MEANINGS.get(code, ("see NVIDIA's XID catalog", "drain the node "
                                                 "if it repeats"))
         msg = f"GPU {gpu.index}: XID {code}: {meaning}; {todo}"
+        seen = sum(gpu.xids.values())
+        if seen > 1:  # each XID is an event of its own (the collector drops a repeated message)
+            msg += f" (XID number {seen} on this GPU)"
         log.warning(msg)
         self.emit("gpu_xid", msg)
         return True

@@ -177,6 +177,9 @@ class GpuState:
     xids: dict[int, int] = field(default_factory=dict)
     xid_last: int = 0
     rows_supported: bool = True  #: remapped rows answer here (Ampere+)
+    #: what the previous reading said of the GPU's health (:func:`~stallscope.sources.gpu.
+    #: health.health_changes`: a change is told as an event)
+    health_seen: dict[str, Any] = field(default_factory=dict)
 
 
 #: the facts of a GPU that do not change during a run (its entity's attributes)

@@ -4,6 +4,7 @@ points and entities, and reports a GPU that is gone once."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -15,7 +16,12 @@ from stallscope.errors import SourceUnavailable
 from stallscope.metrics import Point
 from stallscope.sources.base import Source, numeric_points
 from stallscope.sources.gpu.gpm import free_gpm, read_gpm, start_gpm
-from stallscope.sources.gpu.health import EVENT_WAIT_MS, XidEvents, remapped_rows
+from stallscope.sources.gpu.health import (
+    EVENT_WAIT_MS,
+    XidEvents,
+    health_changes,
+    remapped_rows,
+)
 from stallscope.sources.gpu.nvml import (
     MIB,
     GpuLost,
@@ -185,11 +191,19 @@ class GpuSource(Source):
         out: list[GpuReading] = []
         for gpu in list(self._gpus):
             try:
-                out.append(self._read(gpu))
+                reading = self._read(gpu)
             except GpuLost as exc:
                 self._gpus.remove(gpu)
                 free_gpm(self.nvml, gpu)
                 self._mark_lost(gpu.index, gpu, exc.reason)
+                continue
+            for msg in health_changes(gpu.health_seen, reading):
+                log.warning(msg)
+                self.emit("gpu_health", msg)
+            if gpu.health_seen.get("grew") and reading.health_problem != 1:
+                # ECC errors, remapped rows or retired pages grew during the run
+                reading = dataclasses.replace(reading, health_problem=1)
+            out.append(reading)
         return out
 
     def close(self) -> None:

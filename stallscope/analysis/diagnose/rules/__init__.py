@@ -48,6 +48,7 @@ from stallscope.analysis.diagnose.rules.input import (
     rule_loading_in_trainer,
     rule_tf_blind,
 )
+from stallscope.analysis.diagnose.rules.slowdown import rule_gpu_slowdown
 from stallscope.analysis.facts import Facts
 
 __all__ = ["RULES", "RuleSpec", "run_rules"]
@@ -103,6 +104,7 @@ RULES: tuple[RuleSpec, ...] = (
     RuleSpec(rule_cpu_contention, (Kind.CPU_CONTENTION,), _OTHER),
     RuleSpec(rule_disk_health, (Kind.DISK_HEALTH,), _OTHER),
     RuleSpec(rule_gpu_held_idle, (Kind.GPU_HELD_IDLE,), _OTHER),
+    RuleSpec(rule_gpu_slowdown, (Kind.GPU_SLOWDOWN,), _OTHER),
 )
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}
