@@ -54,6 +54,7 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "tmux": (("tmux",),),
     "tensorflow": (("module:tensorflow",),),
     "torchrun": (("module:torch.distributed.run",),),
+    "fio": (("fio",),),
 }
 
 
@@ -78,7 +79,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 #: markers of tests that run a training or a heavy real component for seconds to a minute
-LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", "torchrun")
+LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", "torchrun",
+        "fio")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -127,6 +127,7 @@ def test_bench_builtin_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.exclusive
+@pytest.mark.fio
 def test_bench_fio_side_by_side(tmp_path: Path) -> None:
     if shutil.which("fio") is None:
         tool_missing("fio")

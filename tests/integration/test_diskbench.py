@@ -193,6 +193,7 @@ def _need_fio() -> None:
         tool_missing("fio")
 
 
+@pytest.mark.fio
 def test_fio_engine_real(tmp_path: Path) -> None:
     _need_fio()
     r = run_fio(str(tmp_path), SMALL)
@@ -208,6 +209,7 @@ def test_fio_missing(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.exclusive
+@pytest.mark.fio
 def test_engines_agree_roughly(tmp_path: Path) -> None:
     """Same plan, same filesystem: the engines must measure the same thing. Best of two
     interleaved runs each, and a loose bound (x0.4–x2.5), because this runs beside other work

@@ -1000,7 +1000,13 @@ def test_steps_timed_by_hand_are_device_timed_in_pairs_too(tmp_path: Path) -> No
     busy = sum(s.gpu_busy_s or 0.0 for s in gaps)
     idle = sum(s.gpu_idle_s or 0.0 for s in gaps)
     assert busy / (busy + idle) == pytest.approx(0.75, abs=0.01)
-    assert gpu.created < 2 * len(timed) + 20  # the untimed steps' copy events were reused
+    # the untimed steps' copy events were reused: an event is made only when the pool is
+    # empty, so the events made are the most ever in use at once: the current step's (at most
+    # 4: its start and end, its copy's two) and those of timed steps the writer thread has not
+    # read yet (4 each). How far the writer lags depends on the CPU it gets (on a busy host it
+    # read late and nearly every timed step made its own: 58 for 14); an untimed step whose
+    # copy events were not given back would make 2 more each, 1,000 and more here
+    assert gpu.created <= 4 * len(timed) + 4, (gpu.created, len(timed))
 
 
 def test_a_step_timed_by_hand_is_recorded_once_and_gives_back_a_failed_pairs_event(

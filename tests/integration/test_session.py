@@ -6,6 +6,7 @@ dataset gone, gives the same answer."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -313,10 +314,43 @@ def test_runs_shows_each_runs_verdict_and_lists_one_folder_alone(tmp_path: Path)
     assert "verdict" in table.stdout and verdict[:15] in table.stdout, table.stdout
 
 
+def _cpu_at(seen: list[tuple[float, float]], at: float) -> float:
+    """CPU seconds at wall time ``at``, between the two readings around it (linear)."""
+    for (t0, c0), (t1, c1) in itertools.pairwise(seen):
+        if t0 <= at <= t1:
+            return c0 + (c1 - c0) * (at - t0) / (t1 - t0) if t1 > t0 else c0
+    raise AssertionError(f"no reading around {at}")
+
+
 def test_a_run_records_the_busiest_processes_beside_it(tmp_path: Path) -> None:
     """meta.json busy_others: a CPU hog outside the training's tree is named, with its share of
     a core; the training's own processes are not."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    import threading
+    import time
+
+    import psutil
+
+    from stallscope.sources.others import MIN_CORES
+
+    # a name of its own (prctl PR_SET_NAME): processes of one name are listed together, and on
+    # a shared machine other python processes may be busier than the hog
+    hog = subprocess.Popen([sys.executable, "-c", "import ctypes\n"
+                            "ctypes.CDLL(None).prctl(15, b'stallscope-hog', 0, 0, 0)\n"
+                            "while True: pass"])
+    # the hog's CPU seconds as the host gave them, every 50 ms (wall time, CPU seconds): on a
+    # busy 2-core machine it gets a quarter of a core, on an idle one nearly a whole one
+    seen: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        proc = psutil.Process(hog.pid)
+        while not done.is_set():
+            t = proc.cpu_times()
+            seen.append((time.time(), t.user + t.system))
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         out = tmp_path / "runs"
         r = subprocess.run([*stallscope_argv("run", "--quiet", "--interval", "0.5", "--out",
@@ -325,13 +359,21 @@ def test_a_run_records_the_busiest_processes_beside_it(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-1500:]
     finally:
+        done.set()
+        watcher.join(5)
         hog.kill()
         hog.wait()
     [run_dir] = list(out.iterdir())
     meta = read_meta(run_dir)
     busy = meta["busy_others"]
-    # the hog is named with its share of a core (other work on the machine may be busier)
+    # the hog is named with its share of a core over the run (start to end): the CPU seconds
+    # it got then, within 0.1 of a core (other work on the machine may be busier)
+    assert seen[0][0] < meta["start"] and seen[-1][0] > meta["end"], (seen[0], seen[-1], meta)
+    got = (_cpu_at(seen, meta["end"]) - _cpu_at(seen, meta["start"])) / (
+        meta["end"] - meta["start"])
     hogs = [b for b in busy if b["pid"] == hog.pid]
-    assert hogs and hogs[0]["cores"] > 0.3, busy
+    assert hogs and hogs[0]["name"] == "stallscope-hog", (got, busy)
+    assert hogs[0]["cores"] == pytest.approx(got, abs=0.1), (got, busy)
+    assert hogs[0]["cores"] >= MIN_CORES
     assert [b["cores"] for b in busy] == sorted((b["cores"] for b in busy), reverse=True)
     assert meta["pid"] not in {b["pid"] for b in busy}
