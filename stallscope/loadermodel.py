@@ -24,9 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["ALIKE", "AT_READ_LIMIT", "CPU_BOUND_SHARE", "KEEPS_UP", "KEEPS_UP_PACE", "MEM_SHARE",
-           "MIN_GAIN", "NEAR_BEST", "alike", "gains", "keeps_up", "rate", "stall_cap",
-           "worker_gain", "workers_measured_slower", "workers_target"]
+__all__ = ["ALIKE", "AT_READ_LIMIT", "BUSY_SPARE", "CPU_BOUND_SHARE", "KEEPS_UP", "KEEPS_UP_PACE",
+           "MEM_SHARE", "MIN_GAIN", "NEAR_BEST", "OTHERS_BUSY_CORES", "SHM_SHARE", "alike",
+           "gains", "keeps_up", "rate", "shm_fits", "shm_need_mib", "stall_cap", "worker_gain",
+           "workers_for_step", "workers_measured_slower", "workers_target",
+           "workers_to_overlap"]
 
 #: below this share of the time waiting for data the loader keeps up: more tuning cannot help
 KEEPS_UP = 0.05
@@ -52,6 +54,22 @@ CPU_BOUND_SHARE = 0.75
 MEM_SHARE = 0.8
 #: the most a stall's removal is credited with: a 95% wait, ×20
 MAX_STALL = 0.95
+#: other processes (not the training's) keeping at least this many of the host's cores busy,
+#: while every trainer process waits for a CPU: the host is short of CPU (the diagnosis's
+#: cpu_contention; the tuner flags such trials)
+OTHERS_BUSY_CORES = 0.5
+#: idle cores (over the run) under which the CPUs count as busy: more workers or a parallel map
+#: would only share the same cores
+BUSY_SPARE = 0.25
+#: the share of /dev/shm's free space the workers' batches in flight may plan to take
+SHM_SHARE = 0.9
+#: a batch's size in MiB when it is not known (the workers' batches in flight then take
+#: prefetch_factor × 2 × this each: 32 MiB at the default prefetch_factor 2)
+SHM_BATCH_MIB_UNKNOWN = 8.0
+#: a loader whose workers wait rather than compute (input_bound.wait) is given at least this
+#: many more workers, and at most WAIT_MAX_WORKERS in all
+WAIT_MORE_WORKERS = 2
+WAIT_MAX_WORKERS = 32
 
 
 def rate(workers: int, load_s: float, *, cores: float, step_s: float = 0.0,
@@ -106,6 +124,37 @@ def workers_target(workers: int, stall: float, cores: int) -> int:
     than today, never more than the physical ``cores``."""
     want = math.ceil(max(workers, 1) / max(1.0 - stall, 0.1))
     return min(max(want, workers + 1), cores)
+
+
+def workers_to_overlap(workers: int, stall: float) -> int:
+    """Workers whose loading waits (a remote store, a lock) rather than computes: enough to
+    overlap the waits, 1 / (1 − stall) times today's, at least :data:`WAIT_MORE_WORKERS` more,
+    at most :data:`WAIT_MAX_WORKERS` (past the cores is fine: they wait)."""
+    need = 1.0 / max(1.0 - stall, 0.1)
+    return min(WAIT_MAX_WORKERS, max(workers + WAIT_MORE_WORKERS,
+                                     math.ceil(max(workers, 1) * need)))
+
+
+def workers_for_step(load_s: float, step_s: float, workers: int) -> int:
+    """Workers that each load one item in ``load_s`` while a step takes ``step_s``: enough to
+    deliver an item a step (more than ``workers`` when the step cannot be fed now)."""
+    if step_s > 0 and math.isfinite(load_s):
+        return math.ceil(load_s / step_s)
+    return workers + 1
+
+
+def shm_need_mib(workers: int, prefetch_factor: int = 2, batch_mib: float | None = None
+                 ) -> float:
+    """MiB of /dev/shm the workers' batches in flight take: each worker keeps
+    ``prefetch_factor`` batches, each passed through shared memory (×2: the worker's copy and
+    the one being handed over); a batch of unknown size counts :data:`SHM_BATCH_MIB_UNKNOWN`."""
+    size = SHM_BATCH_MIB_UNKNOWN if batch_mib is None or batch_mib <= 0 else batch_mib
+    return size * workers * max(prefetch_factor, 1) * 2
+
+
+def shm_fits(need_mib: float, free_mib: float) -> bool:
+    """Whether ``need_mib`` of batches fit in /dev/shm's ``free_mib`` (:data:`SHM_SHARE`)."""
+    return need_mib <= SHM_SHARE * free_mib
 
 
 def keeps_up(wait_share: float | None) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stallscope.metrics import lookup
 from stallscope.stats import percentile
 from stallscope.store import Series
+from stallscope.units import number
 
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
@@ -187,16 +188,6 @@ def energy_text(ent: str, e: dict[str, float]) -> str:
             f"(mean {e['mean_w']:,.0f} W)")
 
 
-def _fmt(v: float) -> str:
-    if v != v:
-        return "-"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
 def render_summary(summary: dict[str, Any]) -> Any:
     """A rich Table of the summary."""
     from rich.table import Table
@@ -211,8 +202,8 @@ def render_summary(summary: dict[str, Any]) -> Any:
         ent = r["entity"]
         if "processes" in r:
             ent = f"{r['processes']} proc"
-        table.add_row(safe(r["metric"]), safe(str(ent)), _fmt(r["median"]),
-                      _fmt(r["p95"]), _fmt(r["max"]), r["unit"])
+        table.add_row(safe(r["metric"]), safe(str(ent)), number(r["median"]),
+                      number(r["p95"]), number(r["max"]), r["unit"])
     return table
 
 

@@ -58,6 +58,9 @@ from stallscope.loadermodel import (
     NEAR_BEST,
     keeps_up,
     rate,
+    shm_fits,
+    shm_need_mib,
+    workers_for_step,
 )
 from stallscope.sources.host import swap_ins
 
@@ -65,6 +68,8 @@ __all__ = ["CPU_BOUND_SHARE", "EpochTrial", "OnlineTuner", "decide", "predict_ra
 
 #: epochs autotune may try before it settles
 MAX_TRIALS = 4
+#: a batch whose CPU exceeds its load and step time by this factor was worked on threads
+THREADS_CPU_MARGIN = 1.05
 STATE_FILE = "autotune.json"
 #: the most of the state file read (a few hundred bytes per loader are written)
 MAX_STATE_BYTES = 4 << 20
@@ -170,14 +175,14 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
         k = min(k for k, r in rates.items() if r >= NEAR_BEST * top)
         cfg = {"num_workers": k, "prefetch_factor": cur.prefetch_factor or 2}
         on_threads = (f" ({cpu * 1000:.0f} ms of CPU in all)"
-                      if cpu > 1.05 * (load + c) else "")
+                      if cpu > THREADS_CPU_MARGIN * (load + c) else "")
         why = (f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
                f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
                f"should give {top:.1f} steps/s (now {cur.rate:.1f})")
         return _checked(cfg, why, top, ok, cur)
     k = cur.num_workers
     per_worker = k / cur.rate if cur.rate > 0 else math.inf  # one batch's load in a worker
-    need = math.ceil(per_worker / c) if c > 0 and math.isfinite(per_worker) else k + 1
+    need = workers_for_step(per_worker, c, k)  # the loader model's (loadermodel.py)
     tried = {(t.num_workers, t.prefetch_factor) for t in trials}
     if need > k and k < cores and (min(need, cores), cur.prefetch_factor) not in tried:
         nk = min(need, cores)
@@ -420,7 +425,9 @@ class OnlineTuner:
             shm = shutil.disk_usage("/dev/shm").free
         except OSError:
             return ""
-        if shm < k * 32 * 2**20:  # each worker's batches in flight go through /dev/shm
+        # each worker's batches in flight go through /dev/shm: the loader model's one fit
+        pf = cfg.get("prefetch_factor") or getattr(self.loader, "prefetch_factor", None) or 2
+        if not shm_fits(shm_need_mib(k, int(pf)), shm / 2**20):
             return f"/dev/shm has {shm / 2**20:.0f} MiB free for {k} workers' batches"
         return ""
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope import units
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import phases_over_time, trainer_phases
 from stallscope.sources.stacks.phases import PHASES
@@ -251,7 +252,7 @@ def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
             panel.lines.append(Line(f"{who}per step", ts, share, color=color, style=".",
                                     alpha=0.35))
         bt, bshare = _bucket_share(ts, wait, host, width)
-        panel.lines.append(Line(f"{who}data wait (mean over {_dur(width)})", bt, bshare,
+        panel.lines.append(Line(f"{who}data wait (mean over {units.duration(width)})", bt, bshare,
                                 color=color, width=1.8))
         busy = [(r.ts, r.gpu_idle_s, r.gpu_busy_s) for r in rows
                 if r.gpu_idle_s is not None and r.gpu_busy_s is not None]
@@ -309,7 +310,7 @@ def _phase_plot(data: RunData) -> Plot:
                                     color=_PHASE_COLORS.get(phase, "#333333"),
                                     width=1.8 if phase == "data" else 1.2))
         plot.panels.append(panel)
-    plot.note = (f"Share of each {_dur(width)} the training thread spent per phase, from "
+    plot.note = (f"Share of each {units.duration(width)} the training thread spent per phase, from "
                  f"{sum(p.samples for p in procs):,} samples of its stack "
                  f"({procs[0].sampler}); the frames that decide each phase are listed in "
                  "docs/diagnosis.md. Start-up (imports, building the model) is left out.")
@@ -351,7 +352,7 @@ def _disk_plot(data: RunData) -> Plot:
                      f"busiest device, {busiest}.")
     rows = (("disk.util_pct", "%util", 1.0, (0.0, 105.0)),
             ("disk.r_await_ms", "read await, ms", 1.0, None),
-            ("disk.rkb_s", "read, MB/s", 1.0 / 1024.0, None))
+            ("disk.rkb_s", "read, MB/s", units.kib(1) / 1e6, None))  # KiB/s -> MB/s (SI)
     for name, ylabel, scale, ylim in rows:
         found = data.metric(name)
         panel = Panel(ylabel, ylim=ylim)
@@ -397,15 +398,15 @@ def _cpu_plot(data: RunData) -> Plot:
 
 def _mem_plot(data: RunData) -> Plot:
     plot = Plot("mem", "Memory, /dev/shm and swap")
-    gib = 1.0 / _MIB_PER_GIB
-    mem = Panel("host memory, GiB")
+    gib = units.mib(1) / 1e9  # MiB -> GB: sizes are SI everywhere (units.py)
+    mem = Panel("host memory, GB")
     for name, label, color, style in (("host.mem_used_mib", "used", _COLORS[0], "-"),
                                       ("host.page_cache_mib", "page cache", _COLORS[8], "-"),
                                       ("host.mem_total_mib", "total", "#555555", ":")):
         s = data.series.get((name, ""))
         if s is not None and s.v:
             mem.lines.append(_line(data, s, label, gib, color=color, style=style))
-    shm = Panel("shm / swap, GiB")
+    shm = Panel("shm / swap, GB")
     for name, label, color, style in (("host.shm_used_mib", "/dev/shm used", _COLORS[3], "-"),
                                       ("host.shm_total_mib", "/dev/shm size", _COLORS[3], ":"),
                                       ("host.swap_used_mib", "swap used", _COLORS[1], "-")):
@@ -421,14 +422,6 @@ def _mem_plot(data: RunData) -> Plot:
 
 def _natural(s: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s))
-
-
-def _dur(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 _NICE_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
@@ -557,7 +550,4 @@ def _legend_layout(labels: list[str]) -> tuple[int, int]:
     return cols, math.ceil(len(labels) / cols)
 
 
-def finite_or_none(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
+finite_or_none = units.finite_or_none  # the one check (units.py)

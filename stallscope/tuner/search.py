@@ -43,7 +43,6 @@ from typing import Any
 import psutil
 
 from stallscope import units
-from stallscope.analysis.facts.build import OTHERS_BUSY_CORES
 from stallscope.loadermodel import (
     ALIKE,
     AT_READ_LIMIT,
@@ -52,10 +51,13 @@ from stallscope.loadermodel import (
     MEM_SHARE,
     MIN_GAIN,
     NEAR_BEST,
+    OTHERS_BUSY_CORES,
     alike,
     gains,
     keeps_up,
     rate,
+    shm_fits,
+    shm_need_mib,
 )
 from stallscope.sources.cgroup import read_caps as host_read_caps
 from stallscope.sources.cgroup import usable_cores
@@ -214,9 +216,8 @@ class Search:
             shm_free = shutil.disk_usage("/dev/shm").free / 2**20
         except OSError:
             return ""
-        batch_mib = self._batch_mib or 0.0
-        shm_need = batch_mib * workers * config.get("prefetch_factor", 2) * 2
-        if shm_need > 0.9 * shm_free:
+        shm_need = shm_need_mib(workers, config.get("prefetch_factor", 2), self._batch_mib)
+        if not shm_fits(shm_need, shm_free):  # the loader model's one fit (loadermodel.py)
             return (f"would keep ~{shm_need:,.0f} MiB of batches in /dev/shm, "
                     f"{shm_free:,.0f} MiB free")
         return ""

@@ -775,6 +775,59 @@ def test_rules_are_declared_with_their_kinds_docs_and_thresholds() -> None:
     assert table["rule_host_bound"]["GPU_BUSY_PCT"] == 70.0
     assert table["rule_compute_bound"]["GPU_BUSY_UNMEASURED_PCT"] == 80.0
     assert table["rule_gpu_held_idle"]["HELD_IDLE_S"] == 600.0
+    # issue 51: helpers' constants and the scoring's named set show too; every rule that
+    # compares against a number names it
+    assert table["rule_input_bound"]["SCORES.worker_saturated_pct"] == 80.0
+    assert table["rule_insufficient"] == {"MIN_SAMPLES": 3.0, "MIN_STEPS": 10.0}
+    for name in ("rule_gpu_throttled", "rule_host_swap", "rule_shm_pressure", "rule_h2d",
+                 "rule_gpu_memory_growth", "rule_pcie_degraded", "rule_epoch_start"):
+        assert table[name], name
+
+
+def test_each_rule_declares_what_it_reads_and_the_docs_table_is_generated() -> None:
+    """Issue 51: a RuleSpec declares the facts (and series) it reads; the declaration is held to
+    the code, and docs/diagnosis.md's table of rules, reads and thresholds to the specs."""
+    from stallscope.analysis.diagnose.rules import RULES
+    from stallscope.analysis.diagnose.rules.declared import (
+        END,
+        START,
+        facts_read,
+        rules_table,
+        series_read,
+    )
+    from stallscope.analysis.facts import WHERE
+
+    for spec in RULES:
+        assert set(spec.reads) == facts_read(spec.check), spec.name
+        assert set(spec.series) == series_read(spec.check), spec.name
+        assert set(spec.reads) <= set(WHERE), spec.name
+    doc = (ROOT / "docs" / "diagnosis.md").read_text()
+    assert doc.split(START, 1)[1].split(END, 1)[0].strip() == rules_table().strip(), \
+        "regenerate: python -m stallscope.analysis.diagnose.rules.declared --write " \
+        "docs/diagnosis.md"
+
+
+def test_no_threshold_is_a_bare_number_in_a_rule() -> None:
+    """Issue 51: a number a rule compares a fact or a series against has a name (0, 1 and 2
+    are counts and bounds, not thresholds)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from stallscope.analysis.diagnose.rules import RULES
+    from stallscope.analysis.diagnose.rules.declared import _reach
+
+    bare = []
+    for spec in RULES:
+        for f in _reach(spec.check):
+            src, start = inspect.getsourcelines(f)
+            for node in ast.walk(ast.parse(textwrap.dedent("".join(src)))):
+                if isinstance(node, ast.Compare):
+                    for c in (node.left, *node.comparators):
+                        if isinstance(c, ast.Constant) and type(c.value) in (int, float) \
+                                and c.value not in (0, 1, 2):
+                            bare.append(f"{f.__name__}:{start + node.lineno - 1} {c.value}")
+    assert not bare, bare
 
 
 def test_a_rule_reporting_a_kind_it_does_not_declare_is_a_bug(monkeypatch: pytest.MonkeyPatch

@@ -57,14 +57,36 @@ def test_worker_gain_is_bounded_by_idle_cores_and_by_the_stall() -> None:
 
 
 def test_thresholds_are_one_set() -> None:
+    """Issue 51: this checked names, two of which (WORSE, KEEPS_UP_SHARE) existed nowhere. Now:
+    every loader-model number the tuner, autotune and the diagnosis use is lm's, by value and by
+    use: none keeps a constant of its own with one of lm's values, and none compares against
+    one of lm's values written bare."""
+    import ast
+    import inspect
+
+    from stallscope.analysis.diagnose.rules import input as rules_input
+    from stallscope.analysis.facts import build
     from stallscope.probe import autotune
     from stallscope.tuner import search
 
-    # neither keeps a copy of its own (what it uses, it imports)
-    for mod in (autotune, search):
-        for name in ("ALIKE", "KEEPS_UP", "MEM_SHARE", "MIN_GAIN", "CPU_BOUND_SHARE", "WORSE",
-                     "KEEPS_UP_SHARE"):
-            assert getattr(mod, name, None) in (None, getattr(lm, name, None)), (mod, name)
+    ours = {n: v for n, v in vars(lm).items()
+            if n.isupper() and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert {"ALIKE", "KEEPS_UP", "MEM_SHARE", "MIN_GAIN", "NEAR_BEST", "KEEPS_UP_PACE",
+            "OTHERS_BUSY_CORES", "BUSY_SPARE", "SHM_SHARE"} <= set(ours)
+    for mod in (autotune, search, rules_input, build):
+        for name, v in vars(mod).items():
+            if name.isupper() and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                    and name in ours:
+                assert v is ours[name] or v == ours[name], (mod.__name__, name)
+        if mod is rules_input:
+            continue  # its bare 0.8s and 0.95s are confidences, not the loader model's
+        # inside functions: a number with one of lm's values written bare is a copy
+        bare = [(f.name, n.value) for f in ast.walk(ast.parse(inspect.getsource(mod)))
+                if isinstance(f, ast.FunctionDef) for n in ast.walk(f)
+                if isinstance(n, ast.Constant) and type(n.value) is float
+                and n.value in {lm.NEAR_BEST, lm.KEEPS_UP_PACE, lm.AT_READ_LIMIT, lm.ALIKE,
+                                lm.MIN_GAIN, lm.SHM_SHARE, lm.CPU_BOUND_SHARE, lm.MEM_SHARE}]
+        assert not bare, (mod.__name__, bare)
     assert lm.keeps_up(0.04) and not lm.keeps_up(0.05) and not lm.keeps_up(None)
     assert lm.gains(105.0, 100.0) and not lm.gains(104.0, 100.0)
     assert lm.alike(97.0, 100.0) and not lm.alike(96.0, 100.0)

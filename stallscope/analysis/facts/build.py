@@ -25,6 +25,7 @@ from stallscope.analysis.window import (
     gpu_warmup_end,
     trainer_gpus,
 )
+from stallscope.loadermodel import BUSY_SPARE, OTHERS_BUSY_CORES
 from stallscope.store import Series, StepRow
 
 if TYPE_CHECKING:
@@ -47,9 +48,6 @@ RUNQ_BUSY_PCT = 20.0
 #: (throttled, or runnable with no core) inside a collective counts as its own collective wait,
 #: so the gap shrinks (measured: 0.11 on a 0.3-core quota with a CPU hog on the host)
 COMM_GAP_STARVED = 0.05
-#: other processes (not the training's) keeping at least this many of the host's cores busy,
-#: while every trainer process waits for a CPU ≥ RUNQ_BUSY_PCT: the host is short of CPU
-OTHERS_BUSY_CORES = 0.5
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -826,9 +824,6 @@ def limited(fx: Facts) -> bool:
             and d.disk_rkb_s_p95 >= LIMIT_REACHED * d.read_limit_kb_s)
 
 
-#: idle cores (over the run) under which the CPUs count as busy: more workers or a parallel map
-#: would only share the same cores
-BUSY_SPARE = 0.25
 
 
 def spare_cores(fx: Facts) -> float | None:

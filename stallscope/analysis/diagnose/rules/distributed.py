@@ -13,11 +13,11 @@ from stallscope.analysis.diagnose.rules.common import STALL_CRIT, STALL_WARN, _s
 from stallscope.analysis.diagnose.rules.host import _busy_host
 from stallscope.analysis.diagnose.rules.input import (
     _fetch_fixes,
-    _fetch_prep_scores,
     _loader_fixes,
     _prep_estimate,
     _prep_fixes,
 )
+from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (
     COMM_GAP,
@@ -43,7 +43,7 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
         where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
         wcpu = (f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
                 if r.get("worker_cpu_pct") is not None and r.get("workers") else "")
-        fs, _, ps, _ = _fetch_prep_scores(fx)
+        fs, _, ps, _ = fetch_prep_scores(fx)
         fixes = (_fetch_fixes(data, fx) if fs > ps else _prep_fixes(fx)) + _loader_fixes(fx)
         fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
         fixes.append(Fix(f"compare rank {r['rank']}'s data with the others' (shard size, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_WARN
-from stallscope.analysis.diagnose.rules.input import _fetch_prep_scores
+from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_compute_fix,
@@ -58,7 +58,7 @@ def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
         if not fx.loader.workers:  # loading shares the trainer's threads: rule_loading_in_trainer
             return []
         # CPU training without the probe: the trainer process itself is the compute
-        fs, _, ps, _ = _fetch_prep_scores(fx)
+        fs, _, ps, _ = fetch_prep_scores(fx)
         if (fx.procs.main_cpu_pct or 0) >= TRAINER_BUSY_PCT and max(fs, ps) < 2:
             return [Finding(
                 kind=Kind.COMPUTE_BOUND, severity="info", confidence=0.5,

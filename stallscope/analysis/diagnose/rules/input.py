@@ -17,6 +17,7 @@ from stallscope.analysis.diagnose.rules.common import (
     _speedup,
     _workers_now,
 )
+from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_fetch_fixes,
@@ -35,36 +36,8 @@ from stallscope.loadermodel import (
     worker_gain,
     workers_measured_slower,
     workers_target,
+    workers_to_overlap,
 )
-
-
-@dataclass(frozen=True)
-class ScoreLimits:
-    """The lines of the fetch vs prep scoring (:func:`_fetch_prep_scores`; docs/diagnosis.md
-    "input_bound.fetch vs input_bound.prep"): each crossed gives the side its points."""
-
-    d_state_strong: float = 0.25  #: share of samples in D state: 2 fetch points
-    d_state: float = 0.10  #: ... 1 fetch point; under it, workers rarely blocked: 1 prep point
-    blkio_pct: float = 20.0  #: workers blocked on block I/O (% of the time): 2 fetch points
-    await_ms: float = 20.0  #: read latency (r_await median): 1 fetch point
-    await_high_ms: float = 50.0  #: ... 2 fetch points
-    flat_cv: float = 0.2  #: read throughput varying less than this: a ceiling, 1 fetch point
-    flat_min_kb_s: float = 1024.0  #: ... when reading more than this (KiB/s)
-    psi_io_pct: float = 10.0  #: I/O pressure (PSI some): 1 fetch point
-    iowait_pct: float = 10.0  #: CPU iowait: 1 fetch point
-    worker_saturated_pct: float = 80.0  #: each worker's CPU: 2 prep points
-    worker_busy_pct: float = 55.0  #: ... 1 prep point
-    worker_idle_pct: float = 40.0  #: ... under it: waiting, not computing, 1 fetch point
-    main_busy_pct: float = 80.0  #: the trainer loading on its own thread, busy: 2 prep points
-    main_idle_pct: float = 50.0  #: ... barely computing while blocked on reads: 1 fetch point
-    runq_pct: float = 15.0  #: workers waiting for a CPU: 1 prep point
-    host_busy_pct: float = 85.0  #: every CPU busy (median host CPU): 1 prep point
-    device_busy_pct: float = 80.0  #: the dataset's device busy (%util): 1 fetch point
-    device_idle_pct: float = 30.0  #: ... mostly idle (and reading < flat_min_kb_s): 1 prep
-
-
-SCORES = ScoreLimits()
-
 
 #: a data wait from which "at least N×" is said rather than the formula (input_bound.wait)
 WAIT_SHARE_HIGH = 0.9
@@ -84,110 +57,6 @@ SMALL_READS_S = 50.0
 OWN_READ_KB_S = 100.0
 #: fewer machine samples than this: rule_loading_in_trainer says nothing
 MIN_SAMPLES = 3
-
-
-def _fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
-    """Points for 'storage can't keep up' vs 'CPU preprocessing can't keep up', with reasons."""
-    f: list[str] = []
-    p: list[str] = []
-    fs = ps = 0
-    d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
-    who = ("workers" if fx.loader.workers
-           else "the trainer's threads" if fx.procs.tf_trainer or is_tf(fx)
-           else "the trainer (num_workers=0)")
-    if d is not None:
-        if d >= SCORES.d_state_strong:
-            fs += 2
-            f.append(f"{who} in D state (waiting on I/O) in {d:.0%} of samples")
-        elif d >= SCORES.d_state:
-            fs += 1
-            f.append(f"{who} in D state in {d:.0%} of samples")
-        elif fx.loader.workers:
-            ps += 1
-            p.append(f"workers rarely in D state ({d:.0%} of samples)")
-    if fx.loader.worker_blkio_pct is not None and fx.loader.worker_blkio_pct >= SCORES.blkio_pct:
-        fs += 2
-        f.append(f"workers blocked on block I/O {fx.loader.worker_blkio_pct:.0f}% of the time")
-    dfs, dps = _device_scores(fx, f, p)
-    fs, ps = fs + dfs, ps + dps
-    aw = fx.disk.disk_r_await_median_ms
-    if aw is not None and aw >= SCORES.await_ms:
-        fs += 2 if aw >= SCORES.await_high_ms else 1
-        f.append(f"read latency {aw:.0f} ms (r_await; > {SCORES.await_ms:.0f} ms deserves "
-                 "attention)")
-    if (fx.disk.disk_rkb_s_cv is not None and fx.disk.disk_rkb_s_cv < SCORES.flat_cv
-            and (fx.disk.disk_rkb_s_median or 0) > SCORES.flat_min_kb_s and fs > 0):
-        fs += 1
-        flat = units.rate(units.kib(fx.disk.disk_rkb_s_median or 0))
-        f.append(f"read throughput flat at ~{flat} "
-                 f"(variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling")
-    if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= SCORES.psi_io_pct:
-        fs += 1
-        f.append(f"I/O pressure: some task stalled on I/O {fx.host.psi_io_median_pct:.0f}% of "
-                 "the time (PSI)")
-    if fx.host.iowait_median_pct is not None \
-            and fx.host.iowait_median_pct >= SCORES.iowait_pct:
-        fs += 1
-        f.append(f"CPU iowait {fx.host.iowait_median_pct:.0f}%")
-    wc = fx.loader.worker_cpu_pct
-    if fx.loader.workers and wc is not None:
-        if wc >= SCORES.worker_saturated_pct:
-            ps += 2
-            p.append(f"each worker at {wc:.0f}% CPU (saturated)")
-        elif wc >= SCORES.worker_busy_pct:
-            ps += 1
-            p.append(f"workers at {wc:.0f}% CPU")
-        elif wc < SCORES.worker_idle_pct:
-            fs += 1
-            f.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
-    mc = fx.procs.main_cpu_pct
-    if (not fx.loader.workers and mc is not None and mc >= SCORES.main_busy_pct
-            and (d is None or d < SCORES.d_state)
-            and fx.steps.stall_source in ("probe", "stacks")):
-        # the training thread measurably waits on its own loading, and the process is busy
-        # on the CPU, not blocked on reads: the loading is CPU work (decode, transform)
-        ps += 2
-        p.append(f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
-                 "reads: loading is CPU work")
-    if not fx.loader.workers and d is not None and d >= SCORES.d_state_strong \
-            and mc is not None and mc < SCORES.main_idle_pct:
-        # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
-        # process barely computes
-        fs += 1
-        f.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not "
-                 "computing")
-    if fx.loader.worker_runq_pct is not None and fx.loader.worker_runq_pct >= SCORES.runq_pct:
-        ps += 1
-        p.append(f"workers waiting for a free CPU {fx.loader.worker_runq_pct:.0f}% of the time "
-                 "(CPU contention)")
-    if (fx.host.host_cpu_median_pct is not None
-            and fx.host.host_cpu_median_pct >= SCORES.host_busy_pct
-            and (fx.host.iowait_median_pct or 0) < SCORES.iowait_pct):
-        ps += 1
-        p.append(f"all CPUs busy ({fx.host.host_cpu_median_pct:.0f}%)")
-    return fs, f, ps, p
-
-
-def _device_scores(fx: Facts, f: list[str], p: list[str]) -> tuple[int, int]:
-    """The dataset device's part of :func:`_fetch_prep_scores`: its read limit, else its own
-    busy share (reasons appended to ``f`` and ``p``); returns (fetch, prep) points."""
-    util = fx.disk.disk_util_median_pct
-    fs = ps = 0
-    if limited(fx):
-        # a limit stands before the device: the device's own idleness says nothing
-        fs += 2
-        f.append(f"reads of {fx.disk.device} reached the trainer's cgroup read limit "
-                 f"({units.rate(units.kib(fx.disk.read_limit_kb_s or 0))}; p95 "
-                 f"{units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))})")
-    elif util is not None:
-        if util >= SCORES.device_busy_pct:
-            fs += 1
-            f.append(f"{fx.disk.device} busy {util:.0f}% of the time (iostat %util)")
-        elif util < SCORES.device_idle_pct \
-                and (fx.disk.disk_rkb_s_median or 0) < SCORES.flat_min_kb_s:
-            ps += 1
-            p.append(f"{fx.disk.device} mostly idle ({util:.0f}% util)")
-    return fs, ps
 
 
 @dataclass(frozen=True)
@@ -245,7 +114,7 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
     clear saturation pattern (:data:`_STALL_SOURCES`). fetch vs prep is decided by scoring the
     signals of :func:`_fetch_prep_scores`; the side with more points wins."""
     how = _STALL_SOURCES.get(fx.steps.stall_source) or _STALL_SOURCES[None]
-    fs, freasons, ps, preasons = _fetch_prep_scores(fx)
+    fs, freasons, ps, preasons = fetch_prep_scores(fx)
     stall = fx.steps.stall_fraction
     if how.min_stall is not None and (stall is None or stall < how.min_stall):
         return []
@@ -308,8 +177,6 @@ WAIT_CPU_PCT = 40.0
 #: ... and its workers' run-queue wait below this (% of the time): starved of CPU by other
 #: processes is cpu_contention's
 WAIT_RUNQ_PCT = 20.0
-#: the most workers input_bound.wait asks for at once
-WAIT_MAX_WORKERS = 32
 
 
 def loading_waits(fx: Facts, stall: float | None) -> float | None:
@@ -344,7 +211,7 @@ def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epo
     nw = _workers_now(fx) or 0
     share = stall or 0.0
     need = 1 / max(1.0 - share, 0.1)
-    target = min(WAIT_MAX_WORKERS, max(nw + 2, math.ceil(max(nw, 1) * need)))
+    target = workers_to_overlap(nw, share)  # the loader model's (loadermodel.py)
     rate = (f"at least {need:.0f}× today's rate" if share >= WAIT_SHARE_HIGH else
             f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate")
     cores = fx.host.physical_cores
