@@ -94,7 +94,8 @@ def test_a_loader_that_neither_computes_nor_reads_waits_on_something_else() -> N
     assert "9% of a core each" in f["summary"]
     assert f["fixes"][0]["action"] == "num_workers 2 → 5"  # ceil(2 / (1 - 0.6))
     assert f["fixes"][0]["change"] == {"num_workers": 5}
-    assert "py-spy dump --pid PID" in f["fixes"][1]["action"]
+    # the run's own worker, not a PID to fill in (issue 49: printed commands run as printed)
+    assert "`py-spy dump --pid 101`" in f["fixes"][1]["action"], f["fixes"][1]
     assert f["evidence"]["loading_cpu_pct"] == 9
     # workers that compute, or wait on the disk, are what they were
     assert diagnose(_waiting_loader(95))["findings"][0]["kind"] == "input_bound.prep"
@@ -441,7 +442,7 @@ def test_tf_fetch_stall_from_reader_threads_in_d_state() -> None:
         ser("procs.d_threads", "100", [1, 1, 0] * 10), ser("procs.tf_threads", "100", [6] * N),
     ], steps=steps(100, wait=0.08, host=0.02), entities=MAIN,
         config=TF_CFG | {"sequential_maps": 1},
-        meta={"data_devices": ["vda"], "dataset_bytes": 60_000_000})
+        meta={"data_devices": ["vda"], "dataset_bytes": 60_000_000, "data": "/srv/my data"})
     doc = diagnose(data)
     assert doc["verdict"] == "input_bound.fetch", doc["findings"][0]
     f = doc["findings"][0]
@@ -449,8 +450,9 @@ def test_tf_fetch_stall_from_reader_threads_in_d_state() -> None:
     assert "the trainer's threads in D state" in " ".join(f["evidence"]["signals"])
     actions = [x["action"] for x in f["fixes"]]
     assert any(a.startswith("read files in parallel") for a in actions)
-    assert any("`stallscope pack SRC DST`" in a and "tf.data.TFRecordDataset" in a
-               for a in actions)
+    # the command runs as printed (issue 49): the run's own dataset, no SRC DST to fill in
+    assert any("`stallscope pack '/srv/my data' '/srv/my data-shards'`" in a
+               and "tf.data.TFRecordDataset" in a for a in actions), actions
     assert any(a.startswith("add .cache()") for a in actions)
     assert not any("num_workers" in a for a in actions), actions
 

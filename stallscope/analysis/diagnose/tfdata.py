@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from stallscope import units
 from stallscope.analysis.diagnose.model import Fix, RunData
+from stallscope.analysis.diagnose.rules.common import pack_command
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import BUSY_SPARE, spare_cores
 
@@ -112,8 +113,10 @@ def tf_fetch_fixes(data: RunData, fx: Facts) -> list[Fix]:
                          "list", "one read at a time cannot keep a storage device busy; "
                          "parallel reads hide each read's latency"))
     if many:
-        fixes.append(Fix("pack the small files into shards read sequentially: `stallscope pack "
-                         "SRC DST` (WebDataset tar shards, read from tf.data as docs/pack.md "
+        cmd = pack_command(data)
+        fixes.append(Fix("pack the small files into shards read sequentially: "
+                         + (f"`{cmd}`" if cmd else "stallscope pack") + " "
+                         "(WebDataset tar shards, read from tf.data as docs/pack.md "
                          "shows), or TFRecord shards (tf.io.TFRecordWriter) read with "
                          f"tf.data.TFRecordDataset through interleave(..., num_parallel_calls="
                          f"{_AUTO})",

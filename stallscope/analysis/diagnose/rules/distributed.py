@@ -228,8 +228,8 @@ def rule_communication_bound(data: RunData, fx: Facts) -> list[Finding]:
         told = ""
     elif "prometheus" in data.meta:
         told = (" (from Prometheus' totals the transfer itself and the wait for each step's "
-                "slowest rank cannot be told apart: `stallscope diagnose` on a run's own "
-                "records splits them)")
+                "slowest rank cannot be told apart: stallscope diagnose on a run folder of "
+                "the job, with its per-step records, splits them)")
     else:
         told = (" (sampled stacks give shares, not each step's times, so the transfer itself "
                 "and the wait for each step's slowest rank cannot be told apart: the probe, "

@@ -93,7 +93,7 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
                if stacks else "no stack of the exit was sampled")
         report = (f"`stallscope report {shlex.quote(str(data.run_dir))}` lists the exit's "
                   "stacks" if stacks and str(data.run_dir) not in ("", ".")
-                  else "`py-spy dump --pid PID` of the trainer as it exits shows where")
+                  else "py-spy dump of the trainer's pid as it exits shows where")
         fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
                      f"threads or processes): {report}", why)]
     life = total + exit_s + (fx.run.startup_s or 0.0)
@@ -341,8 +341,9 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
         + "No verdict.",
         evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
          "d_share": round(blocked, 3), "stack_samples": fx.steps.stack_samples},
-        fixes=[Fix("watch the training itself: `stallscope run -- python train.py`, or `--pid` of "
-             "the Python process that runs the training loop",
+        fixes=[Fix("watch the training itself: stallscope run -- followed by your training "
+             "command, or stallscope run --pid with the pid of the Python process that runs "
+             "the training loop",
              "the watched processes did no work a training does")],
         est_speedup=1.0,
         rule="no steps, no training frames, no GPU, "

@@ -16,6 +16,8 @@ from stallscope.analysis.diagnose.rules.common import (
     _pct,
     _speedup,
     _workers_now,
+    pack_command,
+    pid_to_look_at,
 )
 from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
 from stallscope.analysis.diagnose.tfdata import (
@@ -132,7 +134,7 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
     reasons = freasons if fetch else preasons
     waits = None if fetch or not how.measured else loading_waits(fx, stall)
     if waits is not None:
-        return [_wait_finding(fx, how, stall, steady is not None, waits, fs, ps)]
+        return [_wait_finding(data, fx, how, stall, steady is not None, waits, fs, ps)]
     margin = abs(fs - ps) / max(fs + ps, 1)
     confidence = how.base * (0.6 + 0.4 * margin) if max(fs, ps) >= 2 else how.base * 0.5
     severity: Severity = "critical" if stall is not None and stall >= STALL_CRIT else "warning"
@@ -198,8 +200,8 @@ def loading_waits(fx: Facts, stall: float | None) -> float | None:
     return cpu
 
 
-def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epochs: bool,
-                  cpu: float, fs: int, ps: int) -> Finding:
+def _wait_finding(data: RunData, fx: Facts, how: _StallSource, stall: float | None,
+                  between_epochs: bool, cpu: float, fs: int, ps: int) -> Finding:
     """input_bound.wait: more workers overlap the waits, past the physical cores."""
     who = (f"the workers use {cpu:.0f}% of a core each" if fx.loader.workers else
            f"the trainer, which loads its own data (num_workers=0), uses {cpu:.0f}% of a core")
@@ -220,8 +222,7 @@ def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epo
                  f"waits, and more of them than the {cores or 'physical'} cores is fine for "
                  f"that (each is a process: watch host memory); loading keeps up when it "
                  f"delivers {rate}", None, {"num_workers": target}),
-             Fix("find what the loading waits on: `py-spy dump --pid PID` of a DataLoader "
-                 "worker (at num_workers=0, of the trainer) shows where it waits",
+             Fix("find what the loading waits on: " + _dump_advice(data, fx),
                  "a remote store or a service that answers slowly is fixed at its end, or by "
                  "caching the data locally")]
     fixes += _loader_fixes(fx)
@@ -242,6 +243,17 @@ def _wait_finding(fx: Facts, how: _StallSource, stall: float | None, between_epo
         rule=how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
         + f"; the loading's CPU {cpu:.0f}% of a core < {WAIT_CPU_PCT:.0f}%, D state < 10%",
     )
+
+
+def _dump_advice(data: RunData, fx: Facts) -> str:
+    """Where to point py-spy: the run's own worker (or trainer) pid, runnable while it trains."""
+    who = "worker" if fx.loader.workers else "main"
+    pid = pid_to_look_at(data, who)
+    what = "a DataLoader worker" if fx.loader.workers else "the trainer (it loads its own data)"
+    if pid is None:
+        return f"py-spy dump of {what} shows where it waits"
+    return (f"`py-spy dump --pid {pid}` ({what} of this run: another pid when the training "
+            "runs again) shows where it waits")
 
 
 def _input_summary(fx: Facts, how: _StallSource, stall: float | None, fetch: bool,
@@ -491,13 +503,13 @@ def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
                                        if fx.disk.disk_util_median_pct is not None else "") if x)
         fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
                          + ("" if tf else
-                            ", or pack it with `stallscope pack SRC DST` to read sequentially"),
+                            f", or pack it ({_pack_text(data)}) to read sequentially"),
                          "the device serves reads too slowly for the trainer"))
     if tf:
         return fixes
     rq = fx.disk.disk_rareq_kb_median
     if rq is not None and rq < SMALL_READ_KB and (fx.disk.disk_r_s_median or 0) > SMALL_READS_S:
-        fixes.append(Fix("pack the small files into WebDataset shards (`stallscope pack`)",
+        fixes.append(Fix(f"pack the small files into WebDataset shards ({_pack_text(data)})",
                          f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
                          "many small random reads, each paying a seek/metadata lookup"))
     size = data.dataset_bytes
@@ -514,6 +526,12 @@ def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
                          "in flight", "SSD/NVMe serve parallel reads faster than one at a time; "
                          "on a spinning disk this adds seeks instead"))
     return fixes
+
+
+def _pack_text(data: RunData) -> str:
+    """The pack command for this run's dataset, or how to get one (no placeholder to fill)."""
+    cmd = pack_command(data)
+    return f"`{cmd}`" if cmd else "stallscope pack, from the dataset's folder to a new one"
 
 
 def _loader_fixes(fx: Facts) -> list[Fix]:
