@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from stallscope.store.paths import default_out, state_dir
+from stallscope.store.paths import default_out, index_line, state_dir
 
 __all__ = ["MAX_INDEX_BYTES", "default_out", "index_path", "indexed_runs", "owned_runs",
            "record_run"]
@@ -35,12 +35,12 @@ def record_run(run_dir: Path) -> None:
     try:
         path = index_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        line = str(Path(run_dir).resolve())
-        if "\n" in line:
-            return  # a path with a newline cannot be one line of the index
+        line = index_line(run_dir)
+        if line is None:
+            return  # a newline or a name that is not UTF-8 cannot be one line of the index
         with open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
-    except OSError:
+    except (OSError, UnicodeError):
         return
 
 

@@ -330,6 +330,9 @@ def _is_run(p: Path) -> bool:
 def list_runs(out: str | os.PathLike[str] = DEFAULT_OUT) -> list[Path]:
     """Run directories under ``out``, oldest first."""
     root = Path(out)
-    if not root.is_dir():
+    try:  # an overlong or undecodable name is no folder of runs, never a traceback
+        if not root.is_dir():
+            return []
+        return sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").exists())
+    except (OSError, ValueError):
         return []
-    return sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").exists())
