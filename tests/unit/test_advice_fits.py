@@ -176,3 +176,32 @@ def test_a_move_within_the_metrics_own_noise_and_scale_is_no_change() -> None:
     assert [c["metric"] for c in changes(data)] == ["disk.r_await_ms"]
     noisy = [4.0, 9.0] * 40 + [7.0, 12.0] * 40  # a 3-ms move inside a 5-ms swing
     assert changes(run([ser("disk.r_await_ms", "vda", noisy)])) == []
+
+
+def test_loading_on_the_training_thread_is_data_without_a_dataloader() -> None:
+    """Issue 52: nanoGPT's `get_batch` slicing an np.memmap, a loop decoding or tokenizing
+    inline, were "other": a loop whose own loading dominates read as compute_bound at 0%. A
+    DataLoader's stack stays the DataLoader's whatever decoder runs inside it."""
+    from stallscope.sources.stacks.phases import Frame, classify
+
+    sp = "/venv/lib/python3.11/site-packages/"
+    memmap = [Frame(sp + "numpy/_core/memmap.py", "__new__", 270),
+              Frame("/home/u/nanoGPT/train.py", "get_batch", 118),
+              Frame("/home/u/nanoGPT/train.py", "<module>", 290)]
+    assert classify(memmap) == ("data", "io")
+    in_get_batch = [Frame("/home/u/nanoGPT/train.py", "get_batch", 121),
+                    Frame("/home/u/nanoGPT/train.py", "<module>", 290)]
+    assert classify(in_get_batch) == ("data", "io")
+    tokenize = [Frame(sp + "tiktoken/core.py", "encode_ordinary", 80),
+                Frame("/home/u/train.py", "prepare", 12), Frame("/home/u/train.py", "main", 40)]
+    assert classify(tokenize)[0] == "data"
+    in_loader = [Frame(sp + "PIL/JpegImagePlugin.py", "load_read", 400),
+                 Frame("/home/u/data.py", "__getitem__", 20),
+                 Frame(sp + "torch/utils/data/_utils/fetch.py", "fetch", 52),
+                 Frame(sp + "torch/utils/data/dataloader.py", "__next__", 700),
+                 Frame("/home/u/train.py", "main", 40)]
+    assert classify(in_loader) == ("data", "pytorch")
+    forward = [Frame(sp + "torch/nn/modules/linear.py", "forward", 125),
+               Frame("/home/u/nanoGPT/model.py", "forward", 60),
+               Frame("/home/u/nanoGPT/train.py", "<module>", 300)]
+    assert classify(forward) == ("compute", "pytorch")

@@ -36,6 +36,7 @@ __all__ = [
     "EXITING",
     "ITERATING",
     "LINE_PATTERNS",
+    "LOADING",
     "PHASES",
     "TABLES",
     "TRAINING",
@@ -134,6 +135,26 @@ TABLES: dict[str, tuple[Row, ...]] = {
         _r("compute", "keras/src/backend/tensorflow/trainer.py", "train_step"),
     ),
 }
+
+#: loading that runs on the training thread without a framework's loader (nanoGPT's
+#: ``get_batch`` slicing an ``np.memmap``, a loop that decodes or tokenizes inline): libraries
+#: that read, decode or tokenize data, and the functions loops name their batch loading. Read
+#: only when no framework's table knew any frame of the sample (a DataLoader's stack stays the
+#: DataLoader's, whatever decoder runs inside it). docs/diagnosis.md "Sampled stacks".
+LOADING: tuple[Row, ...] = (
+    _r("data", "numpy/core/memmap.py"), _r("data", "numpy/_core/memmap.py"),
+    _r("data", "numpy/lib/npyio.py"), _r("data", "numpy/lib/_npyio_impl.py"),
+    _r("data", "numpy/lib/format.py"), _r("data", "numpy/lib/_format_impl.py"),
+    _r("data", "PIL/"), _r("data", "torchvision/io/"), _r("data", "torchvision/datasets/"),
+    _r("data", "torchvision/transforms/"), _r("data", "torchaudio/"), _r("data", "librosa/"),
+    _r("data", "soundfile.py"), _r("data", "imageio/"), _r("data", "h5py/"),
+    _r("data", "pandas/io/"), _r("data", "pyarrow/"), _r("data", "datasets/"),
+    _r("data", "webdataset/"), _r("data", "tokenizers/"), _r("data", "tiktoken/"),
+    _r("data", "sentencepiece/"), _r("data", "transformers/tokenization_utils"),
+    # a loop's own batch loader, by the names such functions are given
+    _r("data", "", "get_batch", "get_batches", "load_batch", "next_batch", "fetch_batch",
+       "read_batch", "sample_batch", "get_data_batch"),
+)
 
 #: the trainer's own source line, when its frame is the innermost (a C call runs in it)
 LINE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -299,7 +320,27 @@ def classify(frames: Sequence[Frame]) -> tuple[str, str]:
             phase = _line_phase(f)
             if phase is not None:
                 return phase, ""
+    for f in frames:  # no framework knew the sample: loading on the training thread?
+        if _loading(f):
+            return "data", "io"
     return "other", ""
+
+
+_loads: dict[tuple[str, str], bool] = {}
+
+
+def _loading(frame: Frame) -> bool:
+    """The frame reads, decodes or tokenizes data, or is a loop's batch loader (:data:`LOADING`)."""
+    key = (frame.file, frame.func)
+    got = _loads.get(key)
+    if got is None:
+        path = _norm(frame.file)
+        name = bare(frame.func)
+        got = any("/" + row.path in path and (not row.funcs or name in row.funcs)
+                  for row in LOADING)
+        if len(_loads) < 100_000:
+            _loads[key] = got
+    return got
 
 
 #: functions that iterate an input pipeline: a PyTorch ``data`` sample with one of them on its
