@@ -17,14 +17,13 @@ PosixPath('stallscope-runs/20261121-101500-train.py/report.html')
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import stat
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stallscope.analysis.diagnose import diagnose_run
 from stallscope.analysis.rundata import RunData, load_run
 from stallscope.errors import UsageError
 from stallscope.report.page import render_page
@@ -57,18 +56,6 @@ def _draw(plots: list[Plot], span: float) -> list[tuple[str, str, str, str | Non
     return [(p.id, p.title, p.note, render_svg(p, span) if p.panels else None) for p in plots]
 
 
-def _diagnose_fn() -> Callable[[Path, RunData], dict[str, Any]] | None:
-    """``stallscope.analysis.diagnose.diagnose_run`` when this stallscope has it, else None."""
-    try:
-        mod = importlib.import_module("stallscope.analysis.diagnose")
-    except ImportError as exc:
-        if exc.name == "stallscope.analysis.diagnose":
-            return None
-        raise
-    fn = getattr(mod, "diagnose_run", None)
-    return fn if callable(fn) else None
-
-
 def write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     """Diagnose ``run_dir``, render its report and write it to ``out_path`` (default
     ``RUN/report.html``) atomically; returns the path written.
@@ -82,9 +69,7 @@ def write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     out = Path(out_path) if out_path is not None else run_dir / "report.html"
     out, target = resolve_output(out, "report.html")
     data = load_run(run_dir)  # read once, for the diagnosis and the page
-    diagnose = _diagnose_fn()
-    diagnosis = diagnose(run_dir, data) if diagnose is not None else None
-    text = render_report(run_dir, diagnosis, data)
+    text = render_report(run_dir, diagnose_run(run_dir, data), data)
     try:
         write_atomic(target, text.encode("utf-8"))
     except OSError as exc:

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from stallscope.analysis.diagnose import diagnose_run
 from stallscope.errors import StallscopeError
-from stallscope.report import _diagnose_fn, render_report, write_report
+from stallscope.report import render_report, write_report
 from stallscope.report.plots import MAX_POINTS, clock, downsample, time_step
 from stallscope.store import Point, RunStore, StepRow, write_meta
 
@@ -351,11 +352,7 @@ def test_cli_unwritable_output_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.skipif(_diagnose_fn() is None,
-                    reason="stallscope.analysis.diagnose.diagnose_run is not in this checkout yet")
 def test_with_the_real_diagnosis(tmp_path: Path) -> None:
-    diagnose_run = _diagnose_fn()
-    assert diagnose_run is not None
     run = make_run(tmp_path)
     real = diagnose_run(run)
     doc = render_report(run, real)
