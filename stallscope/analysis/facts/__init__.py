@@ -113,6 +113,11 @@ class StepFacts:
     stack_samples: int = 0
     wait_ms_median: float | None = None
     step_ms_median: float | None = None
+    #: how the probe's data wait is spread over the steps (the focus rank's, each rank's first
+    #: step left out): the share of it in the longest-waiting 5% of the steps (burst: a few
+    #: long waits, none on the rest), and the 99th percentile of one step's wait
+    wait_top_share: float | None = None
+    wait_ms_p99: float | None = None
     h2d_share: float | None = None
     epochs: int = 0
     epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1

@@ -77,6 +77,8 @@ class _Draft:
     stack_samples: int = 0
     wait_ms_median: float | None = None
     step_ms_median: float | None = None
+    wait_top_share: float | None = None
+    wait_ms_p99: float | None = None
     h2d_share: float | None = None
     epochs: int = 0
     epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1

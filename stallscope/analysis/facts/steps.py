@@ -92,6 +92,7 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
                 sig.config.update(loader)
     sig.wait_ms_median = _r(step_median(body, _WAIT))
     sig.step_ms_median = _r(step_median(body, _step_wall))
+    sig.wait_top_share, sig.wait_ms_p99 = wait_spread(body)
     # over the steps whose copies were timed (the probe times short steps' device in pairs,
     # one in so many: probe/device.py)
     copied = [s for s in body if s.h2d_s is not None]
@@ -112,6 +113,36 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
         extra = [max(0.0, f - usual) for f in firsts]
         sig.epoch_start_cost_s = _r(median(extra), 3)
         sig.epoch_start_total_s = _r(sum(extra), 2)
+
+
+#: the longest-waiting share of the steps whose share of the data wait is
+#: ``wait_top_share``; fewer steps than MIN_SPREAD_STEPS: the spread is not told
+TOP_STEPS = 0.05
+MIN_SPREAD_STEPS = 100
+
+
+def wait_spread(rows: Sequence[StepRow]) -> tuple[float | None, float | None]:
+    """(the share of the data wait in the longest-waiting :data:`TOP_STEPS` of the steps, the
+    99th percentile of a step's wait in ms). A record of several short steps (probe/watch.py)
+    stands for its steps at their mean wait: a burst inside one is spread over its steps, so
+    the share is never overstated. None, None under :data:`MIN_SPREAD_STEPS` steps or no wait."""
+    per = sorted(((s.wait_s / s.n, s.n) for s in rows if s.n >= 1), reverse=True)
+    steps = sum(n for _w, n in per)
+    total = sum(w * n for w, n in per)
+    if steps < MIN_SPREAD_STEPS or total <= 0:
+        return None, None
+    top, p99 = TOP_STEPS * steps, 0.01 * steps
+    got = acc = 0.0
+    p99_ms: float | None = None
+    for w, n in per:
+        if p99_ms is None and got + n > p99:
+            p99_ms = w * 1000
+        take = min(float(n), top - got)
+        if take <= 0:
+            break
+        acc += w * take
+        got += take
+    return round(acc / total, 3), _r(p99_ms)
 
 
 def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: bool) -> None:

@@ -7,19 +7,11 @@ from collections.abc import Callable
 
 from stallscope.analysis.diagnose.model import Finding, RunData
 from stallscope.analysis.facts import Facts
-from stallscope.loadermodel import (
-    stall_cap,
-)
 
 STALL_WARN = 0.15  #: data wait share of step time from which input is called a bottleneck
 
 
 STALL_CRIT = 0.40
-
-
-def _speedup(stall: float | None) -> float:
-    """Upper bound if the stall went away entirely: wall / (wall - wait)."""
-    return stall_cap(stall)
 
 
 def _pct(x: float | None) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData
-from stallscope.analysis.diagnose.rules.common import STALL_CRIT, STALL_WARN, _speedup
+from stallscope.analysis.diagnose.rules.common import STALL_CRIT, STALL_WARN
 from stallscope.analysis.diagnose.rules.host import _busy_host
 from stallscope.analysis.diagnose.rules.input import (
     _fetch_fixes,
@@ -26,6 +26,7 @@ from stallscope.analysis.facts.build import (
     median,
     starved,
 )
+from stallscope.loadermodel import stall_cap
 from stallscope.stats import weighted_median
 
 
@@ -63,7 +64,7 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
                     f"rank wait for {where}.",
             evidence=ev,
             fixes=fixes,
-            est_speedup=_prep_estimate(fx) if ps >= fs else _speedup(r["stall_fraction"]),
+            est_speedup=_prep_estimate(fx) if ps >= fs else stall_cap(r["stall_fraction"]),
             rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
                  f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
         )]
@@ -172,7 +173,7 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
                 f"{r.get('comm_share') or 0.0:.0%}; {why}.",
         evidence=ev,
         fixes=fixes,
-        est_speedup=_speedup(gap),
+        est_speedup=stall_cap(gap),
         rule=f"peers' communication wait {peer_comm:.0%} ≥ "
              f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
              f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
@@ -252,7 +253,7 @@ def rule_communication_bound(data: RunData, fx: Facts) -> list[Finding]:
               Fix("check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
                   "`nvidia-smi topo -m` for the GPUs' links",
                   "a fallback to sockets or PCIe across sockets multiplies the cost")],
-        est_speedup=_speedup(least),
+        est_speedup=stall_cap(least),
         rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
              "its step, no straggler",
     )]
@@ -283,7 +284,7 @@ def _rank_jitter(fx: Facts, least: float, transfer: float) -> Finding:
               Fix("look at one rank's steps over time (stallscope report RUN): spikes at a "
                   "period point to garbage collection (gc.freeze() after setup) or logging",
                   "periodic spikes have one cause; random ones come from contention")],
-        est_speedup=_speedup(jitter),
+        est_speedup=stall_cap(jitter),
         rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%}, the transfer (least wait per "
              "step) under half of it (per-step records)",
     )

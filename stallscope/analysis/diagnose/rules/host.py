@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
-from stallscope.analysis.diagnose.rules.common import STALL_CRIT, _speedup
+from stallscope.analysis.diagnose.rules.common import STALL_CRIT
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (
     NO_TRAINING_SAMPLES,
@@ -16,6 +16,7 @@ from stallscope.analysis.facts.build import (
     RUNQ_BUSY_PCT,
     trainer_gpus,
 )
+from stallscope.loadermodel import stall_cap
 from stallscope.textsafe import plain
 
 #: fewer samples than this and fewer steps than MIN_STEPS: too little data for a verdict
@@ -258,7 +259,7 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
         summary=summary,
         evidence=ev,
         fixes=fixes,
-        est_speedup=_speedup(least / 100),
+        est_speedup=stall_cap(least / 100),
         rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
              f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
              f"core busy ({others:.1f})",

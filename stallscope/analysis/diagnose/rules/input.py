@@ -14,7 +14,6 @@ from stallscope.analysis.diagnose.rules.common import (
     STALL_CRIT,
     STALL_WARN,
     _pct,
-    _speedup,
     _workers_now,
     pack_command,
     pid_to_look_at,
@@ -35,6 +34,7 @@ from stallscope.analysis.facts.build import (
 )
 from stallscope.loadermodel import (
     MIN_GAIN,
+    stall_cap,
     worker_gain,
     workers_measured_slower,
     workers_target,
@@ -239,7 +239,7 @@ def _wait_finding(data: RunData, fx: Facts, how: _StallSource, stall: float | No
         summary=summary,
         evidence=ev,
         fixes=fixes,
-        est_speedup=_speedup(stall),
+        est_speedup=stall_cap(stall),
         rule=how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
         + f"; the loading's CPU {cpu:.0f}% of a core < {WAIT_CPU_PCT:.0f}%, D state < 10%",
     )
@@ -353,7 +353,7 @@ def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
     CPU the loading took from it: the trainer's run-queue wait goes with the stall (measured:
     one worker decoding beside the trainer on 2 cores, the stall's own ceiling ×1.9-2.1, the
     loading removed ×5.2)."""
-    base = _speedup(stall)
+    base = stall_cap(stall)
     runq = fx.procs.main_runq_pct
     if stall is None or runq is None or runq < SHARED_RUNQ_PCT or not fx.loader.workers:
         return base, None
@@ -620,7 +620,8 @@ def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
                     summary=f"Host-to-device copies take {share:.0%} of step time.",
                     evidence=fx.evidence("h2d_share", "step_ms_median") | {"pin_memory":
                                                                    fx.loader.config.get("pin_memory")},
-                    fixes=fixes, est_speedup=_speedup(share), rule=f"h2d share {share:.0%} ≥ 15%")]
+                    fixes=fixes, est_speedup=stall_cap(share),
+                    rule=f"h2d share {share:.0%} ≥ {STALL_WARN:.0%}")]
 
 
 def rule_tf_blind(data: RunData, fx: Facts) -> list[Finding]:
