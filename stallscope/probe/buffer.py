@@ -12,7 +12,9 @@ the epoch, when the last step ended, the copies noted for the current step).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+from stallscope.store.db import StepTuple
 
 if TYPE_CHECKING:
     from stallscope.probe.device import DeviceMarks, EventLike
@@ -70,8 +72,9 @@ class StepRecord(NamedTuple):
     n: int = 1  #: steps the record covers (device-timed steps are always alone)
 
 
-#: what the training thread hands over: a bare tuple in :class:`StepRecord`'s field order
-RawStep = tuple[int, float, float, float, "int | None", int, "float | None", Any, int]
+#: what the training thread hands over: a bare tuple in :class:`StepRecord`'s field order,
+#: the layout the store takes whole (one declaration: :data:`stallscope.store.db.StepTuple`)
+RawStep = StepTuple
 
 
 class StepBuffer:

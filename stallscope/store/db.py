@@ -128,8 +128,9 @@ class StepRow:
 
 
 #: one step (or ``n`` summed) as the probe hands it over: (step, clock s, wait_s, host_s,
-#: samples, epoch, h2d_s, anything, n); ``ts`` is a base plus the clock, the eighth field is not
-#: stored
+#: samples, epoch, h2d_s, anything, n) in :class:`stallscope.probe.buffer.StepRecord`'s field
+#: order; ``ts`` is a base plus the clock, the eighth field is not stored. The probe's
+#: ``RawStep`` is this type (declared once)
 StepTuple = tuple[int, float, float, float, "int | None", int, "float | None", Any, int]
 #: rows bound by one INSERT of :meth:`RunStore.add_step_block` (9 parameters each, under
 #: SQLite's 32,766)
