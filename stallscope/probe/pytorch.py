@@ -11,7 +11,6 @@ probe never initializes CUDA itself. It registers itself as the default adapter 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -21,8 +20,6 @@ from stallscope.probe.device import DeviceTimer, EventLike, EventTimer
 from stallscope.probe.loaders import loader_config, plain_value
 from stallscope.probe.notices import warn
 from stallscope.probe.recorder import (
-    DEFAULT_CAPACITY,
-    DEFAULT_FLUSH_S,
     Recorder,
     env_rank,
     machine_config,
@@ -103,24 +100,15 @@ class Probe(Recorder):
     ``events`` (a factory of :class:`EventLike` objects) to exercise the CUDA path without a GPU.
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        capacity: int = DEFAULT_CAPACITY,
-        flush_interval: float = DEFAULT_FLUSH_S,
-        collect_interval: float | None = None,
-        events: Callable[[], EventLike] | None = None,
-        register_atexit: bool = True,
-        group_s: float | None = None,
-    ) -> None:
+    def __init__(self, *, rank: int | None = None,
+                 events: Callable[[], EventLike] | None = None, **options: Any) -> None:
+        """``options``: :class:`~stallscope.probe.recorder.Recorder`'s (``run_dir``,
+        ``capacity``, ``flush_interval``, ``collect_interval``, ``register_atexit``,
+        ``group_s``), declared there once; the timer is PyTorch's (CUDA events, or
+        ``events``)."""
         timer: DeviceTimer | None = (EventTimer(events, "CUDA") if events is not None
                                      else CudaTimer.detect())
-        super().__init__(rank=detect_rank() if rank is None else rank, run_dir=run_dir,
-                         capacity=capacity, flush_interval=flush_interval,
-                         collect_interval=collect_interval, timer=timer,
-                         register_atexit=register_atexit, group_s=group_s)
+        super().__init__(rank=detect_rank() if rank is None else rank, timer=timer, **options)
 
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
         return loader_config(loader)
