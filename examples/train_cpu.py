@@ -14,6 +14,11 @@ As it comes (the demo), one worker's transform cannot keep up with the model: an
   --data-dir DIR     read (and create if missing) the files there, e.g. on a throttled device
   --cold             evict the files from the page cache before each epoch (fetch from storage)
   --autotune         let stallscope.watch(loader, autotune=True) set the worker count
+  --tail-share F --tail-times K   a share F of the samples (a fixed set) costs K times the
+                     others' transform: slow samples that hold up their batch (head of line)
+  --no-in-order      DataLoader(in_order=False): batches handed over as they are ready
+  --step-ms MS       each step also waits MS ms, as for a GPU's kernels: a step that leaves
+                     the CPU to the loader (default 0)
 """
 
 from __future__ import annotations
@@ -37,11 +42,18 @@ from torch.utils.data import DataLoader, Dataset
 class FileImages(Dataset[tuple[torch.Tensor, int]]):
     """Images stored one per file as raw uint8 (C, H, W) bytes; label in the file name."""
 
-    def __init__(self, root: Path, size: int, prep_cost: int) -> None:
+    def __init__(self, root: Path, size: int, prep_cost: int, tail_share: float = 0.0,
+                 tail_times: int = 1) -> None:
         self.files = sorted(root.glob("*.bin"))
         self.size = size
         self.prep_cost = prep_cost
         self.kernel = torch.ones(3, 1, 3, 3) / 9.0
+        # a fixed share of the samples (the same ones every epoch) whose transform costs
+        # tail_times the others': a few slow samples (large images, long clips)
+        rng = np.random.default_rng(1)
+        slow = rng.permutation(len(self.files))[:round(tail_share * len(self.files))]
+        self.slow = frozenset(int(i) for i in slow)
+        self.tail_times = tail_times
 
     def __len__(self) -> int:
         return len(self.files)
@@ -52,7 +64,8 @@ class FileImages(Dataset[tuple[torch.Tensor, int]]):
         x = torch.from_numpy(raw.astype(np.float32) / 255.0)
         if torch.rand(1).item() < 0.5:  # random horizontal flip
             x = x.flip(-1)
-        for _ in range(self.prep_cost):  # stand-in for JPEG decode + augmentation
+        passes = self.prep_cost * (self.tail_times if i in self.slow else 1)
+        for _ in range(passes):  # stand-in for JPEG decode + augmentation
             x = F.conv2d(x.unsqueeze(0), self.kernel, padding=1, groups=3).squeeze(0)
         label = int(path.stem.split("_")[1])
         return (x - 0.5) / 0.25, label
@@ -165,6 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-init-s", type=float, default=0.0, metavar="S",
                     help="each worker spends S s setting up when it starts (opening a database, "
                     "loading an index): paid every epoch without persistent workers")
+    ap.add_argument("--tail-share", type=float, default=0.0, metavar="F",
+                    help="this share of the samples (a fixed set) is slow (default 0: none)")
+    ap.add_argument("--tail-times", type=int, default=1, metavar="K",
+                    help="a slow sample's transform costs K times the others' (default 1)")
+    ap.add_argument("--no-in-order", action="store_true",
+                    help="DataLoader(in_order=False): hand batches over as they are ready, "
+                    "not in the sampler's order (PyTorch >= 2.6)")
+    ap.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
+                    help="each step also waits MS ms (a stand-in for a GPU's step: the CPU is "
+                    "left to the loader; default 0)")
     ap.add_argument("--shm-fill", type=int, default=0, metavar="MIB",
                     help="occupy this much of /dev/shm while training (shm-pressure demo)")
     args = ap.parse_args(argv)
@@ -188,12 +211,15 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         ds = (ThreadedImages(root, args.size, args.prep_cost, args.decode_threads)
               if args.decode_threads and not args.workers
-              else FileImages(root, args.size, args.prep_cost))
+              else FileImages(root, args.size, args.prep_cost, args.tail_share,
+                              args.tail_times))
+        # in_order=False only where it is asked for: the DataLoader's own default otherwise
+        extra = {"in_order": False} if args.no_in_order and args.workers else {}
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
                             num_workers=args.workers,
                             persistent_workers=args.workers > 0 and not args.no_persistent,
                             worker_init_fn=_WorkerInit(args.worker_init_s)
-                            if args.workers else None)
+                            if args.workers else None, **extra)
         watch = None
         if not args.no_probe:
             try:
@@ -223,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
                 opt.step()
+                if args.step_ms:  # the device's share of the step: the host only waits
+                    time.sleep(args.step_ms / 1000)
                 seen += len(y)
                 loss_sum += loss.item() * len(y)
                 step += 1

@@ -107,6 +107,8 @@ class Kind(str, Enum):
                          "not diagnosed yet (too little data)", "calm")
     INPUT_EPOCH_START = ("input_bound.epoch_start",
                          "Every epoch starts with a long wait for data", "input-bound")
+    INPUT_HEAD_OF_LINE = ("input_bound.head_of_line", "Slow samples hold up the batches",
+                          "input-bound")
     GPU_HELD_IDLE = ("gpu_held_idle", "A GPU is held but idle", "holding a GPU it does not use")
     WAITING_FOR_PEERS = ("waiting_for_peers",
                          "Ranks wait for a slower rank in the all-reduce",

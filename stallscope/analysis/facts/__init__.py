@@ -114,7 +114,7 @@ class StepFacts:
     wait_ms_median: float | None = None
     step_ms_median: float | None = None
     #: how the probe's data wait is spread over the steps (the focus rank's, each rank's first
-    #: step left out): the share of it in the longest-waiting 5% of the steps (burst: a few
+    #: step left out): the share of it in the longest-waiting 10% of the steps (burst: a few
     #: long waits, none on the rest), and the 99th percentile of one step's wait
     wait_top_share: float | None = None
     wait_ms_p99: float | None = None

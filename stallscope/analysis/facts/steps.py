@@ -117,7 +117,7 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
 
 #: the longest-waiting share of the steps whose share of the data wait is
 #: ``wait_top_share``; fewer steps than MIN_SPREAD_STEPS: the spread is not told
-TOP_STEPS = 0.05
+TOP_STEPS = 0.1
 MIN_SPREAD_STEPS = 100
 
 

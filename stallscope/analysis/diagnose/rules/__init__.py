@@ -30,6 +30,7 @@ from stallscope.analysis.diagnose.rules.gpu import (
     rule_host_bound,
     rule_pcie_degraded,
 )
+from stallscope.analysis.diagnose.rules.headofline import rule_head_of_line
 from stallscope.analysis.diagnose.rules.host import (
     rule_command_failed,
     rule_cpu_contention,
@@ -105,8 +106,17 @@ RULES: tuple[RuleSpec, ...] = (
                     "others_cpu_cores", "phase_shares", "physical_cores", "psi_io_median_pct",
                     "read_limit_kb_s", "samples_per_s", "stack_sampler", "stack_samples",
                     "stall_fraction", "stall_source", "tf_trainer", "wait_ms_median",
-                    "worker_blkio_pct", "worker_cpu_pct", "worker_d_share", "worker_read_kb_s",
-                    "worker_runq_pct", "workers")),
+                    "wait_top_share", "worker_blkio_pct", "worker_cpu_pct", "worker_d_share",
+                    "worker_read_kb_s", "worker_runq_pct", "workers")),
+    RuleSpec(rule_head_of_line, (Kind.INPUT_HEAD_OF_LINE,), _INPUT,
+             reads=("config", "device", "disk_r_await_median_ms", "disk_rkb_s_cv",
+                    "disk_rkb_s_median", "disk_rkb_s_p95", "disk_util_median_pct",
+                    "host_cpu_median_pct", "iowait_median_pct", "logical_cores", "main_cpu_pct",
+                    "main_d_share", "others_cpu_cores", "physical_cores", "psi_io_median_pct",
+                    "read_limit_kb_s", "stall_fraction", "stall_source", "step_ms_median",
+                    "tf_trainer", "wait_ms_median", "wait_ms_p99", "wait_top_share",
+                    "worker_blkio_pct", "worker_cpu_pct", "worker_d_share", "worker_runq_pct",
+                    "workers")),
     RuleSpec(rule_epoch_start, (Kind.INPUT_EPOCH_START,), _OTHER,
              reads=("config", "epoch_start_cost_s", "epoch_start_total_s", "epoch_start_wait_s",
                     "epochs", "wait_ms_median", "workers")),

@@ -18,6 +18,7 @@ from stallscope.analysis.diagnose.rules.common import (
     pack_command,
     pid_to_look_at,
 )
+from stallscope.analysis.diagnose.rules.headofline import head_of_line
 from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
@@ -130,6 +131,8 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
             return []
         stall = steady
     fetch = fs > ps
+    if not fetch and head_of_line(fx) is not None:
+        return []  # the wait comes from slow samples holding up the batches: that finding's
     kind = Kind.INPUT_FETCH if fetch else Kind.INPUT_PREP
     reasons = freasons if fetch else preasons
     waits = None if fetch or not how.measured else loading_waits(fx, stall)

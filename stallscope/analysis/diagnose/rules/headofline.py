@@ -1,0 +1,160 @@
+"""input_bound.head_of_line: slow samples hold up the batches.
+
+A DataLoader hands batches over in the sampler's order (``in_order=True``, its default): a batch
+that holds a slow sample (a large image, a long clip) keeps every ready batch of the other
+workers behind it, and those workers stop once their ``prefetch_factor`` batches are done. The
+trainer then waits in bursts (long waits on a few steps, none on the rest) while the workers sit
+idle part of the time. The same mean cost without the tail is ``input_bound.prep``: every step
+waits a little and the workers are busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
+from stallscope.analysis.diagnose.rules.common import (
+    STALL_CRIT,
+    STALL_WARN,
+    _workers_now,
+)
+from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
+from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.steps import TOP_STEPS
+from stallscope.loadermodel import MIN_GAIN, stall_cap
+
+__all__ = ["HeadOfLine", "head_of_line", "rule_head_of_line"]
+
+#: the share of the data wait the longest-waiting TOP_STEPS of the steps must hold: the waits
+#: come in bursts. Measured 2026-11-29 (2 cores, examples/train_cpu.py, 2 workers, batches of
+#: 4, 2% of the samples 41x slower): 0.81-0.83 in order; the same mean cost with no tail
+#: 0.32-0.46, the tail with in_order=False 0.55-0.56
+BURST_SHARE = 0.7
+#: the fewest workers head-of-line blocking needs (one worker hands its batches over in order)
+MIN_WORKERS = 2
+#: PyTorch from which DataLoader(in_order=False) exists
+IN_ORDER_SINCE = (2, 6)
+
+
+@dataclass(frozen=True)
+class HeadOfLine:
+    """What the run shows of slow samples holding up the batches."""
+
+    stall: float  #: the trainer's data wait share (probe)
+    top_share: float  #: the share of that wait in the longest-waiting TOP_STEPS of the steps
+    workers: int
+    busy: float  #: a worker's CPU, share of a core (mean over the workers)
+    cores: float  #: the cores the workers could use with none of them idle
+    estimate: float  #: the speed-up with every worker kept busy (in_order=False)
+
+
+def head_of_line(fx: Facts) -> HeadOfLine | None:
+    """The evidence when the trainer's data wait (probe, ≥ STALL_WARN) comes in bursts (the
+    longest-waiting :data:`~stallscope.analysis.facts.steps.TOP_STEPS` of the steps hold ≥
+    :data:`BURST_SHARE` of it), the loader has ≥ :data:`MIN_WORKERS` workers handing batches
+    over in order, the loading is CPU preparation (not fetch), and keeping every worker busy
+    would give ≥ MIN_GAIN; else None.
+
+    The estimate: today the workers use W × busy cores and deliver today's rate; with none of
+    them idle (in_order=False: no ready batch waits behind a slow one) they use the cores they
+    can get, min(W, the host's cores less other processes' and the trainer's own), and deliver
+    that much more, so the batches' mean cost alone sets the pace. Never more than the whole
+    data wait gone: the wait beyond what the mean cost explains is what goes."""
+    stall = fx.steps.stall_fraction
+    top = fx.steps.wait_top_share
+    if fx.steps.stall_source != "probe" or stall is None or stall < STALL_WARN or top is None \
+            or top < BURST_SHARE:
+        return None
+    nw = _workers_now(fx) or 0
+    if nw < MIN_WORKERS or fx.loader.config.get("in_order") is False:
+        return None
+    cpu = fx.loader.worker_cpu_pct
+    cores_all = fx.host.logical_cores or fx.host.physical_cores
+    if cpu is None or cpu <= 0 or not cores_all:
+        return None
+    fs, _fr, ps, _pr = fetch_prep_scores(fx)
+    if fs > ps:
+        return None  # slow reads: the fetch side's finding
+    busy = cpu / 100.0
+    free = cores_all - (fx.host.others_cpu_cores or 0.0) - (fx.procs.main_cpu_pct or 0.0) / 100
+    cores = min(float(nw), free)
+    est = round(min(stall_cap(stall), cores / (nw * busy)), 2)
+    if est < MIN_GAIN:
+        return None
+    return HeadOfLine(stall, top, nw, busy, round(cores, 2), est)
+
+
+def _in_order_known(fx: Facts) -> bool | None:
+    """Whether the trainer's PyTorch has DataLoader(in_order=...) (None: its version unknown)."""
+    version = fx.loader.config.get("torch")
+    if not isinstance(version, str):
+        return None
+    try:
+        major, minor = (int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+    return (major, minor) >= IN_ORDER_SINCE
+
+
+def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
+    """input_bound.head_of_line: see :func:`head_of_line`. It leads where it fires:
+    rule_input_bound then leaves its input_bound.prep out (the same wait, explained by the tail
+    rather than by the mean cost)."""
+    hol = head_of_line(fx)
+    if hol is None:
+        return []
+    cfg = fx.loader.config
+    pf = cfg.get("prefetch_factor")
+    pf_now = pf if type(pf) is int and pf > 0 else 2
+    has = _in_order_known(fx)
+    idle = 1.0 - hol.busy
+    p99 = fx.steps.wait_ms_p99
+    med = fx.steps.wait_ms_median
+    tail = (f"; one step in a hundred waits ≥ {p99:.0f} ms, the median step {med:.1f} ms"
+            if p99 is not None and med is not None else "")
+    changes = ("batches then come in the order they are ready, not the sampler's: each "
+               "sample is still seen once an epoch, but the order of batches changes (keep "
+               "in_order=True where it matters: resuming mid-epoch by batch index, runs that "
+               "must repeat exactly)")
+    why = (f"{hol.workers} workers busy {hol.busy:.0%} of the time: with none of them idle "
+           f"they use {hol.cores:.1f} core(s) instead of {hol.workers * hol.busy:.1f}, and the "
+           f"batches' mean cost alone sets the pace: ×{hol.estimate:.2f} (the wait beyond what "
+           "the mean cost explains goes); " + changes)
+    first = (Fix("DataLoader(in_order=False)", why, hol.estimate, {"in_order": False})
+             if has is not False else
+             Fix("upgrade to PyTorch ≥ 2.6 and set DataLoader(in_order=False)",
+                 why + f" (this run's PyTorch is {cfg.get('torch')})"))
+    fixes = [first,
+             Fix(f"prefetch_factor {pf_now} → {pf_now * 2}",
+                 "more batches in flight for each worker: the others keep working while one "
+                 "is held up by a slow sample (costs memory: batches × workers held at once)",
+                 change={"prefetch_factor": pf_now * 2}),
+             Fix("precompute the slow samples' work once (offline, or cache their transformed "
+                 "form) so that no sample costs many times the others",
+                 "a few samples take most of the preparation time"),
+             Fix("split the slow samples (long clips, large images, long documents) into "
+                 "pieces of ordinary cost, or group them into batches of their own",
+                 "a batch costs as much as its slowest sample")]
+    severity: Severity = "critical" if hol.stall >= STALL_CRIT else "warning"
+    ev = fx.evidence("stall_fraction", "wait_top_share", "wait_ms_p99", "wait_ms_median",
+                     "step_ms_median", "workers", "worker_cpu_pct", "worker_runq_pct",
+                     "main_cpu_pct", "others_cpu_cores", "logical_cores")
+    ev.update(in_order=cfg.get("in_order", True), prefetch_factor=pf_now,
+              worker_idle_share=round(idle, 3), worker_cores_free=hol.cores)
+    return [Finding(
+        kind=Kind.INPUT_HEAD_OF_LINE,
+        severity=severity,
+        confidence=0.8,
+        summary=(f"Slow samples hold up the batches: the trainer waited for data "
+                 f"{hol.stall:.0%} of the time, in bursts ({hol.top_share:.0%} of the wait "
+                 f"on the longest-waiting {TOP_STEPS:.0%} of the steps{tail}), while its "
+                 f"{hol.workers} workers sat idle {idle:.0%} of the time: the loader hands "
+                 "batches over in order, so a batch with a slow sample keeps the ready ones "
+                 "behind it."),
+        evidence=ev,
+        fixes=fixes,
+        est_speedup=hol.estimate,
+        rule=(f"data wait {hol.stall:.0%} ≥ {STALL_WARN:.0%}; {hol.top_share:.0%} of it on "
+              f"{TOP_STEPS:.0%} of the steps ≥ {BURST_SHARE:.0%}; {hol.workers} workers in "
+              f"order, busy {hol.busy:.0%}; gain ×{hol.estimate:.2f} ≥ ×{MIN_GAIN:.2f}"),
+    )]

@@ -1,0 +1,115 @@
+"""input_bound.head_of_line (issue 52) on runs built by hand: the trainer's waits in bursts
+while two workers sit idle part of the time; the same mean wait spread over every step is the
+ordinary input_bound.prep."""
+
+from __future__ import annotations
+
+import pytest
+from diagnose_inputs import WORKERS, N, run, ser
+
+from stallscope.analysis.diagnose import RunData, diagnose
+from stallscope.analysis.facts.steps import wait_spread
+from stallscope.store import StepRow
+
+T0 = 1_700_000_000.0
+
+
+def _steps(waits: list[float], host: float = 0.020, n: int = 1) -> list[StepRow]:
+    out, t = [], T0
+    for i, w in enumerate(waits):
+        out.append(StepRow(0, i * n, t, w, host * n, None, None, None, 4 * n, 0, None, n))
+        t += w + host * n
+    return out
+
+
+#: 200 steps: 180 wait 1 ms, 20 wait 300 ms (a batch with a slow sample), and the same mean
+#: wait on every step
+BURSTS = [0.3 if i % 10 == 5 else 0.001 for i in range(200)]
+FLAT = [sum(BURSTS) / len(BURSTS)] * 200
+
+
+def _loader(waits: list[float], worker_cpu: float = 60, config: dict | None = None,
+            cores: int = 8, host_pct: float | None = None) -> RunData:
+    """Two workers at ``worker_cpu`` each, the trainer at 20%, on ``cores`` cores (the host as
+    busy as they make it, or ``host_pct``), the disk idle."""
+    cfg = {"num_workers": 2, "prefetch_factor": 2, "in_order": True, "torch": "2.13.0+cpu",
+           "physical_cores": cores}
+    cfg.update(config or {})
+    busy = (2 * worker_cpu + 20) / cores if host_pct is None else host_pct
+    return run([
+        ser("host.cpu_pct", "", [busy] * N), ser("host.iowait_pct", "", [0] * N),
+        ser("disk.util_pct", "vda", [1] * N), ser("disk.rkb_s", "vda", [10] * N),
+        ser("procs.cpu_pct", "100", [20] * N),
+        ser("procs.cpu_pct", "101", [worker_cpu] * N),
+        ser("procs.cpu_pct", "102", [worker_cpu] * N),
+        ser("procs.d_state", "101", [0] * N), ser("procs.d_state", "102", [0] * N),
+    ], steps=_steps(waits), entities=WORKERS, config=cfg,
+        meta={"data_devices": ["vda"], "logical_cores": cores})
+
+
+def test_waits_in_bursts_with_idle_workers_are_head_of_line() -> None:
+    doc = diagnose(_loader(BURSTS))
+    f = doc["findings"][0]
+    assert doc["verdict"] == "input_bound.head_of_line", doc["findings"]
+    # the ordinary prep finding is not said beside it: one wait, one explanation
+    assert [x["kind"] for x in doc["findings"]].count("input_bound.prep") == 0
+    assert f["title"] == "Slow samples hold up the batches"
+    assert f["evidence"]["wait_top_share"] >= 0.95
+    assert f["evidence"]["worker_idle_share"] == pytest.approx(0.4)
+    # with no worker idle they use 2 cores, not 1.2: x1.67, under the stall's own ceiling
+    assert f["est_speedup"] == pytest.approx(2 / 1.2, abs=0.01)
+    assert doc["stall_fraction"] > 0.5 and f["est_speedup"] < 1 / (1 - doc["stall_fraction"])
+    actions = [x["action"] for x in f["fixes"]]
+    assert actions[0] == "DataLoader(in_order=False)"
+    assert f["fixes"][0]["change"] == {"in_order": False}
+    assert f["fixes"][0]["expected_speedup"] == f["est_speedup"]
+    assert "order of batches changes" in f["fixes"][0]["why"]
+    assert actions[1] == "prefetch_factor 2 → 4"
+    assert actions[2].startswith("precompute the slow samples")
+    assert actions[3].startswith("split the slow samples")
+    assert "in bursts" in f["summary"] and "idle 40%" in f["summary"]
+
+
+def test_the_same_mean_wait_on_every_step_is_prep() -> None:
+    doc = diagnose(_loader(FLAT))
+    kinds = [x["kind"] for x in doc["findings"]]
+    assert doc["verdict"] == "input_bound.prep", kinds
+    assert "input_bound.head_of_line" not in kinds
+    assert doc["signals"]["wait_top_share"] == pytest.approx(0.1, abs=0.01)
+
+
+@pytest.mark.parametrize("why", ["in_order_false", "one_worker", "no_spare_core",
+                                 "busy_workers"])
+def test_no_head_of_line_where_it_cannot_be(why: str) -> None:
+    """Batches already out of order, one worker (its batches come in order anyway), no core
+    for the idle workers to use (other processes hold them), workers already busy: no
+    head-of-line finding; the wait is prep's."""
+    data = {"in_order_false": lambda: _loader(BURSTS, config={"in_order": False}),
+            "one_worker": lambda: _loader(BURSTS, config={"num_workers": 1}),
+            # 2 cores, all busy: other processes hold the 0.6 core the trainer (0.2) and
+            # the workers (1.2) leave
+            "no_spare_core": lambda: _loader(BURSTS, cores=2, host_pct=100),
+            "busy_workers": lambda: _loader(BURSTS, worker_cpu=98)}[why]()
+    kinds = [x["kind"] for x in diagnose(data)["findings"]]
+    assert "input_bound.head_of_line" not in kinds, kinds
+    assert "input_bound.prep" in kinds or "input_bound.wait" in kinds, kinds
+
+
+def test_an_old_pytorch_is_told_to_upgrade() -> None:
+    f = diagnose(_loader(BURSTS, config={"torch": "2.4.1"}))["findings"][0]
+    assert f["kind"] == "input_bound.head_of_line"
+    assert f["fixes"][0]["action"].startswith("upgrade to PyTorch ≥ 2.6")
+    assert "change" not in f["fixes"][0]
+
+
+def test_wait_spread_counts_a_record_of_several_steps_at_their_mean() -> None:
+    # 100 single steps, one waiting 1 s, the rest 10 ms: the top 10 steps hold 1.09 of 1.99 s
+    one = _steps([1.0] + [0.01] * 99)
+    share, p99 = wait_spread(one)
+    assert share == pytest.approx(1.09 / 1.99, abs=0.001)
+    assert p99 == pytest.approx(10.0)
+    # the same waits summed into records of 4 steps: the burst spread over its record
+    grouped = _steps([1.03] + [0.04] * 24, n=4)
+    share4, _ = wait_spread(grouped)
+    assert share4 is not None and share4 <= share
+    assert wait_spread(_steps([0.01] * 50)) == (None, None)  # too few steps to tell
