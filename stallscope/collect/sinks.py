@@ -76,14 +76,9 @@ class StoreSink(Sink):
         self._keep: dict[str, bool] = {}
 
     def write(self, sample: Sample) -> None:
-        keep = self._keep
-        points = []
-        for p in sample.points:
-            k = keep.get(p.name)
-            if k is None:
-                k = keep[p.name] = _stored(p.name)
-            if k:
-                points.append(p)
+        keep = self._keep.get
+        points = [p for p in sample.points if keep(p[0]) or (keep(p[0]) is None
+                                                            and self._learn(p[0]))]
         try:
             touch = self._entities(sample)
             self.store.add_points(sample.ts, points, touch)
@@ -92,6 +87,11 @@ class StoreSink(Sink):
                 self.store.downsample(sample.ts - self.keep_full_s, self.bucket_s)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
+
+    def _learn(self, name: str) -> bool:
+        """Whether points of metric ``name`` are stored (:func:`_stored`), remembered."""
+        k = self._keep[name] = _stored(name)
+        return k
 
     def _entities(self, sample: Sample) -> list[tuple[str, list[str], float]]:
         """Store new or changed entities; returns the last-seen times to write with the

@@ -75,21 +75,29 @@ class CpuTimes(NamedTuple):
 def parse_proc_stat(text: str) -> list[CpuTimes]:
     """The ``cpu`` (aggregate, first) and ``cpuN`` lines of ``/proc/stat``."""
     out: list[CpuTimes] = []
-    for line in text.splitlines():
+    # the cpu lines come first: the rest (intr, with a number per interrupt, softirq...) is
+    # not split at all
+    end = text.find("\nintr")
+    for line in (text if end < 0 else text[:end]).splitlines():
         if not line.startswith("cpu"):
             continue
-        parts = line.split()
+        parts = line.split(None, 9)
         try:
-            vals = [int(x) for x in parts[1:9]]
+            vals = [*map(int, parts[1:9])]
         except ValueError as exc:
             raise ParseError(f"unexpected /proc/stat line: {line!r}") from exc
         if len(vals) < 4:
             raise ParseError(f"unexpected /proc/stat line: {line!r}")
-        vals += [0] * (8 - len(vals))  # kernels before 2.6.11 lack steal etc.
-        out.append(CpuTimes(parts[0], *vals))
+        if len(vals) < 8:
+            vals += [0] * (8 - len(vals))  # kernels before 2.6.11 lack steal etc.
+        out.append(_new_tuple(CpuTimes, (parts[0], *vals)))
     if not out or out[0].name != "cpu":
         raise ParseError("no aggregate 'cpu' line in /proc/stat")
     return out
+
+
+#: a NamedTuple made without its Python-level ``__new__`` (:func:`parse_proc_stat`)
+_new_tuple = tuple.__new__
 
 
 def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:

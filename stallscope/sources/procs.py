@@ -279,6 +279,11 @@ class ProcsSource(Source):
         #: pid -> (stat text, schedstat text, its record with every rate zero): a
         #: single-threaded process that reads the same again has not run (:meth:`_sample_one`)
         self._idle: dict[int, tuple[str, str, ProcRecord]] = {}
+        #: this sample's records served from ``_idle`` (pid text -> (the record, its template)),
+        #: and each template's points, made once: an idle process's points are those of its
+        #: last sample (:meth:`points`)
+        self._served: dict[str, tuple[ProcRecord, ProcRecord]] = {}
+        self._idle_points: dict[str, tuple[ProcRecord, list[Point]]] = {}
 
     def _read(self, *parts: str) -> str:
         with open(os.path.join(self.proc_root, *parts)) as f:
@@ -349,24 +354,33 @@ class ProcsSource(Source):
         # DataLoader workers), every known process's children file is re-read, so a launcher's
         # grandchildren appear at the next sample. Once the tree has been stable for a few
         # samples, only the processes that have children are re-read (a pread on a kept
-        # descriptor each). Children forked from threads other than the main one only show in
-        # their own task's file; the periodic full /proc scan catches those.
+        # descriptor each), and every process's every RELIST_EVERY samples (a worker that
+        # starts a process of its own); a new process's children are read at once. Children
+        # forked from threads other than the main one only show in their own task's file; the
+        # periodic full /proc scan catches those.
         if not self._children_file or self._n % self.rescan_every == 0:
             tree, self._parents = self._full_scan()
         else:
+            known = self._tree
             tree = {self.root_pid}
-            todo = [self.root_pid, *(self._tree if self._settling else self._parents)]
+            every = self._settling or self._n % RELIST_EVERY == 0
+            todo = [self.root_pid, *(known if every else self._parents)]
+            read: set[int] = set()
             while todo:
                 pid = todo.pop()
+                if pid in read:
+                    continue
+                read.add(pid)
                 kids = self._children(pid)
                 if kids:
                     self._parents.add(pid)
                 for c in kids:
                     if c not in tree and c not in self.exclude:
                         tree.add(c)
-                        todo.append(c)
+                        if c not in known:
+                            todo.append(c)
                 tree.add(pid)
-            tree |= self._tree
+            tree |= known
         self._settling = _SETTLE if tree - self._tree else max(0, self._settling - 1)
         return tree
 
@@ -375,7 +389,20 @@ class ProcsSource(Source):
 
     # --- sampling --------------------------------------------------------------------------------
     def points(self, payload: ProcsPayload) -> list[Point]:
-        return procs_points(payload)
+        """:func:`procs_points`; the points of a process that did not run since the last
+        sample (its record served from ``_idle``) are made once and handed out again."""
+        served, made = self._served, self._idle_points
+        out: list[Point] = []
+        for pid, fields in payload.items():
+            hit = served.get(pid)
+            if hit is not None and hit[0] is fields:
+                pts = made.get(pid)
+                if pts is None or pts[0] is not hit[1]:
+                    pts = made[pid] = (hit[1], numeric_points("procs", pid, fields))
+                out += pts[1]
+            else:
+                out += numeric_points("procs", pid, fields)
+        return out
 
     def entities(self, payload: ProcsPayload) -> dict[str, dict[str, Any]]:
         """Each process with its name, command line, parent and the sampler's role."""
@@ -383,7 +410,9 @@ class ProcsSource(Source):
         return {pid: known[int(pid)] for pid in payload if int(pid) in known}
 
     def sample(self, now: float) -> ProcsPayload | None:
+        before = self._tree
         self._tree = self._discover()
+        self._served = {}
         self._n += 1
         out: ProcsPayload = {}
         seen: set[int] = set()
@@ -392,16 +421,23 @@ class ProcsSource(Source):
             if rec is not None:
                 out[str(pid)] = rec
                 seen.add(pid)
+        if seen != before or len(seen) != len(self._tree):
+            # a process came, went or could not be read: forget what is kept of the gone ones
+            # (with the same processes read as at the last sample, nothing is)
+            self._drop_gone(seen)
+        self._tree = seen or {self.root_pid}
+        return out
+
+    def _drop_gone(self, seen: set[int]) -> None:
         for gone in set(self._prev) - seen:
             del self._prev[gone]
             self._idle.pop(gone, None)
+            self._idle_points.pop(str(gone), None)
             self._sched_text.pop(gone, None)
         for gone in {k[0] for k in self._files} - seen:
             self._forget(gone)
         for gone in set(self.known) - seen:
             del self.known[gone]  # a pid the kernel hands out again is a new process
-        self._tree = seen or {self.root_pid}
-        return out
 
     def _role(self, pid: int) -> str:
         return "main" if pid == self.root_pid else "worker"
@@ -468,7 +504,9 @@ class ProcsSource(Source):
                 sched = None
             if sched is not None and sched == idle[1]:
                 self._prev[pid] = (t, self._prev[pid][1])
-                return idle[2].copy()
+                rec = idle[2].copy()
+                self._served[str(pid)] = (rec, idle[2])
+                return rec
         else:
             sched = None
         read = self._parse_stat(text, t)
