@@ -116,14 +116,17 @@ def phases_over_time(records: Iterable[Mapping[str, Any]], pid: int, t0: float,
 
 #: stack phases outside the training: never listed with its stacks
 _OUTSIDE = frozenset({"startup", "exit", "tail"})
+_STARTUP = frozenset({"startup"})
 
 
-def top_stacks(records: Iterable[Mapping[str, Any]], pid: int, n: int = 10
-               ) -> list[tuple[str, str, float]]:
+def top_stacks(records: Iterable[Mapping[str, Any]], pid: int, n: int = 10, *,
+               training: bool = True) -> list[tuple[str, str, float]]:
     """The ``n`` folded stacks of one process that stood for the most time, as
     ``(folded, phase, seconds)``: the training's, as :attr:`ProcPhases.total_s` counts them
     (start-up and the exit after the last step left out: 9 s of an exit's ``rmtree`` were
-    listed under "97.1 s sampled")."""
+    listed under "97.1 s sampled"). ``training=False``: the exit's too (only start-up left out),
+    for what the exit was spent on."""
+    outside = _OUTSIDE if training else _STARTUP
     secs: dict[str, float] = defaultdict(float)
     phase: dict[str, str] = {}
     for rec in records:
@@ -134,7 +137,7 @@ def top_stacks(records: Iterable[Mapping[str, Any]], pid: int, n: int = 10
             continue
         for k, v in stacks.items():
             ph = phases.get(k) if isinstance(phases, dict) else None
-            if not isinstance(v, (int, float)) or ph in _OUTSIDE:
+            if not isinstance(v, (int, float)) or ph in outside:
                 continue
             secs[str(k)] += float(v)
             phase[str(k)] = str(ph or "other")

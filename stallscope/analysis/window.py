@@ -213,7 +213,7 @@ def exit_stacks(records: Iterable[Mapping[str, Any]], pids: set[int], after: flo
     late = [r for r in records if r["ts"] >= after]
     secs: dict[str, float] = defaultdict(float)
     for pid in pids:
-        for k, ph, v in top_stacks(late, pid, n=10_000):
+        for k, ph, v in top_stacks(late, pid, n=10_000, training=False):
             if ph not in TRAINING or folded_exiting(k):
                 secs[k] += v
     return sorted(((k, round(v, 2)) for k, v in secs.items()), key=lambda kv: -kv[1])[:n]

@@ -505,9 +505,13 @@ def test_the_named_cores_add_up_to_the_figure() -> None:
               7: (1.0, "bash", 500.0, 10.0)}
     after = {2: (9.0, "python", 500.0, 0.0), 3: (8.0, "python", 500.0, 0.0),
              7: (1.2, "bash", 500.0, 24.0)}
-    got = busiest_others(before, after, 10.0, exclude=set(), started=t0)
+    # the busiest one by one (n of them: 1 here), the rest together by name
+    got = busiest_others(before, after, 10.0, exclude=set(), started=t0, n=1)
     assert got == [{"pid": 7, "name": "bash", "cores": 1.42, "children_cores": 1.4},
                    {"pid": 2, "name": "python", "cores": 0.7, "processes": 2}]
+    # with room for them, each process is its own entry (the tuner names a hog by its pid)
+    assert [e["pid"] for e in busiest_others(before, after, 10.0, exclude=set(),
+                                             started=t0)] == [7, 2, 3]
     data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
                 ser("procs.cpu_pct", "1", [100.0] * 20),
                 ser("host.cpu_pct", "", [85.0] * 20)],

@@ -205,3 +205,16 @@ def test_loading_on_the_training_thread_is_data_without_a_dataloader() -> None:
                Frame("/home/u/nanoGPT/model.py", "forward", 60),
                Frame("/home/u/nanoGPT/train.py", "<module>", 300)]
     assert classify(forward) == ("compute", "pytorch")
+
+
+def test_loading_known_by_its_frames_never_starts_training() -> None:
+    """A script writing its dataset with PIL before its loop (tests/trainings/torch_jpeg.py)
+    began its training window there, and the setup read as the loop's `other`."""
+    from stallscope.sources.stacks.phases import Frame, classify, starts_training
+
+    sp = "/venv/lib/python3.11/site-packages/"
+    writing = [Frame(sp + "PIL/Image.py", "save", 2400),
+               Frame("/home/u/train.py", "write_photos", 30),
+               Frame("/home/u/train.py", "main", 80)]
+    phase, fw = classify(writing)
+    assert (phase, fw) == ("data", "io") and not starts_training(writing, phase, fw)

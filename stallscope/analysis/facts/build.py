@@ -232,7 +232,7 @@ _STOPS = frozenset({"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"})
 
 
 def run_duration(meta: dict[str, Any], last_sample: float | None) -> float | None:
-    """Seconds the run lasted (one decimal): start to end once finished, start to now while it
+    """Seconds the run lasted (to the ms): start to end once finished, start to now while it
     runs, start to its last sample once interrupted (a killed monitor never wrote an end).
     ``show``, ``runs``, the report and the facts all read it here."""
     import time
@@ -247,7 +247,7 @@ def run_duration(meta: dict[str, Any], last_sample: float | None) -> float | Non
            else last_sample)
     if not isinstance(end, (int, float)) or isinstance(end, bool):
         return None
-    return round(max(0.0, float(end) - float(start)), 1)
+    return round(max(0.0, float(end) - float(start)), 3)
 
 
 def exit_status(meta: dict[str, Any]) -> tuple[int | None, str | None, bool]:

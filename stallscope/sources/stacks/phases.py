@@ -358,6 +358,11 @@ def starts_training(frames: Sequence[Frame], phase: str, framework: str) -> bool
     them)."""
     if phase not in TRAINING:
         return False
+    if phase == "data" and framework == "io":
+        # a library reading or writing data (PIL writing a dataset out, np.load of a config)
+        # runs in set-up as much as in the loop: loading known only by its frames never
+        # starts training; the loop's first forward pass does
+        return False
     if phase != "data" or framework != "pytorch":
         return True
     return any(bare(f.func) in ITERATING for f in frames)
