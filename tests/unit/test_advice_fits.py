@@ -218,3 +218,15 @@ def test_loading_known_by_its_frames_never_starts_training() -> None:
                Frame("/home/u/train.py", "main", 80)]
     phase, fw = classify(writing)
     assert (phase, fw) == ("data", "io") and not starts_training(writing, phase, fw)
+
+
+def test_a_trainer_whose_loading_sleeps_on_a_busy_host_still_waits_on_something_else() -> None:
+    """The other side of the line above: its loading sleeps (a remote store), and the busy host
+    added a 25% run-queue wait that does not explain a 75% stall (a CI run said fetch)."""
+    data = run([ser("host.cpu_pct", "", [90] * N), ser("host.iowait_pct", "", [0] * N),
+                ser("procs.cpu_pct", "100", [20] * N), ser("procs.d_state", "100", [0] * N),
+                ser("procs.runq_wait_pct", "100", [25] * N)],
+               steps=steps(200, wait=0.030, host=0.010), entities=procs({"100": "main"}),
+               config={"num_workers": 0, "physical_cores": 2}, logical_cores=2)
+    kinds = [f["kind"] for f in diagnose(data)["findings"]]
+    assert kinds[0] == "input_bound.wait", kinds

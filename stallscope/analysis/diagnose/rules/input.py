@@ -182,6 +182,8 @@ WAIT_CPU_PCT = 40.0
 #: ... and its workers' run-queue wait below this (% of the time): starved of CPU by other
 #: processes is cpu_contention's
 WAIT_RUNQ_PCT = 20.0
+#: ... at num_workers=0, the trainer's run-queue wait below this share of the stall
+RUNQ_EXPLAINS = 0.5
 
 
 def loading_waits(fx: Facts, stall: float | None) -> float | None:
@@ -192,10 +194,14 @@ def loading_waits(fx: Facts, stall: float | None) -> float | None:
     cpu = fx.loader.worker_cpu_pct if fx.loader.workers else fx.procs.main_cpu_pct
     if cpu is None or cpu >= WAIT_CPU_PCT:
         return None
-    # waiting for a CPU is not waiting on something else: the loading side's own run-queue
-    # wait (the trainer's, at num_workers=0, where it loads its own data)
-    runq = fx.loader.worker_runq_pct if fx.loader.workers else fx.procs.main_runq_pct
-    if (runq or 0.0) >= WAIT_RUNQ_PCT:
+    # waiting for a CPU is not waiting on something else: the workers' own run-queue wait; at
+    # num_workers=0 the trainer's, when it explains a good part of the stall (a trainer on a
+    # busy host waited for a CPU 62% of the time: input_bound.wait was wrong; one whose loading
+    # sleeps waits mostly on the sleep, whatever a busy host adds)
+    if fx.loader.workers:
+        if (fx.loader.worker_runq_pct or 0.0) >= WAIT_RUNQ_PCT:
+            return None
+    elif (fx.procs.main_runq_pct or 0.0) / 100.0 >= RUNQ_EXPLAINS * stall:
         return None
     d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
     if d is not None and d >= SCORES.d_state:
