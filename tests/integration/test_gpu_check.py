@@ -41,10 +41,12 @@ def _script(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def _one_line(r: subprocess.CompletedProcess[str], prefix: str) -> None:
+def _one_line(r: subprocess.CompletedProcess[str], prefix: str) -> str:
+    """The one stderr line of a refusal (exit 2, ``prefix`` first), checked."""
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
     assert "Traceback" not in r.stderr and r.stderr.startswith(prefix), r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and not r.stdout, (r.stdout, r.stderr)
+    return r.stderr.strip()
 
 
 @pytest.mark.parametrize("args", [["--steps-us", "0"], ["--steps-us", "abc"],
@@ -54,8 +56,9 @@ def _one_line(r: subprocess.CompletedProcess[str], prefix: str) -> None:
 def test_bench_probe_cuda_checks_its_arguments_with_only_too(args: list[str]) -> None:
     """``--only`` (what each round's process runs) skipped the checks: ``--steps-us 0`` divided by
     zero, ``abc`` raised, ``nan`` and ``--seconds inf`` never ended."""
-    _one_line(_script("bench_probe_cuda.py", "--only", "pairs", *args),
-              "bench_probe_cuda.py: error: ")
+    line = _one_line(_script("bench_probe_cuda.py", "--only", "pairs", *args),
+                     "bench_probe_cuda.py: error: ")
+    assert args[0] in line, line  # the line names the option it refused
 
 
 @pytest.mark.parametrize("out", ["a-file", "/dev/null/x"])
@@ -76,15 +79,18 @@ def test_gpu_trainer_without_a_gpu_is_one_line() -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the check is for machines without one")
-    _one_line(_script("gpu_trainer.py", "host", "--seconds", "1", timeout=120),
-              "gpu_trainer: error: no CUDA GPU here")
+    line = _one_line(_script("gpu_trainer.py", "host", "--seconds", "1", timeout=120),
+                     "gpu_trainer: error: ")
+    assert "no CUDA GPU here" in line, line
 
 
 @pytest.mark.parametrize("device", ["bogus", "meta", "cuda:99"])
 def test_gpu_trainer_with_a_bad_device_is_one_line(device: str) -> None:
     """A ``--device`` torch does not know raised RuntimeError from ``torch.device``."""
-    _one_line(_script("gpu_trainer.py", "host", "--seconds", "1", "--device", device,
-                      timeout=120), "gpu_trainer: error: ")
+    line = _one_line(_script("gpu_trainer.py", "host", "--seconds", "1", "--device", device,
+                             timeout=120), "gpu_trainer: error: ")
+    # the device it could not use, named; a CUDA index on a machine with no GPU at all says that
+    assert device in line or (device.startswith("cuda") and "no CUDA GPU here" in line), line
 
 
 def test_gpu_trainer_on_the_cpu_still_trains() -> None:

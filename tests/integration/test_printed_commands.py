@@ -46,11 +46,15 @@ def runs_as_printed(command: str, cwd: Path) -> None:
 
 
 def test_the_recorded_runs_print_commands_that_run(tmp_path: Path) -> None:
+    printed: list[str] = []
     for name in sorted(p.name for p in (FIXTURES / "gpu-h200" / "runs").iterdir()):
         run_dir = tmp_path / name
         shutil.copytree(FIXTURES / "gpu-h200" / "runs" / name, run_dir)
         for command in printed_commands(diagnose_run(run_dir)):
             runs_as_printed(command, tmp_path)
+            printed.append(command)
+    assert printed, "the recorded runs print no command: nothing was checked"
+    assert not [c for c in printed if PLACEHOLDER.search(c)], printed
 
 
 def test_a_slow_exits_report_command_names_the_run(tmp_path: Path) -> None:
