@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "DOMAINS",
     "WHERE",
     "CommFacts",
     "DiskFacts",
@@ -231,12 +232,12 @@ class CommFacts:
     comm_transfer_share: float | None = None
 
 
-_DOMAINS: tuple[tuple[str, type], ...] = (
+DOMAINS: tuple[tuple[str, type], ...] = (
     ("run", RunFacts), ("steps", StepFacts), ("gpu", GpuFacts), ("loader", LoaderFacts),
     ("procs", ProcessFacts), ("disk", DiskFacts), ("host", HostFacts), ("comm", CommFacts))
 #: fact name -> its domain (names are unique across domains: ``diagnose --json`` is flat)
-WHERE: dict[str, str] = {f.name: dom for dom, cls in _DOMAINS for f in fields(cls)}
-assert len(WHERE) == sum(len(fields(cls)) for _d, cls in _DOMAINS), "a fact named twice"
+WHERE: dict[str, str] = {f.name: dom for dom, cls in DOMAINS for f in fields(cls)}
+assert len(WHERE) == sum(len(fields(cls)) for _d, cls in DOMAINS), "a fact named twice"
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ class Facts:
     def flat(self) -> dict[str, Any]:
         """Every fact with a value, one key each (``diagnose --json``'s ``signals``)."""
         out: dict[str, Any] = {}
-        for dom, _cls in _DOMAINS:
+        for dom, _cls in DOMAINS:
             part = getattr(self, dom)
             for f in fields(part):
                 v = getattr(part, f.name)
@@ -284,13 +285,13 @@ class Facts:
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> Facts:
         """Facts from flat values (every name a fact; read-only copies made)."""
-        parts: dict[str, dict[str, Any]] = {dom: {} for dom, _c in _DOMAINS}
+        parts: dict[str, dict[str, Any]] = {dom: {} for dom, _c in DOMAINS}
         for k, v in values.items():
             dom = WHERE.get(k)
             if dom is None:
                 raise KeyError(f"no fact named {k!r}")
             parts[dom][k] = frozen(v)
-        return cls(**{dom: c(**parts[dom]) for dom, c in _DOMAINS})
+        return cls(**{dom: c(**parts[dom]) for dom, c in DOMAINS})
 
 
 def compute_facts(data: Any) -> Facts:

@@ -7,10 +7,11 @@ by domain. Every value here can appear in a finding's evidence, so names carry u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 
-from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts import DOMAINS, Facts, thawed
 from stallscope.analysis.facts.common import _cores, _r, alive_together, mean, median, p95
 from stallscope.analysis.facts.machine import (
     LIMIT_REACHED,
@@ -46,126 +47,18 @@ __all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_RE
            "spare_cores", "starved", "trainer_gpus"]
 
 
-@dataclass
-class _Draft:
-    """The facts while they are computed: flat, mutable, private (frozen by :func:`build`)."""
+class _Draft(types.SimpleNamespace):
+    """The facts while they are computed: flat, mutable, private (frozen by :func:`build`).
+    Its names and defaults are the facts' own (:data:`~stallscope.analysis.facts.WHERE`): one
+    declaration, in :mod:`stallscope.analysis.facts`; mappings and lists start as plain,
+    mutable ones."""
 
-    duration_s: float = 0.0
-    samples: int = 0
-    # --- probe ---
-    steps: int = 0
-    ranks: int = 0
-    #: the training window (analysis/window.py): where it came from, its length, and the
-    #: process's start-up before it and exit after it (seconds; None when unknown)
-    window_source: str | None = None
-    window_s: float | None = None
-    startup_s: float | None = None
-    exit_s: float | None = None
-    #: what the exit was spent on: the heaviest folded stacks after the window, with seconds
-    exit_stacks: list[tuple[str, float]] = field(default_factory=list)
-    #: data wait / step wall time over every step of the window, as the trainer's own timer
-    #: sees it (probe); or the sampled or estimated share (``stall_source``)
-    stall_fraction: float | None = None
-    #: the probe's share with each rank's first step left out (warm-up: worker start,
-    #: cuDNN autotuning): the steady state, labelled as such wherever it is shown
-    steady_stall_fraction: float | None = None
-    #: "probe", "stacks" (sampled stacks), "gpu_idle", "main_thread" or None
-    stall_source: str | None = None
-    #: the training thread's share of time per phase, from its sampled stacks (the focus rank's)
-    phase_shares: dict[str, float] = field(default_factory=dict)
-    stack_sampler: str | None = None  #: "inproc" (injected by `run`) or "py-spy" (attached)
-    stack_samples: int = 0
-    wait_ms_median: float | None = None
-    step_ms_median: float | None = None
-    wait_top_share: float | None = None
-    wait_ms_p99: float | None = None
-    h2d_share: float | None = None
-    epochs: int = 0
-    epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1
-    #: what each epoch start cost beyond an ordinary step's wait (s), and all of them together
-    epoch_start_cost_s: float | None = None
-    epoch_start_total_s: float | None = None
-    samples_per_s: float | None = None
-    throughput_source: str | None = None
-    # --- exit ---
-    exit_code: int | None = None
-    exit_signal: str | None = None
-    interrupted: bool = False
-    error: str | None = None
-    error_at_s: float | None = None
-    trained: bool | None = None
-    main_python: bool | None = None
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    # --- gpu ---
-    gpus: int = 0
-    #: NVML utilization over the window's steady state (after the GPU's warm-up)
-    gpu_util_median_pct: float | None = None
-    gpu_idle_share: float | None = None
-    #: seconds at the window's start before the GPU reached its working level (cuDNN
-    #: autotuning, kernel compilation, lazy loading); left out of the two figures above
-    gpu_warmup_s: float | None = None
-    #: the GPU's busy share between the steps' CUDA events (probe): 1 less the gaps between
-    #: steps on the GPU's timeline. A step's own span counts as busy, so this tells a GPU
-    #: waiting between steps (for data) from one that is not; NVML's utilization tells busy
-    #: from merely fed (host-bound) inside the steps
-    gpu_busy_share: float | None = None
-    # --- the trainer's processes ---
-    workers: int = 0  #: DataLoader workers alive at one time (LoaderFacts)
-    workers_source: str | None = None
-    worker_cpu_pct: float | None = None  #: mean CPU of one worker (100 = one core)
-    worker_d_share: float | None = None  #: share of worker samples in state D
-    worker_blkio_pct: float | None = None
-    worker_runq_pct: float | None = None
-    worker_read_kb_s: float | None = None  #: all workers together, from storage
-    worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
-    main_cpu_pct: float | None = None  #: mean CPU of the trainer's main process(es)
-    main_runq_pct: float | None = None  #: the trainer's main process(es): run-queue wait
-    #: share of the training time the trainer's main thread ran (no probe: the consumer's busy
-    #: share; the rest it waited, for data above all)
-    main_thread_busy_share: float | None = None
-    main_d_share: float | None = None
-    #: the trainer runs TensorFlow (threads named tf_*): tf.data works on its threads
-    tf_trainer: bool = False
-    main_read_kb_s: float | None = None
-    # --- dataset device ---
-    device: str | None = None
-    device_named: bool = False  #: from --data (True) or the busiest device (False)
-    disk_util_median_pct: float | None = None
-    disk_util_p95_pct: float | None = None
-    disk_r_await_median_ms: float | None = None
-    disk_r_await_p95_ms: float | None = None
-    disk_rkb_s_median: float | None = None
-    disk_rkb_s_p95: float | None = None
-    disk_r_s_median: float | None = None
-    disk_rareq_kb_median: float | None = None
-    disk_rkb_s_cv: float | None = None  #: variation of read throughput while reading
-    disk_aqu_sz_median: float | None = None
-    #: the read limit of the trainer's cgroup on that device, kB/s (meta ``read_limits``)
-    read_limit_kb_s: float | None = None
-    # --- host ---
-    host_cpu_median_pct: float | None = None
-    host_max_core_median_pct: float | None = None
-    #: cores the host's other processes kept busy (median over samples: the host's busy cores
-    #: less the training's own processes' CPU)
-    others_cpu_cores: float | None = None
-    iowait_median_pct: float | None = None
-    psi_io_median_pct: float | None = None
-    mem_available_min_mib: float | None = None
-    # --- ranks (DDP): each rank's own picture; the job goes at the pace of the worst ---
-    ranks_detail: list[dict[str, Any]] = field(default_factory=list)
-    focus_rank: int | None = None  #: the rank whose input holds the job back (its evidence)
-    #: the rank its peers wait for in collectives (the probe's communication time: the rank
-    #: with the least, ≥ 15 points below the most), whatever its cause
-    comm_straggler: int | None = None
-    #: the collective's own cost as a share of the step: per step, the least wait of any rank
-    #: in it (the slowest rank of that step waits only for the transfer), over the steps every
-    #: rank recorded; the rest of the ranks' wait is for each step's slowest rank. None when
-    #: the steps are not per-step records (rebuilt from Prometheus' totals) or not timed
-    comm_transfer_share: float | None = None
-    # --- loader configuration (probe) ---
-    config: dict[str, Any] = field(default_factory=dict)
-    physical_cores: int | None = None
-    logical_cores: int | None = None
+    def __init__(self) -> None:
+        super().__init__()
+        for _dom, cls in DOMAINS:
+            for f in fields(cls):
+                v = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
+                setattr(self, f.name, thawed(v))
 
 
 def build(data: RunData) -> Facts:
