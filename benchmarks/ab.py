@@ -32,16 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def figure(cmd: list[str], tree: Path, metric: re.Pattern[str], timeout: float) -> float:
     """Run ``cmd`` in ``tree``; the last number ``metric`` captures in its output."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(tree) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     out = r.stdout + r.stderr
     if r.returncode != 0:
         raise RuntimeError(f"exit {r.returncode} in {tree}: {out.strip()[-600:]}")
     found = metric.findall(out)
     if not found:
-        raise RuntimeError(f"no figure matching {metric.pattern!r} in the output in {tree}: "
-                           f"{out.strip()[-600:]}")
+        raise RuntimeError(
+            f"no figure matching {metric.pattern!r} in the output in {tree}: {out.strip()[-600:]}"
+        )
     return float(found[-1])
 
 
@@ -70,20 +72,32 @@ def main(argv: list[str] | None = None) -> int:
     repo = args.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="stallscope-ab-") as tmp:
         base = Path(tmp) / "base"
-        add = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(base),
-                              args.base], capture_output=True, text=True)
+        add = subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", str(base), args.base],
+            capture_output=True,
+            text=True,
+        )
         if add.returncode != 0:
             print(f"ab: cannot check out {args.base}: {add.stderr.strip()}", file=sys.stderr)
             return 1
         try:
             return _rounds(cmd, base, repo, metric, args.rounds, args.timeout, args.base)
         finally:
-            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)],
-                           capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "remove", "--force", str(base)],
+                capture_output=True,
+            )
 
 
-def _rounds(cmd: list[str], base: Path, head: Path, metric: re.Pattern[str], rounds: int,
-            timeout: float, base_name: str) -> int:
+def _rounds(
+    cmd: list[str],
+    base: Path,
+    head: Path,
+    metric: re.Pattern[str],
+    rounds: int,
+    timeout: float,
+    base_name: str,
+) -> int:
     ratios = []
     print(f"A = {base_name}, B = the working tree; command: {' '.join(cmd)}", flush=True)
     for i in range(rounds):
@@ -97,8 +111,11 @@ def _rounds(cmd: list[str], base: Path, head: Path, metric: re.Pattern[str], rou
                 return 1
         ratio = got["B"] / got["A"] if got["A"] else float("nan")
         ratios.append(ratio)
-        print(f"round {i + 1} ({''.join(n for n, _ in order)}): A {got['A']:g}  B {got['B']:g}  "
-              f"B/A {ratio:.3f}", flush=True)
+        print(
+            f"round {i + 1} ({''.join(n for n, _ in order)}): A {got['A']:g}  B {got['B']:g}  "
+            f"B/A {ratio:.3f}",
+            flush=True,
+        )
     print(f"median B/A over {rounds} rounds: {statistics.median(ratios):.3f}")
     return 0
 

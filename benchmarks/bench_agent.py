@@ -129,9 +129,13 @@ def measure(pid: int, url: str, scrapes: int) -> dict[str, float]:
     time.sleep(idle_wall)
     idle_rate = (cpu_s(pid) - c1) / idle_wall
     per = max(0.0, burst_cpu - idle_rate * burst_s) / scrapes
-    return {"cpu_per_scrape_ms": per * 1000, "idle_cpu_share": idle_rate,
-            "rss_mib": rss_bytes(pid) / 1048576, "exposition_kib": size / 1024,
-            "scrape_wall_ms": burst_s / scrapes * 1000}
+    return {
+        "cpu_per_scrape_ms": per * 1000,
+        "idle_cpu_share": idle_rate,
+        "rss_mib": rss_bytes(pid) / 1048576,
+        "exposition_kib": size / 1024,
+        "scrape_wall_ms": burst_s / scrapes * 1000,
+    }
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -154,9 +158,22 @@ def main() -> int:
         env["STALLSCOPE_STATE_DIR"] = tmp
         port = free_port()
         agent = subprocess.Popen(
-            [sys.executable, "-m", "stallscope", "agent", "--listen", f"127.0.0.1:{port}",
-             "--interval", "1", "--store", f"{tmp}/store"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            [
+                sys.executable,
+                "-m",
+                "stallscope",
+                "agent",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                "1",
+                "--store",
+                f"{tmp}/store",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         exporter_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
         exporter = None
         rows: dict[str, dict[str, float]] = {}
@@ -168,44 +185,65 @@ def main() -> int:
                 nport = free_port()
                 exporter = subprocess.Popen(
                     [exporter_bin, f"--web.listen-address=127.0.0.1:{nport}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 nurl = f"http://127.0.0.1:{nport}/metrics"
                 wait_up(nurl, exporter, b"node_cpu_seconds_total")
             # alternate the two, twice, so the machine's load affects both alike
             for _round in range(2):
-                for name, pid, u in (("stallscope agent", agent.pid, url),
-                                     *((("node_exporter", exporter.pid, nurl),)
-                                       if exporter else ())):
+                for name, pid, u in (
+                    ("stallscope agent", agent.pid, url),
+                    *((("node_exporter", exporter.pid, nurl),) if exporter else ()),
+                ):
                     m = measure(pid, u, args.scrapes // 2)
                     prev = rows.get(name)
-                    rows[name] = m if prev is None else {
-                        k: (prev[k] + v) / 2 if k != "rss_mib" else v for k, v in m.items()}
+                    rows[name] = (
+                        m
+                        if prev is None
+                        else {k: (prev[k] + v) / 2 if k != "rss_mib" else v for k, v in m.items()}
+                    )
         finally:
             stop(agent)
             if exporter is not None:
                 stop(exporter)
-        hour = subprocess.run([sys.executable, "-c", HOUR, str(args.hour_samples)],
-                              capture_output=True, text=True, env=env, timeout=1800)
-    print(f"{'':18} {'CPU/scrape':>11} {'scrape wall':>12} {'exposition':>11} "
-          f"{'idle CPU':>9} {'RSS':>9}")
+        hour = subprocess.run(
+            [sys.executable, "-c", HOUR, str(args.hour_samples)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+    print(
+        f"{'':18} {'CPU/scrape':>11} {'scrape wall':>12} {'exposition':>11} "
+        f"{'idle CPU':>9} {'RSS':>9}"
+    )
     for name, m in rows.items():
-        print(f"{name:18} {m['cpu_per_scrape_ms']:9.2f}ms {m['scrape_wall_ms']:10.2f}ms "
-              f"{m['exposition_kib']:8.1f}KiB {m['idle_cpu_share'] * 100:8.2f}% "
-              f"{m['rss_mib']:6.1f}MiB")
+        print(
+            f"{name:18} {m['cpu_per_scrape_ms']:9.2f}ms {m['scrape_wall_ms']:10.2f}ms "
+            f"{m['exposition_kib']:8.1f}KiB {m['idle_cpu_share'] * 100:8.2f}% "
+            f"{m['rss_mib']:6.1f}MiB"
+        )
     if "node_exporter" in rows:
         a, n = rows["stallscope agent"], rows["node_exporter"]
         ratio_cpu = a["cpu_per_scrape_ms"] / max(n["cpu_per_scrape_ms"], 1e-9)
-        print(f"ratio agent/node_exporter: CPU per scrape x{ratio_cpu:.2f}, "
-              f"RSS x{a['rss_mib'] / n['rss_mib']:.2f}")
+        print(
+            f"ratio agent/node_exporter: CPU per scrape x{ratio_cpu:.2f}, "
+            f"RSS x{a['rss_mib'] / n['rss_mib']:.2f}"
+        )
     else:
-        print("prometheus-node-exporter is not installed (Debian package "
-              "prometheus-node-exporter): no baseline in this run")
+        print(
+            "prometheus-node-exporter is not installed (Debian package "
+            "prometheus-node-exporter): no baseline in this run"
+        )
     if hour.returncode == 0:
         h = json.loads(hour.stdout)
-        print(f"collector + sinks over {h['samples']} samples (1 s apart, simulated): RSS "
-              f"{h['rss_60'] / 1048576:.1f} MiB after 60, {h['rss_end'] / 1048576:.1f} MiB at "
-              f"the end (x{h['rss_end'] / h['rss_60']:.2f}); run.db {h['db_bytes'] / 1048576:.1f}"
-              " MiB")
+        print(
+            f"collector + sinks over {h['samples']} samples (1 s apart, simulated): RSS "
+            f"{h['rss_60'] / 1048576:.1f} MiB after 60, {h['rss_end'] / 1048576:.1f} MiB at "
+            f"the end (x{h['rss_end'] / h['rss_60']:.2f}); run.db {h['db_bytes'] / 1048576:.1f}"
+            " MiB"
+        )
     else:
         print(f"hour of samples failed: {hour.stderr.strip()[-500:]}")
     return 0

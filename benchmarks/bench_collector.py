@@ -64,8 +64,13 @@ def _collector(tmp: Path, root_pid: int) -> Any:
 def worker(rounds: int) -> dict[str, float]:
     # its own session, so the whole tree (the 8 forked children too) is killed at the end, and
     # no inherited stderr keeps the parent's pipe open
-    tree = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    tree = subprocess.Popen(
+        [sys.executable, "-c", TREE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert tree.stdout is not None
         tree.stdout.readline()
@@ -86,9 +91,14 @@ def worker(rounds: int) -> dict[str, float]:
 
 def _measure(checkout: Path, rounds: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(checkout))
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                          "--rounds", str(rounds)], env=env, check=True, capture_output=True,
-                         text=True, cwd=checkout)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds", str(rounds)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=checkout,
+    )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -25,8 +25,14 @@ from typing import Any
 
 from stallscope.tools.diskbench import BenchPlan, BenchResult, parse_size, run_builtin, run_fio
 
-FIGURES = ("seq_cached_mb_s", "seq_cold_mb_s", "rand_iops", "rand_lat_p50_us",
-           "rand_lat_p99_us", "small_files_per_s")
+FIGURES = (
+    "seq_cached_mb_s",
+    "seq_cold_mb_s",
+    "rand_iops",
+    "rand_lat_p50_us",
+    "rand_lat_p99_us",
+    "small_files_per_s",
+)
 TOLERANCE = 0.15
 
 
@@ -55,11 +61,19 @@ def main(argv: list[str] | None = None) -> int:
         for engine in order:
             r = engine(a.dir, plan)
             runs[r.engine].append(r)
-            print(f"round {i + 1} load {load:.1f} {r.engine:8s} " + " ".join(
-                f"{k}={figure(r, k):.1f}" for k in FIGURES), file=sys.stderr, flush=True)
-    out: dict[str, Any] = {"plan": plan.__dict__, "rounds": a.rounds,
-                           "load_avg_1m_end": round(os.getloadavg()[0], 2),
-                           "wall_s": round(time.monotonic() - t0, 1), "figures": {}}
+            print(
+                f"round {i + 1} load {load:.1f} {r.engine:8s} "
+                + " ".join(f"{k}={figure(r, k):.1f}" for k in FIGURES),
+                file=sys.stderr,
+                flush=True,
+            )
+    out: dict[str, Any] = {
+        "plan": plan.__dict__,
+        "rounds": a.rounds,
+        "load_avg_1m_end": round(os.getloadavg()[0], 2),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "figures": {},
+    }
     bad = []
     for k in FIGURES:
         b = [figure(r, k) for r in runs["builtin"]]
@@ -67,24 +81,34 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [x / y for x, y in zip(b, f, strict=True) if y]
         ratio = statistics.median(ratios) if ratios else float("nan")
         best = min if "lat" in k else max
-        out["figures"][k] = {"builtin_median": statistics.median(b),
-                             "fio_median": statistics.median(f), "median_ratio": ratio,
-                             "builtin_best": best(b), "fio_best": best(f),
-                             "best_ratio": best(b) / best(f) if best(f) else float("nan")}
+        out["figures"][k] = {
+            "builtin_median": statistics.median(b),
+            "fio_median": statistics.median(f),
+            "median_ratio": ratio,
+            "builtin_best": best(b),
+            "fio_best": best(f),
+            "best_ratio": best(b) / best(f) if best(f) else float("nan"),
+        }
         if k != "rand_lat_p99_us" and not abs(ratio - 1.0) <= TOLERANCE:
             bad.append(k)
     out["outside_15pct"] = bad
     if a.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"plan: {a.size}, {a.seconds} s per phase, {a.files} files; {a.rounds} rounds, "
-              f"{out['wall_s']} s")
-        print(f"{'figure':22s} {'builtin med':>12s} {'fio med':>12s} {'ratio':>7s}   "
-              f"{'builtin best':>12s} {'fio best':>12s} {'ratio':>7s}")
+        print(
+            f"plan: {a.size}, {a.seconds} s per phase, {a.files} files; {a.rounds} rounds, "
+            f"{out['wall_s']} s"
+        )
+        print(
+            f"{'figure':22s} {'builtin med':>12s} {'fio med':>12s} {'ratio':>7s}   "
+            f"{'builtin best':>12s} {'fio best':>12s} {'ratio':>7s}"
+        )
         for k, v in out["figures"].items():
-            print(f"{k:22s} {v['builtin_median']:12.1f} {v['fio_median']:12.1f} "
-                  f"{v['median_ratio']:7.3f}   {v['builtin_best']:12.1f} "
-                  f"{v['fio_best']:12.1f} {v['best_ratio']:7.3f}")
+            print(
+                f"{k:22s} {v['builtin_median']:12.1f} {v['fio_median']:12.1f} "
+                f"{v['median_ratio']:7.3f}   {v['builtin_best']:12.1f} "
+                f"{v['fio_best']:12.1f} {v['best_ratio']:7.3f}"
+            )
         print("outside 15%:", ", ".join(bad) or "none")
     return 1 if bad else 0
 

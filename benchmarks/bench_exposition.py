@@ -34,8 +34,9 @@ from stallscope.sources.gpu import GpuSource  # noqa: E402
 from stallscope.sources.host import HostSource  # noqa: E402
 from stallscope.testing.nvml_replay import FORMAT, NvmlReplay  # noqa: E402
 
-RECORDING = ROOT / "tests" / "fixtures" / "gpu-h200" / "session2" / \
-    "nvml-h200-load-nvml-580.159.04.json"
+RECORDING = (
+    ROOT / "tests" / "fixtures" / "gpu-h200" / "session2" / "nvml-h200-load-nvml-580.159.04.json"
+)
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
@@ -48,8 +49,12 @@ def node(gpus: int) -> dict:
         d["nvmlDeviceGetUUID"] = f"GPU-b3f8fe2e-49ba-a0ff-65ef-62edd2b4a{i:03d}"
         d["nvmlDeviceGetPciInfo"] = {**d["nvmlDeviceGetPciInfo"], "busId": f"00000000:{i:02X}:00.0"}
         devices.append(d)
-    return {"format": FORMAT, "provenance": doc["provenance"],
-            "system": {**doc["system"], "nvmlDeviceGetCount": gpus}, "devices": devices}
+    return {
+        "format": FORMAT,
+        "provenance": doc["provenance"],
+        "system": {**doc["system"], "nvmlDeviceGetCount": gpus},
+        "devices": devices,
+    }
 
 
 def main() -> int:
@@ -90,8 +95,10 @@ def main() -> int:
     for s in sources:
         s.close()
     base_b, base_t = res["text 0.0.4, plain (before)"]
-    print(f"{args.gpus} replayed H200 GPUs + this host's host and disk sources; "
-          f"{args.scrapes} encodings x 5 rounds each")
+    print(
+        f"{args.gpus} replayed H200 GPUs + this host's host and disk sources; "
+        f"{args.scrapes} encodings x 5 rounds each"
+    )
     print(f"{'encoding':<28} {'bytes':>9} {'x plain':>8} {'CPU ms':>8} {'x plain':>8}")
     for name, (b, t) in res.items():
         print(f"{name:<28} {b:>9,} {b / base_b:>8.3f} {t * 1e3:>8.3f} {t / base_t:>8.2f}")

@@ -25,13 +25,42 @@ TRAIN = str(ROOT / "examples" / "train_cpu.py")
 
 #: (name, before, after given the first fix's text)
 SCENARIOS = (
-    ("prep stall", ["--prep-cost", "40", "--workers", "1", "--model", "tiny"],
-     lambda fix: ["--prep-cost", "40", "--model", "tiny", "--workers",
-                  re.match(r"num_workers 1 → (\d+)", fix).group(1)]),  # type: ignore[union-attr]
-    ("epoch-boundary stall", ["--files", "400", "--workers", "2", "--prep-cost", "0",
-                              "--worker-init-s", "1.5", "--no-persistent"],
-     lambda _fix: ["--files", "400", "--workers", "2", "--prep-cost", "0",
-                   "--worker-init-s", "1.5"]),
+    (
+        "prep stall",
+        ["--prep-cost", "40", "--workers", "1", "--model", "tiny"],
+        lambda fix: [
+            "--prep-cost",
+            "40",
+            "--model",
+            "tiny",
+            "--workers",
+            re.match(r"num_workers 1 → (\d+)", fix).group(1),
+        ],
+    ),  # type: ignore[union-attr]
+    (
+        "epoch-boundary stall",
+        [
+            "--files",
+            "400",
+            "--workers",
+            "2",
+            "--prep-cost",
+            "0",
+            "--worker-init-s",
+            "1.5",
+            "--no-persistent",
+        ],
+        lambda _fix: [
+            "--files",
+            "400",
+            "--workers",
+            "2",
+            "--prep-cost",
+            "0",
+            "--worker-init-s",
+            "1.5",
+        ],
+    ),
 )
 
 
@@ -41,10 +70,29 @@ def stallscope(*args: str) -> list[str]:
 
 def one_run(out: Path, seconds: float, train_args: list[str]) -> Path:
     before = set(out.iterdir()) if out.exists() else set()
-    subprocess.run([*stallscope("run", "--interval", "1", "--quiet", "--out", str(out), "--",
-                                sys.executable, TRAIN, "--max-seconds", str(seconds),
-                                "--epochs", "100", *train_args)],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [
+            *stallscope(
+                "run",
+                "--interval",
+                "1",
+                "--quiet",
+                "--out",
+                str(out),
+                "--",
+                sys.executable,
+                TRAIN,
+                "--max-seconds",
+                str(seconds),
+                "--epochs",
+                "100",
+                *train_args,
+            )
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     [new] = set(out.iterdir()) - before
     return new
 
@@ -61,9 +109,14 @@ def main() -> int:
         for _ in range(args.repeat):
             for name, before, after in SCENARIOS:
                 a = one_run(out, args.seconds, before)
-                doc = json.loads(subprocess.run(stallscope("diagnose", str(a), "--json"),
-                                                check=True, capture_output=True,
-                                                text=True).stdout)
+                doc = json.loads(
+                    subprocess.run(
+                        stallscope("diagnose", str(a), "--json"),
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
                 top = doc["findings"][0]
                 fix = top["fixes"][0]["action"]
                 try:
@@ -72,16 +125,23 @@ def main() -> int:
                     print(f"{name:24s} {fix[:34]:34s} (first fix is not more workers: skipped)")
                     continue
                 b = one_run(out, args.seconds, b_args)
-                cmp = json.loads(subprocess.run(stallscope("compare", str(a), str(b), "--json"),
-                                                check=True, capture_output=True,
-                                                text=True).stdout)
+                cmp = json.loads(
+                    subprocess.run(
+                        stallscope("compare", str(a), str(b), "--json"),
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
                 est, got = top["est_speedup"], cmp["speedup"]
                 lower = top["kind"] == "input_bound.epoch_start"
                 hit = got >= 0.75 * est if lower else abs(got - est) <= 0.25 * est
                 ok &= hit
                 note = " (estimate is a lower bound)" if lower else ""
-                print(f"{name:24s} {fix[:34]:34s} {est:>8.2f}x {got:>8.2f}x {got / est:>6.2f}"
-                      f"  {'OK' if hit else 'MISSED'}{note}")
+                print(
+                    f"{name:24s} {fix[:34]:34s} {est:>8.2f}x {got:>8.2f}x {got / est:>6.2f}"
+                    f"  {'OK' if hit else 'MISSED'}{note}"
+                )
     print("goal: within ±25% of the estimate" + ("" if ok else " — MISSED on this machine"))
     return 0
 

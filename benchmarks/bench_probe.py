@@ -37,8 +37,9 @@ from stallscope.probe import Probe, StepTimer, Watched
 from stallscope.store import RunStore, new_run_dir
 
 
-def per_step_overhead(p: Probe, items: list[object], reps: int
-                      ) -> tuple[float, float, float, float]:
+def per_step_overhead(
+    p: Probe, items: list[object], reps: int
+) -> tuple[float, float, float, float]:
     """(bare us/step, watched us/step, overhead us/step, writer us/step), medians over ``reps``.
 
     The writer's cost is the time ``flush()`` takes per step (convert + SQLite insert; steps
@@ -52,7 +53,7 @@ def per_step_overhead(p: Probe, items: list[object], reps: int
     gc.disable()
     try:
         for r in range(reps):
-            for arm in ((0, 1) if r % 2 == 0 else (1, 0)):
+            for arm in (0, 1) if r % 2 == 0 else (1, 0):
                 if arm == 0:
                     t0 = perf()
                     for _x in items:
@@ -96,12 +97,14 @@ def step_ctx_overhead(p: Probe, n: int, reps: int) -> float:
 
 
 def make_model(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
 
 
-def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, batches: object
-                ) -> tuple[float, int, float]:
+def train_epoch(
+    model: nn.Module, opt: torch.optim.Optimizer, batches: object
+) -> tuple[float, int, float]:
     """(wall seconds, steps, CPU seconds of this thread + the probe's writer thread)"""
     c0 = _cpu()
     t0 = time.perf_counter()
@@ -156,7 +159,7 @@ def throughput(p: Probe, rounds: int, steps: int, target_ms: float) -> dict[str,
     tb = tw = cb = cw = 0.0
     for r in range(rounds):
         res = {}
-        for arm in (("bare", "watched") if r % 2 == 0 else ("watched", "bare")):
+        for arm in ("bare", "watched") if r % 2 == 0 else ("watched", "bare"):
             src = loader if arm == "bare" else Watched(loader, p)
             res[arm] = train_epoch(model, opt, src)
         times["bare"].append(res["bare"][0])
@@ -173,26 +176,40 @@ def throughput(p: Probe, rounds: int, steps: int, target_ms: float) -> dict[str,
     # the least disturbed estimate of its own cost
     k = max(1, rounds // 5)
     fast = {a: statistics.mean(sorted(v)[:k]) for a, v in times.items()}
-    return {"step_ms": tb / (rounds * steps) * 1e3, "width": width,
-            "fast_ratio": fast["watched"] / fast["bare"],
-            "median_arm_ratio": statistics.median(times["watched"]) / statistics.median(
-                times["bare"]),
-            "median_ratio": statistics.median(ratios), "total_ratio": tw / tb,
-            "p25": q[0], "p75": q[2], "cpu_median_ratio": statistics.median(cpu_ratios),
-            "cpu_total_ratio": cw / cb, "cpu_p25": cq[0], "cpu_p75": cq[2]}
+    return {
+        "step_ms": tb / (rounds * steps) * 1e3,
+        "width": width,
+        "fast_ratio": fast["watched"] / fast["bare"],
+        "median_arm_ratio": statistics.median(times["watched"]) / statistics.median(times["bare"]),
+        "median_ratio": statistics.median(ratios),
+        "total_ratio": tw / tb,
+        "p25": q[0],
+        "p75": q[2],
+        "cpu_median_ratio": statistics.median(cpu_ratios),
+        "cpu_total_ratio": cw / cb,
+        "cpu_p25": cq[0],
+        "cpu_p75": cq[2],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=41, help="part 1 repetitions per arm")
-    ap.add_argument("--n", type=int, default=200000,
-                    help="part 1 steps per repetition (a pass of these empty steps must last well "
-                         "over the first record's 16 ms, timed in full before sampling starts)")
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=200000,
+        help="part 1 steps per repetition (a pass of these empty steps must last well "
+        "over the first record's 16 ms, timed in full before sampling starts)",
+    )
     ap.add_argument("--rounds", type=int, default=30, help="part 2 A/B rounds")
     ap.add_argument("--steps", type=int, default=60, help="part 2 steps per epoch")
     ap.add_argument("--step-ms", type=float, default=5.0, help="part 2 target step time")
-    ap.add_argument("--standalone", action="store_true",
-                    help="also run the machine collector inside the trainer (standalone mode)")
+    ap.add_argument(
+        "--standalone",
+        action="store_true",
+        help="also run the machine collector inside the trainer (standalone mode)",
+    )
     ap.add_argument("--interval", type=float, default=5.0, help="standalone collector interval")
     args = ap.parse_args()
 
@@ -207,9 +224,11 @@ def main() -> int:
         p = Probe(rank=0, run_dir=run_dir, capacity=max(65536, args.n * 2))
     if p.writer.thread.ident is not None:
         _WRITER.append(p.writer.thread.ident)
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}, "
-          f"mode {'standalone' if args.standalone else 'under stallscope run'}")
+    print(
+        f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}, "
+        f"mode {'standalone' if args.standalone else 'under stallscope run'}"
+    )
 
     ints: list[object] = list(range(args.n))
     pairs: list[object] = [(torch.zeros(8, 4), torch.zeros(8)) for _ in range(args.n)]
@@ -217,38 +236,52 @@ def main() -> int:
     for name, items in (("ints", ints), ("(tensor, tensor) batches", pairs)):
         b, w, o, wr = per_step_overhead(p, items, args.reps)
         hot = max(hot, o)
-        print(f"part 1, per-step overhead over {name}: bare {b:.3f} us, watched {w:.3f} us, "
-              f"overhead {o:.2f} us/step (goal <= 2 us) -> {'OK' if o <= 2 else 'OVER'}; "
-              f"writer thread {wr:.2f} us/step")
+        print(
+            f"part 1, per-step overhead over {name}: bare {b:.3f} us, watched {w:.3f} us, "
+            f"overhead {o:.2f} us/step (goal <= 2 us) -> {'OK' if o <= 2 else 'OVER'}; "
+            f"writer thread {wr:.2f} us/step"
+        )
     o = step_ctx_overhead(p, args.n, args.reps // 2 + 1)
     print(f"part 1, stallscope.step() block: overhead {o:.2f} us/step")
 
     t = throughput(p, args.rounds, args.steps, args.step_ms)
     bound = (hot + wr) / (t["step_ms"] * 1e3) * 100
-    print(f"part 2, bound from part 1: (hot path {hot:.2f} + writer {wr:.2f}) us per "
-          f"{t['step_ms']:.2f} ms step = {bound:.3f} % (goal <= 0.5 %)")
-    print(f"part 2, wall clock: fastest-{max(1, args.rounds // 5)}-rounds ratio "
-          f"{t['fast_ratio']:.4f} -> loss {(t['fast_ratio'] - 1) * 100:+.2f} %; "
-          f"ratio of per-arm medians {t['median_arm_ratio']:.4f}")
+    print(
+        f"part 2, bound from part 1: (hot path {hot:.2f} + writer {wr:.2f}) us per "
+        f"{t['step_ms']:.2f} ms step = {bound:.3f} % (goal <= 0.5 %)"
+    )
+    print(
+        f"part 2, wall clock: fastest-{max(1, args.rounds // 5)}-rounds ratio "
+        f"{t['fast_ratio']:.4f} -> loss {(t['fast_ratio'] - 1) * 100:+.2f} %; "
+        f"ratio of per-arm medians {t['median_arm_ratio']:.4f}"
+    )
     loss = (t["median_ratio"] - 1) * 100
     noisy = t["p75"] - t["p25"] > 0.01
     verdict = "OK" if loss <= 0.5 else "OVER"
     if noisy:
-        verdict += (f" - but the rounds' spread (IQR {(t['p75'] - t['p25']) * 100:.1f} %) is wider "
-                    "than the goal: this machine is too busy to resolve 0.5 % by wall clock; "
-                    "trust the bound above")
-    print(f"part 2, CPU training loop ({t['step_ms']:.2f} ms/step, {args.rounds} A/B rounds x "
-          f"{args.steps} steps): paired watched/bare time ratio median {t['median_ratio']:.4f} "
-          f"(IQR {t['p25']:.4f}-{t['p75']:.4f}), total {t['total_ratio']:.4f} -> "
-          f"throughput loss {loss:+.2f} % (goal <= 0.5 %) -> {verdict}")
+        verdict += (
+            f" - but the rounds' spread (IQR {(t['p75'] - t['p25']) * 100:.1f} %) is wider "
+            "than the goal: this machine is too busy to resolve 0.5 % by wall clock; "
+            "trust the bound above"
+        )
+    print(
+        f"part 2, CPU training loop ({t['step_ms']:.2f} ms/step, {args.rounds} A/B rounds x "
+        f"{args.steps} steps): paired watched/bare time ratio median {t['median_ratio']:.4f} "
+        f"(IQR {t['p25']:.4f}-{t['p75']:.4f}), total {t['total_ratio']:.4f} -> "
+        f"throughput loss {loss:+.2f} % (goal <= 0.5 %) -> {verdict}"
+    )
     closs = (t["cpu_median_ratio"] - 1) * 100
-    print(f"part 2, same rounds in CPU time of the training + writer threads (robust to other "
-          f"load on the machine): ratio median {t['cpu_median_ratio']:.4f} (IQR {t['cpu_p25']:.4f}-"
-          f"{t['cpu_p75']:.4f}), total {t['cpu_total_ratio']:.4f} -> cost {closs:+.2f} %")
+    print(
+        f"part 2, same rounds in CPU time of the training + writer threads (robust to other "
+        f"load on the machine): ratio median {t['cpu_median_ratio']:.4f} (IQR {t['cpu_p25']:.4f}-"
+        f"{t['cpu_p75']:.4f}), total {t['cpu_total_ratio']:.4f} -> cost {closs:+.2f} %"
+    )
     st = p.stats()
     p.close()
-    print(f"probe: {st['steps']} steps, {st['written']} written, {st['dropped']} dropped, "
-          f"{st['lost']} lost; run in {p.run_dir}")
+    print(
+        f"probe: {st['steps']} steps, {st['written']} written, {st['dropped']} dropped, "
+        f"{st['lost']} lost; run in {p.run_dir}"
+    )
     return 0
 
 

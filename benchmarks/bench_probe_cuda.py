@@ -111,15 +111,14 @@ def one_process(arm: str, step_s: float, seconds: float, cuda: bool) -> float:
     RunStore(run_dir / "run.db").close()
     rec: Recorder | None = None
     if arm in ("pairs", "every"):
-        rec = Probe(rank=0, run_dir=run_dir, capacity=1 << 21, events=events,
-                    register_atexit=False)
+        rec = Probe(rank=0, run_dir=run_dir, capacity=1 << 21, events=events, register_atexit=False)
     elif arm == "nodev":  # no device timer (a Probe would find torch's CUDA and time it)
         rec = Recorder(rank=0, run_dir=run_dir, capacity=1 << 21, register_atexit=False)
     if arm == "every":
         dev_mod.timing_every = lambda _s: 1
     n = max(20, int(seconds / step_s))
     items = list(range(n))
-    warm = items[:max(20, n // 10)]
+    warm = items[: max(20, n // 10)]
 
     def loop(xs: list[int]) -> Callable[[], Iterator[int]]:
         return (lambda: iter(xs)) if rec is None else (lambda: iter(Watched(xs, rec)))
@@ -191,10 +190,24 @@ def cost_passes(step_s: float, reps: int, cuda: bool) -> dict[str, float]:
     for arm in ARMS[1:]:
         run_dir = new_run_dir(tmp, arm)
         RunStore(run_dir / "run.db").close()
-        recs[arm] = (Recorder(rank=0, run_dir=run_dir, capacity=1 << 22, flush_interval=3600,
-                              register_atexit=False) if arm == "nodev" else
-                     Probe(rank=0, run_dir=run_dir, capacity=1 << 22, flush_interval=3600,
-                           events=events, register_atexit=False))
+        recs[arm] = (
+            Recorder(
+                rank=0,
+                run_dir=run_dir,
+                capacity=1 << 22,
+                flush_interval=3600,
+                register_atexit=False,
+            )
+            if arm == "nodev"
+            else Probe(
+                rank=0,
+                run_dir=run_dir,
+                capacity=1 << 22,
+                flush_interval=3600,
+                events=events,
+                register_atexit=False,
+            )
+        )
     n = max(20000, int(5.0 / step_s))
     items = range(n)
     perf = time.perf_counter
@@ -204,7 +217,7 @@ def cost_passes(step_s: float, reps: int, cuda: bool) -> dict[str, float]:
     try:
         for r in range(reps + 2):  # a warm-up round, unmeasured; the last one counts reads
             counting = r == reps + 1
-            for arm in (ARMS if r % 2 else ARMS[::-1]):
+            for arm in ARMS if r % 2 else ARMS[::-1]:
                 dev_mod.timing_every = (lambda _s: 1) if arm == "every" else every
                 if counting and arm != "bare":
                     clock = watch_mod.time = CountingClock()
@@ -242,27 +255,40 @@ def _check(args: argparse.Namespace) -> tuple[list[float], str | None]:
     try:
         lengths = [float(x) for x in args.steps_us.split(",")]
     except ValueError:
-        return [], (f"--steps-us {args.steps_us[:100]!r}: give step lengths in microseconds, "
-                    "e.g. 50,3300")
+        return [], (
+            f"--steps-us {args.steps_us[:100]!r}: give step lengths in microseconds, e.g. 50,3300"
+        )
     if not all(math.isfinite(x) and 0 < x <= 1e6 for x in lengths):
-        return [], (f"--steps-us {args.steps_us[:100]!r}: every step length must be above 0 "
-                    "and at most 1000000 microseconds")
+        return [], (
+            f"--steps-us {args.steps_us[:100]!r}: every step length must be above 0 "
+            "and at most 1000000 microseconds"
+        )
     return lengths, None
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps-us", default="50,100,300,1000,3300",
-                    help="step lengths to try, in microseconds (comma-separated)")
-    ap.add_argument("--method", choices=("cost", "wall"), default="cost",
-                    help="the probe's own time on a virtual clock (default), or whole loops "
-                         "by the wall clock, each arm in a process of its own")
+    ap.add_argument(
+        "--steps-us",
+        default="50,100,300,1000,3300",
+        help="step lengths to try, in microseconds (comma-separated)",
+    )
+    ap.add_argument(
+        "--method",
+        choices=("cost", "wall"),
+        default="cost",
+        help="the probe's own time on a virtual clock (default), or whole loops "
+        "by the wall clock, each arm in a process of its own",
+    )
     ap.add_argument("--reps", type=int, default=5, help="rounds per step length")
     ap.add_argument("--seconds", type=float, default=1.0, help="length of one arm's pass")
     ap.add_argument("--cuda", action="store_true", help="real torch.cuda events (needs a GPU)")
-    ap.add_argument("--only", choices=ARMS,
-                    help="run this arm alone in this process and print its time per step "
-                         "(what each round runs; also to profile an arm under py-spy)")
+    ap.add_argument(
+        "--only",
+        choices=ARMS,
+        help="run this arm alone in this process and print its time per step "
+        "(what each round runs; also to profile an arm under py-spy)",
+    )
     args = ap.parse_args()
     lengths, problem = _check(args)
     if problem:  # one line, exit 2, as the CLI does; --only (what each round runs) too
@@ -283,44 +309,69 @@ def main() -> int:
         return 0
     if args.method == "cost":
         return cost_main(lengths, args.reps, args.cuda, kind)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "
-          f"{os.getloadavg()[0]:.1f}; {kind}; {args.reps} rounds x 4 arms of "
-          f"{args.seconds:.2f} s per step length, each arm in a process of its own")
-    print(f"{'step':>8} {'bare':>9} {'no dev':>9} {'pairs':>9} {'every':>9} {'1 pair in':>9} "
-          f"{'probe':>7} {'dev now':>8} {'dev before':>10}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "
+        f"{os.getloadavg()[0]:.1f}; {kind}; {args.reps} rounds x 4 arms of "
+        f"{args.seconds:.2f} s per step length, each arm in a process of its own"
+    )
+    print(
+        f"{'step':>8} {'bare':>9} {'no dev':>9} {'pairs':>9} {'every':>9} {'1 pair in':>9} "
+        f"{'probe':>7} {'dev now':>8} {'dev before':>10}"
+    )
     worst = 0.0
     for us in lengths:
         res: dict[str, list[float]] = {k: [] for k in ARMS}
         for r in range(args.reps):
-            order = ARMS[r % 4:] + ARMS[:r % 4]
+            order = ARMS[r % 4 :] + ARMS[: r % 4]
             for arm in order:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--only", arm, "--steps-us", f"{us:g}",
-                     "--seconds", str(args.seconds), *(["--cuda"] if args.cuda else [])],
-                    capture_output=True, text=True, timeout=600, check=True).stdout
+                    [
+                        sys.executable,
+                        __file__,
+                        "--only",
+                        arm,
+                        "--steps-us",
+                        f"{us:g}",
+                        "--seconds",
+                        str(args.seconds),
+                        *(["--cuda"] if args.cuda else []),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=True,
+                ).stdout
                 res[arm].append(float(out.rsplit(":", 1)[1].split()[0]) / 1e6)
         med = {k: statistics.median(v) for k, v in res.items()}
         probe = (med["nodev"] - med["bare"]) / med["bare"] * 100
         now = (med["pairs"] - med["nodev"]) / med["bare"] * 100
         before = (med["every"] - med["nodev"]) / med["bare"] * 100
         worst = max(worst, probe + now)
-        print(f"{us:>6.0f}us {med['bare'] * 1e6:>7.1f}us {med['nodev'] * 1e6:>7.1f}us "
-              f"{med['pairs'] * 1e6:>7.1f}us {med['every'] * 1e6:>7.1f}us "
-              f"{timing_every(us / 1e6):>9d} {probe:>6.2f}% {now:>7.2f}% {before:>9.2f}%",
-              flush=True)
+        print(
+            f"{us:>6.0f}us {med['bare'] * 1e6:>7.1f}us {med['nodev'] * 1e6:>7.1f}us "
+            f"{med['pairs'] * 1e6:>7.1f}us {med['every'] * 1e6:>7.1f}us "
+            f"{timing_every(us / 1e6):>9d} {probe:>6.2f}% {now:>7.2f}% {before:>9.2f}%",
+            flush=True,
+        )
     verdict = "OK" if worst < 1.0 else "OVER"
-    print(f"the probe's worst cost, device timing included: {worst:.2f}% of a step "
-          f"(goal < 1%) -> {verdict}")
+    print(
+        f"the probe's worst cost, device timing included: {worst:.2f}% of a step "
+        f"(goal < 1%) -> {verdict}"
+    )
     return 0
 
 
 def cost_main(lengths: list[float], reps: int, cuda: bool, kind: str) -> int:
     """The cost method's table (see the module docstring)."""
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "
-          f"{os.getloadavg()[0]:.1f}; {kind}; method cost: the probe's own time per step on "
-          f"a virtual clock, {reps} passes per arm, the writer's flush included")
-    print(f"{'step':>8} {'no dev':>9} {'pairs':>9} {'every':>9} {'1 pair in':>9} {'probe':>7} "
-          f"{'dev now':>8} {'total':>7} {'dev before':>10}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load avg "
+        f"{os.getloadavg()[0]:.1f}; {kind}; method cost: the probe's own time per step on "
+        f"a virtual clock, {reps} passes per arm, the writer's flush included"
+    )
+    print(
+        f"{'step':>8} {'no dev':>9} {'pairs':>9} {'every':>9} {'1 pair in':>9} {'probe':>7} "
+        f"{'dev now':>8} {'total':>7} {'dev before':>10}"
+    )
     worst = 0.0
     for us in lengths:
         med = cost_passes(us / 1e6, reps, cuda)
@@ -330,12 +381,17 @@ def cost_main(lengths: list[float], reps: int, cuda: bool, kind: str) -> int:
         now = (cost["pairs"] - cost["nodev"]) / step_s * 100
         before = (cost["every"] - cost["nodev"]) / step_s * 100
         worst = max(worst, probe + now)
-        print(f"{us:>6.0f}us {cost['nodev'] * 1e9:>6.0f} ns {cost['pairs'] * 1e9:>6.0f} ns "
-              f"{cost['every'] * 1e9:>6.0f} ns {timing_every(step_s):>9d} {probe:>6.2f}% "
-              f"{now:>7.2f}% {probe + now:>6.2f}% {before:>9.2f}%", flush=True)
+        print(
+            f"{us:>6.0f}us {cost['nodev'] * 1e9:>6.0f} ns {cost['pairs'] * 1e9:>6.0f} ns "
+            f"{cost['every'] * 1e9:>6.0f} ns {timing_every(step_s):>9d} {probe:>6.2f}% "
+            f"{now:>7.2f}% {probe + now:>6.2f}% {before:>9.2f}%",
+            flush=True,
+        )
     verdict = "OK" if worst < 1.0 else "OVER"
-    print(f"the probe's worst cost, device timing included: {worst:.2f}% of a step "
-          f"(goal < 1%) -> {verdict}")
+    print(
+        f"the probe's worst cost, device timing included: {worst:.2f}% of a step "
+        f"(goal < 1%) -> {verdict}"
+    )
     return 0
 
 

@@ -67,8 +67,14 @@ def dataset(steps: int) -> Any:
 
 
 def model(spe: int, width: int) -> Any:
-    m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(width, activation="relu"),
-                          keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+    m = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
     m.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=spe)
     return m
 
@@ -94,11 +100,14 @@ def ab(bare: Callable[[], Timing], probed: Callable[[], Timing], rounds: int) ->
         else:
             a.append(bare())
             b.append(probed())
-    return (statistics.median(x[0] for x in a) * 1e3, statistics.median(x[0] for x in b) * 1e3,
-            statistics.median(y[0] / x[0] for x, y in zip(a, b)),
-            statistics.median(y[1] / x[1] for x, y in zip(a, b)),
-            statistics.median((y[1] - x[1]) * 1e6 for x, y in zip(a, b)),
-            statistics.median((y[0] - x[0]) * 1e6 for x, y in zip(a, b)))
+    return (
+        statistics.median(x[0] for x in a) * 1e3,
+        statistics.median(x[0] for x in b) * 1e3,
+        statistics.median(y[0] / x[0] for x, y in zip(a, b)),
+        statistics.median(y[1] / x[1] for x, y in zip(a, b)),
+        statistics.median((y[1] - x[1]) * 1e6 for x, y in zip(a, b)),
+        statistics.median((y[0] - x[0]) * 1e6 for x, y in zip(a, b)),
+    )
 
 
 def fit_pair(steps: int, rounds: int, spe: int) -> Pair:
@@ -256,8 +265,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="steps per timed epoch")
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--width", type=int, default=1024, help="hidden width (step cost)")
-    ap.add_argument("--parts", action="store_true", help="only time the probe's parts alone "
-                    "and print them as JSON (what the full run starts in a process of its own)")
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="only time the probe's parts alone "
+        "and print them as JSON (what the full run starts in a process of its own)",
+    )
     args = ap.parse_args()
     if args.parts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -274,8 +287,10 @@ def main() -> int:
         run_dir = new_run_dir(Path(tmp), "bench")
         RunStore(run_dir / "run.db").close()
         os.environ["STALLSCOPE_RUN_DIR"] = str(run_dir)
-        print(f"tensorflow {tf.__version__}, keras {keras.__version__}, {os.cpu_count()} CPUs; "
-              f"{args.steps} steps x {args.rounds} rounds per side")
+        print(
+            f"tensorflow {tf.__version__}, keras {keras.__version__}, {os.cpu_count()} CPUs; "
+            f"{args.steps} steps x {args.rounds} rounds per side"
+        )
         pairs: dict[str, Callable[[int, int], Pair]] = {
             "fit": lambda st, r: fit_pair(st, r, 1),
             "fit spe=4": lambda st, r: fit_pair(st, r, 4),
@@ -285,8 +300,10 @@ def main() -> int:
         cheap: dict[str, Pair] = {}
         for name, pair in pairs.items():
             a, b, wall, cpu, _d, _dw = cheap[name] = pair(args.steps, args.rounds)
-            print(f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
-                  f"wall ratio {wall:.4f}  CPU ratio {cpu:.4f} ({(cpu - 1) * 100:+.2f} %)")
+            print(
+                f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
+                f"wall ratio {wall:.4f}  CPU ratio {cpu:.4f} ({(cpu - 1) * 100:+.2f} %)"
+            )
         # the same pairs on a null step (a width-1 model: the framework's own cost per step),
         # five times the steps: the probe's added CPU per step in µs, measured where the step's
         # own swings are small, then put against the cheap step above
@@ -297,25 +314,35 @@ def main() -> int:
             a, b, _wall, _cpu, added, _dw = pair(args.steps * 5, args.rounds)
             share = added / (cheap[name][0] * 1e3)
             worst = max(worst, share)
-            print(f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
-                  f"probe CPU {added:+5.0f} µs/step = {share * 100:+.2f} % of the cheap "
-                  f"step ({cheap[name][0]:.3f} ms)")
+            print(
+                f"{name:10s} bare {a:6.3f} ms/step  probed {b:6.3f} ms/step  "
+                f"probe CPU {added:+5.0f} µs/step = {share * 100:+.2f} % of the cheap "
+                f"step ({cheap[name][0]:.3f} ms)"
+            )
         from stallscope.probe.recorder import reset
 
         reset()
         print(f"worst null-step difference {worst * 100:.2f} % of the cheap step")
     # the parts alone, in a fresh process (this one's TensorFlow threads and writer would
     # blur them): what the probe adds to every step, whatever else the machine does
-    r = subprocess.run([sys.executable, __file__, "--parts", "--rounds", str(args.rounds)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, __file__, "--parts", "--rounds", str(args.rounds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     got = json.loads(r.stdout.strip().splitlines()[-1])
     total = got["stamps"] + got["host"] + got["writer"]
     step_us = min(c[0] for c in cheap.values()) * 1e3
-    print(f"the probe's parts alone, per step: in-graph stamps {got['stamps']:+.1f} µs, "
-          f"host wrapper and ring reads {got['host']:+.1f} µs (per call; less per step with "
-          f"steps_per_execution > 1), writer thread {got['writer']:+.1f} µs")
-    print(f"probe cost {total:.1f} µs per step = {total / step_us * 100:.2f} % of the cheapest "
-          f"step above ({step_us / 1e3:.3f} ms; goal <= 1 %)")
+    print(
+        f"the probe's parts alone, per step: in-graph stamps {got['stamps']:+.1f} µs, "
+        f"host wrapper and ring reads {got['host']:+.1f} µs (per call; less per step with "
+        f"steps_per_execution > 1), writer thread {got['writer']:+.1f} µs"
+    )
+    print(
+        f"probe cost {total:.1f} µs per step = {total / step_us * 100:.2f} % of the cheapest "
+        f"step above ({step_us / 1e3:.3f} ms; goal <= 1 %)"
+    )
     return 0
 
 

@@ -41,19 +41,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_agent import cpu_s, measure, stop, wait_up  # noqa: E402
 
-TREE = ("import os, sys, time\n"
-        "kids = []\n"
-        "for _ in range(8):\n"
-        "    pid = os.fork()\n"
-        "    if pid == 0:\n"
-        "        time.sleep(float(sys.argv[1]) + 1)\n"
-        "        os._exit(0)\n"
-        "    kids.append(pid)\n"
-        "import threading\n"
-        "for _ in range(int(sys.argv[2])):\n"
-        "    threading.Thread(target=time.sleep, args=(float(sys.argv[1]),), daemon=True).start()\n"
-        "time.sleep(float(sys.argv[1]))\n"
-        "for k in kids: os.kill(k, 9)\n")
+TREE = (
+    "import os, sys, time\n"
+    "kids = []\n"
+    "for _ in range(8):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        time.sleep(float(sys.argv[1]) + 1)\n"
+    "        os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "import threading\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    threading.Thread(target=time.sleep, args=(float(sys.argv[1]),), daemon=True).start()\n"
+    "time.sleep(float(sys.argv[1]))\n"
+    "for k in kids: os.kill(k, 9)\n"
+)
 FAST, SLOW = 0.25, 60.0
 GOAL = 0.1  #: at most this share of one node_exporter scrape per sample (issue 53)
 
@@ -64,16 +66,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_run(interval: float, seconds: float, out: Path, threads: int = 0
-            ) -> tuple[float, float | None]:
+def one_run(
+    interval: float, seconds: float, out: Path, threads: int = 0
+) -> tuple[float, float | None]:
     """(CPU seconds per second of the run process in its steady part, its own per-sample
     cost line in seconds, or None)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stallscope", "run", "--no-stacks", "--quiet", "--interval",
-         str(interval), "--out", str(out), "--", sys.executable, "-c", TREE, str(seconds),
-         str(threads)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        [
+            sys.executable,
+            "-m",
+            "stallscope",
+            "run",
+            "--no-stacks",
+            "--quiet",
+            "--interval",
+            str(interval),
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            TREE,
+            str(seconds),
+            str(threads),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     time.sleep(5.0)
     t0, c0 = time.perf_counter(), cpu_s(proc.pid)
     time.sleep(max(1.0, seconds - 8.0))
@@ -83,8 +104,10 @@ def one_run(interval: float, seconds: float, out: Path, threads: int = 0
     dbs = sorted(out.glob("*/run.db"))
     if dbs:
         with sqlite3.connect(dbs[-1]) as db:
-            row = db.execute("SELECT avg(p.v) FROM points p JOIN series s ON s.id = p.series "
-                             "WHERE s.name = 'collector.cpu_s'").fetchone()
+            row = db.execute(
+                "SELECT avg(p.v) FROM points p JOIN series s ON s.id = p.series "
+                "WHERE s.name = 'collector.cpu_s'"
+            ).fetchone()
         own = row[0] if row else None
     return rate, own
 
@@ -94,9 +117,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="each run's length")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--scrapes", type=int, default=100, help="node_exporter scrapes per burst")
-    ap.add_argument("--trainer-threads", type=int, default=0,
-                    help="threads in the stand-in trainer besides its main one (a PyTorch "
-                    "trainer has its intra-op pool, pin-memory and loader threads: 20-40)")
+    ap.add_argument(
+        "--trainer-threads",
+        type=int,
+        default=0,
+        help="threads in the stand-in trainer besides its main one (a PyTorch "
+        "trainer has its intra-op pool, pin-memory and loader threads: 20-40)",
+    )
     args = ap.parse_args()
     exporter_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     exporter = None
@@ -106,8 +133,11 @@ def main() -> int:
     try:
         if exporter_bin:
             port = free_port()
-            exporter = subprocess.Popen([exporter_bin, f"--web.listen-address=127.0.0.1:{port}"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            exporter = subprocess.Popen(
+                [exporter_bin, f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             url = f"http://127.0.0.1:{port}/metrics"
             wait_up(url, exporter, b"node_cpu_seconds_total")
         with tempfile.TemporaryDirectory() as tmp:
@@ -115,8 +145,9 @@ def main() -> int:
                 order = (FAST, SLOW) if i % 2 == 0 else (SLOW, FAST)
                 rates: dict[float, float] = {}
                 for interval in order:
-                    rate, own = one_run(interval, args.seconds, Path(tmp) / f"{i}-{interval}",
-                                        args.trainer_threads)
+                    rate, own = one_run(
+                        interval, args.seconds, Path(tmp) / f"{i}-{interval}", args.trainer_threads
+                    )
                     rates[interval] = rate
                     if interval == FAST and own is not None:
                         own_line.append(own)
@@ -132,19 +163,25 @@ def main() -> int:
         if exporter is not None:
             stop(exporter)
     ms = statistics.median(per_sample) * 1e3
-    print(f"stallscope run (--no-stacks, a 9-process tree, {args.trainer_threads} threads "
-          f"beside the trainer's main one): {ms:.2f} ms CPU per extra sample (median of "
-          f"{len(per_sample)} pairs)")
+    print(
+        f"stallscope run (--no-stacks, a 9-process tree, {args.trainer_threads} threads "
+        f"beside the trainer's main one): {ms:.2f} ms CPU per extra sample (median of "
+        f"{len(per_sample)} pairs)"
+    )
     if own_line:
         own = statistics.median(own_line) * 1e3
-        print(f"its own 'monitoring cost' line: {own:.2f} ms per sample "
-              f"({own / ms - 1:+.0%} against the outside measure; goal within 20%)")
+        print(
+            f"its own 'monitoring cost' line: {own:.2f} ms per sample "
+            f"({own / ms - 1:+.0%} against the outside measure; goal within 20%)"
+        )
     if scrape:
         ne = statistics.median(scrape) * 1e3
         print(f"node_exporter: {ne:.2f} ms CPU per scrape; ratio x{ms / ne:.2f} (goal <= {GOAL})")
     else:
-        print("prometheus-node-exporter is not installed: no ratio (apt-get install "
-              "prometheus-node-exporter)")
+        print(
+            "prometheus-node-exporter is not installed: no ratio (apt-get install "
+            "prometheus-node-exporter)"
+        )
     return 0
 
 

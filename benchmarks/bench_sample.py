@@ -92,14 +92,18 @@ def main() -> int:
         sample_thread = statistics.median(tt)
         sample_cpu = measure(full_sample, args.rounds)
         psutil_cpu = measure(lambda: psutil.disk_io_counters(perdisk=True), args.rounds)
-        rows = [("full host sample (disk+host+9 procs), thread_time", sample_thread),
-                ("full host sample (disk+host+9 procs), rusage", sample_cpu),
-                ("psutil.disk_io_counters(perdisk=True)", psutil_cpu)]
+        rows = [
+            ("full host sample (disk+host+9 procs), thread_time", sample_thread),
+            ("full host sample (disk+host+9 procs), rusage", sample_cpu),
+            ("psutil.disk_io_counters(perdisk=True)", psutil_cpu),
+        ]
         spawn_cpu = None
         if iostat:
             argv = [iostat, "-x", "-d", "1", "1"]
-            spawn_cpu = measure(lambda: subprocess.run(argv, stdout=subprocess.DEVNULL,
-                                                       check=True), max(args.rounds // 3, 30))
+            spawn_cpu = measure(
+                lambda: subprocess.run(argv, stdout=subprocess.DEVNULL, check=True),
+                max(args.rounds // 3, 30),
+            )
             rows.append(("spawn `iostat -x -d 1 1` (child + parent CPU)", spawn_cpu))
     finally:
         tree.kill()
@@ -112,8 +116,10 @@ def main() -> int:
         print("iostat not installed: no baseline (apt-get install sysstat)")
         return 1
     ok = sample_cpu <= spawn_cpu / 3
-    print(f"target: full sample ≤ 1/3 of an iostat spawn -> "
-          f"{sample_cpu / spawn_cpu:.2f} ({'OK' if ok else 'MISSED'}) on {os.cpu_count()} CPUs")
+    print(
+        f"target: full sample ≤ 1/3 of an iostat spawn -> "
+        f"{sample_cpu / spawn_cpu:.2f} ({'OK' if ok else 'MISSED'}) on {os.cpu_count()} CPUs"
+    )
     return 0
 
 

@@ -32,8 +32,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-H100 = (HERE / "tests" / "fixtures"
-        / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json")
+H100 = (
+    HERE / "tests" / "fixtures" / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+)
 
 #: a launcher that starts RANKS ranks, each starting WORKERS workers; all sleep
 TREE = """
@@ -54,15 +55,22 @@ time.sleep(600)
 
 
 def group(name: str) -> str:
-    for prefix in ("stallscope_gpu_", "stallscope_proc_", "stallscope_train_",
-                   "stallscope_disk_", "stallscope_host_", "stallscope_stacks_"):
+    for prefix in (
+        "stallscope_gpu_",
+        "stallscope_proc_",
+        "stallscope_train_",
+        "stallscope_disk_",
+        "stallscope_host_",
+        "stallscope_stacks_",
+    ):
         if name.startswith(prefix):
             return prefix.removeprefix("stallscope_").rstrip("_")
     return "agent"
 
 
-def measure(gpus: int, ranks: int, workers: int, tmp: Path,
-            worker_series: str = "process") -> dict[str, object]:
+def measure(
+    gpus: int, ranks: int, workers: int, tmp: Path, worker_series: str = "process"
+) -> dict[str, object]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -79,16 +87,28 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path,
     os.environ["STALLSCOPE_STATE_DIR"] = str(tmp / "state")
     tree = None
     if ranks:
-        tree = subprocess.Popen([sys.executable, "-c", TREE, str(ranks), str(workers)],
-                                stdout=subprocess.PIPE, text=True)
+        tree = subprocess.Popen(
+            [sys.executable, "-c", TREE, str(ranks), str(workers)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert tree.stdout is not None and tree.stdout.readline().strip() == "up"
         time.sleep(0.5)
         run = new_run_dir(tmp / "runs", "train")
-        write_meta(run, base_meta(["torchrun", "train.py"], start=time.time() - 5,
-                                  interval_s=1.0, pid=tree.pid))
+        write_meta(
+            run,
+            base_meta(
+                ["torchrun", "train.py"], start=time.time() - 5, interval_s=1.0, pid=tree.pid
+            ),
+        )
         store = RunStore(run / "run.db")
-        store.add_steps([StepRow(r, s, time.time(), 0.01, 0.05, samples=32)
-                         for r in range(ranks) for s in range(10)])
+        store.add_steps(
+            [
+                StepRow(r, s, time.time(), 0.01, 0.05, samples=32)
+                for r in range(ranks)
+                for s in range(10)
+            ]
+        )
         # each rank's probe says which process it is (the launcher's children, in order)
         for r, pid in enumerate(sorted(_children(tree.pid))):
             store.set_probe(r, pid, {}, 0, 0)
@@ -103,8 +123,9 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path,
     procs = TrainerProcs(follower, worker_series=worker_series)
     procs.open()
     sources.append(procs)
-    sink = PrometheusSink(["gpu", "disk", "host", "procs"], unavailable, steps=follower,
-                          hostname="gpu-node-1")
+    sink = PrometheusSink(
+        ["gpu", "disk", "host", "procs"], unavailable, steps=follower, hostname="gpu-node-1"
+    )
     c = Collector(sources, [sink], interval=1.0)
     c.sample_once()
     time.sleep(1.0)
@@ -128,9 +149,13 @@ def measure(gpus: int, ranks: int, workers: int, tmp: Path,
         k = len(fam.samples)
         per_group[group(fam.name)] += k
         total += k
-    return {"series": total, "groups": dict(sorted(per_group.items())),
-            "bytes": len(text), "scrape_ms": round(scrape_ms, 2),
-            "processes": 1 + ranks * (1 + workers) if ranks else 0}
+    return {
+        "series": total,
+        "groups": dict(sorted(per_group.items())),
+        "bytes": len(text),
+        "scrape_ms": round(scrape_ms, 2),
+        "processes": 1 + ranks * (1 + workers) if ranks else 0,
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -167,11 +192,12 @@ def main() -> int:
         node = measure(args.gpus, args.ranks, args.workers, Path(d) / "node")
         agg = measure(args.gpus, args.ranks, args.workers, Path(d) / "agg", "rank")
     if args.json:
-        print(json.dumps({"baseline": base, "training": node, "workers_per_rank": agg},
-                         indent=2))
+        print(json.dumps({"baseline": base, "training": node, "workers_per_rank": agg}, indent=2))
         return 0
-    print(f"node: {args.gpus} GPUs; training: {args.ranks} ranks x {args.workers} workers "
-          f"({node['processes']} processes)")
+    print(
+        f"node: {args.gpus} GPUs; training: {args.ranks} ranks x {args.workers} workers "
+        f"({node['processes']} processes)"
+    )
     cols = (base, node, agg)
     print(f"{'':22} {'no training':>12} {'training':>12} {'workers/rank':>13}")
     groups: set[str] = set()
@@ -179,13 +205,18 @@ def main() -> int:
         groups |= set(c["groups"])  # type: ignore[arg-type]
     for g in sorted(groups):
         print(f"  {g:20}" + "".join(f" {c['groups'].get(g, 0):>12}" for c in cols))  # type: ignore[attr-defined]
-    for key, title in (("series", "series"), ("bytes", "exposition bytes"),
-                       ("scrape_ms", "scrape (ms)")):
+    for key, title in (
+        ("series", "series"),
+        ("bytes", "exposition bytes"),
+        ("scrape_ms", "scrape (ms)"),
+    ):
         print(f"  {title:20}" + "".join(f" {c[key]:>12}" for c in cols))
-    print(f"ratio training/no training: series {node['series'] / base['series']:.2f}, "  # type: ignore[operator]
-          f"scrape {node['scrape_ms'] / base['scrape_ms']:.2f}; "  # type: ignore[operator]
-          f"workers summed per rank: series {agg['series'] / base['series']:.2f}, "  # type: ignore[operator]
-          f"scrape {agg['scrape_ms'] / base['scrape_ms']:.2f}")  # type: ignore[operator]
+    print(
+        f"ratio training/no training: series {node['series'] / base['series']:.2f}, "  # type: ignore[operator]
+        f"scrape {node['scrape_ms'] / base['scrape_ms']:.2f}; "  # type: ignore[operator]
+        f"workers summed per rank: series {agg['series'] / base['series']:.2f}, "  # type: ignore[operator]
+        f"scrape {agg['scrape_ms'] / base['scrape_ms']:.2f}"
+    )  # type: ignore[operator]
     return 0
 
 

@@ -63,11 +63,18 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=10.0, help="scrapes per second")
     ap.add_argument("--out", type=Path, help="per-minute records as JSON lines")
-    ap.add_argument("--follow-trainings", action="store_true",
-                    help="use the user's state folder: the agent follows the trainings started "
-                    "on this machine meanwhile (by default it has a state folder of its own)")
-    ap.add_argument("--malloc-arena-max", type=int, metavar="N",
-                    help="start the agent with MALLOC_ARENA_MAX=N (glibc's malloc arenas)")
+    ap.add_argument(
+        "--follow-trainings",
+        action="store_true",
+        help="use the user's state folder: the agent follows the trainings started "
+        "on this machine meanwhile (by default it has a state folder of its own)",
+    )
+    ap.add_argument(
+        "--malloc-arena-max",
+        type=int,
+        metavar="N",
+        help="start the agent with MALLOC_ARENA_MAX=N (glibc's malloc arenas)",
+    )
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
@@ -80,10 +87,24 @@ def main() -> int:
             # machine (a test suite's, another benchmark's), whose runs it would hold while
             # they last: what is measured is sampling and scraping alone
             env["STALLSCOPE_STATE_DIR"] = f"{tmp}/state"
-        agent = subprocess.Popen([sys.executable, "-m", "stallscope", "agent", "--listen",
-                                  f"127.0.0.1:{port}", "--interval", "1", "--store",
-                                  f"{tmp}/store"], cwd=HERE, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, env=env)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stallscope",
+                "agent",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--interval",
+                "1",
+                "--store",
+                f"{tmp}/store",
+            ],
+            cwd=HERE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -92,16 +113,21 @@ def main() -> int:
                     break
                 except OSError:
                     if agent.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"agent did not start: {agent.stderr.read()!r}"
-                                         if agent.stderr else "agent did not start") from None
+                        raise SystemExit(
+                            f"agent did not start: {agent.stderr.read()!r}"
+                            if agent.stderr
+                            else "agent did not start"
+                        ) from None
                     time.sleep(0.2)
             records: list[dict[str, float]] = []
             period = 1.0 / args.rate
             start = time.monotonic()
             minute_end = start + 60
             cpu0, scrapes, size, errors = cpu_s(agent.pid), 0, 0, 0
-            print(f"{'min':>4} {'RSS MiB':>8} {'CPU s':>7} {'scrapes':>8} {'ms CPU/scrape':>14}",
-                  flush=True)
+            print(
+                f"{'min':>4} {'RSS MiB':>8} {'CPU s':>7} {'scrapes':>8} {'ms CPU/scrape':>14}",
+                flush=True,
+            )
             nxt = start
             while time.monotonic() - start < args.minutes * 60:
                 try:
@@ -113,13 +139,21 @@ def main() -> int:
                 time.sleep(max(0.0, nxt - time.monotonic()))
                 if time.monotonic() >= minute_end:
                     cpu1 = cpu_s(agent.pid)
-                    rec = {"minute": len(records) + 1, "rss_mib": round(rss_mib(agent.pid), 2),
-                           "cpu_s": round(cpu1 - cpu0, 3), "scrapes": scrapes,
-                           "bytes": size, "errors": errors}
+                    rec = {
+                        "minute": len(records) + 1,
+                        "rss_mib": round(rss_mib(agent.pid), 2),
+                        "cpu_s": round(cpu1 - cpu0, 3),
+                        "scrapes": scrapes,
+                        "bytes": size,
+                        "errors": errors,
+                    }
                     records.append(rec)
                     per = rec["cpu_s"] / scrapes * 1000 if scrapes else float("nan")
-                    print(f"{rec['minute']:>4} {rec['rss_mib']:>8.2f} {rec['cpu_s']:>7.2f} "
-                          f"{scrapes:>8} {per:>14.2f}", flush=True)
+                    print(
+                        f"{rec['minute']:>4} {rec['rss_mib']:>8.2f} {rec['cpu_s']:>7.2f} "
+                        f"{scrapes:>8} {per:>14.2f}",
+                        flush=True,
+                    )
                     if args.out is not None:
                         with args.out.open("a") as f:
                             f.write(json.dumps(rec) + "\n")
@@ -140,11 +174,13 @@ def main() -> int:
     total_scrapes = sum(r["scrapes"] for r in records)
     cpu_per = sum(r["cpu_s"] for r in records) / total_scrapes * 1000 if total_scrapes else 0
     flat = abs(slope) < 1.0 and abs(last / first - 1) <= 0.05
-    print(f"{len(records)} min, {total_scrapes} scrapes ({total_scrapes / len(records) / 60:.1f}"
-          f"/s), {sum(r['errors'] for r in records)} failed; RSS minute {settled[0]['minute']} "
-          f"{first:.2f} MiB, last {last:.2f} MiB (x{last / first:.3f}); slope "
-          f"{slope:+.2f} MiB/h; CPU {cpu_per:.2f} ms per scrape (sampling included): "
-          f"{'flat' if flat else 'NOT flat'}")
+    print(
+        f"{len(records)} min, {total_scrapes} scrapes ({total_scrapes / len(records) / 60:.1f}"
+        f"/s), {sum(r['errors'] for r in records)} failed; RSS minute {settled[0]['minute']} "
+        f"{first:.2f} MiB, last {last:.2f} MiB (x{last / first:.3f}); slope "
+        f"{slope:+.2f} MiB/h; CPU {cpu_per:.2f} ms per scrape (sampling included): "
+        f"{'flat' if flat else 'NOT flat'}"
+    )
     return 0 if flat else 1
 
 

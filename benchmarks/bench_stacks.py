@@ -216,14 +216,18 @@ def inject_dir() -> Path:
     import stallscope
 
     pkg = Path(stallscope.__file__).parent
-    for d in (Path(inproc.__file__).with_name("inject"), pkg / "inject",
-              *sorted(p.parent for p in pkg.rglob("inject/sitecustomize.py"))):
+    for d in (
+        Path(inproc.__file__).with_name("inject"),
+        pkg / "inject",
+        *sorted(p.parent for p in pkg.rglob("inject/sitecustomize.py")),
+    ):
         if (d / "sitecustomize.py").is_file():
             return d
     raise SystemExit(f"bench_stacks: no inject/sitecustomize.py under {pkg}")
 
 
 # --- reading threads and processes -------------------------------------------------------------
+
 
 def thread_ticks(pid: int, tid: int) -> int | None:
     """utime + stime of one thread, in clock ticks (None when it is gone)."""
@@ -297,18 +301,26 @@ def wait_idle(cap_s: float, below: float = 0.25) -> float:
 
 # --- one trainer -------------------------------------------------------------------------------
 
+
 class Trainer:
     """One trainer subprocess in its own process group, its stdout lines read by a thread."""
 
-    def __init__(self, script: Path, seconds: float, warmup: float, env: dict[str, str],
-                 workdir: Path) -> None:
+    def __init__(
+        self, script: Path, seconds: float, warmup: float, env: dict[str, str], workdir: Path
+    ) -> None:
         self.seconds = seconds
         self.stderr_path = workdir / "stderr.txt"
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(seconds), str(warmup)], env=env, cwd=workdir,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
-            start_new_session=True)
+            [sys.executable, str(script), str(seconds), str(warmup)],
+            env=env,
+            cwd=workdir,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+        )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -325,14 +337,17 @@ class Trainer:
             try:
                 line = self._lines.get(timeout=max(left, 0.01))
             except queue.Empty:
-                raise TrainerFailed(f"no {word!r} from the trainer in {timeout:.0f} s "
-                                    f"{self.stderr_tail()}") from None
+                raise TrainerFailed(
+                    f"no {word!r} from the trainer in {timeout:.0f} s {self.stderr_tail()}"
+                ) from None
             if line is None:
                 self.proc.wait(timeout=5)
-                raise TrainerFailed(f"the trainer exited ({self.proc.returncode}) before "
-                                    f"{word!r} {self.stderr_tail()}")
+                raise TrainerFailed(
+                    f"the trainer exited ({self.proc.returncode}) before "
+                    f"{word!r} {self.stderr_tail()}"
+                )
             if line.startswith(word + " "):
-                return json.loads(line[len(word) + 1:])
+                return json.loads(line[len(word) + 1 :])
 
     def send(self, word: str) -> None:
         assert self.proc.stdin is not None
@@ -378,8 +393,13 @@ class Trainer:
         return ("; its stderr:\n" + "\n".join(text.splitlines()[-15:])) if text else ""
 
 
-def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
-            base_env: dict[str, str], tmp: Path) -> dict[str, Any]:
+def run_arm(
+    arm: tuple[str, float],
+    script: Path,
+    args: argparse.Namespace,
+    base_env: dict[str, str],
+    tmp: Path,
+) -> dict[str, Any]:
     """One trainer under one arm: ("baseline", 0), ("inproc", hz) or ("pyspy", hz)."""
     kind, hz = arm
     work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp))
@@ -389,8 +409,11 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         run_dir.mkdir()
         inject = str(inject_dir())
         path = env.get("PYTHONPATH")
-        env.update(PYTHONPATH=inject + (os.pathsep + path if path else ""),
-                   STALLSCOPE_RUN_DIR=str(run_dir), STALLSCOPE_STACKS_HZ=f"{hz:g}")
+        env.update(
+            PYTHONPATH=inject + (os.pathsep + path if path else ""),
+            STALLSCOPE_RUN_DIR=str(run_dir),
+            STALLSCOPE_STACKS_HZ=f"{hz:g}",
+        )
     out: dict[str, Any] = {"arm": arm}
     sampler: pyspy.PySpySampler | None = None
     tr = Trainer(script, args.seconds, args.warmup, env, work)
@@ -401,8 +424,7 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         if kind == "inproc":
             tid, how = find_sampler_tid(pid, ready.get("sampler_tid"))
             if tid is None:
-                raise TrainerFailed(f"no sampler thread in the trainer ({how}) "
-                                    f"{tr.stderr_tail()}")
+                raise TrainerFailed(f"no sampler thread in the trainer ({how}) {tr.stderr_tail()}")
             out["found_by"] = how
         elif kind == "pyspy":
             run_dir.mkdir()
@@ -426,8 +448,9 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         ticks1 = thread_ticks(pid, tid) if tid is not None else None
         t1 = time.monotonic()
         busy1, (tree1, self1) = busy_cpu(), tree_cpu(pid)
-        out["other_cpu_s"] = max((busy1 - busy0) - (tree1 - tree0) - (self1 - self0)
-                                 - out.get("sampler_cpu_s", 0.0), 0.0)
+        out["other_cpu_s"] = max(
+            (busy1 - busy0) - (tree1 - tree0) - (self1 - self0) - out.get("sampler_cpu_s", 0.0), 0.0
+        )
         out["cpu_per_step_ms"] = (tree1 - tree0) / max(done["steps"], 1) * 1e3
         out["wall_s"] = t1 - t0
         out["steps_per_s"] = done["steps_per_s"]
@@ -441,8 +464,11 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         if kind == "inproc":
             # the records written within the timed window (one a second, each the second
             # before its ts)
-            recs = [r for r in read_records(run_dir)
-                    if done["t_go"] + 1.0 <= r["ts"] <= done["t_done"] + 0.01]
+            recs = [
+                r
+                for r in read_records(run_dir)
+                if done["t_go"] + 1.0 <= r["ts"] <= done["t_done"] + 0.01
+            ]
             n = sum(r.get("n", 0) for r in recs)
             secs: dict[str, float] = {}
             for r in recs:
@@ -462,18 +488,33 @@ def run_arm(arm: tuple[str, float], script: Path, args: argparse.Namespace,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_toggle(script: Path, args: argparse.Namespace, base_env: dict[str, str],
-               tmp: Path) -> dict[str, Any]:
+def run_toggle(
+    script: Path, args: argparse.Namespace, base_env: dict[str, str], tmp: Path
+) -> dict[str, Any]:
     """One trainer that starts and stops an in-process sampler itself, window by window
     (ABBA / BAAB blocks of ``k`` steps each): the sampler's cost without the variation between
     processes. Returns the per-block changes of steps/s with the sampler, in %."""
     work = Path(tempfile.mkdtemp(prefix="toggle-", dir=tmp))
     (work / "run").mkdir()
-    cmd = [sys.executable, str(script), str(args.toggle), str(args.warmup), "toggle",
-           f"{args.rate:g}", str(work / "run")]
-    proc = subprocess.Popen(cmd, env=base_env, cwd=work, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        str(script),
+        str(args.toggle),
+        str(args.warmup),
+        "toggle",
+        f"{args.rate:g}",
+        str(work / "run"),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=base_env,
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=args.toggle + args.warmup + 120)
     except subprocess.TimeoutExpired:
@@ -487,9 +528,10 @@ def run_toggle(script: Path, args: argparse.Namespace, base_env: dict[str, str],
         shutil.rmtree(work, ignore_errors=True)
     lines = [ln for ln in out.splitlines() if ln.startswith("toggle ")]
     if not lines:
-        raise TrainerFailed("the toggling trainer gave no result: "
-                            + "\n".join(err.strip().splitlines()[-15:]))
-    res = json.loads(lines[-1][len("toggle "):])
+        raise TrainerFailed(
+            "the toggling trainer gave no result: " + "\n".join(err.strip().splitlines()[-15:])
+        )
+    res = json.loads(lines[-1][len("toggle ") :])
     blocks: dict[int, list[float]] = {}
     for block, on, dt in res["windows"]:
         blocks.setdefault(block, [0.0, 0.0])[on] += dt
@@ -499,10 +541,14 @@ def run_toggle(script: Path, args: argparse.Namespace, base_env: dict[str, str],
 
 # --- report ------------------------------------------------------------------------------------
 
+
 def name_of(arm: tuple[str, float]) -> str:
     kind, hz = arm
-    return {"baseline": "baseline", "inproc": f"in-process {hz:g} Hz",
-            "pyspy": f"py-spy {hz:g} Hz"}[kind]
+    return {
+        "baseline": "baseline",
+        "inproc": f"in-process {hz:g} Hz",
+        "pyspy": f"py-spy {hz:g} Hz",
+    }[kind]
 
 
 def pct(x: float) -> str:
@@ -524,17 +570,36 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per trainer")
     ap.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before them")
     ap.add_argument("--rounds", type=int, default=3, help="trainers per arm (alternating)")
-    ap.add_argument("--rate", type=float, default=inproc.DEFAULT_RATE_HZ,
-                    help=f"in-process sampler's rate, Hz (default {inproc.DEFAULT_RATE_HZ:g})")
-    ap.add_argument("--pyspy-rates", type=parse_rates, default=[pyspy.DEFAULT_RATE_HZ],
-                    metavar="HZ[,HZ]", help="py-spy arms (default "
-                    f"{pyspy.DEFAULT_RATE_HZ:g}, its default; 20,50 adds one; '' none)")
-    ap.add_argument("--wait-idle", type=float, default=2.0, metavar="S",
-                    help="before each trainer, wait up to S seconds for other processes to "
-                         "leave the machine idle (default 2; 0: no wait)")
-    ap.add_argument("--toggle", type=float, default=30.0, metavar="S",
-                    help="also S seconds of one trainer switching the in-process sampler on "
-                         "and off every 0.2 s (default 30; 0: not run)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=inproc.DEFAULT_RATE_HZ,
+        help=f"in-process sampler's rate, Hz (default {inproc.DEFAULT_RATE_HZ:g})",
+    )
+    ap.add_argument(
+        "--pyspy-rates",
+        type=parse_rates,
+        default=[pyspy.DEFAULT_RATE_HZ],
+        metavar="HZ[,HZ]",
+        help="py-spy arms (default "
+        f"{pyspy.DEFAULT_RATE_HZ:g}, its default; 20,50 adds one; '' none)",
+    )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="before each trainer, wait up to S seconds for other processes to "
+        "leave the machine idle (default 2; 0: no wait)",
+    )
+    ap.add_argument(
+        "--toggle",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="also S seconds of one trainer switching the in-process sampler on "
+        "and off every 0.2 s (default 30; 0: not run)",
+    )
     args = ap.parse_args()
     if args.seconds <= 0 or args.rounds < 1 or not 1 <= args.rate <= 1000:
         ap.error("--seconds > 0, --rounds >= 1, --rate 1 to 1000")
@@ -544,8 +609,9 @@ def main() -> int:
         print("py-spy is not installed: its arms are left out")
     elif args.pyspy_rates:
         arms += [("pyspy", hz) for hz in dict.fromkeys(args.pyspy_rates)]
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("STALLSCOPE_") and k != "PYTHONPATH"}
+    base_env = {
+        k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE_") and k != "PYTHONPATH"
+    }
     base_env["PYTHONPATH"] = str(HERE)  # the injected sitecustomize imports this checkout
 
     import torch  # only for its version
@@ -555,17 +621,27 @@ def main() -> int:
         usable = len(os.sched_getaffinity(0))
     except OSError:
         usable = cores
-    print(f"machine: {cores} cores ({usable} usable), load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; python {sys.version.split()[0]}, "
-          f"torch {torch.__version__}")
+    print(
+        f"machine: {cores} cores ({usable} usable), load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; python {sys.version.split()[0]}, "
+        f"torch {torch.__version__}"
+    )
     rates = ", ".join(f"{hz:g}" for k, hz in arms if k == "pyspy") or "none"
-    print(f"rates: in-process {args.rate:g} Hz (its default {inproc.DEFAULT_RATE_HZ:g}), "
-          f"injected from {inject_dir().relative_to(HERE)}; py-spy {rates} Hz (its default "
-          f"{pyspy.DEFAULT_RATE_HZ:g}), {pyspy.pyspy_path() or 'not installed'}")
-    print(f"trainer: CPU CNN, 1 torch thread, DataLoader with 1 worker; {args.warmup:g} s "
-          f"warm-up + {args.seconds:g} s timed; {args.rounds} rounds of {len(arms)} arms, "
-          "order alternating" + (f"; then {args.toggle:g} s of one trainer switching the "
-                                 "in-process sampler on and off" if args.toggle > 0 else ""))
+    print(
+        f"rates: in-process {args.rate:g} Hz (its default {inproc.DEFAULT_RATE_HZ:g}), "
+        f"injected from {inject_dir().relative_to(HERE)}; py-spy {rates} Hz (its default "
+        f"{pyspy.DEFAULT_RATE_HZ:g}), {pyspy.pyspy_path() or 'not installed'}"
+    )
+    print(
+        f"trainer: CPU CNN, 1 torch thread, DataLoader with 1 worker; {args.warmup:g} s "
+        f"warm-up + {args.seconds:g} s timed; {args.rounds} rounds of {len(arms)} arms, "
+        "order alternating"
+        + (
+            f"; then {args.toggle:g} s of one trainer switching the in-process sampler on and off"
+            if args.toggle > 0
+            else ""
+        )
+    )
 
     started = time.monotonic()
     results: dict[tuple[str, float], list[dict[str, Any]]] = {a: [] for a in arms}
@@ -577,7 +653,7 @@ def main() -> int:
         script.write_text(TRAINER)
         for r in range(args.rounds):
             this_round: dict[tuple[str, float], dict[str, Any]] = {}
-            for arm in (arms if r % 2 == 0 else arms[::-1]):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
                 if arm not in arms:  # py-spy could not attach in an earlier round
                     continue
                 waited += wait_idle(args.wait_idle) if args.wait_idle > 0 else 0.0
@@ -592,9 +668,12 @@ def main() -> int:
                     return 1
                 results[arm].append(res)
                 this_round[arm] = res
-                print(f"  round {r + 1} {name_of(arm):18s} {res['steps_per_s']:6.2f} steps/s, "
-                      f"{res['cpu_per_step_ms']:5.1f} ms CPU/step; other processes "
-                      f"{res['other_cpu_s'] / res['wall_s'] * 100:3.0f}% of a core", flush=True)
+                print(
+                    f"  round {r + 1} {name_of(arm):18s} {res['steps_per_s']:6.2f} steps/s, "
+                    f"{res['cpu_per_step_ms']:5.1f} ms CPU/step; other processes "
+                    f"{res['other_cpu_s'] / res['wall_s'] * 100:3.0f}% of a core",
+                    flush=True,
+                )
             rounds.append(this_round)
         toggled = None
         if args.toggle > 0:
@@ -609,16 +688,22 @@ def main() -> int:
     if toggled is not None and toggled["changes"]:
         ch = toggled["changes"]
         se = statistics.stdev(ch) / len(ch) ** 0.5 if len(ch) > 1 else float("nan")
-        print(f"in-process {args.rate:g} Hz switched on and off inside one trainer "
-              f"({args.toggle:g} s, {len(ch)} ABBA blocks of {toggled['k']}-step windows): "
-              f"steps/s {pct(statistics.mean(ch))} ± {se:.1f}% with the sampler (mean over "
-              f"blocks ± standard error; median {pct(statistics.median(ch))}; goal >= -1%)")
+        print(
+            f"in-process {args.rate:g} Hz switched on and off inside one trainer "
+            f"({args.toggle:g} s, {len(ch)} ABBA blocks of {toggled['k']}-step windows): "
+            f"steps/s {pct(statistics.mean(ch))} ± {se:.1f}% with the sampler (mean over "
+            f"blocks ± standard error; median {pct(statistics.median(ch))}; goal >= -1%)"
+        )
     print(f"total {elapsed:.0f} s, of which {waited:.0f} s waiting for an idle machine")
     return 0
 
 
-def report(arms: list[tuple[str, float]], results: dict[tuple[str, float], list[dict[str, Any]]],
-           rounds: list[dict[tuple[str, float], dict[str, Any]]], usable: int) -> None:
+def report(
+    arms: list[tuple[str, float]],
+    results: dict[tuple[str, float], list[dict[str, Any]]],
+    rounds: list[dict[tuple[str, float], dict[str, Any]]],
+    usable: int,
+) -> None:
     base_arm = ("baseline", 0.0)
     base = [x["steps_per_s"] for x in results[base_arm]]
     base_med = statistics.median(base)
@@ -627,15 +712,23 @@ def report(arms: list[tuple[str, float]], results: dict[tuple[str, float], list[
 
     def paired(arm: tuple[str, float], key: str) -> float:
         """median over rounds of (arm / the baseline of its round - 1), in %"""
-        v = [(rd[arm][key] / rd[base_arm][key] - 1) * 100 for rd in rounds
-             if arm in rd and base_arm in rd]
+        v = [
+            (rd[arm][key] / rd[base_arm][key] - 1) * 100
+            for rd in rounds
+            if arm in rd and base_arm in rd
+        ]
         return statistics.median(v) if v else float("nan")
 
     print()
-    print(f"{'arm':18s} {'steps/s':>8s} {'vs base':>8s} {'paired':>8s} {'CPU/step':>9s} "
-          f"{'sampler CPU':>12s}  goals: loss <= 1%, sampler CPU <= 1% of a core")
-    print(f"{'baseline':18s} {base_med:8.2f} {'':8s} {'':8s} {base_cpu:6.1f} ms {'':12s}  runs "
-          + ", ".join(f"{x:.2f}" for x in base) + f" steps/s (spread ±{spread:.1f}%)")
+    print(
+        f"{'arm':18s} {'steps/s':>8s} {'vs base':>8s} {'paired':>8s} {'CPU/step':>9s} "
+        f"{'sampler CPU':>12s}  goals: loss <= 1%, sampler CPU <= 1% of a core"
+    )
+    print(
+        f"{'baseline':18s} {base_med:8.2f} {'':8s} {'':8s} {base_cpu:6.1f} ms {'':12s}  runs "
+        + ", ".join(f"{x:.2f}" for x in base)
+        + f" steps/s (spread ±{spread:.1f}%)"
+    )
     summary = []
     for arm in arms:
         rs = results[arm]
@@ -644,19 +737,30 @@ def report(arms: list[tuple[str, float]], results: dict[tuple[str, float], list[
         med = statistics.median(x["steps_per_s"] for x in rs)
         loss = (med / base_med - 1) * 100
         cpu = statistics.median(x["sampler_cpu_s"] / x["wall_s"] * 100 for x in rs)
-        verdict = ("met" if -loss <= 1.0 and cpu <= 1.0 else
-                   "CPU over" if -loss <= 1.0 else
-                   f"loss over{' (within the spread)' if -loss <= spread else ''}"
-                   + ("" if cpu <= 1.0 else ", CPU over"))
-        print(f"{name_of(arm):18s} {med:8.2f} {pct(loss):>8s} {pct(paired(arm, 'steps_per_s')):>8s}"
-              f" {pct(paired(arm, 'cpu_per_step_ms')):>9s} {cpu:11.2f}%  {verdict}; runs "
-              + ", ".join(f"{x['steps_per_s']:.2f}" for x in rs))
+        verdict = (
+            "met"
+            if -loss <= 1.0 and cpu <= 1.0
+            else "CPU over"
+            if -loss <= 1.0
+            else f"loss over{' (within the spread)' if -loss <= spread else ''}"
+            + ("" if cpu <= 1.0 else ", CPU over")
+        )
+        print(
+            f"{name_of(arm):18s} {med:8.2f} {pct(loss):>8s} {pct(paired(arm, 'steps_per_s')):>8s}"
+            f" {pct(paired(arm, 'cpu_per_step_ms')):>9s} {cpu:11.2f}%  {verdict}; runs "
+            + ", ".join(f"{x['steps_per_s']:.2f}" for x in rs)
+        )
         who = "sampler" if arm[0] == "inproc" else "py-spy"
-        summary.append(f"{name_of(arm)}: {med:.2f} steps/s vs {base_med:.2f} baseline "
-                       f"({pct(loss)}), {who} CPU {cpu:.2f}% of a core")
+        summary.append(
+            f"{name_of(arm)}: {med:.2f} steps/s vs {base_med:.2f} baseline "
+            f"({pct(loss)}), {who} CPU {cpu:.2f}% of a core"
+        )
         if arm[0] == "inproc":
-            own = [x["sampler_cpu_self_s"] / x["trainer_s"] * 100 for x in rs
-                   if x.get("sampler_cpu_self_s") is not None]
+            own = [
+                x["sampler_cpu_self_s"] / x["trainer_s"] * 100
+                for x in rs
+                if x.get("sampler_cpu_self_s") is not None
+            ]
             hz = statistics.median(x["achieved_hz"] for x in rs)
             shares: dict[str, float] = {}
             for x in rs:
@@ -665,21 +769,26 @@ def report(arms: list[tuple[str, float]], results: dict[tuple[str, float], list[
             seen = sorted(shares.items(), key=lambda kv: -kv[1])
             summary.append(
                 f"  its thread found by {rs[0]['found_by']}; its CPU by its own clock "
-                + (f"{statistics.median(own):.2f}%" if own else "n/a") + " of a core (/proc "
+                + (f"{statistics.median(own):.2f}%" if own else "n/a")
+                + " of a core (/proc "
                 f"stat counts {1000 / CLK_TCK:.0f} ms ticks); achieved {hz:.1f} samples/s; "
                 "phases it saw in the timed windows: "
-                + ", ".join(f"{k} {v * 100:.0f}%" for k, v in seen))
+                + ", ".join(f"{k} {v * 100:.0f}%" for k, v in seen)
+            )
     print()
     for ln in summary:
         print(ln)
     others = [x["other_cpu_s"] / x["wall_s"] * 100 for rs in results.values() for x in rs]
     busy = statistics.median(others)
-    print(f"other processes used {busy:.0f}% of a core (median; max {max(others):.0f}%) of "
-          f"the {usable * 100}% during the timed windows"
-          + ("; a busy machine: steps/s and CPU/step are noisy"
-             if busy > 10 else ""))
-    print("vs base: median steps/s of the arm / of the baseline; paired: median over rounds of "
-          "the run / the baseline of its round; CPU/step: trainer + DataLoader worker, paired")
+    print(
+        f"other processes used {busy:.0f}% of a core (median; max {max(others):.0f}%) of "
+        f"the {usable * 100}% during the timed windows"
+        + ("; a busy machine: steps/s and CPU/step are noisy" if busy > 10 else "")
+    )
+    print(
+        "vs base: median steps/s of the arm / of the baseline; paired: median over rounds of "
+        "the run / the baseline of its round; CPU/step: trainer + DataLoader worker, paired"
+    )
 
 
 if __name__ == "__main__":

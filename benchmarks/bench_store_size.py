@@ -81,8 +81,11 @@ def main() -> int:
                 st.downsample(t - args.keep_full, 60.0)
             if (i + 1) % 3600 == 0:
                 el = time.perf_counter() - start
-                print(f"  {i + 1}/{n} samples, {el:.0f} s, "
-                      f"{os.path.getsize(path) / 1e6:.1f} MB", file=sys.stderr, flush=True)
+                print(
+                    f"  {i + 1}/{n} samples, {el:.0f} s, {os.path.getsize(path) / 1e6:.1f} MB",
+                    file=sys.stderr,
+                    flush=True,
+                )
         st.checkpoint()
         full = st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
         rolled = st.db.execute("SELECT COUNT(*) FROM rollup").fetchone()[0]
@@ -93,15 +96,23 @@ def main() -> int:
     hours_full = min(args.hours, args.keep_full / 3600)
     undownsampled = bytes_per_point * per_sample * n
     mb = size / 1e6
-    print(f"run: {args.hours:g} h at {args.interval:g} s, {args.gpus} GPUs, {args.disks} disks, "
-          f"{args.procs} procs, {args.cores} cores = {per_sample} points/sample")
+    print(
+        f"run: {args.hours:g} h at {args.interval:g} s, {args.gpus} GPUs, {args.disks} disks, "
+        f"{args.procs} procs, {args.cores} cores = {per_sample} points/sample"
+    )
     print(f"written in {time.perf_counter() - start:.0f} s")
-    print(f"store size: {mb:.1f} MB ({full:,} full-resolution points for the last "
-          f"{hours_full:g} h, {rolled:,} 1-minute rollups)")
-    print(f"without downsampling (estimated): {undownsampled / 1e6:.0f} MB "
-          f"-> downsampling ratio {undownsampled / max(size, 1):.1f}x")
-    print(f"budget {args.budget_mb:g} MB: {mb / args.budget_mb:.2f} of budget "
-          f"({'OK' if mb <= args.budget_mb else 'OVER'})")
+    print(
+        f"store size: {mb:.1f} MB ({full:,} full-resolution points for the last "
+        f"{hours_full:g} h, {rolled:,} 1-minute rollups)"
+    )
+    print(
+        f"without downsampling (estimated): {undownsampled / 1e6:.0f} MB "
+        f"-> downsampling ratio {undownsampled / max(size, 1):.1f}x"
+    )
+    print(
+        f"budget {args.budget_mb:g} MB: {mb / args.budget_mb:.2f} of budget "
+        f"({'OK' if mb <= args.budget_mb else 'OVER'})"
+    )
     return 0 if mb <= args.budget_mb else 1
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def shares(rng: random.Random, n: int, ranks: int, gap: float, noise: float,
-           slow: int) -> list[dict[int, float]]:
+def shares(
+    rng: random.Random, n: int, ranks: int, gap: float, noise: float, slow: int
+) -> list[dict[int, float]]:
     out = []
     for _ in range(n):
         s = {r: max(0.0, 0.05 + rng.gauss(0, noise)) for r in range(ranks)}
@@ -49,8 +50,9 @@ def main() -> int:
     for seed in range(args.seeds):
         rng = random.Random(seed)
         w = StragglerWatch()
-        false_alarms += sum(1 for s in shares(rng, 3600, args.ranks, 0.0, args.noise, 0)
-                            if w.update(s))
+        false_alarms += sum(
+            1 for s in shares(rng, 3600, args.ranks, 0.0, args.noise, 0) if w.update(s)
+        )
     print(f"{args.ranks} ranks, noise σ {args.noise}, {args.seeds} seeds")
     print(f"false alarms over {args.seeds} healthy hours: {false_alarms} flagged intervals")
     print(f"{'slower by':>10} {'peer wait':>10} {'median':>7} {'p95':>5} {'max':>5} {'missed':>7}")
@@ -70,8 +72,10 @@ def main() -> int:
             else:
                 missed += 1
         lat.sort()
-        print(f"{pct:>9}% {gap:>10.3f} {_q(lat, 0.5):>7} {_q(lat, 0.95):>5} "
-              f"{lat[-1] if lat else '-':>5} {missed:>7}")
+        print(
+            f"{pct:>9}% {gap:>10.3f} {_q(lat, 0.5):>7} {_q(lat, 0.95):>5} "
+            f"{lat[-1] if lat else '-':>5} {missed:>7}"
+        )
     return 0
 
 

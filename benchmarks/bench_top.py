@@ -43,22 +43,44 @@ TREE = textwrap.dedent("""
 def proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) of one process so far."""
     text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def in_tmux(argv: list[str], env: dict[str, str], seconds: float, warmup: float = 3.0
-            ) -> float:
+def in_tmux(argv: list[str], env: dict[str, str], seconds: float, warmup: float = 3.0) -> float:
     """CPU seconds per second of ``argv`` running full-screen in an 80x24 tmux."""
     sock = f"bench-top-{uuid.uuid4().hex[:8]}"
     cmd = " ".join(argv) + "; sleep 600"
-    subprocess.run(["tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "b",
-                    "-x", "80", "-y", "24", cmd], env=env, check=True)
+    subprocess.run(
+        [
+            "tmux",
+            "-L",
+            sock,
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "b",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            cmd,
+        ],
+        env=env,
+        check=True,
+    )
     try:
         time.sleep(warmup)
-        shell = int(subprocess.run(["tmux", "-L", sock, "display-message", "-p", "-t", "b",
-                                    "#{pane_pid}"], capture_output=True, text=True,
-                                   check=True).stdout)
+        shell = int(
+            subprocess.run(
+                ["tmux", "-L", sock, "display-message", "-p", "-t", "b", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         kids = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
         pid = int(kids[0])
         c0, t0 = proc_cpu(pid), time.monotonic()
@@ -71,6 +93,7 @@ def in_tmux(argv: list[str], env: dict[str, str], seconds: float, warmup: float 
 
 def spawn_classic(rounds: int) -> float:
     """CPU seconds (ours + children) per spawn of ``iostat -x 1 1`` + ``top -bn1``."""
+
     def cpu() -> float:
         s = resource.getrusage(resource.RUSAGE_SELF)
         c = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -79,16 +102,23 @@ def spawn_classic(rounds: int) -> float:
     c0 = cpu()
     for _ in range(rounds):
         subprocess.run(["iostat", "-x", "1", "1"], stdout=subprocess.DEVNULL, check=True)
-        subprocess.run(["top", "-bn1"], stdout=subprocess.DEVNULL, check=True,
-                       env=dict(os.environ, COLUMNS="80", LINES="24"))
+        subprocess.run(
+            ["top", "-bn1"],
+            stdout=subprocess.DEVNULL,
+            check=True,
+            env=dict(os.environ, COLUMNS="80", LINES="24"),
+        )
     return (cpu() - c0) / rounds
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="measuring time per tool")
-    ap.add_argument("--glances-path", default=None,
-                    help="a directory with glances installed (pip install --target DIR)")
+    ap.add_argument(
+        "--glances-path",
+        default=None,
+        help="a directory with glances installed (pip install --target DIR)",
+    )
     args = ap.parse_args()
     if shutil.which("tmux") is None:
         print("tmux is needed", file=sys.stderr)
@@ -101,13 +131,17 @@ def main() -> int:
     try:
         results["stallscope top --pid (9 procs)"] = in_tmux(
             [sys.executable, "-m", "stallscope", "top", "--pid", str(root), "--interval", "1"],
-            env, args.seconds)
+            env,
+            args.seconds,
+        )
         results["stallscope top (machine only)"] = in_tmux(
-            [sys.executable, "-m", "stallscope", "top", "--interval", "1"], env, args.seconds)
+            [sys.executable, "-m", "stallscope", "top", "--interval", "1"], env, args.seconds
+        )
         if args.glances_path:
             genv = dict(env, PYTHONPATH=args.glances_path)
             results["glances -t 1"] = in_tmux(
-                [sys.executable, "-m", "glances", "-t", "1"], genv, args.seconds, warmup=5.0)
+                [sys.executable, "-m", "glances", "-t", "1"], genv, args.seconds, warmup=5.0
+            )
         if shutil.which("iostat") and shutil.which("top"):
             results["spawn iostat -x 1 1 + top -bn1"] = spawn_classic(20)
     finally:

@@ -64,16 +64,22 @@ def measure(seconds: float = 10.0, slice_s: float = 0.5) -> list[CoreSpeed]:
     """Every usable core at once for ``seconds`` (the machine is busy meanwhile)."""
     cores = sorted(os.sched_getaffinity(0))
     start = time.time() + 0.5  # every child pinned and waiting before the first slice
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(c), repr(start),
-                               repr(seconds), repr(slice_s)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for c in cores]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(c), repr(start), repr(seconds), repr(slice_s)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in cores
+    ]
     out = []
     for c, p in zip(cores, procs, strict=True):
         stdout, err = p.communicate(timeout=seconds + 30)
         if p.returncode != 0:
-            raise RuntimeError(f"the speed probe on cpu {c} exited {p.returncode}: "
-                               f"{_last_line(err)}")
+            raise RuntimeError(
+                f"the speed probe on cpu {c} exited {p.returncode}: {_last_line(err)}"
+            )
         out.append(CoreSpeed(c, [float(x) for x in json.loads(stdout)]))
     return out
 
@@ -94,8 +100,12 @@ def line(seconds: float = 6.0) -> str:
 
 def summary(speeds: list[CoreSpeed]) -> str:
     """One line: each core's slices min–median–max and their spread."""
-    parts = [f"cpu{s.cpu} {min(s.rates):,.0f}–{statistics.median(s.rates):,.0f}–"
-             f"{max(s.rates):,.0f} (spread {s.spread:.0%})" for s in speeds if s.rates]
+    parts = [
+        f"cpu{s.cpu} {min(s.rates):,.0f}–{statistics.median(s.rates):,.0f}–"
+        f"{max(s.rates):,.0f} (spread {s.spread:.0%})"
+        for s in speeds
+        if s.rates
+    ]
     return "CPU speed (a fixed loop, min–median–max per 0.5-s slice): " + "; ".join(parts)
 
 

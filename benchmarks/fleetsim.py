@@ -22,8 +22,13 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FIXTURE = (Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ddp-steps"
-           / "gloo-2rank-cpu.json")
+FIXTURE = (
+    Path(__file__).resolve().parent.parent
+    / "tests"
+    / "fixtures"
+    / "ddp-steps"
+    / "gloo-2rank-cpu.json"
+)
 
 __all__ = ["FIXTURE", "Fault", "Job", "Recording", "load_recording"]
 
@@ -48,8 +53,9 @@ def _median(xs: list[float]) -> float:
 DETREND_STEPS = 101
 
 
-def _detrended(waits: list[float], owns: list[float], steps: int
-               ) -> tuple[list[float], list[float]]:
+def _detrended(
+    waits: list[float], owns: list[float], steps: int
+) -> tuple[list[float], list[float]]:
     """Each step's (wait, own time) divided by the moving mean of own times around it (a
     circular window of ``steps``: the replay loops), times the rank's overall mean: the step's
     jitter stays, stretches of the recording where the rank ran slower for seconds go."""
@@ -80,8 +86,10 @@ def load_recording(path: Path = FIXTURE, detrend_steps: int = DETREND_STEPS) -> 
     doc = json.loads(path.read_text())
     ranks = [doc["ranks"][k] for k in sorted(doc["ranks"], key=int)]
     n = min(len(r) for r in ranks)
-    pairs = [_detrended([w for w, _h, _c in r[:n]], [w + h - c for w, h, c in r[:n]],
-                        detrend_steps) for r in ranks]
+    pairs = [
+        _detrended([w for w, _h, _c in r[:n]], [w + h - c for w, h, c in r[:n]], detrend_steps)
+        for r in ranks
+    ]
     common = _median([_median(o) for _w, o in pairs])
     scaled = []
     for waits, o in pairs:
@@ -132,11 +140,13 @@ class Job:
     def _active(self, t: float) -> list[Fault]:
         return [f for f in self.faults if f.start <= t < f.end]
 
-    def steps_until(self, now: float) -> dict[str, list[tuple[int, int, float, float, float,
-                                                              float]]]:
+    def steps_until(
+        self, now: float
+    ) -> dict[str, list[tuple[int, int, float, float, float, float]]]:
         """Steps that ended by ``now``, per node: (rank, step, ts, wait_s, host_s, comm_s)."""
         out: dict[str, list[tuple[int, int, float, float, float, float]]] = {
-            n: [] for n in self.nodes}
+            n: [] for n in self.nodes
+        }
         n = len(self.rec.comm)
         while True:
             slow: dict[int, tuple[float, str]] = {}
@@ -158,16 +168,22 @@ class Job:
                 return out
             self.t += step
             for r in range(self.size):
-                out[self.node_of(r)].append((r, self.k, self.t, waits[r], step - waits[r],
-                                             step - owns[r]))
+                out[self.node_of(r)].append(
+                    (r, self.k, self.t, waits[r], step - waits[r], step - owns[r])
+                )
             self.k += 1
 
 
-def schedule(job: Job, rng: random.Random, start: float, end: float,
-             xs: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5),
-             length_s: tuple[float, float] = (60.0, 90.0),
-             gap_s: tuple[float, float] = (60.0, 120.0),
-             node_share: float = 0.25) -> list[Fault]:
+def schedule(
+    job: Job,
+    rng: random.Random,
+    start: float,
+    end: float,
+    xs: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5),
+    length_s: tuple[float, float] = (60.0, 90.0),
+    gap_s: tuple[float, float] = (60.0, 120.0),
+    node_share: float = 0.25,
+) -> list[Fault]:
     """Faults one after another on ``job`` between ``start`` and ``end`` (never two at once:
     a rank slower than another straggler holds no one back): random rank or node, size,
     cause, length and pause."""
@@ -185,8 +201,18 @@ def schedule(job: Job, rng: random.Random, start: float, end: float,
         else:
             ranks = (rng.randrange(job.size),)
             scope = "rank"
-        faults.append(Fault(job.name, ranks, tuple(sorted({job.node_of(r) for r in ranks})),
-                            t, t + length, rng.choice(xs), cause, scope))
+        faults.append(
+            Fault(
+                job.name,
+                ranks,
+                tuple(sorted({job.node_of(r) for r in ranks})),
+                t,
+                t + length,
+                rng.choice(xs),
+                cause,
+                scope,
+            )
+        )
         t += length + rng.uniform(*gap_s)
     job.faults.extend(faults)
     return faults

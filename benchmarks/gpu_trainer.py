@@ -53,10 +53,17 @@ def conv_model(big: bool) -> nn.Module:
     except Exception:  # torchvision missing, or not importable beside this torch
         width = 256 if big else 64
         return nn.Sequential(
-            nn.Conv2d(3, width, 7, stride=2, padding=3), nn.ReLU(),
-            *[m for _ in range(8 if big else 6) for m in (nn.Conv2d(width, width, 3, padding=1),
-                                                          nn.BatchNorm2d(width), nn.ReLU())],
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+            nn.Conv2d(3, width, 7, stride=2, padding=3),
+            nn.ReLU(),
+            *[
+                m
+                for _ in range(8 if big else 6)
+                for m in (nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+            ],
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(width, 10),
+        )
 
 
 def _fail(why: str) -> int:
@@ -104,14 +111,19 @@ def main() -> int:
         model: nn.Module = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev)
         xs = torch.rand(4096, 32, device=dev)
         ys = torch.randint(0, 4, (4096,), device=dev)
-        loader: object = [(xs[i:i + 16], ys[i:i + 16]) for i in range(0, 4096, 16)]
+        loader: object = [(xs[i : i + 16], ys[i : i + 16]) for i in range(0, 4096, 16)]
     else:
         model = conv_model(args.kind == "compute").to(dev)
-        size, cost, workers, batch = ((112, 12.0, 2, 32) if args.kind == "input"
-                                      else (224, 0.0, 6, 128))
-        loader = DataLoader(Images(1_000_000, size, cost), batch_size=batch,
-                            num_workers=workers, pin_memory=dev.type == "cuda",
-                            persistent_workers=True)
+        size, cost, workers, batch = (
+            (112, 12.0, 2, 32) if args.kind == "input" else (224, 0.0, 6, 128)
+        )
+        loader = DataLoader(
+            Images(1_000_000, size, cost),
+            batch_size=batch,
+            num_workers=workers,
+            pin_memory=dev.type == "cuda",
+            persistent_workers=True,
+        )
     if args.probe:
         import stallscope
 
@@ -142,8 +154,9 @@ def main() -> int:
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     print(f"{args.kind}: {steps} steps", flush=True)
-    print(f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
-          flush=True)
+    print(
+        f"data wait: {100 * wait / wall:.1f}% of {wall:.1f} s (measured by the trainer)", flush=True
+    )
     return 0
 
 

@@ -43,11 +43,17 @@ def paired_ratio(pick: Sequence[float], candidates: Mapping[K, Sequence[float]])
     per_round: list[float] = []
     chosen: list[K] = []
     for i in range(n):
-        best = max(candidates, key=lambda k: statistics.median(
-            [x for j, x in enumerate(candidates[k]) if j != i]))
+        best = max(
+            candidates,
+            key=lambda k: statistics.median([x for j, x in enumerate(candidates[k]) if j != i]),
+        )
         chosen.append(best)
         per_round.append(pick[i] / candidates[best][i])
     overall = max(candidates, key=lambda k: statistics.median(candidates[k]))
-    return Paired(ratio=statistics.median(per_round), per_round=per_round, chosen=chosen,
-                  in_sample=statistics.median(pick) / statistics.median(candidates[overall]),
-                  best=overall)
+    return Paired(
+        ratio=statistics.median(per_round),
+        per_round=per_round,
+        chosen=chosen,
+        in_sample=statistics.median(pick) / statistics.median(candidates[overall]),
+        best=overall,
+    )

@@ -88,9 +88,13 @@ def scrapes(job: Job, horizon: float) -> list[tuple[float, list[tuple[float, flo
     return out
 
 
-def activations(job: Job, horizon: float, p: Params, phase: float | None = None,
-                spans: list[tuple[float, float, int]] | None = None
-                ) -> tuple[list[tuple[float, int]], float, float]:
+def activations(
+    job: Job,
+    horizon: float,
+    p: Params,
+    phase: float | None = None,
+    spans: list[tuple[float, float, int]] | None = None,
+) -> tuple[list[tuple[float, int]], float, float]:
     """(time, rank) of each activation of the alert, and the highest CUSUM of any rank (the
     main one, then the slow one's: 0 when not modelled).
     ``phase``: the group's first evaluation after each scrape, in seconds (under ``eval_s``;
@@ -103,8 +107,16 @@ def activations(job: Job, horizon: float, p: Params, phase: float | None = None,
     # one detector per window: (window, allowance, cap, ceiling, threshold, clear)
     dets = [(p.window_s, p.allowance, p.cap, 0.3, p.threshold, p.clear)]
     if p.slow_window_s:
-        dets.append((p.slow_window_s, p.slow_allowance, p.slow_cap, p.slow_ceiling,
-                     p.slow_threshold, p.slow_clear))
+        dets.append(
+            (
+                p.slow_window_s,
+                p.slow_allowance,
+                p.slow_cap,
+                p.slow_ceiling,
+                p.slow_threshold,
+                p.slow_clear,
+            )
+        )
     history = [[[] for _ in range(job.size)] for _ in dets]
     held: list[list[float | None] | None] = [None for _ in dets]
     cusum = [[0.0] * job.size for _ in dets]
@@ -121,13 +133,14 @@ def activations(job: Job, horizon: float, p: Params, phase: float | None = None,
             if j % every:  # the slow share is still the one recorded at its group's last turn
                 shares = held[d]
             else:
-                inside = [k for k in range(max(0, j - per_window), j + 1)
-                          if sc[k][0] > te - window]
+                inside = [k for k in range(max(0, j - per_window), j + 1) if sc[k][0] > te - window]
                 shares = None
                 if len(inside) >= 2:
                     a, b = sc[inside[0]][1], sc[inside[-1]][1]
-                    shares = [(b[r][0] - a[r][0]) / (b[r][1] - a[r][1]) if b[r][1] > a[r][1]
-                              else None for r in range(job.size)]
+                    shares = [
+                        (b[r][0] - a[r][0]) / (b[r][1] - a[r][1]) if b[r][1] > a[r][1] else None
+                        for r in range(job.size)
+                    ]
                 held[d] = shares
             if shares is None or any(x is None for x in shares):
                 rises.append([None] * job.size)
@@ -138,8 +151,11 @@ def activations(job: Job, horizon: float, p: Params, phase: float | None = None,
                 gap = most - (shares[r] or 0.0)
                 hist = history[d][r]
                 base = [g for t, g in hist if te - 60 - 1800 < t <= te - 60]
-                row.append(min(gap - statistics.median(base) - allowance, cap) * scale
-                           if len(base) >= 24 else None)
+                row.append(
+                    min(gap - statistics.median(base) - allowance, cap) * scale
+                    if len(base) >= 24
+                    else None
+                )
                 hist.append((te, gap))
             rises.append(row)
         if all(x is None for row in rises for x in row) and not history[0][0]:
@@ -199,8 +215,11 @@ def faults(p: Params, jobs: int) -> tuple[dict[float, list[float]], dict[float, 
                 lat.setdefault(f.x, []).append(0.0)
             else:
                 missed[f.x] = missed.get(f.x, 0) + 1
-        false += sum(1 for t, r in acts if not any(
-            r in f.ranks and f.start <= t <= f.end + TRAIL_S for f in fl))
+        false += sum(
+            1
+            for t, r in acts
+            if not any(r in f.ranks and f.start <= t <= f.end + TRAIL_S for f in fl)
+        )
     return lat, missed, false
 
 
@@ -210,10 +229,19 @@ def main() -> int:
     ap.add_argument("--allowance", type=float, default=0.02)
     ap.add_argument("--cap", type=float, default=0.075)
     ap.add_argument("--window", type=float, default=15.0, help="rate window, seconds")
-    ap.add_argument("--eval", type=float, default=5.0, choices=(1.0, 2.5, 5.0),
-                    help="the rule group's evaluation interval, seconds")
-    ap.add_argument("--slow-window", type=float, default=60.0,
-                    help="the second, slower CUSUM's rate window, seconds (0: not modelled)")
+    ap.add_argument(
+        "--eval",
+        type=float,
+        default=5.0,
+        choices=(1.0, 2.5, 5.0),
+        help="the rule group's evaluation interval, seconds",
+    )
+    ap.add_argument(
+        "--slow-window",
+        type=float,
+        default=60.0,
+        help="the second, slower CUSUM's rate window, seconds (0: not modelled)",
+    )
     ap.add_argument("--slow-allowance", type=float, default=0.01)
     ap.add_argument("--slow-threshold", type=float, default=0.08)
     ap.add_argument("--slow-cap", type=float, default=0.05)
@@ -222,47 +250,77 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=4, help="healthy jobs (16 ranks each)")
     ap.add_argument("--fault-jobs", type=int, default=8)
     a = ap.parse_args()
-    if a.window < 2 * SCRAPE_S or not 0 < a.threshold < 1 or a.healthy_hours <= 0 \
-            or a.seeds < 1 or a.fault_jobs < 1:
-        print("straggler_rule_model: --window must span two scrapes (>= 10), --threshold lie "
-              "in (0, 1), and --healthy-hours, --seeds, --fault-jobs be positive",
-              file=sys.stderr)
+    if (
+        a.window < 2 * SCRAPE_S
+        or not 0 < a.threshold < 1
+        or a.healthy_hours <= 0
+        or a.seeds < 1
+        or a.fault_jobs < 1
+    ):
+        print(
+            "straggler_rule_model: --window must span two scrapes (>= 10), --threshold lie "
+            "in (0, 1), and --healthy-hours, --seeds, --fault-jobs be positive",
+            file=sys.stderr,
+        )
         return 2
     if min(a.allowance, a.slow_allowance) < 0 or min(a.cap, a.slow_cap) <= 0:
-        print("straggler_rule_model: the allowances must be 0 or more and the caps above 0",
-              file=sys.stderr)
+        print(
+            "straggler_rule_model: the allowances must be 0 or more and the caps above 0",
+            file=sys.stderr,
+        )
         return 2
-    if a.slow_window and (a.slow_window < 2 * SCRAPE_S or not 0 < a.slow_threshold
-                          < a.slow_ceiling):
-        print("straggler_rule_model: --slow-window must span two scrapes (>= 10), and "
-              "--slow-threshold lie between 0 and --slow-ceiling", file=sys.stderr)
+    if a.slow_window and (
+        a.slow_window < 2 * SCRAPE_S or not 0 < a.slow_threshold < a.slow_ceiling
+    ):
+        print(
+            "straggler_rule_model: --slow-window must span two scrapes (>= 10), and "
+            "--slow-threshold lie between 0 and --slow-ceiling",
+            file=sys.stderr,
+        )
         return 2
-    p = Params(a.threshold, a.allowance, a.cap, a.window, eval_s=a.eval,
-               slow_window_s=a.slow_window, slow_allowance=a.slow_allowance,
-               slow_threshold=a.slow_threshold, slow_cap=a.slow_cap,
-               slow_ceiling=a.slow_ceiling)
+    p = Params(
+        a.threshold,
+        a.allowance,
+        a.cap,
+        a.window,
+        eval_s=a.eval,
+        slow_window_s=a.slow_window,
+        slow_allowance=a.slow_allowance,
+        slow_threshold=a.slow_threshold,
+        slow_cap=a.slow_cap,
+        slow_ceiling=a.slow_ceiling,
+    )
     print(f"parameters: {p}")
     for name, detrend in (("raw recording", 0), ("detrended", DETREND_STEPS)):
         false, top, slow_top = healthy(p, a.healthy_hours, a.seeds, detrend)
-        print(f"healthy, {name}: {false} false alarm(s) in {a.seeds} x {a.healthy_hours:g} h "
-              f"of 16 ranks; highest CUSUM {top:.3f}"
-              + (f", slow CUSUM {slow_top:.3f}" if p.slow_window_s else ""))
+        print(
+            f"healthy, {name}: {false} false alarm(s) in {a.seeds} x {a.healthy_hours:g} h "
+            f"of 16 ranks; highest CUSUM {top:.3f}"
+            + (f", slow CUSUM {slow_top:.3f}" if p.slow_window_s else "")
+        )
     lat, missed, false = faults(p, a.fault_jobs)
     big = sorted(x for k, v in lat.items() if k >= 0.1 for x in v)
     ten = sorted(lat.get(0.1, []))
     if big:
         p95 = big[min(len(big) - 1, int(0.95 * len(big)))]
-        print(f"slowdowns >= 10%: {len(big)} found, latency median {statistics.median(big):.1f} "
-              f"s, p95 {p95:.1f} s; 10% alone: " + (
-                  f"median {statistics.median(ten):.1f} s, max {max(ten):.1f} s ({len(ten)})"
-                  if ten else "none"))
+        print(
+            f"slowdowns >= 10%: {len(big)} found, latency median {statistics.median(big):.1f} "
+            f"s, p95 {p95:.1f} s; 10% alone: "
+            + (
+                f"median {statistics.median(ten):.1f} s, max {max(ten):.1f} s ({len(ten)})"
+                if ten
+                else "none"
+            )
+        )
     lost = sum(v for k, v in missed.items() if k >= 0.1)
     five = sorted(lat.get(0.05, []))
-    print(f"recall >= 10%: {len(big) / max(1, len(big) + lost):.3f} ({lost} missed); "
-          f"5%: {len(five)} found" + (f" (median {statistics.median(five):.1f} s, max "
-                                        f"{max(five):.1f} s)" if five else "")
-          + f", {missed.get(0.05, 0)} missed; "
-          f"false alarms among the faults: {false}")
+    print(
+        f"recall >= 10%: {len(big) / max(1, len(big) + lost):.3f} ({lost} missed); "
+        f"5%: {len(five)} found"
+        + (f" (median {statistics.median(five):.1f} s, max {max(five):.1f} s)" if five else "")
+        + f", {missed.get(0.05, 0)} missed; "
+        f"false alarms among the faults: {false}"
+    )
     return 0
 
 

@@ -76,12 +76,22 @@ def main() -> int:
         unshare = shutil.which("unshare")
         if unshare is None:
             raise SystemExit("constrain: unshare (util-linux) not found")
-        argv = [unshare, "--mount", "--propagation", "private", sys.executable,
-                os.path.abspath(__file__), "--in-namespace", *sys.argv[1:]]
+        argv = [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--in-namespace",
+            *sys.argv[1:],
+        ]
         os.execv(unshare, argv)
     if args.shm_size:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.shm_size},mode=1777",
-                        "tmpfs", "/dev/shm"], check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={args.shm_size},mode=1777", "tmpfs", "/dev/shm"],
+            check=True,
+        )
     if args.read_bps:
         if not args.data:
             raise SystemExit("constrain: --read-bps needs --data PATH")

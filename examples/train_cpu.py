@@ -42,8 +42,9 @@ from torch.utils.data import DataLoader, Dataset
 class FileImages(Dataset[tuple[torch.Tensor, int]]):
     """Images stored one per file as raw uint8 (C, H, W) bytes; label in the file name."""
 
-    def __init__(self, root: Path, size: int, prep_cost: int, tail_share: float = 0.0,
-                 tail_times: int = 1) -> None:
+    def __init__(
+        self, root: Path, size: int, prep_cost: int, tail_share: float = 0.0, tail_times: int = 1
+    ) -> None:
         self.files = sorted(root.glob("*.bin"))
         self.size = size
         self.prep_cost = prep_cost
@@ -51,7 +52,7 @@ class FileImages(Dataset[tuple[torch.Tensor, int]]):
         # a fixed share of the samples (the same ones every epoch) whose transform costs
         # tail_times the others': a few slow samples (large images, long clips)
         rng = np.random.default_rng(1)
-        slow = rng.permutation(len(self.files))[:round(tail_share * len(self.files))]
+        slow = rng.permutation(len(self.files))[: round(tail_share * len(self.files))]
         self.slow = frozenset(int(i) for i in slow)
         self.tail_times = tail_times
 
@@ -128,11 +129,20 @@ def evict(root: Path) -> None:
 
 def model_for(kind: str, classes: int) -> nn.Module:
     width = {"tiny": 8, "small": 16, "heavy": 96}[kind]
-    layers: list[nn.Module] = [nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                               nn.Conv2d(width, width * 2, 3, padding=1), nn.ReLU()]
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, width * 2, 3, padding=1),
+        nn.ReLU(),
+    ]
     if kind == "heavy":
-        layers += [nn.Conv2d(width * 2, width * 2, 3, padding=1), nn.ReLU(),
-                   nn.Conv2d(width * 2, width * 2, 3, padding=1), nn.ReLU()]
+        layers += [
+            nn.Conv2d(width * 2, width * 2, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width * 2, width * 2, 3, padding=1),
+            nn.ReLU(),
+        ]
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width * 2, classes)]
     return nn.Sequential(*layers)
 
@@ -161,35 +171,78 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after this long")
-    ap.add_argument("--prep-cost", type=int, default=20, help="extra CPU passes per sample "
-                    "(default 20: an expensive transform; 0 for none)")
+    ap.add_argument(
+        "--prep-cost",
+        type=int,
+        default=20,
+        help="extra CPU passes per sample (default 20: an expensive transform; 0 for none)",
+    )
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the trainer")
-    ap.add_argument("--decode-threads", type=_count, default=0, metavar="N",
-                    help="with --workers 0: decode each batch on N threads of the trainer's own "
-                    "process (loading on threads, not worker processes)")
+    ap.add_argument(
+        "--decode-threads",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="with --workers 0: decode each batch on N threads of the trainer's own "
+        "process (loading on threads, not worker processes)",
+    )
     ap.add_argument("--no-probe", action="store_true", help="do not use stallscope.watch")
-    ap.add_argument("--autotune", action="store_true",
-                    help="stallscope.watch(loader, autotune=True): let stallscope set "
-                    "num_workers and prefetch_factor between epochs")
-    ap.add_argument("--no-persistent", action="store_true",
-                    help="restart the DataLoader workers every epoch (persistent_workers=False)")
-    ap.add_argument("--worker-init-s", type=float, default=0.0, metavar="S",
-                    help="each worker spends S s setting up when it starts (opening a database, "
-                    "loading an index): paid every epoch without persistent workers")
-    ap.add_argument("--tail-share", type=float, default=0.0, metavar="F",
-                    help="this share of the samples (a fixed set) is slow (default 0: none)")
-    ap.add_argument("--tail-times", type=int, default=1, metavar="K",
-                    help="a slow sample's transform costs K times the others' (default 1)")
-    ap.add_argument("--no-in-order", action="store_true",
-                    help="DataLoader(in_order=False): hand batches over as they are ready, "
-                    "not in the sampler's order (PyTorch >= 2.6)")
-    ap.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
-                    help="each step also waits MS ms (a stand-in for a GPU's step: the CPU is "
-                    "left to the loader; default 0)")
-    ap.add_argument("--shm-fill", type=int, default=0, metavar="MIB",
-                    help="occupy this much of /dev/shm while training (shm-pressure demo)")
+    ap.add_argument(
+        "--autotune",
+        action="store_true",
+        help="stallscope.watch(loader, autotune=True): let stallscope set "
+        "num_workers and prefetch_factor between epochs",
+    )
+    ap.add_argument(
+        "--no-persistent",
+        action="store_true",
+        help="restart the DataLoader workers every epoch (persistent_workers=False)",
+    )
+    ap.add_argument(
+        "--worker-init-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="each worker spends S s setting up when it starts (opening a database, "
+        "loading an index): paid every epoch without persistent workers",
+    )
+    ap.add_argument(
+        "--tail-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="this share of the samples (a fixed set) is slow (default 0: none)",
+    )
+    ap.add_argument(
+        "--tail-times",
+        type=int,
+        default=1,
+        metavar="K",
+        help="a slow sample's transform costs K times the others' (default 1)",
+    )
+    ap.add_argument(
+        "--no-in-order",
+        action="store_true",
+        help="DataLoader(in_order=False): hand batches over as they are ready, "
+        "not in the sampler's order (PyTorch >= 2.6)",
+    )
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="each step also waits MS ms (a stand-in for a GPU's step: the CPU is "
+        "left to the loader; default 0)",
+    )
+    ap.add_argument(
+        "--shm-fill",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="occupy this much of /dev/shm while training (shm-pressure demo)",
+    )
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
@@ -207,19 +260,25 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(b"\0" * 1048576)
         t0 = time.perf_counter()
         make_files(root, args.files, args.size, args.classes)
-        print(f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)",
-              flush=True)
-        ds = (ThreadedImages(root, args.size, args.prep_cost, args.decode_threads)
-              if args.decode_threads and not args.workers
-              else FileImages(root, args.size, args.prep_cost, args.tail_share,
-                              args.tail_times))
+        print(
+            f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)", flush=True
+        )
+        ds = (
+            ThreadedImages(root, args.size, args.prep_cost, args.decode_threads)
+            if args.decode_threads and not args.workers
+            else FileImages(root, args.size, args.prep_cost, args.tail_share, args.tail_times)
+        )
         # in_order=False only where it is asked for: the DataLoader's own default otherwise
         extra = {"in_order": False} if args.no_in_order and args.workers else {}
-        loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers,
-                            persistent_workers=args.workers > 0 and not args.no_persistent,
-                            worker_init_fn=_WorkerInit(args.worker_init_s)
-                            if args.workers else None, **extra)
+        loader = DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0 and not args.no_persistent,
+            worker_init_fn=_WorkerInit(args.worker_init_s) if args.workers else None,
+            **extra,
+        )
         watch = None
         if not args.no_probe:
             try:
@@ -234,8 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         for epoch in range(args.epochs):
             if args.cold:
                 evict(root)
-            batches = (watch(loader, autotune=args.autotune) if watch is not None
-                       else loader)
+            batches = watch(loader, autotune=args.autotune) if watch is not None else loader
             seen, loss_sum, t_ep = 0, 0.0, time.perf_counter()
             it = iter(batches)
             while True:
@@ -257,14 +315,18 @@ def main(argv: list[str] | None = None) -> int:
                 if args.max_seconds and time.perf_counter() - start > args.max_seconds:
                     break
             dt = time.perf_counter() - t_ep
-            print(f"epoch {epoch}: loss {loss_sum / max(seen, 1):.3f}, {seen / dt:.0f} "
-                  f"samples/s, {step} steps", flush=True)
+            print(
+                f"epoch {epoch}: loss {loss_sum / max(seen, 1):.3f}, {seen / dt:.0f} "
+                f"samples/s, {step} steps",
+                flush=True,
+            )
             if args.max_seconds and time.perf_counter() - start > args.max_seconds:
                 break
         wall = time.perf_counter() - start
-        print(f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s "
-              "(measured by the trainer)",
-              flush=True)
+        print(
+            f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s (measured by the trainer)",
+            flush=True,
+        )
     finally:
         shm_file.unlink(missing_ok=True)
         if tmp is not None:

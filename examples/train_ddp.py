@@ -42,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prep-cost", type=int, default=0, help="transform cost on every rank")
     ap.add_argument("--slow-rank", type=int, default=-1, help="this rank's transform is slow")
     ap.add_argument("--slow-cost", type=int, default=40, help="the slow rank's transform cost")
-    ap.add_argument("--heavy-rank", type=int, default=-1,
-                    help="this rank computes more per step (a straggler by compute)")
-    ap.add_argument("--heavy-extra", type=int, default=2,
-                    help="extra forward passes per step on the heavy rank")
+    ap.add_argument(
+        "--heavy-rank",
+        type=int,
+        default=-1,
+        help="this rank computes more per step (a straggler by compute)",
+    )
+    ap.add_argument(
+        "--heavy-extra", type=int, default=2, help="extra forward passes per step on the heavy rank"
+    )
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--no-probe", action="store_true")
     args = ap.parse_args(argv)
@@ -61,8 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     cost = args.slow_cost if rank == args.slow_rank else args.prep_cost
     ds = FileImages(root, args.size, cost)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True)
-    loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.workers, persistent_workers=args.workers > 0)
+    loader = DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
     batches_of = loader
     if not args.no_probe:
         from stallscope import watch
@@ -92,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             steps += 1
             # every rank stops at the same step: rank 0 decides and tells the others
-            done.fill_(1.0 if rank == 0 and time.perf_counter() - start > args.max_seconds
-                       else 0.0)
+            done.fill_(1.0 if rank == 0 and time.perf_counter() - start > args.max_seconds else 0.0)
             dist.all_reduce(done)
             if done.item() > 0:
                 break
@@ -101,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             break
         epoch += 1
     wall = time.perf_counter() - start
-    print(f"rank {rank}: data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s, {steps} steps "
-          "(measured by the trainer)", flush=True)
+    print(
+        f"rank {rank}: data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s, {steps} steps "
+        "(measured by the trainer)",
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -88,7 +88,10 @@ def make_dataset(root: Path, args: argparse.Namespace) -> Any:
         n = args.interleave
         ds = tf.data.Dataset.range(n).interleave(
             lambda i: tf.data.Dataset.from_tensor_slices((files, labels)).shard(n, i),
-            cycle_length=n, num_parallel_calls=auto, deterministic=False)
+            cycle_length=n,
+            num_parallel_calls=auto,
+            deterministic=False,
+        )
     par = auto if args.parallel else None
     ds = ds.map(load, num_parallel_calls=par)
     if args.cache:
@@ -101,13 +104,17 @@ def make_dataset(root: Path, args: argparse.Namespace) -> Any:
 
 def make_model(kind: str, size: int, classes: int) -> Any:
     width = {"tiny": 8, "small": 16, "heavy": 96}[kind]
-    layers: list[Any] = [keras.Input((size, size, 3)),
-                         keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
-                         keras.layers.MaxPooling2D(),
-                         keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu")]
+    layers: list[Any] = [
+        keras.Input((size, size, 3)),
+        keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu"),
+    ]
     if kind == "heavy":
-        layers += [keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu"),
-                   keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu")]
+        layers += [
+            keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu"),
+            keras.layers.Conv2D(width * 2, 3, padding="same", activation="relu"),
+        ]
     layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(classes)]
     return keras.Sequential(layers)
 
@@ -143,14 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", action="store_true", help="num_parallel_calls=AUTOTUNE")
     ap.add_argument("--prefetch", action="store_true", help="prefetch(AUTOTUNE) at the end")
     ap.add_argument("--cache", action="store_true", help="cache() the decoded samples")
-    ap.add_argument("--interleave", type=int, default=0, metavar="N",
-                    help="read the files through interleave over N shards")
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="N",
+        help="read the files through interleave over N shards",
+    )
     ap.add_argument("--model", choices=("tiny", "small", "heavy"), default="small")
     ap.add_argument("--cold", action="store_true", help="evict files before each epoch")
     ap.add_argument("--loop", choices=("fit", "custom"), default="fit")
     ap.add_argument("--steps-per-execution", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="TensorFlow intra-op threads (0: TensorFlow's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow intra-op threads (0: TensorFlow's default)",
+    )
     ap.add_argument("--no-probe", action="store_true", help="no stallscope callback or watch")
     args = ap.parse_args(argv)
 
@@ -165,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         make_files(root, args.files, args.size, args.classes)
-        print(f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)",
-              flush=True)
+        print(
+            f"dataset: {args.files} files in {root} ({time.perf_counter() - t0:.1f} s)", flush=True
+        )
         if args.epochs == 0:
             return 0
         ds = make_dataset(root, args)
@@ -174,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         start = time.perf_counter()
         if args.loop == "fit":
-            model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss_fn,
-                          steps_per_execution=args.steps_per_execution)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                loss=loss_fn,
+                steps_per_execution=args.steps_per_execution,
+            )
             callbacks: list[Any] = [_Deadline(args.max_seconds, root if args.cold else None)]
             if not args.no_probe:
                 from stallscope.integrations.keras import StallscopeCallback
@@ -222,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                 if done:
                     break
             wall = time.perf_counter() - start
-            print(f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s (measured by the "
-                  "trainer)", flush=True)
+            print(
+                f"data wait: {100 * wait_total / wall:.1f}% of {wall:.1f} s (measured by the "
+                "trainer)",
+                flush=True,
+            )
         print(f"trained for {time.perf_counter() - start:.1f} s", flush=True)
     finally:
         if tmp is not None:

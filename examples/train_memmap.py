@@ -58,8 +58,8 @@ def get_batch(path: Path, batch: int, block: int, rng: np.random.Generator) -> t
 
     data = np.memmap(path, dtype=np.uint16, mode="r")
     ix = rng.integers(0, len(data) - block - 1, batch)
-    x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+    x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in ix])
     return x, y
 
 
@@ -79,8 +79,12 @@ def main() -> int:
     path = Path(args.data_dir) / "train.bin"
     make_tokens(path, args.mb)
     (drop_cache if args.cold else warm)(path)
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 64), torch.nn.Linear(64, 256),
-                                torch.nn.GELU(), torch.nn.Linear(256, VOCAB))
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, 64),
+        torch.nn.Linear(64, 256),
+        torch.nn.GELU(),
+        torch.nn.Linear(256, VOCAB),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rng = np.random.default_rng(1)
     wait = 0.0

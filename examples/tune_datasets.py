@@ -39,8 +39,9 @@ PASSES = 60
 class Blurred(Dataset[tuple[torch.Tensor, int]]):
     """Synthetic images with ``passes`` blur passes each (the stand-in for decode + augment)."""
 
-    def __init__(self, n: int = 4096, passes: int = 24, files: Path | None = None,
-                 cold: bool = False) -> None:
+    def __init__(
+        self, n: int = 4096, passes: int = 24, files: Path | None = None, cold: bool = False
+    ) -> None:
         self.n = n
         self.passes = passes
         self.files = sorted(files.glob("*.bin"))[:n] if files is not None else None
@@ -75,8 +76,10 @@ def _read(path: Path, cold: bool) -> bytes:
 
 
 def data_dir(n: int = 4000, size: int = 12 << 10) -> Path:
-    root = Path(os.environ.get("STALLSCOPE_TUNE_DATA")
-                or Path(tempfile.gettempdir()) / "stallscope-tune-data")
+    root = Path(
+        os.environ.get("STALLSCOPE_TUNE_DATA")
+        or Path(tempfile.gettempdir()) / "stallscope-tune-data"
+    )
     root.mkdir(parents=True, exist_ok=True)
     have = len(list(root.glob("*.bin")))
     if have < n:
@@ -126,9 +129,16 @@ def step(batch: Any) -> None:
     global _model
     if _model is None:
         torch.manual_seed(0)
-        _model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                               nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        _model = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
+        )
     x, y = batch
     loss = F.cross_entropy(_model(x), y)
     loss.backward()

@@ -71,7 +71,8 @@ mkdir -p artifacts
 # 2-core VM. Compile once, keep the bytecode.
 unset PYTHONDONTWRITEBYTECODE
 .venv/bin/python -m compileall -q -j 0 stallscope tests benchmarks examples >/dev/null
-.venv/bin/ruff check stallscope tests benchmarks examples
+.venv/bin/ruff check stallscope tests benchmarks examples scripts
+.venv/bin/ruff format --check --quiet stallscope tests benchmarks examples scripts
 .venv/bin/mypy
 heavy="slow or prometheus or alertmanager or chromium or tmux or tensorflow or torchrun or fio"
 started=$SECONDS

@@ -41,9 +41,18 @@ def shown(name: str, value: str) -> str:
     return f"{name}='{plain(value, SHOWN_LIMIT)}'"
 
 
-def env_number(name: str, cast: Callable[[str], N], lo: float, hi: float, default: N, *,
-               kind: str = "", instead: str = "", env: Mapping[str, str] | None = None,
-               logger: str = LOGGER) -> N:
+def env_number(
+    name: str,
+    cast: Callable[[str], N],
+    lo: float,
+    hi: float,
+    default: N,
+    *,
+    kind: str = "",
+    instead: str = "",
+    env: Mapping[str, str] | None = None,
+    logger: str = LOGGER,
+) -> N:
     """``$name`` as ``cast`` (int or float), finite and between ``lo`` and ``hi``; ``default``
     when it is unset or empty. Anything else is one warning on ``logger``, as the command-line
     options word it (``STALLSCOPE_INTERVAL must be a number of seconds between 0.1 and 3600,
@@ -63,6 +72,9 @@ def env_number(name: str, cast: Callable[[str], N], lo: float, hi: float, defaul
         return v
     if (name, text) not in _said:
         _said.add((name, text))
-        warn(f"{name} must be {what} between {_num(lo)} and {_num(hi)}, got "
-             f"'{plain(text, SHOWN_LIMIT)}'; {instead or f'using {_num(default)}'}", logger)
+        warn(
+            f"{name} must be {what} between {_num(lo)} and {_num(hi)}, got "
+            f"'{plain(text, SHOWN_LIMIT)}'; {instead or f'using {_num(default)}'}",
+            logger,
+        )
     return default

@@ -78,8 +78,12 @@ class PlainFormatter(logging.Formatter):
 
 
 #: the level names of Go's log/slog, which node_exporter's logfmt lines carry
-_LEVELS = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WARN",
-           logging.ERROR: "ERROR"}
+_LEVELS = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARN",
+    logging.ERROR: "ERROR",
+}
 
 
 def _level_name(levelno: int) -> str:
@@ -116,9 +120,12 @@ class LogfmtFormatter(logging.Formatter):
         secs = int(record.created)
         ms = min(int((record.created - secs) * 1000), 999)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{ms:03d}Z"
-        parts = [f"time={stamp}", f"level={_level_name(record.levelno)}",
-                 f"source={_logfmt_value(_source(record))}",
-                 f"msg={_logfmt_value(record.getMessage())}"]
+        parts = [
+            f"time={stamp}",
+            f"level={_level_name(record.levelno)}",
+            f"source={_logfmt_value(_source(record))}",
+            f"msg={_logfmt_value(record.getMessage())}",
+        ]
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
             parts.append(f"err={_logfmt_value(f'{type(exc).__name__}: {exc}')}")
@@ -169,8 +176,9 @@ _ACTIVE: list[StderrHandler] = []
 
 
 @contextmanager
-def logging_to_stderr(formatter: logging.Formatter,
-                      level: int = logging.WARNING) -> Iterator[StderrHandler]:
+def logging_to_stderr(
+    formatter: logging.Formatter, level: int = logging.WARNING
+) -> Iterator[StderrHandler]:
     """For a command's duration: the ``stallscope`` logger's records of ``level`` or worse, one
     line each on stderr in ``formatter``'s form. Nested (the agent inside the CLI), the inner
     handler stands in for the outer one until it ends. Everything is as before afterwards."""

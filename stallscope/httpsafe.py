@@ -23,8 +23,16 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CREDENTIAL_HEADERS", "MAX_REDIRECTS", "CredentialRedirects", "opener", "redact",
-           "redact_url", "secrets_of", "split_userinfo"]
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "MAX_REDIRECTS",
+    "CredentialRedirects",
+    "opener",
+    "redact",
+    "redact_url",
+    "secrets_of",
+    "split_userinfo",
+]
 
 #: request headers that hold credentials (compared lower-case)
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
@@ -55,8 +63,9 @@ class CredentialRedirects(urllib.request.HTTPRedirectHandler):
     max_redirections = MAX_REDIRECTS
     max_repeats = 2
 
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-                         headers: Any, newurl: str) -> urllib.request.Request | None:
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is None:
             return None
@@ -76,17 +85,23 @@ def opener(ca_file: str | None = None) -> urllib.request.OpenerDirector:
     for https)."""
     handlers: list[Any] = [CredentialRedirects()]
     if ca_file:
-        handlers.append(urllib.request.HTTPSHandler(
-            context=ssl.create_default_context(cafile=ca_file)))
+        handlers.append(
+            urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file))
+        )
     return urllib.request.build_opener(*handlers)
 
 
 def redact_url(url: str) -> str:
     """``url`` without the password of its ``user:password@`` (the user is kept)."""
+
     def mask(m: re.Match[str]) -> str:
         user = m.group("info").split(":", 1)[0]
-        return f"{m.group('scheme')}{user}:{_MASK}@" if ":" in m.group("info") \
+        return (
+            f"{m.group('scheme')}{user}:{_MASK}@"
+            if ":" in m.group("info")
             else f"{m.group('scheme')}{_MASK}@"
+        )
+
     return _USERINFO.sub(mask, url)
 
 
@@ -136,5 +151,4 @@ def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
     info, _, hostport = p.netloc.rpartition("@")
     user, sep, pw = info.partition(":")
     clean = urllib.parse.urlunsplit((p.scheme, hostport, p.path, p.query, p.fragment))
-    return (clean, urllib.parse.unquote(user) or None,
-            urllib.parse.unquote(pw) if sep else None)
+    return (clean, urllib.parse.unquote(user) or None, urllib.parse.unquote(pw) if sep else None)

@@ -38,8 +38,17 @@ from typing import Any
 
 from stallscope.metrics import Metric
 
-__all__ = ["ENTITY_LABELS", "HOST_LABEL", "HOST_LABELS", "EntityLabels", "attrs_of", "entity_of",
-           "host_of", "labels_for", "row_labels"]
+__all__ = [
+    "ENTITY_LABELS",
+    "HOST_LABEL",
+    "HOST_LABELS",
+    "EntityLabels",
+    "attrs_of",
+    "entity_of",
+    "host_of",
+    "labels_for",
+    "row_labels",
+]
 
 #: the label naming the host on GPU, process and step series, spelled as dcgm-exporter spells
 #: it so the two join: ``Hostname`` in every release up to 4.5.3-4.8.2; its main branch spells
@@ -69,34 +78,67 @@ class EntityLabels:
 
 #: whose job a process or GPU is (:mod:`stallscope.sources.owner`), named as dcgm-exporter
 #: names its pod labels and its HPC job label
-_OWNER = (("namespace", "namespace"), ("pod", "pod"), ("container", "container"),
-          ("hpc_job", "hpc_job"))
+_OWNER = (
+    ("namespace", "namespace"),
+    ("pod", "pod"),
+    ("container", "container"),
+    ("hpc_job", "hpc_job"),
+)
 
 ENTITY_LABELS: dict[str, EntityLabels] = {
-    "gpu": EntityLabels("gpu", prefix="gpu",
-                        attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
-                               ("name", "modelName"), *_OWNER),
-                        derived=(("device", "nvidia{}"),), hostname=True),
-    "pid": EntityLabels("pid", attrs=(("role", "role"), ("name", "name"), ("run", "run"),
-                                      ("rank", "rank"), ("ppid", "ppid"), *_OWNER),
-                        hostname=True),
+    "gpu": EntityLabels(
+        "gpu",
+        prefix="gpu",
+        attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"), ("name", "modelName"), *_OWNER),
+        derived=(("device", "nvidia{}"),),
+        hostname=True,
+    ),
+    "pid": EntityLabels(
+        "pid",
+        attrs=(
+            ("role", "role"),
+            ("name", "name"),
+            ("run", "run"),
+            ("rank", "rank"),
+            ("ppid", "ppid"),
+            *_OWNER,
+        ),
+        hostname=True,
+    ),
     # one process on one GPU: the GPU's labels, its pid, and the process's owner
-    "gpu_pid": EntityLabels("gpu", prefix="gpu",
-                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
-                                   ("name", "modelName"), *_OWNER),
-                            derived=(("device", "nvidia{}"),), hostname=True, second="pid"),
+    "gpu_pid": EntityLabels(
+        "gpu",
+        prefix="gpu",
+        attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"), ("name", "modelName"), *_OWNER),
+        derived=(("device", "nvidia{}"),),
+        hostname=True,
+        second="pid",
+    ),
     # one MIG GPU instance (entity ``gpu<N>/gi<ID>``): dcgm-exporter's GPU_I_ID, GPU_I_PROFILE
-    "gpu_mig": EntityLabels("gpu", prefix="gpu",
-                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
-                                   ("name", "modelName"), ("mig_profile", "GPU_I_PROFILE")),
-                            derived=(("device", "nvidia{}"),), hostname=True,
-                            second="GPU_I_ID", sep="/gi"),
+    "gpu_mig": EntityLabels(
+        "gpu",
+        prefix="gpu",
+        attrs=(
+            ("uuid", "UUID"),
+            ("pci_bus_id", "pci_bus_id"),
+            ("name", "modelName"),
+            ("mig_profile", "GPU_I_PROFILE"),
+        ),
+        derived=(("device", "nvidia{}"),),
+        hostname=True,
+        second="GPU_I_ID",
+        sep="/gi",
+    ),
     # XIDs of one GPU per code (entity ``gpu<N>/xid<code>``): the GPU's labels and ``xid``
-    "gpu_xid": EntityLabels("gpu", prefix="gpu",
-                            attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"),
-                                   ("name", "modelName"), *_OWNER),
-                            derived=(("device", "nvidia{}"),), hostname=True,
-                            second="xid", sep="/xid"),
+    "gpu_xid": EntityLabels(
+        "gpu",
+        prefix="gpu",
+        attrs=(("uuid", "UUID"), ("pci_bus_id", "pci_bus_id"), ("name", "modelName"), *_OWNER),
+        derived=(("device", "nvidia{}"),),
+        hostname=True,
+        second="xid",
+        sep="/xid",
+    ),
     "device": EntityLabels("device"),
     "cpu": EntityLabels("cpu", prefix="cpu"),
     "mode": EntityLabels("mode"),
@@ -112,8 +154,9 @@ def _given(v: Any) -> bool:
     return v is not None and v != ""
 
 
-def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str,
-               host_label: str = HOST_LABEL) -> dict[str, str]:
+def labels_for(
+    m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str, host_label: str = HOST_LABEL
+) -> dict[str, str]:
     """The Prometheus labels of one point of metric ``m`` about ``entity`` (whose attributes
     the source gave in its reading's entities)."""
     row = _row(m)
@@ -122,13 +165,18 @@ def labels_for(m: Metric, entity: str, attrs: Mapping[str, Any], hostname: str,
     return row_labels(row, entity, attrs, hostname, host_label)
 
 
-def row_labels(row: EntityLabels, entity: str, attrs: Mapping[str, Any], hostname: str,
-               host_label: str = HOST_LABEL) -> dict[str, str]:
+def row_labels(
+    row: EntityLabels,
+    entity: str,
+    attrs: Mapping[str, Any],
+    hostname: str,
+    host_label: str = HOST_LABEL,
+) -> dict[str, str]:
     """The labels of ``entity`` spelled as ``row`` says (:func:`labels_for` of any metric with
     that row)."""
     if not entity:
         return {host_label: hostname} if row.hostname else {}
-    value = entity[len(row.prefix):] if row.prefix and entity.startswith(row.prefix) else entity
+    value = entity[len(row.prefix) :] if row.prefix and entity.startswith(row.prefix) else entity
     sub = ""
     if row.second:
         value, _, sub = value.partition(row.sep)

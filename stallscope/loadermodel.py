@@ -24,11 +24,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["ALIKE", "AT_READ_LIMIT", "BUSY_SPARE", "CPU_BOUND_SHARE", "KEEPS_UP", "KEEPS_UP_PACE",
-           "MEM_SHARE", "MIN_GAIN", "NEAR_BEST", "OTHERS_BUSY_CORES", "SHM_SHARE", "alike",
-           "gains", "keeps_up", "rate", "shm_fits", "shm_need_mib", "stall_cap", "worker_gain",
-           "workers_for_step", "workers_measured_slower", "workers_target",
-           "workers_to_overlap"]
+__all__ = [
+    "ALIKE",
+    "AT_READ_LIMIT",
+    "BUSY_SPARE",
+    "CPU_BOUND_SHARE",
+    "KEEPS_UP",
+    "KEEPS_UP_PACE",
+    "MEM_SHARE",
+    "MIN_GAIN",
+    "NEAR_BEST",
+    "OTHERS_BUSY_CORES",
+    "SHM_SHARE",
+    "alike",
+    "gains",
+    "keeps_up",
+    "rate",
+    "shm_fits",
+    "shm_need_mib",
+    "stall_cap",
+    "worker_gain",
+    "workers_for_step",
+    "workers_measured_slower",
+    "workers_target",
+    "workers_to_overlap",
+]
 
 #: below this share of the time waiting for data the loader keeps up: more tuning cannot help
 KEEPS_UP = 0.05
@@ -72,9 +92,17 @@ WAIT_MORE_WORKERS = 2
 WAIT_MAX_WORKERS = 32
 
 
-def rate(workers: int, load_s: float, *, cores: float, step_s: float = 0.0,
-         cpu_s: float | None = None, main_cpu_s: float = 0.0, contention: float = 0.0,
-         storage: float | None = None) -> float:
+def rate(
+    workers: int,
+    load_s: float,
+    *,
+    cores: float,
+    step_s: float = 0.0,
+    cpu_s: float | None = None,
+    main_cpu_s: float = 0.0,
+    contention: float = 0.0,
+    storage: float | None = None,
+) -> float:
     """Items per second with ``workers`` workers (the module docstring's bounds). ``cpu_s``:
     the workers' CPU per item (default: ``load_s``, loading all on the CPU); ``main_cpu_s``:
     the trainer's own CPU per item beside them. 0.0 when nothing bounds it (no load, no
@@ -105,8 +133,9 @@ def stall_cap(stall: float | None) -> float:
     return round(1.0 / max(1.0 - min(stall, MAX_STALL), 1.0 - MAX_STALL), 2)
 
 
-def worker_gain(workers: int, target: int, worker_cpu: float, spare_cores: float,
-                stall: float | None) -> float | None:
+def worker_gain(
+    workers: int, target: int, worker_cpu: float, spare_cores: float, stall: float | None
+) -> float | None:
     """The speed-up ``target`` workers promise over ``workers``, when loading is what the
     training waits for, from a run alone: the workers now keep ``worker_cpu`` of a core busy
     each (the CPU bound: their rate is their CPU), a new worker adds at most one core, and no
@@ -131,8 +160,9 @@ def workers_to_overlap(workers: int, stall: float) -> int:
     overlap the waits, 1 / (1 − stall) times today's, at least :data:`WAIT_MORE_WORKERS` more,
     at most :data:`WAIT_MAX_WORKERS` (past the cores is fine: they wait)."""
     need = 1.0 / max(1.0 - stall, 0.1)
-    return min(WAIT_MAX_WORKERS, max(workers + WAIT_MORE_WORKERS,
-                                     math.ceil(max(workers, 1) * need)))
+    return min(
+        WAIT_MAX_WORKERS, max(workers + WAIT_MORE_WORKERS, math.ceil(max(workers, 1) * need))
+    )
 
 
 def workers_for_step(load_s: float, step_s: float, workers: int) -> int:
@@ -143,8 +173,7 @@ def workers_for_step(load_s: float, step_s: float, workers: int) -> int:
     return workers + 1
 
 
-def shm_need_mib(workers: int, prefetch_factor: int = 2, batch_mib: float | None = None
-                 ) -> float:
+def shm_need_mib(workers: int, prefetch_factor: int = 2, batch_mib: float | None = None) -> float:
     """MiB of /dev/shm the workers' batches in flight take: each worker keeps
     ``prefetch_factor`` batches, each passed through shared memory (×2: the worker's copy and
     the one being handed over); a batch of unknown size counts :data:`SHM_BATCH_MIB_UNKNOWN`."""

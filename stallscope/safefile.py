@@ -19,8 +19,15 @@ import errno
 import os
 import stat
 
-__all__ = ["NotOwned", "NotRegular", "is_regular", "owned_dir", "owned_file", "read_bounded",
-           "read_unfollowed"]
+__all__ = [
+    "NotOwned",
+    "NotRegular",
+    "is_regular",
+    "owned_dir",
+    "owned_file",
+    "read_bounded",
+    "read_unfollowed",
+]
 
 
 class NotRegular(OSError):
@@ -63,8 +70,9 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def read_bounded(path: str | os.PathLike[str], limit: int, *, owner: int | None = None,
-                 offset: int = 0) -> tuple[bytes, bool]:
+def read_bounded(
+    path: str | os.PathLike[str], limit: int, *, owner: int | None = None, offset: int = 0
+) -> tuple[bytes, bool]:
     """(at most ``limit`` bytes of the file from ``offset``, whether more was left). Raises
     :class:`NotRegular` for anything but a regular file, without waiting on it, and OSError as
     ``open`` does. ``owner``: read only a file, not a link, that this uid owns
@@ -79,8 +87,9 @@ def read_unfollowed(path: str | os.PathLike[str], limit: int) -> tuple[bytes, bo
     return _read(path, limit, owner=None, offset=0, nofollow=True)
 
 
-def _read(path: str | os.PathLike[str], limit: int, *, owner: int | None, offset: int,
-          nofollow: bool) -> tuple[bytes, bool, int]:
+def _read(
+    path: str | os.PathLike[str], limit: int, *, owner: int | None, offset: int, nofollow: bool
+) -> tuple[bytes, bool, int]:
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if nofollow:
         flags |= os.O_NOFOLLOW

@@ -73,8 +73,8 @@ def split_commands(advice: str) -> tuple[str, list[str]]:
     if not found:
         return advice, []
     last = found[-1]
-    if advice[last.end():].strip(" .;,)"):
+    if advice[last.end() :].strip(" .;,)"):
         prose = _COMMAND.sub("(below)", advice)
     else:
-        prose = _COMMAND.sub("(below)", advice[:last.start()]).rstrip(" :;,(") + ":"
+        prose = _COMMAND.sub("(below)", advice[: last.start()]).rstrip(" :;,(") + ":"
     return prose, [m.group(1) for m in found]

@@ -31,12 +31,14 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             import tomli as toml
         except ImportError:
-            raise TomlFileError("reading TOML needs Python 3.11+ or the tomli package "
-                                "(pip install tomli)") from None
+            raise TomlFileError(
+                "reading TOML needs Python 3.11+ or the tomli package (pip install tomli)"
+            ) from None
     try:
         if not os.path.isfile(path):
-            raise TomlFileError("no such file" if not os.path.exists(path)
-                                else "not a regular file")
+            raise TomlFileError(
+                "no such file" if not os.path.exists(path) else "not a regular file"
+            )
         if os.path.getsize(path) > MAX_BYTES:
             raise TomlFileError(f"larger than {MAX_BYTES // 1_000_000} MB: not a config file")
         with open(path, "rb") as f:
@@ -51,8 +53,7 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TomlFileError(f"not valid TOML ({exc})") from None
     depth = _depth(doc)
     if depth > MAX_DEPTH:
-        raise TomlFileError(f"nested {depth} levels deep (at most {MAX_DEPTH}): not a config "
-                            "file")
+        raise TomlFileError(f"nested {depth} levels deep (at most {MAX_DEPTH}): not a config file")
     return doc
 
 
@@ -64,7 +65,8 @@ def _depth(doc: Any) -> int:
         deepest = max(deepest, d)
         if d > MAX_DEPTH:
             break
-        children = node.values() if isinstance(node, dict) else node if isinstance(
-            node, list) else ()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
         stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
     return deepest

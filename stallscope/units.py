@@ -12,8 +12,21 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["KIB", "MIB", "duration", "finite_or_none", "kib", "memory", "mib", "number", "pct",
-           "rate", "size", "speedup", "throughput"]
+__all__ = [
+    "KIB",
+    "MIB",
+    "duration",
+    "finite_or_none",
+    "kib",
+    "memory",
+    "mib",
+    "number",
+    "pct",
+    "rate",
+    "size",
+    "speedup",
+    "throughput",
+]
 
 KIB = 1024  #: bytes in the kernel's and iostat's "kB"
 MIB = 1024 * 1024  #: bytes in a MiB (memory figures)

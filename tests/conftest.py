@@ -26,9 +26,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 #: the repository
 ROOT = TESTS_DIR.parent
 #: meta.json keys every run has, whichever started it (`stallscope run` or the standalone probe)
-META_KEYS = {"command", "host", "start", "end", "exit_code", "interval_s", "data",
-             "data_devices", "versions", "logical_cores", "physical_cores", "mem_total_mib",
-             "unavailable", "pid", "samples"}
+META_KEYS = {
+    "command",
+    "host",
+    "start",
+    "end",
+    "exit_code",
+    "interval_s",
+    "data",
+    "data_devices",
+    "versions",
+    "logical_cores",
+    "physical_cores",
+    "mem_total_mib",
+    "unavailable",
+    "pid",
+    "samples",
+}
 
 
 def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
@@ -63,7 +77,7 @@ def _present(name: str) -> bool:
         import importlib.util
 
         try:
-            return importlib.util.find_spec(name[len("module:"):]) is not None
+            return importlib.util.find_spec(name[len("module:") :]) is not None
         except ModuleNotFoundError:
             return False
     return shutil.which(name) is not None
@@ -79,8 +93,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 #: markers of tests that run a training or a heavy real component for seconds to a minute
-LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", "torchrun",
-        "fio")
+LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", "torchrun", "fio")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -88,8 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     hands out whole files to two workers in this order (``--dist loadfile
     --no-loadscope-reorder``), so the short files fill in at the end. xdist's own order (most
     tests first) started the 80-s scenario files last, one worker running them alone."""
-    long_files = {item.path for item in items
-                  if any(item.get_closest_marker(m) for m in LONG)}
+    long_files = {item.path for item in items if any(item.get_closest_marker(m) for m in LONG)}
     items.sort(key=lambda item: item.path not in long_files)
 
 
@@ -101,8 +113,11 @@ def fixtures() -> Path:
 def env_without_stallscope(*drop: str) -> dict[str, str]:
     """This process's environment without stallscope's variables (and ``drop``), except the
     test's private state dir: a child must not write to the user's run index."""
-    return {k: v for k, v in os.environ.items()
-            if (k == "STALLSCOPE_STATE_DIR" or not k.startswith("STALLSCOPE_")) and k not in drop}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (k == "STALLSCOPE_STATE_DIR" or not k.startswith("STALLSCOPE_")) and k not in drop
+    }
 
 
 def stallscope_argv(*args: str) -> list[str]:
@@ -180,14 +195,21 @@ def index_lines(path: Path) -> list[str]:
         return []
 
 
-def leaks(runs_before: set[str], runs_after: set[str], index_before: list[str],
-          index_after: list[str], test_roots: tuple[Path, ...]) -> list[str]:
+def leaks(
+    runs_before: set[str],
+    runs_after: set[str],
+    index_before: list[str],
+    index_after: list[str],
+    test_roots: tuple[Path, ...],
+) -> list[str]:
     """What a test session left outside its temporary folders, one line each: run folders new
     in the checkout's runs folder, and lines new in the real user's run index naming a run
     under ``test_roots`` (the session's temporary folders, the checkout). A line naming another
     folder is the user's own run, made beside the suite: not counted."""
-    out = [f"{CHECKOUT_RUNS / name}: a run folder left in the checkout"
-           for name in sorted(runs_after - runs_before)]
+    out = [
+        f"{CHECKOUT_RUNS / name}: a run folder left in the checkout"
+        for name in sorted(runs_after - runs_before)
+    ]
     seen = set(index_before)
     for line in index_after:
         if line in seen or not line.strip():
@@ -240,13 +262,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if before is None:
         return
     runs, index, lines = before
-    found = leaks(runs, run_folders(), lines, index_lines(index),
-                  _test_roots(session.config))
+    found = leaks(runs, run_folders(), lines, index_lines(index), _test_roots(session.config))
     if not found:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    text = ("tests must write only to temporary folders; this session left:\n  "
-            + "\n  ".join(found))
+    text = "tests must write only to temporary folders; this session left:\n  " + "\n  ".join(found)
     if reporter is not None:
         reporter.ensure_newline()
         reporter.write_sep("=", "written outside the tests' temporary folders", red=True)
@@ -264,14 +284,18 @@ def _nothing_left_in_the_checkout() -> Iterator[None]:
     yield
     new = run_folders() - before
     if new:
-        pytest.fail(f"a run was written into the checkout: {sorted(new)} in {CHECKOUT_RUNS}; "
-                    "tests write only to temporary folders (--out, cwd=tmp_path or "
-                    "$STALLSCOPE_OUT)", pytrace=False)
+        pytest.fail(
+            f"a run was written into the checkout: {sorted(new)} in {CHECKOUT_RUNS}; "
+            "tests write only to temporary folders (--out, cwd=tmp_path or "
+            "$STALLSCOPE_OUT)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)
-def _private_state_dir(tmp_path_factory: pytest.TempPathFactory,
-                       monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SMART growth state and the run index go to a temp dir of each test, never the user's
     ~/.local/state (and one test's runs never show up in another's `stallscope runs`)."""
     monkeypatch.setenv("STALLSCOPE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
@@ -287,11 +311,13 @@ def throttled_group() -> Iterator[str]:
         pytest.skip("no cgroup v1 blkio hierarchy to throttle reads with")
     name = f"stallscope-test-{os.getpid()}"
     yield name
-    subprocess.run([sys.executable, str(ROOT / "examples" / "constrain.py"), "--cleanup", name],
-                   check=False)
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "constrain.py"), "--cleanup", name], check=False
+    )
 
 
 # --- shared by the SMART tests (test_health_fuzz, test_smartctl_mutation, test_faults_io) ---
+
 
 def json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Every path (keys and list indices) to a value inside a JSON document, depth first."""
@@ -322,8 +348,16 @@ def print_drives(console: Any, drives: list[Any]) -> None:
 def probe_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A probe test's environment: no run directory, output folder, probe switch, interval or
     launcher ranks from the caller's; every recorder of this process is closed afterwards."""
-    for k in ("STALLSCOPE_RUN_DIR", "STALLSCOPE_OUT", "STALLSCOPE_PROBE", "STALLSCOPE_INTERVAL",
-              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for k in (
+        "STALLSCOPE_RUN_DIR",
+        "STALLSCOPE_OUT",
+        "STALLSCOPE_PROBE",
+        "STALLSCOPE_INTERVAL",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ):
         monkeypatch.delenv(k, raising=False)
     yield
     from stallscope.probe.recorder import reset

@@ -51,7 +51,7 @@ def _wandb_records(data: bytes) -> list[bytes]:
             pos += left_in_block
             continue
         _crc, length, kind = struct.unpack_from("<IHB", data, pos)
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == _FULL:
             records.append(chunk)
@@ -76,6 +76,10 @@ def wandb_history(wandb_dir: Path) -> list[dict[str, Any]]:
             rec = pb.Record()
             rec.ParseFromString(raw)
             if rec.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in rec.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in rec.history.item
+                    }
+                )
     return rows

@@ -18,8 +18,14 @@ from stallscope.units import pct, speedup, throughput
 
 
 def cli(*args: str, cwd: Path | None = None) -> str:
-    r = subprocess.run(stallscope_argv(*args), capture_output=True, text=True, timeout=180,
-                       cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+    r = subprocess.run(
+        stallscope_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert r.returncode == 0, (args, r.stderr[-2000:])
     return r.stdout
 
@@ -42,8 +48,11 @@ def check_one_set(run: Path, tmp: Path, run_stderr: str | None = None) -> dict[s
     cli("report", str(run), "-o", str(report))
     raw_page = report.read_text()
     page = html.unescape(re.sub(r"<[^>]+>", "", raw_page))  # its text, as a reader sees it
-    [listed] = [r for r in json.loads(cli("runs", "--json", "--here", "--out", str(run.parent)))
-                if Path(r["path"]).resolve() == run.resolve()]
+    [listed] = [
+        r
+        for r in json.loads(cli("runs", "--json", "--here", "--out", str(run.parent)))
+        if Path(r["path"]).resolve() == run.resolve()
+    ]
     cmp = json.loads(cli("compare", str(run), str(run), "--json"))
     cmp_text = cli("compare", str(run), str(run))
     sig, summary = doc["signals"], shown["summary"]
@@ -67,8 +76,9 @@ def check_one_set(run: Path, tmp: Path, run_stderr: str | None = None) -> dict[s
     if rate is not None:
         assert rows["samples_per_s"]["a"] == rate
         for name, text in texts.items():
-            assert f"throughput: {throughput(rate)}" in text or \
-                (name == "report" and throughput(rate) in text), (name, throughput(rate))
+            assert f"throughput: {throughput(rate)}" in text or (
+                name == "report" and throughput(rate) in text
+            ), (name, throughput(rate))
         assert throughput(rate).removesuffix(" samples/s") in cmp_text
     # the data-wait share
     stall = doc["stall_fraction"]

@@ -44,8 +44,15 @@ from stallscope.labels import HOST_LABEL, HOST_LABELS
 from stallscope.store.paths import state_dir
 from stallscope.tomlfile import TomlFileError, read_toml
 
-__all__ = ["DEFAULT_LISTEN", "WORKER_SERIES", "AgentConfig", "ConfigError", "default_store_dir",
-           "load_config", "parse_listen"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "WORKER_SERIES",
+    "AgentConfig",
+    "ConfigError",
+    "default_store_dir",
+    "load_config",
+    "parse_listen",
+]
 
 DEFAULT_LISTEN = "127.0.0.1:10127"
 DEFAULT_INTERVAL_S = 5.0
@@ -121,16 +128,20 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be 0-65535, got {port}")
     if not host:
-        raise ValueError(f"must name the address to bind (0.0.0.0 for every interface), "
-                         f"got {text!r}")
+        raise ValueError(
+            f"must name the address to bind (0.0.0.0 for every interface), got {text!r}"
+        )
     return host, port
 
 
 def _seconds(key: str, v: Any, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or not lo <= v <= hi:
-        raise ValueError(f"{key} must be a number of seconds between {lo:g} and {hi:g}, "
-                         f"got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or not lo <= v <= hi
+    ):
+        raise ValueError(f"{key} must be a number of seconds between {lo:g} and {hi:g}, got {v!r}")
     return float(v)
 
 
@@ -154,7 +165,8 @@ def _check(key: str, v: Any) -> Any:
         return os.path.expanduser(v)
     if key == "gpus":
         if not isinstance(v, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v
+        ):
             raise ValueError(f"gpus must be a list of GPU indices such as [0, 1], got {v!r}")
         return sorted(set(v))
     if key == "alerts":
@@ -166,36 +178,47 @@ def _check(key: str, v: Any) -> Any:
             raise ValueError("smtp must be a [smtp] table (docs/alerts.md)")
         return v
     if key in ("devices", "smart"):
-        names = [d.removeprefix("/dev/") if isinstance(d, str) else d
-                 for d in (v if isinstance(v, list) else [None])]
+        names = [
+            d.removeprefix("/dev/") if isinstance(d, str) else d
+            for d in (v if isinstance(v, list) else [None])
+        ]
         if not all(isinstance(d, str) and _DEVICE.match(d) and ".." not in d for d in names):
-            raise ValueError(f"{key} must be a list of block device names such as "
-                             f"[\"nvme0n1\"], got {v!r}")
+            raise ValueError(
+                f'{key} must be a list of block device names such as ["nvme0n1"], got {v!r}'
+            )
         return names
     if key == "host_label":
         if v not in HOST_LABELS:
-            raise ValueError(f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
-                             f"(as the fleet's dcgm-exporter spells it), got {v!r}")
+            raise ValueError(
+                f"host_label must be one of {', '.join(map(repr, HOST_LABELS))} "
+                f"(as the fleet's dcgm-exporter spells it), got {v!r}"
+            )
         return v
     if key == "worker_series":
         if v not in WORKER_SERIES:
-            raise ValueError(f"worker_series must be \"process\" (a series per DataLoader "
-                             f"worker) or \"rank\" (a rank's workers summed), got {v!r}")
+            raise ValueError(
+                f'worker_series must be "process" (a series per DataLoader '
+                f'worker) or "rank" (a rank\'s workers summed), got {v!r}'
+            )
         return v
     if key == "hostname":
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", v):
-            raise ValueError(f"hostname must be a host name (letters, digits, '.', '-', '_'), "
-                             f"got {v!r}")
+            raise ValueError(
+                f"hostname must be a host name (letters, digits, '.', '-', '_'), got {v!r}"
+            )
         return v
     if key == "kubelet_socket":
         if not isinstance(v, str) or "\n" in v or "\0" in v:
-            raise ValueError(f"kubelet_socket must be a socket path (\"\" to never ask the "
-                             f"kubelet), got {v!r}")
+            raise ValueError(
+                f'kubelet_socket must be a socket path ("" to never ask the kubelet), got {v!r}'
+            )
         return os.path.expanduser(v)
     if key == "run_indexes":
         if not isinstance(v, list) or not all(isinstance(p, str) and p.strip() for p in v):
-            raise ValueError(f"run_indexes must be a list of run index paths (glob patterns "
-                             f"allowed) such as [\"/srv/stallscope/runs.txt\"], got {v!r}")
+            raise ValueError(
+                f"run_indexes must be a list of run index paths (glob patterns "
+                f'allowed) such as ["/srv/stallscope/runs.txt"], got {v!r}'
+            )
         return [os.path.expanduser(p) for p in v]
     raise KeyError(key)
 

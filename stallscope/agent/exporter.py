@@ -56,19 +56,33 @@ __all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition"]
 
 #: what the agent exports beside the vocabulary: (name as exposed, type, help)
 AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("stallscope_source_up", "gauge",
-     "1 if the source gave a reading in the latest sample, 0 if it is unavailable or failing"),
-    ("stallscope_gpu_throttle_active", "gauge",
-     "1 while NVML reports this clock event (throttle) reason active, 0 otherwise; label "
-     "reason is NVML's name (nvidia-smi clocks_event_reasons.*)"),
-    ("stallscope_agent_cpu_seconds_total", "counter",
-     "CPU seconds (user+system) the agent process used since it started"),
-    ("stallscope_collector_samples_total", "counter",
-     "samples the collector handed to the sinks since the agent started"),
-    ("stallscope_collector_last_sample_timestamp_seconds", "gauge",
-     "Unix time of the latest sample (stops moving when sampling is stuck)"),
+    (
+        "stallscope_source_up",
+        "gauge",
+        "1 if the source gave a reading in the latest sample, 0 if it is unavailable or failing",
+    ),
+    (
+        "stallscope_gpu_throttle_active",
+        "gauge",
+        "1 while NVML reports this clock event (throttle) reason active, 0 otherwise; label "
+        "reason is NVML's name (nvidia-smi clocks_event_reasons.*)",
+    ),
+    (
+        "stallscope_agent_cpu_seconds_total",
+        "counter",
+        "CPU seconds (user+system) the agent process used since it started",
+    ),
+    (
+        "stallscope_collector_samples_total",
+        "counter",
+        "samples the collector handed to the sinks since the agent started",
+    ),
+    (
+        "stallscope_collector_last_sample_timestamp_seconds",
+        "gauge",
+        "Unix time of the latest sample (stops moving when sampling is stuck)",
+    ),
 )
-
 
 
 def _help(m: Metric) -> str:
@@ -88,8 +102,11 @@ class _Families:
     def get(self, name: str, kind: str, doc: str) -> PromFamily:
         fam = self.by_name.get(name)
         if fam is None:
-            fam = (CounterMetricFamily(name, doc) if kind == "counter"
-                   else GaugeMetricFamily(name, doc))
+            fam = (
+                CounterMetricFamily(name, doc)
+                if kind == "counter"
+                else GaugeMetricFamily(name, doc)
+            )
             self.by_name[name] = fam
         return fam
 
@@ -98,8 +115,9 @@ class _Families:
         fam.add_sample(sample_name, dict(labels), value)
 
 
-def gpu_labels(entity: str, attrs: Mapping[str, Any], hostname: str,
-               host_label: str = HOST_LABEL) -> dict[str, str]:
+def gpu_labels(
+    entity: str, attrs: Mapping[str, Any], hostname: str, host_label: str = HOST_LABEL
+) -> dict[str, str]:
     """dcgm-exporter's labels for GPU ``gpuN`` with its entity attributes."""
     return row_labels(ENTITY_LABELS["gpu"], entity, attrs, hostname, host_label)
 
@@ -139,18 +157,34 @@ class SampleExposition(PromCollector):
         up = fams.get("stallscope_source_up", *helps["stallscope_source_up"])
         for name, is_up in sink.source_up().items():
             fams.add(up, {"source": name}, 1.0 if is_up else 0.0)
-        fams.add(fams.get("stallscope_agent_cpu_seconds_total",
-                          *helps["stallscope_agent_cpu_seconds_total"]), {}, sink.cpu_clock())
-        fams.add(fams.get("stallscope_collector_samples_total",
-                          *helps["stallscope_collector_samples_total"]), {}, float(sink.written))
+        fams.add(
+            fams.get(
+                "stallscope_agent_cpu_seconds_total", *helps["stallscope_agent_cpu_seconds_total"]
+            ),
+            {},
+            sink.cpu_clock(),
+        )
+        fams.add(
+            fams.get(
+                "stallscope_collector_samples_total", *helps["stallscope_collector_samples_total"]
+            ),
+            {},
+            float(sink.written),
+        )
         if sample is not None:
-            fams.add(fams.get("stallscope_collector_last_sample_timestamp_seconds",
-                              *helps["stallscope_collector_last_sample_timestamp_seconds"]),
-                     {}, sample.ts)
+            fams.add(
+                fams.get(
+                    "stallscope_collector_last_sample_timestamp_seconds",
+                    *helps["stallscope_collector_last_sample_timestamp_seconds"],
+                ),
+                {},
+                sample.ts,
+            )
         yield from fams.by_name.values()
 
-    def _points(self, sample: Sample, fams: _Families,
-                owners: Mapping[str, Mapping[str, str]]) -> None:
+    def _points(
+        self, sample: Sample, fams: _Families, owners: Mapping[str, Mapping[str, str]]
+    ) -> None:
         hostname = self.sink.hostname
         entities = {name: r.entities for name, r in sample.readings.items()}
         labels_cache: dict[tuple[str, str, str], dict[str, str]] = {}
@@ -165,8 +199,9 @@ class SampleExposition(PromCollector):
                 attrs = entities.get(m.source, {}).get(p.entity) or {}
                 if m.source == "gpu" and owners:
                     attrs = {**attrs, **owners.get(str(attrs.get("uuid")), {})}
-                labels = labels_cache[key] = labels_for(m, p.entity, attrs, hostname,
-                                                        self.sink.host_label)
+                labels = labels_cache[key] = labels_for(
+                    m, p.entity, attrs, hostname, self.sink.host_label
+                )
             fams.add(fams.get(m.prom, m.kind, doc), labels, p.value * m.prom_scale)
 
     def _train_steps(self, follower: StepFollower, fams: _Families) -> None:
@@ -180,15 +215,19 @@ class SampleExposition(PromCollector):
         if not runs:
             return
         (steps, step_s, wait_s, samples, comm_s, last_ts, first_ts) = (
-            fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS)
+            fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS
+        )
         owners = follower.owners()
         jobs = follower.jobs()
         for run_id, ranks in sorted(runs.items()):
             for rank, t in sorted(ranks.items()):
-                labels = {"run": run_id, "rank": str(rank),
-                          "train_job": jobs.get(run_id, run_id),
-                          self.sink.host_label: self.sink.hostname,
-                          **owners.get(run_id, {})}
+                labels = {
+                    "run": run_id,
+                    "rank": str(rank),
+                    "train_job": jobs.get(run_id, run_id),
+                    self.sink.host_label: self.sink.hostname,
+                    **owners.get(run_id, {}),
+                }
                 fams.add(steps, labels, float(t.steps))
                 fams.add(step_s, labels, t.step_s)
                 fams.add(wait_s, labels, t.wait_s)
@@ -203,8 +242,9 @@ class SampleExposition(PromCollector):
         for name in [name for name, fam in fams.by_name.items() if not fam.samples]:
             del fams.by_name[name]  # no run knew its batch size: no empty family
 
-    def _throttle(self, sample: Sample, fams: _Families,
-                  owners: Mapping[str, Mapping[str, str]]) -> None:
+    def _throttle(
+        self, sample: Sample, fams: _Families, owners: Mapping[str, Mapping[str, str]]
+    ) -> None:
         reading = sample.readings.get("gpu")
         if reading is None or not isinstance(reading.payload, list):
             return
@@ -237,12 +277,17 @@ class PrometheusSink(Sink):
     name = "prometheus"
     wants_counters = True
 
-    def __init__(self, sources: Sequence[str], unavailable: Mapping[str, str] | None = None, *,
-                 hostname: str | None = None, host_label: str = HOST_LABEL,
-                 cpu_clock: Callable[[], float] = time.process_time,
-                 steps: StepFollower | None = None,
-                 gpu_owners: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        sources: Sequence[str],
+        unavailable: Mapping[str, str] | None = None,
+        *,
+        hostname: str | None = None,
+        host_label: str = HOST_LABEL,
+        cpu_clock: Callable[[], float] = time.process_time,
+        steps: StepFollower | None = None,
+        gpu_owners: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
+    ) -> None:
         self.sources = list(dict.fromkeys([*sources, *(unavailable or {})]))
         self.unavailable = dict(unavailable or {})
         self.hostname = hostname if hostname is not None else socket.gethostname()
@@ -277,8 +322,7 @@ class PrometheusSink(Sink):
         sample = self.latest
         if sample is None:
             return {name: False for name in self.sources}
-        return {name: name in sample.readings or name in sample.primed
-                for name in self.sources}
+        return {name: name in sample.readings or name in sample.primed for name in self.sources}
 
     def health(self) -> dict[str, Any]:
         """Per source: up or down and, when down or troubled, why (``/api/v1/health``)."""
@@ -295,9 +339,12 @@ class PrometheusSink(Sink):
                 entry["last_problem"] = problems[name]
             sources[name] = entry
         sample = self.latest
-        return {"sources": sources, "samples": self.written,
-                "last_sample_ts": None if sample is None else sample.ts,
-                "unavailable": dict(self.unavailable)}
+        return {
+            "sources": sources,
+            "samples": self.written,
+            "last_sample_ts": None if sample is None else sample.ts,
+            "unavailable": dict(self.unavailable),
+        }
 
 
 def exported_metrics() -> list[Metric]:

@@ -62,8 +62,9 @@ class TrimSink(Sink):
 
     name = "trim"
 
-    def __init__(self, every_s: float = TRIM_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, every_s: float = TRIM_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.every_s = every_s
         self.clock = clock
         self.trims = 0

@@ -129,9 +129,12 @@ class Agent:
             self.server.server_close()
             raise
         self.server.agent = self
-        self._serving = threading.Thread(target=self.server.serve_forever,
-                                         kwargs={"poll_interval": 0.2},
-                                         name="stallscope-agent-http", daemon=True)
+        self._serving = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="stallscope-agent-http",
+            daemon=True,
+        )
         self._serving.start()
 
     def _start_sampling(self) -> None:
@@ -147,26 +150,37 @@ class Agent:
         # on Kubernetes, the kubelet says which pod holds which GPU (sources/podresources.py)
         self.kubelet = kubelet_client(cfg.kubelet_socket)
         # the processes of the trainings it follows: run, role, rank and owner labels
-        sources.append(TrainerProcs(self.steps, kubelet=self.kubelet,
-                                    worker_series=cfg.worker_series))
+        sources.append(
+            TrainerProcs(self.steps, kubelet=self.kubelet, worker_series=cfg.worker_series)
+        )
         # and where their training threads spend their time (their own sampled stacks)
         sources.append(TrainerStacks(self.steps))
-        self.prom = PrometheusSink([*SOURCE_NAMES, "procs", "stacks"], unavailable,
-                                   steps=self.steps, host_label=cfg.host_label,
-                                   hostname=cfg.hostname,
-                                   gpu_owners=self.kubelet.device_owners
-                                   if self.kubelet is not None else None)
+        self.prom = PrometheusSink(
+            [*SOURCE_NAMES, "procs", "stacks"],
+            unavailable,
+            steps=self.steps,
+            host_label=cfg.host_label,
+            hostname=cfg.hostname,
+            gpu_owners=self.kubelet.device_owners if self.kubelet is not None else None,
+        )
         try:
             self.run_dir = new_run_dir(cfg.store_path(), "agent")
-            self.meta = base_meta(self.argv, start=time.time(), interval_s=cfg.interval_s,
-                                  pid=None, agent={"listen": cfg.listen,
-                                                   "keep_full_s": cfg.keep_full_s,
-                                                   "gpus": cfg.gpus, "devices": cfg.devices,
-                                                   "run_indexes": cfg.run_indexes,
-                                                   "smart": cfg.smart,
-                                                   "alerts": [r.name for r in
-                                                              cfg.rules().rules]},
-                                  unavailable=unavailable)
+            self.meta = base_meta(
+                self.argv,
+                start=time.time(),
+                interval_s=cfg.interval_s,
+                pid=None,
+                agent={
+                    "listen": cfg.listen,
+                    "keep_full_s": cfg.keep_full_s,
+                    "gpus": cfg.gpus,
+                    "devices": cfg.devices,
+                    "run_indexes": cfg.run_indexes,
+                    "smart": cfg.smart,
+                    "alerts": [r.name for r in cfg.rules().rules],
+                },
+                unavailable=unavailable,
+            )
             write_meta(self.run_dir, self.meta)
             self.store = RunStore(self.run_dir / "run.db", cache_kib=STORE_CACHE_KIB)
         except BaseException as exc:
@@ -176,8 +190,9 @@ class Agent:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             if isinstance(exc, (OSError, sqlite3.Error)):
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-                raise StoreError(f"cannot write the agent's store in {cfg.store_path()}: "
-                                 f"{why}") from None
+                raise StoreError(
+                    f"cannot write the agent's store in {cfg.store_path()}: {why}"
+                ) from None
             raise
         self.store_sink = StoreSink(self.store, keep_full_s=cfg.keep_full_s)
         # the alert engine: the shipped defaults and the config's [[alerts]]; every alert is
@@ -185,9 +200,12 @@ class Agent:
         self.alerts = AlertSink(cfg.rules(), run=str(self.run_dir))
         self.alerts.findings_dir = self.run_dir  # `finding` rules: the agent's own run
         # a resident set that stays flat for days (agent/memory.py)
-        self.collector = Collector(sources, [self.prom, self.store_sink, self.alerts,
-                                             TrimSink()],
-                                   interval=cfg.interval_s, unavailable=unavailable)
+        self.collector = Collector(
+            sources,
+            [self.prom, self.store_sink, self.alerts, TrimSink()],
+            interval=cfg.interval_s,
+            unavailable=unavailable,
+        )
         self.collector.start()
 
     # --- what the API answers -------------------------------------------------------------------
@@ -196,9 +214,12 @@ class Agent:
         sample = self.prom.latest
         if sample is None:
             return None
-        return snapshot_doc(sample.ts, self.config.interval_s,
-                            {name: r.payload for name, r in sample.readings.items()},
-                            self.prom.unavailable)
+        return snapshot_doc(
+            sample.ts,
+            self.config.interval_s,
+            {name: r.payload for name, r in sample.readings.items()},
+            self.prom.unavailable,
+        )
 
     def health(self) -> dict[str, Any]:
         doc = self.prom.health()
@@ -208,12 +229,12 @@ class Agent:
         firing = sorted(self.alerts.engine.firing()) if self.alerts is not None else []
         doc["alerts_firing"] = [{"alert": n, "entity": e} for n, e in firing]
         if self.kubelet is not None:  # where pod names come from, and why not when they don't
-            doc["kubelet"] = {"socket": self.kubelet.socket_path,
-                              "problem": self.kubelet.problem}
+            doc["kubelet"] = {"socket": self.kubelet.socket_path, "problem": self.kubelet.problem}
         return doc
 
-    def history(self, metric: str, entity: str | None, since_ts: float
-                ) -> list[tuple[str, list[list[float]]]]:
+    def history(
+        self, metric: str, entity: str | None, since_ts: float
+    ) -> list[tuple[str, list[list[float]]]]:
         """Points of ``metric`` newer than ``since_ts`` from the run store, per entity; read
         through a connection of its own (WAL: readers never block the writer)."""
         if self.run_dir is None:
@@ -249,8 +270,9 @@ class Agent:
             self.kubelet.close()
         if self.store is None or self.run_dir is None:
             return
-        self.meta.update(end=time.time(), exit_code=0,
-                         samples=self.collector.samples if self.collector else 0)
+        self.meta.update(
+            end=time.time(), exit_code=0, samples=self.collector.samples if self.collector else 0
+        )
         try:
             write_meta(self.run_dir, self.meta)
         except OSError as exc:

@@ -39,8 +39,14 @@ from stallscope.stats import json_finite
 if TYPE_CHECKING:
     from stallscope.agent.node import Agent
 
-__all__ = ["AgentHTTPServer", "ListenError", "choose_format", "gzip_wanted", "make_server",
-           "port_holder"]
+__all__ = [
+    "AgentHTTPServer",
+    "ListenError",
+    "choose_format",
+    "gzip_wanted",
+    "make_server",
+    "port_holder",
+]
 
 log = logging.getLogger("stallscope.agent")
 
@@ -77,8 +83,12 @@ class AgentHTTPServer(ThreadingHTTPServer):
         exc = sys.exc_info()[1]
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return
-        log.warning("a request from %s failed: %s: %s", client_address[0], type(exc).__name__,
-                    str(exc)[:200])
+        log.warning(
+            "a request from %s failed: %s: %s",
+            client_address[0],
+            type(exc).__name__,
+            str(exc)[:200],
+        )
 
 
 class _V6Server(AgentHTTPServer):
@@ -94,9 +104,11 @@ def make_server(host: str, port: int) -> AgentHTTPServer:
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if exc.errno == errno.EADDRINUSE:
             holder = port_holder(port)
-            why = (f"address already in use{f' by {holder}' if holder else ''} (dcgm-exporter "
-                   "listens on 9400, node_exporter on 9100); give another with --listen "
-                   "HOST:PORT or `listen` in the config")
+            why = (
+                f"address already in use{f' by {holder}' if holder else ''} (dcgm-exporter "
+                "listens on 9400, node_exporter on 9100); give another with --listen "
+                "HOST:PORT or `listen` in the config"
+            )
         elif exc.errno == errno.EACCES:
             why = "permission denied (ports below 1024 need root)"
         elif exc.errno == errno.EADDRNOTAVAIL:
@@ -156,10 +168,17 @@ class Handler(BaseHTTPRequestHandler):
         # the request's body is not read: close the connection rather than parse it as the
         # next request
         self.close_connection = True
-        self._send(405, "application/json",
-                   _json({"error": f"method {self.command} not allowed (only GET and HEAD; "
-                                   "this API changes nothing)"}),
-                   extra={"Allow": _ALLOW, "Connection": "close"})
+        self._send(
+            405,
+            "application/json",
+            _json(
+                {
+                    "error": f"method {self.command} not allowed (only GET and HEAD; "
+                    "this API changes nothing)"
+                }
+            ),
+            extra={"Allow": _ALLOW, "Connection": "close"},
+        )
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # a scrape every 15 s is not news; errors are answered to the client
@@ -184,8 +203,14 @@ class Handler(BaseHTTPRequestHandler):
             elif url.path == "/api/v1/health":
                 doc = {**agent.health(), "scrapes": dict(self.server.scrapes or {})}
             elif url.path == "/":
-                doc = {"endpoints": ["/metrics", "/api/v1/snapshot", "/api/v1/history",
-                                     "/api/v1/health"]}
+                doc = {
+                    "endpoints": [
+                        "/metrics",
+                        "/api/v1/snapshot",
+                        "/api/v1/history",
+                        "/api/v1/health",
+                    ]
+                }
             else:
                 raise _BadRequest(404, f"no such endpoint: {url.path}")
         except _BadRequest as exc:
@@ -219,11 +244,16 @@ class Handler(BaseHTTPRequestHandler):
             raise _BadRequest(400, "metric is required, e.g. ?metric=host.cpu_pct")
         m = lookup(metric)
         if m is None:
-            raise _BadRequest(400, f"unknown metric {metric!r} (names: stallscope/metrics.py, "
-                                   "e.g. host.cpu_pct, disk.r_await_ms)")
+            raise _BadRequest(
+                400,
+                f"unknown metric {metric!r} (names: stallscope/metrics.py, "
+                "e.g. host.cpu_pct, disk.r_await_ms)",
+            )
         if m.kind == "counter":
-            raise _BadRequest(400, f"{metric} is a raw counter, exported on /metrics only; "
-                                   "the store keeps its rate")
+            raise _BadRequest(
+                400,
+                f"{metric} is a raw counter, exported on /metrics only; the store keeps its rate",
+            )
         entity = query["entity"][0] if "entity" in query else None
         since_text = (query.get("since") or [str(DEFAULT_SINCE_S)])[0]
         try:
@@ -231,15 +261,26 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise _BadRequest(400, f"since must be seconds, got {since_text!r}") from None
         if not math.isfinite(since) or not 0 < since <= MAX_SINCE_S:
-            raise _BadRequest(400, f"since must be between 0 and {MAX_SINCE_S:g} seconds, "
-                                   f"got {since_text!r}")
+            raise _BadRequest(
+                400, f"since must be between 0 and {MAX_SINCE_S:g} seconds, got {since_text!r}"
+            )
         series = agent.history(metric, entity, time.time() - since)
-        return {"metric": metric, "unit": m.unit, "since_s": since,
-                "series": [{"entity": ent, "points": pts} for ent, pts in series]}
+        return {
+            "metric": metric,
+            "unit": m.unit,
+            "since_s": since,
+            "series": [{"entity": ent, "points": pts} for ent, pts in series],
+        }
 
     # --- output ---------------------------------------------------------------------------------
-    def _send(self, status: int, ctype: str, body: bytes, send_body: bool = True,
-              extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        ctype: str,
+        body: bytes,
+        send_body: bool = True,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))

@@ -50,30 +50,53 @@ __all__ = ["STEP_METRICS", "RankTotals", "StepFollower", "runs_of_indexes"]
 
 #: what the agent exports per rank of a followed run: (name as exposed, type, help)
 STEP_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("stallscope_train_steps_total", "counter",
-     "training steps the probe recorded (stallscope.watch), per run and rank"),
-    ("stallscope_train_step_seconds_total", "counter",
-     "wall time of those steps: data wait plus compute and the rest, seconds"),
-    ("stallscope_train_data_wait_seconds_total", "counter",
-     "time the training loop waited for its next batch (data wait), seconds"),
-    ("stallscope_train_samples_total", "counter",
-     "samples in those steps (when the probe knows the batch size)"),
-    ("stallscope_train_comm_wait_seconds_total", "counter",
-     "time those steps waited in collectives (DDP's gradient all-reduce, torch.distributed "
-     "calls), part of the step's compute side, seconds (when the probe timed any)"),
-    ("stallscope_train_last_step_timestamp_seconds", "gauge",
-     "Unix time the latest recorded step's batch was handed over"),
-    ("stallscope_train_first_step_timestamp_seconds", "gauge",
-     "Unix time the run's first recorded step's batch was handed over (when the run began)"),
+    (
+        "stallscope_train_steps_total",
+        "counter",
+        "training steps the probe recorded (stallscope.watch), per run and rank",
+    ),
+    (
+        "stallscope_train_step_seconds_total",
+        "counter",
+        "wall time of those steps: data wait plus compute and the rest, seconds",
+    ),
+    (
+        "stallscope_train_data_wait_seconds_total",
+        "counter",
+        "time the training loop waited for its next batch (data wait), seconds",
+    ),
+    (
+        "stallscope_train_samples_total",
+        "counter",
+        "samples in those steps (when the probe knows the batch size)",
+    ),
+    (
+        "stallscope_train_comm_wait_seconds_total",
+        "counter",
+        "time those steps waited in collectives (DDP's gradient all-reduce, torch.distributed "
+        "calls), part of the step's compute side, seconds (when the probe timed any)",
+    ),
+    (
+        "stallscope_train_last_step_timestamp_seconds",
+        "gauge",
+        "Unix time the latest recorded step's batch was handed over",
+    ),
+    (
+        "stallscope_train_first_step_timestamp_seconds",
+        "gauge",
+        "Unix time the run's first recorded step's batch was handed over (when the run began)",
+    ),
 )
 
 #: index files read per pattern of ``run_indexes`` (a user per index: more than any node has)
 MAX_INDEXES = 4096
 
 #: a step row the totals take (the store's own checks: finite, not negative)
-_ROW_OK = ("typeof(rank)='integer' AND typeof(step)='integer' AND typeof(ts)='real' "
-           "AND typeof(wait_s)='real' AND typeof(host_s)='real' AND wait_s >= 0 "
-           "AND host_s >= 0 AND wait_s < 1e9 AND host_s < 1e9 AND ts < 1e15")
+_ROW_OK = (
+    "typeof(rank)='integer' AND typeof(step)='integer' AND typeof(ts)='real' "
+    "AND typeof(wait_s)='real' AND typeof(host_s)='real' AND wait_s >= 0 "
+    "AND host_s >= 0 AND wait_s < 1e9 AND host_s < 1e9 AND ts < 1e15"
+)
 
 
 def runs_of_indexes(patterns: list[str]) -> Callable[[], list[Path]]:
@@ -135,9 +158,14 @@ class StepFollower:
     ``runs``: where the run directories come from (default: the index); ``clock``: the time
     for the grace period. Thread-safe: scrapes may come from several threads."""
 
-    def __init__(self, runs: Callable[[], list[Path]] = indexed_runs, *,
-                 clock: Callable[[], float] = time.monotonic, grace_s: float = 300.0,
-                 rescan_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        runs: Callable[[], list[Path]] = indexed_runs,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        grace_s: float = 300.0,
+        rescan_s: float = 2.0,
+    ) -> None:
         self.runs = runs
         self.clock = clock
         self.grace_s = grace_s
@@ -172,8 +200,11 @@ class StepFollower:
             self._refresh()
             out: dict[str, tuple[int, dict[int, int]]] = {}
             for f in self._followed.values():
-                if f.ended_at is not None or f.pid is None \
-                        or not monitor_alive(f.pid, f.start, f.stamp):
+                if (
+                    f.ended_at is not None
+                    or f.pid is None
+                    or not monitor_alive(f.pid, f.start, f.stamp)
+                ):
                     continue  # ended, not started yet, or its trainer is gone
                 out[f.run_id] = (f.pid, self._probe_pids(f))
             return out
@@ -216,8 +247,9 @@ class StepFollower:
         :mod:`stallscope.agent.trainstacks`)."""
         with self._lock:
             self._refresh()
-            return {f.run_id: (f.run_dir, f.uid) for f in self._followed.values()
-                    if f.ended_at is None}
+            return {
+                f.run_id: (f.run_dir, f.uid) for f in self._followed.values() if f.ended_at is None
+            }
 
     def close(self) -> None:
         with self._lock:
@@ -276,8 +308,9 @@ class StepFollower:
             if f.uid is None or not _db_owned(db, f.uid):
                 return False
             try:
-                f.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.2,
-                                         check_same_thread=False)
+                f.conn = sqlite3.connect(
+                    f"file:{db}?mode=ro", uri=True, timeout=0.2, check_same_thread=False
+                )
             except sqlite3.Error:
                 return False
         return True
@@ -287,8 +320,10 @@ class StepFollower:
         if not self._connect(f) or f.conn is None:
             return {}
         try:
-            rows = f.conn.execute("SELECT pid, rank FROM probes WHERE typeof(pid)='integer' "
-                                  "AND typeof(rank)='integer'").fetchall()
+            rows = f.conn.execute(
+                "SELECT pid, rank FROM probes WHERE typeof(pid)='integer' "
+                "AND typeof(rank)='integer'"
+            ).fetchall()
         except sqlite3.Error:
             return {}
         return {int(pid): int(rank) for pid, rank in rows}
@@ -297,12 +332,15 @@ class StepFollower:
         if not self._connect(f) or f.conn is None:
             return
         try:  # a run.db from before communication time has no comm_s
-            where, args = steps_after({r: t.last_step for r, t in f.ranks.items()},
-                                      step_ranks(f.conn))
-            q = (f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)}, "
-                 f"{n_column(f.conn)} FROM steps WHERE ({_ROW_OK})"
-                 + (f" AND ({where})" if where else "")
-                 + " ORDER BY rank, step")
+            where, args = steps_after(
+                {r: t.last_step for r, t in f.ranks.items()}, step_ranks(f.conn)
+            )
+            q = (
+                f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)}, "
+                f"{n_column(f.conn)} FROM steps WHERE ({_ROW_OK})"
+                + (f" AND ({where})" if where else "")
+                + " ORDER BY rank, step"
+            )
             rows = f.conn.execute(q, args).fetchall()
         except sqlite3.Error:
             return  # no steps table yet, or busy: the next scrape tries again

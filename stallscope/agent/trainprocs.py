@@ -57,8 +57,13 @@ class TrainerProcs(Source):
     name = "procs"
     transient_entities = True
 
-    def __init__(self, follower: StepFollower, proc_root: str = "/proc",
-                 kubelet: Any = None, worker_series: str = "process") -> None:
+    def __init__(
+        self,
+        follower: StepFollower,
+        proc_root: str = "/proc",
+        kubelet: Any = None,
+        worker_series: str = "process",
+    ) -> None:
         if worker_series not in ("process", "rank"):
             raise ValueError(f"worker_series must be 'process' or 'rank', got {worker_series!r}")
         self.follower = follower
@@ -114,8 +119,10 @@ class TrainerProcs(Source):
             pid_rank = ranks_of.get(run_id, {})
             known = src.entities(payload)
             # the parents as this sample read them (a pid reused by a new worker has a new one)
-            now_attrs = {pid: {**(known.get(pid) or {}), "ppid": rec.get("ppid")}
-                         for pid, rec in payload.items()}
+            now_attrs = {
+                pid: {**(known.get(pid) or {}), "ppid": rec.get("ppid")}
+                for pid, rec in payload.items()
+            }
             procs = [{"entity": pid, "attrs": a} for pid, a in now_attrs.items()]
             roles = infer_roles(procs, {str(p) for p in pid_rank})
             parent = {pid: str(a.get("ppid")) for pid, a in now_attrs.items()}
@@ -145,8 +152,9 @@ class TrainerProcs(Source):
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {pid: self._attrs[pid] for pid in payload if pid in self._attrs}
 
-    def _by_rank(self, out: dict[str, Any], attrs: dict[str, dict[str, Any]]
-                 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    def _by_rank(
+        self, out: dict[str, Any], attrs: dict[str, dict[str, Any]]
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """The workers of each trainer summed into one entity (``worker_series="rank"``)."""
         parent = {pid: str(a.get("ppid")) for pid, a in attrs.items()}
         mains = {pid for pid, a in attrs.items() if a.get("role") == "main"}

@@ -59,8 +59,9 @@ class TrainerStacks(Source):
         return out
 
     def points(self, payload: dict[str, Any]) -> list[Point]:
-        return [Point(f"stacks.{k}", pid, float(v)) for pid, d in payload.items()
-                for k, v in d.items()]
+        return [
+            Point(f"stacks.{k}", pid, float(v)) for pid, d in payload.items() for k, v in d.items()
+        ]
 
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {pid: self._attrs[pid] for pid in payload if pid in self._attrs}

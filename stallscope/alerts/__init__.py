@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from stallscope.alerts.engine import AlertEngine, Transition
 from stallscope.alerts.rulefile import (
-           DEFAULT_RULES,
-           Action,
-           Rule,
-           RulesFile,
-           load_rules,
-           parse_rules,
+    DEFAULT_RULES,
+    Action,
+    Rule,
+    RulesFile,
+    load_rules,
+    parse_rules,
 )
 
-__all__ = ["DEFAULT_RULES", "Action", "AlertEngine", "Rule", "RulesFile", "Transition",
-           "load_rules", "parse_rules"]
+__all__ = [
+    "DEFAULT_RULES",
+    "Action",
+    "AlertEngine",
+    "Rule",
+    "RulesFile",
+    "Transition",
+    "load_rules",
+    "parse_rules",
+]

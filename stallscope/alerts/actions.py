@@ -53,10 +53,18 @@ QUEUE_SIZE = 256
 def alert_body(t: Transition, *, host: str, run: str) -> dict[str, Any]:
     """What a webhook receives (JSON) and an email says: no links, only facts."""
     return {
-        "alert": t.rule.name, "state": t.state, "severity": t.rule.severity,
-        "metric": t.rule.metric, "entity": t.entity, "value": t.value,
-        "threshold": t.rule.threshold, "rule": t.rule.describe(), "host": host, "run": run,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t.ts)), "ts": t.ts,
+        "alert": t.rule.name,
+        "state": t.state,
+        "severity": t.rule.severity,
+        "metric": t.rule.metric,
+        "entity": t.entity,
+        "value": t.value,
+        "threshold": t.rule.threshold,
+        "rule": t.rule.describe(),
+        "host": host,
+        "run": run,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t.ts)),
+        "ts": t.ts,
         "summary": t.summary(),
     }
 
@@ -72,9 +80,12 @@ def _webhook(url: str, body: dict[str, Any], stop: threading.Event | None = None
     for attempt in range(WEBHOOK_TRIES):
         if stop is not None and stop.is_set():
             break
-        req = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "User-Agent": "stallscope-alerts"})
+        req = urllib.request.Request(
+            url,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "stallscope-alerts"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=WEBHOOK_TIMEOUT_S) as resp:
                 return f"webhook {url}: HTTP {resp.status}"
@@ -85,10 +96,10 @@ def _webhook(url: str, body: dict[str, Any], stop: threading.Event | None = None
         except (urllib.error.URLError, OSError) as exc:
             last = str(getattr(exc, "reason", exc))
         if stop is not None:
-            if stop.wait(0.5 * 2 ** attempt):
+            if stop.wait(0.5 * 2**attempt):
                 break  # closing: no more retries
         else:
-            time.sleep(0.5 * 2 ** attempt)
+            time.sleep(0.5 * 2**attempt)
     raise OSError(f"webhook {url} failed after retries: {last}")
 
 
@@ -98,9 +109,15 @@ def _command(argv: tuple[str, ...], body: dict[str, Any]) -> str:
         env[f"STALLSCOPE_ALERT_{k.upper()}"] = str(v)
     try:
         # its own process group: at close, it and whatever it started are killed together
-        proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
     except OSError as exc:
         raise OSError(f"command {argv[0]}: {exc.strerror or exc}") from exc
     with _RUNNING_LOCK:
@@ -154,8 +171,9 @@ def _email(to: str, body: dict[str, Any], smtp: Smtp) -> str:
     return f"email to {to} via {smtp.host}:{smtp.port}"
 
 
-def deliver(action: Action, body: dict[str, Any], smtp: Smtp | None,
-            stop: threading.Event | None = None) -> str:
+def deliver(
+    action: Action, body: dict[str, Any], smtp: Smtp | None, stop: threading.Event | None = None
+) -> str:
     """Run one action; returns what happened, raises OSError/smtplib errors when it failed.
     ``stop``: set when the run ends (a webhook then retries no more)."""
     if action.kind == "webhook":
@@ -188,13 +206,17 @@ class AlertSink(Sink):
         self._say: Say | None = None
         self._queue: queue.Queue[Transition | None] = queue.Queue(QUEUE_SIZE)
         self._stop = threading.Event()  #: set at close: what is still pending is dropped
-        self._worker = threading.Thread(target=self._work, name="stallscope-alerts",
-                                        daemon=True)
+        self._worker = threading.Thread(target=self._work, name="stallscope-alerts", daemon=True)
         self._worker.start()
         # `finding` rules: the run's diagnosis so far, recomputed every FINDINGS_EVERY_S off
         # the collector's thread; each rule reads its kind's confidence (0 while absent)
-        self._kinds = sorted({r.metric[len(FINDING_PREFIX):] for r in rules.rules
-                              if r.metric.startswith(FINDING_PREFIX)})
+        self._kinds = sorted(
+            {
+                r.metric[len(FINDING_PREFIX) :]
+                for r in rules.rules
+                if r.metric.startswith(FINDING_PREFIX)
+            }
+        )
         self.findings_dir: Path | None = None
         self._findings: dict[str, float] | None = None  # None: no diagnosis yet
         self._next_diagnosis = 0.0
@@ -220,8 +242,9 @@ class AlertSink(Sink):
         if not self._diagnosing.acquire(blocking=False):
             return
         self._next_diagnosis = time.monotonic() + FINDINGS_EVERY_S
-        threading.Thread(target=self._diagnose, name="stallscope-alert-findings",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._diagnose, name="stallscope-alert-findings", daemon=True
+        ).start()
 
     def _diagnose(self) -> None:
         try:
@@ -249,8 +272,9 @@ class AlertSink(Sink):
         try:
             alertlog.append(self.publish, body)  # one write of one line: never half a line
         except OSError as exc:
-            self._tell(t.ts, "alert_action_error",
-                       f"{t.rule.name}: cannot publish to the trainer: {exc}")
+            self._tell(
+                t.ts, "alert_action_error", f"{t.rule.name}: cannot publish to the trainer: {exc}"
+            )
 
     def write(self, sample: Sample) -> None:
         points: list[Point] | Any = sample.points
@@ -258,21 +282,29 @@ class AlertSink(Sink):
             self._findings_due()
             found = self._findings
             if found is not None:
-                points = [*points, *(Point(finding_metric(k), "", found.get(k, 0.0))
-                                     for k in self._kinds)]
+                points = [
+                    *points,
+                    *(Point(finding_metric(k), "", found.get(k, 0.0)) for k in self._kinds),
+                ]
         for t in self.engine.evaluate(sample.ts, points):
             self.transitions.append(t)
             self._publish(t)
             clock = time.strftime("%H:%M:%S", time.localtime(t.ts))
-            self._tell(t.ts, f"alert_{t.state}", f"{clock} {t.summary()}"
-                       + ("" if t.notify else " (not notified: within cooldown)"))
+            self._tell(
+                t.ts,
+                f"alert_{t.state}",
+                f"{clock} {t.summary()}" + ("" if t.notify else " (not notified: within cooldown)"),
+            )
             if t.notify and any(a.kind not in ("log", "probe") for a in t.rule.actions):
                 try:
                     self._queue.put_nowait(t)
                 except queue.Full:
                     self.dropped += 1
-                    self._tell(t.ts, "alert_dropped",
-                               f"alert queue full: {self.dropped} notifications dropped")
+                    self._tell(
+                        t.ts,
+                        "alert_dropped",
+                        f"alert queue full: {self.dropped} notifications dropped",
+                    )
 
     def _work(self) -> None:
         while True:
@@ -288,8 +320,11 @@ class AlertSink(Sink):
                     self.delivered.append(done)
                     self._tell(time.time(), "alert_action", f"{t.rule.name}: {done}")
                 except (OSError, smtplib.SMTPException, ValueError) as exc:
-                    self._tell(time.time(), "alert_action_error",
-                               f"{t.rule.name}: {action.kind} failed: {exc}")
+                    self._tell(
+                        time.time(),
+                        "alert_action_error",
+                        f"{t.rule.name}: {action.kind} failed: {exc}",
+                    )
 
     def close(self, timeout_s: float = CLOSE_GRACE_S) -> None:
         """Deliver what is queued within ``timeout_s`` in all, then stop: notifications still
@@ -307,8 +342,11 @@ class AlertSink(Sink):
         self._stop.set()
         pending = self._queue.qsize()
         killed = kill_running_commands()
-        self._tell(time.time(), "alert_action_error",
-                   f"the run ended with {pending} notification(s) still pending after "
-                   f"{timeout_s:g} s: dropped" + (f"; {killed} command action(s) killed"
-                                                 if killed else ""))
+        self._tell(
+            time.time(),
+            "alert_action_error",
+            f"the run ended with {pending} notification(s) still pending after "
+            f"{timeout_s:g} s: dropped"
+            + (f"; {killed} command action(s) killed" if killed else ""),
+        )
         self._worker.join(timeout=1.0)

@@ -46,8 +46,11 @@ class Transition:
 
     def summary(self) -> str:
         ent = f" on {self.entity}" if self.entity else ""
-        what = (f"{self.rule.metric} slope = {self.value:g}/min" if self.rule.trend_s
-                is not None else f"{self.rule.metric} = {self.value:g}")
+        what = (
+            f"{self.rule.metric} slope = {self.value:g}/min"
+            if self.rule.trend_s is not None
+            else f"{self.rule.metric} = {self.value:g}"
+        )
         what += "".join(f", {m} = {v:g}" for m, v in self.others)
         if self.state == "firing":
             return f"{self.rule.name}{ent} firing: {what} ({self.rule.describe()})"
@@ -105,15 +108,23 @@ class AlertEngine:
                 if rule.also and seen is not None:
                     vals = [seen.get((a.metric, p.entity)) for a in rule.also]
                     also_ok = all(a.holds(v) for a, v in zip(rule.also, vals, strict=True))
-                    others = tuple((a.metric, v) for a, v in zip(rule.also, vals, strict=True)
-                                   if v is not None)
+                    others = tuple(
+                        (a.metric, v) for a, v in zip(rule.also, vals, strict=True) if v is not None
+                    )
                 t = self._step(rule, p.entity, ts, p.value, also_ok, others)
                 if t is not None:
                     out.append(t)
         return out
 
-    def _step(self, rule: Rule, entity: str, ts: float, v: float, also_ok: bool = True,
-              others: tuple[tuple[str, float], ...] = ()) -> Transition | None:
+    def _step(
+        self,
+        rule: Rule,
+        entity: str,
+        ts: float,
+        v: float,
+        also_ok: bool = True,
+        others: tuple[tuple[str, float], ...] = (),
+    ) -> Transition | None:
         key = (rule.name, entity)
         tr = self._tracks.get(key)
         if tr is None:

@@ -36,8 +36,10 @@ _METRIC = re.compile(r"(?<![\w:])(stallscope_[a-z0-9_]+)(?![\w:])(\{([^}]*)\})?"
 
 
 #: PromQL string escapes (Go's): \a \b \f \n \r \t \v \\ \' \" \xHH \uHHHH \UHHHHHHHH, octal
-_ESCAPE = re.compile(r'\\(?:[abfnrtv\\\'"]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}'
-                     r'|[0-7]{3})')
+_ESCAPE = re.compile(
+    r'\\(?:[abfnrtv\\\'"]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}'
+    r"|[0-7]{3})"
+)
 _PARTS = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=|!=|=~|!~)\s*"((?:[^"\\]|\\.)*)"\s*')
 
 
@@ -62,28 +64,36 @@ def check_selector(selector: str) -> str:
         return ""
     bad = _unprintable(sel)
     if bad is not None:
-        raise ValueError(f"the selector holds a control character ({bad!r}); give plain "
-                         "label matchers such as job=\"gpu-nodes\"")
+        raise ValueError(
+            f"the selector holds a control character ({bad!r}); give plain "
+            'label matchers such as job="gpu-nodes"'
+        )
     for part in _split(sel):
         if not part.strip():
             raise ValueError("the selector has an empty matcher (a stray comma)")
         m = _PARTS.fullmatch(part)
         if not m:
-            raise ValueError(f"selector part {part.strip()!r} is not a label matcher such as "
-                             f'job="gpu-nodes"')
+            raise ValueError(
+                f'selector part {part.strip()!r} is not a label matcher such as job="gpu-nodes"'
+            )
         name, op, value = m.groups()
         if name.startswith("__"):
-            raise ValueError(f"selector part {part.strip()!r}: label names starting with '__' "
-                             "are Prometheus' own")
+            raise ValueError(
+                f"selector part {part.strip()!r}: label names starting with '__' "
+                "are Prometheus' own"
+            )
         if _ESCAPE.sub("", value).count("\\"):
-            raise ValueError(f"selector part {part.strip()!r}: not a PromQL escape in the value "
-                             "(\\n, \\t, \\\\, \\\" and the like)")
+            raise ValueError(
+                f"selector part {part.strip()!r}: not a PromQL escape in the value "
+                '(\\n, \\t, \\\\, \\" and the like)'
+            )
         if op in ("=~", "!~"):
             try:
                 re.compile(value.encode().decode("unicode_escape"))
             except (re.error, UnicodeDecodeError) as exc:
-                raise ValueError(f"selector part {part.strip()!r}: not a regular expression "
-                                 f"({exc})") from None
+                raise ValueError(
+                    f"selector part {part.strip()!r}: not a regular expression ({exc})"
+                ) from None
     return sel
 
 
@@ -125,10 +135,17 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
 
     sel = check_selector(selector)
     runbook = runbook.strip()
-    if (not runbook or any(c in runbook for c in '"\\#') or _unprintable(runbook) is not None
-            or "{{" in runbook or "}}" in runbook):
-        raise ValueError(f"the runbook URL must be a URL or path without quotes, '#', braces "
-                         f"or control characters, got {runbook!r}")
+    if (
+        not runbook
+        or any(c in runbook for c in '"\\#')
+        or _unprintable(runbook) is not None
+        or "{{" in runbook
+        or "}}" in runbook
+    ):
+        raise ValueError(
+            f"the runbook URL must be a URL or path without quotes, '#', braces "
+            f"or control characters, got {runbook!r}"
+        )
     text = TEMPLATE.read_text(encoding="utf-8")
     header, group_notes, rule_notes = _comments(text)
     doc = yaml.safe_load(text)
@@ -139,9 +156,12 @@ def render(selector: str = "", runbook: str = DEFAULT_RUNBOOK) -> str:
             if "runbook_url" in notes:
                 notes["runbook_url"] = notes["runbook_url"].replace("RUNBOOK#", f"{runbook}#")
     if len(group_notes) != len(doc["groups"]) or len(rule_notes) != sum(
-            len(g["rules"]) for g in doc["groups"]):
-        raise ValueError(f"{TEMPLATE.name}: its comments could not be placed (a comment inside "
-                         "a rule, or after the last one? put it before a rule)")
+        len(g["rules"]) for g in doc["groups"]
+    ):
+        raise ValueError(
+            f"{TEMPLATE.name}: its comments could not be placed (a comment inside "
+            "a rule, or after the last one? put it before a rule)"
+        )
     out = [header, "groups:\n"]
     notes_left = iter(rule_notes)
     for group, note in zip(doc["groups"], group_notes):
@@ -186,15 +206,20 @@ _RULE = re.compile(r"^      - (alert|record):")
 
 def _indent(text: str, n: int) -> str:
     pad = " " * n
-    return "".join(pad + line if line.strip() else line
-                   for line in text.splitlines(keepends=True))
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(keepends=True))
 
 
 def _dump(value: object) -> str:
     import yaml
 
-    return yaml.dump(value, Dumper=_dumper(), sort_keys=False, allow_unicode=True,
-                     default_flow_style=False, width=1 << 16)
+    return yaml.dump(
+        value,
+        Dumper=_dumper(),
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        width=1 << 16,
+    )
 
 
 @functools.cache

@@ -39,14 +39,40 @@ from stallscope.errors import UsageError
 from stallscope.metrics import lookup
 from stallscope.tomlfile import TomlFileError, read_toml
 
-__all__ = ["DEFAULT_RULES", "FINDING_PREFIX", "Action", "Also", "Rule", "RulesFile", "Smtp",
-           "finding_metric", "load_rules", "parse_rules"]
+__all__ = [
+    "DEFAULT_RULES",
+    "FINDING_PREFIX",
+    "Action",
+    "Also",
+    "Rule",
+    "RulesFile",
+    "Smtp",
+    "finding_metric",
+    "load_rules",
+    "parse_rules",
+]
 
 Severity = Literal["critical", "warning", "info"]
 _SEVERITIES = ("critical", "warning", "info")
-_RULE_KEYS = {"name", "metric", "finding", "entity", "above", "below", "for_s", "clear_below",
-              "clear_above", "severity", "cooldown_s", "confirm", "actions", "enabled", "also",
-              "trend_s", "min_r2"}
+_RULE_KEYS = {
+    "name",
+    "metric",
+    "finding",
+    "entity",
+    "above",
+    "below",
+    "for_s",
+    "clear_below",
+    "clear_above",
+    "severity",
+    "cooldown_s",
+    "confirm",
+    "actions",
+    "enabled",
+    "also",
+    "trend_s",
+    "min_r2",
+}
 _ALSO_KEYS = {"metric", "above", "below"}
 #: a trend rule needs this many points in its window, spanning this share of it
 TREND_MIN_POINTS = 10
@@ -81,8 +107,11 @@ class Also:
     def holds(self, v: float | None) -> bool:
         if v is None:
             return False
-        return v > self.above if self.above is not None else (
-            self.below is not None and v < self.below)
+        return (
+            v > self.above
+            if self.above is not None
+            else (self.below is not None and v < self.below)
+        )
 
     def describe(self) -> str:
         op = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
@@ -133,16 +162,21 @@ class Rule:
     def describe(self) -> str:
         op = f"> {self.above:g}" if self.above is not None else f"< {self.below:g}"
         if self.metric.startswith(FINDING_PREFIX):
-            kind = self.metric[len(FINDING_PREFIX):]
-            return (f"the diagnosis so far finds {kind} (confidence {op}; recomputed every "
-                    "30 s)" + (f" for {self.for_s:g} s" if self.for_s else ""))
+            kind = self.metric[len(FINDING_PREFIX) :]
+            return f"the diagnosis so far finds {kind} (confidence {op}; recomputed every 30 s)" + (
+                f" for {self.for_s:g} s" if self.for_s else ""
+            )
         where = f"{self.metric}" + (f"[{self.entity}]" if self.entity else "")
         if self.trend_s is not None:
-            where += (f" slope per minute over {self.trend_s:g} s (linear fit r² ≥ "
-                      f"{self.min_r2:g})")
+            where += f" slope per minute over {self.trend_s:g} s (linear fit r² ≥ {self.min_r2:g})"
         more = "".join(f" and {a.describe()}" for a in self.also)
-        clear = (f", clears < {self.clear_below:g}" if self.clear_below is not None else
-                 f", clears > {self.clear_above:g}" if self.clear_above is not None else "")
+        clear = (
+            f", clears < {self.clear_below:g}"
+            if self.clear_below is not None
+            else f", clears > {self.clear_above:g}"
+            if self.clear_above is not None
+            else ""
+        )
         return f"{where} {op}{more}" + (f" for {self.for_s:g} s" if self.for_s else "") + clear
 
 
@@ -171,22 +205,47 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("gpu_hot", "gpu.temp_c", above=85, for_s=30, clear_below=80, severity="critical"),
     Rule("gpu_throttled", "gpu.throttle_serious", above=0.5, for_s=10, severity="warning"),
     Rule("gpu_health", "gpu.health_problem", above=0.5, severity="critical", cooldown_s=3600),
-    Rule("shm_nearly_full", "host.shm_used_pct", above=90, for_s=10, clear_below=80,
-         severity="critical"),
+    Rule(
+        "shm_nearly_full",
+        "host.shm_used_pct",
+        above=90,
+        for_s=10,
+        clear_below=80,
+        severity="critical",
+    ),
     Rule("host_swapping", "host.swap_in_kb_s", above=0, for_s=30, severity="warning"),
-    Rule("disk_saturated", "disk.util_pct", above=90, for_s=60, clear_below=70,
-         severity="warning", also=(Also("disk.r_await_ms", above=50),)),
+    Rule(
+        "disk_saturated",
+        "disk.util_pct",
+        above=90,
+        for_s=60,
+        clear_below=70,
+        severity="warning",
+        also=(Also("disk.r_await_ms", above=50),),
+    ),
     Rule("smart_failing", "smart.failing", above=0.5, severity="critical", cooldown_s=86400),
-    Rule("smart_defects_growing", "smart.medium_growth", above=0, severity="critical",
-         cooldown_s=86400),
-    Rule("smart_threshold_soon", "smart.days_left", below=30, severity="warning",
-         cooldown_s=86400),
-    Rule("data_wait_high", "probe.wait_pct", above=30, for_s=120, clear_below=20,
-         severity="warning"),
-    Rule("gpu_memory_growing", "gpu.mem_used_mib", above=50, trend_s=600, for_s=120,
-         severity="warning"),
-    Rule("rank_slow", "probe.rank_slowdown", above=1.5, for_s=60, clear_below=1.2,
-         severity="warning"),
+    Rule(
+        "smart_defects_growing",
+        "smart.medium_growth",
+        above=0,
+        severity="critical",
+        cooldown_s=86400,
+    ),
+    Rule("smart_threshold_soon", "smart.days_left", below=30, severity="warning", cooldown_s=86400),
+    Rule(
+        "data_wait_high", "probe.wait_pct", above=30, for_s=120, clear_below=20, severity="warning"
+    ),
+    Rule(
+        "gpu_memory_growing",
+        "gpu.mem_used_mib",
+        above=50,
+        trend_s=600,
+        for_s=120,
+        severity="warning",
+    ),
+    Rule(
+        "rank_slow", "probe.rank_slowdown", above=1.5, for_s=60, clear_below=1.2, severity="warning"
+    ),
     Rule("rank_waited_for", "probe.waited_for", above=0.5, severity="warning"),
 )
 
@@ -208,32 +267,40 @@ def _runnable(program: str) -> bool:
 def _parse_action(i: int, j: int, a: Any, problems: list[str]) -> Action | None:
     where = f"alerts[{i}].actions[{j}]"
     if not isinstance(a, dict) or len(a) != 1:
-        problems.append(f"{where}: an action is a table with one key, one of "
-                        f"{', '.join(_ACTIONS)}")
+        problems.append(f"{where}: an action is a table with one key, one of {', '.join(_ACTIONS)}")
         return None
-    (kind, target), = a.items()
+    ((kind, target),) = a.items()
     if kind not in _ACTIONS:
         problems.append(f"{where}: unknown action {kind!r} (known: {', '.join(_ACTIONS)})")
         return None
     if kind == "probe" and not (isinstance(target, str) and target.strip()):
-        problems.append(f"{where}.probe: the name of a callback the trainer registers with "
-                        "stallscope.on_alert(name, fn)")
+        problems.append(
+            f"{where}.probe: the name of a callback the trainer registers with "
+            "stallscope.on_alert(name, fn)"
+        )
         return None
-    if kind == "webhook" and not (isinstance(target, str)
-                                  and target.startswith(("http://", "https://"))):
+    if kind == "webhook" and not (
+        isinstance(target, str) and target.startswith(("http://", "https://"))
+    ):
         problems.append(f"{where}.webhook: must be an http:// or https:// URL")
         return None
-    if kind == "command" and not (isinstance(target, list) and target
-                                  and all(isinstance(x, str) and x for x in target)):
-        problems.append(f"{where}.command: must be a non-empty list of strings (argv; it is "
-                        "never run through a shell)")
+    if kind == "command" and not (
+        isinstance(target, list) and target and all(isinstance(x, str) and x for x in target)
+    ):
+        problems.append(
+            f"{where}.command: must be a non-empty list of strings (argv; it is "
+            "never run through a shell)"
+        )
         return None
     if kind == "command" and not _runnable(target[0]):
-        problems.append(f"{where}.command: {str(target[0])[:200]!r} is not a program this "
-                        "user can run (not on PATH, or not an executable file)")
+        problems.append(
+            f"{where}.command: {str(target[0])[:200]!r} is not a program this "
+            "user can run (not on PATH, or not an executable file)"
+        )
         return None
-    if kind == "email" and not (isinstance(target, str) and "@" in target
-                                and "\n" not in target and "\r" not in target):
+    if kind == "email" and not (
+        isinstance(target, str) and "@" in target and "\n" not in target and "\r" not in target
+    ):
         problems.append(f"{where}.email: must be an address")
         return None
     if kind == "log" and target is not True:
@@ -270,13 +337,23 @@ def _parse_rule(i: int, t: Any, problems: list[str]) -> Rule | None:
         return None
     if not any(a.kind == "log" for a in actions):
         actions.insert(0, Action("log"))  # every alert is recorded as a run event
-    return Rule(name=str(name), metric=str(metric), above=t.get("above"), below=t.get("below"),
-                entity=entity, for_s=float(t.get("for_s", 0)),
-                clear_below=t.get("clear_below"), clear_above=t.get("clear_above"),
-                severity=sev, cooldown_s=float(t.get("cooldown_s", 600)),
-                confirm=int(confirm), actions=tuple(actions), also=also,
-                trend_s=float(trend_s) if trend_s is not None else None,
-                min_r2=float(min_r2))
+    return Rule(
+        name=str(name),
+        metric=str(metric),
+        above=t.get("above"),
+        below=t.get("below"),
+        entity=entity,
+        for_s=float(t.get("for_s", 0)),
+        clear_below=t.get("clear_below"),
+        clear_above=t.get("clear_above"),
+        severity=sev,
+        cooldown_s=float(t.get("cooldown_s", 600)),
+        confirm=int(confirm),
+        actions=tuple(actions),
+        also=also,
+        trend_s=float(trend_s) if trend_s is not None else None,
+        min_r2=float(min_r2),
+    )
 
 
 def _rule_name(i: int, t: dict[str, Any], problems: list[str]) -> tuple[str, str]:
@@ -289,8 +366,7 @@ def _rule_name(i: int, t: dict[str, Any], problems: list[str]) -> tuple[str, str
     return name, f"alerts[{i}] ({name})"
 
 
-def _rule_metric(where: str, t: dict[str, Any], problems: list[str]
-                 ) -> tuple[Any, dict[str, Any]]:
+def _rule_metric(where: str, t: dict[str, Any], problems: list[str]) -> tuple[Any, dict[str, Any]]:
     """(metric, table): the metric a rule reads, and the table with ``above = 0`` added for a
     ``finding`` rule that gives no threshold (its value is the finding's confidence)."""
     metric = t.get("metric")
@@ -301,8 +377,9 @@ def _rule_metric(where: str, t: dict[str, Any], problems: list[str]
         if "metric" in t:
             problems.append(f"{where}: give one of 'metric' or 'finding', not both")
         elif not isinstance(kind, str) or kind not in KINDS:
-            problems.append(f"{where}.finding: {kind!r} is not a finding kind (one of "
-                            f"{', '.join(KINDS)})")
+            problems.append(
+                f"{where}.finding: {kind!r} is not a finding kind (one of {', '.join(KINDS)})"
+            )
         else:
             # the value is the finding's confidence in the diagnosis so far, 0 while absent
             metric = finding_metric(kind)
@@ -312,8 +389,9 @@ def _rule_metric(where: str, t: dict[str, Any], problems: list[str]
             if k in t:
                 problems.append(f"{where}.{k}: not with 'finding'")
     elif not isinstance(metric, str) or lookup(metric) is None:
-        problems.append(f"{where}.metric: {metric!r} is not a metric of the vocabulary"
-                        f"{_did_you_mean(metric)}")
+        problems.append(
+            f"{where}.metric: {metric!r} is not a metric of the vocabulary{_did_you_mean(metric)}"
+        )
     return metric, t
 
 
@@ -324,8 +402,9 @@ def _did_you_mean(name: Any) -> str:
     from stallscope.metrics import METRICS
 
     names = [f"{m.source}.{m.key}" for m in METRICS if m.kind != "counter"]
-    close = difflib.get_close_matches(name, names, n=2, cutoff=0.75) if isinstance(
-        name, str) else []
+    close = (
+        difflib.get_close_matches(name, names, n=2, cutoff=0.75) if isinstance(name, str) else []
+    )
     if close:
         return f" (did you mean {' or '.join(close)}?)"
     return " (`stallscope alerts metrics` lists them, e.g. gpu.temp_c, disk.util_pct)"
@@ -377,8 +456,9 @@ def _parse_actions(i: int, where: str, raw: Any, problems: list[str]) -> list[Ac
 
 def _parse_also(where: str, raw: Any, problems: list[str]) -> tuple[Also, ...]:
     if not isinstance(raw, list):
-        problems.append(f"{where}.also: a list of tables like {{metric = \"disk.r_await_ms\", "
-                        "above = 50}")
+        problems.append(
+            f'{where}.also: a list of tables like {{metric = "disk.r_await_ms", above = 50}}'
+        )
         return ()
     out = []
     for j, a in enumerate(raw):
@@ -390,11 +470,13 @@ def _parse_also(where: str, raw: Any, problems: list[str]) -> tuple[Also, ...]:
             problems.append(f"{at}: unknown key {k!r} (known: above, below, metric)")
         m = a.get("metric")
         if not isinstance(m, str) or lookup(m) is None:
-            problems.append(f"{at}.metric: {m!r} is not a metric of the vocabulary"
-                            f"{_did_you_mean(m)}")
+            problems.append(
+                f"{at}.metric: {m!r} is not a metric of the vocabulary{_did_you_mean(m)}"
+            )
             continue
-        if ("above" in a) == ("below" in a) or not all(_num(a[k]) for k in ("above", "below")
-                                                        if k in a):
+        if ("above" in a) == ("below" in a) or not all(
+            _num(a[k]) for k in ("above", "below") if k in a
+        ):
             problems.append(f"{at}: give exactly one of 'above' or 'below', a number")
             continue
         out.append(Also(m, above=a.get("above"), below=a.get("below")))
@@ -419,14 +501,18 @@ def _parse_smtp(t: Any, problems: list[str]) -> Smtp | None:
         problems.append("smtp.timeout_s: a positive number of seconds")
     if problems:
         return None
-    return Smtp(host=t.get("host", "127.0.0.1"), port=port,
-                sender=t.get("from", "stallscope@localhost"), starttls=t.get("starttls", False),
-                user=t.get("user"), password_env=t.get("password_env"),
-                timeout_s=float(t.get("timeout_s", 10.0)))
+    return Smtp(
+        host=t.get("host", "127.0.0.1"),
+        port=port,
+        sender=t.get("from", "stallscope@localhost"),
+        starttls=t.get("starttls", False),
+        user=t.get("user"),
+        password_env=t.get("password_env"),
+        timeout_s=float(t.get("timeout_s", 10.0)),
+    )
 
 
-def parse_rules(doc: dict[str, Any], source: str = "", *,
-                defaults: bool = True) -> RulesFile:
+def parse_rules(doc: dict[str, Any], source: str = "", *, defaults: bool = True) -> RulesFile:
     """Rules from a parsed TOML document, merged over the shipped defaults; ``problems`` lists
     everything wrong (one line each, naming the key)."""
     problems: list[str] = []
@@ -452,8 +538,11 @@ def parse_rules(doc: dict[str, Any], source: str = "", *,
         if rule is not None:
             rules[rule.name] = rule
     smtp = _parse_smtp(doc["smtp"], problems) if "smtp" in doc else None
-    if smtp is None and not problems and any(a.kind == "email" for r in rules.values()
-                                             for a in r.actions):
+    if (
+        smtp is None
+        and not problems
+        and any(a.kind == "email" for r in rules.values() for a in r.actions)
+    ):
         problems.append("an email action needs an [smtp] table (host, port, from)")
     return RulesFile(tuple(rules.values()), smtp, source, tuple(problems))
 

@@ -40,8 +40,10 @@ class Change:
 
     def describe(self, unit: str = "") -> str:
         u = f" {unit}" if unit else ""
-        return (f"shifted {self.direction} from {self.before:.3g}{u} to {self.after:.3g}{u} "
-                f"(detected {self.delay_s:.0f} s after it started)")
+        return (
+            f"shifted {self.direction} from {self.before:.3g}{u} to {self.after:.3g}{u} "
+            f"(detected {self.delay_s:.0f} s after it started)"
+        )
 
 
 def _baseline(xs: Sequence[float], rel_floor: float) -> tuple[float, float, float]:
@@ -57,16 +59,27 @@ def _baseline(xs: Sequence[float], rel_floor: float) -> tuple[float, float, floa
     return m, max(1.4826 * median(hi), floor), max(1.4826 * median(lo), floor)
 
 
-def _date(xs: Sequence[float], start: int, end: int, m: float, s_up: float, s_down: float,
-          clip: float, up: bool) -> int:
+def _date(
+    xs: Sequence[float],
+    start: int,
+    end: int,
+    m: float,
+    s_up: float,
+    s_down: float,
+    clip: float,
+    up: bool,
+) -> int:
     """Where in ``xs[start:end]`` the shift began: the split that best separates the old level
     from a new one (the largest ``S² / n``, S the sum of the standardised values from the split
     to the alarm, n their count: the likelihood-ratio estimate of a step's time)."""
     zs = []
     for t in range(start, end):
         x = xs[t]
-        z = 0.0 if not math.isfinite(x) else \
-            max(-clip, min(clip, (x - m) / (s_up if x > m else s_down)))
+        z = (
+            0.0
+            if not math.isfinite(x)
+            else max(-clip, min(clip, (x - m) / (s_up if x > m else s_down)))
+        )
         zs.append(z if up else -z)
     best, best_at, acc = -1.0, start, 0.0
     for back, z in enumerate(reversed(zs), 1):
@@ -76,10 +89,19 @@ def _date(xs: Sequence[float], start: int, end: int, m: float, s_up: float, s_do
     return best_at
 
 
-def detect_changes(ts: Sequence[float], xs: Sequence[float], *, ref: int = 50,
-                   k: float = 0.5, h: float = 16.0, clip: float = 3.0,
-                   rel_floor: float = 0.02, min_effect: float = 1.25, min_shift: float = 0.0,
-                   long_ref: int = 1000) -> list[Change]:
+def detect_changes(
+    ts: Sequence[float],
+    xs: Sequence[float],
+    *,
+    ref: int = 50,
+    k: float = 0.5,
+    h: float = 16.0,
+    clip: float = 3.0,
+    rel_floor: float = 0.02,
+    min_effect: float = 1.25,
+    min_shift: float = 0.0,
+    long_ref: int = 1000,
+) -> list[Change]:
     """Changes in ``xs`` (sampled at ``ts``), oldest first.
 
     A CUSUM alarm is kept only when the medians before the change (everything since the
@@ -90,7 +112,7 @@ def detect_changes(ts: Sequence[float], xs: Sequence[float], *, ref: int = 50,
     n = len(xs)
     i = 0  # start of the current level
     while i + ref < n:
-        window = [x for x in xs[i:i + ref] if math.isfinite(x)]
+        window = [x for x in xs[i : i + ref] if math.isfinite(x)]
         if len(window) < ref // 2:
             i += ref
             continue
@@ -103,7 +125,7 @@ def detect_changes(ts: Sequence[float], xs: Sequence[float], *, ref: int = 50,
             if (j - i) % ref == 0 and up == 0.0 and down == 0.0:
                 # no change in sight: refine the baseline with everything since the level
                 # began (up to long_ref samples); 50 samples give only a rough median and scale
-                recent = [x for x in xs[max(i, j - long_ref):j] if math.isfinite(x)]
+                recent = [x for x in xs[max(i, j - long_ref) : j] if math.isfinite(x)]
                 m, s_up, s_down = _baseline(recent, rel_floor)
             x = xs[j]
             j += 1
@@ -120,7 +142,7 @@ def detect_changes(ts: Sequence[float], xs: Sequence[float], *, ref: int = 50,
                 continue
             direction, start = ("up", up_start) if up > h else ("down", down_start)
             start = _date(xs, start, j, m, s_up, s_down, clip, direction == "up")
-            before_vals = [v for v in xs[max(i, start - long_ref):start] if math.isfinite(v)]
+            before_vals = [v for v in xs[max(i, start - long_ref) : start] if math.isfinite(v)]
             # the new level: from the change to well past the alarm (the series is recorded:
             # what follows the alarm is known), at least half a reference window
             after_end = min(n, start + max(2 * (j - start), ref // 2))

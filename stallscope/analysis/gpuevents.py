@@ -34,8 +34,10 @@ def rank_gpus(data: RunData) -> dict[int, tuple[str, bool]]:
     rank N on GPU N, as torchrun places them)."""
     from stallscope.analysis.window import trainer_gpus
 
-    ranks = sorted({s.rank for s in data.steps} | {int(p["rank"]) for p in data.probes
-                                                     if isinstance(p.get("rank"), int)})
+    ranks = sorted(
+        {s.rank for s in data.steps}
+        | {int(p["rank"]) for p in data.probes if isinstance(p.get("rank"), int)}
+    )
     holders: dict[str, str] = {}
     for (name, ent), s in data.series.items():
         if name == "gpu.proc_mem_mib" and ":" in ent and s.v and max(s.v) > 0:
@@ -99,9 +101,17 @@ def health_events(data: RunData) -> list[dict[str, Any]]:
         m = _GPU.match(msg)
         gpu = f"gpu{m.group(1)}" if m else None
         x = _XID.search(msg) if kind == "gpu_xid" else None
-        out.append({"ts": float(ts), "at_s": round(float(ts) - t0, 1), "gpu": gpu,
-                    "kind": kind, "xid": int(x.group(1)) if x else None, "message": msg,
-                    "step": step_at(data, float(ts), by_gpu.get(gpu) if gpu else None)})
+        out.append(
+            {
+                "ts": float(ts),
+                "at_s": round(float(ts) - t0, 1),
+                "gpu": gpu,
+                "kind": kind,
+                "xid": int(x.group(1)) if x else None,
+                "message": msg,
+                "step": step_at(data, float(ts), by_gpu.get(gpu) if gpu else None),
+            }
+        )
     return sorted(out, key=lambda e: e["ts"])
 
 

@@ -46,8 +46,14 @@ from stallscope.sources.owner import OWNER_KEYS
 from stallscope.sources.stacks.phases import PHASES
 from stallscope.store import Series, StepRow
 
-__all__ = ["PromQuery", "PrometheusError", "load_fleet", "load_prometheus", "parse_duration",
-           "shown_url"]
+__all__ = [
+    "PromQuery",
+    "PrometheusError",
+    "load_fleet",
+    "load_prometheus",
+    "parse_duration",
+    "shown_url",
+]
 
 _STEP_NAMES = {
     "stallscope_train_steps_total": "n",
@@ -105,8 +111,9 @@ class PromQuery:
         for label, value in (("job", self.job), ("instance", self.instance)):
             if value is not None:
                 if not _LABEL_VALUE.match(value):
-                    raise PrometheusError(f"--{label} must not hold quotes, backslashes or "
-                                          f"newlines, got {value!r}")
+                    raise PrometheusError(
+                        f"--{label} must not hold quotes, backslashes or newlines, got {value!r}"
+                    )
                 parts.append(f'{label}="{value}"')
         return ",".join(parts)
 
@@ -123,10 +130,10 @@ def shown_url(q: PromQuery) -> str:
     return redact(q.url.rstrip("/"), secrets_of(q.auth))
 
 
-def _query_range(q: PromQuery, promql: str, start: float, end: float, step: float
-                 ) -> list[dict[str, Any]]:
-    headers = {"Accept": "application/json",
-               **{k: v for k, v in q.auth.items() if k != "ca_file"}}
+def _query_range(
+    q: PromQuery, promql: str, start: float, end: float, step: float
+) -> list[dict[str, Any]]:
+    headers = {"Accept": "application/json", **{k: v for k, v in q.auth.items() if k != "ca_file"}}
     url, user, pw = split_userinfo(q.url.rstrip("/"))
     if user is not None and pw is not None and "Authorization" not in headers:
         # urllib cannot send a URL's user:password@: it becomes a basic-auth header
@@ -135,10 +142,12 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
     secrets = secrets_of(headers)
     base = redact(url, secrets)  # what messages name: never a password nor a token
     if not url.startswith(("http://", "https://")):
-        raise PrometheusError(f"--prometheus must be an http:// or https:// URL, got "
-                              f"{redact(q.url, secrets)!r}")
-    args = urllib.parse.urlencode({"query": promql, "start": f"{start:.3f}",
-                                   "end": f"{end:.3f}", "step": f"{step:g}"})
+        raise PrometheusError(
+            f"--prometheus must be an http:// or https:// URL, got {redact(q.url, secrets)!r}"
+        )
+    args = urllib.parse.urlencode(
+        {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    )
     try:
         req = urllib.request.Request(f"{url}/api/v1/query_range?{args}", headers=headers)
         body = _fetch(req, q.timeout_s, base, q.auth.get("ca_file"))
@@ -147,31 +156,39 @@ def _query_range(q: PromQuery, promql: str, start: float, end: float, step: floa
             why = json.loads(exc.read()).get("error") or exc.reason
         except (ValueError, OSError, AttributeError, http.client.HTTPException):
             why = exc.reason
-        hint = ("; give --bearer-token-file, or --basic-auth-user with "
-                "--basic-auth-password-file" if exc.code in (401, 403) else "")
-        raise PrometheusError(f"Prometheus at {base} refused the query ({exc.code}): "
-                              f"{redact(_one_line(why), secrets)}{hint}") from None
+        hint = (
+            "; give --bearer-token-file, or --basic-auth-user with --basic-auth-password-file"
+            if exc.code in (401, 403)
+            else ""
+        )
+        raise PrometheusError(
+            f"Prometheus at {base} refused the query ({exc.code}): "
+            f"{redact(_one_line(why), secrets)}{hint}"
+        ) from None
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, socket.timeout):
             reason = "timed out"
         elif isinstance(exc, http.client.IncompleteRead):
             reason = "the answer ended before its Content-Length"
-        raise PrometheusError(f"cannot reach Prometheus at {base}: "
-                              f"{redact(_one_line(reason), secrets)}") from None
+        raise PrometheusError(
+            f"cannot reach Prometheus at {base}: {redact(_one_line(reason), secrets)}"
+        ) from None
     try:
         doc = json.loads(body)
         result = doc["data"]["result"] if doc.get("status") == "success" else None
     except (ValueError, KeyError, TypeError, AttributeError):
         result = None
     if not isinstance(result, list):
-        raise PrometheusError(f"{base} did not answer as the Prometheus HTTP API does "
-                              "(/api/v1/query_range)")
+        raise PrometheusError(
+            f"{base} did not answer as the Prometheus HTTP API does (/api/v1/query_range)"
+        )
     return result
 
 
-def _fetch(req: urllib.request.Request, timeout_s: float, base: str,
-           ca_file: str | None = None) -> bytes:
+def _fetch(
+    req: urllib.request.Request, timeout_s: float, base: str, ca_file: str | None = None
+) -> bytes:
     """The whole answer to ``req`` within ``timeout_s``, reaching the server included: the
     request runs on a helper thread and is given up at the deadline, however slowly the server
     sends its headers or its body (a socket timeout bounds each read, not their sum)."""
@@ -190,8 +207,9 @@ def _fetch(req: urllib.request.Request, timeout_s: float, base: str,
     t.start()
     t.join(max(0.0, deadline - time.monotonic()))
     if not box:
-        raise PrometheusError(f"cannot reach Prometheus at {base}: no complete answer in "
-                              f"{timeout_s:g} s (--timeout)")
+        raise PrometheusError(
+            f"cannot reach Prometheus at {base}: no complete answer in {timeout_s:g} s (--timeout)"
+        )
     if isinstance(box[0], BaseException):
         raise box[0]
     body: bytes = box[0]
@@ -206,16 +224,20 @@ def _read_all(r: Any, deadline: float, base: str, timeout_s: float) -> bytes:
     size = 0
     while True:
         if time.monotonic() > deadline:
-            raise PrometheusError(f"cannot reach Prometheus at {base}: no complete answer in "
-                                  f"{timeout_s:g} s (--timeout)")
+            raise PrometheusError(
+                f"cannot reach Prometheus at {base}: no complete answer in "
+                f"{timeout_s:g} s (--timeout)"
+            )
         # read1: what one receive brings (read(n) waits until n bytes came, however slowly)
         chunk = r.read1(1 << 16) if hasattr(r, "read1") else r.read(1 << 16)
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > MAX_ANSWER_BYTES:
-            raise PrometheusError(f"{base} answered more than {MAX_ANSWER_BYTES >> 20} MiB: "
-                                  "narrow the window (--since) or the targets (--instance)")
+            raise PrometheusError(
+                f"{base} answered more than {MAX_ANSWER_BYTES >> 20} MiB: "
+                "narrow the window (--since) or the targets (--instance)"
+            )
         chunks.append(chunk)
 
 
@@ -240,9 +262,11 @@ def _values(series: dict[str, Any]) -> tuple[list[float], list[float]]:
     return ts, vs
 
 
-def _one_run_of_procs(series: dict[tuple[str, str], Series],
-                      entities: dict[tuple[str, str], dict[str, Any]], run: str | None
-                      ) -> str | None:
+def _one_run_of_procs(
+    series: dict[tuple[str, str], Series],
+    entities: dict[tuple[str, str], dict[str, Any]],
+    run: str | None,
+) -> str | None:
     """Keep the processes of one training (``run``; when no probe chose one, the run with the
     most process points) and give them back their parents: the agent's ``role`` and ``rank``
     labels say which worker belongs to which trainer (the tree the roles are inferred from,
@@ -269,8 +293,7 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
             parent = a["ppid"]  # the agent says it (agents before the ppid label did not)
         elif a.get("role") == "worker":
             same = [m for m, rank in mains.items() if rank == a.get("rank")]
-            parent = same[0] if len(same) == 1 else (next(iter(mains)) if len(mains) == 1
-                                                      else None)
+            parent = same[0] if len(same) == 1 else (next(iter(mains)) if len(mains) == 1 else None)
         elif a.get("role") == "main" and len(launchers) == 1:
             parent = launchers[0]
         else:
@@ -285,8 +308,9 @@ def _one_run_of_procs(series: dict[tuple[str, str], Series],
 _MEAN_OVER_WORKERS = frozenset({"procs.main_thread_active_pct"})
 
 
-def _split_worker_groups(series: dict[tuple[str, str], Series],
-                         entities: dict[tuple[str, str], dict[str, Any]]) -> None:
+def _split_worker_groups(
+    series: dict[tuple[str, str], Series], entities: dict[tuple[str, str], dict[str, Any]]
+) -> None:
     """An agent with ``worker_series = "rank"`` sums each trainer's DataLoader workers into one
     series (``pid="<trainer>/workers"``, ``stallscope_proc_processes`` = how many). The
     diagnosis counts workers and reads the mean worker, so such a group comes back as that
@@ -298,8 +322,9 @@ def _split_worker_groups(series: dict[tuple[str, str], Series],
             continue
         n_at = dict(zip(count.ts, count.v))
         n = max(1, round(sorted(count.v)[len(count.v) // 2]))
-        mine = {name: ser for (name, e), ser in series.items()
-                if e == ent and name.startswith("procs.")}
+        mine = {
+            name: ser for (name, e), ser in series.items() if e == ent and name.startswith("procs.")
+        }
         for name in mine:
             del series[(name, ent)]
         for i in range(n):
@@ -309,15 +334,21 @@ def _split_worker_groups(series: dict[tuple[str, str], Series],
                 if name == "procs.processes" or name.endswith("_total"):
                     continue
                 keep = name in _MEAN_OVER_WORKERS
-                pts = [(t, v if keep else v / n_at[t]) for t, v in zip(ser.ts, ser.v)
-                       if keep or n_at.get(t)]
-                series[(name, clone)] = Series(name, clone, [t for t, _ in pts],
-                                               [v for _, v in pts])
+                pts = [
+                    (t, v if keep else v / n_at[t])
+                    for t, v in zip(ser.ts, ser.v)
+                    if keep or n_at.get(t)
+                ]
+                series[(name, clone)] = Series(
+                    name, clone, [t for t, _ in pts], [v for _, v in pts]
+                )
 
 
-def _stack_records(series: dict[tuple[str, str], Series],
-                   entities: dict[tuple[str, str], dict[str, Any]], run: str | None
-                   ) -> list[dict[str, Any]]:
+def _stack_records(
+    series: dict[tuple[str, str], Series],
+    entities: dict[tuple[str, str], dict[str, Any]],
+    run: str | None,
+) -> list[dict[str, Any]]:
     """The sampled stacks of one training's processes as the records a run directory holds
     (:mod:`stallscope.sources.stacks.aggregate`): at each point, each phase's seconds =
     its share × the seconds the interval's samples stood for."""
@@ -328,15 +359,25 @@ def _stack_records(series: dict[tuple[str, str], Series],
         sampled = series.get(("stacks.sampled_s", ent))
         if sampled is None or not ent.isdigit():
             continue
-        shares = {p: dict(zip(s.ts, s.v)) for p in PHASES
-                  if (s := series.get((f"stacks.{p}_pct", ent))) is not None}
+        shares = {
+            p: dict(zip(s.ts, s.v))
+            for p in PHASES
+            if (s := series.get((f"stacks.{p}_pct", ent))) is not None
+        }
         rank_text = str(attrs.get("rank"))
         rank = int(rank_text) if rank_text.isdigit() else None
         for ts, secs in zip(sampled.ts, sampled.v):
             s_ = {p: v[ts] / 100.0 * secs for p, v in shares.items() if ts in v and v[ts] > 0}
             if s_:
-                out.append({"ts": ts, "pid": int(ent), "sampler": "agent, via Prometheus",
-                            "rank": rank, "s": s_})
+                out.append(
+                    {
+                        "ts": ts,
+                        "pid": int(ent),
+                        "sampler": "agent, via Prometheus",
+                        "rank": rank,
+                        "s": s_,
+                    }
+                )
     out.sort(key=lambda r: r["ts"])
     return out
 
@@ -349,21 +390,23 @@ class _Scraped:
     """What one query_range answer holds, sorted by node (``instance``)."""
 
     series: dict[str, dict[tuple[str, str], Series]] = field(
-        default_factory=lambda: defaultdict(dict))
+        default_factory=lambda: defaultdict(dict)
+    )
     entities: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(
-        default_factory=lambda: defaultdict(dict))
+        default_factory=lambda: defaultdict(dict)
+    )
     hosts: dict[str, str] = field(default_factory=dict)
     #: instance -> run id -> its owner labels (namespace, pod, container, hpc_job) as its step
     #: series carry them
-    owners: dict[str, dict[str, dict[str, str]]] = field(
-        default_factory=lambda: defaultdict(dict))
+    owners: dict[str, dict[str, dict[str, str]]] = field(default_factory=lambda: defaultdict(dict))
     jobs: dict[str, str] = field(default_factory=dict)
     #: (instance, run id) -> the training job it is part of (``train_job``, the same on every
     #: node of a job)
     train_jobs: dict[tuple[str, str], str] = field(default_factory=dict)
     down: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
     steps: dict[str, dict[tuple[str, int], _StepCols]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
 
     def instances(self) -> list[str]:
         return sorted(set(self.series) | set(self.steps))
@@ -398,8 +441,9 @@ class _Scraped:
         elif name in _BY_PROM:
             self._add_metric(_BY_PROM[name], inst, labels, *_values(s))
 
-    def _add_metric(self, m: Metric, inst: str, labels: dict[str, str], ts: list[float],
-                    vs: list[float]) -> None:
+    def _add_metric(
+        self, m: Metric, inst: str, labels: dict[str, str], ts: list[float], vs: list[float]
+    ) -> None:
         if not ts:
             return
         ent = entity_of(m, labels)
@@ -436,21 +480,25 @@ def load_fleet(q: PromQuery) -> tuple[list[RunData], list[RunData]]:
     start, end, step = q.window()
     sel = q.selector()
     scraped = _Scraped()
-    for s in _query_range(q, '{__name__=~"stallscope_.+"' + (f",{sel}" if sel else "") + "}",
-                          start, end, step):
+    for s in _query_range(
+        q, '{__name__=~"stallscope_.+"' + (f",{sel}" if sel else "") + "}", start, end, step
+    ):
         scraped.add(s)
     instances = scraped.instances()
     if not instances:
         where = f" for {sel}" if sel else ""
-        raise PrometheusError(f"Prometheus at {shown_url(q)} holds no stallscope series"
-                              f"{where} in the last {q.since_s:g} s (is it scraping "
-                              "`stallscope agent`?)")
+        raise PrometheusError(
+            f"Prometheus at {shown_url(q)} holds no stallscope series"
+            f"{where} in the last {q.since_s:g} s (is it scraping "
+            "`stallscope agent`?)"
+        )
     nodes = [_node_run(q, scraped, inst, start, end, step) for inst in instances]
     return nodes, _job_runs(q, scraped, start, end, step)
 
 
-def _job_runs(q: PromQuery, scraped: _Scraped, start: float, end: float, step: float
-              ) -> list[RunData]:
+def _job_runs(
+    q: PromQuery, scraped: _Scraped, start: float, end: float, step: float
+) -> list[RunData]:
     """A RunData per training job seen on two instances or more: its ranks' steps from every
     node (a rank number seen on two nodes is kept once, from the first), ``rank_hosts`` saying
     where each rank ran. It holds no node series: each node's own diagnosis has those."""
@@ -477,23 +525,47 @@ def _job_runs(q: PromQuery, scraped: _Scraped, start: float, end: float, step: f
             continue
         nodes = sorted(set(rank_hosts.values()))
         meta: dict[str, Any] = {
-            "command": ["prometheus", shown_url(q)], "host": None, "start": start, "end": end,
-            "exit_code": None, "interval_s": step, "data": None, "data_devices": [],
-            "logical_cores": None, "physical_cores": None, "mem_total_mib": None,
-            "unavailable": {}, "samples": 0, "rank_hosts": rank_hosts,
+            "command": ["prometheus", shown_url(q)],
+            "host": None,
+            "start": start,
+            "end": end,
+            "exit_code": None,
+            "interval_s": step,
+            "data": None,
+            "data_devices": [],
+            "logical_cores": None,
+            "physical_cores": None,
+            "mem_total_mib": None,
+            "unavailable": {},
+            "samples": 0,
+            "rank_hosts": rank_hosts,
             "run_dir": f"{shown_url(q)} train_job={job}",
-            "prometheus": {"url": shown_url(q), "train_job": job, "nodes": nodes,
-                           "runs": sorted({run for _, run in where}), "step_s": step,
-                           "since_s": q.since_s},
+            "prometheus": {
+                "url": shown_url(q),
+                "train_job": job,
+                "nodes": nodes,
+                "runs": sorted({run for _, run in where}),
+                "step_s": step,
+                "since_s": q.since_s,
+            },
         }
         ts = [r.ts for r in rows]
-        out.append(RunData(meta=meta, series={}, steps=rows, entities=[],
-                           span=(min(ts), max(ts)) if ts else None, stacks=[]))
+        out.append(
+            RunData(
+                meta=meta,
+                series={},
+                steps=rows,
+                entities=[],
+                span=(min(ts), max(ts)) if ts else None,
+                stacks=[],
+            )
+        )
     return out
 
 
-def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: float,
-              step: float) -> RunData:
+def _node_run(
+    q: PromQuery, scraped: _Scraped, inst: str, start: float, end: float, step: float
+) -> RunData:
     """The RunData of one node: its series, its processes of the chosen run, that run's steps,
     and a meta.json-shaped description of where it all came from."""
     series = scraped.series.get(inst, {})
@@ -507,28 +579,43 @@ def _node_run(q: PromQuery, scraped: _Scraped, inst: str, start: float, end: flo
     mem = series.get(("host.mem_total_mib", ""))
     firsts = [s.ts[0] for s in series.values() if s.ts]
     meta: dict[str, Any] = {
-        "command": ["prometheus", shown_url(q)], "host": scraped.hosts.get(inst) or inst,
-        "start": start, "end": end, "exit_code": None, "interval_s": step,
-        "data": None, "data_devices": [], "logical_cores": len(cores) or None,
-        "physical_cores": None, "mem_total_mib": mem.v[-1] if mem and mem.v else None,
-        "unavailable": scraped.down.get(inst, {}), "samples": len(firsts),
+        "command": ["prometheus", shown_url(q)],
+        "host": scraped.hosts.get(inst) or inst,
+        "start": start,
+        "end": end,
+        "exit_code": None,
+        "interval_s": step,
+        "data": None,
+        "data_devices": [],
+        "logical_cores": len(cores) or None,
+        "physical_cores": None,
+        "mem_total_mib": mem.v[-1] if mem and mem.v else None,
+        "unavailable": scraped.down.get(inst, {}),
+        "samples": len(firsts),
         "run_dir": f"{shown_url(q)} instance={inst}",
         "owner": scraped.owners.get(inst, {}).get(chosen or "") or None,
-        "prometheus": {"url": shown_url(q), "instance": inst,
-                       "job": scraped.jobs.get(inst), "step_s": step, "since_s": q.since_s,
-                       "runs": runs, "run": chosen},
+        "prometheus": {
+            "url": shown_url(q),
+            "instance": inst,
+            "job": scraped.jobs.get(inst),
+            "step_s": step,
+            "since_s": q.since_s,
+            "runs": runs,
+            "run": chosen,
+        },
     }
-    ents = [{"source": src, "entity": ent, "attrs": attrs}
-            for (src, ent), attrs in sorted(entities.items())]
+    ents = [
+        {"source": src, "entity": ent, "attrs": attrs}
+        for (src, ent), attrs in sorted(entities.items())
+    ]
     rows = step_rows[0][1] if step_rows else []
     span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
-    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span,
-                   stacks=stacks)
+    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span, stacks=stacks)
 
 
-def _steps(raw: dict[tuple[str, int], _StepCols],
-           want: str | None, start: float, step: float
-           ) -> tuple[list[tuple[str, list[StepRow]]], dict[str, int]]:
+def _steps(
+    raw: dict[tuple[str, int], _StepCols], want: str | None, start: float, step: float
+) -> tuple[list[tuple[str, list[StepRow]]], dict[str, int]]:
     """Step rows of one run on one node, rebuilt from its counters; (the chosen run and its
     rows, or nothing), and every run seen with its step count in the window."""
     per_run: dict[str, list[StepRow]] = defaultdict(list)
@@ -545,8 +632,9 @@ def _steps(raw: dict[tuple[str, int], _StepCols],
     return [(chosen, per_run[chosen])], counts
 
 
-def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], start: float,
-               step: float) -> list[StepRow]:
+def _rank_rows(
+    rank: int, cols: dict[str, tuple[list[float], list[float]]], start: float, step: float
+) -> list[StepRow]:
     ts = cols["n"][0]
     at = {name: dict(zip(*col)) for name, col in cols.items() if name != "first_ts"}
     # when the run's first step was handed over (an older agent does not export it)
@@ -579,8 +667,13 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
         k = round(d["n"]) if math.isfinite(d["n"]) else 0
         if k > MAX_STEPS_PER_S * max(1.0, t - t_from):
             k = 0  # a counter no training reaches (garbage, a foreign series): not steps
-        if k > 0 and math.isfinite(d["step_s"]) and math.isfinite(d["wait_s"]) \
-                and d["step_s"] >= 0 and d["wait_s"] >= 0:
+        if (
+            k > 0
+            and math.isfinite(d["step_s"])
+            and math.isfinite(d["wait_s"])
+            and d["step_s"] >= 0
+            and d["wait_s"] >= 0
+        ):
             wait = d["wait_s"] / k
             host = max(0.0, d["step_s"] / k - wait)
             batch = d.get("samples", math.nan) / k
@@ -588,9 +681,17 @@ def _rank_rows(rank: int, cols: dict[str, tuple[list[float], list[float]]], star
             per_comm = d.get("comm_s", math.nan) / k
             comm = min(per_comm, host) if math.isfinite(per_comm) and per_comm >= 0 else None
             for i in range(k):
-                rows.append(StepRow(rank=rank, step=counted + i,
-                                    ts=t_from + (t - t_from) * (i + 1) / k,
-                                    wait_s=wait, host_s=host, samples=samples, comm_s=comm))
+                rows.append(
+                    StepRow(
+                        rank=rank,
+                        step=counted + i,
+                        ts=t_from + (t - t_from) * (i + 1) / k,
+                        wait_s=wait,
+                        host_s=host,
+                        samples=samples,
+                        comm_s=comm,
+                    )
+                )
             counted += k
         prev, prev_t = cur, t
     return rows

@@ -60,7 +60,7 @@ class RunData:
     _axis: tuple[float, float] | None = field(default=None, repr=False)
 
     def skipped_note(self) -> str | None:
-        """"skipped 3 unreadable rows in run.db (points 3)", None when every row was read."""
+        """ "skipped 3 unreadable rows in run.db (points 3)", None when every row was read."""
         n = sum(self.skipped.values())
         if not n:
             return None
@@ -94,14 +94,18 @@ class RunData:
 
             probe_pids = {str(p["pid"]) for p in self.probes if p.get("pid") is not None}
             probe_pids |= ranked_pids(self.stacks)  # trainers, whatever the tree looks like
-            self._roles = infer_roles([e for e in self.entities if e["source"] == "procs"],
-                                      probe_pids)
+            self._roles = infer_roles(
+                [e for e in self.entities if e["source"] == "procs"], probe_pids
+            )
         return self._roles
 
     def device_info(self) -> dict[str, dict[str, Any]]:
         """What sysfs said about each disk when the run recorded it (kind, rotational...)."""
-        return {e["entity"]: e["attrs"] for e in self.entities
-                if e["source"] == "disk" and isinstance(e.get("attrs"), dict) and e["attrs"]}
+        return {
+            e["entity"]: e["attrs"]
+            for e in self.entities
+            if e["source"] == "disk" and isinstance(e.get("attrs"), dict) and e["attrs"]
+        }
 
     @property
     def dataset_bytes(self) -> int | None:
@@ -156,10 +160,16 @@ class RunData:
         return self._axis
 
     def _compute_axis(self) -> tuple[float, float]:
-        starts = [t for t in (_num(self.meta.get("start")),
-                              self.span[0] if self.span else None) if t is not None]
-        ends = [t for t in (_num(self.meta.get("end")),
-                            self.span[1] if self.span else None) if t is not None]
+        starts = [
+            t
+            for t in (_num(self.meta.get("start")), self.span[0] if self.span else None)
+            if t is not None
+        ]
+        ends = [
+            t
+            for t in (_num(self.meta.get("end")), self.span[1] if self.span else None)
+            if t is not None
+        ]
         if self.steps:
             starts.append(min(s.ts - s.wait_s for s in self.steps))
             ends.append(max(s.ts + s.host_s for s in self.steps))
@@ -174,8 +184,11 @@ def pick_training(data: RunData, run_id: str | None = None) -> str | None:
     or a prefix); by default the one with the most process points. Records the choice in
     ``meta["training"]`` and every training seen, with its process points, in
     ``meta["trainings"]``; returns the choice (None when the store followed none)."""
-    procs = {str(e["entity"]): str((e.get("attrs") or {}).get("run") or "")
-             for e in data.entities if e.get("source") == "procs"}
+    procs = {
+        str(e["entity"]): str((e.get("attrs") or {}).get("run") or "")
+        for e in data.entities
+        if e.get("source") == "procs"
+    }
     points: dict[str, int] = {}
     for (name, ent), ser in data.series.items():
         if name.startswith("procs.") and procs.get(ent):
@@ -183,18 +196,20 @@ def pick_training(data: RunData, run_id: str | None = None) -> str | None:
     if not points:
         return None
     if run_id is not None:
-        matches = [r for r in points if r == run_id] or [r for r in points
-                                                          if r.startswith(run_id)]
+        matches = [r for r in points if r == run_id] or [r for r in points if r.startswith(run_id)]
         if len(matches) != 1:
             known = ", ".join(sorted(points))
-            raise UsageError(f"{'no' if not matches else 'more than one'} training "
-                                  f"{run_id!r} in this agent store (it followed: {known})")
+            raise UsageError(
+                f"{'no' if not matches else 'more than one'} training "
+                f"{run_id!r} in this agent store (it followed: {known})"
+            )
         chosen = matches[0]
     else:
         chosen = max(points, key=lambda r: (points[r], r))
     gone = {ent for ent, r in procs.items() if r != chosen}
-    data.entities = [e for e in data.entities
-                     if not (e.get("source") == "procs" and str(e["entity"]) in gone)]
+    data.entities = [
+        e for e in data.entities if not (e.get("source") == "procs" and str(e["entity"]) in gone)
+    ]
     for key in [k for k in data.series if k[0].startswith("procs.") and k[1] in gone]:
         del data.series[key]
     data._roles = None
@@ -227,19 +242,29 @@ def load_run(run_dir: Path, training: str | None = None) -> RunData:
     try:
         series = store.read_all()
         entities = optional("entities", store.entities)
-        data = RunData(meta=meta, series=series, steps=optional("steps", store.steps),
-                       probes=optional("probes", store.probes),
-                       entities=[_clean_entity(e) for e in entities],
-                       events=optional("events", store.events), run_dir=run_dir,
-                       stacks=read_records(run_dir), errors=read_errors(run_dir),
-                       span=_span(series), skipped=dict(store.skipped), unreadable=unreadable)
+        data = RunData(
+            meta=meta,
+            series=series,
+            steps=optional("steps", store.steps),
+            probes=optional("probes", store.probes),
+            entities=[_clean_entity(e) for e in entities],
+            events=optional("events", store.events),
+            run_dir=run_dir,
+            stacks=read_records(run_dir),
+            errors=read_errors(run_dir),
+            span=_span(series),
+            skipped=dict(store.skipped),
+            unreadable=unreadable,
+        )
     finally:
         store.close()
     if "agent" in meta:  # a node agent's store: one training at a time (pick_training)
         pick_training(data, training)
     elif training is not None:
-        raise UsageError(f"{run_dir.name} is one training's run, not an agent's store: "
-                              "--run-id chooses among the trainings an agent followed")
+        raise UsageError(
+            f"{run_dir.name} is one training's run, not an agent's store: "
+            "--run-id chooses among the trainings an agent followed"
+        )
     return data
 
 
@@ -264,10 +289,13 @@ def read_errors(run_dir: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("error"), str) \
-                and isinstance(rec.get("ts"), (int, float)) and math.isfinite(rec["ts"]):
-            out.append({"ts": float(rec["ts"]), "pid": rec.get("pid"),
-                        "error": rec["error"][:500]})
+        if (
+            isinstance(rec, dict)
+            and isinstance(rec.get("error"), str)
+            and isinstance(rec.get("ts"), (int, float))
+            and math.isfinite(rec["ts"])
+        ):
+            out.append({"ts": float(rec["ts"]), "pid": rec.get("pid"), "error": rec["error"][:500]})
     return sorted(out, key=lambda r: r["ts"])
 
 

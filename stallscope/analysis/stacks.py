@@ -23,8 +23,14 @@ from typing import Any, TypeGuard
 from stallscope.sources.stacks.aggregate import phase_seconds
 from stallscope.sources.stacks.phases import PHASES, TRAINING
 
-__all__ = ["MIN_TRAINING_S", "ProcPhases", "batch_throughput", "phases_over_time", "top_stacks",
-           "trainer_phases"]
+__all__ = [
+    "MIN_TRAINING_S",
+    "ProcPhases",
+    "batch_throughput",
+    "phases_over_time",
+    "top_stacks",
+    "trainer_phases",
+]
 
 #: seconds of sampled training a process needs before its shares mean anything
 MIN_TRAINING_S = 2.0
@@ -57,8 +63,9 @@ class ProcPhases:
         return {p: round(self.share(p), 3) for p in PHASES if self.seconds.get(p)}
 
 
-def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str] | None = None
-                   ) -> list[ProcPhases]:
+def trainer_phases(
+    records: Iterable[Mapping[str, Any]], roles: Mapping[str, str] | None = None
+) -> list[ProcPhases]:
     """The trainer processes of a run, by rank (see the module docstring)."""
     procs: dict[int, ProcPhases] = {}
     for rec in records:
@@ -66,8 +73,11 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
         p = procs.get(pid)
         if p is None:
             rank = rec.get("rank")
-            p = procs[pid] = ProcPhases(pid, rank if isinstance(rank, int) and rank >= 0
-                                        else None, str(rec.get("sampler") or ""))
+            p = procs[pid] = ProcPhases(
+                pid,
+                rank if isinstance(rank, int) and rank >= 0 else None,
+                str(rec.get("sampler") or ""),
+            )
         for k, v in phase_seconds(rec).items():
             p.seconds[k] = p.seconds.get(k, 0.0) + v
         n = rec.get("n")
@@ -77,9 +87,12 @@ def trainer_phases(records: Iterable[Mapping[str, Any]], roles: Mapping[str, str
             p.batches += b
             p.batch_samples += bs
     roles = roles or {}
-    out = [p for p in procs.values()
-           if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
-           and roles.get(str(p.pid)) not in ("worker", "launcher")]
+    out = [
+        p
+        for p in procs.values()
+        if sum(p.seconds.get(k, 0.0) for k in TRAINING) >= MIN_TRAINING_S
+        and roles.get(str(p.pid)) not in ("worker", "launcher")
+    ]
     ranked = [p for p in out if p.rank is not None]
     if ranked:
         by_rank: dict[int, ProcPhases] = {}
@@ -100,8 +113,9 @@ def batch_throughput(procs: Iterable[ProcPhases], seconds: float) -> float | Non
     return round(total / seconds, 2) if total > 0 and seconds > 0 else None
 
 
-def phases_over_time(records: Iterable[Mapping[str, Any]], pid: int, t0: float,
-                     bucket_s: float) -> list[tuple[float, dict[str, float]]]:
+def phases_over_time(
+    records: Iterable[Mapping[str, Any]], pid: int, t0: float, bucket_s: float
+) -> list[tuple[float, dict[str, float]]]:
     """(seconds since ``t0``, seconds per phase) in buckets of ``bucket_s`` for one process."""
     buckets: dict[int, dict[str, float]] = defaultdict(dict)
     for rec in records:
@@ -119,8 +133,9 @@ _OUTSIDE = frozenset({"startup", "exit", "tail"})
 _STARTUP = frozenset({"startup"})
 
 
-def top_stacks(records: Iterable[Mapping[str, Any]], pid: int, n: int = 10, *,
-               training: bool = True) -> list[tuple[str, str, float]]:
+def top_stacks(
+    records: Iterable[Mapping[str, Any]], pid: int, n: int = 10, *, training: bool = True
+) -> list[tuple[str, str, float]]:
     """The ``n`` folded stacks of one process that stood for the most time, as
     ``(folded, phase, seconds)``: the training's, as :attr:`ProcPhases.total_s` counts them
     (start-up and the exit after the last step left out: 9 s of an exit's ``rmtree`` were

@@ -32,25 +32,51 @@ class Stat:
     max: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "entity": self.entity, "unit": self.unit, "n": self.n,
-                "median": self.median, "p95": self.p95, "max": self.max}
+        return {
+            "metric": self.metric,
+            "entity": self.entity,
+            "unit": self.unit,
+            "n": self.n,
+            "median": self.median,
+            "p95": self.p95,
+            "max": self.max,
+        }
 
 
 def stat(s: Series) -> Stat | None:
     if not s.v:
         return None
     m = lookup(s.name)
-    return Stat(s.name, s.entity, m.unit if m else "", len(s.v), percentile(s.v, 50),
-                percentile(s.v, 95), max(s.v))
+    return Stat(
+        s.name,
+        s.entity,
+        m.unit if m else "",
+        len(s.v),
+        percentile(s.v, 50),
+        percentile(s.v, 95),
+        max(s.v),
+    )
 
 
 #: what the summary shows, in order: (metric, which entities)
 _ROWS: tuple[str, ...] = (
-    "gpu.util_pct", "gpu.sm_active_pct", "gpu.mem_used_mib", "gpu.power_w", "gpu.temp_c",
+    "gpu.util_pct",
+    "gpu.sm_active_pct",
+    "gpu.mem_used_mib",
+    "gpu.power_w",
+    "gpu.temp_c",
     "gpu.mem_temp_c",
-    "host.cpu_pct", "host.cpu_max_core_pct", "host.iowait_pct", "host.mem_used_mib",
-    "host.swap_in_kb_s", "host.shm_used_mib", "host.psi_io_some_pct",
-    "disk.util_pct", "disk.r_await_ms", "disk.rkb_s", "disk.r_s",
+    "host.cpu_pct",
+    "host.cpu_max_core_pct",
+    "host.iowait_pct",
+    "host.mem_used_mib",
+    "host.swap_in_kb_s",
+    "host.shm_used_mib",
+    "host.psi_io_some_pct",
+    "disk.util_pct",
+    "disk.r_await_ms",
+    "disk.rkb_s",
+    "disk.r_s",
 )
 
 
@@ -111,8 +137,12 @@ def summarize(data: RunData) -> dict[str, Any]:
         out["exit_code"] = fx.run.exit_code
     win = data.window()
     if win.source != "run":  # start-up, training and exit: phases of their own
-        out["phases"] = {"startup_s": fx.run.startup_s, "training_s": fx.run.window_s,
-                         "exit_s": fx.run.exit_s, "window_source": fx.run.window_source}
+        out["phases"] = {
+            "startup_s": fx.run.startup_s,
+            "training_s": fx.run.window_s,
+            "exit_s": fx.run.exit_s,
+            "window_source": fx.run.window_source,
+        }
         idle: dict[str, float] = {}
         for ent in gpu_idle:
             s = all_series[("gpu.util_pct", ent)]
@@ -133,8 +163,11 @@ def gpu_energy(data: RunData) -> dict[str, dict[str, float]]:
         joules, secs = s.v[-1] - s.v[0], s.ts[-1] - s.ts[0]
         if joules < 0 or secs <= 0:  # the driver reloaded mid-run: no honest total
             continue
-        out[ent] = {"kwh": round(joules / 3.6e6, 6), "seconds": round(secs, 1),
-                    "mean_w": round(joules / secs, 1)}
+        out[ent] = {
+            "kwh": round(joules / 3.6e6, 6),
+            "seconds": round(secs, 1),
+            "mean_w": round(joules / secs, 1),
+        }
     return out
 
 
@@ -153,12 +186,15 @@ def gpu_health(data: RunData) -> dict[str, dict[str, Any]]:
 
         last = data.get("gpu.xid_last", ent)
         code = next((int(v) for v in reversed(last.v) if v), 0) if last is not None else 0
-        out[ent] = {"xid_count": peak("gpu.xid_count"), "xid_last": code,
-                    "xid_meaning": XID_MEANINGS.get(code, ("",))[0] if code else "",
-                    "row_remap_pending": peak("gpu.row_remap_pending"),
-                    "row_remap_failed": peak("gpu.row_remap_failed"),
-                    "retired_pages_pending": peak("gpu.retired_pages_pending"),
-                    "grew": _grew(data, ent)}
+        out[ent] = {
+            "xid_count": peak("gpu.xid_count"),
+            "xid_last": code,
+            "xid_meaning": XID_MEANINGS.get(code, ("",))[0] if code else "",
+            "row_remap_pending": peak("gpu.row_remap_pending"),
+            "row_remap_failed": peak("gpu.row_remap_failed"),
+            "retired_pages_pending": peak("gpu.retired_pages_pending"),
+            "grew": _grew(data, ent),
+        }
     return out
 
 
@@ -184,8 +220,7 @@ def health_text(ent: str, h: dict[str, Any]) -> str:
 
 def energy_text(ent: str, e: dict[str, float]) -> str:
     """``gpu0 used 0.0123 kWh over 1,234 s (mean 268 W)``."""
-    return (f"{ent} used {e['kwh']:.4g} kWh over {e['seconds']:,.0f} s "
-            f"(mean {e['mean_w']:,.0f} W)")
+    return f"{ent} used {e['kwh']:.4g} kWh over {e['seconds']:,.0f} s (mean {e['mean_w']:,.0f} W)"
 
 
 def render_summary(summary: dict[str, Any]) -> Any:
@@ -195,15 +230,27 @@ def render_summary(summary: dict[str, Any]) -> Any:
     from stallscope.textsafe import safe
 
     table = Table(title="Resources over the run", title_justify="left", show_edge=False)
-    for col, just in (("metric", "left"), ("entity", "left"), ("median", "right"),
-                      ("p95", "right"), ("max", "right"), ("unit", "left")):
+    for col, just in (
+        ("metric", "left"),
+        ("entity", "left"),
+        ("median", "right"),
+        ("p95", "right"),
+        ("max", "right"),
+        ("unit", "left"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in summary["rows"]:
         ent = r["entity"]
         if "processes" in r:
             ent = f"{r['processes']} proc"
-        table.add_row(safe(r["metric"]), safe(str(ent)), number(r["median"]),
-                      number(r["p95"]), number(r["max"]), r["unit"])
+        table.add_row(
+            safe(r["metric"]),
+            safe(str(ent)),
+            number(r["median"]),
+            number(r["p95"]),
+            number(r["max"]),
+            r["unit"],
+        )
     return table
 
 
@@ -211,24 +258,34 @@ def sampling_text(meta: dict[str, Any]) -> str:
     """How often the run was sampled, in words: ``every 1 s for the first 2 min, then every 5
     s`` (a run's warm-up), or ``every 5 s`` (``show`` and the report say the same)."""
     iv, wi, ws = meta.get("interval_s"), meta.get("warmup_interval_s"), meta.get("warmup_s")
-    if (isinstance(wi, (int, float)) and isinstance(ws, (int, float)) and ws > 0
-            and isinstance(iv, (int, float))):
+    if (
+        isinstance(wi, (int, float))
+        and isinstance(ws, (int, float))
+        and ws > 0
+        and isinstance(iv, (int, float))
+    ):
         return f"every {wi:g} s for the first {ws / 60:g} min, then every {iv:g} s"
     return f"every {iv:g} s" if isinstance(iv, (int, float)) else "interval ?"
 
 
 #: where the training window came from, in words (analysis/window.py)
-_WINDOW_FROM = {"probe": "the probe's steps", "stacks": "the sampled stacks",
-                "workers": "while DataLoader workers ran", "gpu": "while the GPU worked"}
+_WINDOW_FROM = {
+    "probe": "the probe's steps",
+    "stacks": "the sampled stacks",
+    "workers": "while DataLoader workers ran",
+    "gpu": "while the GPU worked",
+}
 
 
 def phases_text(phases: dict[str, Any]) -> str:
-    """"phases: start-up 12 s · training 25 s (the probe's steps) · exit 31 s"."""
+    """ "phases: start-up 12 s · training 25 s (the probe's steps) · exit 31 s"."""
     parts = []
     if phases.get("startup_s") is not None:
         parts.append(f"start-up {phases['startup_s']:.0f} s")
-    parts.append(f"training {phases['training_s']:.0f} s "
-                 f"({_WINDOW_FROM.get(phases.get('window_source') or '', '?')})")
+    parts.append(
+        f"training {phases['training_s']:.0f} s "
+        f"({_WINDOW_FROM.get(phases.get('window_source') or '', '?')})"
+    )
     if phases.get("exit_s") is not None:
         parts.append(f"exit {phases['exit_s']:.0f} s")
     return "phases: " + " · ".join(parts)

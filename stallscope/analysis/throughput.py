@@ -22,8 +22,10 @@ __all__ = ["COUNTED_BATCHES", "PROBE_STEPS", "SOURCE_TEXT", "throughput"]
 
 PROBE_STEPS, COUNTED_BATCHES = "probe", "counted_batches"
 #: each source in words, for text output
-SOURCE_TEXT = {PROBE_STEPS: "the probe's steps",
-               COUNTED_BATCHES: "the DataLoader batches counted inside the trainer"}
+SOURCE_TEXT = {
+    PROBE_STEPS: "the probe's steps",
+    COUNTED_BATCHES: "the DataLoader batches counted inside the trainer",
+}
 
 
 def throughput(data: RunData) -> tuple[float | None, str | None]:

@@ -38,8 +38,16 @@ from stallscope.units import finite_or_none
 if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
 
-__all__ = ["GPU_WARM_FRACTION", "TrainingWindow", "clip", "exit_stacks", "gpu_warmup_end",
-           "trainer_gpus", "training_window", "window_of"]
+__all__ = [
+    "GPU_WARM_FRACTION",
+    "TrainingWindow",
+    "clip",
+    "exit_stacks",
+    "gpu_warmup_end",
+    "trainer_gpus",
+    "training_window",
+    "window_of",
+]
 
 #: the GPU has warmed up at the first sample reaching this fraction of its working level (the
 #: 90th percentile of its utilization inside the window)
@@ -91,8 +99,9 @@ def _probe_window(data: RunData) -> tuple[float, float] | None:
     return (start, end) if end > start else None
 
 
-def _stack_window(records: Sequence[Mapping[str, Any]], pids: set[int]
-                  ) -> tuple[float, float] | None:
+def _stack_window(
+    records: Sequence[Mapping[str, Any]], pids: set[int]
+) -> tuple[float, float] | None:
     """First and last training-phase sample of the trainer processes ``pids``: a record ends
     at its ``ts`` and stands for its seconds; its training part starts after its start-up and
     ends before its exit."""
@@ -116,15 +125,23 @@ def _stack_window(records: Sequence[Mapping[str, Any]], pids: set[int]
     return start, end
 
 
-def _series_window(data: RunData, metric: str, entities: Iterable[str],
-                   floor: float = 0.0) -> tuple[float, float] | None:
-    ts = [t for e in entities for s in [data.get(metric, e)] if s is not None
-          for t, v in zip(s.ts, s.v) if v > floor]
+def _series_window(
+    data: RunData, metric: str, entities: Iterable[str], floor: float = 0.0
+) -> tuple[float, float] | None:
+    ts = [
+        t
+        for e in entities
+        for s in [data.get(metric, e)]
+        if s is not None
+        for t, v in zip(s.ts, s.v)
+        if v > floor
+    ]
     return (min(ts), max(ts)) if len(ts) >= 2 and max(ts) > min(ts) else None
 
 
-def training_window(data: RunData, trainer_pids: set[int] | None = None,
-                    gpus: Iterable[str] = ()) -> TrainingWindow:
+def training_window(
+    data: RunData, trainer_pids: set[int] | None = None, gpus: Iterable[str] = ()
+) -> TrainingWindow:
     """The run's training window (see the module docstring). ``trainer_pids``: the processes
     whose sampled stacks speak for the training (:func:`~stallscope.analysis.stacks.
     trainer_phases`); ``gpus``: the GPUs the training used."""
@@ -205,8 +222,9 @@ def gpu_warmup_end(ts: Sequence[float], util: Sequence[float]) -> float | None:
     return None
 
 
-def exit_stacks(records: Iterable[Mapping[str, Any]], pids: set[int], after: float,
-                n: int = 3) -> list[tuple[str, float]]:
+def exit_stacks(
+    records: Iterable[Mapping[str, Any]], pids: set[int], after: float, n: int = 3
+) -> list[tuple[str, float]]:
     """The folded stacks the trainer processes spent the most time in after ``after`` (the
     training window's end): what the exit was spent on, heaviest first. The training samples
     of the record the loop ended in are left out."""

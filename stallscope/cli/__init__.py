@@ -146,8 +146,7 @@ def _silence_stdout(stream: TextIO) -> None:
 
 def _output_failed(exc: BaseException | None, stream: TextIO) -> int:
     _silence_stdout(stream)
-    if isinstance(exc, BrokenPipeError) or (
-            isinstance(exc, OSError) and exc.errno == errno.EPIPE):
+    if isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EPIPE):
         return EXIT_BROKEN_PIPE
     reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
     try:
@@ -194,8 +193,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         sys.stderr.write(f"stallscope: error: {error_text(exc)}\n")
         return exc.exit_code
     except sqlite3.DatabaseError as exc:  # a run.db damaged or from a foreign schema
-        sys.stderr.write(f"stallscope: error: run database unreadable ({exc}); "
-                         "`PRAGMA integrity_check` in sqlite3 tells more\n")
+        sys.stderr.write(
+            f"stallscope: error: run database unreadable ({exc}); "
+            "`PRAGMA integrity_check` in sqlite3 tells more\n"
+        )
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("stallscope: interrupted\n")
@@ -219,8 +220,10 @@ def _check_out(args: argparse.Namespace) -> None:
     out = str(args.out) if given else default_out()
     why = out_problem(out)
     if why:
-        raise UsageError(f"{'--out' if given else '$STALLSCOPE_OUT'} {plain(out, 100)} {why}; "
-                         "give a folder whose name is UTF-8 and fits")
+        raise UsageError(
+            f"{'--out' if given else '$STALLSCOPE_OUT'} {plain(out, 100)} {why}; "
+            "give a folder whose name is UTF-8 and fits"
+        )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,19 @@ if TYPE_CHECKING:
     out_console: Console
     err_console: Console
 
-__all__ = ["RUN_HELP", "add_out_option", "bounded", "err_console", "interval_type",
-           "keep_full_type", "number_type", "out_console", "safe", "size_type", "usage_type"]
+__all__ = [
+    "RUN_HELP",
+    "add_out_option",
+    "bounded",
+    "err_console",
+    "interval_type",
+    "keep_full_type",
+    "number_type",
+    "out_console",
+    "safe",
+    "size_type",
+    "usage_type",
+]
 
 #: the help of a RUN argument
 RUN_HELP = "run directory, run id (or prefix), or 'latest'"
@@ -37,8 +48,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def number_type(flag: str, cast: Callable[[str], N], ok: Callable[[N], bool], kind: str,
-                limits: str) -> Callable[[str], N]:
+def number_type(
+    flag: str, cast: Callable[[str], N], ok: Callable[[N], bool], kind: str, limits: str
+) -> Callable[[str], N]:
     """An argparse type: ``cast(text)`` (int or float), finite and ``ok``; otherwise one line
     naming the flag, ``{flag} must be {kind}, got 'x'`` when it is no number and
     ``{flag} must be {limits}, got 'x'`` when it is out of range."""
@@ -56,17 +68,28 @@ def number_type(flag: str, cast: Callable[[str], N], ok: Callable[[N], bool], ki
 
 
 #: ``--interval``: seconds, a finite number between 0.1 and 3600
-interval_type = number_type("--interval", float, lambda v: 0.1 <= v <= 3600,
-                            "a number of seconds", "between 0.1 and 3600 seconds")
+interval_type = number_type(
+    "--interval",
+    float,
+    lambda v: 0.1 <= v <= 3600,
+    "a number of seconds",
+    "between 0.1 and 3600 seconds",
+)
 #: ``--keep-full``: seconds of full resolution, at least one minute, finite
-keep_full_type = number_type("--keep-full", float, lambda v: v >= 60, "a number of seconds",
-                             "at least 60 seconds")
+keep_full_type = number_type(
+    "--keep-full", float, lambda v: v >= 60, "a number of seconds", "at least 60 seconds"
+)
 
 
 def bounded(flag: str, cast: Callable[[str], N], lo: float, hi: float) -> Callable[[str], N]:
     """An argparse type: a number (``cast`` = int or float) between ``lo`` and ``hi``."""
-    return number_type(flag, cast, lambda v: lo <= v <= hi,
-                       "an integer" if cast is int else "a number", f"{lo:g}–{hi:g}")
+    return number_type(
+        flag,
+        cast,
+        lambda v: lo <= v <= hi,
+        "an integer" if cast is int else "a number",
+        f"{lo:g}–{hi:g}",
+    )
 
 
 #: samples per second of a stack sampler
@@ -76,6 +99,7 @@ rate_type = bounded("--stack-rate", float, 1, 1000)
 def usage_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse type from a parser that raises :class:`UsageError`: its one line becomes
     argparse's error for the flag."""
+
     def convert(text: str) -> T:
         from stallscope.errors import UsageError
 
@@ -114,8 +138,9 @@ def resolve_run(ref: str, out: str) -> Any:
 
     run = find_run(ref, out)
     if ref == "latest" and not list_runs(Path(out)):
-        sys.stderr.write(f"stallscope: latest run: {plain(run, 300)} (none in "
-                         f"{plain(out, 300)}/)\n")
+        sys.stderr.write(
+            f"stallscope: latest run: {plain(run, 300)} (none in {plain(out, 300)}/)\n"
+        )
     return run
 
 
@@ -129,8 +154,9 @@ def watchable_process(pid: int) -> tuple[list[str], str, float]:
     from stallscope.errors import UsageError
 
     if pid == os.getpid():
-        raise UsageError(f"--pid {pid}: that is this stallscope process itself; give the "
-                         "trainer's pid")
+        raise UsageError(
+            f"--pid {pid}: that is this stallscope process itself; give the trainer's pid"
+        )
     try:
         p = psutil.Process(pid)
         with p.oneshot():
@@ -143,16 +169,19 @@ def watchable_process(pid: int) -> tuple[list[str], str, float]:
     except psutil.NoSuchProcess:
         raise UsageError(f"--pid {pid}: no such process") from None
     except (psutil.AccessDenied, PermissionError):
-        raise UsageError(f"--pid {pid}: not allowed to read that process (another user's: "
-                         "run stallscope as that user or as root)") from None
+        raise UsageError(
+            f"--pid {pid}: not allowed to read that process (another user's: "
+            "run stallscope as that user or as root)"
+        ) from None
     except OSError as exc:
         raise UsageError(f"--pid {pid}: cannot read /proc/{pid}: {exc.strerror}") from None
     return cmdline or [name], name, started
 
 
 #: programs that run another program named among their arguments (``uv run stallscope ...``)
-_TOOL_RUNNERS = frozenset({"uv", "uvx", "pipx", "poetry", "pdm", "hatch", "rye", "conda",
-                           "micromamba", "mamba", "pixi"})
+_TOOL_RUNNERS = frozenset(
+    {"uv", "uvx", "pipx", "poetry", "pdm", "hatch", "rye", "conda", "micromamba", "mamba", "pixi"}
+)
 
 
 def runs_stallscope(argv: list[str]) -> bool:

@@ -22,25 +22,48 @@ log = logging.getLogger("stallscope.agent")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="node agent: Prometheus /metrics and a read-only JSON API",
-                       description="Sample GPU, disk and host continuously; serve /metrics "
-                       "(Prometheus), /api/v1/snapshot, /api/v1/history and /api/v1/health; "
-                       "keep a bounded local run store. Binds 127.0.0.1 unless told otherwise. "
-                       "Flags override the config file.")
-    p.add_argument("--listen", metavar="HOST:PORT", default=None,
-                   help="address to serve on (default 127.0.0.1:10127; 0.0.0.0:10127 to let "
-                   "other machines scrape it)")
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="TOML file with listen, interval_s, store_dir, keep_full_s, gpus, "
-                   "devices")
-    p.add_argument("--interval", type=interval_type, default=None, metavar="S",
-                   help="seconds between samples (default 5)")
-    p.add_argument("--hostname", metavar="NAME", default=None,
-                   help="the host label's value (default: this machine's host name; in a "
-                   "Kubernetes pod give the node's name, --hostname $(NODE_NAME))")
-    p.add_argument("--store", metavar="DIR", default=None,
-                   help="where the agent's run directories go (default "
-                   "$STALLSCOPE_STATE_DIR/agent, else ~/.local/state/stallscope/agent)")
+    p = sub.add_parser(
+        "agent",
+        help="node agent: Prometheus /metrics and a read-only JSON API",
+        description="Sample GPU, disk and host continuously; serve /metrics "
+        "(Prometheus), /api/v1/snapshot, /api/v1/history and /api/v1/health; "
+        "keep a bounded local run store. Binds 127.0.0.1 unless told otherwise. "
+        "Flags override the config file.",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="address to serve on (default 127.0.0.1:10127; 0.0.0.0:10127 to let "
+        "other machines scrape it)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML file with listen, interval_s, store_dir, keep_full_s, gpus, devices",
+    )
+    p.add_argument(
+        "--interval",
+        type=interval_type,
+        default=None,
+        metavar="S",
+        help="seconds between samples (default 5)",
+    )
+    p.add_argument(
+        "--hostname",
+        metavar="NAME",
+        default=None,
+        help="the host label's value (default: this machine's host name; in a "
+        "Kubernetes pod give the node's name, --hostname $(NODE_NAME))",
+    )
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        default=None,
+        help="where the agent's run directories go (default "
+        "$STALLSCOPE_STATE_DIR/agent, else ~/.local/state/stallscope/agent)",
+    )
     p.set_defaults(func=run)
 
 
@@ -81,8 +104,13 @@ def run(args: argparse.Namespace) -> int:
                     agent.start()
                     unavailable = agent.prom.unavailable
                     note = "".join(f"; {k} unavailable: {v}" for k, v in unavailable.items())
-                    log.info("serving http://%s/metrics every %g s; store %s%s",
-                             agent.address, cfg.interval_s, agent.run_dir, note)
+                    log.info(
+                        "serving http://%s/metrics every %g s; store %s%s",
+                        agent.address,
+                        cfg.interval_s,
+                        agent.run_dir,
+                        note,
+                    )
                     while not stop.wait(0.5):
                         pass
                 finally:

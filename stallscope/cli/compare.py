@@ -23,20 +23,27 @@ from stallscope.units import speedup as fmt_speedup
 from stallscope.units import throughput as fmt_rate
 
 #: (label, key in the signals, unit)
-_ROWS = (("samples/s", "samples_per_s", ""), ("data-wait share", "stall_fraction", ""),
-         ("step ms (median)", "step_ms_median", "ms"), ("GPU util % (median)",
-                                                       "gpu_util_median_pct", "%"),
-         ("trainer CPU % (mean)", "main_cpu_pct", "%"),
-         ("worker CPU % (mean, each)", "worker_cpu_pct", "%"),
-         ("workers", "workers", ""), ("host CPU % (median)", "host_cpu_median_pct", "%"),
-         ("disk util % (median)", "disk_util_median_pct", "%"))
+_ROWS = (
+    ("samples/s", "samples_per_s", ""),
+    ("data-wait share", "stall_fraction", ""),
+    ("step ms (median)", "step_ms_median", "ms"),
+    ("GPU util % (median)", "gpu_util_median_pct", "%"),
+    ("trainer CPU % (mean)", "main_cpu_pct", "%"),
+    ("worker CPU % (mean, each)", "worker_cpu_pct", "%"),
+    ("workers", "workers", ""),
+    ("host CPU % (median)", "host_cpu_median_pct", "%"),
+    ("disk util % (median)", "disk_util_median_pct", "%"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="two runs side by side (before/after a fix)",
-                       description="Throughput, data-wait share, resources and verdicts of "
-                       "two runs side by side, and how much of run A's estimated speed-up "
-                       "run B delivered.")
+    p = sub.add_parser(
+        "compare",
+        help="two runs side by side (before/after a fix)",
+        description="Throughput, data-wait share, resources and verdicts of "
+        "two runs side by side, and how much of run A's estimated speed-up "
+        "run B delivered.",
+    )
     p.add_argument("run_a", metavar="RUN_A", help="the run before (path, id, prefix, latest)")
     p.add_argument("run_b", metavar="RUN_B", help="the run after")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -44,24 +51,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
-            data_b: RunData) -> dict[str, Any]:
+def compare(
+    doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData, data_b: RunData
+) -> dict[str, Any]:
     # every figure is the runs' facts, as `diagnose` and `show` print them (never recomputed)
     sa, sb = doc_a.get("signals", {}), doc_b.get("signals", {})
     fa, fb = data_a.facts().steps, data_b.facts().steps
-    (ta, src_a), (tb, src_b) = ((fa.samples_per_s, fa.throughput_source),
-                                (fb.samples_per_s, fb.throughput_source))
+    (ta, src_a), (tb, src_b) = (
+        (fa.samples_per_s, fa.throughput_source),
+        (fb.samples_per_s, fb.throughput_source),
+    )
     rows = []
     for label, key, unit in _ROWS:
         a = ta if key == "samples_per_s" else sa.get(key)
         b = tb if key == "samples_per_s" else sb.get(key)
         if a is None and b is None:
             continue
-        ratio = round(b / a, 3) if isinstance(a, (int, float)) and isinstance(
-            b, (int, float)) and a else None
+        ratio = (
+            round(b / a, 3)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
+            else None
+        )
         rows.append({"what": label, "key": key, "a": a, "b": b, "ratio": ratio, "unit": unit})
-    out: dict[str, Any] = {"a": doc_a["run"], "b": doc_b["run"], "rows": rows,
-                           "verdict_a": doc_a["verdict"], "verdict_b": doc_b["verdict"]}
+    out: dict[str, Any] = {
+        "a": doc_a["run"],
+        "b": doc_b["run"],
+        "rows": rows,
+        "verdict_a": doc_a["verdict"],
+        "verdict_b": doc_b["verdict"],
+    }
     if ta is not None or tb is not None:
         out["throughput_source"] = {"a": src_a, "b": src_b}
     conf_a, conf_b = dict(loader_config(data_a)), dict(loader_config(data_b))
@@ -94,12 +112,17 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], data_a: RunData,
             if out["delivered_share"] < SHORT_OF:
                 out["shortfall"] = shortfall(doc_b)
     elif ta is None or tb is None:
-        out["no_throughput"] = ("samples/s needs, in both runs, the probe's per-step records "
-                                "(wrap the loader with stallscope.watch(loader)) or the "
-                                "DataLoader batches `stallscope run` counts inside a PyTorch "
-                                "trainer (not with --pid or --no-stacks); "
-                                + ("neither run has them" if ta is None and tb is None else
-                                   f"run {'A' if ta is None else 'B'} has none"))
+        out["no_throughput"] = (
+            "samples/s needs, in both runs, the probe's per-step records "
+            "(wrap the loader with stallscope.watch(loader)) or the "
+            "DataLoader batches `stallscope run` counts inside a PyTorch "
+            "trainer (not with --pid or --no-stacks); "
+            + (
+                "neither run has them"
+                if ta is None and tb is None
+                else f"run {'A' if ta is None else 'B'} has none"
+            )
+        )
     return out
 
 
@@ -116,16 +139,19 @@ def shortfall(doc_b: dict[str, Any]) -> list[str]:
     why: list[str] = []
     host = sb.get("host_cpu_median_pct")
     if isinstance(host, (int, float)) and host >= HOST_FULL_PCT:
-        why.append(f"run B's host CPU was at {host:.1f}% (median): the cores had no room "
-                   "left for the loading the fix added")
+        why.append(
+            f"run B's host CPU was at {host:.1f}% (median): the cores had no room "
+            "left for the loading the fix added"
+        )
     kinds = [f.get("kind") for f in doc_b.get("findings") or [] if isinstance(f, dict)]
     if "cpu_contention" in kinds:
         why.append("in run B other processes took the training's cores (cpu_contention)")
     stall = sb.get("stall_fraction")
-    if isinstance(stall, (int, float)) and str(doc_b.get("verdict", "")).startswith(
-            "input_bound"):
-        why.append(f"run B still waited for data {stall:.0%} of the time "
-                   f"({doc_b.get('verdict')}): see its diagnosis")
+    if isinstance(stall, (int, float)) and str(doc_b.get("verdict", "")).startswith("input_bound"):
+        why.append(
+            f"run B still waited for data {stall:.0%} of the time "
+            f"({doc_b.get('verdict')}): see its diagnosis"
+        )
     return why
 
 
@@ -139,8 +165,9 @@ def loader_config(data: RunData) -> dict[str, Any]:
     return {}
 
 
-def applied_fix(doc_a: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
-                ) -> dict[str, Any] | None:
+def applied_fix(
+    doc_a: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, Any] | None:
     """The fix of A's diagnosis that run B applied: the first whose loader settings B has and
     A had not (None when no fix says what it changes, or B changed something else)."""
     for f in doc_a.get("findings") or []:
@@ -148,8 +175,9 @@ def applied_fix(doc_a: dict[str, Any], before: dict[str, Any], after: dict[str, 
             change = fix.get("change")
             if not isinstance(change, dict) or not change:
                 continue
-            if all(after.get(k) == v for k, v in change.items()) and \
-                    any(before.get(k) != v for k, v in change.items()):
+            if all(after.get(k) == v for k, v in change.items()) and any(
+                before.get(k) != v for k, v in change.items()
+            ):
                 return {**fix, "kind": f.get("kind")}
     return None
 
@@ -183,36 +211,48 @@ def run(args: argparse.Namespace) -> int:
         return f"{v:,.1f}" if isinstance(v, float) else str(v)
 
     for r in out["rows"]:
-        table.add_row(r["what"], fmt(r["key"], r["a"]), fmt(r["key"], r["b"]),
-                      "-" if r["ratio"] is None else fmt_speedup(r["ratio"]))
+        table.add_row(
+            r["what"],
+            fmt(r["key"], r["a"]),
+            fmt(r["key"], r["b"]),
+            "-" if r["ratio"] is None else fmt_speedup(r["ratio"]),
+        )
     table.add_row("verdict", safe(out["verdict_a"]), safe(out["verdict_b"]), "")
     out_console.print(f"A: {safe(out['a'])}", highlight=False, soft_wrap=True)
     out_console.print(f"B: {safe(out['b'])}", highlight=False, soft_wrap=True)
     out_console.print(table)
     src = out.get("throughput_source") or {}
     if any(v not in (None, PROBE_STEPS) for v in src.values()):
-        line = ("samples/s of both runs from " + SOURCE_TEXT[src["b"]]
-                if src.get("a") == src.get("b") else "samples/s from: " + "; ".join(
-                    f"{k.upper()} {SOURCE_TEXT[v]}" for k, v in src.items() if v))
+        line = (
+            "samples/s of both runs from " + SOURCE_TEXT[src["b"]]
+            if src.get("a") == src.get("b")
+            else "samples/s from: "
+            + "; ".join(f"{k.upper()} {SOURCE_TEXT[v]}" for k, v in src.items() if v)
+        )
         out_console.print(line, highlight=False, soft_wrap=True)
     if "speedup" in out:
         line = f"B is {fmt_speedup(out['speedup'])} the throughput of A"
         if "applied_fix" in out:
-            line += f"; B applied A's fix \"{safe(out['applied_fix'])}\""
+            line += f'; B applied A\'s fix "{safe(out["applied_fix"])}"'
             if out.get("num_workers_from_processes"):
                 line += " (num_workers read from the worker processes the runs had: no probe)"
             if "estimated_speedup" in out:
-                line += (f", expected {fmt_speedup(out['estimated_speedup'])}: "
-                         f"{pct(out['delivered_share'])} of the expected gain delivered")
+                line += (
+                    f", expected {fmt_speedup(out['estimated_speedup'])}: "
+                    f"{pct(out['delivered_share'])} of the expected gain delivered"
+                )
         elif "estimated_speedup" in out:
-            line += (f"; no fix of A's diagnosis matches what changed; A's data-wait ceiling "
-                     f"(the whole stall of {pct(out.get('stall_a'))} gone, compute "
-                     f"unchanged) was {fmt_speedup(out['estimated_speedup'])}: "
-                     f"{pct(out['delivered_share'])} of it")
+            line += (
+                f"; no fix of A's diagnosis matches what changed; A's data-wait ceiling "
+                f"(the whole stall of {pct(out.get('stall_a'))} gone, compute "
+                f"unchanged) was {fmt_speedup(out['estimated_speedup'])}: "
+                f"{pct(out['delivered_share'])} of it"
+            )
         out_console.print(line, highlight=False, soft_wrap=True)
         for why in out.get("shortfall") or ():
             out_console.print(f"  why less: {safe(why)}", highlight=False, soft_wrap=True)
     elif "no_throughput" in out:
-        out_console.print(f"no samples/s: {safe(out['no_throughput'])}", highlight=False,
-                          soft_wrap=True)
+        out_console.print(
+            f"no samples/s: {safe(out['no_throughput'])}", highlight=False, soft_wrap=True
+        )
     return 0

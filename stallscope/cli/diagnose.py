@@ -17,41 +17,68 @@ from stallscope.textsafe import plain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="name the bottleneck of a run",
-                       description="Findings for a run: the bottleneck, the evidence (numbers "
-                       "and the rule behind them), fixes, and an upper-bound speedup. With "
-                       "--prometheus, the same rules over the series a Prometheus server "
-                       "scraped from stallscope agents (docs/agent.md).")
-    p.add_argument("run", metavar="RUN", nargs="?",
-                   help=RUN_HELP)
+    p = sub.add_parser(
+        "diagnose",
+        help="name the bottleneck of a run",
+        description="Findings for a run: the bottleneck, the evidence (numbers "
+        "and the rule behind them), fixes, and an upper-bound speedup. With "
+        "--prometheus, the same rules over the series a Prometheus server "
+        "scraped from stallscope agents (docs/agent.md).",
+    )
+    p.add_argument("run", metavar="RUN", nargs="?", help=RUN_HELP)
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     add_out_option(p)
     g = p.add_argument_group("cluster diagnosis (instead of RUN)")
-    g.add_argument("--prometheus", metavar="URL",
-                   help="read a Prometheus server, e.g. http://prometheus:9090")
+    g.add_argument(
+        "--prometheus", metavar="URL", help="read a Prometheus server, e.g. http://prometheus:9090"
+    )
     g.add_argument("--job", help="only targets of this scrape job")
     g.add_argument("--instance", help="only this target (HOST:PORT as Prometheus names it)")
-    p.add_argument("--run-id", dest="run_id", metavar="RUN",
-                   help="the training to diagnose: in an agent's store (RUN), one of the "
-                   "trainings it followed (default: the one with the most process samples); "
-                   "with --prometheus, the run to take steps from (default: the one with most "
-                   "steps in the window)")
-    g.add_argument("--since", default="30m", metavar="DURATION",
-                   help="window to read, e.g. 30m, 2h (default 30m)")
-    g.add_argument("--step", metavar="DURATION",
-                   help="query resolution (default 15s, coarser for long windows)")
-    g.add_argument("--timeout", metavar="DURATION", default="60s",
-                   help="longest wait for the server's answer, reaching it and reading it "
-                   "whole (default 60s)")
-    g.add_argument("--bearer-token-file", metavar="FILE",
-                   help="send the token in FILE as 'Authorization: Bearer' (Thanos, Mimir, "
-                   "Grafana Cloud; a secret is never taken on the command line)")
-    g.add_argument("--basic-auth-user", metavar="USER",
-                   help="HTTP basic auth user; its password from --basic-auth-password-file")
-    g.add_argument("--basic-auth-password-file", metavar="FILE",
-                   help="the basic-auth password, first line of FILE")
-    g.add_argument("--ca-file", metavar="FILE",
-                   help="CA certificates (PEM) to trust for an https:// server")
+    p.add_argument(
+        "--run-id",
+        dest="run_id",
+        metavar="RUN",
+        help="the training to diagnose: in an agent's store (RUN), one of the "
+        "trainings it followed (default: the one with the most process samples); "
+        "with --prometheus, the run to take steps from (default: the one with most "
+        "steps in the window)",
+    )
+    g.add_argument(
+        "--since",
+        default="30m",
+        metavar="DURATION",
+        help="window to read, e.g. 30m, 2h (default 30m)",
+    )
+    g.add_argument(
+        "--step",
+        metavar="DURATION",
+        help="query resolution (default 15s, coarser for long windows)",
+    )
+    g.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        default="60s",
+        help="longest wait for the server's answer, reaching it and reading it whole (default 60s)",
+    )
+    g.add_argument(
+        "--bearer-token-file",
+        metavar="FILE",
+        help="send the token in FILE as 'Authorization: Bearer' (Thanos, Mimir, "
+        "Grafana Cloud; a secret is never taken on the command line)",
+    )
+    g.add_argument(
+        "--basic-auth-user",
+        metavar="USER",
+        help="HTTP basic auth user; its password from --basic-auth-password-file",
+    )
+    g.add_argument(
+        "--basic-auth-password-file",
+        metavar="FILE",
+        help="the basic-auth password, first line of FILE",
+    )
+    g.add_argument(
+        "--ca-file", metavar="FILE", help="CA certificates (PEM) to trust for an https:// server"
+    )
     p.set_defaults(func=run)
 
 
@@ -59,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.prometheus is not None:
         return _from_prometheus(args)
     if args.run is None:
-        raise UsageError("diagnose needs RUN (a run directory, run id or 'latest') or "
-                         "--prometheus URL")
+        raise UsageError(
+            "diagnose needs RUN (a run directory, run id or 'latest') or --prometheus URL"
+        )
     run_dir = resolve_run(args.run, args.out)
     data = load_run(run_dir, args.run_id)
     doc = diagnose_run(run_dir, data)
@@ -84,9 +112,12 @@ def training_line(meta: dict[str, Any]) -> str | None:
     if not chosen:
         return None
     others = [r for r in seen if r != chosen]
-    text = (f"agent store: training {plain(str(chosen))}"
-            + (f" (of {len(seen)} it followed: the one with the most process samples; "
-               f"another with --run-id {plain(str(others[0]))})" if others else ""))
+    text = f"agent store: training {plain(str(chosen))}" + (
+        f" (of {len(seen)} it followed: the one with the most process samples; "
+        f"another with --run-id {plain(str(others[0]))})"
+        if others
+        else ""
+    )
     return text
 
 
@@ -115,12 +146,13 @@ def _auth(args: argparse.Namespace) -> dict[str, str]:
     if args.bearer_token_file and args.basic_auth_user:
         raise UsageError("give --bearer-token-file or --basic-auth-user, not both")
     if args.bearer_token_file:
-        out["Authorization"] = "Bearer " + _secret("--bearer-token-file",
-                                                   args.bearer_token_file)
+        out["Authorization"] = "Bearer " + _secret("--bearer-token-file", args.bearer_token_file)
     if args.basic_auth_user is not None:
         if not args.basic_auth_password_file:
-            raise UsageError("--basic-auth-user needs --basic-auth-password-file (a password "
-                             "is never taken on the command line)")
+            raise UsageError(
+                "--basic-auth-user needs --basic-auth-password-file (a password "
+                "is never taken on the command line)"
+            )
         import base64
 
         pw = _secret("--basic-auth-password-file", args.basic_auth_password_file)
@@ -152,8 +184,16 @@ def _from_prometheus(args: argparse.Namespace) -> int:
         timeout = parse_duration(args.timeout)
     except ValueError as exc:
         raise UsageError(f"--timeout {exc}") from None
-    q = PromQuery(url=args.prometheus, job=args.job, instance=args.instance, run=args.run_id,
-                  timeout_s=timeout, since_s=since, step_s=step, auth=_auth(args))
+    q = PromQuery(
+        url=args.prometheus,
+        job=args.job,
+        instance=args.instance,
+        run=args.run_id,
+        timeout_s=timeout,
+        since_s=since,
+        step_s=step,
+        auth=_auth(args),
+    )
     docs: list[dict[str, Any]] = []
     nodes, jobs = load_fleet(q)
     for data in nodes:
@@ -164,8 +204,12 @@ def _from_prometheus(args: argparse.Namespace) -> int:
     for data in jobs:
         doc = diagnose(data)
         p = data.meta["prometheus"]
-        doc.update(prometheus=p, train_job=p["train_job"], nodes=p["nodes"],
-                   rank_hosts=data.meta["rank_hosts"])
+        doc.update(
+            prometheus=p,
+            train_job=p["train_job"],
+            nodes=p["nodes"],
+            rank_hosts=data.meta["rank_hosts"],
+        )
         job_docs.append(doc)
     if args.json:
         if len(docs) == 1 and not job_docs:
@@ -178,23 +222,27 @@ def _from_prometheus(args: argparse.Namespace) -> int:
         return 0
     for doc in job_docs:
         # a job over several nodes first: who holds it back is the question across nodes
-        head = (f"training job {plain(doc['train_job'], 120)} on {len(doc['nodes'])} nodes "
-                f"({plain(', '.join(doc['nodes']), 200)}), {len(doc['rank_hosts'])} ranks")
+        head = (
+            f"training job {plain(doc['train_job'], 120)} on {len(doc['nodes'])} nodes "
+            f"({plain(', '.join(doc['nodes']), 200)}), {len(doc['rank_hosts'])} ranks"
+        )
         out_console.print(plain(head, None), soft_wrap=True, markup=False, highlight=False)
         print_diagnosis(doc, out_console)
         out_console.print("")
     for i, doc in enumerate(docs):
         p = doc["prometheus"]
         runs = p.get("runs") or {}
-        head = f"node {plain(p['instance'], 120)}" + (f" (job {plain(p['job'], 80)})"
-                                                      if p.get("job") else "")
+        head = f"node {plain(p['instance'], 120)}" + (
+            f" (job {plain(p['job'], 80)})" if p.get("job") else ""
+        )
         if p.get("run"):
             head += f", steps of run {plain(p['run'], 80)}"
             if len(runs) > 1:
                 # the machine's run ids are clipped, never the hint after them
                 others = plain(", ".join(r for r in sorted(runs) if r != p["run"]), 160)
                 head += f" (also seen: {others}; choose with --run-id)"
-        out_console.print(("\n" if i else "") + plain(head, None), soft_wrap=True,
-                          markup=False, highlight=False)
+        out_console.print(
+            ("\n" if i else "") + plain(head, None), soft_wrap=True, markup=False, highlight=False
+        )
         print_diagnosis(doc, out_console)
     return 0

@@ -50,42 +50,82 @@ _COLOR = {"ok": "green", "ageing": "yellow", "failing": "bold red", "unknown": "
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "disk", help="SMART health (+ growth since last check) and read benchmark",
+        "disk",
+        help="SMART health (+ growth since last check) and read benchmark",
         description="Health of the drives under PATH (or of DEVICE, or of every drive), with "
         "the growth of failure-predicting SMART counters since earlier checks; --bench "
-        "measures what the filesystem holding PATH delivers to a data loader.")
-    p.add_argument("target", nargs="?", metavar="PATH|DEVICE",
-                   help="a path (its drives; the bench runs on its filesystem) or a device "
-                   "(sda, /dev/nvme0n1); default: every drive, and '.' for --bench")
-    p.add_argument("--bench", action="store_true",
-                   help="read benchmark: page cache vs cold sequential, 4 KiB random, "
-                   "small files (writes temporary files next to PATH)")
-    p.add_argument("--engine", choices=("builtin", "fio"), default="builtin",
-                   help="fio: also run the same plan through fio and show both side by side")
-    p.add_argument("--size", type=size_type, default=BenchPlan.size_bytes, metavar="SIZE",
-                   help="bench file size (default 256M; bigger than the drive's cache "
-                   "gives truer cold figures)")
-    p.add_argument("--seconds", type=bounded("--seconds", float, 0.05, 600),
-                   default=BenchPlan.seconds,
-                   help="duration of each timed bench phase (default 2)")
-    p.add_argument("--files", type=bounded("--files", int, 1, 1_000_000),
-                   default=BenchPlan.small_files,
-                   help="number of 100 KiB files in the small-file phase (default 1000)")
-    p.add_argument("--smartctl-json", nargs="+", metavar="FILE", default=None,
-                   help="explain saved `smartctl --json` outputs instead of reading drives; "
-                   "two of one drive are two checks: their growth is reported")
-    p.add_argument("--device-type", type=usage_type(validate_device_type), metavar="TYPE",
-                   help="smartctl -d TYPE (sat, nvme, megaraid,N ...)")
-    p.add_argument("--sudo", action="store_true",
-                   help="run smartctl through `sudo -n` (see docs/disk-health.md for the "
-                   "one-line sudoers grant)")
-    p.add_argument("--no-state", action="store_true",
-                   help="do not read or update the state file of earlier checks")
+        "measures what the filesystem holding PATH delivers to a data loader.",
+    )
+    p.add_argument(
+        "target",
+        nargs="?",
+        metavar="PATH|DEVICE",
+        help="a path (its drives; the bench runs on its filesystem) or a device "
+        "(sda, /dev/nvme0n1); default: every drive, and '.' for --bench",
+    )
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help="read benchmark: page cache vs cold sequential, 4 KiB random, "
+        "small files (writes temporary files next to PATH)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("builtin", "fio"),
+        default="builtin",
+        help="fio: also run the same plan through fio and show both side by side",
+    )
+    p.add_argument(
+        "--size",
+        type=size_type,
+        default=BenchPlan.size_bytes,
+        metavar="SIZE",
+        help="bench file size (default 256M; bigger than the drive's cache "
+        "gives truer cold figures)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=bounded("--seconds", float, 0.05, 600),
+        default=BenchPlan.seconds,
+        help="duration of each timed bench phase (default 2)",
+    )
+    p.add_argument(
+        "--files",
+        type=bounded("--files", int, 1, 1_000_000),
+        default=BenchPlan.small_files,
+        help="number of 100 KiB files in the small-file phase (default 1000)",
+    )
+    p.add_argument(
+        "--smartctl-json",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="explain saved `smartctl --json` outputs instead of reading drives; "
+        "two of one drive are two checks: their growth is reported",
+    )
+    p.add_argument(
+        "--device-type",
+        type=usage_type(validate_device_type),
+        metavar="TYPE",
+        help="smartctl -d TYPE (sat, nvme, megaraid,N ...)",
+    )
+    p.add_argument(
+        "--sudo",
+        action="store_true",
+        help="run smartctl through `sudo -n` (see docs/disk-health.md for the "
+        "one-line sudoers grant)",
+    )
+    p.add_argument(
+        "--no-state",
+        action="store_true",
+        help="do not read or update the state file of earlier checks",
+    )
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
 
 
 # --- health ---------------------------------------------------------------------------------
+
 
 def _all_drives(sys_root: str = "/sys") -> list[str]:
     try:
@@ -111,11 +151,13 @@ def _resolve(target: str | None) -> tuple[str | None, list[str], str]:
     raise UsageError(f"no such file, directory or device: {target}")
 
 
-def _health(devices: Sequence[str], args: argparse.Namespace,
-            notes: list[str]) -> list[DriveHealth]:
+def _health(
+    devices: Sequence[str], args: argparse.Namespace, notes: list[str]
+) -> list[DriveHealth]:
     smartctl: tuple[str, ...] = ("sudo", "-n", "smartctl") if args.sudo else ("smartctl",)
-    drives, more = check_drives(devices, device_type=args.device_type, smartctl=smartctl,
-                                use_state=not args.no_state)
+    drives, more = check_drives(
+        devices, device_type=args.device_type, smartctl=smartctl, use_state=not args.no_state
+    )
     notes.extend(more)
     return drives
 
@@ -136,19 +178,25 @@ def read_saved(path: str, limit: int = MAX_SMARTCTL_JSON) -> bytes:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise UsageError(f"cannot read {path}: not a regular file (give a file saved from "
-                         "`smartctl --json --all DEVICE`)")
+        raise UsageError(
+            f"cannot read {path}: not a regular file (give a file saved from "
+            "`smartctl --json --all DEVICE`)"
+        )
     with os.fdopen(fd, "rb") as fh:
         if st.st_size > limit:
-            raise UsageError(f"cannot read {path}: {st.st_size:,} bytes, over the "
-                             f"{limit >> 20} MiB cap (smartctl's JSON is a few hundred kB)")
+            raise UsageError(
+                f"cannot read {path}: {st.st_size:,} bytes, over the "
+                f"{limit >> 20} MiB cap (smartctl's JSON is a few hundred kB)"
+            )
         try:
             data = fh.read(limit + 1)  # a file that grew since fstat is cut here
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > limit:
-        raise UsageError(f"cannot read {path}: over the {limit >> 20} MiB cap (smartctl's "
-                         "JSON is a few hundred kB)")
+        raise UsageError(
+            f"cannot read {path}: over the {limit >> 20} MiB cap (smartctl's "
+            "JSON is a few hundred kB)"
+        )
     return data
 
 
@@ -163,8 +211,13 @@ def _from_files(files: Sequence[str]) -> list[DriveHealth]:
     for f in files:
         d = parse_smartctl_text(read_saved(f), source=f)
         if d.verdict == "unknown" and not d.counters and d.smart_passed is None:
-            told = explain_unreadable(d, d.device or _device_in(d) or "the device",
-                                      uid=os.geteuid(), smartctl_path="smartctl", source=f)
+            told = explain_unreadable(
+                d,
+                d.device or _device_in(d) or "the device",
+                uid=os.geteuid(),
+                smartctl_path="smartctl",
+                source=f,
+            )
             d = told if told is not None else d
         docs.append(d)
     return explain_series(docs)
@@ -179,15 +232,22 @@ def _device_in(d: DriveHealth) -> str | None:
 
 # --- bench ----------------------------------------------------------------------------------
 
+
 class _Bar:
     """rich progress bar on stderr, one task per phase."""
 
     def __init__(self, enabled: bool) -> None:
         # no refresh thread: it would compete for the GIL with the timed reads and show up
         # as latency; the engines call back every ~0.1 s and the bar is redrawn then
-        self.progress = Progress(TextColumn("{task.description:<28}"), BarColumn(),
-                                 TimeElapsedColumn(), console=err_console, transient=True,
-                                 disable=not enabled, auto_refresh=False)
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=not enabled,
+            auto_refresh=False,
+        )
         self.tasks: dict[str, TaskID] = {}
         self.prefix = ""
 
@@ -209,8 +269,14 @@ def _bench(path: str, devices: list[str], args: argparse.Namespace) -> BenchRepo
             continue
     cls = classify(pd.fstype, infos)
     directory = path if os.path.isdir(path) else (os.path.dirname(os.path.abspath(path)))
-    report = BenchReport(path=os.path.abspath(path), mount_point=pd.mount_point,
-                         fstype=pd.fstype, devices=list(devices), device_class=cls, plan=plan)
+    report = BenchReport(
+        path=os.path.abspath(path),
+        mount_point=pd.mount_point,
+        fstype=pd.fstype,
+        devices=list(devices),
+        device_class=cls,
+        plan=plan,
+    )
     bar = _Bar(enabled=err_console.is_terminal)
     with bar.progress:
         bar.prefix = "builtin "
@@ -224,6 +290,7 @@ def _bench(path: str, devices: list[str], args: argparse.Namespace) -> BenchRepo
 
 # --- output ---------------------------------------------------------------------------------
 
+
 def _line(*parts: str | tuple[str, str]) -> Text:
     """One line of output: machine text is clipped and shown literally (no markup parsed, no
     highlighting: rich's highlighter takes seconds on a long string)."""
@@ -236,16 +303,17 @@ def _print(text: Text | str, *, indent: int = 0, command: bool = False) -> None:
     if isinstance(text, str):
         text = Text(text)
     if command:
-        out_console.print(Text(" " * indent) + text, soft_wrap=True, highlight=False,
-                          markup=False)
+        out_console.print(Text(" " * indent) + text, soft_wrap=True, highlight=False, markup=False)
     else:
-        out_console.print(Padding(text, (0, 0, 0, indent), expand=False), highlight=False,
-                          markup=False)
+        out_console.print(
+            Padding(text, (0, 0, 0, indent), expand=False), highlight=False, markup=False
+        )
 
 
 #: the cap of sentences we compose around machine text (reasons, notes, advice); a single
 #: machine string (model, serial, path) is capped at TERMINAL_LIMIT
 _LONG = 4 * TERMINAL_LIMIT
+
 
 #: a command in advice: `...` holding a space (a single word wraps nowhere)
 def _print_fixes(fixes: Sequence[str]) -> None:
@@ -268,8 +336,12 @@ def _print_drives(drives: Sequence[DriveHealth], notes: Sequence[str]) -> None:
         for r in d.reasons:
             _print(_line("- ", plain(r, _LONG)), indent=2)
         for k, g in d.growth.items():
-            _print(_line(("growth", "yellow"), f" {plain(k)} {g.start} → {g.end} since "
-                         f"{plain(g.since)}"), indent=2)
+            _print(
+                _line(
+                    ("growth", "yellow"), f" {plain(k)} {g.start} → {g.end} since {plain(g.since)}"
+                ),
+                indent=2,
+            )
         for f in d.forecast:
             _print(_line(("forecast", "yellow"), f" {plain(f.text(), _LONG)}"), indent=2)
         for n in d.notes:
@@ -288,10 +360,15 @@ def _print_drives(drives: Sequence[DriveHealth], notes: Sequence[str]) -> None:
 def _print_bench(report: BenchReport) -> None:
     exp = HEALTHY.get(report.device_class)
     out_console.print()
-    _print(_line(("bench", "bold"), f" {plain(report.path)} on {plain(report.mount_point)} "
-                 f"({plain(report.fstype)}, "
-                 f"{plain(', '.join(report.devices) or 'no block device')}): "
-                 f"{exp.label if exp else 'device class unknown'}"))
+    _print(
+        _line(
+            ("bench", "bold"),
+            f" {plain(report.path)} on {plain(report.mount_point)} "
+            f"({plain(report.fstype)}, "
+            f"{plain(', '.join(report.devices) or 'no block device')}): "
+            f"{exp.label if exp else 'device class unknown'}",
+        )
+    )
     t = Table(show_edge=False)
     t.add_column("figure (queue depth 1)")
     for r in report.results:
@@ -312,8 +389,9 @@ def _print_bench(report: BenchReport) -> None:
 
     def value(r: BenchResult, key: str) -> float:
         if key.startswith("rand_lat_"):
-            return float(r.rand_lat_us.get(key.removeprefix("rand_lat_").removesuffix("_us"),
-                                           float("nan")))
+            return float(
+                r.rand_lat_us.get(key.removeprefix("rand_lat_").removesuffix("_us"), float("nan"))
+            )
         return float(getattr(r, key))
 
     for label, key, healthy in rows:
@@ -339,15 +417,18 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     if args.smartctl_json is not None:
         if args.target or args.bench:
-            raise UsageError("--smartctl-json explains saved files: give no PATH|DEVICE and "
-                             "no --bench with it")
+            raise UsageError(
+                "--smartctl-json explains saved files: give no PATH|DEVICE and no --bench with it"
+            )
         drives = _from_files(args.smartctl_json)
         report = None
     else:
         path, devices, why = _resolve(args.target)
         if args.bench and path is None:
-            raise UsageError("--bench reads files on a filesystem, never a raw device: give a "
-                             "PATH on the filesystem to test")
+            raise UsageError(
+                "--bench reads files on a filesystem, never a raw device: give a "
+                "PATH on the filesystem to test"
+            )
         if not devices and why:
             notes.append(f"no drive to check: {why}")
         drives = _health(devices, args, notes)

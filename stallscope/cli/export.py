@@ -31,25 +31,49 @@ from stallscope.errors import UsageError
 
 #: column -> type ("time": an aware datetime, to the millisecond; "str", "float", "int"), for
 #: each --what
-POINT_COLUMNS = {"time": "time", "t_s": "float", "metric": "str", "entity": "str",
-                 "role": "str", "process": "str", "value": "float"}
-STEP_COLUMNS = {"rank": "int", "step": "int", "time": "time", "t_s": "float", "wait_s": "float",
-                "host_s": "float", "h2d_s": "float", "gpu_busy_s": "float",
-                "gpu_idle_s": "float", "samples": "int", "epoch": "int", "n": "int"}
+POINT_COLUMNS = {
+    "time": "time",
+    "t_s": "float",
+    "metric": "str",
+    "entity": "str",
+    "role": "str",
+    "process": "str",
+    "value": "float",
+}
+STEP_COLUMNS = {
+    "rank": "int",
+    "step": "int",
+    "time": "time",
+    "t_s": "float",
+    "wait_s": "float",
+    "host_s": "float",
+    "h2d_s": "float",
+    "gpu_busy_s": "float",
+    "gpu_idle_s": "float",
+    "samples": "int",
+    "epoch": "int",
+    "n": "int",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "export", help="time series out as CSV or Parquet",
+        "export",
+        help="time series out as CSV or Parquet",
         description="Export a run's time series (long form, one row per sample: time (CSV: ISO "
         "8601 local, ms; Parquet: a UTC timestamp, ms), t_s (seconds since the start), "
         "metric, entity, role and process (for process series), value (6 significant "
         "digits)) or its per-step probe records (rank, step, time, t_s, wait_s, host_s, h2d_s, "
-        "gpu_busy_s, gpu_idle_s, samples, epoch). CSV and Parquet have the same columns.")
+        "gpu_busy_s, gpu_idle_s, samples, epoch). CSV and Parquet have the same columns.",
+    )
     p.add_argument("run", metavar="RUN", help=RUN_HELP)
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
-    p.add_argument("--what", choices=("points", "steps"), default="points",
-                   help="time series (default) or per-step probe records")
+    p.add_argument(
+        "--what",
+        choices=("points", "steps"),
+        default="points",
+        help="time series (default) or per-step probe records",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="output file (default: stdout for csv)")
     add_out_option(p)
     p.set_defaults(func=run)
@@ -96,10 +120,21 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
     """The columns (name -> type) and rows of an export of ``data``."""
     clock = _Clock(_start(data))
     if what == "steps":
-        rows = [(r.rank, r.step, clock.at(r.ts), clock.since(r.ts), tidy(r.wait_s),
-                 tidy(r.host_s), *(None if x is None else tidy(x)
-                                   for x in (r.h2d_s, r.gpu_busy_s, r.gpu_idle_s)),
-                 r.samples, r.epoch, r.n) for r in data.steps]
+        rows = [
+            (
+                r.rank,
+                r.step,
+                clock.at(r.ts),
+                clock.since(r.ts),
+                tidy(r.wait_s),
+                tidy(r.host_s),
+                *(None if x is None else tidy(x) for x in (r.h2d_s, r.gpu_busy_s, r.gpu_idle_s)),
+                r.samples,
+                r.epoch,
+                r.n,
+            )
+            for r in data.steps
+        ]
         return STEP_COLUMNS, rows
     roles = data.roles()
     keyed: list[tuple[float, str, str, tuple[Any, ...]]] = []
@@ -109,9 +144,10 @@ def table(data: RunData, what: str) -> tuple[dict[str, str], list[tuple[Any, ...
             role = roles.get(entity)
             proc_name = data.entity_attrs("procs", entity).get("name")
             process = proc_name if isinstance(proc_name, str) else None
-        keyed.extend((t, name, entity, (clock.at(t), clock.since(t), name, entity, role,
-                                        process, tidy(v)))
-                     for t, v in zip(s.ts, s.v))
+        keyed.extend(
+            (t, name, entity, (clock.at(t), clock.since(t), name, entity, role, process, tidy(v)))
+            for t, v in zip(s.ts, s.v)
+        )
     keyed.sort(key=lambda k: (k[0], k[1], k[2]))
     return POINT_COLUMNS, [k[3] for k in keyed]
 
@@ -124,9 +160,11 @@ def run(args: argparse.Namespace) -> int:
     if note:  # the export is what could be read; say once what could not
         sys.stderr.write(f"stallscope: {run_dir.name}: {note}\n")
     if args.what == "steps" and not rows:  # the header alone would read as an export that broke
-        sys.stderr.write(f"stallscope: {run_dir.name} has no per-step records: the probe writes "
-                         "them (wrap the loader with stallscope.watch(loader)); the export has "
-                         "its header only\n")
+        sys.stderr.write(
+            f"stallscope: {run_dir.name} has no per-step records: the probe writes "
+            "them (wrap the loader with stallscope.watch(loader)); the export has "
+            "its header only\n"
+        )
     if args.format == "parquet":
         if not args.output:
             raise UsageError("--format parquet needs -o FILE")
@@ -148,12 +186,18 @@ def _write_parquet(path: str, columns: dict[str, str], rows: list[tuple[Any, ...
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise UsageError("parquet export needs pyarrow: pip install 'stallscope[parquet]'"
-                         ) from None
-    types = {"str": pa.string(), "float": pa.float64(), "int": pa.int64(),
-             "time": pa.timestamp("ms", tz="UTC")}
-    arrays = [pa.array([r[i] for r in rows], type=types[kind])
-              for i, kind in enumerate(columns.values())]
+        raise UsageError(
+            "parquet export needs pyarrow: pip install 'stallscope[parquet]'"
+        ) from None
+    types = {
+        "str": pa.string(),
+        "float": pa.float64(),
+        "int": pa.int64(),
+        "time": pa.timestamp("ms", tz="UTC"),
+    }
+    arrays = [
+        pa.array([r[i] for r in rows], type=types[kind]) for i, kind in enumerate(columns.values())
+    ]
     try:
         pq.write_table(pa.Table.from_arrays(arrays, names=list(columns)), path)
     except (OSError, pa.ArrowException) as exc:

@@ -42,43 +42,79 @@ from stallscope.textsafe import plain
 if TYPE_CHECKING:
     from stallscope.store.mirror import StepMirror
 
-_FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-            signal.SIGUSR2)
+_FORWARD = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a command under monitoring",
-                       description="Run CMD as a child, sample the machine while it runs, and "
-                       "print a summary and diagnosis at the end.")
-    p.add_argument("--interval", type=interval_type, default=None,
-                   help="seconds between samples (default: every 1 s for the first 2 minutes, "
-                   "then every 5 s; a value given here is used throughout)")
-    p.add_argument("--data", metavar="PATH",
-                   help="where the dataset lives; its block device is watched closely")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help=f"directory for run directories (default $STALLSCOPE_OUT, else "
-                   f"./{DEFAULT_OUT}); every run is also listed in a per-user index, so "
-                   "`stallscope runs` finds it from any folder")
-    p.add_argument("--keep-full", type=keep_full_type, default=3600.0, metavar="S",
-                   help="keep full resolution for the last S seconds; older samples are "
-                   "downsampled to 1-minute min/mean/max (default 3600)")
-    p.add_argument("--alerts", metavar="FILE",
-                   help="alert rules ([[alerts]] tables, see docs/alerts.md) evaluated on every "
-                   "sample; the shipped defaults (GPU too hot, throttled, /dev/shm nearly full, "
-                   "swapping, disk saturated and slow, SMART failing, data wait high, GPU "
-                   "memory growing, a slow rank) are recorded as run events even without it")
+    p = sub.add_parser(
+        "run",
+        help="run a command under monitoring",
+        description="Run CMD as a child, sample the machine while it runs, and "
+        "print a summary and diagnosis at the end.",
+    )
+    p.add_argument(
+        "--interval",
+        type=interval_type,
+        default=None,
+        help="seconds between samples (default: every 1 s for the first 2 minutes, "
+        "then every 5 s; a value given here is used throughout)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="where the dataset lives; its block device is watched closely",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help=f"directory for run directories (default $STALLSCOPE_OUT, else "
+        f"./{DEFAULT_OUT}); every run is also listed in a per-user index, so "
+        "`stallscope runs` finds it from any folder",
+    )
+    p.add_argument(
+        "--keep-full",
+        type=keep_full_type,
+        default=3600.0,
+        metavar="S",
+        help="keep full resolution for the last S seconds; older samples are "
+        "downsampled to 1-minute min/mean/max (default 3600)",
+    )
+    p.add_argument(
+        "--alerts",
+        metavar="FILE",
+        help="alert rules ([[alerts]] tables, see docs/alerts.md) evaluated on every "
+        "sample; the shipped defaults (GPU too hot, throttled, /dev/shm nearly full, "
+        "swapping, disk saturated and slow, SMART failing, data wait high, GPU "
+        "memory growing, a slow rank) are recorded as run events even without it",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the run directory at the end")
-    p.add_argument("--pid", type=_pid_type, metavar="PID",
-                   help="attach to a training that is already running: monitor PID's process "
-                   "tree (DataLoader workers included, as they come and go) until it exits or "
-                   "Ctrl-C, which stops the monitoring only (the trainer is never signalled)")
-    p.add_argument("--stack-rate", type=rate_type, default=None, metavar="HZ",
-                   help="samples per second of the trainer's stack, to tell data wait from "
-                   "compute with no code in the trainer (default 40 for a launched command, "
-                   "sampled from inside it; 10 with --pid, sampled by py-spy; see "
-                   "docs/diagnosis.md)")
-    p.add_argument("--no-stacks", action="store_true",
-                   help="do not sample the trainer's stacks")
+    p.add_argument(
+        "--pid",
+        type=_pid_type,
+        metavar="PID",
+        help="attach to a training that is already running: monitor PID's process "
+        "tree (DataLoader workers included, as they come and go) until it exits or "
+        "Ctrl-C, which stops the monitoring only (the trainer is never signalled)",
+    )
+    p.add_argument(
+        "--stack-rate",
+        type=rate_type,
+        default=None,
+        metavar="HZ",
+        help="samples per second of the trainer's stack, to tell data wait from "
+        "compute with no code in the trainer (default 40 for a launched command, "
+        "sampled from inside it; 10 with --pid, sampled by py-spy; see "
+        "docs/diagnosis.md)",
+    )
+    p.add_argument("--no-stacks", action="store_true", help="do not sample the trainer's stacks")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=run)
 
@@ -168,8 +204,12 @@ def _alive(pid: int, started: float) -> bool:
         return False
 
 
-def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
-           warmup: tuple[float, float] | None) -> int:
+def attach(
+    args: argparse.Namespace,
+    alert_sink: AlertSink,
+    interval: float,
+    warmup: tuple[float, float] | None,
+) -> int:
     """``run --pid``: monitor a running process tree into a normal run directory."""
     if args.cmd and [c for c in args.cmd if c != "--"]:
         raise UsageError("--pid attaches to a running process: give no command")
@@ -177,20 +217,34 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     cmdline, name, started = watchable_process(pid)
     own = own_processes(pid)  # never watched: this process, its py-spy, stallscopes above it
     if nothing_but_self(pid, own):
-        raise UsageError(f"--pid {pid} ({plain(name, 60)}): nothing to watch there but this "
-                         "stallscope itself (that process started it and runs nothing else); "
-                         "start the training first, or give the trainer's pid")
-    session = Session.create(args.out or default_out(), name, cmdline, interval=interval,
-                             warmup=warmup, data=args.data, keep_full_s=args.keep_full,
-                             sinks=[alert_sink], monitor_pid=os.getpid(), attached=True)
+        raise UsageError(
+            f"--pid {pid} ({plain(name, 60)}): nothing to watch there but this "
+            "stallscope itself (that process started it and runs nothing else); "
+            "start the training first, or give the trainer's pid"
+        )
+    session = Session.create(
+        args.out or default_out(),
+        name,
+        cmdline,
+        interval=interval,
+        warmup=warmup,
+        data=args.data,
+        keep_full_s=args.keep_full,
+        sinks=[alert_sink],
+        monitor_pid=os.getpid(),
+        attached=True,
+    )
     alert_sink.attach_run(session.run_dir)
     if not args.no_stacks:
         targets = python_trainers(pid, own)
         if targets != [pid] and not args.quiet:
-            err_console.print(f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
-                              f"the stacks of the Python trainer it runs, pid "
-                              f"{', '.join(map(str, targets))}", soft_wrap=True,
-                              highlight=False)
+            err_console.print(
+                f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
+                f"the stacks of the Python trainer it runs, pid "
+                f"{', '.join(map(str, targets))}",
+                soft_wrap=True,
+                highlight=False,
+            )
         _stacks(args, session, attach=targets)
     mirror = _probe_mirror(args, session, pid, started)
     stop: list[int] = []
@@ -204,11 +258,16 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
         try:
             session.watch(pid, exclude=own)
         except (StallscopeError, OSError, sqlite3.Error) as exc:
-            err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}",
-                              soft_wrap=True, highlight=False)
+            err_console.print(
+                f"stallscope: monitoring stopped: {safe(str(exc))}", soft_wrap=True, highlight=False
+            )
         if not args.quiet:
-            err_console.print(f"stallscope: watching pid {pid} ({safe(name)}); Ctrl-C stops "
-                              "watching, the process goes on", soft_wrap=True, highlight=False)
+            err_console.print(
+                f"stallscope: watching pid {pid} ({safe(name)}); Ctrl-C stops "
+                "watching, the process goes on",
+                soft_wrap=True,
+                highlight=False,
+            )
         ticks = 0
         while not stop and _alive(pid, started):
             time.sleep(0.25)
@@ -229,8 +288,9 @@ def attach(args: argparse.Namespace, alert_sink: AlertSink, interval: float,
     return 0
 
 
-def _probe_mirror(args: argparse.Namespace, session: Session, pid: int, started: float
-                  ) -> StepMirror | None:
+def _probe_mirror(
+    args: argparse.Namespace, session: Session, pid: int, started: float
+) -> StepMirror | None:
     """When the attached trainer has a standalone probe, its steps go to the probe's own run:
     copy them into this one (store/mirror.py), so this run's diagnosis has them."""
     from stallscope.store.mirror import StepMirror, probe_run_of
@@ -240,16 +300,20 @@ def _probe_mirror(args: argparse.Namespace, session: Session, pid: int, started:
         return None
     session.meta["probe_run"] = str(probe_run)
     if not args.quiet:
-        err_console.print(f"stallscope: pid {pid} has the probe, reporting to "
-                          f"{safe(str(probe_run))}: its steps are joined into this run",
-                          soft_wrap=True, highlight=False)
+        err_console.print(
+            f"stallscope: pid {pid} has the probe, reporting to "
+            f"{safe(str(probe_run))}: its steps are joined into this run",
+            soft_wrap=True,
+            highlight=False,
+        )
     mirror = StepMirror(probe_run / "run.db", session.store.path)
     mirror.copy()
     return mirror
 
 
-def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None = None
-            ) -> dict[str, str]:
+def _stacks(
+    args: argparse.Namespace, session: Session, attach: list[int] | None = None
+) -> dict[str, str]:
     """Sample the trainer's stacks into the run: from inside a launched command (the
     environment it needs is returned), or with py-spy from outside for ``attach``. A sampler
     that cannot work is one line; the run goes on from system metrics."""
@@ -257,34 +321,49 @@ def _stacks(args: argparse.Namespace, session: Session, attach: list[int] | None
     from stallscope.sources.stacks import inproc, pyspy
 
     rate = args.stack_rate or (pyspy.DEFAULT_RATE_HZ if attach else inproc.DEFAULT_RATE_HZ)
-    reason = session.add_source(make_source("stacks", run_dir=session.run_dir,
-                                            attach=attach or (), stack_rate_hz=rate))
+    reason = session.add_source(
+        make_source("stacks", run_dir=session.run_dir, attach=attach or (), stack_rate_hz=rate)
+    )
     if reason is not None:
         if not args.quiet:
-            err_console.print(f"stallscope: no stack sampling: {safe(reason)}; the diagnosis "
-                              "goes on from system metrics", soft_wrap=True, highlight=False)
+            err_console.print(
+                f"stallscope: no stack sampling: {safe(reason)}; the diagnosis "
+                "goes on from system metrics",
+                soft_wrap=True,
+                highlight=False,
+            )
         return {}
     session.meta["stacks"] = {"sampler": "py-spy" if attach else "inproc", "rate_hz": rate}
     if attach:
         return {}
     inject = str(Path(inproc.__file__).parents[2] / "inject")
     path = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": inject + (os.pathsep + path if path else ""),
-            "STALLSCOPE_STACKS_HZ": f"{rate:g}"}
+    return {
+        "PYTHONPATH": inject + (os.pathsep + path if path else ""),
+        "STALLSCOPE_STACKS_HZ": f"{rate:g}",
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     rules = load_rules(args.alerts) if args.alerts else parse_rules({}, "defaults")
     alert_sink = AlertSink(rules)
-    interval, warmup = ((args.interval, None) if args.interval is not None
-                        else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP))
+    interval, warmup = (
+        (args.interval, None) if args.interval is not None else (DEFAULT_INTERVAL_S, DEFAULT_WARMUP)
+    )
     if args.pid is not None:
         return attach(args, alert_sink, interval, warmup)
     cmd = _resolve(list(args.cmd))
-    session = Session.create(args.out or default_out(), run_label(cmd), cmd,
-                             interval=interval, warmup=warmup, data=args.data,
-                             keep_full_s=args.keep_full, sinks=[alert_sink],
-                             monitor_pid=os.getpid())
+    session = Session.create(
+        args.out or default_out(),
+        run_label(cmd),
+        cmd,
+        interval=interval,
+        warmup=warmup,
+        data=args.data,
+        keep_full_s=args.keep_full,
+        sinks=[alert_sink],
+        monitor_pid=os.getpid(),
+    )
     alert_sink.attach_run(session.run_dir)
     env = dict(os.environ, STALLSCOPE_RUN_DIR=str(session.run_dir.resolve()))
     if not args.no_stacks:
@@ -319,8 +398,7 @@ def run(args: argparse.Namespace) -> int:
             session.watch(child.pid)
         except (StallscopeError, OSError, sqlite3.Error) as exc:
             # monitoring broke, training must not: keep waiting for the child
-            err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}",
-                              soft_wrap=True)
+            err_console.print(f"stallscope: monitoring stopped: {safe(str(exc))}", soft_wrap=True)
         code = child.wait()
     finally:
         for s, h in old.items():
@@ -336,14 +414,19 @@ def _finish(session: Session, code: int | None, **extra: Any) -> None:
     try:
         session.finish(code, **extra)
     except Exception as exc:
-        err_console.print(f"stallscope: the run's record could not be finished: "
-                          f"{safe(type(exc).__name__)}: {safe(str(exc))}", soft_wrap=True,
-                          highlight=False)
+        err_console.print(
+            f"stallscope: the run's record could not be finished: "
+            f"{safe(type(exc).__name__)}: {safe(str(exc))}",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 #: launchers whose own name says nothing of the training they start
-_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|accelerate|deepspeed|"
-                        r"lightning|uv|poetry|conda|env|sh|bash|mpirun|srun)$")
+_LAUNCHERS = re.compile(
+    r"^(python[0-9.]*|pypy[0-9.]*|torchrun|accelerate|deepspeed|"
+    r"lightning|uv|poetry|conda|env|sh|bash|mpirun|srun)$"
+)
 
 
 def run_label(cmd: list[str]) -> str:
@@ -364,8 +447,13 @@ def run_label(cmd: list[str]) -> str:
                 return args[0].rsplit(".", 1)[-1] or "run"
             if head == "-c":
                 return Path(cmd[0]).name
-            if head.startswith("--") and "=" not in head and args \
-                    and not args[0].startswith("-") and not args[0].endswith(".py"):
+            if (
+                head.startswith("--")
+                and "=" not in head
+                and args
+                and not args[0].startswith("-")
+                and not args[0].endswith(".py")
+            ):
                 args = args[1:]  # the flag's value (--nproc-per-node 2)
         else:
             break
@@ -390,16 +478,24 @@ def _print_end(args: argparse.Namespace, run_dir: Path) -> None:
                 remember_verdict(run_dir, verdict)
     except Exception as exc:
         # the trainer's exit code passes through whatever happened to the record of it
-        err_console.print(f"stallscope: cannot summarise the run: {safe(str(exc))}",
-                          soft_wrap=True, highlight=False)
+        err_console.print(
+            f"stallscope: cannot summarise the run: {safe(str(exc))}",
+            soft_wrap=True,
+            highlight=False,
+        )
     # soft_wrap: scripts parse this line; it must not be folded at the terminal width
     err_console.print(f"run directory: [bold]{safe(str(run_dir))}[/]", soft_wrap=True)
     if not args.quiet:
         me, where = self_command(), shlex.quote(str(run_dir))
-        err_console.print(f"next: {safe(me)} report {safe(where)}", style="dim", soft_wrap=True,
-                          highlight=False)
-        err_console.print(f"      {safe(me)} diagnose {safe(where)} --json", style="dim",
-                          soft_wrap=True, highlight=False)
+        err_console.print(
+            f"next: {safe(me)} report {safe(where)}", style="dim", soft_wrap=True, highlight=False
+        )
+        err_console.print(
+            f"      {safe(me)} diagnose {safe(where)} --json",
+            style="dim",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 def self_command() -> str:

@@ -22,11 +22,17 @@ from stallscope.textsafe import plain
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list stored runs")
-    p.add_argument("--out", default=DEFAULT_OUT,
-                   help=f"where runs are (default $STALLSCOPE_OUT, else ./{DEFAULT_OUT}); runs "
-                   "started elsewhere are listed too, from the per-user run index")
-    p.add_argument("--here", action="store_true",
-                   help="only the runs in --out, not those the run index knows elsewhere")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"where runs are (default $STALLSCOPE_OUT, else ./{DEFAULT_OUT}); runs "
+        "started elsewhere are listed too, from the per-user run index",
+    )
+    p.add_argument(
+        "--here",
+        action="store_true",
+        help="only the runs in --out, not those the run index knows elsewhere",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -56,8 +62,11 @@ def _when(ts: float) -> str:
 def owner_of(meta: dict[str, Any]) -> dict[str, Any] | None:
     """The owner a run recorded (``meta.json`` ``owner``: pod or Slurm job), if any."""
     owner = meta.get("owner")
-    return {str(k): v for k, v in owner.items() if isinstance(v, (str, int, list))} \
-        if isinstance(owner, dict) and owner else None
+    return (
+        {str(k): v for k, v in owner.items() if isinstance(v, (str, int, list))}
+        if isinstance(owner, dict) and owner
+        else None
+    )
 
 
 def stored_verdict(run_dir: Path, meta: dict[str, Any]) -> str | None:
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     from stallscope.store.rundir import list_runs
 
-    for d in (list_runs(_root(args.out)) if args.here else known_runs(args.out)):
+    for d in list_runs(_root(args.out)) if args.here else known_runs(args.out):
         try:
             meta = read_meta(d)
         except RunNotFound as exc:
@@ -102,16 +111,22 @@ def run(args: argparse.Namespace) -> int:
         start = meta.get("start") or 0
         state = run_state(meta)  # the same answer as `show`
         last = _last_sample(d) if state == "interrupted" else None
-        rows.append({
-            "run": d.name, "path": str(d), "command": meta.get("command"),
-            "start": start,
-            "duration_s": run_duration(meta, last),
-            "exit_code": exit_status(meta)[0], "running": state == "running", "state": state,
-            "owner": owner_of(meta),
-            # what the diagnosis said: stored by `run` at its end, else diagnosed now (a
-            # `run --quiet` run, a standalone probe's run) and kept for next time
-            "verdict": stored_verdict(d, meta) if state != "running" else None,
-        })
+        rows.append(
+            {
+                "run": d.name,
+                "path": str(d),
+                "command": meta.get("command"),
+                "start": start,
+                "duration_s": run_duration(meta, last),
+                "exit_code": exit_status(meta)[0],
+                "running": state == "running",
+                "state": state,
+                "owner": owner_of(meta),
+                # what the diagnosis said: stored by `run` at its end, else diagnosed now (a
+                # `run --quiet` run, a standalone probe's run) and kept for next time
+                "verdict": stored_verdict(d, meta) if state != "running" else None,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -123,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         _print_lines(rows, here)
         return 0
     # the folder column only where it fits (`runs --json` always has each run's path)
-    elsewhere = (out_console.width >= 110
-                 and any(Path(r["path"]).resolve().parent != here for r in rows))
+    elsewhere = out_console.width >= 110 and any(
+        Path(r["path"]).resolve().parent != here for r in rows
+    )
     owned = any(r.get("owner") for r in rows)  # a shared node: whose run each one is
     t = Table(show_edge=False)
     # run ids are what users copy into the next command: never folded or cut; the command
@@ -139,29 +155,56 @@ def run(args: argparse.Namespace) -> int:
         t.add_column("verdict", no_wrap=True, overflow="ellipsis", max_width=18)
     own_w = max((len(describe(r.get("owner"))) for r in rows), default=0) if owned else 0
     if owned:
-        t.add_column("owner", no_wrap=True, overflow="ellipsis", min_width=min(own_w, 40),
-                     max_width=min(own_w, 40))
-    rest = max(12, out_console.width - run_w - 11 - 8 - 11 - min(own_w, 40)
-               - 3 * (5 if elsewhere else 4) - (3 if owned else 0) - (21 if verdicts else 0))
+        t.add_column(
+            "owner",
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=min(own_w, 40),
+            max_width=min(own_w, 40),
+        )
+    rest = max(
+        12,
+        out_console.width
+        - run_w
+        - 11
+        - 8
+        - 11
+        - min(own_w, 40)
+        - 3 * (5 if elsewhere else 4)
+        - (3 if owned else 0)
+        - (21 if verdicts else 0),
+    )
     cmd_w = rest * 2 // 3 if elsewhere else rest
     t.add_column("command", no_wrap=True, overflow="ellipsis", max_width=cmd_w)
     if elsewhere:
         t.add_column("in", no_wrap=True, overflow="ellipsis", max_width=rest - cmd_w)
     for r in rows:
         parent = Path(r["path"]).resolve().parent
-        where = ([safe(str(parent)) if parent != here else "."] if elsewhere else [])
+        where = [safe(str(parent)) if parent != here else "."] if elsewhere else []
         if "error" in r:
-            t.add_row(safe(r["run"]), "-", "-", "-", *(["-"] if verdicts else []),
-                      *(["-"] if owned else []),
-                      f"[red]{safe(r['error'])}[/]", *where)
+            t.add_row(
+                safe(r["run"]),
+                "-",
+                "-",
+                "-",
+                *(["-"] if verdicts else []),
+                *(["-"] if owned else []),
+                f"[red]{safe(r['error'])}[/]",
+                *where,
+            )
             continue
-        t.add_row(safe(r["run"]), _when(r["start"]),
-                  "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
-                  (str(r["exit_code"]) if r["exit_code"] is not None else "-")
-                  if r["state"] == "finished" else r["state"],
-                  *([safe(r.get("verdict") or "-")] if verdicts else []),
-                  *([safe(describe(r.get("owner")) or "-")] if owned else []),
-                  safe(" ".join(r["command"] or [])[:60]), *where)
+        t.add_row(
+            safe(r["run"]),
+            _when(r["start"]),
+            "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
+            (str(r["exit_code"]) if r["exit_code"] is not None else "-")
+            if r["state"] == "finished"
+            else r["state"],
+            *([safe(r.get("verdict") or "-")] if verdicts else []),
+            *([safe(describe(r.get("owner")) or "-")] if owned else []),
+            safe(" ".join(r["command"] or [])[:60]),
+            *where,
+        )
     out_console.print(t)
     return 0
 
@@ -169,19 +212,23 @@ def run(args: argparse.Namespace) -> int:
 def _print_lines(rows: list[dict[str, Any]], here: Path) -> None:
     """One line a run, tab-separated, nothing cut or folded (what a pipe or a file gets): run,
     started, duration, exit, verdict, owner, command, folder."""
-    print("\t".join(("run", "started", "duration", "exit", "verdict", "owner", "command",
-                     "in")))
+    print("\t".join(("run", "started", "duration", "exit", "verdict", "owner", "command", "in")))
     for r in rows:
         parent = Path(r["path"]).resolve().parent
         where = "." if parent == here else str(parent)
         if "error" in r:
             fields = [r["run"], "-", "-", "-", "-", "-", r["error"], where]
         else:
-            fields = [r["run"], _when(r["start"]),
-                      "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
-                      (str(r["exit_code"]) if r["exit_code"] is not None else "-")
-                      if r["state"] == "finished" else r["state"],
-                      r.get("verdict") or "-", describe(r.get("owner")) or "-",
-                      " ".join(r["command"] or []), where]
+            fields = [
+                r["run"],
+                _when(r["start"]),
+                "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
+                (str(r["exit_code"]) if r["exit_code"] is not None else "-")
+                if r["state"] == "finished"
+                else r["state"],
+                r.get("verdict") or "-",
+                describe(r.get("owner")) or "-",
+                " ".join(r["command"] or []),
+                where,
+            ]
         print("\t".join(plain(f, None) for f in fields))  # a tab in a field shows as \t
-

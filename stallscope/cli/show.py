@@ -16,24 +16,38 @@ from stallscope.store.rundir import run_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("show", help="summary of one run",
-                       description="Summary of a stored run: per resource median/p95/max, the "
-                       "GPU's idle share, what monitoring cost, and the diagnosis.")
+    p = sub.add_parser(
+        "show",
+        help="summary of one run",
+        description="Summary of a stored run: per resource median/p95/max, the "
+        "GPU's idle share, what monitoring cost, and the diagnosis.",
+    )
     p.add_argument("run", metavar="RUN", help=RUN_HELP)
     add_out_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--run-id", dest="run_id", metavar="RUN",
-                   help="in an agent's store: which of the trainings it followed (default: "
-                   "the one with the most process samples)")
+    p.add_argument(
+        "--run-id",
+        dest="run_id",
+        metavar="RUN",
+        help="in an agent's store: which of the trainings it followed (default: "
+        "the one with the most process samples)",
+    )
     p.set_defaults(func=run)
 
 
 def load_summary(run_dir: Path, data: RunData | None = None) -> dict[str, Any]:
     if data is None:
         data = load_run(run_dir)
-    return {"run": str(run_dir), "meta": data.meta, "state": run_state(data.meta),
-            "duration_s": duration(data), "summary": summarize(data), "events": data.events,
-            "skipped": data.skipped, "unreadable": data.unreadable}
+    return {
+        "run": str(run_dir),
+        "meta": data.meta,
+        "state": run_state(data.meta),
+        "duration_s": duration(data),
+        "summary": summarize(data),
+        "events": data.events,
+        "skipped": data.skipped,
+        "unreadable": data.unreadable,
+    }
 
 
 def duration(data: RunData) -> float | None:
@@ -42,6 +56,7 @@ def duration(data: RunData) -> float | None:
     from stallscope.analysis.facts.build import run_duration
 
     return run_duration(data.meta, data.span[1] if data.span else None)
+
 
 def _interval(meta: dict[str, Any]) -> str:
     """How often the run was sampled, in words."""
@@ -56,18 +71,25 @@ MAX_ALERT_LINES = 20
 
 def _print_alerts(events: list[dict[str, Any]], run_dir: Path, console: Console) -> None:
     """Every alert that fired or cleared during the run, in order (docs/alerts.md)."""
-    fired = [ev for ev in events if ev.get("source") == "alerts"
-             and ev.get("kind") in ("alert_firing", "alert_cleared")]
+    fired = [
+        ev
+        for ev in events
+        if ev.get("source") == "alerts" and ev.get("kind") in ("alert_firing", "alert_cleared")
+    ]
     if not fired:
         return
     console.print("  alerts:", highlight=False)
     for ev in fired[:MAX_ALERT_LINES]:
         word = "fired" if ev.get("kind") == "alert_firing" else "cleared"
-        console.print(f"    {word}: {safe(str(ev.get('message', '')))}", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"    {word}: {safe(str(ev.get('message', '')))}", highlight=False, soft_wrap=True
+        )
     if len(fired) > MAX_ALERT_LINES:
-        console.print(f"    … {len(fired) - MAX_ALERT_LINES} more (stallscope report "
-                      f"{safe(str(run_dir))} lists every event)", highlight=False)
+        console.print(
+            f"    … {len(fired) - MAX_ALERT_LINES} more (stallscope report "
+            f"{safe(str(run_dir))} lists every event)",
+            highlight=False,
+        )
 
 
 def _print_gpu_events(data: RunData, console: Console) -> None:
@@ -92,7 +114,7 @@ def _print_gpu_energy_health(summary: dict[str, Any], console: Console) -> None:
 
 
 def _state_text(state: str, data: RunData) -> str:
-    """"exit code 130 (SIGINT)": the exit as `run` returned it (never -2), from the facts."""
+    """ "exit code 130 (SIGINT)": the exit as `run` returned it (never -2), from the facts."""
     if state == "finished":
         fx = data.facts().run
         if fx.exit_code is None:
@@ -103,8 +125,9 @@ def _state_text(state: str, data: RunData) -> str:
     return state
 
 
-def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
-              training: str | None = None) -> str | None:
+def print_run(
+    run_dir: Path, console: Console, with_diagnosis: bool = True, training: str | None = None
+) -> str | None:
     """The run's summary (and its diagnosis); returns the verdict when it was diagnosed."""
     data = load_run(run_dir, training)
     doc = load_summary(run_dir, data)
@@ -115,12 +138,14 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
     state = _state_text(state, data)
     # the header's lines are never folded into a word alone on a line (piped, rich folded at
     # 80 columns): the terminal wraps them, a file keeps them whole
-    console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False,
-                  soft_wrap=True)
-    console.print(f"  {safe(str(meta.get('host')))} · "
-                  f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · {_interval(meta)} · "
-                  f"{summary.get('samples', 0)} samples",
-                  highlight=False, soft_wrap=True)
+    console.print(f"[bold]{safe(run_dir.name)}[/]  {safe(cmd)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"  {safe(str(meta.get('host')))} · "
+        f"{'?' if dur is None else f'{dur:.0f}'} s · {state} · {_interval(meta)} · "
+        f"{summary.get('samples', 0)} samples",
+        highlight=False,
+        soft_wrap=True,
+    )
     from stallscope.cli.diagnose import training_line
 
     about = training_line(meta)
@@ -139,8 +164,9 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
     if tuned:  # what stallscope.watch(loader, autotune=True) changed, in order
         console.print("  loader autotune:", highlight=False)
         for ev in tuned:
-            console.print(f"    {safe(str(ev.get('message', '')))}", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"    {safe(str(ev.get('message', '')))}", highlight=False, soft_wrap=True
+            )
     if summary["rows"]:
         console.print(render_summary(summary))
     else:
@@ -154,9 +180,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         from stallscope.analysis.throughput import SOURCE_TEXT
         from stallscope.units import throughput as fmt_rate
 
-        console.print(f"  throughput: {fmt_rate(summary['samples_per_s'])} (from "
-                      f"{SOURCE_TEXT.get(summary.get('throughput_source') or '', '?')})",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"  throughput: {fmt_rate(summary['samples_per_s'])} (from "
+            f"{SOURCE_TEXT.get(summary.get('throughput_source') or '', '?')})",
+            highlight=False,
+            soft_wrap=True,
+        )
     during = summary.get("gpu_idle_share_training") or {}
     for ent, share in sorted(summary.get("gpu_idle_share", {}).items()):
         inside = during.get(ent)
@@ -167,10 +196,12 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
         cost = summary["collector_cpu_s_per_sample"]
         # per second of the run: the interval changes after the warm-up
         span = summary.get("duration_s") or 0
-        rate = (summary.get("samples", 0) / span if span else
-                1 / (meta.get("interval_s") or 1))
-        console.print(f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
-                      f"({cost * rate:.3%} of one core over the run)", highlight=False)
+        rate = summary.get("samples", 0) / span if span else 1 / (meta.get("interval_s") or 1)
+        console.print(
+            f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
+            f"({cost * rate:.3%} of one core over the run)",
+            highlight=False,
+        )
     if with_diagnosis:
         try:
             from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
@@ -186,8 +217,9 @@ def print_run(run_dir: Path, console: Console, with_diagnosis: bool = True,
 def run(args: argparse.Namespace) -> int:
     run_dir = resolve_run(args.run, args.out)
     if args.json:
-        print(json.dumps(load_summary(run_dir, load_run(run_dir, args.run_id)), indent=2,
-                         default=str))
+        print(
+            json.dumps(load_summary(run_dir, load_run(run_dir, args.run_id)), indent=2, default=str)
+        )
     else:
         print_run(run_dir, out_console, with_diagnosis=True, training=args.run_id)
     return 0

@@ -20,15 +20,24 @@ from stallscope.sources import SOURCE_NAMES, open_sources, snapshot_doc
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("snapshot", help="one sample of every source",
-                       description="Sample GPU, disk and host over S seconds and print it.")
-    p.add_argument("--interval", type=interval_type, default=1.0,
-                   help="seconds to measure rates over (default 1)")
-    p.add_argument("--every", type=_every, metavar="S",
-                   help="repeat: one sample every S seconds until Ctrl-C (JSON lines with "
-                   "--json)")
-    p.add_argument("--count", type=_count, metavar="N",
-                   help="with --every: stop after N samples")
+    p = sub.add_parser(
+        "snapshot",
+        help="one sample of every source",
+        description="Sample GPU, disk and host over S seconds and print it.",
+    )
+    p.add_argument(
+        "--interval",
+        type=interval_type,
+        default=1.0,
+        help="seconds to measure rates over (default 1)",
+    )
+    p.add_argument(
+        "--every",
+        type=_every,
+        metavar="S",
+        help="repeat: one sample every S seconds until Ctrl-C (JSON lines with --json)",
+    )
+    p.add_argument("--count", type=_count, metavar="N", help="with --every: stop after N samples")
     p.add_argument("--json", action="store_true", help="print JSON (keys: docs/architecture.md)")
     p.set_defaults(func=run)
 
@@ -40,8 +49,9 @@ def _every(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).replace("--interval", "--every")) from None
 
 
-_count = number_type("--count", int, lambda n: 1 <= n <= 10**9, "a whole number",
-                     "between 1 and 1000000000")
+_count = number_type(
+    "--count", int, lambda n: 1 <= n <= 10**9, "a whole number", "between 1 and 1000000000"
+)
 
 
 def repeat(every: float, count: int | None, emit: Callable[[dict[str, Any]], None]) -> int:
@@ -78,9 +88,16 @@ def snapshot(interval: float) -> dict[str, Any]:
     return snapshot_doc(time.time(), interval, payloads, unavailable)
 
 
-_DISK_COLUMNS = (("r_s", "r/s"), ("rkb_s", "rkB/s"), ("r_await_ms", "r_await"),
-                 ("w_s", "w/s"), ("wkb_s", "wkB/s"),
-                 ("w_await_ms", "w_await"), ("aqu_sz", "aqu-sz"), ("util_pct", "%util"))
+_DISK_COLUMNS = (
+    ("r_s", "r/s"),
+    ("rkb_s", "rkB/s"),
+    ("r_await_ms", "r_await"),
+    ("w_s", "w/s"),
+    ("wkb_s", "wkB/s"),
+    ("w_await_ms", "w_await"),
+    ("aqu_sz", "aqu-sz"),
+    ("util_pct", "%util"),
+)
 
 
 def _num(v: Any) -> str:
@@ -97,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.count is not None and args.every is None:
         raise UsageError("--count needs --every S")
     if args.every is not None:
+
         def emit(doc: dict[str, Any]) -> None:
             if args.json:
                 print(json.dumps(doc), flush=True)  # one object per line
@@ -120,16 +138,21 @@ def run(args: argparse.Namespace) -> int:
 def render(doc: dict[str, Any]) -> None:
     """One snapshot document as tables."""
     for g in doc.get("gpu", []):
-        t = Table(title=f"gpu{g.get('index')} {safe(str(g.get('name')))}", title_justify="left",
-                  show_edge=False, show_header=False)
+        t = Table(
+            title=f"gpu{g.get('index')} {safe(str(g.get('name')))}",
+            title_justify="left",
+            show_edge=False,
+            show_header=False,
+        )
         for k, v in g.items():
             if k not in ("index", "name", "processes"):
                 t.add_row(k, safe(_fmt(v)))
         out_console.print(t)
     if doc.get("disk"):
         # the iostat -x columns that matter most, under iostat's own names; --json has all 12
-        t = Table(title="disk (iostat -x; --json for every field)", title_justify="left",
-                  show_edge=False)
+        t = Table(
+            title="disk (iostat -x; --json for every field)", title_justify="left", show_edge=False
+        )
         t.add_column("device")
         for _key, label in _DISK_COLUMNS:
             t.add_column(label, justify="right")

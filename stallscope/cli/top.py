@@ -22,26 +22,44 @@ def _pid(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("top", help="live view of GPUs, disks, host and a trainer's processes",
-                       description="A live terminal view of the whole chain: GPUs, disks "
-                       "(iostat -x fields), host CPU, memory, swap, /dev/shm, PSI and, with "
-                       "--pid, the trainer and its workers. Keys: q quit, c/m/r sort processes "
-                       "by CPU/memory/read rate, p pause. When stdout is not a terminal, one "
-                       "plain frame is printed per interval.")
-    p.add_argument("--pid", type=_pid, default=None,
-                   help="also show this process and its descendants (the trainer and its "
-                   "DataLoader workers)")
-    p.add_argument("--interval", type=interval_type, default=1.0,
-                   help="seconds between refreshes (default 1)")
-    p.add_argument("--count", type=bounded("--count", int, 1, 10**9), default=None,
-                   metavar="N", help="exit after N frames (default: until q or Ctrl-C)")
+    p = sub.add_parser(
+        "top",
+        help="live view of GPUs, disks, host and a trainer's processes",
+        description="A live terminal view of the whole chain: GPUs, disks "
+        "(iostat -x fields), host CPU, memory, swap, /dev/shm, PSI and, with "
+        "--pid, the trainer and its workers. Keys: q quit, c/m/r sort processes "
+        "by CPU/memory/read rate, p pause. When stdout is not a terminal, one "
+        "plain frame is printed per interval.",
+    )
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        default=None,
+        help="also show this process and its descendants (the trainer and its DataLoader workers)",
+    )
+    p.add_argument(
+        "--interval", type=interval_type, default=1.0, help="seconds between refreshes (default 1)"
+    )
+    p.add_argument(
+        "--count",
+        type=bounded("--count", int, 1, 10**9),
+        default=None,
+        metavar="N",
+        help="exit after N frames (default: until q or Ctrl-C)",
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--agent", metavar="URL",
-                     help="take GPU, disk and host readings from the stallscope agent at URL "
-                     "(e.g. http://127.0.0.1:10127); default: the local agent when one answers "
-                     "there and samples at least as often as --interval")
-    src.add_argument("--no-agent", action="store_true",
-                     help="sample the machine directly even when an agent runs")
+    src.add_argument(
+        "--agent",
+        metavar="URL",
+        help="take GPU, disk and host readings from the stallscope agent at URL "
+        "(e.g. http://127.0.0.1:10127); default: the local agent when one answers "
+        "there and samples at least as often as --interval",
+    )
+    src.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="sample the machine directly even when an agent runs",
+    )
     p.set_defaults(func=run)
 
 
@@ -53,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     agent: str | None = None
     if args.agent:
         if agent_interval(args.agent) is None:
-            raise UsageError(f"--agent {args.agent}: no stallscope agent answers there "
-                             "(GET /api/v1/health)")
+            raise UsageError(
+                f"--agent {args.agent}: no stallscope agent answers there (GET /api/v1/health)"
+            )
         agent = args.agent
     elif not args.no_agent:
         iv = agent_interval(default_agent())
@@ -62,5 +81,9 @@ def run(args: argparse.Namespace) -> int:
             agent = default_agent()
     if args.pid is not None:
         watchable_process(args.pid)  # the same message and exit code as run --pid
-    return run_top(interval=args.interval, pid=args.pid,
-                   count=None if args.count is None else int(args.count), agent=agent)
+    return run_top(
+        interval=args.interval,
+        pid=args.pid,
+        count=None if args.count is None else int(args.count),
+        agent=agent,
+    )

@@ -189,8 +189,12 @@ class Collector:
         if id(sink) in self._sink_failed:
             return
         self._sink_failed.add(id(sink))
-        self.say(ts, f"sink:{sink.name}", "sink_error",
-                 f"{sink.name} sink failed: {type(exc).__name__}: {exc} (the other sinks go on)")
+        self.say(
+            ts,
+            f"sink:{sink.name}",
+            "sink_error",
+            f"{sink.name} sink failed: {type(exc).__name__}: {exc} (the other sinks go on)",
+        )
 
     def _failed(self, now: float, src: Source, exc: BaseException) -> None:
         n = self.failures.get(src.name, 0) + 1
@@ -198,8 +202,12 @@ class Collector:
         self.say(now, src.name, "error", f"{type(exc).__name__}: {exc}")
         if n >= MAX_FAILURES:
             self.sources.remove(src)
-            self.say(now, src.name, "disabled",
-                     f"{src.name} source turned off after {n} failures in a row")
+            self.say(
+                now,
+                src.name,
+                "disabled",
+                f"{src.name} source turned off after {n} failures in a row",
+            )
             try:
                 src.close()
             except Exception as close_exc:  # closing a broken source may fail too: say so
@@ -209,8 +217,7 @@ class Collector:
     def start(self) -> None:
         # prime counter-based sources so the first handed-over sample is a full interval
         self.sample_once()
-        self._thread = threading.Thread(target=self._loop, name="stallscope-collector",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="stallscope-collector", daemon=True)
         self._thread.start()
 
     def interval_at(self, elapsed_s: float) -> float:
@@ -251,8 +258,9 @@ class Collector:
                 self._sink_error(self.clock(), sink, exc)
 
 
-def take_sample(sources: Sequence[Source], interval: float,
-                sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+def take_sample(
+    sources: Sequence[Source], interval: float, sleep: Callable[[float], None] = time.sleep
+) -> dict[str, Any]:
     """One sample of every source over ``interval`` seconds (for ``snapshot``)."""
     now = time.time()
     for src in sources:

@@ -28,8 +28,11 @@ def trainer_gpu_memory(readings: Mapping[str, Reading]) -> list[Point]:
     pids = procs.payload
     out = []
     for g in gpu.payload:
-        used = sum(float(p.get("used_mib") or 0) for p in g.get("processes") or []
-                   if str(p.get("pid")) in pids)
+        used = sum(
+            float(p.get("used_mib") or 0)
+            for p in g.get("processes") or []
+            if str(p.get("pid")) in pids
+        )
         out.append(Point("gpu.trainer_mem_mib", f"gpu{g.get('index', 0)}", used))
     return out
 
@@ -43,9 +46,14 @@ def gpu_throttle_serious(readings: Mapping[str, Reading]) -> list[Point]:
     gpu = readings.get("gpu")
     if gpu is None or not gpu.payload:
         return []
-    return [Point("gpu.throttle_serious", f"gpu{g.get('index', 0)}",
-                  1.0 if SERIOUS_THROTTLE & set(g.get("throttle") or ()) else 0.0)
-            for g in gpu.payload]
+    return [
+        Point(
+            "gpu.throttle_serious",
+            f"gpu{g.get('index', 0)}",
+            1.0 if SERIOUS_THROTTLE & set(g.get("throttle") or ()) else 0.0,
+        )
+        for g in gpu.payload
+    ]
 
 
 def shm_used_pct(readings: Mapping[str, Reading]) -> list[Point]:

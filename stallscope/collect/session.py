@@ -96,10 +96,17 @@ FACTS_S = 2.0
 class Session:
     """One monitored run: see the module docstring."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], *, interval: float,
-                 warmup: tuple[float, float] | None = None,
-                 keep_full_s: float = 3600.0, sinks: Sequence[Sink] = (),
-                 unavailable: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        meta: dict[str, Any],
+        *,
+        interval: float,
+        warmup: tuple[float, float] | None = None,
+        keep_full_s: float = 3600.0,
+        sinks: Sequence[Sink] = (),
+        unavailable: dict[str, str] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.meta = meta
         self.interval = interval
@@ -117,8 +124,9 @@ class Session:
         # the probe's steps, summarised per rank for the alert engine (data-wait share, slow
         # rank), and SMART of the dataset's drives, for the alerts
         drives = list(meta.get("data_devices") or ())
-        more, why = open_sources(("probe", "smart") if drives else ("probe",), run_dir=run_dir,
-                                 smart_devices=drives)
+        more, why = open_sources(
+            ("probe", "smart") if drives else ("probe",), run_dir=run_dir, smart_devices=drives
+        )
         self.sources += more
         self.unavailable.update(why)
         self.collector: Collector | None = None
@@ -136,22 +144,44 @@ class Session:
         self.not_recorded: list[str] = []
 
     @classmethod
-    def create(cls, out: str | os.PathLike[str], label: str, command: list[str], *,
-               interval: float, warmup: tuple[float, float] | None = None,
-               data: str | None = None, keep_full_s: float = 3600.0,
-               sinks: Sequence[Sink] = (), **meta_extra: Any) -> Session:
+    def create(
+        cls,
+        out: str | os.PathLike[str],
+        label: str,
+        command: list[str],
+        *,
+        interval: float,
+        warmup: tuple[float, float] | None = None,
+        data: str | None = None,
+        keep_full_s: float = 3600.0,
+        sinks: Sequence[Sink] = (),
+        **meta_extra: Any,
+    ) -> Session:
         """A new run directory under ``out`` (raises UsageError for a bad ``data`` path or an
         output directory that cannot be made)."""
         devices, note = data_devices(data)
         run_dir = new_run_dir(out, label)
         record_run(run_dir)
-        meta = base_meta(command, start=time.time(), interval_s=interval, data=data,
-                         data_devices=devices, **meta_extra)
+        meta = base_meta(
+            command,
+            start=time.time(),
+            interval_s=interval,
+            data=data,
+            data_devices=devices,
+            **meta_extra,
+        )
         if isinstance(meta.get("monitor_pid"), int):
             meta["monitor_stamp"] = writer_stamp(meta["monitor_pid"])  # known again later
         try:
-            return cls(run_dir, meta, interval=interval, warmup=warmup, keep_full_s=keep_full_s,
-                       sinks=sinks, unavailable={"data": note} if note else None)
+            return cls(
+                run_dir,
+                meta,
+                interval=interval,
+                warmup=warmup,
+                keep_full_s=keep_full_s,
+                sinks=sinks,
+                unavailable={"data": note} if note else None,
+            )
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
@@ -192,11 +222,17 @@ class Session:
             self._others = cpu_snapshot()
         except Exception:  # a nicety: never a reason not to watch the training
             self._others = None
-        self._facts = threading.Thread(target=self._record_facts, args=(root_pid,),
-                                       name="stallscope-facts", daemon=True)
+        self._facts = threading.Thread(
+            target=self._record_facts, args=(root_pid,), name="stallscope-facts", daemon=True
+        )
         self._facts.start()
-        self.collector = Collector(self.sources + procs, self.sinks, interval=self.interval,
-                                   warmup=self.warmup, unavailable=self.unavailable)
+        self.collector = Collector(
+            self.sources + procs,
+            self.sinks,
+            interval=self.interval,
+            warmup=self.warmup,
+            unavailable=self.unavailable,
+        )
         self.collector.start()
 
     def _record_facts(self, root_pid: int) -> None:
@@ -266,15 +302,19 @@ class Session:
         if probes:  # the probe's view of the DataLoader, per rank
             meta["loader_config"] = {str(p["rank"]): p["config"] for p in probes}
         if self.store_sink.errors:
-            self.not_recorded.insert(0, f"{self.store_sink.errors} of {self.samples} samples "
-                                     f"(could not write {self.store.path})")
+            self.not_recorded.insert(
+                0,
+                f"{self.store_sink.errors} of {self.samples} samples "
+                f"(could not write {self.store.path})",
+            )
         try:
             write_meta(self.run_dir, meta)
         except OSError as exc:
             (self.run_dir / "meta.json.tmp").unlink(missing_ok=True)
             self.not_recorded.append(
                 f"the end of the run in meta.json (end time, exit code {exit_code}, sample "
-                f"count: {exc.strerror or exc}); it still says the run started")
+                f"count: {exc.strerror or exc}); it still says the run started"
+            )
         self.store.finish_and_close()
         if self.not_recorded:
             log.warning("not recorded: %s", "; ".join(self.not_recorded))
@@ -289,12 +329,16 @@ class Session:
         try:
             from stallscope.sources.others import busiest_others, cpu_snapshot
 
-            tree = {int(e["entity"]) for e in self.store.entities("procs")
-                    if str(e.get("entity", "")).isdigit()}
+            tree = {
+                int(e["entity"])
+                for e in self.store.entities("procs")
+                if str(e.get("entity", "")).isdigit()
+            }
             tree |= {os.getpid(), int(meta.get("pid") or 0)}
             seconds = time.time() - self._others_at
-            meta["busy_others"] = busiest_others(before, cpu_snapshot(), seconds, tree,
-                                                 self._others_at)
+            meta["busy_others"] = busiest_others(
+                before, cpu_snapshot(), seconds, tree, self._others_at
+            )
         except Exception as exc:  # a nicety: the run's record goes on without it
             self.not_recorded.append(f"the busiest other processes ({exc})")
 
@@ -308,8 +352,10 @@ class Session:
         trainers = {str(p["pid"]) for p in self.store.probes()}
         trainers |= ranked_pids(read_records(self.run_dir))  # whatever the tree shows
         roles = infer_roles(procs, trainers)
-        self.store.set_attrs("procs", {e["entity"]: dict(e["attrs"], role=roles.get(
-            e["entity"], "worker")) for e in procs})
+        self.store.set_attrs(
+            "procs",
+            {e["entity"]: dict(e["attrs"], role=roles.get(e["entity"], "worker")) for e in procs},
+        )
 
     def discard(self) -> None:
         """The trainer could not even start: remove the run directory."""

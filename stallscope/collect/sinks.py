@@ -62,8 +62,14 @@ class StoreSink(Sink):
 
     name = "store"
 
-    def __init__(self, store: RunStore, *, keep_full_s: float = 3600.0, bucket_s: float = 60.0,
-                 downsample_every: int = 60) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        *,
+        keep_full_s: float = 3600.0,
+        bucket_s: float = 60.0,
+        downsample_every: int = 60,
+    ) -> None:
         self.store = store
         self.keep_full_s = keep_full_s
         self.bucket_s = bucket_s
@@ -77,8 +83,9 @@ class StoreSink(Sink):
 
     def write(self, sample: Sample) -> None:
         keep = self._keep.get
-        points = [p for p in sample.points if keep(p[0]) or (keep(p[0]) is None
-                                                            and self._learn(p[0]))]
+        points = [
+            p for p in sample.points if keep(p[0]) or (keep(p[0]) is None and self._learn(p[0]))
+        ]
         try:
             touch = self._entities(sample)
             self.store.add_points(sample.ts, points, touch)
@@ -140,5 +147,6 @@ class StoreSink(Sink):
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         if self.errors == 1:
-            log.warning("cannot write to %s: %s (samples are lost until it can)",
-                        self.store.path, exc)
+            log.warning(
+                "cannot write to %s: %s (samples are lost until it can)", self.store.path, exc
+            )

@@ -20,8 +20,7 @@ def _start_sampler() -> None:
         try:
             from stallscope.sources.stacks.inproc import rate_from_env, start
         except ImportError:  # a Python without stallscope installed: use this copy
-            root = os.path.dirname(os.path.dirname(os.path.dirname(
-                os.path.abspath(__file__))))
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             sys.path.append(root)
             from stallscope.sources.stacks.inproc import rate_from_env, start
         start(run_dir, rate_from_env())
@@ -33,8 +32,10 @@ def _start_sampler() -> None:
             # the error may quote $STALLSCOPE_RUN_DIR: shown safe for a terminal, clipped
             from stallscope.textsafe import error_text
 
-            sys.stderr.write(f"stallscope: no stack sampling in pid {os.getpid()}: "
-                             f"{error_text(f'{type(exc).__name__}: {exc}')}\n")
+            sys.stderr.write(
+                f"stallscope: no stack sampling in pid {os.getpid()}: "
+                f"{error_text(f'{type(exc).__name__}: {exc}')}\n"
+            )
         except Exception:
             pass
 
@@ -57,11 +58,17 @@ def _record_errors() -> None:
             import json
             import time
 
-            line = "".join(ch for ch in f"{kind.__name__}: {value}".splitlines()[0][:_MAX_ERROR]
-                           if ch.isprintable())
+            line = "".join(
+                ch
+                for ch in f"{kind.__name__}: {value}".splitlines()[0][:_MAX_ERROR]
+                if ch.isprintable()
+            )
             rec = json.dumps({"ts": time.time(), "pid": os.getpid(), "error": line})
-            fd = os.open(os.path.join(run_dir, "errors.jsonl"),
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(
+                os.path.join(run_dir, "errors.jsonl"),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                0o644,
+            )
             try:
                 os.write(fd, (rec + "\n").encode("utf-8", "replace"))
             finally:

@@ -46,11 +46,11 @@ class LogFigures:
         n, wait, wall, n_comm, comm = d
         if n <= 0 or wall <= 0:
             return {}
-        out = {"data_wait_share": round(wait / wall, 4),
-               "step_ms": round(wall / n * 1000.0, 3)}
+        out = {"data_wait_share": round(wait / wall, 4), "step_ms": round(wall / n * 1000.0, 3)}
         if n_comm > 0:
             out["comm_share"] = round(comm / wall, 4)
         return out
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,8 +100,12 @@ class StepHooks:
             return
         self._end_epoch()
         self.epoch = self.epoch + 1 if epoch is None else int(epoch)
-        if self.autotune and self._tuner is None and hasattr(loader, "num_workers") \
-                and hasattr(loader, "prefetch_factor"):
+        if (
+            self.autotune
+            and self._tuner is None
+            and hasattr(loader, "num_workers")
+            and hasattr(loader, "prefetch_factor")
+        ):
             from stallscope.probe.watch import _tuner_of
 
             self._tuner = _tuner_of(loader, p)
@@ -163,6 +167,7 @@ class StepHooks:
 
         steps, wait, wall, first, samples = t
         tuner = self._tuner
-        _tuner_call(self.probe, lambda: tuner.after_epoch(int(steps), wall, wait, int(samples),
-                                                          first))
+        _tuner_call(
+            self.probe, lambda: tuner.after_epoch(int(steps), wall, wait, int(samples), first)
+        )
         self.probe.update_config({"autotune": tuner.summary()})

@@ -28,8 +28,9 @@ __all__ = ["add_callback", "install"]
 _CALLBACKS_AT = 5
 
 
-def add_callback(args: tuple[Any, ...], kwargs: dict[str, Any], make: Any, kind: type
-                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def add_callback(
+    args: tuple[Any, ...], kwargs: dict[str, Any], make: Any, kind: type
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``fit``'s arguments with one callback of ``kind`` (made by ``make()``) among its
     callbacks, wherever they were given; unchanged when one is there."""
     if len(args) > _CALLBACKS_AT:
@@ -41,7 +42,7 @@ def add_callback(args: tuple[Any, ...], kwargs: dict[str, Any], make: Any, kind:
         return args, kwargs  # a CallbackList or such: leave it as given
     cbs.append(make())
     if len(args) > _CALLBACKS_AT:
-        return (*args[:_CALLBACKS_AT], cbs, *args[_CALLBACKS_AT + 1:]), kwargs
+        return (*args[:_CALLBACKS_AT], cbs, *args[_CALLBACKS_AT + 1 :]), kwargs
     return args, dict(kwargs, callbacks=cbs)
 
 

@@ -42,8 +42,7 @@ def _first_in_line(me: Any) -> None:
         while frame is not None:
             handler = frame.f_locals.get("self")
             cbs = getattr(handler, "callbacks", None)
-            if type(handler).__name__ == "CallbackHandler" and isinstance(cbs, list) \
-                    and me in cbs:
+            if type(handler).__name__ == "CallbackHandler" and isinstance(cbs, list) and me in cbs:
                 cbs.remove(me)
                 cbs.insert(0, me)
                 return
@@ -59,8 +58,7 @@ class StallscopeCallback(TrainerCallback):
     DataLoader's ``num_workers`` and ``prefetch_factor`` between epochs
     (:mod:`stallscope.probe.autotune`)."""
 
-    def __init__(self, rank: int | None = None, log: bool = True,
-                 autotune: bool = False) -> None:
+    def __init__(self, rank: int | None = None, log: bool = True, autotune: bool = False) -> None:
         self._core = StepHooks(rank, autotune)
         self._broken = False
         self._samples: int | None = None
@@ -92,8 +90,7 @@ class StallscopeCallback(TrainerCallback):
         logs = kwargs.get("logs")
         if self._log is not None and isinstance(logs, dict) and "loss" in logs:
             # a training log (not an evaluation's): the probe's figures join it
-            logs.update({f"stallscope/{k}": v
-                         for k, v in self._log.take(self._core.probe).items()})
+            logs.update({f"stallscope/{k}": v for k, v in self._log.take(self._core.probe).items()})
         self._core.idle()
 
     @safe_hook

@@ -85,8 +85,10 @@ class StallscopeCallback(keras.callbacks.Callback):
             return
         self._graph = instrument(self.model, p, self)
         if not self._graph:
-            warn("this Keras does not fetch batches the way Keras 3 on TensorFlow does: "
-                  "timing whole train calls only (input wait is counted as compute)")
+            warn(
+                "this Keras does not fetch batches the way Keras 3 on TensorFlow does: "
+                "timing whole train calls only (input wait is counted as compute)"
+            )
 
     @safe_hook
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:

@@ -53,8 +53,7 @@ def _first_loader(loaders: Any) -> Any:
 class _Hooks:
     """The hooks, independent of which Lightning package provides the base class."""
 
-    def __init__(self, rank: int | None = None, log: bool = True,
-                 autotune: bool = False) -> None:
+    def __init__(self, rank: int | None = None, log: bool = True, autotune: bool = False) -> None:
         super().__init__()
         self._core = StepHooks(rank, autotune)
         self._broken = False
@@ -69,25 +68,34 @@ class _Hooks:
 
     @safe_hook
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._core.begin_epoch(_first_loader(getattr(trainer, "train_dataloader", None)),
-                               int(getattr(trainer, "current_epoch", 0)))
+        self._core.begin_epoch(
+            _first_loader(getattr(trainer, "train_dataloader", None)),
+            int(getattr(trainer, "current_epoch", 0)),
+        )
 
     @safe_hook
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._core.begin_step(batch_size_of(batch))
 
     @safe_hook
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._core.end_step()
         every = int(getattr(trainer, "log_every_n_steps", 50) or 50)
         if self._log is not None and (batch_idx + 1) % every == 0:
             figures = self._log.take(self._core.probe)
             if figures:
-                pl_module.log_dict({f"stallscope/{k}": v for k, v in figures.items()},
-                                   on_step=True, on_epoch=False, logger=True, prog_bar=False,
-                                   batch_size=1)
+                pl_module.log_dict(
+                    {f"stallscope/{k}": v for k, v in figures.items()},
+                    on_step=True,
+                    on_epoch=False,
+                    logger=True,
+                    prog_bar=False,
+                    batch_size=1,
+                )
 
     @safe_hook
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:

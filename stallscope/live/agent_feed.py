@@ -100,11 +100,13 @@ class AgentPart(Source):
             try:
                 self.shape.open()
             except Exception as exc:
-                self.emit("note", f"the agent at {self.feed.base} stopped answering, and "
-                          f"sampling directly failed: {exc}")
+                self.emit(
+                    "note",
+                    f"the agent at {self.feed.base} stopped answering, and "
+                    f"sampling directly failed: {exc}",
+                )
                 raise
-            self.emit("note", f"the agent at {self.feed.base} stopped answering: sampling "
-                      "directly")
+            self.emit("note", f"the agent at {self.feed.base} stopped answering: sampling directly")
         return self.shape.sample(now)
 
     def read(self, now: float, *, counters: bool = False) -> Reading | None:

@@ -40,8 +40,9 @@ class ProcessNotReadable(StallscopeError):
     exit_code = 1
 
 
-def open_top_sources(pid: int | None, agent: str | None = None
-                     ) -> tuple[list[Source], dict[str, str]]:
+def open_top_sources(
+    pid: int | None, agent: str | None = None
+) -> tuple[list[Source], dict[str, str]]:
     """The machine-wide sources (read from the agent at ``agent`` when given), plus the process
     tree of ``pid`` when given (an unreadable ``pid`` raises :class:`ProcessNotReadable`;
     nothing is left open)."""
@@ -57,15 +58,25 @@ def open_top_sources(pid: int | None, agent: str | None = None
     return sources + procs, unavailable
 
 
-def run_top(*, interval: float, pid: int | None, count: int | None,
-            console: Console | None = None, agent: str | None = None) -> int:
+def run_top(
+    *,
+    interval: float,
+    pid: int | None,
+    count: int | None,
+    console: Console | None = None,
+    agent: str | None = None,
+) -> int:
     """Run the view until ``q``, Ctrl-C, SIGTERM/SIGHUP or ``count`` frames; the exit code."""
     console = console or Console(highlight=False)
     sources, unavailable = open_top_sources(pid, agent)
     sink = LiveSink()
     collector = Collector(sources, [sink], interval=interval, unavailable=unavailable)
-    state = ViewState(interval=interval, root_pid=pid, unavailable=unavailable,
-                      unicode=(console.encoding or "").lower().startswith("utf"))
+    state = ViewState(
+        interval=interval,
+        root_pid=pid,
+        unavailable=unavailable,
+        unicode=(console.encoding or "").lower().startswith("utf"),
+    )
     state.follow = TrainingWatch(pid)
     state.via = agent.split("://", 1)[-1].rstrip("/") if agent else None
     try:
@@ -98,8 +109,9 @@ def _wait(fds: Sequence[int], timeout: float | None) -> list[int]:
 PIPED_WIDTH = 1000
 
 
-def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
-           count: int | None) -> None:
+def _plain(
+    console: Console, sink: LiveSink, state: ViewState, first: int, count: int | None
+) -> None:
     """One plain frame per new sample (no height limit: every disk and process; full lines, for
     files and logs)."""
     state.keys = False
@@ -123,8 +135,9 @@ def _plain(console: Console, sink: LiveSink, state: ViewState, first: int,
         frames += 1
 
 
-def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
-            count: int | None) -> None:
+def _screen(
+    console: Console, sink: LiveSink, state: ViewState, first: int, count: int | None
+) -> None:
     """The full-screen view with keys (when stdin is a terminal too)."""
     stdin_fd: int | None = None
     try:
@@ -134,8 +147,13 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
         stdin_fd = None
     state.keys = stdin_fd is not None
     terminal = cbreak(stdin_fd) if stdin_fd is not None else nullcontext()
-    live_screen = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
-                       redirect_stderr=False)
+    live_screen = Live(
+        console=console,
+        screen=True,
+        auto_refresh=False,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
     with terminal, live_screen as live:
         shown_seq, shown = first, None
         frames = 0
@@ -184,8 +202,7 @@ def _screen(console: Console, sink: LiveSink, state: ViewState, first: int,
                 state.events = list(sink.events)
                 if seq != shown_seq and not state.paused:
                     shown_seq, shown = seq, sample
-                    state.training = (state.follow.view() if state.follow is not None
-                                      else None)
+                    state.training = state.follow.view() if state.follow is not None else None
                     frames += 1
                 redraw = True  # new sample, an event or a resize
             if redraw:
@@ -203,7 +220,7 @@ def split_keys(text: str) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(text):
-        seq = text[i:i + 3]
+        seq = text[i : i + 3]
         if seq in _ARROWS:
             out.append(_ARROWS[seq])
             i += 3

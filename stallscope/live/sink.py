@@ -48,7 +48,7 @@ class LiveSink(Sink):
 
     def event(self, event: Event) -> None:
         with self._lock:
-            self.events = [*self.events[-(_KEEP_EVENTS - 1):], event]
+            self.events = [*self.events[-(_KEEP_EVENTS - 1) :], event]
         self.wake()
 
     def get(self) -> tuple[int, Sample | None]:

@@ -50,8 +50,10 @@ def read_keys(fd: int) -> str:
 
 
 @contextmanager
-def signals_raise(on_winch: Callable[[], None] | None = None,
-                  stop: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+def signals_raise(
+    on_winch: Callable[[], None] | None = None,
+    stop: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[None]:
     """Within the block, the ``stop`` signals raise :class:`Terminated`; SIGWINCH (the window
     was resized) calls ``on_winch``. The previous handlers are put back after."""
 

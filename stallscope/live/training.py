@@ -157,8 +157,9 @@ class TrainingWatch:
             return self._db is not None  # the run that ended stays shown until another starts
         self._switch()
         try:
-            self._db = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True,
-                                       timeout=0.5, check_same_thread=False)
+            self._db = sqlite3.connect(
+                f"file:{run_dir / 'run.db'}?mode=ro", uri=True, timeout=0.5, check_same_thread=False
+            )
         except sqlite3.Error:
             return False
         self.run_dir = run_dir
@@ -212,9 +213,14 @@ class TrainingWatch:
             for recs in self._tail.read_new().values():
                 for rec in recs:
                     rank = rec.get("rank")
-                    self._phase_recent.append((float(rec["ts"]), int(rec["pid"]),
-                                               rank if isinstance(rank, int) else None,
-                                               phase_seconds(rec)))
+                    self._phase_recent.append(
+                        (
+                            float(rec["ts"]),
+                            int(rec["pid"]),
+                            rank if isinstance(rank, int) else None,
+                            phase_seconds(rec),
+                        )
+                    )
         while self._phase_recent and self._phase_recent[0][0] < now - WINDOW_S:
             self._phase_recent.popleft()
 
@@ -228,8 +234,11 @@ class TrainingWatch:
             for k, x in secs.items():
                 if k in PHASES:
                     d[k] = d.get(k, 0.0) + x
-        shares = {pid: {k: x / sum(d.values()) for k, x in d.items()}
-                  for pid, d in by_pid.items() if sum(d.values()) > 0}
+        shares = {
+            pid: {k: x / sum(d.values()) for k, x in d.items()}
+            for pid, d in by_pid.items()
+            if sum(d.values()) > 0
+        }
         if shares:
             pid = max(shares, key=lambda p: shares[p].get("data", 0.0))
             v.phases = shares[pid]
@@ -245,7 +254,8 @@ class TrainingWatch:
                 rows += self._db.execute(
                     f"SELECT rank, step, ts, wait_s, host_s, samples, {comm}, {nc} FROM steps "
                     "WHERE rank=? AND step>? ORDER BY step LIMIT 100000",
-                    (rank, self._last.get(rank, -1))).fetchall()
+                    (rank, self._last.get(rank, -1)),
+                ).fetchall()
         except sqlite3.Error:
             return  # the writer holds a lock, or the run is being removed: next frame
         timed: dict[int, list[float]] = {}  # rank -> [wall, comm, steps] of this frame's steps
@@ -259,8 +269,9 @@ class TrainingWatch:
                 acc[1] += c
                 acc[2] += k
             self._last[rank] = max(self._last.get(rank, -1), int(step))
-            self._recent.append((float(ts), float(wait), float(host),
-                                 int(n) if isinstance(n, int) else 0, k))
+            self._recent.append(
+                (float(ts), float(wait), float(host), int(n) if isinstance(n, int) else 0, k)
+            )
             self._total += k
         self._ranks = len(self._last)
         shares = {r: a[1] / a[0] for r, a in timed.items() if a[2] >= 2 and a[0] > 0}
@@ -279,8 +290,9 @@ class TrainingWatch:
                 if self._stack_note is None:
                     return None
                 return TrainingView(run_id=f"pid {self.pid}", stack_note=self._stack_note)
-            v = TrainingView(run_id=f"pid {self.pid} (sampled by py-spy, no run)",
-                             sampled_only=True)
+            v = TrainingView(
+                run_id=f"pid {self.pid} (sampled by py-spy, no run)", sampled_only=True
+            )
             self._read_phases(now)
             self._phases(v)
             return v
@@ -289,8 +301,12 @@ class TrainingWatch:
         self._read_phases(now)
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
-        v = TrainingView(run_id=self._label, steps=self._total, ranks=self._ranks,
-                         waited_for=dict(self._waited_for) or None)
+        v = TrainingView(
+            run_id=self._label,
+            steps=self._total,
+            ranks=self._ranks,
+            waited_for=dict(self._waited_for) or None,
+        )
         if self._recent:
             recent = sorted(self._recent)
             waited = sum(r[1] for r in recent)
@@ -316,8 +332,7 @@ class TrainingWatch:
         if wait:
             self._diagnose()
             return
-        threading.Thread(target=self._diagnose, name="stallscope-top-verdict",
-                         daemon=True).start()
+        threading.Thread(target=self._diagnose, name="stallscope-top-verdict", daemon=True).start()
 
     def _diagnose(self) -> None:
         try:
@@ -326,8 +341,11 @@ class TrainingWatch:
             assert self.run_dir is not None
             doc = diagnose_run(self.run_dir)
             top = doc["findings"][0] if doc.get("findings") else {}
-            self._verdict = (str(doc.get("verdict", "?")), str(top.get("summary", "")),
-                             time.monotonic())
+            self._verdict = (
+                str(doc.get("verdict", "?")),
+                str(top.get("summary", "")),
+                time.monotonic(),
+            )
         except Exception:  # a run too young to diagnose: try again later
             pass
         finally:

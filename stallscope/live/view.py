@@ -161,8 +161,16 @@ def _head(text: str, width: int) -> Text:
 def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]:
     """One entry per GPU (two lines each), or one line saying why there is none."""
     if "gpu" in state.unavailable:
-        return [[_line(("gpu  ", "bold"), ("unavailable: ", _WARN),
-                       plain(state.unavailable["gpu"]), width=width)]]
+        return [
+            [
+                _line(
+                    ("gpu  ", "bold"),
+                    ("unavailable: ", _WARN),
+                    plain(state.unavailable["gpu"]),
+                    width=width,
+                )
+            ]
+        ]
     reading = sample.readings.get("gpu")
     gpus = reading.payload if reading is not None else None
     if not gpus:
@@ -173,45 +181,70 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
     for g in gpus:
         total = g.get("mem_total_mib")
         used = g.get("mem_used_mib")
-        mem = (units.memory(used, total)
-               if isinstance(used, (int, float)) and isinstance(total, (int, float))
-               else "-")
+        mem = (
+            units.memory(used, total)
+            if isinstance(used, (int, float)) and isinstance(total, (int, float))
+            else "-"
+        )
         power = g.get("power_w")
         limit = g.get("power_limit_w")
-        power_s = (f"{_num(power, 4, 0).strip()}/{_num(limit, 3, 0).strip()} W")
+        power_s = f"{_num(power, 4, 0).strip()}/{_num(limit, 3, 0).strip()} W"
         util = g.get("util_pct")
         temp = g.get("temp_c")
         deg = "°C" if state.unicode else "C"
-        l1 = _line((f"gpu{g.get('index')} ", "bold"),
-                   _cell(plain(g.get("name", "?"), 80), name_w, left=True),
-                   "  util ", (_num(util, 3, 0) + "%", ""),
-                   "  mem ", mem,
-                   "  ", (f"{_num(temp, 3, 0)}{deg}", _pct_style(temp, 80, 87)),
-                   "  ", (power_s, _pct_style(
-                       power / limit * 100 if isinstance(power, (int, float))
-                       and isinstance(limit, (int, float)) and limit else None, 95, 101)),
-                   f"  SM {_num(g.get('sm_clock_mhz'), 4, 0).strip()} MHz",
-                   width=width)
+        l1 = _line(
+            (f"gpu{g.get('index')} ", "bold"),
+            _cell(plain(g.get("name", "?"), 80), name_w, left=True),
+            "  util ",
+            (_num(util, 3, 0) + "%", ""),
+            "  mem ",
+            mem,
+            "  ",
+            (f"{_num(temp, 3, 0)}{deg}", _pct_style(temp, 80, 87)),
+            "  ",
+            (
+                power_s,
+                _pct_style(
+                    power / limit * 100
+                    if isinstance(power, (int, float)) and isinstance(limit, (int, float)) and limit
+                    else None,
+                    95,
+                    101,
+                ),
+            ),
+            f"  SM {_num(g.get('sm_clock_mhz'), 4, 0).strip()} MHz",
+            width=width,
+        )
         throttle = [plain(t, 40) for t in (g.get("throttle") or []) if t != "gpu_idle"]
         serious = any(t.startswith(("hw_", "sw_thermal")) for t in throttle)
         gen, gen_max = g.get("pcie_gen"), g.get("pcie_gen_max")
         wid, wid_max = g.get("pcie_width"), g.get("pcie_width_max")
         degraded = (isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max) or (
-            isinstance(wid, int) and isinstance(wid_max, int) and wid < wid_max)
-        l2 = _line("     throttle ",
-                   (", ".join(throttle) or "none",
-                    _BAD if serious else _WARN if throttle else ""),
-                   "  PCIe ", (f"Gen{gen or '-'} x{wid or '-'}", _WARN if degraded else ""),
-                   f" (max Gen{gen_max or '-'} x{wid_max or '-'})",
-                   f"  rx {_rate(g.get('pcie_rx_kb_s'))} tx {_rate(g.get('pcie_tx_kb_s'))}",
-                   width=width)
+            isinstance(wid, int) and isinstance(wid_max, int) and wid < wid_max
+        )
+        l2 = _line(
+            "     throttle ",
+            (", ".join(throttle) or "none", _BAD if serious else _WARN if throttle else ""),
+            "  PCIe ",
+            (f"Gen{gen or '-'} x{wid or '-'}", _WARN if degraded else ""),
+            f" (max Gen{gen_max or '-'} x{wid_max or '-'})",
+            f"  rx {_rate(g.get('pcie_rx_kb_s'))} tx {_rate(g.get('pcie_tx_kb_s'))}",
+            width=width,
+        )
         lines = [l1, l2]
         if g.get("health_problem"):  # a GPU that needs a person: said on a line of its own
             what = health_parts(g) if isinstance(g, dict) else []
             mem_t = g.get("mem_temp_c")
-            lines.append(_line("     health ", (plain("; ".join(what)) or "problem", _BAD),
-                               f"  HBM {_num(mem_t, 3, 0).strip()}{deg}"
-                               if isinstance(mem_t, (int, float)) else "", width=width))
+            lines.append(
+                _line(
+                    "     health ",
+                    (plain("; ".join(what)) or "problem", _BAD),
+                    f"  HBM {_num(mem_t, 3, 0).strip()}{deg}"
+                    if isinstance(mem_t, (int, float))
+                    else "",
+                    width=width,
+                )
+            )
         out.append(lines)
     return out
 
@@ -223,26 +256,38 @@ def _cores(per_core: Sequence[Any], room: int, unicode: bool) -> list[str]:
     if len(nums) <= room:
         return [nums]
     glyphs = " ▁▂▃▄▅▆▇█" if unicode else " .:-=+*#%@"
-    bar = "".join("?" if not isinstance(v, (int, float))
-                  else glyphs[min(len(glyphs) - 1, int(v / 100 * (len(glyphs) - 1) + 0.5))]
-                  for v in per_core)
+    bar = "".join(
+        "?"
+        if not isinstance(v, (int, float))
+        else glyphs[min(len(glyphs) - 1, int(v / 100 * (len(glyphs) - 1) + 0.5))]
+        for v in per_core
+    )
     room = max(room, 8)
-    return [bar[i:i + room] for i in range(0, len(bar), room)]
+    return [bar[i : i + room] for i in range(0, len(bar), room)]
 
 
 def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -> list[Text]:
     if "host" in state.unavailable:
-        return [_line(("host ", "bold"), ("unavailable: ", _WARN),
-                      plain(state.unavailable["host"]), width=width)]
+        return [
+            _line(
+                ("host ", "bold"),
+                ("unavailable: ", _WARN),
+                plain(state.unavailable["host"]),
+                width=width,
+            )
+        ]
     reading = sample.readings.get("host")
     if reading is None:
         return [_line(("host ", "bold"), "no reading yet", width=width)]
     h = reading.payload
     cpu, iowait = h.get("cpu_pct"), h.get("iowait_pct")
     summary: list[tuple[str, str] | str] = [
-        ("cpu ", "bold"), (_num(cpu, 5) + "%", _pct_style(cpu, 80, 95)),
-        "  iowait ", (_num(iowait, 4) + "%", _pct_style(iowait, 10, 25)),
-        f"  load {_num(h.get('load1'), 4, 2).strip()}"]
+        ("cpu ", "bold"),
+        (_num(cpu, 5) + "%", _pct_style(cpu, 80, 95)),
+        "  iowait ",
+        (_num(iowait, 4) + "%", _pct_style(iowait, 10, 25)),
+        f"  load {_num(h.get('load1'), 4, 2).strip()}",
+    ]
     per_core = h.get("cpu_per_core_pct") or []
     used = sum(len(p if isinstance(p, str) else p[0]) for p in summary)
     label = f"  {len(per_core)} cores: "
@@ -256,61 +301,96 @@ def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -
         if len(folded) > core_lines:
             folded = folded[:core_lines]
             folded[-1] = folded[-1][:-1] + "…"
-        lines.extend(_line(("core " if i == 0 else "     ", "dim"), f, width=width)
-                     for i, f in enumerate(folded))
+        lines.extend(
+            _line(("core " if i == 0 else "     ", "dim"), f, width=width)
+            for i, f in enumerate(folded)
+        )
     total, used_m = h.get("mem_total_mib"), h.get("mem_used_mib")
-    mem = (units.memory(used_m, total)
-           if isinstance(total, (int, float)) and isinstance(used_m, (int, float)) else "-")
+    mem = (
+        units.memory(used_m, total)
+        if isinstance(total, (int, float)) and isinstance(used_m, (int, float))
+        else "-"
+    )
     swap_in, swap_out = h.get("swap_in_kb_s"), h.get("swap_out_kb_s")
     swapping = any(isinstance(v, (int, float)) and v > 0 for v in (swap_in, swap_out))
     shm_u, shm_t = h.get("shm_used_mib"), h.get("shm_total_mib")
-    shm_pct = (shm_u / shm_t * 100 if isinstance(shm_u, (int, float))
-               and isinstance(shm_t, (int, float)) and shm_t else None)
-    lines.append(_line(("mem ", "bold"), mem,
-                       f" (avail {units.size(units.mib(h.get('mem_available_mib') or 0))})",
-                       "  swap in/out ",
-                       (f"{_num(swap_in, 1, 0).strip()}/{_num(swap_out, 1, 0).strip()} kB/s",
-                        _WARN if swapping else ""),
-                       "  shm ",
-                       (f"{_num(shm_u, 1, 0).strip()}/{_num(shm_t, 1, 0).strip()} MiB",
-                        _pct_style(shm_pct, 80, 95)),
-                       width=width))
+    shm_pct = (
+        shm_u / shm_t * 100
+        if isinstance(shm_u, (int, float)) and isinstance(shm_t, (int, float)) and shm_t
+        else None
+    )
+    lines.append(
+        _line(
+            ("mem ", "bold"),
+            mem,
+            f" (avail {units.size(units.mib(h.get('mem_available_mib') or 0))})",
+            "  swap in/out ",
+            (
+                f"{_num(swap_in, 1, 0).strip()}/{_num(swap_out, 1, 0).strip()} kB/s",
+                _WARN if swapping else "",
+            ),
+            "  shm ",
+            (
+                f"{_num(shm_u, 1, 0).strip()}/{_num(shm_t, 1, 0).strip()} MiB",
+                _pct_style(shm_pct, 80, 95),
+            ),
+            width=width,
+        )
+    )
     psi: list[tuple[str, str] | str] = [("psi ", "bold"), "some: "]
-    for label_, key in (("cpu", "psi_cpu_some_pct"), ("io", "psi_io_some_pct"),
-                        ("mem", "psi_mem_some_pct")):
+    for label_, key in (
+        ("cpu", "psi_cpu_some_pct"),
+        ("io", "psi_io_some_pct"),
+        ("mem", "psi_mem_some_pct"),
+    ):
         v = h.get(key)
         psi += [f"{label_} ", (_num(v, 1).strip() + "%", _pct_style(v, 10, 40)), "  "]
     if h.get("psi_io_full_pct") is not None:
-        psi += ["io full ", (_num(h.get("psi_io_full_pct"), 1).strip() + "%",
-                             _pct_style(h.get("psi_io_full_pct"), 5, 20))]
+        psi += [
+            "io full ",
+            (
+                _num(h.get("psi_io_full_pct"), 1).strip() + "%",
+                _pct_style(h.get("psi_io_full_pct"), 5, 20),
+            ),
+        ]
     if any(k.startswith("psi_") for k in h):
         lines.append(_line(*psi, width=width))
     return lines
 
 
 #: (payload key, label, width): the disk columns, then those added in the wide layout
-_DISK_COLS = (("r_s", "r/s", 8), ("rkb_s", "rkB/s", 10), ("r_await_ms", "r_await", 8),
-              ("w_s", "w/s", 8), ("wkb_s", "wkB/s", 10), ("aqu_sz", "aqu-sz", 7),
-              ("util_pct", "%util", 6))
-_DISK_WIDE = (("w_await_ms", "w_await", 8), ("rareq_kb", "rareq-sz", 9),
-              ("wareq_kb", "wareq-sz", 9))
+_DISK_COLS = (
+    ("r_s", "r/s", 8),
+    ("rkb_s", "rkB/s", 10),
+    ("r_await_ms", "r_await", 8),
+    ("w_s", "w/s", 8),
+    ("wkb_s", "wkB/s", 10),
+    ("aqu_sz", "aqu-sz", 7),
+    ("util_pct", "%util", 6),
+)
+_DISK_WIDE = (
+    ("w_await_ms", "w_await", 8),
+    ("rareq_kb", "rareq-sz", 9),
+    ("wareq_kb", "wareq-sz", 9),
+)
 
 
 def _busy(f: dict[str, Any]) -> tuple[float, float, float]:
     def n(k: str) -> float:
         v = f.get(k)
         return float(v) if isinstance(v, (int, float)) else 0.0
+
     return (n("util_pct"), n("rkb_s") + n("wkb_s"), n("r_s") + n("w_s"))
 
 
 def _disk_lines(sample: Sample, state: ViewState, width: int) -> tuple[Text, list[Text]]:
     cols = _DISK_COLS + (_DISK_WIDE if width >= WIDE else ())
     dev_w = 12
-    header = _head("DISK".ljust(dev_w) + "".join(" " + _cell(lbl, w) for _, lbl, w in cols),
-                   width)
+    header = _head("DISK".ljust(dev_w) + "".join(" " + _cell(lbl, w) for _, lbl, w in cols), width)
     if "disk" in state.unavailable:
-        return header, [_line(("unavailable: ", _WARN), plain(state.unavailable["disk"]),
-                              width=width)]
+        return header, [
+            _line(("unavailable: ", _WARN), plain(state.unavailable["disk"]), width=width)
+        ]
     reading = sample.readings.get("disk")
     if reading is None:
         return header, [_line("no reading yet", width=width)]
@@ -326,13 +406,11 @@ def _disk_lines(sample: Sample, state: ViewState, width: int) -> tuple[Text, lis
 
 
 #: (label, width, payload key) of the process columns; wide adds threads, write, run-queue wait
-_PROC_COLS = (("PID", 8), ("ROLE", 8), ("S", 1), ("CPU%", 6), ("RSS MiB", 8),
-              ("READ kB/s", 10))
+_PROC_COLS = (("PID", 8), ("ROLE", 8), ("S", 1), ("CPU%", 6), ("RSS MiB", 8), ("READ kB/s", 10))
 _PROC_WIDE = (("THR", 4), ("WRITE kB/s", 10), ("RUNQ%", 6))
 
 
-def _proc_lines(sample: Sample, state: ViewState, width: int
-                ) -> tuple[list[Text], list[Text]]:
+def _proc_lines(sample: Sample, state: ViewState, width: int) -> tuple[list[Text], list[Text]]:
     wide = width >= WIDE
     key, label = SORTS[state.sort]
     arrow = "▼" if state.unicode else "v"
@@ -344,16 +422,18 @@ def _proc_lines(sample: Sample, state: ViewState, width: int
     head += "NAME" + ("             CMDLINE" if wide else "")
     reading = sample.readings.get("procs")
     payload: dict[str, Any] = reading.payload if reading is not None else {}
-    title = (f"PROCESSES of {state.root_pid}: {len(payload)} · sort: {state.sort} {arrow} "
-             f"(c cpu · m mem · r read)")
+    title = (
+        f"PROCESSES of {state.root_pid}: {len(payload)} · sort: {state.sort} {arrow} "
+        f"(c cpu · m mem · r read)"
+    )
     headers = [_line((title, "bold"), width=width), _head(head, width)]
     if not payload:
-        why = (f"process {state.root_pid} has exited" if reading is not None
-               else "no reading yet")
+        why = f"process {state.root_pid} has exited" if reading is not None else "no reading yet"
         return headers, [_line((why, _WARN), width=width)]
     attrs = reading.entities if reading is not None else {}
-    roles = infer_roles([{"entity": pid, "attrs": attrs.get(pid) or rec}
-                         for pid, rec in payload.items()])
+    roles = infer_roles(
+        [{"entity": pid, "attrs": attrs.get(pid) or rec} for pid, rec in payload.items()]
+    )
 
     def order(item: tuple[str, dict[str, Any]]) -> tuple[float, int]:
         v = item[1].get(key)
@@ -369,16 +449,29 @@ def _proc_lines(sample: Sample, state: ViewState, width: int
         state_ = str(rec.get("state", "?"))[:1]
         cpu = rec.get("cpu_pct")
         parts: list[tuple[str, str] | str] = [
-            _cell(pid, 8), " ",
-            _cell(roles.get(pid, str(rec.get("role", "?"))), 8, left=True), " ",
-            (plain(state_, 1), _BAD if state_ == "D" else ""), " ",
-            (_num(cpu, 6), _pct_style(cpu, 90, 99)), " ",
-            _num(rec.get("rss_mib"), 8), " ",
-            _num(rec.get("read_kb_s"), 10), " "]
+            _cell(pid, 8),
+            " ",
+            _cell(roles.get(pid, str(rec.get("role", "?"))), 8, left=True),
+            " ",
+            (plain(state_, 1), _BAD if state_ == "D" else ""),
+            " ",
+            (_num(cpu, 6), _pct_style(cpu, 90, 99)),
+            " ",
+            _num(rec.get("rss_mib"), 8),
+            " ",
+            _num(rec.get("read_kb_s"), 10),
+            " ",
+        ]
         if wide:
             runq = rec.get("runq_wait_pct")
-            parts += [_num(rec.get("threads"), 4, 0), " ", _num(rec.get("write_kb_s"), 10), " ",
-                      (_num(runq, 6), _pct_style(runq, 20, 50)), " "]
+            parts += [
+                _num(rec.get("threads"), 4, 0),
+                " ",
+                _num(rec.get("write_kb_s"), 10),
+                " ",
+                (_num(runq, 6), _pct_style(runq, 20, 50)),
+                " ",
+            ]
         parts.append(_cell(plain(rec.get("name", "?"), 60), name_w, left=True))
         if wide:
             cmd = _short_cmd((attrs.get(pid) or {}).get("cmdline") or "")
@@ -400,7 +493,7 @@ def _short_cmd(cmd: str) -> str:
 
 
 def _phase_parts(t: Any) -> list[tuple[str, str] | str]:
-    """"data 83% · compute 12% · other 5%" of the sampled stacks, biggest first."""
+    """ "data 83% · compute 12% · other 5%" of the sampled stacks, biggest first."""
     ph = t.phases or {}
     shown = sorted(((k, x) for k, x in ph.items() if x >= 0.005), key=lambda kx: -kx[1])
     out: list[tuple[str, str] | str] = []
@@ -422,19 +515,29 @@ def _training_lines(state: ViewState, width: int) -> list[Text]:
     share = t.wait_share
     parts: list[tuple[str, str] | str] = [("TRAINING", "bold")]
     if t.stack_note is not None:
-        return [_line(*parts, ("  stacks not sampled: ", _WARN), plain(t.stack_note, 300),
-                      width=width)]
+        return [
+            _line(*parts, ("  stacks not sampled: ", _WARN), plain(t.stack_note, 300), width=width)
+        ]
     if share is None and (t.phases or t.sampled_only):
         parts += _phase_parts(t) if t.phases else [("  sampling its stack…", "dim")]
         parts.append(f"  {plain(t.run_id, 60)}")
         lines = [_line(*parts, width=width)]
         if t.verdict is not None:
-            lines.append(_line("verdict  ", (plain(t.verdict, 40), "bold"),
-                               f"  {plain(t.reason or '', 300)}", width=width))
+            lines.append(
+                _line(
+                    "verdict  ",
+                    (plain(t.verdict, 40), "bold"),
+                    f"  {plain(t.reason or '', 300)}",
+                    width=width,
+                )
+            )
         return lines
     if share is not None:
-        parts += ["  data wait ", (f"{100 * share:.0f}%", _pct_style(100 * share, 10, 30)),
-                  f" (last {WINDOW_S:g} s)"]
+        parts += [
+            "  data wait ",
+            (f"{100 * share:.0f}%", _pct_style(100 * share, 10, 30)),
+            f" (last {WINDOW_S:g} s)",
+        ]
         if t.steps_s is not None:
             parts.append(f"  {t.steps_s:.1f} steps/s")
         if t.samples_s is not None:
@@ -448,15 +551,28 @@ def _training_lines(state: ViewState, width: int) -> list[Text]:
     parts.append(f"  {t.steps:,} steps  run {plain(t.run_id, 60)}")
     lines = [_line(*parts, width=width)]
     for rank, gap in sorted((t.waited_for or {}).items()):
-        lines.append(_line(("straggler", _WARN), f"  rank {rank}: the other ranks wait for it "
-                           f"in the all-reduce, {100 * gap:.0f} points more of their step "
-                           "than it does", width=width))
+        lines.append(
+            _line(
+                ("straggler", _WARN),
+                f"  rank {rank}: the other ranks wait for it "
+                f"in the all-reduce, {100 * gap:.0f} points more of their step "
+                "than it does",
+                width=width,
+            )
+        )
     if t.verdict is not None:
         age = f" (as of {t.verdict_age_s:.0f} s ago)" if t.verdict_age_s is not None else ""
         known = Kind.lookup(t.verdict)  # calm or alarm: said once, on Kind
         style = "" if known is not None and known.calm else _WARN
-        lines.append(_line("verdict  ", (plain(t.verdict, 40), style or "bold"),
-                           f"  {plain(t.reason or '', 300)}", (age, "dim"), width=width))
+        lines.append(
+            _line(
+                "verdict  ",
+                (plain(t.verdict, 40), style or "bold"),
+                f"  {plain(t.reason or '', 300)}",
+                (age, "dim"),
+                width=width,
+            )
+        )
     else:
         lines.append(_line(("verdict  diagnosing the run so far…", "dim"), width=width))
     return lines
@@ -472,8 +588,13 @@ def _cut(rows: list[Text], n: int, what: str, width: int) -> list[Text]:
 
 
 def _footer(sample: Sample, state: ViewState, width: int) -> Text:
-    keys = ("q quit  h help  c/m/r sort  ↓↑ pick  p " + ("resume" if state.paused else "pause")
-            if state.keys else "" if state.piped else "Ctrl-C quits")
+    keys = (
+        "q quit  h help  c/m/r sort  ↓↑ pick  p " + ("resume" if state.paused else "pause")
+        if state.keys
+        else ""
+        if state.piped
+        else "Ctrl-C quits"
+    )
     if state.keys and not state.unicode:
         keys = keys.replace("↓↑", "j/k")
     if state.followed is not None:
@@ -496,16 +617,19 @@ def _footer(sample: Sample, state: ViewState, width: int) -> Text:
     return t
 
 
-def render(sample: Sample | None, state: ViewState, width: int, height: int | None
-           ) -> list[Text]:
+def render(sample: Sample | None, state: ViewState, width: int, height: int | None) -> list[Text]:
     """The frame for ``sample`` as screen lines, each at most ``width`` columns; at most
     ``height`` lines (None: no limit, every disk and process: the plain frames)."""
     width = max(width, 20)
     when = time.strftime("%H:%M:%S", time.localtime(sample.ts if sample else time.time()))
     what = f"  tree of {state.root_pid}" if state.root_pid is not None else ""
     via = f"  via agent {plain(state.via, 60)}" if state.via else ""
-    top = _line(("stallscope top", "bold"), f"  {state.host}  {when}",
-                f"  every {state.interval:g} s{what}{via}", width=width)
+    top = _line(
+        ("stallscope top", "bold"),
+        f"  {state.host}  {when}",
+        f"  every {state.interval:g} s{what}{via}",
+        width=width,
+    )
     if sample is None:
         return [top, _line(f"collecting the first sample ({state.interval:g} s)…", width=width)]
     if state.help:
@@ -520,8 +644,17 @@ def render(sample: Sample | None, state: ViewState, width: int, height: int | No
     disk_head, disks = _disk_lines(sample, state, width)
     proc_head, procs = ([], []) if state.root_pid is None else _proc_lines(sample, state, width)
     notes = [ev for ev in state.events if ev.kind not in ("unavailable",)]
-    note = ([_line(("note ", "dim"), (plain(f"{notes[-1].source}: {notes[-1].message}"), "dim"),
-                   width=width)] if notes else [])
+    note = (
+        [
+            _line(
+                ("note ", "dim"),
+                (plain(f"{notes[-1].source}: {notes[-1].message}"), "dim"),
+                width=width,
+            )
+        ]
+        if notes
+        else []
+    )
     footer = _footer(sample, state, width)
 
     if height is None:

@@ -128,8 +128,7 @@ class EpochTrial:
         return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
 
 
-def predict_rate(k: int, load_s: float, compute_s: float, cores: int,
-                 cpu_s: float = 0.0) -> float:
+def predict_rate(k: int, load_s: float, compute_s: float, cores: int, cpu_s: float = 0.0) -> float:
     """Steps per second with ``k`` workers (0: the main process loads), from one batch's load
     time, one step's compute and the usable cores: :func:`stallscope.loadermodel.rate` with a
     batch as the item. ``cpu_s``: the CPU seconds one step's loading and computing take in all
@@ -137,8 +136,13 @@ def predict_rate(k: int, load_s: float, compute_s: float, cores: int,
     uses the larger of the two."""
     if compute_s <= 0 and load_s <= 0:
         return 0.0
-    return rate(k, max(load_s, 0.0), cores=cores, step_s=max(compute_s, 0.0),
-                main_cpu_s=max(compute_s, cpu_s - load_s, 0.0))
+    return rate(
+        k,
+        max(load_s, 0.0),
+        cores=cores,
+        step_s=max(compute_s, 0.0),
+        main_cpu_s=max(compute_s, cpu_s - load_s, 0.0),
+    )
 
 
 @dataclass
@@ -149,23 +153,39 @@ class Decision:
     done: bool = False  #: tuning is over (the next configuration, if any, is the last)
 
 
-def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS,
-           fits: Callable[[dict[str, Any]], str] | None = None) -> Decision:
+def decide(
+    trials: list[EpochTrial],
+    cores: int,
+    *,
+    max_trials: int = MAX_TRIALS,
+    fits: Callable[[dict[str, Any]], str] | None = None,
+) -> Decision:
     """The next configuration after ``trials`` (the newest last); see the module docstring.
     ``fits(config)`` says why a configuration does not fit (memory, /dev/shm), "" if it does."""
     cur = trials[-1]
     best = _best(trials)
     ok = fits or (lambda _cfg: "")
     if cur.rate < ALIKE * best.rate and best is not cur:
-        return Decision(best.config(), f"{_name(cur)} ran {cur.rate:.1f} steps/s, slower than "
-                        f"{_name(best)} ({best.rate:.1f}): back to it", best.rate, done=True)
+        return Decision(
+            best.config(),
+            f"{_name(cur)} ran {cur.rate:.1f} steps/s, slower than "
+            f"{_name(best)} ({best.rate:.1f}): back to it",
+            best.rate,
+            done=True,
+        )
     if keeps_up(cur.wait_share):
-        return Decision(None, f"the loader keeps up at {_name(cur)} (data wait "
-                        f"{cur.wait_share:.0%} of the epoch)", done=True)
+        return Decision(
+            None,
+            f"the loader keeps up at {_name(cur)} (data wait {cur.wait_share:.0%} of the epoch)",
+            done=True,
+        )
     if len(trials) >= max_trials:
-        return Decision(None if best is cur else best.config(),
-                        f"{len(trials)} epochs measured: keeping {_name(best)}", best.rate,
-                        done=True)
+        return Decision(
+            None if best is cur else best.config(),
+            f"{len(trials)} epochs measured: keeping {_name(best)}",
+            best.rate,
+            done=True,
+        )
     c = cur.compute_per_step
     if cur.num_workers == 0:
         load = cur.wait_per_step
@@ -174,11 +194,14 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
         top = max(rates.values())
         k = min(k for k, r in rates.items() if r >= NEAR_BEST * top)
         cfg = {"num_workers": k, "prefetch_factor": cur.prefetch_factor or 2}
-        on_threads = (f" ({cpu * 1000:.0f} ms of CPU in all)"
-                      if cpu > THREADS_CPU_MARGIN * (load + c) else "")
-        why = (f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
-               f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
-               f"should give {top:.1f} steps/s (now {cur.rate:.1f})")
+        on_threads = (
+            f" ({cpu * 1000:.0f} ms of CPU in all)" if cpu > THREADS_CPU_MARGIN * (load + c) else ""
+        )
+        why = (
+            f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
+            f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
+            f"should give {top:.1f} steps/s (now {cur.rate:.1f})"
+        )
         return _checked(cfg, why, top, ok, cur)
     k = cur.num_workers
     per_worker = k / cur.rate if cur.rate > 0 else math.inf  # one batch's load in a worker
@@ -188,26 +211,43 @@ def decide(trials: list[EpochTrial], cores: int, *, max_trials: int = MAX_TRIALS
         nk = min(need, cores)
         predicted = predict_rate(nk, per_worker, c, cores)
         cfg = {"num_workers": nk, "prefetch_factor": cur.prefetch_factor or 2}
-        why = (f"still waiting {cur.wait_share:.0%} of the epoch: a worker loads a batch in "
-               f"{per_worker * 1000:.0f} ms, a step computes in {c * 1000:.0f} ms: {nk} "
-               f"workers should give {predicted:.1f} steps/s (now {cur.rate:.1f})")
+        why = (
+            f"still waiting {cur.wait_share:.0%} of the epoch: a worker loads a batch in "
+            f"{per_worker * 1000:.0f} ms, a step computes in {c * 1000:.0f} ms: {nk} "
+            f"workers should give {predicted:.1f} steps/s (now {cur.rate:.1f})"
+        )
         return _checked(cfg, why, predicted, ok, cur)
     busy = cur.cores_busy(cores)
     if busy is not None and busy >= CPU_BOUND_SHARE:
-        return Decision(None if best is cur else best.config(), f"the trainer and its workers "
-                        f"kept {busy:.0%} of the {cores} usable core(s) busy at {_name(cur)}: "
-                        f"the CPU is the bound, more batches in flight add none; keeping "
-                        f"{_name(best)}", best.rate, done=True)
+        return Decision(
+            None if best is cur else best.config(),
+            f"the trainer and its workers "
+            f"kept {busy:.0%} of the {cores} usable core(s) busy at {_name(cur)}: "
+            f"the CPU is the bound, more batches in flight add none; keeping "
+            f"{_name(best)}",
+            best.rate,
+            done=True,
+        )
     if k < cores and (k, 4) not in tried and (cur.prefetch_factor or 2) < 4:
         cfg = {"num_workers": k, "prefetch_factor": 4}
-        return _checked(cfg, f"still waiting {cur.wait_share:.0%} of the epoch with cores "
-                        f"to spare and more workers tried: more batches in flight "
-                        f"(prefetch_factor 4) for uneven ones", cur.rate, ok, cur)
+        return _checked(
+            cfg,
+            f"still waiting {cur.wait_share:.0%} of the epoch with cores "
+            f"to spare and more workers tried: more batches in flight "
+            f"(prefetch_factor 4) for uneven ones",
+            cur.rate,
+            ok,
+            cur,
+        )
     # with a worker per usable core the CPU is the bound: batches in flight add no CPU
     # (measured on 2 cores, 2 workers: prefetch_factor 4 ran 3-5% slower than 2, median of 8
     # epochs each, benchmarks/bench_autotune.py's dataset)
-    return Decision(None if best is cur else best.config(), f"no configuration left to try "
-                    f"within {cores} core(s): keeping {_name(best)}", best.rate, done=True)
+    return Decision(
+        None if best is cur else best.config(),
+        f"no configuration left to try within {cores} core(s): keeping {_name(best)}",
+        best.rate,
+        done=True,
+    )
 
 
 def _tree_cpu() -> float:
@@ -235,19 +275,24 @@ def _best(trials: list[EpochTrial]) -> EpochTrial:
     return next(t for t in trials if t.rate >= 0.99 * top)
 
 
-def _checked(cfg: dict[str, Any], why: str, predicted: float,
-             fits: Callable[[dict[str, Any]], str], cur: EpochTrial) -> Decision:
+def _checked(
+    cfg: dict[str, Any],
+    why: str,
+    predicted: float,
+    fits: Callable[[dict[str, Any]], str],
+    cur: EpochTrial,
+) -> Decision:
     no = fits(cfg)
     if no:
-        return Decision(None, f"{_short(cfg)} would not fit: {no}; keeping {_name(cur)}",
-                        done=True)
+        return Decision(None, f"{_short(cfg)} would not fit: {no}; keeping {_name(cur)}", done=True)
     return Decision(cfg, why, predicted)
 
 
 def _short(cfg: dict[str, Any]) -> str:
     pf = cfg.get("prefetch_factor")
     return f"num_workers={cfg['num_workers']}" + (
-        f", prefetch_factor={pf}" if pf and cfg["num_workers"] else "")
+        f", prefetch_factor={pf}" if pf and cfg["num_workers"] else ""
+    )
 
 
 def _name(t: EpochTrial) -> str:
@@ -288,17 +333,22 @@ class OnlineTuner:
             # (get_worker_info()), which cannot be told from outside: more workers could
             # deliver each sample several times an epoch. The training sees what it wrote.
             self.done = True
-            self.log("autotune off: the loader's dataset is an IterableDataset, whose "
-                     "samples more workers would repeat unless it shards itself by worker; "
-                     "num_workers stays as written")
+            self.log(
+                "autotune off: the loader's dataset is an IterableDataset, whose "
+                "samples more workers would repeat unless it shards itself by worker; "
+                "num_workers stays as written"
+            )
             return
         from stallscope.probe import workererrors
 
         workererrors.install()  # a dataset's exception keeps its type in the workers we add
         kept = self._kept()
         if kept is not None and kept != self._current():
-            self._apply(kept, "the best configuration the last run of this loader found "
-                        f"({_short(kept)})", None)
+            self._apply(
+                kept,
+                f"the best configuration the last run of this loader found ({_short(kept)})",
+                None,
+            )
 
     # -- called by the watched loop ------------------------------------------------------------
     def before_epoch(self) -> None:
@@ -311,33 +361,54 @@ class OnlineTuner:
         self._cpu0 = time.process_time()
         self._tree0 = _tree_cpu()
 
-    def after_epoch(self, steps: int, wall_s: float, wait_s: float, samples: int = 0,
-                    first_wait_s: float = 0.0) -> None:
+    def after_epoch(
+        self, steps: int, wall_s: float, wait_s: float, samples: int = 0, first_wait_s: float = 0.0
+    ) -> None:
         """One epoch measured: decide the next configuration (never raises)."""
         if self.done or steps < 5 or wall_s <= 0:
             return
         cfg = self._current()
-        predicted = self.changes[-1]["predicted_steps_per_s"] if self.changes and \
-            self.changes[-1]["config"] == cfg and self.changes[-1]["epoch"] == self._epoch \
+        predicted = (
+            self.changes[-1]["predicted_steps_per_s"]
+            if self.changes
+            and self.changes[-1]["config"] == cfg
+            and self.changes[-1]["epoch"] == self._epoch
             else None
-        t = EpochTrial(cfg["num_workers"], cfg["prefetch_factor"], steps, wall_s, wait_s,
-                       samples, predicted, min(first_wait_s, wait_s),
-                       max(0.0, time.process_time() - self._cpu0),
-                       max(0.0, _tree_cpu() - self._tree0))
+        )
+        t = EpochTrial(
+            cfg["num_workers"],
+            cfg["prefetch_factor"],
+            steps,
+            wall_s,
+            wait_s,
+            samples,
+            predicted,
+            min(first_wait_s, wait_s),
+            max(0.0, time.process_time() - self._cpu0),
+            max(0.0, _tree_cpu() - self._tree0),
+        )
         self.trials.append(t)
         if predicted:
             err = t.rate / predicted - 1.0
-            self.changes[-1].update(measured_steps_per_s=round(t.rate, 3),
-                                    prediction_error=round(err, 3))
-            self.log(f"epoch {self._epoch} at {_name(t)}: {t.rate:.1f} steps/s measured, "
-                     f"{predicted:.1f} predicted ({err:+.0%}); data wait {t.wait_share:.0%}")
+            self.changes[-1].update(
+                measured_steps_per_s=round(t.rate, 3), prediction_error=round(err, 3)
+            )
+            self.log(
+                f"epoch {self._epoch} at {_name(t)}: {t.rate:.1f} steps/s measured, "
+                f"{predicted:.1f} predicted ({err:+.0%}); data wait {t.wait_share:.0%}"
+            )
         if swap_ins() > self._swap_in0 and len(self.trials) > 1:
             best = _best(self.trials[:-1])
-            self._pending = Decision(best.config(), f"the host swapped during the epoch at "
-                                     f"{_name(t)}: back to {_name(best)}", best.rate, True)
+            self._pending = Decision(
+                best.config(),
+                f"the host swapped during the epoch at {_name(t)}: back to {_name(best)}",
+                best.rate,
+                True,
+            )
         else:
-            self._pending = decide(self.trials, self.cores, max_trials=self.max_trials,
-                                   fits=self._fits)
+            self._pending = decide(
+                self.trials, self.cores, max_trials=self.max_trials, fits=self._fits
+            )
         if self._pending.done:
             self.done = True
             if self._pending.config is None:
@@ -353,25 +424,37 @@ class OnlineTuner:
             return False
         last["reverted"] = True
         self.done = True
-        self._apply(last["from"], f"the loader failed at {_short(last['config'])} before the "
-                    f"epoch's first batch ({type(exc).__name__}: {str(exc)[:200]}): back to "
-                    "what worked, autotune off", None)
+        self._apply(
+            last["from"],
+            f"the loader failed at {_short(last['config'])} before the "
+            f"epoch's first batch ({type(exc).__name__}: {str(exc)[:200]}): back to "
+            "what worked, autotune off",
+            None,
+        )
         return True
 
     def best(self) -> dict[str, Any] | None:
         if not self.trials:
             return None
         b = _best(self.trials)
-        return {**b.config(), "steps_per_s": round(b.rate, 3),
-                "samples_per_s": round(b.samples / b.wall_s, 2) if b.wall_s and b.samples
-                else None}
+        return {
+            **b.config(),
+            "steps_per_s": round(b.rate, 3),
+            "samples_per_s": round(b.samples / b.wall_s, 2) if b.wall_s and b.samples else None,
+        }
 
     def summary(self) -> dict[str, Any]:
         """What the run keeps (``probes.config["autotune"]``)."""
-        return {"trials": [dict(asdict(t), steps_per_s=round(t.rate, 3),
-                                wait_share=round(t.wait_share, 3)) for t in self.trials],
-                "changes": self.changes, "best": self.best(), "done": self.done,
-                "cores": self.cores}
+        return {
+            "trials": [
+                dict(asdict(t), steps_per_s=round(t.rate, 3), wait_share=round(t.wait_share, 3))
+                for t in self.trials
+            ],
+            "changes": self.changes,
+            "best": self.best(),
+            "done": self.done,
+            "cores": self.cores,
+        }
 
     # -- the loader ----------------------------------------------------------------------------
     def _current(self) -> dict[str, Any]:
@@ -399,10 +482,16 @@ class OnlineTuner:
             self.log(f"autotune stopped: cannot change the loader ({exc!r})")
             return
         new = self._current()
-        self.changes.append({"epoch": max(self._epoch, 0),
-                             "ts": time.time(), "from": old, "config": new, "why": why,
-                             "predicted_steps_per_s": round(predicted, 3) if predicted
-                             else None})
+        self.changes.append(
+            {
+                "epoch": max(self._epoch, 0),
+                "ts": time.time(),
+                "from": old,
+                "config": new,
+                "why": why,
+                "predicted_steps_per_s": round(predicted, 3) if predicted else None,
+            }
+        )
         self.log(f"before epoch {max(self._epoch, 0)}: {_short(old)} → {_short(new)}: {why}")
 
     def _fits(self, cfg: dict[str, Any]) -> str:
@@ -419,8 +508,10 @@ class OnlineTuner:
         except Exception:
             return ""
         if k * per > MEM_SHARE * avail:
-            return (f"{k} workers × {per / 2**20:,.0f} MiB > {MEM_SHARE:.0%} of "
-                    f"{avail / 2**20:,.0f} MiB available")
+            return (
+                f"{k} workers × {per / 2**20:,.0f} MiB > {MEM_SHARE:.0%} of "
+                f"{avail / 2**20:,.0f} MiB available"
+            )
         try:
             shm = shutil.disk_usage("/dev/shm").free
         except OSError:
@@ -440,8 +531,10 @@ class OnlineTuner:
         except Exception:
             n = -1
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "?"
-        return (f"{type(ds).__module__}.{type(ds).__qualname__}|len={n}|"
-                f"batch={getattr(ld, 'batch_size', None)}|{script}")
+        return (
+            f"{type(ds).__module__}.{type(ds).__qualname__}|len={n}|"
+            f"batch={getattr(ld, 'batch_size', None)}|{script}"
+        )
 
     def _state(self) -> dict[str, Any]:
         """The state file's document: {} when absent, unreadable, not a regular file (a FIFO
@@ -459,12 +552,17 @@ class OnlineTuner:
 
     def _kept(self) -> dict[str, Any] | None:
         got = self._state().get(self.signature())
-        if not isinstance(got, dict) or not isinstance(got.get("num_workers"), int) \
-                or not 0 <= got["num_workers"] <= 4 * self.cores:
+        if (
+            not isinstance(got, dict)
+            or not isinstance(got.get("num_workers"), int)
+            or not 0 <= got["num_workers"] <= 4 * self.cores
+        ):
             return None
         pf = got.get("prefetch_factor")
-        return {"num_workers": got["num_workers"],
-                "prefetch_factor": pf if isinstance(pf, int) and 1 <= pf <= 64 else 2}
+        return {
+            "num_workers": got["num_workers"],
+            "prefetch_factor": pf if isinstance(pf, int) and 1 <= pf <= 64 else 2,
+        }
 
     def _keep(self) -> None:
         best = self.best()
@@ -498,9 +596,12 @@ def _gpu() -> bool:
 
 def loader_call(cfg: dict[str, Any], given: dict[str, Any] | None = None) -> str:
     """``DataLoader(dataset, ...)`` with ``cfg`` over the loader's other arguments."""
-    args = {k: v for k, v in (given or {}).items()
-            if k in ("batch_size", "shuffle", "drop_last", "pin_memory", "persistent_workers")
-            and v not in (None, False)}
+    args = {
+        k: v
+        for k, v in (given or {}).items()
+        if k in ("batch_size", "shuffle", "drop_last", "pin_memory", "persistent_workers")
+        and v not in (None, False)
+    }
     args.update({k: v for k, v in cfg.items() if k in ("num_workers", "prefetch_factor")})
     if not args.get("num_workers"):
         args.pop("prefetch_factor", None)

@@ -22,8 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Alert", "AlertInbox", "AlertQueue", "firing", "on_alert", "registered",
-           "remove_alert_callbacks", "run_callbacks"]
+__all__ = [
+    "Alert",
+    "AlertInbox",
+    "AlertQueue",
+    "firing",
+    "on_alert",
+    "registered",
+    "remove_alert_callbacks",
+    "run_callbacks",
+]
 
 
 class Alert(NamedTuple):
@@ -86,10 +94,18 @@ def _alert(d: dict[str, Any]) -> Alert | None:
     """An alerts file's record as callbacks receive it; None when it is not a transition."""
     try:
         probe = d.get("probe") or []
-        return Alert(str(d["alert"]), str(d["state"]), str(d.get("entity") or ""),
-                     float(d["value"]), float(d["threshold"]), str(d.get("severity", "")),
-                     str(d.get("summary", "")), float(d["ts"]),
-                     tuple(str(p) for p in probe), bool(d.get("notify", True)))
+        return Alert(
+            str(d["alert"]),
+            str(d["state"]),
+            str(d.get("entity") or ""),
+            float(d["value"]),
+            float(d["threshold"]),
+            str(d.get("severity", "")),
+            str(d.get("summary", "")),
+            float(d["ts"]),
+            tuple(str(p) for p in probe),
+            bool(d.get("notify", True)),
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -167,11 +183,14 @@ def run_callbacks(alerts: list[Alert]) -> int:
         if not a.notify:
             continue
         with _lock:
-            todo = [(fn, clr) for key in (a.name, *a.probe) if key in _callbacks
-                    for fn, clr in _callbacks[key]]
+            todo = [
+                (fn, clr)
+                for key in (a.name, *a.probe)
+                if key in _callbacks
+                for fn, clr in _callbacks[key]
+            ]
         for fn, clr in todo:
             if a.state == "firing" or clr:
                 fn(a)
                 n += 1
     return n
-

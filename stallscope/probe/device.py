@@ -13,9 +13,19 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["DEVICE_TIMING_SHARE", "EVENT_RECORD_S", "MAX_FREE_EVENTS", "TIMED_STEP_S",
-           "DeviceClock", "DeviceMarks", "DeviceTimer", "EventLike", "EventTimer", "Pairs",
-           "timing_every"]
+__all__ = [
+    "DEVICE_TIMING_SHARE",
+    "EVENT_RECORD_S",
+    "MAX_FREE_EVENTS",
+    "TIMED_STEP_S",
+    "DeviceClock",
+    "DeviceMarks",
+    "DeviceTimer",
+    "EventLike",
+    "EventTimer",
+    "Pairs",
+    "timing_every",
+]
 
 #: device events kept for reuse (making one can cost a driver call)
 MAX_FREE_EVENTS = 4096

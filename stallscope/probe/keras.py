@@ -98,8 +98,16 @@ def _op_types(ds: Any) -> set[str]:
     return out
 
 
-_READ_OPS = {"ReadFile", "TFRecordDatasetV2", "TFRecordDataset", "TextLineDatasetV2",
-             "TextLineDataset", "FixedLengthRecordDatasetV2", "DecodeImage", "DecodeJpeg"}
+_READ_OPS = {
+    "ReadFile",
+    "TFRecordDatasetV2",
+    "TFRecordDataset",
+    "TextLineDatasetV2",
+    "TextLineDataset",
+    "FixedLengthRecordDatasetV2",
+    "DecodeImage",
+    "DecodeJpeg",
+}
 _FILE_SOURCES = ("TFRecord", "TextLine", "FixedLengthRecord")
 
 
@@ -116,8 +124,9 @@ def _stage(ds: Any) -> dict[str, Any]:
         st["cycle_length"] = _scalar(getattr(ds, "_cycle_length", None))
     elif "map" in low and "flatmap" not in low:
         st["op"] = "map"
-        st["parallel"] = (_scalar(ds._num_parallel_calls) if hasattr(ds, "_num_parallel_calls")
-                          else None)
+        st["parallel"] = (
+            _scalar(ds._num_parallel_calls) if hasattr(ds, "_num_parallel_calls") else None
+        )
     elif "cache" in low:
         st["op"] = "cache"
         st["file"] = _scalar(getattr(ds, "_filename", ""))
@@ -257,8 +266,9 @@ class _StampedIterator:
         rows = self._rows
         n = self._ring[rows, 0]
         i = tf.cast(n, tf.int32) % rows
-        self._ring.scatter_nd_update([[i], [rows]],
-                                     tf.stack([tf.stack([t0, t1]), tf.stack([n + 1.0, 0.0])]))
+        self._ring.scatter_nd_update(
+            [[i], [rows]], tf.stack([tf.stack([t0, t1]), tf.stack([n + 1.0, 0.0])])
+        )
 
     def get_next(self) -> Any:
         tf = self._tf
@@ -284,8 +294,9 @@ class _StampedIterator:
 class TimedTrainFunction:
     """``model.train_function`` with per-step input wait (see the module docstring)."""
 
-    def __init__(self, model: Any, original: Any, step_fn: Any, probe: Recorder, tf: Any,
-                 hooks: Any) -> None:
+    def __init__(
+        self, model: Any, original: Any, step_fn: Any, probe: Recorder, tf: Any, hooks: Any
+    ) -> None:
         # step_fn None: an unknown train function, timed as a whole (wait 0, all compute)
         self.original = original
         self.probe = probe
@@ -295,8 +306,11 @@ class TimedTrainFunction:
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
         self.rows = max(RING, spe * (READ_EVERY + 2))
         with tf.device("/CPU:0"):
-            self.ring = tf.Variable(tf.zeros([self.rows + 1, 2], tf.float64), trainable=False,
-                                    name="stallscope_input_stamps")
+            self.ring = tf.Variable(
+                tf.zeros([self.rows + 1, 2], tf.float64),
+                trainable=False,
+                name="stallscope_input_stamps",
+            )
         py = getattr(step_fn, "python_function", step_fn)
         ring = self.ring
         self._fn: Any = None
@@ -305,8 +319,9 @@ class TimedTrainFunction:
         elif getattr(model, "run_eagerly", False):
             self._fn = lambda it: py(_StampedIterator(it, ring, tf))
         else:
-            self._fn = tf.function(lambda it: py(_StampedIterator(it, ring, tf)),
-                                   reduce_retracing=True)
+            self._fn = tf.function(
+                lambda it: py(_StampedIterator(it, ring, tf)), reduce_retracing=True
+            )
         self._seen = 0  # rows of the ring already recorded
         self._drained_at = time.time()  # when the host last read the ring
         rows = self.rows
@@ -318,8 +333,7 @@ class TimedTrainFunction:
             first = tf.maximum(seen, n - rows)
             return n, first, tf.gather(ring, tf.range(first, n) % rows)
 
-        self._read_new = tf.function(read_new,
-                                     input_signature=[tf.TensorSpec([], tf.int64)])
+        self._read_new = tf.function(read_new, input_signature=[tf.TensorSpec([], tf.int64)])
         self._calls: list[tuple[float, int | None, int]] = []  # (end, samples, epoch) per call
         self._perf_minus_wall = time.perf_counter() - time.time()
         self.broken = False
@@ -335,8 +349,13 @@ class TimedTrainFunction:
         opt = self._fn(iterator)
         calls = self._calls
         now = time.time()
-        calls.append((now, hooks.samples if hooks is not None else None,
-                      hooks.epoch if hooks is not None else 0))
+        calls.append(
+            (
+                now,
+                hooks.samples if hooks is not None else None,
+                hooks.epoch if hooks is not None else 0,
+            )
+        )
         if now - self._drained_at >= READ_EVERY_S or len(calls) >= READ_EVERY:
             self.drain()
         if self.probe.alerts.due:  # alert callbacks (stallscope.on_alert), between two calls
@@ -355,9 +374,19 @@ class TimedTrainFunction:
             p = self.probe
             st = p.state
             last = st.last_end if st.last_end is not None else t0
-            p.buffer.push((st.step + 1, t0, max(0.0, t0 - last), t1 - t0,
-                           hooks.samples if hooks is not None else None,
-                           hooks.epoch if hooks is not None else 0, None, None, 1))
+            p.buffer.push(
+                (
+                    st.step + 1,
+                    t0,
+                    max(0.0, t0 - last),
+                    t1 - t0,
+                    hooks.samples if hooks is not None else None,
+                    hooks.epoch if hooks is not None else 0,
+                    None,
+                    None,
+                    1,
+                )
+            )
             st.step += 1
             st.last_end = t1
             if p.alerts.due:
@@ -379,8 +408,9 @@ class TimedTrainFunction:
             self.broken = True
             warn(f"Keras step timing off: {exc!r}")
 
-    def _record(self, n: int, first: int, got: list[list[float]],
-                calls: list[tuple[float, int | None, int]]) -> None:
+    def _record(
+        self, n: int, first: int, got: list[list[float]], calls: list[tuple[float, int | None, int]]
+    ) -> None:
         """One record per ring row since the last read (``got``: rows ``first`` to ``n``).
         Rows and calls are both in time order (on the ``time.time`` clock that
         ``tf.timestamp`` reads): a row belongs to the first call that ended after its element
@@ -402,8 +432,7 @@ class TimedTrainFunction:
             if t_next > end:
                 t_next = end
             cur = st.step = st.step + 1
-            rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None,
-                   1)
+            rec = (cur, t1 + shift, t1 - t0, max(0.0, t_next - t1), samples, epoch, None, None, 1)
             if len(queue) < cap:
                 queue.append(rec)
             else:

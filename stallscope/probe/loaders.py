@@ -71,8 +71,16 @@ def loader_config(loader: Any) -> dict[str, Any]:
     Works on any iterable: what it does not have is left out. ``dataset_len`` is None for
     unsized (iterable) datasets."""
     cfg: dict[str, Any] = {"loader_type": f"{type(loader).__module__}.{type(loader).__qualname__}"}
-    for key in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
-                "batch_size", "drop_last", "timeout", "in_order"):
+    for key in (
+        "num_workers",
+        "pin_memory",
+        "prefetch_factor",
+        "persistent_workers",
+        "batch_size",
+        "drop_last",
+        "timeout",
+        "in_order",
+    ):
         if hasattr(loader, key):
             cfg[key] = plain_value(getattr(loader, key))
     if cfg.get("batch_size") is None:

@@ -100,14 +100,20 @@ class Probe(Recorder):
     ``events`` (a factory of :class:`EventLike` objects) to exercise the CUDA path without a GPU.
     """
 
-    def __init__(self, *, rank: int | None = None,
-                 events: Callable[[], EventLike] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int | None = None,
+        events: Callable[[], EventLike] | None = None,
+        **options: Any,
+    ) -> None:
         """``options``: :class:`~stallscope.probe.recorder.Recorder`'s (``run_dir``,
         ``capacity``, ``flush_interval``, ``collect_interval``, ``register_atexit``,
         ``group_s``), declared there once; the timer is PyTorch's (CUDA events, or
         ``events``)."""
-        timer: DeviceTimer | None = (EventTimer(events, "CUDA") if events is not None
-                                     else CudaTimer.detect())
+        timer: DeviceTimer | None = (
+            EventTimer(events, "CUDA") if events is not None else CudaTimer.detect()
+        )
         super().__init__(rank=detect_rank() if rank is None else rank, timer=timer, **options)
 
     def describe_loader(self, loader: Any) -> dict[str, Any] | None:
@@ -123,8 +129,9 @@ class Probe(Recorder):
             cfg["torch"] = str(getattr(torch, "__version__", None))
             cuda = getattr(torch, "cuda", None)
             cfg["cuda_available"] = bool(cuda is not None and cuda.is_available())
-            cfg["cuda_version"] = plain_value(getattr(getattr(torch, "version", None), "cuda",
-                                                      None))
+            cfg["cuda_version"] = plain_value(
+                getattr(getattr(torch, "version", None), "cuda", None)
+            )
         return cfg
 
 

@@ -95,8 +95,12 @@ def machine_config() -> dict[str, Any]:
     """Facts about the machine every recorder reports (adapters add their framework's)."""
     from stallscope.version import __version__
 
-    cfg: dict[str, Any] = {"host": socket.gethostname(), "python": sys.version.split()[0],
-                           "stallscope": __version__, "logical_cores": os.cpu_count()}
+    cfg: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "stallscope": __version__,
+        "logical_cores": os.cpu_count(),
+    }
     added = os.environ.get("STALLSCOPE_PROBE_ADDED")
     if added:  # the trainer has no stallscope code: `stallscope run` added the probe
         cfg["added_by"] = plain(added, 100)  # shown in findings: no escape sequence
@@ -162,9 +166,14 @@ class Recorder:
         # where to write: explicit dir, stallscope run's dir, or (None) a standalone run
         env_dir = os.environ.get("STALLSCOPE_RUN_DIR")
         where = Path(run_dir) if run_dir is not None else (Path(env_dir) if env_dir else None)
-        self.writer = StepWriter(self, where, flush_interval=flush_interval,
-                                 collect_interval=collect_interval if collect_interval is not None
-                                 else interval_from_env())
+        self.writer = StepWriter(
+            self,
+            where,
+            flush_interval=flush_interval,
+            collect_interval=collect_interval
+            if collect_interval is not None
+            else interval_from_env(),
+        )
         self.writer.start()
         if register_atexit:
             atexit.register(self._atexit)
@@ -214,9 +223,16 @@ class Recorder:
             st.h2d_events = []
         st.h2d_events.append((start, end))
 
-    def record(self, wait_s: float, host_s: float, *, samples: int | None = None,
-               epoch: int | None = None, t_got: float | None = None,
-               h2d_s: float | None = None) -> int:
+    def record(
+        self,
+        wait_s: float,
+        host_s: float,
+        *,
+        samples: int | None = None,
+        epoch: int | None = None,
+        t_got: float | None = None,
+        h2d_s: float | None = None,
+    ) -> int:
         """Record one step an adapter timed itself (its framework reports the times); returns
         its step number, -1 when the recorder is closed. ``t_got`` (``perf_counter`` scale)
         defaults to ``host_s`` ago; host-timed copies noted since the last step are added."""
@@ -229,14 +245,31 @@ class Recorder:
         h, _evs = st.take_h2d()  # device-timed copies need device marks: begin_step()
         if h2d_s is not None:
             h = h2d_s if h is None else h + h2d_s
-        self.buffer.push((n, t_got, wait_s, host_s, samples,
-                          max(st.epoch, 0) if epoch is None else epoch, h, None, 1))
+        self.buffer.push(
+            (
+                n,
+                t_got,
+                wait_s,
+                host_s,
+                samples,
+                max(st.epoch, 0) if epoch is None else epoch,
+                h,
+                None,
+                1,
+            )
+        )
         if self.alerts.due:
             self.run_due()
         return n
 
-    def begin_epoch(self, loader: Any = None, it: Any = None, *, epoch: int | None = None,
-                    iter_s: float | None = None) -> int:
+    def begin_epoch(
+        self,
+        loader: Any = None,
+        it: Any = None,
+        *,
+        epoch: int | None = None,
+        iter_s: float | None = None,
+    ) -> int:
         """Start a new epoch (a new pass over a watched loader); returns its number."""
         st = self.state
         st.epoch = st.epoch + 1 if epoch is None else int(epoch)
@@ -318,8 +351,12 @@ class Recorder:
             cfg = dict(self.config)
             cfg["epochs"] = list(cfg["epochs"])
         w = self.writer
-        cfg.update(lost=w.lost, gpu_unread=w.gpu_unread, gpu_timing=self.device.timing,
-                   capacity=self.buffer.capacity)
+        cfg.update(
+            lost=w.lost,
+            gpu_unread=w.gpu_unread,
+            gpu_timing=self.device.timing,
+            capacity=self.buffer.capacity,
+        )
         return cfg
 
     def flush(self) -> int:
@@ -344,13 +381,20 @@ class Recorder:
     def stats(self) -> dict[str, Any]:
         """Counts so far: steps taken, written, dropped (buffer full), lost (write failed)."""
         w = self.writer
-        return {"steps": self.state.step + 1, "written": w.written,
-                "dropped": self.buffer.dropped, "lost": w.lost, "gpu_unread": w.gpu_unread,
-                "run_dir": str(self.run_dir)}
+        return {
+            "steps": self.state.step + 1,
+            "written": w.written,
+            "dropped": self.buffer.dropped,
+            "lost": w.lost,
+            "gpu_unread": w.gpu_unread,
+            "run_dir": str(self.run_dir),
+        }
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} rank={self.rank} run_dir={self.run_dir} "
-                f"steps={self.state.step + 1}>")
+        return (
+            f"<{type(self).__name__} rank={self.rank} run_dir={self.run_dir} "
+            f"steps={self.state.step + 1}>"
+        )
 
 
 # --- stepping by hand ----------------------------------------------------------------------------
@@ -363,8 +407,9 @@ class StepTimer:
 
     __slots__ = ("_epoch", "_ev0", "_n", "_p", "_step", "_t0", "_wait")
 
-    def __init__(self, probe: Recorder, samples: int | None = None,
-                 epoch: int | None = None) -> None:
+    def __init__(
+        self, probe: Recorder, samples: int | None = None, epoch: int | None = None
+    ) -> None:
         self._p = probe
         self._n = samples
         self._epoch = epoch
@@ -427,16 +472,28 @@ class StepTimer:
         if gpu is None and h2d_evs:
             Pairs.drop_copies(h2d_evs, p.device)
         p.take_comm(step)
-        p.buffer.push((step, t0, self._wait, t1 - t0, self._n,
-                       self._epoch if self._epoch is not None else 0, h2d, gpu, 1))
+        p.buffer.push(
+            (
+                step,
+                t0,
+                self._wait,
+                t1 - t0,
+                self._n,
+                self._epoch if self._epoch is not None else 0,
+                h2d,
+                gpu,
+                1,
+            )
+        )
         if p.alerts.due:
             p.run_due()
 
     def __enter__(self) -> StepTimer:
         return self
 
-    def __exit__(self, tp: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, tp: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -447,8 +504,12 @@ _lock = threading.Lock()
 
 def probe_enabled() -> bool:
     """False when ``STALLSCOPE_PROBE`` turns the probe off (0, false, no, off)."""
-    return os.environ.get("STALLSCOPE_PROBE", "1").strip().lower() not in ("0", "false", "no",
-                                                                           "off")
+    return os.environ.get("STALLSCOPE_PROBE", "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 def obtain(rank: int, make: Callable[[int], Recorder]) -> Recorder | None:

@@ -26,8 +26,16 @@ from stallscope.probe.notices import LOGGER, warn
 if TYPE_CHECKING:
     from stallscope.collect.session import Session
 
-__all__ = ["DEFAULT_COLLECT_S", "ExitStatus", "StandaloneRun", "default_label", "env_int",
-           "interval_from_env", "standalone_rules", "start_standalone"]
+__all__ = [
+    "DEFAULT_COLLECT_S",
+    "ExitStatus",
+    "StandaloneRun",
+    "default_label",
+    "env_int",
+    "interval_from_env",
+    "standalone_rules",
+    "start_standalone",
+]
 
 #: seconds between machine samples of the standalone collector (env STALLSCOPE_INTERVAL)
 DEFAULT_COLLECT_S = 5.0
@@ -52,8 +60,9 @@ def interval_from_env() -> float:
     thread)."""
     from stallscope.envvars import env_number
 
-    return env_number("STALLSCOPE_INTERVAL", float, 0.1, 3600, DEFAULT_COLLECT_S,
-                      kind="seconds", logger=LOGGER)
+    return env_number(
+        "STALLSCOPE_INTERVAL", float, 0.1, 3600, DEFAULT_COLLECT_S, kind="seconds", logger=LOGGER
+    )
 
 
 def group_from_env() -> float:
@@ -62,8 +71,18 @@ def group_from_env() -> float:
     from stallscope.envvars import env_number
     from stallscope.probe.buffer import GROUP_S
 
-    return env_number("STALLSCOPE_GROUP_MS", float, 0, 60_000, GROUP_S * 1000.0,
-                      kind="milliseconds", logger=LOGGER) / 1000.0
+    return (
+        env_number(
+            "STALLSCOPE_GROUP_MS",
+            float,
+            0,
+            60_000,
+            GROUP_S * 1000.0,
+            kind="milliseconds",
+            logger=LOGGER,
+        )
+        / 1000.0
+    )
 
 
 def default_label() -> str:
@@ -102,8 +121,10 @@ def standalone_rules() -> Any:
             from stallscope.textsafe import plain
 
             # the file's name is the user's text: the error quoting it is shown, clipped
-            warn(f"STALLSCOPE_ALERTS: {plain(str(exc).splitlines()[0], 300)}; using the "
-                 "shipped alert rules")
+            warn(
+                f"STALLSCOPE_ALERTS: {plain(str(exc).splitlines()[0], 300)}; using the "
+                "shipped alert rules"
+            )
     return parse_rules({}, "defaults")
 
 
@@ -117,8 +138,7 @@ class ExitStatus:
         self.code = 0
         prev = self._prev = sys.excepthook
 
-        def hook(tp: type[BaseException], value: BaseException,
-                 tb: TracebackType | None) -> None:
+        def hook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
             self.code = 1  # an uncaught exception ends the process with status 1
             prev(tp, value, tb)
 
@@ -134,8 +154,9 @@ class StandaloneRun:
     Other ranks only write steps into ``run_dir``; their ``start_sampling`` and ``finish`` do
     nothing."""
 
-    def __init__(self, run_dir: Path, *, meta: dict[str, Any] | None, root_pid: int,
-                 interval: float) -> None:
+    def __init__(
+        self, run_dir: Path, *, meta: dict[str, Any] | None, root_pid: int, interval: float
+    ) -> None:
         self.run_dir = run_dir
         self.lead = meta is not None
         self._meta = meta
@@ -154,12 +175,15 @@ class StandaloneRun:
 
         alerts = AlertSink(standalone_rules(), run=str(self.run_dir))
         alerts.attach_run(self.run_dir)
-        self._session = Session(self.run_dir, self._meta, interval=self._interval,
-                                sinks=[alerts])
+        self._session = Session(self.run_dir, self._meta, interval=self._interval, sinks=[alerts])
         self._session.watch(self._root_pid)
 
-    def finish(self, exit_code: int, probe_stats: Mapping[str, Any],
-               loader_config: Mapping[str, Any] | None) -> None:
+    def finish(
+        self,
+        exit_code: int,
+        probe_stats: Mapping[str, Any],
+        loader_config: Mapping[str, Any] | None,
+    ) -> None:
         """Stop sampling and complete ``meta.json`` as ``stallscope run`` does (the session
         records end, exit code, samples, roles and ``loader_config`` from the run's probes),
         plus the probe's counts (``probe``). ``loader_config`` ({str(rank): config}) is the
@@ -211,7 +235,6 @@ def start_standalone(label: str, interval: float, *, start: float) -> Standalone
         record_run(run_dir)
     if not lead:
         return StandaloneRun(run_dir, meta=None, root_pid=root_pid, interval=interval)
-    meta = base_meta(list(sys.argv), start=start, interval_s=interval, mode="probe",
-                     pid=root_pid)
+    meta = base_meta(list(sys.argv), start=start, interval_s=interval, mode="probe", pid=root_pid)
     write_meta(run_dir, meta)
     return StandaloneRun(run_dir, meta=meta, root_pid=root_pid, interval=interval)

@@ -51,8 +51,7 @@ class Watched(Generic[T]):
     Attributes it does not have (``sampler``, ``dataset``, ``batch_size``...) come from the
     wrapped loader, and ``len()`` is the loader's, so it can stand in for it."""
 
-    def __init__(self, loader: Iterable[T], probe: Recorder | None,
-                 tuner: Any = None) -> None:
+    def __init__(self, loader: Iterable[T], probe: Recorder | None, tuner: Any = None) -> None:
         self.loader = loader
         self.probe = probe
         #: the loader autotune (probe/autotune.py) when asked for: changes the loader between
@@ -106,8 +105,11 @@ class Watched(Generic[T]):
             # the configuration autotune set before this epoch failed before its first batch
             # (a dataset that cannot run in workers, or whose exception torch cannot rebuild
             # there): back to the one that worked, this same epoch, said once
-            if (begun is not None and begun[1] is None) or p.state.step != before \
-                    or not tuner.revert(exc):
+            if (
+                (begun is not None and begun[1] is None)
+                or p.state.step != before
+                or not tuner.revert(exc)
+            ):
                 raise
             if begun is None:  # iter() failed: the epoch begins now
                 yield from self._steps(p)
@@ -115,8 +117,9 @@ class Watched(Generic[T]):
             t_req = time.perf_counter()  # (iter() starts the workers: their start-up is wait)
             yield from self._steps(p, (iter(self.loader), begun[1], begun[2], t_req))
 
-    def _steps(self, p: Recorder, begun: tuple[Iterator[T], int | None, bool, float] | None
-               = None) -> Iterator[T]:
+    def _steps(
+        self, p: Recorder, begun: tuple[Iterator[T], int | None, bool, float] | None = None
+    ) -> Iterator[T]:
         """The epoch's step loop (see the module docstring), the epoch ``begun`` now unless
         given: a step at least the recorder's ``group_s`` long is a record of its own, and so
         are the epoch's first step and each device-timed one; shorter steps are summed, a record
@@ -182,20 +185,44 @@ class Watched(Generic[T]):
                     g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
                     if fast and (not gpu or pairs.left > 2 * SAMPLE_EVERY):
                         out, cur, t_req, sizer, until = yield from self._sampled(
-                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1,
-                            mean_s)
+                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1, mean_s
+                        )
                         g_t0, pairs.left = t_req, max(0, until) if gpu else pairs.left
                         if out:
                             break
         finally:
             if g_n or t_got > t_req:  # (t_got later: the loop body broke out or raised)
-                _last_record(p, acc, cur, g_t0, g_n, g_wait, g_host, g_k, g_s, epoch, t_got,
-                             t_req, ev0 if timed and gpu else None, sizer, batch)
+                _last_record(
+                    p,
+                    acc,
+                    cur,
+                    g_t0,
+                    g_n,
+                    g_wait,
+                    g_host,
+                    g_k,
+                    g_s,
+                    epoch,
+                    t_got,
+                    t_req,
+                    ev0 if timed and gpu else None,
+                    sizer,
+                    batch,
+                )
             self._epoch_end(p, state.step - first, t_start, acc)
 
-    def _sampled(self, p: Recorder, it: Iterator[T], epoch: int, cur: int, t_end: float,
-                 acc: list[Any], sizer: Any, until: int, step_s: float
-                 ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
+    def _sampled(
+        self,
+        p: Recorder,
+        it: Iterator[T],
+        epoch: int,
+        cur: int,
+        t_end: float,
+        acc: list[Any],
+        sizer: Any,
+        until: int,
+        step_s: float,
+    ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
         """Steps under :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, a record per ``group_s``;
         one in about ``SAMPLE_EVERY``, at random gaps, is timed in full (the step before it
         reads its own end), the others only counted. A record ends with a timed step (wall time
@@ -278,14 +305,16 @@ class Watched(Generic[T]):
         tuner = self.tuner
         if tuner is not None:
             samples, waited, first_wait = acc
-            _tuner_call(p, lambda: tuner.after_epoch(steps, end - t_start, waited, samples,
-                                                     first_wait))
+            _tuner_call(
+                p, lambda: tuner.after_epoch(steps, end - t_start, waited, samples, first_wait)
+            )
             p.update_config({"autotune": tuner.summary()})
         p.epoch_done()
 
 
-def _count(batch: Any, sizer: Callable[[Any], int | None] | None
-           ) -> tuple[Callable[[Any], int | None] | None, int | None]:
+def _count(
+    batch: Any, sizer: Callable[[Any], int | None] | None
+) -> tuple[Callable[[Any], int | None] | None, int | None]:
     """(the loader's sizer, decided on its first batch; ``batch``'s samples, None when they
     cannot be counted: an odd batch is never an error)."""
     try:
@@ -296,8 +325,9 @@ def _count(batch: Any, sizer: Callable[[Any], int | None] | None
         return sizer, None
 
 
-def _with_last(s: int, k: int, n: int, sizer: Callable[[Any], int | None], batch: Any
-               ) -> tuple[int, int]:
+def _with_last(
+    s: int, k: int, n: int, sizer: Callable[[Any], int | None], batch: Any
+) -> tuple[int, int]:
     """A record's (samples, batches counted) once its last batch, uncounted so far (often a
     short one), is counted as it is: ``n`` batches, the others at the mean of ``k`` counted
     batches of ``s`` samples (its own, or the record's before when none of its own was)."""
@@ -331,9 +361,23 @@ def _end_marks(dev: Any, ev0: Any) -> Any:
     return None if ev1 is None else (ev0, ev1, None)
 
 
-def _last_record(p: Recorder, acc: list[Any], cur: int, t0: float, n: int, wait: float,
-                 host: float, k: int, s: int, epoch: int, t_got: float, t_req: float, ev0: Any,
-                 sizer: Callable[[Any], int | None] | None, batch: Any) -> None:
+def _last_record(
+    p: Recorder,
+    acc: list[Any],
+    cur: int,
+    t0: float,
+    n: int,
+    wait: float,
+    host: float,
+    k: int,
+    s: int,
+    epoch: int,
+    t_got: float,
+    t_req: float,
+    ev0: Any,
+    sizer: Callable[[Any], int | None] | None,
+    batch: Any,
+) -> None:
     """The epoch's last record, added to ``acc``. When the last batch came after the last
     request (``t_got`` > ``t_req``), the loop body broke out or raised, and that step ends now;
     else the epoch's last batch, often a short one, is counted as it is when it was not yet."""
@@ -351,8 +395,19 @@ def _last_record(p: Recorder, acc: list[Any], cur: int, t0: float, n: int, wait:
         warn(f"probe could not record the last steps: {exc!r}")
 
 
-def _record(p: Recorder, acc: list[Any], step: int, t0: float, n: int, wait: float,
-            host: float, k: int, s: int, epoch: int, marks: Any) -> None:
+def _record(
+    p: Recorder,
+    acc: list[Any],
+    step: int,
+    t0: float,
+    n: int,
+    wait: float,
+    host: float,
+    k: int,
+    s: int,
+    epoch: int,
+    marks: Any,
+) -> None:
     """Hand over the record of ``n`` steps up to ``step`` that began at ``t0`` (``k`` of their
     batches counted, ``s`` samples in those; ``marks``: a device-timed step's start and end
     events), with the copies and collectives noted since the last record, and add its samples
@@ -369,7 +424,8 @@ def _record(p: Recorder, acc: list[Any], step: int, t0: float, n: int, wait: flo
     queue = buf.queue
     if len(queue) < buf.capacity:  # a RawStep: StepRecord's fields in a bare tuple
         (queue if marks is None else buf.timed).append(
-            (step, t0 + wait, wait, host, samples, epoch, h2d, marks, n))
+            (step, t0 + wait, wait, host, samples, epoch, h2d, marks, n)
+        )
         if comm is not None:
             p.comm_of[step] = comm
     else:
@@ -384,7 +440,8 @@ def _record(p: Recorder, acc: list[Any], step: int, t0: float, n: int, wait: flo
 #: one step in SAMPLE_EVERY timed), fixed once so a run is reproducible
 _GAP_MASK = 4095
 _GAPS = (lambda rng: tuple(rng.randrange(2 * SAMPLE_EVERY - 1) for _ in range(4096)))(
-    random.Random(20261128))
+    random.Random(20261128)
+)
 
 
 def _tuner_call(p: Recorder, fn: Callable[[], None]) -> None:
@@ -437,8 +494,7 @@ def adapter_for(loader: Any) -> Adapter:
     return _default
 
 
-def watch(loader: Iterable[T], *, rank: int | None = None,
-          autotune: bool = False) -> Watched[T]:
+def watch(loader: Iterable[T], *, rank: int | None = None, autotune: bool = False) -> Watched[T]:
     """Wrap ``loader`` so every step is timed: ``for batch in stallscope.watch(loader): ...``.
 
     Each ``for`` over the wrapper is one epoch. ``rank`` defaults to the adapter's (PyTorch:
@@ -454,8 +510,11 @@ def watch(loader: Iterable[T], *, rank: int | None = None,
         if hasattr(loader, "num_workers") and hasattr(loader, "prefetch_factor"):
             tuner = _tuner_of(loader, probe)
         else:
-            probe.notices.say("autotune", f"autotune=True needs a PyTorch DataLoader; "
-                              f"{type(loader).__name__} is watched without it")
+            probe.notices.say(
+                "autotune",
+                f"autotune=True needs a PyTorch DataLoader; "
+                f"{type(loader).__name__} is watched without it",
+            )
     return Watched(loader, probe, tuner)
 
 
@@ -489,8 +548,9 @@ def default_probe() -> Recorder | None:
     return p if p is not None else _default.probe(None)
 
 
-def step(samples: int | None = None, *, epoch: int | None = None,
-         rank: int | None = None) -> StepTimer | _NullStep:
+def step(
+    samples: int | None = None, *, epoch: int | None = None, rank: int | None = None
+) -> StepTimer | _NullStep:
     """Time one step of a loop that does not iterate a loader::
 
         with stallscope.step(samples=len(x)):

@@ -52,8 +52,9 @@ class StepWriter:
     whose device events never completed in time) are its counters, in steps (a record may hold
     several: :data:`~stallscope.probe.buffer.GROUP_S`)."""
 
-    def __init__(self, rec: Recorder, run_dir: Path | None, *, flush_interval: float,
-                 collect_interval: float) -> None:
+    def __init__(
+        self, rec: Recorder, run_dir: Path | None, *, flush_interval: float, collect_interval: float
+    ) -> None:
         self._rec = rec
         self.run_dir = run_dir
         self.flush_interval = flush_interval
@@ -76,8 +77,9 @@ class StepWriter:
         self.ready = threading.Event()  #: set once the store is open (or could not be)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name=f"stallscope-probe-{rec.rank}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._loop, name=f"stallscope-probe-{rec.rank}", daemon=True
+        )
 
     def start(self) -> None:
         """Start the thread (once the recorder is complete: the thread reads it). Its imports
@@ -100,8 +102,10 @@ class StepWriter:
             self._open()
         except Exception as exc:  # no run directory: training goes on, records are counted lost
             where = textsafe.plain(self.run_dir, 200) if self.run_dir else "a new run"
-            rec.notices.say("open", f"cannot write step records to {where}: {exc}; training "
-                            "continues without them")
+            rec.notices.say(
+                "open",
+                f"cannot write step records to {where}: {exc}; training continues without them",
+            )
         finally:
             self.ready.set()
         if self._session is not None:
@@ -126,8 +130,9 @@ class StepWriter:
         if self.run_dir is None:
             from stallscope.probe.standalone import default_label, start_standalone
 
-            session = start_standalone(default_label(), self.collect_interval,
-                                       start=self._rec.wall0)
+            session = start_standalone(
+                default_label(), self.collect_interval, start=self._rec.wall0
+            )
             self.run_dir = session.run_dir
             self._session = session
         self.store = RunStore(self.run_dir / "run.db")
@@ -159,8 +164,9 @@ class StepWriter:
             rest = []
             for r in plain:
                 if (c := comm_of.pop(r[0], None)) is not None:
-                    values.append((rank, r[0], base + r[1], r[2], r[3], r[6], None, None, r[4],
-                                   r[5], c, r[8]))
+                    values.append(
+                        (rank, r[0], base + r[1], r[2], r[3], r[6], None, None, r[4], r[5], c, r[8])
+                    )
                 else:
                     rest.append(r)
             plain = rest
@@ -184,8 +190,15 @@ class StepWriter:
             return 0
         return self._write(self.store, plain, values, steps, rec.buffer.dropped, final)
 
-    def _write(self, store: RunStore, plain: list[RawStep], rows: list[StepValues], steps: int,
-               dropped_now: int, final: bool) -> int:
+    def _write(
+        self,
+        store: RunStore,
+        plain: list[RawStep],
+        rows: list[StepValues],
+        steps: int,
+        dropped_now: int,
+        final: bool,
+    ) -> int:
         """Write the records (``steps`` steps in all); returns how many records."""
         rec = self._rec
         n = len(plain) + len(rows)
@@ -206,16 +219,20 @@ class StepWriter:
             if dropped_now > self._said_drop:
                 if self._said_drop == 0 or final:
                     store.add_event(
-                        time.time(), "probe", "dropped",
+                        time.time(),
+                        "probe",
+                        "dropped",
                         f"rank {rec.rank}: probe buffer full ({rec.buffer.capacity} step "
-                        f"records), {dropped_now} steps dropped so far")
+                        f"records), {dropped_now} steps dropped so far",
+                    )
                 self._said_drop = dropped_now
             store.set_probe(rec.rank, rec.pid, rec.stored_config(), self.written, dropped_now)
         except Exception as exc:  # disk full, locked too long, read-only: count, say once
             self.lost += steps
             where = textsafe.plain(self.run_dir, 200)
-            rec.notices.say("write", f"cannot write step records to {where}: {exc}; training "
-                            "continues")
+            rec.notices.say(
+                "write", f"cannot write step records to {where}: {exc}; training continues"
+            )
             return 0
         return n
 
@@ -264,9 +281,22 @@ class StepWriter:
                 self.gpu_unread += 1
                 self._last_end_ev = None
             comm_of = self._rec.comm_of
-            out.append((rank, r.step, wall0 + (r.t_got - perf0), r.wait_s, r.host_s, h2d,
-                        busy, idle, r.samples, r.epoch,
-                        comm_of.pop(r.step, None) if comm_of else None, r.n))
+            out.append(
+                (
+                    rank,
+                    r.step,
+                    wall0 + (r.t_got - perf0),
+                    r.wait_s,
+                    r.host_s,
+                    h2d,
+                    busy,
+                    idle,
+                    r.samples,
+                    r.epoch,
+                    comm_of.pop(r.step, None) if comm_of else None,
+                    r.n,
+                )
+            )
         return out
 
     # --- shutdown --------------------------------------------------------------------------------
@@ -293,9 +323,9 @@ class StepWriter:
             if self._session is not None:
                 self._session.finish(
                     self._exit.code if self._exit is not None else 0,
-                    {"steps": self.written, "dropped": self._rec.buffer.dropped,
-                     "lost": self.lost},
-                    self._loader_configs())
+                    {"steps": self.written, "dropped": self._rec.buffer.dropped, "lost": self.lost},
+                    self._loader_configs(),
+                )
         finally:
             if self._exit is not None:
                 self._exit.restore()

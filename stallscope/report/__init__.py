@@ -32,8 +32,9 @@ from stallscope.report.plots import Plot, build_plots, render_svg
 __all__ = ["RunData", "load_run", "render_report", "write_report"]
 
 
-def render_report(run_dir: Path, diagnosis: dict[str, Any] | None,
-                  data: RunData | None = None) -> str:
+def render_report(
+    run_dir: Path, diagnosis: dict[str, Any] | None, data: RunData | None = None
+) -> str:
     """The report of ``run_dir`` as an HTML string, given its ``diagnose --json`` document
     (``None`` when no diagnosis is available: the page says so and shows the rest).
     ``data``: the run, when the caller already loaded it."""
@@ -50,8 +51,9 @@ def _draw(plots: list[Plot], span: float) -> list[tuple[str, str, str, str | Non
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            note = ("Plots need matplotlib, which is not installed "
-                    "(pip install 'stallscope[report]').")
+            note = (
+                "Plots need matplotlib, which is not installed (pip install 'stallscope[report]')."
+            )
             return [(p.id, p.title, note, None) for p in plots]
     return [(p.id, p.title, p.note, render_svg(p, span) if p.panels else None) for p in plots]
 
@@ -78,8 +80,12 @@ def write_report(run_dir: Path, out_path: Path | None = None) -> Path:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -99,8 +105,10 @@ def resolve_output(out: Path, default_name: str) -> tuple[Path, Path]:
             out = out / default_name
             continue
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"cannot write {out}: {_kind(st.st_mode)}, not a regular file; "
-                             "give the path of a file")
+            raise UsageError(
+                f"cannot write {out}: {_kind(st.st_mode)}, not a regular file; "
+                "give the path of a file"
+            )
         break
     return out, Path(os.path.realpath(out))
 

@@ -48,8 +48,18 @@ FIG_WIDTH_IN = 11.0
 ROW_HEIGHT_IN = 1.75
 _MIB_PER_GIB = 1024.0
 
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-           "#17becf", "#7f7f7f", "#bcbd22")
+_COLORS = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#7f7f7f",
+    "#bcbd22",
+)
 
 
 @dataclass
@@ -86,8 +96,9 @@ class Plot:
 
 
 # --- downsampling --------------------------------------------------------------------------------
-def downsample(t: np.ndarray, v: np.ndarray, max_points: int = MAX_POINTS
-               ) -> tuple[np.ndarray, np.ndarray]:
+def downsample(
+    t: np.ndarray, v: np.ndarray, max_points: int = MAX_POINTS
+) -> tuple[np.ndarray, np.ndarray]:
     """At most ``max_points`` points: per bucket of consecutive samples, its min and max (in
     time order). NaN gap markers are kept so line breaks survive."""
     n = len(t)
@@ -152,8 +163,14 @@ def _sum_by_ts(series: Sequence[Series]) -> Series:
 # --- what to draw --------------------------------------------------------------------------------
 def build_plots(data: RunData, stall_fraction: float | None = None) -> list[Plot]:
     """The report's plots, in page order. Pure: no drawing, no I/O."""
-    return [_gpu_plot(data), _wait_plot(data, stall_fraction), _phase_plot(data),
-            _disk_plot(data), _cpu_plot(data), _mem_plot(data)]
+    return [
+        _gpu_plot(data),
+        _wait_plot(data, stall_fraction),
+        _phase_plot(data),
+        _disk_plot(data),
+        _cpu_plot(data),
+        _mem_plot(data),
+    ]
 
 
 def _gpu_plot(data: RunData) -> Plot:
@@ -168,17 +185,17 @@ def _gpu_plot(data: RunData) -> Plot:
         if ent in util:
             panel.lines.append(_line(data, util[ent], f"{base} util", color=color))
         if ent in sm:
-            panel.lines.append(_line(data, sm[ent], f"{base} SM active", color=color,
-                                     style="--"))
+            panel.lines.append(_line(data, sm[ent], f"{base} SM active", color=color, style="--"))
     clocks = _gpu_health_marks(data, plot, panel)
     if panel.lines:
         plot.panels.append(panel)
         if clocks is not None:
             plot.panels.append(clocks)
         if not sm:
-            plot.note = ("SM activity is not shown: it needs GPM metrics (Hopper or newer). "
-                         "Utilisation counts time any kernel ran, however few SMs it used. "
-                         + plot.note).strip()
+            plot.note = (
+                "SM activity is not shown: it needs GPM metrics (Hopper or newer). "
+                "Utilisation counts time any kernel ran, however few SMs it used. " + plot.note
+            ).strip()
     else:
         why = (data.meta.get("unavailable") or {}).get("gpu")
         plot.note = "No GPU samples in this run" + (f": {why}" if why else ".")
@@ -206,37 +223,45 @@ def _gpu_health_marks(data: RunData, plot: Plot, panel: Panel) -> Panel | None:
     throttled = any(int(v) & bits for s in data.all("gpu.throttle_mask") for v in s.v)
     if told:
         t = np.asarray([e["at_s"] for e in told], dtype=float)
-        panel.lines.append(Line("GPU health event", t, np.full(len(t), 102.0),
-                                color="#d62728", style="."))
-        plot.note = ("GPU health events: " + "; ".join(
-            event_line(e) for e in told[:MAX_MARKED_EVENTS])
-            + (f"; {len(told) - MAX_MARKED_EVENTS} more" if len(told) > MAX_MARKED_EVENTS
-               else "") + ".")
+        panel.lines.append(
+            Line("GPU health event", t, np.full(len(t), 102.0), color="#d62728", style=".")
+        )
+        plot.note = (
+            "GPU health events: "
+            + "; ".join(event_line(e) for e in told[:MAX_MARKED_EVENTS])
+            + (f"; {len(told) - MAX_MARKED_EVENTS} more" if len(told) > MAX_MARKED_EVENTS else "")
+            + "."
+        )
     clocks = data.metric("gpu.sm_clock_mhz")
     if not (told or throttled) or not clocks:
         return None
     out = Panel("SM clock MHz")
     for i, ent in enumerate(sorted(clocks, key=_natural)):
-        out.lines.append(_line(data, clocks[ent], f"{ent} SM clock",
-                               color=_COLORS[i % len(_COLORS)]))
+        out.lines.append(
+            _line(data, clocks[ent], f"{ent} SM clock", color=_COLORS[i % len(_COLORS)])
+        )
     return out
 
 
 def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
     plot = Plot("wait", "Data wait per step")
     if not data.steps:
-        plot.note = ("No step timings: the in-trainer probe was not used"
-                     + ("; the sampled stacks below show where the training thread's time "
-                        "went." if data.stacks else ". Wrap the loader in "
-                        "stallscope.watch(loader) to measure data wait per step."))
+        plot.note = "No step timings: the in-trainer probe was not used" + (
+            "; the sampled stacks below show where the training thread's time went."
+            if data.stacks
+            else ". Wrap the loader in stallscope.watch(loader) to measure data wait per step."
+        )
         return plot
     by_rank: dict[int, list[StepRow]] = {}
     for s in data.steps:
         by_rank.setdefault(s.rank, []).append(s)
     span = data.t1 - data.t0
     # buckets hold a few steps each, so a slow step rate leaves no empty bucket (a gap)
-    periods = [float(np.median(np.diff([r.ts for r in rows]))) for rows in by_rank.values()
-               if len(rows) > 1]
+    periods = [
+        float(np.median(np.diff([r.ts for r in rows])))
+        for rows in by_rank.values()
+        if len(rows) > 1
+    ]
     width = max(_interval(data), span / 400.0, 3.0 * max(periods, default=0.0))
     panel = Panel("% of step time", ylim=(0, 105))
     gpu_panel = Panel("GPU idle, % of step", ylim=(0, 105))
@@ -249,40 +274,67 @@ def _wait_plot(data: RunData, stall_fraction: float | None) -> Plot:
         if len(rows) <= MAX_POINTS:
             tot = wait + host
             share = np.divide(100.0 * wait, tot, out=np.zeros_like(wait), where=tot > 0)
-            panel.lines.append(Line(f"{who}per step", ts, share, color=color, style=".",
-                                    alpha=0.35))
+            panel.lines.append(
+                Line(f"{who}per step", ts, share, color=color, style=".", alpha=0.35)
+            )
         bt, bshare = _bucket_share(ts, wait, host, width)
-        panel.lines.append(Line(f"{who}data wait (mean over {units.duration(width)})", bt, bshare,
-                                color=color, width=1.8))
-        busy = [(r.ts, r.gpu_idle_s, r.gpu_busy_s) for r in rows
-                if r.gpu_idle_s is not None and r.gpu_busy_s is not None]
+        panel.lines.append(
+            Line(
+                f"{who}data wait (mean over {units.duration(width)})",
+                bt,
+                bshare,
+                color=color,
+                width=1.8,
+            )
+        )
+        busy = [
+            (r.ts, r.gpu_idle_s, r.gpu_busy_s)
+            for r in rows
+            if r.gpu_idle_s is not None and r.gpu_busy_s is not None
+        ]
         if busy:
             gt = np.array([b[0] for b in busy]) - data.t0
             gidle = np.array([b[1] for b in busy], dtype=float)
             gbusy = np.array([b[2] for b in busy], dtype=float)
             bt, bidle = _bucket_share(gt, gidle, gbusy, width)
-            gpu_panel.lines.append(Line(f"{who}GPU idle (CUDA events)", bt, bidle, color=color,
-                                        width=1.8))
+            gpu_panel.lines.append(
+                Line(f"{who}GPU idle (CUDA events)", bt, bidle, color=color, width=1.8)
+            )
     if stall_fraction is None:
         wait_total = sum(r.wait_s for r in data.steps)
         total = wait_total + sum(r.host_s for r in data.steps)
         stall_fraction = wait_total / total if total > 0 else None
     if stall_fraction is not None:
-        panel.lines.append(Line(f"whole run: {stall_fraction:.0%}", np.array([0.0, span]),
-                                np.array([stall_fraction * 100.0] * 2), color="#555555",
-                                style=":", width=1.0))
+        panel.lines.append(
+            Line(
+                f"whole run: {stall_fraction:.0%}",
+                np.array([0.0, span]),
+                np.array([stall_fraction * 100.0] * 2),
+                color="#555555",
+                style=":",
+                width=1.0,
+            )
+        )
     plot.panels.append(panel)
     if gpu_panel.lines:
         plot.panels.append(gpu_panel)
-    plot.note = ("Share of each step's wall time the trainer spent blocked waiting for the "
-                 "next batch: wait / (wait + host time).")
+    plot.note = (
+        "Share of each step's wall time the trainer spent blocked waiting for the "
+        "next batch: wait / (wait + host time)."
+    )
     return plot
 
 
 #: colour of each phase in the phases plot
-_PHASE_COLORS = {"data": "#d62728", "h2d": "#ff7f0e", "compute": "#2ca02c",
-                 "gpu_wait": "#9467bd", "comm": "#1f77b4", "ckpt": "#8c564b",
-                 "other": "#7f7f7f"}
+_PHASE_COLORS = {
+    "data": "#d62728",
+    "h2d": "#ff7f0e",
+    "compute": "#2ca02c",
+    "gpu_wait": "#9467bd",
+    "comm": "#1f77b4",
+    "ckpt": "#8c564b",
+    "other": "#7f7f7f",
+}
 
 
 def _phase_plot(data: RunData) -> Plot:
@@ -291,8 +343,10 @@ def _phase_plot(data: RunData) -> Plot:
     plot = Plot("phases", "Where the training thread's time went (sampled stacks)")
     procs = trainer_phases(data.stacks, data.roles())
     if not procs:
-        plot.note = ("No sampled stacks in this run (stallscope run samples the trainer's stack "
-                     "unless --no-stacks; run --pid needs py-spy and ptrace rights).")
+        plot.note = (
+            "No sampled stacks in this run (stallscope run samples the trainer's stack "
+            "unless --no-stacks; run --pid needs py-spy and ptrace rights)."
+        )
         return plot
     span = data.t1 - data.t0
     width = max(2.0, _interval(data), span / 200.0)
@@ -304,21 +358,34 @@ def _phase_plot(data: RunData) -> Plot:
             if not p.seconds.get(phase):
                 continue
             t = np.array([b + width / 2 for b, _ in rows])
-            v = np.array([100.0 * d.get(phase, 0.0) / sum(d.values()) if sum(d.values()) > 0
-                          else np.nan for _, d in rows])
-            panel.lines.append(Line(f"{who}{phase} ({p.share(phase):.0%})", t, v,
-                                    color=_PHASE_COLORS.get(phase, "#333333"),
-                                    width=1.8 if phase == "data" else 1.2))
+            v = np.array(
+                [
+                    100.0 * d.get(phase, 0.0) / sum(d.values()) if sum(d.values()) > 0 else np.nan
+                    for _, d in rows
+                ]
+            )
+            panel.lines.append(
+                Line(
+                    f"{who}{phase} ({p.share(phase):.0%})",
+                    t,
+                    v,
+                    color=_PHASE_COLORS.get(phase, "#333333"),
+                    width=1.8 if phase == "data" else 1.2,
+                )
+            )
         plot.panels.append(panel)
-    plot.note = (f"Share of each {units.duration(width)} the training thread spent per phase, from "
-                 f"{sum(p.samples for p in procs):,} samples of its stack "
-                 f"({procs[0].sampler}); the frames that decide each phase are listed in "
-                 "docs/diagnosis.md. Start-up (imports, building the model) is left out.")
+    plot.note = (
+        f"Share of each {units.duration(width)} the training thread spent per phase, from "
+        f"{sum(p.samples for p in procs):,} samples of its stack "
+        f"({procs[0].sampler}); the frames that decide each phase are listed in "
+        "docs/diagnosis.md. Start-up (imports, building the model) is left out."
+    )
     return plot
 
 
-def _bucket_share(t: np.ndarray, part: np.ndarray, rest: np.ndarray, width: float
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _bucket_share(
+    t: np.ndarray, part: np.ndarray, rest: np.ndarray, width: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Time-bucketed share part / (part + rest) in %, at each bucket's centre; empty buckets
     are NaN (a gap in the line)."""
     if not len(t):
@@ -343,23 +410,33 @@ def _disk_plot(data: RunData) -> Plot:
     if wanted:
         devices = wanted
         where = data.meta.get("data")
-        plot.note = ("Device(s) holding the dataset" + (f" ({where})" if where else "")
-                     + ": " + ", ".join(devices) + ".")
+        plot.note = (
+            "Device(s) holding the dataset"
+            + (f" ({where})" if where else "")
+            + ": "
+            + ", ".join(devices)
+            + "."
+        )
     else:
         busiest = max(util, key=lambda d: sum(util[d].v) / len(util[d].v))
         devices = [busiest]
-        plot.note = (f"No dataset device was named (stallscope run --data PATH): showing the "
-                     f"busiest device, {busiest}.")
-    rows = (("disk.util_pct", "%util", 1.0, (0.0, 105.0)),
-            ("disk.r_await_ms", "read await, ms", 1.0, None),
-            ("disk.rkb_s", "read, MB/s", units.kib(1) / 1e6, None))  # KiB/s -> MB/s (SI)
+        plot.note = (
+            f"No dataset device was named (stallscope run --data PATH): showing the "
+            f"busiest device, {busiest}."
+        )
+    rows = (
+        ("disk.util_pct", "%util", 1.0, (0.0, 105.0)),
+        ("disk.r_await_ms", "read await, ms", 1.0, None),
+        ("disk.rkb_s", "read, MB/s", units.kib(1) / 1e6, None),
+    )  # KiB/s -> MB/s (SI)
     for name, ylabel, scale, ylim in rows:
         found = data.metric(name)
         panel = Panel(ylabel, ylim=ylim)
         for i, dev in enumerate(devices):
             if dev in found:
-                panel.lines.append(_line(data, found[dev], dev, scale,
-                                         color=_COLORS[i % len(_COLORS)]))
+                panel.lines.append(
+                    _line(data, found[dev], dev, scale, color=_COLORS[i % len(_COLORS)])
+                )
         if panel.lines:
             plot.panels.append(panel)
     return plot
@@ -380,13 +457,24 @@ def _cpu_plot(data: RunData) -> Plot:
         label = "trainer (main process)" if role == "main" else f"workers ({len(group)} seen)"
         procs.lines.append(_line(data, _sum_by_ts(group), label, color=_COLORS[i]))
     host = Panel("host, % of all CPUs", ylim=(0, 105))
-    for i, (name, label) in enumerate((("host.cpu_pct", "busy"),
-                                       ("host.iowait_pct", "iowait"),
-                                       ("host.cpu_max_core_pct", "busiest core"))):
+    for i, (name, label) in enumerate(
+        (
+            ("host.cpu_pct", "busy"),
+            ("host.iowait_pct", "iowait"),
+            ("host.cpu_max_core_pct", "busiest core"),
+        )
+    ):
         hs = data.series.get((name, ""))
         if hs is not None and hs.v:
-            host.lines.append(_line(data, hs, label, color=_COLORS[i + 2],
-                                    style=":" if name == "host.cpu_max_core_pct" else "-"))
+            host.lines.append(
+                _line(
+                    data,
+                    hs,
+                    label,
+                    color=_COLORS[i + 2],
+                    style=":" if name == "host.cpu_max_core_pct" else "-",
+                )
+            )
     plot.panels = [p for p in (procs, host) if p.lines]
     if not plot.panels:
         why = (data.meta.get("unavailable") or {}).get("procs")
@@ -400,16 +488,20 @@ def _mem_plot(data: RunData) -> Plot:
     plot = Plot("mem", "Memory, /dev/shm and swap")
     gib = units.mib(1) / 1e9  # MiB -> GB: sizes are SI everywhere (units.py)
     mem = Panel("host memory, GB")
-    for name, label, color, style in (("host.mem_used_mib", "used", _COLORS[0], "-"),
-                                      ("host.page_cache_mib", "page cache", _COLORS[8], "-"),
-                                      ("host.mem_total_mib", "total", "#555555", ":")):
+    for name, label, color, style in (
+        ("host.mem_used_mib", "used", _COLORS[0], "-"),
+        ("host.page_cache_mib", "page cache", _COLORS[8], "-"),
+        ("host.mem_total_mib", "total", "#555555", ":"),
+    ):
         s = data.series.get((name, ""))
         if s is not None and s.v:
             mem.lines.append(_line(data, s, label, gib, color=color, style=style))
     shm = Panel("shm / swap, GB")
-    for name, label, color, style in (("host.shm_used_mib", "/dev/shm used", _COLORS[3], "-"),
-                                      ("host.shm_total_mib", "/dev/shm size", _COLORS[3], ":"),
-                                      ("host.swap_used_mib", "swap used", _COLORS[1], "-")):
+    for name, label, color, style in (
+        ("host.shm_used_mib", "/dev/shm used", _COLORS[3], "-"),
+        ("host.shm_total_mib", "/dev/shm size", _COLORS[3], ":"),
+        ("host.swap_used_mib", "swap used", _COLORS[1], "-"),
+    ):
         s = data.series.get((name, ""))
         if s is not None and s.v:
             shm.lines.append(_line(data, s, label, gib, color=color, style=style))
@@ -424,8 +516,26 @@ def _natural(s: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s))
 
 
-_NICE_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
-                 43200, 86400)
+_NICE_STEPS_S = (
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+)
 
 
 def time_step(span: float, ticks: int = 10) -> float:
@@ -466,24 +576,48 @@ def render_svg(plot: Plot, span: float) -> str:
     legend_in = 0.08 + 0.18 * max((n for _c, n in layouts), default=1)
     height = 0.5 + (ROW_HEIGHT_IN + legend_in) * rows
     rc: dict[Any, Any] = {
-        "svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": f"ss-{plot.id}",
-        "font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 8.0, "path.simplify": True,
+        "svg.fonttype": "none",
+        "text.parse_math": False,
+        "svg.hashsalt": f"ss-{plot.id}",
+        "font.size": 9.0,
+        "axes.titlesize": 9.0,
+        "legend.fontsize": 8.0,
+        "path.simplify": True,
     }
     with matplotlib.rc_context(rc):
         fig = Figure(figsize=(FIG_WIDTH_IN, height))
-        fig.subplots_adjust(left=AXES_LEFT, right=AXES_RIGHT, bottom=0.45 / height,
-                            top=1 - (legend_in + 0.02) / height,
-                            hspace=(legend_in + 0.12) / ROW_HEIGHT_IN)
+        fig.subplots_adjust(
+            left=AXES_LEFT,
+            right=AXES_RIGHT,
+            bottom=0.45 / height,
+            top=1 - (legend_in + 0.02) / height,
+            hspace=(legend_in + 0.12) / ROW_HEIGHT_IN,
+        )
         axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
         previous: list[str] = []
         for ax, panel, layout in zip(axes, plot.panels, layouts, strict=True):
             for ln in panel.lines:
                 if ln.style == ".":
-                    ax.plot(ln.t, ln.v, linestyle="none", marker=".", markersize=2.0,
-                            color=ln.color, alpha=ln.alpha, label=ln.label)
+                    ax.plot(
+                        ln.t,
+                        ln.v,
+                        linestyle="none",
+                        marker=".",
+                        markersize=2.0,
+                        color=ln.color,
+                        alpha=ln.alpha,
+                        label=ln.label,
+                    )
                 else:
-                    ax.plot(ln.t, ln.v, linestyle=ln.style, linewidth=ln.width,
-                            color=ln.color, alpha=ln.alpha, label=ln.label)
+                    ax.plot(
+                        ln.t,
+                        ln.v,
+                        linestyle=ln.style,
+                        linewidth=ln.width,
+                        color=ln.color,
+                        alpha=ln.alpha,
+                        label=ln.label,
+                    )
             ax.set_ylabel(panel.ylabel)
             if panel.ylim is not None:
                 ax.set_ylim(*panel.ylim)
@@ -496,28 +630,40 @@ def render_svg(plot: Plot, span: float) -> str:
                 ax.spines[side].set_visible(False)
             labels = [ln.label for ln in panel.lines]
             if labels != previous:  # the same lines on the row above: one legend is enough
-                ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.1,
-                          ncol=layout[0], frameon=False, handlelength=1.8, columnspacing=1.4)
+                ax.legend(
+                    loc="lower left",
+                    bbox_to_anchor=(0.0, 1.0),
+                    borderaxespad=0.1,
+                    ncol=layout[0],
+                    frameon=False,
+                    handlelength=1.8,
+                    columnspacing=1.4,
+                )
             previous = labels
         axes[-1].set_xlim(0, span)
         axes[-1].xaxis.set_major_locator(MultipleLocator(time_step(span)))
         axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: clock(x)))
         axes[-1].set_xlabel("time since start (h:mm:ss or m:ss)")
         buf = io.StringIO()
-        fig.savefig(buf, format="svg",
-                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        fig.savefig(
+            buf,
+            format="svg",
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg") :]
     svg = _COMMENT.sub("", svg)
     m = _SVG_OPEN.search(svg)
     if m is None:  # pragma: no cover - matplotlib always writes one
         raise RuntimeError("matplotlib wrote no <svg> element")
     view = re.search(r'viewBox="([^"]*)"', m.group(0))
-    opening = (f'<svg id="svg-{plot.id}" class="plot-svg" xmlns="http://www.w3.org/2000/svg" '
-               f'xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" '
-               f'viewBox="{view.group(1) if view else ""}" role="img" '
-               f'preserveAspectRatio="xMidYMid meet">')
-    svg = opening + _scope_ids(svg[m.end():], plot.id)
+    opening = (
+        f'<svg id="svg-{plot.id}" class="plot-svg" xmlns="http://www.w3.org/2000/svg" '
+        f'xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" '
+        f'viewBox="{view.group(1) if view else ""}" role="img" '
+        f'preserveAspectRatio="xMidYMid meet">'
+    )
+    svg = opening + _scope_ids(svg[m.end() :], plot.id)
     # path data: matplotlib writes one segment per line; spaces are enough
     svg = re.sub(r" ?\n(?=[LMCQz])", " ", svg)
     return svg.strip()

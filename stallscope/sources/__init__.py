@@ -14,15 +14,23 @@ from typing import Any
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.base import Source
 
-__all__ = ["REGISTRY", "SOURCE_NAMES", "Source", "SourceArgs", "make_source", "open_sources",
-           "snapshot_doc"]
+__all__ = [
+    "REGISTRY",
+    "SOURCE_NAMES",
+    "Source",
+    "SourceArgs",
+    "make_source",
+    "open_sources",
+    "snapshot_doc",
+]
 
 #: every machine-wide source, in display order (``procs`` needs a root pid: see make_source)
 SOURCE_NAMES: tuple[str, ...] = ("gpu", "disk", "host")
 
 
-def snapshot_doc(ts: float, interval_s: float, payloads: Mapping[str, Any],
-                 unavailable: Mapping[str, str]) -> dict[str, Any]:
+def snapshot_doc(
+    ts: float, interval_s: float, payloads: Mapping[str, Any], unavailable: Mapping[str, str]
+) -> dict[str, Any]:
     """The ``snapshot --json`` document (docs/architecture.md): one key per machine-wide source
     that gave a payload, in display order, and ``unavailable`` (source -> why). One builder for
     ``snapshot``, ``snapshot --count`` and the agent's ``/api/v1/snapshot``."""
@@ -101,8 +109,13 @@ def _stacks(a: SourceArgs) -> Source:
 #: every source by name -> its factory (imports its module only when made): adding a source is
 #: its module, a line here and its metrics in ``metrics.py``
 REGISTRY: dict[str, Callable[[SourceArgs], Source]] = {
-    "gpu": _gpu, "disk": _disk, "host": _host, "procs": _procs, "probe": _steps,
-    "smart": _smart, "stacks": _stacks,
+    "gpu": _gpu,
+    "disk": _disk,
+    "host": _host,
+    "procs": _procs,
+    "probe": _steps,
+    "smart": _smart,
+    "stacks": _stacks,
 }
 
 

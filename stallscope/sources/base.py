@@ -112,8 +112,7 @@ class Source(abc.ABC):
         points = self.points(payload)
         if counters:
             points.extend(Point(*c) for c in self.counters())
-        return Reading(self.name, payload, points, self.entities(payload),
-                       self.transient_entities)
+        return Reading(self.name, payload, points, self.entities(payload), self.transient_entities)
 
     def points(self, payload: Any) -> list[Point]:
         """The payload's numbers as points; default: one flat dict about the whole host."""
@@ -175,8 +174,9 @@ def counter_delta(prev: int, cur: int, bits: int = 32) -> int | None:
     return None
 
 
-def counter_deltas(prev: Sequence[int], cur: Sequence[int], bits: int = 32
-                   ) -> tuple[int, ...] | None:
+def counter_deltas(
+    prev: Sequence[int], cur: Sequence[int], bits: int = 32
+) -> tuple[int, ...] | None:
     """:func:`counter_delta` of each pair of fields; None if any of them was reset.
 
     A whole reading (one CPU line, one device) is one interval: one reset field invalidates

@@ -36,16 +36,56 @@ def sys_name(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 #: filesystems in memory or made up by the kernel: no block device under them
-_MEMORY_FS = frozenset({
-    "tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "proc", "sysfs", "cgroup", "cgroup2",
-    "devpts", "mqueue", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf",
-    "efivarfs", "binfmt_misc", "fusectl", "rpc_pipefs", "nsfs", "autofs",
-})
+_MEMORY_FS = frozenset(
+    {
+        "tmpfs",
+        "ramfs",
+        "devtmpfs",
+        "hugetlbfs",
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "devpts",
+        "mqueue",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "configfs",
+        "pstore",
+        "bpf",
+        "efivarfs",
+        "binfmt_misc",
+        "fusectl",
+        "rpc_pipefs",
+        "nsfs",
+        "autofs",
+    }
+)
 #: filesystems whose data comes over the network
-_NETWORK_FS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "virtiofs",
-    "afs", "gpfs", "beegfs", "orangefs", "ncpfs", "davfs", "ocfs2", "gfs2", "pvfs2",
-})
+_NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "9p",
+        "virtiofs",
+        "afs",
+        "gpfs",
+        "beegfs",
+        "orangefs",
+        "ncpfs",
+        "davfs",
+        "ocfs2",
+        "gfs2",
+        "pvfs2",
+    }
+)
 _MAX_DEPTH = 8
 
 
@@ -123,8 +163,9 @@ def _overlay_dirs(super_options: str) -> list[str]:
         if key == "upperdir":
             dirs.append(value.replace("\\:", ":").replace("\\,", ","))
         elif key in ("lowerdir", "lowerdir+"):
-            dirs.extend(p.replace("\\:", ":").replace("\\,", ",")
-                        for p in _split_unescaped(value, ":") if p)
+            dirs.extend(
+                p.replace("\\:", ":").replace("\\,", ",") for p in _split_unescaped(value, ":") if p
+            )
     return [_unescape_mount(d) for d in dirs]
 
 
@@ -255,21 +296,31 @@ def _describe(path: str, proc_root: str, sys_root: str, depth: int) -> PathDevic
                 reasons.append(f"{d}: {sub.reason}")
         if devices:
             return result(devices)
-        return result([], "overlay with no block device under its layers"
-                      + (f" ({'; '.join(reasons)})" if reasons else ""))
+        return result(
+            [],
+            "overlay with no block device under its layers"
+            + (f" ({'; '.join(reasons)})" if reasons else ""),
+        )
     if fstype in ("tmpfs", "ramfs"):
         return result([], f"{fstype} keeps its files in memory: no block device to watch")
     if fstype in _MEMORY_FS:
         return result([], f"{fstype} is a kernel pseudo-filesystem: no block device to watch")
     if fstype in _NETWORK_FS:
-        return result([], f"{fstype} is a network filesystem ({best.source}): no local block "
-                      "device to watch; its throughput is the network's")
+        return result(
+            [],
+            f"{fstype} is a network filesystem ({best.source}): no local block "
+            "device to watch; its throughput is the network's",
+        )
     if fstype.startswith("fuse"):
-        return result([], f"{fstype} is served by a user-space (FUSE) process "
-                      f"({best.source}): no block device to watch")
+        return result(
+            [],
+            f"{fstype} is served by a user-space (FUSE) process "
+            f"({best.source}): no block device to watch",
+        )
     if fstype == "zfs":
-        return result([], f"ZFS dataset {best.source}: its pool's disks are not mapped "
-                      "(see `zpool status`)")
+        return result(
+            [], f"ZFS dataset {best.source}: its pool's disks are not mapped (see `zpool status`)"
+        )
     name: str | None = None
     if best.major != 0:
         name = _name_for_devnum(best.major, best.minor, sys_root)
@@ -279,8 +330,11 @@ def _describe(path: str, proc_root: str, sys_root: str, depth: int) -> PathDevic
         if name.startswith("mapper/"):
             name = _dm_name_to_kernel(name.removeprefix("mapper/"), sys_root) or name
     if name is None:
-        return result([], f"{fstype} on {best.source} (device {best.major}:{best.minor}) has "
-                      "no block device in sysfs")
+        return result(
+            [],
+            f"{fstype} on {best.source} (device {best.major}:{best.minor}) has "
+            "no block device in sysfs",
+        )
     devs, why = _expand_device(name, sys_root, proc_root, depth, set())
     return result(devs, why)
 
@@ -338,15 +392,27 @@ def devices_for_path(path: str, *, proc_root: str = "/proc", sys_root: str = "/s
 
 #: model strings of network-attached or emulated disks that present as SCSI/NVMe hardware
 _VIRTUAL_MODELS = (
-    "amazon elastic block store", "persistentdisk", "google", "virtual", "qemu", "vmware",
+    "amazon elastic block store",
+    "persistentdisk",
+    "google",
+    "virtual",
+    "qemu",
+    "vmware",
     "vbox",
 )
 
 
 def _kind(name: str, link: str) -> str:
     base = name.rstrip("0123456789")
-    for prefix, kind in (("loop", "loop"), ("dm-", "dm"), ("md", "md"), ("zram", "zram"),
-                         ("nbd", "nbd"), ("rbd", "rbd"), ("ram", "ram")):
+    for prefix, kind in (
+        ("loop", "loop"),
+        ("dm-", "dm"),
+        ("md", "md"),
+        ("zram", "zram"),
+        ("nbd", "nbd"),
+        ("rbd", "rbd"),
+        ("ram", "ram"),
+    ):
         if base.startswith(prefix) and ("/virtual/" in link or not link):
             return kind
     if "virtio" in link:
@@ -416,8 +482,7 @@ def device_info(name: str, sys_root: str = "/sys") -> dict[str, Any]:
         sched = sched[sched.index("[") + 1 : sched.index("]")]
     size = number(os.path.join(own, "size"))
     kind = _kind(disk, link)
-    virtual = kind in {"virtio", "xen", "nbd", "rbd", "loop", "dm", "md", "zram", "ram",
-                       "virtual"}
+    virtual = kind in {"virtio", "xen", "nbd", "rbd", "loop", "dm", "md", "zram", "ram", "virtual"}
     if not virtual and model is not None:
         virtual = any(m in model.lower() for m in _VIRTUAL_MODELS)
     return {

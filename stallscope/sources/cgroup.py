@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CG_ROOT", "cgroup_cpus", "parse_read_caps", "read_caps", "read_limits",
-           "usable_cores"]
+__all__ = ["CG_ROOT", "cgroup_cpus", "parse_read_caps", "read_caps", "read_limits", "usable_cores"]
 
 #: where the cgroup filesystem is mounted (v2 unified, or v1's controllers under it)
 CG_ROOT = "/sys/fs/cgroup"
 
 
 # --- CPUs ---------------------------------------------------------------------------------------
-def usable_cores(cg_root: str = CG_ROOT, pid: int | str = "self", *,
-                 proc_root: str = "/proc") -> int:
+def usable_cores(
+    cg_root: str = CG_ROOT, pid: int | str = "self", *, proc_root: str = "/proc"
+) -> int:
     """Physical cores this process may run on: affinity (which a cpuset narrows) and the CPU
     quota of its cgroup and those above it (:func:`cgroup_cpus`) all cap it."""
     import psutil
@@ -34,8 +34,9 @@ def usable_cores(cg_root: str = CG_ROOT, pid: int | str = "self", *,
     return max(1, min(physical, allowed, quota or allowed))
 
 
-def cgroup_cpus(cg_root: str = CG_ROOT, pid: int | str = "self", *,
-                proc_root: str = "/proc") -> int | None:
+def cgroup_cpus(
+    cg_root: str = CG_ROOT, pid: int | str = "self", *, proc_root: str = "/proc"
+) -> int | None:
     """Whole CPUs the CPU quota allows process ``pid``: v2 ``cpu.max``, or v1's
     ``cpu.cfs_quota_us`` over its period, in the process's own cgroup (``/proc/PID/cgroup``)
     and every cgroup above it up to ``cg_root``; the tightest wins. Without a cgroup namespace
@@ -129,8 +130,9 @@ def parse_read_caps(text: str) -> dict[str, int]:
     return caps
 
 
-def read_caps(pid: int | str = "self", *, proc_root: str = "/proc",
-              cg_root: str = CG_ROOT) -> dict[str, int]:
+def read_caps(
+    pid: int | str = "self", *, proc_root: str = "/proc", cg_root: str = CG_ROOT
+) -> dict[str, int]:
     """Bytes per second the process may read from each device (``major:minor``) under the I/O
     limits of its cgroup and every cgroup above it (the smallest wins): cgroup v1's blkio
     throttle or v2's ``io.max`` (``docker run --device-read-bps`` sets either). {} where none
@@ -165,8 +167,9 @@ def read_caps(pid: int | str = "self", *, proc_root: str = "/proc",
     return caps
 
 
-def read_limits(pid: int | str, *, proc_root: str = "/proc", cg_root: str = CG_ROOT,
-                sys_root: str = "/sys") -> dict[str, int]:
+def read_limits(
+    pid: int | str, *, proc_root: str = "/proc", cg_root: str = CG_ROOT, sys_root: str = "/sys"
+) -> dict[str, int]:
     """:func:`read_caps` of process ``pid`` keyed by device name (``vda``), as the disk source
     names devices (from ``sys_root``); devices without a name are left out."""
     from stallscope.sources.blockdev import device_name

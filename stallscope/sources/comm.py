@@ -45,10 +45,24 @@ __all__ = ["CLOCK", "COLLECTIVES", "CommClock", "install", "install_if_distribut
 
 
 #: the blocking collectives of ``torch.distributed`` that are timed (those present)
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter",
-               "barrier", "all_to_all", "all_to_all_single", "all_gather_object",
-               "broadcast_object_list", "gather_object", "scatter_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+)
 
 
 class CommClock:
@@ -57,8 +71,17 @@ class CommClock:
     steps. ``used`` turns true once anything was timed, so steps before (or without)
     collectives pay nothing."""
 
-    __slots__ = ("_called", "_done", "_lock", "_step_s", "_stepped", "blocked_s", "depth",
-                 "total_s", "used")
+    __slots__ = (
+        "_called",
+        "_done",
+        "_lock",
+        "_step_s",
+        "_stepped",
+        "blocked_s",
+        "depth",
+        "total_s",
+        "used",
+    )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -213,8 +236,11 @@ def install_if_distributed() -> bool:
         return True
     torch = sys.modules.get("torch")
     dist = sys.modules.get("torch.distributed")
-    if torch is None or dist is None or \
-            getattr(getattr(torch, "__spec__", None), "_initializing", False):
+    if (
+        torch is None
+        or dist is None
+        or getattr(getattr(torch, "__spec__", None), "_initializing", False)
+    ):
         return False
     try:
         if not (dist.is_available() and dist.is_initialized()):

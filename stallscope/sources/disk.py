@@ -179,13 +179,14 @@ def parse_diskstats(text: str) -> list[DiskCounters]:
             # reads, sectors read, writes, sectors written: no merges, no times
             v = [v[0], 0, v[1], 0, v[2], 0, v[3], 0, 0, 0, 0]
         shape = n if n < 20 else 20
-        out.append(DiskCounters._make([major, minor, fields[2], *v, *_PAD[len(v):], shape]))
+        out.append(DiskCounters._make([major, minor, fields[2], *v, *_PAD[len(v) :], shape]))
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # counters -> rates (wrap and reset: base.counter_delta, applied in _interval_deltas)
 # ---------------------------------------------------------------------------------------------
+
 
 class _Deltas(NamedTuple):
     rd_ios: int
@@ -269,10 +270,12 @@ def disk_counters(c: DiskCounters) -> list[Counter]:
     """
     dev = c.name
     if not c.extended:
-        return [("disk.reads_completed_total", dev, float(c.rd_ios)),
-                ("disk.read_bytes_total", dev, c.rd_sectors * 512.0),
-                ("disk.writes_completed_total", dev, float(c.wr_ios)),
-                ("disk.written_bytes_total", dev, c.wr_sectors * 512.0)]
+        return [
+            ("disk.reads_completed_total", dev, float(c.rd_ios)),
+            ("disk.read_bytes_total", dev, c.rd_sectors * 512.0),
+            ("disk.writes_completed_total", dev, float(c.wr_ios)),
+            ("disk.written_bytes_total", dev, c.wr_sectors * 512.0),
+        ]
     return [
         ("disk.reads_completed_total", dev, float(c.rd_ios)),
         ("disk.reads_merged_total", dev, float(c.rd_merges)),

@@ -68,8 +68,16 @@ class CpuTimes(NamedTuple):
     @property
     def total(self) -> int:
         # guest/guest_nice are already counted in user/nice: not added again (as top does)
-        return (self.user + self.nice + self.system + self.idle + self.iowait + self.irq
-                + self.softirq + self.steal)
+        return (
+            self.user
+            + self.nice
+            + self.system
+            + self.idle
+            + self.iowait
+            + self.irq
+            + self.softirq
+            + self.steal
+        )
 
 
 def parse_proc_stat(text: str) -> list[CpuTimes]:
@@ -120,8 +128,16 @@ def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
     return min(100.0, 100.0 * (dt - idle - iowait) / dt), min(100.0, 100.0 * iowait / dt)
 
 
-_MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SReclaimable",
-                 "SwapTotal", "SwapFree")
+_MEMINFO_KEYS = (
+    "MemTotal",
+    "MemFree",
+    "MemAvailable",
+    "Buffers",
+    "Cached",
+    "SReclaimable",
+    "SwapTotal",
+    "SwapFree",
+)
 
 
 def parse_meminfo(text: str, keys: tuple[str, ...] | None = None) -> dict[str, int]:
@@ -135,7 +151,7 @@ def parse_meminfo(text: str, keys: tuple[str, ...] | None = None) -> dict[str, i
             if i < 0:
                 continue
             j = text.find("\n", i)
-            parts = text[i + len(key) + 1:j if j >= 0 else None].split()
+            parts = text[i + len(key) + 1 : j if j >= 0 else None].split()
             try:
                 out[key] = int(parts[0])
             except (IndexError, ValueError) as exc:
@@ -171,7 +187,7 @@ def parse_vmstat(text: str, keys: tuple[str, ...] | None = None) -> dict[str, in
                     continue
                 i += 1
             j = text.find("\n", i)
-            parts = text[i:j if j >= 0 else None].split()
+            parts = text[i : j if j >= 0 else None].split()
             try:
                 out[key] = int(parts[1])
             except (IndexError, ValueError) as exc:
@@ -196,8 +212,9 @@ def _parse_psi(text: str) -> tuple[dict[str, float], dict[str, int]]:
         parts = line.split()
         if not parts:
             continue
-        if (len(parts) == 5 and parts[1].startswith("avg10=")
-                and parts[4].startswith("total=")):  # the kernel's layout: skip the dict
+        if (
+            len(parts) == 5 and parts[1].startswith("avg10=") and parts[4].startswith("total=")
+        ):  # the kernel's layout: skip the dict
             fields = {"avg10": parts[1][6:], "total": parts[4][6:]}
         else:
             fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
@@ -221,15 +238,18 @@ def parse_pressure_totals(text: str) -> dict[str, int]:
     return _parse_psi(text)[1]
 
 
-def host_counters(cpu: CpuTimes | None, swap: tuple[int, int] | None,
-                  psi: dict[str, int]) -> list[Counter]:
+def host_counters(
+    cpu: CpuTimes | None, swap: tuple[int, int] | None, psi: dict[str, int]
+) -> list[Counter]:
     """The raw host counters in base units (see :meth:`Source.counters`): CPU seconds per
     mode of the aggregate line (entity = mode), swap bytes in/out, PSI stall seconds
     (``psi`` keyed ``"<res>_<some|full>"`` in µs, as the sampler keeps them)."""
     out: list[Counter] = []
     if cpu is not None:
-        out.extend(("host.cpu_seconds_total", mode, ticks / _CLK_TCK)
-                   for mode, ticks in zip(CPU_MODES, cpu[1:]))
+        out.extend(
+            ("host.cpu_seconds_total", mode, ticks / _CLK_TCK)
+            for mode, ticks in zip(CPU_MODES, cpu[1:])
+        )
     if swap is not None:
         out.append(("host.swap_in_bytes_total", "", float(swap[0] * _PAGE)))
         out.append(("host.swap_out_bytes_total", "", float(swap[1] * _PAGE)))
@@ -272,9 +292,13 @@ class HostSource(Source):
 
     name = "host"
 
-    def __init__(self, proc_root: str = "/proc", shm_path: str = "/dev/shm",
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        shm_path: str = "/dev/shm",
+        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.proc_root = proc_root
         self.shm_path = shm_path
         self._statvfs = statvfs
@@ -304,8 +328,9 @@ class HostSource(Source):
             self._read("stat")
             self._read("meminfo")
         except OSError as exc:
-            raise SourceUnavailable(f"cannot read {self.proc_root}/stat or meminfo: "
-                                    f"{exc.strerror}") from exc
+            raise SourceUnavailable(
+                f"cannot read {self.proc_root}/stat or meminfo: {exc.strerror}"
+            ) from exc
         for res in ("io", "cpu", "memory"):
             try:
                 self._read(f"pressure/{res}")
@@ -313,8 +338,9 @@ class HostSource(Source):
             except OSError:  # no PSI for this resource: noted below when none at all
                 continue
         if not self._psi:
-            self.emit("note", "PSI (/proc/pressure) not available: kernel without "
-                              "CONFIG_PSI or psi=0")
+            self.emit(
+                "note", "PSI (/proc/pressure) not available: kernel without CONFIG_PSI or psi=0"
+            )
         try:
             self._statvfs(self.shm_path)
         except OSError:
@@ -421,8 +447,9 @@ class HostSource(Source):
         if not self._psi_fresh:  # the averages were not read again, but the totals move
             self._read_psi(None)
         vm = self._prev_vm
-        return host_counters(self._prev_cpu[0], None if vm is None else (vm[1], vm[2]),
-                             self._psi_total)
+        return host_counters(
+            self._prev_cpu[0], None if vm is None else (vm[1], vm[2]), self._psi_total
+        )
 
 
 def swap_ins() -> int:

@@ -33,13 +33,23 @@ def cpu_snapshot() -> Snapshot:
         if t is None or info.get("create_time") is None:
             continue  # gone, or not ours to read
         kids = float(getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0))
-        out[p.pid] = (float(t.user + t.system), str(info.get("name") or "?"),
-                      float(info["create_time"]), kids)
+        out[p.pid] = (
+            float(t.user + t.system),
+            str(info.get("name") or "?"),
+            float(info["create_time"]),
+            kids,
+        )
     return out
 
 
-def busiest_others(before: Snapshot, after: Snapshot, seconds: float, exclude: Iterable[int],
-                   started: float, n: int = 5) -> list[dict[str, Any]]:
+def busiest_others(
+    before: Snapshot,
+    after: Snapshot,
+    seconds: float,
+    exclude: Iterable[int],
+    started: float,
+    n: int = 5,
+) -> list[dict[str, Any]]:
     """Who used the CPU between the snapshots (``seconds`` apart), outside ``exclude``: the
     ``n`` busiest processes, each with what its short-lived children used (``{"pid", "name",
     "cores"}``, and ``"children_cores"`` when those count), then the rest taken together by
@@ -78,14 +88,18 @@ def busiest_others(before: Snapshot, after: Snapshot, seconds: float, exclude: I
     # the rest, each too small or past the n busiest, by name: eight python processes at 0.2
     # cores each are 1.6 cores no single one of them shows
     groups: dict[str, list[tuple[float, float, int, str]]] = {}
-    for row in used[len(out):]:
+    for row in used[len(out) :]:
         groups.setdefault(row[3], []).append(row)
     rest = []
     for name, rows in groups.items():
         total = sum(r[0] for r in rows)
         if total / seconds >= MIN_CORES:
-            e = {"pid": rows[0][2], "name": name, "cores": round(total / seconds, 2),
-                 "processes": len(rows)}
+            e = {
+                "pid": rows[0][2],
+                "name": name,
+                "cores": round(total / seconds, 2),
+                "processes": len(rows),
+            }
             reaped = sum(r[1] for r in rows)
             if reaped / seconds >= MIN_CORES:
                 e["children_cores"] = round(reaped / seconds, 2)

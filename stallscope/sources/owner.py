@@ -26,24 +26,38 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OWNER_KEYS", "Owner", "OwnerCache", "describe", "owner_from_env", "parse_cgroup",
-           "read_environ", "read_owner"]
+__all__ = [
+    "OWNER_KEYS",
+    "Owner",
+    "OwnerCache",
+    "describe",
+    "owner_from_env",
+    "parse_cgroup",
+    "read_environ",
+    "read_owner",
+]
 
 #: the owner attributes a process or GPU carries, in label order (dcgm-exporter's names)
 OWNER_KEYS = ("namespace", "pod", "container", "hpc_job")
 
 #: a pod UID: dashed (``pod1e597579-417e-...``), with systemd's underscores
 #: (``pod1e597579_417e_...``), or a static pod's 32-hex config hash
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-                  r"|[0-9a-f]{32})(?![0-9a-f])")
+_POD = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+    r"|[0-9a-f]{32})(?![0-9a-f])"
+)
 #: a container id after the pod: ``cri-containerd-ID.scope``, ``crio-ID.scope``,
 #: ``docker-ID.scope``, ``...slice:cri-containerd:ID`` or the bare id (cgroupfs driver)
-_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker|containerd)[-:])?(?<![0-9a-f])"
-                        r"([0-9a-f]{64})(?:\.scope)?$")
+_CONTAINER = re.compile(
+    r"(?:(cri-containerd|crio|docker|containerd)[-:])?(?<![0-9a-f])"
+    r"([0-9a-f]{64})(?:\.scope)?$"
+)
 #: Slurm: ``/slurm[_NODE]/uid_U/job_J/step_S/...`` (v1), ``/system.slice/[NODE_]slurmstepd.scope/
 #: job_J/step_S/...`` (v2)
-_SLURM = re.compile(r"/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/(?:[^/]+_)?slurmstepd\.scope)"
-                    r"/job_([0-9]+)(?=/|$)(?:/step_([A-Za-z0-9_]+)(?=/|$))?")
+_SLURM = re.compile(
+    r"/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/(?:[^/]+_)?slurmstepd\.scope)"
+    r"/job_([0-9]+)(?=/|$)(?:/step_([A-Za-z0-9_]+)(?=/|$))?"
+)
 #: a Kubernetes object name (RFC 1123: lower-case alphanumerics, '-' and '.', at most 253):
 #: what a pod or namespace name from an environment or a file must be to be shown at all
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -61,8 +75,14 @@ def slurm_job(v: str) -> str | None:
     digits)."""
     v = v.strip()
     return v if v.isascii() and v.isdigit() else None
-_RUNTIMES = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o",
-             "docker": "docker"}
+
+
+_RUNTIMES = {
+    "cri-containerd": "containerd",
+    "containerd": "containerd",
+    "crio": "cri-o",
+    "docker": "docker",
+}
 
 
 @dataclass(frozen=True)
@@ -91,9 +111,11 @@ class Owner:
 
     def record(self) -> dict[str, Any]:
         """Everything known, for meta.json (``owner``)."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in
-                               (*OWNER_KEYS, "pod_uid", "container_id", "runtime", "step")
-                               if getattr(self, k)}
+        out: dict[str, Any] = {
+            k: getattr(self, k)
+            for k in (*OWNER_KEYS, "pod_uid", "container_id", "runtime", "step")
+            if getattr(self, k)
+        }
         if self.gpus:
             out["gpus"] = list(self.gpus)
         if self.names_from:
@@ -118,8 +140,7 @@ def describe(owner: Mapping[str, Any] | None) -> str:
         return f"job {plain(str(owner['hpc_job']), 40)}"
     if owner.get("pod"):
         ns = f"{plain(str(owner['namespace']), 80)}/" if owner.get("namespace") else ""
-        ctr = (f" (container {plain(str(owner['container']), 80)})" if owner.get("container")
-               else "")
+        ctr = f" (container {plain(str(owner['container']), 80)})" if owner.get("container") else ""
         return f"pod {ns}{plain(str(owner['pod']), 120)}{ctr}"
     if owner.get("pod_uid"):
         return f"pod {plain(str(owner['pod_uid'])[:8])}…"
@@ -143,7 +164,7 @@ def parse_cgroup(text: str) -> Owner:
             if m is not None:
                 raw = m.group(1).replace("_", "-")
                 pod_uid = raw
-                tail = path[m.end():]
+                tail = path[m.end() :]
                 last = tail.rstrip("/").rsplit("/", 1)[-1] if "/" in tail else tail
                 last = last.removeprefix(".slice").lstrip(":")
                 c = _CONTAINER.search(last)
@@ -154,8 +175,9 @@ def parse_cgroup(text: str) -> Owner:
             s = _SLURM.search(path)
             if s is not None:
                 job, step = s.group(1), s.group(2)
-    return Owner(pod_uid=pod_uid, container_id=container_id, runtime=runtime, hpc_job=job,
-                 step=step)
+    return Owner(
+        pod_uid=pod_uid, container_id=container_id, runtime=runtime, hpc_job=job, step=step
+    )
 
 
 def _uuids(value: str) -> tuple[str, ...]:
@@ -173,9 +195,14 @@ def owner_from_env(env: Mapping[str, str]) -> Owner:
     step = slurm_job(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "")
     pod = k8s_name(env.get("POD_NAME") or "")
     ns = k8s_name(env.get("POD_NAMESPACE") or "")
-    return Owner(namespace=ns, pod=pod, hpc_job=job, step=step,
-                 gpus=_uuids(env.get("NVIDIA_VISIBLE_DEVICES") or ""),
-                 names_from="environment" if pod else "")
+    return Owner(
+        namespace=ns,
+        pod=pod,
+        hpc_job=job,
+        step=step,
+        gpus=_uuids(env.get("NVIDIA_VISIBLE_DEVICES") or ""),
+        names_from="environment" if pod else "",
+    )
 
 
 def read_environ(proc: Path) -> dict[str, str] | None:
@@ -207,8 +234,13 @@ def read_owner(pid: int, proc_root: str = "/proc", containers: Iterable[Any] = (
         want = set(owner.gpus)
         for c in containers:
             if want & set(c.device_ids()):
-                owner = replace(owner, namespace=c.namespace, pod=c.pod, container=c.container,
-                                names_from="kubelet")
+                owner = replace(
+                    owner,
+                    namespace=c.namespace,
+                    pod=c.pod,
+                    container=c.container,
+                    names_from="kubelet",
+                )
                 break
     return owner
 
@@ -229,8 +261,9 @@ def _pod_from_inside(owner: Owner, proc: Path, env: Mapping[str, str]) -> Owner:
         ns = ""
     if not pod:
         return owner
-    return replace(owner, pod=pod, namespace=owner.namespace or ns or None,
-                   names_from="environment")
+    return replace(
+        owner, pod=pod, namespace=owner.namespace or ns or None, names_from="environment"
+    )
 
 
 class OwnerCache:
@@ -247,8 +280,7 @@ class OwnerCache:
         from stallscope.sources.procs import parse_pid_stat
 
         try:
-            return parse_pid_stat((Path(self.proc_root) / str(pid) / "stat").read_text()
-                                  ).starttime
+            return parse_pid_stat((Path(self.proc_root) / str(pid) / "stat").read_text()).starttime
         except (OSError, ValueError, IndexError):
             return None
 

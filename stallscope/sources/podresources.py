@@ -36,13 +36,28 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FIELDS: tuple[tuple[str, tuple[tuple[str, int, str, str, str], ...]], ...] = (
     ("ListPodResourcesRequest", ()),
     ("ListPodResourcesResponse", (("pod_resources", 1, "message", "repeated", "PodResources"),)),
-    ("PodResources", (("name", 1, "string", "optional", ""),
-                      ("namespace", 2, "string", "optional", ""),
-                      ("containers", 3, "message", "repeated", "ContainerResources"))),
-    ("ContainerResources", (("name", 1, "string", "optional", ""),
-                            ("devices", 2, "message", "repeated", "ContainerDevices"))),
-    ("ContainerDevices", (("resource_name", 1, "string", "optional", ""),
-                          ("device_ids", 2, "string", "repeated", ""))),
+    (
+        "PodResources",
+        (
+            ("name", 1, "string", "optional", ""),
+            ("namespace", 2, "string", "optional", ""),
+            ("containers", 3, "message", "repeated", "ContainerResources"),
+        ),
+    ),
+    (
+        "ContainerResources",
+        (
+            ("name", 1, "string", "optional", ""),
+            ("devices", 2, "message", "repeated", "ContainerDevices"),
+        ),
+    ),
+    (
+        "ContainerDevices",
+        (
+            ("resource_name", 1, "string", "optional", ""),
+            ("device_ids", 2, "string", "repeated", ""),
+        ),
+    ),
 )
 
 _messages: dict[str, Any] | None = None
@@ -61,8 +76,9 @@ def list_messages() -> dict[str, Any]:
 def _build() -> dict[str, Any]:
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    fdp = descriptor_pb2.FileDescriptorProto(name="stallscope/podresources/v1/api.proto",
-                                             package="v1", syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="stallscope/podresources/v1/api.proto", package="v1", syntax="proto3"
+    )
     F = descriptor_pb2.FieldDescriptorProto
     kinds = {"string": F.TYPE_STRING, "message": F.TYPE_MESSAGE}
     labels = {"optional": F.LABEL_OPTIONAL, "repeated": F.LABEL_REPEATED}
@@ -116,8 +132,9 @@ def device_owners(containers: list[ContainerDevices]) -> dict[str, dict[str, str
 class PodResources:
     """A client of one kubelet's pod-resources socket; the answer is kept ``refresh_s``."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, refresh_s: float = 10.0,
-                 timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_SOCKET, refresh_s: float = 10.0, timeout_s: float = 2.0
+    ) -> None:
         self.socket_path = socket_path
         self.refresh_s = refresh_s
         self.timeout_s = timeout_s
@@ -134,10 +151,13 @@ class PodResources:
         if self._call is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            )
             self._call = self._channel.unary_unary(
-                LIST_METHOD, request_serializer=lambda m: m.SerializeToString(),
-                response_deserializer=msgs["ListPodResourcesResponse"].FromString)
+                LIST_METHOD,
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=msgs["ListPodResourcesResponse"].FromString,
+            )
         return parse_list(self._call(msgs["ListPodResourcesRequest"](), timeout=self.timeout_s))
 
     def containers(self) -> list[ContainerDevices]:
@@ -152,12 +172,10 @@ class PodResources:
             self.problem = None
         except ImportError:
             self._last = []
-            self.problem = ("pod names need grpcio and protobuf: pip install "
-                            "'stallscope[k8s]'")
+            self.problem = "pod names need grpcio and protobuf: pip install 'stallscope[k8s]'"
         except Exception as exc:  # grpc.RpcError and anything a broken answer raises
             self._last = []
-            self.problem = f"the kubelet's pod-resources API at {self.socket_path}: " + \
-                _reason(exc)
+            self.problem = f"the kubelet's pod-resources API at {self.socket_path}: " + _reason(exc)
         return self._last
 
     def device_owners(self) -> dict[str, dict[str, str]]:

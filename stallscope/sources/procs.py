@@ -35,14 +35,48 @@ from stallscope.sources.base import (
     numeric_points,
 )
 
-__all__ = ["ProcCounters", "ProcIo", "ProcRates", "ProcRecord", "ProcStat", "ProcsPayload",
-           "ProcsSource", "parse_pid_io",
-           "parse_pid_stat", "parse_schedstat", "proc_counters", "proc_rates"]
+__all__ = [
+    "ProcCounters",
+    "ProcIo",
+    "ProcRates",
+    "ProcRecord",
+    "ProcStat",
+    "ProcsPayload",
+    "ProcsSource",
+    "parse_pid_io",
+    "parse_pid_stat",
+    "parse_schedstat",
+    "proc_counters",
+    "proc_rates",
+]
 
 #: process names that start the trainer rather than being it (their children are the trainers)
-LAUNCHERS = frozenset({"sh", "bash", "dash", "zsh", "fish", "env", "timeout", "nice", "ionice",
-                       "taskset", "numactl", "torchrun", "accelerate", "deepspeed", "uv", "srun",
-                       "mpirun", "mpiexec", "horovodrun", "stdbuf", "time", "xargs"})
+LAUNCHERS = frozenset(
+    {
+        "sh",
+        "bash",
+        "dash",
+        "zsh",
+        "fish",
+        "env",
+        "timeout",
+        "nice",
+        "ionice",
+        "taskset",
+        "numactl",
+        "torchrun",
+        "accelerate",
+        "deepspeed",
+        "uv",
+        "srun",
+        "mpirun",
+        "mpiexec",
+        "horovodrun",
+        "stdbuf",
+        "time",
+        "xargs",
+    }
+)
 #: the name PyTorch gives its DataLoader worker processes (prctl PR_SET_NAME)
 TORCH_WORKER = "pt_data_worker"
 
@@ -120,12 +154,12 @@ def parse_pid_stat(text: str) -> ProcStat:
     lp, rp = text.find("("), text.rfind(")")
     if lp < 0 or rp < lp:
         raise ParseError(f"unexpected /proc/PID/stat: {text[:80]!r}")
-    rest = text[rp + 2:].split()
+    rest = text[rp + 2 :].split()
     try:
         # rest[i] is field i+3 of proc(5)
         return ProcStat(
             pid=int(text[:lp]),
-            comm=text[lp + 1:rp],
+            comm=text[lp + 1 : rp],
             state=rest[0],
             ppid=int(rest[1]),
             utime=int(rest[11]),
@@ -155,9 +189,9 @@ def thread_states(stats: list[str]) -> ThreadStates:
         lp, rp = text.find("("), text.rfind(")")
         if lp < 0 or rp < lp:
             continue
-        if text[rp + 2:rp + 3] == "D":
+        if text[rp + 2 : rp + 3] == "D":
             d += 1
-        if text[lp + 1:rp].startswith("tf_"):
+        if text[lp + 1 : rp].startswith("tf_"):
             tf += 1
     return ThreadStates(d, tf)
 
@@ -253,9 +287,14 @@ class ProcsSource(Source):
     name = "procs"
     transient_entities = True
 
-    def __init__(self, root_pid: int, proc_root: str = "/proc", rescan_every: int = 60,
-                 clock: Callable[[], float] = time.monotonic,
-                 exclude: Collection[int] = ()) -> None:
+    def __init__(
+        self,
+        root_pid: int,
+        proc_root: str = "/proc",
+        rescan_every: int = 60,
+        clock: Callable[[], float] = time.monotonic,
+        exclude: Collection[int] = (),
+    ) -> None:
         self.root_pid = root_pid
         #: processes never entered by the tree walk: neither they nor their descendants
         self.exclude = frozenset(exclude) - {root_pid}
@@ -294,7 +333,8 @@ class ProcsSource(Source):
         f = self._files.get((pid, name))
         if f is None:
             f = self._files[(pid, name)] = ProcFile(
-                os.path.join(self.proc_root, str(pid), *name.split("/")), 4096)
+                os.path.join(self.proc_root, str(pid), *name.split("/")), 4096
+            )
         try:
             return f.read().decode("utf-8", "replace")
         except OSError:
@@ -316,10 +356,12 @@ class ProcsSource(Source):
         try:
             self._read(str(self.root_pid), "stat")
         except OSError as exc:
-            raise SourceUnavailable(f"process {self.root_pid} is not readable in "
-                                    f"{self.proc_root}: {exc.strerror}") from exc
-        if not os.path.exists(os.path.join(self.proc_root, str(self.root_pid), "task",
-                                           str(self.root_pid), "children")):
+            raise SourceUnavailable(
+                f"process {self.root_pid} is not readable in {self.proc_root}: {exc.strerror}"
+            ) from exc
+        if not os.path.exists(
+            os.path.join(self.proc_root, str(self.root_pid), "task", str(self.root_pid), "children")
+        ):
             self._children_file = False
 
     # --- tree discovery --------------------------------------------------------------------------
@@ -342,8 +384,11 @@ class ProcsSource(Source):
         tree = {self.root_pid}
         grew = True
         while grew:
-            new = {p for p, pp in parent.items()
-                   if pp in tree and p not in tree and p not in self.exclude}
+            new = {
+                p
+                for p, pp in parent.items()
+                if pp in tree and p not in tree and p not in self.exclude
+            }
             tree |= new
             grew = bool(new)
         parents = {pp for p, pp in parent.items() if p in tree and pp in tree}
@@ -466,8 +511,14 @@ class ProcsSource(Source):
 
     def _drop_tasks(self, pid: int, alive: set[str]) -> None:
         """Close the kept descriptors of ``pid``'s threads that are no longer listed."""
-        for key in [k for k in self._files if k[0] == pid and k[1].startswith("task/")
-                    and k[1].endswith("/stat") and k[1].split("/")[1] not in alive]:
+        for key in [
+            k
+            for k in self._files
+            if k[0] == pid
+            and k[1].startswith("task/")
+            and k[1].endswith("/stat")
+            and k[1].split("/")[1] not in alive
+        ]:
             self._files.pop(key).close()
 
     def _task_stats(self, pid: int, tids: list[str]) -> tuple[list[str], bool]:
@@ -476,8 +527,11 @@ class ProcsSource(Source):
         lost = False
         for i, tid in enumerate(tids):
             try:
-                out.append(self._pread(pid, f"task/{tid}/stat") if i < MAX_KEPT_TASKS
-                           else self._read(str(pid), "task", tid, "stat"))
+                out.append(
+                    self._pread(pid, f"task/{tid}/stat")
+                    if i < MAX_KEPT_TASKS
+                    else self._read(str(pid), "task", tid, "stat")
+                )
             except OSError:
                 lost = True
         return out, lost
@@ -566,8 +620,9 @@ class ProcsSource(Source):
                 pass
         elif sched_run is not None and sched_wait is not None:
             main_ns = sched_run + sched_wait
-        return ProcCounters(st.starttime, st.utime + st.stime, main_ns, io, sched_wait,
-                            st.blkio_ticks)
+        return ProcCounters(
+            st.starttime, st.utime + st.stime, main_ns, io, sched_wait, st.blkio_ticks
+        )
 
     def _read_io(self, pid: int) -> ProcIo | None:
         """/proc/PID/io; None when unreadable (a note, once, when permission is denied)."""
@@ -577,8 +632,11 @@ class ProcsSource(Source):
             return parse_pid_io(self._pread(pid, "io"))
         except PermissionError:
             self._io_denied = True
-            self.emit("note", "/proc/PID/io not readable (needs the same user or "
-                              "CAP_SYS_PTRACE): per-process read bytes not reported")
+            self.emit(
+                "note",
+                "/proc/PID/io not readable (needs the same user or "
+                "CAP_SYS_PTRACE): per-process read bytes not reported",
+            )
         except (OSError, ParseError):
             pass
         return None
@@ -632,9 +690,11 @@ def proc_counters(entity: str, cpu_ticks: int, io: ProcIo | None) -> list[Counte
     """One process's raw counters in base units (clock ticks -> seconds, bytes as is)."""
     out: list[Counter] = [("procs.cpu_seconds_total", entity, cpu_ticks / _CLK_TCK)]
     if io is not None:
-        out += [("procs.read_bytes_total", entity, float(io.read_bytes)),
-                ("procs.write_bytes_total", entity, float(io.write_bytes)),
-                ("procs.rchar_bytes_total", entity, float(io.rchar))]
+        out += [
+            ("procs.read_bytes_total", entity, float(io.read_bytes)),
+            ("procs.write_bytes_total", entity, float(io.write_bytes)),
+            ("procs.rchar_bytes_total", entity, float(io.rchar)),
+        ]
     return out
 
 
@@ -644,8 +704,7 @@ def tree_summary(payload: ProcsPayload) -> dict[str, float]:
     for rec in payload.values():
         role = rec.get("role", "worker")
         out[f"{role}_cpu_pct"] = out.get(f"{role}_cpu_pct", 0.0) + (rec.get("cpu_pct") or 0.0)
-        out[f"{role}_read_kb_s"] = out.get(f"{role}_read_kb_s", 0.0) + (
-            rec.get("read_kb_s") or 0.0)
+        out[f"{role}_read_kb_s"] = out.get(f"{role}_read_kb_s", 0.0) + (rec.get("read_kb_s") or 0.0)
         out[f"{role}_count"] = out.get(f"{role}_count", 0.0) + 1
         out[f"{role}_d_state"] = out.get(f"{role}_d_state", 0.0) + rec.get("d_state", 0)
     return out

@@ -15,8 +15,7 @@ from stallscope.sources.procs import LAUNCHERS, TORCH_WORKER
 __all__ = ["infer_roles"]
 
 
-def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None
-                ) -> dict[str, str]:
+def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None) -> dict[str, str]:
     """pid -> role ("main", "worker", "launcher") for a recorded process tree.
 
     ``procs`` are the store's procs entities (``entity`` = pid, ``attrs`` with ``name``,
@@ -29,11 +28,15 @@ def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None
     parent = {pid: str(a.get("ppid")) for pid, a in by_pid.items()}
     mains = {p for p in (probe_pids or set()) if p in by_pid}
     if not mains:
-        mains = {parent[pid] for pid, a in by_pid.items()
-                 if a.get("name") == TORCH_WORKER and parent.get(pid) in by_pid}
+        mains = {
+            parent[pid]
+            for pid, a in by_pid.items()
+            if a.get("name") == TORCH_WORKER and parent.get(pid) in by_pid
+        }
     if not mains:
-        roots = [pid for pid, a in by_pid.items() if a.get("role") == "main"] or \
-            [pid for pid in by_pid if parent.get(pid) not in by_pid]
+        roots = [pid for pid, a in by_pid.items() if a.get("role") == "main"] or [
+            pid for pid in by_pid if parent.get(pid) not in by_pid
+        ]
         for root in roots:
             kids = [pid for pid in by_pid if parent.get(pid) == root]
             if by_pid[root].get("name") in LAUNCHERS and kids:

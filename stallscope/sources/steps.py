@@ -62,8 +62,10 @@ def window_points(steps: Mapping[int, Sequence[Step]]) -> dict[str, dict[str, fl
         if wall <= 0:
             continue
         med[rank] = weighted_median(((r[1] + r[2]) / r[3], r[3]) for r in rows)
-        out[f"rank{rank}"] = {"wait_pct": round(100.0 * wait / wall, 2),
-                              "step_ms": round(med[rank] * 1000.0, 3)}
+        out[f"rank{rank}"] = {
+            "wait_pct": round(100.0 * wait / wall, 2),
+            "step_ms": round(med[rank] * 1000.0, 3),
+        }
     if len(med) >= 2:
         for rank, m in med.items():
             others = median(v for r, v in med.items() if r != rank)
@@ -95,8 +97,9 @@ class StepsSource(Source):
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
-            self._db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=1.0,
-                                       check_same_thread=False)
+            self._db = sqlite3.connect(
+                f"file:{self.db_path}?mode=ro", uri=True, timeout=1.0, check_same_thread=False
+            )
         return self._db
 
     def sample(self, now: float) -> Any:
@@ -113,13 +116,18 @@ class StepsSource(Source):
         shares: dict[int, float] = {}  # this interval's communication share per rank
         for (rank,) in ranks:
             last = self._last.get(rank, 0)  # step 0 (worker start-up) is never read
-            rows = db.execute(f"SELECT step, ts, wait_s, host_s, {comm}, {n} FROM steps WHERE "
-                              "rank = ? AND step > ? ORDER BY step", (rank, last)).fetchall()
+            rows = db.execute(
+                f"SELECT step, ts, wait_s, host_s, {comm}, {n} FROM steps WHERE "
+                "rank = ? AND step > ? ORDER BY step",
+                (rank, last),
+            ).fetchall()
             if rows:
                 self._last[rank] = rows[-1][0]
                 q = self._rows.setdefault(rank, deque())
-                q.extend((ts, w, h, k if isinstance(k, int) and k >= 1 else 1)
-                         for _s, ts, w, h, _c, k in rows)
+                q.extend(
+                    (ts, w, h, k if isinstance(k, int) and k >= 1 else 1)
+                    for _s, ts, w, h, _c, k in rows
+                )
                 timed = [(w + h, c) for _s, _ts, w, h, c, _k in rows if isinstance(c, float)]
                 wall = sum(x for x, _c in timed)
                 if len(timed) >= 2 and wall > 0:
@@ -138,8 +146,9 @@ class StepsSource(Source):
         return out
 
     def points(self, payload: Any) -> list[Point]:
-        return [Point(f"probe.{k}", entity, v) for entity, d in payload.items()
-                for k, v in d.items()]
+        return [
+            Point(f"probe.{k}", entity, v) for entity, d in payload.items() for k, v in d.items()
+        ]
 
     def close(self) -> None:
         if self._db is not None:

@@ -68,8 +68,7 @@ class StragglerWatch:
     """Feed it each interval's communication shares per rank (:meth:`update`); it answers
     which ranks are flagged, with their gap (see the module docstring)."""
 
-    def __init__(self, warmup: int = 20, k: float = 1.0, h: float = 8.0,
-                 clip: float = 3.0) -> None:
+    def __init__(self, warmup: int = 20, k: float = 1.0, h: float = 8.0, clip: float = 3.0) -> None:
         self.warmup, self.k, self.h, self.clip = warmup, k, h, clip
         self._ranks: dict[int, _Rank] = {}
 

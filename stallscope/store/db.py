@@ -56,8 +56,18 @@ from stallscope.metrics import Point, lookup
 from stallscope.units import finite_or_none
 from stallscope.version import __version__
 
-__all__ = ["SCHEMA_VERSION", "RunStore", "Series", "StepRow", "StepTuple", "StepValues",
-           "comm_column", "n_column", "step_ranks", "steps_after"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "RunStore",
+    "Series",
+    "StepRow",
+    "StepTuple",
+    "StepValues",
+    "comm_column",
+    "n_column",
+    "step_ranks",
+    "steps_after",
+]
 
 #: the layout of run.db this code writes, kept in ``PRAGMA user_version``. The first release's
 #: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
@@ -140,9 +150,11 @@ BLOCK_ROWS = 3600
 @functools.lru_cache(maxsize=8)
 def _block_sql(n: int) -> str:
     """An INSERT of ``n`` :data:`StepTuple` rows after two parameters (rank, ts base)."""
-    return ("INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s, "
-            "n) SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7, "
-            "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")")
+    return (
+        "INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s, "
+        "n) SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7, "
+        "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")"
+    )
 
 
 #: points bound by one INSERT of :meth:`RunStore.add_points` (2 parameters each and the time:
@@ -157,8 +169,20 @@ def _points_sql(n: int) -> str:
 
 
 #: one step as a bare tuple in :class:`StepRow`'s field order
-StepValues = tuple[int, int, float, float, float, "float | None", "float | None",
-                   "float | None", "int | None", "int | None", "float | None", int]
+StepValues = tuple[
+    int,
+    int,
+    float,
+    float,
+    float,
+    "float | None",
+    "float | None",
+    "float | None",
+    "int | None",
+    "int | None",
+    "float | None",
+    int,
+]
 
 
 @dataclass
@@ -174,8 +198,9 @@ class Series:
 class RunStore:
     """Writer and reader of one ``run.db``."""
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
-                 cache_kib: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, readonly: bool = False, cache_kib: int | None = None
+    ) -> None:
         """``cache_kib``: SQLite's page cache for this connection (its default: 2,000 KiB)."""
         self.path = Path(path)
         self.readonly = readonly
@@ -188,19 +213,29 @@ class RunStore:
             if readonly:
                 if not self.path.exists():
                     raise RunNotFound(f"no run database at {self.path}")
-                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
-                                          check_same_thread=False)
+                self.db = sqlite3.connect(
+                    f"file:{self.path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False
+                )
                 try:
-                    tables = {r[0] for r in self.db.execute(
-                        "SELECT name FROM sqlite_master WHERE type='table'")}
+                    tables = {
+                        r[0]
+                        for r in self.db.execute(
+                            "SELECT name FROM sqlite_master WHERE type='table'"
+                        )
+                    }
                 except sqlite3.OperationalError:
                     # a WAL database in a directory we cannot write (a copied or archived run):
                     # read it as an immutable file instead
                     self.db.close()
-                    self.db = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True,
-                                              check_same_thread=False)
-                    tables = {r[0] for r in self.db.execute(
-                        "SELECT name FROM sqlite_master WHERE type='table'")}
+                    self.db = sqlite3.connect(
+                        f"file:{self.path}?immutable=1", uri=True, check_same_thread=False
+                    )
+                    tables = {
+                        r[0]
+                        for r in self.db.execute(
+                            "SELECT name FROM sqlite_master WHERE type='table'"
+                        )
+                    }
                 if "series" not in tables:
                     raise StallscopeError(f"{self.path} is not a stallscope run database")
                 self._check_version()  # an older one is read as it is (readers tolerate it)
@@ -243,15 +278,17 @@ class RunStore:
         sid = self._series.get(key)
         if sid is None:
             self.db.execute("INSERT OR IGNORE INTO series(name, entity) VALUES(?, ?)", key)
-            row = self.db.execute(
-                "SELECT id FROM series WHERE name=? AND entity=?", key
-            ).fetchone()
+            row = self.db.execute("SELECT id FROM series WHERE name=? AND entity=?", key).fetchone()
             sid = int(row[0])
             self._series[key] = sid
         return sid
 
-    def add_points(self, ts: float, points: Iterable[Point],
-                   touch: Sequence[tuple[str, Sequence[str], float]] = ()) -> int:
+    def add_points(
+        self,
+        ts: float,
+        points: Iterable[Point],
+        touch: Sequence[tuple[str, Sequence[str], float]] = (),
+    ) -> int:
         """Append one sample's points in one transaction; returns how many were stored (values
         that are not finite numbers are left out). ``touch``: (source, entities, last seen
         time) (:meth:`touch_entities`), in the same transaction (one commit a sample)."""
@@ -277,10 +314,12 @@ class RunStore:
             else:
                 for i in range(0, n, POINT_ROWS):
                     k = min(POINT_ROWS, n - i)
-                    self.db.execute(_points_sql(k), [ts, *flat[1 + 2 * i:1 + 2 * (i + k)]])
+                    self.db.execute(_points_sql(k), [ts, *flat[1 + 2 * i : 1 + 2 * (i + k)]])
             for source, entities, seen in touch:
-                self.db.executemany("UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
-                                    [(seen, source, e) for e in entities])
+                self.db.executemany(
+                    "UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
+                    [(seen, source, e) for e in entities],
+                )
         return n
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
@@ -304,18 +343,33 @@ class RunStore:
         with self.db:
             self.db.executemany(
                 "UPDATE entities SET attrs=? WHERE source=? AND entity=?",
-                [(json.dumps(a, sort_keys=True), source, e) for e, a in attrs.items()])
+                [(json.dumps(a, sort_keys=True), source, e) for e, a in attrs.items()],
+            )
 
     def add_event(self, ts: float, source: str, kind: str, message: str) -> None:
         with self.db:
             self.db.execute("INSERT INTO events VALUES(?, ?, ?, ?)", (ts, source, kind, message))
 
     def add_steps(self, rows: Iterable[StepRow]) -> int:
-        return self.add_step_values([
-            (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.h2d_s, r.gpu_busy_s, r.gpu_idle_s,
-             r.samples, r.epoch, r.comm_s, r.n)
-            for r in rows
-        ])
+        return self.add_step_values(
+            [
+                (
+                    r.rank,
+                    r.step,
+                    r.ts,
+                    r.wait_s,
+                    r.host_s,
+                    r.h2d_s,
+                    r.gpu_busy_s,
+                    r.gpu_idle_s,
+                    r.samples,
+                    r.epoch,
+                    r.comm_s,
+                    r.n,
+                )
+                for r in rows
+            ]
+        )
 
     def add_step_block(self, rank: int, ts_base: float, rows: Sequence[StepTuple]) -> int:
         """Steps of one rank in the probe's hand-over layout (:data:`StepTuple`, ``ts`` =
@@ -327,9 +381,10 @@ class RunStore:
         db = self.db
         with db:
             for i in range(0, len(rows), BLOCK_ROWS):
-                block = rows[i:i + BLOCK_ROWS]
-                db.execute(_block_sql(len(block)),
-                           [rank, ts_base, *itertools.chain.from_iterable(block)])
+                block = rows[i : i + BLOCK_ROWS]
+                db.execute(
+                    _block_sql(len(block)), [rank, ts_base, *itertools.chain.from_iterable(block)]
+                )
         return len(rows)
 
     def add_step_values(self, values: list[StepValues]) -> int:
@@ -338,13 +393,12 @@ class RunStore:
         with self.db:
             self.db.executemany(
                 f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values
+                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
             )
         return len(values)
 
-    def update_steps_gpu(
-        self, rows: Iterable[tuple[int, int, float | None, float | None]]
-    ) -> None:
+    def update_steps_gpu(self, rows: Iterable[tuple[int, int, float | None, float | None]]) -> None:
         """Fill in GPU busy/idle times once their CUDA events completed.
 
         Rows are (rank, step, busy_s, idle_s)."""
@@ -354,13 +408,20 @@ class RunStore:
                 [(b, i, r, s) for r, s, b, i in rows],
             )
 
-    def set_probe(self, rank: int, pid: int, config: dict[str, Any], steps: int,
-                  dropped: int) -> None:
+    def set_probe(
+        self, rank: int, pid: int, config: dict[str, Any], steps: int, dropped: int
+    ) -> None:
         with self.db:
             self.db.execute(
                 "INSERT OR REPLACE INTO probes VALUES(?, ?, ?, ?, ?, ?)",
-                (rank, pid, json.dumps(config, sort_keys=True, default=str), steps, dropped,
-                 time.time()),
+                (
+                    rank,
+                    pid,
+                    json.dumps(config, sort_keys=True, default=str),
+                    steps,
+                    dropped,
+                    time.time(),
+                ),
             )
 
     def downsample(self, older_than: float, bucket_s: float = 60.0) -> int:
@@ -470,12 +531,20 @@ class RunStore:
         # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
         # than these tests cost Python. A series of another id, a value or time that is not a
         # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
-        rollup = ((ts, sid, vmax if sid in use_max else vmean) for ts, sid, vmean, vmax in
-                  self.db.execute("SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"))
+        rollup = (
+            (ts, sid, vmax if sid in use_max else vmean)
+            for ts, sid, vmean, vmax in self.db.execute(
+                "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"
+            )
+        )
         self._skip("rollup", _append_points(out, names, rollup))
         rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
-        self._skip("points", _append_points(
-            out, names, self.db.execute("SELECT ts, series, v FROM points ORDER BY ts")))
+        self._skip(
+            "points",
+            _append_points(
+                out, names, self.db.execute("SELECT ts, series, v FROM points ORDER BY ts")
+            ),
+        )
         for k, n in rolled.items():  # a bucket newer than a point: only in a damaged store
             s = out[k]
             if n < len(s.ts) and s.ts[n - 1] > s.ts[n]:
@@ -498,18 +567,28 @@ class RunStore:
             if not (isinstance(s, str) and isinstance(e, str)) or attrs is None:
                 bad += 1
                 continue
-            out.append({"source": s, "entity": e, "attrs": attrs, "first_ts": _finite_or_none(f),
-                        "last_ts": _finite_or_none(la)})
+            out.append(
+                {
+                    "source": s,
+                    "entity": e,
+                    "attrs": attrs,
+                    "first_ts": _finite_or_none(f),
+                    "last_ts": _finite_or_none(la),
+                }
+            )
         self._skip("entities", bad)
         return out
 
     def events(self) -> list[dict[str, Any]]:
-        ok = (f"{_finite('ts')} AND typeof(source)='text' AND typeof(kind)='text' "
-              "AND typeof(message)='text'")
+        ok = (
+            f"{_finite('ts')} AND typeof(source)='text' AND typeof(kind)='text' "
+            "AND typeof(message)='text'"
+        )
         out = [
             {"ts": ts, "source": s, "kind": k, "message": m}
             for ts, s, k, m in self.db.execute(
-                f"SELECT ts, source, kind, message FROM events WHERE {ok} ORDER BY ts")
+                f"SELECT ts, source, kind, message FROM events WHERE {ok} ORDER BY ts"
+            )
         ]
         [(bad,)] = self.db.execute(f"SELECT COUNT(*) FROM events WHERE NOT ({ok})").fetchall()
         self._skip("events", int(bad))
@@ -517,8 +596,11 @@ class RunStore:
 
     def steps(self, rank: int | None = None) -> list[StepRow]:
         # a run.db of the first release opened read-only (not migrated) may lack comm_s
-        comm = (f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
-                if comm_column(self.db) == "comm_s" else "NULL")
+        comm = (
+            f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
+            if comm_column(self.db) == "comm_s"
+            else "NULL"
+        )
         # a row's step count: a run.db before version 3 has one step a row
         has_n = n_column(self.db) == "n"
         ok = _STEP_OK + (f" AND {_N_OK}" if has_n else "")
@@ -529,8 +611,7 @@ class RunStore:
             args = (rank,)
         out = [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
         if rank is None:
-            [(bad,)] = self.db.execute(
-                f"SELECT COUNT(*) FROM steps WHERE NOT ({ok})").fetchall()
+            [(bad,)] = self.db.execute(f"SELECT COUNT(*) FROM steps WHERE NOT ({ok})").fetchall()
             self._skip("steps", int(bad))
         return out
 
@@ -538,13 +619,22 @@ class RunStore:
         out = []
         bad = 0
         for r, p, c, s, d, u in self.db.execute(
-                "SELECT rank, pid, config, steps, dropped, updated FROM probes ORDER BY rank"):
+            "SELECT rank, pid, config, steps, dropped, updated FROM probes ORDER BY rank"
+        ):
             if not all(isinstance(x, int) for x in (r, p, s, d)):
                 bad += 1
                 continue
             config = _json_object(c)
-            out.append({"rank": r, "pid": p, "config": config if config is not None else {},
-                        "steps": s, "dropped": d, "updated": _finite_or_none(u)})
+            out.append(
+                {
+                    "rank": r,
+                    "pid": p,
+                    "config": config if config is not None else {},
+                    "steps": s,
+                    "dropped": d,
+                    "updated": _finite_or_none(u),
+                }
+            )
         self._skip("probes", bad)
         return out
 
@@ -555,7 +645,8 @@ class RunStore:
             # ORDER BY ts LIMIT 1 walks the primary key: a few rows, not the table
             for order in ("ASC", "DESC"):
                 row = self.db.execute(
-                    f"SELECT ts FROM {table} WHERE {ok} ORDER BY ts {order} LIMIT 1").fetchone()
+                    f"SELECT ts FROM {table} WHERE {ok} ORDER BY ts {order} LIMIT 1"
+                ).fetchone()
                 if row is None:
                     continue
                 t = float(row[0])
@@ -574,9 +665,11 @@ def _user_version(conn: sqlite3.Connection) -> int:
 
 
 def _newer_message(path: Path, version: int) -> str:
-    return (f"{path} was written by a newer stallscope (run.db schema version {version}; this "
-            f"stallscope {__version__} reads versions up to {SCHEMA_VERSION}): read it with "
-            "that release or a later one")
+    return (
+        f"{path} was written by a newer stallscope (run.db schema version {version}; this "
+        f"stallscope {__version__} reads versions up to {SCHEMA_VERSION}): read it with "
+        "that release or a later one"
+    )
 
 
 def _migrate(db: sqlite3.Connection, path: Path) -> None:
@@ -603,8 +696,9 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
         if n_column(db) == "1":  # version 2 and before: one step a row
             db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
         if version < SCHEMA_VERSION:
-            db.execute("INSERT OR REPLACE INTO info VALUES('schema_version', ?)",
-                       (str(SCHEMA_VERSION),))
+            db.execute(
+                "INSERT OR REPLACE INTO info VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
             db.execute(f"PRAGMA user_version = {int(SCHEMA_VERSION)}")
         db.commit()
     except BaseException:
@@ -680,8 +774,11 @@ def _int_or_null(col: str) -> str:
 _NUM = (float, int)
 
 
-def _append_points(out: dict[tuple[str, str], Series], names: dict[int, tuple[str, str]],
-                   rows: Iterable[tuple[Any, Any, Any]]) -> int:
+def _append_points(
+    out: dict[tuple[str, str], Series],
+    names: dict[int, tuple[str, str]],
+    rows: Iterable[tuple[Any, Any, Any]],
+) -> int:
     """Append ``(ts, series id, value)`` rows to their series; returns how many rows were not
     a known series with a finite number at a finite time (skipped)."""
     bad = 0
@@ -694,15 +791,19 @@ def _append_points(out: dict[tuple[str, str], Series], names: dict[int, tuple[st
         s.ts.append(float(ts))
         s.v.append(float(v))
     return bad
+
+
 _POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
-_ROLLUP_OK = (f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND "
-              f"{_finite('vmax')}")
+_ROLLUP_OK = (
+    f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND {_finite('vmax')}"
+)
 _STEP_COLUMNS = "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch"
 _STEP_OK = " AND ".join(
     ["typeof(rank) = 'integer'", "typeof(step) = 'integer'"]
     + [_finite(c) for c in ("ts", "wait_s", "host_s")]
     + [_finite_or_null(c) for c in ("h2d_s", "gpu_busy_s", "gpu_idle_s")]
-    + [_int_or_null(c) for c in ("samples", "epoch")])
+    + [_int_or_null(c) for c in ("samples", "epoch")]
+)
 #: a row's step count is a whole number of steps, at least one
 _N_OK = "typeof(n) = 'integer' AND n >= 1"
 

@@ -19,8 +19,14 @@ from pathlib import Path
 
 from stallscope.store.paths import default_out, index_line, state_dir
 
-__all__ = ["MAX_INDEX_BYTES", "default_out", "index_path", "indexed_runs", "owned_runs",
-           "record_run"]
+__all__ = [
+    "MAX_INDEX_BYTES",
+    "default_out",
+    "index_path",
+    "indexed_runs",
+    "owned_runs",
+    "record_run",
+]
 
 #: compact the index when it holds this many lines more than live runs
 _COMPACT_SLACK = 200
@@ -59,8 +65,9 @@ def indexed_runs(path: Path | None = None, *, as_owner: bool = False) -> list[Pa
     return owned_runs(path, as_owner=as_owner)[0]
 
 
-def owned_runs(path: Path | None = None, *, as_owner: bool = False
-               ) -> tuple[list[Path], int | None]:
+def owned_runs(
+    path: Path | None = None, *, as_owner: bool = False
+) -> tuple[list[Path], int | None]:
     """(:func:`indexed_runs`, the uid whose runs they are: the index's owner when read
     ``as_owner``, else None)."""
     from stallscope.safefile import owned_dir, read_bounded, read_unfollowed

@@ -72,8 +72,9 @@ class StepMirror:
     def _connect(self) -> sqlite3.Connection | None:
         if self._conn is None:
             try:
-                self._conn = sqlite3.connect(f"file:{self.source}?mode=ro", uri=True,
-                                             timeout=1.0, check_same_thread=False)
+                self._conn = sqlite3.connect(
+                    f"file:{self.source}?mode=ro", uri=True, timeout=1.0, check_same_thread=False
+                )
             except sqlite3.Error:
                 return None
         return self._conn
@@ -86,17 +87,24 @@ class StepMirror:
             return 0
         try:
             where, args = steps_after(self._last, step_ranks(conn))
-            rows = conn.execute(f"SELECT {_COLS}, {comm_column(conn)}, {n_column(conn)} FROM steps"
-                                + (f" WHERE {where}" if where else "")
-                                + " ORDER BY rank, step", args).fetchall()
-            probes = conn.execute("SELECT rank, pid, config, steps, dropped FROM probes"
-                                  ).fetchall()
+            rows = conn.execute(
+                f"SELECT {_COLS}, {comm_column(conn)}, {n_column(conn)} FROM steps"
+                + (f" WHERE {where}" if where else "")
+                + " ORDER BY rank, step",
+                args,
+            ).fetchall()
+            probes = conn.execute("SELECT rank, pid, config, steps, dropped FROM probes").fetchall()
         except sqlite3.Error:
             return 0  # no steps table yet, or busy
-        good = [StepRow(*r) for r in rows
-                if isinstance(r[0], int) and isinstance(r[1], int)
-                and all(isinstance(x, (int, float)) for x in r[2:5])
-                and isinstance(r[11], int) and r[11] >= 1]
+        good = [
+            StepRow(*r)
+            for r in rows
+            if isinstance(r[0], int)
+            and isinstance(r[1], int)
+            and all(isinstance(x, (int, float)) for x in r[2:5])
+            and isinstance(r[11], int)
+            and r[11] >= 1
+        ]
         try:
             if good:
                 self.dest.add_steps(good)
@@ -107,8 +115,7 @@ class StepMirror:
                     cfg = json.loads(config) if isinstance(config, str) else {}
                 except ValueError:
                     cfg = {}
-                self.dest.set_probe(rank, pid, cfg if isinstance(cfg, dict) else {}, steps,
-                                    dropped)
+                self.dest.set_probe(rank, pid, cfg if isinstance(cfg, dict) else {}, steps, dropped)
         except sqlite3.Error:
             return 0  # the destination is busy or full: the same rows again next time
         for s in good:

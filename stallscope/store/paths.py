@@ -15,8 +15,15 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["DEFAULT_OUT", "NAME_MAX", "PATH_MAX", "default_out", "index_line", "out_problem",
-           "state_dir"]
+__all__ = [
+    "DEFAULT_OUT",
+    "NAME_MAX",
+    "PATH_MAX",
+    "default_out",
+    "index_line",
+    "out_problem",
+    "state_dir",
+]
 
 #: the runs folder when neither ``--out`` nor ``$STALLSCOPE_OUT`` says otherwise
 DEFAULT_OUT = "stallscope-runs"
@@ -70,6 +77,9 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
     e = os.environ if env is None else env
     if e.get("STALLSCOPE_STATE_DIR"):
         return Path(e["STALLSCOPE_STATE_DIR"])
-    base = Path(e["XDG_STATE_HOME"]) if e.get("XDG_STATE_HOME") else (
-        Path(e.get("HOME") or Path.home()) / ".local" / "state")
+    base = (
+        Path(e["XDG_STATE_HOME"])
+        if e.get("XDG_STATE_HOME")
+        else (Path(e.get("HOME") or Path.home()) / ".local" / "state")
+    )
     return base / "stallscope"

@@ -12,9 +12,20 @@ from typing import Any, Literal
 from stallscope.errors import RunNotFound, UsageError
 from stallscope.store.paths import DEFAULT_OUT, default_out
 
-__all__ = ["DEFAULT_OUT", "RunState", "base_meta", "find_run", "known_runs", "list_runs",
-           "monitor_alive", "new_run_dir", "read_meta", "run_state", "write_meta", "writer_stamp"]
-
+__all__ = [
+    "DEFAULT_OUT",
+    "RunState",
+    "base_meta",
+    "find_run",
+    "known_runs",
+    "list_runs",
+    "monitor_alive",
+    "new_run_dir",
+    "read_meta",
+    "run_state",
+    "write_meta",
+    "writer_stamp",
+]
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -42,8 +53,9 @@ def new_run_dir(out: str | os.PathLike[str], label: str, now: float | None = Non
     raise UsageError(f"too many runs named {stamp}-{safe} in {root}")
 
 
-def base_meta(command: list[str], *, start: float, interval_s: float,
-              **extra: Any) -> dict[str, Any]:
+def base_meta(
+    command: list[str], *, start: float, interval_s: float, **extra: Any
+) -> dict[str, Any]:
     """The ``meta.json`` fields every run starts with (``stallscope run`` and the standalone
     probe, through :class:`~stallscope.collect.session.Session`): command, host, start,
     versions, cores, RAM; ``extra`` adds or overrides fields."""
@@ -53,16 +65,26 @@ def base_meta(command: list[str], *, start: float, interval_s: float,
 
     from stallscope.version import __version__
 
-    versions: dict[str, Any] = {"stallscope": __version__,
-                                "python": platform.python_version(),
-                                "kernel": platform.release()}
+    versions: dict[str, Any] = {
+        "stallscope": __version__,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         versions["torch"] = str(getattr(torch, "__version__", None))
     meta: dict[str, Any] = {
-        "command": list(command), "host": socket.gethostname(), "start": start, "end": None,
-        "exit_code": None, "interval_s": interval_s, "cwd": os.getcwd(), "data": None,
-        "data_devices": [], "versions": versions, "logical_cores": os.cpu_count(),
+        "command": list(command),
+        "host": socket.gethostname(),
+        "start": start,
+        "end": None,
+        "exit_code": None,
+        "interval_s": interval_s,
+        "cwd": os.getcwd(),
+        "data": None,
+        "data_devices": [],
+        "versions": versions,
+        "logical_cores": os.cpu_count(),
     }
     try:
         import psutil
@@ -99,8 +121,9 @@ def read_meta(run_dir: Path, *, owner: int | None = None) -> dict[str, Any]:
     try:
         raw, more = read_bounded(run_dir / "meta.json", MAX_META_BYTES, owner=owner)
         if more:
-            raise RunNotFound(f"{run_dir}/meta.json is unreadable: larger than "
-                              f"{MAX_META_BYTES >> 20} MiB")
+            raise RunNotFound(
+                f"{run_dir}/meta.json is unreadable: larger than {MAX_META_BYTES >> 20} MiB"
+            )
         meta: dict[str, Any] = json.loads(raw.decode("utf-8"))
     except FileNotFoundError as exc:
         raise RunNotFound(f"{run_dir} is not a stallscope run (no meta.json)") from exc
@@ -124,18 +147,24 @@ def _is_num(v: Any) -> bool:
 
 #: meta.json keys readers rely on, and what they must hold (None always allowed)
 _META_TYPES: dict[str, tuple[str, Any]] = {
-    "command": ("a list of strings",
-                lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "command": (
+        "a list of strings",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    ),
     "start": ("a number (Unix time)", _is_num),
     "end": ("a number (Unix time)", _is_num),
     "exit_code": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "monitor_pid": ("a process id", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "interval_s": ("a number of seconds", _is_num),
-    "data_devices": ("a list of device names",
-                     lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "data_devices": (
+        "a list of device names",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    ),
     "unavailable": ("an object", lambda v: isinstance(v, dict)),
-    "disk_health": ("a list of drives",
-                    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+    "disk_health": (
+        "a list of drives",
+        lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    ),
     "physical_cores": ("a number of cores", lambda v: _is_count(v)),
     "logical_cores": ("a number of cores", lambda v: _is_count(v)),
     "warmup_interval_s": ("a number of seconds", _is_num),
@@ -143,8 +172,10 @@ _META_TYPES: dict[str, tuple[str, Any]] = {
     "training": ("a run id", lambda v: isinstance(v, str)),
     "trainings": ("an object of run ids", lambda v: isinstance(v, dict)),
     "verdict": ("a finding kind", lambda v: isinstance(v, str)),
-    "busy_others": ("a list of processes",
-                    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)),
+    "busy_others": (
+        "a list of processes",
+        lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    ),
 }
 
 
@@ -188,7 +219,7 @@ def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     try:
         with open(os.path.join(proc_root, str(pid), "stat")) as f:
             stat = f.read()
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -233,8 +264,11 @@ def monitor_alive(pid: object, since: object = None, stamp: object = None) -> bo
         pass  # someone else's process: it exists
     except (OSError, OverflowError, ValueError):
         return False
-    if isinstance(stamp, dict) and isinstance(stamp.get("start_ticks"), int) \
-            and isinstance(stamp.get("boot_id"), str):
+    if (
+        isinstance(stamp, dict)
+        and isinstance(stamp.get("start_ticks"), int)
+        and isinstance(stamp.get("boot_id"), str)
+    ):
         now_boot, now_ticks = boot_id(), start_ticks(pid)
         if now_boot is not None and now_boot != stamp["boot_id"]:
             return False  # the machine rebooted since: not the same process
@@ -253,9 +287,11 @@ def run_state(meta: dict[str, Any]) -> RunState:
     "interrupted" (it was killed, e.g. ``kill -9``, or the machine went down)."""
     if meta.get("end") is not None:
         return "finished"
-    return ("running" if monitor_alive(meta.get("monitor_pid"), meta.get("start"),
-                                       meta.get("monitor_stamp"))
-            else "interrupted")
+    return (
+        "running"
+        if monitor_alive(meta.get("monitor_pid"), meta.get("start"), meta.get("monitor_stamp"))
+        else "interrupted"
+    )
 
 
 def _root(out: str | os.PathLike[str]) -> Path:
@@ -311,8 +347,9 @@ def find_run(ref: str, out: str | os.PathLike[str] = DEFAULT_OUT) -> Path:
         raise RunNotFound(f"run {ref!r} is ambiguous: {names}")
     if _exists(p):
         raise RunNotFound(f"{ref} is not a stallscope run directory (no meta.json or run.db)")
-    raise RunNotFound(f"unknown run {ref!r} (not a directory, not a run in {root}/ nor in the "
-                      "run index)")
+    raise RunNotFound(
+        f"unknown run {ref!r} (not a directory, not a run in {root}/ nor in the run index)"
+    )
 
 
 def _exists(p: Path) -> bool:

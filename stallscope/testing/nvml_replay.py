@@ -75,8 +75,7 @@ ARG_PREFIXES: dict[str, tuple[tuple[str, ...], ...]] = {
 
 #: calls whose wall time is a wait by design, never a cost (recorded without one)
 _WAITS = frozenset({"nvmlEventSetWait", "nvmlEventSetWait_v2"})
-_FIELD_TYPES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-                6: "usVal"}
+_FIELD_TYPES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 _ERROR = "nvml_error"
 
@@ -214,8 +213,9 @@ class NvmlReplay:
         self.gpm_pairs: list[tuple[int, int, int]] = []
         #: recorded milliseconds of the calls made, per thread (threading.get_ident())
         self.spent_ms: dict[int, float] = {}
-        self._events: list[tuple[int, int]] = [(int(e["gpu"]), int(e["xid"]))
-                                               for e in doc.get("xid_events", ())]
+        self._events: list[tuple[int, int]] = [
+            (int(e["gpu"]), int(e["xid"])) for e in doc.get("xid_events", ())
+        ]
         self._event_cond = threading.Condition()
         self._event_sets = 0
 
@@ -285,8 +285,7 @@ class NvmlReplay:
         self._raise_failure(index, "nvmlDeviceGetHandleByIndex")
         return ReplayHandle(index)
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: ReplayHandle, index: int
-                                            ) -> ReplayHandle:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: ReplayHandle, index: int) -> ReplayHandle:
         """MIG device ``index`` of a GPU in MIG mode: the document's ``mig_devices`` (NVML
         answers NOT_FOUND for an empty slot, as for one past the instances that exist)."""
         self._check_init("nvmlDeviceGetMigDeviceHandleByIndex")
@@ -367,8 +366,9 @@ class NvmlReplay:
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self._check_init("nvmlEventSetFree")
 
-    def nvmlDeviceRegisterEvents(self, handle: ReplayHandle, event_types: int,
-                                 event_set: Any) -> None:
+    def nvmlDeviceRegisterEvents(
+        self, handle: ReplayHandle, event_types: int, event_set: Any
+    ) -> None:
         """Succeeds where the document's supported event types include them."""
         supported = self._answer("nvmlDeviceGetSupportedEventTypes", handle, ())
         if not int(supported) & int(event_types):
@@ -384,10 +384,13 @@ class NvmlReplay:
             if not self._events:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
             index, code = self._events.pop(0)
-        return types.SimpleNamespace(device=ReplayHandle(index),
-                                     eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                     eventData=code, gpuInstanceId=0xFFFFFFFF,
-                                     computeInstanceId=0xFFFFFFFF)
+        return types.SimpleNamespace(
+            device=ReplayHandle(index),
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=code,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
 
     nvmlEventSetWait_v2 = nvmlEventSetWait
 
@@ -400,15 +403,28 @@ class NvmlReplay:
             fid = fid[0] if isinstance(fid, tuple) else fid
             value = getattr(answers, _const_name(fid, ("NVML_FI_DEV_",)), None)
             if value is None or isinstance(value, types.SimpleNamespace):
-                code = (error_code(getattr(value, _ERROR)) if value is not None
-                        else pynvml.NVML_ERROR_NOT_SUPPORTED)
-                out.append(types.SimpleNamespace(fieldId=fid, scopeId=0, nvmlReturn=code,
-                                                 valueType=3, value=types.SimpleNamespace()))
+                code = (
+                    error_code(getattr(value, _ERROR))
+                    if value is not None
+                    else pynvml.NVML_ERROR_NOT_SUPPORTED
+                )
+                out.append(
+                    types.SimpleNamespace(
+                        fieldId=fid,
+                        scopeId=0,
+                        nvmlReturn=code,
+                        valueType=3,
+                        value=types.SimpleNamespace(),
+                    )
+                )
                 continue
             kind = 0 if isinstance(value, float) else 3
             union = types.SimpleNamespace(**{a: value for a in _FIELD_TYPES.values()})
-            out.append(types.SimpleNamespace(fieldId=fid, scopeId=0, nvmlReturn=0,
-                                             valueType=kind, value=union))
+            out.append(
+                types.SimpleNamespace(
+                    fieldId=fid, scopeId=0, nvmlReturn=0, valueType=kind, value=union
+                )
+            )
         return out
 
     # -- internals ------------------------------------------------------------------------
@@ -487,8 +503,7 @@ class NvmlRecorder:
         devices = [dict(self.devices.get(i, {})) for i in range(int(count))]
         for (index, name), times in sorted(self.costs.items(), key=lambda kv: str(kv[0])):
             if index is not None and 0 <= index < len(devices):
-                devices[index].setdefault("costs_ms", {})[name] = round(
-                    statistics.median(times), 4)
+                devices[index].setdefault("costs_ms", {})[name] = round(statistics.median(times), 4)
         return {
             "format": FORMAT,
             "provenance": dict(provenance),
@@ -530,7 +545,8 @@ class NvmlRecorder:
                 index = self._index(args[0])
                 if index is not None:  # merged: each call may ask for other fields
                     self.devices.setdefault(index, {}).setdefault(name, {}).update(
-                        _fields_json(result))
+                        _fields_json(result)
+                    )
             elif name not in ("nvmlGpmSampleAlloc", "nvmlGpmSampleFree"):
                 self._store(name, args, _to_json(result))
             return result

@@ -79,8 +79,10 @@ class BenchPlan:
 
     def __post_init__(self) -> None:
         if self.size_bytes < self.seq_block or self.size_bytes % self.rand_block:
-            raise UsageError(f"bench size must be ≥ {self.seq_block // MiB} MiB and a "
-                             f"multiple of {self.rand_block} bytes (got {self.size_bytes})")
+            raise UsageError(
+                f"bench size must be ≥ {self.seq_block // MiB} MiB and a "
+                f"multiple of {self.rand_block} bytes (got {self.size_bytes})"
+            )
         if not 0.05 <= self.seconds <= 600:
             raise UsageError(f"bench phase duration must be 0.05–600 s (got {self.seconds})")
         if not 1 <= self.small_files <= 1_000_000:
@@ -140,6 +142,7 @@ def percentiles(samples: Sequence[float], pcts: Sequence[float] = _PCTS) -> dict
 
 # --- device classes ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Expectation:
     """What a healthy device of one class delivers at queue depth 1 (low, high)."""
@@ -153,17 +156,41 @@ class Expectation:
 
 #: healthy QD1 figures per class (docs/disk-health.md explains where they come from)
 HEALTHY: dict[str, Expectation] = {
-    "hdd": Expectation("rotational HDD", (100, 280), (60, 200), (50, 400),
-                       "a 7200 rpm disk seeks in ~8 ms: random reads cap near 120/s"),
-    "sata_ssd": Expectation("SATA SSD", (350, 560), (3000, 12000), (1000, 6000),
-                            "SATA 6 Gb/s caps sequential reads near 560 MB/s"),
-    "nvme": Expectation("NVMe SSD", (1500, 7000), (8000, 20000), (3000, 20000),
-                        "PCIe 3/4 x4: 3.5–7 GB/s sequential at depth; ~80 µs per 4 KiB read"),
+    "hdd": Expectation(
+        "rotational HDD",
+        (100, 280),
+        (60, 200),
+        (50, 400),
+        "a 7200 rpm disk seeks in ~8 ms: random reads cap near 120/s",
+    ),
+    "sata_ssd": Expectation(
+        "SATA SSD",
+        (350, 560),
+        (3000, 12000),
+        (1000, 6000),
+        "SATA 6 Gb/s caps sequential reads near 560 MB/s",
+    ),
+    "nvme": Expectation(
+        "NVMe SSD",
+        (1500, 7000),
+        (8000, 20000),
+        (3000, 20000),
+        "PCIe 3/4 x4: 3.5–7 GB/s sequential at depth; ~80 µs per 4 KiB read",
+    ),
     "network_virtual": Expectation(
-        "network or virtual disk", (100, 2000), (1000, 20000), (300, 10000),
-        "cloud volumes deliver what is provisioned (e.g. gp3 baseline 125 MB/s, 3000 IOPS)"),
-    "memory": Expectation("RAM-backed filesystem", (2000, 30000), (50000, 2_000_000),
-                          (10000, 300000), "tmpfs reads are memory copies"),
+        "network or virtual disk",
+        (100, 2000),
+        (1000, 20000),
+        (300, 10000),
+        "cloud volumes deliver what is provisioned (e.g. gp3 baseline 125 MB/s, 3000 IOPS)",
+    ),
+    "memory": Expectation(
+        "RAM-backed filesystem",
+        (2000, 30000),
+        (50000, 2_000_000),
+        (10000, 300000),
+        "tmpfs reads are memory copies",
+    ),
 }
 #: page-cache reads slower than this mean the CPU or memory is the limit, not the disk
 CACHED_FLOOR_MB_S = 1000.0
@@ -173,10 +200,27 @@ _CLASS_ORDER = ("hdd", "network_virtual", "sata_ssd", "nvme", "memory")
 
 
 _MEMORY_FS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
-_NETWORK_FS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "virtiofs",
-    "afs", "gpfs", "beegfs", "orangefs", "davfs", "ocfs2", "gfs2",
-})
+_NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "9p",
+        "virtiofs",
+        "afs",
+        "gpfs",
+        "beegfs",
+        "orangefs",
+        "davfs",
+        "ocfs2",
+        "gfs2",
+    }
+)
 
 
 def classify(fstype: str, infos: Sequence[Mapping[str, Any]]) -> str:
@@ -207,9 +251,11 @@ def judge(result: BenchResult, cls: str) -> list[str]:
     """Flags for figures far below a healthy device of class ``cls`` (pure)."""
     flags = []
     if 0 < result.seq_cached_mb_s < CACHED_FLOOR_MB_S:
-        flags.append(f"page-cache reads only {result.seq_cached_mb_s:.0f} MB/s (healthy: "
-                     f"> {CACHED_FLOOR_MB_S:.0f}): the CPU or memory is the limit — check "
-                     "CPU load and memory pressure")
+        flags.append(
+            f"page-cache reads only {result.seq_cached_mb_s:.0f} MB/s (healthy: "
+            f"> {CACHED_FLOOR_MB_S:.0f}): the CPU or memory is the limit — check "
+            "CPU load and memory pressure"
+        )
     exp = HEALTHY.get(cls)
     if exp is None:
         return flags
@@ -220,8 +266,10 @@ def judge(result: BenchResult, cls: str) -> list[str]:
     )
     for what, got, (lo, hi), unit in checks:
         if got < lo * FAR_BELOW:
-            flags.append(f"{what} {got:,.0f} {unit} are far below a healthy {exp.label} "
-                         f"({lo:,.0f}–{hi:,.0f} {unit})")
+            flags.append(
+                f"{what} {got:,.0f} {unit} are far below a healthy {exp.label} "
+                f"({lo:,.0f}–{hi:,.0f} {unit})"
+            )
     return flags
 
 
@@ -229,20 +277,22 @@ def compare(a: BenchResult, b: BenchResult) -> dict[str, dict[str, float | None]
     """Side by side: per figure ``{a.engine: x, b.engine: y, "diff_pct": 100*(x-y)/y}``
     (``diff_pct`` None when y is 0)."""
     out: dict[str, dict[str, float | None]] = {}
-    keys = [("seq_cached_mb_s", a.seq_cached_mb_s, b.seq_cached_mb_s),
-            ("seq_cold_mb_s", a.seq_cold_mb_s, b.seq_cold_mb_s),
-            ("rand_iops", a.rand_iops, b.rand_iops),
-            ("small_files_per_s", a.small_files_per_s, b.small_files_per_s)]
+    keys = [
+        ("seq_cached_mb_s", a.seq_cached_mb_s, b.seq_cached_mb_s),
+        ("seq_cold_mb_s", a.seq_cold_mb_s, b.seq_cold_mb_s),
+        ("rand_iops", a.rand_iops, b.rand_iops),
+        ("small_files_per_s", a.small_files_per_s, b.small_files_per_s),
+    ]
     for p in ("p50", "p99"):
         if p in a.rand_lat_us and p in b.rand_lat_us:
             keys.append((f"rand_lat_{p}_us", a.rand_lat_us[p], b.rand_lat_us[p]))
     for k, x, y in keys:
-        out[k] = {a.engine: x, b.engine: y,
-                  "diff_pct": 100.0 * (x - y) / y if y else None}
+        out[k] = {a.engine: x, b.engine: y, "diff_pct": 100.0 * (x - y) / y if y else None}
     return out
 
 
 # --- interruption and cleanup ---------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
@@ -273,13 +323,17 @@ def _workdir(directory: str, plan: BenchPlan) -> Iterator[str]:
         raise UsageError(f"cannot inspect {directory}: {exc.strerror}") from None
     free = st.f_bavail * st.f_frsize
     if free < plan.disk_bytes * 1.1 + 64 * MiB:
-        raise UsageError(f"{directory} has {free / MiB:.0f} MiB free; the bench needs "
-                         f"{plan.disk_bytes * 1.1 / MiB:.0f} MiB (use a smaller --size)")
+        raise UsageError(
+            f"{directory} has {free / MiB:.0f} MiB free; the bench needs "
+            f"{plan.disk_bytes * 1.1 / MiB:.0f} MiB (use a smaller --size)"
+        )
     try:
         work = tempfile.mkdtemp(prefix=".stallscope-bench-", dir=directory)
     except OSError as exc:
-        raise UsageError(f"cannot write in {directory} ({exc.strerror}): the bench needs a "
-                         "writable directory on the filesystem to test") from None
+        raise UsageError(
+            f"cannot write in {directory} ({exc.strerror}): the bench needs a "
+            "writable directory on the filesystem to test"
+        ) from None
     try:
         with _interruptible():
             yield work
@@ -302,13 +356,15 @@ class _Ticker:
 
 # --- built-in engine -----------------------------------------------------------------------
 
+
 def _fill(buf: mmap.mmap, counter: int) -> None:
     # a fresh stamp per block so no layer can deduplicate or compress the file away
     buf[:16] = counter.to_bytes(8, "little") + os.urandom(8)
 
 
-def _write_file(path: str, size: int, block: bytes, tick: _Ticker | None, base: float,
-                span: float) -> None:
+def _write_file(
+    path: str, size: int, block: bytes, tick: _Ticker | None, base: float, span: float
+) -> None:
     buf = mmap.mmap(-1, len(block))
     buf[:] = block
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -351,8 +407,9 @@ def _drop(fd: int) -> None:
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _seq(fd: int, size: int, block: int, seconds: float, tick: _Ticker,
-         drop_on_wrap: bool) -> float:
+def _seq(
+    fd: int, size: int, block: int, seconds: float, tick: _Ticker, drop_on_wrap: bool
+) -> float:
     """Read ``fd`` sequentially in ``block`` pieces for ``seconds``; bytes/s."""
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # as fio's fadvise_hint does
     buf = mmap.mmap(-1, block)
@@ -378,8 +435,9 @@ def _seq(fd: int, size: int, block: int, seconds: float, tick: _Ticker,
         buf.close()
 
 
-def _rand(fd: int, size: int, block: int, seconds: float, tick: _Ticker
-          ) -> tuple[float, list[float]]:
+def _rand(
+    fd: int, size: int, block: int, seconds: float, tick: _Ticker
+) -> tuple[float, list[float]]:
     """4 KiB reads at random aligned offsets for ``seconds``: (IOPS, latencies in µs)."""
     buf = mmap.mmap(-1, block)
     iov = [buf]
@@ -410,8 +468,7 @@ def _rand(fd: int, size: int, block: int, seconds: float, tick: _Ticker
     return (len(lat) / el if el > 0 else 0.0), [x / 1000.0 for x in lat]
 
 
-def _small_files(work: str, plan: BenchPlan, block: bytes, prep: _Ticker,
-                 tick: _Ticker) -> float:
+def _small_files(work: str, plan: BenchPlan, block: bytes, prep: _Ticker, tick: _Ticker) -> float:
     d = os.path.join(work, "small")
     os.mkdir(d)
     names = [os.path.join(d, f"f{i:06d}.bin") for i in range(plan.small_files)]
@@ -452,8 +509,7 @@ def _small_files(work: str, plan: BenchPlan, block: bytes, prep: _Ticker,
     return len(names) / el if el > 0 else 0.0
 
 
-def run_builtin(directory: str, plan: BenchPlan, progress: Progress | None = None
-                ) -> BenchResult:
+def run_builtin(directory: str, plan: BenchPlan, progress: Progress | None = None) -> BenchResult:
     """Run ``plan`` with the built-in engine in a temporary directory under ``directory``.
 
     Equivalent: ``hdparm -Tt`` (sequential cached/cold) and ``fio --rw=randread --bs=4k
@@ -469,14 +525,21 @@ def run_builtin(directory: str, plan: BenchPlan, progress: Progress | None = Non
         dfd = _open_direct(path)
         method = "O_DIRECT" if dfd is not None else "fadvise"
         if dfd is None:
-            notes.append("the filesystem refuses O_DIRECT: cold reads use "
-                         "posix_fadvise(DONTNEED) instead")
+            notes.append(
+                "the filesystem refuses O_DIRECT: cold reads use posix_fadvise(DONTNEED) instead"
+            )
             dfd = os.open(path, os.O_RDONLY)
             _drop(dfd)
         try:
             t = _Ticker(progress, "seq_cold")
-            cold = _seq(dfd, plan.size_bytes, plan.seq_block, plan.seconds, t,
-                        drop_on_wrap=method != "O_DIRECT")
+            cold = _seq(
+                dfd,
+                plan.size_bytes,
+                plan.seq_block,
+                plan.seconds,
+                t,
+                drop_on_wrap=method != "O_DIRECT",
+            )
             t(1.0, force=True)
             if method != "O_DIRECT":
                 _drop(dfd)
@@ -507,26 +570,30 @@ def run_builtin(directory: str, plan: BenchPlan, progress: Progress | None = Non
             os.close(fd)
         os.unlink(path)  # free its pages before the small-file phase
 
-        small = _small_files(work, plan, block, _Ticker(progress, "prepare"),
-                             _Ticker(progress, "small_files"))
+        small = _small_files(
+            work, plan, block, _Ticker(progress, "prepare"), _Ticker(progress, "small_files")
+        )
         if progress:
             progress("small_files", 1.0)
 
     lat_summary = percentiles(lat)
     if lat:
         lat_summary["mean"] = sum(lat) / len(lat)
-    return BenchResult("builtin", cached / MB, cold / MB, iops, lat_summary, small, method,
-                       tuple(notes))
+    return BenchResult(
+        "builtin", cached / MB, cold / MB, iops, lat_summary, small, method, tuple(notes)
+    )
 
 
 # --- fio engine ----------------------------------------------------------------------------
+
 
 def _ms(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def fio_argv(work: str, plan: BenchPlan, *, fio: str = "fio", direct: bool = True,
-             output: str | None = None) -> list[str]:
+def fio_argv(
+    work: str, plan: BenchPlan, *, fio: str = "fio", direct: bool = True, output: str | None = None
+) -> list[str]:
     """The fio command line running ``plan`` in ``work`` (same phases, same order as the
     built-in engine; each job ``stonewall``-ed so they run one after another)."""
     # fio splits --filename/--directory at ':' (several files); a colon in PATH is escaped
@@ -539,24 +606,68 @@ def fio_argv(work: str, plan: BenchPlan, *, fio: str = "fio", direct: bool = Tru
     if output:
         argv.append(f"--output={output}")
     argv += ["--ioengine=psync", "--iodepth=1"]
-    argv += ["--name=seq_cold", f"--filename={data}", f"--size={size}", "--rw=read",
-             f"--bs={plan.seq_block}", f"--direct={d}", "--time_based", f"--runtime={rt}",
-             "--stonewall"]
-    argv += ["--name=rand4k", f"--filename={data}", f"--size={size}", "--rw=randread",
-             f"--bs={plan.rand_block}", f"--direct={d}", "--time_based", f"--runtime={rt}",
-             "--norandommap", "--randrepeat=0", "--percentile_list=50:90:99:99.9",
-             "--stonewall"]
-    argv += ["--name=warm", f"--filename={data}", f"--size={size}", "--rw=read",
-             f"--bs={plan.seq_block}", "--direct=0", "--invalidate=0", "--stonewall"]
-    argv += ["--name=seq_cached", f"--filename={data}", f"--size={size}", "--rw=read",
-             f"--bs={plan.seq_block}", "--direct=0", "--invalidate=0", "--time_based",
-             f"--runtime={rt}", "--stonewall"]
+    argv += [
+        "--name=seq_cold",
+        f"--filename={data}",
+        f"--size={size}",
+        "--rw=read",
+        f"--bs={plan.seq_block}",
+        f"--direct={d}",
+        "--time_based",
+        f"--runtime={rt}",
+        "--stonewall",
+    ]
+    argv += [
+        "--name=rand4k",
+        f"--filename={data}",
+        f"--size={size}",
+        "--rw=randread",
+        f"--bs={plan.rand_block}",
+        f"--direct={d}",
+        "--time_based",
+        f"--runtime={rt}",
+        "--norandommap",
+        "--randrepeat=0",
+        "--percentile_list=50:90:99:99.9",
+        "--stonewall",
+    ]
+    argv += [
+        "--name=warm",
+        f"--filename={data}",
+        f"--size={size}",
+        "--rw=read",
+        f"--bs={plan.seq_block}",
+        "--direct=0",
+        "--invalidate=0",
+        "--stonewall",
+    ]
+    argv += [
+        "--name=seq_cached",
+        f"--filename={data}",
+        f"--size={size}",
+        "--rw=read",
+        f"--bs={plan.seq_block}",
+        "--direct=0",
+        "--invalidate=0",
+        "--time_based",
+        f"--runtime={rt}",
+        "--stonewall",
+    ]
     small = os.path.join(work, "small")
-    argv += ["--name=small_files", f"--directory={small}", f"--nrfiles={plan.small_files}",
-             f"--filesize={plan.small_file_bytes}",
-             f"--size={plan.small_files * plan.small_file_bytes}", "--rw=read",
-             f"--bs={plan.small_file_bytes}", "--direct=0", "--invalidate=1", "--openfiles=1",
-             "--file_service_type=sequential", "--stonewall"]
+    argv += [
+        "--name=small_files",
+        f"--directory={small}",
+        f"--nrfiles={plan.small_files}",
+        f"--filesize={plan.small_file_bytes}",
+        f"--size={plan.small_files * plan.small_file_bytes}",
+        "--rw=read",
+        f"--bs={plan.small_file_bytes}",
+        "--direct=0",
+        "--invalidate=1",
+        "--openfiles=1",
+        "--file_service_type=sequential",
+        "--stonewall",
+    ]
     return argv
 
 
@@ -608,19 +719,20 @@ def parse_fio(doc: Mapping[str, Any], plan: BenchPlan, *, direct: bool = True) -
         rand_lat_us=lat,
         small_files_per_s=files / (runtime_ms / 1000.0) if runtime_ms > 0 else 0.0,
         cold_method="O_DIRECT" if direct else "fadvise",
-        notes=("fio's runtime has 1 ms resolution: small-file rates from short runs are "
-               "rough",) if 0 < runtime_ms < 100 else (),
+        notes=("fio's runtime has 1 ms resolution: small-file rates from short runs are rough",)
+        if 0 < runtime_ms < 100
+        else (),
     )
 
 
-def run_fio(directory: str, plan: BenchPlan, progress: Progress | None = None, *,
-            fio: str = "fio") -> BenchResult:
+def run_fio(
+    directory: str, plan: BenchPlan, progress: Progress | None = None, *, fio: str = "fio"
+) -> BenchResult:
     """Run ``plan`` through fio (``fio --output-format=json``, an argv list) in a temporary
     directory under ``directory``; SourceUnavailable when fio is not installed."""
     exe = shutil.which(fio)
     if exe is None:
-        raise SourceUnavailable(f"{fio} is not installed (apt install fio): "
-                                "--engine fio needs it")
+        raise SourceUnavailable(f"{fio} is not installed (apt install fio): --engine fio needs it")
     with _workdir(directory, plan) as work:
         direct = True
         probe = os.path.join(work, "probe")
@@ -663,13 +775,17 @@ def run_fio(directory: str, plan: BenchPlan, progress: Progress | None = None, *
         try:
             with open(out, encoding="utf-8") as f:
                 text = f.read()
-            doc = json.loads(text[text.index("{"):])  # fio may print notes before the JSON
+            doc = json.loads(text[text.index("{") :])  # fio may print notes before the JSON
         except (OSError, ValueError) as exc:
             raise ParseError(f"fio wrote no readable JSON ({exc})") from None
     res = parse_fio(doc, plan, direct=direct)
     if not direct:
-        res = BenchResult(**{**asdict(res), "notes": (
-            *res.notes, "the filesystem refuses O_DIRECT: fio ran with --direct=0")})
+        res = BenchResult(
+            **{
+                **asdict(res),
+                "notes": (*res.notes, "the filesystem refuses O_DIRECT: fio ran with --direct=0"),
+            }
+        )
     return res
 
 
@@ -689,13 +805,22 @@ class BenchReport:
     def to_json(self) -> dict[str, Any]:
         exp = HEALTHY.get(self.device_class)
         out: dict[str, Any] = {
-            "path": self.path, "mount_point": self.mount_point, "fstype": self.fstype,
-            "devices": self.devices, "class": self.device_class,
-            "healthy": None if exp is None else {
-                "label": exp.label, "seq_cold_mb_s": list(exp.seq_cold_mb_s),
+            "path": self.path,
+            "mount_point": self.mount_point,
+            "fstype": self.fstype,
+            "devices": self.devices,
+            "class": self.device_class,
+            "healthy": None
+            if exp is None
+            else {
+                "label": exp.label,
+                "seq_cold_mb_s": list(exp.seq_cold_mb_s),
                 "rand_iops": list(exp.rand_iops),
-                "small_files_per_s": list(exp.small_files_per_s), "note": exp.note},
-            "plan": asdict(self.plan), "flags": self.flags,
+                "small_files_per_s": list(exp.small_files_per_s),
+                "note": exp.note,
+            },
+            "plan": asdict(self.plan),
+            "flags": self.flags,
         }
         for r in self.results:
             out[r.engine] = r.to_json()

@@ -21,10 +21,17 @@ __all__ = ["DEFAULT_BUDGET_S", "Trial", "TuneResult", "load", "tune", "usable_co
 DEFAULT_BUDGET_S = 120.0
 
 
-def tune(dataset_or_factory: Any, *, step_fn: Callable[[Any], Any] | None = None,
-         budget_s: float = DEFAULT_BUDGET_S, batch_size: int | None = None,
-         max_workers: int | None = None, start_method: str | None = None,
-         batch_sizes: Sequence[int] = (), progress: Progress | None = None) -> TuneResult:
+def tune(
+    dataset_or_factory: Any,
+    *,
+    step_fn: Callable[[Any], Any] | None = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    batch_size: int | None = None,
+    max_workers: int | None = None,
+    start_method: str | None = None,
+    batch_sizes: Sequence[int] = (),
+    progress: Progress | None = None,
+) -> TuneResult:
     """Find DataLoader keyword arguments that feed ``step_fn`` fastest.
 
     ``dataset_or_factory``: a Dataset, a DataLoader (its configuration is the baseline), or a
@@ -36,8 +43,15 @@ def tune(dataset_or_factory: Any, *, step_fn: Callable[[Any], Any] | None = None
     if budget_s <= 0:
         raise ValueError("budget_s must be positive")
     target: Target = target_of(dataset_or_factory, batch_size=batch_size)
-    search = Search(target, step_fn=step_fn, budget_s=budget_s, max_workers=max_workers,
-                    start_method=start_method, batch_sizes=tuple(batch_sizes), progress=progress)
+    search = Search(
+        target,
+        step_fn=step_fn,
+        budget_s=budget_s,
+        max_workers=max_workers,
+        start_method=start_method,
+        batch_sizes=tuple(batch_sizes),
+        progress=progress,
+    )
     return search.run()
 
 

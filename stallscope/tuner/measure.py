@@ -73,10 +73,21 @@ class Trial:
         """Average a second measurement of the same configuration into this one, each weighted
         by its measured seconds (a rate over both windows together)."""
         n = self.repeats
-        wa, wb = (self.seconds, again.seconds) if self.seconds > 0 and again.seconds > 0 \
+        wa, wb = (
+            (self.seconds, again.seconds)
+            if self.seconds > 0 and again.seconds > 0
             else (float(n), 1.0)
-        for name in ("samples_per_s", "data_wait_share", "cpu_pct", "worker_cpu_pct", "step_ms",
-                     "cpu_ms_per_sample", "read_mb_s", "read_bytes_per_sample"):
+        )
+        for name in (
+            "samples_per_s",
+            "data_wait_share",
+            "cpu_pct",
+            "worker_cpu_pct",
+            "step_ms",
+            "cpu_ms_per_sample",
+            "read_mb_s",
+            "read_bytes_per_sample",
+        ):
             a, b = getattr(self, name), getattr(again, name)
             if a is not None and b is not None:
                 setattr(self, name, (a * wa + b * wb) / (wa + wb))
@@ -179,9 +190,15 @@ class _Sampler(threading.Thread):
         return self.usage
 
 
-def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: float,
-              step_fn: Callable[[Any], Any] | None = None, best_rate: float | None = None,
-              min_batches: int = 3) -> Trial:
+def run_trial(
+    make: Callable[..., Any],
+    config: dict[str, Any],
+    *,
+    window_s: float,
+    step_fn: Callable[[Any], Any] | None = None,
+    best_rate: float | None = None,
+    min_batches: int = 3,
+) -> Trial:
     """Measure ``config`` for about ``window_s`` seconds after the first batch. A trial that is
     clearly slower than ``best_rate`` halfway through is cut short (status ``cut``)."""
     trial = Trial(config=dict(config))
@@ -225,11 +242,17 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
             elapsed = c - t0
             if elapsed >= window_s and batches >= min_batches:
                 break
-            if (best_rate and batches >= min_batches and elapsed >= max(1.0, window_s / 2)
-                    and samples / elapsed < CUT_SHARE * best_rate):
+            if (
+                best_rate
+                and batches >= min_batches
+                and elapsed >= max(1.0, window_s / 2)
+                and samples / elapsed < CUT_SHARE * best_rate
+            ):
                 trial.status = "cut"
-                trial.reason = (f"{samples / elapsed:,.0f} samples/s after {elapsed:.1f} s, "
-                                f"under {CUT_SHARE:.0%} of the best so far: stopped early")
+                trial.reason = (
+                    f"{samples / elapsed:,.0f} samples/s after {elapsed:.1f} s, "
+                    f"under {CUT_SHARE:.0%} of the best so far: stopped early"
+                )
                 break
         trial.seconds = elapsed
         trial.batches, trial.samples = batches, samples
@@ -252,8 +275,13 @@ def run_trial(make: Callable[..., Any], config: dict[str, Any], *, window_s: flo
         trial.swap_in = max(0, swap_ins() - swap0)
         disks1 = read_devices()
         trial.read_devices = sorted(d for d, n in disks1.items() if n > disks0.get(d, n))
-        trial.busy_others = busiest_others(others0, cpu_snapshot(), time.time() - wall0,
-                                           exclude={os.getpid(), *usage.last}, started=wall0)
+        trial.busy_others = busiest_others(
+            others0,
+            cpu_snapshot(),
+            time.time() - wall0,
+            exclude={os.getpid(), *usage.last},
+            started=wall0,
+        )
     return trial
 
 
@@ -302,5 +330,3 @@ def _shutdown(it: Any) -> None:
             stop()
         except Exception:
             pass
-
-

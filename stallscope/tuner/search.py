@@ -99,7 +99,8 @@ class TuneResult:
             "samples_per_s": _r(self.samples_per_s),
             "baseline": self.baseline,
             "speedup": _r(self.samples_per_s / self.baseline["samples_per_s"])
-            if self.samples_per_s and self.baseline.get("samples_per_s") else None,
+            if self.samples_per_s and self.baseline.get("samples_per_s")
+            else None,
             "predicted_speedup": _r(self.predicted_speedup),
             "recommendation": self.recommendation,
             "bound": self.bound,
@@ -126,12 +127,22 @@ Measure = Callable[[dict[str, Any], float, "float | None"], Trial]
 class Search:
     """Runs the trials of one tuning within a time budget."""
 
-    def __init__(self, target: Target, *, step_fn: Callable[[Any], Any] | None, budget_s: float,
-                 max_workers: int | None, start_method: str | None,
-                 batch_sizes: tuple[int, ...] = (), progress: Progress | None = None,
-                 gpu: bool | None = None, cores: int | None = None,
-                 measure: Measure | None = None, step_ms: float | None = None,
-                 read_caps: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        step_fn: Callable[[Any], Any] | None,
+        budget_s: float,
+        max_workers: int | None,
+        start_method: str | None,
+        batch_sizes: tuple[int, ...] = (),
+        progress: Progress | None = None,
+        gpu: bool | None = None,
+        cores: int | None = None,
+        measure: Measure | None = None,
+        step_ms: float | None = None,
+        read_caps: dict[str, int] | None = None,
+    ) -> None:
         self.target = target
         self.step_fn = step_fn
         self.budget_s = budget_s
@@ -139,8 +150,13 @@ class Search:
         #: runs one trial: real (run_trial) unless a simulation gives its own
         self.measure: Measure = measure or (
             lambda config, window_s, best_rate: run_trial(
-                self.target.make, config, window_s=window_s, step_fn=self.step_fn,
-                best_rate=best_rate))
+                self.target.make,
+                config,
+                window_s=window_s,
+                step_fn=self.step_fn,
+                best_rate=best_rate,
+            )
+        )
         self._given_step_ms = step_ms
         #: bytes/s this process may read per device (its cgroup's I/O limit; a simulation
         #: gives its own)
@@ -150,8 +166,9 @@ class Search:
         #: the rate predicted for a worker count before its trial measured it (the first
         #: prediction each count got after the calibration trial), for the predicted speed-up
         self.forecast: dict[int, float] = {}
-        self.max_workers = max(0, min(max_workers, self.cores)) if max_workers is not None \
-            else self.cores
+        self.max_workers = (
+            max(0, min(max_workers, self.cores)) if max_workers is not None else self.cores
+        )
         self.start_method = start_method
         self.batch_sizes = batch_sizes
         self.progress = progress or (lambda _label, _done: None)
@@ -195,8 +212,12 @@ class Search:
             # a worker that hangs becomes an error naming the configuration, never a hang
             base["timeout"] = max(60.0, 6 * self.window_s)
         else:
-            for k in ("prefetch_factor", "persistent_workers", "multiprocessing_context",
-                      "timeout"):
+            for k in (
+                "prefetch_factor",
+                "persistent_workers",
+                "multiprocessing_context",
+                "timeout",
+            ):
                 base.pop(k, None)
         return base
 
@@ -210,16 +231,19 @@ class Search:
         need = me + workers * per_worker
         avail = psutil.virtual_memory().available / 2**20 + me
         if need > MEM_SHARE * avail:
-            return (f"would need ~{need:,.0f} MiB ({workers} workers × {per_worker:,.0f} MiB + "
-                    f"{me:,.0f} MiB), {avail:,.0f} MiB available")
+            return (
+                f"would need ~{need:,.0f} MiB ({workers} workers × {per_worker:,.0f} MiB + "
+                f"{me:,.0f} MiB), {avail:,.0f} MiB available"
+            )
         try:
             shm_free = shutil.disk_usage("/dev/shm").free / 2**20
         except OSError:
             return ""
         shm_need = shm_need_mib(workers, config.get("prefetch_factor", 2), self._batch_mib)
         if not shm_fits(shm_need, shm_free):  # the loader model's one fit (loadermodel.py)
-            return (f"would keep ~{shm_need:,.0f} MiB of batches in /dev/shm, "
-                    f"{shm_free:,.0f} MiB free")
+            return (
+                f"would keep ~{shm_need:,.0f} MiB of batches in /dev/shm, {shm_free:,.0f} MiB free"
+            )
         return ""
 
     _batch_mib: float | None = None
@@ -244,14 +268,16 @@ class Search:
         best = self._best()
         t = self.measure(config, self.window_s, best.samples_per_s if best else None)
         if t.swap_in:
-            t.reason = (t.reason + "; " if t.reason else "") + \
-                f"the machine swapped in {units.size(t.swap_in)} during the trial: not " \
-                "recommended"
+            t.reason = (
+                t.reason + "; " if t.reason else ""
+            ) + f"the machine swapped in {units.size(t.swap_in)} during the trial: not recommended"
         if others_cores(t) >= OTHERS_BUSY_CORES:
-            names = ", ".join(f"{b['name']} (pid {b['pid']}, {b['cores']:.1f})"
-                              for b in t.busy_others[:3])
-            t.reason = (t.reason + "; " if t.reason else "") + \
-                f"ran beside other processes keeping {others_cores(t):.1f} cores busy: {names}"
+            names = ", ".join(
+                f"{b['name']} (pid {b['pid']}, {b['cores']:.1f})" for b in t.busy_others[:3]
+            )
+            t.reason = (
+                t.reason + "; " if t.reason else ""
+            ) + f"ran beside other processes keeping {others_cores(t):.1f} cores busy: {names}"
         self.trials.append(t)
         return t
 
@@ -262,9 +288,11 @@ class Search:
             self._search()
         except KeyboardInterrupt as exc:
             self.interrupted = True
-            self.stopped = (f"{exc}: the best configuration found so far"
-                            if isinstance(exc, Overtime)
-                            else "interrupted by Ctrl-C: the best configuration found so far")
+            self.stopped = (
+                f"{exc}: the best configuration found so far"
+                if isinstance(exc, Overtime)
+                else "interrupted by Ctrl-C: the best configuration found so far"
+            )
         return self._result()
 
     def _keeps_up(self, t: Trial | None) -> bool:
@@ -274,14 +302,17 @@ class Search:
             return False
         best = self._best()
         return best is None or (t.samples_per_s or 0.0) >= KEEPS_UP_PACE * (
-            best.samples_per_s or 0.0)
+            best.samples_per_s or 0.0
+        )
 
     def _failed(self, t: Trial) -> bool:
         """``t`` failed: stop the search, saying the dataset must work in workers first."""
         if t.status != "failed":
             return False
-        self.stopped = (f"num_workers={t.config.get('num_workers', 0)} failed ({t.reason}): the "
-                        "dataset must work in worker processes before more workers can help")
+        self.stopped = (
+            f"num_workers={t.config.get('num_workers', 0)} failed ({t.reason}): the "
+            "dataset must work in worker processes before more workers can help"
+        )
         return True
 
     def _stop_if_keeps_up(self, t: Trial) -> bool:
@@ -290,9 +321,11 @@ class Search:
         ``1 - KEEPS_UP_PACE`` faster (its wait says the step was slowed or the loader lags)."""
         if not self._keeps_up(t):
             return False
-        self.stopped = (f"the input keeps up with the training step at num_workers="
-                        f"{t.config.get('num_workers', 0)} (data wait "
-                        f"{100 * (t.data_wait_share or 0):.1f}%): more tuning cannot help")
+        self.stopped = (
+            f"the input keeps up with the training step at num_workers="
+            f"{t.config.get('num_workers', 0)} (data wait "
+            f"{100 * (t.data_wait_share or 0):.1f}%): more tuning cannot help"
+        )
         fastest = self._best()
         if fastest is not None and fastest is not t:
             self.preferred = t
@@ -302,7 +335,8 @@ class Search:
                 f"samples/s, within {1 - KEEPS_UP_PACE:.0%} of num_workers="
                 f"{fastest.config.get('num_workers', 0)} ({fastest.samples_per_s or 0:,.0f} "
                 f"samples/s, data wait {100 * (fastest.data_wait_share or 0):.1f}%): the "
-                "configuration the input keeps up at is recommended")
+                "configuration the input keeps up at is recommended"
+            )
         return True
 
     def _search(self) -> None:
@@ -316,8 +350,10 @@ class Search:
             self.stopped = f"the training step failed on a batch: {type(exc).__name__}: {exc}"
             return
         if self._keeps_up(base):
-            self.stopped = ("the input already keeps up with the training step as given: "
-                            "more tuning cannot help")
+            self.stopped = (
+                "the input already keeps up with the training step as given: "
+                "more tuning cannot help"
+            )
             return
         self._predict_workers()
         if self.stopped:
@@ -329,24 +365,34 @@ class Search:
         if w > 0 and self._cpu_bound(best):
             # every usable core busy loading or stepping: batches in flight add no CPU
             # (docs/tune.md, "What the tuner's rules rest on")
-            self.notes.append(f"prefetch_factor not tried: {_short(best.config)} keeps the "
-                              f"{self.cores} usable cores {self._tree_share(best):.0%} busy")
-        elif w > 0 and self.storage_bound and \
-                (best.samples_per_s or 0.0) >= AT_READ_LIMIT * self.storage_bound:
-            self.notes.append(f"prefetch_factor not tried: {_short(best.config)} reads at the "
-                              "cgroup's read limit already")
+            self.notes.append(
+                f"prefetch_factor not tried: {_short(best.config)} keeps the "
+                f"{self.cores} usable cores {self._tree_share(best):.0%} busy"
+            )
+        elif (
+            w > 0
+            and self.storage_bound
+            and (best.samples_per_s or 0.0) >= AT_READ_LIMIT * self.storage_bound
+        ):
+            self.notes.append(
+                f"prefetch_factor not tried: {_short(best.config)} reads at the "
+                "cgroup's read limit already"
+            )
         elif w > 0 and not self._keeps_up(best):
             pf = best.config.get("prefetch_factor", 2)
             for factor in (4, 8):
                 if factor <= pf:
                     continue
                 before = self._best()
-                t = self._trial(f"num_workers={w} prefetch_factor={factor}",
-                                self._config(num_workers=w, prefetch_factor=factor))
+                t = self._trial(
+                    f"num_workers={w} prefetch_factor={factor}",
+                    self._config(num_workers=w, prefetch_factor=factor),
+                )
                 if t is None or self.stopped or self._keeps_up(t):
                     break
                 if before is None or (t.samples_per_s or 0.0) < MIN_GAIN * (
-                        before.samples_per_s or 0.0):
+                    before.samples_per_s or 0.0
+                ):
                     break  # more batches in flight did not help: no further
         best = self._best()
         if best is not None and self.gpu and not best.config.get("pin_memory"):
@@ -370,9 +416,15 @@ class Search:
         best = self._best()
         if best is None or not best.samples_per_s:
             return
-        rivals = [t for t in self.trials if t.status == "ok" and t is not best
-                  and t.samples_per_s and t.samples_per_s >= 0.85 * best.samples_per_s
-                  and t.swap_in == 0]
+        rivals = [
+            t
+            for t in self.trials
+            if t.status == "ok"
+            and t is not best
+            and t.samples_per_s
+            and t.samples_per_s >= 0.85 * best.samples_per_s
+            and t.swap_in == 0
+        ]
         if not rivals:
             return
         rival = max(rivals, key=lambda t: t.samples_per_s or 0.0)
@@ -384,8 +436,10 @@ class Search:
             if close:
                 self._prefer_lighter(rival, best)
             else:
-                self.notes.append(f"{_short(rival.config)} came within 15% of the best; the "
-                                  "budget left no time to measure both again")
+                self.notes.append(
+                    f"{_short(rival.config)} came within 15% of the best; the "
+                    "budget left no time to measure both again"
+                )
             return
         for t in (rival, best):
             self.progress(f"again: {_short(t.config)}", time.monotonic() - self.t0)
@@ -396,16 +450,20 @@ class Search:
         self.notes.append(
             f"close call measured twice: {_short(hi.config)} {hi.samples_per_s or 0:,.0f} vs "
             f"{_short(lo.config)} {lo.samples_per_s or 0:,.0f} samples/s (over "
-            f"{hi.seconds:.1f} and {lo.seconds:.1f} s)")
-        if (lo.samples_per_s or 0.0) >= ALIKE * (hi.samples_per_s or 0.0) \
-                and _weight(lo.config) < _weight(hi.config):
+            f"{hi.seconds:.1f} and {lo.seconds:.1f} s)"
+        )
+        if (lo.samples_per_s or 0.0) >= ALIKE * (hi.samples_per_s or 0.0) and _weight(
+            lo.config
+        ) < _weight(hi.config):
             self._prefer_lighter(lo, hi)
 
     def _prefer_lighter(self, light: Trial, heavy: Trial) -> None:
         self.preferred = light
-        self.notes.append(f"{_short(light.config)} ran within {1 - ALIKE:.0%} of "
-                          f"{_short(heavy.config)}: alike within the measurements' noise, the "
-                          "lighter one is recommended")
+        self.notes.append(
+            f"{_short(light.config)} ran within {1 - ALIKE:.0%} of "
+            f"{_short(heavy.config)}: alike within the measurements' noise, the "
+            "lighter one is recommended"
+        )
 
     def _measure_step(self) -> None:
         """The step's time on one batch (repeated): the consumer's rate; and a batch's size."""
@@ -418,8 +476,13 @@ class Search:
         if self.step_fn is None:
             return
         base = self.trials[0] if self.trials else None
-        if base is not None and base.status == "ok" and not base.config.get("num_workers") \
-                and base.step_ms and base.batches >= 10:
+        if (
+            base is not None
+            and base.status == "ok"
+            and not base.config.get("num_workers")
+            and base.step_ms
+            and base.batches >= 10
+        ):
             # the baseline loaded in the main process, between steps: its steps ran alone, as
             # the step on a batch does here, so its figure is that one (a window saved)
             self.step_ms = base.step_ms
@@ -458,41 +521,57 @@ class Search:
         best = min(w for w, r in rates.items() if r >= NEAR_BEST * top)
         # more workers than the best only where predicted faster: where they are not, the
         # bound they share (the step, the cores, the read limit) does not move with workers
-        untried = {w: r for w, r in rates.items()
-                   if self._tried(self._config(num_workers=w)) is None
-                   and (w < best or r > rates[best])}
+        untried = {
+            w: r
+            for w, r in rates.items()
+            if self._tried(self._config(num_workers=w)) is None and (w < best or r > rates[best])
+        }
         if not untried:
             return
         w = max(untried, key=lambda n: (untried[n], -n))  # ties: the fewer workers
         if untried[w] < RUNNER_UP * top:
             return
         self.forecast.setdefault(w, untried[w])
-        t = self._trial(f"num_workers={w} (runner-up, predicted {untried[w]:,.0f} samples/s)",
-                        self._config(num_workers=w))
+        t = self._trial(
+            f"num_workers={w} (runner-up, predicted {untried[w]:,.0f} samples/s)",
+            self._config(num_workers=w),
+        )
         if t is None or t.status != "ok" or not t.samples_per_s:
             return
         err = t.samples_per_s / untried[w] - 1.0
-        self.notes.append(f"runner-up: predicted {untried[w]:,.0f} samples/s at num_workers="
-                          f"{w}; measured {t.samples_per_s:,.0f} ({err:+.0%})")
+        self.notes.append(
+            f"runner-up: predicted {untried[w]:,.0f} samples/s at num_workers="
+            f"{w}; measured {t.samples_per_s:,.0f} ({err:+.0%})"
+        )
 
     def _predict_rounds(self) -> None:
         base = self.trials[0] if self.trials else None
-        zero = base if base is not None and base.status == "ok" and \
-            not base.config.get("num_workers") and base.samples_per_s else None
+        zero = (
+            base
+            if base is not None
+            and base.status == "ok"
+            and not base.config.get("num_workers")
+            and base.samples_per_s
+            else None
+        )
         # from the baseline alone (no workers: the trainer loaded every batch itself)
         first = self._model(zero) if zero is not None else {}
         if first:
             self.predicted = first
-        one = self._trial("num_workers=1" + (f" (predicted {first[1]:,.0f} samples/s)"
-                                             if first else ""), self._config(num_workers=1))
+        one = self._trial(
+            "num_workers=1" + (f" (predicted {first[1]:,.0f} samples/s)" if first else ""),
+            self._config(num_workers=1),
+        )
         if one is None:
             return
         if self._failed(one):
             return
         if first and one.status == "ok" and one.samples_per_s:
-            self.notes.append(f"predicted {first[1]:,.0f} samples/s at num_workers=1 from the "
-                              f"baseline; measured {one.samples_per_s:,.0f} "
-                              f"({one.samples_per_s / first[1] - 1.0:+.0%})")
+            self.notes.append(
+                f"predicted {first[1]:,.0f} samples/s at num_workers=1 from the "
+                f"baseline; measured {one.samples_per_s:,.0f} "
+                f"({one.samples_per_s / first[1] - 1.0:+.0%})"
+            )
         if self._stop_if_keeps_up(one):
             return
         # from here on, the baseline and the one worker's trial together
@@ -508,15 +587,19 @@ class Search:
             if self._tried(self._config(num_workers=k)) is not None:
                 return  # the model points where it measured already
             self.forecast.setdefault(k, rates[k])
-            t = self._trial(f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
-                            self._config(num_workers=k))
+            t = self._trial(
+                f"num_workers={k} (predicted {rates[k]:,.0f} samples/s)",
+                self._config(num_workers=k),
+            )
             if t is not None and self._failed(t):
                 return
             if t is None or t.status != "ok" or not t.samples_per_s:
                 return
             err = t.samples_per_s / rates[k] - 1.0
-            self.notes.append(f"predicted {rates[k]:,.0f} samples/s at num_workers={k}; "
-                              f"measured {t.samples_per_s:,.0f} ({err:+.0%})")
+            self.notes.append(
+                f"predicted {rates[k]:,.0f} samples/s at num_workers={k}; "
+                f"measured {t.samples_per_s:,.0f} ({err:+.0%})"
+            )
             if self._stop_if_keeps_up(t):
                 return
             if err >= -0.05 or k <= 1:
@@ -538,8 +621,9 @@ class Search:
         c = (self.step_ms or 0.0) / 1000.0 / per_batch if per_batch and self.step_ms else 0.0
         return max(1.0 / source.samples_per_s - c, 1e-9)
 
-    def _model(self, source: Trial, contention: float = 0.0, *,
-               zero: Trial | None = None) -> dict[int, float]:
+    def _model(
+        self, source: Trial, contention: float = 0.0, *, zero: Trial | None = None
+    ) -> dict[int, float]:
         """Samples/s per worker count (module docstring), from ``source`` (the baseline at
         no workers, or one worker's trial) and the contention fitted so far; {} when the trial
         does not tell a sample's load time. With one worker's trial after a baseline without
@@ -560,16 +644,25 @@ class Search:
         total = (source.cpu_pct or 0.0) / 100.0 / source.samples_per_s
         main = max(total - cpu, c)
         step = c
-        if zero is not None and source.config.get("num_workers") and source.step_ms \
-                and per_batch:
+        if zero is not None and source.config.get("num_workers") and source.step_ms and per_batch:
             # the step as it ran beside a worker: its threads share the cores with the loading;
             # the trainer's CPU per sample stays the one measured there (its threads spinning
             # for the cores included)
             step = max(c, source.step_ms / 1000.0 / per_batch)
         storage = self._storage_bound(source)
-        return {w: rate(w, load, cores=self.cores, step_s=step, cpu_s=cpu, main_cpu_s=main,
-                        contention=contention, storage=storage)
-                for w in range(1, self.max_workers + 1)}
+        return {
+            w: rate(
+                w,
+                load,
+                cores=self.cores,
+                step_s=step,
+                cpu_s=cpu,
+                main_cpu_s=main,
+                contention=contention,
+                storage=storage,
+            )
+            for w in range(1, self.max_workers + 1)
+        }
 
     def _storage_bound(self, source: Trial) -> float | None:
         """Samples/s the storage lets through: the read limit of this process's cgroup on a
@@ -581,9 +674,11 @@ class Search:
             return None
         bound = self.storage_bound = min(caps) / b
         if not any(n.startswith("reads are capped") for n in self.notes):
-            self.notes.append(f"reads are capped at {min(caps) / 1e6:,.1f} MB/s (the cgroup's "
-                              f"I/O limit) and a sample reads {b / 1e3:,.1f} kB: at most "
-                              f"{bound:,.0f} samples/s whatever the workers")
+            self.notes.append(
+                f"reads are capped at {min(caps) / 1e6:,.1f} MB/s (the cgroup's "
+                f"I/O limit) and a sample reads {b / 1e3:,.1f} kB: at most "
+                f"{bound:,.0f} samples/s whatever the workers"
+            )
         return bound
 
     def _climb_workers(self) -> None:
@@ -605,12 +700,18 @@ class Search:
             if prev is None and t.status == "ok":
                 prev = t
                 continue
-            if t.status != "ok" or not t.samples_per_s or prev is None or \
-                    not prev.samples_per_s or not gains(t.samples_per_s, prev.samples_per_s):
+            if (
+                t.status != "ok"
+                or not t.samples_per_s
+                or prev is None
+                or not prev.samples_per_s
+                or not gains(t.samples_per_s, prev.samples_per_s)
+            ):
                 if t.step_ms and self.step_ms and t.step_ms > 1.3 * self.step_ms:
                     self.notes.append(
                         f"at num_workers={w} the training step slowed from {self.step_ms:.0f} "
-                        f"to {t.step_ms:.0f} ms per batch: the workers take the step's cores")
+                        f"to {t.step_ms:.0f} ms per batch: the workers take the step's cores"
+                    )
                 break
             prev = t
         # one trial between the best and an untried neighbour
@@ -638,14 +739,16 @@ class Search:
             self.notes.append(
                 "an IterableDataset must split its stream between workers (torch.utils.data."
                 "get_worker_info()), or every worker yields every item and the samples/s "
-                "above count duplicates")
+                "above count duplicates"
+            )
         if best is not None and best_cfg.get("num_workers", 0) > 0:
             best_cfg["persistent_workers"] = True
             best_cfg.setdefault("prefetch_factor", 2)
             if best.startup_s is not None and best.startup_s >= 0.05:
                 self.notes.append(
                     f"persistent_workers=True keeps the workers between epochs: saves the "
-                    f"{best.startup_s:.2f} s worker start-up measured at the start of each epoch")
+                    f"{best.startup_s:.2f} s worker start-up measured at the start of each epoch"
+                )
         busy = [t for t in self.trials if t.status == "ok" and others_cores(t) >= OTHERS_BUSY_CORES]
         if busy:
             most = max(busy, key=others_cores)
@@ -653,23 +756,34 @@ class Search:
                 f"{len(busy)} of the trials ran beside other processes (up to "
                 f"{others_cores(most):.1f} cores busy, {most.busy_others[0]['name']} first): "
                 "their rates are lower than on a quiet host and the recommendation may differ "
-                "there; run stallscope tune again when the host is quiet")
-        baseline = {"config": _public(base.config) if base else {},
-                    "samples_per_s": _r(base.samples_per_s) if base else None,
-                    "data_wait_share": _r(base.data_wait_share) if base else None}
+                "there; run stallscope tune again when the host is quiet"
+            )
+        baseline = {
+            "config": _public(base.config) if base else {},
+            "samples_per_s": _r(base.samples_per_s) if base else None,
+            "data_wait_share": _r(base.data_wait_share) if base else None,
+        }
         k = best_cfg.get("num_workers", 0)
         predicted_speedup = None
         if k in self.forecast and base is not None and base.samples_per_s:
             predicted_speedup = self.forecast[k] / base.samples_per_s
         return TuneResult(
             predicted_speedup=predicted_speedup,
-            best=best_cfg, samples_per_s=best.samples_per_s if best else None,
-            baseline=baseline, trials=self.trials,
+            best=best_cfg,
+            samples_per_s=best.samples_per_s if best else None,
+            baseline=baseline,
+            trials=self.trials,
             best_index=self.trials.index(best) if best is not None else None,
             recommendation=call_text(self.target, best_cfg) if best else "",
-            bound=self._bound(best), stopped=self.stopped, step_ms=self.step_ms,
-            cores=self.cores, budget_s=self.budget_s,
-            seconds=time.monotonic() - self.t0, interrupted=self.interrupted, notes=self.notes)
+            bound=self._bound(best),
+            stopped=self.stopped,
+            step_ms=self.step_ms,
+            cores=self.cores,
+            budget_s=self.budget_s,
+            seconds=time.monotonic() - self.t0,
+            interrupted=self.interrupted,
+            notes=self.notes,
+        )
 
     def _tree_share(self, t: Trial) -> float:
         """The share of the usable cores the trainer and its workers used in ``t``."""
@@ -687,35 +801,52 @@ class Search:
         if self._keeps_up(best):
             if best.step_ms and self.step_ms and best.step_ms > 1.3 * self.step_ms:
                 # the input keeps up only because the step itself slowed: they share the CPU
-                return (f"CPU-bound: the input keeps up at {where} (data wait "
-                        f"{100 * (best.data_wait_share or 0):.1f}%), but the training step "
-                        f"slowed from {self.step_ms:.0f} to {best.step_ms:.0f} ms per batch "
-                        f"with the workers beside it on the {self.cores} usable cores. A "
-                        "cheaper transform, decoding once ahead of time, or more cores would "
-                        "go further")
+                return (
+                    f"CPU-bound: the input keeps up at {where} (data wait "
+                    f"{100 * (best.data_wait_share or 0):.1f}%), but the training step "
+                    f"slowed from {self.step_ms:.0f} to {best.step_ms:.0f} ms per batch "
+                    f"with the workers beside it on the {self.cores} usable cores. A "
+                    "cheaper transform, decoding once ahead of time, or more cores would "
+                    "go further"
+                )
             step = f" ({self.step_ms:.1f} ms per batch)" if self.step_ms is not None else ""
-            return (f"the training step{step} is now the limit, not the input: {where}, data "
-                    f"wait {100 * (best.data_wait_share or 0):.1f}%")
+            return (
+                f"the training step{step} is now the limit, not the input: {where}, data "
+                f"wait {100 * (best.data_wait_share or 0):.1f}%"
+            )
         per = best.cpu_ms_per_sample
         per_text = f" ({per:.1f} ms of CPU per sample)" if per is not None else ""
         busy = best.worker_cpu_pct or 0.0 if w else best.cpu_pct or 0.0
         tree_share = self._tree_share(best)
-        slowed = [t for t in self.trials if t.status in ("ok", "cut") and t.step_ms
-                   and self.step_ms
-                  and t.config.get("num_workers", 0) > w and t.step_ms > 1.3 * self.step_ms]
+        slowed = [
+            t
+            for t in self.trials
+            if t.status in ("ok", "cut")
+            and t.step_ms
+            and self.step_ms
+            and t.config.get("num_workers", 0) > w
+            and t.step_ms > 1.3 * self.step_ms
+        ]
         if tree_share >= CPU_BOUND_SHARE or slowed or (w and w >= self.max_workers and busy >= 60):
-            why = (f"; with more workers the step slows from {self.step_ms:.0f} to "
-                   f"{slowed[0].step_ms:.0f} ms per batch" if slowed and self.step_ms and
-                   slowed[0].step_ms else "")
-            return (f"CPU-bound: the pipeline saturates at {where}, the {self.cores} usable "
-                    f"cores busy ({best.cpu_pct or 0:.0f}% CPU) with loading{per_text} and the "
-                    f"training step{why}. A cheaper transform, decoding once ahead of time, or "
-                    "more cores would go further")
+            why = (
+                f"; with more workers the step slows from {self.step_ms:.0f} to "
+                f"{slowed[0].step_ms:.0f} ms per batch"
+                if slowed and self.step_ms and slowed[0].step_ms
+                else ""
+            )
+            return (
+                f"CPU-bound: the pipeline saturates at {where}, the {self.cores} usable "
+                f"cores busy ({best.cpu_pct or 0:.0f}% CPU) with loading{per_text} and the "
+                f"training step{why}. A cheaper transform, decoding once ahead of time, or "
+                "more cores would go further"
+            )
         if w and busy < 50 and (best.read_mb_s or 0) > 0.5:
-            return (f"storage-bound, reading {best.read_mb_s:.0f} MB/s from storage: the "
-                    f"workers wait on reads ({busy:.0f}% CPU each) and the pipeline saturates "
-                    f"at {where}; pack the small files into shards (stallscope pack SRC DST) "
-                    "or cache the dataset on a faster disk")
+            return (
+                f"storage-bound, reading {best.read_mb_s:.0f} MB/s from storage: the "
+                f"workers wait on reads ({busy:.0f}% CPU each) and the pipeline saturates "
+                f"at {where}; pack the small files into shards (stallscope pack SRC DST) "
+                "or cache the dataset on a faster disk"
+            )
         return f"the pipeline saturates at {where}{per_text}"
 
 

@@ -55,8 +55,7 @@ def resolve(spec: str) -> Any:
     except ImportError as exc:
         raise UsageError(f"cannot import {mod_name!r}: {exc}") from None
     except Exception as exc:  # the user's module failed while importing (SyntaxError, ...)
-        raise UsageError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}"
-                         ) from None
+        raise UsageError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
     try:
         obj = module
         for part in attr.split("."):
@@ -73,15 +72,19 @@ def load(spec: str) -> Any:
     if _is_torch_data(obj) or not callable(obj):
         return obj
     try:
-        required = [p for p in inspect.signature(obj).parameters.values()
-                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
-                                                           p.POSITIONAL_OR_KEYWORD)]
+        required = [
+            p
+            for p in inspect.signature(obj).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         required = []
     if required:
-        raise UsageError(f"{spec} takes arguments ({', '.join(p.name for p in required)}): "
-                         "name a function of no arguments that returns a Dataset, a DataLoader "
-                         "or a factory of DataLoaders")
+        raise UsageError(
+            f"{spec} takes arguments ({', '.join(p.name for p in required)}): "
+            "name a function of no arguments that returns a Dataset, a DataLoader "
+            "or a factory of DataLoaders"
+        )
     return _call_user(obj, spec)
 
 
@@ -119,8 +122,11 @@ def _drop_worker_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def _given_of(loader: Any) -> dict[str, Any]:
     """The tuned settings a built DataLoader has: the baseline configuration."""
-    given: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-                             "persistent_workers": loader.persistent_workers}
+    given: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "persistent_workers": loader.persistent_workers,
+    }
     if loader.num_workers > 0:
         given["prefetch_factor"] = loader.prefetch_factor
     return given
@@ -136,12 +142,13 @@ def target_of(obj: Any, *, batch_size: int | None = None) -> Target:
         return _target_of_dataset(obj, batch_size)
     if callable(obj):
         return _target_of_factory(obj, batch_size)
-    raise UsageError(f"cannot tune a {type(obj).__name__}: give a Dataset, a DataLoader, or a "
-                     "function that takes DataLoader keyword arguments and returns a DataLoader")
+    raise UsageError(
+        f"cannot tune a {type(obj).__name__}: give a Dataset, a DataLoader, or a "
+        "function that takes DataLoader keyword arguments and returns a DataLoader"
+    )
 
 
-def _loader_sampling(loader: Any, batch_size: int | None
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _loader_sampling(loader: Any, batch_size: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(fixed, extra) of a DataLoader: what the recommendation repeats (batch size, shuffle, a
     placeholder for the user's sampler) and the keyword arguments every rebuild passes on."""
     from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
@@ -156,8 +163,9 @@ def _loader_sampling(loader: Any, batch_size: int | None
         fixed["batch_size"] = batch_size or loader.batch_size
         if isinstance(loader.sampler, RandomSampler):
             fixed["shuffle"] = True
-        elif not isinstance(loader.sampler, SequentialSampler) and \
-                not isinstance(loader.dataset, IterableDataset):
+        elif not isinstance(loader.sampler, SequentialSampler) and not isinstance(
+            loader.dataset, IterableDataset
+        ):
             extra["sampler"] = loader.sampler  # weighted, distributed, ...: kept
             fixed["sampler"] = _Name("sampler")
     names = ["collate_fn", "worker_init_fn", "multiprocessing_context", "generator", "timeout"]
@@ -177,8 +185,7 @@ def _target_of_loader(loader: Any, batch_size: int | None) -> Target:
     dataset = loader.dataset
 
     def make_from_loader(**kw: Any) -> Any:
-        args = {**extra, **{k: v for k, v in fixed.items() if not isinstance(v, _Name)},
-                **given}
+        args = {**extra, **{k: v for k, v in fixed.items() if not isinstance(v, _Name)}, **given}
         args.update(kw)
         return DataLoader(dataset, **_drop_worker_args(args))
 
@@ -203,11 +210,14 @@ def _target_of_factory(factory: Any, batch_size: int | None) -> Target:
     from torch.utils.data import DataLoader
 
     name = getattr(factory, "__name__", "make_loader")
-    probe = _call_user(factory, f"{name}()", **({} if batch_size is None
-                                                 else {"batch_size": batch_size}))
+    probe = _call_user(
+        factory, f"{name}()", **({} if batch_size is None else {"batch_size": batch_size})
+    )
     if not isinstance(probe, DataLoader):
-        raise UsageError(f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
-                         "factory must return a DataLoader built from its keyword arguments")
+        raise UsageError(
+            f"{name}() returned {type(probe).__name__}, not a DataLoader: a "
+            "factory must return a DataLoader built from its keyword arguments"
+        )
     given = _given_of(probe)
     fixed = {} if batch_size is None else {"batch_size": batch_size}
     del probe
@@ -215,8 +225,7 @@ def _target_of_factory(factory: Any, batch_size: int | None) -> Target:
     def make_from_factory(**kw: Any) -> Any:
         loader = _call_user(factory, f"{name}(...)", **_drop_worker_args({**fixed, **kw}))
         if not isinstance(loader, DataLoader):
-            raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a "
-                             "DataLoader")
+            raise UsageError(f"{name}(...) returned {type(loader).__name__}, not a DataLoader")
         return loader
 
     return Target(make_from_factory, given, f"{name}(", fixed)

@@ -64,10 +64,22 @@ def start_agent(tmp: Path, *extra: str, interval: str = "0.5") -> RunningAgent:
     port = free_port()
     store = tmp / "store"
     proc = subprocess.Popen(
-        stallscope_argv("agent", "--listen", f"127.0.0.1:{port}", "--interval", interval,
-                        "--store", str(store), *extra),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        stallscope_argv(
+            "agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            interval,
+            "--store",
+            str(store),
+            *extra,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     agent = RunningAgent(proc, port, store)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -84,8 +96,9 @@ def start_agent(tmp: Path, *extra: str, interval: str = "0.5") -> RunningAgent:
     pytest.fail("agent served no host samples within 20 s")
 
 
-def first_metrics(proc: subprocess.Popen[str], port: int, needle: str = "",
-                  timeout: float = 30.0) -> str:
+def first_metrics(
+    proc: subprocess.Popen[str], port: int, needle: str = "", timeout: float = 30.0
+) -> str:
     """The agent's first /metrics that holds ``needle`` (any answer when empty); fails when the
     agent exits or nothing comes within ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -123,27 +136,43 @@ def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 # --- /metrics ------------------------------------------------------------------------------------
 
+
 def test_the_first_scrape_has_the_node_counters(tmp_path: Path) -> None:
     """Rates need two reads; the raw counters do not: the first /metrics after the agent starts
     (sampling every 60 s, so no second read yet) has the disk and CPU counters, as
     node_exporter's first scrape has them, and the sources count as up."""
     port = free_port()
     proc = subprocess.Popen(
-        stallscope_argv("agent", "--listen", f"127.0.0.1:{port}", "--interval", "60",
-                        "--store", str(tmp_path / "store")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        stallscope_argv(
+            "agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "60",
+            "--store",
+            str(tmp_path / "store"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         got = series(first_metrics(proc, port))
         names = {name for name, _labels in got}
         assert "stallscope_host_cpu_seconds_total" in names, sorted(names)
         assert "stallscope_disk_read_bytes_total" in names, sorted(names)
         assert "stallscope_host_cpu_busy_ratio" not in names  # no interval for a rate yet
-        up = {dict(labels)["source"]: v for (name, labels), v in got.items()
-              if name == "stallscope_source_up"}
+        up = {
+            dict(labels)["source"]: v
+            for (name, labels), v in got.items()
+            if name == "stallscope_source_up"
+        }
         assert up["disk"] == up["host"] == 1.0, up
     finally:
         terminate(proc)
+
 
 @pytest.mark.prometheus
 def test_exposition_passes_promtool(agent: RunningAgent) -> None:
@@ -151,10 +180,10 @@ def test_exposition_passes_promtool(agent: RunningAgent) -> None:
     if promtool is None:
         tool_missing("promtool (Debian package prometheus)")
     text = agent.metrics()
-    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30)
-    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (
-        r.stdout + r.stderr)
+    r = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
 def test_key_series_and_labels(agent: RunningAgent) -> None:
@@ -168,8 +197,9 @@ def test_key_series_and_labels(agent: RunningAgent) -> None:
     with open("/proc/diskstats") as f:
         known = {line.split()[2] for line in f}
     assert set(disks) <= known  # the kernel's names, as node_exporter's device label
-    assert any(k[0] == "stallscope_host_cpu_core_busy_ratio" and dict(k[1]).get("cpu") == "0"
-               for k in s)
+    assert any(
+        k[0] == "stallscope_host_cpu_core_busy_ratio" and dict(k[1]).get("cpu") == "0" for k in s
+    )
     assert s[("stallscope_agent_cpu_seconds_total", ())] > 0
     assert ("stallscope_collector_sample_wall_seconds", ()) in s
     if not Path("/dev/nvidiactl").exists():  # this machine has no NVIDIA GPU
@@ -185,6 +215,7 @@ def test_metrics_follow_the_samples(agent: RunningAgent) -> None:
 
 
 # --- methods, paths -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
 def test_only_get_and_head(agent: RunningAgent, method: str) -> None:
@@ -209,13 +240,15 @@ def test_head_and_unknown_path(agent: RunningAgent) -> None:
 
 # --- JSON API -------------------------------------------------------------------------------------
 
+
 def test_snapshot_is_the_snapshot_json_shape(agent: RunningAgent) -> None:
     status, _, body = get(agent.url + "/api/v1/snapshot")
     doc = json.loads(body)
     assert status == 200
     assert abs(doc["ts"] - time.time()) < 30
-    assert {"cpu_pct", "iowait_pct", "cpu_per_core_pct", "mem_used_mib",
-            "mem_total_mib"} <= set(doc["host"])
+    assert {"cpu_pct", "iowait_pct", "cpu_per_core_pct", "mem_used_mib", "mem_total_mib"} <= set(
+        doc["host"]
+    )
     assert isinstance(doc["disk"], dict)
     assert "unavailable" in doc
 
@@ -227,8 +260,7 @@ def test_history_from_the_store(agent: RunningAgent) -> None:
     while True:
         status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_pct&entity=&since=600")
         doc = json.loads(body)
-        if sum(len(s["points"]) for s in doc.get("series", [])) >= 2 or \
-                time.monotonic() > deadline:
+        if sum(len(s["points"]) for s in doc.get("series", [])) >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.25)
     assert status == 200 and doc["metric"] == "host.cpu_pct" and doc["unit"] == "%"
@@ -238,8 +270,13 @@ def test_history_from_the_store(agent: RunningAgent) -> None:
     assert ts == sorted(ts) and ts[0] >= time.time() - 600
     status, _, body = get(agent.url + "/api/v1/history?metric=host.cpu_core_pct&since=60")
     assert status == 200 and {s["entity"] for s in json.loads(body)["series"]} >= {"cpu0"}
-    for bad in ("metric=nope.x", "metric=", "metric=host.cpu_pct&since=-1",
-                "metric=host.cpu_pct&since=abc", "metric=host.cpu_seconds_total"):
+    for bad in (
+        "metric=nope.x",
+        "metric=",
+        "metric=host.cpu_pct&since=-1",
+        "metric=host.cpu_pct&since=abc",
+        "metric=host.cpu_seconds_total",
+    ):
         status, _, body = get(agent.url + "/api/v1/history?" + bad)
         assert status == 400 and json.loads(body)["error"], bad
 
@@ -254,9 +291,16 @@ def test_health(agent: RunningAgent) -> None:
 
 # --- bad start, clean stop ------------------------------------------------------------------------
 
+
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(stallscope_argv(*args), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return subprocess.run(
+        stallscope_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
 
 
 def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -264,18 +308,27 @@ def test_bad_config_key_is_one_line_exit_2(tmp_path: Path) -> None:
     cfg.write_text('listen = "127.0.0.1:0"\nintervl = 5\n')
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
     assert r.returncode == 2
-    assert r.stderr == (f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
-                        "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, "
-                        "host_label, kubelet_socket, hostname, worker_series, alerts, smtp)\n")
+    assert r.stderr == (
+        f"stallscope: config {cfg}: unknown key 'intervl' (known: listen, "
+        "interval_s, store_dir, keep_full_s, gpus, devices, run_indexes, smart, "
+        "host_label, kubelet_socket, hostname, worker_series, alerts, smtp)\n"
+    )
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.parametrize(("text", "key"), [
-    ("interval_s = 0", "interval_s"), ('interval_s = "5"', "interval_s"),
-    ('listen = "localhost"', "listen"), ("gpus = [0, -1]", "gpus"),
-    ('devices = ["../../etc"]', "devices"), ("keep_full_s = 1", "keep_full_s"),
-    ("listen = [", "not valid TOML"), ('run_indexes = "/srv/runs.txt"', "run_indexes"),
-])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("interval_s = 0", "interval_s"),
+        ('interval_s = "5"', "interval_s"),
+        ('listen = "localhost"', "listen"),
+        ("gpus = [0, -1]", "gpus"),
+        ('devices = ["../../etc"]', "devices"),
+        ("keep_full_s = 1", "keep_full_s"),
+        ("listen = [", "not valid TOML"),
+        ('run_indexes = "/srv/runs.txt"', "run_indexes"),
+    ],
+)
 def test_bad_config_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
     cfg = tmp_path / "agent.toml"
     cfg.write_text(text + "\n")
@@ -286,11 +339,18 @@ def test_bad_config_value_names_the_key(tmp_path: Path, text: str, key: str) -> 
 
 def test_config_file_is_read(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('listen = "[::1]:9500"\ninterval_s = 2\nstore_dir = "~/x"\n'
-                   'keep_full_s = 600\ngpus = [1, 0]\ndevices = ["/dev/nvme0n1"]\n')
+    cfg.write_text(
+        'listen = "[::1]:9500"\ninterval_s = 2\nstore_dir = "~/x"\n'
+        'keep_full_s = 600\ngpus = [1, 0]\ndevices = ["/dev/nvme0n1"]\n'
+    )
     c = load_config(cfg)
     assert (c.listen, c.interval_s, c.keep_full_s, c.gpus, c.devices) == (
-        "[::1]:9500", 2.0, 600.0, [0, 1], ["nvme0n1"])
+        "[::1]:9500",
+        2.0,
+        600.0,
+        [0, 1],
+        ["nvme0n1"],
+    )
     assert c.store_dir == os.path.expanduser("~/x")
     assert parse_listen("[::1]:9500") == ("::1", 9500)
     assert parse_listen("0.0.0.0:10127") == ("0.0.0.0", 10127)
@@ -304,10 +364,12 @@ def test_port_in_use_is_one_line_exit_1(tmp_path: Path) -> None:
         r = run_cli("agent", "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "s"))
     assert r.returncode == 1
     # one line that names the holder (this test's own process), the usual suspects and the way out
-    assert r.stderr == (f"stallscope: cannot listen on 127.0.0.1:{port}: address already in use "
-                        f"by pid {os.getpid()} ({psutil.Process().name()}) (dcgm-exporter "
-                        "listens on 9400, node_exporter on 9100); give another with --listen "
-                        "HOST:PORT or `listen` in the config\n")
+    assert r.stderr == (
+        f"stallscope: cannot listen on 127.0.0.1:{port}: address already in use "
+        f"by pid {os.getpid()} ({psutil.Process().name()}) (dcgm-exporter "
+        "listens on 9400, node_exporter on 9100); give another with --listen "
+        "HOST:PORT or `listen` in the config\n"
+    )
     assert not (tmp_path / "s").exists()  # nothing was created
 
 
@@ -339,6 +401,7 @@ def test_sigint_stops_cleanly(tmp_path: Path) -> None:
 
 # --- the exporter on replayed GPUs ----------------------------------------------------------------
 
+
 @pytest.mark.prometheus
 def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     # replayed real readings (nvidia-smi captures of an RTX 2080 SUPER held by its power cap
@@ -346,8 +409,9 @@ def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
     gpu = GpuSource(backend=replay)
     gpu.open()
-    sink = PrometheusSink(["gpu", "disk", "host"], {"disk": "not here", "host": "not here"},
-                          hostname="node-7")
+    sink = PrometheusSink(
+        ["gpu", "disk", "host"], {"disk": "not here", "host": "not here"}, hostname="node-7"
+    )
     c = Collector([gpu], [sink], interval=1.0)
     c.sample_once()
     text = generate_latest(sink.registry).decode()
@@ -358,16 +422,20 @@ def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     assert util["0"]["modelName"] == "NVIDIA GeForce RTX 2080 SUPER"
     assert util["1"]["modelName"] == "NVIDIA H100 80GB HBM3"
     assert util["1"]["UUID"].startswith("GPU-") and util["1"]["Hostname"] == "node-7"
-    throttle = {(dict(k[1])["gpu"], dict(k[1])["reason"]): v for k, v in s.items()
-                if k[0] == "stallscope_gpu_throttle_active"}
+    throttle = {
+        (dict(k[1])["gpu"], dict(k[1])["reason"]): v
+        for k, v in s.items()
+        if k[0] == "stallscope_gpu_throttle_active"
+    }
     assert throttle[("0", "sw_power_cap")] == 1
     assert throttle[("1", "sw_power_cap")] == 0
     assert sum(v for (g, _r), v in throttle.items() if g == "1") == 0
     labels = next(dict(k[1]) for k in s if k[0] == "stallscope_gpu_throttle_active")
     assert set(labels) >= {"reason", "gpu", "UUID", "device", "modelName", "Hostname"}
     # units from metrics.py: MiB -> bytes, % -> ratio
-    mem = {dict(k[1])["gpu"]: v for k, v in s.items()
-           if k[0] == "stallscope_gpu_memory_total_bytes"}
+    mem = {
+        dict(k[1])["gpu"]: v for k, v in s.items() if k[0] == "stallscope_gpu_memory_total_bytes"
+    }
     assert mem["1"] > 0 and mem["1"] % 1048576 == 0
     assert all(0 <= v <= 1 for k, v in s.items() if k[0] == "stallscope_gpu_utilization_ratio")
     assert s[("stallscope_source_up", (("source", "gpu"),))] == 1
@@ -377,14 +445,18 @@ def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         tool_missing("promtool (Debian package prometheus)")
-    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
     problems = set((r.stdout + r.stderr).splitlines())
-    assert problems and all(p.endswith("label names should be written in 'snake_case' not "
-                                       "'camelCase'") for p in problems), problems
+    assert problems and all(
+        p.endswith("label names should be written in 'snake_case' not 'camelCase'")
+        for p in problems
+    ), problems
     plain = re.sub(r',?(UUID|modelName)="[^"]*"', "", text).replace("{,", "{")
-    r = subprocess.run([promtool, "check", "metrics"], input=plain, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [promtool, "check", "metrics"], input=plain, capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
     c.stop(final_sample=False)
 
@@ -408,13 +480,18 @@ def test_a_gone_gpu_leaves_no_stale_series() -> None:
 
 # --- deploy ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.prometheus
 def test_deploy_prometheus_config_is_valid() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         tool_missing("promtool (Debian package prometheus)")
-    r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr
 
@@ -449,22 +526,31 @@ def test_clients_that_reset_or_vanish_cost_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in err, err[-2000:]
 
 
-@pytest.mark.parametrize("text", [
-    "gpus = " + "[" * 2000 + "]" * 2000,                                       # an array
-    "[smtp]\nhost = " + "{a = " * 1500 + "1" + "}" * 1500,                      # inline tables
-    "[[alerts]]\nname = 'x'\nmetric = 'gpu.temp_c'\nabove = 1\nactions = [{command = "
-    + "[" * 1500 + "]" * 1500 + "}]",                                          # in a rule
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpus = " + "[" * 2000 + "]" * 2000,  # an array
+        "[smtp]\nhost = " + "{a = " * 1500 + "1" + "}" * 1500,  # inline tables
+        "[[alerts]]\nname = 'x'\nmetric = 'gpu.temp_c'\nabove = 1\nactions = [{command = "
+        + "[" * 1500
+        + "]" * 1500
+        + "}]",  # in a rule
+    ],
+)
 def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path, text: str) -> None:
     cfg = tmp_path / "deep.toml"
     cfg.write_text(text + "\n")
-    for args in (["agent", "--config", str(cfg), "--store", str(tmp_path / "s")],
-                 ["alerts", "check", str(cfg)],
-                 ["run", "--alerts", str(cfg), "--", "true"]):
+    for args in (
+        ["agent", "--config", str(cfg), "--store", str(tmp_path / "s")],
+        ["alerts", "check", str(cfg)],
+        ["run", "--alerts", str(cfg), "--", "true"],
+    ):
         r = run_cli(*args)
         assert r.returncode in (1, 2), (args, r.stderr[-800:])
-        assert r.stderr.count("\n") == 1 and "nested deeper than 32" in r.stderr, \
-            (args, r.stderr[-800:])
+        assert r.stderr.count("\n") == 1 and "nested deeper than 32" in r.stderr, (
+            args,
+            r.stderr[-800:],
+        )
 
 
 def test_a_huge_key_name_is_named_not_echoed(tmp_path: Path) -> None:
@@ -484,8 +570,11 @@ def test_the_agent_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path)
         pytest.skip("mounting a small tmpfs needs root")
     mnt = tmp_path / "full"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -497,8 +586,10 @@ def test_the_agent_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path)
                 pass
         out = run_cli("agent", "--listen", "127.0.0.1:0", "--store", str(mnt / "store"))
         assert out.returncode == 1, out.stderr
-        assert out.stderr == (f"stallscope: cannot write the agent's store in {mnt / 'store'}: "
-                              "No space left on device\n")
+        assert out.stderr == (
+            f"stallscope: cannot write the agent's store in {mnt / 'store'}: "
+            "No space left on device\n"
+        )
         assert not any((mnt / "store").iterdir()) if (mnt / "store").exists() else True
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
@@ -541,8 +632,10 @@ def test_the_agent_store_keeps_a_small_page_cache(tmp_path: Path) -> None:
 
 # --- negotiation: gzip and OpenMetrics (issue 38) ----------------------------------------------
 #: what Prometheus 2.42 sends when it scrapes (scrape/scrape.go's acceptHeader)
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 def _scrape(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
@@ -578,8 +671,10 @@ def test_prometheus_gets_openmetrics_that_parse(agent: RunningAgent) -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     cpu = families["stallscope_host_cpu_seconds"]
     assert cpu.type == "counter"
-    assert any(s.name == "stallscope_host_cpu_seconds_total" and s.labels.get("mode") == "idle"
-               for s in cpu.samples)
+    assert any(
+        s.name == "stallscope_host_cpu_seconds_total" and s.labels.get("mode") == "idle"
+        for s in cpu.samples
+    )
 
 
 # --- odd Accept and Accept-Encoding headers (issue 50) -----------------------------------------
@@ -592,25 +687,29 @@ def _promtool_ok(text: str) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         tool_missing("promtool (Debian package prometheus)")
-    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30)
-    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (
-        r.stdout + r.stderr)
+    r = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
 @pytest.mark.prometheus
-@pytest.mark.parametrize("accept", [
-    "application/openmetrics-text; version=abc",        # prometheus_client raised: no answer
-    "application/openmetrics-text; version=2.0.0",      # a version we do not serve
-    "application/openmetrics-text; version=1.0.0.abc",
-    "application/openmetrics-text; version=",
-    "application/openmetrics-text; version=1.0.0; q=abc",
-    "text/plain; version=abc, application/openmetrics-text; version=x",
-    "application/openmetrics-text;version=1.0.0;q=0, text/plain;q=0",
-    ";;;,,=;version=1.0.0",
-])
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/openmetrics-text; version=abc",  # prometheus_client raised: no answer
+        "application/openmetrics-text; version=2.0.0",  # a version we do not serve
+        "application/openmetrics-text; version=1.0.0.abc",
+        "application/openmetrics-text; version=",
+        "application/openmetrics-text; version=1.0.0; q=abc",
+        "text/plain; version=abc, application/openmetrics-text; version=x",
+        "application/openmetrics-text;version=1.0.0;q=0, text/plain;q=0",
+        ";;;,,=;version=1.0.0",
+    ],
+)
 def test_an_accept_we_cannot_serve_gets_text_on_the_same_connection(
-        agent: RunningAgent, accept: str) -> None:
+    agent: RunningAgent, accept: str
+) -> None:
     """An Accept header asking for a format or version the agent does not serve is answered in
     the text format 0.0.4 (never a dropped connection, never its version echoed), and the same
     keep-alive connection then answers a plain scrape whose exposition promtool accepts."""
@@ -622,7 +721,9 @@ def test_an_accept_we_cannot_serve_gets_text_on_the_same_connection(
         r = conn.getresponse()
         body = r.read()
         assert r.status == 200 and r.getheader("Content-Type") == TEXT_CTYPE, (
-            r.status, r.getheaders())
+            r.status,
+            r.getheaders(),
+        )
         assert body.startswith(b"# HELP")
         conn.request("GET", "/metrics")  # the same connection, kept alive
         r = conn.getresponse()
@@ -634,17 +735,21 @@ def test_an_accept_we_cannot_serve_gets_text_on_the_same_connection(
 
 
 @pytest.mark.prometheus
-@pytest.mark.parametrize("accept_encoding,gzipped", [
-    ("gzip;q=0", False),
-    ("gzip; q=0.000, deflate", False),
-    ("*;q=0", False),
-    ("gzip;q=abc", False),
-    ("identity, gzip;q=0.5", False),
-    ("gzip;q=0.5", True),
-    ("deflate, *;q=0.1", True),
-])
-def test_accept_encoding_q_values_are_honoured(agent: RunningAgent, accept_encoding: str,
-                                               gzipped: bool) -> None:
+@pytest.mark.parametrize(
+    "accept_encoding,gzipped",
+    [
+        ("gzip;q=0", False),
+        ("gzip; q=0.000, deflate", False),
+        ("*;q=0", False),
+        ("gzip;q=abc", False),
+        ("identity, gzip;q=0.5", False),
+        ("gzip;q=0.5", True),
+        ("deflate, *;q=0.1", True),
+    ],
+)
+def test_accept_encoding_q_values_are_honoured(
+    agent: RunningAgent, accept_encoding: str, gzipped: bool
+) -> None:
     """``gzip;q=0`` means "not gzip" (RFC 9110 §12.5.3): the answer is plain text then, and gzip
     only where a q above zero allows it; either answer is an exposition promtool accepts."""
     import gzip
@@ -660,10 +765,12 @@ def test_a_folded_accept_header_is_never_folded_back(agent: RunningAgent) -> Non
     all (a header line of the client's making in the answer). The answer's Content-Type is one of
     the two the agent serves, and no header line of the answer is a continuation; the same
     connection then answers a plain scrape that promtool accepts."""
-    request = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
-               b"Accept: application/openmetrics-text; version=1.0.0.0\r\n X-Injected: yes\r\n"
-               b"\r\n"
-               b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    request = (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+        b"Accept: application/openmetrics-text; version=1.0.0.0\r\n X-Injected: yes\r\n"
+        b"\r\n"
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as s:
         s.sendall(request)
         raw = b""
@@ -676,8 +783,9 @@ def test_a_folded_accept_header_is_never_folded_back(agent: RunningAgent) -> Non
         lines = head.split(b"\r\n")
         assert lines[0].startswith(b"200"), lines
         assert not [ln for ln in lines[1:] if ln[:1] in (b" ", b"\t")], lines
-        ctypes = [ln.split(b":", 1)[1].strip() for ln in lines if ln.lower().startswith(
-            b"content-type:")]
+        ctypes = [
+            ln.split(b":", 1)[1].strip() for ln in lines if ln.lower().startswith(b"content-type:")
+        ]
         assert ctypes and ctypes[0].decode() in (TEXT_CTYPE, OPENMETRICS_CTYPE), lines
         assert b"Injected" not in head
     _promtool_ok(answers[1].partition(b"\r\n\r\n")[2].decode())

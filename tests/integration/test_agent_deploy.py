@@ -62,8 +62,9 @@ def recorded_names() -> set[str]:
 
 def dashboard_targets() -> list[tuple[str, str]]:
     doc = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t["expr"]) for p in doc["panels"] if p["type"] != "row"
-            for t in p["targets"]]
+    return [
+        (p["title"], t["expr"]) for p in doc["panels"] if p["type"] != "row" for t in p["targets"]
+    ]
 
 
 def concrete(expr: str) -> str:
@@ -73,10 +74,12 @@ def concrete(expr: str) -> str:
 
 # --- the files, statically ------------------------------------------------------------------------
 
+
 @pytest.mark.prometheus
 def test_recording_rules_pass_promtool() -> None:
-    r = subprocess.run([promtool(), "check", "rules", str(RECORDING)], capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [promtool(), "check", "rules", str(RECORDING)], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len(recorded_names())} rules found" in r.stdout
 
@@ -122,8 +125,12 @@ def test_dashboard_structure() -> None:
 
 
 def test_dashboard_is_what_the_script_writes() -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_grafana_dashboard.py"),
-                        "--check"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_grafana_dashboard.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -136,6 +143,7 @@ def test_docs_list_the_step_metrics() -> None:
 
 
 # --- a real Prometheus over real agents, one node training ----------------------------------------
+
 
 class Prometheus:
     def __init__(self, proc: subprocess.Popen[bytes], base: str) -> None:
@@ -164,12 +172,21 @@ def start_prometheus(tmp: Path, targets: list[str], rules: Path | None) -> Prome
         + (f"rule_files: [{json.dumps(str(rules))}]\n" if rules else "")
         + "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
         "    scrape_timeout: 1s\n    static_configs:\n"
-        f"      - targets: {json.dumps(targets)}\n")
+        f"      - targets: {json.dumps(targets)}\n"
+    )
     proc = subprocess.Popen(
-        [str(exe), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp,
-        env=dict(os.environ, HOME=str(tmp)))
+        [
+            str(exe),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp,
+        env=dict(os.environ, HOME=str(tmp)),
+    )
     return Prometheus(proc, f"http://127.0.0.1:{port}")
 
 
@@ -179,10 +196,11 @@ def stop_prometheus(p: Prometheus) -> None:
 
 #: real smartctl --json outputs replayed as the third node's drives (README-smartctl.md): an
 #: ATA disk with 304 reallocated sectors (failing), a failing NVMe, an ageing SATA SSD
-SMART_REPLAY = ("smartctl-ST3500418AS_12.json",
-                "smartctl-nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0.json",
-                "smartctl-sat-Intel_730_and_DC_S35x0_3610_3700_Series_SSDs-INTEL_SSDSC2BB016T4-"
-                "sdf.json")
+SMART_REPLAY = (
+    "smartctl-ST3500418AS_12.json",
+    "smartctl-nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0.json",
+    "smartctl-sat-Intel_730_and_DC_S35x0_3610_3700_Series_SSDs-INTEL_SSDSC2BB016T4-sdf.json",
+)
 
 
 class ReplayGpuNode:
@@ -203,17 +221,20 @@ class ReplayGpuNode:
         replay = NvmlReplay.load(FIXTURES / RTX_IDLE_POWER_CAP, FIXTURES / H100_LOAD)
         gpu = GpuSource(backend=replay)
         gpu.open()
-        drives = [parse_smartctl(json.loads((FIXTURES / f).read_text()), source=f)
-                  for f in SMART_REPLAY]
-        smart = SmartSource(["/dev/sda", "/dev/nvme0", "/dev/sdf"],
-                            check=lambda _devices: (drives, []))
+        drives = [
+            parse_smartctl(json.loads((FIXTURES / f).read_text()), source=f) for f in SMART_REPLAY
+        ]
+        smart = SmartSource(
+            ["/dev/sda", "/dev/nvme0", "/dev/sdf"], check=lambda _devices: (drives, [])
+        )
         smart.open()
         self.sink = PrometheusSink(["gpu", "smart"], hostname="gpu-node")
         self.collector = Collector([gpu, smart], [self.sink], interval=0.5)
         self.collector.start()
         self.port = free_port()
-        self.server, _thread = start_http_server(self.port, addr="127.0.0.1",
-                                                 registry=self.sink.registry)
+        self.server, _thread = start_http_server(
+            self.port, addr="127.0.0.1", registry=self.sink.registry
+        )
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -231,8 +252,10 @@ def wait_for(prom: Prometheus, what: dict[str, str], timeout: float, alive: list
                 err = proc.stderr.read() if proc.stderr else ""
                 pytest.fail(f"{proc.args[:4]} exited {proc.returncode}: {err!s:.2000}")
         if prom.proc.poll() is not None:
-            pytest.fail("prometheus exited: " + (prom.proc.stderr.read().decode()
-                                                 if prom.proc.stderr else ""))
+            pytest.fail(
+                "prometheus exited: "
+                + (prom.proc.stderr.read().decode() if prom.proc.stderr else "")
+            )
         for key, q in list(missing.items()):
             try:
                 if prom.query(q):
@@ -243,26 +266,47 @@ def wait_for(prom: Prometheus, what: dict[str, str], timeout: float, alive: list
     assert not missing, f"never arrived in Prometheus: {missing}"
 
 
-def both_diagnoses(trainer: subprocess.Popen[str], out: Path, prom: Prometheus, port: int
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+def both_diagnoses(
+    trainer: subprocess.Popen[str], out: Path, prom: Prometheus, port: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Let the training end, then diagnose it from its run directory and from Prometheus (the
     agent on ``port``): the two `diagnose --json` documents."""
     trainer.communicate(timeout=120)
     assert trainer.returncode == 0
-    local = subprocess.run(stallscope_argv("diagnose", "latest", "--out", str(out), "--json"),
-                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    local = subprocess.run(
+        stallscope_argv("diagnose", "latest", "--out", str(out), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert local.returncode == 0, local.stderr
     time.sleep(2)  # the agents' last scrape of the finished run
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
-                                       f"127.0.0.1:{port}", "--since", "2m", "--step", "1s",
-                                       "--json"),
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose",
+            "--prometheus",
+            prom.base,
+            "--instance",
+            f"127.0.0.1:{port}",
+            "--since",
+            "2m",
+            "--step",
+            "1s",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(local.stdout), json.loads(r.stdout)
 
 
-def stop_all(trainer: subprocess.Popen[str] | None, prom: Prometheus | None,
-             agents: list[RunningAgent]) -> None:
+def stop_all(
+    trainer: subprocess.Popen[str] | None, prom: Prometheus | None, agents: list[RunningAgent]
+) -> None:
     if trainer is not None and trainer.poll() is None:
         trainer.kill()
         trainer.wait()
@@ -293,12 +337,36 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         # the trainer's run goes into the per-user run index (STALLSCOPE_STATE_DIR) that the
         # first agent follows
         trainer = subprocess.Popen(
-            stallscope_argv("run", "--interval", "1", "--out", str(out), "--", sys.executable,
-                            TRAIN, "--files", "400", "--max-seconds", "22", "--epochs", "100"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        yield {"agents": agents, "gpu": gpu, "prom": prom, "trainer": trainer, "out": out,
-               "targets": targets}
+            stallscope_argv(
+                "run",
+                "--interval",
+                "1",
+                "--out",
+                str(out),
+                "--",
+                sys.executable,
+                TRAIN,
+                "--files",
+                "400",
+                "--max-seconds",
+                "22",
+                "--epochs",
+                "100",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        yield {
+            "agents": agents,
+            "gpu": gpu,
+            "prom": prom,
+            "trainer": trainer,
+            "out": out,
+            "targets": targets,
+        }
     finally:
         if gpu is not None:
             gpu.stop()
@@ -313,65 +381,96 @@ def test_cluster_rules_dashboard_steps_and_diagnose(cluster: dict[str, Any]) -> 
     a0, a1 = cluster["agents"]
     gpu_target = cluster["targets"][2]
     # the probe's steps reach Prometheus through the agents, and the recording rules run
-    wait_for(prom, {
-        "steps": "stallscope_train_steps_total > 5",
-        "data wait share": "rank:stallscope_train_data_wait:ratio_rate1m",
-        "input-bound ranks": "cluster:stallscope_train_input_bound_ranks:ratio",
-        "disk util": "instance_device:stallscope_disk_io_time:ratio_rate1m",
-        "host cpu": "instance:stallscope_host_cpu_busy:ratio_rate1m",
-        "gpu underused": "instance:stallscope_gpu_underused:ratio",
-        "agent cpu": "instance:stallscope_agent_cpu:ratio_rate1m",
-        # the trainer's processes, labelled with its run, rank and role
-        "trainer process": 'stallscope_proc_cpu_seconds_total{role="main",rank="0"}',
-        "worker processes": 'stallscope_proc_cpu_seconds_total{role="worker",rank="0"}',
-    }, 40, [trainer, a0.proc, a1.proc])
+    wait_for(
+        prom,
+        {
+            "steps": "stallscope_train_steps_total > 5",
+            "data wait share": "rank:stallscope_train_data_wait:ratio_rate1m",
+            "input-bound ranks": "cluster:stallscope_train_input_bound_ranks:ratio",
+            "disk util": "instance_device:stallscope_disk_io_time:ratio_rate1m",
+            "host cpu": "instance:stallscope_host_cpu_busy:ratio_rate1m",
+            "gpu underused": "instance:stallscope_gpu_underused:ratio",
+            "agent cpu": "instance:stallscope_agent_cpu:ratio_rate1m",
+            # the trainer's processes, labelled with its run, rank and role
+            "trainer process": 'stallscope_proc_cpu_seconds_total{role="main",rank="0"}',
+            "worker processes": 'stallscope_proc_cpu_seconds_total{role="worker",rank="0"}',
+        },
+        40,
+        [trainer, a0.proc, a1.proc],
+    )
     workers = prom.query('stallscope_proc_resident_memory_bytes{role="worker"}')
     assert {r["metric"]["instance"] for r in workers} == {f"127.0.0.1:{a0.port}"}
     assert len({r["metric"]["run"] for r in workers}) == 1, workers
     share = prom.query("rank:stallscope_train_data_wait:ratio_rate1m")
     assert all(0 <= float(r["value"][1]) <= 1 for r in share), share
     assert {(r["metric"]["instance"], r["metric"]["rank"]) for r in share} == {
-        (f"127.0.0.1:{a0.port}", "0")}
+        (f"127.0.0.1:{a0.port}", "0")
+    }
     # the replayed node: an RTX 2080 SUPER idle and an H100 under load -> half its GPUs idle
     underused = prom.query(f'instance:stallscope_gpu_underused:ratio{{instance="{gpu_target}"}}')
     assert [float(r["value"][1]) for r in underused] == [0.5]
     # its replayed drives: the ATA disk with 304 reallocated sectors and the NVMe are failing
-    failing = {r["metric"]["device"]: float(r["value"][1])
-               for r in prom.query(f'stallscope_smart_failing{{instance="{gpu_target}"}}')}
+    failing = {
+        r["metric"]["device"]: float(r["value"][1])
+        for r in prom.query(f'stallscope_smart_failing{{instance="{gpu_target}"}}')
+    }
     assert failing == {"sda": 1.0, "nvme0": 1.0, "sdf": 0.0}, failing
-    assert [float(r["value"][1]) for r in prom.query(
-        'stallscope_smart_reallocated_sectors{device="sda"}')] == [304.0]
+    assert [
+        float(r["value"][1])
+        for r in prom.query('stallscope_smart_reallocated_sectors{device="sda"}')
+    ] == [304.0]
     # every dashboard panel's PromQL parses and returns data while the training runs
-    empty = [(title, expr) for title, expr in dashboard_targets()
-             if not prom.query(concrete(expr))]
+    empty = [(title, expr) for title, expr in dashboard_targets() if not prom.query(concrete(expr))]
     assert not empty, f"panels without data: {empty}"
 
     # the same training diagnosed from its run directory and from Prometheus
     here, there = both_diagnoses(trainer, cluster["out"], prom, a0.port)
     assert training_finding(there)["kind"] == training_finding(here)["kind"], (
-        here["findings"], there["findings"])
+        here["findings"],
+        there["findings"],
+    )
     assert training_finding(there)["kind"].startswith("input_bound"), here["findings"]
     assert there["stall_source"] == "probe"
     assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.05, (
-        here["stall_fraction"], there["stall_fraction"])
+        here["stall_fraction"],
+        there["stall_fraction"],
+    )
     # every step the probe wrote reached Prometheus (the agent reads the run's steps table)
     assert there["signals"]["steps"] == here["signals"]["steps"]
     assert there["prometheus"]["instance"] == f"127.0.0.1:{a0.port}"
     # without --instance: one diagnosis per node; the GPU node's, from its replayed GPUs,
     # counts the busy H100 (100%) as the work's GPU and leaves the idle RTX out, as a local
     # run would
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--since", "2m",
-                                       "--step", "1s", "--json"),
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose", "--prometheus", prom.base, "--since", "2m", "--step", "1s", "--json"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     nodes = {d["prometheus"]["instance"]: d for d in json.loads(r.stdout)["nodes"]}
     assert set(nodes) == set(cluster["targets"])
     gpu_sig = nodes[gpu_target]["signals"]
     assert gpu_sig["gpus"] == 1 and gpu_sig["gpu_util_median_pct"] == 100, gpu_sig
     # the text form names the node and the run
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--instance",
-                                       f"127.0.0.1:{a0.port}", "--since", "2m"),
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose",
+            "--prometheus",
+            prom.base,
+            "--instance",
+            f"127.0.0.1:{a0.port}",
+            "--since",
+            "2m",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     assert f"node 127.0.0.1:{a0.port}" in r.stdout
     # the training's own verdict: first, or after a busy host's (as in its JSON form above)
@@ -393,24 +492,59 @@ def test_diagnose_over_prometheus_without_the_probe(tmp_path: Path) -> None:
     try:
         prom = start_prometheus(tmp_path, [f"127.0.0.1:{agent.port}"], None)
         trainer = subprocess.Popen(
-            stallscope_argv("run", "--interval", "1", "--out", str(out), "--", sys.executable,
-                            TRAIN, "--files", "400", "--max-seconds", "22", "--epochs", "100",
-                            "--workers", "1", "--prep-cost", "40", "--model", "tiny",
-                            "--no-probe"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        wait_for(prom, {"worker": 'stallscope_proc_cpu_ratio{role="worker"}',
-                        "trainer": 'stallscope_proc_main_thread_active_ratio{role="main"}'},
-                 40, [trainer, agent.proc])
+            stallscope_argv(
+                "run",
+                "--interval",
+                "1",
+                "--out",
+                str(out),
+                "--",
+                sys.executable,
+                TRAIN,
+                "--files",
+                "400",
+                "--max-seconds",
+                "22",
+                "--epochs",
+                "100",
+                "--workers",
+                "1",
+                "--prep-cost",
+                "40",
+                "--model",
+                "tiny",
+                "--no-probe",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        wait_for(
+            prom,
+            {
+                "worker": 'stallscope_proc_cpu_ratio{role="worker"}',
+                "trainer": 'stallscope_proc_main_thread_active_ratio{role="main"}',
+            },
+            40,
+            [trainer, agent.proc],
+        )
         here, there = both_diagnoses(trainer, out, prom, agent.port)
         assert training_finding(here)["kind"] == "input_bound.prep", here["findings"]
         assert training_finding(there)["kind"] == training_finding(here)["kind"], (
-            here["findings"], there["findings"])
+            here["findings"],
+            there["findings"],
+        )
         # the trainer's own sampled stacks, exported by the agent, read back from Prometheus
         assert there["stall_source"] == here["stall_source"] == "stacks", (
-            there["signals"].get("phase_shares"), here["signals"].get("phase_shares"))
+            there["signals"].get("phase_shares"),
+            here["signals"].get("phase_shares"),
+        )
         assert abs(there["stall_fraction"] - here["stall_fraction"]) <= 0.1, (
-            here["stall_fraction"], there["stall_fraction"])
+            here["stall_fraction"],
+            there["stall_fraction"],
+        )
     finally:
         stop_all(trainer, prom, [agent])
 
@@ -428,9 +562,16 @@ def test_agent_follows_another_users_training() -> None:
         pytest.skip("needs root, to run the agent and the trainer as two other users")
     agent_uid, trainer_uid = 61946, 61945
     try:
-        probe = subprocess.run([sys.executable, "-c", "import stallscope"], user=trainer_uid,
-                               group=trainer_uid, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                               capture_output=True, text=True, cwd="/", check=False)
+        probe = subprocess.run(
+            [sys.executable, "-c", "import stallscope"],
+            user=trainer_uid,
+            group=trainer_uid,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            cwd="/",
+            check=False,
+        )
         why = probe.stderr.strip()[-200:] if probe.returncode else ""
     except PermissionError as exc:
         why = str(exc)
@@ -443,23 +584,50 @@ def test_agent_follows_another_users_training() -> None:
         top.chmod(0o777)
         port = free_port()
         config = top / "agent.toml"
-        config.write_text(f'listen = "127.0.0.1:{port}"\ninterval_s = 0.5\n'
-                          f'store_dir = "{top}/agent-store"\n'
-                          f'run_indexes = ["{top}/state-*/runs.txt"]\n')
+        config.write_text(
+            f'listen = "127.0.0.1:{port}"\ninterval_s = 0.5\n'
+            f'store_dir = "{top}/agent-store"\n'
+            f'run_indexes = ["{top}/state-*/runs.txt"]\n'
+        )
         config.chmod(0o644)
         base = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(top))
-        agent = subprocess.Popen(stallscope_argv("agent", "--config", str(config)),
-                                 user=agent_uid, group=agent_uid, extra_groups=[],
-                                 cwd=top, text=True,
-                                 env=dict(base, STALLSCOPE_STATE_DIR=str(top / "agent-state")),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        agent = subprocess.Popen(
+            stallscope_argv("agent", "--config", str(config)),
+            user=agent_uid,
+            group=agent_uid,
+            extra_groups=[],
+            cwd=top,
+            text=True,
+            env=dict(base, STALLSCOPE_STATE_DIR=str(top / "agent-state")),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         trainer = subprocess.Popen(
-            stallscope_argv("run", "--interval", "1", "--out", str(top / "runs"), "--",
-                            sys.executable, TRAIN, "--files", "300", "--max-seconds", "12",
-                            "--epochs", "100"),
-            user=trainer_uid, group=trainer_uid, extra_groups=[], cwd=top, text=True,
+            stallscope_argv(
+                "run",
+                "--interval",
+                "1",
+                "--out",
+                str(top / "runs"),
+                "--",
+                sys.executable,
+                TRAIN,
+                "--files",
+                "300",
+                "--max-seconds",
+                "12",
+                "--epochs",
+                "100",
+            ),
+            user=trainer_uid,
+            group=trainer_uid,
+            extra_groups=[],
+            cwd=top,
+            text=True,
             env=dict(base, STALLSCOPE_STATE_DIR=str(top / "state-alice")),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline, text = time.monotonic() + 40, ""
         # labels come sorted: the rank shows once the trainer's probe has reported
         want = ("stallscope_train_steps_total{", 'rank="0",role="worker"', 'rank="0",role="main"')
@@ -476,10 +644,12 @@ def test_agent_follows_another_users_training() -> None:
         [run_dir] = list((top / "runs").iterdir())
         steps = [ln for ln in text.splitlines() if ln.startswith("stallscope_train_steps_total{")]
         assert f'run="{run_dir.name}"' in steps[0] and float(steps[0].rsplit(" ", 1)[1]) > 0
-        procs = [ln for ln in text.splitlines()
-                 if ln.startswith("stallscope_proc_cpu_seconds_total{")]
+        procs = [
+            ln for ln in text.splitlines() if ln.startswith("stallscope_proc_cpu_seconds_total{")
+        ]
         assert {('rank="0"' in ln, f'run="{run_dir.name}"' in ln) for ln in procs} == {
-            (True, True)}, procs
+            (True, True)
+        }, procs
         assert "stallscope_proc_read_bytes_total{" not in text  # another user's /proc/PID/io
         trainer.communicate(timeout=120)
         assert trainer.returncode == 0
@@ -492,6 +662,7 @@ def test_agent_follows_another_users_training() -> None:
 
 # --- bad input: one line each ---------------------------------------------------------------------
 
+
 def one_line(r: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -501,21 +672,29 @@ def one_line(r: subprocess.CompletedProcess[str]) -> str:
 
 def test_unreachable_prometheus_is_one_line() -> None:
     port = free_port()  # nothing listens there
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", f"http://127.0.0.1:{port}"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", "--prometheus", f"http://127.0.0.1:{port}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert f"cannot reach Prometheus at http://127.0.0.1:{port}" in one_line(r)
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--prometheus", "127.0.0.1:9090"], "must be an http:// or https:// URL"),
-    (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], "--since must be a duration"),
-    (["--prometheus", "http://127.0.0.1:1", "--instance", 'a"b'], "must not hold quotes"),
-    ([], "diagnose needs RUN"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--prometheus", "127.0.0.1:9090"], "must be an http:// or https:// URL"),
+        (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], "--since must be a duration"),
+        (["--prometheus", "http://127.0.0.1:1", "--instance", 'a"b'], "must not hold quotes"),
+        ([], "diagnose needs RUN"),
+    ],
+)
 def test_bad_prometheus_arguments_are_one_line(args: list[str], words: str) -> None:
-    r = subprocess.run(stallscope_argv("diagnose", *args), capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", *args), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert words in one_line(r)
 
@@ -532,9 +711,14 @@ def test_prometheus_without_stallscope_series_is_one_line(tmp_path: Path) -> Non
                 break
             except OSError:
                 time.sleep(0.3)
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", prom.base, "--job",
-                                           "stallscope", "--since", "5m"),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv(
+                "diagnose", "--prometheus", prom.base, "--job", "stallscope", "--since", "5m"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         stop_prometheus(prom)
     assert r.returncode == 1
@@ -542,6 +726,7 @@ def test_prometheus_without_stallscope_series_is_one_line(tmp_path: Path) -> Non
 
 
 # --- deploy files: systemd, container, Kubernetes -------------------------------------------------
+
 
 def agent_args_parse(args: list[str]) -> Any:
     """The agent's own parser accepts these arguments (as the image or the unit passes them)."""
@@ -564,10 +749,12 @@ def test_systemd_unit_verifies_and_grants_nothing(tmp_path: Path) -> None:
     assert ns.listen.startswith("127.0.0.1:")
     # verify needs the command to exist: the same unit with this checkout's interpreter
     local = tmp_path / "stallscope-agent.service"
-    local.write_text(unit.replace("/opt/stallscope/bin/stallscope",
-                                  f"{os.path.realpath(sys.executable)} -m stallscope"))
-    r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True,
-                       timeout=60)
+    local.write_text(
+        unit.replace(
+            "/opt/stallscope/bin/stallscope", f"{os.path.realpath(sys.executable)} -m stallscope"
+        )
+    )
+    r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
     settings = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
     assert settings["CapabilityBoundingSet"] == "" and settings["AmbientCapabilities"] == ""
@@ -584,8 +771,9 @@ def test_the_smart_drop_in_takes_effect(tmp_path: Path) -> None:
         tool_missing("systemd-analyze (Debian package systemd)")
         return
     unit = (ROOT / "deploy" / "systemd" / "stallscope-agent.service").read_text()
-    unit = unit.replace("/opt/stallscope/bin/stallscope",
-                        f"{os.path.realpath(sys.executable)} -m stallscope")
+    unit = unit.replace(
+        "/opt/stallscope/bin/stallscope", f"{os.path.realpath(sys.executable)} -m stallscope"
+    )
 
     def allowed(with_drop_in: bool) -> dict[str, bool]:
         d = tmp_path / ("with" if with_drop_in else "without")
@@ -593,32 +781,69 @@ def test_the_smart_drop_in_takes_effect(tmp_path: Path) -> None:
         (d / "stallscope-agent.service").write_text(unit)
         if with_drop_in:
             (d / "stallscope-agent.service.d").mkdir()
-            shutil.copy(ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf",
-                        d / "stallscope-agent.service.d" / "smart.conf")
-        r = subprocess.run([analyze, "security", "--offline=true", "--json=short",
-                            str(d / "stallscope-agent.service")], capture_output=True,
-                           text=True, timeout=60)
+            shutil.copy(
+                ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf",
+                d / "stallscope-agent.service.d" / "smart.conf",
+            )
+        r = subprocess.run(
+            [
+                analyze,
+                "security",
+                "--offline=true",
+                "--json=short",
+                str(d / "stallscope-agent.service"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         items = {x["name"]: x for x in json.loads(r.stdout)}
         # "set": the restriction is in force (the capability is removed)
-        return {cap: not items[f"CapabilityBoundingSet=~{cap}"]["set"]
-                for cap in ("CAP_SYS_RAWIO", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_NET_ADMIN")}
+        return {
+            cap: not items[f"CapabilityBoundingSet=~{cap}"]["set"]
+            for cap in ("CAP_SYS_RAWIO", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_NET_ADMIN")
+        }
 
-    assert allowed(False) == {"CAP_SYS_RAWIO": False, "CAP_SYS_ADMIN": False,
-                              "CAP_SYS_PTRACE": False, "CAP_NET_ADMIN": False}
-    assert allowed(True) == {"CAP_SYS_RAWIO": True, "CAP_SYS_ADMIN": True,
-                             "CAP_SYS_PTRACE": False, "CAP_NET_ADMIN": False}
-    drop_in = (ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf")
+    assert allowed(False) == {
+        "CAP_SYS_RAWIO": False,
+        "CAP_SYS_ADMIN": False,
+        "CAP_SYS_PTRACE": False,
+        "CAP_NET_ADMIN": False,
+    }
+    assert allowed(True) == {
+        "CAP_SYS_RAWIO": True,
+        "CAP_SYS_ADMIN": True,
+        "CAP_SYS_PTRACE": False,
+        "CAP_NET_ADMIN": False,
+    }
+    drop_in = ROOT / "deploy" / "systemd" / "stallscope-agent.service.d" / "smart.conf"
     assert "User=root" in drop_in.read_text()
 
 
 def test_containerfile_builds_a_non_root_agent_image() -> None:
     text = (ROOT / "deploy" / "container" / "Containerfile").read_text()
-    lines = [ln for ln in text.replace("\\\n", " ").splitlines()
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    instr = [(ln.split(None, 1)[0], ln.split(None, 1)[1] if " " in ln.strip() else "")
-             for ln in lines]
-    known = {"FROM", "RUN", "COPY", "ENV", "USER", "VOLUME", "EXPOSE", "ENTRYPOINT", "CMD",
-             "WORKDIR", "ARG", "LABEL"}
+    lines = [
+        ln
+        for ln in text.replace("\\\n", " ").splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    instr = [
+        (ln.split(None, 1)[0], ln.split(None, 1)[1] if " " in ln.strip() else "") for ln in lines
+    ]
+    known = {
+        "FROM",
+        "RUN",
+        "COPY",
+        "ENV",
+        "USER",
+        "VOLUME",
+        "EXPOSE",
+        "ENTRYPOINT",
+        "CMD",
+        "WORKDIR",
+        "ARG",
+        "LABEL",
+    }
     assert all(k in known for k, _ in instr), instr
     assert instr[0][0] == "FROM"
     for k, rest in instr:
@@ -637,8 +862,9 @@ def test_containerfile_builds_a_non_root_agent_image() -> None:
 def test_kubernetes_daemonset(tmp_path: Path) -> None:
     from stallscope.agent.config import load_config
 
-    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" /
-                                    "stallscope-agent.yaml").read_text()))
+    docs = list(
+        yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "stallscope-agent.yaml").read_text())
+    )
     kinds = {d["kind"]: d for d in docs}
     assert set(kinds) == {"ConfigMap", "DaemonSet", "Service", "ServiceMonitor"}
     for d in docs:
@@ -657,15 +883,18 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
     assert c["image"] and c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert "privileged" not in c["securityContext"] and "add" not in c["securityContext"][
-        "capabilities"]
+    assert (
+        "privileged" not in c["securityContext"]
+        and "add" not in c["securityContext"]["capabilities"]
+    )
     assert "nvidia.com/gpu" not in str(c.get("resources")), "must not take a GPU from jobs"
     # $(POD_IP) and $(NODE_NAME) are expanded by the kubelet from the downward API
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
-           if "valueFrom" in e}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert env == {"POD_IP": "status.podIP", "NODE_NAME": "spec.nodeName"}
-    args = [a.replace("$(POD_IP)", "10.244.3.17").replace("$(NODE_NAME)", "gpu-node-7")
-            for a in c["args"]]
+    args = [
+        a.replace("$(POD_IP)", "10.244.3.17").replace("$(NODE_NAME)", "gpu-node-7")
+        for a in c["args"]
+    ]
     assert all("$(" not in a for a in args)
     ns = agent_args_parse(args)
     assert ns.listen == "10.244.3.17:10127" and ns.hostname == "gpu-node-7"
@@ -693,8 +922,9 @@ def test_kubernetes_daemonset(tmp_path: Path) -> None:
     toml = tmp_path / "agent.toml"
     toml.write_text(cm["data"][Path(ns.config).name])
     cfg = load_config(toml)
-    assert cfg.run_indexes and all(p.startswith(mounts["runs"]["mountPath"])
-                                   for p in cfg.run_indexes)
+    assert cfg.run_indexes and all(
+        p.startswith(mounts["runs"]["mountPath"]) for p in cfg.run_indexes
+    )
     annotations = spec["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == ns.listen.rsplit(":", 1)[1]
 
@@ -720,10 +950,15 @@ def test_gpu_series_carry_the_pci_bus_id() -> None:
     assert [g["pci_bus_id"] for g in sample.readings["gpu"].payload] == want
     text = generate_latest(sink.registry).decode()
     for i, bus in enumerate(want):
-        assert re.search(rf'stallscope_gpu_utilization_ratio\{{[^}}]*gpu="{i}"[^}}]*'
-                         rf'pci_bus_id="{re.escape(bus)}"', text) or re.search(
+        assert re.search(
+            rf'stallscope_gpu_utilization_ratio\{{[^}}]*gpu="{i}"[^}}]*'
+            rf'pci_bus_id="{re.escape(bus)}"',
+            text,
+        ) or re.search(
             rf'stallscope_gpu_utilization_ratio\{{[^}}]*pci_bus_id="{re.escape(bus)}"[^}}]*'
-            rf'gpu="{i}"', text), text
+            rf'gpu="{i}"',
+            text,
+        ), text
     c.stop(final_sample=False)
 
 
@@ -733,31 +968,71 @@ def test_a_wheel_installs_into_a_fresh_venv_and_runs_the_agent(tmp_path: Path) -
     into a new virtual environment (as /opt/stallscope), and run from there the commands a
     fleet install uses: the agent serving /metrics, and the packaged alerting rules."""
     dist = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "-q", "-w", str(dist), str(ROOT)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     [wheel] = list(dist.glob("stallscope-*.whl"))
     venv = tmp_path / "opt-stallscope"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # its dependencies downloaded beside it; the wheel itself is what is tested
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index",
-                        "--find-links", str(dist), *_dependency_wheels(tmp_path),
-                        str(wheel)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(dist),
+            *_dependency_wheels(tmp_path),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     exe = venv / "bin" / "stallscope"
-    rules = subprocess.run([str(exe), "alerts", "prometheus"], capture_output=True, text=True,
-                           timeout=60, cwd=tmp_path)
+    rules = subprocess.run(
+        [str(exe), "alerts", "prometheus"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert rules.returncode == 0 and "StallscopeGpuHot" in rules.stdout, rules.stderr
     port = free_port()
-    agent = subprocess.Popen([str(exe), "agent", "--listen", f"127.0.0.1:{port}", "--interval",
-                              "0.5", "--store", str(tmp_path / "store")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
-                                                "HOME": str(tmp_path)})
+    agent = subprocess.Popen(
+        [
+            str(exe),
+            "agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+            "--store",
+            str(tmp_path / "store"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     try:
         assert "stallscope_host_cpu_seconds_total" in first_metrics(
-            agent, port, "stallscope_host_cpu_seconds_total")
+            agent, port, "stallscope_host_cpu_seconds_total"
+        )
     finally:
         terminate(agent)
 
@@ -772,7 +1047,11 @@ def _dependency_wheels(tmp: Path) -> list[str]:
 
     deps = tmp / "deps"
     core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(deps), *core],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", str(deps), *core],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return ["--find-links", str(deps)]

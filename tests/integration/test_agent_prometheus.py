@@ -47,12 +47,21 @@ def test_prometheus_scrapes_two_agents(tmp_path: Path) -> None:
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
             "    scrape_timeout: 1s\n    static_configs:\n"
-            f"      - targets: {json.dumps(targets)}\n")
+            f"      - targets: {json.dumps(targets)}\n"
+        )
         server = subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
-            env=dict(os.environ, HOME=str(tmp_path)))
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=dict(os.environ, HOME=str(tmp_path)),
+        )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + WAIT_S
         up: list[dict[str, Any]] = []

@@ -68,16 +68,34 @@ def test_a_root_agent_reads_a_users_runs_only_as_that_user(tmp_path: Path) -> No
     os.chmod(tmp_path, 0o755)
     secret = make_run(tmp_path / "root-runs")  # root's run: not the user's to show
     add_steps(secret, 0, 0, 50, 0.5, 0.5)
-    append_record(secret / "stacks", {"ts": time.time(), "pid": 77, "rank": 0,
-                                      "sampler": "inproc", "n": 50, "rate_hz": 50,
-                                      "s": {"data": 0.5, "compute": 0.5}})
+    append_record(
+        secret / "stacks",
+        {
+            "ts": time.time(),
+            "pid": 77,
+            "rank": 0,
+            "sampler": "inproc",
+            "n": 50,
+            "rate_hz": 50,
+            "s": {"data": 0.5, "compute": 0.5},
+        },
+    )
     home = tmp_path / "alice"
     home.mkdir()
     own = make_run(home / "runs")
     add_steps(own, 0, 0, 4, 0.1, 0.1)
-    append_record(own / "stacks", {"ts": time.time(), "pid": 78, "rank": 0,
-                                   "sampler": "inproc", "n": 50, "rate_hz": 50,
-                                   "s": {"data": 0.2, "compute": 0.8}})
+    append_record(
+        own / "stacks",
+        {
+            "ts": time.time(),
+            "pid": 78,
+            "rank": 0,
+            "sampler": "inproc",
+            "n": 50,
+            "rate_hz": 50,
+            "s": {"data": 0.2, "compute": 0.8},
+        },
+    )
     linked = home / "runs" / "linked"
     linked.symlink_to(secret)
     forged = home / "runs" / "forged"

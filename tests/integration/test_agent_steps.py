@@ -31,8 +31,12 @@ class Clock:
 
 def make_run(out: Path, pid: int | None = None, monitor_pid: int | None = None) -> Path:
     run_dir = new_run_dir(out, "train")
-    meta = base_meta(["python", "train.py"], start=time.time(), interval_s=1.0,
-                     pid=pid if pid is not None else os.getpid())
+    meta = base_meta(
+        ["python", "train.py"],
+        start=time.time(),
+        interval_s=1.0,
+        pid=pid if pid is not None else os.getpid(),
+    )
     if monitor_pid is not None:
         meta["monitor_pid"] = monitor_pid
     write_meta(run_dir, meta)
@@ -40,11 +44,13 @@ def make_run(out: Path, pid: int | None = None, monitor_pid: int | None = None) 
     return run_dir
 
 
-def add_steps(run_dir: Path, rank: int, first: int, n: int, wait: float, host: float,
-              samples: int | None = 32) -> None:
+def add_steps(
+    run_dir: Path, rank: int, first: int, n: int, wait: float, host: float, samples: int | None = 32
+) -> None:
     store = RunStore(run_dir / "run.db")
-    store.add_steps([StepRow(rank, first + i, time.time(), wait, host, samples=samples)
-                     for i in range(n)])
+    store.add_steps(
+        [StepRow(rank, first + i, time.time(), wait, host, samples=samples) for i in range(n)]
+    )
     store.close()
 
 
@@ -133,13 +139,25 @@ def test_a_reused_pid_is_not_the_trainer(tmp_path: Path) -> None:
     # the wall clock did since (here a start a day before this process: a clock step)
     stamp = writer_stamp(os.getpid())
     assert isinstance(stamp["start_ticks"], int) and stamp["boot_id"]
-    assert run_state({"start": meta["start"], "monitor_pid": os.getpid(),
-                      "monitor_stamp": stamp}) == "running"
+    assert (
+        run_state({"start": meta["start"], "monitor_pid": os.getpid(), "monitor_stamp": stamp})
+        == "running"
+    )
     other = dict(stamp, start_ticks=stamp["start_ticks"] + 1)
-    assert run_state({"start": time.time(), "monitor_pid": os.getpid(),
-                      "monitor_stamp": other}) == "interrupted"
-    assert run_state({"start": time.time(), "monitor_pid": os.getpid(),
-                      "monitor_stamp": dict(stamp, boot_id="another-boot")}) == "interrupted"
+    assert (
+        run_state({"start": time.time(), "monitor_pid": os.getpid(), "monitor_stamp": other})
+        == "interrupted"
+    )
+    assert (
+        run_state(
+            {
+                "start": time.time(),
+                "monitor_pid": os.getpid(),
+                "monitor_stamp": dict(stamp, boot_id="another-boot"),
+            }
+        )
+        == "interrupted"
+    )
     # a Session (`stallscope run`, the standalone probe) writes them
     from stallscope.collect.session import Session
 
@@ -206,6 +224,7 @@ def test_exposition_of_the_steps(tmp_path: Path) -> None:
 
 # --- the steps rebuilt from Prometheus' counters (diagnose --prometheus) --------------------------
 
+
 def test_steps_from_counters_baseline_reset_and_shares() -> None:
     from stallscope.analysis.promdata import _rank_rows
 
@@ -214,8 +233,12 @@ def test_steps_from_counters_baseline_reset_and_shares() -> None:
 
     # a run going on before the window: the first point is the baseline; the agent restarts
     # after the third point (counters start again from the run's totals read anew: 2 steps)
-    cols = {"n": col(50, 54, 58, 2, 6), "step_s": col(25, 27, 29, 1.0, 3.0),
-            "wait_s": col(10, 11, 12, 0.5, 1.5), "samples": col(1600, 1728, 1856, 64, 192)}
+    cols = {
+        "n": col(50, 54, 58, 2, 6),
+        "step_s": col(25, 27, 29, 1.0, 3.0),
+        "wait_s": col(10, 11, 12, 0.5, 1.5),
+        "samples": col(1600, 1728, 1856, 64, 192),
+    }
     rows = _rank_rows(3, cols, start=100.0, step=1.0)
     assert len(rows) == 4 + 4 + 2 + 4
     assert {r.rank for r in rows} == {3} and [r.step for r in rows] == list(range(14))
@@ -224,8 +247,11 @@ def test_steps_from_counters_baseline_reset_and_shares() -> None:
     assert {r.samples for r in rows} == {32}
     assert all(100.0 < r.ts <= 104.0 for r in rows)
     # a run that began inside the window: its first point counts from zero
-    late = {"n": ([110.0, 111.0], [3, 5]), "step_s": ([110.0, 111.0], [0.3, 0.5]),
-            "wait_s": ([110.0, 111.0], [0.0, 0.1])}
+    late = {
+        "n": ([110.0, 111.0], [3, 5]),
+        "step_s": ([110.0, 111.0], [0.3, 0.5]),
+        "wait_s": ([110.0, 111.0], [0.0, 0.1]),
+    }
     rows = _rank_rows(0, late, start=100.0, step=1.0)
     assert len(rows) == 5 and all(r.samples is None for r in rows)
     assert abs(sum(r.wait_s for r in rows) - 0.1) < 1e-9
@@ -250,8 +276,9 @@ def test_processes_from_prometheus_labels_one_run_and_its_tree() -> None:
     from stallscope.analysis.promdata import Series, _one_run_of_procs
     from stallscope.sources.roles import infer_roles
 
-    def ent(pid: str, role: str, name: str, ppid: str | None, run: str = "r1",
-            rank: str | None = None) -> dict[str, Any]:
+    def ent(
+        pid: str, role: str, name: str, ppid: str | None, run: str = "r1", rank: str | None = None
+    ) -> dict[str, Any]:
         a = {"role": role, "name": name, "run": run}
         if ppid is not None:
             a["ppid"] = ppid
@@ -259,28 +286,37 @@ def test_processes_from_prometheus_labels_one_run_and_its_tree() -> None:
             a["rank"] = rank
         return a
 
-    entities = {("procs", "10"): ent("10", "launcher", "torchrun", "1"),
-                ("procs", "11"): ent("11", "main", "python", "10"),
-                ("procs", "12"): ent("12", "main", "python", "10"),
-                ("procs", "13"): ent("13", "worker", "pt_data_worker", "11"),
-                ("procs", "14"): ent("14", "worker", "pt_data_worker", "12"),
-                ("procs", "90"): ent("90", "main", "python", "1", run="r0")}
-    series = {("procs.cpu_pct", p): Series("procs.cpu_pct", p, [1.0, 2.0], [50.0, 60.0])
-              for _s, p in entities}
+    entities = {
+        ("procs", "10"): ent("10", "launcher", "torchrun", "1"),
+        ("procs", "11"): ent("11", "main", "python", "10"),
+        ("procs", "12"): ent("12", "main", "python", "10"),
+        ("procs", "13"): ent("13", "worker", "pt_data_worker", "11"),
+        ("procs", "14"): ent("14", "worker", "pt_data_worker", "12"),
+        ("procs", "90"): ent("90", "main", "python", "1", run="r0"),
+    }
+    series = {
+        ("procs.cpu_pct", p): Series("procs.cpu_pct", p, [1.0, 2.0], [50.0, 60.0])
+        for _s, p in entities
+    }
     _one_run_of_procs(series, entities, None)  # no probe: the run with the most points
     assert {p for _s, p in entities} == {"10", "11", "12", "13", "14"}
     assert ("procs.cpu_pct", "90") not in series
     roles = infer_roles([{"entity": p, "attrs": a} for (_s, p), a in entities.items()])
-    assert roles == {"10": "launcher", "11": "main", "12": "main", "13": "worker",
-                     "14": "worker"}
+    assert roles == {"10": "launcher", "11": "main", "12": "main", "13": "worker", "14": "worker"}
     # an agent without the ppid label: workers go under the trainer of their rank
-    entities = {("procs", "11"): ent("11", "main", "python", None, rank="0"),
-                ("procs", "12"): ent("12", "main", "python", None, rank="1"),
-                ("procs", "13"): ent("13", "worker", "pt_data_worker", None, rank="0"),
-                ("procs", "14"): ent("14", "worker", "pt_data_worker", None, rank="1")}
+    entities = {
+        ("procs", "11"): ent("11", "main", "python", None, rank="0"),
+        ("procs", "12"): ent("12", "main", "python", None, rank="1"),
+        ("procs", "13"): ent("13", "worker", "pt_data_worker", None, rank="0"),
+        ("procs", "14"): ent("14", "worker", "pt_data_worker", None, rank="1"),
+    }
     _one_run_of_procs({}, entities, "r1")
     assert {p: a["ppid"] for (_s, p), a in entities.items()} == {
-        "11": None, "12": None, "13": "11", "14": "12"}
+        "11": None,
+        "12": None,
+        "13": "11",
+        "14": "12",
+    }
 
 
 # --- the trainers' processes (run, rank, role labels) ---------------------------------------------
@@ -327,8 +363,9 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
     from stallscope.agent.trainprocs import TrainerProcs
     from stallscope.collect import Collector
 
-    tree = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    tree = subprocess.Popen(
+        [sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         ranks, run = _ranked_run(tmp_path, tree)
         follower = StepFollower(rescan_s=0)
@@ -346,9 +383,14 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
             want[r["pid"]] = ("main", r["rank"])
             want[r["worker"]] = ("worker", r["rank"])
         for pid, (role, rank) in want.items():
-            line = next((ln for ln in text.splitlines()
-                         if ln.startswith("stallscope_proc_cpu_seconds_total{")
-                         and f'pid="{pid}"' in ln), None)
+            line = next(
+                (
+                    ln
+                    for ln in text.splitlines()
+                    if ln.startswith("stallscope_proc_cpu_seconds_total{") and f'pid="{pid}"' in ln
+                ),
+                None,
+            )
             assert line is not None, (pid, text)
             assert f'role="{role}"' in line and f'run="{run.name}"' in line, line
             assert 'Hostname="node-3"' in line and 'ppid="' in line, line
@@ -356,7 +398,7 @@ def test_trainer_processes_carry_run_rank_and_role(tmp_path: Path) -> None:
                 assert "rank=" not in line, line
             else:
                 assert f'rank="{rank}"' in line, line
-        assert 'stallscope_proc_resident_memory_bytes{' in text
+        assert "stallscope_proc_resident_memory_bytes{" in text
         # the run ends: its processes leave the exposition at the next sample
         end_run(run)
         procs.sample(time.time())
@@ -376,9 +418,18 @@ def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
     record_run(run)
 
     def add(pid: int, rank: int, data: float, compute: float) -> None:
-        append_record(run / "stacks", {"ts": time.time(), "pid": pid, "rank": rank,
-                                       "sampler": "inproc", "n": 50, "rate_hz": 50,
-                                       "s": {"data": data, "compute": compute}})
+        append_record(
+            run / "stacks",
+            {
+                "ts": time.time(),
+                "pid": pid,
+                "rank": rank,
+                "sampler": "inproc",
+                "n": 50,
+                "rate_hz": 50,
+                "s": {"data": data, "compute": compute},
+            },
+        )
 
     add(11, 1, 0.9, 0.1)
     add(10, 0, 0.05, 0.95)
@@ -391,8 +442,11 @@ def test_the_trainings_sampled_stacks_reach_metrics(tmp_path: Path) -> None:
 
     sink.write(Sample(time.time(), {"stacks": reading}, reading.points))
     text = generate_latest(sink.registry).decode()
-    line = next(ln for ln in text.splitlines()
-                if ln.startswith("stallscope_stacks_data_ratio{") and 'pid="11"' in ln)
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("stallscope_stacks_data_ratio{") and 'pid="11"' in ln
+    )
     assert f'run="{run.name}"' in line and 'rank="1"' in line and 'role="main"' in line, line
     assert 'Hostname="node-3"' in line and line.endswith(" 0.9"), line
     # the shares of the last 10 s stay while nothing new came (no gauge that comes and goes)
@@ -447,15 +501,21 @@ def test_worker_series_per_rank_sum_the_workers_and_never_go_down(tmp_path: Path
     from stallscope.agent.trainprocs import TrainerProcs
 
     stop = tmp_path / "stop"
-    tree = subprocess.Popen([sys.executable, "-c", _WORKERS_TREE, str(stop)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    tree = subprocess.Popen(
+        [sys.executable, "-c", _WORKERS_TREE, str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ranks, run = _ranked_run(tmp_path, tree)
         follower = StepFollower(rescan_s=0)
         per_proc = TrainerProcs(follower)
         per_rank = TrainerProcs(follower, worker_series="rank")
-        sinks = {mode: PrometheusSink(["procs"], hostname="node-3", steps=follower)
-                 for mode in ("process", "rank")}
+        sinks = {
+            mode: PrometheusSink(["procs"], hostname="node-3", steps=follower)
+            for mode in ("process", "rank")
+        }
 
         def scrape(mode: str, src: TrainerProcs) -> str:
             from stallscope.collect import Collector
@@ -528,16 +588,28 @@ def test_a_rank_s_summed_workers_come_back_as_that_many_workers() -> None:
     from stallscope.analysis.promdata import Series, _one_run_of_procs, _split_worker_groups
     from stallscope.sources.roles import infer_roles
 
-    entities = {("procs", "11"): {"role": "main", "name": "python", "run": "r1", "rank": "0"},
-                ("procs", "11/workers"): {"role": "worker", "name": "workers", "run": "r1",
-                                          "rank": "0", "ppid": "11"}}
-    series = {("procs.cpu_pct", "11"): Series("procs.cpu_pct", "11", [1.0, 2.0], [90.0, 95.0]),
-              ("procs.cpu_pct", "11/workers"): Series("procs.cpu_pct", "11/workers",
-                                                      [1.0, 2.0], [150.0, 240.0]),
-              ("procs.main_thread_active_pct", "11/workers"): Series(
-                  "procs.main_thread_active_pct", "11/workers", [1.0, 2.0], [40.0, 40.0]),
-              ("procs.processes", "11/workers"): Series("procs.processes", "11/workers",
-                                                        [1.0, 2.0], [3.0, 3.0])}
+    entities = {
+        ("procs", "11"): {"role": "main", "name": "python", "run": "r1", "rank": "0"},
+        ("procs", "11/workers"): {
+            "role": "worker",
+            "name": "workers",
+            "run": "r1",
+            "rank": "0",
+            "ppid": "11",
+        },
+    }
+    series = {
+        ("procs.cpu_pct", "11"): Series("procs.cpu_pct", "11", [1.0, 2.0], [90.0, 95.0]),
+        ("procs.cpu_pct", "11/workers"): Series(
+            "procs.cpu_pct", "11/workers", [1.0, 2.0], [150.0, 240.0]
+        ),
+        ("procs.main_thread_active_pct", "11/workers"): Series(
+            "procs.main_thread_active_pct", "11/workers", [1.0, 2.0], [40.0, 40.0]
+        ),
+        ("procs.processes", "11/workers"): Series(
+            "procs.processes", "11/workers", [1.0, 2.0], [3.0, 3.0]
+        ),
+    }
     _one_run_of_procs(series, entities, "r1")
     _split_worker_groups(series, entities)
     workers = sorted(p for (_s, p), a in entities.items() if a["role"] == "worker")
@@ -547,8 +619,12 @@ def test_a_rank_s_summed_workers_come_back_as_that_many_workers() -> None:
         assert series[("procs.main_thread_active_pct", w)].v == [40.0, 40.0]  # a mean already
         assert ("procs.processes", w) not in series
     roles = infer_roles([{"entity": p, "attrs": a} for (_s, p), a in entities.items()])
-    assert roles == {"11": "main", "11/workers": "worker", "11/workers#2": "worker",
-                     "11/workers#3": "worker"}
+    assert roles == {
+        "11": "main",
+        "11/workers": "worker",
+        "11/workers#2": "worker",
+        "11/workers#3": "worker",
+    }
     assert series[("procs.cpu_pct", "11")].v == [90.0, 95.0]  # the trainer is untouched
 
 
@@ -568,12 +644,19 @@ def test_communication_wait_goes_out_and_comes_back(tmp_path: Path) -> None:
     text = generate_latest(sink.registry).decode()
     labels0 = f'Hostname="node-3",rank="0",run="{run.name}",train_job="{run.name}"'
     labels1 = f'Hostname="node-3",rank="1",run="{run.name}",train_job="{run.name}"'
-    line = next(ln for ln in text.splitlines()
-                if ln.startswith(f"stallscope_train_comm_wait_seconds_total{{{labels0}}}"))
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith(f"stallscope_train_comm_wait_seconds_total{{{labels0}}}")
+    )
     assert abs(float(line.rsplit(" ", 1)[1]) - 0.2) < 1e-9, line
     assert f"stallscope_train_comm_wait_seconds_total{{{labels1}}}" not in text
-    cols = {"n": ([100.0, 101.0], [0, 4]), "step_s": ([100.0, 101.0], [0, 0.4]),
-            "wait_s": ([100.0, 101.0], [0, 0.04]), "comm_s": ([100.0, 101.0], [0, 0.16])}
+    cols = {
+        "n": ([100.0, 101.0], [0, 4]),
+        "step_s": ([100.0, 101.0], [0, 0.4]),
+        "wait_s": ([100.0, 101.0], [0, 0.04]),
+        "comm_s": ([100.0, 101.0], [0, 0.16]),
+    }
     rows = _rank_rows(0, cols, start=100.0, step=1.0)
     assert len(rows) == 4 and all(abs((r.comm_s or 0) - 0.04) < 1e-9 for r in rows)
 
@@ -596,5 +679,7 @@ def test_a_job_on_several_nodes_shares_its_train_job_label(tmp_path: Path) -> No
     store.close()
     sink = PrometheusSink(["host"], hostname="node-b", steps=StepFollower(rescan_s=0))
     text = generate_latest(sink.registry).decode()
-    assert (f'stallscope_train_steps_total{{Hostname="node-b",rank="1",run="{run.name}",'
-            'train_job="torchrun:j42"} 3.0') in text, text
+    assert (
+        f'stallscope_train_steps_total{{Hostname="node-b",rank="1",run="{run.name}",'
+        'train_job="torchrun:j42"} 3.0'
+    ) in text, text

@@ -49,8 +49,10 @@ class Steps:
     def __init__(self, tmp: Path) -> None:
         self.fleet = tmp / "fleet"
         self.ports = {p: free_port() for p in ("10127", "10128", "10129", "9090")}
-        self.env = {**os.environ,
-                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
         self.groups: list[int] = []
 
     def swap(self, block: str) -> str:
@@ -59,19 +61,27 @@ class Steps:
             block = block.replace(f"127.0.0.1:{port}", f"127.0.0.1:{mine}")
         return block
 
-    def run(self, block: str, timeout: float = 60, check: bool = True
-            ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.Popen(["bash", "-e", "-c", self.swap(block)], cwd=ROOT, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    def run(
+        self, block: str, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", self.swap(block)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.groups.append(proc.pid)  # what it leaves running stays in its process group
         out, err = proc.communicate(timeout=timeout)
         r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         assert r.returncode == 0 or not check, (block, r.stdout, r.stderr, self.logs())
         return r
 
-    def until(self, block: str, ok: object, within: float, what: str
-              ) -> subprocess.CompletedProcess[str]:
+    def until(
+        self, block: str, ok: object, within: float, what: str
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``block`` again until ``ok(output)`` (the reader waits as the text says)."""
         deadline = time.monotonic() + within
         while True:
@@ -79,13 +89,16 @@ class Steps:
             if r.returncode == 0 and ok(r.stdout):  # type: ignore[operator]
                 return r
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not seen in {within:g} s:\n{r.stdout}{r.stderr}"
-                                     f"\n{self.logs()}")
+                raise AssertionError(
+                    f"{what}: not seen in {within:g} s:\n{r.stdout}{r.stderr}\n{self.logs()}"
+                )
             time.sleep(1)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                         for p in sorted(self.fleet.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted(self.fleet.glob("*.log"))
+        )
 
     def cleanup(self) -> None:
         for pgid in self.groups:
@@ -124,13 +137,15 @@ def test_zero_to_a_three_node_dashboard(tmp_path: Path) -> None:
         assert "SUCCESS: 2 rule files found" in r.stdout, r.stdout
         assert len(re.findall(r"SUCCESS: \d+ rules found", r.stdout)) == 2, r.stdout
         # 3. every node up: three lines, one per node, each => 1
-        r = steps.until(check_up, lambda out: len(re.findall(r"=> 1 @", out)) == 3, 40,
-                        "three nodes up")
+        r = steps.until(
+            check_up, lambda out: len(re.findall(r"=> 1 @", out)) == 3, 40, "three nodes up"
+        )
         assert {n for n in NODES if f'instance="{n}"' in r.stdout} == set(NODES), r.stdout
         # 4. a training on node-a; its data-wait share, one line for node-a's rank 0
         steps.run(training)
-        r = steps.until(check_share, lambda out: 'instance="node-a"' in out, 90,
-                        "node-a's data-wait share")
+        r = steps.until(
+            check_share, lambda out: 'instance="node-a"' in out, 90, "node-a's data-wait share"
+        )
         lines = [ln for ln in r.stdout.splitlines() if "=>" in ln]
         assert len(lines) == 1 and 'rank="0"' in lines[0], r.stdout
         share = float(lines[0].split("=>")[1].split("@")[0])
@@ -140,8 +155,7 @@ def test_zero_to_a_three_node_dashboard(tmp_path: Path) -> None:
         seen: dict[str, set[str]] = {}  # panel -> the instances its lines name
         for title, expr in dashboard_targets():
             result = prom.query(concrete(expr))
-            seen.setdefault(title, set()).update(
-                x["metric"].get("instance", "") for x in result)
+            seen.setdefault(title, set()).update(x["metric"].get("instance", "") for x in result)
         host = [t for t, e in dashboard_targets() if "host_" in e]
         agent = [t for t, e in dashboard_targets() if "agent_" in e or "source_up" in e]
         train = [t for t, e in dashboard_targets() if "train" in e]
@@ -153,17 +167,17 @@ def test_zero_to_a_three_node_dashboard(tmp_path: Path) -> None:
         # 6. the diagnosis per node, once the demo's run has ended: node-a is input-bound
         runs = steps.fleet / "runs"
         deadline = time.monotonic() + 120
-        while not any("end" in json.loads(m.read_text() or "{}")
-                      for m in runs.glob("*/meta.json")):
+        while not any("end" in json.loads(m.read_text() or "{}") for m in runs.glob("*/meta.json")):
             assert time.monotonic() < deadline, steps.logs()
             time.sleep(1)
         r = steps.run(diagnose, timeout=120)
-        node_a = r.stdout[r.stdout.index("node node-a"):]
+        node_a = r.stdout[r.stdout.index("node node-a") :]
         node_a = node_a.split("\nnode node-", 1)[0]
         # (or, when the tests beside it kept the host busy, first the busy host: cpu_contention,
         # whose rule the run's own run-queue and CPU figures met; the input finding follows)
         assert "verdict: input_bound" in node_a or (
-            "verdict: cpu_contention" in node_a and "also: input_bound" in node_a), r.stdout
+            "verdict: cpu_contention" in node_a and "also: input_bound" in node_a
+        ), r.stdout
         assert {n for n in NODES if f"node {n}" in r.stdout} == set(NODES), r.stdout
         # 7. stop everything: each agent ends its store, nothing is left running
         pids = [int(p) for p in (steps.fleet / "pids").read_text().split()]

@@ -33,9 +33,11 @@ class _Hook(http.server.BaseHTTPRequestHandler):
 
 def test_config_alerts_are_parsed_over_the_defaults(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('interval_s = 1\nsmart = ["/dev/sda"]\n\n[[alerts]]\nname = "gpu_hot"\n'
-                   'metric = "gpu.temp_c"\nabove = 83\n\n[[alerts]]\nname = "host_swapping"\n'
-                   'enabled = false\n')
+    cfg.write_text(
+        'interval_s = 1\nsmart = ["/dev/sda"]\n\n[[alerts]]\nname = "gpu_hot"\n'
+        'metric = "gpu.temp_c"\nabove = 83\n\n[[alerts]]\nname = "host_swapping"\n'
+        "enabled = false\n"
+    )
     c = load_config(cfg)
     rules = {r.name: r for r in c.rules().rules}
     assert rules["gpu_hot"].above == 83 and "host_swapping" not in rules
@@ -44,8 +46,10 @@ def test_config_alerts_are_parsed_over_the_defaults(tmp_path: Path) -> None:
 
 def test_bad_alerts_in_config_are_one_line_each(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.toml"
-    cfg.write_text('[[alerts]]\nname = "x"\nmetric = "nope"\nabove = 1\n'
-                   'actions = [{email = "a@b"}, {shell = "rm -rf /"}]\n')
+    cfg.write_text(
+        '[[alerts]]\nname = "x"\nmetric = "nope"\nabove = 1\n'
+        'actions = [{email = "a@b"}, {shell = "rm -rf /"}]\n'
+    )
     with pytest.raises(ConfigError):
         load_config(cfg)
     r = run_cli("agent", "--config", str(cfg), "--store", str(tmp_path / "s"))
@@ -63,8 +67,10 @@ def test_agent_runs_config_alerts_and_notifies(tmp_path: Path) -> None:
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{hook.server_address[1]}/hook"
     cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-                   f'actions = [{{webhook = "{url}"}}]\n')
+    cfg.write_text(
+        f'[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+        f'actions = [{{webhook = "{url}"}}]\n'
+    )
     agent = start_agent(tmp_path, "--config", str(cfg))
     try:
         deadline = time.monotonic() + 20

@@ -45,8 +45,18 @@ def _sink(tmp_path: Path, doc: dict[str, object]) -> AlertSink:
     return sink
 
 
-HOT = {"alerts": [{"name": "gpu_hot", "metric": "gpu.temp_c", "above": 85, "clear_below": 80,
-                   "cooldown_s": 0, "actions": [{"probe": "cool_down"}]}]}
+HOT = {
+    "alerts": [
+        {
+            "name": "gpu_hot",
+            "metric": "gpu.temp_c",
+            "above": 85,
+            "clear_below": 80,
+            "cooldown_s": 0,
+            "actions": [{"probe": "cool_down"}],
+        }
+    ]
+}
 
 
 def _temps(sink: AlertSink, temps: list[float], t0: float = T0) -> None:
@@ -60,7 +70,9 @@ def test_the_sink_publishes_transitions_for_the_probe(tmp_path: Path) -> None:
     sink.close()
     lines = [json.loads(x) for x in (tmp_path / ALERTS_FILE).read_text().splitlines()]
     assert [(d["alert"], d["state"], d["value"], d["probe"]) for d in lines] == [
-        ("gpu_hot", "firing", 90, ["cool_down"]), ("gpu_hot", "cleared", 75, ["cool_down"])]
+        ("gpu_hot", "firing", 90, ["cool_down"]),
+        ("gpu_hot", "cleared", 75, ["cool_down"]),
+    ]
     assert lines[0]["threshold"] == 85 and lines[0]["notify"] is True
     assert lines[0]["summary"].startswith("gpu_hot on gpu0 firing: gpu.temp_c = 90 (")
 
@@ -102,8 +114,9 @@ def test_callbacks_run_by_rule_or_probe_name_and_respect_the_cooldown() -> None:
     stallscope.on_alert("cool_down", lambda a: seen.append(("by-probe", a.state)), cleared=True)
 
     def alert(state: str, notify: bool = True) -> Alert:
-        return Alert("gpu_hot", state, "gpu0", 90.0, 85.0, "critical", "s", T0, ("cool_down",),
-                     notify)
+        return Alert(
+            "gpu_hot", state, "gpu0", 90.0, 85.0, "critical", "s", T0, ("cool_down",), notify
+        )
 
     run_callbacks([alert("firing"), alert("cleared"), alert("firing", notify=False)])
     assert seen == [("by-name", "firing"), ("by-probe", "firing"), ("by-probe", "cleared")]
@@ -124,8 +137,9 @@ def test_a_callback_runs_on_the_stepping_thread_between_steps(tmp_path: Path) ->
     RunStore(tmp_path / "run.db").close()
     rec = Recorder(run_dir=tmp_path, register_atexit=False, flush_interval=0.05)
     ran: list[tuple[str, int, int]] = []
-    stallscope.on_alert("cool_down", lambda a: ran.append(
-        (a.name, threading.get_ident(), rec.state.step)))
+    stallscope.on_alert(
+        "cool_down", lambda a: ran.append((a.name, threading.get_ident(), rec.state.step))
+    )
     sink = _sink(tmp_path, HOT)
     with rec.begin_step():
         pass
@@ -161,21 +175,40 @@ sys.exit(3)
 """
 
 
-def _run_with_a_probe_alert(tmp_path: Path, trainer: str, *, timeout: float
-                            ) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _run_with_a_probe_alert(
+    tmp_path: Path, trainer: str, *, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`stallscope run --alerts` of ``trainer`` (a script taking the path it reports to) with a
     rule that fires at once and asks the probe for ``save_checkpoint``."""
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-                     'actions = [{probe = "save_checkpoint"}]\n')
+    rules.write_text(
+        '[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+        'actions = [{probe = "save_checkpoint"}]\n'
+    )
     script = tmp_path / "train.py"
     script.write_text(trainer)
     out = tmp_path / "seen.json"
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, str(script), str(out)),
-                       capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-                       env=env_without_stallscope())
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "0.2",
+            "--alerts",
+            str(rules),
+            "--out",
+            str(tmp_path / "runs"),
+            "--quiet",
+            "--",
+            sys.executable,
+            str(script),
+            str(out),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env=env_without_stallscope(),
+    )
     return r, out
 
 

@@ -40,18 +40,24 @@ def _tool(name: str, package: str) -> str:
 @pytest.mark.prometheus
 def test_rules_file_passes_promtool() -> None:
     promtool = _tool("promtool", "prometheus")
-    r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     alerts = RULES.read_text().count("- alert: ")
     assert alerts == 15, alerts  # every shipped alert (gpu_health the 15th), found by promtool
     records = RULES.read_text().count("- record: ")
     assert records == 7, records  # the straggler alert's two detectors and their baselines
     assert f"SUCCESS: {alerts + records} rules found" in r.stdout
-    r = subprocess.run([promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and f"SUCCESS: {alerts + records} rules found" in r.stdout, \
+    r = subprocess.run(
+        [promtool, "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0 and f"SUCCESS: {alerts + records} rules found" in r.stdout, (
         r.stdout + r.stderr
+    )
 
 
 @pytest.mark.prometheus
@@ -60,8 +66,13 @@ def test_rules_fire_and_clear_in_promtool_unit_tests() -> None:
     clears at the times the stallscope default would, hysteresis and the disk rule's pair
     included, the training alerts over the agent's stallscope_train_* counters."""
     promtool = _tool("promtool", "prometheus")
-    r = subprocess.run([promtool, "test", "rules", "stallscope-alerts.test.yml"],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT / "tests" / "promtool")
+    r = subprocess.run(
+        [promtool, "test", "rules", "stallscope-alerts.test.yml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT / "tests" / "promtool",
+    )
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
@@ -77,8 +88,10 @@ def test_rules_mirror_the_shipped_defaults() -> None:
     assert "rank:stallscope_train_data_wait:ratio_rate1m > 0.3" in text
     # the training alerts read the recording rules shipped beside them
     recorded = set(re.findall(r"record: (\S+)", RECORDING.read_text()))
-    assert {"rank:stallscope_train_data_wait:ratio_rate1m",
-            "rank:stallscope_train_step_seconds:mean_rate1m"} <= recorded
+    assert {
+        "rank:stallscope_train_data_wait:ratio_rate1m",
+        "rank:stallscope_train_step_seconds:mean_rate1m",
+    } <= recorded
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
@@ -118,8 +131,9 @@ def _wait(what: str, cond: Any, procs: list[subprocess.Popen[bytes]]) -> Any:
         for p in procs:
             if p.poll() is not None:
                 err = p.stderr.read().decode() if p.stderr else ""
-                pytest.fail(f"{p.args[0]} exited {p.returncode} while waiting for {what}: "
-                            f"{err[-1500:]}")
+                pytest.fail(
+                    f"{p.args[0]} exited {p.returncode} while waiting for {what}: {err[-1500:]}"
+                )
         got = cond()
         if got:
             return got
@@ -138,8 +152,12 @@ def _query(base: str, promql: str) -> list[dict[str, Any]]:
 
 
 def _alerts(received: list[dict[str, Any]], status: str) -> list[dict[str, Any]]:
-    return [a for msg in list(received) for a in msg.get("alerts", [])
-            if a.get("status") == status and a["labels"].get("alertname") == "StallscopeGpuHot"]
+    return [
+        a
+        for msg in list(received)
+        for a in msg.get("alerts", [])
+        if a.get("status") == status and a["labels"].get("alertname") == "StallscopeGpuHot"
+    ]
 
 
 @pytest.mark.prometheus
@@ -147,7 +165,8 @@ def _alerts(received: list[dict[str, Any]], status: str) -> list[dict[str, Any]]
 @pytest.mark.prometheus
 @pytest.mark.alertmanager
 def test_prometheus_and_alertmanager_notify_a_webhook(
-        tmp_path: Path, webhook: tuple[int, list[dict[str, Any]]]) -> None:
+    tmp_path: Path, webhook: tuple[int, list[dict[str, Any]]]
+) -> None:
     prometheus = _tool("prometheus", "prometheus")
     alertmanager = _tool("prometheus-alertmanager", "prometheus-alertmanager")
     hook_port, received = webhook
@@ -160,7 +179,8 @@ def test_prometheus_and_alertmanager_notify_a_webhook(
         "route:\n  receiver: hook\n  group_by: [alertname, instance, gpu]\n"
         "  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n"
         "receivers:\n  - name: hook\n    webhook_configs:\n"
-        f"      - url: http://127.0.0.1:{hook_port}/alerts\n        send_resolved: true\n")
+        f"      - url: http://127.0.0.1:{hook_port}/alerts\n        send_resolved: true\n"
+    )
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files: [{rules.name}]\n"
@@ -168,41 +188,84 @@ def test_prometheus_and_alertmanager_notify_a_webhook(
         f"    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\n"
         "scrape_configs:\n  - job_name: stallscope\n    scrape_interval: 1s\n"
         "    scrape_timeout: 1s\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{agent_port}']\n")
+        f"      - targets: ['127.0.0.1:{agent_port}']\n"
+    )
     env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "replay_agent.py"), str(H100_LOAD), str(hot),
-             "agent", "--listen", f"127.0.0.1:{agent_port}", "--interval", "0.5",
-             "--store", str(tmp_path / "store")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
-        procs.append(subprocess.Popen(
-            [alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
-             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-             "--cluster.listen-address=", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "tests" / "replay_agent.py"),
+                    str(H100_LOAD),
+                    str(hot),
+                    "agent",
+                    "--listen",
+                    f"127.0.0.1:{agent_port}",
+                    "--interval",
+                    "0.5",
+                    "--store",
+                    str(tmp_path / "store"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=tmp_path,
+                env=env,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    alertmanager,
+                    f"--config.file={tmp_path / 'alertmanager.yml'}",
+                    f"--storage.path={tmp_path / 'am'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=tmp_path,
+                env=env,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=tmp_path,
+                env=env,
+            )
+        )
         base = f"http://127.0.0.1:{prom_port}"
         # the GPU reads its recorded 59 °C: scraped, and nothing fires
-        temp = _wait("the agent's GPU temperature in Prometheus",
-                     lambda: _query(base, "stallscope_gpu_temperature_celsius"), procs)
+        temp = _wait(
+            "the agent's GPU temperature in Prometheus",
+            lambda: _query(base, "stallscope_gpu_temperature_celsius"),
+            procs,
+        )
         assert float(temp[0]["value"][1]) == 59.0
         assert not _query(base, 'ALERTS{alertname="StallscopeGpuHot"}')
         hot.touch()  # now 95 °C
-        [fired] = _wait("the firing notification at the webhook",
-                        lambda: _alerts(received, "firing"), procs)
+        [fired] = _wait(
+            "the firing notification at the webhook", lambda: _alerts(received, "firing"), procs
+        )
         assert fired["labels"]["severity"] == "critical" and fired["labels"]["gpu"] == "0"
         assert fired["labels"]["stallscope_rule"] == "gpu_hot"
         assert fired["annotations"]["summary"].startswith("GPU 0 on 127.0.0.1:")
         assert "95 °C" in fired["annotations"]["summary"]
         hot.unlink()  # back to 59 °C, below the 80 °C clear level
-        [resolved] = _wait("the resolved notification at the webhook",
-                           lambda: _alerts(received, "resolved"), procs)
+        [resolved] = _wait(
+            "the resolved notification at the webhook", lambda: _alerts(received, "resolved"), procs
+        )
         assert resolved["labels"]["gpu"] == "0"
     finally:
         for p in reversed(procs):
@@ -218,8 +281,10 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     interval = _seconds(scrape["global"]["scrape_interval"])
     alerts_md = (ROOT / "docs" / "alerts.md").read_text()
-    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", alerts_md, re.M)}
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", alerts_md, re.M)
+    }
     rules = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
     assert len(rules) >= 12
     for r in rules:
@@ -235,14 +300,17 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     # evaluation's CUSUM)
     [group] = [g for g in doc["groups"] if g["name"] == "stallscope-stragglers"]
     names = [r.get("record") or r.get("alert") for r in group["rules"]]
-    assert names == ["rank:stallscope_train_comm_wait:ratio_rate15s",
-                     "rank:stallscope_train_comm_wait_gap:ratio_rate15s",
-                     "rank:stallscope_train_comm_wait_gap:cusum",
-                     "rank:stallscope_train_comm_wait_gap:ratio_rate1m",
-                     "rank:stallscope_train_comm_wait_gap:cusum_rate1m",
-                     "StallscopeRankWaitedFor"], names
-    [cusum] = [r for r in group["rules"]
-               if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"]
+    assert names == [
+        "rank:stallscope_train_comm_wait:ratio_rate15s",
+        "rank:stallscope_train_comm_wait_gap:ratio_rate15s",
+        "rank:stallscope_train_comm_wait_gap:cusum",
+        "rank:stallscope_train_comm_wait_gap:ratio_rate1m",
+        "rank:stallscope_train_comm_wait_gap:cusum_rate1m",
+        "StallscopeRankWaitedFor",
+    ], names
+    [cusum] = [
+        r for r in group["rules"] if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum"
+    ]
     step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", cusum["expr"])[0])
     cap = float(re.search(r"0, (0\.\d+)\)\s*$", cusum["expr"]).group(1))
     [alert] = [r for r in rules if r["alert"] == "StallscopeRankWaitedFor"]
@@ -253,7 +321,8 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     [base] = [g for g in doc["groups"] if g["name"] == "stallscope-straggler-baselines"]
     assert base["interval"] == "1m" and [r["record"] for r in base["rules"]] == [
         "rank:stallscope_train_comm_wait_gap:median30m",
-        "rank:stallscope_train_comm_wait_gap:median30m_rate1m"], base
+        "rank:stallscope_train_comm_wait_gap:median30m_rate1m",
+    ], base
     assert "[30m]" in base["rules"][0]["expr"] and "[30m]" not in cusum["expr"]
     assert "rank:stallscope_train_comm_wait_gap:median30m" in cusum["expr"]
     # hysteresis: once firing it holds while the CUSUM is above a lower level
@@ -262,8 +331,11 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     # the slower detector for small slowdowns: the gap of the 1-minute shares that the
     # recording rules record, its own baseline (median30m_rate1m) and CUSUM, with the same
     # shape: no single evaluation reaches its threshold, and it clears below a lower level
-    [slow] = [r for r in group["rules"]
-              if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum_rate1m"]
+    [slow] = [
+        r
+        for r in group["rules"]
+        if r.get("record") == "rank:stallscope_train_comm_wait_gap:cusum_rate1m"
+    ]
     assert "rank:stallscope_train_comm_wait_gap:median30m_rate1m" in slow["expr"]
     assert "[30m]" in base["rules"][1]["expr"] and "ratio_rate1m[30m]" in base["rules"][1]["expr"]
     s_step = float(re.findall(r"clamp_max\([\s\S]*?,\s*(0\.\d+)\)", slow["expr"])[0])
@@ -272,10 +344,12 @@ def test_every_alert_has_a_description_a_runbook_and_a_long_enough_for() -> None
     s_clear = float(re.search(r"cusum_rate1m > (0\.\d+)", alert["expr"]).group(1))
     assert s_step < s_threshold <= 2 * s_step < s_cap + s_step, (s_step, s_threshold, s_cap)
     assert 0 < s_clear < s_threshold, (s_clear, s_threshold)
-    recording = yaml.safe_load((ROOT / "deploy" / "prometheus" /
-                                "stallscope-recording.yml").read_text())
+    recording = yaml.safe_load(
+        (ROOT / "deploy" / "prometheus" / "stallscope-recording.yml").read_text()
+    )
     assert "rank:stallscope_train_comm_wait:ratio_rate1m" in {
-        r.get("record") for g in recording["groups"] for r in g["rules"]}
+        r.get("record") for g in recording["groups"] for r in g["rules"]
+    }
 
 
 def _seconds(d: str) -> float:
@@ -290,13 +364,29 @@ def test_the_shipped_rules_are_the_rendering_with_the_defaults(tmp_path: Path) -
     """deploy/prometheus/stallscope-alerts.yml is `stallscope alerts prometheus` as is; with a
     selector every raw stallscope series and `up` carry it, the recorded ones do not, and the
     result still passes promtool."""
-    r = subprocess.run(stallscope_argv("alerts", "prometheus"), capture_output=True, text=True,
-                       timeout=60, check=True)
+    r = subprocess.run(
+        stallscope_argv("alerts", "prometheus"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert r.stdout == RULES.read_text()
     sel = 'job="gpu-nodes", cluster=~"a|b"'
-    r = subprocess.run(stallscope_argv("alerts", "prometheus", "--selector", sel,
-                                       "--runbook-url", "https://wiki.example/alerts.md"),
-                       capture_output=True, text=True, timeout=60, check=True)
+    r = subprocess.run(
+        stallscope_argv(
+            "alerts",
+            "prometheus",
+            "--selector",
+            sel,
+            "--runbook-url",
+            "https://wiki.example/alerts.md",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     import yaml
 
     rules = [rule for g in yaml.safe_load(r.stdout)["groups"] for rule in g["rules"]]
@@ -305,18 +395,25 @@ def test_the_shipped_rules_are_the_rendering_with_the_defaults(tmp_path: Path) -
             assert f"{name}{{{sel}}}" in rule["expr"], rule["expr"]
         if "alert" in rule:
             assert rule["annotations"]["runbook_url"] == (
-                f"https://wiki.example/alerts.md#{rule['alert'].lower()}"), rule
+                f"https://wiki.example/alerts.md#{rule['alert'].lower()}"
+            ), rule
     exprs = "\n".join(rule["expr"] for rule in rules)
-    assert f"up{{{sel}}} == 0" in exprs and "rank:stallscope_train_data_wait:ratio_rate1m >" \
-        in exprs
+    assert (
+        f"up{{{sel}}} == 0" in exprs and "rank:stallscope_train_data_wait:ratio_rate1m >" in exprs
+    )
     out = tmp_path / "rules.yml"
     out.write_text(r.stdout)
     promtool = shutil.which("promtool")
     if promtool is None:
         tool_missing("promtool (Debian package prometheus)")
-    c = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True,
-                       timeout=60)
+    c = subprocess.run(
+        [promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60
+    )
     assert c.returncode == 0, c.stdout + c.stderr
-    bad = subprocess.run(stallscope_argv("alerts", "prometheus", "--selector", "job=gpu"),
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        stallscope_argv("alerts", "prometheus", "--selector", "job=gpu"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

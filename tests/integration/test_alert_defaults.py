@@ -26,8 +26,9 @@ def _engine() -> AlertEngine:
     return AlertEngine(parse_rules({}, "defaults").rules)
 
 
-def _drive(series: list[list[tuple[str, str, float]]], dt: float = 1.0,
-           engine: AlertEngine | None = None) -> list[tuple[float, str, str, str]]:
+def _drive(
+    series: list[list[tuple[str, str, float]]], dt: float = 1.0, engine: AlertEngine | None = None
+) -> list[tuple[float, str, str, str]]:
     """Feed one sample per entry (a list of (metric, entity, value)); transitions as
     (t, alert, entity, state)."""
     eng = engine or _engine()
@@ -40,9 +41,19 @@ def _drive(series: list[list[tuple[str, str, float]]], dt: float = 1.0,
 
 def test_every_default_reads_a_metric_of_the_vocabulary() -> None:
     names = {r.name for r in DEFAULT_RULES}
-    assert {"gpu_hot", "gpu_throttled", "shm_nearly_full", "host_swapping", "disk_saturated",
-            "smart_failing", "smart_defects_growing", "smart_threshold_soon", "data_wait_high",
-            "gpu_memory_growing", "rank_slow"} <= names
+    assert {
+        "gpu_hot",
+        "gpu_throttled",
+        "shm_nearly_full",
+        "host_swapping",
+        "disk_saturated",
+        "smart_failing",
+        "smart_defects_growing",
+        "smart_threshold_soon",
+        "data_wait_high",
+        "gpu_memory_growing",
+        "rank_slow",
+    } <= names
     for r in DEFAULT_RULES:
         assert lookup(r.metric) is not None, r.metric
         assert all(lookup(a.metric) is not None for a in r.also)
@@ -50,27 +61,39 @@ def test_every_default_reads_a_metric_of_the_vocabulary() -> None:
 
 def test_smart_failing_fires_and_clears() -> None:
     seq = [[("smart.failing", "sda", v)] for v in (0, 0, 1, 1, 0)]
-    assert _drive(seq) == [(2.0, "smart_failing", "sda", "firing"),
-                           (4.0, "smart_failing", "sda", "cleared")]
+    assert _drive(seq) == [
+        (2.0, "smart_failing", "sda", "firing"),
+        (4.0, "smart_failing", "sda", "cleared"),
+    ]
 
 
 def test_smart_defect_growth_fires_and_clears() -> None:
     seq = [[("smart.medium_growth", "sda", v)] for v in (0, 303, 303, 0)]
-    assert _drive(seq) == [(1.0, "smart_defects_growing", "sda", "firing"),
-                           (3.0, "smart_defects_growing", "sda", "cleared")]
+    assert _drive(seq) == [
+        (1.0, "smart_defects_growing", "sda", "firing"),
+        (3.0, "smart_defects_growing", "sda", "cleared"),
+    ]
 
 
 def test_smart_threshold_soon_fires_and_clears() -> None:
     seq = [[("smart.days_left", "nvme0n1", v)] for v in (90, 45, 29.5, 27, 60)]
-    assert _drive(seq) == [(2.0, "smart_threshold_soon", "nvme0n1", "firing"),
-                           (4.0, "smart_threshold_soon", "nvme0n1", "cleared")]
+    assert _drive(seq) == [
+        (2.0, "smart_threshold_soon", "nvme0n1", "firing"),
+        (4.0, "smart_threshold_soon", "nvme0n1", "cleared"),
+    ]
 
 
 def test_data_wait_share_needs_two_minutes_and_clears_below_20() -> None:
-    seq = ([[("probe.wait_pct", "rank0", 10.0)]] * 10 + [[("probe.wait_pct", "rank0", 45.0)]] * 130
-           + [[("probe.wait_pct", "rank0", 25.0)]] * 10 + [[("probe.wait_pct", "rank0", 5.0)]])
-    assert _drive(seq) == [(130.0, "data_wait_high", "rank0", "firing"),
-                           (150.0, "data_wait_high", "rank0", "cleared")]
+    seq = (
+        [[("probe.wait_pct", "rank0", 10.0)]] * 10
+        + [[("probe.wait_pct", "rank0", 45.0)]] * 130
+        + [[("probe.wait_pct", "rank0", 25.0)]] * 10
+        + [[("probe.wait_pct", "rank0", 5.0)]]
+    )
+    assert _drive(seq) == [
+        (130.0, "data_wait_high", "rank0", "firing"),
+        (150.0, "data_wait_high", "rank0", "cleared"),
+    ]
     # a minute and a half of waiting is not enough
     short = [[("probe.wait_pct", "rank0", 45.0)]] * 90 + [[("probe.wait_pct", "rank0", 5.0)]]
     assert _drive(short) == []
@@ -78,19 +101,25 @@ def test_data_wait_share_needs_two_minutes_and_clears_below_20() -> None:
 
 def test_disk_saturated_needs_high_util_and_slow_reads_together() -> None:
     def s(util: float, r_await: float) -> list[tuple[str, str, float]]:
-        return [("disk.util_pct", "sdb", util), ("disk.r_await_ms", "sdb", r_await),
-                ("disk.r_await_ms", "sda", 500.0)]  # another disk's latency must not count
+        return [
+            ("disk.util_pct", "sdb", util),
+            ("disk.r_await_ms", "sdb", r_await),
+            ("disk.r_await_ms", "sda", 500.0),
+        ]  # another disk's latency must not count
 
     busy_but_fast = [s(99, 2)] * 120  # NVMe at 100% util serving quickly: fine
     assert _drive(busy_but_fast) == []
     eng = _engine()
     fired = _drive([s(95, 80)] * 70 + [s(95, 10)], engine=eng)
-    assert fired == [(60.0, "disk_saturated", "sdb", "firing"),
-                     (70.0, "disk_saturated", "sdb", "cleared")]
+    assert fired == [
+        (60.0, "disk_saturated", "sdb", "firing"),
+        (70.0, "disk_saturated", "sdb", "cleared"),
+    ]
     eng = _engine()
     for i in range(61):
-        got = eng.evaluate(T0 + i, [Point("disk.util_pct", "sdb", 95),
-                                    Point("disk.r_await_ms", "sdb", 80)])
+        got = eng.evaluate(
+            T0 + i, [Point("disk.util_pct", "sdb", 95), Point("disk.r_await_ms", "sdb", 80)]
+        )
     [t] = got
     assert "disk.r_await_ms = 80" in t.summary() and "and disk.r_await_ms > 50" in t.summary()
 
@@ -103,8 +132,10 @@ def test_gpu_memory_growing_is_a_steady_trend_not_a_level() -> None:
     top = grow[-1][0][2]
     after = [[("gpu.mem_used_mib", "gpu0", top + rng.gauss(0, 5))] for _ in range(90)]
     got = _drive(flat + grow + after, dt=10.0)
-    assert [(a, s) for _t, a, _e, s in got] == [("gpu_memory_growing", "firing"),
-                                               ("gpu_memory_growing", "cleared")]
+    assert [(a, s) for _t, a, _e, s in got] == [
+        ("gpu_memory_growing", "firing"),
+        ("gpu_memory_growing", "cleared"),
+    ]
     fire_t, clear_t = got[0][0], got[1][0]
     # growth starts at 600 s; the fit over 10 min sees it steadily after a few minutes, and
     # the alert waits 2 more (for_s)
@@ -114,10 +145,15 @@ def test_gpu_memory_growing_is_a_steady_trend_not_a_level() -> None:
 
 
 def test_rank_slow_fires_and_clears() -> None:
-    seq = ([[("probe.rank_slowdown", "rank3", 1.0)]] * 5 + [[("probe.rank_slowdown", "rank3", 2.1)]]
-           * 70 + [[("probe.rank_slowdown", "rank3", 1.1)]])
-    assert _drive(seq) == [(65.0, "rank_slow", "rank3", "firing"),
-                           (75.0, "rank_slow", "rank3", "cleared")]
+    seq = (
+        [[("probe.rank_slowdown", "rank3", 1.0)]] * 5
+        + [[("probe.rank_slowdown", "rank3", 2.1)]] * 70
+        + [[("probe.rank_slowdown", "rank3", 1.1)]]
+    )
+    assert _drive(seq) == [
+        (65.0, "rank_slow", "rank3", "firing"),
+        (75.0, "rank_slow", "rank3", "cleared"),
+    ]
 
 
 # --- what feeds them --------------------------------------------------------------------------
@@ -158,8 +194,12 @@ def _fixture(name: str) -> object:
 def test_smart_points_from_real_smartctl_outputs() -> None:
     before = parse_smartctl(_fixture("smartctl-ST3500418AS_11.json"))
     [grown] = explain_series([before, parse_smartctl(_fixture("smartctl-ST3500418AS_12.json"))])
-    assert drive_points(before) == {"failing": 0.0, "medium_growth": 0.0, "reallocated": 1.0,
-                                    "pending": 0.0}
+    assert drive_points(before) == {
+        "failing": 0.0,
+        "medium_growth": 0.0,
+        "reallocated": 1.0,
+        "pending": 0.0,
+    }
     assert drive_points(grown)["failing"] == 1.0 and drive_points(grown)["medium_growth"] == 303
     nvme = parse_smartctl(_fixture("smartctl-nvme-null-Samsung_SSD_970_EVO_Plus_250GB-nvme0.json"))
     assert drive_points(nvme)["nvme_spare_pct"] == 100.0
@@ -167,8 +207,9 @@ def test_smart_points_from_real_smartctl_outputs() -> None:
 
 
 def test_smart_source_reports_its_latest_check() -> None:
-    grown = explain_series([parse_smartctl(_fixture(f"smartctl-ST3500418AS_{n}.json"))
-                            for n in (11, 12)])
+    grown = explain_series(
+        [parse_smartctl(_fixture(f"smartctl-ST3500418AS_{n}.json")) for n in (11, 12)]
+    )
     src = SmartSource(["/dev/sda"], check=lambda _d: (grown, ["a note"]))
     src.check_now()  # what the background thread does every 10 min
     pts = {(p.name, p.entity): p.value for p in src.read(T0).points}
@@ -181,11 +222,14 @@ def test_smart_source_reports_its_latest_check() -> None:
 
 def test_check_rejects_bad_also_and_trend(tmp_path: Path) -> None:
     f = tmp_path / "r.toml"
-    f.write_text('[[alerts]]\nname = "x"\nmetric = "disk.util_pct"\nabove = 90\n'
-                 'also = [{metric = "nope", above = 1}, {metric = "disk.r_await_ms"}]\n'
-                 'trend_s = -5\n')
-    r = subprocess.run(stallscope_argv("alerts", "check", str(f)), capture_output=True,
-                       text=True, timeout=60)
+    f.write_text(
+        '[[alerts]]\nname = "x"\nmetric = "disk.util_pct"\nabove = 90\n'
+        'also = [{metric = "nope", above = 1}, {metric = "disk.r_await_ms"}]\n'
+        "trend_s = -5\n"
+    )
+    r = subprocess.run(
+        stallscope_argv("alerts", "check", str(f)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "also[0].metric: 'nope'" in r.stderr
     assert "also[1]: give exactly one of 'above' or 'below'" in r.stderr
@@ -210,15 +254,31 @@ def test_data_wait_alert_fires_under_run(tmp_path: Path) -> None:
     """The probe writes steps in the trainer; the monitor reads them per rank and the rule on
     probe.wait_pct fires (for_s shortened to 1 s by the rules file)."""
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[alerts]]\nname = "data_wait_high"\nmetric = "probe.wait_pct"\n'
-                     'above = 30\nfor_s = 1\n')
+    rules.write_text(
+        '[[alerts]]\nname = "data_wait_high"\nmetric = "probe.wait_pct"\nabove = 30\nfor_s = 1\n'
+    )
     script = tmp_path / "train.py"
     script.write_text(TRAINER)
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.3", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, str(script)),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=env_without_stallscope())
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "0.3",
+            "--alerts",
+            str(rules),
+            "--out",
+            str(tmp_path / "runs"),
+            "--quiet",
+            "--",
+            sys.executable,
+            str(script),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env_without_stallscope(),
+    )
     assert r.returncode == 0, r.stderr
     [run_dir] = list((tmp_path / "runs").iterdir())
     st = RunStore(run_dir / "run.db", readonly=True)

@@ -54,15 +54,24 @@ metric = "gpu.temp_c"
 above = 1
 below = 2
 """)
-    r = subprocess.run(stallscope_argv("alerts", "check", str(f)), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("alerts", "check", str(f)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert all(line.startswith("stallscope: ") for line in lines)
     text = r.stderr
-    for key in ("'severty'", ".metric: 'gpu.temprature_c'", ".clear_below", ".for_s",
-                "actions[0].webhook", "actions[1].command", "unknown action 'pager'",
-                "alerts[1].name", "exactly one of 'above' or 'below'"):
+    for key in (
+        "'severty'",
+        ".metric: 'gpu.temprature_c'",
+        ".clear_below",
+        ".for_s",
+        "actions[0].webhook",
+        "actions[1].command",
+        "unknown action 'pager'",
+        "alerts[1].name",
+        "exactly one of 'above' or 'below'",
+    ):
         assert key in text, key
     assert "Traceback" not in text
     assert len(lines) == 9
@@ -70,29 +79,43 @@ below = 2
 
 def test_check_accepts_a_good_file_and_lists_defaults(tmp_path: Path) -> None:
     f = tmp_path / "rules.toml"
-    f.write_text('[[alerts]]\nname = "gpu_hot"\nmetric = "gpu.temp_c"\nabove = 80\n'
-                 'for_s = 10\nclear_below = 75\n\n[[alerts]]\nname = "host_swapping"\n'
-                 'enabled = false\n')
-    r = subprocess.run(stallscope_argv("alerts", "check", str(f)), capture_output=True,
-                       text=True, timeout=60)
+    f.write_text(
+        '[[alerts]]\nname = "gpu_hot"\nmetric = "gpu.temp_c"\nabove = 80\n'
+        'for_s = 10\nclear_below = 75\n\n[[alerts]]\nname = "host_swapping"\n'
+        "enabled = false\n"
+    )
+    r = subprocess.run(
+        stallscope_argv("alerts", "check", str(f)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert "gpu_hot: gpu.temp_c > 80 for 10 s" in r.stdout  # the file replaces the default
     assert "host_swapping" not in r.stdout  # turned off
     assert "shm_nearly_full" in r.stdout  # other defaults stay on
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("not toml [", "not valid TOML"),
-    ("[[alerts]]\nname='x'\nfinding='input_bound.fetched'\n", "is not a finding kind"),
-    ("[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\nactions=[{email='a@b'}]\n",
-     "needs an [smtp] table"),
-    ("[smtp]\nport='25'\n", "smtp.port"),
-    # a command no one can run is found when the file is checked, not when the alert fires
-    ("[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\n"
-     "actions=[{command=['no-such-program-stallscope']}]\n", "is not a program this user"),
-    ("[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\n"
-     "actions=[{command=['/dev/null']}]\n", "is not a program this user"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("not toml [", "not valid TOML"),
+        ("[[alerts]]\nname='x'\nfinding='input_bound.fetched'\n", "is not a finding kind"),
+        (
+            "[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\nactions=[{email='a@b'}]\n",
+            "needs an [smtp] table",
+        ),
+        ("[smtp]\nport='25'\n", "smtp.port"),
+        # a command no one can run is found when the file is checked, not when the alert fires
+        (
+            "[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\n"
+            "actions=[{command=['no-such-program-stallscope']}]\n",
+            "is not a program this user",
+        ),
+        (
+            "[[alerts]]\nname='x'\nmetric='gpu.temp_c'\nabove=1\n"
+            "actions=[{command=['/dev/null']}]\n",
+            "is not a program this user",
+        ),
+    ],
+)
 def test_bad_files_give_clear_lines(tmp_path: Path, text: str, fragment: str) -> None:
     f = tmp_path / "r.toml"
     f.write_text(text)
@@ -101,8 +124,9 @@ def test_bad_files_give_clear_lines(tmp_path: Path, text: str, fragment: str) ->
 
 
 # --- the engine ----------------------------------------------------------------------------------
-def _run(engine: AlertEngine, values: list[float], dt: float = 1.0,
-         metric: str = "gpu.temp_c") -> list[Any]:
+def _run(
+    engine: AlertEngine, values: list[float], dt: float = 1.0, metric: str = "gpu.temp_c"
+) -> list[Any]:
     out = []
     for i, v in enumerate(values):
         out += engine.evaluate(T0 + i * dt, [Point(metric, "gpu0", v)])
@@ -202,8 +226,11 @@ def test_email_reaches_a_real_smtp_server() -> None:
     ctl.start()
     try:
         smtp = Smtp(host="127.0.0.1", port=port, sender="stallscope@test")
-        done = deliver(Action("email", "ops@example.org"),
-                       alert_body(_transition(), host="node7", run="r"), smtp)
+        done = deliver(
+            Action("email", "ops@example.org"),
+            alert_body(_transition(), host="node7", run="r"),
+            smtp,
+        )
     finally:
         ctl.stop()
     assert "ops@example.org" in done
@@ -214,23 +241,40 @@ def test_email_reaches_a_real_smtp_server() -> None:
 
 def test_command_gets_the_alert_in_its_environment(tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
-    argv = [sys.executable, "-c", "import os,sys; open(sys.argv[1],'w').write("
-            "os.environ['STALLSCOPE_ALERT_ALERT'] + ' ' + os.environ['STALLSCOPE_ALERT_VALUE'])",
-            str(out)]
-    done = deliver(Action("command", tuple(argv)), alert_body(_transition(), host="h", run=""),
-                   None)
+    argv = [
+        sys.executable,
+        "-c",
+        "import os,sys; open(sys.argv[1],'w').write("
+        "os.environ['STALLSCOPE_ALERT_ALERT'] + ' ' + os.environ['STALLSCOPE_ALERT_VALUE'])",
+        str(out),
+    ]
+    done = deliver(
+        Action("command", tuple(argv)), alert_body(_transition(), host="h", run=""), None
+    )
     assert "exited 0" in done
     assert out.read_text() == "gpu_hot 91.0"
     with pytest.raises(OSError, match="exited 3"):
-        deliver(Action("command", (sys.executable, "-c", "raise SystemExit(3)")),
-                alert_body(_transition(), host="h", run=""), None)
+        deliver(
+            Action("command", (sys.executable, "-c", "raise SystemExit(3)")),
+            alert_body(_transition(), host="h", run=""),
+            None,
+        )
 
 
 def test_sink_records_and_delivers_off_the_collector_thread(
-        webhook: tuple[str, list[dict[str, Any]]]) -> None:
+    webhook: tuple[str, list[dict[str, Any]]],
+) -> None:
     url, received = webhook
-    doc = {"alerts": [{"name": "mem", "metric": "host.mem_used_mib", "above": 100,
-                       "actions": [{"webhook": url}]}]}
+    doc = {
+        "alerts": [
+            {
+                "name": "mem",
+                "metric": "host.mem_used_mib",
+                "above": 100,
+                "actions": [{"webhook": url}],
+            }
+        ]
+    }
     sink = AlertSink(parse_rules(doc, defaults=False), run="r1", host="h")
     said: list[tuple[str, str]] = []
     sink.bind(lambda ts, src, kind, msg: said.append((kind, msg)))
@@ -253,27 +297,56 @@ def test_replay_shows_what_would_have_fired_over_a_stored_run(tmp_path: Path) ->
         st.add_points(T0 + i, [Point("gpu.temp_c", "gpu0", v), Point("collector.cpu_s", "", 0.001)])
     st.close()
     write_meta(run, {"command": ["train"], "start": T0, "end": T0 + 80, "exit_code": 0})
-    r = subprocess.run(stallscope_argv("alerts", "replay", "-", str(run), "--json"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("alerts", "replay", "-", str(run), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [(t["alert"], t["state"], t["t_s"]) for t in doc["transitions"]] == [
-        ("gpu_hot", "firing", 40.0), ("gpu_hot", "cleared", 70.0)]
-    text = subprocess.run(stallscope_argv("alerts", "replay", "-", str(run)),
-                          capture_output=True, text=True, timeout=60).stdout
+        ("gpu_hot", "firing", 40.0),
+        ("gpu_hot", "cleared", 70.0),
+    ]
+    text = subprocess.run(
+        stallscope_argv("alerts", "replay", "-", str(run)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "+    40.0 s  firing   gpu_hot on gpu0 firing: gpu.temp_c = 90" in text
 
 
-def test_run_with_alerts_fires_a_webhook(tmp_path: Path,
-                                         webhook: tuple[str, list[dict[str, Any]]]) -> None:
+def test_run_with_alerts_fires_a_webhook(
+    tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]]
+) -> None:
     url, received = webhook
     rules = tmp_path / "rules.toml"
-    rules.write_text(f'[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-                     f'actions = [{{webhook = "{url}"}}]\n')
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, "-c", "import time; time.sleep(1.2)"),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    rules.write_text(
+        f'[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+        f'actions = [{{webhook = "{url}"}}]\n'
+    )
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "0.2",
+            "--alerts",
+            str(rules),
+            "--out",
+            str(tmp_path / "runs"),
+            "--quiet",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(1.2)",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert [x["alert"] for x in received] == ["mem_used"]
     assert received[0]["run"].endswith(tuple(p.name for p in (tmp_path / "runs").iterdir()))
@@ -288,22 +361,43 @@ def test_run_with_a_bad_rules_file_starts_nothing(tmp_path: Path) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text('[[alerts]]\nname = "x"\nmetric = "nope"\nabove = 1\n')
     marker = tmp_path / "ran"
-    r = subprocess.run(stallscope_argv("run", "--alerts", str(rules), "--", "touch", str(marker)),
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        stallscope_argv("run", "--alerts", str(rules), "--", "touch", str(marker)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode != 0 and "metric: 'nope'" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists()
 
 
-def _short_run_with(rules: Path, tmp_path: Path, exit_code: int
-                    ) -> tuple[subprocess.CompletedProcess[str], float]:
+def _short_run_with(
+    rules: Path, tmp_path: Path, exit_code: int
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """`stallscope run --alerts rules` of a 1.5 s trainer exiting with ``exit_code``; and how
     long `run` took."""
     t0 = time.monotonic()
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--alerts", str(rules),
-                                       "--out", str(tmp_path / "runs"), "--quiet", "--",
-                                       sys.executable, "-c", "import time, sys; "
-                                       f"time.sleep(1.5); sys.exit({exit_code})"),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "0.2",
+            "--alerts",
+            str(rules),
+            "--out",
+            str(tmp_path / "runs"),
+            "--quiet",
+            "--",
+            sys.executable,
+            "-c",
+            f"import time, sys; time.sleep(1.5); sys.exit({exit_code})",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     return r, time.monotonic() - t0
 
 
@@ -319,22 +413,30 @@ def test_a_hanging_command_action_dies_with_the_run(tmp_path: Path) -> None:
     hang.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {marker}\nsleep 300\n")
     hang.chmod(0o755)
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-                     f'actions = [{{command = ["{hang}"]}}]\n')
+    rules.write_text(
+        '[[alerts]]\nname = "mem_used"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+        f'actions = [{{command = ["{hang}"]}}]\n'
+    )
     r, took = _short_run_with(rules, tmp_path, exit_code=7)
     assert r.returncode == 7, r.stderr
     assert took < 15, took
     deadline = time.monotonic() + 5
     child = int(marker.read_text()) if marker.exists() else None
     while time.monotonic() < deadline:
-        alive = [p for p in psutil.process_iter(["cmdline"])
-                 if str(hang) in " ".join(p.info["cmdline"] or [])]
+        alive = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(hang) in " ".join(p.info["cmdline"] or [])
+        ]
         if not alive and (child is None or not psutil.pid_exists(child)):
             break
         time.sleep(0.2)
     assert not alive, alive
-    assert child is None or not psutil.pid_exists(child) or \
-        psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert (
+        child is None
+        or not psutil.pid_exists(child)
+        or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    )
 
 
 @pytest.mark.slow
@@ -349,9 +451,13 @@ def test_unanswered_webhooks_do_not_hold_the_run(tmp_path: Path) -> None:
     silent.listen(1024)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
     rules = tmp_path / "rules.toml"
-    rules.write_text("".join(
-        f'[[alerts]]\nname = "r{i}"\nmetric = "host.mem_used_mib"\nabove = 0\n'
-        f'actions = [{{webhook = "{url}"}}]\n' for i in range(200)))
+    rules.write_text(
+        "".join(
+            f'[[alerts]]\nname = "r{i}"\nmetric = "host.mem_used_mib"\nabove = 0\n'
+            f'actions = [{{webhook = "{url}"}}]\n'
+            for i in range(200)
+        )
+    )
     try:
         r, took = _short_run_with(rules, tmp_path, exit_code=3)
     finally:
@@ -366,35 +472,54 @@ def test_unanswered_webhooks_do_not_hold_the_run(tmp_path: Path) -> None:
 
 
 def test_a_misspelt_metric_gets_the_closest_names_and_the_vocabulary_is_listed(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Issue 40: a misspelt metric had no "did you mean", and no command listed the names."""
     f = tmp_path / "rules.toml"
-    f.write_text('[[alerts]]\nname = "hot"\nmetric = "gpu.temp"\nabove = 80\n'
-                 '[[alerts]]\nname = "slow"\nmetric = "disk.util_pct"\nabove = 90\n'
-                 'also = [{metric = "disk.r_awit_ms", above = 50}]\n'
-                 '[[alerts]]\nname = "odd"\nmetric = "zzz.qqq"\nabove = 1\n')
-    r = subprocess.run(stallscope_argv("alerts", "check", str(f)), capture_output=True,
-                       text=True, timeout=60)
+    f.write_text(
+        '[[alerts]]\nname = "hot"\nmetric = "gpu.temp"\nabove = 80\n'
+        '[[alerts]]\nname = "slow"\nmetric = "disk.util_pct"\nabove = 90\n'
+        'also = [{metric = "disk.r_awit_ms", above = 50}]\n'
+        '[[alerts]]\nname = "odd"\nmetric = "zzz.qqq"\nabove = 1\n'
+    )
+    r = subprocess.run(
+        stallscope_argv("alerts", "check", str(f)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1
     assert "'gpu.temp' is not a metric of the vocabulary (did you mean gpu.temp_c?)" in r.stderr
-    assert "'disk.r_awit_ms' is not a metric of the vocabulary (did you mean disk.r_await_ms" \
+    assert (
+        "'disk.r_awit_ms' is not a metric of the vocabulary (did you mean disk.r_await_ms"
         in r.stderr
-    assert "'zzz.qqq' is not a metric of the vocabulary (`stallscope alerts metrics` lists" \
-        in r.stderr
-    listing = subprocess.run(stallscope_argv("alerts", "metrics"), capture_output=True,
-                             text=True, timeout=60)
+    )
+    assert (
+        "'zzz.qqq' is not a metric of the vocabulary (`stallscope alerts metrics` lists" in r.stderr
+    )
+    listing = subprocess.run(
+        stallscope_argv("alerts", "metrics"), capture_output=True, text=True, timeout=60
+    )
     assert listing.returncode == 0
-    names = {line.split()[0] for line in listing.stdout.splitlines() if line[:1].isalpha()
-             and "." in line.split()[0]}
+    names = {
+        line.split()[0]
+        for line in listing.stdout.splitlines()
+        if line[:1].isalpha() and "." in line.split()[0]
+    }
     from stallscope.metrics import METRICS
 
     assert names == {f"{m.source}.{m.key}" for m in METRICS if m.kind != "counter"}
     assert "finding kinds" in listing.stdout and "gpu_health" in listing.stdout
-    gpu = subprocess.run(stallscope_argv("alerts", "metrics", "--source", "gpu"),
-                         capture_output=True, text=True, timeout=60)
+    gpu = subprocess.run(
+        stallscope_argv("alerts", "metrics", "--source", "gpu"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert all(line.startswith("gpu.") for line in gpu.stdout.splitlines())
-    bad = subprocess.run(stallscope_argv("alerts", "metrics", "--source", "gpus"),
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        stallscope_argv("alerts", "metrics", "--source", "gpus"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "no such source" in bad.stderr
 
 
@@ -402,20 +527,34 @@ def test_show_and_the_end_of_run_summary_list_the_alerts_that_fired(tmp_path: Pa
     """docs/alerts.md says every alert shows in `show`; text `show` and the summary at the end
     of `run` listed none (issue 40)."""
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[alerts]]\nname = "always"\nmetric = "host.mem_total_mib"\n'
-                     'above = 0\nseverity = "info"\n')
+    rules.write_text(
+        '[[alerts]]\nname = "always"\nmetric = "host.mem_total_mib"\nabove = 0\nseverity = "info"\n'
+    )
     out = tmp_path / "runs"
-    r = subprocess.run([*stallscope_argv("run", "--interval", "0.5", "--alerts", str(rules),
-                                         "--out", str(out)), "--", sys.executable, "-c",
-                        "import time; time.sleep(2.5)"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            *stallscope_argv("run", "--interval", "0.5", "--alerts", str(rules), "--out", str(out)),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(2.5)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-1500:]
     end = " ".join(r.stderr.split())
     assert "alerts: fired:" in end and "always" in end, end[-1500:]
     [run_dir] = list(out.iterdir())
-    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    show = subprocess.run(
+        stallscope_argv("show", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert show.returncode == 0
     lines = show.stdout.splitlines()
     i = lines.index("  alerts:")
-    assert lines[i + 1].startswith("    fired: ") and "always" in lines[i + 1], lines[i:i + 3]
+    assert lines[i + 1].startswith("    fired: ") and "always" in lines[i + 1], lines[i : i + 3]

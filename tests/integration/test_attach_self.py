@@ -47,15 +47,24 @@ def _recorded(run_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def test_attach_to_the_shell_that_started_it_watches_the_shells_trainer_not_itself(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "runs"
-    mon = shlex.join(stallscope_argv("run", "--pid", "$$", "--interval", "0.3", "--out",
-                                     str(out))).replace("'$$'", "$$")
-    script = (f"{shlex.quote(sys.executable)} -c {shlex.quote(BUSY)} & child=$!\n"
-              f"echo $child > {shlex.quote(str(tmp_path / 'child.pid'))}\n"
-              f"{mon}\necho stallscope-exit=$?\nkill $child\n")
-    shell = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    mon = shlex.join(
+        stallscope_argv("run", "--pid", "$$", "--interval", "0.3", "--out", str(out))
+    ).replace("'$$'", "$$")
+    script = (
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(BUSY)} & child=$!\n"
+        f"echo $child > {shlex.quote(str(tmp_path / 'child.pid'))}\n"
+        f"{mon}\necho stallscope-exit=$?\nkill $child\n"
+    )
+    shell = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         me = _stallscope_under(shell.pid)
         # until the run has samples of the tree (and py-spy has started), at most 40 s
@@ -89,17 +98,23 @@ def test_attach_to_the_shell_that_started_it_watches_the_shells_trainer_not_itse
     assert procs[str(child)]["role"] == "main", procs
     flat = " ".join(err.split())
     if "sampling the stacks" in flat:  # py-spy is here: it samples the shell's trainer only
-        assert f"the Python trainer it runs, pid {child} stallscope: watching" in flat, \
-            flat[-1500:]
+        assert f"the Python trainer it runs, pid {child} stallscope: watching" in flat, flat[-1500:]
 
 
 def test_attach_to_a_shell_with_nothing_else_under_it_is_refused_in_one_line(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "runs"
-    mon = shlex.join(stallscope_argv("run", "--pid", "$$", "--interval", "0.3", "--out",
-                                     str(out))).replace("'$$'", "$$")
-    r = subprocess.run(["bash", "-c", f"{mon}\necho stallscope-exit=$?\n"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60)
+    mon = shlex.join(
+        stallscope_argv("run", "--pid", "$$", "--interval", "0.3", "--out", str(out))
+    ).replace("'$$'", "$$")
+    r = subprocess.run(
+        ["bash", "-c", f"{mon}\necho stallscope-exit=$?\n"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "stallscope-exit=2" in r.stdout, (r.stdout, r.stderr[-2000:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -112,11 +127,13 @@ def test_the_procs_source_leaves_out_an_excluded_process_and_what_it_started() -
     process: neither it nor its children (stallscope's py-spy) are sampled."""
     from stallscope.sources.procs import ProcsSource
 
-    code = ("import subprocess, sys, time\n"
-            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
-            " for _ in range(2)]\n"
-            "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+        " for _ in range(2)]\n"
+        "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+        "time.sleep(60)\n"
+    )
     root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert root.stdout is not None
@@ -140,8 +157,9 @@ def test_the_procs_source_leaves_out_an_excluded_process_and_what_it_started() -
 def test_python_trainers_never_names_stallscope_itself() -> None:
     from stallscope.cli.run import python_trainers
 
-    shell = subprocess.Popen(["bash", "-c", f"{shlex.quote(sys.executable)} -c "
-                              "'import time; time.sleep(60)' & wait"])
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(60)' & wait"]
+    )
     try:
         deadline = time.monotonic() + 20
         kids: list[int] = []

@@ -20,8 +20,9 @@ from stallscope.probe.autotune import EpochTrial, decide, loader_call, predict_r
 from stallscope.store import read_meta
 
 
-def trial(k: int, rate: float, wait_share: float, pf: int | None = 2, steps: int = 101
-          ) -> EpochTrial:
+def trial(
+    k: int, rate: float, wait_share: float, pf: int | None = 2, steps: int = 101
+) -> EpochTrial:
     """An epoch of ``steps`` at ``rate`` steps/s (the first batch's wait: 0)."""
     wall = (steps - 1) / rate
     return EpochTrial(k, pf if k else None, steps, wall, wait_share * wall)
@@ -82,8 +83,10 @@ def test_prefetch_is_not_tried_once_the_cpu_is_the_bound() -> None:
     assert cur.cores_busy(4) == pytest.approx(0.85)
     d = decide(trials, cores=4)
     assert d.done and d.config is None, d
-    assert "kept 85% of the 4 usable core(s) busy at num_workers=3, prefetch_factor=2: " \
+    assert (
+        "kept 85% of the 4 usable core(s) busy at num_workers=3, prefetch_factor=2: "
         "the CPU is the bound" in d.why
+    )
     cur.tree_cpu_s = 0.6 * cur.wall_s * 4
     assert decide(trials, cores=4).config == {"num_workers": 3, "prefetch_factor": 4}
     cur.tree_cpu_s = 0.0  # not measured: as before, the rule of the cores left
@@ -98,15 +101,25 @@ def test_the_tree_s_cpu_counts_workers_alive_and_ended() -> None:
     from stallscope.probe.autotune import _tree_cpu
 
     before = _tree_cpu()
-    subprocess.run([sys.executable, "-c",
-                    "import time\nt = time.process_time()\n"
-                    "while time.process_time() - t < 0.3: pass"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass",
+        ],
+        check=True,
+    )
     grown = _tree_cpu() - before
     assert 0.3 <= grown < 5.0, grown
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import time\nt = time.process_time()\n"
-                              "while time.process_time() - t < 0.3: pass\n"
-                              "time.sleep(30)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\n"
+            "time.sleep(30)",
+        ]
+    )
     try:
         mid = _tree_cpu()
         deadline = _time.monotonic() + 20
@@ -119,18 +132,29 @@ def test_the_tree_s_cpu_counts_workers_alive_and_ended() -> None:
 
 
 def test_a_configuration_that_does_not_fit_is_not_applied() -> None:
-    d = decide([trial(0, 14.0, 0.6)], cores=8,
-               fits=lambda cfg: "3 workers × 900 MiB > 80% of 2,000 MiB available")
+    d = decide(
+        [trial(0, 14.0, 0.6)],
+        cores=8,
+        fits=lambda cfg: "3 workers × 900 MiB > 80% of 2,000 MiB available",
+    )
     assert d.done and d.config is None and "would not fit: 3 workers" in d.why
 
 
 def test_the_call_to_write_keeps_the_loader_s_other_arguments() -> None:
-    given = {"batch_size": 32, "shuffle": True, "drop_last": False, "pin_memory": False,
-             "persistent_workers": False, "num_workers": 0}
+    given = {
+        "batch_size": 32,
+        "shuffle": True,
+        "drop_last": False,
+        "pin_memory": False,
+        "persistent_workers": False,
+        "num_workers": 0,
+    }
     assert loader_call({"num_workers": 2, "prefetch_factor": 4}, given) == (
-        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2, prefetch_factor=4)")
+        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2, prefetch_factor=4)"
+    )
     assert loader_call({"num_workers": 0, "prefetch_factor": None}, given) == (
-        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)")
+        "DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)"
+    )
 
 
 TRAIN = textwrap.dedent("""
@@ -168,8 +192,7 @@ TRAIN = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.exclusive  # workers must measure faster than none: beside another test on 2 cores
 # they did not once (CI at 595fb71: the run kept num_workers=0, rightly for what it measured)
-def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path: Path
-                                                                         ) -> None:
+def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path: Path) -> None:
     """The same seeded training twice: as written (num_workers=0 throughout) and with
     autotune under `stallscope run`. Autotune gives it workers from the second epoch on; every
     epoch sees the same samples in the same order; the changes are in the run (`show`), the
@@ -178,69 +201,110 @@ def test_a_training_at_no_workers_gets_workers_in_the_same_sample_order(tmp_path
     script.write_text(TRAIN)
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
     # its own folder: the standalone probe's runs go to ./stallscope-runs, never the checkout's
-    ref = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=tmp_path)
+    ref = subprocess.run(
+        [sys.executable, str(script), "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert ref.returncode == 0, ref.stderr
     plain = json.loads(ref.stdout.splitlines()[-1])
     out = tmp_path / "runs"
-    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
-                                       sys.executable, str(script), "1"),
-                       capture_output=True, text=True, timeout=180, env=env)
+    r = subprocess.run(
+        stallscope_argv(
+            "run", "--out", str(out), "--quiet", "--", sys.executable, str(script), "1"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     tuned = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     assert tuned["orders"] == plain["orders"]  # same samples, same order, every epoch
     assert plain["num_workers"] == 0 and tuned["num_workers"] >= 1
     assert "autotune (rank 0): before epoch 1: num_workers=0 → num_workers=" in r.stderr
     [run_dir] = list(out.iterdir())
-    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
-                          text=True, timeout=60, env={**env, "COLUMNS": "200"})
+    show = subprocess.run(
+        stallscope_argv("show", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "COLUMNS": "200"},
+    )
     assert "loader autotune:" in show.stdout, show.stdout
     assert "before epoch 1: num_workers=0 → num_workers=" in show.stdout
     assert "steps/s measured" in show.stdout and "predicted" in show.stdout
-    call = subprocess.run(stallscope_argv("tune", "--from-run", str(run_dir)),
-                          capture_output=True, text=True, timeout=60, env=env)
+    call = subprocess.run(
+        stallscope_argv("tune", "--from-run", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert call.returncode == 0, call.stderr
     assert "use: DataLoader(dataset, batch_size=8, shuffle=True, num_workers=" in call.stdout
     kept = json.loads((tmp_path / "state" / "autotune.json").read_text())
     [(sig, best)] = kept.items()
     assert "Burn|len=240|batch=8|train.py" in sig and best["num_workers"] >= 1
     # the next run of the same loader starts where this one ended
-    again = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
-                           timeout=120, env=env, cwd=tmp_path)
+    again = subprocess.run(
+        [sys.executable, str(script), "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr
     assert "the best configuration the last run of this loader found" in again.stderr
     assert json.loads(again.stdout.splitlines()[-1])["orders"] == plain["orders"]
 
 
-def test_tune_from_run_says_one_line_or_reads_odd_figures_without_a_traceback(tmp_path: Path
-                                                                              ) -> None:
+def test_tune_from_run_says_one_line_or_reads_odd_figures_without_a_traceback(
+    tmp_path: Path,
+) -> None:
     from stallscope.store import RunStore, new_run_dir
     from stallscope.store.rundir import base_meta, write_meta
 
     def run_with(config: dict[str, object]) -> Path:
         d = new_run_dir(tmp_path / "runs", "t")
-        write_meta(d, {**base_meta(["python"], start=1.0, interval_s=1.0, pid=1), "end": 2.0,
-                       "exit_code": 0})
+        write_meta(
+            d,
+            {**base_meta(["python"], start=1.0, interval_s=1.0, pid=1), "end": 2.0, "exit_code": 0},
+        )
         st = RunStore(d / "run.db")
         st.set_probe(0, 1, config, 0, 0)
         st.close()
         return d
 
-    none = subprocess.run(stallscope_argv("tune", "--from-run", str(run_with({}))),
-                          capture_output=True, text=True, timeout=60)
+    none = subprocess.run(
+        stallscope_argv("tune", "--from-run", str(run_with({}))),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert none.returncode == 2 and "has no loader autotune" in none.stderr
     assert "Traceback" not in none.stderr
-    odd = run_with({"loader": ["x"], "autotune": {"best": {"num_workers": 2},
-                                                  "trials": [{"steps_per_s": "fast",
-                                                              "wait_share": None}, 7]}})
-    r = subprocess.run(stallscope_argv("tune", "--from-run", str(odd)), capture_output=True,
-                       text=True, timeout=60)
+    odd = run_with(
+        {
+            "loader": ["x"],
+            "autotune": {
+                "best": {"num_workers": 2},
+                "trials": [{"steps_per_s": "fast", "wait_share": None}, 7],
+            },
+        }
+    )
+    r = subprocess.run(
+        stallscope_argv("tune", "--from-run", str(odd)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "use: DataLoader(dataset, num_workers=2)" in r.stdout
 
 
-def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path: Path
-                                                                        ) -> None:
+def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path: Path) -> None:
     """Issue 41: autotune.json replaced by a FIFO froze the training inside watch() (its open
     waited for a writer). It is read as no state, and the training ends."""
     script = tmp_path / "train.py"
@@ -251,8 +315,14 @@ def test_an_autotune_state_file_that_is_a_fifo_never_holds_the_training(tmp_path
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(state), "STALLSCOPE_PROBE": "1"}
     # in its own folder: the standalone probe's run goes to ./stallscope-runs (it went into
     # the checkout's, and the user's `show latest` showed it)
-    r = subprocess.run([sys.executable, str(script), "1"], capture_output=True, text=True,
-                       timeout=120, env=env, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(script), "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(json.loads(r.stdout.splitlines()[-1])["orders"]) == 4
     [run] = (tmp_path / "stallscope-runs").iterdir()
@@ -272,7 +342,8 @@ for epoch in range(4):
 print(json.dumps({"counts": counts, "num_workers": loader.num_workers}))
 """
 
-ITERABLE = textwrap.dedent("""
+ITERABLE = (
+    textwrap.dedent("""
     import json, time
     import torch
     from torch.utils.data import DataLoader, IterableDataset
@@ -287,7 +358,9 @@ ITERABLE = textwrap.dedent("""
                 yield torch.tensor([float(i)])
 
     loader = DataLoader(Stream(), batch_size=8, num_workers=1)
-""") + COUNT_EPOCHS
+""")
+    + COUNT_EPOCHS
+)
 
 
 def tuned_run(tmp_path: Path, script_text: str) -> tuple[dict[str, Any], str, Path]:
@@ -296,9 +369,13 @@ def tuned_run(tmp_path: Path, script_text: str) -> tuple[dict[str, Any], str, Pa
     script.write_text(script_text)
     out = tmp_path / "runs"
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
-    r = subprocess.run(stallscope_argv("run", "--out", str(out), "--quiet", "--",
-                                       sys.executable, str(script)),
-                       capture_output=True, text=True, timeout=180, env=env)
+    r = subprocess.run(
+        stallscope_argv("run", "--out", str(out), "--quiet", "--", sys.executable, str(script)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     [run_dir] = list(out.iterdir())
@@ -310,13 +387,20 @@ def test_autotune_never_adds_workers_to_an_iterable_dataset(tmp_path: Path) -> N
     an epoch (128 instead of 64). Autotune leaves such a loader as written, and says so."""
     doc, _err, run_dir = tuned_run(tmp_path, ITERABLE)
     assert doc["counts"] == [64, 64, 64, 64] and doc["num_workers"] == 1, doc
-    show = subprocess.run(stallscope_argv("show", str(run_dir)), capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
-    assert "autotune off: the loader's dataset is an IterableDataset" in show.stdout, \
-        show.stdout[-2000:]
+    show = subprocess.run(
+        stallscope_argv("show", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert "autotune off: the loader's dataset is an IterableDataset" in show.stdout, show.stdout[
+        -2000:
+    ]
 
 
-MAIN_ONLY = textwrap.dedent("""
+MAIN_ONLY = (
+    textwrap.dedent("""
     import json, time
     import torch
     from torch.utils.data import DataLoader, Dataset, get_worker_info
@@ -335,7 +419,9 @@ MAIN_ONLY = textwrap.dedent("""
             return torch.tensor([float(i)])
 
     loader = DataLoader(Local(), batch_size=8, num_workers=0)
-""") + COUNT_EPOCHS
+""")
+    + COUNT_EPOCHS
+)
 
 
 def test_a_dataset_that_cannot_run_in_workers_trains_on_under_autotune(tmp_path: Path) -> None:
@@ -345,5 +431,6 @@ def test_a_dataset_that_cannot_run_in_workers_trains_on_under_autotune(tmp_path:
     doc, err, _run = tuned_run(tmp_path, MAIN_ONLY)
     assert doc["counts"] == [96, 96, 96, 96] and doc["num_workers"] == 0, doc
     flat = " ".join(err.split())
-    assert "the loader failed at num_workers=" in flat and "back to what worked" in flat, \
-        flat[-2000:]
+    assert "the loader failed at num_workers=" in flat and "back to what worked" in flat, flat[
+        -2000:
+    ]

@@ -49,7 +49,8 @@ def test_a_batch_is_as_long_as_its_first_tensor() -> None:
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_every_batch_of_an_epoch_is_counted_and_the_training_sees_the_same(
-        counting: None, workers: int) -> None:
+    counting: None, workers: int
+) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     data = TensorDataset(torch.arange(100.0).reshape(-1, 1))
@@ -72,8 +73,10 @@ def test_uninstall_gives_torch_its_own_next_back(counting: None) -> None:
 
 def test_counts_go_into_the_window_record_and_none_are_lost_before_training() -> None:
     tally = Tally(1, None, "inproc", 50.0)
-    loader = [Frame("/x/torch/utils/data/dataloader.py", "__next__", 1),
-              Frame("train.py", "<module>", 1)]
+    loader = [
+        Frame("/x/torch/utils/data/dataloader.py", "__next__", 1),
+        Frame("train.py", "<module>", 1),
+    ]
     tally.count(2, 64)  # batches taken before the first training sample was seen
     assert tally.record(1.0) is None  # nothing sampled yet: no record, the counts kept
     tally.add(loader, 0.02)
@@ -87,14 +90,11 @@ def test_counts_go_into_the_window_record_and_none_are_lost_before_training() ->
 
 def test_throughput_from_counted_batches_skips_what_is_not_a_count() -> None:
     recs: list[dict[str, Any]] = [
-        {"ts": 1.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 10,
-         "samples": 320},
-        {"ts": 2.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": "10",
-         "samples": 320},
-        {"ts": 3.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 5,
-         "samples": -1},
-        {"ts": 4.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 10,
-         "samples": 320}]
+        {"ts": 1.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 10, "samples": 320},
+        {"ts": 2.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": "10", "samples": 320},
+        {"ts": 3.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 5, "samples": -1},
+        {"ts": 4.0, "pid": 7, "s": {"data": 1.0, "compute": 1.0}, "batches": 10, "samples": 320},
+    ]
     [p] = trainer_phases(recs)
     assert (p.batches, p.batch_samples) == (20, 640)
     assert batch_throughput([p], 8.0) == 80.0
@@ -135,9 +135,18 @@ def _run(tmp_path: Path, name: str, workers: int) -> tuple[Path, float]:
     script = tmp_path / "slow_training.py"
     script.write_text(TRAINING)
     out = tmp_path / name
-    r = subprocess.run([*stallscope_argv("run", "--quiet", "--interval", "0.5", "--out",
-                                         str(out), "--"), sys.executable, str(script),
-                        str(workers), "5"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            *stallscope_argv("run", "--quiet", "--interval", "0.5", "--out", str(out), "--"),
+            sys.executable,
+            str(script),
+            str(workers),
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     m = re.search(r"own rate: ([0-9.]+) samples/s", r.stdout)
     assert m, r.stdout[-2000:]
@@ -147,14 +156,19 @@ def _run(tmp_path: Path, name: str, workers: int) -> tuple[Path, float]:
 
 @pytest.mark.slow
 def test_compare_without_the_probe_reads_samples_per_s_from_the_counted_batches(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Two runs of an unmodified training (A: no workers, B: two), no probe: `compare` gives
     both samples/s, each within 10% of the training's own rate, says where they came from, and
     the speed-up is their ratio."""
     a, own_a = _run(tmp_path, "a", 0)
     b, own_b = _run(tmp_path, "b", 2)
-    c = subprocess.run(stallscope_argv("compare", str(a), str(b), "--json"),
-                       capture_output=True, text=True, timeout=60)
+    c = subprocess.run(
+        stallscope_argv("compare", str(a), str(b), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert c.returncode == 0, c.stderr
     out = json.loads(c.stdout)
     assert out["throughput_source"] == {"a": "counted_batches", "b": "counted_batches"}, out
@@ -163,24 +177,42 @@ def test_compare_without_the_probe_reads_samples_per_s_from_the_counted_batches(
     assert row["b"] == pytest.approx(own_b, rel=0.1), (row, own_b)
     assert out["speedup"] == pytest.approx(row["b"] / row["a"], rel=0.01)
     assert "no_throughput" not in out
-    text = subprocess.run(stallscope_argv("compare", str(a), str(b)), capture_output=True,
-                          text=True, timeout=60, env={**__import__("os").environ,
-                                                      "COLUMNS": "200"})
-    assert "samples/s of both runs from the DataLoader batches counted inside the trainer" in \
-        text.stdout, text.stdout
+    text = subprocess.run(
+        stallscope_argv("compare", str(a), str(b)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
+    assert (
+        "samples/s of both runs from the DataLoader batches counted inside the trainer"
+        in text.stdout
+    ), text.stdout
     assert "B is ×" in text.stdout, text.stdout
     # the loading sleeps: the diagnosis says it waits on something else, and asks for workers
     # past the cores (it was "CPU preprocessing cannot keep up": a fresh-clone trial)
     for run, nw in ((a, 0), (b, 2)):
-        doc = json.loads(subprocess.run(stallscope_argv("diagnose", str(run), "--json"),
-                                        capture_output=True, text=True, timeout=60,
-                                        check=True).stdout)
+        doc = json.loads(
+            subprocess.run(
+                stallscope_argv("diagnose", str(run), "--json"),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        )
         top = doc["findings"][0]
         assert top["kind"] == "input_bound.wait", doc["findings"]
         assert top["fixes"][0]["action"].startswith(f"num_workers {nw} → "), top["fixes"]
         assert top["fixes"][0]["change"]["num_workers"] > max(nw, 2), top["fixes"]
     # show gives the same figure, from the same evidence
-    shown = json.loads(subprocess.run(stallscope_argv("show", str(b), "--json"),
-                                      capture_output=True, text=True, timeout=60,
-                                      check=True).stdout)["summary"]
+    shown = json.loads(
+        subprocess.run(
+            stallscope_argv("show", str(b), "--json"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )["summary"]
     assert (shown["samples_per_s"], shown["throughput_source"]) == (row["b"], "counted_batches")

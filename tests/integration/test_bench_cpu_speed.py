@@ -32,14 +32,19 @@ def test_spread_is_the_range_over_the_median() -> None:
 
 
 def test_bad_seconds_is_one_line_and_status_2() -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_speed.py"), "--seconds",
-                        "-1"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cpu_speed.py"), "--seconds", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == "--seconds takes a number of seconds above 0 and under 3600"
 
 
 def test_a_core_it_cannot_pin_to_is_one_line_not_a_traceback(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # a core outside the machine: the probe's sched_setaffinity fails in the child
     import cpu_speed
 

@@ -37,8 +37,9 @@ TRAINER = textwrap.dedent("""
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(stallscope_argv(*args), cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        stallscope_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
@@ -76,12 +77,12 @@ def test_run_records_tree_and_exits_with_child_code(tmp_path: Path) -> None:
     assert r.returncode == 0 and "median" in r.stdout
     r = _run(["export", str(run_dir), "--format", "csv"], tmp_path)
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
-    assert rows and list(rows[0]) == ["time", "t_s", "metric", "entity", "role", "process",
-                                      "value"]
+    assert rows and list(rows[0]) == ["time", "t_s", "metric", "entity", "role", "process", "value"]
     assert any(row["metric"] == "procs.cpu_pct" for row in rows)
     assert {row["role"] for row in rows if row["metric"] == "procs.cpu_pct"} == {"main", "worker"}
-    r = _run(["export", str(run_dir), "--format", "parquet", "-o", str(tmp_path / "p.parquet")],
-             tmp_path)
+    r = _run(
+        ["export", str(run_dir), "--format", "parquet", "-o", str(tmp_path / "p.parquet")], tmp_path
+    )
     assert r.returncode == 0, r.stderr
     table = pq.read_table(tmp_path / "p.parquet")
     assert table.column_names == list(rows[0])
@@ -98,9 +99,13 @@ def test_sigterm_is_forwarded_and_code_returned(tmp_path: Path) -> None:
         print("ready", flush=True)
         time.sleep(60)
     """)
-    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.5", "--", sys.executable, "-c",
-                                         child), cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        stallscope_argv("run", "--interval", "0.5", "--", sys.executable, "-c", child),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
@@ -112,14 +117,28 @@ def test_sigterm_is_forwarded_and_code_returned(tmp_path: Path) -> None:
 
 
 def test_child_killed_by_signal_gives_128_plus_n(tmp_path: Path) -> None:
-    r = _run(["run", "--interval", "0.5", "--", sys.executable, "-c",
-              "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], tmp_path)
+    r = _run(
+        [
+            "run",
+            "--interval",
+            "0.5",
+            "--",
+            sys.executable,
+            "-c",
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 128 + 9
 
 
 def test_kill_9_of_collector_leaves_a_sound_database(tmp_path: Path) -> None:
-    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
-                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(3.0)
         killed_at = time.time()
@@ -163,22 +182,26 @@ def _one_line_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
 
 
 def test_bad_input_gives_one_line(tmp_path: Path) -> None:
-    _one_line_error(_run(["run", "--", "no-such-command-xyz"], tmp_path),
-                    "command not found: no-such-command-xyz")
+    _one_line_error(
+        _run(["run", "--", "no-such-command-xyz"], tmp_path),
+        "command not found: no-such-command-xyz",
+    )
     _one_line_error(_run(["run", "--interval", "0", "--", "true"], tmp_path), "--interval")
     _one_line_error(_run(["run", "--interval", "abc", "--", "true"], tmp_path), "--interval")
     _one_line_error(_run(["run"], tmp_path), "no command given")
     _one_line_error(_run(["show", "nope"], tmp_path), "unknown run 'nope'")
     _one_line_error(_run(["export", "nope", "--format", "csv"], tmp_path), "unknown run")
-    _one_line_error(_run(["run", "--data", "/no/such/path", "--", "true"], tmp_path),
-                    "--data /no/such/path")
+    _one_line_error(
+        _run(["run", "--data", "/no/such/path", "--", "true"], tmp_path), "--data /no/such/path"
+    )
     _one_line_error(_run(["snapshot", "--bogus"], tmp_path), "unrecognized arguments")
     # the help it points to is the command's (a fresh-clone trial: `diagnose latest --jsn`
     # pointed to `stallscope --help`)
     _one_line_error(_run(["snapshot", "--bogus"], tmp_path), "(see `stallscope snapshot --help`)")
     _one_line_error(_run(["--bogus"], tmp_path), "(see `stallscope --help`)")
     assert not (tmp_path / "stallscope-runs").exists() or not any(
-        (tmp_path / "stallscope-runs").iterdir())
+        (tmp_path / "stallscope-runs").iterdir()
+    )
 
 
 def test_runs_with_no_runs(tmp_path: Path) -> None:
@@ -194,15 +217,36 @@ def test_runs_piped_prints_whole_fields(tmp_path: Path) -> None:
     out = tmp_path / "stallscope-runs"
     cmd = ["python", "train_with_a_rather_long_name.py", "--epochs", "90", "--lr", "0.001"]
     run_dir = new_run_dir(out, "train_with_a_rather_long_name")
-    write_meta(run_dir, {"command": cmd, "start": 1.7e9, "end": 1.7e9 + 26, "exit_code": 0,
-                         "verdict": "input_bound.epoch_start"})
-    r = subprocess.run(stallscope_argv("runs", "--out", str(out)), cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "COLUMNS": "80"})
+    write_meta(
+        run_dir,
+        {
+            "command": cmd,
+            "start": 1.7e9,
+            "end": 1.7e9 + 26,
+            "exit_code": 0,
+            "verdict": "input_bound.epoch_start",
+        },
+    )
+    r = subprocess.run(
+        stallscope_argv("runs", "--out", str(out)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert r.returncode == 0, r.stderr
     head, line = r.stdout.splitlines()
-    assert head.split("\t") == ["run", "started", "duration", "exit", "verdict", "owner",
-                                 "command", "in"]
+    assert head.split("\t") == [
+        "run",
+        "started",
+        "duration",
+        "exit",
+        "verdict",
+        "owner",
+        "command",
+        "in",
+    ]
     fields = line.split("\t")
     assert fields[0] == run_dir.name and fields[2] == "26 s" and fields[3] == "0"
     assert fields[4] == "input_bound.epoch_start" and fields[6] == " ".join(cmd)
@@ -214,24 +258,43 @@ def test_show_header_is_never_folded_when_piped(tmp_path: Path) -> None:
     r = _run(["run", "--quiet", "--", "sleep", "1"], tmp_path)
     assert r.returncode == 0, r.stderr
     [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
-    show = subprocess.run(stallscope_argv("show", str(run_dir)), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "80"})
+    show = subprocess.run(
+        stallscope_argv("show", str(run_dir)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     head = show.stdout.splitlines()[1]
-    assert "every 1 s for the first 2 min, then every 5 s" in head and \
-        head.rstrip().endswith("samples"), show.stdout[:400]
+    assert "every 1 s for the first 2 min, then every 5 s" in head and head.rstrip().endswith(
+        "samples"
+    ), show.stdout[:400]
 
 
 def test_module_entry_point_version() -> None:
-    r = subprocess.run(stallscope_argv("--version"), capture_output=True, text=True,
-                       env=dict(os.environ))
+    r = subprocess.run(
+        stallscope_argv("--version"), capture_output=True, text=True, env=dict(os.environ)
+    )
     assert r.returncode == 0 and r.stdout.startswith("stallscope ")
 
 
 def test_run_with_data_maps_device_and_checks_its_health(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
-    r = _run(["run", "--interval", "0.3", "--quiet", "--data", str(tmp_path / "data"), "--",
-              "sleep", "1"], tmp_path)
+    r = _run(
+        [
+            "run",
+            "--interval",
+            "0.3",
+            "--quiet",
+            "--data",
+            str(tmp_path / "data"),
+            "--",
+            "sleep",
+            "1",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     [run_dir] = list((tmp_path / "stallscope-runs").iterdir())
     meta = read_meta(run_dir)
@@ -259,30 +322,35 @@ def test_damaged_runs_give_one_line(tmp_path: Path) -> None:
     db.execute("CREATE TABLE series(x TEXT)")
     db.commit()
     db.close()
-    for cmd in (["show", str(run_dir)], ["diagnose", str(run_dir)],
-                ["export", str(run_dir), "--format", "csv"]):
+    for cmd in (
+        ["show", str(run_dir)],
+        ["diagnose", str(run_dir)],
+        ["export", str(run_dir), "--format", "csv"],
+    ):
         _one_line_error(_run(cmd, tmp_path), "run database unreadable")
     # a meta.json with a wrong type: `runs` still lists the others
     (run_dir / "meta.json").write_text(json.dumps({"start": "yesterday"}))
     r = _run(["runs", "--json"], tmp_path)
     assert r.returncode == 0 and "'start' should be a number" in r.stdout
     _one_line_error(_run(["show", str(run_dir)], tmp_path), "'start' should be a number")
-    _one_line_error(_run(["export", "nope-run", "-o", "/nonexistent/x.csv"], tmp_path),
-                    "unknown run")
+    _one_line_error(
+        _run(["export", "nope-run", "-o", "/nonexistent/x.csv"], tmp_path), "unknown run"
+    )
     _one_line_error(_run(["run", "--keep-full", "nan", "--", "true"], tmp_path), "--keep-full")
 
 
 def test_export_to_unwritable_path(tmp_path: Path) -> None:
     r = _run(["run", "--interval", "0.3", "--quiet", "--", "true"], tmp_path)
     assert r.returncode == 0
-    _one_line_error(_run(["export", "latest", "-o", "/nonexistent/dir/x.csv"], tmp_path),
-                    "cannot write /nonexistent/dir/x.csv")
+    _one_line_error(
+        _run(["export", "latest", "-o", "/nonexistent/dir/x.csv"], tmp_path),
+        "cannot write /nonexistent/dir/x.csv",
+    )
 
 
 def test_machine_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
     """argv with rich markup and an escape sequence prints literally, never as styling."""
-    r = _run(["run", "--interval", "0.3", "--", "echo", "[bold red]x[/]", "\x1b[31mRED"],
-             tmp_path)
+    r = _run(["run", "--interval", "0.3", "--", "echo", "[bold red]x[/]", "\x1b[31mRED"], tmp_path)
     assert r.returncode == 0, r.stderr
     r = _run(["show", "latest"], tmp_path)
     assert "[bold red]x[/]" in r.stdout
@@ -291,8 +359,9 @@ def test_machine_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
 
 def test_early_sigterm_reaches_the_child(tmp_path: Path) -> None:
     """A signal that arrives while the child is starting is forwarded, not fatal to us."""
-    r = _run(["run", "--quiet", "--", "sh", "-c", "kill -TERM $PPID; sleep 5; echo survived"],
-             tmp_path)
+    r = _run(
+        ["run", "--quiet", "--", "sh", "-c", "kill -TERM $PPID; sleep 5; echo survived"], tmp_path
+    )
     assert r.returncode == 128 + 15
     assert "survived" not in r.stdout
     [run_dir] = list((tmp_path / "stallscope-runs").iterdir())

@@ -17,11 +17,16 @@ from conftest import FIXTURES, stallscope_argv, tool_missing
 BENCH = ["--size", "8M", "--seconds", "0.2", "--files", "30"]
 
 
-def _run(args: list[str], tmp_path: Path, timeout: float = 120
-         ) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.run(stallscope_argv(*args), capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=tmp_path)
+    return subprocess.run(
+        stallscope_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def _fx(name: str) -> str:
@@ -36,8 +41,17 @@ def check_one_line_error(p: subprocess.CompletedProcess[str]) -> None:
 
 
 def test_saved_files_growth_json(tmp_path: Path) -> None:
-    p = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11"), _fx("ST3500418AS_12"),
-              _fx("nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0"), "--json"], tmp_path)
+    p = _run(
+        [
+            "disk",
+            "--smartctl-json",
+            _fx("ST3500418AS_11"),
+            _fx("ST3500418AS_12"),
+            _fx("nvme-null-SAMSUNG_MZWLL3T2HAJQ-00005-nvme0"),
+            "--json",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 1, p.stderr  # a failing drive: `stallscope disk || alert` works
     doc = json.loads(p.stdout)
     assert set(doc) == {"drives"}  # no bench without --bench
@@ -50,8 +64,7 @@ def test_saved_files_growth_json(tmp_path: Path) -> None:
 
 
 def test_saved_files_human(tmp_path: Path) -> None:
-    p = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11"), _fx("ST3500418AS_12")],
-             tmp_path)
+    p = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11"), _fx("ST3500418AS_12")], tmp_path)
     assert p.returncode == 1, p.stderr
     assert "failing" in p.stdout and "1 → 304" in p.stdout
     healthy = _run(["disk", "--smartctl-json", _fx("ST3500418AS_11")], tmp_path)
@@ -67,14 +80,17 @@ def test_saved_garbage_is_unrecognised(tmp_path: Path) -> None:
     assert d["verdict"] == "unknown" and "unrecognised" in d["reasons"][0]
 
 
-@pytest.mark.parametrize("args", [
-    ["disk", "--smartctl-json", "/nonexistent/x.json"],
-    ["disk", "/nonexistent/path"],
-    ["disk", "--smartctl-json", "x.json", "--bench"],
-    ["disk", ".", "--bench", "--size", "lots"],
-    ["disk", ".", "--bench", "--seconds", "0"],
-    ["disk", "--device-type", "sat;id"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["disk", "--smartctl-json", "/nonexistent/x.json"],
+        ["disk", "/nonexistent/path"],
+        ["disk", "--smartctl-json", "x.json", "--bench"],
+        ["disk", ".", "--bench", "--size", "lots"],
+        ["disk", ".", "--bench", "--seconds", "0"],
+        ["disk", "--device-type", "sat;id"],
+    ],
+)
 def test_bad_input_one_line(tmp_path: Path, args: list[str]) -> None:
     check_one_line_error(_run(args, tmp_path))
 
@@ -131,8 +147,7 @@ def test_bench_builtin_json(tmp_path: Path) -> None:
 def test_bench_fio_side_by_side(tmp_path: Path) -> None:
     if shutil.which("fio") is None:
         tool_missing("fio")
-    p = _run(["disk", str(tmp_path), "--bench", "--engine", "fio", "--json", *BENCH],
-             tmp_path)
+    p = _run(["disk", str(tmp_path), "--bench", "--engine", "fio", "--json", *BENCH], tmp_path)
     assert p.returncode == 0, p.stderr
     b = json.loads(p.stdout)["bench"]
     assert b["fio"]["engine"] == "fio" and b["builtin"]["engine"] == "builtin"
@@ -147,9 +162,15 @@ def test_bench_interrupted_cleans_up(tmp_path: Path, sig: int) -> None:
     target = tmp_path / "data"
     target.mkdir()
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen(stallscope_argv("disk", str(target), "--bench", "--size", "64M",
-                                            "--seconds", "20", "--files", "30"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        stallscope_argv(
+            "disk", str(target), "--bench", "--size", "64M", "--seconds", "20", "--files", "30"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 30
     while not any(n.startswith(".stallscope-bench-") for n in os.listdir(target)):
         assert time.monotonic() < deadline and proc.poll() is None, "bench did not start"
@@ -162,14 +183,19 @@ def test_bench_interrupted_cleans_up(tmp_path: Path, sig: int) -> None:
     assert os.listdir(target) == []
 
 
-@pytest.mark.parametrize("name, said", [
-    ("smartctl-7.3-virtio-vda-sat-eperm.json",
-     "cannot open /dev/vda for SMART (even as root"),
-    ("smartctl-7.3-virtio-vda-unable-to-detect.json",
-     "smartctl could not tell what kind of device /dev/vda is"),
-])
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("smartctl-7.3-virtio-vda-sat-eperm.json", "cannot open /dev/vda for SMART (even as root"),
+        (
+            "smartctl-7.3-virtio-vda-unable-to-detect.json",
+            "smartctl could not tell what kind of device /dev/vda is",
+        ),
+    ],
+)
 def test_a_saved_unreadable_device_is_explained_as_the_live_path_does(
-        tmp_path: Path, name: str, said: str) -> None:
+    tmp_path: Path, name: str, said: str
+) -> None:
     """Issue 40: real `smartctl --json -a /dev/vda` outputs exited 3 ("smartctl could not read
     the device"); the device's state is explained, with its fix, and the check exits 0."""
     p = _run(["disk", "--smartctl-json", str(FIXTURES / name), "--json"], tmp_path)

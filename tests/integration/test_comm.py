@@ -76,32 +76,44 @@ def steps(rank: int, n: int, wait: float, host: float, comm: float | None) -> li
 
 
 def test_the_rank_its_peers_wait_for_is_the_straggler_by_compute() -> None:
-    data = run([], steps(0, 100, 0.002, 0.098, 0.045) + steps(1, 100, 0.002, 0.098, 0.004),
-               config={})
+    data = run(
+        [], steps(0, 100, 0.002, 0.098, 0.045) + steps(1, 100, 0.002, 0.098, 0.004), config={}
+    )
     doc = diagnose(data)
     assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]
     ev = doc["findings"][0]["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "compute"
     assert ev["compute_ms_median"] == 94.0 and ev["peers_compute_ms_median"] == 53.0
-    assert "rank 0 waits for it in the all-reduce 45% of its step time" in \
-        doc["findings"][0]["summary"]
+    assert (
+        "rank 0 waits for it in the all-reduce 45% of its step time"
+        in doc["findings"][0]["summary"]
+    )
     peers = next(f for f in doc["findings"] if f["kind"] == "waiting_for_peers")
     assert peers["evidence"]["waiting_ranks"] == [0]
 
 
 @pytest.mark.parametrize("runq_1, straggler", [(45.0, True), (12.0, False)])
-def test_a_rank_short_of_cpu_is_the_straggler_from_a_smaller_gap(runq_1: float,
-                                                                 straggler: bool) -> None:
+def test_a_rank_short_of_cpu_is_the_straggler_from_a_smaller_gap(
+    runq_1: float, straggler: bool
+) -> None:
     """Rank 1 under a CPU quota on a busy host: time it spends frozen inside the all-reduce
     counts as its own collective wait, so its peers wait only 11 points more than it does
     (measured so under torchrun with a CPU hog beside it). With its process waiting for a CPU
     45% of the time against 5% for rank 0 it is the straggler, short of CPU; at 12% it is not
     named (the 15-point gap is the rule without that evidence)."""
     rows = steps(0, 100, 0.002, 0.098, 0.041) + steps(1, 100, 0.002, 0.098, 0.030)
-    data = run([ser("procs.runq_wait_pct", "10", [5.0] * 20),
-                ser("procs.runq_wait_pct", "11", [runq_1] * 20)], rows, config={})
-    data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
-                    "updated": T0} for r in (0, 1)]
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "10", [5.0] * 20),
+            ser("procs.runq_wait_pct", "11", [runq_1] * 20),
+        ],
+        rows,
+        config={},
+    )
+    data.probes = [
+        {"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0, "updated": T0}
+        for r in (0, 1)
+    ]
     doc = diagnose(data)
     kinds = [f["kind"] for f in doc["findings"]]
     assert ("straggler_rank" in kinds) == straggler, kinds
@@ -111,26 +123,43 @@ def test_a_rank_short_of_cpu_is_the_straggler_from_a_smaller_gap(runq_1: float,
         assert f["evidence"]["cause"] == "cpu" and "≥ 5% above rank 1's 30%" in f["rule"]
 
 
-@pytest.mark.parametrize("runq, host_pct, contention", [
-    (28.0, 99.5, True),   # measured so: two ranks beside a CPU hog on 2 cores
-    (8.0, 99.5, False),   # the same host busy, the ranks rarely waiting: not short of CPU
-    (28.0, 60.0, False),  # the ranks wait, but nothing else runs: their own load, not a neighbour
-])
+@pytest.mark.parametrize(
+    "runq, host_pct, contention",
+    [
+        (28.0, 99.5, True),  # measured so: two ranks beside a CPU hog on 2 cores
+        (8.0, 99.5, False),  # the same host busy, the ranks rarely waiting: not short of CPU
+        (
+            28.0,
+            60.0,
+            False,
+        ),  # the ranks wait, but nothing else runs: their own load, not a neighbour
+    ],
+)
 def test_every_rank_waiting_for_a_cpu_on_a_busy_host_is_cpu_contention(
-        runq: float, host_pct: float, contention: bool) -> None:
+    runq: float, host_pct: float, contention: bool
+) -> None:
     """Two ranks beside a CPU hog on a 2-core host (as measured under torchrun: run-queue wait
     27-28% each, the host 99.5% busy, each rank at about 55% CPU): while both wait for a core,
     their all-reduce waits come out alike (25% and 26%) and tell no straggler. The finding says
     the host is short of CPU, with the other processes' cores, and that the collective wait
     cannot tell which rank is slow."""
     rows = steps(0, 100, 0.002, 0.098, 0.025) + steps(1, 100, 0.002, 0.098, 0.026)
-    data = run([ser("procs.runq_wait_pct", "10", [runq] * 20),
-                ser("procs.runq_wait_pct", "11", [runq - 1] * 20),
-                ser("procs.cpu_pct", "10", [55.0] * 20), ser("procs.cpu_pct", "11", [55.0] * 20),
-                ser("host.cpu_pct", "", [host_pct] * 20)], rows, config={},
-               meta={"logical_cores": 2, "host": "node-a"})
-    data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
-                    "updated": T0} for r in (0, 1)]
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "10", [runq] * 20),
+            ser("procs.runq_wait_pct", "11", [runq - 1] * 20),
+            ser("procs.cpu_pct", "10", [55.0] * 20),
+            ser("procs.cpu_pct", "11", [55.0] * 20),
+            ser("host.cpu_pct", "", [host_pct] * 20),
+        ],
+        rows,
+        config={},
+        meta={"logical_cores": 2, "host": "node-a"},
+    )
+    data.probes = [
+        {"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0, "updated": T0}
+        for r in (0, 1)
+    ]
     doc = diagnose(data)
     kinds = [f["kind"] for f in doc["findings"]]
     assert "straggler_rank" not in kinds, kinds
@@ -156,14 +185,22 @@ def test_ranks_in_collectives_on_a_busy_host_are_not_communication_bound() -> No
     rows = steps(0, 100, 0.002, 0.098, 0.046) + steps(1, 100, 0.002, 0.098, 0.032)
 
     def kinds(host_pct: float) -> list[str]:
-        data = run([ser("procs.runq_wait_pct", "10", [25.0] * 20),
-                    ser("procs.runq_wait_pct", "11", [26.0] * 20),
-                    ser("procs.cpu_pct", "10", [54.0] * 20),
-                    ser("procs.cpu_pct", "11", [54.0] * 20),
-                    ser("host.cpu_pct", "", [host_pct] * 20)], rows, config={},
-                   meta={"logical_cores": 2})
-        data.probes = [{"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0,
-                        "updated": T0} for r in (0, 1)]
+        data = run(
+            [
+                ser("procs.runq_wait_pct", "10", [25.0] * 20),
+                ser("procs.runq_wait_pct", "11", [26.0] * 20),
+                ser("procs.cpu_pct", "10", [54.0] * 20),
+                ser("procs.cpu_pct", "11", [54.0] * 20),
+                ser("host.cpu_pct", "", [host_pct] * 20),
+            ],
+            rows,
+            config={},
+            meta={"logical_cores": 2},
+        )
+        data.probes = [
+            {"rank": r, "pid": 10 + r, "config": {}, "steps": 100, "dropped": 0, "updated": T0}
+            for r in (0, 1)
+        ]
         return [f["kind"] for f in diagnose(data)["findings"]]
 
     busy = kinds(99.5)
@@ -175,23 +212,32 @@ def test_ranks_in_collectives_on_a_busy_host_are_not_communication_bound() -> No
 def test_a_single_trainer_on_a_busy_host_is_cpu_contention() -> None:
     """One trainer (no ranks) waiting for a CPU 35% of the time while a neighbour keeps 1.2 of
     4 cores busy; no stall in the steps: the verdict is the busy host, not compute-bound."""
-    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
-                ser("procs.cpu_pct", "1", [180.0] * 20),
-                ser("host.cpu_pct", "", [75.0] * 20)],
-               steps(0, 100, 0.002, 0.098, None), config={}, meta={"logical_cores": 4},
-               entities=procs({"1": "main"}))
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "1", [35.0] * 20),
+            ser("procs.cpu_pct", "1", [180.0] * 20),
+            ser("host.cpu_pct", "", [75.0] * 20),
+        ],
+        steps(0, 100, 0.002, 0.098, None),
+        config={},
+        meta={"logical_cores": 4},
+        entities=procs({"1": "main"}),
+    )
     doc = diagnose(data)
     assert doc["verdict"] == "cpu_contention", [f["kind"] for f in doc["findings"]]
     f = doc["findings"][0]
-    assert "the trainer waited for a CPU 35% of the time (run-queue wait) while other " \
-        "processes kept 1.2 of its 4 cores busy." in f["summary"], f["summary"]
+    assert (
+        "the trainer waited for a CPU 35% of the time (run-queue wait) while other "
+        "processes kept 1.2 of its 4 cores busy." in f["summary"]
+    ), f["summary"]
     assert "cannot show which rank" not in f["summary"]
     assert "compute_bound" in [x["kind"] for x in doc["findings"]]
 
 
 def test_every_rank_in_collectives_and_none_waited_for_is_communication_bound() -> None:
-    data = run([], steps(0, 100, 0.002, 0.098, 0.05) + steps(1, 100, 0.002, 0.098, 0.045),
-               config={})
+    data = run(
+        [], steps(0, 100, 0.002, 0.098, 0.05) + steps(1, 100, 0.002, 0.098, 0.045), config={}
+    )
     doc = diagnose(data)
     kinds = [f["kind"] for f in doc["findings"]]
     assert "communication_bound" in kinds and "straggler_rank" not in kinds, kinds
@@ -199,8 +245,7 @@ def test_every_rank_in_collectives_and_none_waited_for_is_communication_bound() 
     assert f["evidence"]["comm_share"] == {"0": 0.5, "1": 0.45}
     assert "no_sync()" in f["fixes"][0]["action"]
     # below 30% in collectives: not communication-bound
-    data = run([], steps(0, 100, 0.002, 0.098, 0.02) + steps(1, 100, 0.002, 0.098, 0.02),
-               config={})
+    data = run([], steps(0, 100, 0.002, 0.098, 0.02) + steps(1, 100, 0.002, 0.098, 0.02), config={})
     assert "communication_bound" not in [f["kind"] for f in diagnose(data)["findings"]]
 
 
@@ -211,10 +256,12 @@ def test_a_run_db_from_before_comm_s_reads_and_migrates(tmp_path: Path) -> None:
     RunStore(db_path).close()
     db = sqlite3.connect(db_path)  # rebuild steps as an older stallscope wrote it
     db.execute("DROP TABLE steps")
-    db.execute("CREATE TABLE steps(rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT "
-               "NULL, wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, "
-               "gpu_idle_s REAL, samples INTEGER, epoch INTEGER, PRIMARY KEY(rank, step)) "
-               "WITHOUT ROWID")
+    db.execute(
+        "CREATE TABLE steps(rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT "
+        "NULL, wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, "
+        "gpu_idle_s REAL, samples INTEGER, epoch INTEGER, PRIMARY KEY(rank, step)) "
+        "WITHOUT ROWID"
+    )
     db.execute("INSERT INTO steps VALUES(0, 0, 1.0, 0.1, 0.2, NULL, NULL, NULL, 32, 0)")
     db.commit()
     db.close()
@@ -301,16 +348,22 @@ def test_timing_ddp_s_all_reduce_leaves_the_training_bit_identical(tmp_path: Pat
     got = {}
     for timed in ("0", "1"):
         out = tmp_path / f"out{timed}"
-        subprocess.run([sys.executable, str(script), str(free_port()), timed, str(out)],
-                       check=True, timeout=120, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, str(script), str(free_port()), timed, str(out)],
+            check=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         got[timed] = out.read_text()
     assert got["1"] == got["0"] + " used=True", got
 
 
 # --- online: the rank the others wait for (sources/straggler.py) ------------------------------
 
-def _noisy_shares(rng: object, n: int, gap: float, base: float = 0.05,
-                  noise: float = 0.015) -> list[dict[int, float]]:
+
+def _noisy_shares(
+    rng: object, n: int, gap: float, base: float = 0.05, noise: float = 0.015
+) -> list[dict[int, float]]:
     """n intervals of 4 ranks' communication shares: rank 2 is waited for by ``gap``."""
     import random
 
@@ -391,8 +444,11 @@ def test_the_run_alert_fires_on_the_rank_waited_for(tmp_path: Path) -> None:
             rows.append(StepRow(1, step, T0 + t, 0.0, 0.1, comm_s=0.01))
         store.add_steps(rows)
         payload = src.sample(T0 + t)
-        fired += [(t, x.rule.name, x.entity) for x in engine.evaluate(T0 + t, src.points(payload))
-                  if x.state == "firing"]
+        fired += [
+            (t, x.rule.name, x.entity)
+            for x in engine.evaluate(T0 + t, src.points(payload))
+            if x.state == "firing"
+        ]
     store.close()
     src.close()
     assert fired and fired[0][1:] == ("rank_waited_for", "rank1"), fired
@@ -417,8 +473,11 @@ def test_waiting_for_each_step_s_slowest_rank_is_jitter_not_the_network() -> Non
     assert f["evidence"]["jitter_share"] == pytest.approx(0.39, abs=0.01)
     assert "a different one each time" in f["summary"]
     # the same waits, but every rank waits them in every step: the transfer is the cost
-    rows = [StepRow(r, i, T0 + i * 0.1, 0.002, 0.098, comm_s=0.045) for i in range(100)
-            for r in range(3)]
+    rows = [
+        StepRow(r, i, T0 + i * 0.1, 0.002, 0.098, comm_s=0.045)
+        for i in range(100)
+        for r in range(3)
+    ]
     doc = diagnose(run([], rows, config={}))
     f = next(f for f in doc["findings"] if f["kind"] == "communication_bound")
     assert f["evidence"]["transfer_share"] == pytest.approx(0.45, abs=0.001)
@@ -427,13 +486,21 @@ def test_waiting_for_each_step_s_slowest_rank_is_jitter_not_the_network() -> Non
 def test_cpu_contention_names_the_busiest_other_processes() -> None:
     """Issue 40: cpu_contention told the user to run `ps`; the run recorded who else used the
     cores (meta.json busy_others), and the fix names them."""
-    busy = [{"pid": 4242, "name": "stress\x1b[31m", "cores": 1.17},
-            {"pid": 77, "name": "backup", "cores": 0.31}]
-    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
-                ser("procs.cpu_pct", "1", [180.0] * 20),
-                ser("host.cpu_pct", "", [75.0] * 20)],
-               steps(0, 100, 0.002, 0.098, None), config={},
-               meta={"logical_cores": 4, "busy_others": busy}, entities=procs({"1": "main"}))
+    busy = [
+        {"pid": 4242, "name": "stress\x1b[31m", "cores": 1.17},
+        {"pid": 77, "name": "backup", "cores": 0.31},
+    ]
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "1", [35.0] * 20),
+            ser("procs.cpu_pct", "1", [180.0] * 20),
+            ser("host.cpu_pct", "", [75.0] * 20),
+        ],
+        steps(0, 100, 0.002, 0.098, None),
+        config={},
+        meta={"logical_cores": 4, "busy_others": busy},
+        entities=procs({"1": "main"}),
+    )
     f = diagnose(data)["findings"][0]
     action = f["fixes"][0]["action"]
     assert "pid 4242 (stress\\x1b[31m, 1.2 cores), pid 77 (backup, 0.3 cores)" in action, action
@@ -444,16 +511,27 @@ def test_busiest_others_from_two_snapshots() -> None:
     from stallscope.sources.others import busiest_others
 
     t0 = 1000.0
-    before = {1: (10.0, "trainer", 500.0), 2: (5.0, "hog", 500.0), 3: (1.0, "idle", 500.0),
-              4: (50.0, "reused", 500.0)}
-    after = {1: (40.0, "trainer", 500.0), 2: (25.0, "hog", 500.0), 3: (1.01, "idle", 500.0),
-             4: (3.0, "reused", 1005.0), 5: (4.0, "newcomer", 1010.0)}
+    before = {
+        1: (10.0, "trainer", 500.0),
+        2: (5.0, "hog", 500.0),
+        3: (1.0, "idle", 500.0),
+        4: (50.0, "reused", 500.0),
+    }
+    after = {
+        1: (40.0, "trainer", 500.0),
+        2: (25.0, "hog", 500.0),
+        3: (1.01, "idle", 500.0),
+        4: (3.0, "reused", 1005.0),
+        5: (4.0, "newcomer", 1010.0),
+    }
     got = busiest_others(before, after, 20.0, exclude={1}, started=t0)
     # the hog (1.0 core), the process started during the run (all its CPU), the reused pid
     # as a new process; the trainer's tree and the idle one left out
-    assert got == [{"pid": 2, "name": "hog", "cores": 1.0},
-                   {"pid": 5, "name": "newcomer", "cores": 0.2},
-                   {"pid": 4, "name": "reused", "cores": 0.15}]
+    assert got == [
+        {"pid": 2, "name": "hog", "cores": 1.0},
+        {"pid": 5, "name": "newcomer", "cores": 0.2},
+        {"pid": 4, "name": "reused", "cores": 0.15},
+    ]
 
 
 def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:
@@ -485,12 +563,17 @@ def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:
             comm.install()
         print(comm._installed)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", "True", "True", "True", "True"], (r.stdout, r.stderr)
-    assert r.stderr.count("communication time not measured: ImportError('always')") == 1, \
-        r.stderr
+    assert r.stderr.count("communication time not measured: ImportError('always')") == 1, r.stderr
 
 
 def test_the_named_cores_add_up_to_the_figure() -> None:
@@ -501,22 +584,39 @@ def test_the_named_cores_add_up_to_the_figure() -> None:
     from stallscope.sources.others import busiest_others
 
     t0 = 1000.0
-    before = {2: (5.0, "python", 500.0, 0.0), 3: (5.0, "python", 500.0, 0.0),
-              7: (1.0, "bash", 500.0, 10.0)}
-    after = {2: (9.0, "python", 500.0, 0.0), 3: (8.0, "python", 500.0, 0.0),
-             7: (1.2, "bash", 500.0, 24.0)}
+    before = {
+        2: (5.0, "python", 500.0, 0.0),
+        3: (5.0, "python", 500.0, 0.0),
+        7: (1.0, "bash", 500.0, 10.0),
+    }
+    after = {
+        2: (9.0, "python", 500.0, 0.0),
+        3: (8.0, "python", 500.0, 0.0),
+        7: (1.2, "bash", 500.0, 24.0),
+    }
     # the busiest one by one (n of them: 1 here), the rest together by name
     got = busiest_others(before, after, 10.0, exclude=set(), started=t0, n=1)
-    assert got == [{"pid": 7, "name": "bash", "cores": 1.42, "children_cores": 1.4},
-                   {"pid": 2, "name": "python", "cores": 0.7, "processes": 2}]
+    assert got == [
+        {"pid": 7, "name": "bash", "cores": 1.42, "children_cores": 1.4},
+        {"pid": 2, "name": "python", "cores": 0.7, "processes": 2},
+    ]
     # with room for them, each process is its own entry (the tuner names a hog by its pid)
-    assert [e["pid"] for e in busiest_others(before, after, 10.0, exclude=set(),
-                                             started=t0)] == [7, 2, 3]
-    data = run([ser("procs.runq_wait_pct", "1", [35.0] * 20),
-                ser("procs.cpu_pct", "1", [100.0] * 20),
-                ser("host.cpu_pct", "", [85.0] * 20)],
-               steps(0, 100, 0.002, 0.098, None), config={},
-               meta={"logical_cores": 4, "busy_others": got}, entities=procs({"1": "main"}))
+    assert [e["pid"] for e in busiest_others(before, after, 10.0, exclude=set(), started=t0)] == [
+        7,
+        2,
+        3,
+    ]
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "1", [35.0] * 20),
+            ser("procs.cpu_pct", "1", [100.0] * 20),
+            ser("host.cpu_pct", "", [85.0] * 20),
+        ],
+        steps(0, 100, 0.002, 0.098, None),
+        config={},
+        meta={"logical_cores": 4, "busy_others": got},
+        entities=procs({"1": "main"}),
+    )
     f = next(f for f in diagnose(data)["findings"] if f["kind"] == "cpu_contention")
     action = f["fixes"][0]["action"]
     others = f["evidence"]["others_cpu_cores"]

@@ -14,11 +14,24 @@ from stallscope.cli.compare import _ROWS, applied_fix, compare
 from stallscope.store import StepRow
 
 DOC_A: dict[str, Any] = {
-    "run": "a", "verdict": "input_bound.prep",
-    "findings": [{"kind": "input_bound.prep", "est_speedup": 1.83, "fixes": [
-        {"action": "make per-sample work cheaper", "why": "..."},
-        {"action": "num_workers 1 → 2 (2 physical cores)", "why": "...",
-         "expected_speedup": 1.32, "change": {"num_workers": 2}}]}]}
+    "run": "a",
+    "verdict": "input_bound.prep",
+    "findings": [
+        {
+            "kind": "input_bound.prep",
+            "est_speedup": 1.83,
+            "fixes": [
+                {"action": "make per-sample work cheaper", "why": "..."},
+                {
+                    "action": "num_workers 1 → 2 (2 physical cores)",
+                    "why": "...",
+                    "expected_speedup": 1.32,
+                    "change": {"num_workers": 2},
+                },
+            ],
+        }
+    ],
+}
 
 
 def test_the_fix_b_applied_is_found_by_its_setting() -> None:
@@ -30,8 +43,7 @@ def test_the_fix_b_applied_is_found_by_its_setting() -> None:
 
 
 def _data(workers: int, step_s: float) -> Any:
-    steps = [StepRow(0, i, T0 + i * step_s, step_s / 2, step_s / 2, samples=32)
-             for i in range(50)]
+    steps = [StepRow(0, i, T0 + i * step_s, step_s / 2, step_s / 2, samples=32) for i in range(50)]
     data = run([], steps, config={"loader": {"num_workers": workers}})
     return data
 
@@ -65,11 +77,14 @@ def test_no_change_never_reads_as_a_negative_zero() -> None:
 
 
 def test_a_fix_that_delivered_little_says_why_from_run_b() -> None:
-    """"31% of the expected gain delivered" said nothing more, though run B's host CPU was at
+    """ "31% of the expected gain delivered" said nothing more, though run B's host CPU was at
     97.5%: the reasons B itself shows are given."""
-    doc_b = {"run": "b", "verdict": "input_bound.prep", "findings": [
-        {"kind": "input_bound.prep"}, {"kind": "cpu_contention"}],
-             "signals": {"host_cpu_median_pct": 97.5, "stall_fraction": 0.33}}
+    doc_b = {
+        "run": "b",
+        "verdict": "input_bound.prep",
+        "findings": [{"kind": "input_bound.prep"}, {"kind": "cpu_contention"}],
+        "signals": {"host_cpu_median_pct": 97.5, "stall_fraction": 0.33},
+    }
     out = compare(DOC_A, doc_b, _data(1, 0.2), _data(2, 0.19))
     assert out["delivered_share"] < 0.7
     why = " | ".join(out["shortfall"])
@@ -108,6 +123,7 @@ def test_without_the_probe_the_applied_fix_is_found_from_the_worker_processes() 
 
 # --- an agent's store: one training at a time -------------------------------------------------
 
+
 def _agent_store(tmp_path: Any) -> Any:
     """An agent's run directory that followed two trainings: r-big (two processes, 20 points
     each) and r-small (one process, 5 points)."""
@@ -117,12 +133,23 @@ def _agent_store(tmp_path: Any) -> Any:
     from stallscope.store import RunStore, base_meta, new_run_dir, write_meta
 
     run = new_run_dir(tmp_path, "agent")
-    write_meta(run, base_meta(["stallscope", "agent"], start=_time.time() - 60,
-                              interval_s=1.0, pid=None, agent={"listen": "127.0.0.1:10127"}))
+    write_meta(
+        run,
+        base_meta(
+            ["stallscope", "agent"],
+            start=_time.time() - 60,
+            interval_s=1.0,
+            pid=None,
+            agent={"listen": "127.0.0.1:10127"},
+        ),
+    )
     store = RunStore(run / "run.db")
     t0 = _time.time() - 50
-    procs = {"11": ("r-big", "main", 20), "12": ("r-big", "worker", 20),
-             "21": ("r-small", "main", 5)}
+    procs = {
+        "11": ("r-big", "main", 20),
+        "12": ("r-big", "worker", 20),
+        "21": ("r-small", "main", 5),
+    }
     for pid, (rid, role, n) in procs.items():
         store.upsert_entity("procs", pid, {"run": rid, "role": role, "ppid": 1}, t0)
         for i in range(n):
@@ -149,21 +176,35 @@ def test_an_agent_store_is_read_one_training_at_a_time(tmp_path: Any) -> None:
     assert ("procs.cpu_pct", "21") not in data.series and ("host.cpu_pct", "") in data.series
     small = load_run(run, "r-s")  # a prefix
     assert {e["entity"] for e in small.entities if e["source"] == "procs"} == {"21"}
-    with pytest.raises(UsageError, match=r"no training 'x' in this agent store \(it followed: "
-                                         r"r-big, r-small\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"no training 'x' in this agent store \(it followed: "
+        r"r-big, r-small\)",
+    ):
         load_run(run, "x")
     with pytest.raises(UsageError, match="more than one training 'r-'"):
         load_run(run, "r-")
-    r = subprocess.run(stallscope_argv("diagnose", str(run)), capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", str(run)), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
-    assert "agent store: training r-big (of 2 it followed: the one with the most process " \
+    assert (
+        "agent store: training r-big (of 2 it followed: the one with the most process "
         "samples; another with --run-id r-small)" in r.stdout
-    r = subprocess.run(stallscope_argv("show", str(run), "--run-id", "r-small"),
-                       capture_output=True, text=True, timeout=60)
+    )
+    r = subprocess.run(
+        stallscope_argv("show", str(run), "--run-id", "r-small"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "agent store: training r-small" in r.stdout, r.stderr
-    r = subprocess.run(stallscope_argv("show", str(run), "--run-id", "nope"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("show", str(run), "--run-id", "nope"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no training 'nope'" in r.stderr
 
 
@@ -185,18 +226,44 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
 
     pytest.importorskip("torch")
     env = {**os.environ, "STALLSCOPE_OUT": str(tmp_path / "probe-runs")}
-    trainer = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_cpu.py"),
-                                "--max-seconds", "8", "--epochs", "1000", "--files", "300"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               cwd=tmp_path, env=env)
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_cpu.py"),
+            "--max-seconds",
+            "8",
+            "--epochs",
+            "1000",
+            "--files",
+            "300",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         while not list((tmp_path / "probe-runs").glob("*/run.db")):  # the probe's run is up
             assert trainer.poll() is None and time.monotonic() < deadline, "no probe run"
             time.sleep(0.2)
-        r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "1",
-                                           "--no-stacks", "--out", str(tmp_path / "runs")),
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        r = subprocess.run(
+            stallscope_argv(
+                "run",
+                "--pid",
+                str(trainer.pid),
+                "--interval",
+                "1",
+                "--no-stacks",
+                "--out",
+                str(tmp_path / "runs"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         trainer.wait(timeout=60)
     finally:
         trainer.kill()
@@ -212,8 +279,13 @@ def test_attaching_to_a_trainer_with_the_probe_joins_its_steps(tmp_path: Any) ->
         ours.close()
     # every step, once; 8 s of training made 19 steps on a slow CI machine, more on a quiet one
     assert n_theirs >= 10 and n_ours == n_theirs, (n_theirs, n_ours)
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc = json.loads(d.stdout)
     assert doc["stall_source"] == "probe", doc["stall_source"]
     assert training_finding(doc)["kind"].startswith("input_bound"), doc["findings"]

@@ -54,8 +54,9 @@ class ReplayedGpu:
     """stallscope's exporter over a replayed H100 capture, given the identity (UUID, PCI bus
     id) of the dcgm-exporter capture's GPU and its host name."""
 
-    def __init__(self, tmp: Path, index: int, uuid: str, bus_id: str, hostname: str,
-                 host_label: str) -> None:
+    def __init__(
+        self, tmp: Path, index: int, uuid: str, bus_id: str, hostname: str, host_label: str
+    ) -> None:
         from prometheus_client import start_http_server
 
         from stallscope.agent.exporter import PrometheusSink
@@ -77,8 +78,9 @@ class ReplayedGpu:
         self.collector = Collector([gpu], [self.sink], interval=0.5)
         self.collector.start()
         self.port = free_port()
-        self.server, _t = start_http_server(self.port, addr="127.0.0.1",
-                                            registry=self.sink.registry)
+        self.server, _t = start_http_server(
+            self.port, addr="127.0.0.1", registry=self.sink.registry
+        )
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -93,31 +95,52 @@ def _labels(line: str) -> dict[str, str]:
     return dict(fam.samples[0].labels)
 
 
-@pytest.mark.parametrize(("capture", "dcgm_metric", "host_label"), [
-    ("h100-mig-hostname-capital.prom", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Hostname"),
-    ("rtx2000-hostname-lower.prom", "DCGM_FI_DEV_FB_FREE", "hostname"),
-])
-def test_prometheus_joins_dcgm_exporter_and_stallscope(tmp_path: Path, capture: str,
-                                                       dcgm_metric: str,
-                                                       host_label: str) -> None:
+@pytest.mark.parametrize(
+    ("capture", "dcgm_metric", "host_label"),
+    [
+        ("h100-mig-hostname-capital.prom", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Hostname"),
+        ("rtx2000-hostname-lower.prom", "DCGM_FI_DEV_FB_FREE", "hostname"),
+    ],
+)
+def test_prometheus_joins_dcgm_exporter_and_stallscope(
+    tmp_path: Path, capture: str, dcgm_metric: str, host_label: str
+) -> None:
     text = (DCGM / capture).read_text()
     lines = [ln for ln in text.splitlines() if ln.startswith(dcgm_metric + "{")]
     ident = _labels_of_line(lines[0])
     assert host_label in ident, ident  # the capture spells the host label this way
     expected_pods = {_labels_of_line(ln).get("pod") for ln in lines} - {None}
     dcgm = StaticTarget(text)
-    ours = ReplayedGpu(tmp_path, int(ident["gpu"]), ident["UUID"], ident["pci_bus_id"],
-                       ident[host_label], host_label)
+    ours = ReplayedGpu(
+        tmp_path,
+        int(ident["gpu"]),
+        ident["UUID"],
+        ident["pci_bus_id"],
+        ident[host_label],
+        host_label,
+    )
     prom = None
     try:
-        prom = start_prometheus(tmp_path, [f"127.0.0.1:{dcgm.port}", f"127.0.0.1:{ours.port}"],
-                                None)
-        join = (f"{dcgm_metric} * on (UUID, {host_label}) group_left "
-                "stallscope_gpu_temperature_celsius")
-        wait_for(prom, {"dcgm": dcgm_metric, "ours": "stallscope_gpu_temperature_celsius",
-                        "mig": "stallscope_gpu_mig_memory_total_bytes", "join": join}, 60, [])
-        ours_labels = prom.query(f'stallscope_gpu_temperature_celsius{{gpu="{ident["gpu"]}"}}'
-                                 )[0]["metric"]
+        prom = start_prometheus(
+            tmp_path, [f"127.0.0.1:{dcgm.port}", f"127.0.0.1:{ours.port}"], None
+        )
+        join = (
+            f"{dcgm_metric} * on (UUID, {host_label}) group_left stallscope_gpu_temperature_celsius"
+        )
+        wait_for(
+            prom,
+            {
+                "dcgm": dcgm_metric,
+                "ours": "stallscope_gpu_temperature_celsius",
+                "mig": "stallscope_gpu_mig_memory_total_bytes",
+                "join": join,
+            },
+            60,
+            [],
+        )
+        ours_labels = prom.query(f'stallscope_gpu_temperature_celsius{{gpu="{ident["gpu"]}"}}')[0][
+            "metric"
+        ]
         # every identity label dcgm-exporter gives the GPU, spelled and valued alike
         for k in ("gpu", "UUID", "pci_bus_id", "device", host_label):
             assert ours_labels.get(k) == ident[k], (k, ours_labels, ident)
@@ -126,26 +149,32 @@ def test_prometheus_joins_dcgm_exporter_and_stallscope(tmp_path: Path, capture: 
         assert len(joined) == len(lines), joined
         assert {r["metric"]["pod"] for r in joined if r["metric"].get("pod")} == expected_pods
         # and the other way: stallscope's reading with the pods that hold the GPU's instances
-        back = prom.query(f"stallscope_gpu_power_watts * on (UUID, {host_label}) "
-                          f"group_right count by (UUID, {host_label}, pod) ({dcgm_metric})")
+        back = prom.query(
+            f"stallscope_gpu_power_watts * on (UUID, {host_label}) "
+            f"group_right count by (UUID, {host_label}, pod) ({dcgm_metric})"
+        )
         assert {r["metric"].get("pod") for r in back} >= expected_pods
         if "GPU_I_ID" in ident:
             # MIG: the replayed H100 has GPU instances 2, 3, 9, 10; the published one 7, 8, 9:
             # the instance both have (9, a 1g.10gb in both) joins on GPU_I_ID, its pod along
-            mig = prom.query(f"{dcgm_metric} * on (UUID, GPU_I_ID, {host_label}) group_left "
-                             "(GPU_I_PROFILE) stallscope_gpu_mig_memory_total_bytes")
+            mig = prom.query(
+                f"{dcgm_metric} * on (UUID, GPU_I_ID, {host_label}) group_left "
+                "(GPU_I_PROFILE) stallscope_gpu_mig_memory_total_bytes"
+            )
             assert [(r["metric"]["GPU_I_ID"], r["metric"]["GPU_I_PROFILE"]) for r in mig] == [
-                ("9", "1g.10gb")], mig
+                ("9", "1g.10gb")
+            ], mig
             assert mig[0]["metric"]["pod"].startswith("tts-predictor")
         # spelled the other way (copied to it, then this spelling blanked), the same
         # series join nothing: why host_label must follow the fleet's dcgm-exporter
         other = "hostname" if host_label == "Hostname" else "Hostname"
-        respelled = (f'label_replace(label_replace(stallscope_gpu_temperature_celsius, '
-                     f'"{other}", "$1", "{host_label}", "(.*)"), "{host_label}", "", '
-                     f'"{host_label}", ".*")')
+        respelled = (
+            f"label_replace(label_replace(stallscope_gpu_temperature_celsius, "
+            f'"{other}", "$1", "{host_label}", "(.*)"), "{host_label}", "", '
+            f'"{host_label}", ".*")'
+        )
         assert prom.query(respelled), respelled
-        assert prom.query(f"{dcgm_metric} * on (UUID, {host_label}) group_left "
-                          f"{respelled}") == []
+        assert prom.query(f"{dcgm_metric} * on (UUID, {host_label}) group_left {respelled}") == []
     finally:
         if prom is not None:
             stop_prometheus(prom)

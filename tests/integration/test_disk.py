@@ -49,14 +49,45 @@ def _fixture(name: str) -> str:
 
 def test_parse_20_fields_kernel_6_18_recorded() -> None:
     rows = _by_name(_fixture("diskstats-kernel-6.18-vm.txt"))
-    assert list(rows) == ["loop0", "loop0p1", "loop1", "loop2", "loop3", "loop4", "loop5",
-                          "loop6", "loop7", "vda", "zram0"]
+    assert list(rows) == [
+        "loop0",
+        "loop0p1",
+        "loop1",
+        "loop2",
+        "loop3",
+        "loop4",
+        "loop5",
+        "loop6",
+        "loop7",
+        "vda",
+        "zram0",
+    ]
     vda = rows["vda"]
     # 254 0 vda 65685 13372 4990682 19342 25390 43701 4375184 17577 0 9644 37668
     #           8406 35 302736 560 3937 187
-    assert vda == DiskCounters(254, 0, "vda", 65685, 13372, 4990682, 19342, 25390, 43701,
-                               4375184, 17577, 0, 9644, 37668, 8406, 35, 302736, 560, 3937,
-                               187, nfields=20)
+    assert vda == DiskCounters(
+        254,
+        0,
+        "vda",
+        65685,
+        13372,
+        4990682,
+        19342,
+        25390,
+        43701,
+        4375184,
+        17577,
+        0,
+        9644,
+        37668,
+        8406,
+        35,
+        302736,
+        560,
+        3937,
+        187,
+        nfields=20,
+    )
     assert vda.extended and vda.total_ios == 65685 + 25390 + 8406 + 3937
     assert rows["loop0p1"].major == 259 and rows["loop0p1"].rd_sectors == 2798
 
@@ -65,17 +96,39 @@ def test_parse_18_fields_kernel_4_19_discards() -> None:
     nvme = _by_name(_fixture("diskstats-kernel-4.19-typical.txt"))["nvme0n1"]
     assert nvme.nfields == 18
     assert (nvme.rd_ios, nvme.wr_ticks, nvme.io_ticks, nvme.time_in_queue) == (
-        24051861, 3123398, 4311880, 7632780)
+        24051861,
+        3123398,
+        4311880,
+        7632780,
+    )
     assert (nvme.dc_ios, nvme.dc_merges, nvme.dc_sectors, nvme.dc_ticks) == (
-        153283, 0, 2145452800, 5032)
+        153283,
+        0,
+        2145452800,
+        5032,
+    )
     assert (nvme.fl_ios, nvme.fl_ticks) == (0, 0)
 
 
 def test_parse_14_fields_kernel_3_10() -> None:
     sdb = _by_name(_fixture("diskstats-kernel-3.10-typical.txt"))["sdb"]
-    assert sdb == DiskCounters(8, 16, "sdb", 81525914, 3116, 20866813242, 1237846035, 3128361,
-                               236519, 1217815720, 43180163, 0, 391938839, 1281022582,
-                               nfields=14)
+    assert sdb == DiskCounters(
+        8,
+        16,
+        "sdb",
+        81525914,
+        3116,
+        20866813242,
+        1237846035,
+        3128361,
+        236519,
+        1217815720,
+        43180163,
+        0,
+        391938839,
+        1281022582,
+        nfields=14,
+    )
     assert (sdb.dc_ios, sdb.fl_ios) == (0, 0)
 
 
@@ -85,7 +138,11 @@ def test_parse_7_field_partitions_kernel_2_6_18() -> None:
     sda2 = rows["sda2"]  # "8 2 sda2 410628 9512642 737704 5901600"
     assert sda2.nfields == 7 and not sda2.extended
     assert (sda2.rd_ios, sda2.rd_sectors, sda2.wr_ios, sda2.wr_sectors) == (
-        410628, 9512642, 737704, 5901600)
+        410628,
+        9512642,
+        737704,
+        5901600,
+    )
     assert (sda2.rd_merges, sda2.rd_ticks, sda2.io_ticks) == (0, 0, 0)
     # iostat -x skips such lines: no merges, no times -> nothing to report
     assert iostat_fields(sda2, sda2._replace(rd_ios=410700), 1.0) is None
@@ -136,28 +193,54 @@ def test_fields_match_the_metric_vocabulary() -> None:
 
 
 def test_iostat_formulas_by_hand() -> None:
-    prev = _c(rd_ios=1000, rd_merges=10, rd_sectors=80000, rd_ticks=5000, wr_ios=400,
-              wr_merges=100, wr_sectors=16000, wr_ticks=9000, io_ticks=70000,
-              time_in_queue=100000, dc_ios=3, fl_ios=2)
+    prev = _c(
+        rd_ios=1000,
+        rd_merges=10,
+        rd_sectors=80000,
+        rd_ticks=5000,
+        wr_ios=400,
+        wr_merges=100,
+        wr_sectors=16000,
+        wr_ticks=9000,
+        io_ticks=70000,
+        time_in_queue=100000,
+        dc_ios=3,
+        fl_ios=2,
+    )
     # over 2 s: 500 reads (20 merged) of 100 000 sectors in 2 500 ms; 100 writes (50 merged)
     # of 4 000 sectors in 1 000 ms; busy 1 500 ms; weighted 3 000 ms
-    cur = prev._replace(rd_ios=1500, rd_merges=30, rd_sectors=180000, rd_ticks=7500,
-                        wr_ios=500, wr_merges=150, wr_sectors=20000, wr_ticks=10000,
-                        io_ticks=71500, time_in_queue=103000, dc_ios=9, fl_ios=7)
+    cur = prev._replace(
+        rd_ios=1500,
+        rd_merges=30,
+        rd_sectors=180000,
+        rd_ticks=7500,
+        wr_ios=500,
+        wr_merges=150,
+        wr_sectors=20000,
+        wr_ticks=10000,
+        io_ticks=71500,
+        time_in_queue=103000,
+        dc_ios=9,
+        fl_ios=7,
+    )
     f = iostat_fields(prev, cur, 2.0)
     assert f is not None and tuple(f) == FIELDS
-    assert f == pytest.approx({
-        "r_s": 250.0, "w_s": 50.0,
-        "rkb_s": 25000.0,  # 100 000 sectors x 512 B / 1024 / 2 s
-        "wkb_s": 1000.0,
-        "rrqm_s": 10.0, "wrqm_s": 25.0,
-        "r_await_ms": 5.0,  # 2 500 ms / 500 reads
-        "w_await_ms": 10.0,
-        "aqu_sz": 1.5,  # 3 000 ms / 2 000 ms
-        "rareq_kb": 100.0,  # 100 000 sectors / 500 reads / 2
-        "wareq_kb": 20.0,
-        "util_pct": 75.0,  # 1 500 ms busy of 2 000
-    })
+    assert f == pytest.approx(
+        {
+            "r_s": 250.0,
+            "w_s": 50.0,
+            "rkb_s": 25000.0,  # 100 000 sectors x 512 B / 1024 / 2 s
+            "wkb_s": 1000.0,
+            "rrqm_s": 10.0,
+            "wrqm_s": 25.0,
+            "r_await_ms": 5.0,  # 2 500 ms / 500 reads
+            "w_await_ms": 10.0,
+            "aqu_sz": 1.5,  # 3 000 ms / 2 000 ms
+            "rareq_kb": 100.0,  # 100 000 sectors / 500 reads / 2
+            "wareq_kb": 20.0,
+            "util_pct": 75.0,  # 1 500 ms busy of 2 000
+        }
+    )
 
 
 def test_idle_interval_gives_zero_awaits_and_sizes() -> None:
@@ -238,10 +321,22 @@ class _Clock:
 LINE = "{maj:4d} {min:7d} {name} {r} 0 {rs} {rt} {w} 0 {ws} {wt} 0 {busy} {q} 0 0 0 0 0 0\n"
 
 
-def _line(name: str, maj: int = 8, mn: int = 0, r: int = 0, rs: int = 0, rt: int = 0,
-          w: int = 0, ws: int = 0, wt: int = 0, busy: int = 0, q: int = 0) -> str:
-    return LINE.format(maj=maj, min=mn, name=name, r=r, rs=rs, rt=rt, w=w, ws=ws, wt=wt,
-                       busy=busy, q=q)
+def _line(
+    name: str,
+    maj: int = 8,
+    mn: int = 0,
+    r: int = 0,
+    rs: int = 0,
+    rt: int = 0,
+    w: int = 0,
+    ws: int = 0,
+    wt: int = 0,
+    busy: int = 0,
+    q: int = 0,
+) -> str:
+    return LINE.format(
+        maj=maj, min=mn, name=name, r=r, rs=rs, rt=rt, w=w, ws=ws, wt=wt, busy=busy, q=q
+    )
 
 
 @pytest.fixture
@@ -263,9 +358,11 @@ def test_source_rates_appear_disappear_and_reset(fake_root: tuple[Path, Path]) -
     assert src.sample(0.0) is None  # first call primes
 
     clock.t += 2.0
-    stats.write_text(_line("sda", r=300, rs=2400, rt=250, busy=1000)
-                     + _line("sda1", mn=1, r=290)
-                     + _line("sdb", mn=16, r=7))  # sdb appears: no rates yet
+    stats.write_text(
+        _line("sda", r=300, rs=2400, rt=250, busy=1000)
+        + _line("sda1", mn=1, r=290)
+        + _line("sdb", mn=16, r=7)
+    )  # sdb appears: no rates yet
     out = src.sample(0.0)
     assert out is not None and list(out) == ["sda"]  # sda1 is a partition: hidden
     assert out["sda"]["r_s"] == 100.0 and out["sda"]["r_await_ms"] == 1.0
@@ -307,8 +404,9 @@ def test_source_named_devices_shown_even_idle_and_partitions_allowed(
     proc, sys = fake_root
     clock = _Clock()
     (proc / "diskstats").write_text(_line("sda", r=5) + _line("sda1", mn=1) + _line("sdb", 16))
-    src = DiskSource(proc_root=str(proc), sys_root=str(sys), devices=["/dev/sda1", "sdb"],
-                     clock=clock)
+    src = DiskSource(
+        proc_root=str(proc), sys_root=str(sys), devices=["/dev/sda1", "sdb"], clock=clock
+    )
     src.sample(0.0)
     clock.t += 1.0
     out = src.sample(0.0)
@@ -415,8 +513,10 @@ def test_path_on_typical_server(path: str, devices: list[str], why: str) -> None
     got, reason = _describe(path, SERVER)
     assert got == devices
     assert (why in reason) if why else reason == ""
-    assert devices_for_path(path, proc_root=str(SERVER / "proc"),
-                            sys_root=str(SERVER / "sys")) == devices
+    assert (
+        devices_for_path(path, proc_root=str(SERVER / "proc"), sys_root=str(SERVER / "sys"))
+        == devices
+    )
 
 
 def test_path_without_mountinfo_is_unavailable(tmp_path: Path) -> None:
@@ -437,10 +537,18 @@ def test_malformed_mountinfo_raises_parse_error(tmp_path: Path) -> None:
 def test_device_info_nvme() -> None:
     info = device_info("nvme0n1", sys_root=str(SERVER / "sys"))
     assert info == {
-        "name": "nvme0n1", "disk": "nvme0n1", "kind": "nvme", "virtual": False,
-        "rotational": False, "model": "SAMSUNG MZVL21T0HCLR-00B00", "vendor": None,
-        "serial": None, "size_bytes": 1000215216 * 512, "removable": False,
-        "scheduler": "none", "read_ahead_kb": 128,
+        "name": "nvme0n1",
+        "disk": "nvme0n1",
+        "kind": "nvme",
+        "virtual": False,
+        "rotational": False,
+        "model": "SAMSUNG MZVL21T0HCLR-00B00",
+        "vendor": None,
+        "serial": None,
+        "size_bytes": 1000215216 * 512,
+        "removable": False,
+        "scheduler": "none",
+        "read_ahead_kb": 128,
     }
 
 
@@ -456,11 +564,16 @@ def test_device_info_nvme() -> None:
         ("nvme0n1p2", "nvme0n1", "nvme", False, False),
     ],
 )
-def test_device_info_kinds(name: str, disk: str, kind: str, virtual: bool,
-                           rotational: bool) -> None:
+def test_device_info_kinds(
+    name: str, disk: str, kind: str, virtual: bool, rotational: bool
+) -> None:
     info = device_info(name, sys_root=str(SERVER / "sys"))
     assert (info["disk"], info["kind"], info["virtual"], info["rotational"]) == (
-        disk, kind, virtual, rotational)
+        disk,
+        kind,
+        virtual,
+        rotational,
+    )
 
 
 def test_device_info_partition_size_and_removable() -> None:
@@ -580,8 +693,7 @@ def test_live_loop_device_maps_to_backing_disk_and_shows_io(tmp_path: Path) -> N
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-def test_an_unchanged_line_gives_what_parsing_it_again_would(fake_root: tuple[Path, Path]
-                                                             ) -> None:
+def test_an_unchanged_line_gives_what_parsing_it_again_would(fake_root: tuple[Path, Path]) -> None:
     """A line that reads as at the last sample is not parsed again (an idle device): its
     fields are then all zero, as iostat_fields gives for it, and a line that changes is parsed
     anew."""

@@ -92,9 +92,11 @@ class _Load:
     def __enter__(self) -> _Load:
         # this file run as a script: its imports (conftest) live one folder up, in tests/
         path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, __file__, str(self.workdir)],
-                                     stderr=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONPATH": path})
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(self.workdir)],
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
+        )
         return self
 
     def check(self) -> None:
@@ -152,9 +154,14 @@ def _direct_writes(path: Path) -> None:
 
 def _run_load(workdir: Path) -> None:
     """Child process: read and write until terminated; any error ends it (check() reports)."""
-    threads = [threading.Thread(target=fn, args=(workdir / name,), daemon=True)
-               for fn, name in ((_direct_reads, "big.bin"), (_cached_reads, "small.bin"),
-                                (_direct_writes, "w.bin"))]
+    threads = [
+        threading.Thread(target=fn, args=(workdir / name,), daemon=True)
+        for fn, name in (
+            (_direct_reads, "big.bin"),
+            (_cached_reads, "small.bin"),
+            (_direct_writes, "w.bin"),
+        )
+    ]
     for t in threads:
         t.start()
     while all(t.is_alive() for t in threads):
@@ -186,15 +193,18 @@ def _read_until(fd: int, buf: bytearray, predicate: object) -> None:
         buf += chunk
 
 
-def _one_window(devices: list[str]) -> tuple[dict[str, dict[str, float]],
-                                             dict[str, dict[str, float]]]:
+def _one_window(
+    devices: list[str],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """(iostat's fields, ours) for each device over one aligned interval."""
     src = DiskSource(devices=devices)
     src.open()
     env = dict(os.environ, LC_ALL="C", S_COLORS="never")
     proc = subprocess.Popen(
         ["iostat", "-x", "-d", "-y", "-o", "JSON", *devices, str(INTERVAL_S), "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -215,8 +225,9 @@ def _one_window(devices: list[str]) -> tuple[dict[str, dict[str, float]],
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     doc = json.loads(bytes(buf))
     (stats,) = doc["sysstat"]["hosts"][0]["statistics"]
-    theirs = {d["disk_device"]: {IOSTAT_KEYS[k]: float(d[k]) for k in IOSTAT_KEYS}
-              for d in stats["disk"]}
+    theirs = {
+        d["disk_device"]: {IOSTAT_KEYS[k]: float(d[k]) for k in IOSTAT_KEYS} for d in stats["disk"]
+    }
     assert ours is not None
     return theirs, ours
 

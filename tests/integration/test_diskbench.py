@@ -32,15 +32,22 @@ SMALL = BenchPlan(size_bytes=8 * MiB, seconds=0.2, small_files=40)
 
 
 def result(**kw: float) -> BenchResult:
-    base = {"seq_cached_mb_s": 8000.0, "seq_cold_mb_s": 2500.0, "rand_iops": 12000.0,
-            "small_files_per_s": 6000.0}
+    base = {
+        "seq_cached_mb_s": 8000.0,
+        "seq_cold_mb_s": 2500.0,
+        "rand_iops": 12000.0,
+        "small_files_per_s": 6000.0,
+    }
     base.update(kw)
-    return BenchResult("builtin", rand_lat_us={"p50": 80.0, "p99": 200.0},
-                       cold_method="O_DIRECT", **base)
+    return BenchResult(
+        "builtin", rand_lat_us={"p50": 80.0, "p99": 200.0}, cold_method="O_DIRECT", **base
+    )
 
 
-@pytest.mark.parametrize("text,want", [("256M", 256 * MiB), ("1G", 1024 * MiB),
-                                       ("64MiB", 64 * MiB), ("4096", 4096), ("1.5k", 1536)])
+@pytest.mark.parametrize(
+    "text,want",
+    [("256M", 256 * MiB), ("1G", 1024 * MiB), ("64MiB", 64 * MiB), ("4096", 4096), ("1.5k", 1536)],
+)
 def test_parse_size(text: str, want: int) -> None:
     assert parse_size(text) == want
 
@@ -74,18 +81,21 @@ SSD = {"name": "sdb", "kind": "scsi", "virtual": False, "rotational": False}
 EBS = {"name": "nvme1n1", "kind": "nvme", "virtual": True, "rotational": False}
 
 
-@pytest.mark.parametrize("fstype,infos,want", [
-    ("ext4", [VDA], "network_virtual"),  # virtio claims rotational=1: virtual wins
-    ("ext4", [NVME], "nvme"),
-    ("xfs", [HDD], "hdd"),
-    ("ext4", [SSD], "sata_ssd"),
-    ("ext4", [EBS], "network_virtual"),
-    ("ext4", [NVME, HDD], "hdd"),  # RAID/LVM over both: the slowest member
-    ("tmpfs", [], "memory"),
-    ("nfs4", [], "network_virtual"),
-    ("fuse.s3fs", [], "network_virtual"),
-    ("ext4", [], "unknown"),
-])
+@pytest.mark.parametrize(
+    "fstype,infos,want",
+    [
+        ("ext4", [VDA], "network_virtual"),  # virtio claims rotational=1: virtual wins
+        ("ext4", [NVME], "nvme"),
+        ("xfs", [HDD], "hdd"),
+        ("ext4", [SSD], "sata_ssd"),
+        ("ext4", [EBS], "network_virtual"),
+        ("ext4", [NVME, HDD], "hdd"),  # RAID/LVM over both: the slowest member
+        ("tmpfs", [], "memory"),
+        ("nfs4", [], "network_virtual"),
+        ("fuse.s3fs", [], "network_virtual"),
+        ("ext4", [], "unknown"),
+    ],
+)
 def test_classify(fstype: str, infos: list[dict], want: str) -> None:
     assert classify(fstype, infos) == want
 
@@ -99,8 +109,11 @@ def test_judge_flags_a_slow_nvme() -> None:
     hdd = judge(result(seq_cold_mb_s=150, rand_iops=20, small_files_per_s=100), "hdd")
     assert len(hdd) == 1 and "random" in hdd[0]
     for cls, exp in HEALTHY.items():  # each class's own low end is not "far below"
-        r = result(seq_cold_mb_s=exp.seq_cold_mb_s[0], rand_iops=exp.rand_iops[0],
-                   small_files_per_s=exp.small_files_per_s[0])
+        r = result(
+            seq_cold_mb_s=exp.seq_cold_mb_s[0],
+            rand_iops=exp.rand_iops[0],
+            small_files_per_s=exp.small_files_per_s[0],
+        )
         assert judge(r, cls) == [], cls
 
 
@@ -108,8 +121,7 @@ def test_compare() -> None:
     a = result(seq_cold_mb_s=110.0)
     b = BenchResult("fio", 8000.0, 100.0, 0.0, {"p50": 100.0}, 6000.0, "O_DIRECT")
     c = compare(a, b)
-    assert c["seq_cold_mb_s"] == {"builtin": 110.0, "fio": 100.0,
-                                  "diff_pct": pytest.approx(10.0)}
+    assert c["seq_cold_mb_s"] == {"builtin": 110.0, "fio": 100.0, "diff_pct": pytest.approx(10.0)}
     assert c["rand_iops"]["diff_pct"] is None  # no division by zero
     assert c["rand_lat_p50_us"]["diff_pct"] == pytest.approx(-20.0)
 
@@ -137,7 +149,8 @@ def test_parse_recorded_fio() -> None:
     assert set(r.rand_lat_us) == {"p50", "p90", "p99", "p99.9", "mean"}
     small = jobs["small_files"]
     assert r.small_files_per_s == pytest.approx(
-        small["io_bytes"] / plan.small_file_bytes / (small["runtime"] / 1000))
+        small["io_bytes"] / plan.small_file_bytes / (small["runtime"] / 1000)
+    )
 
 
 def test_parse_fio_rejects_other_output() -> None:
@@ -217,8 +230,12 @@ def test_engines_agree_roughly(tmp_path: Path) -> None:
     benchmarks/bench_disk_engine.py with longer interleaved rounds."""
     _need_fio()
     plan = BenchPlan(size_bytes=32 * MiB, seconds=0.4, small_files=300)
-    runs = [run_builtin(str(tmp_path), plan), run_fio(str(tmp_path), plan),
-            run_fio(str(tmp_path), plan), run_builtin(str(tmp_path), plan)]
+    runs = [
+        run_builtin(str(tmp_path), plan),
+        run_fio(str(tmp_path), plan),
+        run_fio(str(tmp_path), plan),
+        run_builtin(str(tmp_path), plan),
+    ]
     for key in ("seq_cold_mb_s", "rand_iops", "small_files_per_s"):
         b = max(getattr(r, key) for r in runs if r.engine == "builtin")
         f = max(getattr(r, key) for r in runs if r.engine == "fio")

@@ -25,10 +25,22 @@ FIXTURE = FIXTURES / "smartctl-ST3500418AS_11.json"
 TIMEOUT = 60
 
 
-def _run(args: list[str], *, stdout: object = subprocess.PIPE, timeout: float = TIMEOUT,
-         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(stallscope_argv(*args), stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=timeout, cwd=cwd, check=False)
+def _run(
+    args: list[str],
+    *,
+    stdout: object = subprocess.PIPE,
+    timeout: float = TIMEOUT,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        stallscope_argv(*args),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -41,6 +53,7 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> No
 
 
 # --- disk --smartctl-json: only regular files, with a cap --------------------------------------
+
 
 def test_smartctl_json_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
@@ -79,6 +92,7 @@ def test_smartctl_json_directory_is_refused(tmp_path: Path) -> None:
 
 # --- long machine strings --------------------------------------------------------------------
 
+
 def test_long_model_name_prints_fast_and_clipped(tmp_path: Path) -> None:
     doc = json.loads(FIXTURE.read_text())
     doc["model_name"] = "M" * 100_000
@@ -97,8 +111,10 @@ def test_long_model_name_prints_fast_and_clipped(tmp_path: Path) -> None:
     assert proc.returncode in (0, 1), proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stdout) < 5_000
-    assert "…(+" in proc.stdout and "M" * TERMINAL_LIMIT not in proc.stdout.replace("\n", "")[
-        :TERMINAL_LIMIT - 10]
+    assert (
+        "…(+" in proc.stdout
+        and "M" * TERMINAL_LIMIT not in proc.stdout.replace("\n", "")[: TERMINAL_LIMIT - 10]
+    )
     assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
     assert "[bold]S" in proc.stdout  # shown literally, not taken as markup
     # JSON keeps the full value
@@ -111,10 +127,11 @@ def test_text_helpers() -> None:
     assert clip("abc", 5) == "abc" and clip("a" * 10, 4) == "aaaa…(+6 chars)"
     assert plain("a\x1bb") == "a\\x1bb"
     assert html_text("a\x1b[31m\x07<b>\x9b\x7f\tz\n") == "a[31m&lt;b&gt;\tz\n"
-    assert esc("x\x1by\"") == "xy&quot;"
+    assert esc('x\x1by"') == "xy&quot;"
 
 
 # --- advice: commands survive copy and paste -------------------------------------------------
+
 
 def test_advice_commands_are_never_wrapped() -> None:
     from stallscope.sources.smart.runner import _open_fixes
@@ -123,11 +140,15 @@ def test_advice_commands_are_never_wrapped() -> None:
     fixes = _open_fixes("/usr/sbin/smartctl", 1000, "alice")
     assert not any("agent" in f for f in fixes)  # there is no agent: advice names what exists
     prose, commands = split_advice(fixes[0])
-    assert commands == ["echo 'alice ALL=(root) NOPASSWD: /usr/sbin/smartctl' | sudo tee "
-                        "/etc/sudoers.d/stallscope-smartctl"]
+    assert commands == [
+        "echo 'alice ALL=(root) NOPASSWD: /usr/sbin/smartctl' | sudo tee "
+        "/etc/sudoers.d/stallscope-smartctl"
+    ]
     assert "`" not in prose and prose.endswith(":")
-    assert split_advice("run `a b` then `c d` now") == ("run (below) then (below) now",
-                                                        ["a b", "c d"])
+    assert split_advice("run `a b` then `c d` now") == (
+        "run (below) then (below) now",
+        ["a b", "c d"],
+    )
 
 
 def test_disk_prints_each_fix_block_once() -> None:
@@ -140,11 +161,14 @@ def test_disk_prints_each_fix_block_once() -> None:
     from stallscope.sources.smart.runner import _open_fixes
 
     # as root no grant is advised: root has the rights already, the device is the cause
-    assert not any("NOPASSWD" in f or "Capabilities" in f
-                   for f in _open_fixes("/usr/sbin/smartctl", 0, "root"))
+    assert not any(
+        "NOPASSWD" in f or "Capabilities" in f for f in _open_fixes("/usr/sbin/smartctl", 0, "root")
+    )
     fixes = _open_fixes("/usr/sbin/smartctl", 1000, "alice")
-    drives = [unknown_drive("cannot open /dev/vda", device="/dev/vda", fixes=fixes),
-              unknown_drive("cannot open /dev/vdb", device="/dev/vdb", fixes=fixes)]
+    drives = [
+        unknown_drive("cannot open /dev/vda", device="/dev/vda", fixes=fixes),
+        unknown_drive("cannot open /dev/vdb", device="/dev/vdb", fixes=fixes),
+    ]
     console = Console(width=60, record=True, file=open(os.devnull, "w"))
     try:
         print_drives(console, drives)
@@ -154,11 +178,13 @@ def test_disk_prints_each_fix_block_once() -> None:
     assert text.count("NOPASSWD") == 1 and "fix: as for /dev/vda above" in text
     sudoers = next(line for line in text.splitlines() if "NOPASSWD" in line)
     assert sudoers.strip().startswith("echo '") and sudoers.rstrip().endswith(
-        "/etc/sudoers.d/stallscope-smartctl")
+        "/etc/sudoers.d/stallscope-smartctl"
+    )
     assert _common.out_console is not console
 
 
 # --- pack: destinations that cannot be made --------------------------------------------------
+
 
 def _dataset(root: Path, classes: int = 2, files: int = 30, size: int = 100_000) -> Path:
     src = root / "src"
@@ -184,12 +210,17 @@ def test_pack_destination_that_cannot_be_made(tmp_path: Path, where: str) -> Non
 
 # --- stdout that cannot be written -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs")
-    proc = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--out", str(out), "--",
-                                          "sleep", "0.5"),
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        stallscope_argv("run", "--interval", "0.2", "--out", str(out), "--", "sleep", "0.5"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     runs = [p for p in out.iterdir() if (p / "meta.json").exists()]
     assert len(runs) == 1
@@ -228,11 +259,18 @@ def test_stdout_on_a_full_device(tiny_run: Path) -> None:
 def test_stdout_closed_from_the_start(tiny_run: Path) -> None:
     """`stallscope snapshot --every 0.2 >&-`: fd 1 closed before Python starts (it then has no
     sys.stdout at all). One line naming it, exit 1; no traceback."""
-    for args in [*_printing_commands(tiny_run)[:3],
-                 ["snapshot", "--every", "0.2", "--count", "3", "--json"]]:
-        proc = subprocess.run(stallscope_argv(*args), stderr=subprocess.PIPE, text=True,
-                              timeout=TIMEOUT, check=False,
-                              preexec_fn=lambda: os.close(1))
+    for args in [
+        *_printing_commands(tiny_run)[:3],
+        ["snapshot", "--every", "0.2", "--count", "3", "--json"],
+    ]:
+        proc = subprocess.run(
+            stallscope_argv(*args),
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+            preexec_fn=lambda: os.close(1),
+        )
         _one_line_error(proc, "stallscope: cannot write output: standard output is closed")
         assert proc.returncode == 1, (args, proc.returncode)
 
@@ -255,12 +293,18 @@ def test_stdout_a_closed_pipe(tiny_run: Path) -> None:
 def test_stdout_into_head_through_a_shell(tiny_run: Path) -> None:
     """The real pipeline, with `head` reading one line of a longer output."""
     argv = " ".join(stallscope_argv("show", str(tiny_run), "--json"))
-    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {argv} | head -c 1 >/dev/null"],
-                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    proc = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {argv} | head -c 1 >/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
 
 
 # --- report -o: never replace what is not a regular file ---------------------------------------
+
 
 def test_report_to_a_device_leaves_it_alone(tiny_run: Path) -> None:
     if not os.path.exists("/dev/full"):
@@ -311,6 +355,7 @@ def test_report_to_a_directory_writes_report_html_in_it(tiny_run: Path, tmp_path
 
 # --- a full disk (a 2 MB tmpfs; root only) ------------------------------------------------------
 
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
@@ -319,8 +364,12 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mount/umount not installed")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -351,8 +400,18 @@ def test_pack_into_a_full_disk(tmp_path: Path, small_tmpfs: Path) -> None:
     assert set(shards) == listed  # every shard left is finished and listed
     # resumable: with room, the same command finishes and keeps the finished shards
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_tmpfs)], check=True)
-    proc = _run(["pack", str(src), str(dst), "--samples-per-shard", "10", "--no-progress",
-                 "--verify", "--json"])
+    proc = _run(
+        [
+            "pack",
+            str(src),
+            str(dst),
+            "--samples-per-shard",
+            "10",
+            "--no-progress",
+            "--verify",
+            "--json",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["kept_shards"] == len(shards) and doc["shards"] == 6

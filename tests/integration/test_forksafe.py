@@ -53,14 +53,19 @@ def _fork_during_import(tmp_path: Path, mode: str) -> str:
     (d / "forker.py").write_text(FORK)
     # bare: the child never finishes, so any wait tells; guarded: a ceiling for a busy box
     limit = "2" if mode == "bare" else "30"
-    out = subprocess.run([sys.executable, str(d / "forker.py"), mode, limit],
-                         capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [sys.executable, str(d / "forker.py"), mode, limit],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
-def test_a_fork_waits_for_another_thread_s_import_so_the_child_can_import_it(tmp_path: Path
-                                                                           ) -> None:
+def test_a_fork_waits_for_another_thread_s_import_so_the_child_can_import_it(
+    tmp_path: Path,
+) -> None:
     # the hazard itself, without the hook: the child never gets the module's lock
     assert _fork_during_import(tmp_path, "bare") == "child hung"
     # with the hook the fork waits for the import, and the child's import is a lookup
@@ -70,7 +75,8 @@ def test_a_fork_waits_for_another_thread_s_import_so_the_child_can_import_it(tmp
 def test_a_thread_s_own_import_is_not_another_s(tmp_path: Path) -> None:
     """A fork from inside an import (a training started at module import) does not wait for
     itself; the same import seen from another thread does count."""
-    (tmp_path / "selfcheck.py").write_text(textwrap.dedent("""\
+    (tmp_path / "selfcheck.py").write_text(
+        textwrap.dedent("""\
         import threading
         from stallscope import forksafe
         MINE = forksafe.importing_elsewhere()
@@ -79,7 +85,8 @@ def test_a_thread_s_own_import_is_not_another_s(tmp_path: Path) -> None:
         t.start()
         t.join()
         OTHERS = seen[0]
-    """))
+    """)
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         import selfcheck  # type: ignore[import-not-found]
@@ -99,7 +106,6 @@ def test_a_recorder_installs_the_hook_before_its_thread_starts(tmp_path: Path) -
         print(before, forksafe._installed)
         r.close()
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]

@@ -48,8 +48,7 @@ def opened(doc: dict[str, Any], **kw: Any) -> tuple[GpuSource, NvmlReplay, FakeC
     return source, replay, clock
 
 
-def one_reading(source: GpuSource, replay: NvmlReplay
-                ) -> tuple[dict[str, Any], float, list[str]]:
+def one_reading(source: GpuSource, replay: NvmlReplay) -> tuple[dict[str, Any], float, list[str]]:
     """One sample(): its reading, the recorded milliseconds its calls cost on the sampling
     thread, and the calls it made; the source is closed after."""
     before, n0 = replay.spent(), len(replay.calls)
@@ -73,8 +72,7 @@ def test_a_reading_costs_under_a_thirtieth_of_an_nvidia_smi_spawn_on_the_recorde
     assert gpu["mem_temp_c"] is not None  # the cheap health values are read with the sample
 
 
-def test_the_slow_values_come_from_the_helper_thread_never_from_sample(
-        monkeypatch: Any) -> None:
+def test_the_slow_values_come_from_the_helper_thread_never_from_sample(monkeypatch: Any) -> None:
     """This recording's GPM has no PCIe rates: the helper thread reads NVML's 20-ms window."""
     import threading
 
@@ -109,9 +107,13 @@ def test_gpm_gives_the_pcie_rates_without_any_blocking_call() -> None:
     nvmlDeviceGetPcieThroughput 58,102,044 KB/s (nvml-call-costs-580.159.04.json)."""
     d = copy.deepcopy(json.loads(H100_LOAD.read_text()))
     d["devices"][0]["nvmlGpmQueryDeviceSupport"] = {"version": 1, "isSupportedDevice": 1}
-    d["devices"][0]["nvmlGpmMetricsGet"] = [{
-        "NVML_GPM_METRIC_SM_UTIL": 90.0, "NVML_GPM_METRIC_PCIE_TX_PER_SEC": 3296.8,
-        "NVML_GPM_METRIC_PCIE_RX_PER_SEC": 55202.25}]
+    d["devices"][0]["nvmlGpmMetricsGet"] = [
+        {
+            "NVML_GPM_METRIC_SM_UTIL": 90.0,
+            "NVML_GPM_METRIC_PCIE_TX_PER_SEC": 3296.8,
+            "NVML_GPM_METRIC_PCIE_RX_PER_SEC": 55202.25,
+        }
+    ]
     source, replay, _ = opened(d)
     [gpu] = source.sample(0.0)
     source.read_slow(force=False)  # the helper thread's PCIe tick: nothing to do with GPM
@@ -139,8 +141,12 @@ def test_the_recorded_h200s_health_values() -> None:
     assert gpu["mem_temp_c"] == 36  # NVML_FI_DEV_MEMORY_TEMP
     assert gpu["energy_j"] == 5006.073  # 5,006,073 mJ since the driver loaded
     assert gpu["pcie_replays"] == 2
-    assert (gpu["remapped_rows_correctable"], gpu["remapped_rows_uncorrectable"],
-            gpu["row_remap_pending"], gpu["row_remap_failed"]) == (0, 0, 0, 0)
+    assert (
+        gpu["remapped_rows_correctable"],
+        gpu["remapped_rows_uncorrectable"],
+        gpu["row_remap_pending"],
+        gpu["row_remap_failed"],
+    ) == (0, 0, 0, 0)
     assert gpu["retired_pages"] is None  # rows are remapped on Hopper: pages not asked
     assert gpu["xid_count"] == 0 and gpu["xid_last"] == 0 and gpu["xid_errors"] == {}
     assert gpu["health_problem"] == 0
@@ -203,7 +209,8 @@ def test_before_ampere_retired_pages_are_read_instead_of_rows() -> None:
     dev["nvmlDeviceGetRemappedRows"] = {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
     dev["nvmlDeviceGetRetiredPages"] = {
         "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": [4096, 8192],
-        "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": [12288]}
+        "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": [12288],
+    }
     dev["nvmlDeviceGetRetiredPagesPendingStatus"] = 1
     source, _, _ = opened(doc)
     source.sample(0.0)  # learns that rows are not remapped here
@@ -228,8 +235,9 @@ def test_under_training_load_a_reading_stays_under_a_thirtieth_of_a_spawn() -> N
     into a ResNet-50 training (session2/, record_nvml.py): per-process utilization took 2.7 ms
     a call there, so it is read on the helper thread; the reading left on the sampling thread
     stays under 1/30 of the 25.3-ms nvidia-smi spawn measured in the same session."""
-    doc = json.loads((FIXTURES / "gpu-h200" / "session2" /
-                      "nvml-h200-load-nvml-580.159.04.json").read_text())
+    doc = json.loads(
+        (FIXTURES / "gpu-h200" / "session2" / "nvml-h200-load-nvml-580.159.04.json").read_text()
+    )
     assert doc["devices"][0]["costs_ms"]["nvmlDeviceGetProcessUtilization"] > 1.0
     source, replay, clock = opened(doc)
     source.sample(0.0)  # the first reading asks for per-process shares once
@@ -249,8 +257,9 @@ def test_show_and_the_report_give_the_runs_gpu_energy_and_health(tmp_path: Path)
 
     from stallscope.store import RunStore, new_run_dir
 
-    doc = json.loads((FIXTURES / "gpu-h200" / "session2" /
-                      "nvml-h200-load-nvml-580.159.04.json").read_text())
+    doc = json.loads(
+        (FIXTURES / "gpu-h200" / "session2" / "nvml-h200-load-nvml-580.159.04.json").read_text()
+    )
     # the recorded energy counter, read as it would be 10 s apart at a mean 400 W
     doc["devices"][0]["nvmlDeviceGetTotalEnergyConsumption"] = 8_601_323
     run_dir = new_run_dir(tmp_path / "runs", "h200")
@@ -272,22 +281,35 @@ def test_show_and_the_report_give_the_runs_gpu_energy_and_health(tmp_path: Path)
     finally:
         store.close()
         src.close()
-    (run_dir / "meta.json").write_text(json.dumps({"start": t0, "end": t0 + 60,
-                                                   "interval_s": 10, "cmd": ["train.py"]}))
-    show = subprocess.run([sys.executable, "-m", "stallscope", "show", str(run_dir)],
-                          capture_output=True, text=True, timeout=120)
+    (run_dir / "meta.json").write_text(
+        json.dumps({"start": t0, "end": t0 + 60, "interval_s": 10, "cmd": ["train.py"]})
+    )
+    show = subprocess.run(
+        [sys.executable, "-m", "stallscope", "show", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert show.returncode == 0, show.stderr
     out = " ".join(show.stdout.split())
     assert "gpu0 used 0.006667 kWh over 60 s (mean 400 W)" in out, out
     assert "gpu0 needs attention: 1 XID (last 48: double-bit ECC error in GPU memory)" in out
-    js = subprocess.run([sys.executable, "-m", "stallscope", "show", str(run_dir), "--json"],
-                        capture_output=True, text=True, timeout=120)
+    js = subprocess.run(
+        [sys.executable, "-m", "stallscope", "show", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     summary = json.loads(js.stdout)["summary"]
     assert summary["gpu_energy"]["gpu0"]["kwh"] == round(24e6 / 1e3 / 3.6e6, 6)
     assert summary["gpu_health"]["gpu0"]["xid_last"] == 48
     page = tmp_path / "r.html"
-    rep = subprocess.run([sys.executable, "-m", "stallscope", "report", str(run_dir), "-o",
-                          str(page)], capture_output=True, text=True, timeout=120)
+    rep = subprocess.run(
+        [sys.executable, "-m", "stallscope", "report", str(run_dir), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 0, rep.stderr
     html = page.read_text()
     assert "GPU energy: gpu0 used 0.006667 kWh over 60 s (mean 400 W)." in html

@@ -78,8 +78,16 @@ def test_every_shared_fixture_parses() -> None:
 
 def test_design_contract_keys() -> None:
     j = load("ST3500418AS_11").to_json()
-    for key in ("device", "model", "serial", "protocol", "verdict", "reasons", "growth",
-                "attributes"):
+    for key in (
+        "device",
+        "model",
+        "serial",
+        "protocol",
+        "verdict",
+        "reasons",
+        "growth",
+        "attributes",
+    ):
         assert key in j
     assert j["device"] == "/dev/sdb" and j["model"] == "ST3500418AS" and j["protocol"] == "ATA"
     assert j["attributes"]["Reallocated_Sector_Ct"] == 1
@@ -94,8 +102,9 @@ def test_growth_case_from_two_saved_checks() -> None:
     [drive] = explain_series([first, second])
     assert drive.verdict == "failing"
     g = drive.to_json()["growth"]
-    assert g == {"Reallocated_Sector_Ct": {"from": 1, "to": 304,
-                                           "since": "2009-02-13T23:31:30+00:00"}}
+    assert g == {
+        "Reallocated_Sector_Ct": {"from": 1, "to": 304, "since": "2009-02-13T23:31:30+00:00"}
+    }
     assert any("grew 1 → 304" in r for r in drive.reasons)
 
 
@@ -111,8 +120,7 @@ def test_series_orders_by_local_time() -> None:
 
 
 def test_series_keeps_different_drives_apart() -> None:
-    out = explain_series([load("ST3500418AS_11"), load("MB0500EBNCR_13"),
-                          load("ST3500418AS_12")])
+    out = explain_series([load("ST3500418AS_11"), load("MB0500EBNCR_13"), load("ST3500418AS_12")])
     assert [d.model for d in out] == ["ST3500418AS", "MB0500EBNCR"]
     assert out[1].growth == {}
 
@@ -126,9 +134,11 @@ def test_failing_nvme() -> None:
 
 
 def test_healthy_nvme_and_hdd() -> None:
-    for name in ("nvme-null-Samsung_SSD_970_EVO_Plus_250GB-nvme0",
-                 "sat-Seagate_Exos_X16-ST16000NM001G-2KK103-sda",
-                 "HITACHI_H109060SESUN600G_10"):
+    for name in (
+        "nvme-null-Samsung_SSD_970_EVO_Plus_250GB-nvme0",
+        "sat-Seagate_Exos_X16-ST16000NM001G-2KK103-sda",
+        "HITACHI_H109060SESUN600G_10",
+    ):
         d = load(name)
         assert d.verdict == "ok", (name, d.reasons)
     nv = load("nvme-null-Samsung_SSD_970_EVO_Plus_250GB-nvme0")
@@ -145,8 +155,7 @@ def test_scsi_defects_fail() -> None:
 def test_reported_uncorrect_is_ageing() -> None:
     d = load("MB0500EBNCR_13")
     assert d.verdict == "ageing"
-    assert d.reasons == ("Reported_Uncorrect = 1: reads the drive could not correct "
-                         "(SMART 187)",)
+    assert d.reasons == ("Reported_Uncorrect = 1: reads the drive could not correct (SMART 187)",)
 
 
 def test_seagate_packed_command_timeout() -> None:
@@ -192,12 +201,14 @@ def test_recorded_open_failures() -> None:
     assert d.verdict == "unknown"
     assert "Operation not permitted" in d.reasons[0]
     d = parse_smartctl_text(
-        (FIXTURES / "smartctl-7.3-virtio-vda-unable-to-detect.json").read_bytes())
+        (FIXTURES / "smartctl-7.3-virtio-vda-unable-to-detect.json").read_bytes()
+    )
     assert d.verdict == "unknown" and "Unable to detect device type" in d.reasons[0]
 
 
-@pytest.mark.parametrize("bad", [b"", b"not json", b"[1, 2]", b"42", b'{"foo": 1}',
-                                 b'{"smartctl": {"exit_status": 0}}'])
+@pytest.mark.parametrize(
+    "bad", [b"", b"not json", b"[1, 2]", b"42", b'{"foo": 1}', b'{"smartctl": {"exit_status": 0}}']
+)
 def test_unrecognised(bad: bytes) -> None:
     d = parse_smartctl_text(bad)
     assert d.verdict == "unknown"
@@ -212,15 +223,33 @@ def test_smart_disabled_and_unsupported() -> None:
     assert d.verdict == "unknown" and "no SMART support" in d.reasons[0]
 
 
-@pytest.mark.parametrize("name,want", [("sda", "/dev/sda"), ("/dev/nvme0n1", "/dev/nvme0n1"),
-                                       ("/dev/disk/by-id/ata-ST3500418AS_9VM1",
-                                        "/dev/disk/by-id/ata-ST3500418AS_9VM1")])
+@pytest.mark.parametrize(
+    "name,want",
+    [
+        ("sda", "/dev/sda"),
+        ("/dev/nvme0n1", "/dev/nvme0n1"),
+        ("/dev/disk/by-id/ata-ST3500418AS_9VM1", "/dev/disk/by-id/ata-ST3500418AS_9VM1"),
+    ],
+)
 def test_validate_device_ok(name: str, want: str) -> None:
     assert validate_device(name) == want
 
 
-@pytest.mark.parametrize("name", ["", "-d", "--scan", "sda;reboot", "sda b", "/dev/../etc/x",
-                                  "/etc/passwd", "/dev/sda/..", "$(id)", "/dev/-a"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "-d",
+        "--scan",
+        "sda;reboot",
+        "sda b",
+        "/dev/../etc/x",
+        "/etc/passwd",
+        "/dev/sda/..",
+        "$(id)",
+        "/dev/-a",
+    ],
+)
 def test_validate_device_rejects(name: str) -> None:
     with pytest.raises(UsageError):
         validate_device(name)
@@ -235,11 +264,11 @@ def test_validate_device_type() -> None:
 
 def test_argv_is_a_list_with_device_last() -> None:
     argv = smartctl_argv("sda", device_type="sat")
-    assert argv == ["smartctl", "--json", "--all", "--nocheck=standby", "-d", "sat",
-                    "/dev/sda"]
+    assert argv == ["smartctl", "--json", "--all", "--nocheck=standby", "-d", "sat", "/dev/sda"]
 
 
 # --- the reader with the real smartctl ------------------------------------------------------
+
 
 def _need_smartctl() -> None:
     if shutil.which("smartctl") is None:
@@ -281,10 +310,12 @@ def test_smartctl_not_installed() -> None:
 
 # --- the state file -------------------------------------------------------------------------
 
+
 def test_default_state_path() -> None:
     assert default_state_path({"STALLSCOPE_STATE_DIR": "/x"}) == Path("/x/smart.json")
     assert default_state_path({"XDG_STATE_HOME": "/s", "HOME": "/h"}) == Path(
-        "/s/stallscope/smart.json")
+        "/s/stallscope/smart.json"
+    )
     assert default_state_path({"HOME": "/h"}) == Path("/h/.local/state/stallscope/smart.json")
 
 
@@ -309,7 +340,10 @@ def test_state_growth_across_runs(tmp_path: Path) -> None:
     second = st.observe(load("ST3500418AS_12"), t0 + 86400)
     assert second.verdict == "failing"
     assert second.to_json()["growth"]["Reallocated_Sector_Ct"] == {
-        "from": 1, "to": 304, "since": iso_time(t0)}
+        "from": 1,
+        "to": 304,
+        "since": iso_time(t0),
+    }
     st.save()
     # a third check a day later still reports the growth against the month-old baseline
     third = HealthState.load(path).observe(load("ST3500418AS_12"), t0 + 2 * 86400)
@@ -331,8 +365,10 @@ def test_state_bounded(tmp_path: Path) -> None:
     assert len(st.drives["k"]) == MAX_CHECKS and st.drives["k"][0].ts == 10.0
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"version": 99}', "[]",
-                                     '{"version": 1, "drives": {"k": {"checks": [1]}}}'])
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", '{"version": 99}', "[]", '{"version": 1, "drives": {"k": {"checks": [1]}}}'],
+)
 def test_damaged_state_is_set_aside(tmp_path: Path, content: str) -> None:
     path = tmp_path / "smart.json"
     path.write_text(content)

@@ -26,14 +26,26 @@ from stallscope.sources.smart import (
 
 DOCS = [json.loads(p.read_text()) for p in sorted(FIXTURES.glob("smartctl-*.json"))]
 VERDICTS = {"ok", "ageing", "failing", "unknown"}
-FUZZ = settings(max_examples=200, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20))
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                           max_leaves=12)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 def _mutate(doc: Any, path: tuple[Any, ...], op: str, value: Any) -> None:
@@ -83,8 +95,9 @@ def test_mutated_real_documents(doc: Any) -> None:
     d = parse_smartctl(doc)
     check_drive(d)
     # the rest of the pipeline survives whatever the parser let through
-    grown = apply_growth(d, compute_growth({k: v - 1 for k, v in d.counters.items()},
-                                           d.counters, "t0"))
+    grown = apply_growth(
+        d, compute_growth({k: v - 1 for k, v in d.counters.items()}, d.counters, "t0")
+    )
     check_drive(grown)
     for drive in explain_series([d, grown, d]):
         check_drive(drive)
@@ -126,9 +139,11 @@ def test_deep_nesting() -> None:
 
 def test_nan_and_huge_numbers_stay_out_of_counters() -> None:
     doc = copy.deepcopy(DOCS[0])
-    doc["nvme_smart_health_information_log"] = {"media_errors": math.nan,
-                                                "percentage_used": 10**30,
-                                                "critical_warning": "16"}
+    doc["nvme_smart_health_information_log"] = {
+        "media_errors": math.nan,
+        "percentage_used": 10**30,
+        "critical_warning": "16",
+    }
     d = parse_smartctl(doc)
     check_drive(d)
     assert "media_errors" not in d.counters

@@ -19,9 +19,18 @@ def test_live_host_sample_has_contract_keys() -> None:
     src.sample(0.0)
     out = src.sample(1.0)
     assert out is not None
-    for key in ("cpu_pct", "iowait_pct", "cpu_per_core_pct", "load1", "mem_used_mib",
-                "mem_total_mib", "swap_in_kb_s", "swap_out_kb_s", "shm_used_mib",
-                "shm_total_mib"):
+    for key in (
+        "cpu_pct",
+        "iowait_pct",
+        "cpu_per_core_pct",
+        "load1",
+        "mem_used_mib",
+        "mem_total_mib",
+        "swap_in_kb_s",
+        "swap_out_kb_s",
+        "shm_used_mib",
+        "shm_total_mib",
+    ):
         assert key in out, key
     assert len(out["cpu_per_core_pct"]) == os.cpu_count()
 
@@ -37,12 +46,29 @@ def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: s
     import sys
 
     root = ROOT
-    code = "import json; from stallscope.sources.cgroup import read_caps; " \
+    code = (
+        "import json; from stallscope.sources.cgroup import read_caps; "
         "print(json.dumps(read_caps()))"
-    out = subprocess.run([sys.executable, str(root / "examples" / "constrain.py"),
-                          "--read-bps", "3000000", "--data", str(tmp_path), "--cgroup",
-                          throttled_group, "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, timeout=60)
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "constrain.py"),
+            "--read-bps",
+            "3000000",
+            "--data",
+            str(tmp_path),
+            "--cgroup",
+            throttled_group,
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if "is not on a block device" in out.stderr:
         pytest.skip("the temp folder is not on a block device")
     assert out.returncode == 0, out.stderr
@@ -50,8 +76,9 @@ def test_read_caps_sees_a_real_blkio_throttle(tmp_path: Path, throttled_group: s
     assert list(caps.values()) == [3000000], caps
 
 
-def test_a_run_in_a_throttled_cgroup_records_its_read_limit(tmp_path: Path,
-                                                           throttled_group: str) -> None:
+def test_a_run_in_a_throttled_cgroup_records_its_read_limit(
+    tmp_path: Path, throttled_group: str
+) -> None:
     """`stallscope run` around a trainer that joins a read-limited cgroup after it started (as
     a container runtime's wrapper does): meta.json names the device and the limit."""
     import json
@@ -62,13 +89,32 @@ def test_a_run_in_a_throttled_cgroup_records_its_read_limit(tmp_path: Path,
 
     root = ROOT
     out = tmp_path / "runs"
-    r = subprocess.run(stallscope_argv("run", "--quiet", "--interval", "0.5", "--out", str(out),
-                                       "--", sys.executable, str(root / "examples" /
-                                                                 "constrain.py"),
-                                       "--read-bps", "3000000", "--data", str(tmp_path),
-                                       "--cgroup", throttled_group, "--", sys.executable, "-c",
-                                       "import time; time.sleep(2.5)"),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--quiet",
+            "--interval",
+            "0.5",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(root / "examples" / "constrain.py"),
+            "--read-bps",
+            "3000000",
+            "--data",
+            str(tmp_path),
+            "--cgroup",
+            throttled_group,
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(2.5)",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if "is not on a block device" in r.stderr:
         pytest.skip("the temp folder is not on a block device")
     assert r.returncode == 0, r.stderr

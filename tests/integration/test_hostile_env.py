@@ -36,23 +36,32 @@ def _train(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     full.update(STALLSCOPE_OUT=str(tmp_path / "out"), PYTHONPATH=str(ROOT))
     full.update(env)
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=full,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _clean_lines(stderr: str) -> list[str]:
     """stderr's lines, checked: no traceback, no control character, none longer than 600."""
     assert "Traceback" not in stderr, stderr[-3000:]
     lines = stderr.splitlines()
-    assert not [ln for ln in lines if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in ln)], (
-        stderr[:2000])
+    assert not [ln for ln in lines if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in ln)], stderr[
+        :2000
+    ]
     assert all(len(ln) < 600 for ln in lines), [len(ln) for ln in lines]
     return lines
 
 
 @pytest.mark.parametrize("value", ["inf", "1e309", NINES, "nan", "-1", "0"])
 def test_an_interval_that_is_no_finite_number_in_range_is_said_and_the_default_used(
-        tmp_path: Path, value: str) -> None:
+    tmp_path: Path, value: str
+) -> None:
     """``STALLSCOPE_INTERVAL=inf`` (or 1e309, or 100 kB of nines) killed the standalone
     collector's thread with an OverflowError traceback, and the run got no machine samples. It is
     now checked as ``--interval`` is (finite, 0.1 to 3600): one line, the default 5 s used, and
@@ -71,10 +80,8 @@ def test_an_interval_that_is_no_finite_number_in_range_is_said_and_the_default_u
         store.close()
 
 
-@pytest.mark.parametrize("name", ["STALLSCOPE_GROUP_MS", "STALLSCOPE_ALERTS",
-                                  "STALLSCOPE_RUN_DIR"])
-def test_a_printed_environment_value_is_made_safe_and_clipped(tmp_path: Path,
-                                                               name: str) -> None:
+@pytest.mark.parametrize("name", ["STALLSCOPE_GROUP_MS", "STALLSCOPE_ALERTS", "STALLSCOPE_RUN_DIR"])
+def test_a_printed_environment_value_is_made_safe_and_clipped(tmp_path: Path, name: str) -> None:
     """A value with escape sequences and 100 kB long reached the terminal raw and whole (a
     warning of 100-200 kB). It is now shown through the sanitiser, clipped; the training goes
     on."""
@@ -99,19 +106,31 @@ def test_the_added_by_of_a_run_is_stored_safe(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["inf", "0", "abc", NINES])
 def test_a_bad_stack_rate_from_the_environment_is_said_and_the_default_used(
-        tmp_path: Path, value: str) -> None:
+    tmp_path: Path, value: str
+) -> None:
     """The stack sampler ``stallscope run`` injects reads ``STALLSCOPE_STACKS_HZ``: ``inf`` made
     its thread spin, ``0`` divided by zero, ``abc`` printed the value raw in its error. Checked
     as ``--stack-rate`` is (1 to 1000): one line, the default rate."""
     run_dir = tmp_path / "run"
     (run_dir / "stacks").mkdir(parents=True)
     env = env_without_stallscope()
-    env.update(PYTHONPATH=f"{ROOT / 'stallscope' / 'inject'}:{ROOT}",
-               STALLSCOPE_RUN_DIR=str(run_dir), STALLSCOPE_STACKS_HZ=value)
-    code = ("import time\nt = time.time()\nwhile time.time() - t < 1.0:\n    sum(range(1000))\n"
-            "print('done')")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60, check=False)
+    env.update(
+        PYTHONPATH=f"{ROOT / 'stallscope' / 'inject'}:{ROOT}",
+        STALLSCOPE_RUN_DIR=str(run_dir),
+        STALLSCOPE_STACKS_HZ=value,
+    )
+    code = (
+        "import time\nt = time.time()\nwhile time.time() - t < 1.0:\n    sum(range(1000))\n"
+        "print('done')"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 0 and "done" in res.stdout, res.stderr[-3000:]
     lines = _clean_lines(res.stderr)
     said = [ln for ln in lines if "STALLSCOPE_STACKS_HZ" in ln]
@@ -119,17 +138,26 @@ def test_a_bad_stack_rate_from_the_environment_is_said_and_the_default_used(
     assert not [ln for ln in lines if ln not in said], lines
 
 
-@pytest.mark.parametrize("rank,world,expect", [("abc", "2", (0, 2)), ("0", NINES, (0, 1)),
-                                               ("1", "inf", (0, 1)), ("1", "2", (1, 2))])
+@pytest.mark.parametrize(
+    "rank,world,expect",
+    [("abc", "2", (0, 2)), ("0", NINES, (0, 1)), ("1", "inf", (0, 1)), ("1", "2", (1, 2))],
+)
 def test_the_shard_reader_takes_rank_and_world_size_checked(
-        rank: str, world: str, expect: tuple[int, int]) -> None:
+    rank: str, world: str, expect: tuple[int, int]
+) -> None:
     """The WebDataset reader's RANK / WORLD_SIZE (no torch.distributed group) raised ValueError
     on anything but an integer; a bad one is now said in one line and taken as one process."""
     env = env_without_stallscope()
     env.update(PYTHONPATH=str(ROOT), RANK=rank, WORLD_SIZE=world)
     code = "from stallscope.tools.data import _dist_info\nprint(list(_dist_info()))"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert tuple(json.loads(res.stdout)) == expect
     lines = _clean_lines(res.stderr)
@@ -137,19 +165,33 @@ def test_the_shard_reader_takes_rank_and_world_size_checked(
 
 
 @pytest.mark.parametrize("command", [["run", "--", "true"], ["runs"], ["show", "latest"]])
-@pytest.mark.parametrize("out", ["/tmp/stallscope-\udcff\udcfe-runs",          # not UTF-8
-                                 "/tmp/" + "a" * 300,                          # ENAMETOOLONG
-                                 "/tmp/" + "b/" * 2100])                        # past PATH_MAX
+@pytest.mark.parametrize(
+    "out",
+    [
+        "/tmp/stallscope-\udcff\udcfe-runs",  # not UTF-8
+        "/tmp/" + "a" * 300,  # ENAMETOOLONG
+        "/tmp/" + "b/" * 2100,
+    ],
+)  # past PATH_MAX
 def test_a_runs_folder_that_cannot_be_one_is_refused_in_one_line(
-        tmp_path: Path, command: list[str], out: str) -> None:
+    tmp_path: Path, command: list[str], out: str
+) -> None:
     """A ``STALLSCOPE_OUT`` that is not UTF-8 crashed ``run`` (UnicodeEncodeError writing the
     run index); one too long crashed ``runs`` (ENAMETOOLONG from ``stat``). Both are refused in
     one line, exit 2, before anything is made."""
     env = env_without_stallscope()
-    env.update(PYTHONPATH=str(ROOT), STALLSCOPE_OUT=out,
-               STALLSCOPE_STATE_DIR=str(tmp_path / "state"))
-    res = subprocess.run(stallscope_argv(*command), cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    env.update(
+        PYTHONPATH=str(ROOT), STALLSCOPE_OUT=out, STALLSCOPE_STATE_DIR=str(tmp_path / "state")
+    )
+    res = subprocess.run(
+        stallscope_argv(*command),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     lines = _clean_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 1, (res.returncode, res.stderr[-2000:])
     assert lines[0].startswith("stallscope: error: $STALLSCOPE_OUT "), lines

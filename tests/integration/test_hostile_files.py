@@ -31,8 +31,7 @@ def copy_run(tmp_path: Path) -> Path:
 
 
 def stallscope(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(stallscope_argv(*args), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(stallscope_argv(*args), capture_output=True, text=True, timeout=timeout)
 
 
 def one_line(r: subprocess.CompletedProcess[str]) -> None:
@@ -52,8 +51,11 @@ def test_hostile_stacks_files_are_skipped_not_followed(tmp_path: Path) -> None:
     os.symlink("/dev/zero", stacks / "6.jsonl")
     os.mkfifo(stacks / "5.jsonl")
     assert len(read_records(run)) == good
-    for args in (("show", str(run)), ("diagnose", str(run), "--json"),
-                 ("report", str(run), "-o", str(tmp_path / "r.html"))):
+    for args in (
+        ("show", str(run)),
+        ("diagnose", str(run), "--json"),
+        ("report", str(run), "-o", str(tmp_path / "r.html")),
+    ):
         r = stallscope(*args)
         assert r.returncode == 0, (args, r.stderr[-2000:])
         assert "Traceback" not in r.stderr
@@ -101,14 +103,19 @@ def test_the_probe_configs_core_count_is_checked_too(tmp_path: Path) -> None:
         store.set_probe(probe["rank"], probe["pid"], cfg, probe["steps"], probe["dropped"])
     finally:
         store.close()
-    for args in (("diagnose", str(run), "--json"), ("show", str(run)),
-                 ("report", str(run), "-o", str(tmp_path / "r.html"))):
+    for args in (
+        ("diagnose", str(run), "--json"),
+        ("show", str(run)),
+        ("report", str(run), "-o", str(tmp_path / "r.html")),
+    ):
         r = stallscope(*args)
         assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
     meta = json.loads((run / "meta.json").read_text())
     # the list is left out: the machine's own count from meta.json stands
-    assert json.loads(stallscope("diagnose", str(run), "--json").stdout)["signals"][
-        "physical_cores"] == meta["physical_cores"]
+    assert (
+        json.loads(stallscope("diagnose", str(run), "--json").stdout)["signals"]["physical_cores"]
+        == meta["physical_cores"]
+    )
 
 
 def test_meta_warmup_without_an_interval_and_odd_training_keys(tmp_path: Path) -> None:
@@ -146,21 +153,28 @@ def test_a_huge_point_value_does_not_break_show_or_diagnose(tmp_path: Path) -> N
             store.add_points(t, [Point("gpu.mem_used_mib", s.entity, 1e300 * (1 + i))])
     finally:
         store.close()
-    for args in (("show", str(run)), ("diagnose", str(run), "--json"),
-                 ("report", str(run), "-o", str(tmp_path / "r.html"))):
+    for args in (
+        ("show", str(run)),
+        ("diagnose", str(run), "--json"),
+        ("report", str(run), "-o", str(tmp_path / "r.html")),
+    ):
         r = stallscope(*args)
         assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
 
 
-@pytest.mark.parametrize("trials", [5, "x", [{"num_workers": 2, "steps_per_s": float("nan"),
-                                              "wait_share": float("inf")}]])
+@pytest.mark.parametrize(
+    "trials",
+    [5, "x", [{"num_workers": 2, "steps_per_s": float("nan"), "wait_share": float("inf")}]],
+)
 def test_tune_from_run_gives_json_and_no_type_error(tmp_path: Path, trials: object) -> None:
     run = copy_run(tmp_path)
     store = RunStore(run / "run.db")
     try:
         [probe] = store.probes()
-        cfg = dict(probe["config"], autotune={"best": {"num_workers": 2}, "trials": trials,
-                                              "changes": 3, "done": True})
+        cfg = dict(
+            probe["config"],
+            autotune={"best": {"num_workers": 2}, "trials": trials, "changes": 3, "done": True},
+        )
         store.set_probe(probe["rank"], probe["pid"], cfg, probe["steps"], probe["dropped"])
     finally:
         store.close()
@@ -201,16 +215,29 @@ def test_pod_names_from_the_environment_are_checked_and_shown_escaped() -> None:
 
 # --- alert rules for Prometheus ----------------------------------------------------------------
 HOSTILE_SELECTORS = [
-    'job="gpu #1"', 'job="a\nb"', 'job="a\rb"', 'job="a\x85b"', 'job="a\u2028b"',
-    'job="a\x1bb"', 'job="\\q"', 'job=~"("', '__name__="x"', ',job="a"', 'job="a",',
-    'job="a",,x="b"', 'job="a\\"b", cluster=~"eu-.*"', 'job="a\\nb"', '{job="x"}',
+    'job="gpu #1"',
+    'job="a\nb"',
+    'job="a\rb"',
+    'job="a\x85b"',
+    'job="a\u2028b"',
+    'job="a\x1bb"',
+    'job="\\q"',
+    'job=~"("',
+    '__name__="x"',
+    ',job="a"',
+    'job="a",',
+    'job="a",,x="b"',
+    'job="a\\"b", cluster=~"eu-.*"',
+    'job="a\\nb"',
+    '{job="x"}',
 ]
 
 
 @pytest.mark.prometheus  # promtool: missing, it fails (tests/conftest.py COMPONENTS)
 @pytest.mark.parametrize("selector", HOSTILE_SELECTORS)
-def test_alerts_prometheus_output_passes_promtool_or_is_refused(tmp_path: Path,
-                                                               selector: str) -> None:
+def test_alerts_prometheus_output_passes_promtool_or_is_refused(
+    tmp_path: Path, selector: str
+) -> None:
     r = stallscope("alerts", "prometheus", "--selector", selector)
     if r.returncode != 0:
         assert r.returncode == 2 and r.stdout == ""
@@ -218,13 +245,17 @@ def test_alerts_prometheus_output_passes_promtool_or_is_refused(tmp_path: Path,
         return
     out = tmp_path / "rules.yml"
     out.write_text(r.stdout)
-    check = subprocess.run(["promtool", "check", "rules", str(out)], capture_output=True,
-                           text=True, timeout=60)
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(out)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, (selector, check.stdout + check.stderr)
 
 
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp", "Cs")),
-               max_size=30))
+@given(
+    st.text(
+        alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp", "Cs")), max_size=30
+    )
+)
 @settings(max_examples=60, deadline=None)
 def test_any_label_value_reads_back_from_the_rules_as_given(value: str) -> None:
     """Whatever a selector's value holds ('#', ': ', quotes, braces, non-ASCII), the emitter
@@ -238,21 +269,25 @@ def test_any_label_value_reads_back_from_the_rules_as_given(value: str) -> None:
     doc = yaml.safe_load(render(sel))
     exprs = [rule["expr"] for g in doc["groups"] for rule in g["rules"]]
     assert any(f"stallscope_gpu_temperature_celsius{{{sel}}}" in e for e in exprs)
-    assert all(e.count("{" + sel + "}") == e.count("stallscope_") - e.count(":stallscope_")
-               for e in exprs if e.startswith("stallscope_"))
+    assert all(
+        e.count("{" + sel + "}") == e.count("stallscope_") - e.count(":stallscope_")
+        for e in exprs
+        if e.startswith("stallscope_")
+    )
 
 
-def test_a_comment_inside_a_rule_of_the_template_is_refused(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+def test_a_comment_inside_a_rule_of_the_template_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The emitter keeps the template's comments before groups and rules; one inside a rule
     cannot be kept, and rendering says so instead of dropping it."""
     from stallscope.alerts import promrules
 
     text = promrules.TEMPLATE.read_text(encoding="utf-8")
     assert promrules.render().count("# the agent checks SMART every 10 min") == 3
-    moved = text.replace("        for: 30s\n", "        # a note in the rule\n        for: 30s\n",
-                         1)
+    moved = text.replace(
+        "        for: 30s\n", "        # a note in the rule\n        for: 30s\n", 1
+    )
     assert moved != text
     (tmp_path / "t.yml").write_text(moved, encoding="utf-8")
     monkeypatch.setattr(promrules, "TEMPLATE", tmp_path / "t.yml")
@@ -263,8 +298,10 @@ def test_a_comment_inside_a_rule_of_the_template_is_refused(tmp_path: Path,
         promrules.render()
 
 
-@pytest.mark.parametrize("url", ["https://x/a\rb", "https://x/a\x85b", "https://x/\x1b[2J",
-                                 "https://x/\x07", "https://x/{{"])
+@pytest.mark.parametrize(
+    "url",
+    ["https://x/a\rb", "https://x/a\x85b", "https://x/\x1b[2J", "https://x/\x07", "https://x/{{"],
+)
 def test_a_runbook_url_that_would_break_the_rules_is_refused(url: str) -> None:
     r = stallscope("alerts", "prometheus", "--runbook-url", url)
     assert r.returncode == 2 and r.stdout == ""

@@ -101,10 +101,16 @@ def test_lightning_callback(run_dir: Path) -> None:
     from stallscope.integrations.lightning import StallscopeCallback
 
     loader = DataLoader(SlowData(24, as_dict=False), batch_size=4, num_workers=0)
-    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         callbacks=[StallscopeCallback()])
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StallscopeCallback()],
+    )
     trainer.fit(lightning_tiny(pl), loader)
     steps, probes = finish(run_dir)
     check_steps(steps, n=6, batch=4, epochs=2)
@@ -135,12 +141,23 @@ def test_hf_trainer_callback(run_dir: Path, tmp_path: Path) -> None:
     from stallscope.integrations.hf import StallscopeCallback
 
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=2,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
-    trainer = transformers.Trainer(model=HFTiny(), args=args,
-                                   train_dataset=SlowData(24, as_dict=True),
-                                   callbacks=[StallscopeCallback()])
+        output_dir=str(tmp_path / "hf"),
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        learning_rate=0.1,
+    )
+    trainer = transformers.Trainer(
+        model=HFTiny(),
+        args=args,
+        train_dataset=SlowData(24, as_dict=True),
+        callbacks=[StallscopeCallback()],
+    )
     trainer.train()
     steps, probes = finish(run_dir)
     check_steps(steps, n=6, batch=4, epochs=2)
@@ -157,9 +174,14 @@ def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     wandb = pytest.importorskip("wandb")
     d = tmp_path / "wandb"
     d.mkdir()
-    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(d), "WANDB_SILENT": "true",
-                 "WANDB_CONFIG_DIR": str(d / "config"), "WANDB_CACHE_DIR": str(d / "cache"),
-                 "WANDB_PROJECT": "stallscope-test"}.items():
+    for k, v in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(d),
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(d / "config"),
+        "WANDB_CACHE_DIR": str(d / "cache"),
+        "WANDB_PROJECT": "stallscope-test",
+    }.items():
         monkeypatch.setenv(k, v)
     wandb.teardown()
     yield d
@@ -168,7 +190,8 @@ def offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
 
 
 def test_lightning_logs_the_data_wait_share_through_its_logger(
-        run_dir: Path, tmp_path: Path, offline_wandb: Path) -> None:
+    run_dir: Path, tmp_path: Path, offline_wandb: Path
+) -> None:
     """With a real CSVLogger, TensorBoardLogger and an offline WandbLogger: at every
     log_every_n_steps, stallscope/data_wait_share and stallscope/step_ms of the steps since the
     last log, as the probe measured them; read back from the CSV, from TensorBoard's event files
@@ -187,16 +210,24 @@ def test_lightning_logs_the_data_wait_share_through_its_logger(
     logger = CSVLogger(str(tmp_path / "logs"), name="t")
     tb = TensorBoardLogger(str(tmp_path / "tb"), name="t")
     wb = WandbLogger(offline=True, save_dir=str(wandb_dir))
-    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=[logger, tb, wb],
-                         log_every_n_steps=3, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[StallscopeCallback()])
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=[logger, tb, wb],
+        log_every_n_steps=3,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StallscopeCallback()],
+    )
     trainer.fit(lightning_tiny(pl), loader)
     wb.experiment.finish()
     steps, _ = finish(run_dir)
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
-    shares = [float(r["stallscope/data_wait_share"]) for r in rows
-              if r.get("stallscope/data_wait_share")]
+    shares = [
+        float(r["stallscope/data_wait_share"]) for r in rows if r.get("stallscope/data_wait_share")
+    ]
     assert len(shares) == 4, rows  # batches 3 and 6 of each epoch
     measured = sum(s.wait_s for s in steps) / sum(s.wait_s + s.host_s for s in steps)
     assert abs(statistics.mean(shares) - measured) < 0.1, (shares, measured)
@@ -210,8 +241,9 @@ def test_lightning_logs_the_data_wait_share_through_its_logger(
     assert [r["stallscope/data_wait_share"] for r in history] == pytest.approx(shares), history
 
 
-def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path,
-                                               offline_wandb: Path) -> None:
+def test_hf_logs_reach_the_reporting_callbacks(
+    run_dir: Path, tmp_path: Path, offline_wandb: Path
+) -> None:
     """The Trainer's logs at each logging step carry stallscope/data_wait_share, also for the
     callbacks that `report_to` puts before stallscope's (TensorBoard's and W&B's here, real and
     offline): the stallscope callback moves itself first. Read back from TensorBoard's event
@@ -226,13 +258,24 @@ def test_hf_logs_reach_the_reporting_callbacks(run_dir: Path, tmp_path: Path,
     wandb_dir = offline_wandb
     out_dir = tmp_path / "hf"  # TensorBoard's event files go under it by default
     args = transformers.TrainingArguments(
-        output_dir=str(out_dir), per_device_train_batch_size=4, num_train_epochs=2,
-        report_to=["tensorboard", "wandb"], use_cpu=True,
-        save_strategy="no", logging_strategy="steps", logging_steps=3,
-        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
-    trainer = transformers.Trainer(model=HFTiny(), args=args,
-                                   train_dataset=SlowData(24, as_dict=True),
-                                   callbacks=[StallscopeCallback()])
+        output_dir=str(out_dir),
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        report_to=["tensorboard", "wandb"],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=3,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        learning_rate=0.1,
+    )
+    trainer = transformers.Trainer(
+        model=HFTiny(),
+        args=args,
+        train_dataset=SlowData(24, as_dict=True),
+        callbacks=[StallscopeCallback()],
+    )
     names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
     assert names.index("TensorBoardCallback") < names.index("StallscopeCallback"), names
     trainer.train()
@@ -269,8 +312,7 @@ def test_step_hooks_exclude_announced_work_from_data_wait(run_dir: Path) -> None
     assert all(s.host_s >= 0.0095 for s in steps)
 
 
-def test_failing_hook_is_said_once_and_training_goes_on(capsys: pytest.CaptureFixture[str]
-                                                        ) -> None:
+def test_failing_hook_is_said_once_and_training_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
     class Cb:
         _broken = False
         calls = 0
@@ -321,10 +363,16 @@ def test_lightning_callback_autotunes_the_loader_between_epochs(run_dir: Path) -
 
     log = run_dir / "pids.txt"
     loader = DataLoader(PidData(40, as_dict=False, log=log), batch_size=4, num_workers=0)
-    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         callbacks=[StallscopeCallback(autotune=True)])
+    trainer = pl.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StallscopeCallback(autotune=True)],
+    )
     trainer.fit(lightning_tiny(pl), loader)
     steps, probes = finish(run_dir)
     assert len(steps) == 30
@@ -348,12 +396,23 @@ def test_hf_callback_autotunes_the_loader_between_epochs(run_dir: Path, tmp_path
 
     log = tmp_path / "pids.txt"
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, num_train_epochs=3,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-        dataloader_num_workers=0, disable_tqdm=True, learning_rate=0.1)
-    trainer = transformers.Trainer(model=HFTiny(), args=args,
-                                   train_dataset=PidData(40, as_dict=True, log=log),
-                                   callbacks=[StallscopeCallback(autotune=True)])
+        output_dir=str(tmp_path / "hf"),
+        per_device_train_batch_size=4,
+        num_train_epochs=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        learning_rate=0.1,
+    )
+    trainer = transformers.Trainer(
+        model=HFTiny(),
+        args=args,
+        train_dataset=PidData(40, as_dict=True, log=log),
+        callbacks=[StallscopeCallback(autotune=True)],
+    )
     trainer.train()
     steps, probes = finish(run_dir)
     assert len(steps) == 30

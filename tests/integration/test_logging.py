@@ -31,19 +31,28 @@ from stallscope.probe.notices import Notices
 
 #: one logfmt line of the agent: time (UTC, ms), level, source, msg, maybe err
 LOGFMT_LINE = re.compile(
-    r'time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(DEBUG|INFO|WARN|ERROR) '
-    r'source=\S+ msg=(?:[^\s"=]+|"(?:[^"\\]|\\.)*")(?: err=(?:[^\s"=]+|"(?:[^"\\]|\\.)*"))?')
+    r"time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(DEBUG|INFO|WARN|ERROR) "
+    r'source=\S+ msg=(?:[^\s"=]+|"(?:[^"\\]|\\.)*")(?: err=(?:[^\s"=]+|"(?:[^"\\]|\\.)*"))?'
+)
 
 
-def run_python(tmp_path: Path, code: str, *args: str,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_python(
+    tmp_path: Path, code: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(code))
     full = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     full.update(env or {})
     full["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=full,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class Kept(logging.Handler):
@@ -69,28 +78,34 @@ def root_handler() -> Iterator[Kept]:
 
 # --- the library's logger -----------------------------------------------------------------------
 def test_importing_stallscope_prints_nothing_and_adds_no_root_handler(tmp_path: Path) -> None:
-    r = run_python(tmp_path, """
+    r = run_python(
+        tmp_path,
+        """
         import logging
         import stallscope
         import stallscope.probe
         lg = logging.getLogger("stallscope")
         print(logging.root.handlers == [], [type(h).__name__ for h in lg.handlers],
               lg.level == logging.NOTSET, lg.propagate)
-    """)
+    """,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     assert r.stdout == "True ['NullHandler', 'FallbackHandler'] True True\n"
 
 
 def test_unconfigured_program_sees_warnings_as_before(tmp_path: Path) -> None:
-    r = run_python(tmp_path, """
+    r = run_python(
+        tmp_path,
+        """
         import logging
         from stallscope.errors import warn
         warn("one")
         logging.getLogger("stallscope.collect").warning("two %s", 2)
         logging.getLogger("stallscope.agent").info("not a warning: not shown")
         logging.getLogger("someone.else").debug("never")
-    """)
+    """,
+    )
     assert (r.returncode, r.stdout) == (0, "")
     assert r.stderr == "stallscope: one\nstallscope: two 2\n"
 
@@ -136,15 +151,18 @@ def test_trainer_logging_gets_the_probes_warnings_once(tmp_path: Path, how: str)
 
 
 def test_a_handler_on_root_takes_the_warnings_off_stderr(
-        root_handler: Kept, capsys: pytest.CaptureFixture[str]) -> None:
+    root_handler: Kept, capsys: pytest.CaptureFixture[str]
+) -> None:
     warn("to the program's handler", "stallscope.probe")
     assert capsys.readouterr().err == ""
     assert [(r.name, r.levelname, r.getMessage()) for r in root_handler.records] == [
-        ("stallscope.probe", "WARNING", "to the program's handler")]
+        ("stallscope.probe", "WARNING", "to the program's handler")
+    ]
 
 
 def test_a_handler_on_a_stallscope_logger_counts_and_propagate_is_respected(
-        root_handler: Kept, capsys: pytest.CaptureFixture[str]) -> None:
+    root_handler: Kept, capsys: pytest.CaptureFixture[str]
+) -> None:
     top, probe = logging.getLogger("stallscope"), logging.getLogger("stallscope.probe")
     own = Kept()
     probe.addHandler(own)
@@ -170,7 +188,8 @@ def test_a_handler_on_a_stallscope_logger_counts_and_propagate_is_respected(
 
 
 def test_without_configuration_notices_say_each_kind_once_on_stderr(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # pytest's own log capture on the root logger is no configuration of the program's
     assert not logging_configured("stallscope.probe")
     n = Notices(rank=0)
@@ -218,11 +237,16 @@ def test_agent_handler_stands_in_for_the_cli_one(capsys: pytest.CaptureFixture[s
     assert [type(h) for h in lg.handlers] == [logging.NullHandler, FallbackHandler]
 
 
-def record(msg: str, level: int = logging.WARNING, created: float = 1795804801.0429,
-           path: str = "/opt/venv/lib/python3.12/site-packages/stallscope/agent/server.py",
-           exc: BaseException | None = None) -> logging.LogRecord:
-    r = logging.LogRecord("stallscope.agent", level, path, 74, msg, None,
-                          (type(exc), exc, None) if exc else None)
+def record(
+    msg: str,
+    level: int = logging.WARNING,
+    created: float = 1795804801.0429,
+    path: str = "/opt/venv/lib/python3.12/site-packages/stallscope/agent/server.py",
+    exc: BaseException | None = None,
+) -> logging.LogRecord:
+    r = logging.LogRecord(
+        "stallscope.agent", level, path, 74, msg, None, (type(exc), exc, None) if exc else None
+    )
     r.created = created
     return r
 
@@ -231,19 +255,19 @@ def test_logfmt_line() -> None:
     f = LogfmtFormatter()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1795804801)) + ".042Z"
     assert f.format(record("a request from 10.0.0.7 failed: ValueError: bad")) == (
-        f'time={stamp} level=WARN source=agent/server.py:74 '
-        'msg="a request from 10.0.0.7 failed: ValueError: bad"')
-    assert f.format(record("started", logging.INFO)).endswith(" level=INFO "
-                                                               "source=agent/server.py:74 "
-                                                               "msg=started")
+        f"time={stamp} level=WARN source=agent/server.py:74 "
+        'msg="a request from 10.0.0.7 failed: ValueError: bad"'
+    )
+    assert f.format(record("started", logging.INFO)).endswith(
+        " level=INFO source=agent/server.py:74 msg=started"
+    )
     # quotes, backslashes, = and newlines: escaped, the line stays one line
     line = f.format(record('say "hi"\nC:\\x a=b', logging.ERROR))
     assert line.endswith(r' level=ERROR source=agent/server.py:74 msg="say \"hi\"\nC:\\x a=b"')
     assert "\n" not in line
     assert " level=ERROR " in f.format(record("x", logging.CRITICAL))
     assert " level=DEBUG " in f.format(record("x", logging.DEBUG))
-    assert f.format(record("", path="elsewhere/tool.py")).endswith(
-        ' source=tool.py:74 msg=""')
+    assert f.format(record("", path="elsewhere/tool.py")).endswith(' source=tool.py:74 msg=""')
     with_err = f.format(record("scrape failed", exc=OSError("disk full")))
     assert with_err.endswith(' msg="scrape failed" err="OSError: disk full"')
     for ln in (line, with_err):
@@ -251,7 +275,8 @@ def test_logfmt_line() -> None:
 
 
 def test_a_failed_request_is_a_warn_line_in_the_agents_log(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     server = AgentHTTPServer.__new__(AgentHTTPServer)  # nothing bound: handle_error only
     with logging_to_stderr(LogfmtFormatter(), logging.INFO):
         try:
@@ -275,15 +300,26 @@ def test_the_agent_process_logs_logfmt_lines(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        stallscope_argv("agent", "--listen", f"127.0.0.1:{port}", "--interval", "0.5",
-                        "--store", str(tmp_path / "store")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env=dict(env_without_stallscope(), PYTHONPATH=str(ROOT)))
+        stallscope_argv(
+            "agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+            "--store",
+            str(tmp_path / "store"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(env_without_stallscope(), PYTHONPATH=str(ROOT)),
+    )
     try:
         first: list[str] = []
         reader = threading.Thread(
-            target=lambda: first.append(proc.stderr.readline() if proc.stderr else ""),
-            daemon=True)
+            target=lambda: first.append(proc.stderr.readline() if proc.stderr else ""), daemon=True
+        )
         reader.start()
         reader.join(30)
         assert first and first[0], "the agent said nothing within 30 s"
@@ -291,8 +327,10 @@ def test_the_agent_process_logs_logfmt_lines(tmp_path: Path) -> None:
         try:
             out, rest = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # once, beside the fast tier: say where it hangs
-            pytest.fail(f"the agent did not stop within 30 s of SIGTERM; its threads:\n"
-                        f"{_threads_of(proc.pid)}")
+            pytest.fail(
+                f"the agent did not stop within 30 s of SIGTERM; its threads:\n"
+                f"{_threads_of(proc.pid)}"
+            )
     finally:
         terminate(proc)
     assert proc.returncode == 0, [*first, rest]
@@ -308,8 +346,13 @@ def _threads_of(pid: int) -> str:
     """Where each thread of ``pid`` is (py-spy), for a failure's message."""
     spy = Path(sys.executable).with_name("py-spy")
     try:
-        res = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
-                             text=True, timeout=30, check=False)
+        res = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"(py-spy dump failed: {exc})"
     return res.stdout or res.stderr

@@ -13,28 +13,44 @@ from pathlib import Path
 
 from conftest import stallscope_argv
 
-SLEEPERS = ("import os, time\n"
-            "kids = []\n"
-            "for _ in range(8):\n"
-            "    pid = os.fork()\n"
-            "    if pid == 0:\n"
-            "        time.sleep(9)\n"
-            "        os._exit(0)\n"
-            "    kids.append(pid)\n"
-            "time.sleep(8)\n"
-            "for k in kids:\n"
-            "    os.waitpid(k, 0)\n")
+SLEEPERS = (
+    "import os, time\n"
+    "kids = []\n"
+    "for _ in range(8):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        time.sleep(9)\n"
+    "        os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "time.sleep(8)\n"
+    "for k in kids:\n"
+    "    os.waitpid(k, 0)\n"
+)
 
 
 def test_a_script_of_sleeping_processes_gets_no_verdict(tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    r = subprocess.run([*stallscope_argv("run", "--interval", "1", "--out", str(out)), "--",
-                        sys.executable, "-c", SLEEPERS], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            *stallscope_argv("run", "--interval", "1", "--out", str(out)),
+            "--",
+            sys.executable,
+            "-c",
+            SLEEPERS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"),
-                       capture_output=True, text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc = json.loads(d.stdout)
     assert doc["verdict"] == "insufficient_data", doc["findings"][0]
     top = doc["findings"][0]

@@ -37,22 +37,34 @@ CGROUPS = FIXTURES / "cgroup"
 RECORDED = {
     "k8s-v1-containerd-systemd-otel4507.txt": (
         "0125ec2f-b64a-4868-8f5b-94b56cbab864",
-        "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459", "containerd"),
+        "ee4b20e90ac7f42a10bd004d05646b13d8ab5e2c5e7cbc01abf8006bac016459",
+        "containerd",
+    ),
     "k8s-v1-crio-systemd-runc4620.txt": (
         "a5c1f8d5-1919-434d-add7-4afaafdaef89",
-        "5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c", "cri-o"),
+        "5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c",
+        "cri-o",
+    ),
     "k8s-v1-docker-systemd-lxc3890.txt": (
         "7d4424e6-bb13-42f4-a47a-45a4828bf54d",
-        "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98", "docker"),
+        "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98",
+        "docker",
+    ),
     "k8s-v2-containerd-kind-nri227.txt": (
         "1e597579-417e-482f-bf65-5fe170c3aebd",
-        "a09bc17f5aa29b0dbdec9ede5f46cf1396d2405917ab02e6f1eb1019f388396e", "containerd"),
+        "a09bc17f5aa29b0dbdec9ede5f46cf1396d2405917ab02e6f1eb1019f388396e",
+        "containerd",
+    ),
     "k8s-v2-containerd-static-pod-netdata4868.txt": (
         "8daa50c3a64c9ff60bb9eab7b44b56fd",
-        "2884d57c0e100d7a9a2f9487ce0bc2986bca3430e988af7a4865aff061f51ac5", "containerd"),
+        "2884d57c0e100d7a9a2f9487ce0bc2986bca3430e988af7a4865aff061f51ac5",
+        "containerd",
+    ),
     "k8s-v2-crio-minikube11280.txt": (
         "ae7a96fb-2bdc-46b0-96e2-78e4af94847b",
-        "89e8f450417b56acf3089925dfd8f050dd50e950e18cfe83ea923269df601102", "cri-o"),
+        "89e8f450417b56acf3089925dfd8f050dd50e950e18cfe83ea923269df601102",
+        "cri-o",
+    ),
 }
 
 
@@ -68,23 +80,34 @@ def test_every_recorded_file_is_tested() -> None:
     assert files == set(RECORDED) | {"not-owned-talos3950.txt"}
 
 
-@pytest.mark.parametrize("text", [
-    (CGROUPS / "not-owned-talos3950.txt").read_text(), "0::/\n", "", "garbage\n::\n1:cpu\n",
-    "0::/user.slice/user-1000.slice/session-3.scope\n", "\x00\xff" * 50,
-    "0::/kubepods/podNOTAUID/x\n", "4:cpu:/slurm/uid_0/job_abc/step_0\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        (CGROUPS / "not-owned-talos3950.txt").read_text(),
+        "0::/\n",
+        "",
+        "garbage\n::\n1:cpu\n",
+        "0::/user.slice/user-1000.slice/session-3.scope\n",
+        "\x00\xff" * 50,
+        "0::/kubepods/podNOTAUID/x\n",
+        "4:cpu:/slurm/uid_0/job_abc/step_0\n",
+    ],
+)
 def test_nothing_owned_is_an_empty_owner(text: str) -> None:
     o = parse_cgroup(text)
     assert o == Owner() and not o.known and o.attrs() == {}
 
 
-@pytest.mark.parametrize(("path", "job", "step"), [
-    ("/slurm/uid_1000/job_4242/step_0/task_0", "4242", "0"),           # v1
-    ("/slurm_node-a/uid_0/job_77/step_batch", "77", "batch"),          # v1, multiple slurmd
-    ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "4242", "0"),  # v2
-    ("/system.slice/node-a_slurmstepd.scope/job_9/step_extern", "9", "extern"),
-    ("/system.slice/slurmstepd.scope/job_5", "5", None),               # the job's own level
-])
+@pytest.mark.parametrize(
+    ("path", "job", "step"),
+    [
+        ("/slurm/uid_1000/job_4242/step_0/task_0", "4242", "0"),  # v1
+        ("/slurm_node-a/uid_0/job_77/step_batch", "77", "batch"),  # v1, multiple slurmd
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "4242", "0"),  # v2
+        ("/system.slice/node-a_slurmstepd.scope/job_9/step_extern", "9", "extern"),
+        ("/system.slice/slurmstepd.scope/job_5", "5", None),  # the job's own level
+    ],
+)
 def test_slurm_layouts(path: str, job: str, step: str | None) -> None:
     for line in (f"0::{path}\n", f"4:memory:{path}\n3:cpuset:/\n"):
         o = parse_cgroup(line)
@@ -94,16 +117,24 @@ def test_slurm_layouts(path: str, job: str, step: str | None) -> None:
 
 
 def test_environment_names_the_slurm_job_pod_and_gpus() -> None:
-    o = owner_from_env({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
-                        "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,MIG-bbb,3",
-                        "POD_NAME": "trainer-0", "POD_NAMESPACE": "team-a"})
+    o = owner_from_env(
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0",
+            "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,MIG-bbb,3",
+            "POD_NAME": "trainer-0",
+            "POD_NAMESPACE": "team-a",
+        }
+    )
     assert o.attrs() == {"namespace": "team-a", "pod": "trainer-0", "hpc_job": "4242"}
     assert o.gpus == ("GPU-aaa", "MIG-bbb") and o.names_from == "environment"
     assert owner_from_env({"SLURM_JOBID": "7"}).hpc_job == "7"  # older Slurm
     assert owner_from_env({"SLURM_JOB_ID": "$(rm -rf /)"}).hpc_job is None  # not an id
     assert owner_from_env({"NVIDIA_VISIBLE_DEVICES": "all"}).gpus == ()
-    assert describe({"namespace": "team-a", "pod": "trainer-0", "container": "pytorch"}) == \
-        "pod team-a/trainer-0 (container pytorch)"
+    assert (
+        describe({"namespace": "team-a", "pod": "trainer-0", "container": "pytorch"})
+        == "pod team-a/trainer-0 (container pytorch)"
+    )
     assert describe({"pod_uid": "1e597579-417e"}) == "pod 1e597579…"
     assert describe({}) == describe(None) == ""
 
@@ -131,8 +162,9 @@ def real_cgroup(request: pytest.FixtureRequest) -> Iterator[Any]:
                 p.mkdir()
                 made.append(p)
         base = {k: v for k, v in os.environ.items() if k not in ("HOSTNAME", "SLURM_JOB_ID")}
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                env={**base, **(env or {})})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], env={**base, **(env or {})}
+        )
         procs.append(proc)
         (d / "cgroup.procs").write_text(str(proc.pid))
         return proc
@@ -161,8 +193,9 @@ def test_a_process_in_a_kubelet_cgroupfs_cgroup(real_cgroup: Any) -> None:
     assert (o.pod_uid, o.container_id) == (UID, CID)
     assert describe(o.record()) == "pod 1e597579…"
     # inside a pod the host name is the pod's name (kubelet sets it so)
-    named = read_owner(real_cgroup(f"kubepods/burstable/pod{UID}/{CID}",
-                                   env={"HOSTNAME": "trainer-0"}).pid)
+    named = read_owner(
+        real_cgroup(f"kubepods/burstable/pod{UID}/{CID}", env={"HOSTNAME": "trainer-0"}).pid
+    )
     assert (named.pod, named.names_from, named.pod_uid) == ("trainer-0", "environment", UID)
     # the same host name outside a pod names nothing
     assert read_owner(real_cgroup("elsewhere", env={"HOSTNAME": "trainer-0"}).pid) == Owner()
@@ -200,8 +233,9 @@ def _server_messages() -> dict[str, Any]:
 
     F = descriptor_pb2.FieldDescriptorProto
     scalar = {"string": F.TYPE_STRING, "int64": F.TYPE_INT64, "uint64": F.TYPE_UINT64}
-    fdp = descriptor_pb2.FileDescriptorProto(name="kubelet/podresources/v1/api.proto",
-                                             package="v1", syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="kubelet/podresources/v1/api.proto", package="v1", syntax="proto3"
+    )
     fdp.message_type.add(name="ListPodResourcesRequest")
     made: dict[str, Any] = {}
     for line in _FULL_PROTO.strip().splitlines():
@@ -212,30 +246,58 @@ def _server_messages() -> dict[str, Any]:
             num, kind = rest.split(":")
             rep = kind.endswith("*")
             kind = kind.rstrip("*")
-            f = msg.field.add(name=fname, number=int(num),
-                              label=F.LABEL_REPEATED if rep else F.LABEL_OPTIONAL)
+            f = msg.field.add(
+                name=fname, number=int(num), label=F.LABEL_REPEATED if rep else F.LABEL_OPTIONAL
+            )
             if kind in scalar:
                 f.type = scalar[kind]
             else:
                 f.type, f.type_name = F.TYPE_MESSAGE, f".v1.{kind}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{n}"))
-            for n in ("ListPodResourcesRequest", "ListPodResourcesResponse")}
+    return {
+        n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{n}"))
+        for n in ("ListPodResourcesRequest", "ListPodResourcesResponse")
+    }
 
 
-PODS = {"pod_resources": [
-    {"name": "trainer-0", "namespace": "team-a", "containers": [
-        {"name": "pytorch", "cpu_ids": [2, 3],
-         "devices": [{"resource_name": "nvidia.com/gpu",
-                      "device_ids": ["GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"],
-                      "topology": {"nodes": [{"ID": 0}]}}]},
-        {"name": "sidecar", "memory": [{"memory_type": "memory", "size": 1 << 30}]}]},
-    {"name": "embed-7f", "namespace": "serving", "containers": [
-        {"name": "kserve-container",
-         "devices": [{"resource_name": "nvidia.com/mig-1g.10gb",
-                      "device_ids": ["MIG-0c4a5a2e-7a5e-5d4c-9a63-3b1a2f0e6d11"]}]}]},
-]}
+PODS = {
+    "pod_resources": [
+        {
+            "name": "trainer-0",
+            "namespace": "team-a",
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "cpu_ids": [2, 3],
+                    "devices": [
+                        {
+                            "resource_name": "nvidia.com/gpu",
+                            "device_ids": ["GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"],
+                            "topology": {"nodes": [{"ID": 0}]},
+                        }
+                    ],
+                },
+                {"name": "sidecar", "memory": [{"memory_type": "memory", "size": 1 << 30}]},
+            ],
+        },
+        {
+            "name": "embed-7f",
+            "namespace": "serving",
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "devices": [
+                        {
+                            "resource_name": "nvidia.com/mig-1g.10gb",
+                            "device_ids": ["MIG-0c4a5a2e-7a5e-5d4c-9a63-3b1a2f0e6d11"],
+                        }
+                    ],
+                }
+            ],
+        },
+    ]
+}
 
 
 class Kubelet:
@@ -253,10 +315,16 @@ class Kubelet:
             self.calls += 1
             return reply
 
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                list_pods, request_deserializer=msgs["ListPodResourcesRequest"].FromString,
-                response_serializer=lambda m: m.SerializeToString())})
+        handler = grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister",
+            {
+                "List": grpc.unary_unary_rpc_method_handler(
+                    list_pods,
+                    request_deserializer=msgs["ListPodResourcesRequest"].FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                )
+            },
+        )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         self.server.add_generic_rpc_handlers((handler,))
         self.server.add_insecure_port(f"unix://{path}")
@@ -275,11 +343,16 @@ def test_pod_resources_over_a_real_grpc_socket(tmp_path: Path) -> None:
         conts = client.containers()
         assert client.problem is None
         assert [(c.namespace, c.pod, c.container) for c in conts] == [
-            ("team-a", "trainer-0", "pytorch"), ("team-a", "trainer-0", "sidecar"),
-            ("serving", "embed-7f", "kserve-container")]
+            ("team-a", "trainer-0", "pytorch"),
+            ("team-a", "trainer-0", "sidecar"),
+            ("serving", "embed-7f", "kserve-container"),
+        ]
         owners = client.device_owners()
         assert owners["GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"] == {
-            "namespace": "team-a", "pod": "trainer-0", "container": "pytorch"}
+            "namespace": "team-a",
+            "pod": "trainer-0",
+            "container": "pytorch",
+        }
         assert owners["MIG-0c4a5a2e-7a5e-5d4c-9a63-3b1a2f0e6d11"]["pod"] == "embed-7f"
         client.containers()
         assert kubelet.calls == 1  # kept for refresh_s
@@ -293,8 +366,10 @@ def test_pod_resources_over_a_real_grpc_socket(tmp_path: Path) -> None:
 def test_a_process_is_named_after_the_container_holding_its_gpus(tmp_path: Path) -> None:
     sock = tmp_path / "kubelet.sock"
     kubelet = Kubelet(sock, PODS)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={
-        **os.environ, "NVIDIA_VISIBLE_DEVICES": "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "NVIDIA_VISIBLE_DEVICES": "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"},
+    )
     try:
         cache = OwnerCache(kubelet=PodResources(str(sock)))
         o = cache.owner(proc.pid)
@@ -328,6 +403,7 @@ def test_no_kubelet_is_one_line_and_no_names(tmp_path: Path) -> None:
 
 # --- end to end: what the agent exports and what `run`, `runs` and `diagnose` say ------------
 
+
 def test_the_agent_labels_steps_processes_and_gpus_with_their_owner(tmp_path: Path) -> None:
     """A followed run of Slurm job 4242 (meta.json ``owner``): its step and process series carry
     ``hpc_job``; a GPU the kubelet (a real gRPC server) gives to pod team-a/trainer-0 carries
@@ -355,8 +431,11 @@ def test_the_agent_labels_steps_processes_and_gpus_with_their_owner(tmp_path: Pa
         (run / "meta.json").write_text(json.dumps(meta))
         record_run(run)
         add_steps(run, 0, 0, 3, 0.1, 0.1)
-        doc = json.loads((FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01"
-                                      ".json").read_text())
+        doc = json.loads(
+            (
+                FIXTURES / "nvml-replay-h100-80gb-hbm3-load-from-nvidia-smi-590.48.01.json"
+            ).read_text()
+        )
         doc["devices"][0]["nvmlDeviceGetUUID"] = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
         (tmp_path / "replay.json").write_text(json.dumps(doc))
         gpu = GpuSource(backend=NvmlReplay.load(tmp_path / "replay.json"))
@@ -365,8 +444,9 @@ def test_the_agent_labels_steps_processes_and_gpus_with_their_owner(tmp_path: Pa
         client = PodResources(str(sock))
         procs = TrainerProcs(follower, kubelet=client)
         procs.open()
-        sink = PrometheusSink(["gpu", "procs"], hostname="node-a", steps=follower,
-                              gpu_owners=client.device_owners)
+        sink = PrometheusSink(
+            ["gpu", "procs"], hostname="node-a", steps=follower, gpu_owners=client.device_owners
+        )
         collector = Collector([gpu, procs], [sink], interval=0.2)
         collector.start()
         deadline = time.monotonic() + 20
@@ -387,8 +467,12 @@ def test_the_agent_labels_steps_processes_and_gpus_with_their_owner(tmp_path: Pa
     proc = next(ln for ln in lines if ln.startswith("stallscope_proc_cpu_ratio{"))
     assert f'pid="{sleeper.pid}"' in proc and 'run="' in proc, proc
     power = next(ln for ln in lines if ln.startswith("stallscope_gpu_power_watts{"))
-    for label in ('namespace="team-a"', 'pod="trainer-0"', 'container="pytorch"',
-                  'UUID="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"'):
+    for label in (
+        'namespace="team-a"',
+        'pod="trainer-0"',
+        'container="pytorch"',
+        'UUID="GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"',
+    ):
         assert label in power, power
 
 
@@ -408,28 +492,51 @@ def test_run_runs_and_diagnose_name_the_slurm_job(tmp_path: Path, real_cgroup: A
     holder.kill()
     procs_file = CPU / "slurm/uid_0/job_4242/step_0/task_0/cgroup.procs"
     # join the cgroup, then become `stallscope run` (the trainer inherits the cgroup)
-    argv = [*stallscope_argv("run", "--interval", "0.5", "--no-stacks", "--out", str(out)),
-            "--", sys.executable, "-c", "import time; time.sleep(2)"]
-    boot = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
-            "os.execvp(sys.argv[2], sys.argv[2:])")
+    argv = [
+        *stallscope_argv("run", "--interval", "0.5", "--no-stacks", "--out", str(out)),
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(2)",
+    ]
+    boot = (
+        "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+        "os.execvp(sys.argv[2], sys.argv[2:])"
+    )
     try:
-        r = subprocess.run([sys.executable, "-c", boot, str(procs_file), *argv],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", boot, str(procs_file), *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         pass
     assert r.returncode == 0, r.stderr[-2000:]
     [run_dir] = list(out.iterdir())
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["owner"]["hpc_job"] == "4242" and meta["owner"]["step"] == "0"
-    rs = subprocess.run(stallscope_argv("runs", "--out", str(out)), capture_output=True,
-                        text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
+    rs = subprocess.run(
+        stallscope_argv("runs", "--out", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "160"},
+    )
     assert "owner" in rs.stdout and "job 4242" in rs.stdout, rs.stdout
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir)), capture_output=True,
-                       text=True, timeout=60)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir)), capture_output=True, text=True, timeout=60
+    )
     first = d.stdout.splitlines()[0]
     assert first.startswith(f"job 4242 on {socket.gethostname()} is "), d.stdout
-    dj = json.loads(subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"),
-                                   capture_output=True, text=True, timeout=60).stdout)
+    dj = json.loads(
+        subprocess.run(
+            stallscope_argv("diagnose", str(run_dir), "--json"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
     assert dj["owner"]["hpc_job"] == "4242" and dj["host"] == socket.gethostname()
 
 
@@ -441,15 +548,26 @@ def test_diagnose_over_prometheus_names_the_owner_from_the_step_labels() -> None
 
     t0 = 1_700_000_000.0
     scraped = _Scraped()
-    base = {"instance": "gpu-node-7:10127", "job": "stallscope", "run": "r1",
-            "Hostname": "gpu-node-7", "hpc_job": "4242"}
+    base = {
+        "instance": "gpu-node-7:10127",
+        "job": "stallscope",
+        "run": "r1",
+        "Hostname": "gpu-node-7",
+        "hpc_job": "4242",
+    }
     for rank, wait in ((0, 0.02), (1, 0.9)):
-        cols = {"stallscope_train_steps_total": [i * 10 for i in range(40)],
-                "stallscope_train_step_seconds_total": [i * 10.0 for i in range(40)],
-                "stallscope_train_data_wait_seconds_total": [i * 10.0 * wait for i in range(40)]}
+        cols = {
+            "stallscope_train_steps_total": [i * 10 for i in range(40)],
+            "stallscope_train_step_seconds_total": [i * 10.0 for i in range(40)],
+            "stallscope_train_data_wait_seconds_total": [i * 10.0 * wait for i in range(40)],
+        }
         for name, vals in cols.items():
-            scraped.add({"metric": {"__name__": name, **base, "rank": str(rank)},
-                         "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)]})
+            scraped.add(
+                {
+                    "metric": {"__name__": name, **base, "rank": str(rank)},
+                    "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)],
+                }
+            )
     q = PromQuery(url="http://prometheus:9090", since_s=600, step_s=15)
     data = _node_run(q, scraped, "gpu-node-7:10127", t0, t0 + 600, 15.0)
     assert data.meta["owner"] == {"hpc_job": "4242"}
@@ -472,13 +590,20 @@ def test_diagnose_over_prometheus_names_changes_from_the_window_and_keeps_its_hi
     step_s = [0.0]
     for i in range(1, n):  # steps of 0.1 s, then of 0.4 s from the middle on
         step_s.append(step_s[-1] + (1.0 if i < n // 2 else 4.0))
-    for name, vals in (("stallscope_train_steps_total", steps),
-                       ("stallscope_train_step_seconds_total", step_s),
-                       ("stallscope_train_data_wait_seconds_total", [v * 0.1 for v in step_s])):
-        scraped.add({"metric": {"__name__": name, **base},
-                     "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)]})
+    for name, vals in (
+        ("stallscope_train_steps_total", steps),
+        ("stallscope_train_step_seconds_total", step_s),
+        ("stallscope_train_data_wait_seconds_total", [v * 0.1 for v in step_s]),
+    ):
+        scraped.add(
+            {
+                "metric": {"__name__": name, **base},
+                "values": [[t0 + 15 * i, str(v)] for i, v in enumerate(vals)],
+            }
+        )
     q = PromQuery(url="http://p:9090", since_s=1800, step_s=15)
     doc = diagnose(_node_run(q, scraped, "n1:10127", t0 - 600, t0 + 15 * n, 15.0))
     summaries = [c["summary"] for c in doc["changes"]]
-    assert summaries and all("into the window read from Prometheus" in s for s in summaries), \
+    assert summaries and all("into the window read from Prometheus" in s for s in summaries), (
         summaries
+    )

@@ -355,8 +355,11 @@ def test_verify_cli_json_ok(tmp_path: Path) -> None:
     # and the readers are the defaults the user never gave
     # (the files' bytes, as the summary's "N of files" says them: issue 49 read "the dataset
     # (41 MB)" beside "42 MB in shards" as two figures for the same bytes)
-    assert "the dataset's files (" in cli.stderr and "too small for both one shard per" in \
-        cli.stderr and "the defaults of --ranks and --loader-workers: give yours" in cli.stderr
+    assert (
+        "the dataset's files (" in cli.stderr
+        and "too small for both one shard per" in cli.stderr
+        and "the defaults of --ranks and --loader-workers: give yours" in cli.stderr
+    )
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -26,15 +26,17 @@ def _numeric(td: type) -> set[str]:
 def _declared(source: str) -> set[str]:
     """The vocabulary's gauges and rates a source reads itself (no counters, nothing derived
     by the collector, no per-core entity metric)."""
-    return {m.key for m in by_source(source)
-            if m.kind != "counter" and not m.derived and m.key != "cpu_core_pct"}
+    return {
+        m.key
+        for m in by_source(source)
+        if m.kind != "counter" and not m.derived and m.key != "cpu_core_pct"
+    }
 
 
 def test_each_payload_type_names_what_the_vocabulary_declares() -> None:
     assert _numeric(HostPayload) == _declared("host")
     assert _numeric(ProcRecord) == _declared("procs")
-    assert _numeric(DiskFields) == _declared("disk") and tuple(DiskFields.__annotations__) \
-        == FIELDS
+    assert _numeric(DiskFields) == _declared("disk") and tuple(DiskFields.__annotations__) == FIELDS
 
 
 def test_real_readings_hold_only_typed_keys_and_every_number_becomes_a_point() -> None:
@@ -49,14 +51,17 @@ def test_real_readings_hold_only_typed_keys_and_every_number_becomes_a_point() -
         assert h and p is not None and d is not None
         assert set(h) <= set(typing.get_type_hints(HostPayload))
         assert set(h) >= _declared("host") - {"shm_total_mib", "shm_used_mib"} - {
-            k for k in _declared("host") if k.startswith("psi_")}  # where the machine tells
+            k for k in _declared("host") if k.startswith("psi_")
+        }  # where the machine tells
         names = {pt.name for pt in numeric_points("host", "", h)}
-        assert names == {f"host.{k}" for k, v in h.items()
-                         if k not in NOT_METRICS and v is not None}
+        assert names == {
+            f"host.{k}" for k, v in h.items() if k not in NOT_METRICS and v is not None
+        }
         rec = p[str(child.pid)]
         assert set(rec) <= set(typing.get_type_hints(ProcRecord)) and "cpu_pct" in rec
         assert {pt.name for pt in numeric_points("procs", "x", rec)} == {
-            f"procs.{k}" for k in rec if k not in NOT_METRICS}
+            f"procs.{k}" for k in rec if k not in NOT_METRICS
+        }
         for fields in d.values():
             assert list(fields) == list(FIELDS)
         for src in (host, procs, disk):

@@ -40,8 +40,9 @@ def runs_as_printed(command: str, cwd: Path) -> None:
     argv = shlex.split(command)
     if argv[0] != "stallscope":
         return  # py-spy, ps, nvidia-smi: their own tools, checked for placeholders only
-    r = subprocess.run(stallscope_argv(*argv[1:]), capture_output=True, text=True, timeout=180,
-                       cwd=cwd)
+    r = subprocess.run(
+        stallscope_argv(*argv[1:]), capture_output=True, text=True, timeout=180, cwd=cwd
+    )
     assert r.returncode != 2, (command, r.stderr[-1000:])  # 2: a usage error
 
 
@@ -82,13 +83,22 @@ def test_fetch_fixes_pack_the_runs_own_dataset(tmp_path: Path) -> None:
         (src / f"c{i % 3}").mkdir(exist_ok=True)
         (src / f"c{i % 3}" / f"{i:03d}.jpg").write_bytes(bytes([i]) * 3000)
     rkb = [2000] * N
-    data = run([ser("host.cpu_pct", "", [20] * N), ser("disk.util_pct", "vda", [95] * N),
-                ser("disk.rkb_s", "vda", rkb), ser("disk.r_s", "vda", [400] * N),
-                ser("disk.rareq_kb", "vda", [5] * N), ser("disk.r_await_ms", "vda", [30] * N),
-                ser("procs.cpu_pct", "100", [25] * N), ser("procs.d_state", "100", [1] * N)],
-               steps=steps(100, wait=0.08, host=0.02), entities=procs({"100": "main"}),
-               config={"num_workers": 0},
-               meta={"data_devices": ["vda"], "data": str(src)})
+    data = run(
+        [
+            ser("host.cpu_pct", "", [20] * N),
+            ser("disk.util_pct", "vda", [95] * N),
+            ser("disk.rkb_s", "vda", rkb),
+            ser("disk.r_s", "vda", [400] * N),
+            ser("disk.rareq_kb", "vda", [5] * N),
+            ser("disk.r_await_ms", "vda", [30] * N),
+            ser("procs.cpu_pct", "100", [25] * N),
+            ser("procs.d_state", "100", [1] * N),
+        ],
+        steps=steps(100, wait=0.08, host=0.02),
+        entities=procs({"100": "main"}),
+        config={"num_workers": 0},
+        meta={"data_devices": ["vda"], "data": str(src)},
+    )
     doc = diagnose(data)
     commands = [c for c in printed_commands(doc) if c.startswith("stallscope pack")]
     assert commands, json.dumps(doc["findings"], indent=1)[:3000]
@@ -100,29 +110,48 @@ def test_fetch_fixes_pack_the_runs_own_dataset(tmp_path: Path) -> None:
 def test_runs_next_lines_run_as_printed(tmp_path: Path) -> None:
     """`run`'s closing `next:` lines, on a real (short) run."""
     out = tmp_path / "runs"
-    r = subprocess.run([*stallscope_argv("run", "--out", str(out), "--interval", "0.5"), "--",
-                        sys.executable, "-c", "import time; time.sleep(2)"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            *stallscope_argv("run", "--out", str(out), "--interval", "0.5"),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(2)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    nexts = [ln.split("next:", 1)[-1].strip() if "next:" in ln else ln.strip()
-             for ln in r.stderr.splitlines()
-             if "next:" in ln or (ln.startswith("      ") and " diagnose " in ln)]
+    nexts = [
+        ln.split("next:", 1)[-1].strip() if "next:" in ln else ln.strip()
+        for ln in r.stderr.splitlines()
+        if "next:" in ln or (ln.startswith("      ") and " diagnose " in ln)
+    ]
     assert len(nexts) == 2, r.stderr[-2000:]
     for line in nexts:  # as a shell would run them: the printed words, nothing added
         assert not PLACEHOLDER.search(line), line
-        done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=120,
-                              cwd=tmp_path)
+        done = subprocess.run(
+            shlex.split(line), capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         assert done.returncode == 0, (line, done.stderr[-1000:])
 
 
 @pytest.mark.parametrize("kind", ["input_bound.wait"])
 def test_the_wait_findings_py_spy_names_a_pid(kind: str) -> None:
-    data = run([ser("host.cpu_pct", "", [30] * N), ser("host.iowait_pct", "", [0] * N),
-                ser("procs.cpu_pct", "100", [10] * N), ser("procs.cpu_pct", "101", [8] * N),
-                ser("procs.d_state", "101", [0] * N)],
-               steps=steps(200, wait=0.06, host=0.01),
-               entities=procs({"100": "main", "101": "worker"}),
-               config={"num_workers": 1, "physical_cores": 2})
+    data = run(
+        [
+            ser("host.cpu_pct", "", [30] * N),
+            ser("host.iowait_pct", "", [0] * N),
+            ser("procs.cpu_pct", "100", [10] * N),
+            ser("procs.cpu_pct", "101", [8] * N),
+            ser("procs.d_state", "101", [0] * N),
+        ],
+        steps=steps(200, wait=0.06, host=0.01),
+        entities=procs({"100": "main", "101": "worker"}),
+        config={"num_workers": 1, "physical_cores": 2},
+    )
     doc = diagnose(data)
     f = next(f for f in doc["findings"] if f["kind"] == kind)
     commands = printed_commands({"findings": [f]})

@@ -102,8 +102,7 @@ def test_workers_hide_load_time(tmp_path: Path) -> None:
     """With enough workers the same loading no longer shows as wait (steady state)."""
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0)
-    loader = DataLoader(SleepyDataset(48, 0.002), batch_size=4, num_workers=2,
-                        prefetch_factor=4)
+    loader = DataLoader(SleepyDataset(48, 0.002), batch_size=4, num_workers=2, prefetch_factor=4)
     for _x in Watched(loader, p):
         time.sleep(0.03)  # 30 ms of compute; workers need ~4 ms per batch each
     p.close()
@@ -120,8 +119,14 @@ def test_config_and_epochs_of_a_real_dataloader(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     # records of a minute: each epoch's first step alone, its other steps summed in one
     p = new_probe(run_dir, rank=0, group_s=60)
-    loader = DataLoader(SleepyDataset(12, 0.0), batch_size=4, num_workers=2,
-                        persistent_workers=True, pin_memory=False, drop_last=True)
+    loader = DataLoader(
+        SleepyDataset(12, 0.0),
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        pin_memory=False,
+        drop_last=True,
+    )
     w = Watched(loader, p)
     assert len(w) == 3 and w.dataset is loader.dataset  # stands in for the loader
     for _ in range(2):
@@ -130,7 +135,11 @@ def test_config_and_epochs_of_a_real_dataloader(tmp_path: Path) -> None:
     p.close()
     steps = read_steps(run_dir)
     assert [(s.step, s.n, s.epoch, s.samples) for s in steps] == [
-        (0, 1, 0, 4), (2, 2, 0, 8), (3, 1, 1, 4), (5, 2, 1, 8)]
+        (0, 1, 0, 4),
+        (2, 2, 0, 8),
+        (3, 1, 1, 4),
+        (5, 2, 1, 8),
+    ]
     (row,) = read_probes(run_dir)
     assert row["rank"] == 0 and row["pid"] == os.getpid()
     assert row["steps"] == 6 and row["dropped"] == 0
@@ -198,7 +207,8 @@ class FakeClock:
 
 
 def test_short_steps_are_summed_into_records_that_add_up_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Steps shorter than GROUP_S are summed, a record per GROUP_S: the epoch's first step
     alone, each record's wait, host time and samples the sums of its steps, the records end to
     end (``ts - wait_s`` one's start, ``ts + host_s`` its end), the epoch's short last batch
@@ -206,7 +216,7 @@ def test_short_steps_are_summed_into_records_that_add_up_exactly(
     watch_mod = importlib.import_module("stallscope.probe.watch")  # the package exports watch()
     clock = FakeClock()
     monkeypatch.setattr(watch_mod, "time", clock)
-    wait, host = 2.0 ** -13, 2.0 ** -12  # a 0.37-ms step: three to a 1-ms record
+    wait, host = 2.0**-13, 2.0**-12  # a 0.37-ms step: three to a 1-ms record
     sizes = [4] * 29 + [2]
 
     def batches() -> Iterator[torch.Tensor]:
@@ -231,8 +241,15 @@ def test_short_steps_are_summed_into_records_that_add_up_exactly(
     assert probe_row["steps"] == 30
 
 
-def _fake_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, waits: list[float],
-               host: float, *, stop_at: int | None = None, **kw: Any) -> list[StepRow]:
+def _fake_loop(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    waits: list[float],
+    host: float,
+    *,
+    stop_at: int | None = None,
+    **kw: Any,
+) -> list[StepRow]:
     """A watched loop on the fake clock: step i waits ``waits[i]`` for its batch (of 4 samples,
     the last of 2) and computes ``host``; ``stop_at``: the body breaks out in that step."""
     watch_mod = importlib.import_module("stallscope.probe.watch")
@@ -254,13 +271,14 @@ def _fake_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, waits: list[floa
     return read_steps(run_dir)
 
 
-def test_very_short_steps_are_sampled_and_add_up(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_very_short_steps_are_sampled_and_add_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Steps under SAMPLED_STEP_S are timed on a sample, one in SAMPLE_EVERY in full, the others
     only counted: records still hold every step, their wall time exactly, a wait share that is
     the steps' own (here every step alike, so exactly it), and every sample, the epoch's last
     record's too (its batches may all go uncounted)."""
-    wait, host = 2.0 ** -16, 2.0 ** -15  # a 46-us step
+    wait, host = 2.0**-16, 2.0**-15  # a 46-us step
     n = 5000
     rows = _fake_loop(monkeypatch, tmp_path, [wait] * n, host)
     assert sum(r.n for r in rows) == n and rows[-1].step == n - 1
@@ -274,11 +292,12 @@ def test_very_short_steps_are_sampled_and_add_up(tmp_path: Path,
 
 
 def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four workers, each slow: every fourth batch waits 120 us, the others nothing. Timing
     every SAMPLE_EVERY-th step (a multiple of 4) would see only waits or none; random gaps see
     the true share."""
-    host = 2.0 ** -15
+    host = 2.0**-15
     waits = [120e-6 if i % 4 == 0 else 0.0 for i in range(40000)]
     rows = _fake_loop(monkeypatch, tmp_path, waits, host)
     truth = sum(waits) / (sum(waits) + host * len(waits))
@@ -288,8 +307,9 @@ def test_a_sampled_wait_share_does_not_line_up_with_a_loaders_period(
     assert sum(r.n for r in rows) == 40000 and len(rows) < 4000
 
 
-def _epoch_ending_in_an_exit(monkeypatch: pytest.MonkeyPatch, run_dir: Path, n: int,
-                             alert_at: int | None = None) -> list[StepRow]:
+def _epoch_ending_in_an_exit(
+    monkeypatch: pytest.MonkeyPatch, run_dir: Path, n: int, alert_at: int | None = None
+) -> list[StepRow]:
     """One watched epoch of ``n`` 46-us steps on the fake clock whose loader takes 0.5 s to
     exit in its last ``next()`` (a DataLoader shutting its workers down); ``alert_at``: an
     alert for a callback comes at that step, and callbacks take 1 s."""
@@ -306,20 +326,21 @@ def _epoch_ending_in_an_exit(monkeypatch: pytest.MonkeyPatch, run_dir: Path, n: 
 
     def batches() -> Iterator[torch.Tensor]:
         for i in range(n):
-            clock.t += 2.0 ** -16
+            clock.t += 2.0**-16
             if i == alert_at:
                 p.alerts.due.append(None)  # type: ignore[arg-type]
             yield torch.zeros(4, 1)
         clock.t += 0.5  # the loader's exit
 
     for _ in Watched(batches(), p):
-        clock.t += 2.0 ** -15
+        clock.t += 2.0**-15
     p.close()
     return read_steps(run_dir)
 
 
 def test_a_sampled_epochs_untimed_last_steps_leave_out_the_loaders_exit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only one sampled step in about SAMPLE_EVERY reads the clock. When the epoch ends on
     untimed steps, their end is the last reading plus their mean step: the loader's own exit
     is never counted as the trainer's time, whichever step the epoch ends on."""
@@ -327,43 +348,50 @@ def test_a_sampled_epochs_untimed_last_steps_leave_out_the_loaders_exit(
         rows = _epoch_ending_in_an_exit(monkeypatch, make_run(tmp_path / str(n)), n)
         assert sum(r.n for r in rows) == n
         assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
-            n * (2.0 ** -16 + 2.0 ** -15), rel=1e-9), n
+            n * (2.0**-16 + 2.0**-15), rel=1e-9
+        ), n
 
 
 def test_alert_callbacks_in_a_sampled_stretch_stay_out_of_its_untimed_last_steps(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Alert callbacks (1 s here) run between sampled steps take no step's time, nor the mean
     step that gives untimed last steps their end."""
     for n in range(3000, 3016):
-        rows = _epoch_ending_in_an_exit(monkeypatch, make_run(tmp_path / str(n)), n,
-                                        alert_at=n - 200)  # a few records before the end
+        rows = _epoch_ending_in_an_exit(
+            monkeypatch, make_run(tmp_path / str(n)), n, alert_at=n - 200
+        )  # a few records before the end
         assert sum(r.n for r in rows) == n
         assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
-            n * (2.0 ** -16 + 2.0 ** -15), rel=1e-9), n
+            n * (2.0**-16 + 2.0**-15), rel=1e-9
+        ), n
 
 
 def test_steps_that_slow_down_after_a_sampled_stretch_are_records_of_their_own(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Short steps are sampled; once steps last longer than a record's span, each is timed and
     recorded alone again (not left in sampled records of many steps)."""
-    wait, host = 2.0 ** -16, 2.0 ** -15
-    rows = _fake_loop(monkeypatch, tmp_path, [wait] * 3000 + [2.0 ** -9] * 200, host)
+    wait, host = 2.0**-16, 2.0**-15
+    rows = _fake_loop(monkeypatch, tmp_path, [wait] * 3000 + [2.0**-9] * 200, host)
     assert sum(r.n for r in rows) == 3200
     assert [r.n for r in rows[-150:]] == [1] * 150
     assert [r.step for r in rows[-150:]] == list(range(3050, 3200))
     assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(
-        3000 * (wait + host) + 200 * (2.0 ** -9 + host), rel=1e-9)
+        3000 * (wait + host) + 200 * (2.0**-9 + host), rel=1e-9
+    )
 
 
 def test_an_iterator_made_but_not_yet_read_begins_no_epoch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``iter()`` of a watched loader begins its epoch at the first ``next()``: an iterator
     never read begins none, and the time between ``iter()`` and the first ``next()`` (setup in
     the trainer) is not the first step's data wait."""
     watch_mod = importlib.import_module("stallscope.probe.watch")
     clock = FakeClock()
     monkeypatch.setattr(watch_mod, "time", clock)
-    wait, host = 2.0 ** -10, 2.0 ** -9
+    wait, host = 2.0**-10, 2.0**-9
 
     def batches() -> Iterator[torch.Tensor]:
         for _ in range(10):
@@ -387,7 +415,8 @@ def test_an_iterator_made_but_not_yet_read_begins_no_epoch(
 
 @pytest.mark.parametrize("fails_at", ["iter", "next"])
 def test_a_configuration_the_autotune_takes_back_starts_the_epoch_over_with_its_wait(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str
+) -> None:
     """The loader as the autotune set it fails before its first batch, in ``iter()`` (workers
     that cannot start: spawn and a dataset that does not pickle) or in the first ``next()``: the
     autotune takes its configuration back and the same epoch starts over, the restored
@@ -395,7 +424,7 @@ def test_a_configuration_the_autotune_takes_back_starts_the_epoch_over_with_its_
     watch_mod = importlib.import_module("stallscope.probe.watch")
     clock = FakeClock()
     monkeypatch.setattr(watch_mod, "time", clock)
-    wait, host = 2.0 ** -8, 2.0 ** -7
+    wait, host = 2.0**-8, 2.0**-7
 
     class Loader:
         broken = True
@@ -447,17 +476,18 @@ def test_a_configuration_the_autotune_takes_back_starts_the_epoch_over_with_its_
     assert sum(r.wait_s for r in rows) == pytest.approx(0.25 + 10 * wait, abs=1e-9)
 
 
-def test_a_break_in_a_sampled_record_ends_its_step(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    wait, host = 2.0 ** -16, 2.0 ** -15
+def test_a_break_in_a_sampled_record_ends_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wait, host = 2.0**-16, 2.0**-15
     rows = _fake_loop(monkeypatch, tmp_path, [wait] * 3000, host, stop_at=2500)
     assert sum(r.n for r in rows) == 2501 and rows[-1].step == 2500
-    assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(2501 * (wait + host),
-                                                                   rel=1e-9)
+    assert sum(r.wait_s + r.host_s for r in rows) == pytest.approx(2501 * (wait + host), rel=1e-9)
 
 
 def test_a_record_of_many_steps_counts_one_batch_in_size_every(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Counting a batch costs ~0.3 us: in a record of many steps one batch in SIZE_EVERY is
     counted and the others taken at their mean; batches of one size come out exact."""
     from stallscope.probe.buffer import SIZE_EVERY
@@ -477,13 +507,13 @@ def test_a_record_of_many_steps_counts_one_batch_in_size_every(
 
     def batches() -> Iterator[Batch]:
         for _ in range(1 + 10 * SIZE_EVERY):
-            clock.t += 2.0 ** -20
+            clock.t += 2.0**-20
             yield Batch()
 
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, group_s=60)
     for _ in Watched(batches(), p):
-        clock.t += 2.0 ** -20
+        clock.t += 2.0**-20
     p.close()
     rows = read_steps(run_dir)
     assert [(r.n, r.samples) for r in rows] == [(1, 16), (10 * SIZE_EVERY, 160 * SIZE_EVERY)]
@@ -507,15 +537,15 @@ def test_step_context_manager(tmp_path: Path) -> None:
     assert statistics.median(s.host_s for s in steps) < 0.05
 
 
-def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
+def test_h2d_on_cpu_records_host_copy_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = make_run(tmp_path)
     monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(run_dir))
     monkeypatch.setenv("STALLSCOPE_GROUP_MS", "60000")  # the copies of steps summed add up
     import stallscope
 
-    batches: list[dict[str, Any]] = [{"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]}
-                                     for _ in range(3)]
+    batches: list[dict[str, Any]] = [
+        {"x": torch.ones(4, 2), "meta": [torch.zeros(4), "id"]} for _ in range(3)
+    ]
     moved: list[dict[str, Any]] = []
     for b in stallscope.watch(batches):
         moved.append(stallscope.h2d(b, "cpu"))
@@ -556,21 +586,30 @@ PLAIN = textwrap.dedent("""
 """)
 
 
-def run_script(tmp_path: Path, env: dict[str, str], code: str = SCRIPT,
-               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_script(
+    tmp_path: Path, env: dict[str, str], code: str = SCRIPT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(code)
     full = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     full.update(env)
     full["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, str(script), "--flag"], cwd=tmp_path, env=full,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, str(script), "--flag"],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_standalone_makes_a_run_with_steps_and_machine_samples(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    res = run_script(tmp_path, {"STALLSCOPE_OUT": str(out), "STALLSCOPE_INTERVAL": "0.2",
-                                "TEST_STEP_S": "0.05"})
+    res = run_script(
+        tmp_path, {"STALLSCOPE_OUT": str(out), "STALLSCOPE_INTERVAL": "0.2", "TEST_STEP_S": "0.05"}
+    )
     assert res.returncode == 0, res.stderr
     assert "trained" in res.stdout
     (run_dir,) = list_runs(out)
@@ -621,17 +660,29 @@ def test_two_ranks_report_apart(tmp_path: Path) -> None:
     procs = []
     for rank, delay in ((0, "0.002"), (1, "0.02")):
         env = env_without_stallscope()
-        env.update(STALLSCOPE_RUN_DIR=str(run_dir), RANK=str(rank), WORLD_SIZE="2",
-                   TEST_STEP_S=delay, PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env.update(
+            STALLSCOPE_RUN_DIR=str(run_dir),
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            TEST_STEP_S=delay,
+            PYTHONPATH=str(ROOT),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for pr in procs:
         _out, err = pr.communicate(timeout=120)
         assert pr.returncode == 0, err
     r0, r1 = read_steps(run_dir, 0), read_steps(run_dir, 1)
     assert sum(s.n for s in r0) == 12 and len(r1) == 12  # rank 0's 2-ms steps summed in twos
-    assert statistics.median(s.host_s for s in r1) > statistics.median(s.host_s / s.n
-                                                                    for s in r0)
+    assert statistics.median(s.host_s for s in r1) > statistics.median(s.host_s / s.n for s in r0)
     assert [p["rank"] for p in read_probes(run_dir)] == [0, 1]
 
 
@@ -648,10 +699,17 @@ def test_probe_off_by_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_import_stays_light() -> None:
-    code = ("import sys, stallscope; "
-            "print(any(m in sys.modules for m in ('torch', 'stallscope.probe', 'sqlite3')))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    code = (
+        "import sys, stallscope; "
+        "print(any(m in sys.modules for m in ('torch', 'stallscope.probe', 'sqlite3')))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=True,
+    )
     assert res.stdout.strip() == "False"
 
 
@@ -669,12 +727,12 @@ def test_buffer_overflow_drops_and_counts(tmp_path: Path) -> None:
     store = RunStore(run_dir / "run.db", readonly=True)
     events = store.events()
     store.close()
-    assert any(e["kind"] == "dropped" and "15 steps dropped" in e["message"]
-               for e in events)
+    assert any(e["kind"] == "dropped" and "15 steps dropped" in e["message"] for e in events)
 
 
-def test_trainer_survives_an_unwritable_run_dir(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_trainer_survives_an_unwritable_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     p = new_probe(blocker / "run", rank=0)
@@ -688,9 +746,9 @@ def test_trainer_survives_an_unwritable_run_dir(tmp_path: Path,
     assert err.count("cannot write step records") == 1 and "training continues" in err
 
 
-def test_write_failure_mid_run_is_counted_and_said_once(tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]
-                                                        ) -> None:
+def test_write_failure_mid_run_is_counted_and_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, flush_interval=3600)
     p.writer.ready.wait(10)
@@ -844,8 +902,7 @@ def test_fake_cuda_h2d_is_timed_with_events(tmp_path: Path) -> None:
     assert s.samples == 4
 
 
-def test_a_copy_whose_end_event_fails_returns_the_copy_and_turns_timing_off(
-        tmp_path: Path) -> None:
+def test_a_copy_whose_end_event_fails_returns_the_copy_and_turns_timing_off(tmp_path: Path) -> None:
     """``h2d`` with the device refusing the copy's end event (a sticky CUDA error): the copy
     still comes back, the start event goes back to the pool, device timing is off, said once,
     and nothing reaches the trainer."""
@@ -878,8 +935,9 @@ def test_a_copy_whose_end_event_fails_returns_the_copy_and_turns_timing_off(
     p.close()
 
 
-def test_fake_cuda_events_that_never_complete(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fake_cuda_events_that_never_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(recorder_mod, "CLOSE_WAIT_S", 0.1)  # where close() reads it
     gpu = FakeGpu()
     gpu.done_until = -1.0  # a hung GPU
@@ -908,7 +966,8 @@ def test_config_is_json(tmp_path: Path) -> None:
 
 
 def test_failing_cuda_record_turns_gpu_timing_off_not_training(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     class BadEvent(FakeEvent):
         def record(self) -> None:
             raise RuntimeError("CUDA error: an illegal memory access")
@@ -1010,7 +1069,8 @@ def test_steps_timed_by_hand_are_device_timed_in_pairs_too(tmp_path: Path) -> No
 
 
 def test_a_step_timed_by_hand_is_recorded_once_and_gives_back_a_failed_pairs_event(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A second ``stop()`` records nothing and moves no clock; when the device refuses a
     step's end event, its start event goes back to the pool (and device timing goes off)."""
     gpu = FakeGpu()
@@ -1061,7 +1121,8 @@ def test_device_timed_steps_are_handed_over_apart(tmp_path: Path) -> None:
 
 
 def test_a_loader_whose_iter_starts_over_is_read_once_per_epoch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A hand-written loader whose ``__iter__`` resets and returns itself: the probe only ever
     calls ``next()`` on the iterator it got, so sampled stretches never start the epoch over."""
     watch_mod = importlib.import_module("stallscope.probe.watch")
@@ -1077,14 +1138,14 @@ def test_a_loader_whose_iter_starts_over_is_read_once_per_epoch(
             if self.i >= 1000:
                 raise StopIteration
             self.i += 1
-            clock.t += 2.0 ** -16
+            clock.t += 2.0**-16
             return self.i
 
     run_dir = make_run(tmp_path)
     p = new_probe(run_dir, rank=0, group_s=0.001)
     seen = 0
     for _ in Watched(Resetting(), p):
-        clock.t += 2.0 ** -15
+        clock.t += 2.0**-15
         seen += 1
     p.close()
     assert seen == 1000 and sum(r.n for r in read_steps(run_dir)) == 1000

@@ -82,12 +82,24 @@ def small_model(spe: int = 1) -> Any:
 def test_dataset_config_reads_the_pipeline(tmp_path: Path) -> None:
     files = [str(tmp_path / f"{i}.bin") for i in range(5)]
     auto = tf.data.AUTOTUNE
-    ds = (tf.data.Dataset.from_tensor_slices(files).map(tf.io.read_file)
-          .map(tf.strings.length, num_parallel_calls=auto).cache().batch(2).prefetch(auto))
+    ds = (
+        tf.data.Dataset.from_tensor_slices(files)
+        .map(tf.io.read_file)
+        .map(tf.strings.length, num_parallel_calls=auto)
+        .cache()
+        .batch(2)
+        .prefetch(auto)
+    )
     cfg = dataset_config(ds)
     assert cfg["loader_type"] == "tf.data"
-    assert [s["op"] for s in cfg["pipeline"]] == ["source", "map", "map", "cache", "batch",
-                                                   "prefetch"]
+    assert [s["op"] for s in cfg["pipeline"]] == [
+        "source",
+        "map",
+        "map",
+        "cache",
+        "batch",
+        "prefetch",
+    ]
     assert cfg["sequential_maps"] == 1 and cfg["parallel_maps"] == 1
     assert cfg["pipeline"][2]["parallel"] == -1  # AUTOTUNE
     assert cfg["prefetch"] and cfg["cache"] and not cfg["interleave"]
@@ -95,15 +107,17 @@ def test_dataset_config_reads_the_pipeline(tmp_path: Path) -> None:
     assert cfg["batch_size"] == 2 and cfg["len"] == 3
     bare = dataset_config(tf.data.Dataset.range(10).map(lambda v: v * 2))
     assert not bare["prefetch"] and not bare["reads_files"] and bare["sequential_maps"] == 1
-    inter = dataset_config(tf.data.Dataset.range(2).interleave(
-        lambda i: tf.data.Dataset.range(3), cycle_length=2, num_parallel_calls=2))
+    inter = dataset_config(
+        tf.data.Dataset.range(2).interleave(
+            lambda i: tf.data.Dataset.range(3), cycle_length=2, num_parallel_calls=2
+        )
+    )
     assert inter["interleave"] and inter["len"] is None  # unknown cardinality
     # unbatch(): its own internal map is not a user's sequential map, and elements are samples
     unb = dataset_config(tf.data.Dataset.range(10).batch(4).unbatch())
     assert unb["sequential_maps"] == 0 and "batch_size" not in unb
     assert [s["op"] for s in unb["pipeline"]][-1] == "unbatch"
-    assert dataset_config(tf.data.Dataset.range(10).batch(4).unbatch().batch(2)
-                          )["batch_size"] == 2
+    assert dataset_config(tf.data.Dataset.range(10).batch(4).unbatch().batch(2))["batch_size"] == 2
 
 
 # --- model.fit -----------------------------------------------------------------------------------
@@ -160,7 +174,8 @@ def test_the_epoch_logs_carry_the_data_wait_share(run_dir: Path, tmp_path: Path)
     scalars = tb_scalars(tmp_path / "tb")
     assert scalars["epoch_stallscope_data_wait_share"] == pytest.approx(shares), scalars
     assert scalars["epoch_stallscope_step_ms"] == pytest.approx(
-        [float(r["stallscope_step_ms"]) for r in rows]), scalars
+        [float(r["stallscope_step_ms"]) for r in rows]
+    ), scalars
 
 
 def test_fit_without_wait_is_compute(run_dir: Path) -> None:
@@ -169,8 +184,14 @@ def test_fit_without_wait_is_compute(run_dir: Path) -> None:
 
     x = tf.random.uniform([64 * BATCHES, 256])
     ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(64).cache().prefetch(2)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024),
-                              keras.layers.Dense(1024), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(1024),
+            keras.layers.Dense(1024),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile("sgd", "mse")
     model.fit(ds, epochs=3, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
     steps, _ = read(run_dir)
@@ -187,11 +208,13 @@ def test_a_second_fit_keeps_one_timed_function(run_dir: Path) -> None:
     from stallscope.probe.keras import TimedTrainFunction
 
     model = small_model()
-    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
-              callbacks=[StallscopeCallback()])
+    model.fit(
+        slow_dataset(0.0), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()]
+    )
     first = model.train_function
-    model.fit(slow_dataset(0.0), epochs=1, verbose=0, shuffle=False,
-              callbacks=[StallscopeCallback()])
+    model.fit(
+        slow_dataset(0.0), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()]
+    )
     assert isinstance(first, TimedTrainFunction) and model.train_function is first
     steps, _ = read(run_dir)
     assert len(steps) == 2 * BATCHES
@@ -220,10 +243,17 @@ def test_watch_a_dataset_in_a_custom_loop(run_dir: Path) -> None:
 
 
 def test_importing_stallscope_does_not_import_tensorflow() -> None:
-    code = ("import stallscope, stallscope.probe, stallscope.analysis.diagnose, sys; "
-            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    code = (
+        "import stallscope, stallscope.probe, stallscope.analysis.diagnose, sys; "
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -232,15 +262,15 @@ def test_run_eagerly_is_timed_too(run_dir: Path) -> None:
 
     model = small_model()
     model.compile("sgd", "mse", run_eagerly=True)
-    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False,
-              callbacks=[StallscopeCallback()])
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
     steps, _ = read(run_dir)
     assert len(steps) == BATCHES
     assert sorted(s.wait_s for s in steps)[BATCHES // 2] >= 0.8 * SLEEP_S
 
 
 def test_an_unknown_train_function_is_timed_whole_and_said(
-        run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A train function that is not Keras 3's (here: a user's wrapper): one warning, each call
     recorded whole, training unchanged."""
     from stallscope.integrations.keras import StallscopeCallback
@@ -249,8 +279,7 @@ def test_an_unknown_train_function_is_timed_whole_and_said(
     model.make_train_function()
     keras_fn = model.train_function
     model.train_function = lambda it: keras_fn(it)
-    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False,
-              callbacks=[StallscopeCallback()])
+    model.fit(slow_dataset(), epochs=1, verbose=0, shuffle=False, callbacks=[StallscopeCallback()])
     assert "timing whole train calls only" in capsys.readouterr().err
     steps, _ = read(run_dir)
     assert len(steps) == BATCHES and all(s.samples == 16 for s in steps)
@@ -280,8 +309,9 @@ def _profiler_input_time(logdir: Path) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize("spe", [1, 4])
-def test_input_wait_agrees_with_the_tensorflow_profiler(run_dir: Path, tmp_path: Path,
-                                                        spe: int) -> None:
+def test_input_wait_agrees_with_the_tensorflow_profiler(
+    run_dir: Path, tmp_path: Path, spe: int
+) -> None:
     """The same fit, traced by tf.profiler and timed by the callback: the probe's summed wait is
     the profiler's GetNext time within 10% (+1 ms a step), and both call the run highly
     input-bound (the Profiler's line: ≥ 20% of step time waiting for input)."""
@@ -300,8 +330,10 @@ def test_input_wait_agrees_with_the_tensorflow_profiler(run_dir: Path, tmp_path:
     assert len(mine) == BATCHES and ops >= BATCHES
     wait = sum(s.wait_s for s in mine)
     step = sum(s.wait_s + s.host_s for s in mine)
-    print(f"spe={spe}: probe wait {wait:.4f} s, profiler GetNext {prof_s:.4f} s ({ops} ops), "
-          f"steps {step:.4f} s")
+    print(
+        f"spe={spe}: probe wait {wait:.4f} s, profiler GetNext {prof_s:.4f} s ({ops} ops), "
+        f"steps {step:.4f} s"
+    )
     assert wait == pytest.approx(prof_s, rel=0.1, abs=0.001 * BATCHES), (wait, prof_s)
     assert wait / step >= 0.2 and prof_s / step >= 0.2
 
@@ -340,10 +372,19 @@ def test_fit_under_a_two_replica_mirrored_strategy(run_dir: Path) -> None:
     (steps_per_execution > 1 under this strategy hangs or fails in Keras 3.15 itself, with or
     without the callback: docs/probe.md.)"""
     sleep_s = 0.1  # the strategy's own prefetch may overlap part of it with the step
-    res = subprocess.run([sys.executable, "-c", _MIRRORED, str(sleep_s), str(BATCHES), "1"],
-                         capture_output=True, text=True, timeout=240, check=False,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), STALLSCOPE_RUN_DIR=str(run_dir),
-                                  TF_CPP_MIN_LOG_LEVEL="2"))
+    res = subprocess.run(
+        [sys.executable, "-c", _MIRRORED, str(sleep_s), str(BATCHES), "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            STALLSCOPE_RUN_DIR=str(run_dir),
+            TF_CPP_MIN_LOG_LEVEL="2",
+        ),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     steps, probes = read(run_dir)
     assert len(steps) == 2 * BATCHES, [s.step for s in steps]

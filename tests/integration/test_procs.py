@@ -63,14 +63,25 @@ def test_parse_io_and_schedstat_recorded() -> None:
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-BASE = ProcCounters(starttime=5000, cpu_ticks=100, main_ns=10**9, io=ProcIo(10_000, 4096, 0),
-                    sched_wait_ns=10**6, blkio_ticks=0)
+BASE = ProcCounters(
+    starttime=5000,
+    cpu_ticks=100,
+    main_ns=10**9,
+    io=ProcIo(10_000, 4096, 0),
+    sched_wait_ns=10**6,
+    blkio_ticks=0,
+)
 
 
 def test_proc_rates_over_an_interval() -> None:
-    cur = ProcCounters(starttime=5000, cpu_ticks=100 + CLK_TCK, main_ns=10**9 + 5 * 10**8,
-                       io=ProcIo(10_000 + 4 * 1048576, 4096 + 2 * 1048576, 1048576),
-                       sched_wait_ns=10**6 + 2 * 10**8, blkio_ticks=CLK_TCK // 2)
+    cur = ProcCounters(
+        starttime=5000,
+        cpu_ticks=100 + CLK_TCK,
+        main_ns=10**9 + 5 * 10**8,
+        io=ProcIo(10_000 + 4 * 1048576, 4096 + 2 * 1048576, 1048576),
+        sched_wait_ns=10**6 + 2 * 10**8,
+        blkio_ticks=CLK_TCK // 2,
+    )
     assert proc_rates(BASE, cur, 2.0) == {
         "cpu_pct": pytest.approx(50.0),
         "main_thread_active_pct": pytest.approx(25.0),
@@ -82,8 +93,14 @@ def test_proc_rates_over_an_interval() -> None:
     }
     # an unchanged counter is a real zero
     assert proc_rates(BASE, BASE, 1.0) == {
-        "cpu_pct": 0.0, "main_thread_active_pct": 0.0, "read_kb_s": 0.0, "write_kb_s": 0.0,
-        "rchar_kb_s": 0.0, "runq_wait_pct": 0.0, "blkio_wait_pct": 0.0}
+        "cpu_pct": 0.0,
+        "main_thread_active_pct": 0.0,
+        "read_kb_s": 0.0,
+        "write_kb_s": 0.0,
+        "rchar_kb_s": 0.0,
+        "runq_wait_pct": 0.0,
+        "blkio_wait_pct": 0.0,
+    }
 
 
 def test_proc_rates_counter_reset_drops_only_that_rate() -> None:
@@ -109,8 +126,9 @@ def test_proc_rates_leave_out_what_either_read_lacks() -> None:
     assert proc_rates(BASE, lacking, 1.0) == {"cpu_pct": 0.0}
     assert proc_rates(lacking, BASE, 1.0) == {"cpu_pct": 0.0}
     # percentages of a wait are capped at 100 (a sample late by scheduling)
-    late = BASE._replace(sched_wait_ns=10**6 + 3 * 10**9, main_ns=10**9 + 3 * 10**9,
-                         blkio_ticks=3 * CLK_TCK)
+    late = BASE._replace(
+        sched_wait_ns=10**6 + 3 * 10**9, main_ns=10**9 + 3 * 10**9, blkio_ticks=3 * CLK_TCK
+    )
     rates = proc_rates(BASE, late, 1.0)
     assert rates["runq_wait_pct"] == rates["main_thread_active_pct"] == 100.0
     assert rates["blkio_wait_pct"] == 100.0
@@ -232,20 +250,33 @@ def _ent(pid: int, ppid: int, name: str, role: str = "worker") -> dict:
 def test_infer_roles_through_a_shell_launcher() -> None:
     from stallscope.sources.roles import infer_roles
 
-    tree = [_ent(10, 1, "sh", "main"), _ent(11, 10, "python"), _ent(12, 11, "pt_data_worker"),
-            _ent(13, 11, "pt_data_worker")]
-    assert infer_roles(tree) == {"10": "launcher", "11": "main", "12": "worker",
-                                 "13": "worker"}
+    tree = [
+        _ent(10, 1, "sh", "main"),
+        _ent(11, 10, "python"),
+        _ent(12, 11, "pt_data_worker"),
+        _ent(13, 11, "pt_data_worker"),
+    ]
+    assert infer_roles(tree) == {"10": "launcher", "11": "main", "12": "worker", "13": "worker"}
 
 
 def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
     from stallscope.sources.roles import infer_roles
 
-    tree = [_ent(10, 1, "torchrun", "main"), _ent(11, 10, "python"), _ent(12, 10, "python"),
-            _ent(13, 11, "python"), _ent(14, 12, "python")]
+    tree = [
+        _ent(10, 1, "torchrun", "main"),
+        _ent(11, 10, "python"),
+        _ent(12, 10, "python"),
+        _ent(13, 11, "python"),
+        _ent(14, 12, "python"),
+    ]
     # no DataLoader worker names: the launcher's children are the trainers
-    assert infer_roles(tree) == {"10": "launcher", "11": "main", "12": "main", "13": "worker",
-                                 "14": "worker"}
+    assert infer_roles(tree) == {
+        "10": "launcher",
+        "11": "main",
+        "12": "main",
+        "13": "worker",
+        "14": "worker",
+    }
     # the probe's pids are the strongest evidence
     assert infer_roles(tree, {"11"})["12"] == "launcher"
     # a plain `python train.py` root with workers stays main
@@ -254,8 +285,13 @@ def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
 
 
 def test_thread_states_counts_d_and_tensorflow_threads() -> None:
-    stats = ["100 (python) S 1 100", "101 (tf_Compute) R 1 100", "102 (tf_data (x)) D 1 100",
-             "103 (python) D 1 100", "garbage"]
+    stats = [
+        "100 (python) S 1 100",
+        "101 (tf_Compute) R 1 100",
+        "102 (tf_data (x)) D 1 100",
+        "103 (python) D 1 100",
+        "garbage",
+    ]
     assert thread_states(stats) == ThreadStates(d=2, tf=2)
     assert thread_states([]) == ThreadStates(0, 0)
 
@@ -325,8 +361,7 @@ def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> 
 
     me = str(os.getpid())
     # threads other tests of this process left behind (TensorFlow's pools are named tf_*)
-    tf0 = sum(1 for t in os.listdir("/proc/self/task")
-              if _comm(t).startswith("tf_"))
+    tf0 = sum(1 for t in os.listdir("/proc/self/task") if _comm(t).startswith("tf_"))
     stops = [threading.Event() for _ in range(4)]
     threads = [_tf_thread(s) for s in stops[:3]]
     src = ProcsSource(os.getpid())
@@ -338,8 +373,11 @@ def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> 
         return out[me]
 
     def kept() -> int:
-        return sum(1 for pid, name in src._files if str(pid) == me and name.startswith("task/")
-                   and name.endswith("/stat"))
+        return sum(
+            1
+            for pid, name in src._files
+            if str(pid) == me and name.startswith("task/") and name.endswith("/stat")
+        )
 
     try:
         base = len(os.listdir("/proc/self/task"))

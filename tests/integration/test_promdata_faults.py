@@ -56,8 +56,9 @@ def _short(h: BaseHTTPRequestHandler) -> None:
 
 
 def _escapes(h: BaseHTTPRequestHandler) -> None:
-    body = json.dumps({"status": "error", "error":
-                       "bad \x1b]0;pwned\x07 query \x1b[2J\x1b[H"}).encode()
+    body = json.dumps(
+        {"status": "error", "error": "bad \x1b]0;pwned\x07 query \x1b[2J\x1b[H"}
+    ).encode()
     h.send_response(400)
     h.send_header("Content-Length", str(len(body)))
     h.end_headers()
@@ -72,23 +73,47 @@ def _redirect_loop(h: BaseHTTPRequestHandler) -> None:
 
 
 T0 = time.time() - 300
-STEPS = [{"metric": {"__name__": name, "instance": "n1:10127", "run": "r", "rank": "0"},
-          "values": [[T0 + 15 * i, str(v)] for i, v in enumerate(vals)]}
-         for name, vals in (("stallscope_train_steps_total", [0, 10, 1e12, 1e12 + 10]),
-                            ("stallscope_train_step_seconds_total", [0, 5, 10, 15]),
-                            ("stallscope_train_data_wait_seconds_total", [0, 1, 2, 3]))]
+STEPS = [
+    {
+        "metric": {"__name__": name, "instance": "n1:10127", "run": "r", "rank": "0"},
+        "values": [[T0 + 15 * i, str(v)] for i, v in enumerate(vals)],
+    }
+    for name, vals in (
+        ("stallscope_train_steps_total", [0, 10, 1e12, 1e12 + 10]),
+        ("stallscope_train_step_seconds_total", [0, 5, 10, 15]),
+        ("stallscope_train_data_wait_seconds_total", [0, 1, 2, 3]),
+    )
+]
 
 CASES: dict[str, Reply] = {
     "trickle": _trickle,
     "short body": _short,
     "result of numbers": _result([1, 2, 3]),
     "metric a number": _result([{"metric": 7, "values": [[T0, "1"]]}]),
-    "one-element values": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
-                                               "instance": "n1"}, "values": [[T0], "x"]}]),
-    "string values": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
-                                          "instance": "n1"}, "values": "abc"}]),
-    "bad timestamp": _result([{"metric": {"__name__": "stallscope_host_cpu_busy_ratio",
-                                          "instance": "n1"}, "values": [["soon", "1"]]}]),
+    "one-element values": _result(
+        [
+            {
+                "metric": {"__name__": "stallscope_host_cpu_busy_ratio", "instance": "n1"},
+                "values": [[T0], "x"],
+            }
+        ]
+    ),
+    "string values": _result(
+        [
+            {
+                "metric": {"__name__": "stallscope_host_cpu_busy_ratio", "instance": "n1"},
+                "values": "abc",
+            }
+        ]
+    ),
+    "bad timestamp": _result(
+        [
+            {
+                "metric": {"__name__": "stallscope_host_cpu_busy_ratio", "instance": "n1"},
+                "values": [["soon", "1"]],
+            }
+        ]
+    ),
     "counter jump to 1e12": _result(STEPS),
     "escape sequences": _escapes,
     "redirect loop": _redirect_loop,
@@ -120,8 +145,7 @@ def server() -> Iterator[Callable[[Reply], str]]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_misbehaving_prometheus_is_one_line(server: Callable[[Reply], str],
-                                              case: str) -> None:
+def test_a_misbehaving_prometheus_is_one_line(server: Callable[[Reply], str], case: str) -> None:
     url = server(CASES[case])
     t0 = time.monotonic()
     argv = stallscope_argv("diagnose", "--prometheus", url, "--since", "10m", "--timeout", "6s")
@@ -139,10 +163,13 @@ def test_a_misbehaving_prometheus_is_one_line(server: Callable[[Reply], str],
 
 
 def test_a_url_python_cannot_parse_is_one_line() -> None:
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", "http://[::1"),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, \
-        r.stderr
+    r = subprocess.run(
+        stallscope_argv("diagnose", "--prometheus", "http://[::1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
 
 
 def _trickle_headers(h: BaseHTTPRequestHandler) -> None:
@@ -157,14 +184,19 @@ def _trickle_headers(h: BaseHTTPRequestHandler) -> None:
 
 
 @pytest.mark.parametrize("reply", [_trickle, _trickle_headers])
-def test_the_timeout_holds_for_the_whole_answer(server: Callable[[Reply], str],
-                                                reply: Reply) -> None:
+def test_the_timeout_holds_for_the_whole_answer(
+    server: Callable[[Reply], str], reply: Reply
+) -> None:
     """Issue 40: a server that trickles its answer made `diagnose --prometheus` return after its
     own --timeout. Reaching the server, its headers and its body all count."""
     url = server(reply)
     t0 = time.monotonic()
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "3s"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", "--prometheus", url, "--timeout", "3s"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     took = time.monotonic() - t0
     assert r.returncode == 1 and "no complete answer in 3 s (--timeout)" in r.stderr, r.stderr
     assert took < 3 + 2.5, took  # the deadline, and the interpreter's start and exit
@@ -185,8 +217,9 @@ def _needs(header: str) -> Reply:
     return reply
 
 
-def test_bearer_token_and_basic_auth_come_from_files(server: Callable[[Reply], str],
-                                                     tmp_path: Path) -> None:
+def test_bearer_token_and_basic_auth_come_from_files(
+    server: Callable[[Reply], str], tmp_path: Path
+) -> None:
     """Issue 40: Thanos, Mimir, Grafana Cloud and most company Prometheus servers need a token
     or a password; secrets come from files, never from the command line alone."""
     import base64
@@ -198,18 +231,37 @@ def test_bearer_token_and_basic_auth_come_from_files(server: Callable[[Reply], s
     r = subprocess.run(stallscope_argv(*base), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "refused the query (401)" in r.stderr
     assert "--bearer-token-file" in r.stderr  # the refusal says how to get in
-    r = subprocess.run(stallscope_argv(*base, "--bearer-token-file", str(token)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv(*base, "--bearer-token-file", str(token)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "holds no stallscope series" in r.stderr, r.stderr  # let in: an empty answer
     pw = tmp_path / "pw"
     pw.write_text("hunter2\n")
     url = server(_needs("Basic " + base64.b64encode(b"ops:hunter2").decode()))
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--basic-auth-user",
-                                       "ops", "--basic-auth-password-file", str(pw)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose",
+            "--prometheus",
+            url,
+            "--basic-auth-user",
+            "ops",
+            "--basic-auth-password-file",
+            str(pw),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "holds no stallscope series" in r.stderr, r.stderr
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--basic-auth-user",
-                                       "ops"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", "--prometheus", url, "--basic-auth-user", "ops"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "never taken on the command line" in r.stderr
 
 
@@ -220,10 +272,29 @@ def test_a_ca_file_lets_in_a_server_with_its_own_certificate(tmp_path: Path) -> 
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, check=True,
-                   timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -239,13 +310,22 @@ def test_a_ca_file_lets_in_a_server_with_its_own_certificate(tmp_path: Path) -> 
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"https://127.0.0.1:{srv.server_address[1]}"
     try:
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1 and "cannot reach Prometheus" in r.stderr
         assert "CERTIFICATE_VERIFY_FAILED" in r.stderr or "certificate" in r.stderr, r.stderr
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
-                                           "--ca-file", str(cert)),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv(
+                "diagnose", "--prometheus", url, "--timeout", "10s", "--ca-file", str(cert)
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "holds no stallscope series" in r.stderr, r.stderr
     finally:
         srv.shutdown()
@@ -276,8 +356,9 @@ class _Recorder:
         self.srv.server_close()
 
 
-def _redirect_to(location: str, code: int, same_origin_seen: list[dict[str, str]] | None = None
-                 ) -> Reply:
+def _redirect_to(
+    location: str, code: int, same_origin_seen: list[dict[str, str]] | None = None
+) -> Reply:
     def reply(h: BaseHTTPRequestHandler) -> None:
         if same_origin_seen is not None and h.path.startswith("/final"):
             same_origin_seen.append({k.lower(): v for k, v in h.headers.items()})
@@ -294,7 +375,8 @@ def _redirect_to(location: str, code: int, same_origin_seen: list[dict[str, str]
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
 @pytest.mark.parametrize("how", ["bearer", "basic", "userinfo"])
 def test_credentials_never_follow_a_redirect_to_another_host(
-        server: Callable[[Reply], str], tmp_path: Path, code: int, how: str) -> None:
+    server: Callable[[Reply], str], tmp_path: Path, code: int, how: str
+) -> None:
     """Issue 50: urllib's redirect handler copied `Authorization` onto the redirected request,
     so a Prometheus answering 302 to another host handed it the token. Dropped when the scheme,
     host or port changes (as Go's net/http and requests do); the query itself still runs."""
@@ -305,14 +387,19 @@ def test_credentials_never_follow_a_redirect_to_another_host(
         pw = tmp_path / "pw"
         pw.write_text("hunter2-pw\n")
         url = server(_redirect_to(other.url, code))
-        auth = {"bearer": ["--bearer-token-file", str(token)],
-                "basic": ["--basic-auth-user", "ops", "--basic-auth-password-file", str(pw)],
-                "userinfo": []}[how]
+        auth = {
+            "bearer": ["--bearer-token-file", str(token)],
+            "basic": ["--basic-auth-user", "ops", "--basic-auth-password-file", str(pw)],
+            "userinfo": [],
+        }[how]
         if how == "userinfo":
             url = url.replace("http://", "http://ops:hunter2-pw@")
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
-                                           "--json", *auth),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s", "--json", *auth),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert other.seen, (r.returncode, r.stderr)  # the redirect was followed
         for headers in other.seen:
             assert "authorization" not in headers, headers
@@ -324,7 +411,8 @@ def test_credentials_never_follow_a_redirect_to_another_host(
 
 
 def test_credentials_stay_on_a_redirect_within_the_same_server(
-        server: Callable[[Reply], str], tmp_path: Path) -> None:
+    server: Callable[[Reply], str], tmp_path: Path
+) -> None:
     """A redirect to the same scheme, host and port (a path move) keeps the token: the
     server it was given for asked for it."""
     seen: list[dict[str, str]] = []
@@ -337,14 +425,20 @@ def test_credentials_stay_on_a_redirect_within_the_same_server(
 
     url = server(reply)
     box.append(url)
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
-                                       "--bearer-token-file", str(token)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose", "--prometheus", url, "--timeout", "10s", "--bearer-token-file", str(token)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert seen and seen[0].get("authorization") == "Bearer s3cret-token-xyz", (seen, r.stderr)
 
 
-def test_a_scheme_relative_redirect_chain_drops_credentials(server: Callable[[Reply], str],
-                                                            tmp_path: Path) -> None:
+def test_a_scheme_relative_redirect_chain_drops_credentials(
+    server: Callable[[Reply], str], tmp_path: Path
+) -> None:
     """`Location: //127.0.0.2:port/...` (another host, same scheme), reached through a chain of
     two redirects on the first server: no credential arrives there."""
     other = _Recorder()
@@ -364,9 +458,20 @@ def test_a_scheme_relative_redirect_chain_drops_credentials(server: Callable[[Re
 
         url = server(reply)
         box.append(url)
-        r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
-                                           "--bearer-token-file", str(token)),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv(
+                "diagnose",
+                "--prometheus",
+                url,
+                "--timeout",
+                "10s",
+                "--bearer-token-file",
+                str(token),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert other.seen, r.stderr
         assert all("authorization" not in h for h in other.seen), other.seen
     finally:
@@ -390,20 +495,34 @@ def test_secrets_are_never_printed(server: Callable[[Reply], str], tmp_path: Pat
     token = tmp_path / "token"
     token.write_text("s3cret-token-xyz\n")
     url = server(_echoes_secrets)
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s",
-                                       "--bearer-token-file", str(token)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose", "--prometheus", url, "--timeout", "10s", "--bearer-token-file", str(token)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "refused the query (403)" in r.stderr, r.stderr
     assert "s3cret-token-xyz" not in r.stderr and "***" in r.stderr, r.stderr
     url = server(_echoes_secrets).replace("http://", "http://alice:pw-hunter2@")
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("diagnose", "--prometheus", url, "--timeout", "10s"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     b64 = base64.b64encode(b"alice:pw-hunter2").decode()
     assert "pw-hunter2" not in r.stderr and b64 not in r.stderr, r.stderr
     assert "refused the query (403)" in r.stderr, r.stderr  # user:pw@ was sent as basic auth
     # nothing listens there: the "cannot reach" line names the server without its password
-    r = subprocess.run(stallscope_argv("diagnose", "--prometheus",
-                                       "http://alice:pw-hunter2@127.0.0.1:1", "--timeout", "5s"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv(
+            "diagnose", "--prometheus", "http://alice:pw-hunter2@127.0.0.1:1", "--timeout", "5s"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "cannot reach Prometheus" in r.stderr, r.stderr
     assert "pw-hunter2" not in r.stderr, r.stderr

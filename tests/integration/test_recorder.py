@@ -34,10 +34,17 @@ def read_store(run_dir: Path) -> tuple[list[StepRow], list[dict[str, Any]]]:
 def test_importing_the_recorder_does_not_import_torch() -> None:
     """Nor TensorFlow or Keras, and neither does the core's step loop (stallscope.probe.watch,
     which imports the package and with it both adapters)."""
-    code = ("import stallscope.probe.recorder, stallscope.probe.watch, sys; "
-            "assert not {'torch', 'tensorflow', 'keras'} & set(sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    code = (
+        "import stallscope.probe.recorder, stallscope.probe.watch, sys; "
+        "assert not {'torch', 'tensorflow', 'keras'} & set(sys.modules)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -48,16 +55,31 @@ def test_the_recorder_source_never_imports_torch() -> None:
     assert "import_module" not in src and "__import__" not in src
 
 
-CORE = ("watch", "recorder", "buffer", "device", "writer", "loaders", "notices", "callbacks",
-        "standalone")
+CORE = (
+    "watch",
+    "recorder",
+    "buffer",
+    "device",
+    "writer",
+    "loaders",
+    "notices",
+    "callbacks",
+    "standalone",
+)
 FRAMEWORK_IMPORT = r"^\s*(import\s+(torch|tensorflow|keras)|from\s+(torch|tensorflow|keras)[\s.])"
 
 
 def imports_adapter(src: str, adapter: str) -> bool:
     """Whether ``src`` has an import statement of the probe adapter ``adapter``."""
-    return bool(re.search(rf"^\s*(from\s+stallscope\.probe\.{adapter}\s+import|import\s+"
-                          rf"stallscope\.probe\.{adapter}\b|from\s+stallscope\.probe\s+import"
-                          rf"\s+[^\n]*\b{adapter}\b)", src, re.MULTILINE))
+    return bool(
+        re.search(
+            rf"^\s*(from\s+stallscope\.probe\.{adapter}\s+import|import\s+"
+            rf"stallscope\.probe\.{adapter}\b|from\s+stallscope\.probe\s+import"
+            rf"\s+[^\n]*\b{adapter}\b)",
+            src,
+            re.MULTILINE,
+        )
+    )
 
 
 def test_the_core_never_imports_a_framework_and_the_adapters_are_leaves() -> None:
@@ -76,7 +98,8 @@ def test_the_core_never_imports_a_framework_and_the_adapters_are_leaves() -> Non
 
 
 def test_watch_hands_each_loader_to_the_adapter_that_claims_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stallscope.probe import Probe
     from stallscope.probe.watch import Adapter, adapter_for, register_adapter, watch
 
@@ -86,8 +109,7 @@ def test_watch_hands_each_loader_to_the_adapter_that_claims_it(
     assert adapter_for([1, 2]).name == "pytorch"  # the default: any iterable
     assert isinstance(watch([1, 2]).probe, Probe)
     mine = FakeRecorder(rank=5, run_dir=make_run(tmp_path / "fake"), register_atexit=False)
-    register_adapter(Adapter("fake", lambda loader: isinstance(loader, tuple),
-                             lambda rank: mine))
+    register_adapter(Adapter("fake", lambda loader: isinstance(loader, tuple), lambda rank: mine))
     assert adapter_for(("a", "b")).name == "fake" and adapter_for(["a"]).name == "pytorch"
     assert [x for x in watch(("a", "b"))] == ["a", "b"]
     mine.close()
@@ -98,8 +120,17 @@ def test_watch_hands_each_loader_to_the_adapter_that_claims_it(
 
 def test_the_raw_tuple_layout_is_the_records() -> None:
     """Hot paths hand over bare tuples in StepRecord's field order; the writer relies on it."""
-    assert StepRecord._fields == ("step", "t_got", "wait_s", "host_s", "samples", "epoch",
-                                  "h2d_host_s", "gpu", "n")
+    assert StepRecord._fields == (
+        "step",
+        "t_got",
+        "wait_s",
+        "host_s",
+        "samples",
+        "epoch",
+        "h2d_host_s",
+        "gpu",
+        "n",
+    )
     raw = (3, 1.5, 0.25, 0.5, 8, 1, None, None, 4)
     assert StepRecord._make(raw).host_s == 0.5 and StepRecord._make(raw).n == 4
 
@@ -232,10 +263,18 @@ def test_standalone_meta_keeps_loader_config_by_rank(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(PLAIN)
     env = env_without_stallscope("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    env.update(STALLSCOPE_OUT=str(tmp_path / "out"), STALLSCOPE_INTERVAL="0.2",
-               PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    env.update(
+        STALLSCOPE_OUT=str(tmp_path / "out"), STALLSCOPE_INTERVAL="0.2", PYTHONPATH=str(ROOT)
+    )
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     (run_dir,) = list_runs(tmp_path / "out")
     meta = read_meta(run_dir)

@@ -34,17 +34,30 @@ def _chromium() -> str:
             return path
     if os.environ.get("STALLSCOPE_ALLOW_MISSING_TOOLS") == "1":
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    pytest.fail("chromium is not installed (apt-get install chromium); set "
-                "STALLSCOPE_ALLOW_MISSING_TOOLS=1 to skip browser tests")
+    pytest.fail(
+        "chromium is not installed (apt-get install chromium); set "
+        "STALLSCOPE_ALLOW_MISSING_TOOLS=1 to skip browser tests"
+    )
 
 
 def _run_chromium(page: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     profile = tmp / "profile"
     profile.mkdir(exist_ok=True)
-    argv = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-            *extra, page.as_uri()]
+    argv = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        *extra,
+        page.as_uri(),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
@@ -64,8 +77,9 @@ def _page_requests(netlog: Path) -> list[str]:
     urls = []
     for ev in log["events"]:
         params = ev.get("params") or {}
-        if names.get(ev["type"]) == "URL_REQUEST_START_JOB" and \
-                "file://" in str(params.get("network_isolation_key", "")):
+        if names.get(ev["type"]) == "URL_REQUEST_START_JOB" and "file://" in str(
+            params.get("network_isolation_key", "")
+        ):
             url = str(params.get("url", ""))
             if not url.startswith(("file:", "data:")):
                 urls.append(url)
@@ -100,12 +114,16 @@ def test_dom_after_scripts_has_verdict_and_plots(report_page: Path, tmp_path: Pa
 def test_netlog_check_catches_a_page_that_loads(tmp_path: Path) -> None:
     """The no-network check above can fail: a page with remote assets is caught."""
     page = tmp_path / "remote.html"
-    page.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/x.png">'
-                    '<script src="https://example.invalid/x.js"></script>')
+    page.write_text(
+        '<!DOCTYPE html><img src="http://127.0.0.1:9/x.png">'
+        '<script src="https://example.invalid/x.js"></script>'
+    )
     netlog = tmp_path / "netlog.json"
     _run_chromium(page, tmp_path, f"--log-net-log={netlog}", "--dump-dom")
-    assert sorted(_page_requests(netlog)) == ["http://127.0.0.1:9/x.png",
-                                              "https://example.invalid/x.js"]
+    assert sorted(_page_requests(netlog)) == [
+        "http://127.0.0.1:9/x.png",
+        "https://example.invalid/x.js",
+    ]
 
 
 def test_screenshot(report_page: Path, tmp_path: Path) -> None:

@@ -36,8 +36,10 @@ def test_spare_falling_two_points_a_day_reaches_10_in_21_days() -> None:
     f = forecast("available_spare", pts, 10, rising=False)
     assert f is not None
     assert f.per_day == pytest.approx(-2.0) and f.days == pytest.approx(21.0)
-    assert f.text() == ("at the current rate, available_spare (52% now) falls below its "
-                        "threshold 10% in ~21 days (-2%/day over 5 checks in 4 days)")
+    assert f.text() == (
+        "at the current rate, available_spare (52% now) falls below its "
+        "threshold 10% in ~21 days (-2%/day over 5 checks in 4 days)"
+    )
 
 
 def test_reallocations_rising_ten_a_day_reach_100_in_7_days() -> None:
@@ -54,16 +56,20 @@ def test_noisy_series_recovers_the_slope() -> None:
     assert f is not None and f.days == pytest.approx((100 - (3 + 0.5 * 59 / 4)) / 0.5, rel=0.1)
 
 
-@pytest.mark.parametrize(("pts", "threshold", "rising"), [
-    ([(T0 + i * DAY, 5.0) for i in range(5)], 100, True),  # flat
-    ([(T0 + i * DAY, 50.0 + i) for i in range(5)], 10, False),  # spare going up: fine
-    ([(T0, 1.0), (T0 + DAY, 2.0)], 100, True),  # two checks are not a trend
-    ([(T0 + i * 600, 1.0 + i) for i in range(10)], 100, True),  # 90 minutes: no daily rate
-    ([(T0 + i * DAY, 100.0 + i) for i in range(5)], 100, True),  # already past: the verdict
-    ([(T0 + i * DAY, 1.0 + 0.0001 * i) for i in range(5)], 100, True),  # decades away
-])
+@pytest.mark.parametrize(
+    ("pts", "threshold", "rising"),
+    [
+        ([(T0 + i * DAY, 5.0) for i in range(5)], 100, True),  # flat
+        ([(T0 + i * DAY, 50.0 + i) for i in range(5)], 10, False),  # spare going up: fine
+        ([(T0, 1.0), (T0 + DAY, 2.0)], 100, True),  # two checks are not a trend
+        ([(T0 + i * 600, 1.0 + i) for i in range(10)], 100, True),  # 90 minutes: no daily rate
+        ([(T0 + i * DAY, 100.0 + i) for i in range(5)], 100, True),  # already past: the verdict
+        ([(T0 + i * DAY, 1.0 + 0.0001 * i) for i in range(5)], 100, True),  # decades away
+    ],
+)
 def test_no_forecast_without_a_trend_towards_the_threshold(
-        pts: list[tuple[float, float]], threshold: float, rising: bool) -> None:
+    pts: list[tuple[float, float]], threshold: float, rising: bool
+) -> None:
     assert forecast("x", pts, threshold, rising=rising) is None
 
 
@@ -94,8 +100,10 @@ def test_state_file_checks_give_a_forecast(tmp_path: Path) -> None:
     assert f.name == "available_spare" and f.days == pytest.approx((91 - 10) / 3)
     assert seen[-1].to_json()["forecast"][0]["days"] == pytest.approx(27.0)
     assert drive_levels(seen[-1])["available_spare"] == 91
-    assert "levels" in json.loads((tmp_path / "smart.json").read_text())["drives"].popitem()[1][
-        "checks"][-1]
+    assert (
+        "levels"
+        in json.loads((tmp_path / "smart.json").read_text())["drives"].popitem()[1]["checks"][-1]
+    )
 
 
 def test_disk_cli_shows_the_forecast_from_saved_documents(tmp_path: Path) -> None:
@@ -104,8 +112,12 @@ def test_disk_cli_shows_the_forecast_from_saved_documents(tmp_path: Path) -> Non
         f = tmp_path / f"check{i}.json"
         f.write_text(json.dumps(_nvme_doc(T0 + i * 2 * DAY, spare, used)))
         files.append(str(f))
-    r = subprocess.run(stallscope_argv("disk", "--smartctl-json", *files, "--json"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        stallscope_argv("disk", "--smartctl-json", *files, "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode in (0, 1), r.stderr
     [drive] = json.loads(r.stdout)["drives"]
     fc = {f["name"]: f for f in drive["forecast"]}
@@ -113,8 +125,12 @@ def test_disk_cli_shows_the_forecast_from_saved_documents(tmp_path: Path) -> Non
     assert fc["available_spare"]["days"] == pytest.approx(44.0)
     assert fc["percentage_used"]["days"] == pytest.approx(84.0)
     assert [f["name"] for f in drive["forecast"]] == ["available_spare", "percentage_used"]
-    text = subprocess.run(stallscope_argv("disk", "--smartctl-json", *files),
-                          capture_output=True, text=True, timeout=60).stdout
+    text = subprocess.run(
+        stallscope_argv("disk", "--smartctl-json", *files),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "forecast at the current rate, available_spare (54% now) falls below its" in text
     assert "in ~44 days" in text
 
@@ -122,7 +138,9 @@ def test_disk_cli_shows_the_forecast_from_saved_documents(tmp_path: Path) -> Non
 def test_the_smart_source_reports_days_left() -> None:
     d = parse_smartctl(_nvme_doc(T0, 54, 16))
     assert "days_left" not in drive_points(d)
-    fc = forecast_drive([(T0 + i * DAY, {"available_spare": 60.0 - 2 * i}) for i in range(4)],
-                        {"available_spare_threshold": 10})
+    fc = forecast_drive(
+        [(T0 + i * DAY, {"available_spare": 60.0 - 2 * i}) for i in range(4)],
+        {"available_spare_threshold": 10},
+    )
     pts = drive_points(replace(d, forecast=tuple(fc)))
     assert pts["days_left"] == pytest.approx((54 - 10) / 2)

@@ -44,18 +44,36 @@ DEEP = "__stallscope_deep__"
 
 def _nested_text(depth: int, leaf: str) -> str:
     """JSON text of a value nested ``depth`` deep (built as text: the encoder would recurse)."""
-    opens = "".join('[' if i % 2 else '{"table":' for i in range(depth))
-    closes = "".join(']' if i % 2 else '}' for i in reversed(range(depth)))
+    opens = "".join("[" if i % 2 else '{"table":' for i in range(depth))
+    closes = "".join("]" if i % 2 else "}" for i in reversed(range(depth)))
     return opens + leaf + closes
 
 
-NAN_ISH = ["NaN", "nan", "-inf", "Infinity", "1e999", "-1e999", "0x10", "١٢٣", " 42 ", "4_2",
-           "", "null", "None", "true", "−5", "1e-400", "9" * 5000]
+NAN_ISH = [
+    "NaN",
+    "nan",
+    "-inf",
+    "Infinity",
+    "1e999",
+    "-1e999",
+    "0x10",
+    "١٢٣",
+    " 42 ",
+    "4_2",
+    "",
+    "null",
+    "None",
+    "true",
+    "−5",
+    "1e-400",
+    "9" * 5000,
+]
 
 #: category -> value to put at a random path (None: a structural mutation handled below)
 REPLACE: dict[str, Callable[[random.Random], Any]] = {
-    "to_str": lambda r: r.choice(["", "x", "0", "-1", "[bold]red[/bold]", "\x1b[2J\x07",
-                                  "A" * r.randint(1, 5000)]),
+    "to_str": lambda r: r.choice(
+        ["", "x", "0", "-1", "[bold]red[/bold]", "\x1b[2J\x07", "A" * r.randint(1, 5000)]
+    ),
     "to_int": lambda r: r.choice([0, -1, 1, 255, -(2**31), 2**31, 7]),
     "to_list": lambda r: r.choice([[], [None], [1, "a", {}], [[[]]]]),
     "to_dict": lambda r: r.choice([{}, {"value": "x"}, {"raw": {"value": -1}}, {"": None}]),
@@ -67,8 +85,9 @@ REPLACE: dict[str, Callable[[random.Random], Any]] = {
 CATEGORIES = ["delete_key", *REPLACE, "truncate_text", "flip_bytes"]
 
 
-def mutations(seed: int = SEED, per_category: int = PER_CATEGORY
-              ) -> Iterator[tuple[str, str, bytes]]:
+def mutations(
+    seed: int = SEED, per_category: int = PER_CATEGORY
+) -> Iterator[tuple[str, str, bytes]]:
     """(category, description, document bytes), deterministic for a seed."""
     rng = random.Random(seed)
     names = sorted(DOCS)
@@ -107,7 +126,7 @@ def mutations(seed: int = SEED, per_category: int = PER_CATEGORY
             text = json.dumps(doc)
             if cat == "deep_nesting":
                 depth = rng.choice([50, 200, 600, 900, 5000, 100_000])
-                text = text.replace(f'"{DEEP}"', _nested_text(depth, rng.choice(['1', '"x"'])))
+                text = text.replace(f'"{DEEP}"', _nested_text(depth, rng.choice(["1", '"x"'])))
                 done.append(f"depth {depth}")
             yield cat, f"{name} {cat} at {done}", text.encode()
 
@@ -127,8 +146,9 @@ def check_one(path: Path) -> str | None:
     return None
 
 
-def run_all(tmp: Path, seed: int = SEED, per_category: int = PER_CATEGORY
-            ) -> tuple[Counter[str], dict[str, list[str]]]:
+def run_all(
+    tmp: Path, seed: int = SEED, per_category: int = PER_CATEGORY
+) -> tuple[Counter[str], dict[str, list[str]]]:
     tried: Counter[str] = Counter()
     failed: dict[str, list[str]] = {}
     for n, (cat, what, data) in enumerate(mutations(seed, per_category)):
@@ -169,14 +189,18 @@ def _cli_cases() -> list[tuple[str, str, bytes]]:
 
 
 @pytest.mark.parametrize("case", _cli_cases(), ids=lambda c: c[0])
-def test_mutated_documents_through_the_cli(tmp_path: Path, case: tuple[str, str, bytes]
-                                           ) -> None:
+def test_mutated_documents_through_the_cli(tmp_path: Path, case: tuple[str, str, bytes]) -> None:
     _cat, what, data = case
     path = tmp_path / "doc.json"
     path.write_bytes(data)
     for extra in ([], ["--json"]):
-        proc = subprocess.run(stallscope_argv("disk", "--smartctl-json", str(path), *extra),
-                              capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            stallscope_argv("disk", "--smartctl-json", str(path), *extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert "Traceback" not in proc.stderr, (what, proc.stderr[-2000:])
         assert proc.returncode in (0, 1, 3), (what, proc.returncode, proc.stderr)
         if extra:

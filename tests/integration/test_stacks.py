@@ -38,48 +38,99 @@ def stack(*frames: Frame) -> list[Frame]:
 LOOP = F("/home/u/train.py", "main", 40)
 
 
-@pytest.mark.parametrize("inner, phase, framework", [
-    ([F(SP + "torch/utils/data/dataloader.py", "__next__"),
-      F(SP + "torch/utils/data/dataloader.py", "_next_data"),
-      F("/usr/lib/python3.11/queue.py", "get")], "data", "pytorch"),
-    # num_workers=0: the user's __getitem__ runs inside the loader's fetch: still data
-    ([F(SP + "torch/utils/data/dataloader.py", "__next__"),
-      F(SP + "torch/utils/data/_utils/fetch.py", "fetch"),
-      F("/home/u/data.py", "__getitem__")], "data", "pytorch"),
-    ([F(SP + "torch/nn/modules/module.py", "_call_impl"),
-      F("/home/u/model.py", "forward")], "compute", "pytorch"),
-    ([F(SP + "torch/_tensor.py", "backward"),
-      F(SP + "torch/autograd/__init__.py", "backward")], "compute", "pytorch"),
-    ([F(SP + "torch/optim/adam.py", "step")], "compute", "pytorch"),
-    ([F(SP + "torch/distributed/c10d_logger.py", "wrapper"),
-      F(SP + "torch/distributed/distributed_c10d.py", "all_reduce")], "comm", "pytorch"),
-    ([F(SP + "torch/serialization.py", "save")], "ckpt", "pytorch"),
-    ([F(SP + "torch/cuda/__init__.py", "synchronize")], "gpu_wait", "pytorch"),
-    ([F(SP + "transformers/trainer.py", "train"),
-      F(SP + "transformers/trainer.py", "get_batch_samples"),
-      F(SP + "accelerate/data_loader.py", "__iter__")], "data", "hf"),
-    ([F(SP + "transformers/trainer.py", "_save_checkpoint")], "ckpt", "hf"),
-    ([F(SP + "lightning/pytorch/loops/fetchers.py", "__next__")], "data", "lightning"),
-    ([F(SP + "tensorflow/python/data/ops/iterator_ops.py", "__next__")], "data", "tensorflow"),
-    ([F(SP + "keras/src/backend/tensorflow/trainer.py", "fit"),
-      F(SP + "tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
-        "__call__")], "graph", "tensorflow"),
-    # the loader being torn down after the loop is not a wait: the process's exit
-    ([F(SP + "torch/utils/data/dataloader.py", "__del__"),
-      F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers")], "exit", ""),
-    ([F("/home/u/train.py", "log_metrics")], "other", ""),
-])
-def test_the_innermost_known_frame_decides(inner: list[Frame], phase: str, framework: str
-                                           ) -> None:
+@pytest.mark.parametrize(
+    "inner, phase, framework",
+    [
+        (
+            [
+                F(SP + "torch/utils/data/dataloader.py", "__next__"),
+                F(SP + "torch/utils/data/dataloader.py", "_next_data"),
+                F("/usr/lib/python3.11/queue.py", "get"),
+            ],
+            "data",
+            "pytorch",
+        ),
+        # num_workers=0: the user's __getitem__ runs inside the loader's fetch: still data
+        (
+            [
+                F(SP + "torch/utils/data/dataloader.py", "__next__"),
+                F(SP + "torch/utils/data/_utils/fetch.py", "fetch"),
+                F("/home/u/data.py", "__getitem__"),
+            ],
+            "data",
+            "pytorch",
+        ),
+        (
+            [F(SP + "torch/nn/modules/module.py", "_call_impl"), F("/home/u/model.py", "forward")],
+            "compute",
+            "pytorch",
+        ),
+        (
+            [
+                F(SP + "torch/_tensor.py", "backward"),
+                F(SP + "torch/autograd/__init__.py", "backward"),
+            ],
+            "compute",
+            "pytorch",
+        ),
+        ([F(SP + "torch/optim/adam.py", "step")], "compute", "pytorch"),
+        (
+            [
+                F(SP + "torch/distributed/c10d_logger.py", "wrapper"),
+                F(SP + "torch/distributed/distributed_c10d.py", "all_reduce"),
+            ],
+            "comm",
+            "pytorch",
+        ),
+        ([F(SP + "torch/serialization.py", "save")], "ckpt", "pytorch"),
+        ([F(SP + "torch/cuda/__init__.py", "synchronize")], "gpu_wait", "pytorch"),
+        (
+            [
+                F(SP + "transformers/trainer.py", "train"),
+                F(SP + "transformers/trainer.py", "get_batch_samples"),
+                F(SP + "accelerate/data_loader.py", "__iter__"),
+            ],
+            "data",
+            "hf",
+        ),
+        ([F(SP + "transformers/trainer.py", "_save_checkpoint")], "ckpt", "hf"),
+        ([F(SP + "lightning/pytorch/loops/fetchers.py", "__next__")], "data", "lightning"),
+        ([F(SP + "tensorflow/python/data/ops/iterator_ops.py", "__next__")], "data", "tensorflow"),
+        (
+            [
+                F(SP + "keras/src/backend/tensorflow/trainer.py", "fit"),
+                F(
+                    SP + "tensorflow/python/eager/polymorphic_function/polymorphic_function.py",
+                    "__call__",
+                ),
+            ],
+            "graph",
+            "tensorflow",
+        ),
+        # the loader being torn down after the loop is not a wait: the process's exit
+        (
+            [
+                F(SP + "torch/utils/data/dataloader.py", "__del__"),
+                F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers"),
+            ],
+            "exit",
+            "",
+        ),
+        ([F("/home/u/train.py", "log_metrics")], "other", ""),
+    ],
+)
+def test_the_innermost_known_frame_decides(inner: list[Frame], phase: str, framework: str) -> None:
     assert classify(stack(LOOP, *inner)) == (phase, framework)
 
 
 def test_the_trainers_own_line_tells_a_copy_and_a_gpu_wait(tmp_path: Path) -> None:
     """A C call has no frame: the innermost frame's source line says what it is."""
     src = tmp_path / "train.py"
-    src.write_text("x = x.to(device, non_blocking=True)\nloss_value = loss.item()\n"
-                   "y = model(x)  # x.cpu() in a comment is not code\n"
-                   "x, y = next(it)\nx = next(it).to(device)\nnext_lr = sched.step()\n")
+    src.write_text(
+        "x = x.to(device, non_blocking=True)\nloss_value = loss.item()\n"
+        "y = model(x)  # x.cpu() in a comment is not code\n"
+        "x, y = next(it)\nx = next(it).to(device)\nnext_lr = sched.step()\n"
+    )
     f = str(src)
     assert classify([F(f, "main", 1)])[0] == "h2d"
     assert classify([F(f, "main", 2)])[0] == "gpu_wait"
@@ -93,24 +144,30 @@ def test_the_trainers_own_line_tells_a_copy_and_a_gpu_wait(tmp_path: Path) -> No
 
 
 def test_imports_launchers_and_spawned_children() -> None:
-    imp = stack(LOOP, F("<frozen importlib._bootstrap>", "_find_and_load"),
-                F(SP + "torch/nn/modules/linear.py", "<module>"))
+    imp = stack(
+        LOOP,
+        F("<frozen importlib._bootstrap>", "_find_and_load"),
+        F(SP + "torch/nn/modules/linear.py", "<module>"),
+    )
     assert classify(imp)[0] == "setup"  # module-level code of torch is not training
     join = stack(LOOP, F(SP + "torch/distributed/distributed_c10d.py", "init_process_group"))
     assert classify(join)[0] == "setup"  # joining the group is not a collective
     assert idle_process(stack(F(SP + "torch/distributed/run.py", "main")))
     spawned = F("/usr/lib/python3.11/multiprocessing/spawn.py", "spawn_main")
     # a DataLoader worker started with spawn, mp.spawn's parent: no trainers
-    assert idle_process(stack(spawned, F(SP + "torch/utils/data/_utils/worker.py",
-                                         "_worker_loop")))
+    assert idle_process(stack(spawned, F(SP + "torch/utils/data/_utils/worker.py", "_worker_loop")))
     assert idle_process(stack(LOOP, F(SP + "torch/multiprocessing/spawn.py", "join")))
     # the child mp.spawn started to train is one
     assert not idle_process(stack(spawned, F("/home/u/train.py", "train")))
     assert not idle_process(stack(LOOP))
     # importing the modules of a launcher is not being one (transformers imports them all)
-    assert not idle_process(stack(LOOP, F("<frozen importlib._bootstrap>", "_find_and_load"),
-                                  F(SP + "torch/distributed/elastic/agent/server/api.py",
-                                    "<module>")))
+    assert not idle_process(
+        stack(
+            LOOP,
+            F("<frozen importlib._bootstrap>", "_find_and_load"),
+            F(SP + "torch/distributed/elastic/agent/server/api.py", "<module>"),
+        )
+    )
 
 
 def test_fold_is_outermost_first_without_lines() -> None:
@@ -165,8 +222,14 @@ def test_building_a_dataloader_or_sampler_does_not_start_training() -> None:
     t.add(stack(LOOP, F(SP + "torch/utils/data/distributed.py", "__init__")), 0.1)
     t.add(stack(LOOP, F(dl, "__init__"), F(dl, "__setattr__")), 0.1)
     assert not t.started
-    t.add(stack(LOOP, F(SP + "torch/nn/parallel/distributed.py", "__init__"),
-                F(SP + "torch/distributed/distributed_c10d.py", "broadcast")), 0.9)  # DDP joins
+    t.add(
+        stack(
+            LOOP,
+            F(SP + "torch/nn/parallel/distributed.py", "__init__"),
+            F(SP + "torch/distributed/distributed_c10d.py", "broadcast"),
+        ),
+        0.9,
+    )  # DDP joins
     assert not t.started
     # the first epoch's iter(loader) starts the workers (an __init__ under __iter__): a wait
     t.add(stack(LOOP, F(dl, "__iter__"), F(dl, "_get_iterator"), F(dl, "__init__")), 0.3)
@@ -174,7 +237,8 @@ def test_building_a_dataloader_or_sampler_does_not_start_training() -> None:
     t.add(COMPUTE, 0.1)
     rec = t.record(100.0)
     assert rec is not None and rec["s"] == pytest.approx(
-        {"startup": 1.1, "data": 0.3, "compute": 0.1})
+        {"startup": 1.1, "data": 0.3, "compute": 0.1}
+    )
     # once training runs, building another loader (a validation one) is the input's time
     assert t.add(stack(LOOP, F(dl, "__init__")), 0.1) == "data"
 
@@ -185,18 +249,26 @@ def test_pyspy_s_class_qualified_names_match_the_tables() -> None:
     counted as start-up until its first compute sample: 9 s of a 12-s run once, and its data
     share read 0.806 against the trainer's own 0.953). A loader torn down is the exit."""
     dl = "torch/utils/data/dataloader.py"
-    wait = stack(F("train.py", "<module>"), F(dl, "_BaseDataLoaderIter.__next__"),
-                 F(dl, "_MultiProcessingDataLoaderIter._next_data"),
-                 F("multiprocessing/connection.py", "Connection._poll"))
+    wait = stack(
+        F("train.py", "<module>"),
+        F(dl, "_BaseDataLoaderIter.__next__"),
+        F(dl, "_MultiProcessingDataLoaderIter._next_data"),
+        F("multiprocessing/connection.py", "Connection._poll"),
+    )
     assert classify(wait) == ("data", "pytorch")
     assert starts_training(wait, "data", "pytorch")
     t = Tally(7, None, "py-spy", 10.0)
     assert t.add(wait, 0.1) == "data" and t.started
-    end = stack(F("train.py", "<module>"), F(dl, "_MultiProcessingDataLoaderIter.__del__"),
-                F(dl, "_MultiProcessingDataLoaderIter._shutdown_workers"))
+    end = stack(
+        F("train.py", "<module>"),
+        F(dl, "_MultiProcessingDataLoaderIter.__del__"),
+        F(dl, "_MultiProcessingDataLoaderIter._shutdown_workers"),
+    )
     assert classify(end)[0] == "exit"
-    ddp = stack(F("train.py", "<module>"),
-                F("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__"))
+    ddp = stack(
+        F("train.py", "<module>"),
+        F("torch/nn/parallel/distributed.py", "DistributedDataParallel.__init__"),
+    )
     assert classify(ddp)[0] == "setup"
 
 
@@ -210,13 +282,18 @@ def test_folded_stacks_are_bounded_per_record() -> None:
     assert abs(sum(rec["stacks"].values()) - 1.1) < 1e-6
 
 
-RAW = ("thread (1282): MainThread;<module> (train.py:10);"
-       "__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 33\n") + """\
+RAW = (
+    (
+        "thread (1282): MainThread;<module> (train.py:10);"
+        "__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 33\n"
+    )
+    + """\
 thread (1282): MainThread;<module> (train.py:12);_call_impl (torch/nn/modules/module.py:1784) 46
 thread (1299): pin_memory;_pin_memory_loop (torch/utils/data/_utils/pin_memory.py:52) 79
 garbage line without count
 thread (1282): MainThread;<module> (train.py:10) x
 """
+)
 
 
 def test_pyspy_raw_output_keeps_the_main_thread() -> None:
@@ -231,10 +308,12 @@ def _round(pid: int) -> str:
     """A py-spy round of ``pid``: 30 samples waiting for data, 10 of compute, and 8 tearing
     down the loader's workers (py-spy's raw output: counts, no order)."""
     main = f"thread ({pid}): MainThread;<module> (train.py:10);"
-    return (f"{main}__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 30\n"
-            f"{main}_call_impl (torch/nn/modules/module.py:1784) 10\n"
-            f"{main}__del__ (torch/utils/data/dataloader.py:1600);_shutdown_workers "
-            "(torch/utils/data/dataloader.py:1580);join (multiprocessing/process.py:149) 8\n")
+    return (
+        f"{main}__next__ (torch/utils/data/dataloader.py:733);get (queue.py:180) 30\n"
+        f"{main}_call_impl (torch/nn/modules/module.py:1784) 10\n"
+        f"{main}__del__ (torch/utils/data/dataloader.py:1600);_shutdown_workers "
+        "(torch/utils/data/dataloader.py:1580);join (multiprocessing/process.py:149) 8\n"
+    )
 
 
 def test_pyspy_the_round_a_trainer_ended_in_leaves_its_end_out(tmp_path: Path) -> None:
@@ -253,8 +332,9 @@ def test_pyspy_the_round_a_trainer_ended_in_leaves_its_end_out(tmp_path: Path) -
             sampler._finish_round(pid, out, 0, "", wall_s=4.8)
         recs = {r["pid"]: r for r in read_records(tmp_path)}
         assert recs[alive.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "other": 0.8})
-        assert recs[ended.pid]["s"] == pytest.approx({"data": 3.0, "compute": 1.0, "tail": 0.8,
-                                                      "exit": 0.8})  # the tail's exit part
+        assert recs[ended.pid]["s"] == pytest.approx(
+            {"data": 3.0, "compute": 1.0, "tail": 0.8, "exit": 0.8}
+        )  # the tail's exit part
     finally:
         alive.kill()
         alive.wait()
@@ -271,21 +351,40 @@ def test_a_pyspy_sample_stands_for_the_time_it_covered() -> None:
     assert sample_weight(20, 0, 10.0) == sample_weight(20, 5, None) == pytest.approx(0.05)
 
 
-def _write(run: Path, pid: int, rank: int | None, secs: dict[str, float], ts: float = 1.0,
-           stacks: dict[str, float] | None = None) -> None:
-    rec = {"ts": ts, "pid": pid, "rank": rank, "sampler": "inproc", "rate_hz": 50, "n": 50,
-           "s": secs, "stacks": stacks or {}, "stack_phase": {k: "data" for k in stacks or {}}}
+def _write(
+    run: Path,
+    pid: int,
+    rank: int | None,
+    secs: dict[str, float],
+    ts: float = 1.0,
+    stacks: dict[str, float] | None = None,
+) -> None:
+    rec = {
+        "ts": ts,
+        "pid": pid,
+        "rank": rank,
+        "sampler": "inproc",
+        "rate_hz": 50,
+        "n": 50,
+        "s": secs,
+        "stacks": stacks or {},
+        "stack_phase": {k: "data" for k in stacks or {}},
+    }
     append_record(run / "stacks", rec)
 
 
 def test_records_read_back_and_garbage_is_skipped(tmp_path: Path) -> None:
     _write(tmp_path, 11, 0, {"data": 3.0, "compute": 1.0}, stacks={"a;b": 3.0})
     with open(tmp_path / "stacks" / "11.jsonl", "a") as fh:
-        fh.write('{"pid": "x"}\n[1, 2]\nnot json\n{"ts": 2, "pid": 11, "s": {"data": "lots"}}\n'
-                 '{"ts": 3, "pid": 11, "s": {"data": 1e300, "other": -1}}\n{"ts": 4, "pi')
+        fh.write(
+            '{"pid": "x"}\n[1, 2]\nnot json\n{"ts": 2, "pid": 11, "s": {"data": "lots"}}\n'
+            '{"ts": 3, "pid": 11, "s": {"data": 1e300, "other": -1}}\n{"ts": 4, "pi'
+        )
     with open(tmp_path / "stacks" / "11.jsonl", "a") as fh:
-        fh.write('\n{"ts": NaN, "pid": 11, "s": {"data": 1}}\n{"ts": 1e999, "pid": 11, "s": {}}\n'
-                 '{"ts": 5, "pid": true, "s": {}}\n')
+        fh.write(
+            '\n{"ts": NaN, "pid": 11, "s": {"data": 1}}\n{"ts": 1e999, "pid": 11, "s": {}}\n'
+            '{"ts": 5, "pid": true, "s": {}}\n'
+        )
     recs = read_records(tmp_path)
     assert len(recs) == 3  # the two with odd values are read, their odd values not counted
     [p] = trainer_phases(recs)
@@ -306,16 +405,17 @@ def test_trainer_processes_are_ranks_not_workers_or_helpers(tmp_path: Path) -> N
     # launcher (its worker not yet renamed pt_data_worker): RunData.roles says so
     from stallscope.analysis.rundata import RunData
 
-    tree = [{"source": "procs", "entity": "31", "attrs": {"name": "python"}},
-            {"source": "procs", "entity": "99", "attrs": {"name": "python", "ppid": "31"}}]
+    tree = [
+        {"source": "procs", "entity": "31", "attrs": {"name": "python"}},
+        {"source": "procs", "entity": "99", "attrs": {"name": "python", "ppid": "31"}},
+    ]
     data = RunData(meta={}, series={}, entities=tree, stacks=read_records(tmp_path))
     assert data.roles()["31"] == "main"
     # without a rank, a worker is no trainer
     unranked = tmp_path / "u"
     _write(unranked, 50, None, {"data": 9.0})
     _write(unranked, 51, None, {"compute": 5.0})
-    assert [p.pid for p in trainer_phases(read_records(unranked), roles={"50": "worker"})] == \
-        [51]
+    assert [p.pid for p in trainer_phases(read_records(unranked), roles={"50": "worker"})] == [51]
 
 
 def test_the_collector_reads_new_records_only(tmp_path: Path) -> None:
@@ -330,7 +430,7 @@ def test_the_collector_reads_new_records_only(tmp_path: Path) -> None:
     assert got["5"]["data_pct"] == 75.0 and got["5"]["sampled_s"] == 2.0
     assert src.entities(got) == {"5": {"rank": 3}}
     with open(tmp_path / "stacks" / "5.jsonl", "a") as fh:
-        fh.write(': 1.0}}\n')
+        fh.write(": 1.0}}\n")
     # the last 10 s of records: the half line completed now (ts 9) counts with the first
     assert src.sample(9.5)["5"] == window_shares({"data": 2.5, "compute": 0.5})
     assert src.sample(15.0)["5"] == window_shares({"data": 1.0})  # ts 1 left the window
@@ -382,12 +482,23 @@ def test_the_injected_sampler_in_a_real_trainer(tmp_path: Path) -> None:
     script.write_text(TRAINER)
     other = tmp_path / "site"
     other.mkdir()
-    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = '1'\n"
-                                            "print('chained', flush=True)\n")
-    env = dict(os.environ, STALLSCOPE_RUN_DIR=str(tmp_path), STALLSCOPE_STACKS_HZ="100",
-               PYTHONPATH=f"{INJECT}{os.pathsep}{other}")
-    r = subprocess.run([sys.executable, str(script), "4"], env=env, capture_output=True,
-                       text=True, timeout=60, check=True)
+    (other / "sitecustomize.py").write_text(
+        "import os\nos.environ['CHAINED'] = '1'\nprint('chained', flush=True)\n"
+    )
+    env = dict(
+        os.environ,
+        STALLSCOPE_RUN_DIR=str(tmp_path),
+        STALLSCOPE_STACKS_HZ="100",
+        PYTHONPATH=f"{INJECT}{os.pathsep}{other}",
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert "chained" in r.stdout, r.stderr
     own = float(r.stdout.rsplit("data wait: ", 1)[1])
     share, recs = _share_of(tmp_path)
@@ -404,8 +515,7 @@ def test_pyspy_attached_to_a_running_trainer(tmp_path: Path) -> None:
         pytest.fail("py-spy is a dependency of stallscope: pip install py-spy")
     script = tmp_path / "train.py"
     script.write_text(TRAINER)
-    proc = subprocess.Popen([sys.executable, str(script), "7"], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, str(script), "7"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         sampler = PySpySampler(tmp_path / "stacks", [proc.pid], rate_hz=50, round_s=1.0)
@@ -447,18 +557,25 @@ def test_a_refused_attach_is_one_line_and_the_run_goes_on(tmp_path: Path) -> Non
     setpriv = shutil.which("setpriv")
     system_python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or setpriv is None or system_python is None:
-        pytest.skip("needs root (to start a process as another user), setpriv and "
-                    "/usr/bin/python3")
-    target = subprocess.Popen([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-                               system_python, "-c", SLEEPER])
+        pytest.skip("needs root (to start a process as another user), setpriv and /usr/bin/python3")
+    target = subprocess.Popen(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", system_python, "-c", SLEEPER]
+    )
     try:
         time.sleep(0.5)
         drop = [setpriv, "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"]
-        r = subprocess.run([*drop, *stallscope_argv("run", "--pid", str(target.pid),
-                                                    "--out", str(tmp_path / "runs"))],
-                           capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                           input="", start_new_session=True)
+        r = subprocess.run(
+            [
+                *drop,
+                *stallscope_argv("run", "--pid", str(target.pid), "--out", str(tmp_path / "runs")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            input="",
+            start_new_session=True,
+        )
     finally:
         target.kill()
         target.wait()
@@ -470,12 +587,30 @@ def test_a_refused_attach_is_one_line_and_the_run_goes_on(tmp_path: Path) -> Non
 
 
 def test_stack_rate_is_checked_and_no_stacks_means_none(tmp_path: Path) -> None:
-    r = subprocess.run(stallscope_argv("run", "--stack-rate", "0", "--", "true"),
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        stallscope_argv("run", "--stack-rate", "0", "--", "true"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "--stack-rate" in r.stderr
-    r = subprocess.run(stallscope_argv("run", "--no-stacks", "--quiet", "--out",
-                                       str(tmp_path), "--", sys.executable, "-c", "pass"),
-                       capture_output=True, text=True, timeout=60, check=True)
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--no-stacks",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     [run] = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert not (run / "stacks").exists()
     meta = json.loads((run / "meta.json").read_text())
@@ -487,8 +622,9 @@ def _run_with(stacks: list[dict]) -> object:
     from stallscope.store import Series
 
     cost = Series("collector.cpu_s", "", [float(t) for t in range(30)], [0.001] * 30)
-    return RunData(meta={"start": 0.0, "end": 30.0}, series={("collector.cpu_s", ""): cost},
-                   stacks=stacks)
+    return RunData(
+        meta={"start": 0.0, "end": 30.0}, series={("collector.cpu_s", ""): cost}, stacks=stacks
+    )
 
 
 def _rec(pid: int, rank: int | None, **secs: float) -> dict:
@@ -500,15 +636,20 @@ def test_the_diagnosis_names_the_starving_rank_from_stacks() -> None:
     all-reduce waiting for it. The straggler rule names rank 1, the evidence says stacks."""
     from stallscope.analysis.diagnose import diagnose
 
-    doc = diagnose(_run_with([_rec(10, 0, data=0.4, compute=3.0, comm=6.6),
-                              _rec(11, 1, data=9.2, compute=0.8)]))
+    doc = diagnose(
+        _run_with(
+            [_rec(10, 0, data=0.4, compute=3.0, comm=6.6), _rec(11, 1, data=9.2, compute=0.8)]
+        )
+    )
     kinds = [f["kind"] for f in doc["findings"]]
     assert "straggler_rank" in kinds, doc["findings"]
     f = doc["findings"][kinds.index("straggler_rank")]
     assert f["evidence"]["rank"] == 1 and f["evidence"]["best_rank"] == 0
     assert doc["stall_source"] == "stacks" and doc["stall_fraction"] == 0.92
-    assert [(r["rank"], r["stall_fraction"], r["comm_share"]) for r in doc["ranks"]] == \
-        [(0, 0.04, 0.66), (1, 0.92, 0.0)]
+    assert [(r["rank"], r["stall_fraction"], r["comm_share"]) for r in doc["ranks"]] == [
+        (0, 0.04, 0.66),
+        (1, 0.92, 0.0),
+    ]
 
 
 def test_a_compiled_tensorflow_step_is_no_stall_measurement() -> None:
@@ -565,16 +706,19 @@ def _phases_of(name: str) -> dict[str, float]:
     return {k: v / total for k, v in counts.items()}
 
 
-@pytest.mark.parametrize("name, phase, least", [
-    ("pytorch-prep.raw", "data", 0.85),      # waits on the worker queue
-    ("pytorch-inline.raw", "data", 0.8),     # loads in __getitem__ on the training thread
-    ("pytorch-compute.raw", "compute", 0.95),
-    ("ddp-starve-rank1.raw", "data", 0.85),  # the starving rank
-    ("hf-trainer.raw", "data", 0.85),
-    ("lightning.raw", "data", 0.75),
-    ("keras-fit.raw", "graph", 0.95),        # fit's compiled step hides the tf.data wait
-    ("tf-custom-loop.raw", "data", 0.8),
-])
+@pytest.mark.parametrize(
+    "name, phase, least",
+    [
+        ("pytorch-prep.raw", "data", 0.85),  # waits on the worker queue
+        ("pytorch-inline.raw", "data", 0.8),  # loads in __getitem__ on the training thread
+        ("pytorch-compute.raw", "compute", 0.95),
+        ("ddp-starve-rank1.raw", "data", 0.85),  # the starving rank
+        ("hf-trainer.raw", "data", 0.85),
+        ("lightning.raw", "data", 0.75),
+        ("keras-fit.raw", "graph", 0.95),  # fit's compiled step hides the tf.data wait
+        ("tf-custom-loop.raw", "data", 0.8),
+    ],
+)
 def test_recorded_trainings_read_right(name: str, phase: str, least: float) -> None:
     """The tables on stacks recorded from real trainings (tests/fixtures/stacks/SOURCE.md)."""
     shares = _phases_of(name)
@@ -592,32 +736,60 @@ def test_ddp_fast_rank_waits_for_its_peer_inside_backward() -> None:
 def test_building_and_profiler_frames() -> None:
     """Building a model or an optimizer, or moving it to the device, is set-up wherever the
     innermost frame is; the profiler's wrapper decides nothing."""
-    build = stack(LOOP, F(SP + "torch/nn/modules/linear.py", "__init__"),
-                  F(SP + "torch/nn/modules/module.py", "__setattr__"))
+    build = stack(
+        LOOP,
+        F(SP + "torch/nn/modules/linear.py", "__init__"),
+        F(SP + "torch/nn/modules/module.py", "__setattr__"),
+    )
     assert classify(build)[0] == "setup"
     assert classify(stack(LOOP, F(SP + "torch/nn/init.py", "kaiming_uniform_")))[0] == "setup"
-    assert classify(stack(LOOP, F(SP + "torch/optim/sgd.py", "__init__"),
-                          F(SP + "torch/_dynamo/__init__.py", "<module>")))[0] == "setup"
-    assert classify(stack(LOOP, F(SP + "torch/nn/modules/module.py", "to"),
-                          F(SP + "torch/nn/modules/module.py", "_apply")))[0] == "setup"
-    wrapped = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__next__"),
-                    F(SP + "torch/autograd/profiler.py", "__enter__"),
-                    F(SP + "torch/_ops.py", "__call__"))
+    assert (
+        classify(
+            stack(
+                LOOP,
+                F(SP + "torch/optim/sgd.py", "__init__"),
+                F(SP + "torch/_dynamo/__init__.py", "<module>"),
+            )
+        )[0]
+        == "setup"
+    )
+    assert (
+        classify(
+            stack(
+                LOOP,
+                F(SP + "torch/nn/modules/module.py", "to"),
+                F(SP + "torch/nn/modules/module.py", "_apply"),
+            )
+        )[0]
+        == "setup"
+    )
+    wrapped = stack(
+        LOOP,
+        F(SP + "torch/utils/data/dataloader.py", "__next__"),
+        F(SP + "torch/autograd/profiler.py", "__enter__"),
+        F(SP + "torch/_ops.py", "__call__"),
+    )
     assert classify(wrapped)[0] == "data"
     # a module's forward is compute, its __init__ is not
-    assert classify(stack(LOOP, F(SP + "torch/nn/modules/linear.py", "forward")))[0] == \
-        "compute"
+    assert classify(stack(LOOP, F(SP + "torch/nn/modules/linear.py", "forward")))[0] == "compute"
 
 
-EXITING_JOIN = stack(F(SP + "torch/utils/data/dataloader.py", "_clean_up_worker"),
-                     F("/usr/lib/python3.12/multiprocessing/process.py", "join"),
-                     F("/usr/lib/python3.12/multiprocessing/popen_fork.py", "wait"))
-SHUTDOWN = stack(LOOP, F(SP + "torch/utils/data/dataloader.py", "__del__"),
-                 F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers"),
-                 F("/usr/lib/python3.12/multiprocessing/process.py", "join"))
-FINALIZER = stack(F("/usr/lib/python3.12/weakref.py", "_exitfunc"),
-                  F("/usr/lib/python3.12/weakref.py", "__call__"),
-                  F(SP + "torch/library.py", "_del_library"))
+EXITING_JOIN = stack(
+    F(SP + "torch/utils/data/dataloader.py", "_clean_up_worker"),
+    F("/usr/lib/python3.12/multiprocessing/process.py", "join"),
+    F("/usr/lib/python3.12/multiprocessing/popen_fork.py", "wait"),
+)
+SHUTDOWN = stack(
+    LOOP,
+    F(SP + "torch/utils/data/dataloader.py", "__del__"),
+    F(SP + "torch/utils/data/dataloader.py", "_shutdown_workers"),
+    F("/usr/lib/python3.12/multiprocessing/process.py", "join"),
+)
+FINALIZER = stack(
+    F("/usr/lib/python3.12/weakref.py", "_exitfunc"),
+    F("/usr/lib/python3.12/weakref.py", "__call__"),
+    F(SP + "torch/library.py", "_del_library"),
+)
 
 
 def test_a_process_shutting_down_is_exit_never_data() -> None:
@@ -648,17 +820,21 @@ def test_a_run_recorded_before_the_exit_phase_reads_with_todays_tables(tmp_path:
     from stallscope.sources.stacks.aggregate import phase_seconds
 
     folded = fold(EXITING_JOIN)
-    rec = {"ts": 1.0, "pid": 7, "s": {"compute": 0.3, "data": 0.7},
-           "stacks": {folded: 0.7, fold(COMPUTE): 0.3},
-           "stack_phase": {folded: "data", fold(COMPUTE): "compute"}}
+    rec = {
+        "ts": 1.0,
+        "pid": 7,
+        "s": {"compute": 0.3, "data": 0.7},
+        "stacks": {folded: 0.7, fold(COMPUTE): 0.3},
+        "stack_phase": {folded: "data", fold(COMPUTE): "compute"},
+    }
     assert phase_seconds(rec) == {"compute": 0.3, "data": 0.0, "exit": 0.7}
     (p,) = trainer_phases([{**rec, "s": {"compute": 2.5, "data": 0.7}}])
     assert p.share("data") == 0.0 and p.share("compute") == 1.0
 
 
 def test_a_hook_that_fails_to_install_never_stops_the_sampler(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-        ) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A hook that raises as it installs (here the DataLoader's batch count) is given up, said
     once, and the sampler samples on; the communication timing, not distributed yet, is still
     asked for. (A sampler that died on an error wrote no stacks at all, silently: a DDP rank

@@ -25,8 +25,10 @@ from stallscope.store import (
 def test_points_round_trip(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
     for i in range(10):
-        st.add_points(100.0 + i, [Point("gpu.util_pct", "gpu0", i * 10.0),
-                                  Point("disk.util_pct", "vda", 50.0)])
+        st.add_points(
+            100.0 + i,
+            [Point("gpu.util_pct", "gpu0", i * 10.0), Point("disk.util_pct", "vda", 50.0)],
+        )
     [s] = st.read("gpu.util_pct")
     assert s.entity == "gpu0" and s.ts[0] == 100.0 and s.v == [i * 10.0 for i in range(10)]
     assert st.time_range() == (100.0, 109.0)
@@ -66,8 +68,9 @@ def test_reader_sees_data_while_writer_is_open(tmp_path: Path) -> None:
 
 def test_steps_probes_events_entities(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
-    st.add_steps([StepRow(0, 1, 10.0, 0.2, 0.1, samples=32, epoch=0),
-                  StepRow(1, 1, 10.0, 0.1, 0.1)])
+    st.add_steps(
+        [StepRow(0, 1, 10.0, 0.2, 0.1, samples=32, epoch=0), StepRow(1, 1, 10.0, 0.1, 0.1)]
+    )
     st.update_steps_gpu([(0, 1, 0.09, 0.15)])
     s0 = st.steps(rank=0)[0]
     assert s0.gpu_busy_s == 0.09 and s0.gpu_idle_s == 0.15 and s0.samples == 32
@@ -82,19 +85,34 @@ def test_steps_probes_events_entities(tmp_path: Path) -> None:
     assert e["attrs"]["name"] == "x" and e["first_ts"] == 1.0 and e["last_ts"] == 2.0
 
 
-
 def test_step_blocks_store_the_same_rows_as_step_rows(tmp_path: Path) -> None:
     """The probe's writer hands its steps over in blocks (bigger than one INSERT binds):
     the rows read back are those written one by one."""
     from stallscope.store.db import BLOCK_ROWS
 
     n = BLOCK_ROWS + 7
-    raw = [(i, 0.25 + i * 1e-3, 1e-4 * (i % 5), 2e-3, 32 if i % 3 else None, i // 100,
-            0.5e-3 if i % 7 == 0 else None, None, 1 + i % 4) for i in range(n)]
+    raw = [
+        (
+            i,
+            0.25 + i * 1e-3,
+            1e-4 * (i % 5),
+            2e-3,
+            32 if i % 3 else None,
+            i // 100,
+            0.5e-3 if i % 7 == 0 else None,
+            None,
+            1 + i % 4,
+        )
+        for i in range(n)
+    ]
     a, b = RunStore(tmp_path / "a.db"), RunStore(tmp_path / "b.db")
     assert a.add_step_block(3, 1000.0, raw) == n
-    b.add_steps([StepRow(3, s, 1000.0 + t, w, h, h2d_s=c, samples=k, epoch=e, n=m)
-                 for s, t, w, h, k, e, c, _, m in raw])
+    b.add_steps(
+        [
+            StepRow(3, s, 1000.0 + t, w, h, h2d_s=c, samples=k, epoch=e, n=m)
+            for s, t, w, h, k, e, c, _, m in raw
+        ]
+    )
     assert a.steps(rank=3) == b.steps(rank=3)
     assert len(a.steps(rank=3)) == n and a.steps(rank=3)[9].samples is None
     assert [r.n for r in a.steps(rank=3)[:5]] == [1, 2, 3, 4, 1]
@@ -106,18 +124,30 @@ def test_each_source_turns_its_payload_into_vocabulary_points() -> None:
     from stallscope.sources.procs import ProcsSource
 
     gpu = GpuSource(backend=object())
-    pts = gpu.points([{"index": 1, "name": "H100", "util_pct": 50, "throttle": ["sw_power_cap"],
-                       "ecc_errors": None}])
+    pts = gpu.points(
+        [
+            {
+                "index": 1,
+                "name": "H100",
+                "util_pct": 50,
+                "throttle": ["sw_power_cap"],
+                "ecc_errors": None,
+            }
+        ]
+    )
     assert pts == [Point("gpu.util_pct", "gpu1", 50.0)]
     assert gpu.entities([{"index": 1, "name": "H100", "uuid": "GPU-1"}]) == {
-        "gpu1": {"name": "H100", "uuid": "GPU-1"}}
-    pts = HostSource().points({"cpu_pct": 10.0, "cpu_per_core_pct": [1.0, None],
-                               "load1": float("nan")})
+        "gpu1": {"name": "H100", "uuid": "GPU-1"}
+    }
+    pts = HostSource().points(
+        {"cpu_pct": 10.0, "cpu_per_core_pct": [1.0, None], "load1": float("nan")}
+    )
     assert Point("host.cpu_pct", "", 10.0) in pts
     assert Point("host.cpu_core_pct", "cpu0", 1.0) in pts
     assert len(pts) == 2
     assert ProcsSource(1).points({"12": {"pid": 12, "cpu_pct": 3.0, "role": "main"}}) == [
-        Point("procs.cpu_pct", "12", 3.0)]
+        Point("procs.cpu_pct", "12", 3.0)
+    ]
 
 
 def test_run_dirs_and_lookup(tmp_path: Path) -> None:
@@ -157,8 +187,13 @@ def test_bitmask_and_link_metrics_roll_up_to_a_real_value(tmp_path: Path) -> Non
     back their bucket's max, which is one of the values they really took."""
     st = RunStore(tmp_path / "run.db")
     for i in range(120):
-        st.add_points(float(i), [Point("gpu.throttle_mask", "gpu0", 0x40 if i % 2 else 0),
-                                 Point("gpu.util_pct", "gpu0", 50.0 + (i % 2))])
+        st.add_points(
+            float(i),
+            [
+                Point("gpu.throttle_mask", "gpu0", 0x40 if i % 2 else 0),
+                Point("gpu.util_pct", "gpu0", 50.0 + (i % 2)),
+            ],
+        )
     st.downsample(older_than=120.0, bucket_s=60.0)
     [mask] = st.read("gpu.throttle_mask")
     assert mask.v == [64.0, 64.0]
@@ -167,8 +202,12 @@ def test_bitmask_and_link_metrics_roll_up_to_a_real_value(tmp_path: Path) -> Non
 
 
 def test_meta_with_wrong_types_is_a_clear_error(tmp_path: Path) -> None:
-    for bad, key in (({"start": "x"}, "start"), ({"command": [1, 2]}, "command"),
-                     ({"data_devices": 5}, "data_devices"), ({"end": 1e30}, "end")):
+    for bad, key in (
+        ({"start": "x"}, "start"),
+        ({"command": [1, 2]}, "command"),
+        ({"data_devices": 5}, "data_devices"),
+        ({"end": 1e30}, "end"),
+    ):
         (tmp_path / "meta.json").write_text(json.dumps(bad))
         with pytest.raises(RunNotFound, match=f"'{key}' should be"):
             read_meta(tmp_path)
@@ -206,14 +245,23 @@ def test_finished_run_reads_from_a_read_only_directory(tmp_path: Path) -> None:
         ro.mkdir()
         shutil.copy(tmp_path / "run.db", ro / "run.db")
         os.chmod(ro, 0o555)
-        code = ("from stallscope.store import RunStore; "
-                f"print(RunStore({str(ro / 'run.db')!r}, readonly=True)"
-                ".read('host.cpu_pct')[0].v)")
-        python = "/usr/bin/python3" if as_nobody and os.path.exists("/usr/bin/python3") \
+        code = (
+            "from stallscope.store import RunStore; "
+            f"print(RunStore({str(ro / 'run.db')!r}, readonly=True)"
+            ".read('host.cpu_pct')[0].v)"
+        )
+        python = (
+            "/usr/bin/python3"
+            if as_nobody and os.path.exists("/usr/bin/python3")
             else sys.executable
-        r = subprocess.run([*as_nobody, python, "-c", code], capture_output=True, text=True,
-                           env={"PYTHONPATH": str(base), "PATH": os.environ.get("PATH", "")},
-                           cwd="/")
+        )
+        r = subprocess.run(
+            [*as_nobody, python, "-c", code],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(base), "PATH": os.environ.get("PATH", "")},
+            cwd="/",
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "[5.0]"
     finally:
@@ -223,10 +271,15 @@ def test_finished_run_reads_from_a_read_only_directory(tmp_path: Path) -> None:
 
 def test_non_finite_values_are_never_stored(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
-    n = st.add_points(1.0, [Point("host.cpu_pct", "", float("inf")),
-                            Point("host.cpu_pct", "cpu0", float("nan")),
-                            Point("host.cpu_pct", "cpu1", float("-inf")),
-                            Point("host.cpu_pct", "cpu2", 7.0)])
+    n = st.add_points(
+        1.0,
+        [
+            Point("host.cpu_pct", "", float("inf")),
+            Point("host.cpu_pct", "cpu0", float("nan")),
+            Point("host.cpu_pct", "cpu1", float("-inf")),
+            Point("host.cpu_pct", "cpu2", 7.0),
+        ],
+    )
     assert n == 1
     assert st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0] == 1
     assert st.read_all()[("host.cpu_pct", "cpu2")].v == [7.0]
@@ -246,9 +299,10 @@ def test_readers_skip_and_count_unreadable_rows(tmp_path: Path) -> None:
     st.add_event(1.0, "gpu", "note", "ok")
     sid = st.db.execute("SELECT id FROM series").fetchone()[0]
     with st.db:
-        st.db.executemany("INSERT INTO points VALUES(?, ?, ?)",
-                          [(10.0, sid, "abc"), (11.0, sid, 9e999), (12.0, 999, 1.0),
-                           ("noon", sid, 1.0)])
+        st.db.executemany(
+            "INSERT INTO points VALUES(?, ?, ?)",
+            [(10.0, sid, "abc"), (11.0, sid, 9e999), (12.0, 999, 1.0), ("noon", sid, 1.0)],
+        )
         st.db.execute("INSERT INTO rollup VALUES(-60, ?, 1, 1, 'x', 1)", (sid,))
         st.db.execute("UPDATE steps SET wait_s='slow' WHERE step=1")
         st.db.execute("UPDATE steps SET h2d_s=X'00' WHERE step=2")
@@ -283,17 +337,20 @@ def test_missing_optional_tables_read_as_empty(tmp_path: Path) -> None:
     assert [u.split(" ")[0] for u in data.unreadable] == ["steps", "events"]
 
 
-@pytest.mark.parametrize(("meta", "state"), [
-    ({"end": 5.0, "monitor_pid": 2**40}, "finished"),
-    ({"end": None}, "running"),  # no monitor recorded (a standalone probe): taken as running
-    ({"end": None, "monitor_pid": "__self__"}, "running"),
-    ({"end": None, "monitor_pid": 2**40}, "interrupted"),
-    ({"end": None, "monitor_pid": 2**70}, "interrupted"),
-    ({"end": None, "monitor_pid": -1}, "interrupted"),
-    ({"end": None, "monitor_pid": 0}, "interrupted"),
-    ({"end": None, "monitor_pid": "1234"}, "interrupted"),
-    ({"end": None, "monitor_pid": 4194304}, "interrupted"),
-])
+@pytest.mark.parametrize(
+    ("meta", "state"),
+    [
+        ({"end": 5.0, "monitor_pid": 2**40}, "finished"),
+        ({"end": None}, "running"),  # no monitor recorded (a standalone probe): taken as running
+        ({"end": None, "monitor_pid": "__self__"}, "running"),
+        ({"end": None, "monitor_pid": 2**40}, "interrupted"),
+        ({"end": None, "monitor_pid": 2**70}, "interrupted"),
+        ({"end": None, "monitor_pid": -1}, "interrupted"),
+        ({"end": None, "monitor_pid": 0}, "interrupted"),
+        ({"end": None, "monitor_pid": "1234"}, "interrupted"),
+        ({"end": None, "monitor_pid": 4194304}, "interrupted"),
+    ],
+)
 def test_run_state(meta: dict[str, object], state: str) -> None:
     import os
 
@@ -326,12 +383,24 @@ def test_latest_is_this_folders_newest_run_before_the_index(tmp_path: Path) -> N
     assert find_run("latest", mine) == own
     empty = tmp_path / "empty" / "stallscope-runs"
     assert find_run("latest", empty) == other
-    r = subprocess.run(stallscope_argv("show", "latest", "--json"), cwd=tmp_path / "here",
-                       capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    r = subprocess.run(
+        stallscope_argv("show", "latest", "--json"),
+        cwd=tmp_path / "here",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert r.returncode == 0 and own.name in r.stdout and r.stderr == "", r.stderr
     (tmp_path / "empty").mkdir()
-    r = subprocess.run(stallscope_argv("show", "latest", "--json"), cwd=tmp_path / "empty",
-                       capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    r = subprocess.run(
+        stallscope_argv("show", "latest", "--json"),
+        cwd=tmp_path / "empty",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert r.returncode == 0 and other.name in r.stdout
     assert r.stderr.startswith("stallscope: latest run: ") and other.name in r.stderr
 
@@ -405,20 +474,25 @@ def _first_release_store(path: Path, *, with_comm: bool, version: int = 0) -> No
     with db:
         db.execute("INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (1,))
         db.execute("INSERT INTO series(id, name, entity) VALUES(1, 'gpu.util_pct', 'gpu0')")
-        db.executemany("INSERT INTO points VALUES(?, 1, ?)",
-                       [(120.0 + i, 40.0 + i) for i in range(3)])
+        db.executemany(
+            "INSERT INTO points VALUES(?, 1, ?)", [(120.0 + i, 40.0 + i) for i in range(3)]
+        )
         db.execute("INSERT INTO rollup VALUES(60.0, 1, 60, 10.0, 20.0, 30.0)")
-        db.execute("INSERT INTO entities VALUES('gpu', 'gpu0', ?, 60.0, 122.0)",
-                   (json.dumps({"name": "H100"}),))
+        db.execute(
+            "INSERT INTO entities VALUES('gpu', 'gpu0', ?, 60.0, 122.0)",
+            (json.dumps({"name": "H100"}),),
+        )
         db.execute("INSERT INTO events VALUES(61.0, 'disk', 'unavailable', 'no /proc')")
         db.executemany(
             "INSERT INTO steps(rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, "
             "samples, epoch) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(0, i, 100.0 + i, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0) for i in range(3)])
+            [(0, i, 100.0 + i, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0) for i in range(3)],
+        )
         if with_comm:
             db.execute("UPDATE steps SET comm_s=0.005 WHERE step=2")
-        db.execute("INSERT INTO probes VALUES(0, 4242, ?, 3, 0, 123.0)",
-                   (json.dumps({"num_workers": 4}),))
+        db.execute(
+            "INSERT INTO probes VALUES(0, 4242, ?, 3, 0, 123.0)", (json.dumps({"num_workers": 4}),)
+        )
         if version:
             db.execute("UPDATE info SET value=? WHERE key='schema_version'", (str(version),))
     if version:
@@ -469,10 +543,14 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
     st.close()
 
 
-@pytest.mark.parametrize(("with_comm", "version"), [(False, 0), (True, 0), (True, 2)],
-                         ids=["first-release", "with-comm_s", "version-2"])
-def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_comm: bool,
-                                                        version: int) -> None:
+@pytest.mark.parametrize(
+    ("with_comm", "version"),
+    [(False, 0), (True, 0), (True, 2)],
+    ids=["first-release", "with-comm_s", "version-2"],
+)
+def test_previous_release_store_is_migrated_when_opened(
+    tmp_path: Path, with_comm: bool, version: int
+) -> None:
     """A run.db written by an earlier release (its exact DDL, user_version 0, or 2: comm_s, one
     step a row) reads as it is read-only, without a write (every row one step), and is migrated
     in place by a writer: the missing comm_s and n added, the version set, every old row kept
@@ -500,19 +578,31 @@ def test_previous_release_store_is_migrated_when_opened(tmp_path: Path, with_com
     assert _pragma(path, "user_version") == SCHEMA_VERSION
     assert _columns(path, "steps")[-2:] == ["comm_s", "n"]
     assert st.db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == (
-        str(SCHEMA_VERSION),)
+        str(SCHEMA_VERSION),
+    )
     # the old rows, every table
     assert st.read("gpu.util_pct")[0].v == [20.0, 40.0, 41.0, 42.0]
-    assert st.entities() == [{"source": "gpu", "entity": "gpu0", "attrs": {"name": "H100"},
-                              "first_ts": 60.0, "last_ts": 122.0}]
+    assert st.entities() == [
+        {
+            "source": "gpu",
+            "entity": "gpu0",
+            "attrs": {"name": "H100"},
+            "first_ts": 60.0,
+            "last_ts": 122.0,
+        }
+    ]
     assert [e["message"] for e in st.events()] == ["no /proc"]
     assert [(p["rank"], p["pid"], p["config"]) for p in st.probes()] == [
-        (0, 4242, {"num_workers": 4})]
+        (0, 4242, {"num_workers": 4})
+    ]
     assert st.steps()[0] == StepRow(0, 0, 100.0, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0, None, 1)
     # new rows, comm_s and several steps a row included, through both ways the probe writes
     st.add_steps([StepRow(1, 0, 200.0, 0.02, 0.05, comm_s=0.01)])
-    st.add_step_block(0, 100.0, [(3, 3.0, 0.01, 0.04, 32, 0, None, None, 1),
-                                 (9, 4.0, 0.06, 0.24, 192, 0, None, None, 6)])
+    st.add_step_block(
+        0,
+        100.0,
+        [(3, 3.0, 0.01, 0.04, 32, 0, None, None, 1), (9, 4.0, 0.06, 0.24, 192, 0, None, None, 6)],
+    )
     st.add_points(123.0, [Point("gpu.util_pct", "gpu0", 43.0)])
     assert st.integrity_ok() and st.skipped == {}
     st.close()
@@ -570,14 +660,19 @@ def test_store_of_a_newer_version_is_one_clear_error(tmp_path: Path) -> None:
     db.close()
     before = hashlib.sha256((run / "run.db").read_bytes()).hexdigest()
     for readonly in (True, False):
-        with pytest.raises(StallscopeError, match=(
+        with pytest.raises(
+            StallscopeError,
+            match=(
                 rf"written by a newer stallscope \(run.db schema version {SCHEMA_VERSION + 1};"
-                rf".* reads versions up to {SCHEMA_VERSION}\)")):
+                rf".* reads versions up to {SCHEMA_VERSION}\)"
+            ),
+        ):
             RunStore(run / "run.db", readonly=readonly)
     assert hashlib.sha256((run / "run.db").read_bytes()).hexdigest() == before
     assert _pragma(run / "run.db", "journal_mode") == "delete"  # not even turned to WAL
-    r = subprocess.run(stallscope_argv("show", str(run)), capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        stallscope_argv("show", str(run)), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "newer stallscope" in r.stderr

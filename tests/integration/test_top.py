@@ -74,12 +74,29 @@ class Tmux:
             tool_missing("tmux")  # CI installs it (scripts/test.sh): missing is a failure
         self.sock = f"stallscope-test-{uuid.uuid4().hex[:10]}"
         self.env = env
-        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", str(width),
-                   "-y", str(height), command)
+        self._tmux(
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            str(width),
+            "-y",
+            str(height),
+            command,
+        )
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.sock, *args], env=self.env, check=True,
-                              capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.sock, *args],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
 
     def screen(self, escapes: bool = False) -> str:
         return self._tmux("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "top")
@@ -104,13 +121,20 @@ class Tmux:
             time.sleep(0.1)
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.sock, "kill-server"], env=self.env,
-                       capture_output=True, timeout=10)
+        subprocess.run(
+            ["tmux", "-L", self.sock, "kill-server"], env=self.env, capture_output=True, timeout=10
+        )
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LANG="C.UTF-8", LC_ALL="C.UTF-8",
-               TERM="xterm-256color", **extra)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        LANG="C.UTF-8",
+        LC_ALL="C.UTF-8",
+        TERM="xterm-256color",
+        **extra,
+    )
     # the pane's size is the terminal's: a COLUMNS/LINES inherited from the test runner (pytest-
     # xdist's workers set 80x24) would override it, as they should for a real user
     for k in ("NO_COLOR", "COLUMNS", "LINES"):
@@ -130,7 +154,7 @@ def _proc_rows(screen: str) -> list[str]:
     """The process table's rows (pids first), in screen order."""
     lines = screen.split("\n")
     start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("PID "))
-    return [ln for ln in lines[start + 1:] if re.match(r"\s*\d+ ", ln)]
+    return [ln for ln in lines[start + 1 :] if re.match(r"\s*\d+ ", ln)]
 
 
 def _filled(pids: tuple[int, int]) -> Callable[[str], bool]:
@@ -144,6 +168,7 @@ def _filled(pids: tuple[int, int]) -> Callable[[str], bool]:
         rows = _proc_rows(text)
         # both processes listed with a CPU rate (the second sample has one)
         return {int(r.split()[0]) for r in rows if re.search(r"\s\d+\.\d\s", r)} >= set(pids)
+
     return ok
 
 
@@ -158,8 +183,10 @@ def test_top_80x24_panels_sort_keys_and_quit(tree: tuple[int, int]) -> None:
         lines = screen.split("\n")
         assert lines[0].startswith("stallscope top"), lines[0]
         assert "q quit" in lines[23], "footer on the last line of a 24-line terminal"
-        order = [next(i for i, ln in enumerate(lines) if ln.startswith(p))
-                 for p in ("gpu", "cpu ", "mem ", "DISK", "PROCESSES")]
+        order = [
+            next(i for i, ln in enumerate(lines) if ln.startswith(p))
+            for p in ("gpu", "cpu ", "mem ", "DISK", "PROCESSES")
+        ]
         assert order == sorted(order), order
         assert "CMDLINE" not in screen and "rareq-sz" not in screen  # narrow layout
         assert t.show("#{alternate_on}") == "1"  # the full screen, not scrolling output
@@ -215,8 +242,7 @@ def _picked(screen_with_escapes: str) -> int | None:
 
 
 @pytest.mark.tmux
-def test_top_help_overlay_and_a_picked_process_that_stays_picked(
-        tree: tuple[int, int]) -> None:
+def test_top_help_overlay_and_a_picked_process_that_stays_picked(tree: tuple[int, int]) -> None:
     """? shows the keys and any key closes them; j picks the first process (the burning
     worker, by CPU), and it stays picked when the sort puts the parent first; Enter makes the
     TRAINING panel follow it; Esc drops the pick."""
@@ -263,8 +289,7 @@ def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
         t.wait_for(lambda s: "DISK" in s, "the first frame")
         shell = int(t.show("#{pane_pid}"))
         kids = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
-        top = next(int(k) for k in kids
-                   if b"stallscope" in Path(f"/proc/{k}/cmdline").read_bytes())
+        top = next(int(k) for k in kids if b"stallscope" in Path(f"/proc/{k}/cmdline").read_bytes())
         os.kill(top, signal.SIGTERM)
         screen = t.wait_for(lambda s: "EXITED" in s and "icanon" in s, "exit after SIGTERM")
         assert "EXITED 143" in screen
@@ -276,8 +301,7 @@ def test_top_sigterm_restores_terminal(tree: tuple[int, int]) -> None:
 
 @pytest.mark.tmux
 def test_top_120x40_uses_the_width_no_color(tree: tuple[int, int]) -> None:
-    t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 120, 40,
-             _env(NO_COLOR="1"))
+    t = Tmux(_top_command("--pid", str(tree[0]), "--interval", "0.5"), 120, 40, _env(NO_COLOR="1"))
     try:
         screen = t.wait_for(_filled(tree), "the panels to fill")
         lines = screen.split("\n")
@@ -297,17 +321,25 @@ def test_top_120x40_uses_the_width_no_color(tree: tuple[int, int]) -> None:
 
 def test_top_piped_prints_plain_frames() -> None:
     # a process whose name carries a terminal escape sequence: shown escaped, never raw
-    proc = subprocess.Popen([sys.executable, "-c", TREE, "\x1b[31mevil\x07"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TREE, "\x1b[31mevil\x07"], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     parent, worker = (int(x) for x in proc.stdout.readline().split())
     try:
         for extra in ({}, {"NO_COLOR": "1"}):
             t0 = time.monotonic()
             out = subprocess.run(
-                [*stallscope_argv("top", "--count", "2", "--interval", "0.5", "--pid",
-                                  str(parent))],
-                capture_output=True, text=True, timeout=30, env=_env(**extra))
+                [
+                    *stallscope_argv(
+                        "top", "--count", "2", "--interval", "0.5", "--pid", str(parent)
+                    )
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=_env(**extra),
+            )
             took = time.monotonic() - t0
             assert out.returncode == 0, out.stderr
             assert "\x1b" not in out.stdout and "\x07" not in out.stdout
@@ -332,8 +364,13 @@ def test_a_missing_pid_is_the_same_line_and_exit_2_for_top_and_run() -> None:
     "not readable in /proc" with exit 1, run "no such process" with exit 2)."""
     said = []
     for cmd in ("top", "run"):
-        out = subprocess.run(stallscope_argv(cmd, "--pid", "999999999"), capture_output=True,
-                             text=True, timeout=30, env=_env())
+        out = subprocess.run(
+            stallscope_argv(cmd, "--pid", "999999999"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_env(),
+        )
         assert out.returncode == 2, (cmd, out.stderr)
         assert out.stdout == ""
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
@@ -346,8 +383,7 @@ def test_run_refuses_to_watch_itself() -> None:
     (issue 40: it hung on Ctrl-C)."""
     argv = stallscope_argv("run", "--pid", "$$")
     cmd = "exec " + " ".join(shlex.quote(a) if a != "$$" else a for a in argv)
-    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30,
-                         env=_env())
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=_env())
     assert out.returncode == 2, out.stderr
     assert "that is this stallscope process itself" in out.stderr
     assert out.stderr.count("\n") == 1
@@ -361,26 +397,44 @@ def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None
 
     env = _env()
     run = subprocess.Popen(
-        [*stallscope_argv("run", "--quiet", "--interval", "1", "--out", str(tmp_path / "runs"),
-                          "--"), sys.executable, str(ROOT / "examples" / "train_cpu.py"),
-         # epochs and seconds enough to outlast the test on a loaded machine (with the default
-         # 2 epochs of 600 files the piped frame at the end found the trainer gone: reproduced
-         # in the parallel pass); the test ends it with SIGINT in any case
-         "--max-seconds", "300", "--epochs", "1000", "--files", "600", "--model", "tiny"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            *stallscope_argv(
+                "run", "--quiet", "--interval", "1", "--out", str(tmp_path / "runs"), "--"
+            ),
+            sys.executable,
+            str(ROOT / "examples" / "train_cpu.py"),
+            # epochs and seconds enough to outlast the test on a loaded machine (with the default
+            # 2 epochs of 600 files the piped frame at the end found the trainer gone: reproduced
+            # in the parallel pass); the test ends it with SIGINT in any case
+            "--max-seconds",
+            "300",
+            "--epochs",
+            "1000",
+            "--files",
+            "600",
+            "--model",
+            "tiny",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t = None
     try:
         deadline = time.monotonic() + 30
         trainer = None
         while trainer is None and time.monotonic() < deadline:
             kids = psutil.Process(run.pid).children()
-            trainer = next((k.pid for k in kids if "train_cpu.py" in " ".join(k.cmdline())),
-                           None)
+            trainer = next((k.pid for k in kids if "train_cpu.py" in " ".join(k.cmdline())), None)
             time.sleep(0.2)
         assert trainer is not None, "the trainer did not start"
         t = Tmux(_top_command("--pid", str(trainer), "--interval", "1"), 100, 30, env)
-        screen = t.wait_for(lambda s: re.search(r"TRAINING\s+data wait \d+%", s) is not None
-                            and "steps/s" in s, "the training line", timeout=40)
+        screen = t.wait_for(
+            lambda s: re.search(r"TRAINING\s+data wait \d+%", s) is not None and "steps/s" in s,
+            "the training line",
+            timeout=40,
+        )
         line = next(ln for ln in screen.split("\n") if ln.startswith("TRAINING"))
         share = int(re.search(r"data wait (\d+)%", line).group(1))  # type: ignore[union-attr]
         assert share >= 15, line  # the demo waits on its one slow worker
@@ -388,8 +442,13 @@ def test_top_shows_the_probe_live_and_the_verdict_so_far(tmp_path: Path) -> None
         t.keys("q")
         t.wait_for(lambda s: "EXITED 0" in s, "exit after q", timeout=5)
         # piped: one frame, the verdict computed for it
-        out = subprocess.run(stallscope_argv("top", "--pid", str(trainer), "--count", "1"),
-                             capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run(
+            stallscope_argv("top", "--pid", str(trainer), "--count", "1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         verdicts = [ln for ln in out.stdout.split("\n") if ln.startswith("verdict")]
         assert verdicts, out.stdout[-3000:] + out.stderr[-1000:]  # the frame, when it has none
@@ -414,7 +473,11 @@ def test_top_reads_a_running_agent_and_falls_back_when_it_stops(tmp_path: Path) 
     try:
         proc = subprocess.Popen(
             stallscope_argv("top", "--agent", agent.url, "--interval", "0.5", "--count", "6"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
         assert proc.stdout is not None
         first = []
         for line in proc.stdout:  # the first frame (it ends with its cost line), then stop
@@ -432,14 +495,20 @@ def test_top_reads_a_running_agent_and_falls_back_when_it_stops(tmp_path: Path) 
     finally:
         stop_agent(agent)
     # --agent naming nothing that answers: one line, exit 2
-    r = subprocess.run(stallscope_argv("top", "--agent", agent.url, "--count", "1"),
-                       capture_output=True, text=True, timeout=30, env=_env())
+    r = subprocess.run(
+        stallscope_argv("top", "--agent", agent.url, "--count", "1"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_env(),
+    )
     assert r.returncode == 2 and "no stallscope agent answers there" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("snapshot", [b"{}", b"garbage", b'{"ts": 1, "host": [1, 2], '
-                                      b'"disk": "x", "gpu": {}}', b"[]"])
+@pytest.mark.parametrize(
+    "snapshot", [b"{}", b"garbage", b'{"ts": 1, "host": [1, 2], "disk": "x", "gpu": {}}', b"[]"]
+)
 def test_top_against_an_agent_whose_snapshot_is_not_one(snapshot: bytes) -> None:
     """Something that answers /api/v1/health as an agent does but gives an empty, garbage or
     odd-shaped snapshot: top reads the machine itself, draws its frames and stops at --count
@@ -449,8 +518,11 @@ def test_top_against_an_agent_whose_snapshot_is_not_one(snapshot: bytes) -> None
 
     class Fake(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = (b'{"sources": {"host": {"up": true}}, "interval_s": 0.5}'
-                    if self.path.startswith("/api/v1/health") else snapshot)
+            body = (
+                b'{"sources": {"host": {"up": true}}, "interval_s": 0.5}'
+                if self.path.startswith("/api/v1/health")
+                else snapshot
+            )
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -462,10 +534,21 @@ def test_top_against_an_agent_whose_snapshot_is_not_one(snapshot: bytes) -> None
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        r = subprocess.run(stallscope_argv("top", "--agent", f"http://127.0.0.1:"
-                                           f"{srv.server_address[1]}", "--interval", "0.3",
-                                           "--count", "2"),
-                           capture_output=True, text=True, timeout=60, env=_env())
+        r = subprocess.run(
+            stallscope_argv(
+                "top",
+                "--agent",
+                f"http://127.0.0.1:{srv.server_address[1]}",
+                "--interval",
+                "0.3",
+                "--count",
+                "2",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
     finally:
         srv.shutdown()
         srv.server_close()

@@ -22,8 +22,16 @@ from stallscope.store.rundir import base_meta, write_meta
 def _run(root: Path, name: str, pid: int) -> Path:
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    write_meta(run_dir, base_meta(["python", "train.py"], start=time.time(), interval_s=1.0,
-                                  pid=pid, monitor_pid=os.getpid()))
+    write_meta(
+        run_dir,
+        base_meta(
+            ["python", "train.py"],
+            start=time.time(),
+            interval_s=1.0,
+            pid=pid,
+            monitor_pid=os.getpid(),
+        ),
+    )
     store = RunStore(run_dir / "run.db")
     store.set_probe(0, pid, {}, 0, 0)
     store.close()
@@ -33,8 +41,10 @@ def _run(root: Path, name: str, pid: int) -> Path:
 
 def _steps(run_dir: Path, first: int, n: int, now: float, wait: float, host: float) -> None:
     store = RunStore(run_dir / "run.db")
-    store.add_steps(StepRow(0, first + i, now - (n - i) * (wait + host), wait, host, samples=32)
-                    for i in range(n))
+    store.add_steps(
+        StepRow(0, first + i, now - (n - i) * (wait + host), wait, host, samples=32)
+        for i in range(n)
+    )
     store.close()
 
 
@@ -99,23 +109,30 @@ def test_the_panel_shows_phase_shares_without_a_probe() -> None:
     from stallscope.live.training import TrainingView
     from stallscope.live.view import ViewState, render
 
-    t = TrainingView(run_id="r1", phases={"data": 0.83, "compute": 0.12, "other": 0.05},
-                     phase_rank=1, verdict="straggler_rank", reason="Rank 1 holds the job back")
+    t = TrainingView(
+        run_id="r1",
+        phases={"data": 0.83, "compute": 0.12, "other": 0.05},
+        phase_rank=1,
+        verdict="straggler_rank",
+        reason="Rank 1 holds the job back",
+    )
     text = [ln.plain for ln in render(None, ViewState(training=t), 120, None)]
     assert not any("TRAINING" in ln for ln in text)  # no sample yet: only the first line
     from stallscope.live.view import _training_lines
 
     lines = [ln.plain for ln in _training_lines(ViewState(training=t), 120)]
-    assert lines[0].startswith("TRAINING  data 83% · compute 12% · other 5% (sampled stacks, "
-                               "rank 1, last 10 s)"), lines
+    assert lines[0].startswith(
+        "TRAINING  data 83% · compute 12% · other 5% (sampled stacks, rank 1, last 10 s)"
+    ), lines
     assert lines[1].startswith("verdict  straggler_rank  Rank 1 holds"), lines
     refused = TrainingView(run_id="pid 7", stack_note="cannot sample pid 7: refused")
     [line] = [ln.plain for ln in _training_lines(ViewState(training=refused), 120)]
     assert line == "TRAINING  stacks not sampled: cannot sample pid 7: refused"
 
 
-def test_the_panel_names_the_rank_the_others_wait_for(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_panel_names_the_rank_the_others_wait_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two DDP ranks with communication timed: for 25 frames they keep pace, then rank 0
     waits 30% of its step in the all-reduce for rank 1: the panel names rank 1 within a few
     frames, with the gap."""
@@ -133,8 +150,10 @@ def test_the_panel_names_the_rank_the_others_wait_for(tmp_path: Path,
         rows = []
         for _ in range(5):
             step += 1
-            rows += [StepRow(0, step, now + frame, 0.0, 0.1, comm_s=0.01 + gap * 0.1),
-                     StepRow(1, step, now + frame, 0.0, 0.1, comm_s=0.01)]
+            rows += [
+                StepRow(0, step, now + frame, 0.0, 0.1, comm_s=0.01 + gap * 0.1),
+                StepRow(1, step, now + frame, 0.0, 0.1, comm_s=0.01),
+            ]
         store.add_steps(rows)
         v = w.view(now + frame)
         assert v is not None
@@ -144,8 +163,12 @@ def test_the_panel_names_the_rank_the_others_wait_for(tmp_path: Path,
     store.close()
     assert named is not None and 25 <= named[0] <= 29 and set(named[1]) == {1}, named
     lines = [ln.plain for ln in _training_lines(ViewState(training=v), 140)]
-    assert any(ln.startswith("straggler  rank 1: the other ranks wait for it in the "
-                             "all-reduce, 30 points more") for ln in lines), lines
+    assert any(
+        ln.startswith(
+            "straggler  rank 1: the other ranks wait for it in the all-reduce, 30 points more"
+        )
+        for ln in lines
+    ), lines
     w.close()
 
 

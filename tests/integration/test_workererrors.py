@@ -32,8 +32,11 @@ class FailsAt(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if i == self.at:
-            raise (Unreadable("/data/x.jpg", "truncated") if self.exc is Unreadable
-                   else self.exc("bad sample"))
+            raise (
+                Unreadable("/data/x.jpg", "truncated")
+                if self.exc is Unreadable
+                else self.exc("bad sample")
+            )
         return torch.tensor([float(i)])
 
 
@@ -81,8 +84,7 @@ def test_the_training_catches_its_own_error_from_a_worker(keeping: None) -> None
 
 
 @pytest.mark.parametrize("exc", [ValueError, KeyError])
-def test_what_pytorch_rebuilds_itself_is_unchanged(keeping: None,
-                                                   exc: type[BaseException]) -> None:
+def test_what_pytorch_rebuilds_itself_is_unchanged(keeping: None, exc: type[BaseException]) -> None:
     assert type(_error(exc)) is exc
 
 
@@ -102,8 +104,11 @@ def test_autotune_keeps_worker_errors_typed(tmp_path: Path) -> None:
     from stallscope.probe.autotune import OnlineTuner
 
     try:
-        OnlineTuner(DataLoader(FailsAt(Unreadable), batch_size=4), cores=2,
-                    state_path=tmp_path / "autotune.json")
+        OnlineTuner(
+            DataLoader(FailsAt(Unreadable), batch_size=4),
+            cores=2,
+            state_path=tmp_path / "autotune.json",
+        )
         assert workererrors.installed()
     finally:
         workererrors.uninstall()

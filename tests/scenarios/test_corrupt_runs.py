@@ -64,51 +64,82 @@ def _sql(*stmts: str) -> Callable[[Path], None]:
             db.execute(s)
         db.commit()
         db.close()
+
     return damage
 
 
 def _loosen(table: str, *stmts: str) -> Callable[[Path], None]:
     """Rebuild ``table`` without NOT NULL constraints (a foreign writer's), then run stmts."""
-    return _sql(f"CREATE TABLE _t AS SELECT * FROM {table}", f"DROP TABLE {table}",
-                f"ALTER TABLE _t RENAME TO {table}", *stmts)
+    return _sql(
+        f"CREATE TABLE _t AS SELECT * FROM {table}",
+        f"DROP TABLE {table}",
+        f"ALTER TABLE _t RENAME TO {table}",
+        *stmts,
+    )
 
 
-def _bad_points(v: str = "1.0", ts: str = "t.ts + 0.001 * k.k", series: str = "t.series"
-                ) -> Callable[[Path], None]:
+def _bad_points(
+    v: str = "1.0", ts: str = "t.ts + 0.001 * k.k", series: str = "t.series"
+) -> Callable[[Path], None]:
     """BAD extra points rows (after existing samples, in existing series unless told)."""
-    return _sql("CREATE TEMP TABLE k(k INTEGER)", "INSERT INTO k VALUES(1),(2),(3)",
-                f"INSERT INTO points SELECT {ts}, {series}, {v} FROM "
-                "(SELECT ts, series FROM points ORDER BY ts LIMIT 1) t, k")
+    return _sql(
+        "CREATE TEMP TABLE k(k INTEGER)",
+        "INSERT INTO k VALUES(1),(2),(3)",
+        f"INSERT INTO points SELECT {ts}, {series}, {v} FROM "
+        "(SELECT ts, series FROM points ORDER BY ts LIMIT 1) t, k",
+    )
 
 
 def _bad_rollup(vmean: str, vmax: str = "1.0") -> Callable[[Path], None]:
-    return _sql("INSERT INTO rollup SELECT 0.5 * k, (SELECT MIN(id) FROM series), 1, 1.0, "
-                f"{vmean}, {vmax} FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)")
+    return _sql(
+        "INSERT INTO rollup SELECT 0.5 * k, (SELECT MIN(id) FROM series), 1, 1.0, "
+        f"{vmean}, {vmax} FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)"
+    )
 
 
 def _procs_attrs(attrs: str) -> Callable[[Path], None]:
     """Replace the attributes of BAD entities (the procs one first) with ``attrs`` (SQL)."""
-    return _sql(f"UPDATE entities SET attrs={attrs} WHERE rowid IN (SELECT rowid FROM entities "
-                "ORDER BY source='procs' DESC LIMIT 3)")
+    return _sql(
+        f"UPDATE entities SET attrs={attrs} WHERE rowid IN (SELECT rowid FROM entities "
+        "ORDER BY source='procs' DESC LIMIT 3)"
+    )
 
 
 def _bad_steps(col: str, value: str) -> Callable[[Path], None]:
-    cols = ["rank", "step", "ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s",
-            "samples", "epoch", "comm_s", "n"]
+    cols = [
+        "rank",
+        "step",
+        "ts",
+        "wait_s",
+        "host_s",
+        "h2d_s",
+        "gpu_busy_s",
+        "gpu_idle_s",
+        "samples",
+        "epoch",
+        "comm_s",
+        "n",
+    ]
     sel = ", ".join(value if c == col else ("100 + k" if c == "step" else c) for c in cols)
-    return _sql(f"INSERT INTO steps SELECT {sel} FROM (SELECT * FROM steps LIMIT 1), "
-                "(SELECT 1 k UNION SELECT 2 UNION SELECT 3)")
+    return _sql(
+        f"INSERT INTO steps SELECT {sel} FROM (SELECT * FROM steps LIMIT 1), "
+        "(SELECT 1 k UNION SELECT 2 UNION SELECT 3)"
+    )
 
 
 def _drop_column(table: str, keep: str) -> Callable[[Path], None]:
-    return _sql(f"CREATE TABLE _t AS SELECT {keep} FROM {table}", f"DROP TABLE {table}",
-                f"ALTER TABLE _t RENAME TO {table}")
+    return _sql(
+        f"CREATE TABLE _t AS SELECT {keep} FROM {table}",
+        f"DROP TABLE {table}",
+        f"ALTER TABLE _t RENAME TO {table}",
+    )
 
 
 def _db_bytes(fn: Callable[[bytes], bytes]) -> Callable[[Path], None]:
     def damage(run: Path) -> None:
         p = run / "run.db"
         p.write_bytes(fn(p.read_bytes()))
+
     return damage
 
 
@@ -126,6 +157,7 @@ def _meta_text(text: str | bytes) -> Callable[[Path], None]:
     def damage(run: Path) -> None:
         p = run / "meta.json"
         p.write_bytes(text if isinstance(text, bytes) else text.encode())
+
     return damage
 
 
@@ -135,6 +167,7 @@ def _meta(**changes: object) -> Callable[[Path], None]:
         meta = json.loads(p.read_text())
         meta.update(changes)
         p.write_text(json.dumps(meta))
+
     return damage
 
 
@@ -144,48 +177,64 @@ def _unlink(name: str) -> Callable[[Path], None]:
 
 CASES: dict[str, Case] = {
     # values in points and rollup
-    "point_inf": Case("values", _bad_points(v="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END"),
-                      rows_skipped=True),
-    "point_text": Case("wrong type", _bad_points(v="CASE k.k WHEN 2 THEN X'00ff' ELSE 'abc' END"),
-                       rows_skipped=True),
-    "point_null": Case("NULLs", lambda r: (_loosen("points")(r), _bad_points(v="NULL")(r)),
-                       rows_skipped=True),
-    "point_ts_text": Case("wrong type", _bad_points(ts="'yesterday' || k.k"),
-                          rows_skipped=True),
-    "point_ts_inf": Case("values", _bad_points(
-        ts="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END",
-        series="CASE k.k WHEN 3 THEN (SELECT MAX(id) FROM series) ELSE t.series END"),
-        rows_skipped=True),
-    "point_ts_null": Case("NULLs", lambda r: (_loosen("points")(r),
-                                              _bad_points(ts="NULL")(r)), rows_skipped=True),
-    "point_series_dangling": Case("wrong type", _bad_points(series="99990 + k.k"),
-                                  rows_skipped=True),
-    "point_series_text": Case("wrong type", _bad_points(series="'gpu' || k.k"),
-                              rows_skipped=True),
+    "point_inf": Case(
+        "values", _bad_points(v="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END"), rows_skipped=True
+    ),
+    "point_text": Case(
+        "wrong type",
+        _bad_points(v="CASE k.k WHEN 2 THEN X'00ff' ELSE 'abc' END"),
+        rows_skipped=True,
+    ),
+    "point_null": Case(
+        "NULLs", lambda r: (_loosen("points")(r), _bad_points(v="NULL")(r)), rows_skipped=True
+    ),
+    "point_ts_text": Case("wrong type", _bad_points(ts="'yesterday' || k.k"), rows_skipped=True),
+    "point_ts_inf": Case(
+        "values",
+        _bad_points(
+            ts="CASE k.k WHEN 2 THEN -9e999 ELSE 9e999 END",
+            series="CASE k.k WHEN 3 THEN (SELECT MAX(id) FROM series) ELSE t.series END",
+        ),
+        rows_skipped=True,
+    ),
+    "point_ts_null": Case(
+        "NULLs", lambda r: (_loosen("points")(r), _bad_points(ts="NULL")(r)), rows_skipped=True
+    ),
+    "point_series_dangling": Case(
+        "wrong type", _bad_points(series="99990 + k.k"), rows_skipped=True
+    ),
+    "point_series_text": Case("wrong type", _bad_points(series="'gpu' || k.k"), rows_skipped=True),
     "point_huge": Case("values", _bad_points(v="1e308")),
     "point_ts_far_future": Case("values", _bad_points(ts="1e14 + k.k")),
     "rollup_text": Case("wrong type", _bad_rollup("'abc'"), rows_skipped=True),
     "rollup_inf": Case("values", _bad_rollup("9e999", "9e999"), rows_skipped=True),
-    "series_null_name": Case("NULLs", _loosen(
-        "series", "INSERT INTO series VALUES(99991, NULL, NULL)",
-        "INSERT INTO points SELECT DISTINCT ts + 0.001, 99991, 1.0 FROM points LIMIT 3")),
+    "series_null_name": Case(
+        "NULLs",
+        _loosen(
+            "series",
+            "INSERT INTO series VALUES(99991, NULL, NULL)",
+            "INSERT INTO points SELECT DISTINCT ts + 0.001, 99991, 1.0 FROM points LIMIT 3",
+        ),
+    ),
     # entities
     "attrs_bad_json": Case("entities", _procs_attrs("'{not json'")),
     "attrs_json_list": Case("entities", _procs_attrs("'[1, 2]'")),
     "attrs_deep": Case("entities", _procs_attrs(f"'{'[' * 100_000}{']' * 100_000}'")),
-    "attrs_sql_null": Case("NULLs", lambda r: (_loosen("entities")(r),
-                                               _procs_attrs("NULL")(r))),
-    "attrs_wrong_types": Case("entities", _procs_attrs(
-        """'{"name": ["x"], "ppid": {"a": 1}, "role": 5, "cmdline": 7}'""")),
-    "entity_blob": Case("entities", _sql("UPDATE entities SET entity=X'00ff', first_ts='x' "
-                                         "WHERE source='procs'")),
+    "attrs_sql_null": Case("NULLs", lambda r: (_loosen("entities")(r), _procs_attrs("NULL")(r))),
+    "attrs_wrong_types": Case(
+        "entities", _procs_attrs("""'{"name": ["x"], "ppid": {"a": 1}, "role": 5, "cmdline": 7}'""")
+    ),
+    "entity_blob": Case(
+        "entities", _sql("UPDATE entities SET entity=X'00ff', first_ts='x' WHERE source='procs'")
+    ),
     # events
-    "event_null": Case("NULLs", _loosen("events", "INSERT INTO events VALUES(1.0, NULL, "
-                                        "'note', NULL)")),
-    "event_blob": Case("wrong type", _sql("INSERT INTO events VALUES(X'00', X'01', X'02', "
-                                          "X'03')")),
-    "event_ts_text": Case("wrong type", _sql("INSERT INTO events VALUES('noon', 'gpu', 'note', "
-                                             "'x')")),
+    "event_null": Case(
+        "NULLs", _loosen("events", "INSERT INTO events VALUES(1.0, NULL, 'note', NULL)")
+    ),
+    "event_blob": Case("wrong type", _sql("INSERT INTO events VALUES(X'00', X'01', X'02', X'03')")),
+    "event_ts_text": Case(
+        "wrong type", _sql("INSERT INTO events VALUES('noon', 'gpu', 'note', 'x')")
+    ),
     # steps and probes
     "step_text": Case("wrong type", _bad_steps("wait_s", "'slow'")),
     "step_inf": Case("values", _bad_steps("host_s", "9e999")),
@@ -195,12 +244,11 @@ CASES: dict[str, Case] = {
     "step_n_zero": Case("values", _bad_steps("n", "0")),
     "step_n_negative": Case("values", _bad_steps("n", "-3")),
     "step_null": Case("NULLs", lambda r: (_loosen("steps")(r), _bad_steps("wait_s", "NULL")(r))),
-    "probe_pid_huge": Case("wrong type", _sql("UPDATE probes SET pid=1099511627776, "
-                                              "config='[1]'")),
+    "probe_pid_huge": Case("wrong type", _sql("UPDATE probes SET pid=1099511627776, config='[1]'")),
     "probe_pid_text": Case("wrong type", _sql("UPDATE probes SET pid='abc', steps='many'")),
     # the run.db file
     "db_zero_bytes": Case("run.db file", _db_bytes(lambda b: b"")),
-    "db_truncated": Case("run.db file", _db_bytes(lambda b: b[:len(b) // 2])),
+    "db_truncated": Case("run.db file", _db_bytes(lambda b: b[: len(b) // 2])),
     "db_not_sqlite": Case("run.db file", _db_bytes(lambda b: b"not a database\n" * 300)),
     "db_scrambled": Case("run.db file", _db_bytes(_scramble)),
     "db_missing": Case("run.db file", _unlink("run.db")),
@@ -208,10 +256,13 @@ CASES: dict[str, Case] = {
     "table_missing_points": Case("schema", _sql("DROP TABLE points")),
     "table_missing_steps": Case("schema", _sql("DROP TABLE steps")),
     "table_missing_entities": Case("schema", _sql("DROP TABLE entities")),
-    "column_missing_steps": Case("schema", _drop_column(
-        "steps", "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, samples, epoch")),
-    "column_missing_attrs": Case("schema", _drop_column(
-        "entities", "source, entity, first_ts, last_ts")),
+    "column_missing_steps": Case(
+        "schema",
+        _drop_column("steps", "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, samples, epoch"),
+    ),
+    "column_missing_attrs": Case(
+        "schema", _drop_column("entities", "source, entity, first_ts, last_ts")
+    ),
     # meta.json
     "meta_deep": Case("meta.json", _meta_text('{"a": ' * 200_000 + "1" + "}" * 200_000)),
     "meta_monitor_pid_2_40": Case("meta.json", _meta(monitor_pid=2**40, end=None)),
@@ -221,25 +272,38 @@ CASES: dict[str, Case] = {
     "meta_empty": Case("meta.json", _meta_text("")),
     "meta_missing": Case("meta.json", _unlink("meta.json")),
     "meta_start_far": Case("meta.json", _meta(start=1e14)),
-    "meta_wrong_facts": Case("meta.json", _meta(
-        samples="many", loader_config="x", dataset_bytes="big", interval_s=0,
-        disk_health=[{"device": 5, "verdict": ["x"], "reasons": 3}], exit_code=10**30)),
+    "meta_wrong_facts": Case(
+        "meta.json",
+        _meta(
+            samples="many",
+            loader_config="x",
+            dataset_bytes="big",
+            interval_s=0,
+            disk_health=[{"device": 5, "verdict": ["x"], "reasons": 3}],
+            exit_code=10**30,
+        ),
+    ),
 }
 
 
 # --- the pristine run and the corpus -----------------------------------------------------------
 def _pristine(root: Path) -> Path:
-    r = subprocess.run(stallscope_argv("run", "--interval", "0.2", "--quiet", "--", "sleep",
-                                       "1"), cwd=root, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        stallscope_argv("run", "--interval", "0.2", "--quiet", "--", "sleep", "1"),
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     [run] = list((root / "stallscope-runs").iterdir())
     from stallscope.store import RunStore, StepRow
 
     st = RunStore(run / "run.db")
     [[t0]] = st.db.execute("SELECT MIN(ts) FROM points").fetchall()
-    st.add_steps(StepRow(0, i, t0 + i * 0.1, 0.05, 0.04, 0.001, 0.03, 0.01, 32, 0)
-                 for i in range(8))
+    st.add_steps(
+        StepRow(0, i, t0 + i * 0.1, 0.05, 0.04, 0.001, 0.03, 0.01, 32, 0) for i in range(8)
+    )
     st.set_probe(0, os.getpid(), {"batch_size": 32, "num_workers": 2}, 8, 0)
     st.finish()
     st.close()
@@ -261,35 +325,46 @@ def _env(base: Path) -> dict[str, str]:
     return env
 
 
-def _damaged(base: Path, pristine: Path, name: str, case: Case) -> list[tuple[str, str,
-                                                                           list[str]]]:
+def _damaged(base: Path, pristine: Path, name: str, case: Case) -> list[tuple[str, str, list[str]]]:
     """A copy of the pristine run, damaged; the jobs of tests/cli_batch.py that run every
     command of :data:`COMMANDS` on it, labelled ``name\tcommand``."""
     out = base / name / "stallscope-runs"
     run = out / pristine.name
     shutil.copytree(pristine, run)
     case.damage(run)
-    return [(f"{name}\t{label}", str(base / name),
-             [a.format(run=run, out=out, tmp=base / name) for a in argv])
-            for label, argv in COMMANDS.items()]
+    return [
+        (
+            f"{name}\t{label}",
+            str(base / name),
+            [a.format(run=run, out=out, tmp=base / name) for a in argv],
+        )
+        for label, argv in COMMANDS.items()
+    ]
 
 
-def _run_batch(base: Path, i: int, jobs: list[tuple[str, str, list[str]]]
-               ) -> dict[str, Result]:
+def _run_batch(base: Path, i: int, jobs: list[tuple[str, str, list[str]]]) -> dict[str, Result]:
     """Run ``jobs`` in one interpreter (tests/cli_batch.py: each command with its own stdout,
     stderr and exit code, an escaped exception printed as a traceback)."""
     jobs_file, results_file = base / f"jobs-{i}.json", base / f"results-{i}.json"
     jobs_file.write_text(json.dumps(jobs))
-    r = subprocess.run([sys.executable, str(TESTS_DIR / "cli_batch.py"),
-                        str(jobs_file), str(results_file)], cwd=base,
-                       capture_output=True, text=True, timeout=60 * len(jobs),
-                       errors="replace", env=_env(base))
+    r = subprocess.run(
+        [sys.executable, str(TESTS_DIR / "cli_batch.py"), str(jobs_file), str(results_file)],
+        cwd=base,
+        capture_output=True,
+        text=True,
+        timeout=60 * len(jobs),
+        errors="replace",
+        env=_env(base),
+    )
     done = json.loads(results_file.read_text()) if results_file.exists() else {}
     results = {}
     for label, _cwd, _argv in jobs:
         if label not in done:  # the batch died in this command: what the interpreter said
-            results[label] = Result(r.returncode or 1, "", f"batch died ({r.returncode}) in "
-                                    f"{label}:\n{r.stderr[-3000:]}")
+            results[label] = Result(
+                r.returncode or 1,
+                "",
+                f"batch died ({r.returncode}) in {label}:\n{r.stderr[-3000:]}",
+            )
             break
         rc, stdout, stderr = done[label]
         results[label] = Result(rc, stdout, stderr)
@@ -307,7 +382,7 @@ def build_corpus(base: Path, names: list[str] | None = None) -> dict[str, dict[s
     cases = {n: CASES[n] for n in names} | {"": Case("none", lambda run: None)}
     jobs = [job for n, c in cases.items() for job in _damaged(base, pristine, n or "pristine", c)]
     per = BATCH * len(COMMANDS)
-    batches = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+    batches = [jobs[i : i + per] for i in range(0, len(jobs), per)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         done: dict[str, Result] = {}
         for part in pool.map(_run_batch, [base] * len(batches), range(len(batches)), batches):
@@ -344,8 +419,7 @@ def test_no_traceback_and_one_line(corpus: dict[str, dict[str, Result]], name: s
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c.rows_skipped))
-def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]],
-                                          name: str) -> None:
+def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]], name: str) -> None:
     res, pristine = corpus[name], corpus[""]
     for label in ("show", "show --json", "diagnose --json", "report", "export csv"):
         assert res[label].rc == 0, (label, res[label].stderr)
@@ -357,8 +431,10 @@ def test_bad_rows_are_skipped_and_counted(corpus: dict[str, dict[str, Result]],
     for label in ("diagnose --json", "export csv"):  # said once, on stderr
         assert f"skipped {BAD} unreadable rows" in res[label].stderr, label
     assert sum(json.loads(res["show --json"].stdout)["skipped"].values()) == BAD
-    assert "skipped" not in json.loads(pristine["show --json"].stdout) or \
-        not json.loads(pristine["show --json"].stdout)["skipped"]
+    assert (
+        "skipped" not in json.loads(pristine["show --json"].stdout)
+        or not json.loads(pristine["show --json"].stdout)["skipped"]
+    )
 
 
 def test_pristine_reads_clean(corpus: dict[str, dict[str, Result]]) -> None:
@@ -367,8 +443,9 @@ def test_pristine_reads_clean(corpus: dict[str, dict[str, Result]]) -> None:
 
 
 @pytest.mark.parametrize("name", ["meta_monitor_pid_2_40", "meta_monitor_pid_negative"])
-def test_garbage_monitor_pid_is_interrupted_everywhere(corpus: dict[str, dict[str, Result]],
-                                                       name: str) -> None:
+def test_garbage_monitor_pid_is_interrupted_everywhere(
+    corpus: dict[str, dict[str, Result]], name: str
+) -> None:
     res = corpus[name]
     assert "interrupted" in res["show"].stdout and "interrupted" in res["runs"].stdout
     assert json.loads(res["show --json"].stdout)["state"] == "interrupted"
@@ -377,8 +454,12 @@ def test_garbage_monitor_pid_is_interrupted_everywhere(corpus: dict[str, dict[st
 def test_kill_9_show_and_runs_agree(tmp_path: Path) -> None:
     """After a kill -9 of stallscope, `show` and `runs` both say "interrupted", and the
     duration ends at the last sample instead of growing with the clock."""
-    p = subprocess.Popen(stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
-                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        stallscope_argv("run", "--interval", "0.2", "--", "sleep", "30"),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(2.0)
         p.send_signal(signal.SIGKILL)
@@ -391,8 +472,9 @@ def test_kill_9_show_and_runs_agree(tmp_path: Path) -> None:
     time.sleep(1.5)  # a duration that grew with the clock would now be >= 1.5 s too long
 
     def cli(*args: str) -> str:
-        r = subprocess.run(stallscope_argv(*args), cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            stallscope_argv(*args), cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
         return r.stdout
 
@@ -427,8 +509,10 @@ if __name__ == "__main__":
     print(f"{'category':14} cases  cases-with-traceback  tracebacks(cmd runs)")
     for cat, (n, cases_tb, tbs) in per.items():
         print(f"{cat:14} {n:5}  {cases_tb:20}  {tbs:5}")
-    print(f"{'total':14} {sum(v[0] for v in per.values()):5}  "
-          f"{sum(v[1] for v in per.values()):20}  {sum(v[2] for v in per.values()):5}")
+    print(
+        f"{'total':14} {sum(v[0] for v in per.values()):5}  "
+        f"{sum(v[1] for v in per.values()):20}  {sum(v[2] for v in per.values()):5}"
+    )
 
 
 @pytest.mark.parametrize("bad", ["/" + "x" * 5000, "/tmp/a\0b", "relative/../../x" * 300])
@@ -440,8 +524,14 @@ def test_a_bad_line_in_the_run_index_is_skipped_everywhere(tmp_path: Path, bad: 
     (state / "runs.txt").write_text(bad + "\n")
     env = {**os.environ, "STALLSCOPE_STATE_DIR": str(state)}
     for args in (["runs"], ["show", "latest"], ["top", "--count", "1", "--no-agent"]):
-        r = subprocess.run(stallscope_argv(*args), cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60, env=env)
+        r = subprocess.run(
+            stallscope_argv(*args),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert "Traceback" not in r.stderr, (args, r.stderr[-1500:])
         assert r.returncode in (0, 1, 2), (args, r.returncode, r.stderr[-500:])  # 2: no run
         assert len(r.stderr.strip().splitlines()) <= 1, (args, r.stderr[-500:])

@@ -33,19 +33,44 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     if not torchrun.exists():
         pytest.fail("torchrun is not installed beside this Python (it comes with torch)")
     out = tmp_path / "runs"
-    r = subprocess.run(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
-                                       str(torchrun), "--nproc-per-node", "2",
-                                       str(ROOT / "examples" / "train_ddp.py"),
-                                       "--slow-rank", "1", "--max-seconds", "6",
-                                       "--data-dir", str(tmp_path / "data")),
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    r = subprocess.run(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "1",
+            "--out",
+            str(out),
+            "--",
+            str(torchrun),
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "examples" / "train_ddp.py"),
+            "--slow-rank",
+            "1",
+            "--max-seconds",
+            "6",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    own = {int(m.group(1)): float(m.group(2)) / 100
-           for m in re.finditer(r"rank (\d+): data wait: ([0-9.]+)% of", r.stdout)}
+    own = {
+        int(m.group(1)): float(m.group(2)) / 100
+        for m in re.finditer(r"rank (\d+): data wait: ([0-9.]+)% of", r.stdout)
+    }
     assert set(own) == {0, 1}, r.stdout
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc = json.loads(d.stdout)
     ranks = {x["rank"]: x for x in doc["ranks"]}
     assert set(ranks) == {0, 1}
@@ -105,20 +130,40 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None, ranks: int = 2) -> d
     torchrun = Path(sys.executable).with_name("torchrun")
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
-    proc = subprocess.Popen(stallscope_argv("run", "--interval", "1", "--out", str(out), "--",
-                                            str(torchrun), "--nproc-per-node", str(ranks),
-                                            str(ROOT / "examples" / "train_ddp.py"),
-                                            "--data-dir", str(tmp_path / "data"), *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+    proc = subprocess.Popen(
+        stallscope_argv(
+            "run",
+            "--interval",
+            "1",
+            "--out",
+            str(out),
+            "--",
+            str(torchrun),
+            "--nproc-per-node",
+            str(ranks),
+            str(ROOT / "examples" / "train_ddp.py"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            *args,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     side = threading.Thread(target=during, daemon=True) if during is not None else None
     if side is not None:
         side.start()
     _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc: dict[str, Any] = json.loads(d.stdout)
     # what stallscope said on the trainers' stderr (a stack sampler that stopped says why)
     doc["said"] = [ln for ln in err.splitlines() if ln.startswith("stallscope:")][-10:]
@@ -159,8 +204,9 @@ def test_four_ranks_wait_for_the_one_that_computes_more(tmp_path: Path) -> None:
     with two extra passes: all-reduce shares 0.28-0.51 on ranks 0-2, 0.12-0.20 on rank 3 over
     11 runs, but twice in the full suite on 2026-11-28 ranks 0-2 at 0.24-0.31 and rank 3 at
     0.14-0.16, a mean gap of 0.118; with three: 0.30-0.43 and 0.055-0.09 over 3 runs)."""
-    doc = ddp_run(tmp_path, "--heavy-rank", "3", "--heavy-extra", "3", "--max-seconds", "6",
-                  ranks=4)
+    doc = ddp_run(
+        tmp_path, "--heavy-rank", "3", "--heavy-extra", "3", "--max-seconds", "6", ranks=4
+    )
     ev = straggler_finding(doc)["evidence"]
     assert ev["rank"] == 3 and ev["cause"] == "compute", ev
     shares = {x["rank"]: x["comm_share"] for x in doc["ranks"]}
@@ -202,13 +248,18 @@ def measured(doc: dict[str, Any]) -> dict[str, Any]:
     the stack samples and whose they are, what stallscope said on stderr: what a failed straggler
     check needs to be understood."""
     sig = doc["signals"]
-    return {"ranks": [(r.get("rank"), r.get("comm_share"), r.get("compute_share"),
-                       r.get("runq_wait_pct")) for r in sig.get("ranks_detail", [])],
-            "others_cpu_cores": sig.get("others_cpu_cores"),
-            "stack_samples": sig.get("stack_samples"),
-            "stack_pids": sorted({str(p.stem) for p in (Path(doc["run"]) / "stacks").glob(
-                "*.jsonl")}) if doc.get("run") else None,
-            "said": doc.get("said")}
+    return {
+        "ranks": [
+            (r.get("rank"), r.get("comm_share"), r.get("compute_share"), r.get("runq_wait_pct"))
+            for r in sig.get("ranks_detail", [])
+        ],
+        "others_cpu_cores": sig.get("others_cpu_cores"),
+        "stack_samples": sig.get("stack_samples"),
+        "stack_pids": sorted({str(p.stem) for p in (Path(doc["run"]) / "stacks").glob("*.jsonl")})
+        if doc.get("run")
+        else None,
+        "said": doc.get("said"),
+    }
 
 
 def straggler_unless_busy(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -218,8 +269,10 @@ def straggler_unless_busy(doc: dict[str, Any]) -> dict[str, Any] | None:
     queue). Then, and only on that evidence, the verdict must be `cpu_contention`, saying so."""
     if doc["verdict"] == "cpu_contention" and "straggler_rank" not in kinds(doc):
         assert_busy_host(doc)
-        assert "cannot show which rank the others wait for" in doc["findings"][0]["summary"], \
-            (doc["findings"][0]["summary"], measured(doc))
+        assert "cannot show which rank the others wait for" in doc["findings"][0]["summary"], (
+            doc["findings"][0]["summary"],
+            measured(doc),
+        )
         return None
     return straggler_finding(doc)
 
@@ -268,4 +321,3 @@ def test_a_rank_under_a_cpu_quota_is_the_straggler_short_of_cpu(tmp_path: Path) 
     ev = straggler_finding(bare)["evidence"]
     assert ev["rank"] == 1 and ev["cause"] == "cpu", ev
     assert_peer_waits(bare, slow=1, fast=0)
-

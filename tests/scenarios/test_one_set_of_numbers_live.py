@@ -20,11 +20,26 @@ def test_a_real_training_shows_one_set_of_numbers(tmp_path: Path) -> None:
     import subprocess
 
     out = tmp_path / "runs"
-    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(out)), "--",
-            sys.executable, str(ROOT / "examples" / "train_cpu.py"), "--max-seconds", "10",
-            "--epochs", "100", "--workers", "1"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                       env={**__import__("os").environ, "COLUMNS": "200"})
+    argv = [
+        *stallscope_argv("run", "--interval", "1", "--out", str(out)),
+        "--",
+        sys.executable,
+        str(ROOT / "examples" / "train_cpu.py"),
+        "--max-seconds",
+        "10",
+        "--epochs",
+        "100",
+        "--workers",
+        "1",
+    ]
+    r = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     [run] = list(out.iterdir())
     doc = check_one_set(run, tmp_path, run_stderr=r.stderr)

@@ -36,9 +36,18 @@ FETCH_SECONDS = 25
 FIX_SECONDS = 15
 
 
-def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: list[str] = (),
-                 wrap: list[str] = (), data: Path | None = None, run_args: list[str] = (),
-                 may_crash: bool = False, seconds: int = SECONDS) -> dict[str, Any]:
+def run_scenario(
+    name: str,
+    tmp_path: Path,
+    train_args: list[str],
+    *,
+    before: list[str] = (),
+    wrap: list[str] = (),
+    data: Path | None = None,
+    run_args: list[str] = (),
+    may_crash: bool = False,
+    seconds: int = SECONDS,
+) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
     argv = [*before, *stallscope_argv("run", "--interval", "1", "--out", str(out), *run_args)]
@@ -46,15 +55,33 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
         argv += ["--data", str(data)]
     # the trainer's own defaults are the README demo's (a slow transform): scenarios start
     # from a plain pipeline and set what they test
-    argv += ["--", *wrap, sys.executable, TRAIN, "--max-seconds", str(seconds), "--epochs", "100",
-             "--workers", "2", "--prep-cost", "0", *train_args]
+    argv += [
+        "--",
+        *wrap,
+        sys.executable,
+        TRAIN,
+        "--max-seconds",
+        str(seconds),
+        "--epochs",
+        "100",
+        "--workers",
+        "2",
+        "--prep-cost",
+        "0",
+        *train_args,
+    ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     # a trainer killed by the very bottleneck (shm exhausted) still gets its diagnosis
     assert r.returncode == 0 or may_crash, r.stderr[-3000:]
     assert "verdict:" in r.stderr  # the end of `run` prints the verdict
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=60, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     doc: dict[str, Any] = json.loads(d.stdout)
     # the trainer's own measure of its data wait (it times next(loader) itself)
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
@@ -62,25 +89,44 @@ def run_scenario(name: str, tmp_path: Path, train_args: list[str], *, before: li
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
         top = doc["findings"][0]
-        f.write(json.dumps({"scenario": name, "verdict": doc["verdict"],
-                            "stall_fraction": doc["stall_fraction"],
-                            "stall_source": doc.get("stall_source"),
-                            "trainer_wait": doc["trainer_wait"],
-                            "confidence": top["confidence"], "summary": top["summary"],
-                            "fixes": [x["action"] for x in top["fixes"]]}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "scenario": name,
+                    "verdict": doc["verdict"],
+                    "stall_fraction": doc["stall_fraction"],
+                    "stall_source": doc.get("stall_source"),
+                    "trainer_wait": doc["trainer_wait"],
+                    "confidence": top["confidence"],
+                    "summary": top["summary"],
+                    "fixes": [x["action"] for x in top["fixes"]],
+                }
+            )
+            + "\n"
+        )
     return doc
 
 
-def compare_fix(scenario: str, a: dict[str, Any], b: dict[str, Any], est: float,
-                **record: Any) -> dict[str, Any]:
+def compare_fix(
+    scenario: str, a: dict[str, Any], b: dict[str, Any], est: float, **record: Any
+) -> dict[str, Any]:
     """`stallscope compare A B --json` (B: A with a fix applied); its measured speed-up is
     appended to artifacts/scenarios.jsonl beside the estimate."""
-    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
-                       capture_output=True, text=True, timeout=60, check=True)
+    c = subprocess.run(
+        stallscope_argv("compare", a["run"], b["run"], "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     cmp: dict[str, Any] = json.loads(c.stdout)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
-        f.write(json.dumps({"scenario": scenario, "estimated": est,
-                            "measured": cmp["speedup"], **record}) + "\n")
+        f.write(
+            json.dumps(
+                {"scenario": scenario, "estimated": est, "measured": cmp["speedup"], **record}
+            )
+            + "\n"
+        )
     return cmp
 
 
@@ -144,8 +190,9 @@ def test_prep_stall_without_probe(prep_run: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def compute_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Cheap data, heavy model, run once: read with its probe and from system metrics alone."""
-    return run_scenario("compute", tmp_path_factory.mktemp("compute"),
-                        ["--model", "heavy", "--workers", "1"])
+    return run_scenario(
+        "compute", tmp_path_factory.mktemp("compute"), ["--model", "heavy", "--workers", "1"]
+    )
 
 
 def test_compute_bound_without_probe(compute_run: dict[str, Any]) -> None:
@@ -160,9 +207,12 @@ def test_loading_in_the_trainer_without_probe_is_never_called_healthy(tmp_path: 
     """num_workers=0 with a heavy transform and no probe: the trainer loads on its own thread
     between steps (it waits ~90% of the time by its own measure), which system metrics cannot
     tell from compute. Never compute_bound; the finding says why and names the probe."""
-    doc = run_scenario("no-workers-no-probe", tmp_path, ["--prep-cost", "40", "--workers", "0",
-                                                         "--model", "tiny", "--no-probe"],
-                       run_args=SYSTEM_ONLY)
+    doc = run_scenario(
+        "no-workers-no-probe",
+        tmp_path,
+        ["--prep-cost", "40", "--workers", "0", "--model", "tiny", "--no-probe"],
+        run_args=SYSTEM_ONLY,
+    )
     assert doc["trainer_wait"] >= 0.5  # the trainer did wait for its own loading
     assert training_finding(doc)["kind"] == "data_wait_unknown", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
@@ -179,8 +229,9 @@ def test_loading_on_threads_in_the_trainer(tmp_path: Path) -> None:
     args = ["--prep-cost", "40", "--workers", "0", "--decode-threads", "2", "--model", "tiny"]
     # 8 s each: the verdicts stand from the first seconds (loading on the trainer's own threads
     # is 89% of its time)
-    doc = run_scenario("threads-no-probe", tmp_path / "a", [*args, "--no-probe"],
-                       run_args=SYSTEM_ONLY, seconds=8)
+    doc = run_scenario(
+        "threads-no-probe", tmp_path / "a", [*args, "--no-probe"], run_args=SYSTEM_ONLY, seconds=8
+    )
     assert doc["trainer_wait"] >= 0.5
     assert training_finding(doc)["kind"] == "data_wait_unknown", doc["findings"]
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]]
@@ -212,14 +263,12 @@ def test_compute_bound(compute_run: dict[str, Any]) -> None:
     assert doc["stall_fraction"] < 0.15
 
 
-
 # host_swap is not reproduced here: provoking swap means pushing a shared CI box into memory
 # pressure (and it has no swap device); the rule is tested on fixed inputs in
 # tests/unit/test_diagnose.py::test_host_swap_and_shm.
 
 
-def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
-                                               prep_run: dict[str, Any]) -> None:
+def test_the_top_fix_delivers_what_it_promised(tmp_path: Path, prep_run: dict[str, Any]) -> None:
     """Apply the prep stall's first fix (more workers) and run again: `stallscope compare`
     measures the speed-up and sets it beside the estimate. How close they come (the ±25% goal)
     is timing, measured by benchmarks/bench_fixes.py; here the fix must help and the numbers
@@ -230,8 +279,12 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
     m = re.match(r"num_workers 1 → (\d+)", top["fixes"][0]["action"])
     if m is None:
         pytest.skip(f"this machine's first fix is not more workers: {top['fixes'][0]}")
-    b = run_scenario("fix-after", tmp_path / "b", ["--prep-cost", "40", "--workers", m.group(1),
-                                                   "--model", "tiny"], seconds=FIX_SECONDS)
+    b = run_scenario(
+        "fix-after",
+        tmp_path / "b",
+        ["--prep-cost", "40", "--workers", m.group(1), "--model", "tiny"],
+        seconds=FIX_SECONDS,
+    )
     fix = top["fixes"][0]
     assert fix["change"] == {"num_workers": int(m.group(1))}, fix
     est = fix["expected_speedup"]
@@ -241,7 +294,8 @@ def test_the_top_fix_delivers_what_it_promised(tmp_path: Path,
     # compare checks the fix B applied, against that fix's own estimate
     assert cmp["applied_fix"] == fix["action"] and "ceiling" not in cmp, cmp
     assert cmp["estimated_speedup"] == est and cmp["delivered_share"] == pytest.approx(
-        (got - 1) / (est - 1), abs=0.01)
+        (got - 1) / (est - 1), abs=0.01
+    )
 
 
 def test_epoch_boundary_stall_and_its_fix(tmp_path: Path) -> None:

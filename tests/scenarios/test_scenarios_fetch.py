@@ -28,9 +28,23 @@ def fetch_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3,000 files for the fetch scenarios, written once (each run evicts them from the page
     cache before every epoch: --cold)."""
     data = tmp_path_factory.mktemp("fetch") / "data"
-    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "3000",
-                    "--epochs", "0", "--no-probe", "--prep-cost", "0"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            TRAIN,
+            "--data-dir",
+            str(data),
+            "--files",
+            "3000",
+            "--epochs",
+            "0",
+            "--no-probe",
+            "--prep-cost",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return data
 
 
@@ -42,11 +56,24 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     (98-100% alone, beside two CPU hogs too, and in the run without the probe beside it), for a
     cause not found yet."""
     data = fetch_data
-    doc = run_scenario("fetch", tmp_path, ["--data-dir", str(data), "--files", "3000", "--cold",
-                                           "--workers", "2", "--model", "tiny"],
-                       wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",
-                             str(data), "--cgroup", throttled_group, "--"], data=data,
-                       seconds=FETCH_SECONDS)
+    doc = run_scenario(
+        "fetch",
+        tmp_path,
+        ["--data-dir", str(data), "--files", "3000", "--cold", "--workers", "2", "--model", "tiny"],
+        wrap=[
+            sys.executable,
+            CONSTRAIN,
+            "--read-bps",
+            "2000000",
+            "--data",
+            str(data),
+            "--cgroup",
+            throttled_group,
+            "--",
+        ],
+        data=data,
+        seconds=FETCH_SECONDS,
+    )
     assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_fraction"] >= 0.3
     # the session read the limit of the trainer's cgroup, named by the disk source's device
@@ -61,9 +88,13 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     # apply the first fix: the same cold reads with the limit lifted, and measure (unthrottled,
     # its pace is steady within seconds, 8 are enough: the speed-up is several times, its floor
     # 1.5)
-    after = run_scenario("fetch-fixed", tmp_path / "fixed",
-                         ["--data-dir", str(data), "--files", "3000", "--cold", "--workers",
-                          "2", "--model", "tiny"], data=data, seconds=8)
+    after = run_scenario(
+        "fetch-fixed",
+        tmp_path / "fixed",
+        ["--data-dir", str(data), "--files", "3000", "--cold", "--workers", "2", "--model", "tiny"],
+        data=data,
+        seconds=8,
+    )
     # the verdict follows the trainer's own measure of its wait: 11% here unthrottled, but cold
     # reads of a slower disk (CI's, 2 cores) left a real fetch stall above the 15% line once
     seen, truth = after["stall_fraction"], after["trainer_wait"]
@@ -79,17 +110,39 @@ def test_fetch_stall(tmp_path: Path, throttled_group: str, fetch_data: Path) -> 
     assert got >= 1.5, (est, got)  # a 2 MB/s cap lifted: several times faster
 
 
-def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str,
-                                   fetch_data: Path) -> None:
+def test_fetch_stall_without_probe(tmp_path: Path, throttled_group: str, fetch_data: Path) -> None:
     """The fetch stall of an unmodified script (no stallscope code): named, with the data-wait
     share from the training thread's sampled stacks within 0.05 of the trainer's own figure."""
     data = fetch_data
-    doc = run_scenario("fetch-no-probe", tmp_path,
-                       ["--data-dir", str(data), "--files", "3000", "--cold", "--workers", "2",
-                        "--model", "tiny", "--no-probe"],
-                       wrap=[sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data",
-                             str(data), "--cgroup", throttled_group, "--"], data=data,
-                       seconds=FETCH_SECONDS)
+    doc = run_scenario(
+        "fetch-no-probe",
+        tmp_path,
+        [
+            "--data-dir",
+            str(data),
+            "--files",
+            "3000",
+            "--cold",
+            "--workers",
+            "2",
+            "--model",
+            "tiny",
+            "--no-probe",
+        ],
+        wrap=[
+            sys.executable,
+            CONSTRAIN,
+            "--read-bps",
+            "2000000",
+            "--data",
+            str(data),
+            "--cgroup",
+            throttled_group,
+            "--",
+        ],
+        data=data,
+        seconds=FETCH_SECONDS,
+    )
     print(f"fetch, no code: trainer {doc['trainer_wait']}, stallscope {doc['stall_fraction']}")
     assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_source"] == "stacks"

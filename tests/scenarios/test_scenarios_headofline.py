@@ -19,8 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 #: small batches of small images, a light model, a 16 ms device step: each step a record of
 #: its own (probe/buffer.py GROUP_S), so the bursts are seen step by step
-BASE = ["--size", "32", "--batch-size", "4", "--model", "tiny", "--step-ms", "16",
-        "--workers", "2"]
+BASE = ["--size", "32", "--batch-size", "4", "--model", "tiny", "--step-ms", "16", "--workers", "2"]
 TAIL = [*BASE, "--prep-cost", "60", "--tail-share", "0.02", "--tail-times", "41"]
 #: the same mean cost with no tail: 60 × (1 + 0.02 × 40) passes for every sample
 FLAT = [*BASE, "--prep-cost", "108"]
@@ -51,10 +50,13 @@ def test_slow_samples_hold_up_the_batches_and_in_order_false_fixes_it(tmp_path: 
     fix = top["fixes"][0]
     assert fix["change"] == {"in_order": False}, top["fixes"]
     assert "order" in fix["why"] and fix["expected_speedup"] == top["est_speedup"]
-    assert [f["action"].split(" ")[0] for f in top["fixes"][1:3]] == ["prefetch_factor",
-                                                                       "precompute"]
-    b = run_scenario("head-of-line-fixed", tmp_path / "b", [*TAIL, "--no-in-order"],
-                     seconds=FIX_SECONDS)
+    assert [f["action"].split(" ")[0] for f in top["fixes"][1:3]] == [
+        "prefetch_factor",
+        "precompute",
+    ]
+    b = run_scenario(
+        "head-of-line-fixed", tmp_path / "b", [*TAIL, "--no-in-order"], seconds=FIX_SECONDS
+    )
     assert b["verdict"] != "input_bound.head_of_line", b["findings"]
     est = fix["expected_speedup"]
     cmp = compare_fix("fix-delivery-head-of-line", a, b, est)
@@ -66,8 +68,9 @@ def test_slow_samples_hold_up_the_batches_and_in_order_false_fixes_it(tmp_path: 
         # measured 2026-11-29 on the shared 2-core machine: x1.07 against x1.52, the fixed
         # run's host 98% busy (its workers got 1.35 cores of the 1.74 the estimate counted,
         # each batch costing 11% more CPU among the run-queue waits)
-        pytest.xfail(f"every core of the host was busy in the fixed run: x{got} measured "
-                     f"against x{est}")
+        pytest.xfail(
+            f"every core of the host was busy in the fixed run: x{got} measured against x{est}"
+        )
     assert abs(got / est - 1) <= WITHIN, (est, got, cmp)
 
 

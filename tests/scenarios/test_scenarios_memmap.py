@@ -30,14 +30,32 @@ def _run(tmp_path: Path, data: Path, wrap: list[str], extra: list[str]) -> dict[
     import json
 
     out = tmp_path / "runs"
-    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
-            "--", *wrap, sys.executable, TRAIN, "--data-dir", str(data), "--max-seconds", "12",
-            "--batch", "4", "--mb", "256", *extra]
+    argv = [
+        *stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
+        "--",
+        *wrap,
+        sys.executable,
+        TRAIN,
+        "--data-dir",
+        str(data),
+        "--max-seconds",
+        "12",
+        "--batch",
+        "4",
+        "--mb",
+        "256",
+        *extra,
+    ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=60, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     doc: dict[str, Any] = json.loads(d.stdout)
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
     assert m, r.stdout[-1000:]
@@ -48,20 +66,39 @@ def _run(tmp_path: Path, data: Path, wrap: list[str], extra: list[str]) -> dict[
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("memmap") / "data"
-    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--mb", "256",
-                    "--max-seconds", "0"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, TRAIN, "--data-dir", str(data), "--mb", "256", "--max-seconds", "0"],
+        check=True,
+        capture_output=True,
+    )
     return data
 
 
 def test_a_loop_loading_its_own_memmap_through_a_read_limit_is_fetch_bound(
-        tmp_path: Path, throttled_group: str, tokens: Path) -> None:
-    doc = _run(tmp_path, tokens, [sys.executable, CONSTRAIN, "--read-bps", str(READ_BPS),
-                                  "--data", str(tokens), "--cgroup", throttled_group, "--"],
-               ["--cold"])
+    tmp_path: Path, throttled_group: str, tokens: Path
+) -> None:
+    doc = _run(
+        tmp_path,
+        tokens,
+        [
+            sys.executable,
+            CONSTRAIN,
+            "--read-bps",
+            str(READ_BPS),
+            "--data",
+            str(tokens),
+            "--cgroup",
+            throttled_group,
+            "--",
+        ],
+        ["--cold"],
+    )
     assert training_finding(doc)["kind"] == "input_bound.fetch", doc["findings"]
     assert doc["stall_source"] == "stacks"
-    assert doc["trainer_wait"] >= 0.5 and doc["stall_fraction"] >= 0.3, \
-        (doc["stall_fraction"], doc["trainer_wait"])
+    assert doc["trainer_wait"] >= 0.5 and doc["stall_fraction"] >= 0.3, (
+        doc["stall_fraction"],
+        doc["trainer_wait"],
+    )
     # Known gap (issue 52, the GIL): NumPy copying out of the memmap keeps the GIL through its
     # page faults, so the in-process sampler cannot sample the training thread then and its
     # share reads low (0.46-0.58 against the loop's own 0.82-0.84 on this VM under load; 0.80
@@ -71,5 +108,7 @@ def test_a_loop_loading_its_own_memmap_through_a_read_limit_is_fetch_bound(
 def test_the_same_loop_on_cached_data_is_compute_bound(tmp_path: Path, tokens: Path) -> None:
     doc = _run(tmp_path, tokens, [], [])
     assert training_finding(doc)["kind"] == "compute_bound", doc["findings"]
-    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, \
-        (doc["stall_fraction"], doc["trainer_wait"])
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, (
+        doc["stall_fraction"],
+        doc["trainer_wait"],
+    )

@@ -20,10 +20,13 @@ def test_shm_pressure(tmp_path: Path) -> None:
     namespace so the machine's /dev/shm is untouched."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small /dev/shm in a private namespace needs root")
-    doc = run_scenario("shm", tmp_path, ["--workers", "2", "--model", "tiny",
-                                         "--shm-fill", "52"],
-                       before=[sys.executable, CONSTRAIN, "--shm-size", "64m", "--"],
-                       may_crash=True)
+    doc = run_scenario(
+        "shm",
+        tmp_path,
+        ["--workers", "2", "--model", "tiny", "--shm-fill", "52"],
+        before=[sys.executable, CONSTRAIN, "--shm-size", "64m", "--"],
+        may_crash=True,
+    )
     kinds = [f["kind"] for f in doc["findings"]]
     assert "shm_pressure" in kinds
     shm = next(f for f in doc["findings"] if f["kind"] == "shm_pressure")
@@ -31,7 +34,10 @@ def test_shm_pressure(tmp_path: Path) -> None:
     assert shm["evidence"]["shm_peak_share"] >= 0.8
     assert shm["fixes"][0]["action"].startswith("enlarge /dev/shm")
     # apply the first fix: the same run with a 1 GiB /dev/shm runs clean, without the finding
-    after = run_scenario("shm-fixed", tmp_path / "fixed",
-                         ["--workers", "2", "--model", "tiny", "--shm-fill", "52"],
-                         before=[sys.executable, CONSTRAIN, "--shm-size", "1g", "--"])
+    after = run_scenario(
+        "shm-fixed",
+        tmp_path / "fixed",
+        ["--workers", "2", "--model", "tiny", "--shm-fill", "52"],
+        before=[sys.executable, CONSTRAIN, "--shm-size", "1g", "--"],
+    )
     assert "shm_pressure" not in [f["kind"] for f in after["findings"]], after["findings"]

@@ -32,36 +32,69 @@ def record(name: str, **fields: Any) -> None:
         f.write(json.dumps({"scenario": name, **fields}) + "\n")
 
 
-def run_tf(name: str, tmp_path: Path, train_args: list[str], *, wrap: list[str] = (),
-           data: Path | None = None, seconds: int = 10, run_args: list[str] = ()
-           ) -> dict[str, Any]:
+def run_tf(
+    name: str,
+    tmp_path: Path,
+    train_args: list[str],
+    *,
+    wrap: list[str] = (),
+    data: Path | None = None,
+    seconds: int = 10,
+    run_args: list[str] = (),
+) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
     argv = stallscope_argv("run", "--interval", "1", "--out", str(out), *run_args)
     if data is not None:
         argv += ["--data", str(data)]
-    argv += ["--", *wrap, sys.executable, TRAIN, "--max-seconds", str(seconds), "--epochs",
-             "100", "--model", "tiny", *train_args]
+    argv += [
+        "--",
+        *wrap,
+        sys.executable,
+        TRAIN,
+        "--max-seconds",
+        str(seconds),
+        "--epochs",
+        "100",
+        "--model",
+        "tiny",
+        *train_args,
+    ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verdict:" in r.stderr
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=60, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     doc: dict[str, Any] = json.loads(d.stdout)
     top = doc["findings"][0]
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)  # the custom loop's own measure
     doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
-    record(name, verdict=doc["verdict"], stall_fraction=doc["stall_fraction"],
-           stall_source=doc["stall_source"], trainer_wait=doc["trainer_wait"],
-           samples_per_s=top["evidence"].get("samples_per_s"),
-           fixes=[x["action"] for x in top["fixes"]])
+    record(
+        name,
+        verdict=doc["verdict"],
+        stall_fraction=doc["stall_fraction"],
+        stall_source=doc["stall_source"],
+        trainer_wait=doc["trainer_wait"],
+        samples_per_s=top["evidence"].get("samples_per_s"),
+        fixes=[x["action"] for x in top["fixes"]],
+    )
     return doc
 
 
 def speedup(name: str, a: dict[str, Any], b: dict[str, Any]) -> float:
-    c = subprocess.run(stallscope_argv("compare", a["run"], b["run"], "--json"),
-                       capture_output=True, text=True, timeout=60, check=True)
+    c = subprocess.run(
+        stallscope_argv("compare", a["run"], b["run"], "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     got = float(json.loads(c.stdout)["speedup"])
     record(name, measured=got, estimated=training_finding(a)["est_speedup"])
     return got
@@ -100,8 +133,11 @@ def test_prep_bound_map_and_its_fix(tmp_path: Path) -> None:
 
 def test_compute_bound(tmp_path: Path) -> None:
     """Cheap data, a wider model: compute-bound, with Keras advice (not torch's)."""
-    doc = run_tf("tf-compute", tmp_path, ["--prep-cost", "0", "--prefetch", "--model", "small",
-                            "--steps-per-execution", "2"])
+    doc = run_tf(
+        "tf-compute",
+        tmp_path,
+        ["--prep-cost", "0", "--prefetch", "--model", "small", "--steps-per-execution", "2"],
+    )
     top = training_finding(doc)
     assert top["kind"] == "compute_bound", top
     assert doc["stall_fraction"] < 0.15
@@ -109,17 +145,48 @@ def test_compute_bound(tmp_path: Path) -> None:
     assert "torch" not in top["fixes"][0]["action"]
 
 
-
 def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     """Cold files read one at a time through a device capped at 2 MB/s: fetch-bound, with
     tf.data fixes; caching the (small) dataset in RAM makes the run faster."""
     data = tmp_path / "data"
-    subprocess.run([sys.executable, TRAIN, "--data-dir", str(data), "--files", "1500",
-                    "--size", "32", "--epochs", "0"], check=True, capture_output=True)
-    wrap = [sys.executable, CONSTRAIN, "--read-bps", "2000000", "--data", str(data),
-            "--cgroup", throttled_group, "--"]
-    base = ["--data-dir", str(data), "--files", "1500", "--size", "32", "--prep-cost", "0",
-            "--cold"]
+    subprocess.run(
+        [
+            sys.executable,
+            TRAIN,
+            "--data-dir",
+            str(data),
+            "--files",
+            "1500",
+            "--size",
+            "32",
+            "--epochs",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    wrap = [
+        sys.executable,
+        CONSTRAIN,
+        "--read-bps",
+        "2000000",
+        "--data",
+        str(data),
+        "--cgroup",
+        throttled_group,
+        "--",
+    ]
+    base = [
+        "--data-dir",
+        str(data),
+        "--files",
+        "1500",
+        "--size",
+        "32",
+        "--prep-cost",
+        "0",
+        "--cold",
+    ]
     a = run_tf("tf-fetch", tmp_path / "a", base, wrap=wrap, data=data)
     limits = json.loads(Path(a["run"], "meta.json").read_text()).get("read_limits")
     assert limits is not None and list(limits.values()) == [2000000], limits
@@ -130,8 +197,9 @@ def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     assert any("TFRecord" in x for x in actions), actions
     assert any(x.startswith("add .cache()") for x in actions), actions
     assert not any("num_workers" in x for x in actions), actions
-    b = run_tf("tf-fetch-fixed", tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap,
-               data=data)
+    b = run_tf(
+        "tf-fetch-fixed", tmp_path / "b", [*base, "--cache", "--parallel"], wrap=wrap, data=data
+    )
     assert speedup("tf-fetch-fix", a, b) >= 1.1
 
 
@@ -143,18 +211,23 @@ def test_unchanged_keras_fit_gets_the_probe_added(tmp_path: Path) -> None:
     doc = run_tf("tf-prep-no-code", tmp_path, ["--prep-cost", "40", "--no-probe"])
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "probe" and doc["stall_fraction"] >= 0.5
-    assert "added by stallscope run (model.fit): no code in the trainer" in \
-        training_finding(doc)["summary"]
+    assert (
+        "added by stallscope run (model.fit): no code in the trainer"
+        in training_finding(doc)["summary"]
+    )
 
 
 def test_unchanged_custom_tf_loop_is_read_from_its_stacks(tmp_path: Path) -> None:
     """A custom loop over a tf.data iterator, no stallscope code: ``next(it)`` runs in Python
     (tensorflow/python/data frames), so the sampled stacks measure the wait, within 0.05 of the
     loop's own figure."""
-    doc = run_tf("tf-custom-no-code", tmp_path, ["--prep-cost", "40", "--loop", "custom",
-                                                 "--no-probe"])
-    print(f"tf custom loop, no code: trainer {doc['trainer_wait']}, "
-          f"stallscope {doc['stall_fraction']}")
+    doc = run_tf(
+        "tf-custom-no-code", tmp_path, ["--prep-cost", "40", "--loop", "custom", "--no-probe"]
+    )
+    print(
+        f"tf custom loop, no code: trainer {doc['trainer_wait']}, "
+        f"stallscope {doc['stall_fraction']}"
+    )
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert doc["stall_source"] == "stacks"
     assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05
@@ -164,8 +237,9 @@ def test_unchanged_keras_script_waiting_on_tf_data_is_not_called_healthy(tmp_pat
     """The same prep-bound pipeline, no callback, and neither the probe added nor stacks
     sampled (``--no-stacks``): system metrics cannot tell tf.data's threads from the step's, so
     the verdict must not be compute_bound; the fix names the callback."""
-    doc = run_tf("tf-prep-no-probe", tmp_path, ["--prep-cost", "40", "--no-probe"],
-                 run_args=["--no-stacks"])
+    doc = run_tf(
+        "tf-prep-no-probe", tmp_path, ["--prep-cost", "40", "--no-probe"], run_args=["--no-stacks"]
+    )
     assert "compute_bound" not in [f["kind"] for f in doc["findings"]], doc["findings"]
     assert doc["signals"]["tf_trainer"] is True
     fixes = [x["action"] for f in doc["findings"] for x in f["fixes"]]

@@ -47,24 +47,36 @@ PREP = "input_bound.prep"
 _WAIT = re.compile(r"^(?:rank (\d+):? )?data wait: ([0-9.]+)% of ([0-9.]+) s", re.M)
 
 
-def zero_code_run(name: str, tmp_path: Path, training: list[str],
-                  *, timeout: int = 240) -> dict[str, Any]:
+def zero_code_run(
+    name: str, tmp_path: Path, training: list[str], *, timeout: int = 240
+) -> dict[str, Any]:
     """Run ``training`` (argv after the interpreter) under `stallscope run`, diagnose the run;
     the diagnosis with ``trainer_wait`` (the trainer's own share; with ranks, ``{rank:
     share}`` in ``trainer_wait_ranks``) added."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "runs"
-    argv = [*stallscope_argv("run", "--interval", "1", "--out", str(out)), "--",
-            sys.executable, *training]
+    argv = [
+        *stallscope_argv("run", "--interval", "1", "--out", str(out)),
+        "--",
+        sys.executable,
+        *training,
+    ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "verdict:" in r.stderr  # the end of `run` prints the verdict
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc: dict[str, Any] = json.loads(d.stdout)
-    own = {(int(m.group(1)) if m.group(1) else None): float(m.group(2)) / 100
-           for m in _WAIT.finditer(r.stdout)}
+    own = {
+        (int(m.group(1)) if m.group(1) else None): float(m.group(2)) / 100
+        for m in _WAIT.finditer(r.stdout)
+    }
     assert own, f"the training printed no data-wait line:\n{r.stdout[-2000:]}"
     # one process: its figure; ranks: the most-waiting rank's (the run's stall is its)
     doc["trainer_wait"] = own[None] if None in own else max(own.values())
@@ -74,24 +86,35 @@ def zero_code_run(name: str, tmp_path: Path, training: list[str],
     doc["stacks_seen"] = stacks_seen(run_dir)
     stacks_ranks = {x["rank"]: x.get("stall_fraction") for x in doc.get("ranks") or []}
     shares = (doc.get("signals") or {}).get("phase_shares")
-    print(f"\n[{name}] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
-          f"stall_fraction {doc['stall_fraction']} ({doc.get('stall_source')}), verdict "
-          f"{doc['verdict']}; phase shares {shares}")
+    print(
+        f"\n[{name}] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
+        f"stall_fraction {doc['stall_fraction']} ({doc.get('stall_source')}), verdict "
+        f"{doc['verdict']}; phase shares {shares}"
+    )
     for rank in sorted(doc["trainer_wait_ranks"]):
-        print(f"[{name}] rank {rank}: trainer's own {doc['trainer_wait_ranks'][rank]:.3f}, "
-              f"stallscope {stacks_ranks.get(rank)}")
+        print(
+            f"[{name}] rank {rank}: trainer's own {doc['trainer_wait_ranks'][rank]:.3f}, "
+            f"stallscope {stacks_ranks.get(rank)}"
+        )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
         top = training_finding(doc)
-        rec = {"scenario": f"zero-code-{name}", "verdict": doc["verdict"],
-               "stall_fraction": doc["stall_fraction"],
-               "stall_source": doc.get("stall_source"),
-               "trainer_wait": doc["trainer_wait"], "phase_shares": shares,
-               "confidence": top["confidence"], "summary": top["summary"],
-               "fixes": [x["action"] for x in top["fixes"]]}
+        rec = {
+            "scenario": f"zero-code-{name}",
+            "verdict": doc["verdict"],
+            "stall_fraction": doc["stall_fraction"],
+            "stall_source": doc.get("stall_source"),
+            "trainer_wait": doc["trainer_wait"],
+            "phase_shares": shares,
+            "confidence": top["confidence"],
+            "summary": top["summary"],
+            "fixes": [x["action"] for x in top["fixes"]],
+        }
         if doc["trainer_wait_ranks"]:
-            rec["ranks"] = {str(k): {"trainer_wait": v, "stall_fraction": stacks_ranks.get(k)}
-                            for k, v in doc["trainer_wait_ranks"].items()}
+            rec["ranks"] = {
+                str(k): {"trainer_wait": v, "stall_fraction": stacks_ranks.get(k)}
+                for k, v in doc["trainer_wait_ranks"].items()
+            }
         f.write(json.dumps(rec) + "\n")
     return doc
 
@@ -104,9 +127,12 @@ def other_stacks(run_dir: Path, n: int = 5) -> list[tuple[str, str, float]]:
     from stallscope.sources.stacks.aggregate import read_records
 
     recs = read_records(run_dir)
-    out = [(f"pid {pid}: {folded[-400:]}", phase, s)
-           for pid in sorted({r["pid"] for r in recs})
-           for folded, phase, s in top_stacks(recs, pid, 40) if phase == "other"]
+    out = [
+        (f"pid {pid}: {folded[-400:]}", phase, s)
+        for pid in sorted({r["pid"] for r in recs})
+        for folded, phase, s in top_stacks(recs, pid, 40)
+        if phase == "other"
+    ]
     return sorted(out, key=lambda x: -x[2])[:n]
 
 
@@ -118,8 +144,10 @@ def stacks_seen(run_dir: Path) -> dict[int, dict[str, Any]]:
 
     out: dict[int, dict[str, Any]] = {}
     for r in read_records(run_dir):
-        d = out.setdefault(r["pid"], {"records": 0, "n": 0, "rank": r.get("rank"),
-                                      "sampler": r.get("sampler"), "s": {}})
+        d = out.setdefault(
+            r["pid"],
+            {"records": 0, "n": 0, "rank": r.get("rank"), "sampler": r.get("sampler"), "s": {}},
+        )
         d["records"] += 1
         d["n"] += r.get("n") or 0
         for k, v in phase_seconds(r).items():
@@ -134,24 +162,35 @@ def training(script: str, *args: str) -> list[str]:
 def assert_named(doc: dict[str, Any], verdict: str) -> None:
     from stallscope.analysis.facts.build import OTHERS_BUSY_CORES
 
-    assert training_finding(doc)["kind"] == verdict, (doc["findings"], doc["stall_source"],
-                                                      doc["stacks_seen"],
-                                                      doc["signals"].get("window_source"))
-    assert doc["stall_source"] == "stacks", (doc["stall_source"], doc["stacks_seen"],
-                                             doc["signals"].get("window_source"))
+    assert training_finding(doc)["kind"] == verdict, (
+        doc["findings"],
+        doc["stall_source"],
+        doc["stacks_seen"],
+        doc["signals"].get("window_source"),
+    )
+    assert doc["stall_source"] == "stacks", (
+        doc["stall_source"],
+        doc["stacks_seen"],
+        doc["signals"].get("window_source"),
+    )
     sig = doc["signals"]
     others = sig.get("others_cpu_cores")
     low = BUSY_LOW if others is not None and others >= OTHERS_BUSY_CORES else TOLERANCE
-    assert -low <= doc["stall_fraction"] - doc["trainer_wait"] <= TOLERANCE, \
-        (doc["stall_fraction"], doc["trainer_wait"], sig.get("phase_shares"), others,
-         doc.get("other_stacks"))
+    assert -low <= doc["stall_fraction"] - doc["trainer_wait"] <= TOLERANCE, (
+        doc["stall_fraction"],
+        doc["trainer_wait"],
+        sig.get("phase_shares"),
+        others,
+        doc.get("other_stacks"),
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_torch_prep(tmp_path: Path, workers: int) -> None:
     """A heavy per-sample CPU transform in DataLoader workers, a tiny model."""
-    doc = zero_code_run(f"torch_prep-w{workers}", tmp_path,
-                        training("torch_prep.py", "--workers", str(workers)))
+    doc = zero_code_run(
+        f"torch_prep-w{workers}", tmp_path, training("torch_prep.py", "--workers", str(workers))
+    )
     assert_named(doc, PREP)
 
 
@@ -195,9 +234,12 @@ def test_lightning(tmp_path: Path) -> None:
 def test_ddp_starve(tmp_path: Path) -> None:
     """Two DDP ranks (torchrun, gloo): rank 1's Dataset is slow, rank 0's fast. Rank 1 is named
     the straggler, and each rank's data-wait share is its own."""
-    doc = zero_code_run("ddp_starve", tmp_path,
-                        ["-m", "torch.distributed.run", "--nproc_per_node", "2",
-                         *training("ddp_starve.py")], timeout=300)
+    doc = zero_code_run(
+        "ddp_starve",
+        tmp_path,
+        ["-m", "torch.distributed.run", "--nproc_per_node", "2", *training("ddp_starve.py")],
+        timeout=300,
+    )
     own = doc["trainer_wait_ranks"]
     assert set(own) == {0, 1}, (own, doc["trainer_stdout"])
     assert doc["stall_source"] == "stacks", doc["stall_source"]
@@ -207,8 +249,12 @@ def test_ddp_starve(tmp_path: Path) -> None:
     ranks = {x["rank"]: x for x in doc["ranks"]}
     assert set(ranks) == {0, 1}, ranks
     for rank, share in own.items():
-        assert abs(ranks[rank]["stall_fraction"] - share) <= TOLERANCE, \
-            (rank, ranks[rank], share, doc["other_stacks"])
+        assert abs(ranks[rank]["stall_fraction"] - share) <= TOLERANCE, (
+            rank,
+            ranks[rank],
+            share,
+            doc["other_stacks"],
+        )
     # the run's stall is the starving rank's
     assert abs(doc["stall_fraction"] - own[1]) <= TOLERANCE, (doc["stall_fraction"], own)
 
@@ -223,33 +269,67 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
     import time
 
     out = tmp_path / "runs"
-    trainer = subprocess.Popen([sys.executable, *training("torch_prep.py", "--workers", "1")],
-                               stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    trainer = subprocess.Popen(
+        [sys.executable, *training("torch_prep.py", "--workers", "1")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         time.sleep(0.5)  # the interpreter is up; torch's import takes seconds more
         # 100 Hz (the default is 10, for its cost): ~1,200 samples, so the sampling error of the
         # share (its standard deviation ~0.015) stays well inside the 0.05
-        r = subprocess.run(stallscope_argv("run", "--pid", str(trainer.pid), "--interval", "1",
-                                           "--stack-rate", "100", "--out", str(out)),
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            stallscope_argv(
+                "run",
+                "--pid",
+                str(trainer.pid),
+                "--interval",
+                "1",
+                "--stack-rate",
+                "100",
+                "--out",
+                str(out),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         stdout, _ = trainer.communicate(timeout=60)
     finally:
         trainer.kill()
     assert r.returncode == 0 and "no stack sampling" not in r.stderr, r.stderr[-3000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     doc = json.loads(d.stdout)
     doc["other_stacks"] = other_stacks(run_dir)
     m = _WAIT.search(stdout)
     assert m is not None, stdout[-2000:]
     doc["trainer_wait"] = float(m.group(2)) / 100
-    print(f"\n[attach] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
-          f"{doc['stall_fraction']} ({doc['signals'].get('stack_sampler')}), {doc['verdict']}")
-    records = [ln[:300] for f in sorted((run_dir / "stacks").glob("*.jsonl"))
-               for ln in f.read_text().splitlines()] if (run_dir / "stacks").is_dir() else []
-    assert doc["signals"].get("stack_sampler") == "py-spy", \
-        (doc["signals"], r.stderr[-2000:], records)
+    print(
+        f"\n[attach] trainer's own data wait {doc['trainer_wait']:.3f}; stallscope "
+        f"{doc['stall_fraction']} ({doc['signals'].get('stack_sampler')}), {doc['verdict']}"
+    )
+    records = (
+        [
+            ln[:300]
+            for f in sorted((run_dir / "stacks").glob("*.jsonl"))
+            for ln in f.read_text().splitlines()
+        ]
+        if (run_dir / "stacks").is_dir()
+        else []
+    )
+    assert doc["signals"].get("stack_sampler") == "py-spy", (
+        doc["signals"],
+        r.stderr[-2000:],
+        records,
+    )
     assert_named(doc, PREP)
 
 
@@ -259,8 +339,11 @@ def test_a_slow_exit_is_its_own_phase_never_data(tmp_path: Path) -> None:
     pinned persistent workers on a GPU (30 s for 6 workers on the H200, where the stacks counted
     it as data: input_bound.prep 0.549 for a trainer that waited 0.005). The exit is its own
     phase: not in the share, slow_exit after the verdict."""
-    doc = zero_code_run("torch_slow_exit", tmp_path, [str(TRAININGS / "torch_slow_exit.py"),
-                                                       "--seconds", "6", "--stuck", "8"])
+    doc = zero_code_run(
+        "torch_slow_exit",
+        tmp_path,
+        [str(TRAININGS / "torch_slow_exit.py"), "--seconds", "6", "--stuck", "8"],
+    )
     assert_named(doc, "compute_bound")
     sig = doc["signals"]
     assert sig["exit_s"] >= 8, sig["exit_s"]
@@ -301,14 +384,20 @@ def test_host_bound_a_launch_bound_step_beside_an_idle_gpu(tmp_path: Path) -> No
     sampled for real; its GPU is the H200's, replayed: 4% busy (the recording taken while a
     ResNet-50 warmed up) gives host_bound: the GPU waits for the CPU to issue work. The same
     run with a GPU never idle would be compute-bound."""
-    doc = zero_code_run("torch_launch_bound", tmp_path,
-                        [str(TRAININGS / "torch_launch_bound.py"), "--seconds", "8"])
+    doc = zero_code_run(
+        "torch_launch_bound", tmp_path, [str(TRAININGS / "torch_launch_bound.py"), "--seconds", "8"]
+    )
     assert doc["stall_fraction"] < 0.15
     [run_dir] = list((tmp_path / "runs").iterdir())
     h200 = ROOT / "tests" / "fixtures" / "gpu-h200"
     _replay_gpu(run_dir, h200 / "nvml-h200-load-nvml-580.159.04.json")
-    d = subprocess.run(stallscope_argv("diagnose", str(run_dir), "--json"), capture_output=True,
-                       text=True, timeout=120, check=True)
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     replayed = json.loads(d.stdout)
     assert replayed["signals"]["gpu_util_median_pct"] <= 10
     top = training_finding(replayed)

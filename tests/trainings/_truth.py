@@ -24,8 +24,9 @@ import torch
 from torch.utils.data import Dataset
 
 
-def arguments(doc: str, *, seconds: float = 15.0, workers: int | None = None,
-              batch_size: int | None = None) -> argparse.ArgumentParser:
+def arguments(
+    doc: str, *, seconds: float = 15.0, workers: int | None = None, batch_size: int | None = None
+) -> argparse.ArgumentParser:
     """A training's options: ``--seconds`` of training, and ``--workers`` (DataLoader worker
     processes) and ``--batch-size`` where a default is given. Described by the first line of
     the training's docstring ``doc``."""
@@ -110,9 +111,14 @@ class Trained:
     last: Any
 
 
-def train_for(seconds: float, loader: Iterable[Any], step: Callable[[Any], Any], *,
-              new_epoch: Callable[[int], None] | None = None,
-              stop: Callable[[bool], bool] | None = None) -> Trained:
+def train_for(
+    seconds: float,
+    loader: Iterable[Any],
+    step: Callable[[Any], Any],
+    *,
+    new_epoch: Callable[[int], None] | None = None,
+    stop: Callable[[bool], bool] | None = None,
+) -> Trained:
     """Epoch after epoch over ``loader``, ``step(batch)`` on every batch, until ``seconds`` of
     training have passed (checked after each step). ``new_epoch(epoch)`` runs before each epoch
     (a DistributedSampler's ``set_epoch``); ``stop(out_of_time)`` decides from this process's
@@ -142,8 +148,7 @@ def train_for(seconds: float, loader: Iterable[Any], step: Callable[[Any], Any],
         epoch += 1
 
 
-def classify_step(model: torch.nn.Module, opt: torch.optim.Optimizer
-                  ) -> Callable[[Any], Any]:
+def classify_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[[Any], Any]:
     """The training step of an image classifier as a user writes one: forward, cross-entropy,
     backward, optimizer step; returns the loss."""
     import torch.nn.functional as F

@@ -59,10 +59,20 @@ def main() -> int:
     torch.manual_seed(0)
     ds = Images(rounds=100 if rank == args.slow_rank else 0)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True)
-    loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.workers, persistent_workers=args.workers > 0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
-                        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    loader = DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 10),
+    )
     model = DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
@@ -73,11 +83,13 @@ def main() -> int:
         dist.all_reduce(out_of_time, op=dist.ReduceOp.MAX)
         return bool(out_of_time.item())
 
-    run = train_for(args.seconds, loader, step, new_epoch=sampler.set_epoch,
-                    stop=any_out_of_time)
+    run = train_for(args.seconds, loader, step, new_epoch=sampler.set_epoch, stop=any_out_of_time)
     # both lines in one write: the ranks share torchrun's stdout
-    print(f"rank {rank}: {run.steps} steps, last loss {run.last.item():.3f}\n"
-          f"{truth(run.wait, run.wall, rank=rank)}", flush=True)
+    print(
+        f"rank {rank}: {run.steps} steps, last loss {run.last.item():.3f}\n"
+        f"{truth(run.wait, run.wall, rank=rank)}",
+        flush=True,
+    )
     dist.destroy_process_group()
     return 0
 

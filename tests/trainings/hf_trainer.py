@@ -59,9 +59,11 @@ class SlowFeatures(Dataset):
         rng = np.random.default_rng(i)
         x = blur(rng.random((3, 96, 96), dtype=np.float32), self.rounds)
         ids = (np.abs(x.reshape(-1)[: SEQ * 7 : 7]) * 1e4).astype(np.int64) % VOCAB
-        return {"input_ids": torch.from_numpy(ids),
-                "attention_mask": torch.ones(SEQ, dtype=torch.long),
-                "labels": torch.tensor(i % 2)}
+        return {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.ones(SEQ, dtype=torch.long),
+            "labels": torch.tensor(i % 2),
+        }
 
 
 class TrainerBatches(TimedBatches):
@@ -98,25 +100,42 @@ class StopAfter(TrainerCallback):
 
 def main() -> int:
     ap = arguments(__doc__, batch_size=8)
-    ap.add_argument("--workers", type=int, default=0,
-                    help="dataloader_num_workers (the Trainer's default: 0)")
+    ap.add_argument(
+        "--workers", type=int, default=0, help="dataloader_num_workers (the Trainer's default: 0)"
+    )
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=SEQ, num_labels=2)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(config)
     stop = StopAfter(args.seconds)
     with tempfile.TemporaryDirectory(prefix="hf-out-") as out:
         targs = TrainingArguments(
-            output_dir=out, max_steps=100_000, per_device_train_batch_size=args.batch_size,
-            learning_rate=1e-3, dataloader_num_workers=args.workers,
-            dataloader_persistent_workers=args.workers > 0, use_cpu=True, report_to="none",
-            save_strategy="no", logging_strategy="no", eval_strategy="no",
-            disable_tqdm=True, seed=0)
-        trainer = TimedTrainer(model=model, args=targs, train_dataset=SlowFeatures(),
-                               callbacks=[stop])
+            output_dir=out,
+            max_steps=100_000,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=1e-3,
+            dataloader_num_workers=args.workers,
+            dataloader_persistent_workers=args.workers > 0,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            eval_strategy="no",
+            disable_tqdm=True,
+            seed=0,
+        )
+        trainer = TimedTrainer(
+            model=model, args=targs, train_dataset=SlowFeatures(), callbacks=[stop]
+        )
         result = trainer.train()
     timer = trainer.timed.timer
     wall = stop.end - (timer.first if timer.first is not None else stop.start)

@@ -45,8 +45,13 @@ class TinyClassifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
     def train_dataloader(self):
-        loader = DataLoader(BlurredImages(), batch_size=self.batch_size, shuffle=True,
-                            num_workers=self.workers, persistent_workers=self.workers > 0)
+        loader = DataLoader(
+            BlurredImages(),
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.workers,
+            persistent_workers=self.workers > 0,
+        )
         self.timed = TimedBatches(loader)
         return self.timed
 
@@ -60,10 +65,16 @@ def main() -> int:
 
     pl.seed_everything(0, verbose=False)
     model = TinyClassifier(args.workers, args.batch_size)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1000,
-                         max_time={"seconds": args.seconds}, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1000,
+        max_time={"seconds": args.seconds},
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model)
     timer = model.timed.timer
     report(trainer.global_step, timer.seconds, model.end - timer.first)

@@ -27,13 +27,23 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     images = torch.rand(2048, 3, 32, 32, generator=g)
     labels = torch.randint(0, 10, (2048,), generator=g)
-    loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size,
-                        shuffle=True, num_workers=0)
+    loader = DataLoader(
+        TensorDataset(images, labels), batch_size=args.batch_size, shuffle=True, num_workers=0
+    )
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     step = classify_step(model, opt)

@@ -47,7 +47,8 @@ def write_photos(root: Path, n: int, classes: int, size: tuple[int, int]) -> Non
         img = Image.fromarray(small).resize((w, h), Image.BILINEAR)
         arr = np.asarray(img, dtype=np.int16) + np.roll(grain, i, axis=1)
         Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(
-            root / f"class_{i % classes}" / f"img_{i:05d}.jpg", quality=90)
+            root / f"class_{i % classes}" / f"img_{i:05d}.jpg", quality=90
+        )
 
 
 class ImageFolder(Dataset):
@@ -55,8 +56,11 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: Path, crop: int = 160):
         self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.items = [(p, c) for c, name in enumerate(self.classes)
-                      for p in sorted((root / name).glob("*.jpg"))]
+        self.items = [
+            (p, c)
+            for c, name in enumerate(self.classes)
+            for p in sorted((root / name).glob("*.jpg"))
+        ]
         self.crop = crop
         self.rng = np.random.default_rng()
 
@@ -89,8 +93,13 @@ def main() -> int:
         t = time.perf_counter()
         write_photos(root, args.files, classes=5, size=(500, 375))
         print(f"{args.files} photos in {root} ({time.perf_counter() - t:.1f} s)", flush=True)
-        loader = DataLoader(ImageFolder(root), batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, persistent_workers=args.workers > 0)
+        loader = DataLoader(
+            ImageFolder(root),
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+        )
         model = nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 5))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
 

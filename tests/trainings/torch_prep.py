@@ -23,8 +23,13 @@ from torch.utils.data import DataLoader
 def main() -> int:
     args = arguments(__doc__, workers=1, batch_size=16).parse_args()
 
-    loader = DataLoader(BlurredImages(), batch_size=args.batch_size, shuffle=True,
-                        num_workers=args.workers, persistent_workers=args.workers > 0)
+    loader = DataLoader(
+        BlurredImages(),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
     model = nn.Sequential(nn.AdaptiveAvgPool2d(8), nn.Flatten(), nn.Linear(3 * 8 * 8, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 

@@ -43,8 +43,9 @@ def main() -> int:
     ap = arguments(__doc__, seconds=6.0)
     ap.add_argument("--stuck", type=float, default=8.0)
     args = ap.parse_args()
-    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10))
+    model = nn.Sequential(
+        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     deadline = time.time() + 3.0 + args.seconds  # 3 s for the workers to start
     loader = DataLoader(Items(10_000_000, deadline, args.stuck), batch_size=8, num_workers=2)

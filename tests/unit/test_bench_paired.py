@@ -32,8 +32,10 @@ def test_equal_candidates_do_not_bias_the_ratio_down() -> None:
     rng = random.Random(7)
     naive, loo = [], []
     for _ in range(400):
+
         def draw() -> list[float]:
             return [1000 * (1 + rng.gauss(0, 0.08)) for _ in range(5)]
+
         r = paired_ratio(draw(), {k: draw() for k in "abc"})
         naive.append(r.in_sample)
         loo.append(r.ratio)
@@ -52,8 +54,9 @@ def test_a_slower_pick_is_still_found_slower() -> None:
     assert 0.7 < r.ratio < 0.9
 
 
-@pytest.mark.parametrize("pick, cands", [([1.0], {"a": [1.0]}), ([1.0, 2.0], {}),
-                                         ([1.0, 2.0], {"a": [1.0]})])
+@pytest.mark.parametrize(
+    "pick, cands", [([1.0], {"a": [1.0]}), ([1.0, 2.0], {}), ([1.0, 2.0], {"a": [1.0]})]
+)
 def test_bad_shapes_are_refused(pick: list[float], cands: dict[str, list[float]]) -> None:
     with pytest.raises(ValueError):
         paired_ratio(pick, cands)

@@ -36,8 +36,7 @@ def slurm_v2_tree(tmp_path: Path, pid: int = 4242) -> tuple[Path, Path]:
         (folder / "cpu.max").write_text("max 100000\n")
         (folder / "cgroup.procs").write_text("")
     (cg / "system.slice" / "cpu.max").write_text("1600000 100000\n")
-    (cg / "system.slice" / "slurmstepd.scope" / "job_123" / "cpu.max").write_text(
-        "400000 100000\n")
+    (cg / "system.slice" / "slurmstepd.scope" / "job_123" / "cpu.max").write_text("400000 100000\n")
     (cg / SLURM_V2_TASK / "cgroup.procs").write_text(f"{pid}\n")
     return proc, cg
 
@@ -51,12 +50,12 @@ def test_the_cpu_quota_of_a_slurm_job_is_found_below_the_mounts_root(tmp_path: P
     assert usable_cores(str(cg), 4242, proc_root=str(proc)) <= 4
     # a tighter limit lower down (the step) wins over the job's
     (cg / "system.slice" / "slurmstepd.scope" / "job_123" / "step_0" / "cpu.max").write_text(
-        "250000 100000\n")
+        "250000 100000\n"
+    )
     assert cgroup_cpus(str(cg), 4242, proc_root=str(proc)) == 2
     # the slice's limit alone still binds the task
     for folder in ("job_123", "job_123/step_0"):
-        (cg / "system.slice" / "slurmstepd.scope" / folder / "cpu.max").write_text(
-            "max 100000\n")
+        (cg / "system.slice" / "slurmstepd.scope" / folder / "cpu.max").write_text("max 100000\n")
     assert cgroup_cpus(str(cg), 4242, proc_root=str(proc)) == 16
     # another process, in no cgroup below the root, has no quota
     (proc / "99").mkdir()
@@ -71,8 +70,7 @@ def test_the_cpu_quota_of_a_slurm_job_is_found_below_the_mounts_root(tmp_path: P
 def test_the_cpu_quota_of_a_slurm_v1_job_is_found_in_the_cpu_controller(tmp_path: Path) -> None:
     proc, cg = tmp_path / "proc", tmp_path / "cg"
     (proc / "7").mkdir(parents=True)
-    (proc / "7" / "cgroup").write_text(f"5:cpu,cpuacct:/{SLURM_V1_STEP}\n4:memory:/x\n"
-                                       "0::/\n")
+    (proc / "7" / "cgroup").write_text(f"5:cpu,cpuacct:/{SLURM_V1_STEP}\n4:memory:/x\n0::/\n")
     job = cg / "cpu,cpuacct" / "slurm" / "uid_1000" / "job_123"
     (job / "step_0" / "task_0").mkdir(parents=True)
     for folder in (job, job / "step_0", job / "step_0" / "task_0"):
@@ -92,18 +90,24 @@ def test_read_limits_names_devices_from_the_given_sys_root(tmp_path: Path) -> No
     (sys_root / "dev" / "block").mkdir(parents=True)
     os.symlink("../../devices/virtual/block/fakedisk0", sys_root / "dev" / "block" / "4000:7")
     assert read_limits(42, proc_root=str(proc), cg_root=str(cg), sys_root=str(sys_root)) == {
-        "fakedisk0": 5000000}
-    assert read_limits(42, proc_root=str(proc), cg_root=str(cg),
-                       sys_root=str(tmp_path / "nosys")) == {}
+        "fakedisk0": 5000000
+    }
+    assert (
+        read_limits(42, proc_root=str(proc), cg_root=str(cg), sys_root=str(tmp_path / "nosys"))
+        == {}
+    )
 
 
 def test_parse_read_caps_v1_and_v2() -> None:
-    assert parse_read_caps("8:0 4000000\n254:0 10485760\n") == {"8:0": 4000000,
-                                                               "254:0": 10485760}
+    assert parse_read_caps("8:0 4000000\n254:0 10485760\n") == {"8:0": 4000000, "254:0": 10485760}
     v2 = "8:0 rbps=2097152 wbps=max riops=max wiops=max\n8:16 wbps=1000 riops=50\n"
     assert parse_read_caps(v2) == {"8:0": 2097152}  # 8:16 limits writes and IOPS only
-    assert parse_read_caps("garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n"
-                           "8:2 \u00b2\n8:3 rbps=\u0661\n") == {}
+    assert (
+        parse_read_caps(
+            "garbage\n\n8:0\n8:0 max\n8:0 rbps=max\nx 5\n8:1 -3\n8:2 \u00b2\n8:3 rbps=\u0661\n"
+        )
+        == {}
+    )
 
 
 def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -> None:
@@ -113,11 +117,15 @@ def test_read_caps_takes_the_smallest_limit_up_the_cgroup_tree(tmp_path: Path) -
     (cg / "blkio" / "kubepods" / "pod1").mkdir(parents=True)
     (cg / "blkio" / "kubepods" / "blkio.throttle.read_bps_device").write_text("8:0 3000000\n")
     (cg / "blkio" / "kubepods" / "pod1" / "blkio.throttle.read_bps_device").write_text(
-        "8:0 5000000\n8:16 7000000\n")
+        "8:0 5000000\n8:16 7000000\n"
+    )
     (cg / "slice" / "job").mkdir(parents=True)
     (cg / "slice" / "job" / "io.max").write_text("259:0 rbps=9000000 wbps=max\n")
     assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {
-        "8:0": 3000000, "8:16": 7000000, "259:0": 9000000}
+        "8:0": 3000000,
+        "8:16": 7000000,
+        "259:0": 9000000,
+    }
     assert read_caps(43, proc_root=str(proc), cg_root=str(cg)) == {}  # no such process
     (proc / "42" / "cgroup").write_text("7:blkio:/../../etc\n")  # never above the root
     assert read_caps(42, proc_root=str(proc), cg_root=str(cg)) == {}

@@ -30,8 +30,12 @@ def _lognormal(r: random.Random) -> float:  # skewed, like latencies
     return math.exp(r.gauss(0.0, 1.0))
 
 
-SHAPES: dict[str, Noise] = {"gauss": _gauss, "laplace": _laplace, "student_t2": _student_t2,
-                            "lognormal": _lognormal}
+SHAPES: dict[str, Noise] = {
+    "gauss": _gauss,
+    "laplace": _laplace,
+    "student_t2": _student_t2,
+    "lognormal": _lognormal,
+}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -44,8 +48,7 @@ def test_no_alarm_on_stationary_noise(shape: str, seed: int) -> None:
 
 @pytest.mark.parametrize("shape", ["gauss", "laplace", "student_t2"])
 @pytest.mark.parametrize("shift, within", [(2.0, 40), (4.0, 15), (-4.0, 15)])
-def test_every_shift_is_found_within_a_stated_delay(shape: str, shift: float,
-                                                    within: int) -> None:
+def test_every_shift_is_found_within_a_stated_delay(shape: str, shift: float, within: int) -> None:
     """A step of `shift` noise scale units at sample 500 (10 seeds each)."""
     noise = SHAPES[shape]
     for seed in range(10):
@@ -85,10 +88,15 @@ def test_diagnose_reports_when_the_run_changed_pace() -> None:
         host = 0.050 + r.gauss(0, 0.002)
         steps.append(StepRow(0, i, t, wait, host))
         t += wait + host
-    temps = Series("gpu.temp_c", "gpu0", [t0 + i for i in range(200)],
-                   [60 + r.gauss(0, 0.5) + (15 if i >= 120 else 0) for i in range(200)])
-    data = RunData(meta={"start": t0, "end": t}, series={("gpu.temp_c", "gpu0"): temps},
-                   steps=steps)
+    temps = Series(
+        "gpu.temp_c",
+        "gpu0",
+        [t0 + i for i in range(200)],
+        [60 + r.gauss(0, 0.5) + (15 if i >= 120 else 0) for i in range(200)],
+    )
+    data = RunData(
+        meta={"start": t0, "end": t}, series={("gpu.temp_c", "gpu0"): temps}, steps=steps
+    )
     doc = diagnose(data)
     got = {(c["metric"], c["entity"], c["direction"]) for c in doc["changes"]}
     assert ("data_wait_share", "rank0", "up") in got
@@ -115,8 +123,7 @@ def test_a_blip_is_no_change_and_a_change_says_when_it_ended_and_why() -> None:
             wait = 0.001 + abs(r.gauss(0, 0.0002))
             steps.append(StepRow(0, i, t, wait, host + r.gauss(0, 0.002), epoch=ep))
             t += wait + host
-        return changes(RunData(meta={"start": t0, "end": t}, series={}, steps=steps,
-                               events=events))
+        return changes(RunData(meta={"start": t0, "end": t}, series={}, steps=steps, events=events))
 
     # 600 steps of 61 ms with a 1.2-s stall (20 steps at 127 ms) in the middle: no change
     hosts = [0.061] * 300 + [0.127] * 20 + [0.061] * 300
@@ -127,7 +134,10 @@ def test_a_blip_is_no_change_and_a_change_says_when_it_ended_and_why() -> None:
     assert got and got[0]["direction"] == "up" and got[0]["ended_s"] is not None, got
     assert "back " in got[0]["summary"] and "s later" in got[0]["summary"]
     # the same shift at an epoch boundary is named after it
-    got = [c for c in run([0.061] * 300 + [0.127] * 300, [0] * 300 + [1] * 300, [])
-           if c["metric"] == "step_ms"]
+    got = [
+        c
+        for c in run([0.061] * 300 + [0.127] * 300, [0] * 300 + [1] * 300, [])
+        if c["metric"] == "step_ms"
+    ]
     assert got and got[0]["cause"] == "the start of epoch 1", got
     assert got[0]["summary"].endswith("(at the start of epoch 1)")

@@ -14,8 +14,9 @@ from conftest import CHECKOUT_RUNS, ROOT, index_lines, leaks, run_folders
 
 def test_a_new_run_folder_in_the_checkout_is_a_leak() -> None:
     found = leaks({"old-run"}, {"old-run", "20261129-101500-train.py"}, [], [], (ROOT,))
-    assert found == [f"{CHECKOUT_RUNS / '20261129-101500-train.py'}: a run folder left in the "
-                     "checkout"]
+    assert found == [
+        f"{CHECKOUT_RUNS / '20261129-101500-train.py'}: a run folder left in the checkout"
+    ]
     assert leaks({"old-run"}, {"old-run"}, [], [], (ROOT,)) == []
     # a run the user removed meanwhile is no leak either
     assert leaks({"old-run"}, set(), [], [], (ROOT,)) == []
@@ -27,11 +28,18 @@ def test_index_lines_naming_a_tests_run_are_leaks_the_users_own_are_not(tmp_path
     the suite) is the user's own."""
     base = tmp_path / "pytest-of-me" / "pytest-7"
     before = ["/home/me/runs/20261128-090000-train"]
-    after = [*before, str(base / "popen-gw1" / "test_x0" / "stallscope-runs" / "r1"),
-             "/tmp/h50/out/20261129-035437-train", str(ROOT / "stallscope-runs" / "r2"), ""]
+    after = [
+        *before,
+        str(base / "popen-gw1" / "test_x0" / "stallscope-runs" / "r1"),
+        "/tmp/h50/out/20261129-035437-train",
+        str(ROOT / "stallscope-runs" / "r2"),
+        "",
+    ]
     found = leaks(set(), set(), before, after, (base, ROOT))
-    assert found == [f"{after[1]}: added to the user's run index",
-                     f"{after[3]}: added to the user's run index"]
+    assert found == [
+        f"{after[1]}: added to the user's run index",
+        f"{after[3]}: added to the user's run index",
+    ]
     assert leaks(set(), set(), after, after, (base, ROOT)) == []
 
 

@@ -33,8 +33,7 @@ def test_broken_source_is_reported_once_then_turned_off(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
     host = HostSource()
     host.open()
-    c = Collector([host, Broken()], [StoreSink(st)], interval=1.0,
-                  unavailable={"gpu": "no driver"})
+    c = Collector([host, Broken()], [StoreSink(st)], interval=1.0, unavailable={"gpu": "no driver"})
     for _ in range(6):
         c.sample_once()
     events = st.events()
@@ -110,22 +109,26 @@ class Thermometer(Source):
         self.n += 1
         if self.n == 2:
             self.emit("note", "sensor B warming up")
-        return {"roomA": {"temp_c": 20.0 + self.n, "label": "lab"},
-                "roomB": {"temp_c": None}}
+        return {"roomA": {"temp_c": 20.0 + self.n, "label": "lab"}, "roomB": {"temp_c": None}}
 
     def points(self, payload: Any) -> list[Point]:
-        return [Point("thermo.temp_c", room, float(f["temp_c"]))
-                for room, f in payload.items() if f["temp_c"] is not None]
+        return [
+            Point("thermo.temp_c", room, float(f["temp_c"]))
+            for room, f in payload.items()
+            if f["temp_c"] is not None
+        ]
 
     def entities(self, payload: Any) -> dict[str, dict[str, Any]]:
         return {room: {"label": f.get("label")} for room, f in payload.items()}
 
 
 def test_a_new_source_needs_no_change_to_collector_or_store(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the vocabulary is the one place a metric is declared: add it there, as a source would
-    monkeypatch.setattr(metrics, "_BY_NAME", {**metrics._BY_NAME,
-                                               Thermometer.metric.name: Thermometer.metric})
+    monkeypatch.setattr(
+        metrics, "_BY_NAME", {**metrics._BY_NAME, Thermometer.metric.name: Thermometer.metric}
+    )
     st = RunStore(tmp_path / "run.db")
     keep = Keeping()
     c = Collector([Thermometer()], [StoreSink(st), keep], interval=1.0)
@@ -137,8 +140,7 @@ def test_a_new_source_needs_no_change_to_collector_or_store(
     ents = {e["entity"]: e for e in st.entities("thermo")}
     assert ents["roomA"]["attrs"] == {"label": "lab"} and ents["roomB"]["attrs"] == {"label": None}
     assert ents["roomA"]["last_ts"] > ents["roomA"]["first_ts"]  # transient: last seen kept
-    assert [e["message"] for e in st.events() if e["source"] == "thermo"] == [
-        "sensor B warming up"]
+    assert [e["message"] for e in st.events() if e["source"] == "thermo"] == ["sensor B warming up"]
     assert isinstance(keep.samples[0].readings["thermo"], Reading)
 
 
@@ -161,12 +163,23 @@ def test_collector_and_store_never_branch_on_a_source_name() -> None:
 
 
 def test_trainer_gpu_memory_marks_the_runs_gpus() -> None:
-    gpu = Reading("gpu", [{"index": 0, "processes": [{"pid": 41, "used_mib": 30000},
-                                                     {"pid": 999, "used_mib": 500}]},
-                          {"index": 1, "processes": [{"pid": 999, "used_mib": 70000}]}], [], {})
+    gpu = Reading(
+        "gpu",
+        [
+            {
+                "index": 0,
+                "processes": [{"pid": 41, "used_mib": 30000}, {"pid": 999, "used_mib": 500}],
+            },
+            {"index": 1, "processes": [{"pid": 999, "used_mib": 70000}]},
+        ],
+        [],
+        {},
+    )
     procs = Reading("procs", {"41": {}, "42": {}}, [], {}, True)
     assert trainer_gpu_memory({"gpu": gpu, "procs": procs}) == [
-        Point("gpu.trainer_mem_mib", "gpu0", 30000.0), Point("gpu.trainer_mem_mib", "gpu1", 0.0)]
+        Point("gpu.trainer_mem_mib", "gpu0", 30000.0),
+        Point("gpu.trainer_mem_mib", "gpu1", 0.0),
+    ]
     assert trainer_gpu_memory({"gpu": gpu}) == []  # no trainer tree: unknown
 
 
@@ -241,8 +254,9 @@ def test_the_first_read_hands_raw_counters_only_to_the_sinks_that_export_them() 
     assert first.readings == {} and first.primed == {"host"}
     assert [s.ts for s in prom.got] == [first.ts] and store.got == [] and c.samples == 0
     names = {p.name for p in prom.got[0].points}
-    assert names and all(metrics.lookup(n) is not None and metrics.lookup(n).kind == "counter"
-                         for n in names), names
+    assert names and all(
+        metrics.lookup(n) is not None and metrics.lookup(n).kind == "counter" for n in names
+    ), names
     c.sample_once()
     assert len(store.got) == 1 and len(prom.got) == 2 and c.samples == 1
     assert prom.got[1].readings and not prom.got[1].primed
@@ -262,8 +276,12 @@ def test_the_source_registry_knows_every_source(tmp_path: Path) -> None:
     for mod in pkgutil.walk_packages(pkg.__path__, "stallscope.sources."):
         m = importlib.import_module(mod.name)
         for _, cls in inspect.getmembers(m, inspect.isclass):
-            if issubclass(cls, Source) and cls is not Source and cls.__module__ == m.__name__ \
-                    and not inspect.isabstract(cls):
+            if (
+                issubclass(cls, Source)
+                and cls is not Source
+                and cls.__module__ == m.__name__
+                and not inspect.isabstract(cls)
+            ):
                 found.add(cls.name)
     assert found == set(REGISTRY), (found, set(REGISTRY))
     kw = {"root_pid": os.getpid(), "run_dir": tmp_path, "smart_devices": ["sda"]}
@@ -288,16 +306,19 @@ class _Comings(Thermometer):
 
 
 def test_last_seen_times_are_written_when_an_entity_goes_at_checkpoints_and_at_close(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An entity that goes gets the time of the last sample that had it, at once; the ones
     still there get theirs every downsample_every samples and when the collector stops; the
     samples in between write no entity row."""
-    monkeypatch.setattr(metrics, "_BY_NAME", {**metrics._BY_NAME,
-                                               Thermometer.metric.name: Thermometer.metric})
+    monkeypatch.setattr(
+        metrics, "_BY_NAME", {**metrics._BY_NAME, Thermometer.metric.name: Thermometer.metric}
+    )
     st = RunStore(tmp_path / "run.db")
     clock = iter(float(t) for t in range(100, 200))
-    c = Collector([_Comings()], [StoreSink(st, downsample_every=6)], interval=1.0,
-                  clock=lambda: next(clock))
+    c = Collector(
+        [_Comings()], [StoreSink(st, downsample_every=6)], interval=1.0, clock=lambda: next(clock)
+    )
 
     def seen() -> dict[str, tuple[float, float]]:
         return {e["entity"]: (e["first_ts"], e["last_ts"]) for e in st.entities("thermo")}

@@ -74,10 +74,11 @@ def test_disk_reexports_the_shared_function() -> None:
     assert disk.counter_delta is base.counter_delta
 
 
-@given(st.lists(st.tuples(st.integers(0, 2**33), st.integers(0, 2**33)), max_size=10),
-       st.sampled_from([32, 64]))
-def test_counter_deltas_is_counter_delta_per_field(pairs: list[tuple[int, int]],
-                                                   bits: int) -> None:
+@given(
+    st.lists(st.tuples(st.integers(0, 2**33), st.integers(0, 2**33)), max_size=10),
+    st.sampled_from([32, 64]),
+)
+def test_counter_deltas_is_counter_delta_per_field(pairs: list[tuple[int, int]], bits: int) -> None:
     prev = [p for p, _ in pairs]
     cur = [c for _, c in pairs]
     each = [counter_delta(p, c, bits) for p, c in pairs]
@@ -109,7 +110,8 @@ def test_counter_prom_names_end_in_total_and_only_theirs() -> None:
         elif m.prom:
             assert not m.prom.endswith("_total"), m.name
     assert len({m.prom for m in metrics.METRICS if m.prom}) == len(
-        [m for m in metrics.METRICS if m.prom])
+        [m for m in metrics.METRICS if m.prom]
+    )
 
 
 def test_by_source_lists_payload_metrics_unless_counters_asked() -> None:
@@ -177,8 +179,7 @@ def test_host_cpu_reset_drops_the_interval(tmp_path: Path) -> None:
     root, src, clock = _host(tmp_path)
     assert src.sample(0.0) is None
     # cpu1's iowait went backwards (a reset of that line): the aggregate and cpu1 have no value
-    _edit_stat(root, cpu={"user": 100, "iowait": -50}, cpu0={"user": 100},
-               cpu1={"iowait": -50})
+    _edit_stat(root, cpu={"user": 100, "iowait": -50}, cpu0={"user": 100}, cpu1={"iowait": -50})
     clock.t += 1.0
     out = src.sample(0.0)
     assert out is not None
@@ -232,7 +233,15 @@ def test_host_counters_declared_and_in_base_units(tmp_path: Path) -> None:
     assert by[("host.cpu_seconds_total", "user")] == pytest.approx(cpu.user / CLK_TCK)
     assert by[("host.cpu_seconds_total", "iowait")] == pytest.approx(cpu.iowait / CLK_TCK)
     assert {e for n, e in by if n == "host.cpu_seconds_total"} == {
-        "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}
+        "user",
+        "nice",
+        "system",
+        "idle",
+        "iowait",
+        "irq",
+        "softirq",
+        "steal",
+    }
     assert by[("host.swap_in_bytes_total", "")] == 3 * PAGE
     assert by[("host.swap_out_bytes_total", "")] == 4 * PAGE
     io = parse_pressure_totals((K6 / "pressure" / "io").read_text())
@@ -274,29 +283,50 @@ def test_host_without_psi_has_no_psi_counters(tmp_path: Path) -> None:
 STAT_FIXTURE = (K6 / "pid-self" / "stat").read_text()
 
 
-def _stat_text(pid: int, ppid: int, utime: int, stime: int, start: int, blkio: int,
-               state: str) -> str:
+def _stat_text(
+    pid: int, ppid: int, utime: int, stime: int, start: int, blkio: int, state: str
+) -> str:
     """The recorded stat line with the fields a test sets (proc(5) numbering: 3 state, 4 ppid,
     14 utime, 15 stime, 22 starttime, 42 delayacct_blkio_ticks)."""
     _, _, tail = STAT_FIXTURE.partition(") ")
     rest = tail.split()
     rest[0], rest[1], rest[11], rest[12], rest[19], rest[39] = (
-        state, str(ppid), str(utime), str(stime), str(start), str(blkio))
+        state,
+        str(ppid),
+        str(utime),
+        str(stime),
+        str(start),
+        str(blkio),
+    )
     return f"{pid} (python) " + " ".join(rest) + "\n"
 
 
-def _write_proc(root: Path, pid: int, *, utime: int = 100, stime: int = 20, start: int = 5000,
-                blkio: int = 0, rchar: int = 10_000, read_bytes: int = 4096,
-                write_bytes: int = 0, run_ns: int = 10**9, wait_ns: int = 10**6,
-                ppid: int = 1, state: str = "S") -> None:
+def _write_proc(
+    root: Path,
+    pid: int,
+    *,
+    utime: int = 100,
+    stime: int = 20,
+    start: int = 5000,
+    blkio: int = 0,
+    rchar: int = 10_000,
+    read_bytes: int = 4096,
+    write_bytes: int = 0,
+    run_ns: int = 10**9,
+    wait_ns: int = 10**6,
+    ppid: int = 1,
+    state: str = "S",
+) -> None:
     """Write (in place: the source keeps descriptors open) one fake /proc/PID."""
     d = root / str(pid)
     (d / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
     (d / "task" / str(pid) / "children").write_text("")
     (d / "stat").write_text(_stat_text(pid, ppid, utime, stime, start, blkio, state))
-    (d / "io").write_text(f"rchar: {rchar}\nwchar: 0\nsyscr: 1\nsyscw: 0\n"
-                          f"read_bytes: {read_bytes}\nwrite_bytes: {write_bytes}\n"
-                          "cancelled_write_bytes: 0\n")
+    (d / "io").write_text(
+        f"rchar: {rchar}\nwchar: 0\nsyscr: 1\nsyscw: 0\n"
+        f"read_bytes: {read_bytes}\nwrite_bytes: {write_bytes}\n"
+        "cancelled_write_bytes: 0\n"
+    )
     (d / "schedstat").write_text(f"{run_ns} {wait_ns} 3\n")
     (d / "cmdline").write_bytes(b"python\0train.py\0")
 
@@ -325,9 +355,17 @@ def test_procs_rates_use_the_monotonic_read_time_not_now(tmp_path: Path) -> None
     root, src, clock = _procs(tmp_path)
     first = src.sample(50.0)
     assert first is not None and "cpu_pct" not in first[str(PID)]  # nothing to diff yet
-    _write_proc(root, PID, utime=100 + CLK_TCK, stime=20, read_bytes=4096 + 2 * 1048576,
-                rchar=10_000 + 4 * 1048576, write_bytes=1024 * 1024, wait_ns=10**6 + 2 * 10**8,
-                blkio=CLK_TCK // 2)
+    _write_proc(
+        root,
+        PID,
+        utime=100 + CLK_TCK,
+        stime=20,
+        read_bytes=4096 + 2 * 1048576,
+        rchar=10_000 + 4 * 1048576,
+        write_bytes=1024 * 1024,
+        wait_ns=10**6 + 2 * 10**8,
+        blkio=CLK_TCK // 2,
+    )
     clock.t += 2.0
     out = src.sample(50.01)  # the collector's now moved 10 ms; the reads are 2 s apart
     assert out is not None
@@ -344,8 +382,9 @@ def test_procs_reset_drops_only_the_affected_rates(tmp_path: Path) -> None:
     root, src, clock = _procs(tmp_path, read_bytes=10**6, rchar=10**7, utime=500)
     src.sample(0.0)
     # same process (same start time), but its io counters and utime went down
-    _write_proc(root, PID, read_bytes=100, rchar=10**7 + 1024, utime=400, stime=20,
-                write_bytes=2048)
+    _write_proc(
+        root, PID, read_bytes=100, rchar=10**7 + 1024, utime=400, stime=20, write_bytes=2048
+    )
     clock.t += 1.0
     rec = _rec(src)
     assert "read_kb_s" not in rec and "cpu_pct" not in rec  # dropped, not 0
@@ -353,8 +392,15 @@ def test_procs_reset_drops_only_the_affected_rates(tmp_path: Path) -> None:
     assert rec["write_kb_s"] == pytest.approx(2.0)
     assert rec["runq_wait_pct"] == 0.0  # unchanged counter: a real zero
     # the next interval is measured from the reset reading
-    _write_proc(root, PID, read_bytes=100 + 1024, rchar=10**7 + 1024, utime=400 + CLK_TCK,
-                stime=20, write_bytes=2048)
+    _write_proc(
+        root,
+        PID,
+        read_bytes=100 + 1024,
+        rchar=10**7 + 1024,
+        utime=400 + CLK_TCK,
+        stime=20,
+        write_bytes=2048,
+    )
     clock.t += 1.0
     rec = _rec(src)
     assert rec["read_kb_s"] == pytest.approx(1.0) and rec["cpu_pct"] == pytest.approx(100.0)
@@ -378,8 +424,9 @@ def test_procs_pid_reuse_is_a_new_process_not_a_reset(tmp_path: Path) -> None:
 
 
 def test_procs_counters_declared_and_in_base_units(tmp_path: Path) -> None:
-    root, src, clock = _procs(tmp_path, utime=300, stime=100, read_bytes=8192,
-                              write_bytes=512, rchar=70_000)
+    root, src, clock = _procs(
+        tmp_path, utime=300, stime=100, read_bytes=8192, write_bytes=512, rchar=70_000
+    )
     assert src.counters() == []
     _write_proc(root, PID + 1, ppid=PID, utime=7, stime=3)
     src.sample(0.0)
@@ -392,8 +439,7 @@ def test_procs_counters_declared_and_in_base_units(tmp_path: Path) -> None:
     assert by[("procs.write_bytes_total", e)] == 512.0
     assert by[("procs.rchar_bytes_total", e)] == 70_000.0
     assert by[("procs.cpu_seconds_total", str(PID + 1))] == pytest.approx(10 / CLK_TCK)
-    declared = {m.name for m in metrics.by_source("procs", counters=True)
-                if m.kind == "counter"}
+    declared = {m.name for m in metrics.by_source("procs", counters=True) if m.kind == "counter"}
     assert {n for n, _ in by} == declared
     # a process that exits leaves the counters with the next sample
     _write_proc(root, PID + 1, ppid=PID, utime=7, stime=3, state="Z")
@@ -436,8 +482,11 @@ def test_disk_counters_of_old_partition_lines() -> None:
     got = disk_counters(c)
     _declared_counters(got)
     assert {n: v for n, _, v in got} == {
-        "disk.reads_completed_total": 10.0, "disk.read_bytes_total": 20 * 512.0,
-        "disk.writes_completed_total": 30.0, "disk.written_bytes_total": 40 * 512.0}
+        "disk.reads_completed_total": 10.0,
+        "disk.read_bytes_total": 20 * 512.0,
+        "disk.writes_completed_total": 30.0,
+        "disk.written_bytes_total": 40 * 512.0,
+    }
 
 
 def test_disk_reset_drops_the_interval_and_counters_show_the_new_values(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ from stallscope.cli.export import _write_parquet
 from stallscope.errors import UsageError
 
 
-def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parquet_without_pyarrow_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(UsageError, match=r"pip install 'stallscope\[parquet\]'"):
@@ -44,25 +45,37 @@ def _run(tmp_path: Path) -> Path:
 
     run = tmp_path / "20231114-221320-train"
     run.mkdir()
-    write_meta(run, {"command": ["python", "train.py"], "start": START, "end": START + 3,
-                     "exit_code": 0, "interval_s": 1.0, "monitor_pid": 1})
+    write_meta(
+        run,
+        {
+            "command": ["python", "train.py"],
+            "start": START,
+            "end": START + 3,
+            "exit_code": 0,
+            "interval_s": 1.0,
+            "monitor_pid": 1,
+        },
+    )
     st = RunStore(run / "run.db")
     for k in range(3):
         st.add_points(START + 0.25 + k, [Point("host.cpu_pct", "", 10.0 + k)])
-    st.add_steps([StepRow(0, i, START + 1 + i / 3, 0.3, 0.1, None, 0.25, None, 32, 0)
-                  for i in range(3)])
+    st.add_steps(
+        [StepRow(0, i, START + 1 + i / 3, 0.3, 0.1, None, 0.25, None, 32, 0) for i in range(3)]
+    )
     st.finish()
     st.close()
     return run
 
 
 @pytest.mark.usefixtures("away_from_utc")
-@pytest.mark.parametrize("what, instants", [
-    ("points", [START + 0.25, START + 1.25, START + 2.25]),
-    ("steps", [START + 1, START + 1 + 1 / 3, START + 1 + 2 / 3]),
-])
-def test_parquet_time_is_a_utc_timestamp(tmp_path: Path, what: str,
-                                         instants: list[float]) -> None:
+@pytest.mark.parametrize(
+    "what, instants",
+    [
+        ("points", [START + 0.25, START + 1.25, START + 2.25]),
+        ("steps", [START + 1, START + 1 + 1 / 3, START + 1 + 2 / 3]),
+    ],
+)
+def test_parquet_time_is_a_utc_timestamp(tmp_path: Path, what: str, instants: list[float]) -> None:
     """``time`` was text in Parquet (the CSV's ISO string): a reader had to parse it to plot or
     join. It is a timestamp, milliseconds, UTC, holding each sample's instant; the CSV keeps its
     local ISO 8601 text of the same instant."""
@@ -80,7 +93,8 @@ def test_parquet_time_is_a_utc_timestamp(tmp_path: Path, what: str,
     assert all(t.utcoffset() == timedelta(0) for t in times), times
     # each instant to the millisecond (the step at START + 4/3 s: .333)
     assert [t.timestamp() for t in times] == pytest.approx(
-        [int(x * 1000) / 1000 for x in instants], abs=1e-9)
+        [int(x * 1000) / 1000 for x in instants], abs=1e-9
+    )
     assert times[0] == datetime.fromtimestamp(instants[0], tz=timezone.utc)
     # the CSV's cell: local time with its offset, the same instant
     text = _cell(rows[0][list(columns).index("time")])

@@ -15,25 +15,37 @@ def _scraped(comm: dict[tuple[str, int], float], job: str = "torchrun:j1") -> _S
     ``comm`` of each step in collectives, per (node, rank)."""
     scraped = _Scraped()
     for (node, rank), share in comm.items():
-        base = {"instance": node, "job": "stallscope", "run": f"run-{node}", "rank": str(rank),
-                "Hostname": node, "train_job": job}
-        cols = {"stallscope_train_steps_total": [i * 10 for i in range(40)],
-                "stallscope_train_step_seconds_total": [i * 1.0 for i in range(40)],
-                "stallscope_train_data_wait_seconds_total": [i * 0.02 for i in range(40)],
-                "stallscope_train_comm_wait_seconds_total": [i * share for i in range(40)]}
+        base = {
+            "instance": node,
+            "job": "stallscope",
+            "run": f"run-{node}",
+            "rank": str(rank),
+            "Hostname": node,
+            "train_job": job,
+        }
+        cols = {
+            "stallscope_train_steps_total": [i * 10 for i in range(40)],
+            "stallscope_train_step_seconds_total": [i * 1.0 for i in range(40)],
+            "stallscope_train_data_wait_seconds_total": [i * 0.02 for i in range(40)],
+            "stallscope_train_comm_wait_seconds_total": [i * share for i in range(40)],
+        }
         for name, vals in cols.items():
-            scraped.add({"metric": {"__name__": name, **base},
-                         "values": [[T0 + 15 * i, str(v)] for i, v in enumerate(vals)]})
+            scraped.add(
+                {
+                    "metric": {"__name__": name, **base},
+                    "values": [[T0 + 15 * i, str(v)] for i, v in enumerate(vals)],
+                }
+            )
     return scraped
 
 
 def test_a_job_on_two_nodes_is_diagnosed_as_one_with_the_straggler_s_node() -> None:
-    scraped = _scraped({("node-a", 0): 0.40, ("node-a", 1): 0.42,
-                        ("node-b", 2): 0.41, ("node-b", 3): 0.03})
+    scraped = _scraped(
+        {("node-a", 0): 0.40, ("node-a", 1): 0.42, ("node-b", 2): 0.41, ("node-b", 3): 0.03}
+    )
     q = PromQuery(url="http://prometheus:9090", since_s=600, step_s=15)
     [job] = _job_runs(q, scraped, T0, T0 + 600, 15.0)
-    assert job.meta["rank_hosts"] == {"0": "node-a", "1": "node-a", "2": "node-b",
-                                      "3": "node-b"}
+    assert job.meta["rank_hosts"] == {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
     assert job.meta["prometheus"]["nodes"] == ["node-a", "node-b"]
     doc = diagnose(job)
     assert doc["verdict"] == "straggler_rank", [f["kind"] for f in doc["findings"]]

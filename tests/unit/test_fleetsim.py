@@ -22,8 +22,9 @@ def test_the_recording_is_real_and_scaled_to_one_median() -> None:
     assert abs(medians[0] - medians[1]) < 1e-9 and 0.03 < medians[0] < 0.05
 
 
-def test_every_rank_s_step_is_as_long_as_the_slowest_and_a_slowdown_shows_in_the_others_wait(
-        ) -> None:
+def test_every_rank_s_step_is_as_long_as_the_slowest_and_a_slowdown_shows_in_the_others_wait() -> (
+    None
+):
     rec = load_recording()
     job = Job("j", ["a", "b"], 4, rec, 0.0, seed=3)
     job.faults.append(Fault("j", (5,), ("b",), 30.0, 90.0, 0.3, "compute", "rank"))
@@ -52,8 +53,9 @@ def test_the_schedule_never_overlaps_two_slowdowns_of_one_job() -> None:
     assert len(faults) >= 8
     for a, b in itertools.pairwise(faults):
         assert a.end <= b.start and 60 <= a.end - a.start <= 90
-    assert all(f.x in (0.05, 0.1, 0.2, 0.3, 0.5) and f.cause in ("compute", "input")
-               for f in faults)
+    assert all(
+        f.x in (0.05, 0.1, 0.2, 0.3, 0.5) and f.cause in ("compute", "input") for f in faults
+    )
     assert {len(f.nodes) for f in faults if f.scope == "node"} <= {1}
 
 
@@ -62,6 +64,7 @@ def test_the_replay_keeps_each_step_s_jitter_but_not_the_recording_s_slow_stretc
     drifts by several percent around its mean, which would show as a straggler no one
     injected; detrended, its slowest and fastest 20 s stay within 3%, and its step-to-step
     spread is kept."""
+
     def spread_20s(own: list[float]) -> float:
         n, w = len(own), 500  # about 20 s of 38-ms steps
         means = [sum(own[(i + j) % n] for j in range(w)) / w for i in range(0, n, 25)]

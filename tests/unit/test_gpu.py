@@ -39,18 +39,49 @@ ALL_REPLAYS = sorted(p.name for p in FIXTURES.glob("nvml-replay-*.json"))
 
 # the gpu keys of docs/architecture.md's `snapshot --json`, and the extra ones this source adds
 DESIGN_KEYS = {
-    "index", "name", "uuid", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
-    "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "throttle", "pcie_gen",
-    "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_rx_kb_s", "pcie_tx_kb_s",
+    "index",
+    "name",
+    "uuid",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mib",
+    "mem_total_mib",
+    "temp_c",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "throttle",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "pcie_rx_kb_s",
+    "pcie_tx_kb_s",
     "ecc_errors",
 }
 EXTRA_KEYS = {
-    "pci_bus_id", "sm_clock_max_mhz", "throttle_mask", "sm_active_pct", "sm_occupancy_pct",
-    "tensor_active_pct", "processes", "mig",
+    "pci_bus_id",
+    "sm_clock_max_mhz",
+    "throttle_mask",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "processes",
+    "mig",
     # issue 38: GPU health and the non-blocking reading
-    "mem_temp_c", "energy_j", "pcie_replays", "remapped_rows_correctable",
-    "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failed", "retired_pages",
-    "retired_pages_pending", "xid_count", "xid_last", "xid_errors", "health_problem",
+    "mem_temp_c",
+    "energy_j",
+    "pcie_replays",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "row_remap_pending",
+    "row_remap_failed",
+    "retired_pages",
+    "retired_pages_pending",
+    "xid_count",
+    "xid_last",
+    "xid_errors",
+    "health_problem",
     "pcie_from",
 }
 
@@ -162,8 +193,11 @@ def test_payload_has_exactly_the_contract_keys(name: str) -> None:
         assert set(gpu) == DESIGN_KEYS | EXTRA_KEYS
         # every gpu metric the source itself reads (the collector derives the others; the
         # per-process ones come from each entry of `processes`)
-        assert {m.key for m in metrics.by_source("gpu")
-                if not m.derived and m.label not in ("gpu_pid", "gpu_mig")} <= set(gpu)
+        assert {
+            m.key
+            for m in metrics.by_source("gpu")
+            if not m.derived and m.label not in ("gpu_pid", "gpu_mig")
+        } <= set(gpu)
         proc_keys = {"pid", "used_mib", "sm_pct", "mem_util_pct"}
         assert all(set(p) == proc_keys for p in gpu["processes"] or ())
         json.dumps(gpu)  # JSON-able
@@ -185,8 +219,12 @@ def test_h100_under_load_reads_like_its_capture() -> None:
     assert (gpu["mem_used_mib"], gpu["mem_total_mib"]) == (19818, 81559)
     assert gpu["temp_c"] == 59.0
     assert (gpu["sm_clock_mhz"], gpu["sm_clock_max_mhz"]) == (1980, 1980)
-    assert (gpu["pcie_gen"], gpu["pcie_gen_max"], gpu["pcie_width"], gpu["pcie_width_max"]) \
-        == (5, 5, 16, 16)
+    assert (gpu["pcie_gen"], gpu["pcie_gen_max"], gpu["pcie_width"], gpu["pcie_width_max"]) == (
+        5,
+        5,
+        16,
+        16,
+    )
     assert (gpu["pcie_rx_kb_s"], gpu["pcie_tx_kb_s"]) == (6346, 3092)
     assert gpu["throttle"] == [] and gpu["throttle_mask"] == 0
     assert gpu["ecc_errors"] == 0
@@ -244,7 +282,8 @@ def test_geforce_without_ecc_and_with_power_cap_at_idle() -> None:
     # (idle: NVML has no per-process samples, so each ran nothing)
     assert gpu["processes"] == [
         {"pid": 1696, "used_mib": 176, "sm_pct": 0.0, "mem_util_pct": 0.0},
-        {"pid": 4584, "used_mib": 3, "sm_pct": 0.0, "mem_util_pct": 0.0}]
+        {"pid": 4584, "used_mib": 3, "sm_pct": 0.0, "mem_util_pct": 0.0},
+    ]
     gpu = one(RTX4080_LOAD)
     assert gpu["ecc_errors"] is None
     assert gpu["pcie_rx_kb_s"] == 1436230
@@ -254,8 +293,15 @@ def test_geforce_without_ecc_and_with_power_cap_at_idle() -> None:
 def test_decode_throttle() -> None:
     assert decode_throttle(0) == []
     assert decode_throttle(0x1FF) == [
-        "gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost",
-        "sw_thermal", "hw_thermal", "hw_power_brake", "display_clocks",
+        "gpu_idle",
+        "applications_clocks",
+        "sw_power_cap",
+        "hw_slowdown",
+        "sync_boost",
+        "sw_thermal",
+        "hw_thermal",
+        "hw_power_brake",
+        "display_clocks",
     ]
     assert decode_throttle(0x4 | 0x40) == ["sw_power_cap", "hw_thermal"]
     assert decode_throttle(0x8 | 0x1000) == ["hw_slowdown", "unknown_0x1000"]
@@ -268,8 +314,7 @@ def test_decode_throttle() -> None:
 def test_old_driver_falls_back_to_throttle_reasons() -> None:
     old = doc(H100_LOAD)
     dev = old["devices"][0]
-    dev["nvmlDeviceGetCurrentClocksEventReasons"] = {
-        "nvml_error": "NVML_ERROR_FUNCTION_NOT_FOUND"}
+    dev["nvmlDeviceGetCurrentClocksEventReasons"] = {"nvml_error": "NVML_ERROR_FUNCTION_NOT_FOUND"}
     dev["nvmlDeviceGetCurrentClocksThrottleReasons"] = 0x44
     source = GpuSource(NvmlReplay(old))
     gpu = source.sample(0.0)[0]
@@ -287,8 +332,11 @@ def test_not_supported_field_becomes_none_and_the_rest_stays() -> None:
 
 def test_other_nvml_error_is_logged_once_and_gives_none(caplog: pytest.LogCaptureFixture) -> None:
     replay = NvmlReplay(doc(H100_LOAD))
-    replay.fail(0, pynvml.NVML_ERROR_NO_PERMISSION, {
-        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"})
+    replay.fail(
+        0,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"},
+    )
     source = GpuSource(replay)
     with caplog.at_level(logging.WARNING, logger="stallscope.sources.gpu"):
         for _ in range(3):
@@ -347,25 +395,41 @@ def gpm_doc(readings: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_gpm_two_samples_per_interval() -> None:
-    replay = NvmlReplay(gpm_doc([
-        {"NVML_GPM_METRIC_SM_UTIL": 91.25, "NVML_GPM_METRIC_SM_OCCUPANCY": 37.5,
-         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 62.0},
-        {"NVML_GPM_METRIC_SM_UTIL": 40.0, "NVML_GPM_METRIC_SM_OCCUPANCY": 12.5,
-         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}},
-    ]))
+    replay = NvmlReplay(
+        gpm_doc(
+            [
+                {
+                    "NVML_GPM_METRIC_SM_UTIL": 91.25,
+                    "NVML_GPM_METRIC_SM_OCCUPANCY": 37.5,
+                    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 62.0,
+                },
+                {
+                    "NVML_GPM_METRIC_SM_UTIL": 40.0,
+                    "NVML_GPM_METRIC_SM_OCCUPANCY": 12.5,
+                    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"},
+                },
+            ]
+        )
+    )
     clock = FakeClock()
     source = GpuSource(replay, clock=clock)
     source.open()
     assert replay.calls.count("nvmlGpmSampleGet") == 1  # the first sample is taken at open
     clock.t += 1.0
     gpu = source.sample(1.0)[0]
-    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) \
-        == (91.25, 37.5, 62.0)
+    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) == (
+        91.25,
+        37.5,
+        62.0,
+    )
     assert gpu["util_pct"] == 100.0  # "a kernel ran" vs how much of the SMs: both reported
     clock.t += 1.0
     gpu = source.sample(2.0)[0]  # the replay checks sample1 is the previous call's sample2
-    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) \
-        == (40.0, 12.5, None)
+    assert (gpu["sm_active_pct"], gpu["sm_occupancy_pct"], gpu["tensor_active_pct"]) == (
+        40.0,
+        12.5,
+        None,
+    )
     assert replay.calls.count("nvmlGpmMetricsGet") == 2
     # each interval starts where the previous one ended: samples 1-2, then 2-3
     assert replay.gpm_pairs == [(0, 1, 2), (0, 2, 3)]
@@ -375,9 +439,17 @@ def test_gpm_two_samples_per_interval() -> None:
 
 
 def test_gpm_too_soon_keeps_the_older_sample() -> None:
-    replay = NvmlReplay(gpm_doc([{"NVML_GPM_METRIC_SM_UTIL": 77.0,
-                                  "NVML_GPM_METRIC_SM_OCCUPANCY": 20.0,
-                                  "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5.0}]))
+    replay = NvmlReplay(
+        gpm_doc(
+            [
+                {
+                    "NVML_GPM_METRIC_SM_UTIL": 77.0,
+                    "NVML_GPM_METRIC_SM_OCCUPANCY": 20.0,
+                    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5.0,
+                }
+            ]
+        )
+    )
     clock = FakeClock()
     source = GpuSource(replay, clock=clock)
     source.open()
@@ -403,10 +475,18 @@ def test_gpm_off_or_unsupported_takes_no_samples() -> None:
 def test_recorder_round_trip_gives_the_same_payload() -> None:
     """record_nvml.py's recorder, wrapped around a replay instead of a real GPU: what it writes
     replays to the same readings, GPM included."""
-    original = gpm_doc([{"NVML_GPM_METRIC_SM_UTIL": 55.5, "NVML_GPM_METRIC_SM_OCCUPANCY": 30.0,
-                         "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 12.0}])
+    original = gpm_doc(
+        [
+            {
+                "NVML_GPM_METRIC_SM_UTIL": 55.5,
+                "NVML_GPM_METRIC_SM_OCCUPANCY": 30.0,
+                "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 12.0,
+            }
+        ]
+    )
     original["devices"][0]["nvmlDeviceGetTemperature"] = {
-        "NVML_TEMPERATURE_GPU": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}}
+        "NVML_TEMPERATURE_GPU": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}
+    }
     clock = FakeClock()
     recorder = NvmlRecorder(NvmlReplay(original))
     source = GpuSource(recorder, clock=clock)
@@ -415,13 +495,16 @@ def test_recorder_round_trip_gives_the_same_payload() -> None:
     recorded_payload = source.sample(0.0)
     source.close()
     recorded = json.loads(json.dumps(recorder.document({"kind": "recorded-nvml"})))
-    (got,), (want,) = (recorded["devices"][0]["nvmlGpmMetricsGet"],
-                       original["devices"][0]["nvmlGpmMetricsGet"])
+    (got,), (want,) = (
+        recorded["devices"][0]["nvmlGpmMetricsGet"],
+        original["devices"][0]["nvmlGpmMetricsGet"],
+    )
     assert {k: got[k] for k in want} == want
     # the source also asked GPM for the PCIe rates, which this replay does not have
     assert {k: v for k, v in got.items() if k not in want} == {
         "NVML_GPM_METRIC_PCIE_TX_PER_SEC": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"},
-        "NVML_GPM_METRIC_PCIE_RX_PER_SEC": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"}}
+        "NVML_GPM_METRIC_PCIE_RX_PER_SEC": {"nvml_error": "NVML_ERROR_NOT_SUPPORTED"},
+    }
 
     clock2 = FakeClock()
     again = GpuSource(NvmlReplay(recorded), clock=clock2)
@@ -441,8 +524,13 @@ def test_recorder_round_trip_of_a_mig_gpu() -> None:
     first = source.sample(0.0)
     source.close()
     recorded = json.loads(json.dumps(recorder.document({"kind": "recorded-nvml"})))
-    assert [m["nvmlDeviceGetGpuInstanceId"] for m in recorded["devices"][0]["mig_devices"]] \
-        == [2, 2, 3, 9, 10]
+    assert [m["nvmlDeviceGetGpuInstanceId"] for m in recorded["devices"][0]["mig_devices"]] == [
+        2,
+        2,
+        3,
+        9,
+        10,
+    ]
     again = GpuSource(NvmlReplay(recorded), gpm=False)
     assert again.sample(0.0) == first and first[0]["mig"]
     again.close()
@@ -476,8 +564,10 @@ def test_fixtures_regenerate_identically_from_the_captures(tmp_path: Path) -> No
 
 # --- GPU use per process, and a GPU held but idle ----------------------------------------------
 
+
 def test_gpu_use_per_process_reaches_prometheus_and_a_held_idle_gpu_is_named(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Real readings put together: the H100 at idle (its capture's idle phase: 0% busy) with the
     two memory hogs of its load phase still holding 2566 and 1542 MiB and running nothing (pmon
     shows them so): the state of a node whose training died while its helpers kept their
@@ -494,8 +584,11 @@ def test_gpu_use_per_process_reaches_prometheus_and_a_held_idle_gpu_is_named(
     idle = doc("nvml-replay-h100-80gb-hbm3-idle-from-nvidia-smi-590.48.01.json")
     load = doc(H100_LOAD)
     dev = idle["devices"][0]
-    hogs = [p for p in load["devices"][0]["nvmlDeviceGetComputeRunningProcesses"]
-            if p["pid"] in (11327, 11328)]
+    hogs = [
+        p
+        for p in load["devices"][0]["nvmlDeviceGetComputeRunningProcesses"]
+        if p["pid"] in (11327, 11328)
+    ]
     dev["nvmlDeviceGetComputeRunningProcesses"] = hogs
     # pmon showed no sample for the hogs: NVML's "none since then"
     assert dev["nvmlDeviceGetProcessUtilization"] == {"nvml_error": "NVML_ERROR_NOT_FOUND"}
@@ -546,23 +639,41 @@ def test_under_mig_no_process_utilization_and_no_idle_verdict() -> None:
     assert "gpu.proc_sm_pct" not in names and "gpu.util_pct" not in names
 
 
-@pytest.mark.parametrize(("name", "want"), [
-    # nvidia-smi's MIG devices table of the H100: GI 2 3g.40gb 11091/40448 MiB under load...
-    ("nvml-replay-h100-mig-load-from-nvidia-smi-590.48.01.json",
-     [(2, "3g.40gb", 11091, 40448), (3, "2g.20gb", 17, 20096), (9, "1g.10gb", 9, 9984),
-      (10, "1g.10gb", 9, 9984)]),
-    # ...and the H200's, whose GPU instance 2 holds two compute instances (1c.3g.71gb and
-    # 2c.3g.71gb sharing one framebuffer): one GPU instance, listed once
-    ("nvml-replay-h200-mig-load-from-nvidia-smi-590.48.01.json",
-     [(2, "3g.71gb", 16925, 71424), (3, "2g.35gb", 17, 33280), (9, "1g.18gb", 9, 16384),
-      (10, "1g.18gb", 9, 16384)]),
-])
-def test_mig_instances_read_like_nvidia_smis_mig_table(name: str,
-                                                       want: list[tuple[Any, ...]]) -> None:
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        # nvidia-smi's MIG devices table of the H100: GI 2 3g.40gb 11091/40448 MiB under load...
+        (
+            "nvml-replay-h100-mig-load-from-nvidia-smi-590.48.01.json",
+            [
+                (2, "3g.40gb", 11091, 40448),
+                (3, "2g.20gb", 17, 20096),
+                (9, "1g.10gb", 9, 9984),
+                (10, "1g.10gb", 9, 9984),
+            ],
+        ),
+        # ...and the H200's, whose GPU instance 2 holds two compute instances (1c.3g.71gb and
+        # 2c.3g.71gb sharing one framebuffer): one GPU instance, listed once
+        (
+            "nvml-replay-h200-mig-load-from-nvidia-smi-590.48.01.json",
+            [
+                (2, "3g.71gb", 16925, 71424),
+                (3, "2g.35gb", 17, 33280),
+                (9, "1g.18gb", 9, 16384),
+                (10, "1g.18gb", 9, 16384),
+            ],
+        ),
+    ],
+)
+def test_mig_instances_read_like_nvidia_smis_mig_table(
+    name: str, want: list[tuple[Any, ...]]
+) -> None:
     source = GpuSource(NvmlReplay(doc(name)), gpm=False)
     [g] = source.sample(0.0)
-    got = [(m["gpu_instance_id"], m["profile"], m["mem_used_mib"], m["mem_total_mib"])
-           for m in g["mig"]]
+    got = [
+        (m["gpu_instance_id"], m["profile"], m["mem_used_mib"], m["mem_total_mib"])
+        for m in g["mig"]
+    ]
     assert got == want
     assert all(m["uuid"].startswith("MIG-") for m in g["mig"])
     points = {(p.name, p.entity): p.value for p in source.points([g])}

@@ -98,10 +98,14 @@ def test_prep_probe_gpu_waits_between_steps(tmp_path: Path) -> None:
 SESSION3 = FIXTURES / "gpu-h200" / "session3"
 #: training-mode -> (the trainer's own verdict, its own data-wait share), from table.txt there
 CHECK_TRUTH = {
-    "input-run": ("input_bound.prep", 0.906), "input-probe": ("input_bound.prep", 0.891),
-    "input-pid": ("input_bound.prep", 0.907), "compute-run": ("compute_bound", 0.015),
-    "compute-probe": ("compute_bound", 0.031), "compute-pid": ("compute_bound", 0.007),
-    "host-run": ("host_bound", 0.001), "host-probe": ("host_bound", 0.034),
+    "input-run": ("input_bound.prep", 0.906),
+    "input-probe": ("input_bound.prep", 0.891),
+    "input-pid": ("input_bound.prep", 0.907),
+    "compute-run": ("compute_bound", 0.015),
+    "compute-probe": ("compute_bound", 0.031),
+    "compute-pid": ("compute_bound", 0.007),
+    "host-run": ("host_bound", 0.001),
+    "host-probe": ("host_bound", 0.034),
     "host-pid": ("host_bound", 0.001),
 }
 

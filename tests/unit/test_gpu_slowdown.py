@@ -74,9 +74,14 @@ def _steps(rank: int, pace: Callable[[float], float | None], seed: int = 1) -> l
     return out
 
 
-def record(tmp_path: Path, name: str, *, gpus: int = 1,
-           change: Callable[[NvmlReplay, int], None] | None = None,
-           paces: tuple[Callable[[float], float | None], ...] = (lambda t: 0.100,)) -> Path:
+def record(
+    tmp_path: Path,
+    name: str,
+    *,
+    gpus: int = 1,
+    change: Callable[[NvmlReplay, int], None] | None = None,
+    paces: tuple[Callable[[float], float | None], ...] = (lambda t: 0.100,),
+) -> Path:
     """A run folder: the gpu source over the H200 replay, sampled each second through the
     collector into run.db (``change(replay, second)`` alters NVML's answers as it goes), and
     one rank's probe steps per pace."""
@@ -106,20 +111,22 @@ def record(tmp_path: Path, name: str, *, gpus: int = 1,
     return run_dir
 
 
-def thermal(gpu: int = 0, clock: int = 1410, mask: int = 0x40, temp: int = 87
-            ) -> Callable[[NvmlReplay, int], None]:
+def thermal(
+    gpu: int = 0, clock: int = 1410, mask: int = 0x40, temp: int = 87
+) -> Callable[[NvmlReplay, int], None]:
     """From AT on, GPU ``gpu`` runs hot: its SM clock at ``clock`` MHz, the reason ``mask``."""
+
     def change(replay: NvmlReplay, second: int) -> None:
         if second == AT:
             dev = replay.devices[gpu]
             dev["nvmlDeviceGetClockInfo"] = {"NVML_CLOCK_SM": clock}
             dev["nvmlDeviceGetCurrentClocksEventReasons"] = mask
             dev["nvmlDeviceGetTemperature"] = {"NVML_TEMPERATURE_GPU": temp}
+
     return change
 
 
-def slower(at: float = AT, before: float = 0.100, after: float = 0.122
-           ) -> Callable[[float], float]:
+def slower(at: float = AT, before: float = 0.100, after: float = 0.122) -> Callable[[float], float]:
     return lambda t: before if t < at else after
 
 
@@ -129,7 +136,8 @@ def found(run_dir: Path) -> list[dict[str, Any]]:
 
 # -- the finding, its time and its cause --------------------------------------------------------
 def test_a_thermal_clock_drop_that_slows_the_steps_is_named_with_its_numbers(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """GPU 0 throttles for heat at 2:00 (SM clock 1,980 → 1,410 MHz, hw_thermal, 87 °C) and the
     steps go from 100 to 122 ms: the finding says when, by how much, and why."""
     [f] = found(record(tmp_path, "hot", change=thermal(), paces=(slower(),)))
@@ -161,8 +169,9 @@ def test_a_clock_that_drops_while_step_time_holds_is_no_finding(tmp_path: Path) 
         dev["nvmlDeviceGetCurrentClocksEventReasons"] = 0x1 if evaluating else 0
         dev["nvmlDeviceGetUtilizationRates"] = {"gpu": 0 if evaluating else 97, "memory": 0}
 
-    evaluation = record(tmp_path, "eval", change=idle_eval,
-                        paces=(lambda t: None if AT <= t < AT + 30 else 0.100,))
+    evaluation = record(
+        tmp_path, "eval", change=idle_eval, paces=(lambda t: None if AT <= t < AT + 30 else 0.100,)
+    )
     assert not found(evaluation)
 
 
@@ -176,16 +185,19 @@ def test_slower_steps_without_a_gpu_cause_are_no_finding(tmp_path: Path) -> None
 
 
 def test_an_xid_with_remapped_rows_is_stored_with_its_step_and_names_the_slowdown(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A contained ECC error (XID 94) at 2:00 remaps a row; the steps slow then. The XID and
     the remap are events of the run, each with its time and the step it happened in, in
     ``show``, ``show --json``, ``diagnose --json`` and the report; the finding is critical."""
+
     def ecc(replay: NvmlReplay, second: int) -> None:
         if second == AT:
             replay.xid(0, 94)
             replay.devices[0]["nvmlDeviceGetRemappedRows"] = [0, 1, 1, 0]
             replay.devices[0]["nvmlDeviceGetTotalEccErrors"] = {
-                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED,NVML_VOLATILE_ECC": 1}
+                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED,NVML_VOLATILE_ECC": 1
+            }
 
     run_dir = record(tmp_path, "xid", change=ecc, paces=(slower(after=0.140),))
     data = load_run(run_dir)
@@ -222,7 +234,7 @@ def test_an_xid_with_remapped_rows_is_stored_with_its_step_and_names_the_slowdow
     assert "2:00 into the run, rank 0's step" in shown
     assert any(e["kind"] == "gpu_xid" for e in load_summary(run_dir)["events"])  # show --json
     html = write_report(run_dir, tmp_path / "r.html").read_text()
-    timeline = html[html.index('id="timeline"'):html.index('id="summary"')]
+    timeline = html[html.index('id="timeline"') : html.index('id="summary"')]
     assert "XID 94" in timeline and "rank 0&#x27;s step" in timeline  # the note, escaped
     assert "SM clock MHz" in timeline  # the clocks beside the events
 
@@ -232,6 +244,7 @@ def test_a_rank_slowed_by_its_own_gpu_is_named_the_straggler(tmp_path: Path) -> 
     power limit is lowered from 700 to 450 W at 2:00: its clock falls under the power cap, and
     both ranks' steps slow (rank 0 waits for rank 1 in the all-reduce). Rank 1 is named, by
     its own GPU."""
+
     def capped(replay: NvmlReplay, second: int) -> None:
         if second == AT:
             dev = replay.devices[1]
@@ -239,8 +252,9 @@ def test_a_rank_slowed_by_its_own_gpu_is_named_the_straggler(tmp_path: Path) -> 
             dev["nvmlDeviceGetClockInfo"] = {"NVML_CLOCK_SM": 1590}
             dev["nvmlDeviceGetCurrentClocksEventReasons"] = 0x4
 
-    run_dir = record(tmp_path, "ddp", gpus=2, change=capped,
-                     paces=(slower(after=0.125), slower(after=0.125)))
+    run_dir = record(
+        tmp_path, "ddp", gpus=2, change=capped, paces=(slower(after=0.125), slower(after=0.125))
+    )
     [f] = found(run_dir)
     ev = f["evidence"]
     assert ev["gpu"] == "gpu1" and ev["straggler_rank"] == 1 and ev["rank_gpu_known"] is True
@@ -253,8 +267,11 @@ def test_a_rank_slowed_by_its_own_gpu_is_named_the_straggler(tmp_path: Path) -> 
     assert "rank 0 slowed with it" in f["summary"]
     assert any("power limit" in x["action"] for x in f["fixes"])
     # the same ranks with GPU 1 throttled while their steps hold: nothing
-    assert not found(record(tmp_path, "ddp-steady", gpus=2, change=capped,
-                            paces=(lambda t: 0.100, lambda t: 0.100)))
+    assert not found(
+        record(
+            tmp_path, "ddp-steady", gpus=2, change=capped, paces=(lambda t: 0.100, lambda t: 0.100)
+        )
+    )
 
 
 def test_new_ecc_errors_are_a_health_problem_and_fire_the_gpu_health_alert() -> None:
@@ -268,7 +285,8 @@ def test_new_ecc_errors_are_a_health_problem_and_fire_the_gpu_health_alert() -> 
     for second in range(5):
         if second == 3:
             replay.devices[0]["nvmlDeviceGetTotalEccErrors"] = {
-                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED,NVML_VOLATILE_ECC": 2}
+                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED,NVML_VOLATILE_ECC": 2
+            }
         reading = source.read(T0 + second)
         assert reading is not None
         for tr in engine.evaluate(T0 + second, reading.points):

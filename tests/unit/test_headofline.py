@@ -28,23 +28,41 @@ BURSTS = [0.3 if i % 10 == 5 else 0.001 for i in range(200)]
 FLAT = [sum(BURSTS) / len(BURSTS)] * 200
 
 
-def _loader(waits: list[float], worker_cpu: float = 60, config: dict | None = None,
-            cores: int = 8, host_pct: float | None = None) -> RunData:
+def _loader(
+    waits: list[float],
+    worker_cpu: float = 60,
+    config: dict | None = None,
+    cores: int = 8,
+    host_pct: float | None = None,
+) -> RunData:
     """Two workers at ``worker_cpu`` each, the trainer at 20%, on ``cores`` cores (the host as
     busy as they make it, or ``host_pct``), the disk idle."""
-    cfg = {"num_workers": 2, "prefetch_factor": 2, "in_order": True, "torch": "2.13.0+cpu",
-           "physical_cores": cores}
+    cfg = {
+        "num_workers": 2,
+        "prefetch_factor": 2,
+        "in_order": True,
+        "torch": "2.13.0+cpu",
+        "physical_cores": cores,
+    }
     cfg.update(config or {})
     busy = (2 * worker_cpu + 20) / cores if host_pct is None else host_pct
-    return run([
-        ser("host.cpu_pct", "", [busy] * N), ser("host.iowait_pct", "", [0] * N),
-        ser("disk.util_pct", "vda", [1] * N), ser("disk.rkb_s", "vda", [10] * N),
-        ser("procs.cpu_pct", "100", [20] * N),
-        ser("procs.cpu_pct", "101", [worker_cpu] * N),
-        ser("procs.cpu_pct", "102", [worker_cpu] * N),
-        ser("procs.d_state", "101", [0] * N), ser("procs.d_state", "102", [0] * N),
-    ], steps=_steps(waits), entities=WORKERS, config=cfg,
-        meta={"data_devices": ["vda"], "logical_cores": cores})
+    return run(
+        [
+            ser("host.cpu_pct", "", [busy] * N),
+            ser("host.iowait_pct", "", [0] * N),
+            ser("disk.util_pct", "vda", [1] * N),
+            ser("disk.rkb_s", "vda", [10] * N),
+            ser("procs.cpu_pct", "100", [20] * N),
+            ser("procs.cpu_pct", "101", [worker_cpu] * N),
+            ser("procs.cpu_pct", "102", [worker_cpu] * N),
+            ser("procs.d_state", "101", [0] * N),
+            ser("procs.d_state", "102", [0] * N),
+        ],
+        steps=_steps(waits),
+        entities=WORKERS,
+        config=cfg,
+        meta={"data_devices": ["vda"], "logical_cores": cores},
+    )
 
 
 def test_waits_in_bursts_with_idle_workers_are_head_of_line() -> None:
@@ -78,18 +96,19 @@ def test_the_same_mean_wait_on_every_step_is_prep() -> None:
     assert doc["signals"]["wait_top_share"] == pytest.approx(0.1, abs=0.01)
 
 
-@pytest.mark.parametrize("why", ["in_order_false", "one_worker", "no_spare_core",
-                                 "busy_workers"])
+@pytest.mark.parametrize("why", ["in_order_false", "one_worker", "no_spare_core", "busy_workers"])
 def test_no_head_of_line_where_it_cannot_be(why: str) -> None:
     """Batches already out of order, one worker (its batches come in order anyway), no core
     for the idle workers to use (other processes hold them), workers already busy: no
     head-of-line finding; the wait is prep's."""
-    data = {"in_order_false": lambda: _loader(BURSTS, config={"in_order": False}),
-            "one_worker": lambda: _loader(BURSTS, config={"num_workers": 1}),
-            # 2 cores, all busy: other processes hold the 0.6 core the trainer (0.2) and
-            # the workers (1.2) leave
-            "no_spare_core": lambda: _loader(BURSTS, cores=2, host_pct=100),
-            "busy_workers": lambda: _loader(BURSTS, worker_cpu=98)}[why]()
+    data = {
+        "in_order_false": lambda: _loader(BURSTS, config={"in_order": False}),
+        "one_worker": lambda: _loader(BURSTS, config={"num_workers": 1}),
+        # 2 cores, all busy: other processes hold the 0.6 core the trainer (0.2) and
+        # the workers (1.2) leave
+        "no_spare_core": lambda: _loader(BURSTS, cores=2, host_pct=100),
+        "busy_workers": lambda: _loader(BURSTS, worker_cpu=98),
+    }[why]()
     kinds = [x["kind"] for x in diagnose(data)["findings"]]
     assert "input_bound.head_of_line" not in kinds, kinds
     assert "input_bound.prep" in kinds or "input_bound.wait" in kinds, kinds

@@ -98,8 +98,10 @@ def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
     for c in stat:
         add_user = 200 if c.name in ("cpu", "cpu0") else 0
         add_idle = 200 if c.name in ("cpu", "cpu1") else 0
-        lines.append(f"{c.name} {c.user + add_user} {c.nice} {c.system} {c.idle + add_idle} "
-                     f"{c.iowait} {c.irq} {c.softirq} {c.steal} 0 0")
+        lines.append(
+            f"{c.name} {c.user + add_user} {c.nice} {c.system} {c.idle + add_idle} "
+            f"{c.iowait} {c.irq} {c.softirq} {c.steal} 0 0"
+        )
     (root / "stat").write_text("\n".join(lines) + "\n")
     vm = (root / "vmstat").read_text().splitlines()
     vm = [f"pswpin {int(v.split()[1]) + 1000}" if v.startswith("pswpin ") else v for v in vm]

@@ -16,20 +16,31 @@ from stallscope.httpsafe import (
 
 
 def _redirected(old: str, new: str) -> dict[str, str]:
-    req = urllib.request.Request(old, headers={"Authorization": "Bearer t0ken",
-                                               "Cookie": "s=1", "Accept": "x"})
+    req = urllib.request.Request(
+        old, headers={"Authorization": "Bearer t0ken", "Cookie": "s=1", "Accept": "x"}
+    )
     out = CredentialRedirects().redirect_request(req, None, 302, "Found", {}, new)
     assert out is not None
     return {k.lower(): v for k, v in out.header_items()}
 
 
-@pytest.mark.parametrize("new", ["https://prom.example/api", "http://prom.example:443/api",
-                                 "http://prom.example/api", "https://prom.example:9443/",
-                                 "https://evil.example/"])
+@pytest.mark.parametrize(
+    "new",
+    [
+        "https://prom.example/api",
+        "http://prom.example:443/api",
+        "http://prom.example/api",
+        "https://prom.example:9443/",
+        "https://evil.example/",
+    ],
+)
 def test_credentials_are_dropped_when_the_origin_changes(new: str) -> None:
     # https -> http on the same host is a downgrade: dropped too
-    h = _redirected("https://prom.example:443/x", new) if new.startswith("http://") \
+    h = (
+        _redirected("https://prom.example:443/x", new)
+        if new.startswith("http://")
         else _redirected("http://prom.example/x", new)
+    )
     assert "authorization" not in h and "cookie" not in h and h["accept"] == "x"
 
 

@@ -13,12 +13,37 @@ ROOT = REPO / "stallscope"
 
 #: top-level part of the package -> layer; a module may import only its own layer or lower ones
 LAYER = {
-    "errors": 0, "version": 0, "stats": 0, "metrics": 0, "labels": 0, "textsafe": 0, "safefile": 0,
-    "tomlfile": 0, "py": 0, "forksafe": 0, "loadermodel": 0, "units": 0, "envvars": 0,
+    "errors": 0,
+    "version": 0,
+    "stats": 0,
+    "metrics": 0,
+    "labels": 0,
+    "textsafe": 0,
+    "safefile": 0,
+    "tomlfile": 0,
+    "py": 0,
+    "forksafe": 0,
+    "loadermodel": 0,
+    "units": 0,
+    "envvars": 0,
     "httpsafe": 0,
-    "store": 1, "sources": 2, "collect": 3, "analysis": 4, "alerts": 5, "probe": 6,
-    "integrations": 7, "report": 7, "live": 7, "agent": 7, "tuner": 7, "tools": 7, "testing": 7,
-    "cli": 8, "__main__": 8, "inject": 8, "": 9,
+    "store": 1,
+    "sources": 2,
+    "collect": 3,
+    "analysis": 4,
+    "alerts": 5,
+    "probe": 6,
+    "integrations": 7,
+    "report": 7,
+    "live": 7,
+    "agent": 7,
+    "tuner": 7,
+    "tools": 7,
+    "testing": 7,
+    "cli": 8,
+    "__main__": 8,
+    "inject": 8,
+    "": 9,
 }
 MAX_LINES = 80
 
@@ -63,7 +88,7 @@ def _imports(mod: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = mod.split(".") if is_pkg else mod.split(".")[:-1]
             if node.level:
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base) + (f".{node.module}" if node.module else "")
             else:
                 target = node.module or ""
@@ -100,7 +125,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         path.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                cycles.append([*path[path.index(t):], t])
+                cycles.append([*path[path.index(t) :], t])
             elif t not in state:
                 visit(t)
         path.pop()
@@ -113,8 +138,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
-    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
-        ["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
@@ -135,8 +159,11 @@ def test_imports_point_down() -> None:
 
 
 def test_no_function_over_80_lines() -> None:
-    long = [f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1})"
-            for p in MODULES.values() for n in ast.walk(ast.parse(p.read_text()))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and (n.end_lineno or n.lineno) - n.lineno + 1 > MAX_LINES]
+    long = [
+        f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1})"
+        for p in MODULES.values()
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n.end_lineno or n.lineno) - n.lineno + 1 > MAX_LINES
+    ]
     assert not long, long

@@ -27,11 +27,20 @@ def test_each_bound_binds_in_turn() -> None:
     assert lm.rate(0, 0.0, cores=8) == 0.0 and lm.rate(3, 0.0, cores=8) == 0.0
 
 
-@pytest.mark.parametrize("k,load,compute,cores,cpu", [
-    (0, 0.05, 0.02, 4, 0.0), (1, 0.05, 0.02, 4, 0.0), (3, 0.05, 0.02, 4, 0.09),
-    (8, 0.05, 0.02, 2, 0.3), (2, 0.0, 0.02, 4, 0.05), (2, 0.05, 0.0, 4, 0.0)])
+@pytest.mark.parametrize(
+    "k,load,compute,cores,cpu",
+    [
+        (0, 0.05, 0.02, 4, 0.0),
+        (1, 0.05, 0.02, 4, 0.0),
+        (3, 0.05, 0.02, 4, 0.09),
+        (8, 0.05, 0.02, 2, 0.3),
+        (2, 0.0, 0.02, 4, 0.05),
+        (2, 0.05, 0.0, 4, 0.0),
+    ],
+)
 def test_autotune_predicts_what_it_predicted_before_from_the_one_model(
-        k: int, load: float, compute: float, cores: int, cpu: float) -> None:
+    k: int, load: float, compute: float, cores: int, cpu: float
+) -> None:
     """autotune's own formula before the model was shared: cores over the larger of a step's
     wall and CPU time, k over the load, one over the compute."""
     if k == 0:
@@ -69,23 +78,53 @@ def test_thresholds_are_one_set() -> None:
     from stallscope.probe import autotune
     from stallscope.tuner import search
 
-    ours = {n: v for n, v in vars(lm).items()
-            if n.isupper() and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    assert {"ALIKE", "KEEPS_UP", "MEM_SHARE", "MIN_GAIN", "NEAR_BEST", "KEEPS_UP_PACE",
-            "OTHERS_BUSY_CORES", "BUSY_SPARE", "SHM_SHARE"} <= set(ours)
+    ours = {
+        n: v
+        for n, v in vars(lm).items()
+        if n.isupper() and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    assert {
+        "ALIKE",
+        "KEEPS_UP",
+        "MEM_SHARE",
+        "MIN_GAIN",
+        "NEAR_BEST",
+        "KEEPS_UP_PACE",
+        "OTHERS_BUSY_CORES",
+        "BUSY_SPARE",
+        "SHM_SHARE",
+    } <= set(ours)
     for mod in (autotune, search, rules_input, build):
         for name, v in vars(mod).items():
-            if name.isupper() and isinstance(v, (int, float)) and not isinstance(v, bool) \
-                    and name in ours:
+            if (
+                name.isupper()
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and name in ours
+            ):
                 assert v is ours[name] or v == ours[name], (mod.__name__, name)
         if mod is rules_input:
             continue  # its bare 0.8s and 0.95s are confidences, not the loader model's
         # inside functions: a number with one of lm's values written bare is a copy
-        bare = [(f.name, n.value) for f in ast.walk(ast.parse(inspect.getsource(mod)))
-                if isinstance(f, ast.FunctionDef) for n in ast.walk(f)
-                if isinstance(n, ast.Constant) and type(n.value) is float
-                and n.value in {lm.NEAR_BEST, lm.KEEPS_UP_PACE, lm.AT_READ_LIMIT, lm.ALIKE,
-                                lm.MIN_GAIN, lm.SHM_SHARE, lm.CPU_BOUND_SHARE, lm.MEM_SHARE}]
+        bare = [
+            (f.name, n.value)
+            for f in ast.walk(ast.parse(inspect.getsource(mod)))
+            if isinstance(f, ast.FunctionDef)
+            for n in ast.walk(f)
+            if isinstance(n, ast.Constant)
+            and type(n.value) is float
+            and n.value
+            in {
+                lm.NEAR_BEST,
+                lm.KEEPS_UP_PACE,
+                lm.AT_READ_LIMIT,
+                lm.ALIKE,
+                lm.MIN_GAIN,
+                lm.SHM_SHARE,
+                lm.CPU_BOUND_SHARE,
+                lm.MEM_SHARE,
+            }
+        ]
         assert not bare, (mod.__name__, bare)
     assert lm.keeps_up(0.04) and not lm.keeps_up(0.05) and not lm.keeps_up(None)
     assert lm.gains(105.0, 100.0) and not lm.gains(104.0, 100.0)
@@ -102,28 +141,38 @@ def test_workers_measured_slower() -> None:
 
 
 def _prep_run(config: dict, host_pct: float = 35) -> dict:
-    data = run([
-        ser("host.cpu_pct", "", [host_pct] * N), ser("host.iowait_pct", "", [0] * N),
-        ser("procs.cpu_pct", "100", [20] * N),
-        ser("procs.cpu_pct", "101", [99] * N), ser("procs.cpu_pct", "102", [97] * N),
-        ser("procs.d_state", "101", [0] * N), ser("procs.d_state", "102", [0] * N),
-    ], steps=steps(200, wait=0.030, host=0.020), entities=WORKERS, config=config)
+    data = run(
+        [
+            ser("host.cpu_pct", "", [host_pct] * N),
+            ser("host.iowait_pct", "", [0] * N),
+            ser("procs.cpu_pct", "100", [20] * N),
+            ser("procs.cpu_pct", "101", [99] * N),
+            ser("procs.cpu_pct", "102", [97] * N),
+            ser("procs.d_state", "101", [0] * N),
+            ser("procs.d_state", "102", [0] * N),
+        ],
+        steps=steps(200, wait=0.030, host=0.020),
+        entities=WORKERS,
+        config=config,
+    )
     return diagnose(data)
 
 
 def test_a_fix_never_advises_the_workers_the_runs_autotune_measured_slower() -> None:
     """A newcomer's run: autotune measured 2 workers slower than 1 (and 3 no faster), the run
     ended at 1 worker; the diagnosis advised "num_workers 1 → 2" all the same."""
-    trials = [{"num_workers": 0, "steps_per_s": 9.0}, {"num_workers": 1, "steps_per_s": 14.0},
-              {"num_workers": 2, "steps_per_s": 12.5}]
+    trials = [
+        {"num_workers": 0, "steps_per_s": 9.0},
+        {"num_workers": 1, "steps_per_s": 14.0},
+        {"num_workers": 2, "steps_per_s": 12.5},
+    ]
     base = {"num_workers": 1, "physical_cores": 8}
     plain = _prep_run(base)["findings"][0]
     assert plain["kind"] == "input_bound.prep"
     assert plain["fixes"][0]["action"].startswith("num_workers 1 → ")  # without autotune
     tuned = _prep_run({**base, "autotune": {"trials": trials, "done": True}})["findings"][0]
     assert tuned["kind"] == "input_bound.prep"
-    assert not [x for x in tuned["fixes"] if x["action"].startswith("num_workers")], \
-        tuned["fixes"]
+    assert not [x for x in tuned["fixes"] if x["action"].startswith("num_workers")], tuned["fixes"]
     assert "autotune measured num_workers=2 no faster than 1" in tuned["fixes"][0]["why"]
     # garbage in the stored trials is ignored, not a traceback
     odd = _prep_run({**base, "autotune": {"trials": [{"num_workers": "2"}, 5, None]}})
@@ -131,7 +180,7 @@ def test_a_fix_never_advises_the_workers_the_runs_autotune_measured_slower() -> 
 
 
 def test_busy_cpus_never_get_more_workers_beside_cheaper_work() -> None:
-    """"make per-sample work cheaper: the CPUs are already 98% busy" followed by "num_workers
+    """ "make per-sample work cheaper: the CPUs are already 98% busy" followed by "num_workers
     1 → 2" contradicted itself; with the workers' CPU unknown the gain was not checked."""
     f = _prep_run({"num_workers": 1, "physical_cores": 8}, host_pct=98)["findings"][0]
     assert f["fixes"][0]["action"].startswith("make per-sample work cheaper")

@@ -74,8 +74,10 @@ def test_weighted_median_is_the_median_of_the_values_repeated() -> None:
     median() gives on the values repeated, odd and even totals alike."""
     rng = random.Random(7)
     for trial in range(300):
-        pairs = [(rng.choice([rng.uniform(0, 9), 1.0, 2.0]), rng.randint(0, 5))
-                 for _ in range(rng.randint(1, 12))]
+        pairs = [
+            (rng.choice([rng.uniform(0, 9), 1.0, 2.0]), rng.randint(0, 5))
+            for _ in range(rng.randint(1, 12))
+        ]
         flat = [v for v, w in pairs for _ in range(w)]
         got = weighted_median(pairs)
         if flat:

@@ -24,13 +24,31 @@ def _search(seen: dict[int, tuple[float, float, float, float, float, int]]) -> S
 
     def measure(config: dict[str, Any], window_s: float, _best: float | None) -> Trial:
         rate, wait, cpu, cpu_ms, step_ms, swap = seen[int(config.get("num_workers", 0) or 0)]
-        return Trial(config=config, samples_per_s=rate, data_wait_share=wait, cpu_pct=cpu,
-                     cpu_ms_per_sample=cpu_ms, step_ms=step_ms, samples=int(rate * window_s),
-                     batches=round(rate * window_s / 32), seconds=window_s, swap_in=swap)
+        return Trial(
+            config=config,
+            samples_per_s=rate,
+            data_wait_share=wait,
+            cpu_pct=cpu,
+            cpu_ms_per_sample=cpu_ms,
+            step_ms=step_ms,
+            samples=int(rate * window_s),
+            batches=round(rate * window_s / 32),
+            seconds=window_s,
+            swap_in=swap,
+        )
 
     data = torch.utils.data.TensorDataset(torch.zeros(64, 4))
-    return Search(target_of(data), step_fn=None, budget_s=42, max_workers=None,
-                  start_method=None, gpu=False, cores=2, measure=measure, read_caps={})
+    return Search(
+        target_of(data),
+        step_fn=None,
+        budget_s=42,
+        max_workers=None,
+        start_method=None,
+        gpu=False,
+        cores=2,
+        measure=measure,
+        read_caps={},
+    )
 
 
 def test_the_configuration_the_input_keeps_up_at_is_the_one_recommended() -> None:
@@ -39,13 +57,19 @@ def test_the_configuration_the_input_keeps_up_at_is_the_one_recommended() -> Non
     them), within the pace the search accepts as keeping up. The search stopped there, saying
     the input keeps up at num_workers=2, and recommended num_workers=0: the stopped line and the
     recommendation must name the same configuration."""
-    s = _search({0: (302.0, 0.31, 125.0, 4.1, 30.6, 0), 1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
-                 2: (294.0, 0.024, 190.0, 3.2, 81.8, 0)})
+    s = _search(
+        {
+            0: (302.0, 0.31, 125.0, 4.1, 30.6, 0),
+            1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
+            2: (294.0, 0.024, 190.0, 3.2, 81.8, 0),
+        }
+    )
     result = s.run()
     assert [t.config.get("num_workers", 0) for t in result.trials] == [0, 1, 2]
     assert 294.0 >= KEEPS_UP_PACE * 302.0  # the case this test is about
-    assert result.stopped.startswith("the input keeps up with the training step at "
-                                     "num_workers=2 (data wait 2.4%)"), result.stopped
+    assert result.stopped.startswith(
+        "the input keeps up with the training step at num_workers=2 (data wait 2.4%)"
+    ), result.stopped
     assert result.best["num_workers"] == 2, (result.best, result.stopped)
     assert result.best_index == 2 and result.samples_per_s == 294.0
     assert "num_workers=2" in result.recommendation, result.recommendation
@@ -53,16 +77,22 @@ def test_the_configuration_the_input_keeps_up_at_is_the_one_recommended() -> Non
     # the bound speaks of the configuration recommended, and the notes say why it won over
     # the faster-measured baseline
     assert "num_workers=2" in result.bound, result.bound
-    assert any("num_workers=0" in n and "302" in n and "keeps up" in n
-               for n in result.notes), result.notes
+    assert any("num_workers=0" in n and "302" in n and "keeps up" in n for n in result.notes), (
+        result.notes
+    )
 
 
 def test_a_trial_that_swapped_does_not_stop_the_search_as_keeping_up() -> None:
     """A trial during which the machine swapped is never recommended: its low data wait does
     not end the search either (the stopped line would name a configuration the result
     refuses)."""
-    s = _search({0: (302.0, 0.31, 125.0, 4.1, 30.6, 0), 1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
-                 2: (300.0, 0.024, 190.0, 3.2, 81.8, 1 << 20)})
+    s = _search(
+        {
+            0: (302.0, 0.31, 125.0, 4.1, 30.6, 0),
+            1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
+            2: (300.0, 0.024, 190.0, 3.2, 81.8, 1 << 20),
+        }
+    )
     result = s.run()
     assert "num_workers=2" not in result.stopped, result.stopped
     assert result.best.get("num_workers", 0) != 2, result.best
@@ -71,10 +101,14 @@ def test_a_trial_that_swapped_does_not_stop_the_search_as_keeping_up() -> None:
 def test_a_keeping_up_trial_that_is_also_the_fastest_is_recommended_without_a_note() -> None:
     """The ordinary case: two workers keep up and are the fastest; no note about a faster
     configuration."""
-    s = _search({0: (302.0, 0.31, 125.0, 4.1, 30.6, 0), 1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
-                 2: (368.0, 0.02, 190.0, 3.2, 81.8, 0)})
+    s = _search(
+        {
+            0: (302.0, 0.31, 125.0, 4.1, 30.6, 0),
+            1: (292.0, 0.36, 160.0, 3.2, 78.8, 0),
+            2: (368.0, 0.02, 190.0, 3.2, 81.8, 0),
+        }
+    )
     result = s.run()
     assert result.best["num_workers"] == 2
-    assert result.stopped.startswith("the input keeps up with the training step at "
-                                     "num_workers=2")
+    assert result.stopped.startswith("the input keeps up with the training step at num_workers=2")
     assert not any("keeps up" in n for n in result.notes), result.notes

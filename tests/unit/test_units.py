@@ -7,9 +7,20 @@ import pytest
 from stallscope import units
 
 
-@pytest.mark.parametrize("n,text", [
-    (0, "0 B"), (512, "512 B"), (999, "999 B"), (1000, "1.0 kB"), (6200, "6.2 kB"),
-    (36e6, "36 MB"), (6.2e9, "6.2 GB"), (1.4e12, "1.4 TB"), (12_345e12, "12,345 TB")])
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (0, "0 B"),
+        (512, "512 B"),
+        (999, "999 B"),
+        (1000, "1.0 kB"),
+        (6200, "6.2 kB"),
+        (36e6, "36 MB"),
+        (6.2e9, "6.2 GB"),
+        (1.4e12, "1.4 TB"),
+        (12_345e12, "12,345 TB"),
+    ],
+)
 def test_size_is_si(n: float, text: str) -> None:
     assert units.size(n) == text
 

@@ -43,16 +43,38 @@ def diagnose(data: RunData) -> dict[str, Any]:
     fx = data.facts()
     findings = run_rules(data, fx)
     if not findings:
-        findings = [Finding(
-            kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.5,
-            summary="No bottleneck pattern in the system metrics"
-            + ("" if fx.steps.stall_source == "probe" else
-               "; the per-step probe would show whether the trainer waits for data") + ".",
-            evidence=fx.evidence("samples", "steps", "gpu_util_median_pct", "main_cpu_pct",
-                         "worker_cpu_pct", "disk_util_median_pct"),
-            fixes=[Fix("wrap the loader with stallscope.watch(loader)",
-                 "measures data wait vs compute per step")] if fx.steps.stall_source != "probe"
-            else [], est_speedup=1.0, rule="no rule fired")]
+        findings = [
+            Finding(
+                kind=Kind.INSUFFICIENT_DATA,
+                severity="info",
+                confidence=0.5,
+                summary="No bottleneck pattern in the system metrics"
+                + (
+                    ""
+                    if fx.steps.stall_source == "probe"
+                    else "; the per-step probe would show whether the trainer waits for data"
+                )
+                + ".",
+                evidence=fx.evidence(
+                    "samples",
+                    "steps",
+                    "gpu_util_median_pct",
+                    "main_cpu_pct",
+                    "worker_cpu_pct",
+                    "disk_util_median_pct",
+                ),
+                fixes=[
+                    Fix(
+                        "wrap the loader with stallscope.watch(loader)",
+                        "measures data wait vs compute per step",
+                    )
+                ]
+                if fx.steps.stall_source != "probe"
+                else [],
+                est_speedup=1.0,
+                rule="no rule fired",
+            )
+        ]
     verdict = findings[0].kind.value if findings else "insufficient_data"
     owner = data.meta.get("owner")
     return {
@@ -94,15 +116,16 @@ def _known_causes(data: RunData) -> list[tuple[float, str]]:
     return sorted(out)
 
 
-def _level_end(ts: list[float], xs: list[float], start: float, before: float, after: float,
-               k: int = 5) -> float | None:
+def _level_end(
+    ts: list[float], xs: list[float], start: float, before: float, after: float, k: int = 5
+) -> float | None:
     """When the level a change reached ended: the first time from which ``k`` samples in a row
     have a median nearer the level before it than the new one (None: it lasted to the end)."""
     from stallscope.stats import median as med
 
     idx = [i for i, t in enumerate(ts) if t >= start and math.isfinite(xs[i])]
     for a in range(len(idx) - k + 1):
-        window = [xs[i] for i in idx[a:a + k]]
+        window = [xs[i] for i in idx[a : a + k]]
         m = med(window)
         if abs(m - before) < abs(m - after):
             return ts[idx[a]]
@@ -140,17 +163,26 @@ def changes(data: RunData) -> list[dict[str, Any]]:
 
     t0 = data.t0
     # over Prometheus, t0 is the window's start, not the run's: say "into the window" there
-    into = "into the window read from Prometheus" if "prometheus" in data.meta else \
-        "into the run"
+    into = "into the window read from Prometheus" if "prometheus" in data.meta else "into the run"
     out: list[dict[str, Any]] = []
 
     causes = _known_causes(data)
 
-    def add(what: str, entity: str, unit: str, ts: list[float], xs: list[float],
-            rel: float, least: float = 0.0) -> None:
+    def add(
+        what: str,
+        entity: str,
+        unit: str,
+        ts: list[float],
+        xs: list[float],
+        rel: float,
+        least: float = 0.0,
+    ) -> None:
         floor = max(least, NOISE_TIMES * _noise(xs), 1e-9)
-        found = [c for c in detect_changes(ts, xs)
-                 if abs(c.after - c.before) >= max(rel * abs(c.before), floor)]
+        found = [
+            c
+            for c in detect_changes(ts, xs)
+            if abs(c.after - c.before) >= max(rel * abs(c.before), floor)
+        ]
         # a real but small shift is not worth a line; a shift undone before it lasted
         # MIN_LASTING_S is a blip, not a change of pace (a 1.2-s stall once read as one)
         step = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else 0.0
@@ -164,16 +196,26 @@ def changes(data: RunData) -> list[dict[str, Any]]:
             keep.append((c, ended))
         for c, ended in keep:
             cause = _cause_near(causes, c.start_ts, max(2.0, 2 * step))
-            text = (f"{what}{f' [{entity}]' if entity else ''} {c.describe(unit)}, "
-                    f"{c.start_ts - t0:.0f} s {into}"
-                    + (f", back {ended - c.start_ts:.0f} s later" if ended else "")
-                    + (f" (at {cause})" if cause else ""))
-            out.append({"metric": what, "entity": entity, "direction": c.direction,
-                        "before": round(c.before, 4), "after": round(c.after, 4),
-                        "start_s": round(c.start_ts - t0, 1),
-                        "detected_s": round(c.detected_ts - t0, 1),
-                        "ended_s": None if ended is None else round(ended - t0, 1),
-                        "cause": cause, "summary": text})
+            text = (
+                f"{what}{f' [{entity}]' if entity else ''} {c.describe(unit)}, "
+                f"{c.start_ts - t0:.0f} s {into}"
+                + (f", back {ended - c.start_ts:.0f} s later" if ended else "")
+                + (f" (at {cause})" if cause else "")
+            )
+            out.append(
+                {
+                    "metric": what,
+                    "entity": entity,
+                    "direction": c.direction,
+                    "before": round(c.before, 4),
+                    "after": round(c.after, 4),
+                    "start_s": round(c.start_ts - t0, 1),
+                    "detected_s": round(c.detected_ts - t0, 1),
+                    "ended_s": None if ended is None else round(ended - t0, 1),
+                    "cause": cause,
+                    "summary": text,
+                }
+            )
 
     ranks = sorted({s.rank for s in data.steps})
     for rank in ranks:
@@ -181,9 +223,18 @@ def changes(data: RunData) -> list[dict[str, Any]]:
         ts = [s.ts for s in steps]
         add("step_ms", f"rank{rank}", "ms", ts, [s.step_s * 1000 for s in steps], 0.25)
         # a share moves by points: 0.40 → 0.50 is noise on a busy machine, 0.05 → 0.40 is not
-        add("data_wait_share", f"rank{rank}", "", ts,
-            [s.wait_s / (s.wait_s + s.host_s) if s.wait_s + s.host_s > 0 else math.nan
-             for s in steps], 0.0, 0.2)
+        add(
+            "data_wait_share",
+            f"rank{rank}",
+            "",
+            ts,
+            [
+                s.wait_s / (s.wait_s + s.host_s) if s.wait_s + s.host_s > 0 else math.nan
+                for s in steps
+            ],
+            0.0,
+            0.2,
+        )
     for name, unit, rel, least in _WATCHED:
         for s in data.all(name):
             add(name, s.entity, unit, s.ts, s.v, rel, least)
@@ -214,8 +265,13 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
     lines: list[Any] = []
 
     def prose(text: str, indent: str, style: str = "", first: str | None = None) -> None:
-        for ln in textwrap.wrap(text, w, initial_indent=first if first is not None else indent,
-                                subsequent_indent=indent, break_on_hyphens=False) or [indent]:
+        for ln in textwrap.wrap(
+            text,
+            w,
+            initial_indent=first if first is not None else indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        ) or [indent]:
             lines.append(Text(ln, style=style))
 
     findings = doc["findings"]
@@ -228,9 +284,11 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
         head = Text()
         head.append("verdict: " if i == 0 else "also: ", style="bold")
         head.append(f["kind"], style=colors.get(f["severity"], ""))
-        head.append(f"  ({f['severity']}, confidence {f['confidence']:.2f}"
-                    + (f", up to {speedup(f['est_speedup'])} faster" if f["est_speedup"] > 1.01
-                       else "") + ")")
+        head.append(
+            f"  ({f['severity']}, confidence {f['confidence']:.2f}"
+            + (f", up to {speedup(f['est_speedup'])} faster" if f["est_speedup"] > 1.01 else "")
+            + ")"
+        )
         lines.append(head)
         prose(f["summary"], "  ")
         if f.get("rule"):
@@ -239,14 +297,19 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
             # the sentence wrapped to the terminal; its commands each on a line of their own,
             # never folded (a command must survive copy and paste)
             text, commands = split_commands(str(fix["action"]))
-            wrapped = textwrap.wrap(f"fix: {text}", w, initial_indent="  ",
-                                    subsequent_indent="       ", break_on_hyphens=False)
+            wrapped = textwrap.wrap(
+                f"fix: {text}",
+                w,
+                initial_indent="  ",
+                subsequent_indent="       ",
+                break_on_hyphens=False,
+            )
             for j, ln in enumerate(wrapped or ["  fix:"]):
                 line = Text()
                 if j == 0:
                     line.append("  ")
                     line.append("fix:", style="bold")
-                    line.append(ln[len("  fix:"):])
+                    line.append(ln[len("  fix:") :])
                 else:
                     line.append(ln)
                 lines.append(line)
@@ -273,7 +336,7 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
 
 
 def owner_lead(doc: dict[str, Any]) -> str | None:
-    """"job 4242, rank 1 on node-a is input-bound (input_bound.prep)": whose run it is and
+    """ "job 4242, rank 1 on node-a is input-bound (input_bound.prep)": whose run it is and
     what it is, for a shared fleet; None when the run recorded no owner."""
     from stallscope.sources.owner import describe
 

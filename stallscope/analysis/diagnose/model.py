@@ -17,6 +17,7 @@ __all__ = ["KINDS", "Finding", "Fix", "Kind", "RunData", "load_run", "title_of"]
 
 Severity = Literal["critical", "warning", "info"]
 
+
 class Kind(str, Enum):
     """A finding's kind, with everything said of it in one place (docs/architecture.md): its
     ``title`` (what the report, ``diagnose`` and the JSON's ``title`` show), the phrase a sentence
@@ -31,8 +32,9 @@ class Kind(str, Enum):
     mood: str
     cpu_title: str | None
 
-    def __new__(cls, value: str, title: str, verdict: str, mood: str = "alarm",
-                cpu_title: str | None = None) -> Kind:
+    def __new__(
+        cls, value: str, title: str, verdict: str, mood: str = "alarm", cpu_title: str | None = None
+    ) -> Kind:
         obj = str.__new__(cls, value)
         obj._value_ = value
         obj._title = title
@@ -79,58 +81,110 @@ class Kind(str, Enum):
         except ValueError:
             return None
 
-    INPUT_FETCH = ("input_bound.fetch", "Input-bound: storage cannot feed the trainer fast enough",
-                   "input-bound")
-    INPUT_PREP = ("input_bound.prep", "Input-bound: CPU preprocessing cannot keep up",
-                  "input-bound")
-    INPUT_WAIT = ("input_bound.wait",
-                  "Input-bound: the loading waits on something other than the CPU or the disk",
-                  "input-bound")
-    H2D_BOUND = ("h2d_bound", "Host-to-device copies hold the GPU back",
-                 "bound by host-to-device copies")
-    COMPUTE_BOUND = ("compute_bound", "Compute-bound: the GPU is the bottleneck (healthy)",
-                     "compute-bound (healthy)", "healthy",
-                     "Compute-bound: the CPU is the bottleneck (healthy: training, not input, "
-                     "takes the time)")
+    INPUT_FETCH = (
+        "input_bound.fetch",
+        "Input-bound: storage cannot feed the trainer fast enough",
+        "input-bound",
+    )
+    INPUT_PREP = (
+        "input_bound.prep",
+        "Input-bound: CPU preprocessing cannot keep up",
+        "input-bound",
+    )
+    INPUT_WAIT = (
+        "input_bound.wait",
+        "Input-bound: the loading waits on something other than the CPU or the disk",
+        "input-bound",
+    )
+    H2D_BOUND = (
+        "h2d_bound",
+        "Host-to-device copies hold the GPU back",
+        "bound by host-to-device copies",
+    )
+    COMPUTE_BOUND = (
+        "compute_bound",
+        "Compute-bound: the GPU is the bottleneck (healthy)",
+        "compute-bound (healthy)",
+        "healthy",
+        "Compute-bound: the CPU is the bottleneck (healthy: training, not input, takes the time)",
+    )
     GPU_THROTTLED = ("gpu_throttled", "GPU clocks are throttled", "held back by a throttled GPU")
-    GPU_MEMORY_GROWTH = ("gpu_memory_growth", "GPU memory keeps growing",
-                         "growing its GPU memory without bound")
+    GPU_MEMORY_GROWTH = (
+        "gpu_memory_growth",
+        "GPU memory keeps growing",
+        "growing its GPU memory without bound",
+    )
     HOST_SWAP = ("host_swap", "The host is swapping", "swapping")
     SHM_PRESSURE = ("shm_pressure", "/dev/shm is nearly full", "short of shared memory")
-    PCIE_DEGRADED = ("pcie_degraded", "PCIe link runs below its maximum",
-                     "on a PCIe link below its maximum")
-    DISK_HEALTH = ("disk_health", "A disk reports health problems",
-                   "reading from a disk that reports health problems")
-    STRAGGLER_RANK = ("straggler_rank", "One rank is slower than the others",
-                      "held back by a straggler")
-    INSUFFICIENT_DATA = ("insufficient_data", "Not enough data to name a bottleneck",
-                         "not diagnosed yet (too little data)", "calm")
-    INPUT_EPOCH_START = ("input_bound.epoch_start",
-                         "Every epoch starts with a long wait for data", "input-bound")
-    INPUT_HEAD_OF_LINE = ("input_bound.head_of_line", "Slow samples hold up the batches",
-                          "input-bound")
+    PCIE_DEGRADED = (
+        "pcie_degraded",
+        "PCIe link runs below its maximum",
+        "on a PCIe link below its maximum",
+    )
+    DISK_HEALTH = (
+        "disk_health",
+        "A disk reports health problems",
+        "reading from a disk that reports health problems",
+    )
+    STRAGGLER_RANK = (
+        "straggler_rank",
+        "One rank is slower than the others",
+        "held back by a straggler",
+    )
+    INSUFFICIENT_DATA = (
+        "insufficient_data",
+        "Not enough data to name a bottleneck",
+        "not diagnosed yet (too little data)",
+        "calm",
+    )
+    INPUT_EPOCH_START = (
+        "input_bound.epoch_start",
+        "Every epoch starts with a long wait for data",
+        "input-bound",
+    )
+    INPUT_HEAD_OF_LINE = (
+        "input_bound.head_of_line",
+        "Slow samples hold up the batches",
+        "input-bound",
+    )
     GPU_HELD_IDLE = ("gpu_held_idle", "A GPU is held but idle", "holding a GPU it does not use")
-    WAITING_FOR_PEERS = ("waiting_for_peers",
-                         "Ranks wait for a slower rank in the all-reduce",
-                         "waiting for a slower rank")
-    COMMUNICATION_BOUND = ("communication_bound",
-                           "Communication-bound: the collectives are the limit",
-                           "communication-bound")
-    RANK_JITTER = ("rank_jitter", "Each step waits for a different slow rank",
-                   "held back by ranks out of step")
-    CPU_CONTENTION = ("cpu_contention",
-                      "The host is short of CPU: other processes take the training's cores",
-                      "short of CPU on a busy host")
-    HOST_BOUND = ("host_bound", "Host-bound: the GPU waits for the CPU to issue its work",
-                  "host-bound (the GPU waits for the CPU)")
-    SLOW_EXIT = ("slow_exit", "The trainer's exit takes long after its last step",
-                 "slow to exit")
-    DATA_WAIT_UNKNOWN = ("data_wait_unknown",
-                         "Whether the trainer waits for data cannot be told without the probe",
-                         "not diagnosed without the probe (its data wait cannot be told)",
-                         "calm")
-    GPU_HEALTH = ("gpu_health", "A GPU needs attention: XID errors or memory repairs pending",
-                  "on a GPU that needs a person")
+    WAITING_FOR_PEERS = (
+        "waiting_for_peers",
+        "Ranks wait for a slower rank in the all-reduce",
+        "waiting for a slower rank",
+    )
+    COMMUNICATION_BOUND = (
+        "communication_bound",
+        "Communication-bound: the collectives are the limit",
+        "communication-bound",
+    )
+    RANK_JITTER = (
+        "rank_jitter",
+        "Each step waits for a different slow rank",
+        "held back by ranks out of step",
+    )
+    CPU_CONTENTION = (
+        "cpu_contention",
+        "The host is short of CPU: other processes take the training's cores",
+        "short of CPU on a busy host",
+    )
+    HOST_BOUND = (
+        "host_bound",
+        "Host-bound: the GPU waits for the CPU to issue its work",
+        "host-bound (the GPU waits for the CPU)",
+    )
+    SLOW_EXIT = ("slow_exit", "The trainer's exit takes long after its last step", "slow to exit")
+    DATA_WAIT_UNKNOWN = (
+        "data_wait_unknown",
+        "Whether the trainer waits for data cannot be told without the probe",
+        "not diagnosed without the probe (its data wait cannot be told)",
+        "calm",
+    )
+    GPU_HEALTH = (
+        "gpu_health",
+        "A GPU needs attention: XID errors or memory repairs pending",
+        "on a GPU that needs a person",
+    )
     COMMAND_FAILED = ("command_failed", "The training command failed", "a command that failed")
     GPU_SLOWDOWN = ("gpu_slowdown", "The GPU slowed the training", "slowed by its GPU")
 
@@ -187,9 +241,13 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind.value, "title": self.kind.title, "severity": self.severity,
-            "confidence": round(self.confidence, 2), "summary": self.summary,
+            "kind": self.kind.value,
+            "title": self.kind.title,
+            "severity": self.severity,
+            "confidence": round(self.confidence, 2),
+            "summary": self.summary,
             "evidence": thawed(self.evidence),  # facts quoted as evidence are read-only
             "fixes": [f.as_dict() for f in self.fixes],
-            "est_speedup": round(self.est_speedup, 2), "rule": self.rule,
+            "est_speedup": round(self.est_speedup, 2),
+            "rule": self.rule,
         }

@@ -233,8 +233,15 @@ class CommFacts:
 
 
 DOMAINS: tuple[tuple[str, type], ...] = (
-    ("run", RunFacts), ("steps", StepFacts), ("gpu", GpuFacts), ("loader", LoaderFacts),
-    ("procs", ProcessFacts), ("disk", DiskFacts), ("host", HostFacts), ("comm", CommFacts))
+    ("run", RunFacts),
+    ("steps", StepFacts),
+    ("gpu", GpuFacts),
+    ("loader", LoaderFacts),
+    ("procs", ProcessFacts),
+    ("disk", DiskFacts),
+    ("host", HostFacts),
+    ("comm", CommFacts),
+)
 #: fact name -> its domain (names are unique across domains: ``diagnose --json`` is flat)
 WHERE: dict[str, str] = {f.name: dom for dom, cls in DOMAINS for f in fields(cls)}
 assert len(WHERE) == sum(len(fields(cls)) for _d, cls in DOMAINS), "a fact named twice"

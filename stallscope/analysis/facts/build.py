@@ -41,10 +41,27 @@ if TYPE_CHECKING:
     from stallscope.analysis.rundata import RunData
 
 # the thresholds and helpers the rules read from here, whichever part of the facts holds them
-__all__ = ["BUSY_SPARE", "COMM_GAP", "COMM_GAP_STARVED", "COMM_HEAVY", "LIMIT_REACHED",
-           "NO_TRAINING_SAMPLES", "OTHERS_BUSY_CORES", "RUNQ_BUSY_PCT", "alive_together",
-           "build", "exit_status", "limited", "mean", "median", "p95", "run_duration",
-           "spare_cores", "starved", "trainer_gpus"]
+__all__ = [
+    "BUSY_SPARE",
+    "COMM_GAP",
+    "COMM_GAP_STARVED",
+    "COMM_HEAVY",
+    "LIMIT_REACHED",
+    "NO_TRAINING_SAMPLES",
+    "OTHERS_BUSY_CORES",
+    "RUNQ_BUSY_PCT",
+    "alive_together",
+    "build",
+    "exit_status",
+    "limited",
+    "mean",
+    "median",
+    "p95",
+    "run_duration",
+    "spare_cores",
+    "starved",
+    "trainer_gpus",
+]
 
 
 class _Draft(types.SimpleNamespace):
@@ -95,18 +112,30 @@ def _draft(data: RunData) -> _Draft:
     sig.processes = _process_rows(data, full)
     _disk_signals(sig, data)
 
-    host = {k: data.get(f"host.{k}") for k in ("cpu_pct", "cpu_max_core_pct", "iowait_pct",
-                                                 "psi_io_some_pct", "mem_available_mib")}
+    host = {
+        k: data.get(f"host.{k}")
+        for k in (
+            "cpu_pct",
+            "cpu_max_core_pct",
+            "iowait_pct",
+            "psi_io_some_pct",
+            "mem_available_mib",
+        )
+    }
     sig.host_cpu_median_pct = _r(median(host["cpu_pct"].v)) if host["cpu_pct"] else None
-    sig.host_max_core_median_pct = (_r(median(host["cpu_max_core_pct"].v))
-                                    if host["cpu_max_core_pct"] else None)
+    sig.host_max_core_median_pct = (
+        _r(median(host["cpu_max_core_pct"].v)) if host["cpu_max_core_pct"] else None
+    )
     sig.others_cpu_cores = _others_cpu(data, host["cpu_pct"], sig.logical_cores)
     sig.iowait_median_pct = _r(median(host["iowait_pct"].v)) if host["iowait_pct"] else None
-    sig.psi_io_median_pct = (_r(median(host["psi_io_some_pct"].v))
-                             if host["psi_io_some_pct"] else None)
-    sig.mem_available_min_mib = (_r(min(host["mem_available_mib"].v))
-                                 if host["mem_available_mib"] and host["mem_available_mib"].v
-                                 else None)
+    sig.psi_io_median_pct = (
+        _r(median(host["psi_io_some_pct"].v)) if host["psi_io_some_pct"] else None
+    )
+    sig.mem_available_min_mib = (
+        _r(min(host["mem_available_mib"].v))
+        if host["mem_available_mib"] and host["mem_available_mib"].v
+        else None
+    )
     _trained_facts(sig, data, full)
     if sig.stall_fraction is None and sig.gpu_idle_share is not None:
         sig.stall_fraction = sig.gpu_idle_share
@@ -136,8 +165,13 @@ def run_duration(meta: dict[str, Any], last_sample: float | None) -> float | Non
     if not isinstance(start, (int, float)) or isinstance(start, bool):
         return None
     state = run_state(meta)
-    end = (meta.get("end") if state == "finished" else time.time() if state == "running"
-           else last_sample)
+    end = (
+        meta.get("end")
+        if state == "finished"
+        else time.time()
+        if state == "running"
+        else last_sample
+    )
     if not isinstance(end, (int, float)) or isinstance(end, bool):
         return None
     return round(max(0.0, float(end) - float(start)), 3)
@@ -191,15 +225,22 @@ def _trained_facts(sig: _Draft, data: RunData, full: RunData) -> None:
         sig.trained = True
     elif sig.stack_samples >= NO_TRAINING_SAMPLES or not full.series:
         sig.trained = False
-    mains = [e for e in full.entities if e.get("source") == "procs"
-             and full.roles().get(str(e.get("entity"))) == "main"]
+    mains = [
+        e
+        for e in full.entities
+        if e.get("source") == "procs" and full.roles().get(str(e.get("entity"))) == "main"
+    ]
     if mains:
-        sig.main_python = any("python" in str((e.get("attrs") or {}).get(k, "")).lower()
-                              for e in mains for k in ("name", "cmdline"))
+        sig.main_python = any(
+            "python" in str((e.get("attrs") or {}).get(k, "")).lower()
+            for e in mains
+            for k in ("name", "cmdline")
+        )
 
 
-def _window_signals(sig: _Draft, data: RunData, win: TrainingWindow,
-                    procs: list[ProcPhases]) -> None:
+def _window_signals(
+    sig: _Draft, data: RunData, win: TrainingWindow, procs: list[ProcPhases]
+) -> None:
     sig.window_source = win.source
     if win.source == "run":
         return

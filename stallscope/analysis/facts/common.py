@@ -66,20 +66,29 @@ def _by_ts_sum(series: list[Series]) -> dict[float, float]:
 
 def _procs(data: RunData, metric: str, role: str, only: set[str] | None = None) -> list[Series]:
     roles = data.roles()
-    return [s for (n, e), s in data.series.items() if n == metric and roles.get(e) == role
-            and (only is None or e in only)]
+    return [
+        s
+        for (n, e), s in data.series.items()
+        if n == metric and roles.get(e) == role and (only is None or e in only)
+    ]
 
 
 def rank_pids(data: RunData) -> dict[int, str]:
     """rank -> the pid of its training process (the probe says which)."""
-    return {int(p["rank"]): str(p["pid"]) for p in data.probes
-            if p.get("pid") is not None and p.get("rank") is not None}
+    return {
+        int(p["rank"]): str(p["pid"])
+        for p in data.probes
+        if p.get("pid") is not None and p.get("rank") is not None
+    }
 
 
 def tree_of(data: RunData, root: str) -> set[str]:
     """``root`` and every recorded process below it (a rank and its DataLoader workers)."""
-    parent = {str(e["entity"]): str((e.get("attrs") or {}).get("ppid"))
-              for e in data.entities if e["source"] == "procs"}
+    parent = {
+        str(e["entity"]): str((e.get("attrs") or {}).get("ppid"))
+        for e in data.entities
+        if e["source"] == "procs"
+    }
     out, grew = {root}, True
     while grew:
         new = {p for p, pp in parent.items() if pp in out and p not in out}

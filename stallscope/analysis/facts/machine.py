@@ -51,16 +51,20 @@ def _gpu_signals(sig: _Draft, data: RunData, full: RunData) -> None:
     if vals:
         sig.gpu_util_median_pct = _r(median(vals))
         sig.gpu_idle_share = round(sum(100 - v for v in vals) / len(vals) / 100, 3)
-    timed = [s for s in data.steps if s.gpu_busy_s is not None
-             and (sig.focus_rank is None or s.rank == sig.focus_rank)]
+    timed = [
+        s
+        for s in data.steps
+        if s.gpu_busy_s is not None and (sig.focus_rank is None or s.rank == sig.focus_rank)
+    ]
     busy = sum(s.gpu_busy_s or 0.0 for s in timed)
     idle = sum(s.gpu_idle_s or 0.0 for s in timed)
     if len(timed) >= 10 and busy + idle > 0:
         sig.gpu_busy_share = round(busy / (busy + idle), 3)
 
 
-def _worker_count(config: dict[str, Any], cpu: list[Series], distinct: int
-                  ) -> tuple[int, str | None]:
+def _worker_count(
+    config: dict[str, Any], cpu: list[Series], distinct: int
+) -> tuple[int, str | None]:
     """(DataLoader workers, where that came from): the loader's own num_workers where the probe
     read it ("config"), else the workers alive together in the samples ("processes")."""
     nw = config.get("num_workers")
@@ -79,8 +83,10 @@ def _proc_signals(sig: _Draft, data: RunData) -> None:
         only = tree_of(data, rank_pids(data)[sig.focus_rank])  # that rank's own workers
     wcpu = _procs(data, "procs.cpu_pct", "worker", only)
     sig.workers, sig.workers_source = _worker_count(
-        sig.config, wcpu, sum(1 for p, r in roles.items()
-                              if r == "worker" and (only is None or p in only)))
+        sig.config,
+        wcpu,
+        sum(1 for p, r in roles.items() if r == "worker" and (only is None or p in only)),
+    )
     if wcpu:
         # mean over samples of the mean worker: busy workers at 100% read as 100
         per_ts: dict[float, list[float]] = defaultdict(list)
@@ -138,11 +144,18 @@ def _process_rows(data: RunData, full: RunData) -> list[dict[str, Any]]:
         a: dict[str, Any] = raw if isinstance(raw, dict) else {}
         cpu = data.get("procs.cpu_pct", pid)
         rss = full.get("procs.rss_mib", pid)
-        out.append({"pid": pid, "role": roles.get(pid, ""), "name": str(a.get("name", "")),
-                    "cmdline": str(a.get("cmdline", ""))[:400],
-                    "cpu_mean_pct": _r(mean(cpu.v)) if cpu is not None and cpu.v else None,
-                    "rss_max_mib": _r(max(rss.v), 1) if rss is not None and rss.v else None,
-                    "first_ts": e.get("first_ts"), "last_ts": e.get("last_ts")})
+        out.append(
+            {
+                "pid": pid,
+                "role": roles.get(pid, ""),
+                "name": str(a.get("name", "")),
+                "cmdline": str(a.get("cmdline", ""))[:400],
+                "cpu_mean_pct": _r(mean(cpu.v)) if cpu is not None and cpu.v else None,
+                "rss_max_mib": _r(max(rss.v), 1) if rss is not None and rss.v else None,
+                "first_ts": e.get("first_ts"),
+                "last_ts": e.get("last_ts"),
+            }
+        )
     out.sort(key=lambda r: (r["role"] != "main", -float(r["cpu_mean_pct"] or 0.0)))
     return out
 
@@ -173,8 +186,9 @@ def _main_thread_busy(data: RunData, workers: list[Series]) -> float | None:
 
 
 def _disk_signals(sig: _Draft, data: RunData) -> None:
-    named = [d for d in (data.meta.get("data_devices") or [])
-             if data.get("disk.util_pct", d) is not None]
+    named = [
+        d for d in (data.meta.get("data_devices") or []) if data.get("disk.util_pct", d) is not None
+    ]
     if named:
         dev = named[0]
         sig.device_named = True
@@ -221,10 +235,11 @@ def limited(fx: Facts) -> bool:
     """The trainer's cgroup limits reads of the dataset's device and the reads reached that
     limit (p95 of the device's read rate at least :data:`LIMIT_REACHED` of it)."""
     d = fx.disk
-    return (d.read_limit_kb_s is not None and d.disk_rkb_s_p95 is not None
-            and d.disk_rkb_s_p95 >= LIMIT_REACHED * d.read_limit_kb_s)
-
-
+    return (
+        d.read_limit_kb_s is not None
+        and d.disk_rkb_s_p95 is not None
+        and d.disk_rkb_s_p95 >= LIMIT_REACHED * d.read_limit_kb_s
+    )
 
 
 def spare_cores(fx: Facts) -> float | None:

@@ -108,8 +108,7 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
     firsts = [w[0].wait_s for e, w in sorted(epochs.items()) if e >= 1 and w]
     if firsts:
         sig.epoch_start_wait_s = _r(median(firsts), 3)
-        usual = (step_median([s for ws in epochs.values() for s in ws[1:]], _WAIT)
-                 or 0.0) / 1000
+        usual = (step_median([s for ws in epochs.values() for s in ws[1:]], _WAIT) or 0.0) / 1000
         extra = [max(0.0, f - usual) for f in firsts]
         sig.epoch_start_cost_s = _r(median(extra), 3)
         sig.epoch_start_total_s = _r(sum(extra), 2)
@@ -161,14 +160,19 @@ def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: b
     roles = data.roles()
     detail = []
     for p in procs:
-        d: dict[str, Any] = {"rank": p.rank if p.rank is not None else 0, "pid": p.pid,
-                             "stall_fraction": round(p.share("data"), 3),
-                             "comm_share": round(p.share("comm"), 3),
-                             "compute_share": round(p.share("compute"), 3),
-                             "sampled_s": round(p.total_s, 1), "source": "stacks"}
+        d: dict[str, Any] = {
+            "rank": p.rank if p.rank is not None else 0,
+            "pid": p.pid,
+            "stall_fraction": round(p.share("data"), 3),
+            "comm_share": round(p.share("comm"), 3),
+            "compute_share": round(p.share("compute"), 3),
+            "sampled_s": round(p.total_s, 1),
+            "source": "stacks",
+        }
         workers = {q for q in tree_of(data, str(p.pid)) if roles.get(q) == "worker"}
-        d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) \
-            or len(workers)
+        d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) or len(
+            workers
+        )
         w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
         if w:
             d["worker_cpu_pct"] = _r(mean(w))
@@ -186,8 +190,10 @@ def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: b
         sig.ranks_detail = detail
         worst = max(detail, key=lambda d: d["stall_fraction"])
         best = min(detail, key=lambda d: d["stall_fraction"])
-        if worst["stall_fraction"] >= 0.15 and \
-                worst["stall_fraction"] - best["stall_fraction"] >= 0.15:
+        if (
+            worst["stall_fraction"] >= 0.15
+            and worst["stall_fraction"] - best["stall_fraction"] >= 0.15
+        ):
             sig.focus_rank = worst["rank"]
             focus = next(p for p in procs if p.pid == worst["pid"])
         if any(p.seconds.get("comm") for p in procs):  # DDP's wait timed (sources/comm.py)
@@ -218,15 +224,16 @@ def _rank_signals(sig: _Draft, data: RunData, body: list[StepRow]) -> None:
     for rank, rows in sorted(by_rank.items()):
         wall = sum(s.wait_s + s.host_s for s in rows)
         d: dict[str, Any] = {
-            "rank": rank, "steps": sum(s.n for s in rows),
+            "rank": rank,
+            "steps": sum(s.n for s in rows),
             "stall_fraction": round(sum(s.wait_s for s in rows) / wall, 3) if wall else None,
             "wait_ms_median": _r(step_median(rows, _WAIT)),
-            "step_ms_median": _r(step_median(rows, _step_wall))}
+            "step_ms_median": _r(step_median(rows, _step_wall)),
+        }
         comm = [s.comm_s for s in rows if s.comm_s is not None]
         if comm and wall:
             d["comm_share"] = round(sum(comm) / wall, 3)
-            d["compute_ms_median"] = _r(step_median(
-                rows, lambda s: s.host_s - (s.comm_s or 0.0)))
+            d["compute_ms_median"] = _r(step_median(rows, lambda s: s.host_s - (s.comm_s or 0.0)))
         pid = pids.get(rank)
         if pid is not None:
             d["pid"] = int(pid)
@@ -235,8 +242,9 @@ def _rank_signals(sig: _Draft, data: RunData, body: list[StepRow]) -> None:
             if runq:
                 d["runq_wait_pct"] = _r(mean(runq))
             workers = {p for p in tree_of(data, pid) if roles.get(p) == "worker"}
-            d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) \
-                or len(workers)
+            d["workers"] = alive_together(_procs(data, "procs.cpu_pct", "worker", workers)) or len(
+                workers
+            )
             w = [v for s in _procs(data, "procs.cpu_pct", "worker", workers) for v in s.v]
             if w:
                 d["worker_cpu_pct"] = _r(mean(w))
@@ -275,8 +283,9 @@ def starved(rank: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool
     """``rank``'s process waited for a CPU ≥ RUNQ_BUSY_PCT of the time and ≥ that many points
     more than its peers' median (a CPU quota on it, or a host busy around it)."""
     runq = rank.get("runq_wait_pct")
-    theirs = median([d["runq_wait_pct"] for d in peers
-                     if d.get("runq_wait_pct") is not None]) or 0.0
+    theirs = (
+        median([d["runq_wait_pct"] for d in peers if d.get("runq_wait_pct") is not None]) or 0.0
+    )
     return runq is not None and runq >= RUNQ_BUSY_PCT and runq - theirs >= RUNQ_BUSY_PCT
 
 
@@ -290,6 +299,7 @@ def _comm_focus(sig: _Draft, detail: list[dict[str, Any]]) -> None:
     least = min(timed, key=lambda d: d["comm_share"])
     most = max(timed, key=lambda d: d["comm_share"])
     gap = most["comm_share"] - least["comm_share"]
-    if gap >= COMM_GAP or (gap >= COMM_GAP_STARVED
-                           and starved(least, [d for d in timed if d is not least])):
+    if gap >= COMM_GAP or (
+        gap >= COMM_GAP_STARVED and starved(least, [d for d in timed if d is not least])
+    ):
         sig.comm_straggler = least["rank"]

@@ -21,7 +21,6 @@ list of their :meth:`~GpuReading.as_dict` -- the ``gpu`` part of ``snapshot --js
 ``processes``. Field meanings, NVML calls and ``nvidia-smi`` equivalents: docs/gpu-metrics.md.
 """
 
-
 from stallscope.sources.gpu.health import APP_XIDS, XID_MEANINGS, health_parts
 from stallscope.sources.gpu.nvml import THROTTLE_REASONS, GpuLost, Nvml, decode_throttle
 from stallscope.sources.gpu.reading import GpuProcess, GpuReading, MigInstance

@@ -18,8 +18,10 @@ GPM_METRICS = (
     ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),  # DCGM PROF_PIPE_TENSOR_ACTIVE
 )
 #: GPM's PCIe traffic (MiB/s), read with the metrics above: NVML's non-blocking PCIe rate
-GPM_PCIE = (("pcie_tx_mib_s", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
-            ("pcie_rx_mib_s", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"))
+GPM_PCIE = (
+    ("pcie_tx_mib_s", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
+    ("pcie_rx_mib_s", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"),
+)
 #: NVML computes GPM metrics from samples at least this far apart (its refresh rate).
 GPM_MIN_INTERVAL_S = 0.1
 

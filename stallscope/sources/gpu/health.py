@@ -12,8 +12,17 @@ from typing import Any
 from stallscope.sources.gpu.nvml import GpuLost, Nvml, handle_key
 from stallscope.sources.gpu.reading import GpuState
 
-__all__ = ["APP_XIDS", "EVENT_WAIT_MS", "GROWING", "XID_MEANINGS", "XidEvents", "health_changes",
-           "health_parts", "remapped_rows", "retired_pages"]
+__all__ = [
+    "APP_XIDS",
+    "EVENT_WAIT_MS",
+    "GROWING",
+    "XID_MEANINGS",
+    "XidEvents",
+    "health_changes",
+    "health_parts",
+    "remapped_rows",
+    "retired_pages",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +36,45 @@ EVENT_WAIT_MS = 250
 APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 #: what the common XIDs mean and what to do (NVIDIA's XID catalog, shortened)
 XID_MEANINGS: dict[int, tuple[str, str]] = {
-    48: ("double-bit ECC error in GPU memory",
-         "drain the node and reset the GPU; replace it if it comes back"),
-    63: ("a row remap or page retirement was recorded after an ECC error",
-         "reset the GPU when the jobs on it end, so the remap takes effect"),
-    64: ("a row remap or page retirement failed to be recorded",
-         "drain the node and reset the GPU; replace it if this repeats"),
-    74: ("NVLink error", "drain the node and reset the GPUs; check the NVLink bridge or "
-         "baseboard, and replace the GPU if it repeats"),
-    79: ("the GPU has fallen off the bus", "drain the node and reboot it; check power and the "
-         "PCIe slot, and replace the GPU if it repeats"),
+    48: (
+        "double-bit ECC error in GPU memory",
+        "drain the node and reset the GPU; replace it if it comes back",
+    ),
+    63: (
+        "a row remap or page retirement was recorded after an ECC error",
+        "reset the GPU when the jobs on it end, so the remap takes effect",
+    ),
+    64: (
+        "a row remap or page retirement failed to be recorded",
+        "drain the node and reset the GPU; replace it if this repeats",
+    ),
+    74: (
+        "NVLink error",
+        "drain the node and reset the GPUs; check the NVLink bridge or "
+        "baseboard, and replace the GPU if it repeats",
+    ),
+    79: (
+        "the GPU has fallen off the bus",
+        "drain the node and reboot it; check power and the "
+        "PCIe slot, and replace the GPU if it repeats",
+    ),
     92: ("high single-bit ECC error rate", "watch it; replace the GPU if the rate keeps up"),
-    94: ("contained ECC error (one application was stopped)",
-         "reset the GPU when convenient, so the bad row is remapped"),
-    95: ("uncontained ECC error (every application on the GPU was stopped)",
-         "drain the node and reset the GPU; replace it if it repeats"),
-    119: ("GSP RPC timeout (the GPU's system processor did not answer)",
-          "drain the node and reset the GPU or reboot; update the driver if it repeats"),
-    120: ("GSP error", "drain the node and reset the GPU or reboot; update the driver if it "
-          "repeats"),
+    94: (
+        "contained ECC error (one application was stopped)",
+        "reset the GPU when convenient, so the bad row is remapped",
+    ),
+    95: (
+        "uncontained ECC error (every application on the GPU was stopped)",
+        "drain the node and reset the GPU; replace it if it repeats",
+    ),
+    119: (
+        "GSP RPC timeout (the GPU's system processor did not answer)",
+        "drain the node and reset the GPU or reboot; update the driver if it repeats",
+    ),
+    120: (
+        "GSP error",
+        "drain the node and reset the GPU or reboot; update the driver if it repeats",
+    ),
 }
 
 
@@ -71,14 +100,18 @@ def health_parts(h: Any) -> list[str]:
 #: generation to save power, which is no event
 PCIE_LOAD_PCT = 30
 #: counters whose growth during the run is a health event: (reading field, what grew)
-GROWING = (("remapped_rows_uncorrectable", "row{s} remapped after uncorrectable ECC errors"),
-            ("remapped_rows_correctable", "row{s} remapped after correctable ECC errors"),
-            ("ecc_errors", "new uncorrected ECC error{s}"),
-            ("retired_pages", "page{s} retired for ECC errors"))
+GROWING = (
+    ("remapped_rows_uncorrectable", "row{s} remapped after uncorrectable ECC errors"),
+    ("remapped_rows_correctable", "row{s} remapped after correctable ECC errors"),
+    ("ecc_errors", "new uncorrected ECC error{s}"),
+    ("retired_pages", "page{s} retired for ECC errors"),
+)
 #: flags whose turning on is a health event: (reading field, what it means)
-_FLAGS = (("row_remap_pending", "a row remap waits for a GPU reset"),
-          ("row_remap_failed", "a row remap failed: the GPU's memory can no longer hide bad rows"),
-          ("retired_pages_pending", "a page retirement waits for a GPU reset"))
+_FLAGS = (
+    ("row_remap_pending", "a row remap waits for a GPU reset"),
+    ("row_remap_failed", "a row remap failed: the GPU's memory can no longer hide bad rows"),
+    ("retired_pages_pending", "a page retirement waits for a GPU reset"),
+)
 
 
 def health_changes(seen: dict[str, Any], r: Any) -> list[str]:
@@ -125,8 +158,9 @@ def health_changes(seen: dict[str, Any], r: Any) -> list[str]:
     return out
 
 
-def remapped_rows(nvml: Nvml, gpu: GpuState
-                  ) -> tuple[int | None, int | None, int | None, int | None]:
+def remapped_rows(
+    nvml: Nvml, gpu: GpuState
+) -> tuple[int | None, int | None, int | None, int | None]:
     """(correctable, uncorrectable, pending, failed) remapped rows (0.004 ms; Ampere+)."""
     if not gpu.rows_supported:
         return (None, None, None, None)
@@ -143,13 +177,19 @@ def retired_pages(nvml: Nvml, gpu: GpuState) -> dict[str, int | None]:
     of a GPU before Ampere, where pages are retired instead of rows remapped (read on the
     helper thread)."""
     b, h, call = nvml.backend, gpu.handle, nvml.call
-    pages = [call("nvmlDeviceGetRetiredPages", h, cause) for cause in (
-        b.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        b.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)]
+    pages = [
+        call("nvmlDeviceGetRetiredPages", h, cause)
+        for cause in (
+            b.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            b.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+    ]
     known = [p for p in pages if p is not None]
     pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
-    return {"retired_pages": sum(len(p) for p in known) if known else None,
-            "retired_pages_pending": None if pending is None else int(bool(pending))}
+    return {
+        "retired_pages": sum(len(p) for p in known) if known else None,
+        "retired_pages_pending": None if pending is None else int(bool(pending)),
+    }
 
 
 class XidEvents:
@@ -225,8 +265,9 @@ class XidEvents:
             return True
         gpu.xids = {**gpu.xids, code: gpu.xids.get(code, 0) + 1}
         gpu.xid_last = code
-        meaning, todo = XID_MEANINGS.get(code, ("see NVIDIA's XID catalog", "drain the node "
-                                                "if it repeats"))
+        meaning, todo = XID_MEANINGS.get(
+            code, ("see NVIDIA's XID catalog", "drain the node if it repeats")
+        )
         msg = f"GPU {gpu.index}: XID {code}: {meaning}; {todo}"
         seen = sum(gpu.xids.values())
         if seen > 1:  # each XID is an event of its own (the collector drops a repeated message)

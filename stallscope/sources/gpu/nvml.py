@@ -12,8 +12,18 @@ from typing import Any
 
 from stallscope.errors import SourceUnavailable
 
-__all__ = ["MIB", "THROTTLE_REASONS", "GpuLost", "Nvml", "decode_throttle", "field_value",
-           "handle_key", "num", "to_int", "to_text"]
+__all__ = [
+    "MIB",
+    "THROTTLE_REASONS",
+    "GpuLost",
+    "Nvml",
+    "decode_throttle",
+    "field_value",
+    "handle_key",
+    "num",
+    "to_int",
+    "to_text",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +255,15 @@ def field_value(b: Any, fv: Any) -> float | int | None:
         return None
     u = fv.value
     kind = int(getattr(fv, "valueType", 3))
-    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-            6: "usVal"}.get(kind, "ullVal")
+    attr = {
+        0: "dVal",
+        1: "uiVal",
+        2: "ulVal",
+        3: "ullVal",
+        4: "sllVal",
+        5: "siVal",
+        6: "usVal",
+    }.get(kind, "ullVal")
     value = getattr(u, attr, None)
     return None if value is None else value
 

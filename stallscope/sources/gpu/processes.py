@@ -29,17 +29,19 @@ def processes(nvml: Nvml, gpu: GpuState) -> list[GpuProcess] | None:
     if by_pid and "proc_util" not in gpu.slow:
         gpu.slow = {**gpu.slow, "proc_util": process_util(nvml, gpu)}
     util = gpu.slow.get("proc_util") if by_pid else None
-    return [GpuProcess(pid, by_pid[pid],
-                       *(util.get(pid, (0.0, 0.0)) if util is not None else (None, None)))
-            for pid in sorted(by_pid)]
+    return [
+        GpuProcess(
+            pid, by_pid[pid], *(util.get(pid, (0.0, 0.0)) if util is not None else (None, None))
+        )
+        for pid in sorted(by_pid)
+    ]
 
 
 def process_util(nvml: Nvml, gpu: GpuState) -> dict[int, tuple[float, float]] | None:
     """pid -> (sm %, memory %) from NVML's per-process samples since the previous read (the
     newest per pid); {} when NVML has none since then (every process idle); None where it
     keeps none at all (MIG, an older driver)."""
-    samples = nvml.call_found("nvmlDeviceGetProcessUtilization", gpu.handle,
-                              gpu.proc_util_ts)
+    samples = nvml.call_found("nvmlDeviceGetProcessUtilization", gpu.handle, gpu.proc_util_ts)
     if samples is None:
         return None
     out: dict[int, tuple[int, float, float]] = {}

@@ -147,7 +147,6 @@ class GpuReading:
         return asdict(self)
 
 
-
 @dataclass
 class GpuState:
     """What the source keeps per GPU between samples."""

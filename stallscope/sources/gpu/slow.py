@@ -25,8 +25,12 @@ SLOW_READ_S = 10.0
 PCIE_FALLBACK_S = 2.0
 
 
-def slow_loop(stop: threading.Event, clock: Callable[[], float],
-              read: Callable[[bool], None], say_once: Callable[[str, str], None]) -> None:
+def slow_loop(
+    stop: threading.Event,
+    clock: Callable[[], float],
+    read: Callable[[bool], None],
+    say_once: Callable[[str, str], None],
+) -> None:
     """The helper thread: ``read(force)`` every PCIE_FALLBACK_S s until ``stop``, ``force``
     once SLOW_READ_S s have passed; an error is said once (``say_once``), never ends it."""
     last_slow = clock()
@@ -50,10 +54,12 @@ def read_slow(nvml: Nvml, gpus: list[GpuState], *, force: bool = True) -> None:
             new = dict(gpu.slow)
             if not gpu.pcie_gpm and not (gpu.pcie_gpm is None and gpu.gpm_samples):
                 call = nvml.call
-                new["pcie_rx_kb_s"] = to_int(call("nvmlDeviceGetPcieThroughput", gpu.handle,
-                                                  b.NVML_PCIE_UTIL_RX_BYTES))
-                new["pcie_tx_kb_s"] = to_int(call("nvmlDeviceGetPcieThroughput", gpu.handle,
-                                                  b.NVML_PCIE_UTIL_TX_BYTES))
+                new["pcie_rx_kb_s"] = to_int(
+                    call("nvmlDeviceGetPcieThroughput", gpu.handle, b.NVML_PCIE_UTIL_RX_BYTES)
+                )
+                new["pcie_tx_kb_s"] = to_int(
+                    call("nvmlDeviceGetPcieThroughput", gpu.handle, b.NVML_PCIE_UTIL_TX_BYTES)
+                )
             if force:
                 new.update(slow_values(nvml, gpu))
             if "proc_util" in new:  # processes were seen: keep their shares fresh

@@ -42,12 +42,12 @@ __all__ = ["GpuSource", "mig_profile"]
 log = logging.getLogger(__name__)
 
 
-_MIG_POINTS = (("gpu.mig_mem_used_mib", "mem_used_mib"),
-               ("gpu.mig_mem_total_mib", "mem_total_mib"))
+_MIG_POINTS = (("gpu.mig_mem_used_mib", "mem_used_mib"), ("gpu.mig_mem_total_mib", "mem_total_mib"))
 
 
-def _row_points(entity: str, row: dict[str, Any], fields: tuple[tuple[str, str], ...]
-                ) -> list[Point]:
+def _row_points(
+    entity: str, row: dict[str, Any], fields: tuple[tuple[str, str], ...]
+) -> list[Point]:
     """The points of one process or MIG instance of a GPU's payload: (metric, field) pairs."""
     return [Point(key, entity, float(row[f])) for key, f in fields if row.get(f) is not None]
 
@@ -62,10 +62,20 @@ def mig_profile(name: str | None) -> str | None:
 
 
 #: (metric, field of a process of the payload) for each process on a GPU
-_PROC_POINTS = (("gpu.proc_mem_mib", "used_mib"), ("gpu.proc_sm_pct", "sm_pct"),
-                ("gpu.proc_mem_util_pct", "mem_util_pct"))
-_FIXED = ("name", "uuid", "pci_bus_id", "pcie_gen_max", "pcie_width_max", "mem_total_mib",
-          "sm_clock_max_mhz")
+_PROC_POINTS = (
+    ("gpu.proc_mem_mib", "used_mib"),
+    ("gpu.proc_sm_pct", "sm_pct"),
+    ("gpu.proc_mem_util_pct", "mem_util_pct"),
+)
+_FIXED = (
+    "name",
+    "uuid",
+    "pci_bus_id",
+    "pcie_gen_max",
+    "pcie_width_max",
+    "mem_total_mib",
+    "sm_clock_max_mhz",
+)
 
 
 class GpuSource(Source):
@@ -142,12 +152,19 @@ class GpuSource(Source):
         self._xids.start(gpus)
         if self._background:
             self._stop.clear()
-            self._spawn(lambda: slow_loop(self._stop, self._clock,
-                                          lambda force: self.read_slow(force=force),
-                                          self._say_once), "stallscope-gpu-slow")
+            self._spawn(
+                lambda: slow_loop(
+                    self._stop,
+                    self._clock,
+                    lambda force: self.read_slow(force=force),
+                    self._say_once,
+                ),
+                "stallscope-gpu-slow",
+            )
             if self._xids.on:
-                self._spawn(lambda: self._xids.loop(self._stop, self._say_once),
-                            "stallscope-gpu-xid")
+                self._spawn(
+                    lambda: self._xids.loop(self._stop, self._say_once), "stallscope-gpu-xid"
+                )
 
     def sample(self, now: float) -> list[dict[str, Any]]:
         """One reading per GPU still present (``now`` is the collector's timestamp; GPM uses
@@ -174,11 +191,17 @@ class GpuSource(Source):
             out[f"gpu{g.get('index', 0)}"] = fixed
             for proc in g.get("processes") or ():
                 pid = int(proc["pid"])
-                out[f"gpu{g.get('index', 0)}:{pid}"] = {**fixed, "pid": pid,
-                                                        **self._owners.owner(pid).attrs()}
+                out[f"gpu{g.get('index', 0)}:{pid}"] = {
+                    **fixed,
+                    "pid": pid,
+                    **self._owners.owner(pid).attrs(),
+                }
             for mig in g.get("mig") or ():
                 out[f"gpu{g.get('index', 0)}/gi{mig['gpu_instance_id']}"] = {
-                    **fixed, "mig_profile": mig.get("profile"), "mig_uuid": mig.get("uuid")}
+                    **fixed,
+                    "mig_profile": mig.get("profile"),
+                    "mig_uuid": mig.get("uuid"),
+                }
             for code in g.get("xid_errors") or ():
                 out[f"gpu{g.get('index', 0)}/xid{code}"] = fixed
         return out
@@ -262,8 +285,12 @@ class GpuSource(Source):
             gi = to_int(call("nvmlDeviceGetGpuInstanceId", mh))
             if gi is None or gi in out:
                 continue  # another compute instance of a GPU instance already listed
-            out[gi] = (gi, mig_profile(to_text(call("nvmlDeviceGetName", mh))),
-                       to_text(call("nvmlDeviceGetUUID", mh)), mh)
+            out[gi] = (
+                gi,
+                mig_profile(to_text(call("nvmlDeviceGetName", mh))),
+                to_text(call("nvmlDeviceGetUUID", mh)),
+                mh,
+            )
         return [out[gi] for gi in sorted(out)]
 
     def _read(self, gpu: GpuState) -> GpuReading:
@@ -278,8 +305,14 @@ class GpuSource(Source):
 
         ecc: int | None = None
         if gpu.ecc_on:
-            ecc = to_int(call("nvmlDeviceGetTotalEccErrors", h,
-                            b.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, b.NVML_VOLATILE_ECC))
+            ecc = to_int(
+                call(
+                    "nvmlDeviceGetTotalEccErrors",
+                    h,
+                    b.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    b.NVML_VOLATILE_ECC,
+                )
+            )
 
         gpm = read_gpm(self.nvml, gpu, self._clock)
         slow = gpu.slow
@@ -332,8 +365,9 @@ class GpuSource(Source):
             retired_pages_pending=slow.get("retired_pages_pending"),
             xid_count=xid_count,
             xid_last=gpu.xid_last if xid_count is not None else None,
-            xid_errors=({str(k): v for k, v in sorted(gpu.xids.items())}
-                        if xid_count is not None else None),
+            xid_errors=(
+                {str(k): v for k, v in sorted(gpu.xids.items())} if xid_count is not None else None
+            ),
             health_problem=(1 if any(known) else 0) if known else None,
             pcie_from=pcie_from,
             processes=processes(self.nvml, gpu),
@@ -346,9 +380,15 @@ class GpuSource(Source):
         out = []
         for gi, profile, uuid, mh in gpu.migs:
             mem = self._memory(mh)
-            out.append(MigInstance(gi, profile, uuid,
-                                   None if mem is None else int(mem.used) // MIB,
-                                   None if mem is None else int(mem.total) // MIB))
+            out.append(
+                MigInstance(
+                    gi,
+                    profile,
+                    uuid,
+                    None if mem is None else int(mem.used) // MIB,
+                    None if mem is None else int(mem.total) // MIB,
+                )
+            )
         return out
 
     def _memory(self, h: Any) -> Any | None:

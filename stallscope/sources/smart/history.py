@@ -80,6 +80,7 @@ DEFAULT_SPARE_THRESHOLD = 10
 
 # --- the trend ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Forecast:
     """One value heading for its threshold."""
@@ -94,24 +95,36 @@ class Forecast:
     span_days: float
 
     def text(self) -> str:
-        what = (f"reaches {self.threshold:g}" if self.rising
-                else f"falls below its threshold {self.threshold:g}")
+        what = (
+            f"reaches {self.threshold:g}"
+            if self.rising
+            else f"falls below its threshold {self.threshold:g}"
+        )
         unit = "%" if self.name in ("percentage_used", "available_spare") else ""
         when = f"~{self.days:.0f} days" if self.days >= 2 else f"~{self.days * 24:.0f} hours"
-        return (f"at the current rate, {self.name} ({self.now:g}{unit} now) {what}{unit} in "
-                f"{when} ({self.per_day:+.3g}{unit}/day over {self.checks} checks in "
-                f"{self.span_days:.3g} days)")
+        return (
+            f"at the current rate, {self.name} ({self.now:g}{unit} now) {what}{unit} in "
+            f"{when} ({self.per_day:+.3g}{unit}/day over {self.checks} checks in "
+            f"{self.span_days:.3g} days)"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "now": self.now, "threshold": self.threshold,
-                "direction": "rising" if self.rising else "falling",
-                "per_day": round(self.per_day, 6), "days": round(self.days, 2),
-                "checks": self.checks, "span_days": round(self.span_days, 3),
-                "text": self.text()}
+        return {
+            "name": self.name,
+            "now": self.now,
+            "threshold": self.threshold,
+            "direction": "rising" if self.rising else "falling",
+            "per_day": round(self.per_day, 6),
+            "days": round(self.days, 2),
+            "checks": self.checks,
+            "span_days": round(self.span_days, 3),
+            "text": self.text(),
+        }
 
 
-def forecast(name: str, points: Sequence[tuple[float, float]], threshold: float, *,
-             rising: bool) -> Forecast | None:
+def forecast(
+    name: str, points: Sequence[tuple[float, float]], threshold: float, *, rising: bool
+) -> Forecast | None:
     """When the fitted line through ``points`` ((unix time, value), any order) reaches
     ``threshold`` going up (``rising``) or falls below it; None when it does not head there,
     is already past it, or the checks are too few or too close together."""
@@ -135,8 +148,7 @@ def forecast(name: str, points: Sequence[tuple[float, float]], threshold: float,
     days = max(0.0, gap / per_day)
     if days > HORIZON_DAYS:
         return None
-    return Forecast(name, now_v, float(threshold), rising, per_day, days, len(pts),
-                    span / 86400.0)
+    return Forecast(name, now_v, float(threshold), rising, per_day, days, len(pts), span / 86400.0)
 
 
 def drive_levels(drive: DriveHealth) -> dict[str, float]:
@@ -149,8 +161,9 @@ def drive_levels(drive: DriveHealth) -> dict[str, float]:
     return out
 
 
-def forecast_drive(history: Sequence[tuple[float, Mapping[str, float]]],
-                   attributes: Mapping[str, Any]) -> list[Forecast]:
+def forecast_drive(
+    history: Sequence[tuple[float, Mapping[str, float]]], attributes: Mapping[str, Any]
+) -> list[Forecast]:
     """Forecasts for one drive from its checks ((unix time, :func:`drive_levels`), oldest
     first or not); ``attributes`` of the latest check give the spare threshold. Soonest first."""
     series: dict[str, list[tuple[float, float]]] = {}
@@ -161,8 +174,7 @@ def forecast_drive(history: Sequence[tuple[float, Mapping[str, float]]],
     for k, pts in series.items():
         if k == "available_spare":
             th = attributes.get("available_spare_threshold")
-            thr = float(th) if isinstance(th, int) and 0 < th <= 100 else \
-                DEFAULT_SPARE_THRESHOLD
+            thr = float(th) if isinstance(th, int) and 0 < th <= 100 else DEFAULT_SPARE_THRESHOLD
             f = forecast(k, pts, thr, rising=False)
         elif k == "percentage_used":
             f = forecast(k, pts, WEAR_FAILING_PCT, rising=True)
@@ -174,6 +186,7 @@ def forecast_drive(history: Sequence[tuple[float, Mapping[str, float]]],
 
 
 # --- the state file -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Check:
@@ -220,11 +233,21 @@ def _parse_state(doc: object) -> dict[str, list[Check]]:
             if not isinstance(counters, dict):
                 raise ValueError(f"bad counters for {key!r}")
             levels = c.get("levels")
-            parsed.append(Check(float(c["ts"]), {
-                str(k): v for k, v in counters.items()
-                if isinstance(v, int) and not isinstance(v, bool)}, {
-                str(k): float(v) for k, v in (levels if isinstance(levels, dict) else {}).items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}))
+            parsed.append(
+                Check(
+                    float(c["ts"]),
+                    {
+                        str(k): v
+                        for k, v in counters.items()
+                        if isinstance(v, int) and not isinstance(v, bool)
+                    },
+                    {
+                        str(k): float(v)
+                        for k, v in (levels if isinstance(levels, dict) else {}).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)
+                    },
+                )
+            )
         out[key] = parsed
     return out
 
@@ -259,20 +282,25 @@ class HealthState:
     def baseline(self, key: str, now: float, window_s: float = WINDOW_S) -> Check | None:
         return pick_baseline(self.drives.get(key, []), now, window_s)
 
-    def record(self, key: str, ts: float, counters: Mapping[str, int],
-               levels: Mapping[str, float] | None = None) -> None:
+    def record(
+        self,
+        key: str,
+        ts: float,
+        counters: Mapping[str, int],
+        levels: Mapping[str, float] | None = None,
+    ) -> None:
         checks = self.drives.setdefault(key, [])
         checks.append(Check(ts, dict(counters), dict(levels or {})))
         checks.sort(key=lambda c: c.ts)
         del checks[:-MAX_CHECKS]
         if len(self.drives) > MAX_DRIVES:  # forget the drives not seen for longest
-            stale = sorted(self.drives, key=lambda k: self.drives[k][-1].ts if self.drives[k]
-                           else 0.0)
+            stale = sorted(
+                self.drives, key=lambda k: self.drives[k][-1].ts if self.drives[k] else 0.0
+            )
             for k in stale[: len(self.drives) - MAX_DRIVES]:
                 del self.drives[k]
 
-    def observe(self, drive: DriveHealth, now: float,
-                window_s: float = WINDOW_S) -> DriveHealth:
+    def observe(self, drive: DriveHealth, now: float, window_s: float = WINDOW_S) -> DriveHealth:
         """Judge ``drive`` against its baseline check and record this check.
 
         Drives without counters or identity (unknown verdicts) are returned unchanged."""
@@ -291,10 +319,22 @@ class HealthState:
         return replace(judged, forecast=tuple(fc)) if fc else judged
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "drives": {
-            k: {"checks": [{"ts": c.ts, "counters": dict(c.counters),
-                            **({"levels": dict(c.levels)} if c.levels else {})} for c in v]}
-            for k, v in self.drives.items()}}
+        return {
+            "version": STATE_VERSION,
+            "drives": {
+                k: {
+                    "checks": [
+                        {
+                            "ts": c.ts,
+                            "counters": dict(c.counters),
+                            **({"levels": dict(c.levels)} if c.levels else {}),
+                        }
+                        for c in v
+                    ]
+                }
+                for k, v in self.drives.items()
+            },
+        }
 
     def save(self) -> None:
         """Write atomically; raise OSError if the directory cannot be written."""
@@ -310,8 +350,8 @@ class HealthState:
             raise
 
 
-
 # --- saved documents of one drive ------------------------------------------------------------
+
 
 def explain_series(drives: Sequence[DriveHealth]) -> list[DriveHealth]:
     """Saved documents -> one record per drive, growth between its checks applied.
@@ -343,10 +383,12 @@ def explain_series(drives: Sequence[DriveHealth]) -> list[DriveHealth]:
         if len(checks) == 1:
             out.append(last)
             continue
-        since = iso_time(first.checked_at) if first.checked_at is not None else (
-            first.source or "the first check")
+        since = (
+            iso_time(first.checked_at)
+            if first.checked_at is not None
+            else (first.source or "the first check")
+        )
         judged = apply_growth(last, compute_growth(first.counters, last.counters, since))
-        history = [(c.checked_at, drive_levels(c)) for _i, c in checks
-                   if c.checked_at is not None]
+        history = [(c.checked_at, drive_levels(c)) for _i, c in checks if c.checked_at is not None]
         out.append(replace(judged, forecast=tuple(forecast_drive(history, last.attributes))))
     return out

@@ -85,10 +85,16 @@ ATA_HOT_C = 60  # most HDDs are rated for 60 °C
 NVME_HOT_C = 70
 
 #: ATA SSD wear attributes whose *normalized* value is "life left, %"
-_WEAR_ATTRS = frozenset({
-    "Wear_Leveling_Count", "Media_Wearout_Indicator", "Percent_Lifetime_Remain",
-    "SSD_Life_Left", "Remaining_Lifetime_Perc", "Percent_Life_Remaining",
-})
+_WEAR_ATTRS = frozenset(
+    {
+        "Wear_Leveling_Count",
+        "Media_Wearout_Indicator",
+        "Percent_Lifetime_Remain",
+        "SSD_Life_Left",
+        "Remaining_Lifetime_Perc",
+        "Percent_Life_Remaining",
+    }
+)
 #: NVMe critical_warning bits: (bit, level, meaning)
 _NVME_WARNING_BITS: tuple[tuple[int, Level, str], ...] = (
     (0x01, "failing", "available spare capacity is below its threshold"),
@@ -102,6 +108,7 @@ _REDACTED = frozenset({"", "redacted", "n/a", "unknown", "0", "none"})
 
 
 # --- records ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Growth:
@@ -183,6 +190,7 @@ class DriveHealth:
 
 # --- small type-safe accessors (the parser must survive any JSON value) --------------------
 
+
 def _obj(v: object) -> dict[str, Any] | None:
     return v if isinstance(v, dict) else None
 
@@ -244,27 +252,45 @@ def _raw_count(attr: Mapping[str, Any]) -> int | None:
 
 # --- the parser ---------------------------------------------------------------------------
 
+
 def parse_document_text(text: str | bytes, *, source: str | None = None) -> DriveHealth:
     """Parse the text of a ``smartctl --json`` output; non-JSON gives an ``unknown`` verdict."""
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        first = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+        first = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
         first = first.strip().splitlines()[0][:120] if first.strip() else "(empty)"
         return unknown_drive(
             f"unrecognised: not JSON ({exc.__class__.__name__}); smartctl ≥ 7 with --json "
-            f"writes JSON, this starts with {first!r}", source=source)
+            f"writes JSON, this starts with {first!r}",
+            source=source,
+        )
     return parse_document(doc, source=source)
 
 
-def unknown_drive(reason: str, *, source: str | None = None, device: str | None = None,
-                  fixes: Sequence[str] = (), notes: Sequence[str] = (),
-                  explained: bool = False) -> DriveHealth:
+def unknown_drive(
+    reason: str,
+    *,
+    source: str | None = None,
+    device: str | None = None,
+    fixes: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    explained: bool = False,
+) -> DriveHealth:
     """A drive whose SMART could not be read or judged: verdict ``unknown`` for ``reason``."""
-    return DriveHealth(device=device, model=None, serial=None, protocol=None,
-                       verdict="unknown", reasons=(reason,), notes=tuple(notes),
-                       fixes=tuple(fixes), source=source, base=(("unknown", reason),),
-                       explained=explained)
+    return DriveHealth(
+        device=device,
+        model=None,
+        serial=None,
+        protocol=None,
+        verdict="unknown",
+        reasons=(reason,),
+        notes=tuple(notes),
+        fixes=tuple(fixes),
+        source=source,
+        base=(("unknown", reason),),
+        explained=explained,
+    )
 
 
 def parse_document(doc: object, *, source: str | None = None) -> DriveHealth:
@@ -290,8 +316,13 @@ def _messages(doc: Mapping[str, Any]) -> list[str]:
 
 
 #: keys that hold SMART health data; a document with none of them is only an error report
-_DATA_KEYS = ("smart_status", "ata_smart_attributes", "nvme_smart_health_information_log",
-              "scsi_grown_defect_list", "scsi_error_counter_log")
+_DATA_KEYS = (
+    "smart_status",
+    "ata_smart_attributes",
+    "nvme_smart_health_information_log",
+    "scsi_grown_defect_list",
+    "scsi_error_counter_log",
+)
 
 
 class _Facts(NamedTuple):
@@ -308,8 +339,10 @@ class _Facts(NamedTuple):
 def _parse(doc: object, source: str | None) -> DriveHealth:
     d = _obj(doc)
     if d is None:
-        return unknown_drive(f"unrecognised: a smartctl --json document is an object, "
-                             f"not {type(doc).__name__}", source=source)
+        return unknown_drive(
+            f"unrecognised: a smartctl --json document is an object, not {type(doc).__name__}",
+            source=source,
+        )
     device = _str(_get(d, "device", "name"))
     protocol = _str(_get(d, "device", "protocol"))
     if protocol not in ("ATA", "NVMe", "SCSI"):
@@ -332,56 +365,92 @@ def _parse(doc: object, source: str | None) -> DriveHealth:
         _parse_scsi(d, found, notes, attrs, counters)
     _hours_and_temperature(d, protocol, attrs, notes)
     if not found and facts.smart_passed is None and not counters:
-        found.append(("unknown", "unrecognised: no overall-health result and no known "
-                      "SMART counters in the document"))
+        found.append(
+            (
+                "unknown",
+                "unrecognised: no overall-health result and no known "
+                "SMART counters in the document",
+            )
+        )
     return DriveHealth(
-        device=device, model=facts.model, serial=facts.serial, protocol=protocol,
-        verdict="unknown", reasons=(), notes=tuple(notes), capacity_bytes=facts.capacity,
+        device=device,
+        model=facts.model,
+        serial=facts.serial,
+        protocol=protocol,
+        verdict="unknown",
+        reasons=(),
+        notes=tuple(notes),
+        capacity_bytes=facts.capacity,
         rotation_rate=facts.rotation,
         checked_at=float(facts.checked_at) if facts.checked_at is not None else None,
-        smart_passed=facts.smart_passed, attributes=attrs, counters=counters, source=source,
-        base=tuple(found))
+        smart_passed=facts.smart_passed,
+        attributes=attrs,
+        counters=counters,
+        source=source,
+        base=tuple(found),
+    )
 
 
-def _without_data(d: Mapping[str, Any], device: str | None, exit_status: int | None,
-                  source: str | None) -> DriveHealth:
+def _without_data(
+    d: Mapping[str, Any], device: str | None, exit_status: int | None, source: str | None
+) -> DriveHealth:
     """The ``unknown`` record of a document with no SMART data: why there is none."""
     messages = _messages(d)
     if exit_status is not None and exit_status & 0x03:
         # bit 0: command line did not parse; bit 1: device open failed
         msg = "; ".join(messages) or f"smartctl exit status {exit_status}"
-        return unknown_drive(f"smartctl could not read {device or 'the device'}: {msg}",
-                             source=source, device=device)
+        return unknown_drive(
+            f"smartctl could not read {device or 'the device'}: {msg}", source=source, device=device
+        )
     if "smartctl" not in d and "device" not in d:
-        return unknown_drive("unrecognised: no 'smartctl', 'device' or SMART data keys; "
-                             "not a smartctl --json document", source=source)
+        return unknown_drive(
+            "unrecognised: no 'smartctl', 'device' or SMART data keys; "
+            "not a smartctl --json document",
+            source=source,
+        )
     if _get(d, "smart_support", "available") is False:
-        return unknown_drive(f"{device or 'the device'} has no SMART support (behind a USB "
-                             "bridge or RAID controller? try --device-type sat or megaraid,N)",
-                             source=source, device=device)
+        return unknown_drive(
+            f"{device or 'the device'} has no SMART support (behind a USB "
+            "bridge or RAID controller? try --device-type sat or megaraid,N)",
+            source=source,
+            device=device,
+        )
     if _get(d, "smart_support", "enabled") is False:
-        return unknown_drive(f"SMART is disabled on {device or 'the device'}: enable it with "
-                             f"`smartctl -s on {device or 'DEVICE'}`", source=source,
-                             device=device)
+        return unknown_drive(
+            f"SMART is disabled on {device or 'the device'}: enable it with "
+            f"`smartctl -s on {device or 'DEVICE'}`",
+            source=source,
+            device=device,
+        )
     extra = f" ({'; '.join(messages)})" if messages else ""
-    return unknown_drive(f"unrecognised: the document holds no SMART health data{extra}",
-                         source=source, device=device)
+    return unknown_drive(
+        f"unrecognised: the document holds no SMART health data{extra}",
+        source=source,
+        device=device,
+    )
 
 
 def _facts(d: Mapping[str, Any]) -> _Facts:
-    model = (_str(d.get("model_name")) or _str(d.get("scsi_model_name"))
-             or " ".join(x for x in (_str(d.get("scsi_vendor")), _str(d.get("scsi_product")))
-                         if x) or None)
-    capacity = (_int(_get(d, "user_capacity", "bytes")) or _int(d.get("nvme_total_capacity")))
+    model = (
+        _str(d.get("model_name"))
+        or _str(d.get("scsi_model_name"))
+        or " ".join(x for x in (_str(d.get("scsi_vendor")), _str(d.get("scsi_product"))) if x)
+        or None
+    )
+    capacity = _int(_get(d, "user_capacity", "bytes")) or _int(d.get("nvme_total_capacity"))
     if capacity is None:
         ns = d.get("nvme_namespaces")
         if isinstance(ns, list) and ns:
             capacity = _int(_get(ns[0], "size", "bytes"))
     passed = _get(d, "smart_status", "passed")
-    return _Facts(model=model, serial=_str(d.get("serial_number")), capacity=capacity,
-                  rotation=_int(d.get("rotation_rate")),
-                  checked_at=_int(_get(d, "local_time", "time_t")),
-                  smart_passed=passed if isinstance(passed, bool) else None)
+    return _Facts(
+        model=model,
+        serial=_str(d.get("serial_number")),
+        capacity=capacity,
+        rotation=_int(d.get("rotation_rate")),
+        checked_at=_int(_get(d, "local_time", "time_t")),
+        smart_passed=passed if isinstance(passed, bool) else None,
+    )
 
 
 def _format_notes(d: Mapping[str, Any]) -> list[str]:
@@ -392,8 +461,12 @@ def _format_notes(d: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _overall_health(smart_passed: bool | None, exit_status: int | None,
-                    found: list[tuple[Level, str]], notes: list[str]) -> None:
+def _overall_health(
+    smart_passed: bool | None,
+    exit_status: int | None,
+    found: list[tuple[Level, str]],
+    notes: list[str],
+) -> None:
     """The self-assessment and smartctl's exit status bits."""
     if smart_passed is False:
         found.append(("failing", "SMART overall-health self-assessment: FAILED"))
@@ -409,8 +482,9 @@ def _overall_health(smart_passed: bool | None, exit_status: int | None,
         notes.append("some SMART commands failed; data may be incomplete")
 
 
-def _hours_and_temperature(d: Mapping[str, Any], protocol: str | None, attrs: dict[str, Any],
-                           notes: list[str]) -> None:
+def _hours_and_temperature(
+    d: Mapping[str, Any], protocol: str | None, attrs: dict[str, Any], notes: list[str]
+) -> None:
     """Power-on hours and temperature (notes only); ATA hours from attribute 9 as fallback."""
     hours = _int(_get(d, "power_on_time", "hours"))
     if hours is None:
@@ -445,8 +519,14 @@ _ATA_WHAT = {
 }
 
 
-def _parse_ata(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: list[str],
-               attrs: dict[str, Any], counters: dict[str, int], rotation: int | None) -> None:
+def _parse_ata(
+    d: Mapping[str, Any],
+    found: list[tuple[Level, str]],
+    notes: list[str],
+    attrs: dict[str, Any],
+    counters: dict[str, int],
+    rotation: int | None,
+) -> None:
     table = _get(d, "ata_smart_attributes", "table")
     if not isinstance(table, list):
         if "ata_smart_attributes" in d:
@@ -483,11 +563,20 @@ def _parse_ata(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: list
         if when == "now":
             lvl: Level = "failing" if prefail else "ageing"
             kind = "pre-failure" if prefail else "old-age"
-            found.append((lvl, f"{name} (SMART {aid}) normalized value {value} is at or below "
-                          f"its threshold {thresh}: the drive's own {kind} criterion is met"))
+            found.append(
+                (
+                    lvl,
+                    f"{name} (SMART {aid}) normalized value {value} is at or below "
+                    f"its threshold {thresh}: the drive's own {kind} criterion is met",
+                )
+            )
         elif when == "past":
-            found.append(("ageing" if prefail else "note",
-                          f"{name} (SMART {aid}) was below its threshold in the past"))
+            found.append(
+                (
+                    "ageing" if prefail else "note",
+                    f"{name} (SMART {aid}) was below its threshold in the past",
+                )
+            )
     for canon, what in _ATA_WHAT.items():
         if canon in counters:
             _medium(canon, counters[canon], what, found)
@@ -503,15 +592,30 @@ def _parse_ata(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: list
             found.append(("ageing", f"SSD wear: {life}% of rated life left"))
 
 
-def _parse_nvme(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: list[str],
-                attrs: dict[str, Any], counters: dict[str, int]) -> None:
+def _parse_nvme(
+    d: Mapping[str, Any],
+    found: list[tuple[Level, str]],
+    notes: list[str],
+    attrs: dict[str, Any],
+    counters: dict[str, int],
+) -> None:
     log = _obj(d.get("nvme_smart_health_information_log"))
     if log is None:
         notes.append("nvme_smart_health_information_log is not an object")
         return
-    for k in ("critical_warning", "media_errors", "percentage_used", "available_spare",
-              "available_spare_threshold", "unsafe_shutdowns", "num_err_log_entries",
-              "warning_temp_time", "critical_comp_time", "power_on_hours", "temperature"):
+    for k in (
+        "critical_warning",
+        "media_errors",
+        "percentage_used",
+        "available_spare",
+        "available_spare_threshold",
+        "unsafe_shutdowns",
+        "num_err_log_entries",
+        "warning_temp_time",
+        "critical_comp_time",
+        "power_on_hours",
+        "temperature",
+    ):
         v = _int(log.get(k))
         if v is not None:
             attrs[k] = v
@@ -521,8 +625,9 @@ def _parse_nvme(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: lis
             if cw & bit:
                 found.append((lvl, f"NVMe critical_warning {cw:#04x}: {text}"))
         if cw & ~0x3F:
-            found.append(("ageing", f"NVMe critical_warning {cw:#04x} has bits this "
-                          "parser does not know"))
+            found.append(
+                ("ageing", f"NVMe critical_warning {cw:#04x} has bits this parser does not know")
+            )
     for k in ("media_errors", "unsafe_shutdowns", "num_err_log_entries"):
         v = _int(log.get(k))
         if v is not None and v >= 0:
@@ -540,11 +645,13 @@ def _parse_nvme(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: lis
     spare_th = _int(log.get("available_spare_threshold"))
     if spare is not None and spare_th is not None and 0 <= spare_th <= 100:
         if spare < spare_th:
-            found.append(("failing", f"available_spare {spare}% is below its threshold "
-                          f"{spare_th}%"))
+            found.append(
+                ("failing", f"available_spare {spare}% is below its threshold {spare_th}%")
+            )
         elif spare <= spare_th + SPARE_MARGIN_PCT:
-            found.append(("ageing", f"available_spare {spare}% is close to its threshold "
-                          f"{spare_th}%"))
+            found.append(
+                ("ageing", f"available_spare {spare}% is close to its threshold {spare_th}%")
+            )
     wtt = _int(log.get("warning_temp_time"))
     if wtt:
         notes.append(f"{wtt} min above the warning temperature (warning_temp_time)")
@@ -553,8 +660,13 @@ def _parse_nvme(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: lis
         notes.append(f"{us} unsafe shutdowns (power lost without a flush)")
 
 
-def _parse_scsi(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: list[str],
-                attrs: dict[str, Any], counters: dict[str, int]) -> None:
+def _parse_scsi(
+    d: Mapping[str, Any],
+    found: list[tuple[Level, str]],
+    notes: list[str],
+    attrs: dict[str, Any],
+    counters: dict[str, int],
+) -> None:
     gdl = _int(d.get("scsi_grown_defect_list"))
     if gdl is not None and gdl >= 0:
         counters["scsi_grown_defect_list"] = gdl
@@ -572,5 +684,9 @@ def _parse_scsi(d: Mapping[str, Any], found: list[tuple[Level, str]], notes: lis
                 seen = True
         if seen:
             counters["scsi_uncorrected_errors"] = total
-            _medium("scsi_uncorrected_errors", total,
-                    "reads/writes/verifies that failed after retries", found)
+            _medium(
+                "scsi_uncorrected_errors",
+                total,
+                "reads/writes/verifies that failed after retries",
+                found,
+            )

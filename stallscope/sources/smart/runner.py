@@ -67,8 +67,9 @@ def _default_runner(argv: Sequence[str], timeout: float) -> RunResult:
     return RunResult(p.returncode, p.stdout, p.stderr)
 
 
-def smartctl_argv(device: str, *, device_type: str | None = None,
-                  smartctl: Sequence[str] = ("smartctl",)) -> list[str]:
+def smartctl_argv(
+    device: str, *, device_type: str | None = None, smartctl: Sequence[str] = ("smartctl",)
+) -> list[str]:
     """The argv :func:`read_smart` runs (``--nocheck=standby``: a sleeping disk is not woken)."""
     argv = [*smartctl, "--json", "--all", "--nocheck=standby"]
     if device_type:
@@ -108,41 +109,63 @@ def _user_name(uid: int) -> str:
         return "USER"
 
 
-def explain_unreadable(drive: DriveHealth, dev: str, *, uid: int, smartctl_path: str,
-                       source: str = "smartctl") -> DriveHealth | None:
+def explain_unreadable(
+    drive: DriveHealth, dev: str, *, uid: int, smartctl_path: str, source: str = "smartctl"
+) -> DriveHealth | None:
     """What smartctl's own words say of a device it could not read (asleep, not allowed, not
     there, type unknown), with the fixes: the same whether smartctl ran now or its ``--json``
     was saved earlier (``disk --smartctl-json``). None when its words say none of these."""
     text = " ".join(drive.reasons)
     low = text.lower()
     if "standby" in low or "sleep" in low:
-        return unknown_drive(f"{dev} is asleep (standby); not woken up to read SMART",
-                             device=dev, source=source, explained=True)
+        return unknown_drive(
+            f"{dev} is asleep (standby); not woken up to read SMART",
+            device=dev,
+            source=source,
+            explained=True,
+        )
     if "permission denied" in low or "operation not permitted" in low:
-        who = ("even as root: the kernel or the container runtime forbids raw commands to "
-               "this device" if uid == 0 else "SMART needs raw device access")
+        who = (
+            "even as root: the kernel or the container runtime forbids raw commands to this device"
+            if uid == 0
+            else "SMART needs raw device access"
+        )
         user = os.environ.get("USER") or os.environ.get("LOGNAME") or _user_name(uid)
         m = re.search(r"failed: ([^;]*)", text)
         msg = m.group(1).strip() if m else text
-        return unknown_drive(f"cannot open {dev} for SMART ({who}): {msg}", device=dev,
-                             source=source, fixes=_open_fixes(smartctl_path, uid, user),
-                             explained=True)
+        return unknown_drive(
+            f"cannot open {dev} for SMART ({who}): {msg}",
+            device=dev,
+            source=source,
+            fixes=_open_fixes(smartctl_path, uid, user),
+            explained=True,
+        )
     if "no such device" in low or "no such file" in low:
-        return unknown_drive(f"no such device: {dev}", device=dev, source=source,
-                             explained=True)
+        return unknown_drive(f"no such device: {dev}", device=dev, source=source, explained=True)
     if "unable to detect device type" in low:
-        return unknown_drive(f"smartctl could not tell what kind of device {dev} is",
-                             device=dev, source=source, explained=True,
-                             fixes=("on a virtual disk (virtio, cloud volume), check the "
-                                    "host's drives; else give the type, as stallscope disk "
-                                    f"does by itself: `stallscope disk --device-type sat {dev}`",
-                                    ))
+        return unknown_drive(
+            f"smartctl could not tell what kind of device {dev} is",
+            device=dev,
+            source=source,
+            explained=True,
+            fixes=(
+                "on a virtual disk (virtio, cloud volume), check the "
+                "host's drives; else give the type, as stallscope disk "
+                f"does by itself: `stallscope disk --device-type sat {dev}`",
+            ),
+        )
     return None
 
 
-def read_smart(device: str, *, device_type: str | None = None,
-               smartctl: Sequence[str] = ("smartctl",), runner: Runner | None = None,
-               timeout: float = 30.0, euid: int | None = None) -> DriveHealth:
+def read_smart(
+    device: str,
+    *,
+    device_type: str | None = None,
+    smartctl: Sequence[str] = ("smartctl",),
+    runner: Runner | None = None,
+    timeout: float = 30.0,
+    euid: int | None = None,
+) -> DriveHealth:
     """Run ``smartctl --json --all DEVICE`` and parse it (the thin reader; never raises for a
     problem on the machine — those become an ``unknown`` verdict with the fix).
 
@@ -157,32 +180,44 @@ def read_smart(device: str, *, device_type: str | None = None,
     try:
         res = run(argv, timeout)
     except FileNotFoundError:
-        return unknown_drive(f"{exe} is not installed: cannot read SMART of {dev}",
-                             device=dev, source="smartctl",
-                             fixes=("install smartmontools ≥ 7 (the package has this name in "
-                                    "apt, dnf, yum and zypper): `apt install smartmontools`",))
+        return unknown_drive(
+            f"{exe} is not installed: cannot read SMART of {dev}",
+            device=dev,
+            source="smartctl",
+            fixes=(
+                "install smartmontools ≥ 7 (the package has this name in "
+                "apt, dnf, yum and zypper): `apt install smartmontools`",
+            ),
+        )
     except subprocess.TimeoutExpired:
-        return unknown_drive(f"smartctl did not answer within {timeout:.0f} s for {dev}",
-                             device=dev, source="smartctl")
+        return unknown_drive(
+            f"smartctl did not answer within {timeout:.0f} s for {dev}",
+            device=dev,
+            source="smartctl",
+        )
     except PermissionError as exc:
-        return unknown_drive(f"cannot run {exe}: {exc.strerror}", device=dev,
-                             source="smartctl")
+        return unknown_drive(f"cannot run {exe}: {exc.strerror}", device=dev, source="smartctl")
     if not res.stdout.strip():
         err = res.stderr.decode("utf-8", "replace").strip().splitlines()
         fixes: list[str] = []
         if smartctl and smartctl[0] == "sudo":
             fixes = _open_fixes(path, 1, os.environ.get("USER") or _user_name(uid))[:1]
-        return unknown_drive(f"{exe} printed nothing for {dev} (exit {res.returncode}): "
-                             f"{err[0] if err else 'no message'}", device=dev,
-                             source="smartctl", fixes=fixes)
+        return unknown_drive(
+            f"{exe} printed nothing for {dev} (exit {res.returncode}): "
+            f"{err[0] if err else 'no message'}",
+            device=dev,
+            source="smartctl",
+            fixes=fixes,
+        )
     drive = parse_smartctl_text(res.stdout, source="smartctl")
     if drive.verdict == "unknown" and not drive.counters and drive.smart_passed is None:
         text = " ".join(drive.reasons)
         if "Unable to detect device type" in text and device_type is None:
             # smartctl guesses the type from the name; /dev/vda, /dev/xvda... it cannot. Ask
             # for SAT, what a user would try after reading "please specify -d".
-            return read_smart(dev, device_type="sat", smartctl=smartctl, runner=run,
-                              timeout=timeout, euid=uid)
+            return read_smart(
+                dev, device_type="sat", smartctl=smartctl, runner=run, timeout=timeout, euid=uid
+            )
         told = explain_unreadable(drive, dev, uid=uid, smartctl_path=path)
         if told is not None:
             return told

@@ -50,10 +50,15 @@ SMART_EVERY_S = 600.0
 Check = Callable[[Sequence[str]], "tuple[list[DriveHealth], list[str]]"]
 
 
-def check_drives(devices: Sequence[str], *, device_type: str | None = None,
-                 smartctl: Sequence[str] = ("smartctl",), use_state: bool = True,
-                 state_path: Path | None = None,
-                 save: bool = True) -> tuple[list[DriveHealth], list[str]]:
+def check_drives(
+    devices: Sequence[str],
+    *,
+    device_type: str | None = None,
+    smartctl: Sequence[str] = ("smartctl",),
+    use_state: bool = True,
+    state_path: Path | None = None,
+    save: bool = True,
+) -> tuple[list[DriveHealth], list[str]]:
     """Read SMART for each device (partitions map to their disk), judge growth against the
     state file and record this check. Returns the drives and notes for the user.
 
@@ -74,8 +79,10 @@ def check_drives(devices: Sequence[str], *, device_type: str | None = None,
             info = device_info(name)
             disk = str(info.get("disk") or name)
             if info.get("virtual"):
-                extra.append(f"{disk} is a {info.get('kind')} device: virtual disks rarely "
-                             "pass SMART through")
+                extra.append(
+                    f"{disk} is a {info.get('kind')} device: virtual disks rarely "
+                    "pass SMART through"
+                )
         except UsageError as exc:
             extra.append(str(exc))
         drive = read_smart(validate_device(disk), device_type=device_type, smartctl=smartctl)
@@ -88,8 +95,10 @@ def check_drives(devices: Sequence[str], *, device_type: str | None = None,
         try:
             state.save()
         except OSError as exc:
-            notes.append(f"could not save {state.path} ({exc.strerror}): growth will not be "
-                         "tracked; set STALLSCOPE_STATE_DIR to a writable directory")
+            notes.append(
+                f"could not save {state.path} ({exc.strerror}): growth will not be "
+                "tracked; set STALLSCOPE_STATE_DIR to a writable directory"
+            )
     return drives, notes
 
 
@@ -105,8 +114,9 @@ def drive_points(drive: DriveHealth) -> dict[str, float]:
     c, a = drive.counters, drive.attributes
     out: dict[str, float] = {
         "failing": 1.0 if drive.verdict == "failing" else 0.0,
-        "medium_growth": float(sum(g.end - g.start for k, g in drive.growth.items()
-                                   if k in MEDIUM_FAIL_AT)),
+        "medium_growth": float(
+            sum(g.end - g.start for k, g in drive.growth.items() if k in MEDIUM_FAIL_AT)
+        ),
     }
     if "Reallocated_Sector_Ct" in c:
         out["reallocated"] = float(c["Reallocated_Sector_Ct"])
@@ -146,8 +156,9 @@ class SmartSource(Source):
 
     name = "smart"
 
-    def __init__(self, devices: Sequence[str], *, every_s: float = SMART_EVERY_S,
-                 check: Check | None = None) -> None:
+    def __init__(
+        self, devices: Sequence[str], *, every_s: float = SMART_EVERY_S, check: Check | None = None
+    ) -> None:
         self.devices = list(devices)
         self.every_s = every_s
         self._check = check or _DailySave()

@@ -39,8 +39,9 @@ def parse_smartctl_text(text: str | bytes, *, source: str | None = None) -> Driv
     return apply_growth(parse_document_text(text, source=source), {})
 
 
-def compute_growth(previous: Mapping[str, int], current: Mapping[str, int],
-                   since: str) -> dict[str, Growth]:
+def compute_growth(
+    previous: Mapping[str, int], current: Mapping[str, int], since: str
+) -> dict[str, Growth]:
     """Counters that grew from ``previous`` to ``current`` (keys in both; decreases ignored:
     a counter only shrinks when the drive was replaced or reset)."""
     out: dict[str, Growth] = {}
@@ -66,8 +67,9 @@ def apply_growth(drive: DriveHealth, growth: Mapping[str, Growth]) -> DriveHealt
         text = f"{k} grew {g.start} → {g.end} since {g.since}"
         if k in _MEDIUM_GROWTH:
             if delta >= FAST_GROWTH:
-                found.append(("failing", f"{text} (+{delta}, ≥ {FAST_GROWTH}: defects are "
-                              "spreading fast)"))
+                found.append(
+                    ("failing", f"{text} (+{delta}, ≥ {FAST_GROWTH}: defects are spreading fast)")
+                )
             else:
                 found.append(("ageing", f"{text}: the medium is degrading"))
         elif k in INTERFACE_COUNTERS:
@@ -85,8 +87,10 @@ def apply_growth(drive: DriveHealth, growth: Mapping[str, Growth]) -> DriveHealt
     else:
         verdict = "ok"
     rank = {"failing": 0, "ageing": 1, "unknown": 2}
-    reasons = [t for lvl, t in sorted(
-        (x for x in found if x[0] != "note"), key=lambda x: rank.get(x[0], 3))]
+    reasons = [
+        t
+        for lvl, t in sorted((x for x in found if x[0] != "note"), key=lambda x: rank.get(x[0], 3))
+    ]
     notes += [t for lvl, t in found if lvl == "note"]
     if verdict == "ok":
         what = "overall-health PASSED" if drive.smart_passed else "no warning signs"
@@ -96,5 +100,6 @@ def apply_growth(drive: DriveHealth, growth: Mapping[str, Growth]) -> DriveHealt
             reasons = [f"{what}; no reallocated, pending or uncorrectable sectors"]
         else:
             reasons = [f"{what}; no media errors or warnings"]
-    return replace(drive, verdict=verdict, reasons=tuple(reasons), notes=tuple(notes),
-                   growth=dict(growth))
+    return replace(
+        drive, verdict=verdict, reasons=tuple(reasons), notes=tuple(notes), growth=dict(growth)
+    )

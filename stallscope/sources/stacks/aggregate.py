@@ -40,8 +40,18 @@ from stallscope.sources.stacks.phases import (
     starts_training,
 )
 
-__all__ = ["MAX_STACKS", "STACKS_DIR", "RecordTail", "Tally", "append_record", "phase_seconds",
-           "rank_from_env", "ranked_pids", "read_records", "stacks_dir"]
+__all__ = [
+    "MAX_STACKS",
+    "STACKS_DIR",
+    "RecordTail",
+    "Tally",
+    "append_record",
+    "phase_seconds",
+    "rank_from_env",
+    "ranked_pids",
+    "read_records",
+    "stacks_dir",
+]
 
 #: bytes read from one file per look at most (a runaway writer cannot stall the reader)
 MAX_READ = 4 << 20
@@ -97,8 +107,12 @@ class Tally:
         info = self._memo.get(key) if key is not None else None
         if info is None:
             phase, framework = classify(frames)
-            info = (phase, fold(frames), idle_process(frames),
-                    starts_training(frames, phase, framework))
+            info = (
+                phase,
+                fold(frames),
+                idle_process(frames),
+                starts_training(frames, phase, framework),
+            )
             if key is not None and len(self._memo) < MEMO_SIZE:
                 self._memo[key] = info
         return info
@@ -176,11 +190,17 @@ class Tally:
             # counted before the first training sample go into the first record)
             self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
             return None
-        rec = {"ts": round(ts, 3), "pid": self.pid, "rank": self.rank, "sampler": self.sampler,
-               "rate_hz": self.rate_hz, "n": self.n,
-               "s": {k: round(v, 4) for k, v in self.seconds.items()},
-               "stacks": {k: round(v, 4) for k, v in self.stacks.items()},
-               "stack_phase": dict(self.stack_phase)}
+        rec = {
+            "ts": round(ts, 3),
+            "pid": self.pid,
+            "rank": self.rank,
+            "sampler": self.sampler,
+            "rate_hz": self.rate_hz,
+            "n": self.n,
+            "s": {k: round(v, 4) for k, v in self.seconds.items()},
+            "stacks": {k: round(v, 4) for k, v in self.stacks.items()},
+            "stack_phase": dict(self.stack_phase),
+        }
         if self.batches:
             rec["batches"], rec["samples"] = self.batches, self.samples
         self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
@@ -199,9 +219,15 @@ def append_record(folder: Path, rec: dict[str, Any]) -> None:
 
 def _valid(rec: Any) -> bool:
     ts = rec.get("ts") if isinstance(rec, dict) else None
-    return (isinstance(rec, dict) and isinstance(rec.get("pid"), int)
-            and not isinstance(rec.get("pid"), bool) and isinstance(ts, (int, float))
-            and not isinstance(ts, bool) and math.isfinite(ts) and isinstance(rec.get("s"), dict))
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("pid"), int)
+        and not isinstance(rec.get("pid"), bool)
+        and isinstance(ts, (int, float))
+        and not isinstance(ts, bool)
+        and math.isfinite(ts)
+        and isinstance(rec.get("s"), dict)
+    )
 
 
 def rank_from_env(env: Mapping[str, str]) -> int | None:

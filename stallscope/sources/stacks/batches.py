@@ -35,8 +35,11 @@ def batch_len(batch: Any) -> int:
     n = _len_of(batch)
     if n is not None:
         return n
-    items = batch if isinstance(batch, (tuple, list)) else (
-        batch.values() if isinstance(batch, dict) else ())
+    items = (
+        batch
+        if isinstance(batch, (tuple, list))
+        else (batch.values() if isinstance(batch, dict) else ())
+    )
     for item in items:
         n = _len_of(item)
         if n is not None:

@@ -80,8 +80,12 @@ def walk(frame: FrameType | None, depth: int = MAX_DEPTH) -> list[Frame]:
 class InProcSampler:
     """Samples the main thread of this process into ``<run_dir>/stacks/``."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ,
-                 flush_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        rate_hz: float = DEFAULT_RATE_HZ,
+        flush_s: float = 1.0,
+    ) -> None:
         self.folder = stacks_dir(run_dir)
         self.rate_hz = max(1.0, min(float(rate_hz), 1000.0))
         self.flush_s = flush_s
@@ -96,8 +100,7 @@ class InProcSampler:
         self._counted = (0, 0)
         #: the hooks not installed yet (:meth:`_install_hooks`)
         self._hooks = ["comm", "batches"]
-        self._thread = threading.Thread(target=self._loop, name="stallscope-stacks",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="stallscope-stacks", daemon=True)
 
     def start(self) -> None:
         from stallscope import forksafe  # the trainer forks workers beside this thread
@@ -113,8 +116,9 @@ class InProcSampler:
         next_flush = last + self.flush_s
         slow_after = last + SLOW_AFTER_S
         try:
-            while not self._stop.wait(period if self.tally.started or last < slow_after
-                                      else SLOW_PERIOD_S):
+            while not self._stop.wait(
+                period if self.tally.started or last < slow_after else SLOW_PERIOD_S
+            ):
                 if self._hooks:
                     self._install_hooks()  # dict lookups a sample until DDP and the loader are in
                 frame = sys._current_frames().get(self._main)
@@ -201,8 +205,9 @@ def rate_from_env() -> float:
     sampler's thread, ``0`` divide by zero)."""
     from stallscope.envvars import env_number
 
-    return env_number("STALLSCOPE_STACKS_HZ", float, 1, 1000, DEFAULT_RATE_HZ,
-                      kind="samples a second")
+    return env_number(
+        "STALLSCOPE_STACKS_HZ", float, 1, 1000, DEFAULT_RATE_HZ, kind="samples a second"
+    )
 
 
 def start(run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ) -> InProcSampler:

@@ -86,8 +86,14 @@ TABLES: dict[str, tuple[Row, ...]] = {
         _r("data", "torch/utils/data/"),  # DataLoader __next__, worker-queue wait, fetch
         _r("data", "torchdata/"),
         # joining the process group is set-up, not a collective of the training
-        _r("setup", "torch/distributed/distributed_c10d.py", "init_process_group",
-           "_new_process_group_helper", "new_group", "_store_based_barrier"),
+        _r(
+            "setup",
+            "torch/distributed/distributed_c10d.py",
+            "init_process_group",
+            "_new_process_group_helper",
+            "new_group",
+            "_store_based_barrier",
+        ),
         _r("setup", "torch/distributed/rendezvous.py"),
         _r("comm", "torch/distributed/distributed_c10d.py"),  # all_reduce, barrier, broadcast
         _r("comm", "torch/distributed/c10d_logger.py"),
@@ -107,8 +113,15 @@ TABLES: dict[str, tuple[Row, ...]] = {
     "hf": (
         _r("data", "accelerate/data_loader.py"),
         _r("data", "transformers/trainer.py", "get_batch_samples"),
-        _r("ckpt", "transformers/trainer.py", "_save_checkpoint", "save_model", "_save",
-           "_load_from_checkpoint", "_save_optimizer_and_scheduler"),
+        _r(
+            "ckpt",
+            "transformers/trainer.py",
+            "_save_checkpoint",
+            "save_model",
+            "_save",
+            "_load_from_checkpoint",
+            "_save_optimizer_and_scheduler",
+        ),
         _r("ckpt", "transformers/modeling_utils.py", "save_pretrained"),
         _r("compute", "transformers/trainer.py", "training_step", "compute_loss"),
         _r("compute", "accelerate/accelerator.py", "backward"),
@@ -142,18 +155,42 @@ TABLES: dict[str, tuple[Row, ...]] = {
 #: only when no framework's table knew any frame of the sample (a DataLoader's stack stays the
 #: DataLoader's, whatever decoder runs inside it). docs/diagnosis.md "Sampled stacks".
 LOADING: tuple[Row, ...] = (
-    _r("data", "numpy/core/memmap.py"), _r("data", "numpy/_core/memmap.py"),
-    _r("data", "numpy/lib/npyio.py"), _r("data", "numpy/lib/_npyio_impl.py"),
-    _r("data", "numpy/lib/format.py"), _r("data", "numpy/lib/_format_impl.py"),
-    _r("data", "PIL/"), _r("data", "torchvision/io/"), _r("data", "torchvision/datasets/"),
-    _r("data", "torchvision/transforms/"), _r("data", "torchaudio/"), _r("data", "librosa/"),
-    _r("data", "soundfile.py"), _r("data", "imageio/"), _r("data", "h5py/"),
-    _r("data", "pandas/io/"), _r("data", "pyarrow/"), _r("data", "datasets/"),
-    _r("data", "webdataset/"), _r("data", "tokenizers/"), _r("data", "tiktoken/"),
-    _r("data", "sentencepiece/"), _r("data", "transformers/tokenization_utils"),
+    _r("data", "numpy/core/memmap.py"),
+    _r("data", "numpy/_core/memmap.py"),
+    _r("data", "numpy/lib/npyio.py"),
+    _r("data", "numpy/lib/_npyio_impl.py"),
+    _r("data", "numpy/lib/format.py"),
+    _r("data", "numpy/lib/_format_impl.py"),
+    _r("data", "PIL/"),
+    _r("data", "torchvision/io/"),
+    _r("data", "torchvision/datasets/"),
+    _r("data", "torchvision/transforms/"),
+    _r("data", "torchaudio/"),
+    _r("data", "librosa/"),
+    _r("data", "soundfile.py"),
+    _r("data", "imageio/"),
+    _r("data", "h5py/"),
+    _r("data", "pandas/io/"),
+    _r("data", "pyarrow/"),
+    _r("data", "datasets/"),
+    _r("data", "webdataset/"),
+    _r("data", "tokenizers/"),
+    _r("data", "tiktoken/"),
+    _r("data", "sentencepiece/"),
+    _r("data", "transformers/tokenization_utils"),
     # a loop's own batch loader, by the names such functions are given
-    _r("data", "", "get_batch", "get_batches", "load_batch", "next_batch", "fetch_batch",
-       "read_batch", "sample_batch", "get_data_batch"),
+    _r(
+        "data",
+        "",
+        "get_batch",
+        "get_batches",
+        "load_batch",
+        "next_batch",
+        "fetch_batch",
+        "read_batch",
+        "sample_batch",
+        "get_data_batch",
+    ),
 )
 
 #: the trainer's own source line, when its frame is the innermost (a C call runs in it)
@@ -197,9 +234,17 @@ _IDLE: tuple[tuple[str, frozenset[str]], ...] = (
 #: ``weakref`` finalizers, multiprocessing's and threading's exit hooks. Such a sample is
 #: ``exit``, never ``data``: (path fragment, functions; empty: any)
 EXITING: tuple[tuple[str, frozenset[str]], ...] = (
-    ("torch/utils/data/dataloader.py", frozenset({
-        "_shutdown_workers", "__del__", "_clean_up_worker",
-        "_clean_up_persistent_workers_atexit"})),
+    (
+        "torch/utils/data/dataloader.py",
+        frozenset(
+            {
+                "_shutdown_workers",
+                "__del__",
+                "_clean_up_worker",
+                "_clean_up_persistent_workers_atexit",
+            }
+        ),
+    ),
     ("weakref.py", frozenset({"_exitfunc"})),
     ("multiprocessing/util.py", frozenset({"_exit_function", "_run_finalizers"})),
     ("threading.py", frozenset({"_shutdown"})),
@@ -244,8 +289,10 @@ def _building(frame: Frame) -> bool:
     got = _built.get(key)
     if got is None:
         path = _norm(frame.file)
-        got = any("/" + frag in path and (not funcs or bare(frame.func) in funcs)
-                  for frag, funcs in BUILDING)
+        got = any(
+            "/" + frag in path and (not funcs or bare(frame.func) in funcs)
+            for frag, funcs in BUILDING
+        )
         if len(_built) < 100_000:
             _built[key] = got
     return got
@@ -336,8 +383,9 @@ def _loading(frame: Frame) -> bool:
     if got is None:
         path = _norm(frame.file)
         name = bare(frame.func)
-        got = any("/" + row.path in path and (not row.funcs or name in row.funcs)
-                  for row in LOADING)
+        got = any(
+            "/" + row.path in path and (not row.funcs or name in row.funcs) for row in LOADING
+        )
         if len(_loads) < 100_000:
             _loads[key] = got
     return got

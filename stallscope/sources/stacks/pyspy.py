@@ -48,8 +48,10 @@ DUMP_TRIES = 4
 
 _FRAME = re.compile(r"^(.*) \((.*?):(\d+)\)$")
 _THREAD = re.compile(r"^thread \((\d+|0x[0-9a-fA-F]+)\)")
-RIGHTS = ("needs ptrace rights over it: run as the same user with kernel.yama.ptrace_scope=0, "
-          "or with CAP_SYS_PTRACE (docs/diagnosis.md)")
+RIGHTS = (
+    "needs ptrace rights over it: run as the same user with kernel.yama.ptrace_scope=0, "
+    "or with CAP_SYS_PTRACE (docs/diagnosis.md)"
+)
 
 
 def pyspy_path() -> str | None:
@@ -103,8 +105,15 @@ class PySpySampler:
     processes' ``/proc`` entries (their memory, their rank's environment) are read under
     ``proc_root``."""
 
-    def __init__(self, folder: Path, pids: Sequence[int], rate_hz: float = DEFAULT_RATE_HZ,
-                 round_s: float = ROUND_S, *, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        pids: Sequence[int],
+        rate_hz: float = DEFAULT_RATE_HZ,
+        round_s: float = ROUND_S,
+        *,
+        proc_root: str = "/proc",
+    ) -> None:
         self.folder = folder
         self.proc_root = proc_root
         self.pids = list(pids)
@@ -115,8 +124,9 @@ class PySpySampler:
         self._notes: list[tuple[str, str]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._thread: threading.Thread | None = None
-        self._tallies = {pid: Tally(pid, _rank_of(pid, proc_root), "py-spy", rate_hz)
-                         for pid in self.pids}
+        self._tallies = {
+            pid: Tally(pid, _rank_of(pid, proc_root), "py-spy", rate_hz) for pid in self.pids
+        }
 
     def check(self, pid: int) -> None:
         """One ``py-spy dump`` of ``pid``: raises SourceUnavailable with py-spy's reason."""
@@ -126,16 +136,23 @@ class PySpySampler:
             with open(f"{self.proc_root}/{pid}/mem", "rb"):
                 pass
         except PermissionError as exc:
-            raise SourceUnavailable(f"cannot sample pid {pid}: reading its memory was refused "
-                                    f"({exc.strerror}); py-spy {RIGHTS}") from exc
+            raise SourceUnavailable(
+                f"cannot sample pid {pid}: reading its memory was refused "
+                f"({exc.strerror}); py-spy {RIGHTS}"
+            ) from exc
         except FileNotFoundError as exc:
             raise SourceUnavailable(f"cannot sample pid {pid}: no such process") from exc
         except OSError:
             pass  # let py-spy say
         for attempt in range(DUMP_TRIES):
             try:
-                r = subprocess.run([self.exe, "dump", "--pid", str(pid), "--nonblocking"],
-                                   capture_output=True, text=True, timeout=10, env=_ENV)
+                r = subprocess.run(
+                    [self.exe, "dump", "--pid", str(pid), "--nonblocking"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    env=_ENV,
+                )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise SourceUnavailable(f"py-spy could not run: {exc}") from exc
             if r.returncode == 0 or "failed to get stack traces" not in (r.stderr or "").lower():
@@ -146,9 +163,13 @@ class PySpySampler:
         if r.returncode != 0:
             why = _reason(r.stderr or r.stdout)
             low = why.lower()
-            extra = (f"; it {RIGHTS}" if "permission" in low or "ptrace" in low
-                     or "not permitted" in low else
-                     "; is it a CPython process?" if "python version" in low else "")
+            extra = (
+                f"; it {RIGHTS}"
+                if "permission" in low or "ptrace" in low or "not permitted" in low
+                else "; is it a CPython process?"
+                if "python version" in low
+                else ""
+            )
             raise SourceUnavailable(f"cannot sample pid {pid} with py-spy: {why}{extra}")
 
     def start(self) -> None:
@@ -169,20 +190,42 @@ class PySpySampler:
                 t0 = time.monotonic()
                 for pid, out in outs.items():
                     self._procs[pid] = subprocess.Popen(
-                        [self.exe or "py-spy", "record", "--pid", str(pid), "--rate",
-                         str(int(self.rate_hz)), "--duration", str(int(seconds)),
-                         "--nonblocking", "--idle", "--threads", "--format", "raw",
-                         "-o", str(out)],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_ENV)
+                        [
+                            self.exe or "py-spy",
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--rate",
+                            str(int(self.rate_hz)),
+                            "--duration",
+                            str(int(seconds)),
+                            "--nonblocking",
+                            "--idle",
+                            "--threads",
+                            "--format",
+                            "raw",
+                            "-o",
+                            str(out),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        env=_ENV,
+                    )
                 for pid, proc in list(self._procs.items()):
                     _out, err = proc.communicate()
-                    self._finish_round(pid, outs[pid], proc.returncode,
-                                       err.decode(errors="replace"), time.monotonic() - t0)
+                    self._finish_round(
+                        pid,
+                        outs[pid],
+                        proc.returncode,
+                        err.decode(errors="replace"),
+                        time.monotonic() - t0,
+                    )
                 self._procs.clear()
                 seconds = self.round_s
 
-    def _finish_round(self, pid: int, out: Path, code: int, err: str,
-                      wall_s: float | None = None) -> None:
+    def _finish_round(
+        self, pid: int, out: Path, code: int, err: str, wall_s: float | None = None
+    ) -> None:
         try:
             text = out.read_text(errors="replace")
             out.unlink()
@@ -191,8 +234,7 @@ class PySpySampler:
         if code != 0 and not text:
             self.pids.remove(pid)
             if monitor_alive(pid):
-                self._notes.append(("stacks", f"py-spy stopped sampling pid {pid}: "
-                                              f"{_reason(err)}"))
+                self._notes.append(("stacks", f"py-spy stopped sampling pid {pid}: {_reason(err)}"))
             return
         tally = self._tallies[pid]
         # py-spy's raw output keeps no order within a round. Before training starts, what is
@@ -201,8 +243,9 @@ class PySpySampler:
         # saving (0.31-0.39 s of a 12-s attached run, measured; put first, it counted as
         # training time where the trainer's own clock had stopped)
         last = tally.started and _ended(pid)
-        samples = sorted(parse_raw(text, tid=pid),
-                         key=lambda fc: (classify(fc[0])[0] in TRAINING) != last)
+        samples = sorted(
+            parse_raw(text, tid=pid), key=lambda fc: (classify(fc[0])[0] in TRAINING) != last
+        )
         weight = sample_weight(self.rate_hz, sum(c for _f, c in samples), wall_s)
         for frames, count in samples:
             for _ in range(count):

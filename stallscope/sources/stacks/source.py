@@ -25,6 +25,7 @@ __all__ = ["WINDOW_S", "StacksSource", "window_shares"]
 #: while it samples (a gauge that does not come and go between the trainer's 1 s records)
 WINDOW_S = 10.0
 
+
 def window_shares(seconds: dict[str, float]) -> dict[str, float] | None:
     """Each phase's share of the sampled training time (``startup`` left out), in %, plus
     ``sampled_s``; None when nothing was sampled after start-up."""
@@ -44,8 +45,14 @@ class StacksSource(Source):
     name = "stacks"
     transient_entities = True
 
-    def __init__(self, run_dir: str | os.PathLike[str], attach: Sequence[int] = (),
-                 rate_hz: float | None = None, *, owner: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        attach: Sequence[int] = (),
+        rate_hz: float | None = None,
+        *,
+        owner: int | None = None,
+    ) -> None:
         self.folder = stacks_dir(run_dir)
         self.attach = list(attach)
         self.rate_hz = rate_hz
@@ -59,8 +66,7 @@ class StacksSource(Source):
         if self.attach:
             from stallscope.sources.stacks.pyspy import DEFAULT_RATE_HZ, PySpySampler
 
-            self._sampler = PySpySampler(self.folder, self.attach,
-                                         self.rate_hz or DEFAULT_RATE_HZ)
+            self._sampler = PySpySampler(self.folder, self.attach, self.rate_hz or DEFAULT_RATE_HZ)
             self._sampler.start()  # raises SourceUnavailable with the reason
 
     def sample(self, now: float) -> Any:
@@ -88,8 +94,9 @@ class StacksSource(Source):
         return out
 
     def points(self, payload: Any) -> list[Point]:
-        return [Point(f"stacks.{k}", pid, float(v)) for pid, d in payload.items()
-                for k, v in d.items()]
+        return [
+            Point(f"stacks.{k}", pid, float(v)) for pid, d in payload.items() for k, v in d.items()
+        ]
 
     def entities(self, payload: Any) -> dict[str, dict[str, Any]]:
         return {pid: {"rank": self._rank.get(pid)} for pid in payload}

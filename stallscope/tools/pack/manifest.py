@@ -16,9 +16,22 @@ from stallscope.tools.pack.plan import Plan
 from stallscope.tools.pack.scan import DatasetSource, PackError
 from stallscope.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "PARTIAL_RE", "SHARD_NAME", "SHARD_RE", "ShardRecord",
-           "fsync_dir", "new_manifest", "prepare_dst", "read_manifest", "remove_leftovers",
-           "sha256_file", "shard_pattern", "write_json_atomic"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "PARTIAL_RE",
+    "SHARD_NAME",
+    "SHARD_RE",
+    "ShardRecord",
+    "fsync_dir",
+    "new_manifest",
+    "prepare_dst",
+    "read_manifest",
+    "remove_leftovers",
+    "sha256_file",
+    "shard_pattern",
+    "write_json_atomic",
+]
 
 FORMAT = "stallscope-shards"
 FORMAT_VERSION = 1

@@ -16,10 +16,25 @@ from stallscope import units
 from stallscope.errors import UsageError
 from stallscope.tools.pack.scan import DatasetSource, SourceFile
 
-__all__ = ["DEFAULT_LOADER_WORKERS", "DEFAULT_RANKS", "SWEET_MAX", "SWEET_MIN", "WARN_LARGE",
-           "WARN_SMALL", "Plan", "auto_shard_bytes", "human_bytes", "input_fingerprint",
-           "layout_warnings", "make_plan", "member_bytes", "pack_warnings", "parse_size",
-           "plan_shards", "sample_bytes"]
+__all__ = [
+    "DEFAULT_LOADER_WORKERS",
+    "DEFAULT_RANKS",
+    "SWEET_MAX",
+    "SWEET_MIN",
+    "WARN_LARGE",
+    "WARN_SMALL",
+    "Plan",
+    "auto_shard_bytes",
+    "human_bytes",
+    "input_fingerprint",
+    "layout_warnings",
+    "make_plan",
+    "member_bytes",
+    "pack_warnings",
+    "parse_size",
+    "plan_shards",
+    "sample_bytes",
+]
 
 #: readers the layout warnings assume unless told: one 8-GPU node, 4 DataLoader workers per rank
 DEFAULT_RANKS = 8
@@ -100,8 +115,9 @@ def human_bytes(n: float) -> str:
     return units.size(n)
 
 
-def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,
-                    readers_given: bool = True) -> list[str]:
+def layout_warnings(
+    shard_sizes: Sequence[int], ranks: int, loader_workers: int, readers_given: bool = True
+) -> list[str]:
     """The known traps of a shard layout (sizes in bytes, in shard order). ``readers_given``:
     the user said how many ranks and workers will read (else the defaults are a guess, and the
     warning says so)."""
@@ -111,9 +127,12 @@ def layout_warnings(shard_sizes: Sequence[int], ranks: int, loader_workers: int,
     total = sum(shard_sizes)
     full = list(shard_sizes[:-1]) or list(shard_sizes)  # the last shard is a remainder
     typical = sorted(full)[len(full) // 2] if full else 0
-    who = (f"{ranks} rank(s) × {loader_workers} DataLoader worker(s)" if readers_given else
-           f"{ranks} rank(s) × {loader_workers} DataLoader worker(s) (the defaults of --ranks "
-           "and --loader-workers: give yours)")
+    who = (
+        f"{ranks} rank(s) × {loader_workers} DataLoader worker(s)"
+        if readers_given
+        else f"{ranks} rank(s) × {loader_workers} DataLoader worker(s) (the defaults of --ranks "
+        "and --loader-workers: give yours)"
+    )
     if n < readers and full and typical < WARN_SMALL and total < readers * WARN_SMALL:
         # both traps at once: the dataset is too small for one sizeable shard per reader
         out.append(
@@ -158,9 +177,15 @@ class Plan:
     id: str
 
 
-def make_plan(source: DatasetSource, shard_size: int | None, samples_per_shard: int | None,
-               shuffle_seed: int | None, strict_keys: bool, ranks: int,
-               loader_workers: int) -> Plan:
+def make_plan(
+    source: DatasetSource,
+    shard_size: int | None,
+    samples_per_shard: int | None,
+    shuffle_seed: int | None,
+    strict_keys: bool,
+    ranks: int,
+    loader_workers: int,
+) -> Plan:
     """Order the samples (seeded shuffle or source order), cut them into shards and name the
     plan; nothing is read but the file list."""
     files = list(source.files)
@@ -185,8 +210,9 @@ def make_plan(source: DatasetSource, shard_size: int | None, samples_per_shard: 
     return Plan(files, sizes, shards, options, fingerprint, plan_id)
 
 
-def pack_warnings(source: DatasetSource, plan: Plan, ranks: int, loader_workers: int,
-                   readers_given: bool = True) -> list[str]:
+def pack_warnings(
+    source: DatasetSource, plan: Plan, ranks: int, loader_workers: int, readers_given: bool = True
+) -> list[str]:
     """The source's notes, renamed keys, and what the shard layout costs its readers."""
     warnings = list(source.notes)
     if source.renamed_keys:

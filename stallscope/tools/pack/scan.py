@@ -14,8 +14,17 @@ from dataclasses import dataclass
 
 from stallscope.errors import StallscopeError, UsageError
 
-__all__ = ["DatasetSource", "ListEntry", "PackError", "SourceFile", "make_key", "open_source",
-           "parse_filelist", "read_filelist", "scan_imagefolder"]
+__all__ = [
+    "DatasetSource",
+    "ListEntry",
+    "PackError",
+    "SourceFile",
+    "make_key",
+    "open_source",
+    "parse_filelist",
+    "read_filelist",
+    "scan_imagefolder",
+]
 
 
 class PackError(StallscopeError):

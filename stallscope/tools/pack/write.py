@@ -40,8 +40,15 @@ from stallscope.tools.pack.plan import (
 )
 from stallscope.tools.pack.scan import DatasetSource, PackError, SourceFile, open_source
 
-__all__ = ["PREFETCH_BYTES", "TAR_MODE", "TAR_MTIME", "PackProgress", "PackResult", "mb_per_s",
-           "pack"]
+__all__ = [
+    "PREFETCH_BYTES",
+    "TAR_MODE",
+    "TAR_MTIME",
+    "PackProgress",
+    "PackResult",
+    "mb_per_s",
+    "pack",
+]
 
 #: fixed tar header fields: the same input gives the same bytes on any machine, any day
 TAR_MTIME = 0
@@ -210,8 +217,9 @@ def pack(
     given = ranks is not None or loader_workers is not None
     ranks = DEFAULT_RANKS if ranks is None else ranks
     loader_workers = DEFAULT_LOADER_WORKERS if loader_workers is None else loader_workers
-    plan = make_plan(source, shard_size, samples_per_shard, shuffle_seed, strict_keys, ranks,
-                      loader_workers)
+    plan = make_plan(
+        source, shard_size, samples_per_shard, shuffle_seed, strict_keys, ranks, loader_workers
+    )
     warnings = pack_warnings(source, plan, ranks, loader_workers, given)
     previous = _open_dst(dst, dst_abs, plan.id, overwrite)
     files = plan.files
@@ -220,8 +228,11 @@ def pack(
         for i, r in enumerate(plan.shards)
     ]
     doc = new_manifest(source, plan)
-    done = (set() if previous is None
-            else _keep_finished(dst_abs, previous, records, plan.shards, progress))
+    done = (
+        set()
+        if previous is None
+        else _keep_finished(dst_abs, previous, records, plan.shards, progress)
+    )
 
     def save(complete: bool = False) -> None:
         doc["complete"] = complete
@@ -229,8 +240,9 @@ def pack(
         write_json_atomic(os.path.join(dst_abs, MANIFEST_NAME), doc)
 
     try:
-        return _pack_shards(dst_abs, plan.shards, files, records, done, save, workers, progress,
-                            source, warnings)
+        return _pack_shards(
+            dst_abs, plan.shards, files, records, done, save, workers, progress, source, warnings
+        )
     except OSError as exc:
         # a full disk, an I/O error: nothing half-written stays to hold the space; the
         # finished shards and the manifest that lists them do, so the same command resumes
@@ -238,8 +250,14 @@ def pack(
         raise _write_error(exc, dst, dst_abs, records, sum(plan.sizes)) from exc
 
 
-def _check_args(src_abs: str, dst_abs: str, dst: str, workers: int, shard_size: int | None,
-                samples_per_shard: int | None) -> None:
+def _check_args(
+    src_abs: str,
+    dst_abs: str,
+    dst: str,
+    workers: int,
+    shard_size: int | None,
+    samples_per_shard: int | None,
+) -> None:
     """The option combinations and folders :func:`pack` refuses before reading anything."""
     if workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -263,8 +281,13 @@ def _open_dst(dst: str, dst_abs: str, plan_id: str, overwrite: bool) -> dict[str
     return previous
 
 
-def _keep_finished(dst_abs: str, previous: dict[str, Any], records: list[ShardRecord],
-                   shards: Sequence[range], progress: PackProgress) -> set[int]:
+def _keep_finished(
+    dst_abs: str,
+    previous: dict[str, Any],
+    records: list[ShardRecord],
+    shards: Sequence[range],
+    progress: PackProgress,
+) -> set[int]:
     """The shards of the manifest in progress that are still on disk as it recorded them
     (size and sha256); their records are filled in, and their indices returned."""
     old = {s.get("name"): s for s in previous["shards"] if isinstance(s, dict)}
@@ -290,20 +313,20 @@ def _keep_finished(dst_abs: str, previous: dict[str, Any], records: list[ShardRe
     return done
 
 
-def _write_error(exc: OSError, dst: str, dst_abs: str, records: Sequence[ShardRecord],
-                 total: int) -> PackError:
+def _write_error(
+    exc: OSError, dst: str, dst_abs: str, records: Sequence[ShardRecord], total: int
+) -> PackError:
     """The one line a failed write ends with: what failed and why, the space the shards need
     when the disk is full, and how to resume."""
     kept = sum(1 for r in records if r.sha256)
-    hint = (f"; {kept} finished shard(s) kept: run the same command again to resume"
-            if kept else "")
+    hint = f"; {kept} finished shard(s) kept: run the same command again to resume" if kept else ""
     need = ""
     if exc.errno == errno.ENOSPC:
         hint = f"; free space on {dst} and run the same command again to resume" + (
-            f" ({kept} finished shard(s) kept)" if kept else "")
+            f" ({kept} finished shard(s) kept)" if kept else ""
+        )
         need = f"; the shards take {human_bytes(total)} in all"
-    return PackError(f"cannot write {exc.filename or dst}: {_why(exc, dst_abs)}"
-                     f"{need}{hint}")
+    return PackError(f"cannot write {exc.filename or dst}: {_why(exc, dst_abs)}{need}{hint}")
 
 
 def _why(exc: OSError, path: str) -> str:

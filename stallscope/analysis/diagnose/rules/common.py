@@ -1,5 +1,5 @@
-"""What every diagnosis rule shares: the stall thresholds, the speed-up bound and small formatters.
-"""
+"""What every diagnosis rule shares: the stall thresholds, the speed-up bound and small
+formatters."""
 
 from __future__ import annotations
 
@@ -44,4 +44,3 @@ def pid_to_look_at(data: RunData, role: str) -> str | None:
     """A pid of the run's ``role`` ("worker", "main") to point py-spy at; None if none."""
     pids = sorted((p for p, r in data.roles().items() if r == role), key=lambda p: (len(p), p))
     return pids[0] if pids else None
-

@@ -34,8 +34,11 @@ def _callees(fn: Callable[..., Any]) -> list[Callable[..., Any]]:
     for node in ast.walk(_tree(fn)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             target = module.get(node.func.id)
-            if isinstance(target, types.FunctionType) and \
-                    target.__module__.startswith(_PACKAGE) and target is not fn:
+            if (
+                isinstance(target, types.FunctionType)
+                and target.__module__.startswith(_PACKAGE)
+                and target is not fn
+            ):
                 out.append(target)
     return out
 
@@ -59,15 +62,23 @@ def facts_read(fn: Callable[..., Any]) -> frozenset[str]:
     out: set[str] = set()
     for f in _reach(fn):
         for node in ast.walk(_tree(f)):
-            if isinstance(node, ast.Attribute) and node.attr in WHERE \
-                    and isinstance(node.value, ast.Attribute) \
-                    and node.value.attr == WHERE[node.attr]:
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in WHERE
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == WHERE[node.attr]
+            ):
                 out.add(node.attr)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("evidence", "get") and isinstance(
-                        node.func.value, ast.Name) and node.func.value.id == "fx":
-                out.update(a.value for a in node.args
-                           if isinstance(a, ast.Constant) and a.value in WHERE)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("evidence", "get")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "fx"
+            ):
+                out.update(
+                    a.value for a in node.args if isinstance(a, ast.Constant) and a.value in WHERE
+                )
     return frozenset(out)
 
 
@@ -78,8 +89,8 @@ def thresholds_of(fn: Callable[..., Any]) -> dict[str, float]:
     for f in _reach(fn):
         module = vars(sys.modules[f.__module__])
         for name in f.__code__.co_names + tuple(
-                n for c in f.__code__.co_consts if isinstance(c, types.CodeType)
-                for n in c.co_names):
+            n for c in f.__code__.co_consts if isinstance(c, types.CodeType) for n in c.co_names
+        ):
             v = module.get(name)
             if not name.isupper():
                 continue
@@ -100,12 +111,17 @@ def series_read(fn: Callable[..., Any]) -> frozenset[str]:
     out: set[str] = set()
     for f in _reach(fn):
         for node in ast.walk(_tree(f)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("get", "all", "metric") \
-                    and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id in ("data", "full") and node.args \
-                    and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) and "." in node.args[0].value:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "all", "metric")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("data", "full")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and "." in node.args[0].value
+            ):
                 out.add(node.args[0].value)
     return frozenset(out)
 
@@ -127,8 +143,9 @@ def rules_table() -> str:
         if spec.series:
             reads += "; " + cell([f"`{x}`" for x in spec.series])
         limits = cell([f"`{k}` {v:g}" for k, v in spec.thresholds.items()])
-        rows.append(f"| `{spec.name}` | {cell([f'`{k.value}`' for k in spec.kinds])} | "
-                    f"{reads} | {limits} |")
+        rows.append(
+            f"| `{spec.name}` | {cell([f'`{k.value}`' for k in spec.kinds])} | {reads} | {limits} |"
+        )
     return "\n".join(rows) + "\n"
 
 

@@ -42,32 +42,47 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
         others = [d for d in fx.comm.ranks_detail if d["rank"] != fx.comm.focus_rank]
         best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
         where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
-        wcpu = (f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
-                if r.get("worker_cpu_pct") is not None and r.get("workers") else "")
+        wcpu = (
+            f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
+            if r.get("worker_cpu_pct") is not None and r.get("workers")
+            else ""
+        )
         fs, _, ps, _ = fetch_prep_scores(fx)
         fixes = (_fetch_fixes(data, fx) if fs > ps else _prep_fixes(fx)) + _loader_fixes(fx)
         fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
-        fixes.append(Fix(f"compare rank {r['rank']}'s data with the others' (shard size, "
-                         "storage, transform)", "the ranks run the same code; the slow one "
-                         "differs in what it reads or where"))
-        ev = {"rank": r["rank"], "host": host, "cause": "input", "ranks": fx.comm.ranks_detail,
-              "stall_fraction": r["stall_fraction"], "data_wait_share": r["stall_fraction"],
-              "best_rank": best["rank"], "best_stall_fraction": best["stall_fraction"]}
-        return [Finding(
-            kind=Kind.STRAGGLER_RANK,
-            severity="critical" if r["stall_fraction"] >= STALL_CRIT
-                     else "warning",
-            confidence=0.85,
-            summary=f"Rank {r['rank']} holds the job back: it waited for data "
-                    f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
-                    f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
-                    f"rank wait for {where}.",
-            evidence=ev,
-            fixes=fixes,
-            est_speedup=_prep_estimate(fx) if ps >= fs else stall_cap(r["stall_fraction"]),
-            rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
-                 f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
-        )]
+        fixes.append(
+            Fix(
+                f"compare rank {r['rank']}'s data with the others' (shard size, "
+                "storage, transform)",
+                "the ranks run the same code; the slow one differs in what it reads or where",
+            )
+        )
+        ev = {
+            "rank": r["rank"],
+            "host": host,
+            "cause": "input",
+            "ranks": fx.comm.ranks_detail,
+            "stall_fraction": r["stall_fraction"],
+            "data_wait_share": r["stall_fraction"],
+            "best_rank": best["rank"],
+            "best_stall_fraction": best["stall_fraction"],
+        }
+        return [
+            Finding(
+                kind=Kind.STRAGGLER_RANK,
+                severity="critical" if r["stall_fraction"] >= STALL_CRIT else "warning",
+                confidence=0.85,
+                summary=f"Rank {r['rank']} holds the job back: it waited for data "
+                f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
+                f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
+                f"rank wait for {where}.",
+                evidence=ev,
+                fixes=fixes,
+                est_speedup=_prep_estimate(fx) if ps >= fs else stall_cap(r["stall_fraction"]),
+                rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
+                f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
+            )
+        ]
     if fx.comm.comm_straggler is not None and fx.comm.comm_straggler in detail:
         return _comm_straggler(data, fx, detail[fx.comm.comm_straggler])
     per: dict[int, list[tuple[float, int]]] = defaultdict(list)
@@ -81,23 +96,36 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
     if typical <= 0 or med[slow] < 1.2 * typical:
         return []
     wshare = (detail.get(slow) or {}).get("stall_fraction") or 0.0
-    return [Finding(
-        kind=Kind.STRAGGLER_RANK,
-        severity="warning",
-        confidence=0.8,
-        summary=f"Rank {slow} is a straggler: its median step takes "
-                f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
-                "wait for it at every all-reduce.",
-        evidence={"rank": slow, "step_ms_median": round(med[slow] * 1000, 1),
-                 "typical_step_ms": round(typical * 1000, 1),
-                 "data_wait_share": round(wshare, 3), "ranks": fx.comm.ranks_detail},
-        fixes=[Fix(f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
-              + (" (input-bound there)" if wshare >= STALL_WARN else
-                 " (slow compute: check that GPU's clocks/throttling)"),
-              "all ranks go at the pace of the slowest")],
-        est_speedup=round(med[slow] / typical, 2),
-        rule="slowest rank ≥ 1.2× the median rank",
-    )]
+    return [
+        Finding(
+            kind=Kind.STRAGGLER_RANK,
+            severity="warning",
+            confidence=0.8,
+            summary=f"Rank {slow} is a straggler: its median step takes "
+            f"{med[slow] * 1000:.0f} ms vs {typical * 1000:.0f} ms typical; the others "
+            "wait for it at every all-reduce.",
+            evidence={
+                "rank": slow,
+                "step_ms_median": round(med[slow] * 1000, 1),
+                "typical_step_ms": round(typical * 1000, 1),
+                "data_wait_share": round(wshare, 3),
+                "ranks": fx.comm.ranks_detail,
+            },
+            fixes=[
+                Fix(
+                    f"look at rank {slow}'s node: its data wait share is {wshare:.0%}"
+                    + (
+                        " (input-bound there)"
+                        if wshare >= STALL_WARN
+                        else " (slow compute: check that GPU's clocks/throttling)"
+                    ),
+                    "all ranks go at the pace of the slowest",
+                )
+            ],
+            est_speedup=round(med[slow] / typical, 2),
+            rule="slowest rank ≥ 1.2× the median rank",
+        )
+    ]
 
 
 def _host_of(data: RunData, rank: int) -> str:
@@ -111,8 +139,9 @@ def _host_of(data: RunData, rank: int) -> str:
 
 def _peers_wait(fx: Facts, slow: int) -> tuple[list[Mapping[str, Any]], float]:
     """The other ranks with their communication share, and the least of those shares."""
-    peers = [d for d in fx.comm.ranks_detail
-             if d["rank"] != slow and d.get("comm_share") is not None]
+    peers = [
+        d for d in fx.comm.ranks_detail if d["rank"] != slow and d.get("comm_share") is not None
+    ]
     return peers, min((d["comm_share"] for d in peers), default=0.0)
 
 
@@ -123,64 +152,94 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
     host = _host_of(data, r["rank"])
     peers, peer_comm = _peers_wait(fx, r["rank"])
     gap = peer_comm - (r.get("comm_share") or 0.0)
-    peer_compute = median([d["compute_ms_median"] for d in peers
-                           if d.get("compute_ms_median") is not None])
+    peer_compute = median(
+        [d["compute_ms_median"] for d in peers if d.get("compute_ms_median") is not None]
+    )
     mine = r.get("compute_ms_median")
     runq = r.get("runq_wait_pct")
-    peer_runq = median([d["runq_wait_pct"] for d in peers
-                        if d.get("runq_wait_pct") is not None]) or 0.0
+    peer_runq = (
+        median([d["runq_wait_pct"] for d in peers if d.get("runq_wait_pct") is not None]) or 0.0
+    )
     names = ", ".join(str(d["rank"]) for d in peers)
-    wait_words, their = (f"rank {names} waits", "its") if len(peers) == 1 else (
-        f"ranks {names} wait", "their")
+    wait_words, their = (
+        (f"rank {names} waits", "its") if len(peers) == 1 else (f"ranks {names} wait", "their")
+    )
     if starved(r, peers):
         cause = "cpu"
-        why = (f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait; the "
-               f"others {peer_runq:.0f}%): a busy host or a CPU quota (cgroup cpu.max / "
-               "cpu.cfs_quota_us) slows it")
-        fixes = [Fix(f"on rank {r['rank']}'s host {host}: give the trainer its cores back (look "
-                     "for other processes, a CPU quota on its container or cgroup, or too many "
-                     "DataLoader workers for the cores)",
-                     f"its trainer waited for a CPU {runq:.0f}% of the time; the others did not")]
+        why = (
+            f"its process waited for a CPU {runq:.0f}% of the time (run-queue wait; the "
+            f"others {peer_runq:.0f}%): a busy host or a CPU quota (cgroup cpu.max / "
+            "cpu.cfs_quota_us) slows it"
+        )
+        fixes = [
+            Fix(
+                f"on rank {r['rank']}'s host {host}: give the trainer its cores back (look "
+                "for other processes, a CPU quota on its container or cgroup, or too many "
+                "DataLoader workers for the cores)",
+                f"its trainer waited for a CPU {runq:.0f}% of the time; the others did not",
+            )
+        ]
     else:
         cause = "compute"
-        peer_share = median([d["compute_share"] for d in peers
-                             if d.get("compute_share") is not None])
+        peer_share = median(
+            [d["compute_share"] for d in peers if d.get("compute_share") is not None]
+        )
         if mine is not None and peer_compute:
-            slower = (f"{mine:.0f} ms of compute per step against {peer_compute:.0f} ms on "
-                      "the others")
+            slower = (
+                f"{mine:.0f} ms of compute per step against {peer_compute:.0f} ms on the others"
+            )
         elif r.get("compute_share") is not None and peer_share is not None:
-            slower = (f"it computes {r['compute_share']:.0%} of its time against "
-                      f"{peer_share:.0%} on the others (sampled stacks)")
+            slower = (
+                f"it computes {r['compute_share']:.0%} of its time against "
+                f"{peer_share:.0%} on the others (sampled stacks)"
+            )
         else:
             slower = "more compute per step"
         why = f"its own step is slower: {slower}"
-        fixes = [Fix(f"compare rank {r['rank']}'s work with the others': a larger shard or "
-                     "batch, longer sequences, a different model branch, or a slower or "
-                     "throttled device (its GPU's clocks and throttle reasons)",
-                     "the ranks run the same code; the slow one does more or runs slower")]
+        fixes = [
+            Fix(
+                f"compare rank {r['rank']}'s work with the others': a larger shard or "
+                "batch, longer sequences, a different model branch, or a slower or "
+                "throttled device (its GPU's clocks and throttle reasons)",
+                "the ranks run the same code; the slow one does more or runs slower",
+            )
+        ]
     on = f" (on {host})" if data.meta.get("rank_hosts") else ""
-    ev = {"rank": r["rank"], "host": host, "cause": cause, "ranks": fx.comm.ranks_detail,
-          "comm_share": r.get("comm_share"), "peers_comm_share": round(peer_comm, 3),
-          "compute_ms_median": mine, "peers_compute_ms_median": peer_compute,
-          "runq_wait_pct": runq, "peers_runq_wait_pct": peer_runq,
-          "data_wait_share": r.get("stall_fraction")}
-    return [Finding(
-        kind=Kind.STRAGGLER_RANK,
-        severity="critical" if gap >= STALL_CRIT else "warning",
-        confidence=0.85,
-        summary=f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
-                f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
-                f"{r.get('comm_share') or 0.0:.0%}; {why}.",
-        evidence=ev,
-        fixes=fixes,
-        est_speedup=stall_cap(gap),
-        rule=f"peers' communication wait {peer_comm:.0%} ≥ "
-             f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
-             f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
-             f"{'probe' if mine is not None else 'sampled stacks'}); "
-             + ("run-queue wait ≥ 20% and ≥ 20 points above the others'"
-                if cause == "cpu" else "its data wait is not the cause"),
-    )]
+    ev = {
+        "rank": r["rank"],
+        "host": host,
+        "cause": cause,
+        "ranks": fx.comm.ranks_detail,
+        "comm_share": r.get("comm_share"),
+        "peers_comm_share": round(peer_comm, 3),
+        "compute_ms_median": mine,
+        "peers_compute_ms_median": peer_compute,
+        "runq_wait_pct": runq,
+        "peers_runq_wait_pct": peer_runq,
+        "data_wait_share": r.get("stall_fraction"),
+    }
+    return [
+        Finding(
+            kind=Kind.STRAGGLER_RANK,
+            severity="critical" if gap >= STALL_CRIT else "warning",
+            confidence=0.85,
+            summary=f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
+            f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
+            f"{r.get('comm_share') or 0.0:.0%}; {why}.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=stall_cap(gap),
+            rule=f"peers' communication wait {peer_comm:.0%} ≥ "
+            f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
+            f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
+            f"{'probe' if mine is not None else 'sampled stacks'}); "
+            + (
+                "run-queue wait ≥ 20% and ≥ 20 points above the others'"
+                if cause == "cpu"
+                else "its data wait is not the cause"
+            ),
+        )
+    ]
 
 
 def rule_waiting_for_peers(data: RunData, fx: Facts) -> list[Finding]:
@@ -195,19 +254,34 @@ def rule_waiting_for_peers(data: RunData, fx: Facts) -> list[Finding]:
         return []
     names = ", ".join(str(d["rank"]) for d in waiting)
     shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in waiting)
-    who, their = (f"Rank {names} waits", "its") if len(waiting) == 1 else (
-        f"Ranks {names} wait", "their")
-    return [Finding(kind=Kind.WAITING_FOR_PEERS, severity="info", confidence=0.85,
-                    summary=f"{who} for rank {slow} in the all-reduce ({shares} of {their} step "
-                    f"time): {their} devices sit idle there, so {their} step looks like "
-                    f"compute. It goes away with rank {slow}'s own cause.",
-                    evidence={"rank": slow, "waiting_ranks": [d["rank"] for d in waiting],
-                     "comm_share": {str(d["rank"]): d["comm_share"] for d in waiting}},
-                    fixes=[Fix(f"fix rank {slow} (the straggler finding); nothing to change on "
-                         f"rank{'s' if len(waiting) > 1 else ''} {names}", f"{their} wait is "
-                         f"rank {slow}'s slowness, passed on by the collective")],
-                    est_speedup=1.0, rule=f"communication wait ≥ {COMM_GAP:.0%} of the step while "
-                    f"rank {slow} is the straggler")]
+    who, their = (
+        (f"Rank {names} waits", "its") if len(waiting) == 1 else (f"Ranks {names} wait", "their")
+    )
+    return [
+        Finding(
+            kind=Kind.WAITING_FOR_PEERS,
+            severity="info",
+            confidence=0.85,
+            summary=f"{who} for rank {slow} in the all-reduce ({shares} of {their} step "
+            f"time): {their} devices sit idle there, so {their} step looks like "
+            f"compute. It goes away with rank {slow}'s own cause.",
+            evidence={
+                "rank": slow,
+                "waiting_ranks": [d["rank"] for d in waiting],
+                "comm_share": {str(d["rank"]): d["comm_share"] for d in waiting},
+            },
+            fixes=[
+                Fix(
+                    f"fix rank {slow} (the straggler finding); nothing to change on "
+                    f"rank{'s' if len(waiting) > 1 else ''} {names}",
+                    f"{their} wait is rank {slow}'s slowness, passed on by the collective",
+                )
+            ],
+            est_speedup=1.0,
+            rule=f"communication wait ≥ {COMM_GAP:.0%} of the step while "
+            f"rank {slow} is the straggler",
+        )
+    ]
 
 
 def rule_communication_bound(data: RunData, fx: Facts) -> list[Finding]:
@@ -228,35 +302,51 @@ def rule_communication_bound(data: RunData, fx: Facts) -> list[Finding]:
     if transfer is not None:
         told = ""
     elif "prometheus" in data.meta:
-        told = (" (from Prometheus' totals the transfer itself and the wait for each step's "
-                "slowest rank cannot be told apart: stallscope diagnose on a run folder of "
-                "the job, with its per-step records, splits them)")
+        told = (
+            " (from Prometheus' totals the transfer itself and the wait for each step's "
+            "slowest rank cannot be told apart: stallscope diagnose on a run folder of "
+            "the job, with its per-step records, splits them)"
+        )
     else:
-        told = (" (sampled stacks give shares, not each step's times, so the transfer itself "
-                "and the wait for each step's slowest rank cannot be told apart: the probe, "
-                "`stallscope.watch(loader)` in each rank, splits them)")
-    return [Finding(
-        kind=Kind.COMMUNICATION_BOUND,
-        severity="critical" if least >= STALL_CRIT else "warning",
-        confidence=0.8,
-        summary=f"Communication-bound: every rank spends at least {least:.0%} of its step in "
-                "collectives (the gradient all-reduce), and no rank is waited for: the "
-                f"network or the topology is the limit{told}.",
-        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
-                 "transfer_share": transfer, "ranks": ranks},
-        fixes=[Fix("all-reduce less often: a larger batch per rank, or gradient "
-                  "accumulation with model.no_sync() for all but the last micro-batch",
-                  "the collective's cost is per step, not per sample"),
-              Fix("send less: a compression hook (model.register_comm_hook(None, "
-                  "fp16_compress_hook)) or larger buckets (bucket_cap_mb)",
-                  "fewer bytes, fewer round trips"),
-              Fix("check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
-                  "`nvidia-smi topo -m` for the GPUs' links",
-                  "a fallback to sockets or PCIe across sockets multiplies the cost")],
-        est_speedup=stall_cap(least),
-        rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of "
-             "its step, no straggler",
-    )]
+        told = (
+            " (sampled stacks give shares, not each step's times, so the transfer itself "
+            "and the wait for each step's slowest rank cannot be told apart: the probe, "
+            "`stallscope.watch(loader)` in each rank, splits them)"
+        )
+    return [
+        Finding(
+            kind=Kind.COMMUNICATION_BOUND,
+            severity="critical" if least >= STALL_CRIT else "warning",
+            confidence=0.8,
+            summary=f"Communication-bound: every rank spends at least {least:.0%} of its step in "
+            "collectives (the gradient all-reduce), and no rank is waited for: the "
+            f"network or the topology is the limit{told}.",
+            evidence={
+                "comm_share": {str(d["rank"]): d["comm_share"] for d in ranks},
+                "transfer_share": transfer,
+                "ranks": ranks,
+            },
+            fixes=[
+                Fix(
+                    "all-reduce less often: a larger batch per rank, or gradient "
+                    "accumulation with model.no_sync() for all but the last micro-batch",
+                    "the collective's cost is per step, not per sample",
+                ),
+                Fix(
+                    "send less: a compression hook (model.register_comm_hook(None, "
+                    "fp16_compress_hook)) or larger buckets (bucket_cap_mb)",
+                    "fewer bytes, fewer round trips",
+                ),
+                Fix(
+                    "check the interconnect: NCCL_DEBUG=INFO for the transport chosen, "
+                    "`nvidia-smi topo -m` for the GPUs' links",
+                    "a fallback to sockets or PCIe across sockets multiplies the cost",
+                ),
+            ],
+            est_speedup=stall_cap(least),
+            rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%} of its step, no straggler",
+        )
+    ]
 
 
 def _rank_jitter(fx: Facts, least: float, transfer: float) -> Finding:
@@ -268,23 +358,32 @@ def _rank_jitter(fx: Facts, least: float, transfer: float) -> Finding:
         severity="critical" if jitter >= STALL_CRIT else "warning",
         confidence=0.8,
         summary=f"The ranks wait for each other, not for the network: every rank spends at least "
-                f"{least:.0%} of its step in collectives, but the all-reduce itself takes "
-                f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
-                "that step's slowest rank, a different one each time: the ranks' step times vary "
-                "from step to step.",
-        evidence={"comm_share": {str(d["rank"]): d["comm_share"] for d in fx.comm.ranks_detail},
-                 "transfer_share": transfer, "jitter_share": round(jitter, 3),
-                 "ranks": fx.comm.ranks_detail},
-        fixes=[Fix("make every rank's step as even as possible: enough DataLoader workers and "
-                  "prefetch_factor that no batch arrives late, no other work on the trainers' "
-                  "cores "
-                  "(one CPU thread per rank: torch.set_num_threads), batches of even size "
-                  "(bucket sequences by length)",
-                  "a step lasts as long as its slowest rank's; spikes on any rank cost every rank"),
-              Fix("look at one rank's steps over time (stallscope report RUN): spikes at a "
-                  "period point to garbage collection (gc.freeze() after setup) or logging",
-                  "periodic spikes have one cause; random ones come from contention")],
+        f"{least:.0%} of its step in collectives, but the all-reduce itself takes "
+        f"{transfer:.0%} (the least wait in each step). The rest is each step waiting for "
+        "that step's slowest rank, a different one each time: the ranks' step times vary "
+        "from step to step.",
+        evidence={
+            "comm_share": {str(d["rank"]): d["comm_share"] for d in fx.comm.ranks_detail},
+            "transfer_share": transfer,
+            "jitter_share": round(jitter, 3),
+            "ranks": fx.comm.ranks_detail,
+        },
+        fixes=[
+            Fix(
+                "make every rank's step as even as possible: enough DataLoader workers and "
+                "prefetch_factor that no batch arrives late, no other work on the trainers' "
+                "cores "
+                "(one CPU thread per rank: torch.set_num_threads), batches of even size "
+                "(bucket sequences by length)",
+                "a step lasts as long as its slowest rank's; spikes on any rank cost every rank",
+            ),
+            Fix(
+                "look at one rank's steps over time (stallscope report RUN): spikes at a "
+                "period point to garbage collection (gc.freeze() after setup) or logging",
+                "periodic spikes have one cause; random ones come from contention",
+            ),
+        ],
         est_speedup=stall_cap(jitter),
         rule=f"every rank's communication wait ≥ {COMM_HEAVY:.0%}, the transfer (least wait per "
-             "step) under half of it (per-step records)",
+        "step) under half of it (per-step records)",
     )

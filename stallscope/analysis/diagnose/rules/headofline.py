@@ -62,8 +62,13 @@ def head_of_line(fx: Facts) -> HeadOfLine | None:
     data wait gone: the wait beyond what the mean cost explains is what goes."""
     stall = fx.steps.stall_fraction
     top = fx.steps.wait_top_share
-    if fx.steps.stall_source != "probe" or stall is None or stall < STALL_WARN or top is None \
-            or top < BURST_SHARE:
+    if (
+        fx.steps.stall_source != "probe"
+        or stall is None
+        or stall < STALL_WARN
+        or top is None
+        or top < BURST_SHARE
+    ):
         return None
     nw = _workers_now(fx) or 0
     if nw < MIN_WORKERS or fx.loader.config.get("in_order") is False:
@@ -110,51 +115,90 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
     idle = 1.0 - hol.busy
     p99 = fx.steps.wait_ms_p99
     med = fx.steps.wait_ms_median
-    tail = (f"; one step in a hundred waits ≥ {p99:.0f} ms, the median step {med:.1f} ms"
-            if p99 is not None and med is not None else "")
-    changes = ("batches then come in the order they are ready, not the sampler's: each "
-               "sample is still seen once an epoch, but the order of batches changes (keep "
-               "in_order=True where it matters: resuming mid-epoch by batch index, runs that "
-               "must repeat exactly)")
-    why = (f"{hol.workers} workers busy {hol.busy:.0%} of the time: with none of them idle "
-           f"they use {hol.cores:.1f} core(s) instead of {hol.workers * hol.busy:.1f}, and the "
-           f"batches' mean cost alone sets the pace: ×{hol.estimate:.2f} (the wait beyond what "
-           "the mean cost explains goes); " + changes)
-    first = (Fix("DataLoader(in_order=False)", why, hol.estimate, {"in_order": False})
-             if has is not False else
-             Fix("upgrade to PyTorch ≥ 2.6 and set DataLoader(in_order=False)",
-                 why + f" (this run's PyTorch is {cfg.get('torch')})"))
-    fixes = [first,
-             Fix(f"prefetch_factor {pf_now} → {pf_now * 2}",
-                 "more batches in flight for each worker: the others keep working while one "
-                 "is held up by a slow sample (costs memory: batches × workers held at once)",
-                 change={"prefetch_factor": pf_now * 2}),
-             Fix("precompute the slow samples' work once (offline, or cache their transformed "
-                 "form) so that no sample costs many times the others",
-                 "a few samples take most of the preparation time"),
-             Fix("split the slow samples (long clips, large images, long documents) into "
-                 "pieces of ordinary cost, or group them into batches of their own",
-                 "a batch costs as much as its slowest sample")]
+    tail = (
+        f"; one step in a hundred waits ≥ {p99:.0f} ms, the median step {med:.1f} ms"
+        if p99 is not None and med is not None
+        else ""
+    )
+    changes = (
+        "batches then come in the order they are ready, not the sampler's: each "
+        "sample is still seen once an epoch, but the order of batches changes (keep "
+        "in_order=True where it matters: resuming mid-epoch by batch index, runs that "
+        "must repeat exactly)"
+    )
+    why = (
+        f"{hol.workers} workers busy {hol.busy:.0%} of the time: with none of them idle "
+        f"they use {hol.cores:.1f} core(s) instead of {hol.workers * hol.busy:.1f}, and the "
+        f"batches' mean cost alone sets the pace: ×{hol.estimate:.2f} (the wait beyond what "
+        "the mean cost explains goes); " + changes
+    )
+    first = (
+        Fix("DataLoader(in_order=False)", why, hol.estimate, {"in_order": False})
+        if has is not False
+        else Fix(
+            "upgrade to PyTorch ≥ 2.6 and set DataLoader(in_order=False)",
+            why + f" (this run's PyTorch is {cfg.get('torch')})",
+        )
+    )
+    fixes = [
+        first,
+        Fix(
+            f"prefetch_factor {pf_now} → {pf_now * 2}",
+            "more batches in flight for each worker: the others keep working while one "
+            "is held up by a slow sample (costs memory: batches × workers held at once)",
+            change={"prefetch_factor": pf_now * 2},
+        ),
+        Fix(
+            "precompute the slow samples' work once (offline, or cache their transformed "
+            "form) so that no sample costs many times the others",
+            "a few samples take most of the preparation time",
+        ),
+        Fix(
+            "split the slow samples (long clips, large images, long documents) into "
+            "pieces of ordinary cost, or group them into batches of their own",
+            "a batch costs as much as its slowest sample",
+        ),
+    ]
     severity: Severity = "critical" if hol.stall >= STALL_CRIT else "warning"
-    ev = fx.evidence("stall_fraction", "wait_top_share", "wait_ms_p99", "wait_ms_median",
-                     "step_ms_median", "workers", "worker_cpu_pct", "worker_runq_pct",
-                     "main_cpu_pct", "others_cpu_cores", "logical_cores")
-    ev.update(in_order=cfg.get("in_order", True), prefetch_factor=pf_now,
-              worker_idle_share=round(idle, 3), worker_cores_free=hol.cores)
-    return [Finding(
-        kind=Kind.INPUT_HEAD_OF_LINE,
-        severity=severity,
-        confidence=0.8,
-        summary=(f"Slow samples hold up the batches: the trainer waited for data "
-                 f"{hol.stall:.0%} of the time, in bursts ({hol.top_share:.0%} of the wait "
-                 f"on the longest-waiting {TOP_STEPS:.0%} of the steps{tail}), while its "
-                 f"{hol.workers} workers sat idle {idle:.0%} of the time: the loader hands "
-                 "batches over in order, so a batch with a slow sample keeps the ready ones "
-                 "behind it."),
-        evidence=ev,
-        fixes=fixes,
-        est_speedup=hol.estimate,
-        rule=(f"data wait {hol.stall:.0%} ≥ {STALL_WARN:.0%}; {hol.top_share:.0%} of it on "
-              f"{TOP_STEPS:.0%} of the steps ≥ {BURST_SHARE:.0%}; {hol.workers} workers in "
-              f"order, busy {hol.busy:.0%}; gain ×{hol.estimate:.2f} ≥ ×{MIN_GAIN:.2f}"),
-    )]
+    ev = fx.evidence(
+        "stall_fraction",
+        "wait_top_share",
+        "wait_ms_p99",
+        "wait_ms_median",
+        "step_ms_median",
+        "workers",
+        "worker_cpu_pct",
+        "worker_runq_pct",
+        "main_cpu_pct",
+        "others_cpu_cores",
+        "logical_cores",
+    )
+    ev.update(
+        in_order=cfg.get("in_order", True),
+        prefetch_factor=pf_now,
+        worker_idle_share=round(idle, 3),
+        worker_cores_free=hol.cores,
+    )
+    return [
+        Finding(
+            kind=Kind.INPUT_HEAD_OF_LINE,
+            severity=severity,
+            confidence=0.8,
+            summary=(
+                f"Slow samples hold up the batches: the trainer waited for data "
+                f"{hol.stall:.0%} of the time, in bursts ({hol.top_share:.0%} of the wait "
+                f"on the longest-waiting {TOP_STEPS:.0%} of the steps{tail}), while its "
+                f"{hol.workers} workers sat idle {idle:.0%} of the time: the loader hands "
+                "batches over in order, so a batch with a slow sample keeps the ready ones "
+                "behind it."
+            ),
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=hol.estimate,
+            rule=(
+                f"data wait {hol.stall:.0%} ≥ {STALL_WARN:.0%}; {hol.top_share:.0%} of it on "
+                f"{TOP_STEPS:.0%} of the steps ≥ {BURST_SHARE:.0%}; {hol.workers} workers in "
+                f"order, busy {hol.busy:.0%}; gain ×{hol.estimate:.2f} ≥ ×{MIN_GAIN:.2f}"
+            ),
+        )
+    ]

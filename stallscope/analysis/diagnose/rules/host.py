@@ -47,71 +47,112 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
     5-s timeout when ``pin_memory`` and ``persistent_workers`` are both on), it says so and
     names the fix; a team running many short jobs or sweeps pays this on every run."""
     exit_s = fx.run.exit_s
-    if exit_s is None or exit_s < SLOW_EXIT_S or not fx.run.window_source \
-            or fx.run.window_source == "run":
+    if (
+        exit_s is None
+        or exit_s < SLOW_EXIT_S
+        or not fx.run.window_source
+        or fx.run.window_source == "run"
+    ):
         return []
     if fx.run.interrupted:
         return []  # the user stopped it (Ctrl-C): an exit the user caused is not a finding
     stacks = fx.run.exit_stacks
-    joins = sum(v for k, v in stacks if "dataloader.py" in k and ("join" in k or "_clean_up" in k
-                                                                   or "_shutdown" in k))
+    joins = sum(
+        v
+        for k, v in stacks
+        if "dataloader.py" in k and ("join" in k or "_clean_up" in k or "_shutdown" in k)
+    )
     total = fx.run.window_s or 0.0
     cfg = fx.loader.config
-    workers = (cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int)
-               else fx.loader.workers)
-    ev: dict[str, Any] = {"exit_s": exit_s, "window_s": fx.run.window_s,
-                          "exit_stacks": [{"stack": k, "s": v} for k, v in stacks]}
+    workers = (
+        cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int) else fx.loader.workers
+    )
+    ev: dict[str, Any] = {
+        "exit_s": exit_s,
+        "window_s": fx.run.window_s,
+        "exit_stacks": [{"stack": k, "s": v} for k, v in stacks],
+    }
     if workers:
         ev["workers"] = workers
     for k in ("pin_memory", "persistent_workers"):
         if k in cfg:
             ev[k] = cfg[k]
-    pinned = (cfg.get("pin_memory") is True and cfg.get("persistent_workers") is True) or \
-        any("_clean_up_worker " in k for k, _ in stacks)
-    what = (f"its DataLoader joined its {workers} worker processes for {joins:.0f} s"
-            if workers else f"its DataLoader joined its workers for {joins:.0f} s")
+    pinned = (cfg.get("pin_memory") is True and cfg.get("persistent_workers") is True) or any(
+        "_clean_up_worker " in k for k, _ in stacks
+    )
+    what = (
+        f"its DataLoader joined its {workers} worker processes for {joins:.0f} s"
+        if workers
+        else f"its DataLoader joined its workers for {joins:.0f} s"
+    )
     if joins >= 0.5 * exit_s and not pinned:
-        why = (f"{what} after the loop: a worker still working on a batch finishes it "
-               "before it stops")
-        fixes = [Fix("shut the loader down as soon as the last batch you need is taken "
-                     "(`del loader` and any iterator of it) and keep per-batch work short: "
-                     "each worker ends its current batch before it can stop", why)]
+        why = (
+            f"{what} after the loop: a worker still working on a batch finishes it before it stops"
+        )
+        fixes = [
+            Fix(
+                "shut the loader down as soon as the last batch you need is taken "
+                "(`del loader` and any iterator of it) and keep per-batch work short: "
+                "each worker ends its current batch before it can stop",
+                why,
+            )
+        ]
     elif joins >= 0.5 * exit_s:
-        why = (f"{what}: with pin_memory and persistent_workers PyTorch's exit waits up to "
-               "5 s for each worker before stopping it (PyTorch issue 81794)")
-        fixes = [Fix("end the workers once training is done: drop every reference to the "
-                     "loader and its iterator (`del loader`) before the script ends, so "
-                     "PyTorch stops them at once rather than at interpreter exit",
-                     why),
-                 Fix("persistent_workers=False when epochs are few (it keeps the workers "
-                     "between epochs, and makes exit join them one by one)",
-                     "the exit then takes about a second (measured on an H200, 2 workers: "
-                     "11.0 s with both options on, 1.0-1.7 s with either off)",
-                     change={"persistent_workers": False})]
+        why = (
+            f"{what}: with pin_memory and persistent_workers PyTorch's exit waits up to "
+            "5 s for each worker before stopping it (PyTorch issue 81794)"
+        )
+        fixes = [
+            Fix(
+                "end the workers once training is done: drop every reference to the "
+                "loader and its iterator (`del loader`) before the script ends, so "
+                "PyTorch stops them at once rather than at interpreter exit",
+                why,
+            ),
+            Fix(
+                "persistent_workers=False when epochs are few (it keeps the workers "
+                "between epochs, and makes exit join them one by one)",
+                "the exit then takes about a second (measured on an H200, 2 workers: "
+                "11.0 s with both options on, 1.0-1.7 s with either off)",
+                change={"persistent_workers": False},
+            ),
+        ]
     else:
         # a sentence only from what was sampled: no stacks, no claim about them
-        why = (f"the exit's heaviest stack ends in {stacks[0][0].rsplit(';', 1)[-1]}"
-               if stacks else "no stack of the exit was sampled")
-        report = (f"`stallscope report {shlex.quote(str(data.run_dir))}` lists the exit's "
-                  "stacks" if stacks and str(data.run_dir) not in ("", ".")
-                  else "py-spy dump of the trainer's pid as it exits shows where")
-        fixes = [Fix("look at what runs after the loop (saving, closing files, joining "
-                     f"threads or processes): {report}", why)]
+        why = (
+            f"the exit's heaviest stack ends in {stacks[0][0].rsplit(';', 1)[-1]}"
+            if stacks
+            else "no stack of the exit was sampled"
+        )
+        report = (
+            f"`stallscope report {shlex.quote(str(data.run_dir))}` lists the exit's stacks"
+            if stacks and str(data.run_dir) not in ("", ".")
+            else "py-spy dump of the trainer's pid as it exits shows where"
+        )
+        fixes = [
+            Fix(
+                "look at what runs after the loop (saving, closing files, joining "
+                f"threads or processes): {report}",
+                why,
+            )
+        ]
     life = total + exit_s + (fx.run.startup_s or 0.0)
     share = exit_s / life if total else None
     more = f" ({share:.0%} of the process's life)" if share else ""
-    return [Finding(
-        kind=Kind.SLOW_EXIT,
-        severity="warning",
-        confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
-        summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
-                f"{more}: {why}. A team running many short jobs or sweeps pays this on "
-                "every run.",
-        evidence=ev,
-        fixes=fixes,
-        est_speedup=1.0,
-        rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
-    )]
+    return [
+        Finding(
+            kind=Kind.SLOW_EXIT,
+            severity="warning",
+            confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
+            summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
+            f"{more}: {why}. A team running many short jobs or sweeps pays this on "
+            "every run.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=1.0,
+            rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
+        )
+    ]
 
 
 def rule_host_swap(data: RunData, fx: Facts) -> list[Finding]:
@@ -125,20 +166,29 @@ def rule_host_swap(data: RunData, fx: Facts) -> list[Finding]:
     if share < SWAP_SHARE:
         return []
     sev: Severity = "critical" if share >= SWAP_SHARE_CRIT else "warning"
-    return [Finding(
-        kind=Kind.HOST_SWAP,
-        severity=sev,
-        confidence=0.9,
-        summary=f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
-                "MB/s): memory is overcommitted.",
-        evidence={"swap_share": round(share, 3), "swap_peak_kb_s": round(max(rates)),
-                 "mem_available_min_mib": fx.host.mem_available_min_mib},
-        fixes=[Fix("reduce memory: fewer num_workers or a smaller prefetch_factor (each "
-              "worker holds batches), smaller in-memory caches, or add RAM",
-              "every swapped page costs a disk read on the critical path")],
-        est_speedup=1.0,
-        rule="swap ≥ 1 MB/s in ≥ 10% of samples",
-    )]
+    return [
+        Finding(
+            kind=Kind.HOST_SWAP,
+            severity=sev,
+            confidence=0.9,
+            summary=f"The host swapped in {share:.0%} of samples (peak {max(rates) / 1024:.0f} "
+            "MB/s): memory is overcommitted.",
+            evidence={
+                "swap_share": round(share, 3),
+                "swap_peak_kb_s": round(max(rates)),
+                "mem_available_min_mib": fx.host.mem_available_min_mib,
+            },
+            fixes=[
+                Fix(
+                    "reduce memory: fewer num_workers or a smaller prefetch_factor (each "
+                    "worker holds batches), smaller in-memory caches, or add RAM",
+                    "every swapped page costs a disk read on the critical path",
+                )
+            ],
+            est_speedup=1.0,
+            rule="swap ≥ 1 MB/s in ≥ 10% of samples",
+        )
+    ]
 
 
 def rule_shm_pressure(data: RunData, fx: Facts) -> list[Finding]:
@@ -150,28 +200,42 @@ def rule_shm_pressure(data: RunData, fx: Facts) -> list[Finding]:
     cap = total.v[-1]
     peak = max(used.v)
     frac = peak / cap if cap else 0.0
-    small = cap < SHM_SMALL_MIB and (fx.loader.workers > 0
-                                     or (fx.loader.config.get("num_workers") or 0) > 0)
+    small = cap < SHM_SMALL_MIB and (
+        fx.loader.workers > 0 or (fx.loader.config.get("num_workers") or 0) > 0
+    )
     if frac < SHM_FULL and not small:
         return []
     # a small /dev/shm that the run did not fill is worth knowing, not the verdict of the run
-    sev: Severity = ("critical" if frac >= SHM_FULL_CRIT else "warning" if frac >= SHM_FULL
-                     else "info")
-    return [Finding(
-        kind=Kind.SHM_PRESSURE,
-        severity=sev,
-        confidence=0.9,
-        summary=f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
-                "workers pass batches through it and fail with bus errors when it is full.",
-        evidence={"shm_peak_mib": round(peak, 1), "shm_total_mib": round(cap, 1),
-                 "shm_peak_share": round(frac, 3)},
-        fixes=[Fix("enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
-                  "size=... /dev/shm)", f"only {cap:.0f} MiB available"),
-              Fix("lower prefetch_factor or batch size; remove stale files in /dev/shm",
-                  "each worker keeps prefetch_factor batches in shared memory")],
-        est_speedup=1.0,
-        rule="/dev/shm ≥ 80% full, or < 1 GiB with workers",
-    )]
+    sev: Severity = (
+        "critical" if frac >= SHM_FULL_CRIT else "warning" if frac >= SHM_FULL else "info"
+    )
+    return [
+        Finding(
+            kind=Kind.SHM_PRESSURE,
+            severity=sev,
+            confidence=0.9,
+            summary=f"/dev/shm peaked at {peak:.0f} of {cap:.0f} MiB ({frac:.0%}): DataLoader "
+            "workers pass batches through it and fail with bus errors when it is full.",
+            evidence={
+                "shm_peak_mib": round(peak, 1),
+                "shm_total_mib": round(cap, 1),
+                "shm_peak_share": round(frac, 3),
+            },
+            fixes=[
+                Fix(
+                    "enlarge /dev/shm (docker run --shm-size=8g, or mount -o remount,"
+                    "size=... /dev/shm)",
+                    f"only {cap:.0f} MiB available",
+                ),
+                Fix(
+                    "lower prefetch_factor or batch size; remove stale files in /dev/shm",
+                    "each worker keeps prefetch_factor batches in shared memory",
+                ),
+            ],
+            est_speedup=1.0,
+            rule="/dev/shm ≥ 80% full, or < 1 GiB with workers",
+        )
+    ]
 
 
 def _busy_host(fx: Facts) -> tuple[float, float] | None:
@@ -189,13 +253,15 @@ def _busy_host(fx: Facts) -> tuple[float, float] | None:
 
 
 def _other_text(b: dict[str, Any]) -> str:
-    """"pid 19288 (python, 0.2 cores)", "8 processes named python (pid 19288 the busiest, 1.6
+    """ "pid 19288 (python, 0.2 cores)", "8 processes named python (pid 19288 the busiest, 1.6
     cores)", "pid 77 (bash, 1.1 cores with the short-lived processes it started)"."""
     name = plain(str(b.get("name", "?")), 40)
     kids = " with the short-lived processes they started" if b.get("children_cores") else ""
     if isinstance(b.get("processes"), int) and b["processes"] > 1:
-        return (f"{b['processes']} processes named {name} (pid {b['pid']} the busiest, "
-                f"{b['cores']:.1f} cores{kids})")
+        return (
+            f"{b['processes']} processes named {name} (pid {b['pid']} the busiest, "
+            f"{b['cores']:.1f} cores{kids})"
+        )
     kids = kids.replace("they", "it")
     return f"pid {b['pid']} ({name}, {b['cores']:.1f} cores{kids})"
 
@@ -212,21 +278,32 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
     host = data.meta.get("host") or "this host"
     cores = f" of its {fx.host.logical_cores}" if fx.host.logical_cores else ""
     if len(ranks) >= 2:
-        who = "every rank waited for a CPU (" + ", ".join(
-            f"rank {d['rank']} {d['runq_wait_pct']:.0f}%" for d in ranks) + " of the time"
+        who = (
+            "every rank waited for a CPU ("
+            + ", ".join(f"rank {d['rank']} {d['runq_wait_pct']:.0f}%" for d in ranks)
+            + " of the time"
+        )
     else:
         who = f"the trainer waited for a CPU {least:.0f}% of the time ("
-    summary = (f"The host is short of CPU for this training: {who}"
-               f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
-               f"{others:.1f}{cores} cores busy.")
+    summary = (
+        f"The host is short of CPU for this training: {who}"
+        f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
+        f"{others:.1f}{cores} cores busy."
+    )
     comm = [d.get("comm_share") for d in ranks]
     if len(ranks) >= 2 and fx.comm.comm_straggler is None and all(c is not None for c in comm):
         shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
-        summary += (f" While the ranks share too few cores, their wait in the all-reduce "
-                    f"({shares} of the step) cannot show which rank the others wait for.")
-    others_busy = [b for b in data.meta.get("busy_others") or []
-                   if isinstance(b, dict) and isinstance(b.get("pid"), int)
-                   and isinstance(b.get("cores"), (int, float))][:4]
+        summary += (
+            f" While the ranks share too few cores, their wait in the all-reduce "
+            f"({shares} of the step) cannot show which rank the others wait for."
+        )
+    others_busy = [
+        b
+        for b in data.meta.get("busy_others") or []
+        if isinstance(b, dict)
+        and isinstance(b.get("pid"), int)
+        and isinstance(b.get("cores"), (int, float))
+    ][:4]
     # the run names who took the cores when they were still there at its end (a process
     # with the short-lived ones it started, one name's processes together); what they do not
     # explain of the figure above is said, so the named parts add up to it
@@ -234,36 +311,49 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
     rest = others - named
     parts = [_other_text(b) for b in others_busy]
     if others_busy and rest >= UNNAMED_CORES:
-        parts.append(f"and {rest:.1f} cores more by processes that came and went during the "
-                     "run (not there to be named at its end)")
-    action = (f"give the training its cores back on {host}: stop or move the other busy "
-              "processes: " + ", ".join(parts) + ", or run on a less loaded node"
-              if others_busy else
-              f"give the training its cores back on {host}: stop or move the other busy "
-              "processes, or run on a less loaded node; they are listed by "
-              "`ps -eo pid,pcpu,comm --sort=-pcpu | head`")
-    fixes = [Fix(action,
-                 f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
-                 f"time while other processes used {others:.1f} cores")]
-    ev: dict[str, Any] = {"runq_wait_pct": least, "others_cpu_cores": others,
-                          "host_cpu_median_pct": fx.host.host_cpu_median_pct,
-                          "logical_cores": fx.host.logical_cores}
+        parts.append(
+            f"and {rest:.1f} cores more by processes that came and went during the "
+            "run (not there to be named at its end)"
+        )
+    action = (
+        f"give the training its cores back on {host}: stop or move the other busy "
+        "processes: " + ", ".join(parts) + ", or run on a less loaded node"
+        if others_busy
+        else f"give the training its cores back on {host}: stop or move the other busy "
+        "processes, or run on a less loaded node; they are listed by "
+        "`ps -eo pid,pcpu,comm --sort=-pcpu | head`"
+    )
+    fixes = [
+        Fix(
+            action,
+            f"its processes were ready to run but waited for a CPU {least:.0f}% of the "
+            f"time while other processes used {others:.1f} cores",
+        )
+    ]
+    ev: dict[str, Any] = {
+        "runq_wait_pct": least,
+        "others_cpu_cores": others,
+        "host_cpu_median_pct": fx.host.host_cpu_median_pct,
+        "logical_cores": fx.host.logical_cores,
+    }
     if others_busy:
         ev["busiest_others"] = others_busy
     if len(ranks) >= 2:
         ev["ranks"] = ranks
-    return [Finding(
-        kind=Kind.CPU_CONTENTION,
-        severity="critical" if least >= STALL_CRIT * 100 else "warning",
-        confidence=0.8,
-        summary=summary,
-        evidence=ev,
-        fixes=fixes,
-        est_speedup=stall_cap(least / 100),
-        rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
-             f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
-             f"core busy ({others:.1f})",
-    )]
+    return [
+        Finding(
+            kind=Kind.CPU_CONTENTION,
+            severity="critical" if least >= STALL_CRIT * 100 else "warning",
+            confidence=0.8,
+            summary=summary,
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=stall_cap(least / 100),
+            rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
+            f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
+            f"core busy ({others:.1f})",
+        )
+    ]
 
 
 def rule_disk_health(data: RunData, fx: Facts) -> list[Finding]:
@@ -274,17 +364,30 @@ def rule_disk_health(data: RunData, fx: Facts) -> list[Finding]:
         if verdict not in ("ageing", "failing"):
             continue
         dsev: Severity = "critical" if verdict == "failing" else "warning"
-        out.append(Finding(kind=Kind.DISK_HEALTH, severity=dsev, confidence=0.9,
-                           summary=f"The dataset's drive {drive.get('device')} is {verdict}: "
-                           + "; ".join(drive.get("reasons", [])[:3]),
-                           evidence={"device": drive.get("device"), "model": drive.get("model"),
-                            "verdict": verdict, "reasons": drive.get("reasons", []),
-                            "growth": drive.get("growth", {})},
-                           fixes=[Fix("back up the dataset and checkpoints now; plan to replace "
-                                      "the "
-                                "drive", "SMART counters that grow predict failure")],
-                           est_speedup=1.0, rule="SMART verdict ageing/failing (see "
-                                                 "docs/disk-health.md)"))
+        out.append(
+            Finding(
+                kind=Kind.DISK_HEALTH,
+                severity=dsev,
+                confidence=0.9,
+                summary=f"The dataset's drive {drive.get('device')} is {verdict}: "
+                + "; ".join(drive.get("reasons", [])[:3]),
+                evidence={
+                    "device": drive.get("device"),
+                    "model": drive.get("model"),
+                    "verdict": verdict,
+                    "reasons": drive.get("reasons", []),
+                    "growth": drive.get("growth", {}),
+                },
+                fixes=[
+                    Fix(
+                        "back up the dataset and checkpoints now; plan to replace the drive",
+                        "SMART counters that grow predict failure",
+                    )
+                ],
+                est_speedup=1.0,
+                rule="SMART verdict ageing/failing (see docs/disk-health.md)",
+            )
+        )
     return out
 
 
@@ -315,58 +418,103 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
     tree = (fx.procs.main_cpu_pct or 0.0) + (fx.loader.worker_cpu_pct or 0.0) * fx.loader.workers
     read = (fx.procs.main_read_kb_s or 0.0) + (fx.loader.worker_read_kb_s or 0.0)
     blocked = max(fx.procs.main_d_share or 0.0, fx.loader.worker_d_share or 0.0)
-    idle = not (tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S
-                or blocked >= IDLE_TREE_D_SHARE)
+    idle = not (
+        tree >= IDLE_TREE_CPU_PCT or read >= IDLE_TREE_READ_KB_S or blocked >= IDLE_TREE_D_SHARE
+    )
     # busy, but not a training: its stacks were sampled and hold no training frame, or it is
     # not Python at all (`run --pid` on `yes`, `dd`, a busy loop), and it has no DataLoader
     # workers. A busy Python process whose stacks were not sampled may be a training that
     # loads on its own threads: rule_loading_in_trainer speaks of that one.
     not_python = fx.procs.main_python is False
     busy_elsewhere = not fx.loader.workers and (
-        fx.steps.stack_samples >= NO_TRAINING_SAMPLES or not_python)
+        fx.steps.stack_samples >= NO_TRAINING_SAMPLES or not_python
+    )
     if not idle and not busy_elsewhere:
         return []
     procs = 1 + fx.loader.workers
-    stacks = (f"no training frames in {fx.steps.stack_samples} sampled stacks"
-              if fx.steps.stack_samples else "no stacks sampled")
-    what = (f"{'it is not a Python process, ' if not_python else ''}"
-            f"{'its' if procs == 1 else f'its {procs}'} process{'es' if procs > 1 else ''} "
-            + (f"used {tree:.1f}% of one core and read {read:.0f} kB/s" if idle
-               else f"kept {tree / 100:.1f} core(s) busy"
-               + (f" and read {read:,.0f} kB/s" if read >= IDLE_TREE_READ_KB_S else "")))
-    return [Finding(
-        kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=0.9,
-        summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, no "
-        f"DataLoader workers; {what}. "
-        + ("It sleeps. " if idle else "It is busy, but not with a training. ")
-        + "No verdict.",
-        evidence={"tree_cpu_pct": round(tree, 2), "processes": procs, "read_kb_s": round(read, 1),
-         "d_share": round(blocked, 3), "stack_samples": fx.steps.stack_samples},
-        fixes=[Fix("watch the training itself: stallscope run -- followed by your training "
-             "command, or stallscope run --pid with the pid of the Python process that runs "
-             "the training loop",
-             "the watched processes did no work a training does")],
-        est_speedup=1.0,
-        rule="no steps, no training frames, no GPU, "
-        + ("< 10% of a core, < 100 kB/s read, < 10% of samples in D state" if idle else
-           "no DataLoader workers, and "
-           + ("not a Python process" if not_python else
-              f"≥ {NO_TRAINING_SAMPLES} sampled stacks without a training frame")),
-        too_little_data=True)]
+    stacks = (
+        f"no training frames in {fx.steps.stack_samples} sampled stacks"
+        if fx.steps.stack_samples
+        else "no stacks sampled"
+    )
+    what = (
+        f"{'it is not a Python process, ' if not_python else ''}"
+        f"{'its' if procs == 1 else f'its {procs}'} process{'es' if procs > 1 else ''} "
+        + (
+            f"used {tree:.1f}% of one core and read {read:.0f} kB/s"
+            if idle
+            else f"kept {tree / 100:.1f} core(s) busy"
+            + (f" and read {read:,.0f} kB/s" if read >= IDLE_TREE_READ_KB_S else "")
+        )
+    )
+    return [
+        Finding(
+            kind=Kind.INSUFFICIENT_DATA,
+            severity="info",
+            confidence=0.9,
+            summary=f"Nothing here looks like a training: no steps, {stacks}, no GPU work, no "
+            f"DataLoader workers; {what}. "
+            + ("It sleeps. " if idle else "It is busy, but not with a training. ")
+            + "No verdict.",
+            evidence={
+                "tree_cpu_pct": round(tree, 2),
+                "processes": procs,
+                "read_kb_s": round(read, 1),
+                "d_share": round(blocked, 3),
+                "stack_samples": fx.steps.stack_samples,
+            },
+            fixes=[
+                Fix(
+                    "watch the training itself: stallscope run -- followed by your training "
+                    "command, or stallscope run --pid with the pid of the Python process that runs "
+                    "the training loop",
+                    "the watched processes did no work a training does",
+                )
+            ],
+            est_speedup=1.0,
+            rule="no steps, no training frames, no GPU, "
+            + (
+                "< 10% of a core, < 100 kB/s read, < 10% of samples in D state"
+                if idle
+                else "no DataLoader workers, and "
+                + (
+                    "not a Python process"
+                    if not_python
+                    else f"≥ {NO_TRAINING_SAMPLES} sampled stacks without a training frame"
+                )
+            ),
+            too_little_data=True,
+        )
+    ]
 
 
 def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:
     """insufficient_data: fewer than 3 samples and fewer than 10 probe steps."""
     if fx.run.samples >= MIN_SAMPLES or fx.steps.steps >= MIN_STEPS:
         return []
-    return [Finding(kind=Kind.INSUFFICIENT_DATA, severity="info", confidence=1.0,
-                    summary=f"Too little data to diagnose: {fx.run.samples} samples and "
-                            f"{fx.steps.steps} steps.",
-                    evidence={"samples": fx.run.samples, "steps": fx.steps.steps,
-                     "duration_s": fx.run.duration_s},
-                    fixes=[Fix("run longer (≥ 30 s of training) or lower --interval",
-                         "rules need several samples to tell a pattern from noise")],
-                    est_speedup=1.0, rule="< 3 samples and < 10 steps", too_little_data=True)]
+    return [
+        Finding(
+            kind=Kind.INSUFFICIENT_DATA,
+            severity="info",
+            confidence=1.0,
+            summary=f"Too little data to diagnose: {fx.run.samples} samples and "
+            f"{fx.steps.steps} steps.",
+            evidence={
+                "samples": fx.run.samples,
+                "steps": fx.steps.steps,
+                "duration_s": fx.run.duration_s,
+            },
+            fixes=[
+                Fix(
+                    "run longer (≥ 30 s of training) or lower --interval",
+                    "rules need several samples to tell a pattern from noise",
+                )
+            ],
+            est_speedup=1.0,
+            rule="< 3 samples and < 10 steps",
+            too_little_data=True,
+        )
+    ]
 
 
 def rule_command_failed(data: RunData, fx: Facts) -> list[Finding]:
@@ -380,31 +528,51 @@ def rule_command_failed(data: RunData, fx: Facts) -> list[Finding]:
     if code is None or code == 0 or fx.run.interrupted:
         return []
     when = fx.run.error_at_s if fx.run.error_at_s is not None else fx.run.duration_s
-    how = (f"killed by {fx.run.exit_signal} (exit code {code})" if fx.run.exit_signal
-           else f"exit code {code}")
+    how = (
+        f"killed by {fx.run.exit_signal} (exit code {code})"
+        if fx.run.exit_signal
+        else f"exit code {code}"
+    )
     trained = fx.run.trained is True
-    summary = (f"The training command failed: {how}, {when:.0f} s into the run"
-               + ("" if trained else ", before any training step was seen") + ".")
+    summary = (
+        f"The training command failed: {how}, {when:.0f} s into the run"
+        + ("" if trained else ", before any training step was seen")
+        + "."
+    )
     if fx.run.error:
         summary += f" Its last error: {plain(fx.run.error, 300).rstrip('.')}."
         why = "the trainer's own error, recorded when it was raised"
     else:
-        why = ("the trainer's error output (above, in the terminal) says why; no Python "
-               "exception was recorded")
+        why = (
+            "the trainer's error output (above, in the terminal) says why; no Python "
+            "exception was recorded"
+        )
     if not trained:
         summary += " No bottleneck is named from a run that did not train."
-    fixes = [Fix("fix the error the trainer reported" + (f" ({plain(fx.run.error, 120)})"
-                                                         if fx.run.error else "")
-                 + ", then watch the training again", why)]
-    ev: dict[str, Any] = {"exit_code": code, "trained": fx.run.trained,
-                          "failed_at_s": when}
+    fixes = [
+        Fix(
+            "fix the error the trainer reported"
+            + (f" ({plain(fx.run.error, 120)})" if fx.run.error else "")
+            + ", then watch the training again",
+            why,
+        )
+    ]
+    ev: dict[str, Any] = {"exit_code": code, "trained": fx.run.trained, "failed_at_s": when}
     if fx.run.error:
         ev["error"] = fx.run.error
     if fx.run.exit_signal:
         ev["signal"] = fx.run.exit_signal
-    return [Finding(
-        kind=Kind.COMMAND_FAILED, severity="critical" if not trained else "warning",
-        confidence=1.0, summary=summary, evidence=ev, fixes=fixes, est_speedup=1.0,
-        rule=f"exit code {code} ≠ 0, not stopped by the user"
-        + ("" if trained else "; no training seen: the verdict, no bottleneck named"),
-        too_little_data=not trained)]
+    return [
+        Finding(
+            kind=Kind.COMMAND_FAILED,
+            severity="critical" if not trained else "warning",
+            confidence=1.0,
+            summary=summary,
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=1.0,
+            rule=f"exit code {code} ≠ 0, not stopped by the user"
+            + ("" if trained else "; no training seen: the verdict, no bottleneck named"),
+            too_little_data=not trained,
+        )
+    ]

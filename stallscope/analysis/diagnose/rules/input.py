@@ -78,35 +78,70 @@ class _StallSource:
 
 _STALL_SOURCES: dict[str | None, _StallSource] = {
     "probe": _StallSource(
-        0.9, STALL_WARN, 0, "per-step probe",
+        0.9,
+        STALL_WARN,
+        0,
+        "per-step probe",
         f"data wait {{stall}} ≥ {STALL_WARN:.0%}; fetch score {{fs}} vs prep score {{ps}}",
-        measured=True),
+        measured=True,
+    ),
     "stacks": _StallSource(
-        0.85, STALL_WARN, 0, "sampled stacks of the training thread",
+        0.85,
+        STALL_WARN,
+        0,
+        "sampled stacks of the training thread",
         f"sampled data wait {{stall}} ≥ {STALL_WARN:.0%} (training-thread stacks in the "
-        "loader's frames); fetch score {fs} vs prep score {ps}", measured=True),
+        "loader's frames); fetch score {fs} vs prep score {ps}",
+        measured=True,
+    ),
     "gpu_idle": _StallSource(
-        0.6, 0.3, 2, "GPU idle share",
-        "GPU idle {stall} ≥ 30%; fetch score {fs} vs prep score {ps}"),
+        0.6, 0.3, 2, "GPU idle share", "GPU idle {stall} ≥ 30%; fetch score {fs} vs prep score {ps}"
+    ),
     "main_thread": _StallSource(
-        0.7, STALL_WARN, 0, "estimated: the time the trainer's main thread did not run; "
-        "no probe, no GPU",
+        0.7,
+        STALL_WARN,
+        0,
+        "estimated: the time the trainer's main thread did not run; no probe, no GPU",
         f"estimated data wait {{stall}} (main thread idle) ≥ {STALL_WARN:.0%}; fetch score "
-        "{fs} vs prep score {ps}"),
+        "{fs} vs prep score {ps}",
+    ),
     None: _StallSource(
-        0.4, None, 4, "estimated",
-        "no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)"),
+        0.4,
+        None,
+        4,
+        "estimated",
+        "no stall measurement; fetch score {fs} vs prep score {ps} (≥ 4 needed)",
+    ),
 }
 
 
-_INPUT_EVIDENCE = ("stall_fraction", "stall_source", "phase_shares", "stack_samples",
-                   "stack_sampler", "wait_ms_median", "step_ms_median",
-                   "gpu_util_median_pct", "workers", "worker_cpu_pct", "worker_d_share",
-                   "worker_blkio_pct", "worker_runq_pct", "worker_read_kb_s", "device",
-                   "disk_util_median_pct", "disk_r_await_median_ms", "disk_rkb_s_median",
-                   "disk_r_s_median", "disk_rareq_kb_median", "psi_io_median_pct",
-                   "iowait_median_pct", "host_cpu_median_pct", "physical_cores",
-                   "read_limit_kb_s")
+_INPUT_EVIDENCE = (
+    "stall_fraction",
+    "stall_source",
+    "phase_shares",
+    "stack_samples",
+    "stack_sampler",
+    "wait_ms_median",
+    "step_ms_median",
+    "gpu_util_median_pct",
+    "workers",
+    "worker_cpu_pct",
+    "worker_d_share",
+    "worker_blkio_pct",
+    "worker_runq_pct",
+    "worker_read_kb_s",
+    "device",
+    "disk_util_median_pct",
+    "disk_r_await_median_ms",
+    "disk_rkb_s_median",
+    "disk_r_s_median",
+    "disk_rareq_kb_median",
+    "psi_io_median_pct",
+    "iowait_median_pct",
+    "host_cpu_median_pct",
+    "physical_cores",
+    "read_limit_kb_s",
+)
 
 
 def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
@@ -162,16 +197,18 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
     if shared is not None and est == cap:
         ev["ceiling_assumes"] = shared
         rule += f"; ceiling ×{cap:.2f}: {shared}"
-    return [Finding(
-        kind=kind,
-        severity=severity,
-        confidence=min(confidence, 0.95),
-        summary=summary,
-        evidence=ev,
-        fixes=fixes,
-        est_speedup=est,
-        rule=rule,
-    )]
+    return [
+        Finding(
+            kind=kind,
+            severity=severity,
+            confidence=min(confidence, 0.95),
+            summary=summary,
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=est,
+            rule=rule,
+        )
+    ]
 
 
 #: the loading side's CPU (% of one core: each worker's mean, or the trainer's own at
@@ -209,36 +246,72 @@ def loading_waits(fx: Facts, stall: float | None) -> float | None:
     return cpu
 
 
-def _wait_finding(data: RunData, fx: Facts, how: _StallSource, stall: float | None,
-                  between_epochs: bool, cpu: float, fs: int, ps: int) -> Finding:
+def _wait_finding(
+    data: RunData,
+    fx: Facts,
+    how: _StallSource,
+    stall: float | None,
+    between_epochs: bool,
+    cpu: float,
+    fs: int,
+    ps: int,
+) -> Finding:
     """input_bound.wait: more workers overlap the waits, past the physical cores."""
-    who = (f"the workers use {cpu:.0f}% of a core each" if fx.loader.workers else
-           f"the trainer, which loads its own data (num_workers=0), uses {cpu:.0f}% of a core")
-    reason = (f"{who} and are rarely in D state" if fx.loader.workers
-              else f"{who} and is rarely in D state")
-    summary = _input_summary(fx, how, stall, False, between_epochs, [reason],
-                             what="the loading waits on something other than the CPU or the "
-                             "disk (a network or remote store, a lock, a sleep)")
+    who = (
+        f"the workers use {cpu:.0f}% of a core each"
+        if fx.loader.workers
+        else f"the trainer, which loads its own data (num_workers=0), uses {cpu:.0f}% of a core"
+    )
+    reason = (
+        f"{who} and are rarely in D state"
+        if fx.loader.workers
+        else f"{who} and is rarely in D state"
+    )
+    summary = _input_summary(
+        fx,
+        how,
+        stall,
+        False,
+        between_epochs,
+        [reason],
+        what="the loading waits on something other than the CPU or the "
+        "disk (a network or remote store, a lock, a sleep)",
+    )
     nw = _workers_now(fx) or 0
     share = stall or 0.0
     need = 1 / max(1.0 - share, 0.1)
     target = workers_to_overlap(nw, share)  # the loader model's (loadermodel.py)
-    rate = (f"at least {need:.0f}× today's rate" if share >= WAIT_SHARE_HIGH else
-            f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate")
+    rate = (
+        f"at least {need:.0f}× today's rate"
+        if share >= WAIT_SHARE_HIGH
+        else f"1/(1−{share:.2f}) ≈ {need:.1f}× today's rate"
+    )
     cores = fx.host.physical_cores
-    fixes = [Fix(f"num_workers {nw} → {target}",
-                 f"{who}: the loading waits rather than computes, so more workers overlap its "
-                 f"waits, and more of them than the {cores or 'physical'} cores is fine for "
-                 f"that (each is a process: watch host memory); loading keeps up when it "
-                 f"delivers {rate}", None, {"num_workers": target}),
-             Fix("find what the loading waits on: " + _dump_advice(data, fx),
-                 "a remote store or a service that answers slowly is fixed at its end, or by "
-                 "caching the data locally")]
+    fixes = [
+        Fix(
+            f"num_workers {nw} → {target}",
+            f"{who}: the loading waits rather than computes, so more workers overlap its "
+            f"waits, and more of them than the {cores or 'physical'} cores is fine for "
+            f"that (each is a process: watch host memory); loading keeps up when it "
+            f"delivers {rate}",
+            None,
+            {"num_workers": target},
+        ),
+        Fix(
+            "find what the loading waits on: " + _dump_advice(data, fx),
+            "a remote store or a service that answers slowly is fixed at its end, or by "
+            "caching the data locally",
+        ),
+    ]
     fixes += _loader_fixes(fx)
     if not how.measured:
-        fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
-                         "per step", "without the probe the stall is estimated from system "
-                         "metrics only (lower confidence)"))
+        fixes.append(
+            Fix(
+                "wrap the loader with stallscope.watch(loader) to measure data wait per step",
+                "without the probe the stall is estimated from system "
+                "metrics only (lower confidence)",
+            )
+        )
     ev = fx.evidence(*_INPUT_EVIDENCE)
     ev.update(score_fetch=fs, score_prep=ps, signals=[reason], loading_cpu_pct=cpu)
     return Finding(
@@ -261,18 +334,32 @@ def _dump_advice(data: RunData, fx: Facts) -> str:
     what = "a DataLoader worker" if fx.loader.workers else "the trainer (it loads its own data)"
     if pid is None:
         return f"py-spy dump of {what} shows where it waits"
-    return (f"`py-spy dump --pid {pid}` ({what} of this run: another pid when the training "
-            "runs again) shows where it waits")
+    return (
+        f"`py-spy dump --pid {pid}` ({what} of this run: another pid when the training "
+        "runs again) shows where it waits"
+    )
 
 
-def _input_summary(fx: Facts, how: _StallSource, stall: float | None, fetch: bool,
-                   between_epochs: bool, reasons: list[str], what: str | None = None) -> str:
-    what = what or ("storage cannot deliver the data fast enough" if fetch else
-                    "CPU preprocessing (decode/transform) cannot keep up")
+def _input_summary(
+    fx: Facts,
+    how: _StallSource,
+    stall: float | None,
+    fetch: bool,
+    between_epochs: bool,
+    reasons: list[str],
+    what: str | None = None,
+) -> str:
+    what = what or (
+        "storage cannot deliver the data fast enough"
+        if fetch
+        else "CPU preprocessing (decode/transform) cannot keep up"
+    )
     if stall is not None:
-        who = (f"rank {fx.comm.focus_rank} waited for data {stall:.0%} of its steps"
-               if fx.comm.focus_rank is not None else
-               f"the trainer waited for data {stall:.0%} of the time")
+        who = (
+            f"rank {fx.comm.focus_rank} waited for data {stall:.0%} of its steps"
+            if fx.comm.focus_rank is not None
+            else f"the trainer waited for data {stall:.0%} of the time"
+        )
         if between_epochs:
             who += " between epoch starts"
         src = how.src
@@ -287,18 +374,24 @@ def _input_summary(fx: Facts, how: _StallSource, stall: float | None, fetch: boo
     return summary
 
 
-def _input_fixes(data: RunData, fx: Facts, how: _StallSource, fetch: bool, tf: bool
-                 ) -> list[Fix]:
+def _input_fixes(data: RunData, fx: Facts, how: _StallSource, fetch: bool, tf: bool) -> list[Fix]:
     if tf:  # a tf.data pipeline: its own knobs, not DataLoader arguments
-        fixes = (_fetch_fixes(data, fx, tf=True) + tf_fetch_fixes(data, fx)
-                 if fetch else tf_prep_fixes(data, fx))
+        fixes = (
+            _fetch_fixes(data, fx, tf=True) + tf_fetch_fixes(data, fx)
+            if fetch
+            else tf_prep_fixes(data, fx)
+        )
     else:
         fixes = _fetch_fixes(data, fx) if fetch else _prep_fixes(fx)
         fixes += _loader_fixes(fx)
     if not how.measured:
-        fixes.append(Fix("wrap the loader with stallscope.watch(loader) to measure data wait "
-                         "per step", "without the probe the stall is estimated from system "
-                         "metrics only (lower confidence)"))
+        fixes.append(
+            Fix(
+                "wrap the loader with stallscope.watch(loader) to measure data wait per step",
+                "without the probe the stall is estimated from system "
+                "metrics only (lower confidence)",
+            )
+        )
     return fixes
 
 
@@ -309,15 +402,21 @@ def _input_note(fx: Facts, tf: bool, how: _StallSource) -> str | None:
     if fx.steps.stall_source == "stacks":
         shares = ", ".join(f"{k} {v:.0%}" for k, v in fx.steps.phase_shares.items())
         times = f" {fx.steps.stack_samples} times" if fx.steps.stack_samples else ""
-        return (f"no code in the trainer: its training thread's stack was sampled{times} "
-                f"({fx.steps.stack_sampler}); where its time went: {shares}.")
+        return (
+            f"no code in the trainer: its training thread's stack was sampled{times} "
+            f"({fx.steps.stack_sampler}); where its time went: {shares}."
+        )
     if tf:
-        return ("tf.data prepares elements on threads inside the trainer process: the "
-                "probe times each step's wait for its element inside the train "
-                "function, which system metrics alone cannot split from compute.")
+        return (
+            "tf.data prepares elements on threads inside the trainer process: the "
+            "probe times each step's wait for its element inside the train "
+            "function, which system metrics alone cannot split from compute."
+        )
     if not fx.loader.workers:
-        return ("num_workers=0: loading runs on the training thread, so system metrics "
-                "cannot split it from compute; the probe's data-wait timing does.")
+        return (
+            "num_workers=0: loading runs on the training thread, so system metrics "
+            "cannot split it from compute; the probe's data-wait timing does."
+        )
     return None
 
 
@@ -329,8 +428,13 @@ def prep_gain(fx: Facts, target: int, stall: float | None = None) -> float | Non
     spare = spare_cores(fx)
     if not nw or fx.loader.worker_cpu_pct is None or spare is None:
         return None
-    return worker_gain(nw, target, fx.loader.worker_cpu_pct / 100.0, spare,
-                       fx.steps.stall_fraction if stall is None else stall)
+    return worker_gain(
+        nw,
+        target,
+        fx.loader.worker_cpu_pct / 100.0,
+        spare,
+        fx.steps.stall_fraction if stall is None else stall,
+    )
 
 
 def _prep_estimate(fx: Facts, stall: float | None = None) -> float:
@@ -372,9 +476,11 @@ def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
     est = round(1.0 / left, 2)
     if est <= base:
         return base, None
-    return est, (f"the loading shares the cores with the compute: the trainer waited for a CPU "
-                 f"{runq:.0f}% of the time, which goes with the loading (the stall's own "
-                 f"ceiling, compute unchanged, is ×{base:.2f})")
+    return est, (
+        f"the loading shares the cores with the compute: the trainer waited for a CPU "
+        f"{runq:.0f}% of the time, which goes with the loading (the stall's own "
+        f"ceiling, compute unchanged, is ×{base:.2f})"
+    )
 
 
 def _prep_target(fx: Facts, nw: int, cores: int) -> int:
@@ -393,10 +499,14 @@ def _autotune_slower(fx: Facts, nw: int) -> int | None:
     trials = tuned.get("trials") if isinstance(tuned, Mapping) else None
     if not isinstance(trials, (list, tuple)):
         return None
-    pairs = [(t["num_workers"], float(t["steps_per_s"])) for t in trials
-             if isinstance(t, Mapping) and type(t.get("num_workers")) is int
-             and isinstance(t.get("steps_per_s"), (int, float))
-             and math.isfinite(t["steps_per_s"])]
+    pairs = [
+        (t["num_workers"], float(t["steps_per_s"]))
+        for t in trials
+        if isinstance(t, Mapping)
+        and type(t.get("num_workers")) is int
+        and isinstance(t.get("steps_per_s"), (int, float))
+        and math.isfinite(t["steps_per_s"])
+    ]
     return workers_measured_slower(pairs, nw)
 
 
@@ -408,11 +518,14 @@ def _prep_fixes(fx: Facts) -> list[Fix]:
     spare = spare_cores(fx)
     if nw is not None and cores and nw < cores and spare is not None and spare < BUSY_SPARE:
         busy = fx.host.host_cpu_median_pct or 0.0
-        fixes.append(Fix(
-            "make per-sample work cheaper: decode at lower resolution, move augmentation to "
-            "the GPU, or preprocess once offline",
-            f"the CPUs are already {busy:.0f}% busy: more workers would only share the same "
-            "cores"))
+        fixes.append(
+            Fix(
+                "make per-sample work cheaper: decode at lower resolution, move augmentation to "
+                "the GPU, or preprocess once offline",
+                f"the CPUs are already {busy:.0f}% busy: more workers would only share the same "
+                "cores",
+            )
+        )
     if nw is not None and cores:
         target = _prep_target(fx, nw, cores)
         gain = prep_gain(fx, target)
@@ -420,31 +533,49 @@ def _prep_fixes(fx: Facts) -> list[Fix]:
         if fixes:  # the CPUs are busy: more workers would contradict the fix above
             pass
         elif nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
-            fixes.append(Fix(
-                f"num_workers {nw} → {target} ({cores} physical cores"
-                + (f", workers at {fx.loader.worker_cpu_pct:.0f}% CPU"
-                   if fx.loader.worker_cpu_pct else "")
-                + ")",
-                f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
-                f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
-                "cores only adds context switches"
-                + _gain_note(fx, target), gain, {"num_workers": target}))
+            fixes.append(
+                Fix(
+                    f"num_workers {nw} → {target} ({cores} physical cores"
+                    + (
+                        f", workers at {fx.loader.worker_cpu_pct:.0f}% CPU"
+                        if fx.loader.worker_cpu_pct
+                        else ""
+                    )
+                    + ")",
+                    f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
+                    f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
+                    "cores only adds context switches" + _gain_note(fx, target),
+                    gain,
+                    {"num_workers": target},
+                )
+            )
         elif slower is not None and target <= nw:
-            fixes.append(Fix(
-                "make per-sample work cheaper: decode at lower resolution, move augmentation "
-                "to the GPU, or preprocess once offline",
-                f"this run's autotune measured num_workers={slower} no faster than {nw}: more "
-                "workers do not help here"))
+            fixes.append(
+                Fix(
+                    "make per-sample work cheaper: decode at lower resolution, move augmentation "
+                    "to the GPU, or preprocess once offline",
+                    f"this run's autotune measured num_workers={slower} no faster than {nw}: more "
+                    "workers do not help here",
+                )
+            )
         else:
-            fixes.append(Fix(
-                "make per-sample work cheaper: decode at lower resolution, move augmentation "
-                "to the GPU, or preprocess once offline",
-                f"num_workers ({nw}) already matches the {cores} physical cores" if nw >= cores
-                else f"more workers promise less than ×{MIN_GAIN:.2f}: there is little idle "
-                     "CPU for them"))
+            fixes.append(
+                Fix(
+                    "make per-sample work cheaper: decode at lower resolution, move augmentation "
+                    "to the GPU, or preprocess once offline",
+                    f"num_workers ({nw}) already matches the {cores} physical cores"
+                    if nw >= cores
+                    else f"more workers promise less than ×{MIN_GAIN:.2f}: there is little idle "
+                    "CPU for them",
+                )
+            )
     else:
-        fixes.append(Fix("raise num_workers toward the number of physical cores (start at "
-                         "min(4, cores))", _more_workers_why(fx)))
+        fixes.append(
+            Fix(
+                "raise num_workers toward the number of physical cores (start at min(4, cores))",
+                _more_workers_why(fx),
+            )
+        )
     return fixes
 
 
@@ -453,13 +584,18 @@ def _more_workers_why(fx: Facts) -> str:
     told its workers are saturated)."""
     if fx.loader.workers:
         cpu = fx.loader.worker_cpu_pct
-        return (f"its {fx.loader.workers} worker(s) ran at {cpu:.0f}% of a core each: more of "
-                "them prepare more batches at once" if cpu is not None else
-                f"its {fx.loader.workers} worker(s) did not keep up with the trainer")
+        return (
+            f"its {fx.loader.workers} worker(s) ran at {cpu:.0f}% of a core each: more of "
+            "them prepare more batches at once"
+            if cpu is not None
+            else f"its {fx.loader.workers} worker(s) did not keep up with the trainer"
+        )
     cpu = fx.procs.main_cpu_pct
-    return ("the trainer loads its own data (no DataLoader worker processes)"
-            + (f" at {cpu:.0f}% CPU" if cpu is not None else "")
-            + ": workers would prepare the next batches while it computes")
+    return (
+        "the trainer loads its own data (no DataLoader worker processes)"
+        + (f" at {cpu:.0f}% CPU" if cpu is not None else "")
+        + ": workers would prepare the next batches while it computes"
+    )
 
 
 def _gain_note(fx: Facts, target: int) -> str:
@@ -467,8 +603,10 @@ def _gain_note(fx: Facts, target: int) -> str:
     spare = spare_cores(fx)
     if gain is None or spare is None:
         return ""
-    return (f"; expected ×{gain:.2f}: the workers use {fx.loader.worker_cpu_pct:.0f}% of a core "
-            f"each and {spare:.1f} core(s) sat idle")
+    return (
+        f"; expected ×{gain:.2f}: the workers use {fx.loader.worker_cpu_pct:.0f}% of a core "
+        f"each and {spare:.1f} core(s) sat idle"
+    )
 
 
 def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
@@ -478,62 +616,108 @@ def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
     dev = fx.disk.device
     info = data.device_info().get(dev or "", {})
     aw = fx.disk.disk_r_await_median_ms
-    kind = ("virtual/network disk" if info.get("virtual") else
-            "rotational" if info.get("rotational") else info.get("kind") or "")
-    capped = (aw is not None and aw < CAPPED_AWAIT_MS
-              and (fx.disk.disk_util_median_pct or 0) < CAPPED_UTIL_PCT
-              and (fx.loader.worker_d_share or fx.procs.main_d_share or 0)
-              >= SCORES.d_state_strong)
+    kind = (
+        "virtual/network disk"
+        if info.get("virtual")
+        else "rotational"
+        if info.get("rotational")
+        else info.get("kind") or ""
+    )
+    capped = (
+        aw is not None
+        and aw < CAPPED_AWAIT_MS
+        and (fx.disk.disk_util_median_pct or 0) < CAPPED_UTIL_PCT
+        and (fx.loader.worker_d_share or fx.procs.main_d_share or 0) >= SCORES.d_state_strong
+    )
     if dev and limited(fx):
         limit = units.kib(fx.disk.read_limit_kb_s or 0.0)
         p95 = units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))
-        fixes.append(Fix(f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
-                         f"({units.rate(limit)}): raise or lift the I/O limit (cgroup io.max / "
-                         "blkio throttle, `docker run --device-read-bps`, the pod's I/O limits), "
-                         "or copy the dataset to storage the limit does not cover",
-                         f"the device's read rate reached {p95} (p95) against a limit of "
-                         f"{units.rate(limit)}"))
+        fixes.append(
+            Fix(
+                f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
+                f"({units.rate(limit)}): raise or lift the I/O limit (cgroup io.max / "
+                "blkio throttle, `docker run --device-read-bps`, the pod's I/O limits), "
+                "or copy the dataset to storage the limit does not cover",
+                f"the device's read rate reached {p95} (p95) against a limit of "
+                f"{units.rate(limit)}",
+            )
+        )
     elif dev and capped:
         # what the trainer itself gets; the device total also counts other processes
-        rate = (fx.loader.worker_read_kb_s or fx.procs.main_read_kb_s
-                or fx.disk.disk_rkb_s_median or 0.0)
+        rate = (
+            fx.loader.worker_read_kb_s
+            or fx.procs.main_read_kb_s
+            or fx.disk.disk_rkb_s_median
+            or 0.0
+        )
         util = fx.disk.disk_util_median_pct or 0.0
         who = "workers" if fx.loader.workers else "the trainer's threads"
-        fixes.append(Fix(f"reads of /dev/{dev} look capped before the device (trainer reads "
-                         f"~{units.rate(units.kib(rate))}, device not busy, {who} waiting): "
-                         "raise "
-                         "the volume's provisioned throughput/IOPS or lift the I/O limit "
-                         "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
-                         f"{who} wait on I/O while the device shows {util:.0f}% util and "
-                         f"{aw:.0f} ms await: the limit is above the device"))
+        fixes.append(
+            Fix(
+                f"reads of /dev/{dev} look capped before the device (trainer reads "
+                f"~{units.rate(units.kib(rate))}, device not busy, {who} waiting): "
+                "raise "
+                "the volume's provisioned throughput/IOPS or lift the I/O limit "
+                "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
+                f"{who} wait on I/O while the device shows {util:.0f}% util and "
+                f"{aw:.0f} ms await: the limit is above the device",
+            )
+        )
     elif dev:
-        detail = ", ".join(x for x in (kind, f"await {aw:.0f} ms" if aw is not None else "",
-                                       f"{fx.disk.disk_util_median_pct:.0f}% util"
-                                       if fx.disk.disk_util_median_pct is not None else "") if x)
-        fixes.append(Fix(f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
-                         + ("" if tf else
-                            f", or pack it ({_pack_text(data)}) to read sequentially"),
-                         "the device serves reads too slowly for the trainer"))
+        detail = ", ".join(
+            x
+            for x in (
+                kind,
+                f"await {aw:.0f} ms" if aw is not None else "",
+                f"{fx.disk.disk_util_median_pct:.0f}% util"
+                if fx.disk.disk_util_median_pct is not None
+                else "",
+            )
+            if x
+        )
+        fixes.append(
+            Fix(
+                f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
+                + ("" if tf else f", or pack it ({_pack_text(data)}) to read sequentially"),
+                "the device serves reads too slowly for the trainer",
+            )
+        )
     if tf:
         return fixes
     rq = fx.disk.disk_rareq_kb_median
     if rq is not None and rq < SMALL_READ_KB and (fx.disk.disk_r_s_median or 0) > SMALL_READS_S:
-        fixes.append(Fix(f"pack the small files into WebDataset shards ({_pack_text(data)})",
-                         f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
-                         "many small random reads, each paying a seek/metadata lookup"))
+        fixes.append(
+            Fix(
+                f"pack the small files into WebDataset shards ({_pack_text(data)})",
+                f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
+                "many small random reads, each paying a seek/metadata lookup",
+            )
+        )
     size = data.dataset_bytes
     avail = fx.host.mem_available_min_mib
     if size and avail and size / 1048576 < 0.7 * avail:
-        fixes.append(Fix(f"dataset {units.size(size)} < available RAM "
-                         f"{units.size(units.mib(avail))}: cache it in memory (or copy it to "
-                         "/dev/shm or local disk first)",
-                         "after one pass every read is served from RAM"))
+        fixes.append(
+            Fix(
+                f"dataset {units.size(size)} < available RAM "
+                f"{units.size(units.mib(avail))}: cache it in memory (or copy it to "
+                "/dev/shm or local disk first)",
+                "after one pass every read is served from RAM",
+            )
+        )
     nw = _workers_now(fx)
-    if nw is not None and fx.host.physical_cores and nw < min(4, fx.host.physical_cores) \
-            and not (info.get("rotational") and not info.get("virtual")):
-        fixes.append(Fix(f"num_workers {nw} → {min(4, fx.host.physical_cores)} to keep more reads "
-                         "in flight", "SSD/NVMe serve parallel reads faster than one at a time; "
-                         "on a spinning disk this adds seeks instead"))
+    if (
+        nw is not None
+        and fx.host.physical_cores
+        and nw < min(4, fx.host.physical_cores)
+        and not (info.get("rotational") and not info.get("virtual"))
+    ):
+        fixes.append(
+            Fix(
+                f"num_workers {nw} → {min(4, fx.host.physical_cores)} to keep more reads in flight",
+                "SSD/NVMe serve parallel reads faster than one at a time; "
+                "on a spinning disk this adds seeks instead",
+            )
+        )
     return fixes
 
 
@@ -546,15 +730,28 @@ def _pack_text(data: RunData) -> str:
 def _loader_fixes(fx: Facts) -> list[Fix]:
     fixes: list[Fix] = []
     cfg = fx.loader.config
-    if (cfg.get("num_workers") and cfg.get("persistent_workers") is False and fx.steps.epochs >= 2
-            and (fx.steps.epoch_start_wait_s or 0) > 1.0):
-        fixes.append(Fix("persistent_workers=True",
-                         f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
-                         "epoch boundaries", change={"persistent_workers": True}))
+    if (
+        cfg.get("num_workers")
+        and cfg.get("persistent_workers") is False
+        and fx.steps.epochs >= 2
+        and (fx.steps.epoch_start_wait_s or 0) > 1.0
+    ):
+        fixes.append(
+            Fix(
+                "persistent_workers=True",
+                f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
+                "epoch boundaries",
+                change={"persistent_workers": True},
+            )
+        )
     if cfg.get("num_workers") and cfg.get("prefetch_factor") in (1,):
-        fixes.append(Fix("prefetch_factor=2 (or more)",
-                         "one batch in flight per worker leaves no slack for slow samples",
-                         change={"prefetch_factor": 2}))
+        fixes.append(
+            Fix(
+                "prefetch_factor=2 (or more)",
+                "one batch in flight per worker leaves no slack for slow samples",
+                change={"prefetch_factor": 2},
+            )
+        )
     return fixes
 
 
@@ -588,29 +785,47 @@ def rule_epoch_start(data: RunData, fx: Facts) -> list[Finding]:
     fixes = []
     gain = round(wall / (wall - total), 2)
     if cfg.get("num_workers") and cfg.get("persistent_workers") is False:
-        fixes.append(Fix("persistent_workers=True",
-                         f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
-                         "epoch boundaries", gain, {"persistent_workers": True}))
-    fixes.append(Fix("build the dataset, its index and the sampler once, outside the epoch "
-                     "loop; open files or databases lazily in each worker and keep them",
-                     "whatever happens at the start of every epoch is paid once per epoch"))
+        fixes.append(
+            Fix(
+                "persistent_workers=True",
+                f"workers restart each epoch: {fx.steps.epoch_start_wait_s:.1f} s gap at "
+                "epoch boundaries",
+                gain,
+                {"persistent_workers": True},
+            )
+        )
+    fixes.append(
+        Fix(
+            "build the dataset, its index and the sampler once, outside the epoch "
+            "loop; open files or databases lazily in each worker and keep them",
+            "whatever happens at the start of every epoch is paid once per epoch",
+        )
+    )
     share = total / wall
-    return [Finding(
-        kind=Kind.INPUT_EPOCH_START,
-        severity="critical" if share >= STALL_CRIT else "warning",
-        confidence=0.8,
-        summary=f"Every epoch starts with a {cost:.1f} s wait for the first batch "
-                f"({fx.steps.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
-                "time): the input pipeline restarts at each epoch boundary. The speed-up "
-                "counts only those waits: a restart also slows the steps around it (forks, "
-                "prefetch bursts), so expect at least that much.",
-        evidence=fx.evidence("epochs", "epoch_start_wait_s", "epoch_start_cost_s",
-                 "epoch_start_total_s", "wait_ms_median", "workers"),
-        fixes=fixes,
-        est_speedup=gain,
-        rule=f"epoch start cost {cost:.1f} s ≥ 1 s over {fx.steps.epochs} epochs, "
-             f"{share:.0%} ≥ 5% of step time",
-    )]
+    return [
+        Finding(
+            kind=Kind.INPUT_EPOCH_START,
+            severity="critical" if share >= STALL_CRIT else "warning",
+            confidence=0.8,
+            summary=f"Every epoch starts with a {cost:.1f} s wait for the first batch "
+            f"({fx.steps.epochs} epochs, {total:.0f} s in all, {share:.0%} of the steps' "
+            "time): the input pipeline restarts at each epoch boundary. The speed-up "
+            "counts only those waits: a restart also slows the steps around it (forks, "
+            "prefetch bursts), so expect at least that much.",
+            evidence=fx.evidence(
+                "epochs",
+                "epoch_start_wait_s",
+                "epoch_start_cost_s",
+                "epoch_start_total_s",
+                "wait_ms_median",
+                "workers",
+            ),
+            fixes=fixes,
+            est_speedup=gain,
+            rule=f"epoch start cost {cost:.1f} s ≥ 1 s over {fx.steps.epochs} epochs, "
+            f"{share:.0%} ≥ 5% of step time",
+        )
+    ]
 
 
 def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
@@ -620,17 +835,32 @@ def rule_h2d(data: RunData, fx: Facts) -> list[Finding]:
         return []
     fixes = []
     if not fx.loader.config.get("pin_memory"):
-        fixes.append(Fix("pin_memory=True and .to(device, non_blocking=True)",
-                         "pageable memory is copied twice and blocks the host"))
-    fixes.append(Fix("move less data: send uint8 images and normalise on the GPU",
-                     f"copies take {share:.0%} of each step"))
+        fixes.append(
+            Fix(
+                "pin_memory=True and .to(device, non_blocking=True)",
+                "pageable memory is copied twice and blocks the host",
+            )
+        )
+    fixes.append(
+        Fix(
+            "move less data: send uint8 images and normalise on the GPU",
+            f"copies take {share:.0%} of each step",
+        )
+    )
     h2d_sev: Severity = "critical" if share >= STALL_CRIT else "warning"
-    return [Finding(kind=Kind.H2D_BOUND, severity=h2d_sev, confidence=0.85,
-                    summary=f"Host-to-device copies take {share:.0%} of step time.",
-                    evidence=fx.evidence("h2d_share", "step_ms_median") | {"pin_memory":
-                                                                   fx.loader.config.get("pin_memory")},
-                    fixes=fixes, est_speedup=stall_cap(share),
-                    rule=f"h2d share {share:.0%} ≥ {STALL_WARN:.0%}")]
+    return [
+        Finding(
+            kind=Kind.H2D_BOUND,
+            severity=h2d_sev,
+            confidence=0.85,
+            summary=f"Host-to-device copies take {share:.0%} of step time.",
+            evidence=fx.evidence("h2d_share", "step_ms_median")
+            | {"pin_memory": fx.loader.config.get("pin_memory")},
+            fixes=fixes,
+            est_speedup=stall_cap(share),
+            rule=f"h2d share {share:.0%} ≥ {STALL_WARN:.0%}",
+        )
+    ]
 
 
 def rule_tf_blind(data: RunData, fx: Facts) -> list[Finding]:
@@ -640,19 +870,30 @@ def rule_tf_blind(data: RunData, fx: Facts) -> list[Finding]:
     both on unnamed inter-op threads). The run is never called compute-bound then."""
     if not fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus:
         return []
-    return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
-                    summary=f"A TensorFlow trainer at {fx.procs.main_cpu_pct or 0:.0f}% CPU: "
-                    "tf.data runs its input pipeline on threads inside the trainer, which "
-                    "system metrics cannot tell from the training step's, so whether it waits "
-                    "for data is not known without the probe.",
-                    evidence=fx.evidence("main_cpu_pct", "main_d_share", "host_cpu_median_pct",
-                                 "disk_util_median_pct"),
-                    fixes=[Fix("model.fit(..., callbacks=[stallscope.integrations.keras."
-                         "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
-                         "loop", "the probe times each step's wait for its element inside the "
-                         "train function")],
-                    est_speedup=1.0, rule="TensorFlow threads (tf_*) in the trainer, no probe, "
-                                          "no GPU")]
+    return [
+        Finding(
+            kind=Kind.DATA_WAIT_UNKNOWN,
+            severity="info",
+            confidence=0.5,
+            summary=f"A TensorFlow trainer at {fx.procs.main_cpu_pct or 0:.0f}% CPU: "
+            "tf.data runs its input pipeline on threads inside the trainer, which "
+            "system metrics cannot tell from the training step's, so whether it waits "
+            "for data is not known without the probe.",
+            evidence=fx.evidence(
+                "main_cpu_pct", "main_d_share", "host_cpu_median_pct", "disk_util_median_pct"
+            ),
+            fixes=[
+                Fix(
+                    "model.fit(..., callbacks=[stallscope.integrations.keras."
+                    "StallscopeCallback()]), or stallscope.watch(dataset) in a custom "
+                    "loop",
+                    "the probe times each step's wait for its element inside the train function",
+                )
+            ],
+            est_speedup=1.0,
+            rule="TensorFlow threads (tf_*) in the trainer, no probe, no GPU",
+        )
+    ]
 
 
 #: a running run younger than this has not shown whether its loader has worker processes
@@ -666,8 +907,13 @@ def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
     prepares data on its own threads between its steps, and CPU time spent decoding looks
     exactly like CPU time spent computing. The run is never called compute-bound then: a
     ``num_workers=0`` trainer that waited for its own loading 90% of the time looked healthy."""
-    if fx.procs.tf_trainer or fx.steps.stall_source is not None or fx.gpu.gpus \
-            or fx.loader.workers or fx.run.samples < MIN_SAMPLES:
+    if (
+        fx.procs.tf_trainer
+        or fx.steps.stall_source is not None
+        or fx.gpu.gpus
+        or fx.loader.workers
+        or fx.run.samples < MIN_SAMPLES
+    ):
         return []
     ends = [t for s in data.series.values() for t in (s.ts[:1] + s.ts[-1:])]
     sampled = max(ends) - min(ends) if ends else 0.0  # what was seen so far
@@ -676,22 +922,41 @@ def rule_loading_in_trainer(data: RunData, fx: Facts) -> list[Finding]:
         # started its workers yet; "it has none" is not claimed before it could be seen
         return []
     read = fx.procs.main_read_kb_s
-    reads = (f"; it read {units.rate(units.kib(read))} of files itself"
-             if read and read >= OWN_READ_KB_S
-             else "")
-    return [Finding(kind=Kind.DATA_WAIT_UNKNOWN, severity="info", confidence=0.5,
-                    summary="The trainer has no DataLoader worker processes: it loads and "
-                    f"prepares data on its own threads between its steps{reads}, and system "
-                    f"metrics cannot tell that time from compute "
-                    f"({fx.procs.main_cpu_pct or 0:.0f}% CPU), so whether it waits for data "
-                    "is not known without the probe.",
-                    evidence=fx.evidence("main_cpu_pct", "main_read_kb_s", "main_d_share",
-                                          "workers", "host_cpu_median_pct",
-                                          "disk_util_median_pct"),
-                    fixes=[Fix("wrap the loader with stallscope.watch(loader)",
-                         "the probe times each step's wait for its batch"),
-                     Fix("DataLoader(num_workers=N): load in worker processes beside the step",
-                         "loading then overlaps the step instead of adding to it (and system "
-                         "metrics can see it)")],
-                    est_speedup=1.0, rule="no DataLoader workers, no probe, no GPU, not "
-                                          "TensorFlow")]
+    reads = (
+        f"; it read {units.rate(units.kib(read))} of files itself"
+        if read and read >= OWN_READ_KB_S
+        else ""
+    )
+    return [
+        Finding(
+            kind=Kind.DATA_WAIT_UNKNOWN,
+            severity="info",
+            confidence=0.5,
+            summary="The trainer has no DataLoader worker processes: it loads and "
+            f"prepares data on its own threads between its steps{reads}, and system "
+            f"metrics cannot tell that time from compute "
+            f"({fx.procs.main_cpu_pct or 0:.0f}% CPU), so whether it waits for data "
+            "is not known without the probe.",
+            evidence=fx.evidence(
+                "main_cpu_pct",
+                "main_read_kb_s",
+                "main_d_share",
+                "workers",
+                "host_cpu_median_pct",
+                "disk_util_median_pct",
+            ),
+            fixes=[
+                Fix(
+                    "wrap the loader with stallscope.watch(loader)",
+                    "the probe times each step's wait for its batch",
+                ),
+                Fix(
+                    "DataLoader(num_workers=N): load in worker processes beside the step",
+                    "loading then overlaps the step instead of adding to it (and system "
+                    "metrics can see it)",
+                ),
+            ],
+            est_speedup=1.0,
+            rule="no DataLoader workers, no probe, no GPU, not TensorFlow",
+        )
+    ]

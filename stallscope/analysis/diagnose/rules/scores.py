@@ -49,9 +49,13 @@ def fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
     prep_why: list[str] = []
     fetch_pts = prep_pts = 0
     d = fx.loader.worker_d_share if fx.loader.workers else fx.procs.main_d_share
-    who = ("workers" if fx.loader.workers
-           else "the trainer's threads" if fx.procs.tf_trainer or is_tf(fx)
-           else "the trainer (num_workers=0)")
+    who = (
+        "workers"
+        if fx.loader.workers
+        else "the trainer's threads"
+        if fx.procs.tf_trainer or is_tf(fx)
+        else "the trainer (num_workers=0)"
+    )
     if d is not None:
         if d >= SCORES.d_state_strong:
             fetch_pts += 2
@@ -64,28 +68,36 @@ def fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
             prep_why.append(f"workers rarely in D state ({d:.0%} of samples)")
     if fx.loader.worker_blkio_pct is not None and fx.loader.worker_blkio_pct >= SCORES.blkio_pct:
         fetch_pts += 2
-        fetch_why.append(f"workers blocked on block I/O {fx.loader.worker_blkio_pct:.0f}% of "
-                         "the time")
+        fetch_why.append(
+            f"workers blocked on block I/O {fx.loader.worker_blkio_pct:.0f}% of the time"
+        )
     dev_fetch, dev_prep = _device_scores(fx, fetch_why, prep_why)
     fetch_pts, prep_pts = fetch_pts + dev_fetch, prep_pts + dev_prep
     aw = fx.disk.disk_r_await_median_ms
     if aw is not None and aw >= SCORES.await_ms:
         fetch_pts += 2 if aw >= SCORES.await_high_ms else 1
-        fetch_why.append(f"read latency {aw:.0f} ms (r_await; > {SCORES.await_ms:.0f} ms deserves "
-                 "attention)")
-    if (fx.disk.disk_rkb_s_cv is not None and fx.disk.disk_rkb_s_cv < SCORES.flat_cv
-            and (fx.disk.disk_rkb_s_median or 0) > SCORES.flat_min_kb_s and fetch_pts > 0):
+        fetch_why.append(
+            f"read latency {aw:.0f} ms (r_await; > {SCORES.await_ms:.0f} ms deserves attention)"
+        )
+    if (
+        fx.disk.disk_rkb_s_cv is not None
+        and fx.disk.disk_rkb_s_cv < SCORES.flat_cv
+        and (fx.disk.disk_rkb_s_median or 0) > SCORES.flat_min_kb_s
+        and fetch_pts > 0
+    ):
         fetch_pts += 1
         flat = units.rate(units.kib(fx.disk.disk_rkb_s_median or 0))
-        fetch_why.append(f"read throughput flat at ~{flat} "
-                 f"(variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling")
+        fetch_why.append(
+            f"read throughput flat at ~{flat} (variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling"
+        )
     if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= SCORES.psi_io_pct:
         fetch_pts += 1
-        fetch_why.append("I/O pressure: some task stalled on I/O "
-                         f"{fx.host.psi_io_median_pct:.0f}% of "
-                 "the time (PSI)")
-    if fx.host.iowait_median_pct is not None \
-            and fx.host.iowait_median_pct >= SCORES.iowait_pct:
+        fetch_why.append(
+            "I/O pressure: some task stalled on I/O "
+            f"{fx.host.psi_io_median_pct:.0f}% of "
+            "the time (PSI)"
+        )
+    if fx.host.iowait_median_pct is not None and fx.host.iowait_median_pct >= SCORES.iowait_pct:
         fetch_pts += 1
         fetch_why.append(f"CPU iowait {fx.host.iowait_median_pct:.0f}%")
     dev_fetch, dev_prep = _cpu_scores(fx, d, fetch_why, prep_why)
@@ -93,9 +105,9 @@ def fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
     return fetch_pts, fetch_why, prep_pts, prep_why
 
 
-
-def _cpu_scores(fx: Facts, d: float | None, fetch_why: list[str], prep_why: list[str]
-                ) -> tuple[int, int]:
+def _cpu_scores(
+    fx: Facts, d: float | None, fetch_why: list[str], prep_why: list[str]
+) -> tuple[int, int]:
     """The loading's CPU part of :func:`fetch_prep_scores` (``d``: the loading side's D-state
     share): busy workers or a busy trainer loading itself point to prep, idle ones to fetch;
     returns (fetch, prep) points."""
@@ -112,33 +124,49 @@ def _cpu_scores(fx: Facts, d: float | None, fetch_why: list[str], prep_why: list
             fetch_pts += 1
             fetch_why.append(f"workers mostly idle on CPU ({wc:.0f}%): waiting, not computing")
     mc = fx.procs.main_cpu_pct
-    if (not fx.loader.workers and mc is not None and mc >= SCORES.main_busy_pct
-            and (d is None or d < SCORES.d_state)
-            and fx.steps.stall_source in ("probe", "stacks")):
+    if (
+        not fx.loader.workers
+        and mc is not None
+        and mc >= SCORES.main_busy_pct
+        and (d is None or d < SCORES.d_state)
+        and fx.steps.stall_source in ("probe", "stacks")
+    ):
         # the training thread measurably waits on its own loading, and the process is busy
         # on the CPU, not blocked on reads: the loading is CPU work (decode, transform)
         prep_pts += 2
-        prep_why.append(f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
-                 "reads: loading is CPU work")
-    if not fx.loader.workers and d is not None and d >= SCORES.d_state_strong \
-            and mc is not None and mc < SCORES.main_idle_pct:
+        prep_why.append(
+            f"the trainer loads on its own thread at {mc:.0f}% CPU, rarely blocked on "
+            "reads: loading is CPU work"
+        )
+    if (
+        not fx.loader.workers
+        and d is not None
+        and d >= SCORES.d_state_strong
+        and mc is not None
+        and mc < SCORES.main_idle_pct
+    ):
         # loading on the trainer's own threads (num_workers=0, tf.data): blocked reads while the
         # process barely computes
         fetch_pts += 1
-        fetch_why.append(f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: "
-                         "reading, not "
-                 "computing")
+        fetch_why.append(
+            f"the trainer at {mc:.0f}% CPU while its threads wait on I/O: reading, not computing"
+        )
     if fx.loader.worker_runq_pct is not None and fx.loader.worker_runq_pct >= SCORES.runq_pct:
         prep_pts += 1
-        prep_why.append("workers waiting for a free CPU "
-                        f"{fx.loader.worker_runq_pct:.0f}% of the time "
-                 "(CPU contention)")
-    if (fx.host.host_cpu_median_pct is not None
-            and fx.host.host_cpu_median_pct >= SCORES.host_busy_pct
-            and (fx.host.iowait_median_pct or 0) < SCORES.iowait_pct):
+        prep_why.append(
+            "workers waiting for a free CPU "
+            f"{fx.loader.worker_runq_pct:.0f}% of the time "
+            "(CPU contention)"
+        )
+    if (
+        fx.host.host_cpu_median_pct is not None
+        and fx.host.host_cpu_median_pct >= SCORES.host_busy_pct
+        and (fx.host.iowait_median_pct or 0) < SCORES.iowait_pct
+    ):
         prep_pts += 1
         prep_why.append(f"all CPUs busy ({fx.host.host_cpu_median_pct:.0f}%)")
     return fetch_pts, prep_pts
+
 
 def _device_scores(fx: Facts, fetch_why: list[str], prep_why: list[str]) -> tuple[int, int]:
     """The dataset device's part of :func:`fetch_prep_scores`: its read limit, else its own
@@ -149,15 +177,19 @@ def _device_scores(fx: Facts, fetch_why: list[str], prep_why: list[str]) -> tupl
     if limited(fx):
         # a limit stands before the device: the device's own idleness says nothing
         fetch_pts += 2
-        fetch_why.append(f"reads of {fx.disk.device} reached the trainer's cgroup read limit "
-                 f"({units.rate(units.kib(fx.disk.read_limit_kb_s or 0))}; p95 "
-                 f"{units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))})")
+        fetch_why.append(
+            f"reads of {fx.disk.device} reached the trainer's cgroup read limit "
+            f"({units.rate(units.kib(fx.disk.read_limit_kb_s or 0))}; p95 "
+            f"{units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))})"
+        )
     elif util is not None:
         if util >= SCORES.device_busy_pct:
             fetch_pts += 1
             fetch_why.append(f"{fx.disk.device} busy {util:.0f}% of the time (iostat %util)")
-        elif util < SCORES.device_idle_pct \
-                and (fx.disk.disk_rkb_s_median or 0) < SCORES.flat_min_kb_s:
+        elif (
+            util < SCORES.device_idle_pct
+            and (fx.disk.disk_rkb_s_median or 0) < SCORES.flat_min_kb_s
+        ):
             prep_pts += 1
             prep_why.append(f"{fx.disk.device} mostly idle ({util:.0f}% util)")
     return fetch_pts, prep_pts

@@ -49,16 +49,24 @@ POWER_LIMIT_DROP = 0.05
 
 #: clock-event reasons that are a cause, as users read them (gpu_idle is no cause: an idle GPU
 #: is slow because nothing runs, not the other way round)
-REASON_WORDS = {"hw_slowdown": "HW slowdown", "hw_thermal": "HW thermal slowdown",
-                "sw_thermal": "SW thermal slowdown", "hw_power_brake": "HW power brake",
-                "sw_power_cap": "power cap", "sync_boost": "sync boost",
-                "applications_clocks": "clocks locked or set by an administrator"}
+REASON_WORDS = {
+    "hw_slowdown": "HW slowdown",
+    "hw_thermal": "HW thermal slowdown",
+    "sw_thermal": "SW thermal slowdown",
+    "hw_power_brake": "HW power brake",
+    "sw_power_cap": "power cap",
+    "sync_boost": "sync boost",
+    "applications_clocks": "clocks locked or set by an administrator",
+}
 #: health counters and flags read when a run holds no events (Prometheus), and their words
-_GREW = (("remapped_rows_uncorrectable", "rows remapped after uncorrectable ECC errors"),
-         ("remapped_rows_correctable", "rows remapped after correctable ECC errors"),
-         ("ecc_errors", "uncorrected ECC errors"), ("retired_pages", "pages retired"),
-         ("row_remap_failed", "a row remap failed"),
-         ("row_remap_pending", "a row remap waits for a reset"))
+_GREW = (
+    ("remapped_rows_uncorrectable", "rows remapped after uncorrectable ECC errors"),
+    ("remapped_rows_correctable", "rows remapped after correctable ECC errors"),
+    ("ecc_errors", "uncorrected ECC errors"),
+    ("retired_pages", "pages retired"),
+    ("row_remap_failed", "a row remap failed"),
+    ("row_remap_pending", "a row remap waits for a reset"),
+)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -101,23 +109,37 @@ def _slowdowns(data: RunData, rank: int) -> list[dict[str, Any]]:
         ended = _level_end(ts, xs, c.detected_ts, c.before, c.after)
         if ended is not None and ended - c.start_ts < lasting:
             continue  # a blip
-        out.append({"rank": rank, "start": c.start_ts, "before_ms": c.before,
-                    "after_ms": c.after, "ended": ended})
+        out.append(
+            {
+                "rank": rank,
+                "start": c.start_ts,
+                "before_ms": c.before,
+                "after_ms": c.after,
+                "ended": ended,
+            }
+        )
     return out
 
 
-def slowdown_causes(data: RunData, gpu: str, start: float, end: float,
-                    events: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def slowdown_causes(
+    data: RunData, gpu: str, start: float, end: float, events: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """What ``gpu`` did that slows a training, beginning within :data:`CAUSE_NEAR_S` of
     ``start`` (its level after read up to ``end``): each cause with its numbers and its words."""
     near = max(CAUSE_NEAR_S, 3 * _interval(data))
-    w = _Windows(start - near - BASELINE_S, start - near, start, min(end, start + BASELINE_S),
-                 near)
-    told = [e for e in (events if events is not None else health_events(data))
-            if e["gpu"] == gpu and abs(e["ts"] - start) <= near]
-    return [*_clock_cause(data, gpu, w), *_told_causes(gpu, told),
-            *([] if told else _grown_causes(data, gpu, start, w)),
-            *_pcie_cause(data, gpu, w), *_mem_temp_cause(data, gpu, w)]
+    w = _Windows(start - near - BASELINE_S, start - near, start, min(end, start + BASELINE_S), near)
+    told = [
+        e
+        for e in (events if events is not None else health_events(data))
+        if e["gpu"] == gpu and abs(e["ts"] - start) <= near
+    ]
+    return [
+        *_clock_cause(data, gpu, w),
+        *_told_causes(gpu, told),
+        *([] if told else _grown_causes(data, gpu, start, w)),
+        *_pcie_cause(data, gpu, w),
+        *_mem_temp_cause(data, gpu, w),
+    ]
 
 
 @dataclass(frozen=True)
@@ -140,8 +162,11 @@ def _clock_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]]:
     masks = [int(m) for m in _between(data, "gpu.throttle_mask", gpu, w.a0, w.a1)]
     if not before or after is None or after > before * (1 - CLOCK_DROP_MIN) or not masks:
         return []
-    reasons = [name for bit, name in THROTTLE_REASONS if name in REASON_WORDS
-               and sum(1 for m in masks if m & bit) >= REASON_SHARE * len(masks)]
+    reasons = [
+        name
+        for bit, name in THROTTLE_REASONS
+        if name in REASON_WORDS and sum(1 for m in masks if m & bit) >= REASON_SHARE * len(masks)
+    ]
     if not reasons:
         return []
     temp = _median(_between(data, "gpu.temp_c", gpu, w.a0, w.a1))
@@ -150,17 +175,25 @@ def _clock_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]]:
     why = [REASON_WORDS[r] for r in reasons]
     if temp is not None:
         why.append(f"{temp:.0f} °C")
-    lowered = p_before is not None and p_after is not None and \
-        p_after < (1 - POWER_LIMIT_DROP) * p_before
+    lowered = (
+        p_before is not None and p_after is not None and p_after < (1 - POWER_LIMIT_DROP) * p_before
+    )
     if lowered:
         why.append(f"power limit lowered from {p_before:,.0f} to {p_after:,.0f} W")
-    return [{"cause": "sm_clock", "gpu": gpu, "sm_clock_before_mhz": round(before),
-             "sm_clock_after_mhz": round(after), "reasons": reasons,
-             "temp_c": None if temp is None else round(temp, 1),
-             "power_limit_before_w": p_before if lowered else None,
-             "power_limit_after_w": p_after if lowered else None,
-             "words": f"GPU {gpu.removeprefix('gpu')}'s SM clock fell from {before:,.0f} to "
-                      f"{after:,.0f} MHz ({', '.join(why)})"}]
+    return [
+        {
+            "cause": "sm_clock",
+            "gpu": gpu,
+            "sm_clock_before_mhz": round(before),
+            "sm_clock_after_mhz": round(after),
+            "reasons": reasons,
+            "temp_c": None if temp is None else round(temp, 1),
+            "power_limit_before_w": p_before if lowered else None,
+            "power_limit_after_w": p_after if lowered else None,
+            "words": f"GPU {gpu.removeprefix('gpu')}'s SM clock fell from {before:,.0f} to "
+            f"{after:,.0f} MHz ({', '.join(why)})",
+        }
+    ]
 
 
 def _told_causes(gpu: str, told: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,17 +203,24 @@ def _told_causes(gpu: str, told: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in told:
         st = e.get("step")
-        at = f" at {clock(e['at_s'])}" + (f" (rank {st['rank']}'s step {st['step']})"
-                                           if st else "")
+        at = f" at {clock(e['at_s'])}" + (f" (rank {st['rank']}'s step {st['step']})" if st else "")
         if e["kind"] == "gpu_xid" and e.get("xid") is not None:
             meaning = XID_MEANINGS.get(e["xid"], ("see NVIDIA's XID catalog",))[0]
             words = f"GPU {gpu.removeprefix('gpu')} raised XID {e['xid']}{at}: {meaning}"
         else:
             what = e["message"].split(": ", 1)[-1]
             words = f"GPU {gpu.removeprefix('gpu')} reported{at}: {what}"
-        out.append({"cause": "xid" if e["kind"] == "gpu_xid" else "health_event", "gpu": gpu,
-                    "xid": e.get("xid"), "at_s": e["at_s"], "step": st, "message": e["message"],
-                    "words": words})
+        out.append(
+            {
+                "cause": "xid" if e["kind"] == "gpu_xid" else "health_event",
+                "gpu": gpu,
+                "xid": e.get("xid"),
+                "at_s": e["at_s"],
+                "step": st,
+                "message": e["message"],
+                "words": words,
+            }
+        )
     return out
 
 
@@ -195,18 +235,30 @@ def _grown_causes(data: RunData, gpu: str, start: float, w: _Windows) -> list[di
         if not prior or not around or max(around) <= prior[-1]:
             continue
         n = max(around) - prior[-1]
-        words = (f"on GPU {idx}, {what}" if key.startswith("row_remap_")
-                 else f"{n:.0f} more {what} on GPU {idx}")
-        out.append({"cause": "xid" if key == "xid_count" else key, "gpu": gpu,
-                    "before": prior[-1], "after": max(around), "words": words})
+        words = (
+            f"on GPU {idx}, {what}"
+            if key.startswith("row_remap_")
+            else f"{n:.0f} more {what} on GPU {idx}"
+        )
+        out.append(
+            {
+                "cause": "xid" if key == "xid_count" else key,
+                "gpu": gpu,
+                "before": prior[-1],
+                "after": max(around),
+                "words": words,
+            }
+        )
     return out
 
 
 def _loaded_low(data: RunData, gpu: str, a: float, b: float) -> float | None:
     """The share of the loaded samples in a..b whose PCIe link ran below its maximum."""
     util = data.get("gpu.util_pct", gpu)
-    gen, gmax, wid, wmax = (data.get(f"gpu.{k}", gpu) for k in (
-        "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max"))
+    gen, gmax, wid, wmax = (
+        data.get(f"gpu.{k}", gpu)
+        for k in ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")
+    )
     if util is None or gen is None or gmax is None or wid is None or wmax is None:
         return None
     load = {t for t, v in zip(util.ts, util.v) if a <= t <= b and v >= PCIE_LOAD_PCT}
@@ -224,13 +276,22 @@ def _pcie_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]]:
     lo_before, lo_after = _loaded_low(data, gpu, w.b0, w.b1), _loaded_low(data, gpu, w.a0, w.a1)
     if lo_before is None or lo_after is None or not lo_before < PCIE_LOW_SHARE <= lo_after:
         return []
-    gen, wid, gmax, wmax = (_median(_between(data, f"gpu.{k}", gpu, w.a0, w.a1)) or 0.0
-                            for k in ("pcie_gen", "pcie_width", "pcie_gen_max",
-                                      "pcie_width_max"))
-    return [{"cause": "pcie", "gpu": gpu, "gen": gen, "width": wid, "gen_max": gmax,
-             "width_max": wmax,
-             "words": f"GPU {gpu.removeprefix('gpu')}'s PCIe link fell to Gen{gen:.0f} "
-                      f"x{wid:.0f} under load (its maximum Gen{gmax:.0f} x{wmax:.0f})"}]
+    gen, wid, gmax, wmax = (
+        _median(_between(data, f"gpu.{k}", gpu, w.a0, w.a1)) or 0.0
+        for k in ("pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max")
+    )
+    return [
+        {
+            "cause": "pcie",
+            "gpu": gpu,
+            "gen": gen,
+            "width": wid,
+            "gen_max": gmax,
+            "width_max": wmax,
+            "words": f"GPU {gpu.removeprefix('gpu')}'s PCIe link fell to Gen{gen:.0f} "
+            f"x{wid:.0f} under load (its maximum Gen{gmax:.0f} x{wmax:.0f})",
+        }
+    ]
 
 
 def _mem_temp_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]]:
@@ -240,10 +301,16 @@ def _mem_temp_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]
     after = _median(_between(data, "gpu.mem_temp_c", gpu, w.a0, w.a1))
     if before is None or after is None or not before < hot <= after:
         return []
-    return [{"cause": "mem_temp", "gpu": gpu, "mem_temp_before_c": round(before, 1),
-             "mem_temp_after_c": round(after, 1),
-             "words": f"GPU {gpu.removeprefix('gpu')}'s memory reached {after:.0f} °C (from "
-                      f"{before:.0f} °C; HBM's limit is about {MEM_TEMP_LIMIT_C:.0f} °C)"}]
+    return [
+        {
+            "cause": "mem_temp",
+            "gpu": gpu,
+            "mem_temp_before_c": round(before, 1),
+            "mem_temp_after_c": round(after, 1),
+            "words": f"GPU {gpu.removeprefix('gpu')}'s memory reached {after:.0f} °C (from "
+            f"{before:.0f} °C; HBM's limit is about {MEM_TEMP_LIMIT_C:.0f} °C)",
+        }
+    ]
 
 
 def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
@@ -251,26 +318,53 @@ def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
     reasons = {r for c in causes for r in c.get("reasons") or ()}
     idx = gpu.removeprefix("gpu")
     fixes = []
-    if kinds & {"xid", "health_event", "ecc_errors", "remapped_rows_uncorrectable",
-                "remapped_rows_correctable", "retired_pages", "row_remap_pending",
-                "row_remap_failed"}:
-        fixes.append(Fix(f"drain the node and reset GPU {idx} (nvidia-smi -r -i {idx}) when its "
-                         "jobs end; replace it if the errors come back",
-                         "the GPU reported errors at the moment the steps slowed"))
+    if kinds & {
+        "xid",
+        "health_event",
+        "ecc_errors",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_correctable",
+        "retired_pages",
+        "row_remap_pending",
+        "row_remap_failed",
+    }:
+        fixes.append(
+            Fix(
+                f"drain the node and reset GPU {idx} (nvidia-smi -r -i {idx}) when its "
+                "jobs end; replace it if the errors come back",
+                "the GPU reported errors at the moment the steps slowed",
+            )
+        )
     if reasons & {"hw_thermal", "sw_thermal"} or "mem_temp" in kinds:
-        fixes.append(Fix("check the GPU's cooling: fans, airflow, inlet temperature, a blocked "
-                         "heatsink", "the GPU slowed its clocks for heat as the steps slowed"))
+        fixes.append(
+            Fix(
+                "check the GPU's cooling: fans, airflow, inlet temperature, a blocked heatsink",
+                "the GPU slowed its clocks for heat as the steps slowed",
+            )
+        )
     if reasons & {"sw_power_cap", "hw_power_brake", "hw_slowdown"}:
-        fixes.append(Fix(f"check GPU {idx}'s power limit and supply (nvidia-smi -q -d "
-                         "POWER,PERFORMANCE): a lowered limit, a PSU or cabling fault",
-                         "the clocks fell under a power limit or brake as the steps slowed"))
+        fixes.append(
+            Fix(
+                f"check GPU {idx}'s power limit and supply (nvidia-smi -q -d "
+                "POWER,PERFORMANCE): a lowered limit, a PSU or cabling fault",
+                "the clocks fell under a power limit or brake as the steps slowed",
+            )
+        )
     if "applications_clocks" in reasons or "sync_boost" in reasons:
-        fixes.append(Fix(f"reset GPU {idx}'s clocks (nvidia-smi -rgc -i {idx}; -rac for "
-                         "application clocks) or ask who locked them",
-                         "the clocks were set lower while the training ran"))
+        fixes.append(
+            Fix(
+                f"reset GPU {idx}'s clocks (nvidia-smi -rgc -i {idx}; -rac for "
+                "application clocks) or ask who locked them",
+                "the clocks were set lower while the training ran",
+            )
+        )
     if "pcie" in kinds:
-        fixes.append(Fix("reseat the card or check its slot and riser; a reboot retrains the "
-                         "link", "the link trained below its maximum when the steps slowed"))
+        fixes.append(
+            Fix(
+                "reseat the card or check its slot and riser; a reboot retrains the link",
+                "the link trained below its maximum when the steps slowed",
+            )
+        )
     return fixes
 
 
@@ -305,7 +399,8 @@ def rule_gpu_slowdown(data: RunData, fx: Facts) -> list[Finding]:
         else:
             groups.append([d])
     candidates = sorted({g for g, _k in gpus.values()}) or sorted(
-        {s.entity for s in data.all("gpu.sm_clock_mhz")})
+        {s.entity for s in data.all("gpu.sm_clock_mhz")}
+    )
     t_end = data.t1
     out = []
     for group in groups:
@@ -321,41 +416,66 @@ def rule_gpu_slowdown(data: RunData, fx: Facts) -> list[Finding]:
             lead = next((d for d in group if d["rank"] in own), worst)
             pct = lead["after_ms"] / max(lead["before_ms"], 1e-9) - 1
             ended = lead["ended"]
-            text = (f"Steps {pct:.0%} slower ({lead['before_ms']:,.0f} → "
-                    f"{lead['after_ms']:,.0f} ms a step) since {_when(start, data.t0)}"
-                    + (f", back {ended - start:.0f} s later" if ended else "")
-                    + f", when {'; '.join(c['words'] for c in causes)}.")
+            text = (
+                f"Steps {pct:.0%} slower ({lead['before_ms']:,.0f} → "
+                f"{lead['after_ms']:,.0f} ms a step) since {_when(start, data.t0)}"
+                + (f", back {ended - start:.0f} s later" if ended else "")
+                + f", when {'; '.join(c['words'] for c in causes)}."
+            )
             if len(ranks) > 1 and own:
                 others = sorted({d["rank"] for d in group} - set(own))
                 who = ", ".join(str(r) for r in own)
-                text += (f" Rank {who} is the straggler, slowed by its own GPU "
-                         f"(gpu{gpu.removeprefix('gpu')}"
-                         + ("" if known else ", by the order of the ranks") + ")")
-                text += (f"; rank{'s' if len(others) > 1 else ''} "
-                         f"{', '.join(str(r) for r in others)} slowed with it, waiting."
-                         if others else ".")
-            severity: Severity = "critical" if any(
-                c["cause"] in ("xid", "row_remap_failed") for c in causes) else "warning"
-            ev = {"gpu": gpu, "ranks": sorted({d["rank"] for d in group}),
-                  "straggler_rank": own[0] if len(ranks) > 1 and len(own) == 1 else None,
-                  "rank_gpu_known": known if own else None,
-                  "start_s": round(start - data.t0, 1), "start_ts": round(start, 3),
-                  "ended_s": None if ended is None else round(ended - data.t0, 1),
-                  "step_ms_before": round(lead["before_ms"], 2),
-                  "step_ms_after": round(lead["after_ms"], 2), "slower_share": round(pct, 3),
-                  "step_at_start": _step(data, start, own[0] if own else None),
-                  "causes": causes,
-                  "health_events": [{k: e[k] for k in ("at_s", "gpu", "kind", "xid", "message",
-                                                       "step")}
-                                    for e in events if e["gpu"] == gpu]}
-            out.append(Finding(
-                kind=Kind.GPU_SLOWDOWN, severity=severity,
-                confidence=0.85 if known or not own else 0.7, summary=text, evidence=ev,
-                fixes=_fixes(causes, gpu), est_speedup=round(max(1.0, 1 + pct), 2),
-                rule=f"step time ≥ {SLOWDOWN_MIN:.0%} slower and lasting, with a GPU cause "
-                     f"within {near:.0f} s of its start (clock ≥ {CLOCK_DROP_MIN:.0%} down "
-                     "with a throttle reason, an XID or health event, a PCIe link below its "
-                     f"maximum, memory ≥ {MEM_TEMP_LIMIT_C - MEM_TEMP_MARGIN_C:.0f} °C)"))
+                text += (
+                    f" Rank {who} is the straggler, slowed by its own GPU "
+                    f"(gpu{gpu.removeprefix('gpu')}"
+                    + ("" if known else ", by the order of the ranks")
+                    + ")"
+                )
+                text += (
+                    f"; rank{'s' if len(others) > 1 else ''} "
+                    f"{', '.join(str(r) for r in others)} slowed with it, waiting."
+                    if others
+                    else "."
+                )
+            severity: Severity = (
+                "critical"
+                if any(c["cause"] in ("xid", "row_remap_failed") for c in causes)
+                else "warning"
+            )
+            ev = {
+                "gpu": gpu,
+                "ranks": sorted({d["rank"] for d in group}),
+                "straggler_rank": own[0] if len(ranks) > 1 and len(own) == 1 else None,
+                "rank_gpu_known": known if own else None,
+                "start_s": round(start - data.t0, 1),
+                "start_ts": round(start, 3),
+                "ended_s": None if ended is None else round(ended - data.t0, 1),
+                "step_ms_before": round(lead["before_ms"], 2),
+                "step_ms_after": round(lead["after_ms"], 2),
+                "slower_share": round(pct, 3),
+                "step_at_start": _step(data, start, own[0] if own else None),
+                "causes": causes,
+                "health_events": [
+                    {k: e[k] for k in ("at_s", "gpu", "kind", "xid", "message", "step")}
+                    for e in events
+                    if e["gpu"] == gpu
+                ],
+            }
+            out.append(
+                Finding(
+                    kind=Kind.GPU_SLOWDOWN,
+                    severity=severity,
+                    confidence=0.85 if known or not own else 0.7,
+                    summary=text,
+                    evidence=ev,
+                    fixes=_fixes(causes, gpu),
+                    est_speedup=round(max(1.0, 1 + pct), 2),
+                    rule=f"step time ≥ {SLOWDOWN_MIN:.0%} slower and lasting, with a GPU cause "
+                    f"within {near:.0f} s of its start (clock ≥ {CLOCK_DROP_MIN:.0%} down "
+                    "with a throttle reason, an XID or health event, a PCIe link below its "
+                    f"maximum, memory ≥ {MEM_TEMP_LIMIT_C - MEM_TEMP_MARGIN_C:.0f} °C)",
+                )
+            )
     return out
 
 
