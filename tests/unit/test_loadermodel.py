@@ -73,7 +73,9 @@ def test_thresholds_are_one_set() -> None:
     import ast
     import inspect
 
+    from stallscope.analysis.diagnose.rules import fetch as rules_fetch
     from stallscope.analysis.diagnose.rules import input as rules_input
+    from stallscope.analysis.diagnose.rules import prep as rules_prep
     from stallscope.analysis.facts import build
     from stallscope.probe import autotune
     from stallscope.tuner import search
@@ -94,7 +96,7 @@ def test_thresholds_are_one_set() -> None:
         "BUSY_SPARE",
         "SHM_SHARE",
     } <= set(ours)
-    for mod in (autotune, search, rules_input, build):
+    for mod in (autotune, search, rules_input, rules_fetch, rules_prep, build):
         for name, v in vars(mod).items():
             if (
                 name.isupper()

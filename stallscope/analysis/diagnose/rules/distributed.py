@@ -10,13 +10,10 @@ from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData
 from stallscope.analysis.diagnose.rules.common import STALL_CRIT, STALL_WARN
+from stallscope.analysis.diagnose.rules.fetch import _fetch_fixes
 from stallscope.analysis.diagnose.rules.host import _busy_host
-from stallscope.analysis.diagnose.rules.input import (
-    _fetch_fixes,
-    _loader_fixes,
-    _prep_estimate,
-    _prep_fixes,
-)
+from stallscope.analysis.diagnose.rules.input import _loader_fixes
+from stallscope.analysis.diagnose.rules.prep import _prep_estimate, _prep_fixes
 from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (

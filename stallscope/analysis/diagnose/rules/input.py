@@ -1,11 +1,10 @@
-"""Rules about the input pipeline: fetch vs prep (input_bound.*), epoch starts, host-to-device
-copies, and the trainers whose data wait cannot be told without the probe.
+"""Rules about the input pipeline: fetch vs prep (input_bound.*; the fetch side's evidence and
+fixes in :mod:`.fetch`, the prep side's in :mod:`.prep`), epoch starts, host-to-device copies,
+and the trainers whose data wait cannot be told without the probe.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stallscope import units
@@ -15,10 +14,11 @@ from stallscope.analysis.diagnose.rules.common import (
     STALL_WARN,
     _pct,
     _workers_now,
-    pack_command,
     pid_to_look_at,
 )
+from stallscope.analysis.diagnose.rules.fetch import _fetch_fixes
 from stallscope.analysis.diagnose.rules.headofline import head_of_line
+from stallscope.analysis.diagnose.rules.prep import _prep_estimate, _prep_fixes, stall_ceiling
 from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
@@ -27,20 +27,7 @@ from stallscope.analysis.diagnose.tfdata import (
     tf_prep_fixes,
 )
 from stallscope.analysis.facts import Facts
-from stallscope.analysis.facts.build import (
-    BUSY_SPARE,
-    OTHERS_BUSY_CORES,
-    limited,
-    spare_cores,
-)
-from stallscope.loadermodel import (
-    MIN_GAIN,
-    stall_cap,
-    worker_gain,
-    workers_measured_slower,
-    workers_target,
-    workers_to_overlap,
-)
+from stallscope.loadermodel import stall_cap, workers_to_overlap
 
 #: a data wait from which "at least N×" is said rather than the formula (input_bound.wait)
 WAIT_SHARE_HIGH = 0.9
@@ -49,13 +36,6 @@ WAIT_SHARE_HIGH = 0.9
 EPOCHS_MIN = 3
 EPOCH_COST_S = 1.0
 EPOCH_COST_SHARE = 0.05
-#: a throughput-capped device (a cloud disk): quick reads (r_await ms), a device mostly idle
-#: (%util), yet the readers blocked (D state ≥ SCORES.d_state_strong)
-CAPPED_AWAIT_MS = 10.0
-CAPPED_UTIL_PCT = 50.0
-#: small random reads: requests under this size (KiB) at more than SMALL_READS_S reads/s
-SMALL_READ_KB = 64.0
-SMALL_READS_S = 50.0
 #: the trainer reading its own files at this rate (KiB/s) is said in data_wait_unknown
 OWN_READ_KB_S = 100.0
 #: fewer machine samples than this: rule_loading_in_trainer says nothing
@@ -418,313 +398,6 @@ def _input_note(fx: Facts, tf: bool, how: _StallSource) -> str | None:
             "cannot split it from compute; the probe's data-wait timing does."
         )
     return None
-
-
-def prep_gain(fx: Facts, target: int, stall: float | None = None) -> float | None:
-    """The speed-up to expect from ``target`` workers instead of today's, for a prep stall
-    (:func:`stallscope.loadermodel.worker_gain`: new workers only add throughput with CPU they
-    can use, never more than removing the whole stall would give)."""
-    nw = _workers_now(fx)
-    spare = spare_cores(fx)
-    if not nw or fx.loader.worker_cpu_pct is None or spare is None:
-        return None
-    return worker_gain(
-        nw,
-        target,
-        fx.loader.worker_cpu_pct / 100.0,
-        spare,
-        fx.steps.stall_fraction if stall is None else stall,
-    )
-
-
-def _prep_estimate(fx: Facts, stall: float | None = None) -> float:
-    """est_speedup of a prep stall: what its first fix is expected to deliver. When that fix is
-    more workers, the CPU they can get bounds it; when it is cheaper per-sample work (no idle
-    CPU), how much cheaper is the user's choice: the bound is removing the wait entirely."""
-    nw = _workers_now(fx)
-    cores = fx.host.physical_cores
-    spare = spare_cores(fx)
-    if nw is not None and cores and nw < cores and spare is not None and spare >= BUSY_SPARE:
-        gain = prep_gain(fx, _prep_target(fx, nw, cores), stall)
-        if gain is not None:
-            return gain
-    return stall_ceiling(fx, fx.steps.stall_fraction if stall is None else stall)[0]
-
-
-#: the trainer's main-thread run-queue wait (% of the time) from which DataLoader workers on
-#: the same cores are taken to slow its compute as well as its input
-SHARED_RUNQ_PCT = 5.0
-#: the least step left once the stall and the core sharing are gone (share of today's step)
-MIN_LEFT = 0.05
-
-
-def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
-    """(the speed-up if the whole stall went away, what that assumed beyond "compute
-    unchanged"). Where the loading shares the cores with the compute (DataLoader workers beside
-    a trainer that waited for a CPU ≥ :data:`SHARED_RUNQ_PCT` of the time, no other process
-    taking cores: that is ``cpu_contention``), removing the loading also gives the compute the
-    CPU the loading took from it: the trainer's run-queue wait goes with the stall (measured:
-    one worker decoding beside the trainer on 2 cores, the stall's own ceiling ×1.9-2.1, the
-    loading removed ×5.2)."""
-    base = stall_cap(stall)
-    runq = fx.procs.main_runq_pct
-    if stall is None or runq is None or runq < SHARED_RUNQ_PCT or not fx.loader.workers:
-        return base, None
-    if (fx.host.others_cpu_cores or 0.0) >= OTHERS_BUSY_CORES:
-        return base, None  # other processes take the cores: cpu_contention's
-    left = max(MIN_LEFT, 1.0 - stall - runq / 100.0)
-    est = round(1.0 / left, 2)
-    if est <= base:
-        return base, None
-    return est, (
-        f"the loading shares the cores with the compute: the trainer waited for a CPU "
-        f"{runq:.0f}% of the time, which goes with the loading (the stall's own "
-        f"ceiling, compute unchanged, is ×{base:.2f})"
-    )
-
-
-def _prep_target(fx: Facts, nw: int, cores: int) -> int:
-    """The workers a prep stall asks for (:func:`stallscope.loadermodel.workers_target`),
-    below any count the run's autotune measured no faster than today's."""
-    target = workers_target(nw, fx.steps.stall_fraction or 0.0, cores)
-    slower = _autotune_slower(fx, nw)
-    return target if slower is None else min(target, slower - 1)
-
-
-def _autotune_slower(fx: Facts, nw: int) -> int | None:
-    """The fewest workers above ``nw`` that the run's own autotune measured no faster (by
-    :data:`~stallscope.loadermodel.MIN_GAIN`) than ``nw`` or fewer; None without one."""
-    tuned = fx.loader.config.get("autotune")
-    # facts are read-only: tables are mappings, lists tuples
-    trials = tuned.get("trials") if isinstance(tuned, Mapping) else None
-    if not isinstance(trials, (list, tuple)):
-        return None
-    pairs = [
-        (t["num_workers"], float(t["steps_per_s"]))
-        for t in trials
-        if isinstance(t, Mapping)
-        and type(t.get("num_workers")) is int
-        and isinstance(t.get("steps_per_s"), (int, float))
-        and math.isfinite(t["steps_per_s"])
-    ]
-    return workers_measured_slower(pairs, nw)
-
-
-def _prep_fixes(fx: Facts) -> list[Fix]:
-    fixes: list[Fix] = []
-    nw = _workers_now(fx)
-    cores = fx.host.physical_cores
-    stall = fx.steps.stall_fraction or 0.0
-    spare = spare_cores(fx)
-    if nw is not None and cores and nw < cores and spare is not None and spare < BUSY_SPARE:
-        busy = fx.host.host_cpu_median_pct or 0.0
-        fixes.append(
-            Fix(
-                "make per-sample work cheaper: decode at lower resolution, move augmentation to "
-                "the GPU, or preprocess once offline",
-                f"the CPUs are already {busy:.0f}% busy: more workers would only share the same "
-                "cores",
-            )
-        )
-    if nw is not None and cores:
-        target = _prep_target(fx, nw, cores)
-        gain = prep_gain(fx, target)
-        slower = _autotune_slower(fx, nw)
-        if fixes:  # the CPUs are busy: more workers would contradict the fix above
-            pass
-        elif nw < cores and target > nw and (gain is None or gain >= MIN_GAIN):
-            fixes.append(
-                Fix(
-                    f"num_workers {nw} → {target} ({cores} physical cores"
-                    + (
-                        f", workers at {fx.loader.worker_cpu_pct:.0f}% CPU"
-                        if fx.loader.worker_cpu_pct
-                        else ""
-                    )
-                    + ")",
-                    f"loading keeps up when workers deliver 1/(1−{stall:.2f}) ≈ "
-                    f"{1 / max(1 - stall, 0.1):.1f}× today's rate; more workers than physical "
-                    "cores only adds context switches" + _gain_note(fx, target),
-                    gain,
-                    {"num_workers": target},
-                )
-            )
-        elif slower is not None and target <= nw:
-            fixes.append(
-                Fix(
-                    "make per-sample work cheaper: decode at lower resolution, move augmentation "
-                    "to the GPU, or preprocess once offline",
-                    f"this run's autotune measured num_workers={slower} no faster than {nw}: more "
-                    "workers do not help here",
-                )
-            )
-        else:
-            fixes.append(
-                Fix(
-                    "make per-sample work cheaper: decode at lower resolution, move augmentation "
-                    "to the GPU, or preprocess once offline",
-                    f"num_workers ({nw}) already matches the {cores} physical cores"
-                    if nw >= cores
-                    else f"more workers promise less than ×{MIN_GAIN:.2f}: there is little idle "
-                    "CPU for them",
-                )
-            )
-    else:
-        fixes.append(
-            Fix(
-                "raise num_workers toward the number of physical cores (start at min(4, cores))",
-                _more_workers_why(fx),
-            )
-        )
-    return fixes
-
-
-def _more_workers_why(fx: Facts) -> str:
-    """Why more workers, from this run's own evidence only (a run with no workers is never
-    told its workers are saturated)."""
-    if fx.loader.workers:
-        cpu = fx.loader.worker_cpu_pct
-        return (
-            f"its {fx.loader.workers} worker(s) ran at {cpu:.0f}% of a core each: more of "
-            "them prepare more batches at once"
-            if cpu is not None
-            else f"its {fx.loader.workers} worker(s) did not keep up with the trainer"
-        )
-    cpu = fx.procs.main_cpu_pct
-    return (
-        "the trainer loads its own data (no DataLoader worker processes)"
-        + (f" at {cpu:.0f}% CPU" if cpu is not None else "")
-        + ": workers would prepare the next batches while it computes"
-    )
-
-
-def _gain_note(fx: Facts, target: int) -> str:
-    gain = prep_gain(fx, target)
-    spare = spare_cores(fx)
-    if gain is None or spare is None:
-        return ""
-    return (
-        f"; expected ×{gain:.2f}: the workers use {fx.loader.worker_cpu_pct:.0f}% of a core "
-        f"each and {spare:.1f} core(s) sat idle"
-    )
-
-
-def _fetch_fixes(data: RunData, fx: Facts, *, tf: bool = False) -> list[Fix]:
-    """Fixes for a fetch stall. ``tf``: only the storage-level ones (the tf.data pipeline's
-    own come from :func:`~stallscope.analysis.diagnose.tfdata.tf_fetch_fixes`)."""
-    fixes: list[Fix] = []
-    dev = fx.disk.device
-    info = data.device_info().get(dev or "", {})
-    aw = fx.disk.disk_r_await_median_ms
-    kind = (
-        "virtual/network disk"
-        if info.get("virtual")
-        else "rotational"
-        if info.get("rotational")
-        else info.get("kind") or ""
-    )
-    capped = (
-        aw is not None
-        and aw < CAPPED_AWAIT_MS
-        and (fx.disk.disk_util_median_pct or 0) < CAPPED_UTIL_PCT
-        and (fx.loader.worker_d_share or fx.procs.main_d_share or 0) >= SCORES.d_state_strong
-    )
-    if dev and limited(fx):
-        limit = units.kib(fx.disk.read_limit_kb_s or 0.0)
-        p95 = units.rate(units.kib(fx.disk.disk_rkb_s_p95 or 0))
-        fixes.append(
-            Fix(
-                f"reads of /dev/{dev} are held at the trainer's cgroup read limit "
-                f"({units.rate(limit)}): raise or lift the I/O limit (cgroup io.max / "
-                "blkio throttle, `docker run --device-read-bps`, the pod's I/O limits), "
-                "or copy the dataset to storage the limit does not cover",
-                f"the device's read rate reached {p95} (p95) against a limit of "
-                f"{units.rate(limit)}",
-            )
-        )
-    elif dev and capped:
-        # what the trainer itself gets; the device total also counts other processes
-        rate = (
-            fx.loader.worker_read_kb_s
-            or fx.procs.main_read_kb_s
-            or fx.disk.disk_rkb_s_median
-            or 0.0
-        )
-        util = fx.disk.disk_util_median_pct or 0.0
-        who = "workers" if fx.loader.workers else "the trainer's threads"
-        fixes.append(
-            Fix(
-                f"reads of /dev/{dev} look capped before the device (trainer reads "
-                f"~{units.rate(units.kib(rate))}, device not busy, {who} waiting): "
-                "raise "
-                "the volume's provisioned throughput/IOPS or lift the I/O limit "
-                "(cgroup io.max / blkio throttle), or copy the dataset to local NVMe",
-                f"{who} wait on I/O while the device shows {util:.0f}% util and "
-                f"{aw:.0f} ms await: the limit is above the device",
-            )
-        )
-    elif dev:
-        detail = ", ".join(
-            x
-            for x in (
-                kind,
-                f"await {aw:.0f} ms" if aw is not None else "",
-                f"{fx.disk.disk_util_median_pct:.0f}% util"
-                if fx.disk.disk_util_median_pct is not None
-                else "",
-            )
-            if x
-        )
-        fixes.append(
-            Fix(
-                f"dataset on /dev/{dev} ({detail}): move it to local NVMe"
-                + ("" if tf else f", or pack it ({_pack_text(data)}) to read sequentially"),
-                "the device serves reads too slowly for the trainer",
-            )
-        )
-    if tf:
-        return fixes
-    rq = fx.disk.disk_rareq_kb_median
-    if rq is not None and rq < SMALL_READ_KB and (fx.disk.disk_r_s_median or 0) > SMALL_READS_S:
-        fixes.append(
-            Fix(
-                f"pack the small files into WebDataset shards ({_pack_text(data)})",
-                f"reads average {rq:.0f} kB at {fx.disk.disk_r_s_median:.0f} r/s: "
-                "many small random reads, each paying a seek/metadata lookup",
-            )
-        )
-    size = data.dataset_bytes
-    avail = fx.host.mem_available_min_mib
-    if size and avail and size / 1048576 < 0.7 * avail:
-        fixes.append(
-            Fix(
-                f"dataset {units.size(size)} < available RAM "
-                f"{units.size(units.mib(avail))}: cache it in memory (or copy it to "
-                "/dev/shm or local disk first)",
-                "after one pass every read is served from RAM",
-            )
-        )
-    nw = _workers_now(fx)
-    if (
-        nw is not None
-        and fx.host.physical_cores
-        and nw < min(4, fx.host.physical_cores)
-        and not (info.get("rotational") and not info.get("virtual"))
-    ):
-        fixes.append(
-            Fix(
-                f"num_workers {nw} → {min(4, fx.host.physical_cores)} to keep more reads in flight",
-                "SSD/NVMe serve parallel reads faster than one at a time; "
-                "on a spinning disk this adds seeks instead",
-            )
-        )
-    return fixes
-
-
-def _pack_text(data: RunData) -> str:
-    """The pack command for this run's dataset, or how to get one (no placeholder to fill)."""
-    cmd = pack_command(data)
-    return f"`{cmd}`" if cmd else "stallscope pack, from the dataset's folder to a new one"
 
 
 def _loader_fixes(fx: Facts) -> list[Fix]:
