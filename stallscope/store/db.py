@@ -43,18 +43,32 @@ import functools
 import itertools
 import json
 import os
-import re
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point, lookup
+from stallscope.store.rows import Series, StepRow, StepTuple, StepValues
+from stallscope.store.schema import (
+    _N_OK,
+    _POINT_OK,
+    _ROLLUP_OK,
+    _STEP_COLUMNS,
+    _STEP_OK,
+    SCHEMA_VERSION,
+    _finite,
+    comm_column,
+    migrate,
+    n_column,
+    newer_message,
+    step_ranks,
+    steps_after,
+    user_version,
+)
 from stallscope.units import finite_or_none
-from stallscope.version import __version__
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -69,79 +83,6 @@ __all__ = [
     "steps_after",
 ]
 
-#: the layout of run.db this code writes, kept in ``PRAGMA user_version``. The first release's
-#: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
-#: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there; 3 adds
-#: ``steps.n`` (steps a row covers, 1 in every older row). Bump it with each change of the
-#: layout and teach :func:`_migrate` the step from the previous one.
-SCHEMA_VERSION = 3
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS series(
-    id INTEGER PRIMARY KEY, name TEXT NOT NULL, entity TEXT NOT NULL, UNIQUE(name, entity));
-CREATE TABLE IF NOT EXISTS points(
-    ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
-    PRIMARY KEY(ts, series)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS rollup(
-    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL,
-    vmin REAL NOT NULL, vmean REAL NOT NULL, vmax REAL NOT NULL,
-    PRIMARY KEY(ts, series)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS entities(
-    source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
-    first_ts REAL NOT NULL, last_ts REAL NOT NULL, PRIMARY KEY(source, entity));
-CREATE TABLE IF NOT EXISTS events(
-    ts REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS steps(
-    rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
-    wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
-    samples INTEGER, epoch INTEGER, comm_s REAL, n INTEGER NOT NULL DEFAULT 1,
-    PRIMARY KEY(rank, step)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS probes(
-    rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
-    steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
-"""
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One training step as the probe saw it (seconds), or ``n`` consecutive short steps
-    summed (see the module docstring: ``step`` is the last of them; per step, divide by
-    ``n``)."""
-
-    rank: int
-    step: int
-    ts: float  #: wall time the step's batch was handed over
-    wait_s: float  #: host time blocked waiting for the batch (data wait)
-    host_s: float  #: host time from batch handed over to the next request (compute + rest)
-    h2d_s: float | None = None  #: host-to-device copy time
-    gpu_busy_s: float | None = None  #: GPU time between the step's CUDA events
-    gpu_idle_s: float | None = None  #: GPU gap before this step (end of previous -> start)
-    samples: int | None = None
-    epoch: int | None = None
-    #: host time blocked in collectives (DDP's gradient all-reduce, torch.distributed calls),
-    #: part of ``host_s``; None when the step had none (or the probe could not see them)
-    comm_s: float | None = None
-    #: how many consecutive steps the row covers (1 but for steps shorter than the probe's
-    #: GROUP_S, summed to a row so the probe's cost stays a small share of a step)
-    n: int = 1
-
-    @property
-    def step_s(self) -> float:
-        """The mean step's wall time (data wait plus host time) of the row's steps."""
-        return (self.wait_s + self.host_s) / self.n
-
-    @property
-    def mean_wait_s(self) -> float:
-        """The mean step's data wait of the row's steps."""
-        return self.wait_s / self.n
-
-
-#: one step (or ``n`` summed) as the probe hands it over: (step, clock s, wait_s, host_s,
-#: samples, epoch, h2d_s, anything, n) in :class:`stallscope.probe.buffer.StepRecord`'s field
-#: order; ``ts`` is a base plus the clock, the eighth field is not stored. The probe's
-#: ``RawStep`` is this type (declared once)
-StepTuple = tuple[int, float, float, float, "int | None", int, "float | None", Any, int]
 #: rows bound by one INSERT of :meth:`RunStore.add_step_block` (9 parameters each, under
 #: SQLite's 32,766)
 BLOCK_ROWS = 3600
@@ -166,33 +107,6 @@ POINT_ROWS = 256
 def _points_sql(n: int) -> str:
     """An INSERT of ``n`` points of one sample: the time once (``?1``), then (series, value)."""
     return "INSERT OR REPLACE INTO points VALUES " + ", ".join(["(?1, ?, ?)"] * n)
-
-
-#: one step as a bare tuple in :class:`StepRow`'s field order
-StepValues = tuple[
-    int,
-    int,
-    float,
-    float,
-    float,
-    "float | None",
-    "float | None",
-    "float | None",
-    "int | None",
-    "int | None",
-    "float | None",
-    int,
-]
-
-
-@dataclass
-class Series:
-    """A time series read back from the store (rolled-up buckets give their mean)."""
-
-    name: str
-    entity: str
-    ts: list[float] = field(default_factory=list)
-    v: list[float] = field(default_factory=list)
 
 
 class RunStore:
@@ -244,7 +158,7 @@ class RunStore:
                 self._check_version()  # before anything is written to a newer store
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
-                _migrate(self.db, self.path)
+                migrate(self.db, self.path)
             self.db.execute("PRAGMA busy_timeout=10000")
             if cache_kib is not None:
                 self.db.execute(f"PRAGMA cache_size=-{max(64, int(cache_kib))}")
@@ -260,9 +174,9 @@ class RunStore:
 
     def _check_version(self) -> None:
         """Refuse a store written by a newer stallscope (its layout is not known here)."""
-        version = _user_version(self.db)
+        version = user_version(self.db)
         if version > SCHEMA_VERSION:
-            raise StallscopeError(_newer_message(self.path, version))
+            raise StallscopeError(newer_message(self.path, version))
 
     def _close_quietly(self) -> None:
         db = getattr(self, "db", None)
@@ -660,117 +574,6 @@ class RunStore:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
 
 
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def _newer_message(path: Path, version: int) -> str:
-    return (
-        f"{path} was written by a newer stallscope (run.db schema version {version}; this "
-        f"stallscope {__version__} reads versions up to {SCHEMA_VERSION}): read it with "
-        "that release or a later one"
-    )
-
-
-def _migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring a writer's store to :data:`SCHEMA_VERSION`: a new (empty) file gets the whole
-    layout, an older store (version 0: the first release's) what it lacks, then the version.
-    One IMMEDIATE transaction, so that two writers opening the same store at once (the
-    collector and an attached probe's mirror) migrate it once. A store at the version with its
-    whole layout is not written at all; one that lost a table or ``steps.comm_s`` gets it back
-    (as every writer's opening did before the version was kept)."""
-    if _user_version(db) == SCHEMA_VERSION and _layout_complete(db):
-        return
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        version = _user_version(db)  # another writer may have done it meanwhile
-        if version > SCHEMA_VERSION:
-            raise StallscopeError(_newer_message(path, version))
-        # version 0 (the first release, or a new file): every table that is missing, then
-        # steps.comm_s where the table predates it (the first release's own layout)
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        if comm_column(db) == "NULL":
-            db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
-        if n_column(db) == "1":  # version 2 and before: one step a row
-            db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
-        if version < SCHEMA_VERSION:
-            db.execute(
-                "INSERT OR REPLACE INTO info VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-            db.execute(f"PRAGMA user_version = {int(SCHEMA_VERSION)}")
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-
-
-#: the tables of :data:`_SCHEMA`
-_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
-
-
-def _layout_complete(db: sqlite3.Connection) -> bool:
-    """Every table of the layout is there, ``steps.comm_s`` and ``steps.n`` included (two
-    reads, no write)."""
-    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    return _TABLES <= tables and {"comm_s", "n"} <= _step_columns(db)
-
-
-def _step_columns(conn: sqlite3.Connection) -> set[str]:
-    return {r[1] for r in conn.execute("PRAGMA table_info(steps)")}
-
-
-def comm_column(conn: sqlite3.Connection) -> str:
-    """``comm_s``, or ``NULL`` for a run.db written before communication time (read-only
-    readers do not add the column): what a SELECT of the steps puts in its place."""
-    return "comm_s" if "comm_s" in _step_columns(conn) else "NULL"
-
-
-def n_column(conn: sqlite3.Connection) -> str:
-    """``n``, or ``1`` for a run.db written before rows of several steps (schema version 3;
-    read-only readers do not add the column): what a SELECT of the steps puts in its place."""
-    return "n" if "n" in _step_columns(conn) else "1"
-
-
-def step_ranks(conn: sqlite3.Connection) -> list[int]:
-    """The ranks that have step rows, found through the (rank, step) key one rank at a time
-    (a handful of index seeks, however many rows: never a scan of the table)."""
-    ranks: list[int] = []
-    cur = conn.execute("SELECT min(rank) FROM steps").fetchone()[0]
-    while isinstance(cur, int) and len(ranks) < 100_000:
-        ranks.append(cur)
-        cur = conn.execute("SELECT min(rank) FROM steps WHERE rank > ?", (cur,)).fetchone()[0]
-    return ranks
-
-
-def steps_after(last: Mapping[int, int], ranks: Iterable[int] = ()) -> tuple[str, list[int]]:
-    """SQL condition (and its arguments) for the step rows not read yet: per rank the steps
-    after its last one read (``last``), every step of a rank in ``ranks`` not read before.
-    Each term is a range of the (rank, step) key, so SQLite reads only the new rows (a
-    ``NOT IN`` for unseen ranks made it scan the whole table at every read: 90 ms at 560,000
-    rows). ("", []) when there is no rank at all."""
-    every = sorted(set(last) | set(ranks))
-    if not every:
-        return "", []
-    where = " OR ".join(["(rank=? AND step>?)"] * len(every))
-    return where, [x for r in every for x in (r, last.get(r, -(1 << 62)))]
-
-
-def _finite(col: str) -> str:
-    """SQL: ``col`` holds a finite number (not text, a blob, NULL or inf; NaN is stored as
-    NULL). ``col`` is a fixed column name, never user input."""
-    return f"(typeof({col}) IN ('real', 'integer') AND {col} > -9e999 AND {col} < 9e999)"
-
-
-def _finite_or_null(col: str) -> str:
-    return f"({col} IS NULL OR {_finite(col)})"
-
-
-def _int_or_null(col: str) -> str:
-    return f"({col} IS NULL OR typeof({col}) = 'integer')"
-
-
 _NUM = (float, int)
 
 
@@ -791,21 +594,6 @@ def _append_points(
         s.ts.append(float(ts))
         s.v.append(float(v))
     return bad
-
-
-_POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
-_ROLLUP_OK = (
-    f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND {_finite('vmax')}"
-)
-_STEP_COLUMNS = "rank, step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch"
-_STEP_OK = " AND ".join(
-    ["typeof(rank) = 'integer'", "typeof(step) = 'integer'"]
-    + [_finite(c) for c in ("ts", "wait_s", "host_s")]
-    + [_finite_or_null(c) for c in ("h2d_s", "gpu_busy_s", "gpu_idle_s")]
-    + [_int_or_null(c) for c in ("samples", "epoch")]
-)
-#: a row's step count is a whole number of steps, at least one
-_N_OK = "typeof(n) = 'integer' AND n >= 1"
 
 
 _finite_or_none = finite_or_none  # the one check (units.py)
