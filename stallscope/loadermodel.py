@@ -22,7 +22,7 @@ wait would give (:func:`stall_cap`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 __all__ = [
     "ALIKE",
@@ -211,3 +211,70 @@ def workers_measured_slower(trials: Iterable[tuple[int, float]], workers: int) -
         return None
     worse = [k for k, r in trials if k > workers and not gains(r, base)]
     return min(worse) if worse else None
+
+
+#: batches the in-order simulation draws from a measured cost distribution
+ORDER_SIM_BATCHES = 3000
+
+
+def in_order_speedup(
+    costs_s: Sequence[float], workers: int, compute_s: float, prefetch_factor: int = 2
+) -> float | None:
+    """The speed-up ``DataLoader(in_order=False)`` gives a loader of ``workers`` workers whose
+    batches cost ``costs_s`` (seconds each, drawn as measured: a heavy tail shows), feeding a
+    step that computes ``compute_s``: the time the steps take in order over the time they take
+    when any ready batch may go first (:func:`loader_time`, PyTorch's dispatch). The workers'
+    costs are taken as they are (the cores they share are the caller's bound). None with fewer
+    than two workers or no costs."""
+    if workers < 2 or not costs_s:
+        return None
+    in_order = loader_time(costs_s, workers, compute_s, prefetch_factor, in_order=True)
+    any_order = loader_time(costs_s, workers, compute_s, prefetch_factor, in_order=False)
+    return round(in_order / any_order, 2) if any_order > 0 else None
+
+
+def loader_time(
+    costs_s: Sequence[float],
+    workers: int,
+    compute_s: float,
+    prefetch_factor: int = 2,
+    *,
+    in_order: bool,
+) -> float:
+    """Seconds a training takes over ``costs_s``'s batches, as PyTorch's DataLoader hands them
+    over: ``prefetch_factor`` × ``workers`` indices sent at the start and one more each time
+    the step takes a batch; in order, batch i goes to worker i mod ``workers`` and the step
+    takes batch i next, ready or not; with ``in_order=False`` the next index goes to the next
+    worker with fewer than ``prefetch_factor`` batches and the step takes the first batch
+    ready. Each worker works through its batches one after another."""
+    n = len(costs_s)
+    free_at = [0.0] * workers  # when each worker is through the batches it has been sent
+    queued = [0] * workers
+    done: dict[int, float] = {}  # sent, not yet taken: batch -> when it is ready
+    owner: dict[int, int] = {}
+    sent = turn = 0
+
+    def send(now: float) -> None:
+        nonlocal sent, turn
+        for _ in range(workers):
+            w, turn = turn % workers, turn + 1
+            if in_order or queued[w] < prefetch_factor:
+                break
+        else:
+            return
+        free_at[w] = max(free_at[w], now) + costs_s[sent]
+        done[sent], owner[sent] = free_at[w], w
+        queued[w] += 1
+        sent += 1
+
+    for _ in range(min(n, prefetch_factor * workers)):
+        send(0.0)
+    t = 0.0
+    for taken in range(n):
+        i = taken if in_order else min(done, key=done.__getitem__)
+        t = max(t, done.pop(i))  # the step waits for its batch
+        queued[owner.pop(i)] -= 1
+        if sent < n:
+            send(t)
+        t += compute_s
+    return t

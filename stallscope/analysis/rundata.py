@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from stallscope.errors import UsageError
 from stallscope.sources.stacks.aggregate import ranked_pids, read_records
+from stallscope.sources.stacks.fetches import read_histograms
 from stallscope.store import RunStore, Series, StepRow, read_meta
 from stallscope.units import finite_or_none
 
@@ -46,6 +47,9 @@ class RunData:
     #: uncaught exceptions of the trainer's Python processes, by time (``<run>/errors.jsonl``,
     #: written by the hook ``run`` injects): ``{"ts", "pid", "error"}``
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: each process's batches' cost histogram (pid -> bucket -> batches; ``<run>/fetches/``,
+    #: :mod:`stallscope.sources.stacks.fetches`): the DataLoader workers' batch by batch
+    batch_costs: dict[int, dict[int, int]] = field(default_factory=dict)
     run_dir: Path = field(default_factory=Path)
     span: tuple[float, float] | None = None  #: first and last sample time, None if no samples
     #: rows of run.db that could not be read (a wrong type, NULL, inf...), by table; the rest of
@@ -252,6 +256,7 @@ def load_run(run_dir: Path, training: str | None = None) -> RunData:
             run_dir=run_dir,
             stacks=read_records(run_dir),
             errors=read_errors(run_dir),
+            batch_costs=read_histograms(run_dir),
             span=_span(series),
             skipped=dict(store.skipped),
             unreadable=unreadable,

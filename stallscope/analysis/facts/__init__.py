@@ -163,6 +163,26 @@ class LoaderFacts:
     worker_runq_pct: float | None = None
     worker_read_kb_s: float | None = None  #: all workers together, from storage
     worker_rchar_kb_s: float | None = None  #: all workers together, incl. page cache
+    #: a thread loader (stallscope.analysis.threads): the trainer's other Python threads that
+    #: fetched or prepared data (the most in one window; 0: none), their thread-seconds'
+    #: shares fetching, preparing and idle, how many worked at once (mean over the training),
+    #: the CPU they got (cores), and the training thread's share of time waiting on them
+    loader_threads: int = 0
+    thread_fetch_share: float | None = None
+    thread_prep_share: float | None = None
+    thread_idle_share: float | None = None
+    thread_busy: float | None = None
+    thread_cpu_cores: float | None = None
+    thread_wait_share: float | None = None
+    #: what each batch cost a worker (fetch, transform, collate; timed inside the workers by the
+    #: sampler ``run`` injects: sources/stacks/fetches.py): the histogram (bucket -> batches),
+    #: how many, the median and 99th percentile (ms), and the share of all the loading time the
+    #: slowest 5% of the batches took (a heavy tail holds most of it)
+    batch_cost_hist: Mapping[int, int] = field(default_factory=lambda: _EMPTY)
+    batches_timed: int = 0
+    batch_cost_p50_ms: float | None = None
+    batch_cost_p99_ms: float | None = None
+    batch_cost_tail_share: float | None = None
 
 
 @dataclass(frozen=True)

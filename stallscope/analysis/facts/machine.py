@@ -76,6 +76,26 @@ def _worker_count(
     return (distinct, "processes") if distinct else (0, None)
 
 
+def _batch_costs(sig: _Draft, data: RunData, only: set[str] | None) -> None:
+    """The workers' batch costs (the focus rank's workers when the run has ranks)."""
+    from stallscope.sources.stacks.fetches import cost_summary, merged
+
+    roles = data.roles()
+    hists = [
+        h
+        for pid, h in data.batch_costs.items()
+        if roles.get(str(pid)) == "worker" and (only is None or str(pid) in only)
+    ]
+    got = cost_summary(hists)
+    if got is None:
+        return
+    sig.batch_cost_hist = merged(hists)
+    sig.batches_timed = int(got["batches"])
+    sig.batch_cost_p50_ms = got["p50_ms"]
+    sig.batch_cost_p99_ms = got["p99_ms"]
+    sig.batch_cost_tail_share = got["tail_share"]
+
+
 def _proc_signals(sig: _Draft, data: RunData) -> None:
     roles = data.roles()
     only: set[str] | None = None
@@ -103,6 +123,7 @@ def _proc_signals(sig: _Draft, data: RunData) -> None:
     sig.worker_read_kb_s = _r(mean(list(rd.values())), 1)
     rc = _by_ts_sum(_procs(data, "procs.rchar_kb_s", "worker", only))
     sig.worker_rchar_kb_s = _r(mean(list(rc.values())), 1)
+    _batch_costs(sig, data, only)
     mcpu = [v for s in _procs(data, "procs.cpu_pct", "main") for v in s.v]
     sig.main_cpu_pct = _r(mean(mcpu))
     mrq = [v for s in _procs(data, "procs.runq_wait_pct", "main") for v in s.v]
