@@ -173,6 +173,34 @@ def parse_pid_stat(text: str) -> ProcStat:
         raise ParseError(f"unexpected /proc/PID/stat: {text[:80]!r}") from exc
 
 
+def _ppid_of(path: str) -> int | None:
+    """The parent pid in a ``/proc/PID/stat`` file, None when it cannot be read or parsed as
+    :func:`parse_pid_stat` would. The full scan reads every process of the host this way:
+    bytes, one ``os.open``/``os.read``/``os.close`` and no text layer (a third of the scan's
+    CPU through ``open()`` and a whole parse)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lp, rp = data.find(b"("), data.rfind(b")")
+    if lp < 0 or rp < lp:
+        return None
+    rest = data[rp + 2 :].split()
+    if len(rest) < 22:  # parse_pid_stat reads up to field 24 (rss)
+        return None
+    try:
+        int(data[:lp])  # the pid, as parse_pid_stat checks it
+        return int(rest[1])
+    except ValueError:
+        return None
+
+
 class ThreadStates(NamedTuple):
     """A process's threads at one sample."""
 
@@ -375,12 +403,10 @@ class ProcsSource(Source):
         """(tree, the tree's processes that have children) from every /proc/PID/stat."""
         parent: dict[int, int] = {}
         for d in os.listdir(self.proc_root):
-            if not d.isdigit():
-                continue
-            try:
-                parent[int(d)] = parse_pid_stat(self._read(d, "stat")).ppid
-            except (OSError, ParseError):
-                continue
+            if d.isdigit():
+                ppid = _ppid_of(os.path.join(self.proc_root, d, "stat"))
+                if ppid is not None:
+                    parent[int(d)] = ppid
         tree = {self.root_pid}
         grew = True
         while grew:

@@ -47,6 +47,42 @@ def test_parse_pid_stat_old_kernel_without_field_42() -> None:
     assert parse_pid_stat(line).blkio_ticks is None
 
 
+def test_the_full_scans_parent_reader_agrees_with_parse_pid_stat(tmp_path) -> None:
+    """The full /proc scan reads each process's parent from the stat bytes (_ppid_of): the
+    same parent as parse_pid_stat on recorded, tricky and live files, and None wherever
+    parse_pid_stat refuses the text (the scan skips those processes, as it did)."""
+    from stallscope.sources.procs import _ppid_of
+
+    texts = {
+        "recorded": (PID / "stat").read_text(),
+        "parens": "42 (a (b) c) S 7 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12 " + "0 " * 20,
+        "old": "42 (x) S 3 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12",
+        "garbage": "garbage",
+        "short": "42 (x) S 3 42 42",
+        "bad pid": "x42 (x) S 3 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12",
+        "bad ppid": "42 (x) S q 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12",
+    }
+    for name, text in texts.items():
+        path = tmp_path / name.replace(" ", "_")
+        path.write_text(text)
+        try:
+            want: int | None = parse_pid_stat(text).ppid
+        except ParseError:
+            want = None
+        assert _ppid_of(str(path)) == want, name
+    assert _ppid_of(str(tmp_path / "parens")) == 7
+    assert _ppid_of(str(tmp_path / "missing")) is None
+    live = [d for d in os.listdir("/proc") if d.isdigit()][:50]
+    assert live
+    for d in live:
+        try:
+            want = parse_pid_stat(open(f"/proc/{d}/stat").read()).ppid
+        except OSError:
+            continue  # exited meanwhile
+        got = _ppid_of(f"/proc/{d}/stat")
+        assert got in (want, None), d  # None only for one that exited in between
+
+
 def test_parse_errors_quote_input() -> None:
     with pytest.raises(ParseError, match="garbage"):
         parse_pid_stat("garbage")
