@@ -155,12 +155,38 @@ def _noise(xs: list[float]) -> float:
     return med(d) / math.sqrt(2) if d else 0.0
 
 
+def _lasting_changes(
+    ts: list[float], xs: list[float], rel: float, least: float
+) -> list[tuple[Any, float | None]]:
+    """The changes of pace in ``xs`` large enough to say (``rel`` of the level before, and
+    ``least``, and above the series' noise) that lasted, each with when it ended (None: it did
+    not)."""
+    from stallscope.analysis.changes import detect_changes
+
+    floor = max(least, NOISE_TIMES * _noise(xs), 1e-9)
+    found = [
+        c
+        for c in detect_changes(ts, xs)
+        if abs(c.after - c.before) >= max(rel * abs(c.before), floor)
+    ]
+    # a real but small shift is not worth a line; a shift undone before it lasted
+    # MIN_LASTING_S is a blip, not a change of pace (a 1.2-s stall once read as one)
+    step = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else 0.0
+    lasting = max(MIN_LASTING_S, 5 * step)
+    keep: list[tuple[Any, float | None]] = []
+    for c in found:
+        # scanned from the alarm on (the dated start can sit a little before the shift)
+        ended = _level_end(ts, xs, c.detected_ts, c.before, c.after)
+        if ended is not None and ended - c.start_ts < lasting:
+            continue  # there and back again: a blip
+        keep.append((c, ended))
+    return keep
+
+
 def changes(data: RunData) -> list[dict[str, Any]]:
     """When the run changed pace: shifts in step time and data-wait share (per rank, from the
     probe), disk read latency and GPU temperature, each with before/after values and when it
     started (:mod:`stallscope.analysis.changes`)."""
-    from stallscope.analysis.changes import detect_changes
-
     t0 = data.t0
     # over Prometheus, t0 is the window's start, not the run's: say "into the window" there
     into = "into the window read from Prometheus" if "prometheus" in data.meta else "into the run"
@@ -177,23 +203,8 @@ def changes(data: RunData) -> list[dict[str, Any]]:
         rel: float,
         least: float = 0.0,
     ) -> None:
-        floor = max(least, NOISE_TIMES * _noise(xs), 1e-9)
-        found = [
-            c
-            for c in detect_changes(ts, xs)
-            if abs(c.after - c.before) >= max(rel * abs(c.before), floor)
-        ]
-        # a real but small shift is not worth a line; a shift undone before it lasted
-        # MIN_LASTING_S is a blip, not a change of pace (a 1.2-s stall once read as one)
         step = (ts[-1] - ts[0]) / max(1, len(ts) - 1) if len(ts) > 1 else 0.0
-        lasting = max(MIN_LASTING_S, 5 * step)
-        keep: list[tuple[Any, float | None]] = []
-        for c in found:
-            # scanned from the alarm on (the dated start can sit a little before the shift)
-            ended = _level_end(ts, xs, c.detected_ts, c.before, c.after)
-            if ended is not None and ended - c.start_ts < lasting:
-                continue  # there and back again: a blip
-            keep.append((c, ended))
+        keep = _lasting_changes(ts, xs, rel, least)
         for c, ended in keep:
             cause = _cause_near(causes, c.start_ts, max(2.0, 2 * step))
             text = (
@@ -318,21 +329,26 @@ def diagnosis_lines(doc: dict[str, Any], width: int = 100) -> list[Any]:
             if fix.get("why"):
                 prose(f"why: {fix['why']}", "            ", "dim", first="       ")
     for r in doc.get("ranks") or []:
-        bits = []
-        if r.get("stall_fraction") is not None:
-            bits.append(f"data wait {r['stall_fraction']:.0%}")
-        if r.get("step_ms_median") is not None:
-            bits.append(f"step {r['step_ms_median']:.0f} ms")
-        if r.get("comm_share") is not None:
-            bits.append(f"in collectives {r['comm_share']:.0%}")
-        if r.get("compute_ms_median") is not None:
-            bits.append(f"compute {r['compute_ms_median']:.0f} ms")
-        if r.get("worker_cpu_pct") is not None:
-            bits.append(f"{r.get('workers', 0)} worker(s) at {r['worker_cpu_pct']:.0f}% CPU")
-        lines.append(Text(f"  rank {r['rank']}: " + ", ".join(bits), style="dim"))
+        lines.append(Text(_rank_line(r), style="dim"))
     for ch in doc.get("changes") or []:
         prose(f"change: {ch['summary']}", "        ", "cyan", first="")
     return lines
+
+
+def _rank_line(r: dict[str, Any]) -> str:
+    """One rank's line: its data wait, step, collectives, compute and workers, those it has."""
+    bits = []
+    if r.get("stall_fraction") is not None:
+        bits.append(f"data wait {r['stall_fraction']:.0%}")
+    if r.get("step_ms_median") is not None:
+        bits.append(f"step {r['step_ms_median']:.0f} ms")
+    if r.get("comm_share") is not None:
+        bits.append(f"in collectives {r['comm_share']:.0%}")
+    if r.get("compute_ms_median") is not None:
+        bits.append(f"compute {r['compute_ms_median']:.0f} ms")
+    if r.get("worker_cpu_pct") is not None:
+        bits.append(f"{r.get('workers', 0)} worker(s) at {r['worker_cpu_pct']:.0f}% CPU")
+    return f"  rank {r['rank']}: " + ", ".join(bits)
 
 
 def owner_lead(doc: dict[str, Any]) -> str | None:

@@ -34,52 +34,7 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
     together, one rank's median step takes ≥ 1.2× the median rank's."""
     detail = {d["rank"]: d for d in fx.comm.ranks_detail}
     if fx.comm.focus_rank is not None and fx.comm.focus_rank in detail:
-        r = detail[fx.comm.focus_rank]
-        host = _host_of(data, r["rank"])
-        others = [d for d in fx.comm.ranks_detail if d["rank"] != fx.comm.focus_rank]
-        best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
-        where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
-        wcpu = (
-            f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
-            if r.get("worker_cpu_pct") is not None and r.get("workers")
-            else ""
-        )
-        fs, _, ps, _ = fetch_prep_scores(fx)
-        fixes = (_fetch_fixes(data, fx) if fs > ps else _prep_fixes(fx)) + _loader_fixes(fx)
-        fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
-        fixes.append(
-            Fix(
-                f"compare rank {r['rank']}'s data with the others' (shard size, "
-                "storage, transform)",
-                "the ranks run the same code; the slow one differs in what it reads or where",
-            )
-        )
-        ev = {
-            "rank": r["rank"],
-            "host": host,
-            "cause": "input",
-            "ranks": fx.comm.ranks_detail,
-            "stall_fraction": r["stall_fraction"],
-            "data_wait_share": r["stall_fraction"],
-            "best_rank": best["rank"],
-            "best_stall_fraction": best["stall_fraction"],
-        }
-        return [
-            Finding(
-                kind=Kind.STRAGGLER_RANK,
-                severity="critical" if r["stall_fraction"] >= STALL_CRIT else "warning",
-                confidence=0.85,
-                summary=f"Rank {r['rank']} holds the job back: it waited for data "
-                f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
-                f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
-                f"rank wait for {where}.",
-                evidence=ev,
-                fixes=fixes,
-                est_speedup=_prep_estimate(fx) if ps >= fs else stall_cap(r["stall_fraction"]),
-                rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
-                f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
-            )
-        ]
+        return _input_straggler(data, fx, detail[fx.comm.focus_rank])
     if fx.comm.comm_straggler is not None and fx.comm.comm_straggler in detail:
         return _comm_straggler(data, fx, detail[fx.comm.comm_straggler])
     per: dict[int, list[tuple[float, int]]] = defaultdict(list)
@@ -125,6 +80,54 @@ def rule_straggler(data: RunData, fx: Facts) -> list[Finding]:
     ]
 
 
+def _input_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Finding]:
+    """straggler_rank from data wait: rank r waits for data far more than the least-waiting rank."""
+    host = _host_of(data, r["rank"])
+    others = [d for d in fx.comm.ranks_detail if d["rank"] != fx.comm.focus_rank]
+    best = min(others, key=lambda d: d["stall_fraction"] or 0.0)
+    where = f"rank {r['rank']} (host {host}" + (f", pid {r['pid']})" if "pid" in r else ")")
+    wcpu = (
+        f"; its {r['workers']} DataLoader worker(s) at {r['worker_cpu_pct']:.0f}% CPU"
+        if r.get("worker_cpu_pct") is not None and r.get("workers")
+        else ""
+    )
+    fs, _, ps, _ = fetch_prep_scores(fx)
+    fixes = (_fetch_fixes(data, fx) if fs > ps else _prep_fixes(fx)) + _loader_fixes(fx)
+    fixes = [Fix(f"on rank {r['rank']}: {f.action}", f.why) for f in fixes]
+    fixes.append(
+        Fix(
+            f"compare rank {r['rank']}'s data with the others' (shard size, storage, transform)",
+            "the ranks run the same code; the slow one differs in what it reads or where",
+        )
+    )
+    ev = {
+        "rank": r["rank"],
+        "host": host,
+        "cause": "input",
+        "ranks": fx.comm.ranks_detail,
+        "stall_fraction": r["stall_fraction"],
+        "data_wait_share": r["stall_fraction"],
+        "best_rank": best["rank"],
+        "best_stall_fraction": best["stall_fraction"],
+    }
+    return [
+        Finding(
+            kind=Kind.STRAGGLER_RANK,
+            severity="critical" if r["stall_fraction"] >= STALL_CRIT else "warning",
+            confidence=0.85,
+            summary=f"Rank {r['rank']} holds the job back: it waited for data "
+            f"{r['stall_fraction']:.0%} of its steps while rank {best['rank']} "
+            f"waited {best['stall_fraction']:.0%}{wcpu}. The all-reduce makes every "
+            f"rank wait for {where}.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=_prep_estimate(fx) if ps >= fs else stall_cap(r["stall_fraction"]),
+            rule=f"rank data wait {r['stall_fraction']:.0%} ≥ 15% and ≥ 15 points above "
+            f"rank {best['rank']}'s {best['stall_fraction']:.0%}",
+        )
+    ]
+
+
 def _host_of(data: RunData, rank: int) -> str:
     """Where ``rank`` ran: its node in a job read across nodes (``diagnose --prometheus``),
     else the run's host."""
@@ -161,6 +164,56 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
     wait_words, their = (
         (f"rank {names} waits", "its") if len(peers) == 1 else (f"ranks {names} wait", "their")
     )
+    cause, why, fixes = _straggler_cause(r, peers, host, runq, peer_runq, mine, peer_compute)
+    on = f" (on {host})" if data.meta.get("rank_hosts") else ""
+    ev = {
+        "rank": r["rank"],
+        "host": host,
+        "cause": cause,
+        "ranks": fx.comm.ranks_detail,
+        "comm_share": r.get("comm_share"),
+        "peers_comm_share": round(peer_comm, 3),
+        "compute_ms_median": mine,
+        "peers_compute_ms_median": peer_compute,
+        "runq_wait_pct": runq,
+        "peers_runq_wait_pct": peer_runq,
+        "data_wait_share": r.get("stall_fraction"),
+    }
+    return [
+        Finding(
+            kind=Kind.STRAGGLER_RANK,
+            severity="critical" if gap >= STALL_CRIT else "warning",
+            confidence=0.85,
+            summary=f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
+            f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
+            f"{r.get('comm_share') or 0.0:.0%}; {why}.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=stall_cap(gap),
+            rule=f"peers' communication wait {peer_comm:.0%} ≥ "
+            f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
+            f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
+            f"{'probe' if mine is not None else 'sampled stacks'}); "
+            + (
+                "run-queue wait ≥ 20% and ≥ 20 points above the others'"
+                if cause == "cpu"
+                else "its data wait is not the cause"
+            ),
+        )
+    ]
+
+
+def _straggler_cause(
+    r: Mapping[str, Any],
+    peers: list[Mapping[str, Any]],
+    host: str,
+    runq: Any,
+    peer_runq: float,
+    mine: Any,
+    peer_compute: float | None,
+) -> tuple[str, str, list[Fix]]:
+    """Why rank r is slow, its cause's name, and the fixes: short of CPU (its process waits
+    for a core), else its own compute is slower than the peers'."""
     if starved(r, peers):
         cause = "cpu"
         why = (
@@ -201,42 +254,7 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
                 "the ranks run the same code; the slow one does more or runs slower",
             )
         ]
-    on = f" (on {host})" if data.meta.get("rank_hosts") else ""
-    ev = {
-        "rank": r["rank"],
-        "host": host,
-        "cause": cause,
-        "ranks": fx.comm.ranks_detail,
-        "comm_share": r.get("comm_share"),
-        "peers_comm_share": round(peer_comm, 3),
-        "compute_ms_median": mine,
-        "peers_compute_ms_median": peer_compute,
-        "runq_wait_pct": runq,
-        "peers_runq_wait_pct": peer_runq,
-        "data_wait_share": r.get("stall_fraction"),
-    }
-    return [
-        Finding(
-            kind=Kind.STRAGGLER_RANK,
-            severity="critical" if gap >= STALL_CRIT else "warning",
-            confidence=0.85,
-            summary=f"Rank {r['rank']}{on} holds the job back: {wait_words} for it in the "
-            f"all-reduce {peer_comm:.0%} of {their} step time, while it waits "
-            f"{r.get('comm_share') or 0.0:.0%}; {why}.",
-            evidence=ev,
-            fixes=fixes,
-            est_speedup=stall_cap(gap),
-            rule=f"peers' communication wait {peer_comm:.0%} ≥ "
-            f"{(COMM_GAP if gap >= COMM_GAP else COMM_GAP_STARVED):.0%} above rank "
-            f"{r['rank']}'s {r.get('comm_share') or 0.0:.0%} (collectives timed, "
-            f"{'probe' if mine is not None else 'sampled stacks'}); "
-            + (
-                "run-queue wait ≥ 20% and ≥ 20 points above the others'"
-                if cause == "cpu"
-                else "its data wait is not the cause"
-            ),
-        )
-    ]
+    return cause, why, fixes
 
 
 def rule_waiting_for_peers(data: RunData, fx: Facts) -> list[Finding]:

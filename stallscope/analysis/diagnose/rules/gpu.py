@@ -57,94 +57,11 @@ def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
     """compute_bound: data wait < 15% of step time (probe) and, when there is a GPU, it is busy
     ≥ 70% of the time. Without a GPU the CPU trainer itself is the compute."""
     if fx.steps.stall_source is None and fx.gpu.gpus == 0:
-        if fx.procs.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
-            return []
-        if not fx.loader.workers:  # loading shares the trainer's threads: rule_loading_in_trainer
-            return []
-        # CPU training without the probe: the trainer process itself is the compute
-        fs, _, ps, _ = fetch_prep_scores(fx)
-        if (fx.procs.main_cpu_pct or 0) >= TRAINER_BUSY_PCT and max(fs, ps) < 2:
-            return [
-                Finding(
-                    kind=Kind.COMPUTE_BOUND,
-                    severity="info",
-                    confidence=0.5,
-                    summary=f"Likely compute-bound: the trainer process computes at "
-                    f"{fx.procs.main_cpu_pct:.0f}% CPU while its workers and the disk show "
-                    "no saturation.",
-                    evidence=fx.evidence(
-                        "main_cpu_pct", "worker_cpu_pct", "worker_d_share", "disk_util_median_pct"
-                    ),
-                    fixes=[
-                        Fix(
-                            "wrap the loader with stallscope.watch(loader) to confirm",
-                            "without the probe or a GPU the data wait is not measured",
-                        )
-                    ],
-                    rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)",
-                )
-            ]
-        return []
+        return _cpu_trainer_computes(fx)
     if fx.steps.stall_source == "main_thread" and fx.steps.stall_fraction is not None:
-        if fx.steps.stall_fraction >= STALL_WARN:
-            return []
-        busy = fx.procs.main_thread_busy_share or 0.0
-        return [
-            Finding(
-                kind=Kind.COMPUTE_BOUND,
-                severity="info",
-                confidence=0.7,
-                summary=f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
-                f"the time, so it waited for data about {fx.steps.stall_fraction:.0%} "
-                "(an estimate: no probe, no GPU).",
-                evidence=fx.evidence(
-                    "stall_fraction",
-                    "stall_source",
-                    "main_thread_busy_share",
-                    "main_cpu_pct",
-                    "worker_cpu_pct",
-                    "workers",
-                ),
-                fixes=[
-                    Fix(
-                        "nothing to fix in the input pipeline; to go faster, make the "
-                        "model step cheaper (a larger batch, torch.compile, more "
-                        "torch threads)",
-                        "the trainer computes; it rarely waits",
-                    ),
-                    Fix(
-                        "wrap the loader with stallscope.watch(loader) to measure it",
-                        "the probe times each step's data wait instead of estimating it",
-                    ),
-                ],
-                rule=f"estimated data wait {fx.steps.stall_fraction:.0%} < "
-                f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)",
-            )
-        ]
+        return _main_thread_computes(fx)
     if fx.steps.stall_source not in ("probe", "stacks") or fx.steps.stall_fraction is None:
-        if (
-            fx.gpu.gpu_util_median_pct is not None
-            and fx.gpu.gpu_util_median_pct >= GPU_BUSY_UNMEASURED_PCT
-        ):
-            return [
-                Finding(
-                    kind=Kind.COMPUTE_BOUND,
-                    severity="info",
-                    confidence=0.6,
-                    summary=f"The GPU is busy (median {fx.gpu.gpu_util_median_pct:.0f}% "
-                    "utilization): compute is the bottleneck, which is healthy.",
-                    evidence=fx.evidence("gpu_util_median_pct"),
-                    fixes=[
-                        Fix(
-                            "wrap the loader with stallscope.watch(loader)",
-                            "confirms with per-step data wait",
-                        )
-                    ],
-                    est_speedup=1.0,
-                    rule=f"GPU util ≥ {GPU_BUSY_UNMEASURED_PCT:.0f}% (no probe)",
-                )
-            ]
-        return []
+        return _gpu_busy_unmeasured(fx)
     if fx.steps.stall_fraction >= STALL_WARN:
         return []
     if fx.gpu.gpu_util_median_pct is not None and fx.gpu.gpu_util_median_pct < GPU_BUSY_PCT:
@@ -209,6 +126,106 @@ def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
             f"{fx.steps.stall_fraction:.0%} < {STALL_WARN:.0%}",
         )
     ]
+
+
+def _cpu_trainer_computes(fx: Facts) -> list[Finding]:
+    """compute_bound for CPU training without the probe: the trainer process itself is the
+    compute."""
+    if fx.procs.tf_trainer:  # tf.data prepares on the trainer's own threads: see rule_tf_blind
+        return []
+    if not fx.loader.workers:  # loading shares the trainer's threads: rule_loading_in_trainer
+        return []
+    # CPU training without the probe: the trainer process itself is the compute
+    fs, _, ps, _ = fetch_prep_scores(fx)
+    if (fx.procs.main_cpu_pct or 0) >= TRAINER_BUSY_PCT and max(fs, ps) < 2:
+        return [
+            Finding(
+                kind=Kind.COMPUTE_BOUND,
+                severity="info",
+                confidence=0.5,
+                summary=f"Likely compute-bound: the trainer process computes at "
+                f"{fx.procs.main_cpu_pct:.0f}% CPU while its workers and the disk show "
+                "no saturation.",
+                evidence=fx.evidence(
+                    "main_cpu_pct", "worker_cpu_pct", "worker_d_share", "disk_util_median_pct"
+                ),
+                fixes=[
+                    Fix(
+                        "wrap the loader with stallscope.watch(loader) to confirm",
+                        "without the probe or a GPU the data wait is not measured",
+                    )
+                ],
+                rule="trainer ≥ 80% CPU, no fetch/prep signal (no probe, no GPU)",
+            )
+        ]
+    return []
+
+
+def _main_thread_computes(fx: Facts) -> list[Finding]:
+    """compute_bound estimated from the main thread's idle share (no probe, no GPU)."""
+    if fx.steps.stall_fraction is None or fx.steps.stall_fraction >= STALL_WARN:
+        return []
+    busy = fx.procs.main_thread_busy_share or 0.0
+    return [
+        Finding(
+            kind=Kind.COMPUTE_BOUND,
+            severity="info",
+            confidence=0.7,
+            summary=f"Compute-bound (healthy): the trainer's main thread ran {busy:.0%} of "
+            f"the time, so it waited for data about {fx.steps.stall_fraction:.0%} "
+            "(an estimate: no probe, no GPU).",
+            evidence=fx.evidence(
+                "stall_fraction",
+                "stall_source",
+                "main_thread_busy_share",
+                "main_cpu_pct",
+                "worker_cpu_pct",
+                "workers",
+            ),
+            fixes=[
+                Fix(
+                    "nothing to fix in the input pipeline; to go faster, make the "
+                    "model step cheaper (a larger batch, torch.compile, more "
+                    "torch threads)",
+                    "the trainer computes; it rarely waits",
+                ),
+                Fix(
+                    "wrap the loader with stallscope.watch(loader) to measure it",
+                    "the probe times each step's data wait instead of estimating it",
+                ),
+            ],
+            rule=f"estimated data wait {fx.steps.stall_fraction:.0%} < "
+            f"{STALL_WARN:.0%} (main thread idle share, no probe, no GPU)",
+        )
+    ]
+
+
+def _gpu_busy_unmeasured(fx: Facts) -> list[Finding]:
+    """compute_bound with no measured data wait (no probe, no sampled stacks): the GPU busy
+    ≥ GPU_BUSY_UNMEASURED_PCT."""
+    if (
+        fx.gpu.gpu_util_median_pct is not None
+        and fx.gpu.gpu_util_median_pct >= GPU_BUSY_UNMEASURED_PCT
+    ):
+        return [
+            Finding(
+                kind=Kind.COMPUTE_BOUND,
+                severity="info",
+                confidence=0.6,
+                summary=f"The GPU is busy (median {fx.gpu.gpu_util_median_pct:.0f}% "
+                "utilization): compute is the bottleneck, which is healthy.",
+                evidence=fx.evidence("gpu_util_median_pct"),
+                fixes=[
+                    Fix(
+                        "wrap the loader with stallscope.watch(loader)",
+                        "confirms with per-step data wait",
+                    )
+                ],
+                est_speedup=1.0,
+                rule=f"GPU util ≥ {GPU_BUSY_UNMEASURED_PCT:.0f}% (no probe)",
+            )
+        ]
+    return []
 
 
 #: NVML utilization (%, the window's steady state) from which a GPU counts as busy: at or
@@ -277,24 +294,7 @@ def rule_host_bound(data: RunData, fx: Facts) -> list[Finding]:
             f"{fx.steps.stall_fraction:.0%} < {STALL_WARN:.0%} (no stacks)"
         )
     est = round(min(5.0, GPU_BUSY_PCT / max(util, 14.0)), 2)
-    fixes = [
-        Fix(
-            'capture the step in CUDA graphs: torch.compile(model, mode="reduce-overhead")',
-            "one launch replays the step's kernels: the CPU's per-kernel cost goes away",
-        ),
-        Fix(
-            "a larger batch (same steps, more work per launch)",
-            f"the GPU is busy {util:.0f}%: each kernel is too short to hide its launch",
-        ),
-        Fix(
-            "fused optimizers: torch.optim.AdamW(..., fused=True) (or foreach=True)",
-            "one kernel per parameter group instead of several per parameter",
-        ),
-        Fix(
-            "fewer host syncs per step: log loss.item() every N steps, not every step",
-            "each .item() waits for the GPU to drain, then the CPU starts issuing again",
-        ),
-    ]
+    fixes = _host_bound_fixes(util)
     ev = fx.evidence(
         "gpu_util_median_pct",
         "gpu_warmup_s",
@@ -321,6 +321,28 @@ def rule_host_bound(data: RunData, fx: Facts) -> list[Finding]:
             est_speedup=est,
             rule=rule,
         )
+    ]
+
+
+def _host_bound_fixes(util: float) -> list[Fix]:
+    """What makes the CPU issue the GPU's work faster (util: the GPU's busy %)."""
+    return [
+        Fix(
+            'capture the step in CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+            "one launch replays the step's kernels: the CPU's per-kernel cost goes away",
+        ),
+        Fix(
+            "a larger batch (same steps, more work per launch)",
+            f"the GPU is busy {util:.0f}%: each kernel is too short to hide its launch",
+        ),
+        Fix(
+            "fused optimizers: torch.optim.AdamW(..., fused=True) (or foreach=True)",
+            "one kernel per parameter group instead of several per parameter",
+        ),
+        Fix(
+            "fewer host syncs per step: log loss.item() every N steps, not every step",
+            "each .item() waits for the GPU to drain, then the CPU starts issuing again",
+        ),
     ]
 
 

@@ -111,7 +111,6 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
     cfg = fx.loader.config
     pf = cfg.get("prefetch_factor")
     pf_now = pf if type(pf) is int and pf > 0 else 2
-    has = _in_order_known(fx)
     idle = 1.0 - hol.busy
     p99 = fx.steps.wait_ms_p99
     med = fx.steps.wait_ms_median
@@ -120,45 +119,7 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
         if p99 is not None and med is not None
         else ""
     )
-    changes = (
-        "batches then come in the order they are ready, not the sampler's: each "
-        "sample is still seen once an epoch, but the order of batches changes (keep "
-        "in_order=True where it matters: resuming mid-epoch by batch index, runs that "
-        "must repeat exactly)"
-    )
-    why = (
-        f"{hol.workers} workers busy {hol.busy:.0%} of the time: with none of them idle "
-        f"they use {hol.cores:.1f} core(s) instead of {hol.workers * hol.busy:.1f}, and the "
-        f"batches' mean cost alone sets the pace: ×{hol.estimate:.2f} (the wait beyond what "
-        "the mean cost explains goes); " + changes
-    )
-    first = (
-        Fix("DataLoader(in_order=False)", why, hol.estimate, {"in_order": False})
-        if has is not False
-        else Fix(
-            "upgrade to PyTorch ≥ 2.6 and set DataLoader(in_order=False)",
-            why + f" (this run's PyTorch is {cfg.get('torch')})",
-        )
-    )
-    fixes = [
-        first,
-        Fix(
-            f"prefetch_factor {pf_now} → {pf_now * 2}",
-            "more batches in flight for each worker: the others keep working while one "
-            "is held up by a slow sample (costs memory: batches × workers held at once)",
-            change={"prefetch_factor": pf_now * 2},
-        ),
-        Fix(
-            "precompute the slow samples' work once (offline, or cache their transformed "
-            "form) so that no sample costs many times the others",
-            "a few samples take most of the preparation time",
-        ),
-        Fix(
-            "split the slow samples (long clips, large images, long documents) into "
-            "pieces of ordinary cost, or group them into batches of their own",
-            "a batch costs as much as its slowest sample",
-        ),
-    ]
+    fixes = _head_of_line_fixes(fx, hol, pf_now)
     severity: Severity = "critical" if hol.stall >= STALL_CRIT else "warning"
     ev = fx.evidence(
         "stall_fraction",
@@ -202,3 +163,50 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
             ),
         )
     ]
+
+
+def _head_of_line_fixes(fx: Facts, hol: HeadOfLine, pf_now: int) -> list[Fix]:
+    """The fixes, in order: in_order=False (or the PyTorch that has it), more batches in
+    flight, cheaper slow samples."""
+    cfg = fx.loader.config
+    has = _in_order_known(fx)
+    changes = (
+        "batches then come in the order they are ready, not the sampler's: each "
+        "sample is still seen once an epoch, but the order of batches changes (keep "
+        "in_order=True where it matters: resuming mid-epoch by batch index, runs that "
+        "must repeat exactly)"
+    )
+    why = (
+        f"{hol.workers} workers busy {hol.busy:.0%} of the time: with none of them idle "
+        f"they use {hol.cores:.1f} core(s) instead of {hol.workers * hol.busy:.1f}, and the "
+        f"batches' mean cost alone sets the pace: ×{hol.estimate:.2f} (the wait beyond what "
+        "the mean cost explains goes); " + changes
+    )
+    first = (
+        Fix("DataLoader(in_order=False)", why, hol.estimate, {"in_order": False})
+        if has is not False
+        else Fix(
+            "upgrade to PyTorch ≥ 2.6 and set DataLoader(in_order=False)",
+            why + f" (this run's PyTorch is {cfg.get('torch')})",
+        )
+    )
+    fixes = [
+        first,
+        Fix(
+            f"prefetch_factor {pf_now} → {pf_now * 2}",
+            "more batches in flight for each worker: the others keep working while one "
+            "is held up by a slow sample (costs memory: batches × workers held at once)",
+            change={"prefetch_factor": pf_now * 2},
+        ),
+        Fix(
+            "precompute the slow samples' work once (offline, or cache their transformed "
+            "form) so that no sample costs many times the others",
+            "a few samples take most of the preparation time",
+        ),
+        Fix(
+            "split the slow samples (long clips, large images, long documents) into "
+            "pieces of ordinary cost, or group them into batches of their own",
+            "a batch costs as much as its slowest sample",
+        ),
+    ]
+    return fixes

@@ -5,6 +5,7 @@ contention, disk health, and trees that are not a training or too young to judge
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
@@ -67,16 +68,7 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
     workers = (
         cfg.get("num_workers") if isinstance(cfg.get("num_workers"), int) else fx.loader.workers
     )
-    ev: dict[str, Any] = {
-        "exit_s": exit_s,
-        "window_s": fx.run.window_s,
-        "exit_stacks": [{"stack": k, "s": v} for k, v in stacks],
-    }
-    if workers:
-        ev["workers"] = workers
-    for k in ("pin_memory", "persistent_workers"):
-        if k in cfg:
-            ev[k] = cfg[k]
+    ev = _exit_evidence(fx, workers)
     pinned = (cfg.get("pin_memory") is True and cfg.get("persistent_workers") is True) or any(
         "_clean_up_worker " in k for k, _ in stacks
     )
@@ -85,6 +77,52 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
         if workers
         else f"its DataLoader joined its workers for {joins:.0f} s"
     )
+    why, fixes = _exit_fixes(data, joins, exit_s, what, pinned, stacks)
+    life = total + exit_s + (fx.run.startup_s or 0.0)
+    share = exit_s / life if total else None
+    more = f" ({share:.0%} of the process's life)" if share else ""
+    return [
+        Finding(
+            kind=Kind.SLOW_EXIT,
+            severity="warning",
+            confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
+            summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
+            f"{more}: {why}. A team running many short jobs or sweeps pays this on "
+            "every run.",
+            evidence=ev,
+            fixes=fixes,
+            est_speedup=1.0,
+            rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
+        )
+    ]
+
+
+def _exit_evidence(fx: Facts, workers: Any) -> dict[str, Any]:
+    """slow_exit's evidence: the exit, its stacks, the workers and the loader's options."""
+    cfg = fx.loader.config
+    ev: dict[str, Any] = {
+        "exit_s": fx.run.exit_s,
+        "window_s": fx.run.window_s,
+        "exit_stacks": [{"stack": k, "s": v} for k, v in fx.run.exit_stacks],
+    }
+    if workers:
+        ev["workers"] = workers
+    for k in ("pin_memory", "persistent_workers"):
+        if k in cfg:
+            ev[k] = cfg[k]
+    return ev
+
+
+def _exit_fixes(
+    data: RunData,
+    joins: float,
+    exit_s: float,
+    what: str,
+    pinned: bool,
+    stacks: Sequence[tuple[str, float]],
+) -> tuple[str, list[Fix]]:
+    """What slowed the exit, in words, and its fixes: workers finishing their batches, PyTorch
+    joining pinned persistent workers, or whatever the stacks show."""
     if joins >= 0.5 * exit_s and not pinned:
         why = (
             f"{what} after the loop: a worker still working on a batch finishes it before it stops"
@@ -136,23 +174,7 @@ def rule_slow_exit(data: RunData, fx: Facts) -> list[Finding]:
                 why,
             )
         ]
-    life = total + exit_s + (fx.run.startup_s or 0.0)
-    share = exit_s / life if total else None
-    more = f" ({share:.0%} of the process's life)" if share else ""
-    return [
-        Finding(
-            kind=Kind.SLOW_EXIT,
-            severity="warning",
-            confidence=0.9 if joins >= 0.5 * exit_s else 0.7,
-            summary=f"The trainer took {exit_s:.0f} s to exit after its last training step"
-            f"{more}: {why}. A team running many short jobs or sweeps pays this on "
-            "every run.",
-            evidence=ev,
-            fixes=fixes,
-            est_speedup=1.0,
-            rule=f"exit {exit_s:.1f} s ≥ {SLOW_EXIT_S:.0f} s after the last training step",
-        )
-    ]
+    return why, fixes
 
 
 def rule_host_swap(data: RunData, fx: Facts) -> list[Finding]:
@@ -297,32 +319,8 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
             f" While the ranks share too few cores, their wait in the all-reduce "
             f"({shares} of the step) cannot show which rank the others wait for."
         )
-    others_busy = [
-        b
-        for b in data.meta.get("busy_others") or []
-        if isinstance(b, dict)
-        and isinstance(b.get("pid"), int)
-        and isinstance(b.get("cores"), (int, float))
-    ][:4]
-    # the run names who took the cores when they were still there at its end (a process
-    # with the short-lived ones it started, one name's processes together); what they do not
-    # explain of the figure above is said, so the named parts add up to it
-    named = sum(float(b["cores"]) for b in others_busy)
-    rest = others - named
-    parts = [_other_text(b) for b in others_busy]
-    if others_busy and rest >= UNNAMED_CORES:
-        parts.append(
-            f"and {rest:.1f} cores more by processes that came and went during the "
-            "run (not there to be named at its end)"
-        )
-    action = (
-        f"give the training its cores back on {host}: stop or move the other busy "
-        "processes: " + ", ".join(parts) + ", or run on a less loaded node"
-        if others_busy
-        else f"give the training its cores back on {host}: stop or move the other busy "
-        "processes, or run on a less loaded node; they are listed by "
-        "`ps -eo pid,pcpu,comm --sort=-pcpu | head`"
-    )
+    others_busy = _busy_others(data)
+    action = _contention_action(others_busy, others, host)
     fixes = [
         Fix(
             action,
@@ -354,6 +352,42 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
             f"core busy ({others:.1f})",
         )
     ]
+
+
+def _contention_action(others_busy: list[dict[str, Any]], others: float, host: str) -> str:
+    """What to do on the host: the named busy processes to stop or move, and the cores no one
+    named."""
+    # the run names who took the cores when they were still there at its end (a process
+    # with the short-lived ones it started, one name's processes together); what they do not
+    # explain of the figure above is said, so the named parts add up to it
+    named = sum(float(b["cores"]) for b in others_busy)
+    rest = others - named
+    parts = [_other_text(b) for b in others_busy]
+    if others_busy and rest >= UNNAMED_CORES:
+        parts.append(
+            f"and {rest:.1f} cores more by processes that came and went during the "
+            "run (not there to be named at its end)"
+        )
+    action = (
+        f"give the training its cores back on {host}: stop or move the other busy "
+        "processes: " + ", ".join(parts) + ", or run on a less loaded node"
+        if others_busy
+        else f"give the training its cores back on {host}: stop or move the other busy "
+        "processes, or run on a less loaded node; they are listed by "
+        "`ps -eo pid,pcpu,comm --sort=-pcpu | head`"
+    )
+    return action
+
+
+def _busy_others(data: RunData) -> list[dict[str, Any]]:
+    """The other processes the run named as busy at its end (the four busiest)."""
+    return [
+        b
+        for b in data.meta.get("busy_others") or []
+        if isinstance(b, dict)
+        and isinstance(b.get("pid"), int)
+        and isinstance(b.get("cores"), (int, float))
+    ][:4]
 
 
 def rule_disk_health(data: RunData, fx: Facts) -> list[Finding]:
@@ -437,16 +471,7 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
         if fx.steps.stack_samples
         else "no stacks sampled"
     )
-    what = (
-        f"{'it is not a Python process, ' if not_python else ''}"
-        f"{'its' if procs == 1 else f'its {procs}'} process{'es' if procs > 1 else ''} "
-        + (
-            f"used {tree:.1f}% of one core and read {read:.0f} kB/s"
-            if idle
-            else f"kept {tree / 100:.1f} core(s) busy"
-            + (f" and read {read:,.0f} kB/s" if read >= IDLE_TREE_READ_KB_S else "")
-        )
-    )
+    what = _tree_work(procs, tree, read, idle, not_python)
     return [
         Finding(
             kind=Kind.INSUFFICIENT_DATA,
@@ -486,6 +511,20 @@ def rule_not_training(data: RunData, fx: Facts) -> list[Finding]:
             too_little_data=True,
         )
     ]
+
+
+def _tree_work(procs: int, tree: float, read: float, idle: bool, not_python: bool) -> str:
+    """What the watched processes did, in words: slept, or kept cores busy (and read)."""
+    return (
+        f"{'it is not a Python process, ' if not_python else ''}"
+        f"{'its' if procs == 1 else f'its {procs}'} process{'es' if procs > 1 else ''} "
+        + (
+            f"used {tree:.1f}% of one core and read {read:.0f} kB/s"
+            if idle
+            else f"kept {tree / 100:.1f} core(s) busy"
+            + (f" and read {read:,.0f} kB/s" if read >= IDLE_TREE_READ_KB_S else "")
+        )
+    )
 
 
 def rule_insufficient(data: RunData, fx: Facts) -> list[Finding]:

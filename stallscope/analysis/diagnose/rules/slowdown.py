@@ -390,14 +390,7 @@ def rule_gpu_slowdown(data: RunData, fx: Facts) -> list[Finding]:
     if not slow:
         return []
     near = max(CAUSE_NEAR_S, 3 * _interval(data))
-    # one slowdown seen on several ranks at once (they wait for each other) is one finding
-    slow.sort(key=lambda d: d["start"])
-    groups: list[list[dict[str, Any]]] = []
-    for d in slow:
-        if groups and d["start"] - groups[-1][0]["start"] <= near:
-            groups[-1].append(d)
-        else:
-            groups.append([d])
+    groups = _grouped(slow, near)
     candidates = sorted({g for g, _k in gpus.values()}) or sorted(
         {s.entity for s in data.all("gpu.sm_clock_mhz")}
     )
@@ -416,27 +409,7 @@ def rule_gpu_slowdown(data: RunData, fx: Facts) -> list[Finding]:
             lead = next((d for d in group if d["rank"] in own), worst)
             pct = lead["after_ms"] / max(lead["before_ms"], 1e-9) - 1
             ended = lead["ended"]
-            text = (
-                f"Steps {pct:.0%} slower ({lead['before_ms']:,.0f} → "
-                f"{lead['after_ms']:,.0f} ms a step) since {_when(start, data.t0)}"
-                + (f", back {ended - start:.0f} s later" if ended else "")
-                + f", when {'; '.join(c['words'] for c in causes)}."
-            )
-            if len(ranks) > 1 and own:
-                others = sorted({d["rank"] for d in group} - set(own))
-                who = ", ".join(str(r) for r in own)
-                text += (
-                    f" Rank {who} is the straggler, slowed by its own GPU "
-                    f"(gpu{gpu.removeprefix('gpu')}"
-                    + ("" if known else ", by the order of the ranks")
-                    + ")"
-                )
-                text += (
-                    f"; rank{'s' if len(others) > 1 else ''} "
-                    f"{', '.join(str(r) for r in others)} slowed with it, waiting."
-                    if others
-                    else "."
-                )
+            text = _slowdown_text(data, group, lead, own, ranks, gpu, known, start, pct, causes)
             severity: Severity = (
                 "critical"
                 if any(c["cause"] in ("xid", "row_remap_failed") for c in causes)
@@ -477,6 +450,58 @@ def rule_gpu_slowdown(data: RunData, fx: Facts) -> list[Finding]:
                 )
             )
     return out
+
+
+def _grouped(slow: list[dict[str, Any]], near: float) -> list[list[dict[str, Any]]]:
+    """The slowdowns grouped by start: those starting within near seconds of a group's first
+    are one slowdown seen on several ranks (they wait for each other)."""
+    slow.sort(key=lambda d: d["start"])
+    groups: list[list[dict[str, Any]]] = []
+    for d in slow:
+        if groups and d["start"] - groups[-1][0]["start"] <= near:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def _slowdown_text(
+    data: RunData,
+    group: list[dict[str, Any]],
+    lead: dict[str, Any],
+    own: list[int],
+    ranks: list[int],
+    gpu: str,
+    known: bool,
+    start: float,
+    pct: float,
+    causes: list[dict[str, Any]],
+) -> str:
+    """The finding's text: how much slower since when, the GPU's causes, and under DDP the
+    straggler and the ranks that waited for it."""
+    ended = lead["ended"]
+    text = (
+        f"Steps {pct:.0%} slower ({lead['before_ms']:,.0f} → "
+        f"{lead['after_ms']:,.0f} ms a step) since {_when(start, data.t0)}"
+        + (f", back {ended - start:.0f} s later" if ended else "")
+        + f", when {'; '.join(c['words'] for c in causes)}."
+    )
+    if len(ranks) > 1 and own:
+        others = sorted({d["rank"] for d in group} - set(own))
+        who = ", ".join(str(r) for r in own)
+        text += (
+            f" Rank {who} is the straggler, slowed by its own GPU "
+            f"(gpu{gpu.removeprefix('gpu')}"
+            + ("" if known else ", by the order of the ranks")
+            + ")"
+        )
+        text += (
+            f"; rank{'s' if len(others) > 1 else ''} "
+            f"{', '.join(str(r) for r in others)} slowed with it, waiting."
+            if others
+            else "."
+        )
+    return text
 
 
 def _step(data: RunData, ts: float, rank: int | None) -> dict[str, Any] | None:
