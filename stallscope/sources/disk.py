@@ -337,6 +337,10 @@ class DiskSource(Source):
         self._whole: dict[tuple[str, int, int], bool] = {}
         #: the last reading's lines and their records (:meth:`_parse`)
         self._lines: dict[str, DiskCounters] = {}
+        #: this sample's unchanged devices (name -> the all-zero fields it was given), and
+        #: each one's points, made once (:meth:`points`)
+        self._zeroed: dict[str, DiskFields] = {}
+        self._zero_points: dict[str, list[Point]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -426,9 +430,18 @@ class DiskSource(Source):
         return t, {c.name: c for c in rows if self._is_whole_device(c)}
 
     def points(self, payload: DiskPayload) -> list[Point]:
+        """Each device's fields as points; an unchanged device's (every field 0, served by
+        :meth:`sample`) are made once and handed out again: most devices, most samples."""
+        zeroed = self._zeroed
         out: list[Point] = []
         for dev, fields in payload.items():
-            out.extend(numeric_points(self.name, dev, fields))
+            if zeroed.get(dev) is fields:
+                pts = self._zero_points.get(dev)
+                if pts is None:
+                    pts = self._zero_points[dev] = numeric_points(self.name, dev, fields)
+                out += pts
+            else:
+                out += numeric_points(self.name, dev, fields)
         return out
 
     def entities(self, payload: DiskPayload) -> dict[str, dict[str, Any]]:
@@ -455,6 +468,7 @@ class DiskSource(Source):
             return None
         dt = t - prev_t
         out: DiskPayload = {}
+        zeroed = self._zeroed = {}
         for name, c in cur.items():
             p = prev.get(name)
             if p is None:
@@ -462,7 +476,7 @@ class DiskSource(Source):
             if self.devices is None and c.total_ios == 0:
                 continue  # iostat hides devices that never did any I/O
             if c is p and c.extended:  # the same line: nothing moved, every field is 0
-                out[name] = cast(DiskFields, dict.fromkeys(FIELDS, 0.0))
+                out[name] = zeroed[name] = cast(DiskFields, dict.fromkeys(FIELDS, 0.0))
                 continue
             fields = iostat_fields(p, c, dt)
             if fields is not None:

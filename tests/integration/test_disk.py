@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 from conftest import FIXTURES
@@ -26,6 +27,7 @@ from stallscope.sources.blockdev import describe_path, device_info, devices_for_
 from stallscope.sources.disk import (
     FIELDS,
     DiskCounters,
+    DiskPayload,
     DiskSource,
     counter_delta,
     iostat_fields,
@@ -411,6 +413,33 @@ def test_source_named_devices_shown_even_idle_and_partitions_allowed(
     clock.t += 1.0
     out = src.sample(0.0)
     assert out is not None and sorted(out) == ["sda1", "sdb"]
+
+
+def test_an_unchanged_devices_points_are_its_fields_points_every_sample(
+    fake_root: tuple[Path, Path],
+) -> None:
+    """An idle device's points are made once and handed out again: each reading's points are
+    still exactly its payload's, through idle, busy and idle again, beside a busy device."""
+    from stallscope.sources.base import numeric_points
+
+    proc, sys = fake_root
+    clock = _Clock()
+    stats = proc / "diskstats"
+    src = DiskSource(proc_root=str(proc), sys_root=str(sys), clock=clock)
+    sda = [5, 5, 5, 9, 9, 9]  # reads of sda at each sample: idle, busy, idle again
+    made = []
+    for i, r in enumerate(sda):
+        stats.write_text(_line("sda", r=r, rs=8 * r) + _line("sdb", mn=16, r=10 + i))
+        reading = src.read(0.0)
+        clock.t += 1.0
+        if reading is None:
+            continue
+        want = [p for dev, f in reading.payload.items() for p in numeric_points("disk", dev, f)]
+        assert reading.points == want
+        made.append(reading.payload["sda"]["r_s"])
+    assert made == [0.0, 0.0, 4.0, 0.0, 0.0]
+    other = cast(DiskPayload, {"sda": {"r_s": 1.0}})  # not the sample's own: made afresh
+    assert src.points(other) == [("disk.r_s", "sda", 1.0)]
 
 
 def test_source_same_clock_tick_reports_nothing(fake_root: tuple[Path, Path]) -> None:
