@@ -147,6 +147,11 @@ class Kind(str, Enum):
         "Slow samples hold up the batches",
         "input-bound",
     )
+    INPUT_GIL = (
+        "input_bound.gil",
+        "Input-bound: loader threads share one GIL (Python-bound prep)",
+        "input-bound",
+    )
     GPU_HELD_IDLE = ("gpu_held_idle", "A GPU is held but idle", "holding a GPU it does not use")
     WAITING_FOR_PEERS = (
         "waiting_for_peers",

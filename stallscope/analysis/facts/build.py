@@ -33,6 +33,7 @@ from stallscope.analysis.facts.steps import (
     starved,
 )
 from stallscope.analysis.stacks import ProcPhases, trainer_phases
+from stallscope.analysis.threads import thread_facts
 from stallscope.analysis.throughput import throughput
 from stallscope.analysis.window import TrainingWindow, clip, exit_stacks, trainer_gpus
 from stallscope.loadermodel import BUSY_SPARE, OTHERS_BUSY_CORES
@@ -107,6 +108,7 @@ def _draft(data: RunData) -> _Draft:
     # probe > sampled stacks > system metrics for the stall; the stacks' phases are evidence
     # either way (where the training thread was: host-bound or GPU-bound)
     _stack_signals(sig, data, procs, stall=sig.stall_source is None)
+    thread_facts(sig, data.stacks, procs)  # a thread loader's threads
     _gpu_signals(sig, data, full)
     _proc_signals(sig, data)
     sig.processes = _process_rows(data, full)

@@ -117,14 +117,25 @@ class Tally:
                 self._memo[key] = info
         return info
 
-    def add(self, frames: Sequence[Frame], weight_s: float, key: Any = None) -> str:
+    def add(
+        self,
+        frames: Sequence[Frame],
+        weight_s: float,
+        key: Any = None,
+        *,
+        loader_wait: bool = False,
+    ) -> str:
         """Count one sample (frames innermost first) standing for ``weight_s`` seconds; returns
         its phase. ``key``: a hashable identity of the stack (its code objects and innermost
-        line) under which its phase and folded form are remembered; None: work them out."""
+        line) under which its phase and folded form are remembered; None: work them out.
+        ``loader_wait``: the sample waits on another thread while loader threads work
+        (:mod:`.threads`): ``data`` where no table knew it (never starting training)."""
         if not frames:
             return "other"
         weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
         phase, folded, not_trainer, starts = self._info(frames, key)
+        if loader_wait and phase == "other":
+            phase = "data"
         if not self.started and not_trainer:
             self.idle = True
         if not self.started:

@@ -33,6 +33,7 @@ from typing import Any
 from stallscope.errors import warn
 from stallscope.sources.stacks import batches
 from stallscope.sources.stacks.aggregate import (
+    MAX_WEIGHT_S,
     MEMO_SIZE,
     Tally,
     append_record,
@@ -40,6 +41,7 @@ from stallscope.sources.stacks.aggregate import (
     stacks_dir,
 )
 from stallscope.sources.stacks.phases import Frame
+from stallscope.sources.stacks.threads import ThreadTally, loader_phase, waits_on_thread
 
 __all__ = ["DEFAULT_RATE_HZ", "InProcSampler", "rate_from_env", "stack_key", "start", "walk"]
 
@@ -51,6 +53,11 @@ SLOW_AFTER_S = 60.0
 SLOW_PERIOD_S = 0.5
 #: frames walked per sample at most (innermost first)
 MAX_DEPTH = 64
+#: the training thread in ``queue.get`` / ``Future.result`` waits for data when a loader
+#: thread worked this recently (s): a thread loader (:mod:`.threads`)
+LOADER_RECENT_S = 2.0
+#: other Python threads sampled at most (a process with hundreds of threads costs no more)
+MAX_THREADS = 32
 
 _started: list[InProcSampler] = []
 
@@ -100,6 +107,11 @@ class InProcSampler:
         self._counted = (0, 0)
         #: the hooks not installed yet (:meth:`_install_hooks`)
         self._hooks = ["comm", "batches"]
+        #: the process's other Python threads: loader threads (:mod:`.threads`)
+        self.threads = ThreadTally()
+        #: stack key -> loader phase (None: no loader's) / waits on a thread
+        self._loader_memo: dict[tuple[Any, ...], str | None] = {}
+        self._waits_memo: dict[tuple[Any, ...], bool] = {}
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks", daemon=True)
 
     def start(self) -> None:
@@ -121,7 +133,8 @@ class InProcSampler:
             ):
                 if self._hooks:
                     self._install_hooks()  # dict lookups a sample until DDP and the loader are in
-                frame = sys._current_frames().get(self._main)
+                current = sys._current_frames()
+                frame = current.get(self._main)
                 if frame is None:
                     break
                 key = stack_key(frame)
@@ -132,8 +145,8 @@ class InProcSampler:
                         memo[key] = frames
                 del frame
                 now = time.monotonic()
-                with self._lock:
-                    self.tally.add(frames, now - last, key)
+                self._sample(current, frames, key, now - last, now)
+                del current
                 last = now
                 if self.tally.idle:
                     return
@@ -143,6 +156,54 @@ class InProcSampler:
                     next_flush = now + self.flush_s
         except Exception as exc:  # never the trainer's problem: stop sampling, said once
             warn(f"stack sampling in pid {os.getpid()} stopped: {type(exc).__name__}: {exc}")
+
+    def _sample(
+        self,
+        current: dict[int, FrameType],
+        frames: list[Frame],
+        key: tuple[Any, ...],
+        weight: float,
+        now: float,
+    ) -> None:
+        """Count one sample: the training thread's (``frames``), and the other Python threads'
+        (``current``) as loader threads; the training thread waiting on a thread counts as
+        waiting for data while a loader thread works (:data:`LOADER_RECENT_S`)."""
+        weight = min(max(weight, 0.0), MAX_WEIGHT_S)
+        if self.tally.started:
+            self._sample_threads(current, weight, now)
+        loader_wait: bool | None = False
+        if self.threads.working(now, LOADER_RECENT_S):
+            loader_wait = self._waits_memo.get(key)
+            if loader_wait is None:
+                loader_wait = waits_on_thread(frames)
+                if len(self._waits_memo) < MEMO_SIZE:
+                    self._waits_memo[key] = loader_wait
+        with self._lock:
+            phase = self.tally.add(frames, weight, key, loader_wait=bool(loader_wait))
+            if loader_wait and phase == "data":
+                self.threads.wait_s += weight
+
+    def _sample_threads(self, current: dict[int, FrameType], weight: float, now: float) -> None:
+        """The other Python threads but this one: each sample's loader phase (memoized by
+        stack), none for a thread of stallscope's or the DataLoader's own."""
+        own = self._thread.ident
+        seen = 0
+        for ident, frame in current.items():
+            if ident == self._main or ident == own or not self.threads.wanted(ident):
+                continue
+            seen += 1
+            if seen > MAX_THREADS:
+                break
+            key = stack_key(frame)
+            if key in self._loader_memo:
+                phase = self._loader_memo[key]
+            else:
+                phase = loader_phase(walk(frame))
+                if len(self._loader_memo) < MEMO_SIZE:
+                    self._loader_memo[key] = phase
+            if phase is not None:
+                with self._lock:
+                    self.threads.add(ident, phase, weight, now)
 
     def _install_hooks(self) -> None:
         """The communication timing once the trainer is distributed (sources/comm.py, which
@@ -181,6 +242,9 @@ class InProcSampler:
             self.tally.count(total[0] - self._counted[0], total[1] - self._counted[1])
             self._counted = total
             rec = self.tally.record(time.time(), final)
+            threads = self.threads.record()
+            if rec is not None and threads is not None:
+                rec["threads"] = threads
         if rec is not None and not self.tally.idle:
             try:
                 append_record(self.folder, rec)

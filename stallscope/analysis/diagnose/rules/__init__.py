@@ -49,6 +49,7 @@ from stallscope.analysis.diagnose.rules.input import (
     rule_tf_blind,
 )
 from stallscope.analysis.diagnose.rules.slowdown import rule_gpu_slowdown
+from stallscope.analysis.diagnose.rules.threads import rule_thread_loader
 from stallscope.analysis.facts import Facts
 
 __all__ = ["RULES", "RuleSpec", "run_rules"]
@@ -87,6 +88,7 @@ _INPUT, _OTHER, _COMM = (
     "Other kinds",
     "Communication wait",
 )
+_THREADS = "Thread loaders and the GIL"
 
 RULES: tuple[RuleSpec, ...] = (
     RuleSpec(
@@ -150,6 +152,7 @@ RULES: tuple[RuleSpec, ...] = (
             "focus_rank",
             "host_cpu_median_pct",
             "iowait_median_pct",
+            "loader_threads",
             "logical_cores",
             "main_cpu_pct",
             "main_d_share",
@@ -167,6 +170,7 @@ RULES: tuple[RuleSpec, ...] = (
             "stall_fraction",
             "stall_source",
             "tf_trainer",
+            "thread_wait_share",
             "wait_ms_median",
             "wait_top_share",
             "worker_blkio_pct",
@@ -175,6 +179,22 @@ RULES: tuple[RuleSpec, ...] = (
             "worker_read_kb_s",
             "worker_runq_pct",
             "workers",
+        ),
+    ),
+    RuleSpec(
+        rule_thread_loader,
+        (Kind.INPUT_FETCH, Kind.INPUT_PREP, Kind.INPUT_GIL),
+        _THREADS,
+        reads=(
+            "loader_threads",
+            "main_cpu_pct",
+            "stall_fraction",
+            "stall_source",
+            "thread_busy",
+            "thread_cpu_cores",
+            "thread_fetch_share",
+            "thread_prep_share",
+            "thread_wait_share",
         ),
     ),
     RuleSpec(

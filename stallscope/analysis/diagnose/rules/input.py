@@ -20,6 +20,7 @@ from stallscope.analysis.diagnose.rules.fetch import _fetch_fixes
 from stallscope.analysis.diagnose.rules.headofline import head_of_line
 from stallscope.analysis.diagnose.rules.prep import _prep_estimate, _prep_fixes, stall_ceiling
 from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
+from stallscope.analysis.diagnose.rules.threads import thread_stall
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_fetch_fixes,
@@ -131,6 +132,8 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
     when the GPU was idle ≥ 30% of the time, or (no GPU, no probe) when the workers or disk show a
     clear saturation pattern (:data:`_STALL_SOURCES`). fetch vs prep is decided by scoring the
     signals of :func:`_fetch_prep_scores`; the side with more points wins."""
+    if thread_stall(fx) is not None:
+        return []  # the wait is on a thread loader: rule_thread_loader's (rules/threads.py)
     how = _STALL_SOURCES.get(fx.steps.stall_source) or _STALL_SOURCES[None]
     fs, freasons, ps, preasons = fetch_prep_scores(fx)
     stall = fx.steps.stall_fraction

@@ -1,0 +1,244 @@
+"""The trainer's loader threads: what its other Python threads do while the training thread
+waits for them.
+
+Loaders built on threads (a ``ThreadPoolExecutor`` prefetching batches into a queue, MONAI's
+``ThreadDataLoader``, torchdata's nodes, a streaming dataset's reader) hand batches to the
+training thread through a queue or a future: the training thread is then seen in ``queue.get``
+or ``Future.result`` (:func:`waits_on_thread`), and what the loading costs is on the other
+threads. The in-process sampler (:mod:`.inproc`) samples them too, each sample classified by
+:func:`loader_phase`:
+
+- ``fetch``: reading (a file's ``read``, ``np.fromfile``, a memmap, a socket, HTTP, object
+  stores: :data:`FETCH`, or the thread's own line: :data:`FETCH_LINE`);
+- ``prep``: any other work (decoding, transforms, the loader's own Python);
+- ``idle``: waiting for work or for room in the queue (:data:`IDLE`; ``time.sleep``).
+
+A thread of the DataLoader's own (its pin-memory thread) or of stallscope's is no loader thread
+(None). :class:`ThreadTally` sums each window per phase and reads the threads' CPU time off
+their per-thread CPU clocks (no GIL released, ~1 µs a thread, once a window), written as the
+record's ``threads`` (:mod:`.aggregate`): ``{"n": threads that worked, "s": {"fetch", "prep",
+"idle"}, "cpu_s": their CPU seconds, "wait_s": the training thread's seconds waiting on them}``.
+Python-bound prep in several threads shares one GIL: busy by their stacks, the threads get
+about one core between them (docs/diagnosis.md "input_bound.gil").
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stallscope.sources.stacks.phases import Frame, Row, bare
+
+__all__ = [
+    "FETCH",
+    "FETCH_LINE",
+    "IDLE",
+    "LOADER_PHASES",
+    "NOT_LOADER",
+    "WAITS",
+    "ThreadTally",
+    "loader_phase",
+    "thread_cpu_s",
+    "waits_on_thread",
+]
+
+#: what a loader thread's sample can be
+LOADER_PHASES = ("fetch", "prep", "idle")
+
+#: reading: files, memmaps, sockets, HTTP, object stores (path fragment; functions, empty: any)
+FETCH: tuple[Row, ...] = tuple(
+    Row("fetch", path, frozenset(funcs))
+    for path, funcs in (
+        ("socket.py", ()),
+        ("ssl.py", ()),
+        ("selectors.py", ()),
+        ("http/client.py", ()),
+        ("urllib/request.py", ()),
+        ("urllib3/", ()),
+        ("requests/", ()),
+        ("aiohttp/", ()),
+        ("fsspec/", ()),
+        ("s3fs/", ()),
+        ("gcsfs/", ()),
+        ("botocore/", ()),
+        ("huggingface_hub/", ()),
+        ("_pyio.py", ("read", "readinto", "readall")),
+        ("shutil.py", ("copyfileobj",)),
+        ("numpy/core/memmap.py", ()),
+        ("numpy/_core/memmap.py", ()),
+        ("numpy/lib/npyio.py", ("load",)),
+        ("numpy/lib/_npyio_impl.py", ("load",)),
+        ("numpy/lib/format.py", ("read_array",)),
+        ("numpy/lib/_format_impl.py", ("read_array",)),
+        ("h5py/", ()),
+    )
+)
+#: a loader thread's own line that reads (its C call has no frame): ``fh.read()``,
+#: ``np.fromfile(...)``, ``sock.recv(...)``
+FETCH_LINE = re.compile(
+    r"\.(read|readinto|readline|readlines|recv|recv_into|pread)\(|"
+    r"\b(fromfile|urlopen|pread)\(|\bnp\.load\(|\bopen\("
+)
+#: waiting: for work (a pool's queue), for room in the queue, on a lock or an event
+IDLE: tuple[Row, ...] = tuple(
+    Row("idle", path, frozenset(funcs))
+    for path, funcs in (
+        ("threading.py", ("wait", "acquire", "join", "_wait_for_tstate_lock")),
+        ("queue.py", ("get", "put")),
+        ("concurrent/futures/thread.py", ("_worker",)),
+        ("multiprocessing/queues.py", ("get", "put")),
+        ("multiprocessing/pool.py", ("worker", "_handle_workers", "_handle_tasks")),
+        ("multiprocessing/connection.py", ()),
+    )
+)
+_SLEEP_LINE = re.compile(r"\bsleep\(")
+#: frames of threads that are no loader threads: the DataLoader's own (pin memory; its worker
+#: processes are measured as processes), stallscope's, experiment trackers' and loggers'
+NOT_LOADER = (
+    "/torch/utils/data/",
+    "/stallscope/",
+    "/wandb/",
+    "/tensorboard/",
+    "/torch/utils/tensorboard/",
+    "/tensorboardX/",
+    "/mlflow/",
+    "/comet_ml/",
+    "/clearml/",
+    "/neptune/",
+    "/torch/distributed/",
+    "/logging/handlers.py",
+)
+#: the training thread waiting on another thread for its batch: a queue, a future, a thread
+#: pool's results, MONAI's thread buffer
+WAITS: tuple[Row, ...] = tuple(
+    Row("data", path, frozenset(funcs))
+    for path, funcs in (
+        ("queue.py", ("get",)),
+        ("concurrent/futures/_base.py", ("result", "as_completed", "wait", "_result_or_cancel")),
+        ("multiprocessing/pool.py", ("next", "get", "wait", "__next__")),
+        ("monai/data/thread_buffer.py", ()),
+    )
+)
+
+
+def _norm(path: str) -> str:
+    return "/" + path.replace("\\", "/").lstrip("/")
+
+
+def _hit(rows: Sequence[Row], frame: Frame) -> bool:
+    path = _norm(frame.file)
+    name = bare(frame.func)
+    return any("/" + r.path in path and (not r.funcs or name in r.funcs) for r in rows)
+
+
+def _line(frame: Frame) -> str:
+    import linecache
+
+    text = linecache.getline(frame.file, frame.line) if frame.line > 0 else ""
+    return text.split("#", 1)[0]
+
+
+def loader_phase(frames: Sequence[Frame]) -> str | None:
+    """``fetch``, ``prep`` or ``idle`` for one sample of a thread other than the training
+    thread (frames innermost first); None for a thread that is no loader's (:data:`NOT_LOADER`)
+    or holds no frame."""
+    if not frames:
+        return None
+    for f in frames:
+        path = _norm(f.file)
+        if any(frag in path for frag in NOT_LOADER):
+            return None
+    if _hit(IDLE, frames[0]):
+        return "idle"
+    code = _line(frames[0])
+    if _SLEEP_LINE.search(code):
+        return "idle"
+    if FETCH_LINE.search(code):
+        return "fetch"
+    if any(_hit(FETCH, f) for f in frames):
+        return "fetch"
+    return "prep"
+
+
+def waits_on_thread(frames: Sequence[Frame]) -> bool:
+    """The training thread waits on another thread for its batch (:data:`WAITS`)."""
+    return any(_hit(WAITS, f) for f in frames[:8])
+
+
+def thread_cpu_s(native_id: int) -> float | None:
+    """A thread's CPU seconds from its per-thread CPU clock (Linux: the clock id of thread
+    ``native_id``, ``CPUCLOCK_SCHED``); None once it has exited or where there is no such
+    clock."""
+    try:
+        return time.clock_gettime(((~native_id) << 3) | 6)
+    except (OSError, OverflowError, ValueError, AttributeError):
+        return None
+
+
+class ThreadTally:
+    """One process's loader threads since the last record (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: thread ident -> seconds per loader phase in this window
+        self.seconds: dict[int, list[float]] = {}
+        #: thread ident -> its native id (None: not a threading.Thread), or -1: not a loader's
+        self._native: dict[int, int | None] = {}
+        #: native id -> CPU seconds at the last record
+        self._cpu_seen: dict[int, float] = {}
+        #: the training thread's seconds waiting on the loader threads in this window
+        self.wait_s = 0.0
+        #: when a loader thread was last seen working (time.monotonic())
+        self.last_work = -1e9
+
+    def wanted(self, ident: int) -> bool:
+        """Whether thread ``ident`` may be a loader's (not stallscope's by its name)."""
+        native = self._native.get(ident, 0)
+        if native == 0:
+            th: Any = threading._active.get(ident)  # type: ignore[attr-defined]
+            name = str(getattr(th, "name", ""))
+            native = -1 if name.startswith("stallscope") else getattr(th, "native_id", None)
+            self._native[ident] = native
+        return native != -1
+
+    def add(self, ident: int, phase: str, weight_s: float, now: float) -> None:
+        """Count one sample of thread ``ident`` in ``phase`` (:data:`LOADER_PHASES`)."""
+        row = self.seconds.get(ident)
+        if row is None:
+            row = self.seconds[ident] = [0.0, 0.0, 0.0]
+        row[LOADER_PHASES.index(phase)] += weight_s
+        if phase != "idle":
+            self.last_work = now
+
+    def working(self, now: float, within_s: float) -> bool:
+        """A loader thread worked in the last ``within_s`` seconds."""
+        return now - self.last_work <= within_s
+
+    def record(self) -> dict[str, Any] | None:
+        """The window's part of the record (None: no loader thread worked), and a fresh window.
+        A thread that only waited is left out: an idle pool thread is no loader."""
+        busy = {k: v for k, v in self.seconds.items() if v[0] + v[1] > 0}
+        cpu = 0.0
+        for ident in self.seconds:  # every thread seen: an idle one's clock moves on too
+            native = self._native.get(ident)
+            if native is None or native <= 0:
+                continue  # no threading.Thread: no native id to read its clock by
+            now = thread_cpu_s(native)
+            if now is None:
+                continue
+            if ident in busy:  # a thread first seen now: its CPU since it started
+                cpu += max(0.0, now - self._cpu_seen.get(native, 0.0))
+            self._cpu_seen[native] = now
+        wait, self.wait_s = self.wait_s, 0.0
+        self.seconds = {}
+        if not busy:
+            return None
+        sums = [sum(v[i] for v in busy.values()) for i in range(3)]
+        return {
+            "n": len(busy),
+            "s": {p: round(s, 4) for p, s in zip(LOADER_PHASES, sums, strict=True)},
+            "cpu_s": round(cpu, 4),
+            "wait_s": round(wait, 4),
+        }
