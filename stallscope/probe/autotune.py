@@ -188,21 +188,7 @@ def decide(
         )
     c = cur.compute_per_step
     if cur.num_workers == 0:
-        load = cur.wait_per_step
-        cpu = cur.cpu_per_step
-        rates = {k: predict_rate(k, load, c, cores, cpu) for k in range(1, cores + 1)}
-        top = max(rates.values())
-        k = min(k for k, r in rates.items() if r >= NEAR_BEST * top)
-        cfg = {"num_workers": k, "prefetch_factor": cur.prefetch_factor or 2}
-        on_threads = (
-            f" ({cpu * 1000:.0f} ms of CPU in all)" if cpu > THREADS_CPU_MARGIN * (load + c) else ""
-        )
-        why = (
-            f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
-            f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
-            f"should give {top:.1f} steps/s (now {cur.rate:.1f})"
-        )
-        return _checked(cfg, why, top, ok, cur)
+        return _from_main_process(cur, cores, ok)
     k = cur.num_workers
     per_worker = k / cur.rate if cur.rate > 0 else math.inf  # one batch's load in a worker
     need = workers_for_step(per_worker, c, k)  # the loader model's (loadermodel.py)
@@ -217,17 +203,9 @@ def decide(
             f"workers should give {predicted:.1f} steps/s (now {cur.rate:.1f})"
         )
         return _checked(cfg, why, predicted, ok, cur)
-    busy = cur.cores_busy(cores)
-    if busy is not None and busy >= CPU_BOUND_SHARE:
-        return Decision(
-            None if best is cur else best.config(),
-            f"the trainer and its workers "
-            f"kept {busy:.0%} of the {cores} usable core(s) busy at {_name(cur)}: "
-            f"the CPU is the bound, more batches in flight add none; keeping "
-            f"{_name(best)}",
-            best.rate,
-            done=True,
-        )
+    bound = _cpu_bound(cur, best, cores)
+    if bound is not None:
+        return bound
     if k < cores and (k, 4) not in tried and (cur.prefetch_factor or 2) < 4:
         cfg = {"num_workers": k, "prefetch_factor": 4}
         return _checked(
@@ -248,6 +226,46 @@ def decide(
         best.rate,
         done=True,
     )
+
+
+def _cpu_bound(cur: EpochTrial, best: EpochTrial, cores: int) -> Decision | None:
+    """Stop, keeping the best, when the trainer and its workers kept the usable cores busy:
+    more batches in flight add no CPU; None otherwise."""
+    busy = cur.cores_busy(cores)
+    if busy is not None and busy >= CPU_BOUND_SHARE:
+        return Decision(
+            None if best is cur else best.config(),
+            f"the trainer and its workers "
+            f"kept {busy:.0%} of the {cores} usable core(s) busy at {_name(cur)}: "
+            f"the CPU is the bound, more batches in flight add none; keeping "
+            f"{_name(best)}",
+            best.rate,
+            done=True,
+        )
+    return None
+
+
+def _from_main_process(
+    cur: EpochTrial, cores: int, ok: Callable[[dict[str, Any]], str]
+) -> Decision:
+    """The first workers, from an epoch loading in the main process (num_workers=0): the
+    fewest workers whose predicted rate is near the best's."""
+    c = cur.compute_per_step
+    load = cur.wait_per_step
+    cpu = cur.cpu_per_step
+    rates = {k: predict_rate(k, load, c, cores, cpu) for k in range(1, cores + 1)}
+    top = max(rates.values())
+    k = min(k for k, r in rates.items() if r >= NEAR_BEST * top)
+    cfg = {"num_workers": k, "prefetch_factor": cur.prefetch_factor or 2}
+    on_threads = (
+        f" ({cpu * 1000:.0f} ms of CPU in all)" if cpu > THREADS_CPU_MARGIN * (load + c) else ""
+    )
+    why = (
+        f"one batch loads in {load * 1000:.0f} ms in the main process and a step "
+        f"computes in {c * 1000:.0f} ms{on_threads} on {cores} core(s): {k} worker(s) "
+        f"should give {top:.1f} steps/s (now {cur.rate:.1f})"
+    )
+    return _checked(cfg, why, top, ok, cur)
 
 
 def _tree_cpu() -> float:

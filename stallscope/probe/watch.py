@@ -42,6 +42,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: an epoch begun: the loader's iterator, the epoch (None: the probe cannot watch this loader),
+#: whether the device times steps, and when the first batch was asked for (Watched._begin)
+_Begun = tuple[Iterator[T], int | None, bool, float]
+#: what an epoch's step loops share: the recorder, the loader's iterator, the epoch, and the
+#: autotune's accumulator (its samples, data wait, first wait)
+_Loop = tuple[Recorder, Iterator[T], int, list[Any]]
 
 
 # --- the step loop -------------------------------------------------------------------------------
@@ -78,7 +84,7 @@ class Watched(Generic[T]):
             return self._steps(p)
         return self._tuned(p, self.tuner)
 
-    def _begin(self, p: Recorder) -> tuple[Iterator[T], int | None, bool, float]:
+    def _begin(self, p: Recorder) -> _Begun[T]:
         """The epoch begun: (the loader's iterator, the epoch's number, None when the probe
         cannot watch it (said on stderr), whether the device clock is ready, when it was
         asked)."""
@@ -117,9 +123,7 @@ class Watched(Generic[T]):
             t_req = time.perf_counter()  # (iter() starts the workers: their start-up is wait)
             yield from self._steps(p, (iter(self.loader), begun[1], begun[2], t_req))
 
-    def _steps(
-        self, p: Recorder, begun: tuple[Iterator[T], int | None, bool, float] | None = None
-    ) -> Iterator[T]:
+    def _steps(self, p: Recorder, begun: _Begun[T] | None = None) -> Iterator[T]:
         """The epoch's step loop (see the module docstring), the epoch ``begun`` now unless
         given: a step at least the recorder's ``group_s`` long is a record of its own, and so
         are the epoch's first step and each device-timed one; shorter steps are summed, a record
@@ -137,6 +141,7 @@ class Watched(Generic[T]):
         cur = first = state.step
         timed, lone, fast = False, True, False  # lone: the epoch's first step, a record alone
         acc: list[Any] = [0, 0.0, 0.0]  # the epoch's samples, data wait, first wait (autotune)
+        loop: _Loop[T] = (p, it, epoch, acc)
         t_got = mean_s = 0.0
         ev0 = marks = batch = None
         pairs = Pairs(perf(), cur)  # which steps the device times (device.py)
@@ -185,43 +190,20 @@ class Watched(Generic[T]):
                     g_t0, g_n, g_wait, g_host, g_k, g_s = t_req, 0, 0.0, 0.0, 0, 0
                     if fast and (not gpu or pairs.left > 2 * SAMPLE_EVERY):
                         out, cur, t_req, sizer, until = yield from self._sampled(
-                            p, it, epoch, cur, t_req, acc, sizer, pairs.left if gpu else -1, mean_s
+                            loop, cur, t_req, sizer, pairs.left if gpu else -1, mean_s
                         )
                         g_t0, pairs.left = t_req, max(0, until) if gpu else pairs.left
                         if out:
                             break
         finally:
             if g_n or t_got > t_req:  # (t_got later: the loop body broke out or raised)
-                _last_record(
-                    p,
-                    acc,
-                    cur,
-                    g_t0,
-                    g_n,
-                    g_wait,
-                    g_host,
-                    g_k,
-                    g_s,
-                    epoch,
-                    t_got,
-                    t_req,
-                    ev0 if timed and gpu else None,
-                    sizer,
-                    batch,
-                )
+                group = (g_t0, g_n, g_wait, g_host, g_k, g_s)
+                ev = ev0 if timed and gpu else None
+                _last_record(p, acc, cur, group, epoch, t_got, t_req, ev, sizer, batch)
             self._epoch_end(p, state.step - first, t_start, acc)
 
     def _sampled(
-        self,
-        p: Recorder,
-        it: Iterator[T],
-        epoch: int,
-        cur: int,
-        t_end: float,
-        acc: list[Any],
-        sizer: Any,
-        until: int,
-        step_s: float,
+        self, loop: _Loop[T], cur: int, t_end: float, sizer: Any, until: int, step_s: float
     ) -> Generator[T, None, tuple[bool, int, float, Any, int]]:
         """Steps under :data:`~stallscope.probe.buffer.SAMPLED_STEP_S`, a record per ``group_s``;
         one in about ``SAMPLE_EVERY``, at random gaps, is timed in full (the step before it
@@ -230,6 +212,7 @@ class Watched(Generic[T]):
         last steps end at the last reading plus their mean step, never after the clock.
         ``until``: steps before a device pair is due (-1: none). Returns (the loader ran out,
         the last step, when it ended, the sizer, steps before the pair) (docs/probe.md)."""
+        p, it, epoch, acc = loop
         perf = time.perf_counter
         state, due, dev, group_s = p.state, p.alerts.due, p.device, p.group_s
         wake = dev.timer is not None and not dev.timing  # device timing may start meanwhile
@@ -365,12 +348,7 @@ def _last_record(
     p: Recorder,
     acc: list[Any],
     cur: int,
-    t0: float,
-    n: int,
-    wait: float,
-    host: float,
-    k: int,
-    s: int,
+    group: tuple[float, int, float, float, int, int],
     epoch: int,
     t_got: float,
     t_req: float,
@@ -380,7 +358,10 @@ def _last_record(
 ) -> None:
     """The epoch's last record, added to ``acc``. When the last batch came after the last
     request (``t_got`` > ``t_req``), the loop body broke out or raised, and that step ends now;
-    else the epoch's last batch, often a short one, is counted as it is when it was not yet."""
+    else the epoch's last batch, often a short one, is counted as it is when it was not yet.
+    ``group``: the record under way (its start, steps, data wait, host time, batches counted and
+    their samples)."""
+    t0, n, wait, host, k, s = group
     marks = None
     try:
         if t_got > t_req:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from stallscope import units
+from stallscope.analysis.gpuevents import clock
 from stallscope.analysis.rundata import RunData
 from stallscope.analysis.stacks import phases_over_time, trainer_phases
 from stallscope.sources.stacks.phases import PHASES
@@ -546,15 +547,6 @@ def time_step(span: float, ticks: int = 10) -> float:
     return float(math.ceil(span / ticks / 86400) * 86400)
 
 
-def clock(seconds: float) -> str:
-    """``m:ss`` or ``h:mm:ss`` of a time offset."""
-    s = round(seconds)
-    h, rem = divmod(abs(s), 3600)
-    m, sec = divmod(rem, 60)
-    sign = "-" if s < 0 else ""
-    return f"{sign}{h}:{m:02d}:{sec:02d}" if h else f"{sign}{m}:{sec:02d}"
-
-
 # --- drawing -------------------------------------------------------------------------------------
 _SVG_OPEN = re.compile(r"<svg\b[^>]*>")
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
@@ -567,7 +559,7 @@ def render_svg(plot: Plot, span: float) -> str:
     data in legends stays text; math parsing is off, so a ``$`` in a device name is literal."""
     import matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     rows = len(plot.panels)
     # legends sit above their axes (never over the data), with room for as many legend rows
@@ -596,50 +588,7 @@ def render_svg(plot: Plot, span: float) -> str:
         axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
         previous: list[str] = []
         for ax, panel, layout in zip(axes, plot.panels, layouts, strict=True):
-            for ln in panel.lines:
-                if ln.style == ".":
-                    ax.plot(
-                        ln.t,
-                        ln.v,
-                        linestyle="none",
-                        marker=".",
-                        markersize=2.0,
-                        color=ln.color,
-                        alpha=ln.alpha,
-                        label=ln.label,
-                    )
-                else:
-                    ax.plot(
-                        ln.t,
-                        ln.v,
-                        linestyle=ln.style,
-                        linewidth=ln.width,
-                        color=ln.color,
-                        alpha=ln.alpha,
-                        label=ln.label,
-                    )
-            ax.set_ylabel(panel.ylabel)
-            if panel.ylim is not None:
-                ax.set_ylim(*panel.ylim)
-            else:
-                ax.margins(y=0.12)
-                ax.set_ylim(bottom=0)
-            ax.grid(True, color="#e4e4e4", linewidth=0.6)
-            ax.yaxis.set_major_locator(MaxNLocator(4))
-            for side in ("top", "right"):
-                ax.spines[side].set_visible(False)
-            labels = [ln.label for ln in panel.lines]
-            if labels != previous:  # the same lines on the row above: one legend is enough
-                ax.legend(
-                    loc="lower left",
-                    bbox_to_anchor=(0.0, 1.0),
-                    borderaxespad=0.1,
-                    ncol=layout[0],
-                    frameon=False,
-                    handlelength=1.8,
-                    columnspacing=1.4,
-                )
-            previous = labels
+            previous = _draw_panel(ax, panel, layout[0], previous)
         axes[-1].set_xlim(0, span)
         axes[-1].xaxis.set_major_locator(MultipleLocator(time_step(span)))
         axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: clock(x)))
@@ -650,7 +599,63 @@ def render_svg(plot: Plot, span: float) -> str:
             format="svg",
             metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
         )
-    svg = buf.getvalue()
+    return _inline_svg(buf.getvalue(), plot.id)
+
+
+def _draw_panel(ax: Any, panel: Panel, ncol: int, previous: list[str]) -> list[str]:
+    """One panel's lines, axes and legend (``ncol`` columns; none when its lines are the
+    ``previous`` panel's, labels alike); returns its labels."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ln in panel.lines:
+        if ln.style == ".":
+            ax.plot(
+                ln.t,
+                ln.v,
+                linestyle="none",
+                marker=".",
+                markersize=2.0,
+                color=ln.color,
+                alpha=ln.alpha,
+                label=ln.label,
+            )
+        else:
+            ax.plot(
+                ln.t,
+                ln.v,
+                linestyle=ln.style,
+                linewidth=ln.width,
+                color=ln.color,
+                alpha=ln.alpha,
+                label=ln.label,
+            )
+    ax.set_ylabel(panel.ylabel)
+    if panel.ylim is not None:
+        ax.set_ylim(*panel.ylim)
+    else:
+        ax.margins(y=0.12)
+        ax.set_ylim(bottom=0)
+    ax.grid(True, color="#e4e4e4", linewidth=0.6)
+    ax.yaxis.set_major_locator(MaxNLocator(4))
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    labels = [ln.label for ln in panel.lines]
+    if labels != previous:  # the same lines on the row above: one legend is enough
+        ax.legend(
+            loc="lower left",
+            bbox_to_anchor=(0.0, 1.0),
+            borderaxespad=0.1,
+            ncol=ncol,
+            frameon=False,
+            handlelength=1.8,
+            columnspacing=1.4,
+        )
+    return labels
+
+
+def _inline_svg(svg: str, plot_id: str) -> str:
+    """matplotlib's SVG document as the page's inline element: its own opening tag (the plot's
+    id, the viewBox kept), comments dropped, ids scoped to the plot, path data on one line."""
     svg = svg[svg.index("<svg") :]
     svg = _COMMENT.sub("", svg)
     m = _SVG_OPEN.search(svg)
@@ -658,12 +663,12 @@ def render_svg(plot: Plot, span: float) -> str:
         raise RuntimeError("matplotlib wrote no <svg> element")
     view = re.search(r'viewBox="([^"]*)"', m.group(0))
     opening = (
-        f'<svg id="svg-{plot.id}" class="plot-svg" xmlns="http://www.w3.org/2000/svg" '
+        f'<svg id="svg-{plot_id}" class="plot-svg" xmlns="http://www.w3.org/2000/svg" '
         f'xmlns:xlink="http://www.w3.org/1999/xlink" version="1.1" '
         f'viewBox="{view.group(1) if view else ""}" role="img" '
         f'preserveAspectRatio="xMidYMid meet">'
     )
-    svg = opening + _scope_ids(svg[m.end() :], plot.id)
+    svg = opening + _scope_ids(svg[m.end() :], plot_id)
     # path data: matplotlib writes one segment per line; spaces are enough
     svg = re.sub(r" ?\n(?=[LMCQz])", " ", svg)
     return svg.strip()
