@@ -84,6 +84,8 @@ class Collector:
         self.clock = clock
         self.samples = 0  #: samples handed to the sinks
         self._sink_cpu_s = self._sink_wall_s = 0.0  #: what the sinks took for the last sample
+        #: (thread id, its CPU seconds) at the end of the last sample handed to the sinks
+        self._mark: tuple[int | None, float] = (None, 0.0)
         self.failures: dict[str, int] = {}
         self.events: list[Event] = []  #: everything said, in order (also handed to the sinks)
         self._said: set[tuple[str, str]] = set()
@@ -161,8 +163,10 @@ class Collector:
             return sample
         # the sample's own cost: sources and derived points, plus what the sinks took for the
         # previous sample (the store, the alerts, the exposition: the point is written by
-        # them, so their share is counted one sample late)
-        sample.cpu_s = time.thread_time() - cpu0 + self._sink_cpu_s
+        # them, so their share is counted one sample late), plus, on the collector's own
+        # thread, what that thread spent since then (waking up, its loop): all of its CPU is
+        # sampling, and the point says what one sample costs the monitor's process
+        sample.cpu_s = time.thread_time() - cpu0 + self._sink_cpu_s + self._between(cpu0)
         sample.wall_s = time.perf_counter() - wall0 + self._sink_wall_s
         points.append(Point("collector.cpu_s", "", sample.cpu_s))
         points.append(Point("collector.wall_s", "", sample.wall_s))
@@ -172,10 +176,20 @@ class Collector:
                 sink.write(sample)
             except Exception as exc:  # one failing sink never stops the others or sampling
                 self._sink_error(now, sink, exc)
-        self._sink_cpu_s = time.thread_time() - cpu1
+        end = time.thread_time()
+        self._sink_cpu_s = end - cpu1
         self._sink_wall_s = time.perf_counter() - wall1
+        self._mark = (threading.get_ident(), end)
         self.samples += 1
         return sample
+
+    def _between(self, cpu0: float) -> float:
+        """This thread's CPU seconds from the end of its previous sample to ``cpu0``: the
+        collector thread's wake-up and loop (0 on another thread, or for the first sample)."""
+        ident, end = self._mark
+        if ident != threading.get_ident() or cpu0 < end:
+            return 0.0
+        return cpu0 - end
 
     def _raw_counters(self, now: float, src: Source) -> list[Point]:
         """A priming source's raw counters (its first read: no interval for rates yet)."""

@@ -7,6 +7,8 @@ import ast
 import inspect
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -331,3 +333,43 @@ def test_last_seen_times_are_written_when_an_entity_goes_at_checkpoints_and_at_c
     assert seen()["roomA"] == (ts[0], ts[5])
     c.stop(final_sample=False)
     assert seen() == {"roomA": (ts[0], ts[6]), "roomB": (ts[1], ts[2])}
+
+
+class Constant(Source):
+    """A source that costs nothing: one point a sample."""
+
+    name = "thermo"
+
+    def sample(self, now: float) -> Any:
+        return {"temp_c": 20.0}
+
+    def points(self, payload: Any) -> list[Point]:
+        return [Point("thermo.temp_c", "", payload["temp_c"])]
+
+
+def _burn(cpu_s: float) -> None:
+    """Spend ``cpu_s`` seconds of this thread's CPU (CPU, not wall: a busy machine is fine)."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_cost_point_counts_the_collector_threads_cpu_between_its_samples() -> None:
+    """``collector.cpu_s`` is what a sample costs the monitor's process: the sample's own work
+    plus what the same thread spent since its previous sample (waking up, its loop); CPU that
+    another thread spent in between, or that came before the thread's first sample, is not."""
+    kept = Keeping()
+    c = Collector([Constant()], [kept], interval=1.0)
+    _burn(0.05)
+    c.sample_once()  # the first: nothing before it is counted
+    _burn(0.03)
+    c.sample_once()  # 30 ms of this thread's CPU since the last sample: counted
+    assert kept.samples[0].cpu_s < 0.02
+    assert 0.03 <= kept.samples[1].cpu_s < 0.06
+    other = threading.Thread(target=c.sample_once)  # another thread: its own CPU only
+    _burn(0.03)
+    other.start()
+    other.join()
+    assert kept.samples[2].cpu_s < 0.02
+    c.sample_once()  # back here: the mark is the other thread's, so nothing in between
+    assert kept.samples[3].cpu_s < 0.02
