@@ -132,3 +132,55 @@ def test_wait_spread_counts_a_record_of_several_steps_at_their_mean() -> None:
     share4, _ = wait_spread(grouped)
     assert share4 is not None and share4 <= share
     assert wait_spread(_steps([0.01] * 50)) == (None, None)  # too few steps to tell
+
+
+def _timed(data: RunData, costs_s: list[float]) -> RunData:
+    """The two workers' own timing of their batches (sources/stacks/fetches.py), half each."""
+    from stallscope.sources.stacks.fetches import bucket
+
+    for pid, part in (("101", costs_s[::2]), ("102", costs_s[1::2])):
+        hist: dict[int, int] = {}
+        for c in part:
+            hist[bucket(c)] = hist.get(bucket(c), 0) + 1
+        data.batch_costs[int(pid)] = hist
+    return data
+
+
+#: batches of 4 with 2% of the samples 41x slower: 8% of the batches cost 11x the others
+TAIL_COSTS = [0.53 if i % 25 == 3 else 0.048 for i in range(400)]
+
+
+def test_the_workers_timing_of_a_heavy_tail_is_shown_and_simulated() -> None:
+    doc = diagnose(_timed(_loader(BURSTS), TAIL_COSTS))
+    f = doc["findings"][0]
+    assert f["kind"] == "input_bound.head_of_line", doc["findings"]
+    ev = f["evidence"]
+    assert ev["batches_timed"] == 400
+    assert ev["batch_cost_p99_ms"] / ev["batch_cost_p50_ms"] > 9
+    assert "The workers timed each batch" in f["summary"] and "×5" in f["rule"]
+    # the estimate is the smaller of the cores' bound (x1.67) and PyTorch's dispatch simulated
+    # over these costs
+    assert ev["cores_estimate"] == pytest.approx(2 / 1.2, abs=0.01)
+    assert 1.05 <= ev["simulated_speedup"] < ev["cores_estimate"]
+    assert f["est_speedup"] == ev["simulated_speedup"] == f["fixes"][0]["expected_speedup"]
+    assert "simulated" in f["fixes"][0]["why"]
+    assert (
+        f["fixes"][1]["action"] == "prefetch_factor 2 → 4" and "simulated" in f["fixes"][1]["why"]
+    )
+
+
+def test_batches_timed_alike_are_no_head_of_line_whatever_the_waits() -> None:
+    # the same waits in bursts, but the workers measured every batch within 20% of the others
+    flat = [0.09 if i % 2 else 0.1 for i in range(400)]
+    doc = diagnose(_timed(_loader(BURSTS), flat))
+    kinds = [x["kind"] for x in doc["findings"]]
+    assert "input_bound.head_of_line" not in kinds and "input_bound.prep" in kinds, kinds
+    assert doc["signals"]["batch_cost_p99_ms"] < 5 * doc["signals"]["batch_cost_p50_ms"]
+
+
+def test_too_few_batches_timed_leave_the_waits_to_tell() -> None:
+    doc = diagnose(_timed(_loader(BURSTS), [0.09] * 30))
+    f = doc["findings"][0]
+    assert f["kind"] == "input_bound.head_of_line"
+    assert f["evidence"]["simulated_speedup"] is None
+    assert f["est_speedup"] == pytest.approx(2 / 1.2, abs=0.01)

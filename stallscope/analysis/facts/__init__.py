@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _EMPTY: Mapping[str, Any] = types.MappingProxyType({})
+_NO_COUNTS: Mapping[int, int] = types.MappingProxyType({})
 
 
 def frozen(v: Any) -> Any:
@@ -174,11 +175,15 @@ class LoaderFacts:
     thread_busy: float | None = None
     thread_cpu_cores: float | None = None
     thread_wait_share: float | None = None
+    #: the share of the loader threads' prep time they neither ran nor waited for a CPU
+    #: (waiting for the GIL: each thread's prep less its CPU and run-queue wait); None where
+    #: schedstat could not be read
+    thread_blocked_share: float | None = None
     #: what each batch cost a worker (fetch, transform, collate; timed inside the workers by the
     #: sampler ``run`` injects: sources/stacks/fetches.py): the histogram (bucket -> batches),
     #: how many, the median and 99th percentile (ms), and the share of all the loading time the
     #: slowest 5% of the batches took (a heavy tail holds most of it)
-    batch_cost_hist: Mapping[int, int] = field(default_factory=lambda: _EMPTY)
+    batch_cost_hist: Mapping[int, int] = field(default_factory=lambda: _NO_COUNTS)
     batches_timed: int = 0
     batch_cost_p50_ms: float | None = None
     batch_cost_p99_ms: float | None = None
