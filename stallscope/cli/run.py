@@ -236,16 +236,7 @@ def attach(
     )
     alert_sink.attach_run(session.run_dir)
     if not args.no_stacks:
-        targets = python_trainers(pid, own)
-        if targets != [pid] and not args.quiet:
-            err_console.print(
-                f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
-                f"the stacks of the Python trainer it runs, pid "
-                f"{', '.join(map(str, targets))}",
-                soft_wrap=True,
-                highlight=False,
-            )
-        _stacks(args, session, attach=targets)
+        _attach_stacks(args, session, pid, name, own)
     mirror = _probe_mirror(args, session, pid, started)
     stop: list[int] = []
 
@@ -286,6 +277,23 @@ def attach(
     _finish(session, None, ended=how)
     _print_end(args, session.run_dir)
     return 0
+
+
+def _attach_stacks(
+    args: argparse.Namespace, session: Session, pid: int, name: str, own: frozenset[int]
+) -> None:
+    """Sample the stacks of the Python trainer under pid (pid itself, or the Python processes
+    a launcher that is not Python runs), saying so when it is not pid."""
+    targets = python_trainers(pid, own)
+    if targets != [pid] and not args.quiet:
+        err_console.print(
+            f"stallscope: pid {pid} ({safe(name)}) is not Python: sampling "
+            f"the stacks of the Python trainer it runs, pid "
+            f"{', '.join(map(str, targets))}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    _stacks(args, session, attach=targets)
 
 
 def _probe_mirror(

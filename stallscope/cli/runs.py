@@ -99,6 +99,24 @@ def remember_verdict(run_dir: Path, verdict: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is not a directory")
+    rows = _rows(args)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        out_console.print(f"no runs in {args.out}/ (start one with `stallscope run -- CMD`)")
+        return 0
+    here = _root(args.out).resolve()
+    if not out_console.is_terminal:  # a pipe or a file: whole fields, for grep and awk
+        _print_lines(rows, here)
+        return 0
+    out_console.print(_table(rows, here))
+    return 0
+
+
+def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """A row for each run (``--here``: in the folder, else every run known), what ``--json``
+    prints; a run whose meta.json cannot be read has its error instead."""
     rows: list[dict[str, Any]] = []
     from stallscope.store.rundir import list_runs
 
@@ -127,16 +145,12 @@ def run(args: argparse.Namespace) -> int:
                 "verdict": stored_verdict(d, meta) if state != "running" else None,
             }
         )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
-        out_console.print(f"no runs in {args.out}/ (start one with `stallscope run -- CMD`)")
-        return 0
-    here = _root(args.out).resolve()
-    if not out_console.is_terminal:  # a pipe or a file: whole fields, for grep and awk
-        _print_lines(rows, here)
-        return 0
+    return rows
+
+
+def _table(rows: list[dict[str, Any]], here: Path) -> Table:
+    """The runs as a table for the terminal: the verdict and owner columns where a run has
+    one, the folder where a run is elsewhere and the width allows."""
     # the folder column only where it fits (`runs --json` always has each run's path)
     elsewhere = out_console.width >= 110 and any(
         Path(r["path"]).resolve().parent != here for r in rows
@@ -179,34 +193,39 @@ def run(args: argparse.Namespace) -> int:
     if elsewhere:
         t.add_column("in", no_wrap=True, overflow="ellipsis", max_width=rest - cmd_w)
     for r in rows:
-        parent = Path(r["path"]).resolve().parent
-        where = [safe(str(parent)) if parent != here else "."] if elsewhere else []
-        if "error" in r:
-            t.add_row(
-                safe(r["run"]),
-                "-",
-                "-",
-                "-",
-                *(["-"] if verdicts else []),
-                *(["-"] if owned else []),
-                f"[red]{safe(r['error'])}[/]",
-                *where,
-            )
-            continue
-        t.add_row(
+        t.add_row(*_table_row(r, here, elsewhere=elsewhere, verdicts=verdicts, owned=owned))
+    return t
+
+
+def _table_row(
+    r: dict[str, Any], here: Path, *, elsewhere: bool, verdicts: bool, owned: bool
+) -> list[str]:
+    """One run's cells, its error in place of the command when it has one."""
+    parent = Path(r["path"]).resolve().parent
+    where = [safe(str(parent)) if parent != here else "."] if elsewhere else []
+    if "error" in r:
+        return [
             safe(r["run"]),
-            _when(r["start"]),
-            "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
-            (str(r["exit_code"]) if r["exit_code"] is not None else "-")
-            if r["state"] == "finished"
-            else r["state"],
-            *([safe(r.get("verdict") or "-")] if verdicts else []),
-            *([safe(describe(r.get("owner")) or "-")] if owned else []),
-            safe(" ".join(r["command"] or [])[:60]),
+            "-",
+            "-",
+            "-",
+            *(["-"] if verdicts else []),
+            *(["-"] if owned else []),
+            f"[red]{safe(r['error'])}[/]",
             *where,
-        )
-    out_console.print(t)
-    return 0
+        ]
+    return [
+        safe(r["run"]),
+        _when(r["start"]),
+        "-" if r["duration_s"] is None else f"{r['duration_s']:.0f} s",
+        (str(r["exit_code"]) if r["exit_code"] is not None else "-")
+        if r["state"] == "finished"
+        else r["state"],
+        *([safe(r.get("verdict") or "-")] if verdicts else []),
+        *([safe(describe(r.get("owner")) or "-")] if owned else []),
+        safe(" ".join(r["command"] or [])[:60]),
+        *where,
+    ]
 
 
 def _print_lines(rows: list[dict[str, Any]], here: Path) -> None:

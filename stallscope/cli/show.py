@@ -146,18 +146,7 @@ def print_run(
         highlight=False,
         soft_wrap=True,
     )
-    from stallscope.cli.diagnose import training_line
-
-    about = training_line(meta)
-    if about:
-        console.print(f"  {safe(about)}", highlight=False)
-    line = data.skipped_note()
-    if line:
-        console.print(f"  [yellow]{line}[/]", highlight=False)
-    for what in data.unreadable:
-        console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
-    for name, reason in (meta.get("unavailable") or {}).items():
-        console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
+    _print_notes(data, meta, console)
     _print_alerts(data.events, run_dir, console)
     _print_gpu_events(data, console)
     tuned = [ev for ev in data.events if ev.get("kind") == "autotune"]
@@ -192,16 +181,7 @@ def print_run(
         more = f", {inside:.0%} of the training" if inside is not None else ""
         console.print(f"  {ent} idle {share:.0%} of the run{more}")
     _print_gpu_energy_health(summary, console)
-    if "collector_cpu_s_per_sample" in summary:
-        cost = summary["collector_cpu_s_per_sample"]
-        # per second of the run: the interval changes after the warm-up
-        span = summary.get("duration_s") or 0
-        rate = summary.get("samples", 0) / span if span else 1 / (meta.get("interval_s") or 1)
-        console.print(
-            f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
-            f"({cost * rate:.3%} of one core over the run)",
-            highlight=False,
-        )
+    _print_cost(summary, meta, console)
     if with_diagnosis:
         try:
             from stallscope.analysis.diagnose import diagnose_run, print_diagnosis
@@ -212,6 +192,39 @@ def print_run(
         verdict: str | None = doc.get("verdict")
         return verdict
     return None
+
+
+def _print_notes(data: RunData, meta: dict[str, Any], console: Console) -> None:
+    """What the header adds: the training it watched, what was skipped, unreadable or
+    unavailable."""
+    from stallscope.cli.diagnose import training_line
+
+    about = training_line(meta)
+    if about:
+        console.print(f"  {safe(about)}", highlight=False)
+    line = data.skipped_note()
+    if line:
+        console.print(f"  [yellow]{line}[/]", highlight=False)
+    for what in data.unreadable:
+        console.print(f"  [yellow]could not read {safe(what)}[/]", highlight=False)
+    for name, reason in (meta.get("unavailable") or {}).items():
+        console.print(f"  [yellow]{safe(name)}[/]: {safe(str(reason))}", highlight=False)
+
+
+def _print_cost(summary: dict[str, Any], meta: dict[str, Any], console: Console) -> None:
+    """The collector's own CPU: per sample, and its share of one core over the run (none when
+    the run did not measure it)."""
+    if "collector_cpu_s_per_sample" not in summary:
+        return
+    cost = summary["collector_cpu_s_per_sample"]
+    # per second of the run: the interval changes after the warm-up
+    span = summary.get("duration_s") or 0
+    rate = summary.get("samples", 0) / span if span else 1 / (meta.get("interval_s") or 1)
+    console.print(
+        f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
+        f"({cost * rate:.3%} of one core over the run)",
+        highlight=False,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

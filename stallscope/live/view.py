@@ -178,60 +178,9 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
         return [[_line(("gpu  ", "bold"), why, width=width)]]
     out = []
     name_w = max(6, min(28, width - 70))
+    deg = "°C" if state.unicode else "C"
     for g in gpus:
-        total = g.get("mem_total_mib")
-        used = g.get("mem_used_mib")
-        mem = (
-            units.memory(used, total)
-            if isinstance(used, (int, float)) and isinstance(total, (int, float))
-            else "-"
-        )
-        power = g.get("power_w")
-        limit = g.get("power_limit_w")
-        power_s = f"{_num(power, 4, 0).strip()}/{_num(limit, 3, 0).strip()} W"
-        util = g.get("util_pct")
-        temp = g.get("temp_c")
-        deg = "°C" if state.unicode else "C"
-        l1 = _line(
-            (f"gpu{g.get('index')} ", "bold"),
-            _cell(plain(g.get("name", "?"), 80), name_w, left=True),
-            "  util ",
-            (_num(util, 3, 0) + "%", ""),
-            "  mem ",
-            mem,
-            "  ",
-            (f"{_num(temp, 3, 0)}{deg}", _pct_style(temp, 80, 87)),
-            "  ",
-            (
-                power_s,
-                _pct_style(
-                    power / limit * 100
-                    if isinstance(power, (int, float)) and isinstance(limit, (int, float)) and limit
-                    else None,
-                    95,
-                    101,
-                ),
-            ),
-            f"  SM {_num(g.get('sm_clock_mhz'), 4, 0).strip()} MHz",
-            width=width,
-        )
-        throttle = [plain(t, 40) for t in (g.get("throttle") or []) if t != "gpu_idle"]
-        serious = any(t.startswith(("hw_", "sw_thermal")) for t in throttle)
-        gen, gen_max = g.get("pcie_gen"), g.get("pcie_gen_max")
-        wid, wid_max = g.get("pcie_width"), g.get("pcie_width_max")
-        degraded = (isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max) or (
-            isinstance(wid, int) and isinstance(wid_max, int) and wid < wid_max
-        )
-        l2 = _line(
-            "     throttle ",
-            (", ".join(throttle) or "none", _BAD if serious else _WARN if throttle else ""),
-            "  PCIe ",
-            (f"Gen{gen or '-'} x{wid or '-'}", _WARN if degraded else ""),
-            f" (max Gen{gen_max or '-'} x{wid_max or '-'})",
-            f"  rx {_rate(g.get('pcie_rx_kb_s'))} tx {_rate(g.get('pcie_tx_kb_s'))}",
-            width=width,
-        )
-        lines = [l1, l2]
+        lines = [_gpu_use_line(g, width, name_w, deg), _gpu_link_line(g, width)]
         if g.get("health_problem"):  # a GPU that needs a person: said on a line of its own
             what = health_parts(g) if isinstance(g, dict) else []
             mem_t = g.get("mem_temp_c")
@@ -247,6 +196,69 @@ def _gpu_lines(sample: Sample, state: ViewState, width: int) -> list[list[Text]]
             )
         out.append(lines)
     return out
+
+
+def _gpu_use_line(g: dict[str, Any], width: int, name_w: int, deg: str) -> Text:
+    """A GPU's first line: its name, utilization, memory, temperature, power against its
+    limit and SM clock."""
+    total = g.get("mem_total_mib")
+    used = g.get("mem_used_mib")
+    mem = (
+        units.memory(used, total)
+        if isinstance(used, (int, float)) and isinstance(total, (int, float))
+        else "-"
+    )
+    power = g.get("power_w")
+    limit = g.get("power_limit_w")
+    power_s = f"{_num(power, 4, 0).strip()}/{_num(limit, 3, 0).strip()} W"
+    util = g.get("util_pct")
+    temp = g.get("temp_c")
+    l1 = _line(
+        (f"gpu{g.get('index')} ", "bold"),
+        _cell(plain(g.get("name", "?"), 80), name_w, left=True),
+        "  util ",
+        (_num(util, 3, 0) + "%", ""),
+        "  mem ",
+        mem,
+        "  ",
+        (f"{_num(temp, 3, 0)}{deg}", _pct_style(temp, 80, 87)),
+        "  ",
+        (
+            power_s,
+            _pct_style(
+                power / limit * 100
+                if isinstance(power, (int, float)) and isinstance(limit, (int, float)) and limit
+                else None,
+                95,
+                101,
+            ),
+        ),
+        f"  SM {_num(g.get('sm_clock_mhz'), 4, 0).strip()} MHz",
+        width=width,
+    )
+    return l1
+
+
+def _gpu_link_line(g: dict[str, Any], width: int) -> Text:
+    """A GPU's second line: its throttle reasons (the serious ones in red) and its PCIe link,
+    against its maximum, and traffic."""
+    throttle = [plain(t, 40) for t in (g.get("throttle") or []) if t != "gpu_idle"]
+    serious = any(t.startswith(("hw_", "sw_thermal")) for t in throttle)
+    gen, gen_max = g.get("pcie_gen"), g.get("pcie_gen_max")
+    wid, wid_max = g.get("pcie_width"), g.get("pcie_width_max")
+    degraded = (isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max) or (
+        isinstance(wid, int) and isinstance(wid_max, int) and wid < wid_max
+    )
+    l2 = _line(
+        "     throttle ",
+        (", ".join(throttle) or "none", _BAD if serious else _WARN if throttle else ""),
+        "  PCIe ",
+        (f"Gen{gen or '-'} x{wid or '-'}", _WARN if degraded else ""),
+        f" (max Gen{gen_max or '-'} x{wid_max or '-'})",
+        f"  rx {_rate(g.get('pcie_rx_kb_s'))} tx {_rate(g.get('pcie_tx_kb_s'))}",
+        width=width,
+    )
+    return l2
 
 
 def _cores(per_core: Sequence[Any], room: int, unicode: bool) -> list[str]:
@@ -305,38 +317,16 @@ def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -
             _line(("core " if i == 0 else "     ", "dim"), f, width=width)
             for i, f in enumerate(folded)
         )
-    total, used_m = h.get("mem_total_mib"), h.get("mem_used_mib")
-    mem = (
-        units.memory(used_m, total)
-        if isinstance(total, (int, float)) and isinstance(used_m, (int, float))
-        else "-"
-    )
-    swap_in, swap_out = h.get("swap_in_kb_s"), h.get("swap_out_kb_s")
-    swapping = any(isinstance(v, (int, float)) and v > 0 for v in (swap_in, swap_out))
-    shm_u, shm_t = h.get("shm_used_mib"), h.get("shm_total_mib")
-    shm_pct = (
-        shm_u / shm_t * 100
-        if isinstance(shm_u, (int, float)) and isinstance(shm_t, (int, float)) and shm_t
-        else None
-    )
-    lines.append(
-        _line(
-            ("mem ", "bold"),
-            mem,
-            f" (avail {units.size(units.mib(h.get('mem_available_mib') or 0))})",
-            "  swap in/out ",
-            (
-                f"{_num(swap_in, 1, 0).strip()}/{_num(swap_out, 1, 0).strip()} kB/s",
-                _WARN if swapping else "",
-            ),
-            "  shm ",
-            (
-                f"{_num(shm_u, 1, 0).strip()}/{_num(shm_t, 1, 0).strip()} MiB",
-                _pct_style(shm_pct, 80, 95),
-            ),
-            width=width,
-        )
-    )
+    lines.append(_mem_line(h, width))
+    psi = _psi_line(h, width)
+    if psi is not None:
+        lines.append(psi)
+    return lines
+
+
+def _psi_line(h: dict[str, Any], width: int) -> Text | None:
+    """Pressure stall information: some for CPU, IO and memory, and IO full; None when the
+    host has none."""
     psi: list[tuple[str, str] | str] = [("psi ", "bold"), "some: "]
     for label_, key in (
         ("cpu", "psi_cpu_some_pct"),
@@ -354,8 +344,42 @@ def _host_lines(sample: Sample, state: ViewState, width: int, core_lines: int) -
             ),
         ]
     if any(k.startswith("psi_") for k in h):
-        lines.append(_line(*psi, width=width))
-    return lines
+        return _line(*psi, width=width)
+    return None
+
+
+def _mem_line(h: dict[str, Any], width: int) -> Text:
+    """The host's memory line: used of total and available, swap in and out, /dev/shm."""
+    total, used_m = h.get("mem_total_mib"), h.get("mem_used_mib")
+    mem = (
+        units.memory(used_m, total)
+        if isinstance(total, (int, float)) and isinstance(used_m, (int, float))
+        else "-"
+    )
+    swap_in, swap_out = h.get("swap_in_kb_s"), h.get("swap_out_kb_s")
+    swapping = any(isinstance(v, (int, float)) and v > 0 for v in (swap_in, swap_out))
+    shm_u, shm_t = h.get("shm_used_mib"), h.get("shm_total_mib")
+    shm_pct = (
+        shm_u / shm_t * 100
+        if isinstance(shm_u, (int, float)) and isinstance(shm_t, (int, float)) and shm_t
+        else None
+    )
+    return _line(
+        ("mem ", "bold"),
+        mem,
+        f" (avail {units.size(units.mib(h.get('mem_available_mib') or 0))})",
+        "  swap in/out ",
+        (
+            f"{_num(swap_in, 1, 0).strip()}/{_num(swap_out, 1, 0).strip()} kB/s",
+            _WARN if swapping else "",
+        ),
+        "  shm ",
+        (
+            f"{_num(shm_u, 1, 0).strip()}/{_num(shm_t, 1, 0).strip()} MiB",
+            _pct_style(shm_pct, 80, 95),
+        ),
+        width=width,
+    )
 
 
 #: (payload key, label, width): the disk columns, then those added in the wide layout

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from stallscope.sources.host import read_devices, swap_ins
-from stallscope.sources.others import busiest_others, cpu_snapshot
+from stallscope.sources.others import Snapshot, busiest_others, cpu_snapshot
 
 #: a trial whose rate so far is below this share of the best one is cut short ("clearly slower")
 CUT_SHARE = 0.6
@@ -202,9 +202,7 @@ def run_trial(
     """Measure ``config`` for about ``window_s`` seconds after the first batch. A trial that is
     clearly slower than ``best_rate`` halfway through is cut short (status ``cut``)."""
     trial = Trial(config=dict(config))
-    swap0 = swap_ins()
-    disks0 = read_devices()
-    others0, wall0 = cpu_snapshot(), time.time()
+    before = _host_before()
     sampler = _Sampler()
     sampler.start()
     it = None
@@ -242,17 +240,9 @@ def run_trial(
             elapsed = c - t0
             if elapsed >= window_s and batches >= min_batches:
                 break
-            if (
-                best_rate
-                and batches >= min_batches
-                and elapsed >= max(1.0, window_s / 2)
-                and samples / elapsed < CUT_SHARE * best_rate
-            ):
-                trial.status = "cut"
-                trial.reason = (
-                    f"{samples / elapsed:,.0f} samples/s after {elapsed:.1f} s, "
-                    f"under {CUT_SHARE:.0%} of the best so far: stopped early"
-                )
+            cut = _cut(samples, elapsed, best_rate, window_s) if batches >= min_batches else None
+            if cut is not None:
+                trial.status, trial.reason = "cut", cut
                 break
         trial.seconds = elapsed
         trial.batches, trial.samples = batches, samples
@@ -272,17 +262,47 @@ def run_trial(
         if it is not None:
             _shutdown(it)
         _account(trial, usage, time.perf_counter() - t_start)
-        trial.swap_in = max(0, swap_ins() - swap0)
-        disks1 = read_devices()
-        trial.read_devices = sorted(d for d, n in disks1.items() if n > disks0.get(d, n))
-        trial.busy_others = busiest_others(
-            others0,
-            cpu_snapshot(),
-            time.time() - wall0,
-            exclude={os.getpid(), *usage.last},
-            started=wall0,
-        )
+        _host_after(trial, usage, before)
     return trial
+
+
+def _cut(samples: int, elapsed: float, best_rate: float | None, window_s: float) -> str | None:
+    """Why a trial is cut short: halfway through its window (a second at least) it is clearly
+    slower than the best so far; None when it goes on."""
+    if (
+        best_rate
+        and elapsed >= max(1.0, window_s / 2)
+        and samples / elapsed < CUT_SHARE * best_rate
+    ):
+        return (
+            f"{samples / elapsed:,.0f} samples/s after {elapsed:.1f} s, "
+            f"under {CUT_SHARE:.0%} of the best so far: stopped early"
+        )
+    return None
+
+
+#: the host's counters before a trial: swap-ins, reads per device, every process's CPU, when
+_Before = tuple[int, dict[str, int], Snapshot, float]
+
+
+def _host_before() -> _Before:
+    return swap_ins(), read_devices(), cpu_snapshot(), time.time()
+
+
+def _host_after(trial: Trial, usage: _Usage, before: _Before) -> None:
+    """What the trial did to the host beside its own processes: the swap-ins, the devices
+    read, and the other processes that were busy meanwhile."""
+    swap0, disks0, others0, wall0 = before
+    trial.swap_in = max(0, swap_ins() - swap0)
+    disks1 = read_devices()
+    trial.read_devices = sorted(d for d, n in disks1.items() if n > disks0.get(d, n))
+    trial.busy_others = busiest_others(
+        others0,
+        cpu_snapshot(),
+        time.time() - wall0,
+        exclude={os.getpid(), *usage.last},
+        started=wall0,
+    )
 
 
 def others_cores(t: Trial) -> float:
