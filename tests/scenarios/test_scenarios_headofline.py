@@ -47,6 +47,10 @@ def test_slow_samples_hold_up_the_batches_and_in_order_false_fixes_it(tmp_path: 
     assert "input_bound.prep" not in kinds, kinds  # the same wait, told once
     ev = top["evidence"]
     assert ev["wait_top_share"] >= 0.7 and ev["worker_idle_share"] > 0, ev
+    # the workers timed each batch (sources/stacks/fetches.py): a heavy tail, and the estimate
+    # simulated over it
+    assert ev["batches_timed"] >= 40 and ev["batch_cost_p99_ms"] >= 5 * ev["batch_cost_p50_ms"], ev
+    assert ev["simulated_speedup"] is not None and top["est_speedup"] <= ev["cores_estimate"], ev
     fix = top["fixes"][0]
     assert fix["change"] == {"in_order": False}, top["fixes"]
     assert "order" in fix["why"] and fix["expected_speedup"] == top["est_speedup"]
@@ -78,4 +82,6 @@ def test_the_same_mean_cost_without_a_tail_is_ordinary_prep(tmp_path: Path) -> N
     doc = run_scenario("head-of-line-flat", tmp_path, FLAT, seconds=FIX_SECONDS)
     kinds = [f["kind"] for f in doc["findings"]]
     assert "input_bound.head_of_line" not in kinds, doc["findings"]
+    sig = doc["signals"]  # the workers timed their batches alike: no tail to hold them up
+    assert sig["batches_timed"] >= 40 and sig["batch_cost_p99_ms"] < 5 * sig["batch_cost_p50_ms"]
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]

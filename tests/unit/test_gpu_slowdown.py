@@ -295,3 +295,65 @@ def test_new_ecc_errors_are_a_health_problem_and_fire_the_gpu_health_alert() -> 
     source.close()
     assert told == [("gpu_health", "GPU 0: 2 new uncorrected ECC errors (2 in all)")]
     assert fired == [(3, "gpu_health", "gpu0", "firing")], fired
+
+
+def _ddp_steps(rank: int, comm: float, seed: int = 1) -> list[StepRow]:
+    """One rank's steps under DDP for the whole run: 125 ms each, ``comm`` of it in the
+    all-reduce (the fast rank waits there for the slow one), ±3% noise."""
+    rnd = random.Random(seed + rank)
+    out, t = [], 0.5
+    for i in range(int((SECONDS - 2) / 0.125)):
+        step = 0.125 * (1 + rnd.uniform(-0.03, 0.03))
+        wait = 0.002
+        out.append(
+            StepRow(
+                rank, i, T0 + t + wait, wait, step - wait, samples=64, epoch=0, comm_s=comm * step
+            )
+        )
+        t += step
+    return out
+
+
+def _ddp_run(tmp_path: Path, name: str, change: Callable[[NvmlReplay, int], None] | None) -> Path:
+    """Two ranks, one GPU each, the whole run with rank 0 waiting in the all-reduce 30% of its
+    step and rank 1 2%: rank 1 is the straggler."""
+    run_dir = record(tmp_path, name, gpus=2, change=change, paces=())
+    store = RunStore(run_dir / "run.db")
+    for rank, comm in ((0, 0.30), (1, 0.02)):
+        rows = _ddp_steps(rank, comm)
+        store.add_steps(rows)
+        store.set_probe(rank, PIDS[rank], {"num_workers": 4}, len(rows), 0)
+    store.close()
+    return run_dir
+
+
+def _straggler(run_dir: Path) -> dict[str, Any]:
+    [f] = [f for f in diagnose_run(run_dir)["findings"] if f["kind"] == "straggler_rank"]
+    return f
+
+
+def test_a_straggler_whose_own_gpu_runs_slower_all_run_is_named_by_its_gpu(
+    tmp_path: Path,
+) -> None:
+    """No change point (GPU 1 is hot from the first second), so no gpu_slowdown: the
+    straggler's cause is its GPU, read against the other rank's."""
+
+    def hot_from_start(replay: NvmlReplay, second: int) -> None:
+        thermal(gpu=1)(replay, AT if second == 0 else -1)
+
+    f = _straggler(_ddp_run(tmp_path, "ddp-hot", hot_from_start))
+    ev = f["evidence"]
+    assert ev["rank"] == 1 and ev["cause"] == "gpu", ev
+    gpu = ev["gpu"]
+    assert gpu["gpu"] == "gpu1" and gpu["rank_gpu_known"] is True
+    assert gpu["sm_clock_mhz"] == 1410 and gpu["peers_sm_clock_mhz"] > 1410 / (1 - 0.08)
+    assert gpu["reasons"] == ["hw_thermal"] and gpu["temp_c"] == 87
+    assert "its GPU (gpu1) ran at 1,410 MHz" in f["summary"] and "HW thermal" in f["summary"]
+    assert f["fixes"][0]["action"].startswith("check the GPU's cooling")
+    assert "while its rank lagged" in f["fixes"][0]["why"]
+
+
+def test_a_straggler_on_a_gpu_like_the_others_keeps_its_compute_cause(tmp_path: Path) -> None:
+    f = _straggler(_ddp_run(tmp_path, "ddp-cool", None))
+    assert f["evidence"]["rank"] == 1 and f["evidence"]["cause"] == "compute"
+    assert f["evidence"]["gpu"] is None and "cooling" not in json.dumps(f["fixes"])

@@ -453,6 +453,7 @@ RULES: tuple[RuleSpec, ...] = (
             "worker_runq_pct",
             "workers",
         ),
+        series=("gpu.sm_clock_mhz", "gpu.temp_c", "gpu.throttle_mask"),
     ),
     RuleSpec(
         rule_waiting_for_peers,

@@ -15,6 +15,11 @@ from stallscope.analysis.diagnose.rules.host import _busy_host
 from stallscope.analysis.diagnose.rules.input import _loader_fixes
 from stallscope.analysis.diagnose.rules.prep import _prep_estimate, _prep_fixes
 from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
+from stallscope.analysis.diagnose.rules.slowdown import (
+    CLOCK_DROP_MIN,
+    REASON_SHARE,
+    own_gpu_cause,
+)
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import (
     COMM_GAP,
@@ -165,6 +170,10 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
         (f"rank {names} waits", "its") if len(peers) == 1 else (f"ranks {names} wait", "their")
     )
     cause, why, fixes = _straggler_cause(r, peers, host, runq, peer_runq, mine, peer_compute)
+    gpu = None if cause == "cpu" else own_gpu_cause(data, r["rank"], [d["rank"] for d in peers])
+    if gpu is not None:  # its compute is slower because its GPU runs slower
+        cause, why = "gpu", f"{why}; {gpu['words']}"
+        fixes = [*gpu["fixes"], *fixes]
     on = f" (on {host})" if data.meta.get("rank_hosts") else ""
     ev = {
         "rank": r["rank"],
@@ -178,6 +187,7 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
         "runq_wait_pct": runq,
         "peers_runq_wait_pct": peer_runq,
         "data_wait_share": r.get("stall_fraction"),
+        "gpu": None if gpu is None else {k: v for k, v in gpu.items() if k != "fixes"},
     }
     return [
         Finding(
@@ -198,6 +208,12 @@ def _comm_straggler(data: RunData, fx: Facts, r: Mapping[str, Any]) -> list[Find
                 "run-queue wait ≥ 20% and ≥ 20 points above the others'"
                 if cause == "cpu"
                 else "its data wait is not the cause"
+            )
+            + (
+                f"; its GPU's SM clock ≥ {CLOCK_DROP_MIN:.0%} under the others' with a "
+                f"clock-event reason ≥ {REASON_SHARE:.0%} of the time, or a health event"
+                if cause == "gpu"
+                else ""
             ),
         )
     ]

@@ -23,7 +23,7 @@ from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Seve
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.gpuevents import clock, health_events, rank_gpus
 
-__all__ = ["rule_gpu_slowdown", "slowdown_causes"]
+__all__ = ["own_gpu_cause", "rule_gpu_slowdown", "slowdown_causes"]
 
 #: step time must rise by this share of its level before (and stay up) to count as slower
 SLOWDOWN_MIN = 0.10
@@ -313,7 +313,7 @@ def _mem_temp_cause(data: RunData, gpu: str, w: _Windows) -> list[dict[str, Any]
     ]
 
 
-def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
+def _fixes(causes: list[dict[str, Any]], gpu: str, when: str = "as the steps slowed") -> list[Fix]:
     kinds = {c["cause"] for c in causes}
     reasons = {r for c in causes for r in c.get("reasons") or ()}
     idx = gpu.removeprefix("gpu")
@@ -332,14 +332,14 @@ def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
             Fix(
                 f"drain the node and reset GPU {idx} (nvidia-smi -r -i {idx}) when its "
                 "jobs end; replace it if the errors come back",
-                "the GPU reported errors at the moment the steps slowed",
+                f"the GPU reported errors {when}",
             )
         )
     if reasons & {"hw_thermal", "sw_thermal"} or "mem_temp" in kinds:
         fixes.append(
             Fix(
                 "check the GPU's cooling: fans, airflow, inlet temperature, a blocked heatsink",
-                "the GPU slowed its clocks for heat as the steps slowed",
+                f"the GPU slowed its clocks for heat {when}",
             )
         )
     if reasons & {"sw_power_cap", "hw_power_brake", "hw_slowdown"}:
@@ -347,7 +347,7 @@ def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
             Fix(
                 f"check GPU {idx}'s power limit and supply (nvidia-smi -q -d "
                 "POWER,PERFORMANCE): a lowered limit, a PSU or cabling fault",
-                "the clocks fell under a power limit or brake as the steps slowed",
+                f"the clocks fell under a power limit or brake {when}",
             )
         )
     if "applications_clocks" in reasons or "sync_boost" in reasons:
@@ -362,7 +362,7 @@ def _fixes(causes: list[dict[str, Any]], gpu: str) -> list[Fix]:
         fixes.append(
             Fix(
                 "reseat the card or check its slot and riser; a reboot retrains the link",
-                "the link trained below its maximum when the steps slowed",
+                f"the link trained below its maximum {when}",
             )
         )
     return fixes
@@ -508,3 +508,62 @@ def _step(data: RunData, ts: float, rank: int | None) -> dict[str, Any] | None:
     from stallscope.analysis.gpuevents import step_at
 
     return step_at(data, ts, rank)
+
+
+def own_gpu_cause(data: RunData, rank: int, peers: list[int]) -> dict[str, Any] | None:
+    """Why a straggler rank's GPU, not its code, may be what holds it back over the whole run
+    (no change point needed): its SM clock's median at least :data:`CLOCK_DROP_MIN` under the
+    median of the peers' GPUs' medians, with a clock-event reason (:data:`REASON_WORDS`)
+    active in :data:`REASON_SHARE` of its samples, or a health event (XID, ECC, remapped rows)
+    of that GPU during the run. None when the ranks' GPUs are not known apart or nothing of
+    the kind shows; else the cause with its numbers, its words and its fixes' input."""
+    from stallscope.sources.gpu import THROTTLE_REASONS
+
+    gpus = rank_gpus(data)
+    if rank not in gpus:
+        return None
+    gpu, known = gpus[rank]
+    others = sorted({gpus[p][0] for p in peers if p in gpus} - {gpu})
+    sm = data.get("gpu.sm_clock_mhz", gpu)
+    mine = _median(list(sm.v)) if sm else None
+    theirs = _median(
+        [m for g in others if (s := data.get("gpu.sm_clock_mhz", g)) and (m := _median(list(s.v)))]
+    )
+    if mine is None or not theirs or mine > theirs * (1 - CLOCK_DROP_MIN):
+        return None
+    mask = data.get("gpu.throttle_mask", gpu)
+    masks = [int(m) for m in mask.v] if mask else []
+    reasons = [
+        name
+        for bit, name in THROTTLE_REASONS
+        if name in REASON_WORDS
+        and masks
+        and sum(1 for m in masks if m & bit) >= REASON_SHARE * len(masks)
+    ]
+    told = [e for e in health_events(data) if e["gpu"] == gpu]
+    if not reasons and not told:
+        return None
+    temp = data.get("gpu.temp_c", gpu)
+    temp_c = _median(list(temp.v)) if temp else None
+    why = [REASON_WORDS[r] for r in reasons] + ([f"{temp_c:.0f} °C"] if temp_c is not None else [])
+    events = _told_causes(gpu, told)
+    words = (
+        f"its GPU ({gpu}) ran at {mine:,.0f} MHz against {theirs:,.0f} MHz on the others' "
+        f"GPUs"
+        + (f" ({', '.join(why)})" if why else "")
+        + "".join(f"; {e['words']}" for e in events[:2])
+    )
+    return {
+        "cause": "gpu",
+        "gpu": gpu,
+        "rank_gpu_known": known,
+        "sm_clock_mhz": round(mine),
+        "peers_sm_clock_mhz": round(theirs),
+        "reasons": reasons,
+        "temp_c": None if temp_c is None else round(temp_c, 1),
+        "events": len(told),
+        "words": words,
+        "fixes": _fixes(
+            [{"cause": "sm_clock", "reasons": reasons}, *events], gpu, "while its rank lagged"
+        ),
+    }
