@@ -76,6 +76,9 @@ class AlertEngine:
         for r in self.rules:
             self._by_metric.setdefault(r.metric, []).append(r)
         self._also_metrics = {a.metric for r in self.rules for a in r.also}
+        #: every metric a rule reads: a sample's other points (most of them) are passed over
+        #: in one pass
+        self._read = frozenset(self._by_metric) | self._also_metrics
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._last_fired: dict[tuple[str, str], float] = {}
 
@@ -92,7 +95,8 @@ class AlertEngine:
     def evaluate(self, ts: float, points: Iterable[Point]) -> list[Transition]:
         out: list[Transition] = []
         by_metric = self._by_metric
-        pts = points if isinstance(points, (list, tuple)) else list(points)
+        read = self._read
+        pts = [p for p in points if p[0] in read]  # p[0]: the name, without a getter call
         seen: dict[tuple[str, str], float] | None = None
         if self._also_metrics:  # values of this sample, for conditions across metrics
             seen = {(p.name, p.entity): p.value for p in pts if p.name in self._also_metrics}
