@@ -79,8 +79,9 @@ def test_parquet_time_is_a_utc_timestamp(tmp_path: Path, what: str, instants: li
     """``time`` was text in Parquet (the CSV's ISO string): a reader had to parse it to plot or
     join. It is a timestamp, milliseconds, UTC, holding each sample's instant; the CSV keeps its
     local ISO 8601 text of the same instant."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa  # the parquet extra: scripts/setup.sh installs it, a missing one fails
+    import pyarrow.parquet as pq
+
     from stallscope.analysis.rundata import load_run
     from stallscope.cli.export import _cell, table
 
