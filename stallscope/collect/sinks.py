@@ -92,6 +92,7 @@ class StoreSink(Sink):
             self.written += 1
             if self.written % self.downsample_every == 0:
                 self.store.downsample(sample.ts - self.keep_full_s, self.bucket_s)
+                self.store.pack_steps(sample.ts)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
 

@@ -21,7 +21,14 @@ Layout:
     :data:`~stallscope.probe.buffer.GROUP_S` are written ``n`` to a row, ``step`` the last of
     them, ``wait_s``, ``host_s``, ``h2d_s``, ``samples`` and ``comm_s`` their sums, ``ts``
     the first's start plus their data wait (so ``ts - wait_s`` and ``ts + host_s`` are the
-    rows' ends at any ``n``).
+    rows' ends at any ``n``). Times are kept to the microsecond (rounded on writing). Rows
+    older than :data:`STEPS_PLAIN_S` move into ``step_packs`` (:meth:`RunStore.pack_steps`,
+    called by the collector with its downsampling); the newer ones stay here, for the readers
+    that follow a run as it goes (they read new rows by ``(rank, step)``).
+``step_packs(rank, last, first, rows, data)``
+    older step rows of one rank, ``first`` to ``last``, packed into ``data``
+    (:mod:`stallscope.store.steppack`: ~6 bytes a row against ~70 as a row; at 100 steps/s a
+    day of rows took 400 MB). :meth:`RunStore.steps` reads packs and rows as one.
 ``probes(rank, ...)``
     one row per probe (rank): loader configuration, drops.
 
@@ -66,8 +73,10 @@ from stallscope.store.schema import (
     newer_message,
     step_ranks,
     steps_after,
+    us_sql,
     user_version,
 )
+from stallscope.store.steppack import pack, unpack
 from stallscope.units import finite_or_none
 
 __all__ = [
@@ -93,9 +102,24 @@ def _block_sql(n: int) -> str:
     """An INSERT of ``n`` :data:`StepTuple` rows after two parameters (rank, ts base)."""
     return (
         "INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s, "
-        "n) SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7, "
+        f"n) SELECT ?1, column1, {us_sql('column2 + ?2')}, {us_sql('column3')}, "
+        f"{us_sql('column4')}, column5, column6, {us_sql('column7')}, "
         "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")"
     )
+
+
+#: step rows are packed (:meth:`RunStore.pack_steps`) once this old (seconds): every reader
+#: that follows a run as it goes reads them as rows long before
+STEPS_PLAIN_S = 300.0
+#: rows a step pack holds at most (at 100 steps/s about five minutes: ~150 kB unpacked)
+PACK_ROWS = 20000
+
+#: the INSERT of :meth:`RunStore.add_step_values`: times to the microsecond
+_VALUES_SQL = (
+    f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) VALUES(?, ?, "
+    + ", ".join(us_sql("?") for _ in range(6))
+    + f", ?, ?, {us_sql('?')}, ?)"
+)
 
 
 #: points bound by one INSERT of :meth:`RunStore.add_points` (2 parameters each and the time:
@@ -305,11 +329,7 @@ class RunStore:
         """Steps as bare tuples in :class:`StepRow`'s field order (what the probe's writer
         thread builds: no object per step, since it shares the trainer's interpreter)."""
         with self.db:
-            self.db.executemany(
-                f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                values,
-            )
+            self.db.executemany(_VALUES_SQL, values)
         return len(values)
 
     def update_steps_gpu(self, rows: Iterable[tuple[int, int, float | None, float | None]]) -> None:
@@ -318,7 +338,8 @@ class RunStore:
         Rows are (rank, step, busy_s, idle_s)."""
         with self.db:
             self.db.executemany(
-                "UPDATE steps SET gpu_busy_s=?, gpu_idle_s=? WHERE rank=? AND step=?",
+                f"UPDATE steps SET gpu_busy_s={us_sql('?')}, gpu_idle_s={us_sql('?')} "
+                "WHERE rank=? AND step=?",
                 [(b, i, r, s) for r, s, b, i in rows],
             )
 
@@ -358,6 +379,37 @@ class RunStore:
             )
             cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
         return int(cur.rowcount)
+
+    def pack_steps(self, now: float, keep_s: float = STEPS_PLAIN_S) -> int:
+        """Pack the step rows older than ``keep_s`` at ``now`` (:mod:`~stallscope.store.steppack`,
+        :data:`PACK_ROWS` rows a pack at most); returns how many rows. The rows left as rows are
+        the newer ones (what the readers that follow a run as it goes read: the live view, the
+        agent, the collector's steps source, mirrors) and those a reader would skip as
+        unreadable (still counted as skipped). One transaction."""
+        comm = f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
+        cond = f"rank=? AND ts<? AND {_STEP_OK} AND {_N_OK} AND {_PACKABLE}"
+        cols = "step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch"
+        done = 0
+        older_than = now - keep_s
+        with self.db:
+            for rank in step_ranks(self.db):
+                rows = self.db.execute(
+                    f"SELECT {cols}, {comm}, n FROM steps WHERE {cond} ORDER BY step",
+                    (rank, older_than),
+                ).fetchall()
+                for i in range(0, len(rows), PACK_ROWS):
+                    part = rows[i : i + PACK_ROWS]
+                    first, last = part[0][0], part[-1][0]
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO step_packs VALUES(?, ?, ?, ?, ?)",
+                        (rank, last, first, len(part), pack(part)),
+                    )
+                    self.db.execute(
+                        f"DELETE FROM steps WHERE {cond} AND step BETWEEN ? AND ?",
+                        (rank, older_than, first, last),
+                    )
+                done += len(rows)
+        return done
 
     def checkpoint(self) -> None:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -523,10 +575,41 @@ class RunStore:
         if rank is not None:
             q += " AND rank=?"
             args = (rank,)
+        packed = self._packed_steps(rank)
         out = [StepRow(*row) for row in self.db.execute(q + " ORDER BY rank, step", args)]
         if rank is None:
             [(bad,)] = self.db.execute(f"SELECT COUNT(*) FROM steps WHERE NOT ({ok})").fetchall()
             self._skip("steps", int(bad))
+        return _merge_steps(packed, out) if packed else out
+
+    def _packed_steps(self, rank: int | None) -> list[StepRow]:
+        """The rows of the step packs (none in a store before schema version 4), in (rank,
+        step) order; a pack that cannot be read is skipped and counted."""
+        if not self.db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='step_packs'"
+        ).fetchone():
+            return []
+        q = "SELECT rank, data FROM step_packs"
+        args: tuple[Any, ...] = ()
+        if rank is not None:
+            q += " WHERE rank=?"
+            args = (rank,)
+        out: list[StepRow] = []
+        bad = 0
+        for r, data in self.db.execute(q + " ORDER BY rank, last", args):
+            try:
+                rows = unpack(data)
+            except ValueError:
+                bad += 1
+                continue
+            if not isinstance(r, int):
+                bad += 1
+                continue
+            out += [
+                StepRow(r, st, ts, w, h, h2d, gb, gi, sm, ep, c, n)
+                for st, ts, w, h, h2d, gb, gi, sm, ep, c, n in rows
+            ]
+        self._skip("step_packs", bad)
         return out
 
     def probes(self) -> list[dict[str, Any]]:
@@ -597,6 +680,39 @@ def _append_points(
 
 
 _finite_or_none = finite_or_none  # the one check (units.py)
+
+
+#: SQL: a readable step row whose values a pack holds (64-bit whole microseconds and their
+#: differences: times within ~3,000 years of 1970, counts under 2**60); others stay rows
+_PACKABLE = " AND ".join(
+    [f"abs(coalesce({c}, 0)) < 1e11" for c in ("ts", "wait_s", "host_s", "h2d_s")]
+    + [f"abs(coalesce({c}, 0)) < 1e11" for c in ("gpu_busy_s", "gpu_idle_s", "comm_s")]
+    + [f"abs(coalesce({c}, 0)) < 1152921504606846976" for c in ("step", "samples", "epoch", "n")]
+)
+
+
+def _merge_steps(packed: list[StepRow], rows: list[StepRow]) -> list[StepRow]:
+    """Packed rows and rows (each in (rank, step) order) in (rank, step) order; a row written
+    again after its step was packed (a recorder restarted on the same rank) wins over the
+    packed one, as ``INSERT OR REPLACE`` made it win over the row it replaced."""
+    by_rank: dict[int, list[StepRow]] = {}
+    for r in rows:  # the newest minutes: few
+        by_rank.setdefault(r.rank, []).append(r)
+    out: list[StepRow] = []
+    for rank, group in itertools.groupby(packed, key=lambda r: r.rank):
+        part = list(group)
+        mine = by_rank.pop(rank, [])
+        if mine and part[-1].step >= mine[0].step:  # overlapping: the later write stays
+            keep = {r.step: r for r in part}
+            keep.update((r.step, r) for r in mine)
+            part, mine = [keep[k] for k in sorted(keep)], []
+        out += part
+        out += mine
+    if by_rank:  # ranks with rows only
+        for mine in by_rank.values():
+            out += mine
+        out.sort(key=lambda r: r.rank)  # stable: each rank's rows stay in step order
+    return out
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:

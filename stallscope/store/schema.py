@@ -27,9 +27,10 @@ __all__ = [
 #: the layout of run.db this code writes, kept in ``PRAGMA user_version``. The first release's
 #: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
 #: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there; 3 adds
-#: ``steps.n`` (steps a row covers, 1 in every older row). Bump it with each change of the
-#: layout and teach :func:`migrate` the step from the previous one.
-SCHEMA_VERSION = 3
+#: ``steps.n`` (steps a row covers, 1 in every older row); 4 adds ``step_packs`` (older step
+#: rows packed, :mod:`stallscope.store.steppack`; step times kept to the microsecond). Bump it
+#: with each change of the layout and teach :func:`migrate` the step from the previous one.
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,6 +53,9 @@ CREATE TABLE IF NOT EXISTS steps(
     wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
     samples INTEGER, epoch INTEGER, comm_s REAL, n INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY(rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS step_packs(
+    rank INTEGER NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL, rows INTEGER NOT NULL,
+    data BLOB NOT NULL, PRIMARY KEY(rank, last)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS probes(
     rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
     steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
@@ -182,3 +186,10 @@ _STEP_OK = " AND ".join(
 )
 #: a row's step count is a whole number of steps, at least one
 _N_OK = "typeof(n) = 'integer' AND n >= 1"
+
+
+def us_sql(expr: str) -> str:
+    """SQL: ``expr`` (seconds) rounded to the microsecond, as step times are stored (what
+    :func:`stallscope.store.steppack.us` gives back whole). ``expr`` is fixed SQL, never user
+    input."""
+    return f"round(({expr}) * 1e6) / 1e6"

@@ -118,6 +118,110 @@ def test_step_blocks_store_the_same_rows_as_step_rows(tmp_path: Path) -> None:
     assert [r.n for r in a.steps(rank=3)[:5]] == [1, 2, 3, 4, 1]
 
 
+def test_step_times_are_stored_to_the_microsecond(tmp_path: Path) -> None:
+    """Every way a step is written keeps its times to the microsecond (what a pack holds), so
+    a row reads the same before and after it is packed."""
+    st = RunStore(tmp_path / "run.db")
+    x = 0.0123456789
+    st.add_steps([StepRow(0, 1, 1.7e9 + x, x, x, x, x, x, 1, 0, x)])
+    st.add_step_block(0, 1.7e9, [(2, x, x, x, 1, 0, x, None, 1)])
+    st.add_step_values([(0, 3, 1.7e9 + x, x, x, None, None, None, None, None, None, 2)])
+    st.update_steps_gpu([(0, 3, x, 2 * x)])
+    a, b, c = st.steps()
+    assert a == StepRow(0, 1, 1700000000.012346, *[0.012346] * 5, 1, 0, 0.012346)
+    assert (b.ts, b.wait_s, b.host_s, b.h2d_s) == (1700000000.012346, 0.012346, 0.012346, 0.012346)
+    assert (c.gpu_busy_s, c.gpu_idle_s, c.n) == (0.012346, 0.024691, 2)
+    assert st.pack_steps(2e9) == 3
+    assert st.steps() == [a, b, c]
+    st.close()
+
+
+def test_packed_steps_read_as_the_rows_they_were(tmp_path: Path) -> None:
+    """Rows older than the plain window are packed (schema version 4): every reader of
+    RunStore.steps() reads the same rows, per rank and all together; the newer rows stay rows
+    (what the readers that follow a run as it goes read); unreadable rows stay rows, skipped and
+    counted as before; a step written again after it was packed reads as written last."""
+    import random
+
+    rng = random.Random(3)
+    st = RunStore(tmp_path / "run.db")
+    for rank in (0, 1, 4):
+        raw = [
+            (
+                i,
+                i * 0.01 + rng.random() * 1e-3,
+                rng.random() * 1e-3,
+                rng.gauss(0.01, 1e-3),
+                64 * (1 + i % 2),
+                i // 500,
+                rng.random() * 1e-4 if i % 3 else None,
+                None,
+                1 + i % 2,
+            )
+            for i in range(2000)
+        ]
+        st.add_step_block(rank, 1000.0, raw)
+        st.add_step_values(
+            [
+                (
+                    rank,
+                    5000 + i,
+                    1030.0 + i * 0.01,
+                    0.001,
+                    0.009,
+                    None,
+                    0.008,
+                    0.001,
+                    64,
+                    9,
+                    None,
+                    1,
+                )
+                for i in range(300)
+            ]
+        )
+    with st.db:
+        st.db.execute("UPDATE steps SET wait_s='slow' WHERE rank=1 AND step=7")
+    before = {r: st.steps(rank=r) for r in (0, 1, 4)}
+    every = st.steps()
+    assert st.skipped == {"steps": 1}
+    packed = st.pack_steps(now=1025.0, keep_s=10.0)  # the rows before 1015.0
+    assert 4000 < packed < 6000
+    left = st.db.execute(
+        "SELECT COUNT(*), MIN(ts) FROM steps WHERE NOT (rank = 1 AND step = 7)"
+    ).fetchone()
+    assert left[0] == 3 * 2300 - 1 - packed and left[1] >= 1015.0
+    assert st.db.execute("SELECT rank FROM steps WHERE step = 7").fetchall() == [(1,)]
+    st.skipped.clear()
+    assert st.steps() == every and st.skipped == {"steps": 1}
+    assert {r: st.steps(rank=r) for r in (0, 1, 4)} == before
+    assert st.pack_steps(now=2e9) == 3 * 2300 - 1 - packed  # the rest, but the unreadable row
+    assert st.steps() == every
+    st.add_steps([StepRow(4, 10, 5.0, 0.5, 0.5)])  # a recorder restarted on rank 4
+    again = st.steps(rank=4)
+    assert len(again) == len(before[4]) and again[10] == StepRow(4, 10, 5.0, 0.5, 0.5)
+    assert again[:10] == before[4][:10] and again[11:] == before[4][11:]
+    assert st.integrity_ok()
+    st.close()
+    ro = RunStore(tmp_path / "run.db", readonly=True)
+    assert ro.steps(rank=0) == before[0] and len(ro.steps()) == len(every)
+    ro.close()
+
+
+def test_a_damaged_step_pack_is_skipped_and_counted(tmp_path: Path) -> None:
+    st = RunStore(tmp_path / "run.db")
+    st.add_steps([StepRow(r, i, 1.0 + i, 0.01, 0.04) for r in (0, 1) for i in range(5)])
+    huge = [StepRow(2, 0, 1.0, 1e20, 0.04), StepRow(2, 1, 2.0, 0.01, 0.04, samples=1 << 62)]
+    st.add_steps(huge)  # readable, but beyond what a pack holds: they stay rows
+    assert st.pack_steps(now=1000.0) == 10
+    assert st.steps(rank=2) == huge
+    with st.db:
+        st.db.execute("UPDATE step_packs SET data=X'0102' WHERE rank=1")
+    assert [(s.rank, s.step) for s in st.steps()] == [(0, i) for i in range(5)] + [(2, 0), (2, 1)]
+    assert st.skipped == {"step_packs": 1}
+    st.close()
+
+
 def test_each_source_turns_its_payload_into_vocabulary_points() -> None:
     from stallscope.sources.gpu import GpuSource
     from stallscope.sources.host import HostSource
@@ -471,6 +575,8 @@ def _first_release_store(path: Path, *, with_comm: bool, version: int = 0) -> No
     db.executescript(FIRST_RELEASE_DDL)
     if with_comm:
         db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
+    if version >= 3:  # rows of several steps
+        db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
     with db:
         db.execute("INSERT OR IGNORE INTO info VALUES('schema_version', ?)", (1,))
         db.execute("INSERT INTO series(id, name, entity) VALUES(1, 'gpu.util_pct', 'gpu0')")
@@ -527,14 +633,14 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
     from stallscope.store import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
     st.close()
     assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
     assert {"comm_s", "n"} <= set(_columns(tmp_path / "run.db", "steps"))
     db = sqlite3.connect(tmp_path / "run.db")
-    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("3",)
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("4",)
     db.close()
     # opened again by a writer (the probe's writer, the attach mirror): nothing to migrate
     st = RunStore(tmp_path / "run.db")
@@ -545,8 +651,8 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("with_comm", "version"),
-    [(False, 0), (True, 0), (True, 2)],
-    ids=["first-release", "with-comm_s", "version-2"],
+    [(False, 0), (True, 0), (True, 2), (True, 3)],
+    ids=["first-release", "with-comm_s", "version-2", "version-3"],
 )
 def test_previous_release_store_is_migrated_when_opened(
     tmp_path: Path, with_comm: bool, version: int
@@ -605,9 +711,15 @@ def test_previous_release_store_is_migrated_when_opened(
     )
     st.add_points(123.0, [Point("gpu.util_pct", "gpu0", 43.0)])
     assert st.integrity_ok() and st.skipped == {}
+    # the old rows and the new packed (schema version 4) read the same
+    unpacked = st.steps()
+    assert st.pack_steps(1e6) == 6
+    assert st.db.execute("SELECT COUNT(*) FROM steps").fetchone() == (0,)
+    assert st.steps() == unpacked and st.skipped == {}
     st.close()
 
     again = RunStore(path, readonly=True)
+    assert again.steps() == unpacked
     rows = {(s.rank, s.step): s for s in again.steps()}
     assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 9), (1, 0)]
     assert rows[(1, 0)].comm_s == 0.01 and rows[(0, 3)].comm_s is None
