@@ -107,7 +107,7 @@ def _stacks(a: SourceArgs) -> Source:
 
 
 #: every source by name -> its factory (imports its module only when made): adding a source is
-#: its module, a line here and its metrics in ``metrics.py``
+#: its module, a line here and its metrics in ``stallscope/metrics/`` (a module per source)
 REGISTRY: dict[str, Callable[[SourceArgs], Source]] = {
     "gpu": _gpu,
     "disk": _disk,

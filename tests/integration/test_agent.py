@@ -432,7 +432,7 @@ def test_gpu_series_have_dcgm_labels_and_throttle_reasons() -> None:
     assert sum(v for (g, _r), v in throttle.items() if g == "1") == 0
     labels = next(dict(k[1]) for k in s if k[0] == "stallscope_gpu_throttle_active")
     assert set(labels) >= {"reason", "gpu", "UUID", "device", "modelName", "Hostname"}
-    # units from metrics.py: MiB -> bytes, % -> ratio
+    # units from stallscope.metrics: MiB -> bytes, % -> ratio
     mem = {
         dict(k[1])["gpu"]: v for k, v in s.items() if k[0] == "stallscope_gpu_memory_total_bytes"
     }

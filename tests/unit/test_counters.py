@@ -42,7 +42,7 @@ class _Clock:
 
 
 def _declared_counters(out: list[Counter]) -> None:
-    """Every counter a source returns is declared in metrics.py as a counter."""
+    """Every counter a source returns is declared in stallscope.metrics as a counter."""
     assert out
     for name, entity, value in out:
         m = metrics.lookup(name)

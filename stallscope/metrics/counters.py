@@ -1,0 +1,246 @@
+"""The raw cumulative counters (``Source.counters()``, never in a payload; see
+:mod:`stallscope.metrics`)."""
+
+from __future__ import annotations
+
+from stallscope.metrics.base import _M, Metric
+
+COUNTERS: tuple[Metric, ...] = (
+    # --- raw cumulative counters (Source.counters(), not in payloads; see the module doc) ------
+    _M(
+        "gpu",
+        "xid_errors_total",
+        "",
+        "XID critical errors per code since the agent started, "
+        "application XIDs (13, 31, 43, 45, 68, 109) left out (nvmlEventSetWait; "
+        "DCGM_FI_DEV_XID_ERRORS)",
+        "counter",
+        "stallscope_gpu_xid_errors_total",
+        label="gpu_xid",
+    ),
+    _M(
+        "gpu",
+        "energy_joules_total",
+        "J",
+        "energy used since the driver loaded "
+        "(nvmlDeviceGetTotalEnergyConsumption / 1000; DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)",
+        "counter",
+        "stallscope_gpu_energy_joules_total",
+    ),
+    _M(
+        "gpu",
+        "pcie_replays_total",
+        "",
+        "PCIe replays since the driver loaded "
+        "(nvmlDeviceGetPcieReplayCounter; DCGM_FI_DEV_PCIE_REPLAY_COUNTER)",
+        "counter",
+        "stallscope_gpu_pcie_replays_total",
+    ),
+    _M(
+        "disk",
+        "reads_completed_total",
+        "",
+        "reads completed (/proc/diskstats field 4; node_disk_reads_completed_total)",
+        "counter",
+        "stallscope_disk_reads_completed_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "reads_merged_total",
+        "",
+        "reads merged (/proc/diskstats field 5; node_disk_reads_merged_total)",
+        "counter",
+        "stallscope_disk_reads_merged_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "read_bytes_total",
+        "B",
+        "bytes read, sectors x 512 (/proc/diskstats field 6; node_disk_read_bytes_total)",
+        "counter",
+        "stallscope_disk_read_bytes_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "read_time_seconds_total",
+        "s",
+        "time spent on reads (/proc/diskstats field 7, ms; node_disk_read_time_seconds_total)",
+        "counter",
+        "stallscope_disk_read_time_seconds_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "writes_completed_total",
+        "",
+        "writes completed (/proc/diskstats field 8; node_disk_writes_completed_total)",
+        "counter",
+        "stallscope_disk_writes_completed_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "writes_merged_total",
+        "",
+        "writes merged (/proc/diskstats field 9; node_disk_writes_merged_total)",
+        "counter",
+        "stallscope_disk_writes_merged_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "written_bytes_total",
+        "B",
+        "bytes written, sectors x 512 (/proc/diskstats field 10; node_disk_written_bytes_total)",
+        "counter",
+        "stallscope_disk_written_bytes_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "write_time_seconds_total",
+        "s",
+        "time spent on writes (/proc/diskstats field 11, ms; node_disk_write_time_seconds_total)",
+        "counter",
+        "stallscope_disk_write_time_seconds_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "io_time_seconds_total",
+        "s",
+        "time with I/O in flight (/proc/diskstats field 13, ms; node_disk_io_time_seconds_total)",
+        "counter",
+        "stallscope_disk_io_time_seconds_total",
+        label="device",
+    ),
+    _M(
+        "disk",
+        "io_time_weighted_seconds_total",
+        "s",
+        "weighted time doing I/O (/proc/diskstats "
+        "field 14, ms; node_disk_io_time_weighted_seconds_total)",
+        "counter",
+        "stallscope_disk_io_time_weighted_seconds_total",
+        label="device",
+    ),
+    _M(
+        "host",
+        "cpu_seconds_total",
+        "s",
+        "CPU time per mode (entity), all CPUs summed "
+        "(/proc/stat cpu line / SC_CLK_TCK; node_cpu_seconds_total)",
+        "counter",
+        "stallscope_host_cpu_seconds_total",
+        label="mode",
+    ),
+    _M(
+        "host",
+        "swap_in_bytes_total",
+        "B",
+        "swapped in, pages x page size (/proc/vmstat pswpin; node_vmstat_pswpin)",
+        "counter",
+        "stallscope_host_swap_in_bytes_total",
+    ),
+    _M(
+        "host",
+        "swap_out_bytes_total",
+        "B",
+        "swapped out, pages x page size (/proc/vmstat pswpout; node_vmstat_pswpout)",
+        "counter",
+        "stallscope_host_swap_out_bytes_total",
+    ),
+    _M(
+        "host",
+        "psi_io_some_seconds_total",
+        "s",
+        "time some task stalled on I/O "
+        "(/proc/pressure/io some total=, µs; node_pressure_io_waiting_seconds_total)",
+        "counter",
+        "stallscope_host_psi_io_some_seconds_total",
+    ),
+    _M(
+        "host",
+        "psi_io_full_seconds_total",
+        "s",
+        "time all tasks stalled on I/O "
+        "(/proc/pressure/io full total=, µs; node_pressure_io_stalled_seconds_total)",
+        "counter",
+        "stallscope_host_psi_io_full_seconds_total",
+    ),
+    _M(
+        "host",
+        "psi_cpu_some_seconds_total",
+        "s",
+        "time some task waited for a CPU "
+        "(/proc/pressure/cpu some total=, µs; node_pressure_cpu_waiting_seconds_total)",
+        "counter",
+        "stallscope_host_psi_cpu_some_seconds_total",
+    ),
+    _M(
+        "host",
+        "psi_cpu_full_seconds_total",
+        "s",
+        "time all tasks waited for a CPU (/proc/pressure/cpu full total=, µs, kernel 5.13+)",
+        "counter",
+        "stallscope_host_psi_cpu_full_seconds_total",
+    ),
+    _M(
+        "host",
+        "psi_mem_some_seconds_total",
+        "s",
+        "time some task stalled on memory "
+        "(/proc/pressure/memory some total=, µs; node_pressure_memory_waiting_seconds_total)",
+        "counter",
+        "stallscope_host_psi_memory_some_seconds_total",
+    ),
+    _M(
+        "host",
+        "psi_mem_full_seconds_total",
+        "s",
+        "time all tasks stalled on memory "
+        "(/proc/pressure/memory full total=, µs; node_pressure_memory_stalled_seconds_total)",
+        "counter",
+        "stallscope_host_psi_memory_full_seconds_total",
+    ),
+    _M(
+        "procs",
+        "cpu_seconds_total",
+        "s",
+        "CPU time of one process, utime+stime "
+        "(/proc/PID/stat fields 14+15 / SC_CLK_TCK; process_cpu_seconds_total)",
+        "counter",
+        "stallscope_proc_cpu_seconds_total",
+        label="pid",
+    ),
+    _M(
+        "procs",
+        "read_bytes_total",
+        "B",
+        "bytes read from storage (/proc/PID/io read_bytes; iotop, pidstat -d)",
+        "counter",
+        "stallscope_proc_read_bytes_total",
+        label="pid",
+    ),
+    _M(
+        "procs",
+        "write_bytes_total",
+        "B",
+        "bytes written to storage (/proc/PID/io write_bytes; pidstat -d)",
+        "counter",
+        "stallscope_proc_write_bytes_total",
+        label="pid",
+    ),
+    _M(
+        "procs",
+        "rchar_bytes_total",
+        "B",
+        "bytes read incl. page cache (/proc/PID/io rchar)",
+        "counter",
+        "stallscope_proc_rchar_bytes_total",
+        label="pid",
+    ),
+)

@@ -1,0 +1,112 @@
+"""The disk source's metrics: exactly sysstat's ``iostat -x`` columns."""
+
+from __future__ import annotations
+
+from stallscope.metrics.base import _M, Metric
+
+DISK: tuple[Metric, ...] = (
+    # --- disk: exactly sysstat's `iostat -x` columns -------------------------------------------
+    _M(
+        "disk",
+        "r_s",
+        "1/s",
+        "reads completed per second (iostat -x r/s)",
+        "rate",
+        "stallscope_disk_reads_per_second",
+    ),
+    _M(
+        "disk",
+        "w_s",
+        "1/s",
+        "writes completed per second (iostat -x w/s)",
+        "rate",
+        "stallscope_disk_writes_per_second",
+    ),
+    _M(
+        "disk",
+        "rkb_s",
+        "kB/s",
+        "data read per second (iostat -x rkB/s)",
+        "rate",
+        "stallscope_disk_read_bytes_per_second",
+        1024.0,
+    ),
+    _M(
+        "disk",
+        "wkb_s",
+        "kB/s",
+        "data written per second (iostat -x wkB/s)",
+        "rate",
+        "stallscope_disk_write_bytes_per_second",
+        1024.0,
+    ),
+    _M(
+        "disk",
+        "rrqm_s",
+        "1/s",
+        "read requests merged per second (iostat -x rrqm/s)",
+        "rate",
+        "stallscope_disk_read_merges_per_second",
+    ),
+    _M(
+        "disk",
+        "wrqm_s",
+        "1/s",
+        "write requests merged per second (iostat -x wrqm/s)",
+        "rate",
+        "stallscope_disk_write_merges_per_second",
+    ),
+    _M(
+        "disk",
+        "r_await_ms",
+        "ms",
+        "mean read latency incl. queueing (iostat -x r_await)",
+        "gauge",
+        "stallscope_disk_read_await_seconds",
+        1e-3,
+    ),
+    _M(
+        "disk",
+        "w_await_ms",
+        "ms",
+        "mean write latency incl. queueing (iostat -x w_await)",
+        "gauge",
+        "stallscope_disk_write_await_seconds",
+        1e-3,
+    ),
+    _M(
+        "disk",
+        "aqu_sz",
+        "",
+        "average queue length (iostat -x aqu-sz)",
+        "gauge",
+        "stallscope_disk_queue_length",
+    ),
+    _M(
+        "disk",
+        "rareq_kb",
+        "kB",
+        "average read request size (iostat -x rareq-sz)",
+        "gauge",
+        "stallscope_disk_read_request_bytes",
+        1024.0,
+    ),
+    _M(
+        "disk",
+        "wareq_kb",
+        "kB",
+        "average write request size (iostat -x wareq-sz)",
+        "gauge",
+        "stallscope_disk_write_request_bytes",
+        1024.0,
+    ),
+    _M(
+        "disk",
+        "util_pct",
+        "%",
+        "share of time the device had I/O in flight (iostat -x %util)",
+        "gauge",
+        "stallscope_disk_busy_ratio",
+        0.01,
+    ),
+)
