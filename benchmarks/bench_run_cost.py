@@ -17,9 +17,16 @@ the same run, and the run's own "monitoring cost" line within 20% of it.
   cancel out.
 * node_exporter (Debian ``prometheus-node-exporter``) is scraped in bursts between the pairs:
   CPU per scrape, its idle rate taken out (as benchmarks/bench_agent.py does).
-* The run's own line: the mean of ``collector.cpu_s`` in the fast run's ``run.db``.
+* The run's own line: the mean of ``collector.cpu_s`` in the fast run's ``run.db``, what the
+  end-of-run "monitoring cost: ... ms CPU per sample" line prints (``stallscope show``): the
+  collector thread's CPU per sample, its wake-up and loop included. Printed beside the
+  outside figure with their ratio, per pair and for the medians. ``--no-stacks``: with stack
+  sampling the in-process sampler runs in the trainer, not in this process, and is measured
+  apart (benchmarks/bench_stacks.py); the stacks source that reads its records is a source
+  like the others, inside the line.
 
-Prints one line per pair and the medians, with the ratios against the goals.
+Prints one line per pair (with the 1-minute load average at its end: on shared cores the
+figures move with it) and the medians, with the ratios against the goals.
 """
 
 from __future__ import annotations
@@ -144,6 +151,7 @@ def main() -> int:
             for i in range(args.pairs):
                 order = (FAST, SLOW) if i % 2 == 0 else (SLOW, FAST)
                 rates: dict[float, float] = {}
+                pair_own: float | None = None
                 for interval in order:
                     rate, own = one_run(
                         interval, args.seconds, Path(tmp) / f"{i}-{interval}", args.trainer_threads
@@ -151,13 +159,17 @@ def main() -> int:
                     rates[interval] = rate
                     if interval == FAST and own is not None:
                         own_line.append(own)
+                        pair_own = own
                 extra = (rates[FAST] - rates[SLOW]) / (1 / FAST - 1 / SLOW)
                 per_sample.append(extra)
                 line = f"pair {i + 1}: {extra * 1e3:.2f} ms CPU per extra sample"
+                if pair_own is not None:
+                    line += f" (its own line {pair_own * 1e3:.2f} ms, x{pair_own / extra:.2f})"
                 if exporter is not None:
                     m = measure(exporter.pid, url, args.scrapes)
                     scrape.append(m["cpu_per_scrape_ms"] / 1e3)
                     line += f"; node_exporter {m['cpu_per_scrape_ms']:.2f} ms per scrape"
+                line += f"; load average {os.getloadavg()[0]:.2f}"  # the cores are shared
                 print(line, flush=True)
     finally:
         if exporter is not None:
@@ -171,8 +183,9 @@ def main() -> int:
     if own_line:
         own = statistics.median(own_line) * 1e3
         print(
-            f"its own 'monitoring cost' line: {own:.2f} ms per sample "
-            f"({own / ms - 1:+.0%} against the outside measure; goal within 20%)"
+            f"its own 'monitoring cost' line: {own:.2f} ms per sample (median of "
+            f"{len(own_line)} fast runs); own / outside: x{own / ms:.2f} "
+            f"({own / ms - 1:+.0%}; goal within 20%)"
         )
     if scrape:
         ne = statistics.median(scrape) * 1e3
