@@ -142,7 +142,7 @@ def main() -> int:
         a = time.perf_counter()
         for x in loader:
             wait += time.perf_counter() - a
-            out = model(torch.from_numpy(x) / 255.0)
+            out = model(torch.as_tensor(x) / 255.0)
             opt.zero_grad(set_to_none=True)
             out.mean().backward()
             opt.step()

@@ -26,6 +26,9 @@ class ThreadLoader:
     seconds: Mapping[str, float]  #: thread-seconds per loader phase (fetch, prep, idle)
     cpu_s: float  #: their CPU seconds
     wait_s: float  #: the training thread's seconds waiting on them
+    #: the sampler's wait for the GIL (s) over its wakes (None: schedstat not read)
+    gil_s: float | None
+    wakes: int
     training_s: float  #: the training thread's sampled training seconds in those windows
 
     def share(self, phase: str) -> float:
@@ -50,6 +53,8 @@ def thread_loader(
     n = 0
     secs = dict.fromkeys(LOADER_PHASES, 0.0)
     cpu = wait = 0.0
+    gil: float | None = None
+    wakes = 0
     for rec in records:
         part = rec.get("threads")
         if rec.get("pid") != proc.pid or not isinstance(part, Mapping):
@@ -62,9 +67,13 @@ def thread_loader(
             secs[p] += _num(s.get(p)) if isinstance(s, Mapping) else 0.0
         cpu += _num(part.get("cpu_s"))
         wait += _num(part.get("wait_s"))
+        w = part.get("wakes")
+        if "gil_s" in part and type(w) is int and 0 < w < 1 << 20:
+            gil = (gil or 0.0) + _num(part.get("gil_s"))
+            wakes += w
     if not n or secs["fetch"] + secs["prep"] <= 0:
         return None
-    return ThreadLoader(proc.pid, n, secs, cpu, wait, training_s)
+    return ThreadLoader(proc.pid, n, secs, cpu, wait, gil, wakes, training_s)
 
 
 def thread_facts(sig: Any, records: Sequence[Mapping[str, Any]], procs: list[ProcPhases]) -> None:
@@ -84,3 +93,5 @@ def thread_facts(sig: Any, records: Sequence[Mapping[str, Any]], procs: list[Pro
     sig.thread_busy = round(best.busy_s / best.training_s, 2)
     sig.thread_cpu_cores = round(best.cpu_s / best.training_s, 2)
     sig.thread_wait_share = round(min(1.0, best.wait_s / best.training_s), 3)
+    if best.gil_s is not None and best.wakes:
+        sig.thread_gil_wait_ms = round(1000.0 * best.gil_s / best.wakes, 2)

@@ -23,6 +23,7 @@ from stallscope.sources.stacks.threads import (
     ThreadTally,
     loader_phase,
     thread_cpu_s,
+    thread_runq_s,
     waits_on_thread,
 )
 
@@ -135,23 +136,36 @@ def test_the_sampler_records_a_thread_loaders_threads_and_the_wait_on_them(
     prep = sum(r["threads"]["s"]["prep"] for r in recs)
     busy = prep + sum(r["threads"]["s"]["fetch"] for r in recs)
     assert prep > 0.5 * busy and max(r["threads"]["n"] for r in recs) == 2
+    if thread_runq_s(threading.get_native_id()) is not None:  # schedstat: the GIL's figure
+        # every record but the first (no run-queue baseline yet) and a last one right after
+        # a flush (no wake in it)
+        assert any("gil_s" in r["threads"] and r["threads"]["wakes"] > 0 for r in recs), recs
     data = sum(r["s"].get("data", 0.0) for r in recs)
     assert data > 0 and sum(r["threads"]["wait_s"] for r in recs) == pytest.approx(data, 0.01)
 
 
 def _thread_run(
-    *, fetch: float, prep: float, cpu: float, main_cpu: float, host: float, n: int = 4
+    *,
+    fetch: float,
+    prep: float,
+    cpu: float,
+    main_cpu: float,
+    host: float,
+    gil_ms: float = 8.0,
+    n: int = 4,
+    cores: int = 4,
 ) -> Any:
-    """A trainer (pid 100) on 4 cores whose training thread waits on its loader threads 80%
+    """A trainer (pid 100) on ``cores`` cores whose training thread waits on its loader threads 80%
     of each second; the loader threads' thread-seconds ``fetch`` and ``prep`` (idle the rest
-    of n), ``cpu`` of their CPU seconds, each second."""
+    of n), ``cpu`` of their CPU seconds, each second; the sampler waited ``gil_ms`` for the
+    GIL at each of its 40 wakes a second."""
     data = run(
         [
             ser("host.cpu_pct", "", [host] * N),
             ser("procs.cpu_pct", "100", [main_cpu] * N),
         ],
         entities=procs({"100": "main"}),
-        meta={"logical_cores": 4},
+        meta={"logical_cores": cores},
     )
     idle = max(0.0, n - fetch - prep)
     data.stacks = [
@@ -169,6 +183,8 @@ def _thread_run(
                 "s": {"fetch": fetch, "prep": prep, "idle": idle},
                 "cpu_s": cpu,
                 "wait_s": 0.8,
+                "gil_s": gil_ms * 40 / 1000,
+                "wakes": 40,
             },
         }
         for i in range(N - 2)
@@ -184,6 +200,7 @@ def test_python_prep_in_four_threads_on_one_core_is_the_gil() -> None:
     assert "input_bound.prep" not in kinds and "compute_bound" not in kinds
     assert f["evidence"]["thread_busy"] == pytest.approx(3.8)
     assert f["evidence"]["thread_cpu_cores"] == pytest.approx(0.9)
+    assert f["evidence"]["thread_gil_wait_ms"] == pytest.approx(8.0)
     assert f["evidence"]["spare_cores"] == pytest.approx(2.8)
     assert "processes" in f["fixes"][0]["action"] and "release the GIL" in f["fixes"][1]["action"]
     assert doc["stall_fraction"] == pytest.approx(0.8)
@@ -194,20 +211,28 @@ def test_python_prep_in_four_threads_on_one_core_is_the_gil() -> None:
 @pytest.mark.parametrize(
     ("why", "kw", "verdict"),
     [
-        # NumPy releasing the GIL: the busy threads get their cores
-        ("releases_the_gil", {"cpu": 3.3, "main_cpu": 340, "host": 90}, "input_bound.prep"),
-        # every core busy with other work: no spare core for processes either
-        ("no_spare_core", {"host": 100}, "input_bound.prep"),
+        # NumPy releasing the GIL: the busy threads get their cores, the GIL is free
+        (
+            "releases_the_gil",
+            {"cpu": 3.3, "main_cpu": 340, "host": 90, "gil_ms": 0.5},
+            "input_bound.prep",
+        ),
+        # a busy host: the threads wait for a CPU, in the run queue, not for the GIL
+        ("busy_host", {"host": 100, "gil_ms": 1.5}, "input_bound.prep"),
+        # the GIL contended, but the process on more than a core: not one GIL's
+        ("several_cores", {"cpu": 1.8, "main_cpu": 190}, "input_bound.prep"),
+        # a host of one core: no core more for processes
+        ("one_core", {"cores": 1, "host": 100}, "input_bound.prep"),
         # one thread working at a time cannot contend
         ("one_busy", {"prep": 1.0, "fetch": 0.1}, "input_bound.prep"),
-        # reading more than preparing
-        ("reads", {"fetch": 3.0, "prep": 0.5}, "input_bound.fetch"),
+        # reading more than preparing, the GIL free
+        ("reads", {"fetch": 3.0, "prep": 0.5, "gil_ms": 0.2}, "input_bound.fetch"),
     ],
 )
 def test_no_gil_where_threads_are_not_held_by_it(
-    why: str, kw: dict[str, float], verdict: str
+    why: str, kw: dict[str, Any], verdict: str
 ) -> None:
-    args: dict[str, float] = {"fetch": 0.3, "prep": 3.5, "cpu": 0.9, "main_cpu": 100, "host": 30}
+    args: dict[str, Any] = {"fetch": 0.3, "prep": 3.5, "cpu": 0.9, "main_cpu": 100, "host": 30}
     args.update(kw)
     doc = diagnose(_thread_run(**args))
     assert doc["verdict"] == verdict, (why, doc["findings"])

@@ -175,10 +175,9 @@ class LoaderFacts:
     thread_busy: float | None = None
     thread_cpu_cores: float | None = None
     thread_wait_share: float | None = None
-    #: the share of the loader threads' prep time they neither ran nor waited for a CPU
-    #: (waiting for the GIL: each thread's prep less its CPU and run-queue wait); None where
-    #: schedstat could not be read
-    thread_blocked_share: float | None = None
+    #: the sampler thread's mean wait for the GIL per wake (ms) while loader threads worked:
+    #: a contended GIL (stallscope.sources.stacks.threads); None where schedstat is unreadable
+    thread_gil_wait_ms: float | None = None
     #: what each batch cost a worker (fetch, transform, collate; timed inside the workers by the
     #: sampler ``run`` injects: sources/stacks/fetches.py): the histogram (bucket -> batches),
     #: how many, the median and 99th percentile (ms), and the share of all the loading time the

@@ -127,10 +127,15 @@ class InProcSampler:
         last = time.monotonic()
         next_flush = last + self.flush_s
         slow_after = last + SLOW_AFTER_S
+        self.threads.own = threading.get_native_id()
         try:
-            while not self._stop.wait(
-                period if self.tally.started or last < slow_after else SLOW_PERIOD_S
-            ):
+            while True:
+                timeout = period if self.tally.started or last < slow_after else SLOW_PERIOD_S
+                slept = time.monotonic()
+                if self._stop.wait(timeout):
+                    break
+                # woken late: waiting for a CPU, or for the GIL (:meth:`ThreadTally.woke`)
+                self.threads.woke(time.monotonic() - slept - timeout)
                 if self._hooks:
                     self._install_hooks()  # dict lookups a sample until DDP and the loader are in
                 current = sys._current_frames()

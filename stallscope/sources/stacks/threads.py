@@ -17,9 +17,14 @@ A thread of the DataLoader's own (its pin-memory thread) or of stallscope's is n
 (None). :class:`ThreadTally` sums each window per phase and reads the threads' CPU time off
 their per-thread CPU clocks (no GIL released, ~1 µs a thread, once a window), written as the
 record's ``threads`` (:mod:`.aggregate`): ``{"n": threads that worked, "s": {"fetch", "prep",
-"idle"}, "cpu_s": their CPU seconds, "wait_s": the training thread's seconds waiting on them}``.
+"idle"}, "cpu_s": their CPU seconds, "wait_s": the training thread's seconds waiting on them,
+"gil_s": the sampler's own wait for the GIL over its "wakes"}``.
 Python-bound prep in several threads shares one GIL: busy by their stacks, the threads get
-about one core between them (docs/diagnosis.md "input_bound.gil").
+about one core between them, and the GIL is contended. The sampler measures that on itself:
+each of its wakes takes the GIL, at once when it is free (reads, NumPy, torch release it), after
+up to the switch interval (5 ms) or more when threads run Python; its lateness waking, less its
+own run-queue wait (``/proc/self/task/<tid>/schedstat``: a busy host), is its wait for the GIL
+(docs/diagnosis.md "input_bound.gil").
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ __all__ = [
     "ThreadTally",
     "loader_phase",
     "thread_cpu_s",
+    "thread_runq_s",
     "waits_on_thread",
 ]
 
@@ -110,6 +116,7 @@ NOT_LOADER = (
     "/neptune/",
     "/torch/distributed/",
     "/logging/handlers.py",
+    "/multiprocessing/queues.py",  # a multiprocessing queue's feeder thread (a DataLoader's)
 )
 #: the training thread waiting on another thread for its batch: a queue, a future, a thread
 #: pool's results, MONAI's thread buffer
@@ -178,6 +185,17 @@ def thread_cpu_s(native_id: int) -> float | None:
         return None
 
 
+def thread_runq_s(native_id: int) -> float | None:
+    """Seconds thread ``native_id`` of this process waited in the run queue (ready, no CPU
+    free: ``/proc/self/task/<tid>/schedstat``'s second field); None where it cannot be read
+    (an exited thread, a kernel without schedstat)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat", "rb") as fh:
+            return int(fh.read(256).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ThreadTally:
     """One process's loader threads since the last record (see the module docstring)."""
 
@@ -188,6 +206,12 @@ class ThreadTally:
         self._native: dict[int, int | None] = {}
         #: native id -> CPU seconds at the last record
         self._cpu_seen: dict[int, float] = {}
+        #: the sampler thread's native id, its lateness waking (s) and wakes in this window,
+        #: and its run-queue wait at the last record
+        self.own = 0
+        self.late_s = 0.0
+        self.wakes = 0
+        self._own_runq: float | None = None
         #: the training thread's seconds waiting on the loader threads in this window
         self.wait_s = 0.0
         #: when a loader thread was last seen working (time.monotonic())
@@ -216,9 +240,28 @@ class ThreadTally:
         """A loader thread worked in the last ``within_s`` seconds."""
         return now - self.last_work <= within_s
 
+    def woke(self, late_s: float) -> None:
+        """The sampler thread woke ``late_s`` after its timeout: in the run queue (its
+        schedstat tells) or waiting for the GIL (the rest)."""
+        self.late_s += max(0.0, late_s)
+        self.wakes += 1
+
+    def _gil_wait(self) -> float | None:
+        """The sampler's seconds waiting for the GIL since the last record: its lateness less
+        its run-queue wait; None where schedstat cannot be read."""
+        runq = thread_runq_s(self.own) if self.own else None
+        if runq is None:
+            return None
+        last, self._own_runq = self._own_runq, runq
+        if last is None:
+            return None  # the first record: no run-queue wait to take off yet
+        return max(0.0, self.late_s - max(0.0, runq - last))
+
     def record(self) -> dict[str, Any] | None:
         """The window's part of the record (None: no loader thread worked), and a fresh window.
-        A thread that only waited is left out: an idle pool thread is no loader."""
+        A thread that only waited is left out: an idle pool thread is no loader. ``gil_s``:
+        the sampler's own wait for the GIL over its ``wakes`` (each wake takes the GIL: a
+        free one at once, a contended one after up to the switch interval, 5 ms, or more)."""
         busy = {k: v for k, v in self.seconds.items() if v[0] + v[1] > 0}
         cpu = 0.0
         for ident in self.seconds:  # every thread seen: an idle one's clock moves on too
@@ -231,14 +274,19 @@ class ThreadTally:
             if ident in busy:  # a thread first seen now: its CPU since it started
                 cpu += max(0.0, now - self._cpu_seen.get(native, 0.0))
             self._cpu_seen[native] = now
+        gil, wakes = self._gil_wait(), self.wakes
+        self.late_s, self.wakes = 0.0, 0
         wait, self.wait_s = self.wait_s, 0.0
         self.seconds = {}
         if not busy:
             return None
         sums = [sum(v[i] for v in busy.values()) for i in range(3)]
-        return {
+        rec: dict[str, Any] = {
             "n": len(busy),
             "s": {p: round(s, 4) for p, s in zip(LOADER_PHASES, sums, strict=True)},
             "cpu_s": round(cpu, 4),
             "wait_s": round(wait, 4),
         }
+        if gil is not None and wakes:
+            rec["gil_s"], rec["wakes"] = round(gil, 5), wakes
+        return rec

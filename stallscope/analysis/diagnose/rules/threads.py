@@ -32,13 +32,17 @@ class ThreadLimits:
     #: is on a thread loader
     wait_on_threads: float = 0.5
     min_threads: int = 2  #: input_bound.gil: loader threads that worked (one cannot contend)
-    #: ... their thread-seconds preparing (not reading, not idle), share of all of theirs
-    prep_share: float = 0.5
+    #: ... their thread-seconds preparing (not idle), share of all of theirs (threads waiting
+    #: for the GIL after a read are seen on the read's line: not more than reading is asked)
+    prep_share: float = 0.3
     min_busy: float = 1.5  #: ... loader threads working at once (mean over the training)
-    #: ... the CPU they got per thread working: busy by their stacks, running less than this
-    max_cpu_per_busy: float = 0.6
+    #: ... the sampler's mean wait for the GIL per wake (ms), its run-queue wait left out: 80%
+    #: of CPython's switch interval (5 ms), the most a thread running Python holds the GIL
+    #: against a waiter. Measured (examples/train_threads.py, 4 threads, 2 cores, others busy):
+    #: 4-12 ms a window preparing in Python, 0.3-3.4 sorting with NumPy
+    min_gil_wait_ms: float = 4.0
     max_process_cores: float = 1.3  #: ... the trainer process's CPU stays near one core
-    min_spare_cores: float = 0.5  #: ... while the host leaves this many cores idle
+    min_more_cores: float = 0.5  #: ... while the host has this many cores more than that
 
 
 THREADS = ThreadLimits()
@@ -69,38 +73,43 @@ class Gil:
 
     busy: float  #: loader threads working at once
     cores: float  #: the CPU they got, in cores
+    gil_ms: float  #: the sampler's mean wait for the GIL per wake
     process: float  #: the trainer process's CPU, in cores
-    spare: float  #: cores the host left idle
-    estimate: float  #: the speed-up with the prep in processes on the idle cores
+    cpus: int  #: the host's cores
+    estimate: float  #: the speed-up with the prep in processes
 
 
 def gil(fx: Facts, stall: float) -> Gil | None:
     """The evidence of Python-bound prep in threads sharing one GIL: ≥ ``min_threads`` loader
-    threads, mostly preparing (≥ ``prep_share``, more than reading), ≥ ``min_busy`` of them
-    working at once yet getting ≤ ``max_cpu_per_busy`` of a core each, the process's CPU ≤
-    ``max_process_cores`` while the host leaves ≥ ``min_spare_cores`` idle; else None."""
-    prep, fetch = fx.loader.thread_prep_share or 0.0, fx.loader.thread_fetch_share or 0.0
-    busy, cores = fx.loader.thread_busy, fx.loader.thread_cpu_cores
+    threads, preparing ≥ ``prep_share`` of their time, ≥ ``min_busy`` of them at work at once,
+    the GIL contended (the sampler waited ≥ ``min_gil_wait_ms`` for it per wake, its run-queue
+    wait left out: a busy host's threads wait for a CPU instead), the process's CPU ≤
+    ``max_process_cores`` on a host with ≥ ``min_more_cores`` cores more; else None.
+
+    The estimate: in processes the prep gets a core each, up to the threads at work and the
+    cores other processes leave, against the process's CPU now; at most the whole wait gone."""
+    prep = fx.loader.thread_prep_share or 0.0
+    busy, gil_ms = fx.loader.thread_busy, fx.loader.thread_gil_wait_ms
     threads = fx.loader.loader_threads
     process = (fx.procs.main_cpu_pct or 0.0) / 100.0
-    spare = spare_cores(fx)
+    cpus = fx.host.logical_cores or fx.host.physical_cores or 0
     if (
         threads < THREADS.min_threads
         or prep < THREADS.prep_share
-        or prep <= fetch
         or busy is None
         or busy < THREADS.min_busy
-        or cores is None
-        or cores > THREADS.max_cpu_per_busy * busy
+        or gil_ms is None
+        or gil_ms < THREADS.min_gil_wait_ms
         or not fx.procs.main_cpu_pct
         or process > THREADS.max_process_cores
-        or spare is None
-        or spare < THREADS.min_spare_cores
+        or cpus - process < THREADS.min_more_cores
     ):
         return None
-    # in processes the prep gets a core each, up to the cores the threads left idle
-    gain = min(float(threads), busy, process + spare) / max(process, 0.1)
-    return Gil(busy, cores, round(process, 2), round(spare, 2), min(stall_cap(stall), gain))
+    free = cpus - (fx.host.others_cpu_cores or 0.0)
+    gain = min(float(threads), busy, max(free, process)) / max(process, 0.1)
+    est = max(1.0, min(stall_cap(stall), gain))
+    cores = fx.loader.thread_cpu_cores or 0.0
+    return Gil(busy, cores, gil_ms, round(process, 2), cpus, round(est, 2))
 
 
 _EVIDENCE = (
@@ -113,6 +122,7 @@ _EVIDENCE = (
     "thread_idle_share",
     "thread_busy",
     "thread_cpu_cores",
+    "thread_gil_wait_ms",
     "thread_wait_share",
     "main_cpu_pct",
     "host_cpu_median_pct",
@@ -131,8 +141,8 @@ def rule_thread_loader(data: RunData, fx: Facts) -> list[Finding]:
         return []
     fetch, prep = fx.loader.thread_fetch_share or 0.0, fx.loader.thread_prep_share or 0.0
     threads = fx.loader.loader_threads
-    g = None if fetch > prep else gil(fx, stall)
-    kind = Kind.INPUT_FETCH if fetch > prep else Kind.INPUT_GIL if g else Kind.INPUT_PREP
+    g = gil(fx, stall)
+    kind = Kind.INPUT_GIL if g else Kind.INPUT_FETCH if fetch > prep else Kind.INPUT_PREP
     ev = fx.evidence(*_EVIDENCE)
     waited = fx.loader.thread_wait_share or 0.0
     head = (
@@ -147,18 +157,20 @@ def rule_thread_loader(data: RunData, fx: Facts) -> list[Finding]:
     )
     est = stall_cap(stall)
     if g is not None:
-        ev.update(process_cores=g.process, spare_cores=g.spare)
+        spare = spare_cores(fx)
+        ev.update(process_cores=g.process)
+        if spare is not None:
+            ev["spare_cores"] = round(spare, 2)
         summary = (
             f"{head}: {g.busy:.1f} threads at work at once got {g.cores:.2f} core(s) between "
-            f"them, the process {g.process:.2f} core(s), while the host left {g.spare:.1f} "
-            "core(s) idle: Python-bound prep in threads shares one GIL, so more threads "
-            "cannot help."
+            f"them, the process {g.process:.2f} of the host's {g.cpus}, and each wake of the "
+            f"sampler waited {g.gil_ms:.1f} ms for the GIL: Python-bound prep in threads "
+            "shares one GIL, so more threads cannot help."
         )
         rule += (
-            f"; {g.busy:.1f} working at once ≥ {THREADS.min_busy:g} with {g.cores:.2f} core(s) "
-            f"≤ {THREADS.max_cpu_per_busy:g} each; process {g.process:.2f} ≤ "
-            f"{THREADS.max_process_cores:g} core(s); {g.spare:.1f} idle ≥ "
-            f"{THREADS.min_spare_cores:g}"
+            f"; {g.busy:.1f} at work at once ≥ {THREADS.min_busy:g}; GIL wait {g.gil_ms:.1f} ms "
+            f"a wake ≥ {THREADS.min_gil_wait_ms:g} ms; process {g.process:.2f} ≤ "
+            f"{THREADS.max_process_cores:g} core(s) of {g.cpus}"
         )
         est = g.estimate
     elif kind == Kind.INPUT_FETCH:

@@ -1,0 +1,158 @@
+"""Loaders that are not a DataLoader: a ThreadPoolExecutor prefetching batches into a queue
+(issue 52, part 3; examples/train_threads.py), run unmodified under `stallscope run`. Its
+training thread waits in ``Future.result``, which read as "other" before the sampler sampled
+the loader threads: cold files read through a read limit are input_bound.fetch; Python-heavy
+prep in 4 threads is input_bound.gil, while prep in NumPy (which releases the GIL) and the same
+Python prep in DataLoader worker processes are not. Each share within 0.05 of the loop's own
+timing of its wait for batches."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope_argv, training_finding
+
+from stallscope.analysis.diagnose.rules.threads import THREADS
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow]
+
+TRAIN = str(ROOT / "examples" / "train_threads.py")
+CONSTRAIN = str(ROOT / "examples" / "constrain.py")
+#: reads capped at 2 MB/s: a batch of 8 files of 64 KiB is a quarter of a second of reads
+#: against a millisecond of compute
+READ_BPS = 2_000_000
+#: the training's length (s)
+SECONDS = "10"
+#: the share's tolerance against the loop's own timing
+WITHIN = 0.05
+
+
+def _run(
+    tmp_path: Path, data: Path, extra: list[str], wrap: list[str] | None = None
+) -> dict[str, Any]:
+    out = tmp_path / "runs"
+    argv = [
+        *stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
+        "--",
+        *(wrap or []),
+        sys.executable,
+        TRAIN,
+        "--data-dir",
+        str(data),
+        "--max-seconds",
+        SECONDS,
+        *extra,
+    ]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run_dir] = list(out.iterdir())
+    d = subprocess.run(
+        stallscope_argv("diagnose", str(run_dir), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    doc: dict[str, Any] = json.loads(d.stdout)
+    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
+    assert m, r.stdout[-1000:]
+    doc["trainer_wait"] = float(m.group(1)) / 100
+    sig = doc["signals"]
+    print(  # the figures, for a report of the run (pytest -s)
+        f"{extra}: {doc['verdict']} stall {doc.get('stall_fraction')} truth "
+        f"{doc['trainer_wait']} threads {sig.get('loader_threads')} fetch "
+        f"{sig.get('thread_fetch_share')} prep {sig.get('thread_prep_share')} GIL wait "
+        f"{sig.get('thread_gil_wait_ms')} ms cpu {sig.get('thread_cpu_cores')}"
+    )
+    return doc
+
+
+def _near_truth(doc: dict[str, Any]) -> None:
+    assert doc["stall_source"] == "stacks", doc["stall_source"]
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= WITHIN, (
+        doc["stall_fraction"],
+        doc["trainer_wait"],
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("threads") / "data"
+    subprocess.run(
+        [sys.executable, TRAIN, "--data-dir", str(data), "--max-seconds", "0"],
+        check=True,
+        capture_output=True,
+    )
+    return data
+
+
+def test_a_thread_pool_reading_through_a_read_limit_is_fetch_bound(
+    tmp_path: Path, throttled_group: str, files: Path
+) -> None:
+    doc = _run(
+        tmp_path,
+        files,
+        ["--cold", "--prep", "none", "--threads", "4"],
+        [
+            sys.executable,
+            CONSTRAIN,
+            "--read-bps",
+            str(READ_BPS),
+            "--data",
+            str(files),
+            "--cgroup",
+            throttled_group,
+            "--",
+        ],
+    )
+    f = training_finding(doc)
+    assert f["kind"] == "input_bound.fetch", doc["findings"]
+    assert "loader thread" in f["summary"] and "reads in flight" in f["fixes"][0]["action"]
+    assert doc["signals"]["loader_threads"] == 4
+    assert doc["signals"]["thread_fetch_share"] > doc["signals"]["thread_prep_share"]
+    _near_truth(doc)
+
+
+@pytest.mark.exclusive
+def test_python_prep_in_four_threads_is_held_by_the_gil(tmp_path: Path, files: Path) -> None:
+    doc = _run(tmp_path, files, ["--prep", "python", "--cost", "30", "--threads", "4"])
+    _near_truth(doc)
+    s = doc["signals"]
+    # the loader threads were busy preparing, four at once, on about one core
+    assert s["loader_threads"] == 4 and s["thread_prep_share"] >= 0.5, s
+    assert s["thread_busy"] >= 3 and s["thread_cpu_cores"] <= 1.1, s
+    # the GIL contended: the sampler waited for it (its run-queue wait left out: a busy host
+    # makes a CPU wait, not a GIL wait)
+    assert s["thread_gil_wait_ms"] >= THREADS.min_gil_wait_ms, s
+    f = training_finding(doc)
+    assert f["kind"] == "input_bound.gil", doc["findings"]
+    assert "processes" in f["fixes"][0]["action"], f["fixes"]
+    assert f["est_speedup"] > 1
+
+
+@pytest.mark.exclusive
+def test_numpy_prep_in_threads_releases_the_gil(tmp_path: Path, files: Path) -> None:
+    doc = _run(tmp_path, files, ["--prep", "numpy", "--cost", "2", "--threads", "4"])
+    _near_truth(doc)
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "input_bound.gil" not in kinds, doc["findings"]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
+    assert doc["signals"]["loader_threads"] == 4
+    assert doc["signals"]["thread_gil_wait_ms"] < THREADS.min_gil_wait_ms, doc["signals"]
+
+
+@pytest.mark.exclusive
+def test_python_prep_in_dataloader_workers_is_not_the_gil(tmp_path: Path, files: Path) -> None:
+    doc = _run(tmp_path, files, ["--prep", "python", "--cost", "30", "--workers", "2"])
+    _near_truth(doc)
+    kinds = [f["kind"] for f in doc["findings"]]
+    assert "input_bound.gil" not in kinds, doc["findings"]
+    assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
+    assert not doc["signals"].get("loader_threads"), doc["signals"]
