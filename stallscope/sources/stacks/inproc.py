@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from stallscope.errors import warn
-from stallscope.sources.stacks import batches
+from stallscope.sources.stacks import batches, fetches
 from stallscope.sources.stacks.aggregate import (
     MAX_WEIGHT_S,
     MEMO_SIZE,
@@ -106,7 +106,7 @@ class InProcSampler:
         #: the DataLoader batch counts (:mod:`.batches`) written so far
         self._counted = (0, 0)
         #: the hooks not installed yet (:meth:`_install_hooks`)
-        self._hooks = ["comm", "batches"]
+        self._hooks = ["comm", "batches", "fetches"]
         #: the process's other Python threads: loader threads (:mod:`.threads`)
         self.threads = ThreadTally()
         #: stack key -> loader phase (None: no loader's) / waits on a thread
@@ -213,13 +213,17 @@ class InProcSampler:
     def _install_hooks(self) -> None:
         """The communication timing once the trainer is distributed (sources/comm.py, which
         tries again itself when its import meets the trainer's half-way) and the DataLoader's
-        batch count once torch's DataLoader is imported (:mod:`.batches`). A hook that raises
+        batch count and each batch's cost in the workers once torch's DataLoader is imported
+        (:mod:`.batches`, :mod:`.fetches`). A hook that raises
         is given up, said once: never a reason to stop sampling."""
         for name in tuple(self._hooks):
             try:
                 from stallscope.sources import comm
 
-                done = comm.install_if_distributed() if name == "comm" else batches.install()
+                if name == "comm":
+                    done = comm.install_if_distributed()
+                else:
+                    done = (batches if name == "batches" else fetches).install()
                 if done and name == "comm":
                     self._comm = comm.CLOCK
                     self._comm_seen = comm.CLOCK.total_s
