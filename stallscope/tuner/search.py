@@ -37,7 +37,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -62,61 +61,11 @@ from stallscope.loadermodel import (
 from stallscope.sources.cgroup import read_caps as host_read_caps
 from stallscope.sources.cgroup import usable_cores
 from stallscope.tuner.measure import Overtime, Trial, others_cores, run_trial
-from stallscope.tuner.target import Target, call_text
+from stallscope.tuner.outcome import TuneResult, _r, bound_text, tree_share
+from stallscope.tuner.target import Target, batch_nbytes, call_text, gpu_present, is_iterable
 
 #: the model's runner-up is tried when predicted within this share of its best prediction
 RUNNER_UP = 0.9
-
-
-@dataclass
-class TuneResult:
-    """What :func:`stallscope.tune` found. ``best`` holds the recommended DataLoader keyword
-    arguments; ``trials`` every configuration tried, in order."""
-
-    best: dict[str, Any]
-    samples_per_s: float | None
-    baseline: dict[str, Any]
-    trials: list[Trial]
-    recommendation: str
-    bound: str
-    stopped: str
-    step_ms: float | None = None
-    cores: int = 0
-    budget_s: float = 0.0
-    seconds: float = 0.0
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
-    #: the position in ``trials`` of the trial ``best`` comes from
-    best_index: int | None = None
-    #: the model's rate for the recommended worker count, predicted from the calibration
-    #: (the baseline and one worker) before a trial measured it, over the baseline's rate;
-    #: None where the pick is one of the calibration's own configurations or no model ran
-    predicted_speedup: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "best": self.best,
-            "samples_per_s": _r(self.samples_per_s),
-            "baseline": self.baseline,
-            "speedup": _r(self.samples_per_s / self.baseline["samples_per_s"])
-            if self.samples_per_s and self.baseline.get("samples_per_s")
-            else None,
-            "predicted_speedup": _r(self.predicted_speedup),
-            "recommendation": self.recommendation,
-            "bound": self.bound,
-            "stopped": self.stopped,
-            "step_ms": _r(self.step_ms),
-            "cores": self.cores,
-            "budget_s": self.budget_s,
-            "seconds": _r(self.seconds),
-            "interrupted": self.interrupted,
-            "notes": self.notes,
-            "trials": [t.as_dict() for t in self.trials],
-        }
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)
 
 
 Progress = Callable[[str, float], None]
@@ -172,8 +121,8 @@ class Search:
         self.start_method = start_method
         self.batch_sizes = batch_sizes
         self.progress = progress or (lambda _label, _done: None)
-        self.gpu = _gpu_present() if gpu is None else gpu
-        self._iterable = _iterable(target)
+        self.gpu = gpu_present() if gpu is None else gpu
+        self._iterable = is_iterable(target)
         # a window per trial such that about a dozen trials fit the budget
         self.window_s = min(10.0, max(1.0, budget_s / 14))
         self.trials: list[Trial] = []
@@ -367,7 +316,7 @@ class Search:
             # (docs/tune.md, "What the tuner's rules rest on")
             self.notes.append(
                 f"prefetch_factor not tried: {_short(best.config)} keeps the "
-                f"{self.cores} usable cores {self._tree_share(best):.0%} busy"
+                f"{self.cores} usable cores {tree_share(best, self.cores):.0%} busy"
             )
         elif (
             w > 0
@@ -472,7 +421,7 @@ class Search:
             return
         loader = self.target.make(**self._config(num_workers=0))
         batch = next(iter(loader))
-        self._batch_mib = _nbytes(batch) / 2**20
+        self._batch_mib = batch_nbytes(batch) / 2**20
         if self.step_fn is None:
             return
         base = self.trials[0] if self.trials else None
@@ -785,69 +734,19 @@ class Search:
             notes=self.notes,
         )
 
-    def _tree_share(self, t: Trial) -> float:
-        """The share of the usable cores the trainer and its workers used in ``t``."""
-        return (t.cpu_pct or 0.0) / (100.0 * self.cores) if self.cores else 0.0
+    def _bound(self, best: Trial | None) -> str:
+        """What bounds ``best``, in words (:func:`~stallscope.tuner.outcome.bound_text`)."""
+        return bound_text(
+            best,
+            self.trials,
+            keeps_up=self._keeps_up(best),
+            step_ms=self.step_ms,
+            cores=self.cores,
+            max_workers=self.max_workers,
+        )
 
     def _cpu_bound(self, t: Trial) -> bool:
-        return self._tree_share(t) >= CPU_BOUND_SHARE
-
-    def _bound(self, best: Trial | None) -> str:
-        if best is None or not best.samples_per_s:
-            return "no configuration ran: see the trials"
-        rate = best.samples_per_s
-        w = best.config.get("num_workers", 0)
-        where = f"{rate:,.0f} samples/s with num_workers={w}"
-        if self._keeps_up(best):
-            if best.step_ms and self.step_ms and best.step_ms > 1.3 * self.step_ms:
-                # the input keeps up only because the step itself slowed: they share the CPU
-                return (
-                    f"CPU-bound: the input keeps up at {where} (data wait "
-                    f"{100 * (best.data_wait_share or 0):.1f}%), but the training step "
-                    f"slowed from {self.step_ms:.0f} to {best.step_ms:.0f} ms per batch "
-                    f"with the workers beside it on the {self.cores} usable cores. A "
-                    "cheaper transform, decoding once ahead of time, or more cores would "
-                    "go further"
-                )
-            step = f" ({self.step_ms:.1f} ms per batch)" if self.step_ms is not None else ""
-            return (
-                f"the training step{step} is now the limit, not the input: {where}, data "
-                f"wait {100 * (best.data_wait_share or 0):.1f}%"
-            )
-        per = best.cpu_ms_per_sample
-        per_text = f" ({per:.1f} ms of CPU per sample)" if per is not None else ""
-        busy = best.worker_cpu_pct or 0.0 if w else best.cpu_pct or 0.0
-        tree_share = self._tree_share(best)
-        slowed = [
-            t
-            for t in self.trials
-            if t.status in ("ok", "cut")
-            and t.step_ms
-            and self.step_ms
-            and t.config.get("num_workers", 0) > w
-            and t.step_ms > 1.3 * self.step_ms
-        ]
-        if tree_share >= CPU_BOUND_SHARE or slowed or (w and w >= self.max_workers and busy >= 60):
-            why = (
-                f"; with more workers the step slows from {self.step_ms:.0f} to "
-                f"{slowed[0].step_ms:.0f} ms per batch"
-                if slowed and self.step_ms and slowed[0].step_ms
-                else ""
-            )
-            return (
-                f"CPU-bound: the pipeline saturates at {where}, the {self.cores} usable "
-                f"cores busy ({best.cpu_pct or 0:.0f}% CPU) with loading{per_text} and the "
-                f"training step{why}. A cheaper transform, decoding once ahead of time, or "
-                "more cores would go further"
-            )
-        if w and busy < 50 and (best.read_mb_s or 0) > 0.5:
-            return (
-                f"storage-bound, reading {best.read_mb_s:.0f} MB/s from storage: the "
-                f"workers wait on reads ({busy:.0f}% CPU each) and the pipeline saturates "
-                f"at {where}; pack the small files into shards (stallscope pack SRC DST) "
-                "or cache the dataset on a faster disk"
-            )
-        return f"the pipeline saturates at {where}{per_text}"
+        return tree_share(t, self.cores) >= CPU_BOUND_SHARE
 
 
 def _eligible(t: Trial) -> bool:
@@ -868,31 +767,3 @@ def _short(config: dict[str, Any]) -> str:
 def _public(config: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments to recommend: the internal time-out and start method left out."""
     return {k: v for k, v in config.items() if k not in ("timeout", "multiprocessing_context")}
-
-
-def _nbytes(batch: Any) -> int:
-    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
-        return int(batch.element_size() * batch.nelement())
-    if isinstance(batch, dict):
-        return sum(_nbytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v) for v in batch)
-    return 0
-
-
-def _iterable(target: Target) -> bool:
-    try:
-        from torch.utils.data import IterableDataset
-
-        loader = target.make(num_workers=0)
-        return isinstance(loader.dataset, IterableDataset)
-    except Exception:  # the baseline trial reports what is wrong with the target
-        return False
-
-
-def _gpu_present() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())

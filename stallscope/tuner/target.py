@@ -241,3 +241,34 @@ def call_text(target: Target, config: dict[str, Any]) -> str:
     keys = sorted(args, key=lambda k: order.index(k) if k in order else len(order))
     text = ", ".join(f"{k}={args[k]!r}" for k in keys if k != "timeout")
     return f"{target.call}{text})"
+
+
+def batch_nbytes(batch: Any) -> int:
+    """The bytes a batch holds in its tensors (dicts, lists and tuples of them walked)."""
+    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
+        return int(batch.element_size() * batch.nelement())
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_nbytes(v) for v in batch)
+    return 0
+
+
+def is_iterable(target: Target) -> bool:
+    """The target's loader reads an IterableDataset (its workers must split the stream)."""
+    try:
+        from torch.utils.data import IterableDataset
+
+        loader = target.make(num_workers=0)
+        return isinstance(loader.dataset, IterableDataset)
+    except Exception:  # the baseline trial reports what is wrong with the target
+        return False
+
+
+def gpu_present() -> bool:
+    """PyTorch sees a CUDA GPU (pin_memory is worth a trial)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

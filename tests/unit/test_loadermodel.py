@@ -78,7 +78,7 @@ def test_thresholds_are_one_set() -> None:
     from stallscope.analysis.diagnose.rules import prep as rules_prep
     from stallscope.analysis.facts import build
     from stallscope.probe import autotune
-    from stallscope.tuner import search
+    from stallscope.tuner import outcome, search
 
     ours = {
         n: v
@@ -96,7 +96,7 @@ def test_thresholds_are_one_set() -> None:
         "BUSY_SPARE",
         "SHM_SHARE",
     } <= set(ours)
-    for mod in (autotune, search, rules_input, rules_fetch, rules_prep, build):
+    for mod in (autotune, search, outcome, rules_input, rules_fetch, rules_prep, build):
         for name, v in vars(mod).items():
             if (
                 name.isupper()
