@@ -246,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
         if m is None:
             raise _BadRequest(
                 400,
-                f"unknown metric {metric!r} (names: stallscope/metrics.py, "
+                f"unknown metric {metric!r} (names: stallscope/metrics/, "
                 "e.g. host.cpu_pct, disk.r_await_ms)",
             )
         if m.kind == "counter":

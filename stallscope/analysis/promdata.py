@@ -5,7 +5,7 @@ same rules over cluster data.
 Two ``query_range`` calls over the window: every ``stallscope_*`` series of the selected
 targets (``job``/``instance``), and the step counters of the trainings
 (:mod:`stallscope.agent.steps`). Series go back to the vocabulary's names, entities and units
-(``stallscope/metrics.py``: the exported value divided by ``prom_scale``; the GPU's index from
+(``stallscope/metrics/``: the exported value divided by ``prom_scale``; the GPU's index from
 ``gpu``, a disk's from ``device``...). Steps come back from the counters: between two points of
 a rank, ``n`` new steps with ``w`` seconds of data wait and ``t`` seconds of step time become
 ``n`` step rows of ``w/n`` and ``t/n`` each, so sums and shares are exact and medians are those
