@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=3600.0,
         metavar="S",
         help="keep full resolution for the last S seconds; older samples are "
-        "downsampled to 1-minute min/mean/max (default 3600)",
+        "downsampled to 1-minute means, maxima for bitmasks and link generations "
+        "(default 3600)",
     )
     p.add_argument(
         "--alerts",

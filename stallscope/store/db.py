@@ -8,9 +8,13 @@ Layout:
     ``""`` for the host as a whole).
 ``points(ts, series, v)``
     full-resolution samples, clustered by time (appends stay sequential, pages stay full).
-``rollup(ts, series, n, vmin, vmean, vmax)``
-    older samples downsampled into fixed buckets; a long run keeps full resolution for a recent
-    window only, so its size is bounded (see ``benchmarks/bench_store_size.py``).
+``rollup(ts, series, n, v)``
+    older samples downsampled into fixed buckets of ``n`` samples; a long run keeps full
+    resolution for a recent window only, so its size is bounded (see
+    ``benchmarks/bench_store_size.py``). ``v`` is what a reader reads for the bucket: the mean,
+    the max for metrics whose mean is not a value they can take (bitmasks, link generations;
+    :func:`~stallscope.store.schema.rollup_is_max`). Stores of schema version 4 and before kept
+    ``vmin, vmean, vmax`` (read as they are read-only, rewritten by a writer's migration).
 ``entities(source, entity, attrs, first_ts, last_ts)``
     what is known about an entity that is not a number (GPU name, process cmdline and role).
 ``events(ts, source, kind, message)``
@@ -57,20 +61,24 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
-from stallscope.metrics import Point, lookup
+from stallscope.metrics import Point
 from stallscope.store.rows import Series, StepRow, StepTuple, StepValues
 from stallscope.store.schema import (
     _N_OK,
     _POINT_OK,
     _ROLLUP_OK,
+    _ROLLUP_V_OK,
     _STEP_COLUMNS,
     _STEP_OK,
     SCHEMA_VERSION,
     _finite,
     comm_column,
+    max_series,
     migrate,
     n_column,
     newer_message,
+    rollup_has_v,
+    rollup_is_max,
     step_ranks,
     steps_after,
     us_sql,
@@ -366,15 +374,18 @@ class RunStore:
         Returns the number of points folded."""
         cutoff = (older_than // bucket_s) * bucket_s
         with self.db:
+            # a bucket keeps what readers read: its mean, its max for the series of
+            # max_series (their ids: whole numbers, never user input)
+            is_max = f"series IN ({','.join(str(i) for i in max_series(self.db))})"
             self.db.execute(
-                """INSERT INTO rollup(ts, series, n, vmin, vmean, vmax)
-                   SELECT CAST(ts / :b AS INTEGER) * :b AS bt, series, COUNT(*), MIN(v), AVG(v),
-                          MAX(v)
+                f"""INSERT INTO rollup(ts, series, n, v)
+                   SELECT CAST(ts / :b AS INTEGER) * :b AS bt, series, COUNT(*),
+                          CASE WHEN {is_max} THEN MAX(v) ELSE AVG(v) END
                    FROM points WHERE ts < :c GROUP BY bt, series
                    ON CONFLICT(ts, series) DO UPDATE SET
-                     vmean = (vmean * n + excluded.vmean * excluded.n) / (n + excluded.n),
-                     n = n + excluded.n,
-                     vmin = MIN(vmin, excluded.vmin), vmax = MAX(vmax, excluded.vmax)""",
+                     v = CASE WHEN {is_max} THEN MAX(v, excluded.v)
+                         ELSE (v * n + excluded.v * excluded.n) / (n + excluded.n) END,
+                     n = n + excluded.n""",
                 {"b": bucket_s, "c": cutoff},
             )
             cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
@@ -465,12 +476,12 @@ class RunStore:
             ids = self.db.execute(
                 "SELECT id, entity FROM series WHERE name=? AND entity=?", (name, entity)
             ).fetchall()
-        col = _rollup_column(name)
+        col = "v" if rollup_has_v(self.db) else "vmax" if rollup_is_max(name) else "vmean"
         out = []
         for sid, ent in ids:
             s = Series(name, str(ent))
             for ts, v in self.db.execute(
-                # col is one of two fixed column names, never user input
+                # col is one of three fixed column names, never user input
                 f"SELECT ts, {col} FROM rollup WHERE series=? AND {_finite('ts')} AND "
                 f"{_finite(col)} UNION ALL SELECT ts, v FROM points WHERE series=? AND "
                 f"{_finite('ts')} AND {_finite('v')} ORDER BY 1",
@@ -492,17 +503,22 @@ class RunStore:
                 bad += 1
         self._skip("series", bad)
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
-        use_max = {sid for sid, (n, _) in names.items() if _rollup_column(n) == "vmax"}
+        use_max = {sid for sid, (n, _) in names.items() if rollup_is_max(n)}
         # Rollup buckets (older) first, then points, each in time order (the primary key's, no
         # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
         # than these tests cost Python. A series of another id, a value or time that is not a
         # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
-        rollup = (
-            (ts, sid, vmax if sid in use_max else vmean)
-            for ts, sid, vmean, vmax in self.db.execute(
-                "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"
+        if rollup_has_v(self.db):
+            rollup: Iterable[tuple[Any, Any, Any]] = self.db.execute(
+                "SELECT ts, series, v FROM rollup ORDER BY ts"
             )
-        )
+        else:  # version 4 and before
+            rollup = (
+                (ts, sid, vmax if sid in use_max else vmean)
+                for ts, sid, vmean, vmax in self.db.execute(
+                    "SELECT ts, series, vmean, vmax FROM rollup ORDER BY ts"
+                )
+            )
         self._skip("rollup", _append_points(out, names, rollup))
         rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
         self._skip(
@@ -638,7 +654,8 @@ class RunStore:
     def time_range(self) -> tuple[float, float] | None:
         """First and last readable sample time (points and rollup), None without samples."""
         lo = hi = None
-        for table, ok in (("points", _POINT_OK), ("rollup", _ROLLUP_OK)):
+        rolled = _ROLLUP_V_OK if rollup_has_v(self.db) else _ROLLUP_OK
+        for table, ok in (("points", _POINT_OK), ("rollup", rolled)):
             # ORDER BY ts LIMIT 1 walks the primary key: a few rows, not the table
             for order in ("ASC", "DESC"):
                 row = self.db.execute(
@@ -725,9 +742,3 @@ def _json_object(text: Any) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return v if isinstance(v, dict) else None
-
-
-def _rollup_column(name: str) -> str:
-    """Which rollup column stands for a bucket of this metric when read back."""
-    m = lookup(name)
-    return "vmax" if m is not None and m.rollup == "max" else "vmean"

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from stallscope.errors import StallscopeError
+from stallscope.metrics import lookup
 from stallscope.version import __version__
 
 __all__ = [
@@ -28,9 +29,11 @@ __all__ = [
 #: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
 #: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there; 3 adds
 #: ``steps.n`` (steps a row covers, 1 in every older row); 4 adds ``step_packs`` (older step
-#: rows packed, :mod:`stallscope.store.steppack`; step times kept to the microsecond). Bump it
+#: rows packed, :mod:`stallscope.store.steppack`; step times kept to the microsecond); 5 keeps
+#: one value a ``rollup`` bucket, ``v``, what readers read (the mean, the max for metrics whose
+#: mean is not a value they can take), where 4 and before kept ``vmin, vmean, vmax``. Bump it
 #: with each change of the layout and teach :func:`migrate` the step from the previous one.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,8 +43,7 @@ CREATE TABLE IF NOT EXISTS points(
     ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
     PRIMARY KEY(ts, series)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rollup(
-    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL,
-    vmin REAL NOT NULL, vmean REAL NOT NULL, vmax REAL NOT NULL,
+    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL, v REAL NOT NULL,
     PRIMARY KEY(ts, series)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS entities(
     source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
@@ -97,6 +99,8 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
             db.execute("ALTER TABLE steps ADD COLUMN comm_s REAL")
         if n_column(db) == "1":  # version 2 and before: one step a row
             db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
+        if not rollup_has_v(db):  # version 4 and before: min, mean and max a bucket
+            _rollup_to_v(db)
         if version < SCHEMA_VERSION:
             db.execute(
                 "INSERT OR REPLACE INTO info VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)
@@ -116,7 +120,44 @@ def _layout_complete(db: sqlite3.Connection) -> bool:
     """Every table of the layout is there, ``steps.comm_s`` and ``steps.n`` included (two
     reads, no write)."""
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    return _TABLES <= tables and {"comm_s", "n"} <= _step_columns(db)
+    return _TABLES <= tables and {"comm_s", "n"} <= _step_columns(db) and rollup_has_v(db)
+
+
+def rollup_has_v(conn: sqlite3.Connection) -> bool:
+    """Whether ``rollup`` keeps one value a bucket (schema version 5), rather than ``vmin, vmean,
+    vmax`` (4 and before; read-only readers read those as they are)."""
+    return "v" in {r[1] for r in conn.execute("PRAGMA table_info(rollup)")}
+
+
+def rollup_is_max(name: str) -> bool:
+    """Whether a bucket of metric ``name`` stands for its max (bitmasks, link generations: their
+    mean is not a value they can take), else its mean."""
+    m = lookup(name)
+    return m is not None and m.rollup == "max"
+
+
+def max_series(conn: sqlite3.Connection) -> list[int]:
+    """The ids of the series whose buckets keep their max (:func:`rollup_is_max`)."""
+    return [
+        int(i)
+        for i, n in conn.execute("SELECT id, name FROM series")
+        if isinstance(i, int) and isinstance(n, str) and rollup_is_max(n)
+    ]
+
+
+def _rollup_to_v(db: sqlite3.Connection) -> None:
+    """A version-4-or-older ``rollup`` rewritten with the one value a reader reads (in the
+    migration's transaction)."""
+    ids = ",".join(str(i) for i in max_series(db))  # whole numbers, never user input
+    db.execute("ALTER TABLE rollup RENAME TO rollup_v4")
+    for statement in _SCHEMA.split(";"):
+        if "TABLE IF NOT EXISTS rollup(" in statement:
+            db.execute(statement)
+    db.execute(
+        "INSERT INTO rollup(ts, series, n, v) SELECT ts, series, n, "
+        f"CASE WHEN series IN ({ids}) THEN vmax ELSE vmean END FROM rollup_v4"
+    )
+    db.execute("DROP TABLE rollup_v4")
 
 
 def _step_columns(conn: sqlite3.Connection) -> set[str]:
@@ -174,6 +215,9 @@ def _int_or_null(col: str) -> str:
 
 
 _POINT_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
+#: a readable bucket of a version 5 rollup (:func:`rollup_has_v`)
+_ROLLUP_V_OK = f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('v')}"
+#: a readable bucket of a version 4 (or older) rollup
 _ROLLUP_OK = (
     f"typeof(series) = 'integer' AND {_finite('ts')} AND {_finite('vmean')} AND {_finite('vmax')}"
 )

@@ -36,22 +36,38 @@ def test_points_round_trip(tmp_path: Path) -> None:
     st.close()
 
 
-def test_downsample_keeps_min_mean_max_and_recent_points(tmp_path: Path) -> None:
+def test_downsample_keeps_the_mean_or_max_and_recent_points(tmp_path: Path) -> None:
+    """A bucket keeps its sample count and what readers read: the mean, the max for a metric
+    whose mean is not a value it can take (gpu.throttle_mask, a bitmask)."""
     st = RunStore(tmp_path / "run.db")
     for i in range(300):  # 5 minutes at 1 Hz: values 0..299
-        st.add_points(float(i), [Point("host.cpu_pct", "", float(i))])
+        st.add_points(
+            float(i),
+            [Point("host.cpu_pct", "", float(i)), Point("gpu.throttle_mask", "gpu0", float(i))],
+        )
     folded = st.downsample(older_than=240.0, bucket_s=60.0)
-    assert folded == 240
-    rows = st.db.execute("SELECT ts, n, vmin, vmean, vmax FROM rollup ORDER BY ts").fetchall()
-    assert rows[0] == (0.0, 60, 0.0, 29.5, 59.0)
-    assert rows[3] == (180.0, 60, 180.0, 209.5, 239.0)
+    assert folded == 480
+    mean, mx = (
+        st.db.execute(
+            "SELECT ts, n, v FROM rollup WHERE series=(SELECT id FROM series WHERE name=?) "
+            "ORDER BY ts",
+            (name,),
+        ).fetchall()
+        for name in ("host.cpu_pct", "gpu.throttle_mask")
+    )
+    assert mean[0] == (0.0, 60, 29.5) and mean[3] == (180.0, 60, 209.5)
+    assert mx[0] == (0.0, 60, 59.0) and mx[3] == (180.0, 60, 239.0)
     [s] = st.read("host.cpu_pct")
     assert s.ts[:4] == [0.0, 60.0, 120.0, 180.0] and s.v[4:] == [float(i) for i in range(240, 300)]
+    assert s.v[:4] == [29.5, 89.5, 149.5, 209.5]
     # folding again later merges into existing buckets without double counting
-    st.add_points(299.5, [Point("host.cpu_pct", "", 1000.0)])
+    st.add_points(
+        299.5, [Point("host.cpu_pct", "", 1000.0), Point("gpu.throttle_mask", "gpu0", 1000.0)]
+    )
     st.downsample(older_than=360.0, bucket_s=60.0)
-    b = st.db.execute("SELECT n, vmax FROM rollup WHERE ts=240").fetchone()
-    assert b == (61, 1000.0)
+    b = st.db.execute("SELECT n, v FROM rollup WHERE ts=240 ORDER BY series").fetchall()
+    assert b == [(61, (sum(range(240, 300)) + 1000.0) / 61), (61, 1000.0)]
+    assert st.read_all()[("gpu.throttle_mask", "gpu0")].v[4] == 1000.0
     assert st.integrity_ok()
 
 
@@ -407,7 +423,7 @@ def test_readers_skip_and_count_unreadable_rows(tmp_path: Path) -> None:
             "INSERT INTO points VALUES(?, ?, ?)",
             [(10.0, sid, "abc"), (11.0, sid, 9e999), (12.0, 999, 1.0), ("noon", sid, 1.0)],
         )
-        st.db.execute("INSERT INTO rollup VALUES(-60, ?, 1, 1, 'x', 1)", (sid,))
+        st.db.execute("INSERT INTO rollup VALUES(-60, ?, 1, 'x')", (sid,))
         st.db.execute("UPDATE steps SET wait_s='slow' WHERE step=1")
         st.db.execute("UPDATE steps SET h2d_s=X'00' WHERE step=2")
         st.db.execute("UPDATE entities SET attrs='[1]' WHERE source='disk'")
@@ -633,14 +649,15 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
     from stallscope.store import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
     st.close()
     assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
     assert {"comm_s", "n"} <= set(_columns(tmp_path / "run.db", "steps"))
     db = sqlite3.connect(tmp_path / "run.db")
-    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("4",)
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("5",)
+    assert _columns(tmp_path / "run.db", "rollup") == ["ts", "series", "n", "v"]
     db.close()
     # opened again by a writer (the probe's writer, the attach mirror): nothing to migrate
     st = RunStore(tmp_path / "run.db")
@@ -662,6 +679,7 @@ def test_previous_release_store_is_migrated_when_opened(
     in place by a writer: the missing comm_s and n added, the version set, every old row kept
     (one step each), new steps with comm_s and rows of several steps accepted."""
     import hashlib
+    import sqlite3
 
     from stallscope.store import SCHEMA_VERSION
 
@@ -679,6 +697,12 @@ def test_previous_release_store_is_migrated_when_opened(
     ro.close()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
+    # a metric whose buckets read as their max (a bitmask), as version 4 and before kept it
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO series(id, name, entity) VALUES(2, 'gpu.throttle_mask', 'gpu0')")
+        db.execute("INSERT INTO rollup VALUES(60.0, 2, 60, 1.0, 2.5, 4.0)")
+    db.close()
+    old = RunStore(path, readonly=True).read_all()
 
     st = RunStore(path)
     assert _pragma(path, "user_version") == SCHEMA_VERSION
@@ -686,7 +710,13 @@ def test_previous_release_store_is_migrated_when_opened(
     assert st.db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == (
         str(SCHEMA_VERSION),
     )
-    # the old rows, every table
+    # the old rows, every table; a bucket keeps what readers read (version 5)
+    assert _columns(path, "rollup") == ["ts", "series", "n", "v"]
+    assert st.db.execute("SELECT * FROM rollup ORDER BY series").fetchall() == [
+        (60.0, 1, 60, 20.0),
+        (60.0, 2, 60, 4.0),
+    ]
+    assert st.read_all() == old
     assert st.read("gpu.util_pct")[0].v == [20.0, 40.0, 41.0, 42.0]
     assert st.entities() == [
         {

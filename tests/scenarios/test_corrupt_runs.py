@@ -90,10 +90,11 @@ def _bad_points(
     )
 
 
-def _bad_rollup(vmean: str, vmax: str = "1.0") -> Callable[[Path], None]:
+def _bad_rollup(v: str) -> Callable[[Path], None]:
+    """Buckets whose value (``rollup.v``, schema version 5) is ``v``."""
     return _sql(
-        "INSERT INTO rollup SELECT 0.5 * k, (SELECT MIN(id) FROM series), 1, 1.0, "
-        f"{vmean}, {vmax} FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)"
+        "INSERT INTO rollup SELECT 0.5 * k, (SELECT MIN(id) FROM series), 1, "
+        f"{v} FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)"
     )
 
 
@@ -207,7 +208,7 @@ CASES: dict[str, Case] = {
     "point_huge": Case("values", _bad_points(v="1e308")),
     "point_ts_far_future": Case("values", _bad_points(ts="1e14 + k.k")),
     "rollup_text": Case("wrong type", _bad_rollup("'abc'"), rows_skipped=True),
-    "rollup_inf": Case("values", _bad_rollup("9e999", "9e999"), rows_skipped=True),
+    "rollup_inf": Case("values", _bad_rollup("9e999"), rows_skipped=True),
     "series_null_name": Case(
         "NULLs",
         _loosen(
