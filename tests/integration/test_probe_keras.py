@@ -19,16 +19,30 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
-
-import stallscope  # noqa: E402
-from stallscope.probe.keras import TFProbe, dataset_config  # noqa: E402
-from stallscope.probe.recorder import reset  # noqa: E402
-from stallscope.store import RunStore, StepRow, new_run_dir  # noqa: E402
+import stallscope
+from stallscope.probe.keras import TFProbe, dataset_config
+from stallscope.probe.recorder import reset
+from stallscope.store import RunStore, StepRow, new_run_dir
 
 pytestmark = pytest.mark.tensorflow
+
+#: TensorFlow and Keras, imported when the first test of this file runs (the autouse fixture
+#: below), not when the file is collected: every pytest process of the suite collects it (both
+#: workers of the parallel pass, the exclusive pass, the fast tier) and TensorFlow's import is
+#: ~5 s of CPU that only the process running these tests needs. A test fails up front when
+#: TensorFlow is missing (marker tensorflow, tests/conftest.py COMPONENTS)
+tf: Any = None
+keras: Any = None
+
+
+@pytest.fixture(autouse=True)
+def _tensorflow() -> None:
+    global tf, keras
+    if tf is None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        tf = pytest.importorskip("tensorflow")
+        keras = pytest.importorskip("keras")
+
 
 SLEEP_S = 0.03
 BATCHES = 8
