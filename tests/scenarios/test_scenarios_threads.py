@@ -134,7 +134,12 @@ def test_python_prep_in_four_threads_is_held_by_the_gil(tmp_path: Path, files: P
     f = training_finding(doc)
     assert f["kind"] == "input_bound.gil", doc["findings"]
     assert "processes" in f["fixes"][0]["action"], f["fixes"]
-    assert f["est_speedup"] > 1
+    # in processes the prep gets the cores other processes leave: more than the GIL's one
+    # where the host had a core more (on a host others kept busy, x1.0: said, not promised)
+    free = s["logical_cores"] - (s.get("others_cpu_cores") or 0.0)
+    assert f["est_speedup"] >= 1
+    if free >= s["main_cpu_pct"] / 100 + THREADS.min_more_cores:
+        assert f["est_speedup"] > 1, (f["est_speedup"], free)
 
 
 @pytest.mark.exclusive
