@@ -79,13 +79,20 @@ class StoreSink(Sink):
         self._known: dict[tuple[str, str], dict[str, Any]] = {}  #: attributes as stored
         #: per transient source, the entities of its latest reading and that sample's time
         self._present: dict[str, tuple[tuple[str, ...], float]] = {}
-        self._keep: dict[str, bool] = {}
+        #: the metrics whose points are stored (:func:`_stored`), and those left out, as met
+        self._kept: set[str] = set()
+        self._left: set[str] = set()
 
     def write(self, sample: Sample) -> None:
-        keep = self._keep.get
-        points = [
-            p for p in sample.points if keep(p[0]) or (keep(p[0]) is None and self._learn(p[0]))
-        ]
+        every, kept = sample.points, self._kept
+        points = [p for p in every if p[0] in kept]  # p[0]: the name, without a getter call
+        if len(points) != len(every):  # counters left out, or a metric not met before
+            left = self._left
+            if any(p[0] not in kept and p[0] not in left for p in every):
+                for p in every:
+                    if p[0] not in kept and p[0] not in left:
+                        (kept if _stored(p[0]) else left).add(p[0])
+                points = [p for p in every if p[0] in kept]
         try:
             touch = self._entities(sample)
             self.store.add_points(sample.ts, points, touch)
@@ -95,11 +102,6 @@ class StoreSink(Sink):
                 self.store.pack_steps(sample.ts)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
-
-    def _learn(self, name: str) -> bool:
-        """Whether points of metric ``name`` are stored (:func:`_stored`), remembered."""
-        k = self._keep[name] = _stored(name)
-        return k
 
     def _entities(self, sample: Sample) -> list[tuple[str, list[str], float]]:
         """Store new or changed entities; returns the last-seen times to write with the

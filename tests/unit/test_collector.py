@@ -373,3 +373,41 @@ def test_the_cost_point_counts_the_collector_threads_cpu_between_its_samples() -
     assert kept.samples[2].cpu_s < 0.02
     c.sample_once()  # back here: the mark is the other thread's, so nothing in between
     assert kept.samples[3].cpu_s < 0.02
+
+
+class Changing(Source):
+    """Points of a declared gauge, a counter and a name the vocabulary lacks; from the third
+    sample a second declared gauge too."""
+
+    name = "host"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self, now: float) -> Any:
+        self.n += 1
+        return {"n": self.n}
+
+    def points(self, payload: Any) -> list[Point]:
+        n = float(payload["n"])
+        out = [
+            Point("host.cpu_pct", "", n),
+            Point("host.cpu_seconds_total", "user", n),
+            Point("host.not_a_metric", "", n),
+        ]
+        if n >= 3:
+            out.append(Point("host.load1", "", n))
+        return out
+
+
+def test_the_store_keeps_declared_non_counter_metrics_even_one_first_met_mid_run(
+    tmp_path: Path,
+) -> None:
+    st = RunStore(tmp_path / "run.db")
+    c = Collector([Changing()], [StoreSink(st)], interval=1.0)
+    for _ in range(4):
+        c.sample_once()
+    stored = {n for n, _ in st.series_keys()}
+    assert stored == {"host.cpu_pct", "host.load1", "collector.cpu_s", "collector.wall_s"}
+    assert st.read("host.cpu_pct")[0].v == [1.0, 2.0, 3.0, 4.0]
+    assert st.read("host.load1")[0].v == [3.0, 4.0]
