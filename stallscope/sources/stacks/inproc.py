@@ -58,6 +58,8 @@ MAX_DEPTH = 64
 LOADER_RECENT_S = 2.0
 #: other Python threads sampled at most (a process with hundreds of threads costs no more)
 MAX_THREADS = 32
+#: the other threads are sampled at most this often (s): half the default rate, half the cost
+THREADS_PERIOD_S = 0.045
 
 _started: list[InProcSampler] = []
 
@@ -112,6 +114,7 @@ class InProcSampler:
         #: stack key -> loader phase (None: no loader's) / waits on a thread
         self._loader_memo: dict[tuple[Any, ...], str | None] = {}
         self._waits_memo: dict[tuple[Any, ...], bool] = {}
+        self._threads_at = 0.0  #: when the other threads were last sampled (monotonic)
         self._thread = threading.Thread(target=self._loop, name="stallscope-stacks", daemon=True)
 
     def start(self) -> None:
@@ -174,8 +177,10 @@ class InProcSampler:
         (``current``) as loader threads; the training thread waiting on a thread counts as
         waiting for data while a loader thread works (:data:`LOADER_RECENT_S`)."""
         weight = min(max(weight, 0.0), MAX_WEIGHT_S)
-        if self.tally.started:
-            self._sample_threads(current, weight, now)
+        if self.tally.started and now - self._threads_at >= THREADS_PERIOD_S:
+            # the other threads every THREADS_PERIOD_S, each sample standing for the time since
+            self._sample_threads(current, min(now - self._threads_at, MAX_WEIGHT_S), now)
+            self._threads_at = now
         loader_wait: bool | None = False
         if self.threads.working(now, LOADER_RECENT_S):
             loader_wait = self._waits_memo.get(key)
