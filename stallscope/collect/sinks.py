@@ -114,10 +114,13 @@ class StoreSink(Sink):
         that many samples old)."""
         touch: list[tuple[str, list[str], float]] = []
         checkpoint = (self.written + 1) % self.downsample_every == 0
+        known = self._known
         for name, reading in sample.readings.items():
             for ent, attrs in reading.entities.items():
-                if self._known.get((name, ent)) != attrs:  # new, or changed (a reused pid)
-                    self._known[(name, ent)] = attrs
+                was = known.get((name, ent))
+                # the same object (a source hands out what it keeps): unchanged, not compared
+                if was is not attrs and was != attrs:  # new, or changed (a reused pid)
+                    known[(name, ent)] = attrs
                     self.store.upsert_entity(name, ent, attrs, sample.ts)
             if reading.transient:
                 before, before_ts = self._present.get(name, ((), 0.0))
