@@ -125,17 +125,21 @@ def test_the_sampler_records_a_thread_loaders_threads_and_the_wait_on_them(
     sampler = InProcSampler(tmp_path, 100.0, flush_s=0.5)
     sampler.tally.started = True
     sampler.start()
+    t0 = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
-        t0 = time.monotonic()
         while time.monotonic() - t0 < 1.5:
             for f in [pool.submit(_python_prep, 200_000) for _ in range(2)]:
                 f.result()
     sampler.stop()
+    elapsed = time.monotonic() - t0
     recs = [r for r in read_records(tmp_path) if r.get("threads")]
     assert recs, read_records(tmp_path)
     prep = sum(r["threads"]["s"]["prep"] for r in recs)
     busy = prep + sum(r["threads"]["s"]["fetch"] for r in recs)
     assert prep > 0.5 * busy and max(r["threads"]["n"] for r in recs) == 2
+    # each thread's samples stand for the time it was sampled, no more (the first one: a wake)
+    total = sum(sum(r["threads"]["s"].values()) for r in recs)
+    assert total <= 2 * elapsed + 0.2, (total, elapsed)
     if thread_runq_s(threading.get_native_id()) is not None:  # schedstat: the GIL's figure
         # every record but the first (no run-queue baseline yet) and a last one right after
         # a flush (no wake in it)

@@ -179,7 +179,8 @@ class InProcSampler:
         weight = min(max(weight, 0.0), MAX_WEIGHT_S)
         if self.tally.started and now - self._threads_at >= THREADS_PERIOD_S:
             # the other threads every THREADS_PERIOD_S, each sample standing for the time since
-            self._sample_threads(current, min(now - self._threads_at, MAX_WEIGHT_S), now)
+            since = now - self._threads_at if self._threads_at else weight  # first: one wake
+            self._sample_threads(current, min(since, MAX_WEIGHT_S), now)
             self._threads_at = now
         loader_wait: bool | None = False
         if self.threads.working(now, LOADER_RECENT_S):
