@@ -252,6 +252,50 @@ def pytest_configure(config: pytest.Config) -> None:
         index = _real_index()
         config.stash[_BEFORE] = (run_folders(), index, index_lines(index))
     os.environ["STALLSCOPE_STATE_DIR"] = tempfile.mkdtemp(prefix="stallscope-test-state-")
+    global _CONFIG
+    _CONFIG = config
+
+
+_CONFIG: pytest.Config | None = None
+_DATASETS: dict[tuple[int, int, int], Path] = {}
+
+
+def demo_dataset(files: int = 3000, size: int = 64, classes: int = 10) -> Path:
+    """The dataset examples/train_cpu.py makes with these arguments (its ``make_files``: seeded,
+    the same files every time), made once per pytest process in the session's temporary folder
+    and handed to every run that reads it unchanged (``--data-dir``). A trainer left to itself
+    wrote its 3000 files at start-up and removed them at exit, every run: 1-3 s (the removal up
+    to 9 s beside other engineers' work) outside the seconds it trains, in runs whose verdicts
+    read only the training (the probe's steps)."""
+    key = (files, size, classes)
+    if key not in _DATASETS:
+        import importlib.util
+
+        assert _CONFIG is not None, "demo_dataset before pytest_configure"
+        factory: pytest.TempPathFactory = _CONFIG._tmp_path_factory  # type: ignore[attr-defined]
+        root = factory.mktemp(f"train_cpu-{files}-{size}-{classes}", numbered=True)
+        spec = importlib.util.spec_from_file_location(
+            "_train_cpu_datasets", ROOT / "examples" / "train_cpu.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.make_files(root, files, size, classes)
+        _DATASETS[key] = root
+    return _DATASETS[key]
+
+
+def dataset_args(train_args: list[str]) -> list[str]:
+    """``--data-dir`` of this process's copy of the dataset (``demo_dataset``) that
+    examples/train_cpu.py's ``train_args`` (their --files, --size, --classes) would make, unless
+    they name their own folder (the fetch scenarios', read cold)."""
+    if "--data-dir" in train_args:
+        return []
+    made = {"--files": 3000, "--size": 64, "--classes": 10}  # train_cpu.py's defaults
+    for i, arg in enumerate(train_args[:-1]):
+        if arg in made:
+            made[arg] = int(train_args[i + 1])
+    return ["--data-dir", str(demo_dataset(made["--files"], made["--size"], made["--classes"]))]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

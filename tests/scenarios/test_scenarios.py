@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, rediagnosed, stallscope_argv, training_finding
+from conftest import ROOT, dataset_args, rediagnosed, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
@@ -68,6 +68,7 @@ def run_scenario(
         "2",
         "--prep-cost",
         "0",
+        *dataset_args(train_args),
         *train_args,
     ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
