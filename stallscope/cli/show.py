@@ -212,17 +212,25 @@ def _print_notes(data: RunData, meta: dict[str, Any], console: Console) -> None:
 
 
 def _print_cost(summary: dict[str, Any], meta: dict[str, Any], console: Console) -> None:
-    """The collector's own CPU: per sample, and its share of one core over the run (none when
-    the run did not measure it)."""
+    """The monitor's own CPU (its collector thread: the sources, the store, the alerts, its
+    wake-ups; what benchmarks/bench_run_cost.py measures from outside): per sample, and its
+    share of one core over the run (none when the run did not measure it). A stack sampler is
+    said apart: it runs in the trainer (in-process) or as py-spy, not in this process."""
     if "collector_cpu_s_per_sample" not in summary:
         return
     cost = summary["collector_cpu_s_per_sample"]
     # per second of the run: the interval changes after the warm-up
     span = summary.get("duration_s") or 0
     rate = summary.get("samples", 0) / span if span else 1 / (meta.get("interval_s") or 1)
+    stacks = meta.get("stacks") or {}
+    apart = ""
+    if stacks.get("sampler") == "inproc":
+        apart = "; the stack sampler runs in the trainer, not counted here"
+    elif stacks.get("sampler"):
+        apart = f"; the stack sampler ({safe(str(stacks['sampler']))}) is not counted here"
     console.print(
         f"  monitoring cost: {cost * 1000:.2f} ms CPU per sample "
-        f"({cost * rate:.3%} of one core over the run)",
+        f"({cost * rate:.3%} of one core over the run{apart})",
         highlight=False,
     )
 

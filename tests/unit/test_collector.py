@@ -411,3 +411,26 @@ def test_the_store_keeps_declared_non_counter_metrics_even_one_first_met_mid_run
     assert stored == {"host.cpu_pct", "host.load1", "collector.cpu_s", "collector.wall_s"}
     assert st.read("host.cpu_pct")[0].v == [1.0, 2.0, 3.0, 4.0]
     assert st.read("host.load1")[0].v == [3.0, 4.0]
+
+
+def test_the_cost_line_says_a_stack_sampler_apart() -> None:
+    """The end-of-run 'monitoring cost' line is the monitor's own CPU; a stack sampler, in
+    the trainer or as py-spy, is said to be apart, never silently left out."""
+    import io
+
+    from rich.console import Console
+
+    from stallscope.cli.show import _print_cost
+
+    summary = {"collector_cpu_s_per_sample": 0.0015, "samples": 40, "duration_s": 10.0}
+    lines = {}
+    for name, stacks in (("none", None), ("inproc", "inproc"), ("py-spy", "py-spy")):
+        buf = io.StringIO()
+        meta = {"interval_s": 0.25, **({"stacks": {"sampler": stacks}} if stacks else {})}
+        _print_cost(summary, meta, Console(file=buf, width=300, color_system=None))
+        lines[name] = buf.getvalue()
+    assert lines["none"].strip() == (
+        "monitoring cost: 1.50 ms CPU per sample (0.600% of one core over the run)"
+    )
+    assert "the stack sampler runs in the trainer, not counted here" in lines["inproc"]
+    assert "the stack sampler (py-spy) is not counted here" in lines["py-spy"]
