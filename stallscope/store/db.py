@@ -84,7 +84,7 @@ from stallscope.store.schema import (
     us_sql,
     user_version,
 )
-from stallscope.store.steppack import pack, unpack
+from stallscope.store.steppack import pack_us, unpack
 from stallscope.units import finite_or_none
 
 __all__ = [
@@ -397,9 +397,14 @@ class RunStore:
         the newer ones (what the readers that follow a run as it goes read: the live view, the
         agent, the collector's steps source, mirrors) and those a reader would skip as
         unreadable (still counted as skipped). One transaction."""
-        comm = f"CASE WHEN {_finite('comm_s')} THEN comm_s END"
+        # times as whole microseconds, converted by SQLite (as steppack.us would, in C)
+        comm = f"CASE WHEN {_finite('comm_s')} THEN CAST(round(comm_s * 1e6) AS INTEGER) END"
         cond = f"rank=? AND ts<? AND {_STEP_OK} AND {_N_OK} AND {_PACKABLE}"
-        cols = "step, ts, wait_s, host_s, h2d_s, gpu_busy_s, gpu_idle_s, samples, epoch"
+        cols = ", ".join(
+            ["step"]
+            + [f"CAST(round({c} * 1e6) AS INTEGER)" for c in _PACKED_TIMES]
+            + ["samples", "epoch"]
+        )
         done = 0
         older_than = now - keep_s
         with self.db:
@@ -413,7 +418,7 @@ class RunStore:
                     first, last = part[0][0], part[-1][0]
                     self.db.execute(
                         "INSERT OR REPLACE INTO step_packs VALUES(?, ?, ?, ?, ?)",
-                        (rank, last, first, len(part), pack(part)),
+                        (rank, last, first, len(part), pack_us(part)),
                     )
                     self.db.execute(
                         f"DELETE FROM steps WHERE {cond} AND step BETWEEN ? AND ?",
@@ -698,6 +703,9 @@ def _append_points(
 
 _finite_or_none = finite_or_none  # the one check (units.py)
 
+
+#: the time columns of a step row before ``samples``, in a pack's order
+_PACKED_TIMES = ("ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s")
 
 #: SQL: a readable step row whose values a pack holds (64-bit whole microseconds and their
 #: differences: times within ~3,000 years of 1970, counts under 2**60); others stay rows

@@ -20,7 +20,7 @@ import zlib
 from array import array
 from collections.abc import Sequence
 
-__all__ = ["FORMAT", "PackRow", "pack", "unpack", "us"]
+__all__ = ["FORMAT", "PackRow", "UsRow", "pack", "pack_us", "unpack", "us"]
 
 #: the first byte of a pack: its layout (1: the columns below, zlib)
 FORMAT = 1
@@ -43,7 +43,6 @@ PackRow = tuple[
 ]
 
 _COLUMNS = 11
-_MASK = (1 << 64) - 1
 
 
 def us(x: float) -> int:
@@ -54,21 +53,8 @@ def us(x: float) -> int:
     return int(r + 0.5) if r >= 0 else -int(-r + 0.5)
 
 
-def _zz(v: int) -> int:
-    return ((v << 1) ^ (v >> 63)) & _MASK
-
-
 def _unzz(z: int) -> int:
     return (z >> 1) ^ -(z & 1)
-
-
-def _opt_us(x: float | None) -> int:
-    """0 for NULL, else the zigzag-coded microseconds plus one."""
-    return 0 if x is None else _zz(us(x)) + 1
-
-
-def _opt_int(x: int | None) -> int:
-    return 0 if x is None else _zz(x) + 1
 
 
 def _planes(values: list[int]) -> bytes:
@@ -105,24 +91,57 @@ def _from_planes(data: bytes, pos: int, count: int) -> tuple[list[int], int]:
 
 def pack(rows: Sequence[PackRow]) -> bytes:
     """The rows (in step order, at least one) as one blob."""
-    step, ts, wait, host, h2d, busy, idle, samples, epoch, comm, n = zip(*rows)
-    t = [us(x) for x in ts]
-    w = [us(x) for x in wait]
-    h = [us(x) for x in host]
+
+    def opt(x: float | None) -> int | None:
+        return None if x is None else us(x)
+
+    return pack_us(
+        [
+            (st, us(t), us(w), us(h), opt(a), opt(b), opt(c), sm, ep, opt(cm), n)
+            for st, t, w, h, a, b, c, sm, ep, cm, n in rows
+        ]
+    )
+
+
+#: a row as :func:`pack_us` takes it: :data:`PackRow` with its times in whole microseconds
+#: (what SQL's ``CAST(round(x * 1e6) AS INTEGER)`` gives, so the store converts them in C)
+UsRow = tuple[
+    int,
+    int,
+    int,
+    int,
+    "int | None",
+    "int | None",
+    "int | None",
+    "int | None",
+    "int | None",
+    "int | None",
+    int,
+]
+
+
+def pack_us(rows: Sequence[UsRow]) -> bytes:
+    """:func:`pack` of rows whose times are whole microseconds already."""
+    step, t, w, h, h2d, busy, idle, samples, epoch, comm, n = zip(*rows)
+    # zigzag inline ((v << 1) ^ (v >> 63): 0, -1, 1, -2... as 0, 1, 2, 3...), NULL as 0 and
+    # a value as its zigzag plus one: a call a value was most of the time this takes
     cols = [
         # a row's step number after the previous row's plus its own n
-        [_zz(step[0])] + [_zz(b - a - k) for a, b, k in zip(step, step[1:], n[1:])],
+        [step[0] << 1 ^ step[0] >> 63]
+        + [((d := b - a - k) << 1) ^ (d >> 63) for a, b, k in zip(step, step[1:], n[1:])],
         # a row's start (ts - wait) after the previous row's end (ts + host)
-        [_zz(t[0])] + [_zz(t[i] - w[i] - t[i - 1] - h[i - 1]) for i in range(1, len(t))],
-        [_zz(x) for x in w],
-        [_zz(x) for x in h],
-        [_opt_us(x) for x in h2d],
-        [_opt_us(x) for x in busy],
-        [_opt_us(x) for x in idle],
-        [_opt_int(x) for x in samples],
-        [_opt_int(x) for x in epoch],
-        [_opt_us(x) for x in comm],
-        [_zz(x) for x in n],
+        [t[0] << 1 ^ t[0] >> 63]
+        + [
+            ((d := t1 - w1 - t0 - h0) << 1) ^ (d >> 63)
+            for t1, w1, t0, h0 in zip(t[1:], w[1:], t, h)
+        ],
+        [(v << 1) ^ (v >> 63) for v in w],
+        [(v << 1) ^ (v >> 63) for v in h],
+        *(
+            [0 if v is None else ((v << 1) ^ (v >> 63)) + 1 for v in col]
+            for col in (h2d, busy, idle, samples, epoch, comm)
+        ),
+        [(v << 1) ^ (v >> 63) for v in n],
     ]
     body = len(rows).to_bytes(4, "little") + b"".join(_planes(c) for c in cols)
     return bytes([FORMAT]) + zlib.compress(body, 6)
