@@ -90,12 +90,16 @@ if [ $# -gt 0 ]; then
 fi
 # the whole suite in two passes: the tests that share the machine well two at a time (a file per
 # worker, long files first: tests/conftest.py), then those that measure CPU-bound work, throughput or a disk alone (marker exclusive)
+# (each pass's per-test times land in artifacts/pytest-*.xml: `.venv/bin/python
+# scripts/suite_times.py artifacts/pytest-parallel.xml artifacts/pytest-exclusive.xml` sums them
+# per file, to see which file holds a pass up)
 rc=0
 .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not exclusive" \
-  --durations=12 || rc=$?
+  --durations=12 --junitxml artifacts/pytest-parallel.xml || rc=$?
 # the exclusive pass collects only the files that name the marker (a file marks its tests in its
 # own text, where tests/unit/test_layout.py reads them): collecting all ~100 files again imported
 # every one of them for ~35 tests of ~15 files
 mapfile -t exclusive_files < <(grep -rlw --include='test_*.py' exclusive tests | sort)
-.venv/bin/python -m pytest -m exclusive --durations=12 "${exclusive_files[@]}" || rc=$((rc ? rc : $?))
+.venv/bin/python -m pytest -m exclusive --durations=12 --junitxml artifacts/pytest-exclusive.xml \
+  "${exclusive_files[@]}" || rc=$((rc ? rc : $?))
 exit "$rc"
