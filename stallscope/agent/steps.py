@@ -42,7 +42,13 @@ from typing import Any
 from stallscope.errors import RunNotFound
 from stallscope.safefile import owned_file
 from stallscope.sources.owner import OWNER_KEYS, read_owner
-from stallscope.store.db import comm_column, n_column, step_ranks, steps_after
+from stallscope.store.db import (
+    comm_column,
+    n_column,
+    packed_steps_after,
+    step_ranks,
+    steps_after,
+)
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
@@ -331,10 +337,10 @@ class StepFollower:
     def _read(self, f: _Followed) -> None:
         if not self._connect(f) or f.conn is None:
             return
+        last = {r: t.last_step for r, t in f.ranks.items()}
         try:  # a run.db from before communication time has no comm_s
-            where, args = steps_after(
-                {r: t.last_step for r, t in f.ranks.items()}, step_ranks(f.conn)
-            )
+            f.conn.execute("BEGIN")  # the packed rows and the rows: one snapshot
+            where, args = steps_after(last, step_ranks(f.conn))
             q = (
                 f"SELECT rank, step, ts, wait_s, host_s, samples, {comm_column(f.conn)}, "
                 f"{n_column(f.conn)} FROM steps WHERE ({_ROW_OK})"
@@ -342,8 +348,17 @@ class StepFollower:
                 + " ORDER BY rank, step"
             )
             rows = f.conn.execute(q, args).fetchall()
+            # rows packed before this follower read them (it began late, or paused)
+            rows += [
+                (r.rank, r.step, r.ts, r.wait_s, r.host_s, r.samples, r.comm_s, r.n)
+                for r in packed_steps_after(f.conn, last)
+                if 0 <= r.wait_s < 1e9 and 0 <= r.host_s < 1e9 and r.ts < 1e15
+            ]
         except sqlite3.Error:
             return  # no steps table yet, or busy: the next scrape tries again
+        finally:
+            if f.conn.in_transaction:
+                f.conn.rollback()
         for rank, step, ts, wait_s, host_s, samples, comm_s, n in rows:
             t = f.ranks.get(rank)
             if t is None:

@@ -56,7 +56,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,7 @@ __all__ = [
     "StepValues",
     "comm_column",
     "n_column",
+    "packed_steps_after",
     "step_ranks",
     "steps_after",
 ]
@@ -702,6 +703,33 @@ def _append_points(
 
 
 _finite_or_none = finite_or_none  # the one check (units.py)
+
+
+def packed_steps_after(conn: sqlite3.Connection, last: Mapping[int, int]) -> list[StepRow]:
+    """The packed step rows after each rank's last step read (``last``; every packed row of a
+    rank not in it), in (rank, step) order: what a reader that follows a run as it goes (reading
+    the ``steps`` rows after its cursor) did not see because they were packed first (it began
+    following the run late, or paused longer than :data:`STEPS_PLAIN_S`). Read them in the
+    same read transaction as the rows, so that no row is in neither or both. A pack that cannot
+    be read is left out; [] for a store before schema version 4."""
+    if not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='step_packs'"
+    ).fetchone():
+        return []
+    out: list[StepRow] = []
+    for (rank,) in conn.execute("SELECT DISTINCT rank FROM step_packs ORDER BY rank").fetchall():
+        if not isinstance(rank, int):
+            continue
+        after = last.get(rank, -(1 << 62))
+        for (data,) in conn.execute(
+            "SELECT data FROM step_packs WHERE rank=? AND last>? ORDER BY last", (rank, after)
+        ).fetchall():
+            try:
+                rows = unpack(data)
+            except ValueError:
+                continue
+            out += [StepRow(rank, *r[:9], r[9], r[10]) for r in rows if r[0] > after]
+    return out
 
 
 #: the time columns of a step row before ``samples``, in a pack's order

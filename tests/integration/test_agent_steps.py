@@ -80,6 +80,33 @@ def test_totals_grow_with_each_poll_per_rank(tmp_path: Path) -> None:
     f.close()
 
 
+def test_rows_packed_before_they_were_read_count_once(tmp_path: Path) -> None:
+    """Step rows are packed once 5 minutes old (run.db schema version 4): a follower that
+    begins late, or pauses longer, counts the packed rows once, with the rows still rows."""
+    run = make_run(tmp_path)
+    record_run(run)
+    add_steps(run, 0, 0, 10, wait=0.05, host=0.15)
+    add_steps(run, 1, 0, 4, wait=0.0, host=0.2, samples=None)
+    store = RunStore(run / "run.db")
+    assert store.pack_steps(time.time() + 3600) == 14  # every row so far
+    store.close()
+    add_steps(run, 0, 10, 5, wait=0.1, host=0.1)
+    f = StepFollower(rescan_s=0)
+    got = f.poll()[run.name]  # begun late: the packs and the rows
+    assert got[0].steps == 15 and abs(got[0].wait_s - 1.0) < 1e-9 and got[0].samples == 480
+    assert got[1].steps == 4 and abs(got[1].step_s - 0.8) < 1e-9
+    add_steps(run, 0, 15, 5, wait=0.1, host=0.1)
+    store = RunStore(run / "run.db")
+    assert store.pack_steps(time.time() + 3600) == 10  # packed before the next poll
+    store.close()
+    add_steps(run, 1, 4, 1, wait=0.1, host=0.1)
+    got = f.poll()[run.name]
+    assert got[0].steps == 20 and abs(got[0].wait_s - 1.5) < 1e-9 and got[0].last_step == 19
+    assert got[1].steps == 5
+    assert f.poll()[run.name][0].steps == 20  # nothing new: nothing counted twice
+    f.close()
+
+
 def test_a_finished_run_stays_for_the_grace_period_then_goes(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     record_run(run)
