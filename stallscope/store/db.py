@@ -56,12 +56,19 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point
+from stallscope.store.packs import (
+    STEPS_PLAIN_S,
+    merge_steps,
+    pack_rows,
+    packed_rows,
+    packed_steps_after,
+)
 from stallscope.store.rows import Series, StepRow, StepTuple, StepValues
 from stallscope.store.schema import (
     _N_OK,
@@ -84,7 +91,6 @@ from stallscope.store.schema import (
     us_sql,
     user_version,
 )
-from stallscope.store.steppack import pack_us, unpack
 from stallscope.units import finite_or_none
 
 __all__ = [
@@ -116,12 +122,6 @@ def _block_sql(n: int) -> str:
         "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")"
     )
 
-
-#: step rows are packed (:meth:`RunStore.pack_steps`) once this old (seconds): every reader
-#: that follows a run as it goes reads them as rows long before
-STEPS_PLAIN_S = 300.0
-#: rows a step pack holds at most (at 100 steps/s about five minutes: ~150 kB unpacked)
-PACK_ROWS = 20000
 
 #: the INSERT of :meth:`RunStore.add_step_values`: times to the microsecond
 _VALUES_SQL = (
@@ -393,40 +393,10 @@ class RunStore:
         return int(cur.rowcount)
 
     def pack_steps(self, now: float, keep_s: float = STEPS_PLAIN_S) -> int:
-        """Pack the step rows older than ``keep_s`` at ``now`` (:mod:`~stallscope.store.steppack`,
-        :data:`PACK_ROWS` rows a pack at most); returns how many rows. The rows left as rows are
-        the newer ones (what the readers that follow a run as it goes read: the live view, the
-        agent, the collector's steps source, mirrors) and those a reader would skip as
-        unreadable (still counted as skipped). One transaction."""
-        # times as whole microseconds, converted by SQLite (as steppack.us would, in C)
-        comm = f"CASE WHEN {_finite('comm_s')} THEN CAST(round(comm_s * 1e6) AS INTEGER) END"
-        cond = f"rank=? AND ts<? AND {_STEP_OK} AND {_N_OK} AND {_PACKABLE}"
-        cols = ", ".join(
-            ["step"]
-            + [f"CAST(round({c} * 1e6) AS INTEGER)" for c in _PACKED_TIMES]
-            + ["samples", "epoch"]
-        )
-        done = 0
-        older_than = now - keep_s
+        """Pack the step rows older than ``keep_s`` at ``now`` (:func:`~stallscope.store.packs.
+        pack_rows`); returns how many rows. One transaction."""
         with self.db:
-            for rank in step_ranks(self.db):
-                rows = self.db.execute(
-                    f"SELECT {cols}, {comm}, n FROM steps WHERE {cond} ORDER BY step",
-                    (rank, older_than),
-                ).fetchall()
-                for i in range(0, len(rows), PACK_ROWS):
-                    part = rows[i : i + PACK_ROWS]
-                    first, last = part[0][0], part[-1][0]
-                    self.db.execute(
-                        "INSERT OR REPLACE INTO step_packs VALUES(?, ?, ?, ?, ?)",
-                        (rank, last, first, len(part), pack_us(part)),
-                    )
-                    self.db.execute(
-                        f"DELETE FROM steps WHERE {cond} AND step BETWEEN ? AND ?",
-                        (rank, older_than, first, last),
-                    )
-                done += len(rows)
-        return done
+            return pack_rows(self.db, now - keep_s)
 
     def checkpoint(self) -> None:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -602,35 +572,12 @@ class RunStore:
         if rank is None:
             [(bad,)] = self.db.execute(f"SELECT COUNT(*) FROM steps WHERE NOT ({ok})").fetchall()
             self._skip("steps", int(bad))
-        return _merge_steps(packed, out) if packed else out
+        return merge_steps(packed, out) if packed else out
 
     def _packed_steps(self, rank: int | None) -> list[StepRow]:
-        """The rows of the step packs (none in a store before schema version 4), in (rank,
-        step) order; a pack that cannot be read is skipped and counted."""
-        if not self.db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='step_packs'"
-        ).fetchone():
-            return []
-        q = "SELECT rank, data FROM step_packs"
-        args: tuple[Any, ...] = ()
-        if rank is not None:
-            q += " WHERE rank=?"
-            args = (rank,)
-        out: list[StepRow] = []
-        bad = 0
-        for r, data in self.db.execute(q + " ORDER BY rank, last", args):
-            try:
-                rows = unpack(data)
-            except ValueError:
-                bad += 1
-                continue
-            if not isinstance(r, int):
-                bad += 1
-                continue
-            out += [
-                StepRow(r, st, ts, w, h, h2d, gb, gi, sm, ep, c, n)
-                for st, ts, w, h, h2d, gb, gi, sm, ep, c, n in rows
-            ]
+        """The rows of the step packs (:func:`~stallscope.store.packs.packed_rows`); a pack that
+        cannot be read is skipped and counted."""
+        out, bad = packed_rows(self.db, rank)
         self._skip("step_packs", bad)
         return out
 
@@ -703,69 +650,6 @@ def _append_points(
 
 
 _finite_or_none = finite_or_none  # the one check (units.py)
-
-
-def packed_steps_after(conn: sqlite3.Connection, last: Mapping[int, int]) -> list[StepRow]:
-    """The packed step rows after each rank's last step read (``last``; every packed row of a
-    rank not in it), in (rank, step) order: what a reader that follows a run as it goes (reading
-    the ``steps`` rows after its cursor) did not see because they were packed first (it began
-    following the run late, or paused longer than :data:`STEPS_PLAIN_S`). Read them in the
-    same read transaction as the rows, so that no row is in neither or both. A pack that cannot
-    be read is left out; [] for a store before schema version 4."""
-    if not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='step_packs'"
-    ).fetchone():
-        return []
-    out: list[StepRow] = []
-    for (rank,) in conn.execute("SELECT DISTINCT rank FROM step_packs ORDER BY rank").fetchall():
-        if not isinstance(rank, int):
-            continue
-        after = last.get(rank, -(1 << 62))
-        for (data,) in conn.execute(
-            "SELECT data FROM step_packs WHERE rank=? AND last>? ORDER BY last", (rank, after)
-        ).fetchall():
-            try:
-                rows = unpack(data)
-            except ValueError:
-                continue
-            out += [StepRow(rank, *r[:9], r[9], r[10]) for r in rows if r[0] > after]
-    return out
-
-
-#: the time columns of a step row before ``samples``, in a pack's order
-_PACKED_TIMES = ("ts", "wait_s", "host_s", "h2d_s", "gpu_busy_s", "gpu_idle_s")
-
-#: SQL: a readable step row whose values a pack holds (64-bit whole microseconds and their
-#: differences: times within ~3,000 years of 1970, counts under 2**60); others stay rows
-_PACKABLE = " AND ".join(
-    [f"abs(coalesce({c}, 0)) < 1e11" for c in ("ts", "wait_s", "host_s", "h2d_s")]
-    + [f"abs(coalesce({c}, 0)) < 1e11" for c in ("gpu_busy_s", "gpu_idle_s", "comm_s")]
-    + [f"abs(coalesce({c}, 0)) < 1152921504606846976" for c in ("step", "samples", "epoch", "n")]
-)
-
-
-def _merge_steps(packed: list[StepRow], rows: list[StepRow]) -> list[StepRow]:
-    """Packed rows and rows (each in (rank, step) order) in (rank, step) order; a row written
-    again after its step was packed (a recorder restarted on the same rank) wins over the
-    packed one, as ``INSERT OR REPLACE`` made it win over the row it replaced."""
-    by_rank: dict[int, list[StepRow]] = {}
-    for r in rows:  # the newest minutes: few
-        by_rank.setdefault(r.rank, []).append(r)
-    out: list[StepRow] = []
-    for rank, group in itertools.groupby(packed, key=lambda r: r.rank):
-        part = list(group)
-        mine = by_rank.pop(rank, [])
-        if mine and part[-1].step >= mine[0].step:  # overlapping: the later write stays
-            keep = {r.step: r for r in part}
-            keep.update((r.step, r) for r in mine)
-            part, mine = [keep[k] for k in sorted(keep)], []
-        out += part
-        out += mine
-    if by_rank:  # ranks with rows only
-        for mine in by_rank.values():
-            out += mine
-        out.sort(key=lambda r: r.rank)  # stable: each rank's rows stay in step order
-    return out
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:
