@@ -224,6 +224,40 @@ def test_packed_steps_read_as_the_rows_they_were(tmp_path: Path) -> None:
     ro.close()
 
 
+def test_only_readable_step_rows_are_packed(tmp_path: Path) -> None:
+    """Every way a row can be unreadable (a text, a blob, NULL, inf, a real where a whole number
+    goes, n under 1) or beyond what a pack holds: such a row stays a row, so the readers skip
+    and count it as before; every other row is packed."""
+    bad = {
+        "step": ["1.5"],
+        "ts": ["'noon'", "9e999", "1e20"],
+        "wait_s": ["X'00'", "-9e999"],
+        "host_s": ["'x'"],
+        "h2d_s": ["'x'", "9e999"],
+        "gpu_busy_s": ["X'01'"],
+        "gpu_idle_s": ["1e12"],
+        "samples": ["2.5", "'many'", str(1 << 61)],
+        "epoch": ["0.5"],
+        "n": ["0", "1.5", "'two'"],
+        "comm_s": ["9e999", "1e15"],
+    }
+    st = RunStore(tmp_path / "run.db")
+    cases = [(c, v) for c, vs in bad.items() for v in vs]
+    st.add_steps(
+        [StepRow(0, i, 1.0 + i, 0.01, 0.04, 0.001, 0.03, 0.002, 8, 0, 0.001) for i in range(100)]
+    )
+    with st.db:
+        for i, (col, value) in enumerate(cases):
+            st.db.execute(f"UPDATE steps SET {col}={value} WHERE step={10 + 2 * i}")
+    before = st.steps()
+    skipped = dict(st.skipped)
+    assert st.pack_steps(now=1e6) == 100 - len(cases)
+    st.skipped.clear()
+    assert st.steps() == before and st.skipped == skipped
+    assert st.db.execute("SELECT COUNT(*) FROM steps").fetchone() == (len(cases),)
+    st.close()
+
+
 def test_a_damaged_step_pack_is_skipped_and_counted(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(r, i, 1.0 + i, 0.01, 0.04) for r in (0, 1) for i in range(5)])
