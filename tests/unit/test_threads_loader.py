@@ -50,6 +50,10 @@ def test_a_loader_threads_samples_are_fetch_prep_or_idle(tmp_path: Path) -> None
     # the DataLoader's own thread and stallscope's are no loader threads
     pin = Frame("/x/site-packages/torch/utils/data/_utils/pin_memory.py", "_pin_memory_loop", 9)
     assert loader_phase([wait, pin]) is None
+    # a thread iterating a DataLoader (MONAI's ThreadDataLoader's buffer thread) is a loader's
+    fetch = Frame("/x/site-packages/torch/utils/data/_utils/fetch.py", "fetch", 52)
+    buffer = Frame("/x/site-packages/monai/data/thread_buffer.py", "enqueue_values", 48)
+    assert loader_phase([Frame(own, "prep", 5), fetch, buffer]) == "prep"
     assert loader_phase([Frame("/x/stallscope/probe/writer.py", "_loop", 1)]) is None
     assert loader_phase([]) is None
 
@@ -67,7 +71,14 @@ def test_the_training_thread_waits_on_a_thread_loader() -> None:
     assert t.add(frames, 0.5, loader_wait=True) == "startup"
     t.started = True
     assert t.add(frames, 0.5) == "other"
+    assert not t.loader_wait
     assert t.add(frames, 0.5, loader_wait=True) == "data"
+    assert t.loader_wait
+    # inside a DataLoader's own frames (num_workers=0 with a decoding pool in the dataset) the
+    # wait stays the DataLoader's: data, but not a wait on a thread loader
+    dl = Frame("/x/site-packages/torch/utils/data/dataloader.py", "__next__", 630)
+    assert t.add([*frames[:2], dl, main], 0.5, loader_wait=True) == "data"
+    assert not t.loader_wait
 
 
 def test_a_thread_tally_sums_the_working_threads_and_their_cpu() -> None:

@@ -99,6 +99,7 @@ class Tally:
         #: (:mod:`.batches`; 0 where nothing counts them)
         self.batches = 0
         self.samples = 0
+        self.loader_wait = False  #: the last sample waited on loader threads (:meth:`add`)
         #: stack key -> (phase, folded stack, not a trainer's, starts training): a loop
         #: repeats a few stacks
         self._memo: dict[Any, tuple[str, str, bool, bool]] = {}
@@ -134,7 +135,8 @@ class Tally:
             return "other"
         weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
         phase, folded, not_trainer, starts = self._info(frames, key)
-        if loader_wait and phase == "other":
+        waits = loader_wait and phase == "other"
+        if waits:
             phase = "data"
         if not self.started and not_trainer:
             self.idle = True
@@ -145,6 +147,9 @@ class Tally:
                 phase = "startup"
         elif phase == "setup":
             phase = "other"
+        #: this sample was a wait on loader threads, counted as data (no table knew it: a
+        #: DataLoader's own frames keep the wait the DataLoader's)
+        self.loader_wait = waits and phase == "data"
         if phase in TRAINING:
             for k, v in self.pending.items():
                 # a loader shut down mid-run (its workers joined at an epoch's end) is part

@@ -190,8 +190,8 @@ class InProcSampler:
                 if len(self._waits_memo) < MEMO_SIZE:
                     self._waits_memo[key] = loader_wait
         with self._lock:
-            phase = self.tally.add(frames, weight, key, loader_wait=bool(loader_wait))
-            if loader_wait and phase == "data":
+            self.tally.add(frames, weight, key, loader_wait=bool(loader_wait))
+            if self.tally.loader_wait:
                 self.threads.wait_s += weight
 
     def _sample_threads(self, current: dict[int, FrameType], weight: float, now: float) -> None:

@@ -13,12 +13,13 @@ threads. The in-process sampler (:mod:`.inproc`) samples them too, each sample c
 - ``prep``: any other work (decoding, transforms, the loader's own Python);
 - ``idle``: waiting for work or for room in the queue (:data:`IDLE`; ``time.sleep``).
 
-A thread of the DataLoader's own (its pin-memory thread) or of stallscope's is no loader thread
-(None). :class:`ThreadTally` sums each window per phase and reads the threads' CPU time off
-their per-thread CPU clocks (no GIL released, ~1 µs a thread, once a window), written as the
-record's ``threads`` (:mod:`.aggregate`): ``{"n": threads that worked, "s": {"fetch", "prep",
-"idle"}, "cpu_s": their CPU seconds, "wait_s": the training thread's seconds waiting on them,
-"gil_s": the sampler's own wait for the GIL over its "wakes"}``.
+The DataLoader's pin-memory thread, stallscope's threads and a few others' are no loader
+threads (None: :data:`NOT_LOADER`). :class:`ThreadTally` sums each window per phase and reads
+the threads' CPU time off their per-thread CPU clocks (no GIL released, ~1 µs a thread, once
+a window), written as the record's ``threads`` (:mod:`.aggregate`): ``{"n": threads that
+worked, "s": {"fetch", "prep", "idle"}, "cpu_s": their CPU seconds, "wait_s": the training
+thread's seconds waiting on them, "gil_s": the sampler's own wait for the GIL over its
+"wakes"}``.
 Python-bound prep in several threads shares one GIL: busy by their stacks, the threads get
 about one core between them, and the GIL is contended. The sampler measures that on itself:
 each of its wakes takes the GIL, at once when it is free (reads, NumPy, torch release it), after
@@ -101,10 +102,11 @@ IDLE: tuple[Row, ...] = tuple(
     )
 )
 _SLEEP_LINE = re.compile(r"\bsleep\(")
-#: frames of threads that are no loader threads: the DataLoader's own (pin memory; its worker
-#: processes are measured as processes), stallscope's, experiment trackers' and loggers'
+#: frames of threads that are no loader threads: the DataLoader's pin-memory thread (its worker
+#: processes are measured as processes; a thread iterating a DataLoader, MONAI's
+#: ThreadDataLoader's, is a loader thread), stallscope's, experiment trackers' and loggers'
 NOT_LOADER = (
-    "/torch/utils/data/",
+    "/torch/utils/data/_utils/pin_memory.py",
     "/stallscope/",
     "/wandb/",
     "/tensorboard/",
