@@ -9,13 +9,12 @@ tests/scenarios/test_scenarios.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import training_finding
-from test_scenarios import CONSTRAIN, FETCH_SECONDS, TRAIN, compare_fix, run_scenario
+from conftest import make_demo_files, training_finding
+from test_scenarios import CONSTRAIN, FETCH_SECONDS, compare_fix, run_scenario
 
 from stallscope.analysis.diagnose.rules.common import STALL_WARN
 
@@ -28,23 +27,7 @@ def fetch_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3,000 files for the fetch scenarios, written once (each run evicts them from the page
     cache before every epoch: --cold)."""
     data = tmp_path_factory.mktemp("fetch") / "data"
-    subprocess.run(
-        [
-            sys.executable,
-            TRAIN,
-            "--data-dir",
-            str(data),
-            "--files",
-            "3000",
-            "--epochs",
-            "0",
-            "--no-probe",
-            "--prep-cost",
-            "0",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    make_demo_files(data, 3000)
     return data
 
 
