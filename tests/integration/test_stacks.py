@@ -864,3 +864,50 @@ def test_a_hook_that_fails_to_install_never_stops_the_sampler(
     err = capsys.readouterr().err
     assert err.count("batches hook not installed: RuntimeError: a torch this sampler") == 1, err
     assert "stopped" not in err
+
+
+def _thread_round(pid: int) -> str:
+    """A py-spy round (``--threads``) of a trainer fed by a thread pool: its main thread waits
+    in ``queue.get`` 30 samples and computes 10; one pool thread reads a file 25 samples, one
+    prepares 15, one only waits for work."""
+    main = f"thread ({pid}): MainThread;<module> (train.py:10);"
+    pool = "_bootstrap (threading.py:1002);run (concurrent/futures/thread.py:58);"
+    return (
+        f"{main}get (queue.py:180) 30\n"
+        f"{main}_call_impl (torch/nn/modules/module.py:1784) 10\n"
+        f"thread ({pid + 1}): pool_0;{pool}load (train.py:20);readinto (_pyio.py:100) 25\n"
+        f"thread ({pid + 2}): pool_1;{pool}prep (train.py:30) 15\n"
+        f"thread ({pid + 3}): pool_2;_bootstrap (threading.py:1002);"
+        "_worker (concurrent/futures/thread.py:80);get (queue.py:171) 40\n"
+    )
+
+
+def test_pyspy_reads_a_thread_loaders_threads_beside_the_training_thread(tmp_path: Path) -> None:
+    """Attached (``run --pid``), the trainer's other threads are its loader threads as the
+    in-process sampler reads them: the record's ``threads`` part says what they did, and the
+    training thread's ``queue.get`` while they worked is a wait for data, not ``other``."""
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        sampler = PySpySampler(tmp_path / "stacks", [alive.pid], rate_hz=10)
+        sampler._tallies[alive.pid].started = True  # training began in an earlier round
+        sampler._finish_round(alive.pid, _write(tmp_path, _thread_round(alive.pid)), 0, "", 4.0)
+        # a round with the loader threads gone: the same wait is the training's own "other"
+        sampler._finish_round(alive.pid, _write(tmp_path, _thread_round(alive.pid), 2), 0, "")
+        first, second = read_records(tmp_path)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert first["s"] == pytest.approx({"data": 3.0, "compute": 1.0})
+    part = first["threads"]
+    assert part["n"] == 2  # the thread that only waited for work is no loader
+    assert part["s"] == pytest.approx({"fetch": 2.5, "prep": 1.5, "idle": 0.0})
+    assert part["wait_s"] == pytest.approx(3.0) and "gil_s" not in part
+    assert second["s"] == pytest.approx({"other": 3.0, "compute": 1.0})
+    assert "threads" not in second
+
+
+def _write(tmp_path: Path, text: str, lines: int | None = None) -> Path:
+    """A round file holding ``text``, or its first ``lines`` lines."""
+    out = tmp_path / "round.txt"
+    out.write_text("\n".join(text.splitlines()[:lines]) + "\n")
+    return out

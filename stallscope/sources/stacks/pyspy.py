@@ -5,8 +5,10 @@ already running, so they run py-spy (MIT licence, a maintained Rust sampler from
 in short rounds: ``py-spy record --nonblocking --idle --threads --format raw --duration N``
 writes each round's folded stacks, which become the same records the in-process sampler writes
 (:mod:`~stallscope.sources.stacks.aggregate`). ``--nonblocking`` reads the target's memory
-without stopping it, so sampling never pauses the training. Only the main thread (its thread
-id is the pid) is kept: that is the training thread.
+without stopping it, so sampling never pauses the training. The main thread (its thread id is
+the pid) is the training thread; the process's other threads are read as loader threads
+(:mod:`~stallscope.sources.stacks.threads`: fetch, prep or idle, each round's part of the
+record as the in-process sampler writes it, without its GIL measure).
 
 py-spy needs ptrace rights over the target: the same user with ``kernel.yama.ptrace_scope`` 0,
 or ``CAP_SYS_PTRACE`` (root has it). :meth:`PySpySampler.start` tries once and raises
@@ -25,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -32,9 +35,17 @@ from stallscope.errors import SourceUnavailable
 from stallscope.sources.owner import read_environ
 from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_env
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify
+from stallscope.sources.stacks.threads import LOADER_PHASES, loader_phase, waits_on_thread
 from stallscope.store.rundir import monitor_alive
 
-__all__ = ["DEFAULT_RATE_HZ", "PySpySampler", "parse_raw", "pyspy_path", "sample_weight"]
+__all__ = [
+    "DEFAULT_RATE_HZ",
+    "PySpySampler",
+    "parse_raw",
+    "parse_raw_threads",
+    "pyspy_path",
+    "sample_weight",
+]
 
 #: samples per second (py-spy's CPU: ~17 ms to start a round, ~0.4 ms a sample: 1.06% of a
 #: core at 15 Hz over 40 s, so 10 Hz by default; benchmarks/bench_stacks.py)
@@ -65,16 +76,23 @@ def pyspy_path() -> str | None:
 def parse_raw(text: str, tid: int | None = None) -> Iterator[tuple[list[Frame], int]]:
     """(frames innermost first, count) of each line of py-spy's raw output; with ``--threads``
     lines start ``thread (TID): name``, and with ``tid`` only that thread's are kept."""
+    for thread, frames, count in parse_raw_threads(text):
+        if tid is None or thread is None or thread == tid:
+            yield frames, count
+
+
+def parse_raw_threads(text: str) -> Iterator[tuple[int | None, list[Frame], int]]:
+    """(thread id, frames innermost first, count) of each line of py-spy's raw output (the id
+    None on a line without ``thread (TID)``: py-spy run without ``--threads``)."""
     for line in text.splitlines():
         head, _, count = line.rpartition(" ")
         if not head or not count.isdigit():
             continue
         parts = head.split(";")
         m = _THREAD.match(parts[0]) if parts else None
+        thread = None
         if m is not None:
-            ident = m.group(1)
-            if tid is not None and int(ident, 0) != tid:
-                continue
+            thread = int(m.group(1), 0)
             parts = parts[1:]  # "thread (TID): name" is its own part
         frames = []
         for p in parts:
@@ -86,7 +104,7 @@ def parse_raw(text: str, tid: int | None = None) -> Iterator[tuple[list[Frame], 
             else:
                 frames.append(Frame(fm.group(2), fm.group(1), int(fm.group(3))))
         if frames:
-            yield frames[::-1], int(count)
+            yield thread, frames[::-1], int(count)
 
 
 def _reason(stderr: str) -> str:
@@ -127,6 +145,8 @@ class PySpySampler:
         self._tallies = {
             pid: Tally(pid, _rank_of(pid, proc_root), "py-spy", rate_hz) for pid in self.pids
         }
+        #: each process's loader threads (:class:`_AttachedLoaders`)
+        self._loaders: dict[int, _AttachedLoaders] = {}
 
     def check(self, pid: int) -> None:
         """One ``py-spy dump`` of ``pid``: raises SourceUnavailable with py-spy's reason."""
@@ -247,10 +267,18 @@ class PySpySampler:
             parse_raw(text, tid=pid), key=lambda fc: (classify(fc[0])[0] in TRAINING) != last
         )
         weight = sample_weight(self.rate_hz, sum(c for _f, c in samples), wall_s)
+        loaders = self._loaders.setdefault(pid, _AttachedLoaders(pid, self.proc_root))
+        working = loaders.add(text, pid, weight) if tally.started else False
         for frames, count in samples:
+            wait = working and waits_on_thread(frames)
             for _ in range(count):
-                tally.add(frames, weight)
+                tally.add(frames, weight, loader_wait=wait)
+                if tally.loader_wait:
+                    loaders.wait_s += weight
         rec = tally.record(time.time(), final=last)
+        threads = loaders.record()
+        if rec is not None and threads is not None:
+            rec["threads"] = threads
         if rec is not None:
             try:
                 append_record(self.folder, rec)
@@ -293,3 +321,64 @@ def _rank_of(pid: int, proc_root: str = "/proc") -> int | None:
     """The rank in the process's environment (readable with the same rights as its memory)."""
     env = read_environ(Path(proc_root, str(pid)))
     return None if env is None else rank_from_env(env)
+
+
+class _AttachedLoaders:
+    """A process's loader threads as py-spy sees them (:mod:`.threads`: each of its other
+    threads' samples fetch, prep or idle), a round at a time, with their CPU from
+    ``/proc/<pid>/task/<tid>/stat``. No GIL measure from outside: the record has no
+    ``gil_s``."""
+
+    def __init__(self, pid: int, proc_root: str) -> None:
+        self.pid, self.proc_root = pid, proc_root
+        self.seconds: dict[int, list[float]] = {}
+        self.wait_s = 0.0  #: the training thread's seconds waiting on them this round
+        self._cpu_seen: dict[int, float] = {}
+
+    def add(self, text: str, pid: int, weight: float) -> bool:
+        """Count a round's samples of the process's other threads; True when a loader thread
+        worked in it (the training thread's waits on a queue are then waits for data)."""
+        for thread, frames, count in parse_raw_threads(text):
+            if thread is None or thread == pid:
+                continue
+            phase = loader_phase(frames)
+            if phase is None:
+                continue
+            row = self.seconds.setdefault(thread, [0.0, 0.0, 0.0])
+            row[LOADER_PHASES.index(phase)] += count * weight
+        return any(v[0] + v[1] > 0 for v in self.seconds.values())
+
+    def _cpu(self, tid: int) -> float | None:
+        try:
+            with open(f"{self.proc_root}/{self.pid}/task/{tid}/stat", "rb") as fh:
+                fields = fh.read(4096).rpartition(b")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / _TICKS
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def record(self) -> dict[str, Any] | None:
+        """The round's ``threads`` part (the in-process sampler's, without ``gil_s``), None when
+        no loader thread worked; and a fresh round."""
+        busy = {t: v for t, v in self.seconds.items() if v[0] + v[1] > 0}
+        cpu = 0.0
+        for tid in self.seconds:
+            now = self._cpu(tid)
+            if now is None:
+                continue
+            if tid in busy and tid in self._cpu_seen:
+                cpu += max(0.0, now - self._cpu_seen[tid])
+            self._cpu_seen[tid] = now
+        wait, self.wait_s, self.seconds = self.wait_s, 0.0, {}
+        if not busy:
+            return None
+        sums = [sum(v[i] for v in busy.values()) for i in range(3)]
+        return {
+            "n": len(busy),
+            "s": {p: round(x, 4) for p, x in zip(LOADER_PHASES, sums, strict=True)},
+            "cpu_s": round(cpu, 4),
+            "wait_s": round(wait, 4),
+        }
+
+
+#: clock ticks a second (utime and stime in /proc/<pid>/task/<tid>/stat)
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
