@@ -16,7 +16,15 @@ import sqlite3
 from pathlib import Path
 
 from stallscope.errors import StallscopeError
-from stallscope.store.db import RunStore, StepRow, comm_column, n_column, step_ranks, steps_after
+from stallscope.store.db import (
+    RunStore,
+    StepRow,
+    comm_column,
+    n_column,
+    packed_steps_after,
+    step_ranks,
+    steps_after,
+)
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import read_meta, run_state
 
@@ -86,7 +94,10 @@ class StepMirror:
         if conn is None:
             return 0
         try:
+            conn.execute("BEGIN")  # the packed rows and the rows: one snapshot
             where, args = steps_after(self._last, step_ranks(conn))
+            # rows the probe's own collector packed before they were copied (attached late)
+            packed = packed_steps_after(conn, self._last)
             rows = conn.execute(
                 f"SELECT {_COLS}, {comm_column(conn)}, {n_column(conn)} FROM steps"
                 + (f" WHERE {where}" if where else "")
@@ -96,6 +107,9 @@ class StepMirror:
             probes = conn.execute("SELECT rank, pid, config, steps, dropped FROM probes").fetchall()
         except sqlite3.Error:
             return 0  # no steps table yet, or busy
+        finally:
+            if conn.in_transaction:
+                conn.rollback()
         good = [
             StepRow(*r)
             for r in rows
@@ -105,6 +119,7 @@ class StepMirror:
             and isinstance(r[11], int)
             and r[11] >= 1
         ]
+        good = packed + good  # packed rows are readable by construction
         try:
             if good:
                 self.dest.add_steps(good)

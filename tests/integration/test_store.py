@@ -258,6 +258,28 @@ def test_only_readable_step_rows_are_packed(tmp_path: Path) -> None:
     st.close()
 
 
+def test_a_mirror_copies_the_rows_packed_before_it_began(tmp_path: Path) -> None:
+    """run --pid attached to a trainer whose standalone probe's run packs its steps: the steps
+    packed before the mirror began, or while it did not copy, reach the attached run once."""
+    from stallscope.store.mirror import StepMirror
+
+    src = RunStore(tmp_path / "probe.db")
+    src.add_steps([StepRow(r, i, 100.0 + i, 0.01, 0.04, n=2) for r in (0, 1) for i in range(50)])
+    assert src.pack_steps(now=1000.0) == 100
+    src.add_steps([StepRow(0, i, 200.0 + i, 0.02, 0.04) for i in range(50, 60)])
+    mirror = StepMirror(tmp_path / "probe.db", tmp_path / "run.db")
+    assert mirror.copy() == 110
+    src.add_steps([StepRow(1, i, 300.0 + i, 0.02, 0.04) for i in range(50, 55)])
+    assert src.pack_steps(now=2000.0) == 15  # packed before the next copy
+    src.add_steps([StepRow(0, 60, 400.0, 0.02, 0.04)])
+    assert mirror.copy() == 6 and mirror.copy() == 0
+    mirror.close()
+    dest = RunStore(tmp_path / "run.db", readonly=True)
+    assert dest.steps() == src.steps() and len(dest.steps()) == 116
+    dest.close()
+    src.close()
+
+
 def test_a_damaged_step_pack_is_skipped_and_counted(tmp_path: Path) -> None:
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(r, i, 1.0 + i, 0.01, 0.04) for r in (0, 1) for i in range(5)])
