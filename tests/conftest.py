@@ -125,6 +125,26 @@ def stallscope_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "stallscope", *args]
 
 
+def cli_json(*args: str) -> Any:
+    """What ``stallscope ARGS`` (a command given --json) prints, parsed: run in this process
+    through the CLI's own entry point (``stallscope.cli.main``, stdout and stderr caught), not
+    as ``python -m stallscope``, whose interpreter and imports cost ~0.6 s a call (0.04 s here
+    once imported). For the commands the scenarios run after each training (diagnose, compare);
+    the child-process path of each command is tested in tests/integration (test_cli.py,
+    test_compare.py...). A non-zero exit fails with the command's stderr."""
+    import contextlib
+    import io
+    import json
+
+    from stallscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    assert rc == 0, f"stallscope {' '.join(args)}: exit code {rc}\n{err.getvalue()[-3000:]}"
+    return json.loads(out.getvalue())
+
+
 def training_finding(doc: dict[str, Any]) -> dict[str, Any]:
     """The diagnosis's first finding about the training itself: its first finding, or the one
     after ``cpu_contention`` when that leads. That one fires only on what the run measured: every

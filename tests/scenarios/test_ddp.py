@@ -6,7 +6,6 @@ collective (the probe's communication time, sources/comm.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -17,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, rediagnosed, stallscope_argv, training_finding
+from conftest import (
+    ROOT,
+    cli_json,
+    demo_dataset,
+    rediagnosed,
+    stallscope_argv,
+    training_finding,
+)
 
 from stallscope.analysis.facts.build import OTHERS_BUSY_CORES, RUNQ_BUSY_PCT
 
@@ -26,6 +32,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.torchrun, pytest.mark.exclusive]
 
 
 STARVED_GAP = 0.05  #: the starved-rank scenario's peer-wait gap floor (measured: see the test)
+
+
+def ddp_data() -> Path:
+    """examples/train_ddp.py's dataset (2000 files of 64 px, 10 classes: its defaults, written
+    by train_cpu.py's make_files on rank 0), made once per pytest process: each run wrote its
+    own while the other ranks waited at a barrier."""
+    return demo_dataset(2000, 64, 10)
 
 
 def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
@@ -50,7 +63,7 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
             "--max-seconds",
             "6",
             "--data-dir",
-            str(tmp_path / "data"),
+            str(ddp_data()),
         ),
         capture_output=True,
         text=True,
@@ -64,14 +77,7 @@ def test_a_slow_rank_is_named_with_its_own_evidence(tmp_path: Path) -> None:
     }
     assert set(own) == {0, 1}, r.stdout
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    doc = json.loads(d.stdout)
+    doc = cli_json("diagnose", str(run_dir), "--json")
     ranks = {x["rank"]: x for x in doc["ranks"]}
     assert set(ranks) == {0, 1}
     for rank, share in own.items():  # each rank's figure is its own
@@ -143,7 +149,7 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None, ranks: int = 2) -> d
             str(ranks),
             str(ROOT / "examples" / "train_ddp.py"),
             "--data-dir",
-            str(tmp_path / "data"),
+            str(ddp_data()),
             *args,
         ),
         stdout=subprocess.PIPE,
@@ -157,14 +163,7 @@ def ddp_run(tmp_path: Path, *args: str, during: Any = None, ranks: int = 2) -> d
     _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
+    doc: dict[str, Any] = cli_json("diagnose", str(run_dir), "--json")
     # what stallscope said on the trainers' stderr (a stack sampler that stopped says why)
     doc["said"] = [ln for ln in err.splitlines() if ln.startswith("stallscope:")][-10:]
     return doc

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, dataset_args, rediagnosed, stallscope_argv, training_finding
+from conftest import ROOT, cli_json, dataset_args, rediagnosed, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
@@ -76,14 +76,7 @@ def run_scenario(
     assert r.returncode == 0 or may_crash, r.stderr[-3000:]
     assert "verdict:" in r.stderr  # the end of `run` prints the verdict
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
+    doc: dict[str, Any] = cli_json("diagnose", str(run_dir), "--json")
     # the trainer's own measure of its data wait (it times next(loader) itself)
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
     doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
@@ -113,14 +106,7 @@ def compare_fix(
 ) -> dict[str, Any]:
     """`stallscope compare A B --json` (B: A with a fix applied); its measured speed-up is
     appended to artifacts/scenarios.jsonl beside the estimate."""
-    c = subprocess.run(
-        stallscope_argv("compare", a["run"], b["run"], "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    cmp: dict[str, Any] = json.loads(c.stdout)
+    cmp: dict[str, Any] = cli_json("compare", a["run"], b["run"], "--json")
     with (ARTIFACTS / "scenarios.jsonl").open("a") as f:
         f.write(
             json.dumps(

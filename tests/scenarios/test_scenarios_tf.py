@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv, training_finding
+from conftest import ROOT, cli_json, stallscope_argv, training_finding
 
 # TensorFlow runs in the trainers only, never in this process: no import here (~5 s of CPU in
 # every pytest process that collects the file); marker tensorflow fails a test up front when it
@@ -69,14 +69,7 @@ def run_tf(
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verdict:" in r.stderr
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
+    doc: dict[str, Any] = cli_json("diagnose", str(run_dir), "--json")
     top = doc["findings"][0]
     m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)  # the custom loop's own measure
     doc["trainer_wait"] = float(m.group(1)) / 100 if m else None
@@ -93,14 +86,7 @@ def run_tf(
 
 
 def speedup(name: str, a: dict[str, Any], b: dict[str, Any]) -> float:
-    c = subprocess.run(
-        stallscope_argv("compare", a["run"], b["run"], "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    got = float(json.loads(c.stdout)["speedup"])
+    got = float(cli_json("compare", a["run"], b["run"], "--json")["speedup"])
     record(name, measured=got, estimated=training_finding(a)["est_speedup"])
     return got
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv, training_finding
+from conftest import ROOT, cli_json, stallscope_argv, training_finding
 
 pytest.importorskip("torch")
 # the trainer's own share and the sampled one are measured at the same time, on the same
@@ -65,14 +65,7 @@ def zero_code_run(
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "verdict:" in r.stderr  # the end of `run` prints the verdict
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
+    doc: dict[str, Any] = cli_json("diagnose", str(run_dir), "--json")
     own = {
         (int(m.group(1)) if m.group(1) else None): float(m.group(2)) / 100
         for m in _WAIT.finditer(r.stdout)
@@ -300,14 +293,7 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
         trainer.kill()
     assert r.returncode == 0 and "no stack sampling" not in r.stderr, r.stderr[-3000:]
     [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    doc = json.loads(d.stdout)
+    doc = cli_json("diagnose", str(run_dir), "--json")
     doc["other_stacks"] = other_stacks(run_dir)
     m = _WAIT.search(stdout)
     assert m is not None, stdout[-2000:]
@@ -391,14 +377,7 @@ def test_host_bound_a_launch_bound_step_beside_an_idle_gpu(tmp_path: Path) -> No
     [run_dir] = list((tmp_path / "runs").iterdir())
     h200 = ROOT / "tests" / "fixtures" / "gpu-h200"
     _replay_gpu(run_dir, h200 / "nvml-h200-load-nvml-580.159.04.json")
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    replayed = json.loads(d.stdout)
+    replayed = cli_json("diagnose", str(run_dir), "--json")
     assert replayed["signals"]["gpu_util_median_pct"] <= 10
     top = training_finding(replayed)
     assert top["kind"] == "host_bound", replayed["findings"]
