@@ -199,7 +199,7 @@ def main() -> int:
         t0 = 1.7e9
         steps = Steps(t0, args.steps_per_s) if args.steps_per_s > 0 else None
         start = time.perf_counter()
-        cpu_points = cpu_steps = 0.0
+        cpu_points = cpu_steps = cpu_pack = 0.0
         samples = step_rows = 0
         elapsed, next_report = 0.0, 3600.0
         per_sample = 0
@@ -214,7 +214,7 @@ def main() -> int:
                 if steps is not None:
                     c1 = time.process_time()
                     st.pack_steps(t)
-                    cpu_steps += time.process_time() - c1
+                    cpu_pack += time.process_time() - c1
                     c += time.process_time() - c1
             cpu_points += time.process_time() - c
             if steps is not None:
@@ -262,8 +262,10 @@ def main() -> int:
         f"write CPU: {cpu_points / samples * 1e3:.3f} ms per sample ({samples:,} samples, "
         "downsampling included)"
         + (
-            f", {cpu_steps / max(1, steps.step + 1) * 1e6:.2f} us per step "
-            f"({cpu_steps / max(1, step_rows) * 1e6:.2f} us per row)"
+            f"; the probe's writer {cpu_steps / max(1, steps.step + 1) * 1e6:.2f} us per step "
+            f"({cpu_steps / max(1, step_rows) * 1e6:.2f} us per row), packing "
+            f"{cpu_pack / max(1, step_rows) * 1e6:.2f} us per row "
+            f"({cpu_pack / samples * 1e3:.3f} ms per sample)"
             if steps is not None
             else ""
         )
