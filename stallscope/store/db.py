@@ -25,14 +25,16 @@ Layout:
     :data:`~stallscope.probe.buffer.GROUP_S` are written ``n`` to a row, ``step`` the last of
     them, ``wait_s``, ``host_s``, ``h2d_s``, ``samples`` and ``comm_s`` their sums, ``ts``
     the first's start plus their data wait (so ``ts - wait_s`` and ``ts + host_s`` are the
-    rows' ends at any ``n``). Times are kept to the microsecond (rounded on writing). Rows
-    older than :data:`STEPS_PLAIN_S` move into ``step_packs`` (:meth:`RunStore.pack_steps`,
-    called by the collector with its downsampling); the newer ones stay here, for the readers
-    that follow a run as it goes (they read new rows by ``(rank, step)``).
+    rows' ends at any ``n``). Rows older than :data:`STEPS_PLAIN_S` move into
+    ``step_packs`` (:meth:`RunStore.pack_steps`, called by the collector with its
+    downsampling); the newer ones stay here, for the readers that follow a run as it goes (they
+    read new rows by ``(rank, step)``).
 ``step_packs(rank, last, first, rows, data)``
     older step rows of one rank, ``first`` to ``last``, packed into ``data``
     (:mod:`stallscope.store.steppack`: ~6 bytes a row against ~70 as a row; at 100 steps/s a
-    day of rows took 400 MB). :meth:`RunStore.steps` reads packs and rows as one.
+    day of rows took 400 MB), their times to the microsecond: a row reads exactly as written
+    while it is a row (the probe's tests add sums up exactly), to the microsecond once packed.
+    :meth:`RunStore.steps` reads packs and rows as one.
 ``probes(rank, ...)``
     one row per probe (rank): loader configuration, drops.
 
@@ -88,7 +90,6 @@ from stallscope.store.schema import (
     rollup_is_max,
     step_ranks,
     steps_after,
-    us_sql,
     user_version,
 )
 from stallscope.units import finite_or_none
@@ -117,17 +118,15 @@ def _block_sql(n: int) -> str:
     """An INSERT of ``n`` :data:`StepTuple` rows after two parameters (rank, ts base)."""
     return (
         "INSERT OR REPLACE INTO steps(rank, step, ts, wait_s, host_s, samples, epoch, h2d_s, "
-        f"n) SELECT ?1, column1, {us_sql('column2 + ?2')}, {us_sql('column3')}, "
-        f"{us_sql('column4')}, column5, column6, {us_sql('column7')}, "
+        "n) SELECT ?1, column1, column2 + ?2, column3, column4, column5, column6, column7, "
         "column9 FROM (VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n) + ")"
     )
 
 
-#: the INSERT of :meth:`RunStore.add_step_values`: times to the microsecond
+#: the INSERT of :meth:`RunStore.add_step_values`
 _VALUES_SQL = (
-    f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) VALUES(?, ?, "
-    + ", ".join(us_sql("?") for _ in range(6))
-    + f", ?, ?, {us_sql('?')}, ?)"
+    f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) "
+    "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -347,8 +346,7 @@ class RunStore:
         Rows are (rank, step, busy_s, idle_s)."""
         with self.db:
             self.db.executemany(
-                f"UPDATE steps SET gpu_busy_s={us_sql('?')}, gpu_idle_s={us_sql('?')} "
-                "WHERE rank=? AND step=?",
+                "UPDATE steps SET gpu_busy_s=?, gpu_idle_s=? WHERE rank=? AND step=?",
                 [(b, i, r, s) for r, s, b, i in rows],
             )
 

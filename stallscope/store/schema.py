@@ -29,7 +29,7 @@ __all__ = [
 #: layout (``info.schema_version`` 1; ``steps.comm_s`` came later by ALTER TABLE, without a new
 #: version) left user_version at 0; 2 is that layout with ``steps.comm_s`` always there; 3 adds
 #: ``steps.n`` (steps a row covers, 1 in every older row); 4 adds ``step_packs`` (older step
-#: rows packed, :mod:`stallscope.store.steppack`; step times kept to the microsecond); 5 keeps
+#: rows packed, :mod:`stallscope.store.steppack`, their times to the microsecond); 5 keeps
 #: one value a ``rollup`` bucket, ``v``, what readers read (the mean, the max for metrics whose
 #: mean is not a value they can take), where 4 and before kept ``vmin, vmean, vmax``. Bump it
 #: with each change of the layout and teach :func:`migrate` the step from the previous one.
@@ -230,10 +230,3 @@ _STEP_OK = " AND ".join(
 )
 #: a row's step count is a whole number of steps, at least one
 _N_OK = "typeof(n) = 'integer' AND n >= 1"
-
-
-def us_sql(expr: str) -> str:
-    """SQL: ``expr`` (seconds) rounded to the microsecond, as step times are stored (what
-    :func:`stallscope.store.steppack.us` gives back whole). ``expr`` is fixed SQL, never user
-    input."""
-    return f"round(({expr}) * 1e6) / 1e6"

@@ -3,7 +3,7 @@
 At 100 steps/s a day of step rows is ~5.8 million rows (two 10-ms steps a row, every device-timed
 step a row of its own), ~70 bytes each as SQLite rows: 400 MB. Packed they take ~6 bytes. A
 pack holds the rows column by column, each value a whole number (step numbers and counts as
-they are, times in microseconds: the store keeps step times to the microsecond, see
+they are, times in microseconds: a packed row's times are kept to the microsecond, see
 :func:`us`), each column as the differences that stay small (a row's step number after the one
 before it plus its ``n``; its start, ``ts - wait_s``, after the previous row's end,
 ``ts + host_s``), zigzag-coded, split into byte planes (the low bytes of every value, then the

@@ -134,9 +134,30 @@ def test_step_blocks_store_the_same_rows_as_step_rows(tmp_path: Path) -> None:
     assert [r.n for r in a.steps(rank=3)[:5]] == [1, 2, 3, 4, 1]
 
 
-def test_step_times_are_stored_to_the_microsecond(tmp_path: Path) -> None:
-    """Every way a step is written keeps its times to the microsecond (what a pack holds), so
-    a row reads the same before and after it is packed."""
+def _to_us(r: StepRow) -> StepRow:
+    """A step row as a pack keeps it: its times to the microsecond."""
+    from dataclasses import replace
+
+    from stallscope.store.steppack import us
+
+    def q(x: float | None) -> float | None:
+        return None if x is None else us(x) / 1e6
+
+    return replace(
+        r,
+        ts=us(r.ts) / 1e6,
+        wait_s=us(r.wait_s) / 1e6,
+        host_s=us(r.host_s) / 1e6,
+        h2d_s=q(r.h2d_s),
+        gpu_busy_s=q(r.gpu_busy_s),
+        gpu_idle_s=q(r.gpu_idle_s),
+        comm_s=q(r.comm_s),
+    )
+
+
+def test_step_times_are_exact_as_rows_and_to_the_microsecond_packed(tmp_path: Path) -> None:
+    """Every way a step is written keeps its times as given while it is a row; packed, they
+    are kept to the microsecond (rounded half away from zero, as SQLite's round())."""
     st = RunStore(tmp_path / "run.db")
     x = 0.0123456789
     st.add_steps([StepRow(0, 1, 1.7e9 + x, x, x, x, x, x, 1, 0, x)])
@@ -144,11 +165,15 @@ def test_step_times_are_stored_to_the_microsecond(tmp_path: Path) -> None:
     st.add_step_values([(0, 3, 1.7e9 + x, x, x, None, None, None, None, None, None, 2)])
     st.update_steps_gpu([(0, 3, x, 2 * x)])
     a, b, c = st.steps()
-    assert a == StepRow(0, 1, 1700000000.012346, *[0.012346] * 5, 1, 0, 0.012346)
-    assert (b.ts, b.wait_s, b.host_s, b.h2d_s) == (1700000000.012346, 0.012346, 0.012346, 0.012346)
-    assert (c.gpu_busy_s, c.gpu_idle_s, c.n) == (0.012346, 0.024691, 2)
+    assert a == StepRow(0, 1, 1.7e9 + x, *[x] * 5, 1, 0, x)
+    assert (b.ts, b.wait_s, b.host_s, b.h2d_s) == (1.7e9 + x, x, x, x)
+    assert (c.gpu_busy_s, c.gpu_idle_s, c.n) == (x, 2 * x, 2)
     assert st.pack_steps(2e9) == 3
-    assert st.steps() == [a, b, c]
+    a2, b2, c2 = st.steps()
+    assert a2 == StepRow(0, 1, 1700000000.012346, *[0.012346] * 5, 1, 0, 0.012346)
+    assert (b2.ts, b2.wait_s, b2.host_s, b2.h2d_s) == (1700000000.012346, *[0.012346] * 3)
+    assert (c2.gpu_busy_s, c2.gpu_idle_s, c2.n) == (0.012346, 0.024691, 2)
+    assert [a2, b2, c2] == [_to_us(r) for r in (a, b, c)]
     st.close()
 
 
@@ -201,6 +226,10 @@ def test_packed_steps_read_as_the_rows_they_were(tmp_path: Path) -> None:
     before = {r: st.steps(rank=r) for r in (0, 1, 4)}
     every = st.steps()
     assert st.skipped == {"steps": 1}
+    assert any(_to_us(r) != r for r in every)  # times finer than the microsecond
+    packed_before = {
+        r: [_to_us(x) if x.ts < 1015.0 else x for x in rows] for r, rows in before.items()
+    }
     packed = st.pack_steps(now=1025.0, keep_s=10.0)  # the rows before 1015.0
     assert 4000 < packed < 6000
     left = st.db.execute(
@@ -209,9 +238,12 @@ def test_packed_steps_read_as_the_rows_they_were(tmp_path: Path) -> None:
     assert left[0] == 3 * 2300 - 1 - packed and left[1] >= 1015.0
     assert st.db.execute("SELECT rank FROM steps WHERE step = 7").fetchall() == [(1,)]
     st.skipped.clear()
-    assert st.steps() == every and st.skipped == {"steps": 1}
-    assert {r: st.steps(rank=r) for r in (0, 1, 4)} == before
+    assert st.steps() == [x for r in (0, 1, 4) for x in packed_before[r]]
+    assert st.skipped == {"steps": 1}
+    assert {r: st.steps(rank=r) for r in (0, 1, 4)} == packed_before
     assert st.pack_steps(now=2e9) == 3 * 2300 - 1 - packed  # the rest, but the unreadable row
+    every = [x if (x.rank, x.step) == (1, 7) else _to_us(x) for x in every]
+    before = {r: [x for x in every if x.rank == r] for r in (0, 1, 4)}
     assert st.steps() == every
     st.add_steps([StepRow(4, 10, 5.0, 0.5, 0.5)])  # a recorder restarted on rank 4
     again = st.steps(rank=4)
