@@ -277,52 +277,71 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _CONFIG: pytest.Config | None = None
-_DATASETS: dict[tuple[int, int, int], Path] = {}
+_DATASETS: dict[tuple[str, int, int, int], Path] = {}
+#: the example trainers whose dataset a test may share, and their defaults (--files, --size,
+#: --classes): train_cpu.py writes images as (C, H, W), train_keras.py as (H, W, C)
+DEMO_TRAINERS = {"train_cpu": (3000, 64, 10), "train_keras": (2000, 64, 10)}
 
 
-def demo_dataset(files: int = 3000, size: int = 64, classes: int = 10) -> Path:
-    """The dataset examples/train_cpu.py makes with these arguments (its ``make_files``: seeded,
+def demo_dataset(
+    files: int = 3000, size: int = 64, classes: int = 10, trainer: str = "train_cpu"
+) -> Path:
+    """The dataset examples/<trainer>.py makes with these arguments (its ``make_files``: seeded,
     the same files every time), made once per pytest process in the session's temporary folder
     and handed to every run that reads it unchanged (``--data-dir``). A trainer left to itself
-    wrote its 3000 files at start-up and removed them at exit, every run: 1-3 s (the removal up
-    to 9 s beside other engineers' work) outside the seconds it trains, in runs whose verdicts
-    read only the training (the probe's steps)."""
-    key = (files, size, classes)
+    wrote its files at start-up and removed them at exit, every run: 1-3 s for 3000 (the removal
+    up to 9 s beside other engineers' work) outside the seconds it trains, in runs whose
+    verdicts read only the training (the probe's steps, the stacks sampled while it trains)."""
+    key = (trainer, files, size, classes)
     if key not in _DATASETS:
         assert _CONFIG is not None, "demo_dataset before pytest_configure"
         factory: pytest.TempPathFactory = _CONFIG._tmp_path_factory  # type: ignore[attr-defined]
-        root = factory.mktemp(f"train_cpu-{files}-{size}-{classes}", numbered=True)
-        make_demo_files(root, files, size, classes)
+        root = factory.mktemp(f"{trainer}-{files}-{size}-{classes}", numbered=True)
+        make_demo_files(root, files, size, classes, trainer=trainer)
         _DATASETS[key] = root
     return _DATASETS[key]
 
 
-def make_demo_files(root: Path, files: int = 3000, size: int = 64, classes: int = 10) -> None:
-    """Write examples/train_cpu.py's dataset into ``root`` with its own ``make_files``, in this
-    process (its torch is already imported): what ``train_cpu.py --data-dir root --epochs 0``
-    writes, without an interpreter and torch's import (~3 s) for it."""
+def make_demo_files(
+    root: Path, files: int = 3000, size: int = 64, classes: int = 10, trainer: str = "train_cpu"
+) -> None:
+    """Write examples/<trainer>.py's dataset into ``root`` with its own ``make_files``, in this
+    process: what ``<trainer>.py --data-dir root --epochs 0`` writes, without an interpreter and
+    torch's import (~3 s) or TensorFlow's (~5 s) for it. train_keras.py imports TensorFlow at its
+    top: its ``make_files`` alone is compiled from its source (numpy and os, nothing else)."""
+    import ast
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "_train_cpu_datasets", ROOT / "examples" / "train_cpu.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.make_files(root, files, size, classes)
+    import numpy as np
+
+    path = ROOT / "examples" / f"{trainer}.py"
+    if trainer == "train_cpu":
+        spec = importlib.util.spec_from_file_location("_train_cpu_datasets", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.make_files(root, files, size, classes)
+        return
+    assert trainer in DEMO_TRAINERS, trainer
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    [fn] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_files"]
+    space: dict[str, Any] = {"np": np, "os": os, "Path": Path}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), space)
+    space["make_files"](root, files, size, classes)
 
 
-def dataset_args(train_args: list[str]) -> list[str]:
+def dataset_args(train_args: list[str], trainer: str = "train_cpu") -> list[str]:
     """``--data-dir`` of this process's copy of the dataset (``demo_dataset``) that
-    examples/train_cpu.py's ``train_args`` (their --files, --size, --classes) would make, unless
+    examples/<trainer>.py's ``train_args`` (their --files, --size, --classes) would make, unless
     they name their own folder (the fetch scenarios', read cold)."""
     if "--data-dir" in train_args:
         return []
-    made = {"--files": 3000, "--size": 64, "--classes": 10}  # train_cpu.py's defaults
+    made = dict(zip(("--files", "--size", "--classes"), DEMO_TRAINERS[trainer]))
     for i, arg in enumerate(train_args[:-1]):
         if arg in made:
             made[arg] = int(train_args[i + 1])
-    return ["--data-dir", str(demo_dataset(made["--files"], made["--size"], made["--classes"]))]
+    root = demo_dataset(made["--files"], made["--size"], made["--classes"], trainer=trainer)
+    return ["--data-dir", str(root)]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, cli_json, stallscope_argv, training_finding
+from conftest import (
+    ROOT,
+    cli_json,
+    dataset_args,
+    make_demo_files,
+    stallscope_argv,
+    training_finding,
+)
 
 # TensorFlow runs in the trainers only, never in this process: no import here (~5 s of CPU in
 # every pytest process that collects the file); marker tensorflow fails a test up front when it
@@ -63,6 +70,7 @@ def run_tf(
         "100",
         "--model",
         "tiny",
+        *dataset_args(train_args, "train_keras"),
         *train_args,
     ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
@@ -142,23 +150,8 @@ def test_compute_bound(tmp_path: Path) -> None:
 def test_fetch_bound_and_its_fix(tmp_path: Path, throttled_group: str) -> None:
     """Cold files read one at a time through a device capped at 2 MB/s: fetch-bound, with
     tf.data fixes; caching the (small) dataset in RAM makes the run faster."""
-    data = tmp_path / "data"
-    subprocess.run(
-        [
-            sys.executable,
-            TRAIN,
-            "--data-dir",
-            str(data),
-            "--files",
-            "1500",
-            "--size",
-            "32",
-            "--epochs",
-            "0",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    data = tmp_path / "data"  # its own: the runs evict it from the page cache (--cold)
+    make_demo_files(data, 1500, 32, trainer="train_keras")
     wrap = [
         sys.executable,
         CONSTRAIN,
