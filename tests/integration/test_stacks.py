@@ -848,6 +848,8 @@ def test_a_hook_that_fails_to_install_never_stops_the_sampler(
         raise RuntimeError("a torch this sampler does not know")
 
     monkeypatch.setattr(inproc.batches, "install", broken)
+    # the batch timing installs at once here, whether or not this process imported torch
+    monkeypatch.setattr(inproc.fetches, "install", lambda: True)
     sampler = inproc.InProcSampler(tmp_path, rate_hz=500)
     sampler._thread.start()
     try:
@@ -890,9 +892,11 @@ def test_pyspy_reads_a_thread_loaders_threads_beside_the_training_thread(tmp_pat
     try:
         sampler = PySpySampler(tmp_path / "stacks", [alive.pid], rate_hz=10)
         sampler._tallies[alive.pid].started = True  # training began in an earlier round
-        sampler._finish_round(alive.pid, _write(tmp_path, _thread_round(alive.pid)), 0, "", 4.0)
+        sampler._finish_round(
+            alive.pid, _round_file(tmp_path, _thread_round(alive.pid)), 0, "", 4.0
+        )
         # a round with the loader threads gone: the same wait is the training's own "other"
-        sampler._finish_round(alive.pid, _write(tmp_path, _thread_round(alive.pid), 2), 0, "")
+        sampler._finish_round(alive.pid, _round_file(tmp_path, _thread_round(alive.pid), 2), 0, "")
         first, second = read_records(tmp_path)
     finally:
         alive.kill()
@@ -906,7 +910,7 @@ def test_pyspy_reads_a_thread_loaders_threads_beside_the_training_thread(tmp_pat
     assert "threads" not in second
 
 
-def _write(tmp_path: Path, text: str, lines: int | None = None) -> Path:
+def _round_file(tmp_path: Path, text: str, lines: int | None = None) -> Path:
     """A round file holding ``text``, or its first ``lines`` lines."""
     out = tmp_path / "round.txt"
     out.write_text("\n".join(text.splitlines()[:lines]) + "\n")

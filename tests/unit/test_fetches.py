@@ -89,6 +89,9 @@ def test_the_timed_fetch_returns_the_batch_and_appends_its_histogram(
     monkeypatch.setitem(sys.modules, fetches._MODULE, mod)
     monkeypatch.setenv("STALLSCOPE_RUN_DIR", str(tmp_path))
     monkeypatch.setattr(fetches, "RECORDER", fetches._Recorder())
+    # hooks an in-process sampler installed on the real DataLoader earlier in this process
+    # stay as they are: this test times its own fetcher only
+    monkeypatch.setattr(fetches, "_original", [])
     original = Fetcher.fetch
     try:
         assert fetches.install() and fetches.installed()
@@ -106,6 +109,7 @@ def test_the_timed_fetch_returns_the_batch_and_appends_its_histogram(
 
 def test_nothing_to_time_without_the_dataloader_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, fetches._MODULE, raising=False)
+    monkeypatch.setattr(fetches, "_original", [])
     assert fetches.install() is False and not fetches.installed()
 
 

@@ -104,7 +104,8 @@ IDLE: tuple[Row, ...] = tuple(
 _SLEEP_LINE = re.compile(r"\bsleep\(")
 #: frames of threads that are no loader threads: the DataLoader's pin-memory thread (its worker
 #: processes are measured as processes; a thread iterating a DataLoader, MONAI's
-#: ThreadDataLoader's, is a loader thread), stallscope's, experiment trackers' and loggers'
+#: ThreadDataLoader's, is a loader thread), stallscope's, experiment trackers', loggers', test
+#: harnesses' and debuggers'
 NOT_LOADER = (
     "/torch/utils/data/_utils/pin_memory.py",
     "/stallscope/",
@@ -119,6 +120,12 @@ NOT_LOADER = (
     "/torch/distributed/",
     "/logging/handlers.py",
     "/multiprocessing/queues.py",  # a multiprocessing queue's feeder thread (a DataLoader's)
+    # a harness's or a debugger's threads: pytest-xdist's channel reader (execnet), debugpy's
+    # and PyCharm's (pydevd), a Jupyter kernel's
+    "/execnet/",
+    "/_pydevd_bundle/",
+    "/debugpy/",
+    "/ipykernel/",
 )
 #: the training thread waiting on another thread for its batch: a queue, a future, a thread
 #: pool's results, MONAI's thread buffer
