@@ -3,7 +3,7 @@ no DataLoader, and the loop takes them with ``queue.get``. Run unmodified under
 ``stallscope run``; the in-process sampler samples the loader threads too.
 
     python examples/train_threads.py --data-dir DIR [--threads 4] [--prep python|numpy|none]
-        [--cold] [--workers N] [--max-seconds 12]
+        [--cold] [--workers N] [--step-ms MS] [--max-seconds 12]
 
 Each batch is ``--batch`` files of the data folder read whole (``--cold``: dropped from the page
 cache first, each epoch: a fetch stall where the disk is slow or capped) and prepared:
@@ -11,7 +11,10 @@ cache first, each epoch: a fetch stall where the disk is slow or capped) and pre
 ``numpy`` sorts them with NumPy (which releases the GIL), ``none`` does nothing. ``--workers
 N`` loads the same batches with a DataLoader and N worker processes instead of threads. The
 loop times its own wait for batches and prints ``data wait: X% of S s`` at the end: the truth
-the diagnosis is checked against (tests/scenarios/test_scenarios_threads.py).
+the diagnosis is checked against (tests/scenarios/test_scenarios_threads.py). ``--step-ms MS``
+makes each step also wait MS ms, as a GPU's kernels would, the GIL released: without it, a CPU
+training step in Python competes with Python prep for the GIL, and the loader's cost shows as
+a slower step rather than as a wait for data.
 """
 
 from __future__ import annotations
@@ -114,6 +117,12 @@ def main() -> int:
     ap.add_argument("--cost", type=int, default=1, help="passes of the preparation")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=12.0)
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="each step also waits MS ms, as for a GPU's kernels (the GIL is released meanwhile)",
+    )
     args = ap.parse_args()
     paths = make_files(Path(args.data_dir), args.files)
     if args.max_seconds <= 0:
@@ -146,6 +155,8 @@ def main() -> int:
             opt.zero_grad(set_to_none=True)
             out.mean().backward()
             opt.step()
+            if args.step_ms:  # the device's share of the step: the host only waits
+                time.sleep(args.step_ms / 1000)
             steps += 1
             if time.perf_counter() - t0 >= args.max_seconds:
                 break

@@ -169,6 +169,7 @@ def _thread_run(
     gil_ms: float = 8.0,
     n: int = 4,
     cores: int = 4,
+    waits: float = 0.8,
 ) -> Any:
     """A trainer (pid 100) on ``cores`` cores whose training thread waits on its loader threads 80%
     of each second; the loader threads' thread-seconds ``fetch`` and ``prep`` (idle the rest
@@ -190,14 +191,14 @@ def _thread_run(
             "rank": None,
             "sampler": "inproc",
             "n": 40,
-            "s": {"data": 0.8, "compute": 0.2},
+            "s": {"data": waits, "compute": 1.0 - waits},
             "stacks": {},
             "stack_phase": {},
             "threads": {
                 "n": n,
                 "s": {"fetch": fetch, "prep": prep, "idle": idle},
                 "cpu_s": cpu,
-                "wait_s": 0.8,
+                "wait_s": waits,
                 "gil_s": gil_ms * 40 / 1000,
                 "wakes": 40,
             },
@@ -279,3 +280,22 @@ def test_a_thread_loader_without_its_wait_is_no_finding_of_this_rule() -> None:
         {"loader_threads": 0},
     ):
         assert not rule_thread_loader(None, Facts.of({**base, **change})), change  # type: ignore[arg-type]
+
+
+def test_loader_threads_holding_the_gil_the_step_needs_are_no_healthy_run() -> None:
+    """A CPU training step in Python beside Python prep in 4 threads: the step waits its turn
+    for the GIL, the loader keeps up with the slowed steps, and the data wait stays low (8%;
+    examples/train_threads.py --prep python --cost 120 on a quiet 2-core machine: 10% sampled,
+    16% by the loop's own clock, 52 steps in 10 s). Not compute_bound: input_bound.gil, gain
+    not estimated. With the GIL free (NumPy prep), the same low wait is healthy."""
+    doc = diagnose(_thread_run(fetch=0.3, prep=2.8, cpu=1.0, main_cpu=100, host=55, waits=0.08))
+    f = doc["findings"][0]
+    assert doc["verdict"] == "input_bound.gil", doc["findings"]
+    assert "compute_bound" not in [x["kind"] for x in doc["findings"]]
+    assert "training thread needs" in f["summary"] and "only 8%" in f["summary"]
+    assert f["est_speedup"] == 1.0 and "processes" in f["fixes"][0]["action"]
+    assert "< 15%" in f["rule"] and "8.0 ms" in f["rule"]
+    free = diagnose(
+        _thread_run(fetch=0.3, prep=2.8, cpu=2.9, main_cpu=300, host=75, gil_ms=0.5, waits=0.08)
+    )
+    assert free["verdict"] == "compute_bound", free["findings"]

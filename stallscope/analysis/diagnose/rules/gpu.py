@@ -7,6 +7,7 @@ from __future__ import annotations
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_WARN
 from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
+from stallscope.analysis.diagnose.rules.threads import gil
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
     tf_compute_fix,
@@ -64,6 +65,8 @@ def rule_compute_bound(data: RunData, fx: Facts) -> list[Finding]:
         return _gpu_busy_unmeasured(fx)
     if fx.steps.stall_fraction >= STALL_WARN:
         return []
+    if fx.loader.loader_threads and gil(fx, fx.steps.stall_fraction) is not None:
+        return []  # loader threads hold the GIL the step needs: input_bound.gil, not healthy
     if fx.gpu.gpu_util_median_pct is not None and fx.gpu.gpu_util_median_pct < GPU_BUSY_PCT:
         return []  # the GPU idles without waiting for data: rule_host_bound
     if (

@@ -138,7 +138,7 @@ def rule_thread_loader(data: RunData, fx: Facts) -> list[Finding]:
     evidence (:func:`gil`) is gil; else prep."""
     stall = thread_stall(fx)
     if stall is None:
-        return []
+        return _gil_on_the_training_thread(fx)
     fetch, prep = fx.loader.thread_fetch_share or 0.0, fx.loader.thread_prep_share or 0.0
     threads = fx.loader.loader_threads
     g = gil(fx, stall)
@@ -192,7 +192,46 @@ def rule_thread_loader(data: RunData, fx: Facts) -> list[Finding]:
     ]
 
 
-def _fixes(kind: Kind, threads: int, est: float) -> list[Fix]:
+def _gil_on_the_training_thread(fx: Facts) -> list[Finding]:
+    """input_bound.gil where the training thread waits little for data: loader threads
+    preparing in Python hold the GIL that the training thread's own step needs, so the step
+    runs slower instead (each of its Python calls waits its turn for the GIL) and the loader
+    keeps up with a slowed training. The same evidence as :func:`gil`, measured on the training
+    thread's samples (probe or sampled stacks); the gain is not estimated: the step's share
+    spent waiting for the GIL is not measured, only the sampler's own wait."""
+    if fx.steps.stall_source not in ("probe", "stacks") or not fx.loader.loader_threads:
+        return []
+    g = gil(fx, fx.steps.stall_fraction or 0.0)
+    if g is None:
+        return []
+    ev = fx.evidence(*_EVIDENCE)
+    ev.update(process_cores=g.process)
+    stall = fx.steps.stall_fraction or 0.0
+    return [
+        Finding(
+            kind=Kind.INPUT_GIL,
+            severity="warning",
+            confidence=0.7,
+            summary=(
+                f"The loader threads hold the GIL the training thread needs: it waited for "
+                f"data only {stall:.0%} of the time, but {g.busy:.1f} loader threads preparing "
+                f"in Python at once got {g.cores:.2f} core(s) of the process's {g.process:.2f}, "
+                f"and each wake of the sampler waited {g.gil_ms:.1f} ms for the GIL: every "
+                "Python call of the training step waits its turn, so the steps run slower."
+            ),
+            evidence=ev,
+            fixes=_fixes(Kind.INPUT_GIL, fx.loader.loader_threads, None),
+            rule=(
+                f"data wait {stall:.0%} < {STALL_WARN:.0%}; {fx.loader.loader_threads} loader "
+                f"threads, {g.busy:.1f} at work at once ≥ {THREADS.min_busy:g}; GIL wait "
+                f"{g.gil_ms:.1f} ms a wake ≥ {THREADS.min_gil_wait_ms:g} ms; process "
+                f"{g.process:.2f} ≤ {THREADS.max_process_cores:g} core(s) of {g.cpus}"
+            ),
+        )
+    ]
+
+
+def _fixes(kind: Kind, threads: int, est: float | None) -> list[Fix]:
     """Fixes that fit a thread loader."""
     if kind == Kind.INPUT_FETCH:
         return [
