@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from stallscope.errors import ParseError, SourceUnavailable, UsageError
 
 __all__ = [
+    "NETWORK_FS",
     "PathDevices",
     "describe_path",
     "device_info",
@@ -62,8 +63,8 @@ _MEMORY_FS = frozenset(
         "autofs",
     }
 )
-#: filesystems whose data comes over the network
-_NETWORK_FS = frozenset(
+#: filesystems whose data comes over the network (the one list: tools/diskclass.py reads it)
+NETWORK_FS = frozenset(
     {
         "nfs",
         "nfs4",
@@ -305,7 +306,7 @@ def _describe(path: str, proc_root: str, sys_root: str, depth: int) -> PathDevic
         return result([], f"{fstype} keeps its files in memory: no block device to watch")
     if fstype in _MEMORY_FS:
         return result([], f"{fstype} is a kernel pseudo-filesystem: no block device to watch")
-    if fstype in _NETWORK_FS:
+    if fstype in NETWORK_FS:
         return result(
             [],
             f"{fstype} is a network filesystem ({best.source}): no local block "

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stallscope.sources.blockdev import NETWORK_FS
+
 if TYPE_CHECKING:
     from stallscope.tools.diskbench import BenchResult
 
@@ -72,27 +74,6 @@ _CLASS_ORDER = ("hdd", "network_virtual", "sata_ssd", "nvme", "memory")
 
 
 _MEMORY_FS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
-_NETWORK_FS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ceph",
-        "glusterfs",
-        "lustre",
-        "9p",
-        "virtiofs",
-        "afs",
-        "gpfs",
-        "beegfs",
-        "orangefs",
-        "davfs",
-        "ocfs2",
-        "gfs2",
-    }
-)
 
 
 def classify(fstype: str, infos: Sequence[Mapping[str, Any]]) -> str:
@@ -102,7 +83,7 @@ def classify(fstype: str, infos: Sequence[Mapping[str, Any]]) -> str:
     Several devices (RAID, LVM) give the slowest class among them."""
     if fstype in _MEMORY_FS:
         return "memory"
-    if fstype in _NETWORK_FS or fstype.startswith("fuse"):
+    if fstype in NETWORK_FS or fstype.startswith("fuse"):
         return "network_virtual"
     classes = []
     for info in infos:
