@@ -145,6 +145,34 @@ def cli_json(*args: str) -> Any:
     return json.loads(out.getvalue())
 
 
+def run_own_loop(
+    tmp_path: Path, data: Path, trainer: list[str], wrap: list[str] | None = None
+) -> dict[str, Any]:
+    """``stallscope run --data DATA -- [WRAP] python TRAINER...`` for a trainer that times its
+    own wait for batches and prints ``data wait: X% of S s`` (examples/train_memmap.py,
+    train_threads.py), then its ``diagnose --json`` with that truth as ``trainer_wait``."""
+    import re
+    import subprocess
+    import sys
+
+    out = tmp_path / "runs"
+    argv = [
+        *stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
+        "--",
+        *(wrap or []),
+        sys.executable,
+        *trainer,
+    ]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run_dir] = list(out.iterdir())
+    doc: dict[str, Any] = cli_json("diagnose", str(run_dir), "--json")
+    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
+    assert m, r.stdout[-1000:]
+    doc["trainer_wait"] = float(m.group(1)) / 100
+    return doc
+
+
 def training_finding(doc: dict[str, Any]) -> dict[str, Any]:
     """The diagnosis's first finding about the training itself: its first finding, or the one
     after ``cpu_contention`` when that leads. That one fires only on what the run measured: every

@@ -7,14 +7,13 @@ compute_bound."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv, training_finding
+from conftest import ROOT, run_own_loop, training_finding
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow]
@@ -27,40 +26,8 @@ READ_BPS = 20_000_000
 
 
 def _run(tmp_path: Path, data: Path, wrap: list[str], extra: list[str]) -> dict[str, Any]:
-    import json
-
-    out = tmp_path / "runs"
-    argv = [
-        *stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
-        "--",
-        *wrap,
-        sys.executable,
-        TRAIN,
-        "--data-dir",
-        str(data),
-        "--max-seconds",
-        "12",
-        "--batch",
-        "4",
-        "--mb",
-        "256",
-        *extra,
-    ]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
-    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
-    assert m, r.stdout[-1000:]
-    doc["trainer_wait"] = float(m.group(1)) / 100
-    return doc
+    trainer = [TRAIN, "--data-dir", str(data), "--max-seconds", "12", "--batch", "4"]
+    return run_own_loop(tmp_path, data, [*trainer, "--mb", "256", *extra], wrap)
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,13 @@ timing of its wait for batches."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, stallscope_argv, training_finding
+from conftest import ROOT, run_own_loop, training_finding
 
 from stallscope.analysis.diagnose.rules.threads import THREADS
 
@@ -37,33 +35,8 @@ WITHIN = 0.05
 def _run(
     tmp_path: Path, data: Path, extra: list[str], wrap: list[str] | None = None
 ) -> dict[str, Any]:
-    out = tmp_path / "runs"
-    argv = [
-        *stallscope_argv("run", "--interval", "1", "--out", str(out), "--data", str(data)),
-        "--",
-        *(wrap or []),
-        sys.executable,
-        TRAIN,
-        "--data-dir",
-        str(data),
-        "--max-seconds",
-        SECONDS,
-        *extra,
-    ]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    [run_dir] = list(out.iterdir())
-    d = subprocess.run(
-        stallscope_argv("diagnose", str(run_dir), "--json"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(d.stdout)
-    m = re.search(r"data wait: ([0-9.]+)% of", r.stdout)
-    assert m, r.stdout[-1000:]
-    doc["trainer_wait"] = float(m.group(1)) / 100
+    trainer = [TRAIN, "--data-dir", str(data), "--max-seconds", SECONDS, *extra]
+    doc = run_own_loop(tmp_path, data, trainer, wrap or [])
     sig = doc["signals"]
     print(  # the figures, for a report of the run (pytest -s)
         f"{extra}: {doc['verdict']} stall {doc.get('stall_fraction')} truth "
