@@ -31,11 +31,17 @@ from typing import Any
 
 import psutil
 
-from stallscope.errors import SourceUnavailable
+from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.owner import read_environ
+from stallscope.sources.procs import parse_pid_stat
 from stallscope.sources.stacks.aggregate import Tally, append_record, rank_from_env
 from stallscope.sources.stacks.phases import TRAINING, Frame, classify
-from stallscope.sources.stacks.threads import LOADER_PHASES, loader_phase, waits_on_thread
+from stallscope.sources.stacks.threads import (
+    LOADER_PHASES,
+    loader_phase,
+    threads_part,
+    waits_on_thread,
+)
 from stallscope.store.rundir import monitor_alive
 
 __all__ = [
@@ -351,10 +357,10 @@ class _AttachedLoaders:
     def _cpu(self, tid: int) -> float | None:
         try:
             with open(f"{self.proc_root}/{self.pid}/task/{tid}/stat", "rb") as fh:
-                fields = fh.read(4096).rpartition(b")")[2].split()
-            return (int(fields[11]) + int(fields[12])) / _TICKS
-        except (OSError, ValueError, IndexError):
+                st = parse_pid_stat(fh.read(4096).decode(errors="replace"))
+        except (OSError, ParseError):
             return None
+        return (st.utime + st.stime) / _TICKS
 
     def record(self) -> dict[str, Any] | None:
         """The round's ``threads`` part (the in-process sampler's, without ``gil_s``), None when
@@ -369,15 +375,7 @@ class _AttachedLoaders:
                 cpu += max(0.0, now - self._cpu_seen[tid])
             self._cpu_seen[tid] = now
         wait, self.wait_s, self.seconds = self.wait_s, 0.0, {}
-        if not busy:
-            return None
-        sums = [sum(v[i] for v in busy.values()) for i in range(3)]
-        return {
-            "n": len(busy),
-            "s": {p: round(x, 4) for p, x in zip(LOADER_PHASES, sums, strict=True)},
-            "cpu_s": round(cpu, 4),
-            "wait_s": round(wait, 4),
-        }
+        return threads_part(busy, cpu, wait)
 
 
 #: clock ticks a second (utime and stime in /proc/<pid>/task/<tid>/stat)

@@ -49,6 +49,7 @@ __all__ = [
     "loader_phase",
     "thread_cpu_s",
     "thread_runq_s",
+    "threads_part",
     "waits_on_thread",
 ]
 
@@ -287,15 +288,26 @@ class ThreadTally:
         self.late_s, self.wakes = 0.0, 0
         wait, self.wait_s = self.wait_s, 0.0
         self.seconds = {}
-        if not busy:
+        rec = threads_part(busy, cpu, wait)
+        if rec is None:
             return None
-        sums = [sum(v[i] for v in busy.values()) for i in range(3)]
-        rec: dict[str, Any] = {
-            "n": len(busy),
-            "s": {p: round(s, 4) for p, s in zip(LOADER_PHASES, sums, strict=True)},
-            "cpu_s": round(cpu, 4),
-            "wait_s": round(wait, 4),
-        }
         if gil is not None and wakes:
             rec["gil_s"], rec["wakes"] = round(gil, 5), wakes
         return rec
+
+
+def threads_part(
+    busy: dict[int, list[float]], cpu_s: float, wait_s: float
+) -> dict[str, Any] | None:
+    """A record's ``threads`` part from the loader threads that worked (thread -> seconds per
+    :data:`LOADER_PHASES`), their CPU and the training thread's wait on them; None when none
+    worked. The in-process sampler adds its GIL measure; py-spy's rounds have none."""
+    if not busy:
+        return None
+    sums = [sum(v[i] for v in busy.values()) for i in range(len(LOADER_PHASES))]
+    return {
+        "n": len(busy),
+        "s": {p: round(x, 4) for p, x in zip(LOADER_PHASES, sums, strict=True)},
+        "cpu_s": round(cpu_s, 4),
+        "wait_s": round(wait_s, 4),
+    }
