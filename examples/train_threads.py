@@ -9,7 +9,9 @@ Each batch is ``--batch`` files of the data folder read whole (``--cold``: dropp
 cache first, each epoch: a fetch stall where the disk is slow or capped) and prepared:
 ``python`` loops over the bytes in Python (holding the GIL: more threads cannot help),
 ``numpy`` sorts them with NumPy (which releases the GIL), ``none`` does nothing. ``--workers
-N`` loads the same batches with a DataLoader and N worker processes instead of threads. The
+N`` loads the same batches with a DataLoader and N worker processes instead of threads;
+``--loader torchdata`` with torchdata's nodes (``ParallelMapper`` on ``--threads`` threads, then
+a ``Prefetcher``: a loader of threads and queues of its own, not a DataLoader). The
 loop times its own wait for batches and prints ``data wait: X% of S s`` at the end: the truth
 the diagnosis is checked against (tests/scenarios/test_scenarios_threads.py). ``--step-ms MS``
 makes each step also wait MS ms, as a GPU's kernels would, the GIL released: without it, a CPU
@@ -106,6 +108,20 @@ def thread_batches(pool: ThreadPoolExecutor, batches: list[list[Path]], args: An
         yield fut.result()
 
 
+def torchdata_batches(batches: list[list[Path]], args: Any) -> Any:
+    """The same batches through torchdata's nodes: ``ParallelMapper`` on ``--threads`` threads
+    (in order), a ``Prefetcher`` of ``2 × threads``, read by a ``Loader``."""
+    import torchdata.nodes as tn
+
+    def load(b: list[Path]) -> np.ndarray:
+        return load_batch(b, args.prep, args.cost)
+
+    node: Any = tn.IterableWrapper(batches)
+    node = tn.ParallelMapper(node, load, num_workers=args.threads, method="thread")
+    node = tn.Prefetcher(node, prefetch_factor=2 * args.threads)
+    return tn.Loader(node)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True)
@@ -113,6 +129,12 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="drop the files from the page cache")
     ap.add_argument("--threads", type=int, default=4, help="loader threads")
     ap.add_argument("--workers", type=int, default=0, help="a DataLoader's worker processes")
+    ap.add_argument(
+        "--loader",
+        choices=("pool", "torchdata"),
+        default="pool",
+        help="the thread loader: a ThreadPoolExecutor of our own, or torchdata's nodes",
+    )
     ap.add_argument("--prep", choices=("python", "numpy", "none"), default="none")
     ap.add_argument("--cost", type=int, default=1, help="passes of the preparation")
     ap.add_argument("--batch", type=int, default=8)
@@ -146,6 +168,8 @@ def main() -> int:
             loader: Any = torch.utils.data.DataLoader(
                 Files(batches, args.prep, args.cost), batch_size=None, num_workers=args.workers
             )
+        elif args.loader == "torchdata":
+            loader = torchdata_batches(batches, args)
         else:
             loader = thread_batches(pool, batches, args)
         a = time.perf_counter()

@@ -3,8 +3,10 @@
 training thread waits in ``Future.result``, which read as "other" before the sampler sampled
 the loader threads: cold files read through a read limit are input_bound.fetch; Python-heavy
 prep in 4 threads is input_bound.gil, while prep in NumPy (which releases the GIL) and the same
-Python prep in DataLoader worker processes are not. Each share within 0.05 of the loop's own
-timing of its wait for batches."""
+Python prep in DataLoader worker processes are not. torchdata's nodes on threads (their
+``ParallelMapper`` and ``Prefetcher``: frames the phase tables know as a loader's) are read as a
+thread loader the same way. Each share within 0.05 of the loop's own timing of its wait for
+batches."""
 
 from __future__ import annotations
 
@@ -147,3 +149,26 @@ def test_python_prep_in_dataloader_workers_is_not_the_gil(tmp_path: Path, files:
     assert "input_bound.gil" not in kinds, doc["findings"]
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
     assert not doc["signals"].get("loader_threads"), doc["signals"]
+
+
+@pytest.mark.exclusive
+def test_torchdata_nodes_on_threads_are_a_thread_loader(tmp_path: Path, files: Path) -> None:
+    """torchdata's ``ParallelMapper`` on 4 threads preparing in Python, each step also waiting
+    20 ms as for a GPU's kernels: the training thread waits inside torchdata's frames (known as
+    data) in ``queue.get``, on its loader threads: input_bound.gil, as for a pool of the
+    loop's own. (Before, a wait inside a known loader's frames was never counted as a wait on
+    threads: the run read as a loader without workers, "raise num_workers".)"""
+    doc = _run(
+        tmp_path,
+        files,
+        [*("--loader", "torchdata", "--prep", "python", "--cost", "120"), "--step-ms", "20"],
+    )
+    _near_truth(doc)
+    s = doc["signals"]
+    # the loader's 4 mapper threads and its own plumbing (the prefetcher's, the mapper's
+    # reader and sorter threads) worked; the training thread waited on them
+    assert s["loader_threads"] >= 4, s
+    assert s["thread_wait_share"] >= 0.5 * doc["stall_fraction"], s
+    f = training_finding(doc)
+    assert f["kind"] == "input_bound.gil", doc["findings"]
+    assert "processes" in f["fixes"][0]["action"], f["fixes"]

@@ -74,10 +74,20 @@ def test_the_training_thread_waits_on_a_thread_loader() -> None:
     assert not t.loader_wait
     assert t.add(frames, 0.5, loader_wait=True) == "data"
     assert t.loader_wait
-    # inside a DataLoader's own frames (num_workers=0 with a decoding pool in the dataset) the
-    # wait stays the DataLoader's: data, but not a wait on a thread loader
+    # inside a DataLoader's own frames (num_workers=0 with a decoding pool in the dataset, or
+    # the queue its pin-memory thread fills) the wait stays the DataLoader's: not a wait on a
+    # thread loader, whatever queue it is in
     dl = Frame("/x/site-packages/torch/utils/data/dataloader.py", "__next__", 630)
-    assert t.add([*frames[:2], dl, main], 0.5, loader_wait=True) == "data"
+    assert not waits_on_thread([*frames[:2], dl, main])
+    assert not waits_on_thread([get, dl, main])
+    # inside a thread loader the tables know as data (torchdata's nodes: the prefetcher's
+    # queue), it is one: data, and a wait on its threads
+    prefetch = Frame("/x/site-packages/torchdata/nodes/prefetch.py", "next", 70)
+    nodes = [Frame("/usr/lib/python3.11/threading.py", "wait", 1), get, prefetch, main]
+    assert waits_on_thread(nodes)
+    assert t.add(nodes, 0.5, loader_wait=True) == "data"
+    assert t.loader_wait
+    assert t.add(nodes, 0.5) == "data"
     assert not t.loader_wait
 
 

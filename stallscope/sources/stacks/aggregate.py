@@ -135,7 +135,9 @@ class Tally:
             return "other"
         weight_s = min(max(weight_s, 0.0), MAX_WEIGHT_S)
         phase, folded, not_trainer, starts = self._info(frames, key)
-        waits = loader_wait and phase == "other"
+        # a wait on loader threads: data, where no table knew the frames (a queue of the
+        # loop's own) or where one knew them as a loader's (torchdata's nodes on threads)
+        waits = loader_wait and phase in ("other", "data")
         if waits:
             phase = "data"
         if not self.started and not_trainer:
@@ -147,8 +149,8 @@ class Tally:
                 phase = "startup"
         elif phase == "setup":
             phase = "other"
-        #: this sample was a wait on loader threads, counted as data (no table knew it: a
-        #: DataLoader's own frames keep the wait the DataLoader's)
+        #: this sample was a wait on loader threads, counted as data (a DataLoader's own frames
+        #: are never one: :func:`~stallscope.sources.stacks.threads.waits_on_thread`)
         self.loader_wait = waits and phase == "data"
         if phase in TRAINING:
             for k, v in self.pending.items():

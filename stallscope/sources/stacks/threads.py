@@ -180,9 +180,19 @@ def loader_phase(frames: Sequence[Frame]) -> str | None:
     return "prep"
 
 
+#: a DataLoader's own frames: its wait is on its worker processes (or on its pin-memory thread,
+#: which hands their batches on), whatever queue it waits in
+DATALOADER = "/torch/utils/data/"
+
+
 def waits_on_thread(frames: Sequence[Frame]) -> bool:
-    """The training thread waits on another thread for its batch (:data:`WAITS`)."""
-    return any(_hit(WAITS, f) for f in frames[:8])
+    """The training thread waits on another thread for its batch (:data:`WAITS`), not inside a
+    DataLoader (:data:`DATALOADER`). Inside a thread loader the phase tables know (torchdata's
+    nodes: their ``ParallelMapper`` on threads, their ``Prefetcher``), it is a wait on threads
+    too: the tables say it is data, this says on what."""
+    if not any(_hit(WAITS, f) for f in frames[:8]):
+        return False
+    return not any(DATALOADER in _norm(f.file) for f in frames)
 
 
 def thread_cpu_s(native_id: int) -> float | None:
