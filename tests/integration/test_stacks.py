@@ -19,7 +19,13 @@ from stallscope.analysis.stacks import top_stacks, trainer_phases
 from stallscope.errors import SourceUnavailable
 from stallscope.sources.stacks.aggregate import Tally, append_record, read_records
 from stallscope.sources.stacks.phases import Frame, classify, fold, idle_process, starts_training
-from stallscope.sources.stacks.pyspy import PySpySampler, parse_raw, pyspy_path, sample_weight
+from stallscope.sources.stacks.pyspy import (
+    STOP_GRACE_S,
+    PySpySampler,
+    parse_raw,
+    pyspy_path,
+    sample_weight,
+)
 from stallscope.sources.stacks.source import StacksSource, window_shares
 
 SP = "/usr/lib/python3/site-packages/"
@@ -529,6 +535,33 @@ def test_pyspy_attached_to_a_running_trainer(tmp_path: Path) -> None:
     print(f"trainer's own data wait {own:.3f}, sampled by py-spy {share:.3f}")
     assert abs(share - own) <= 0.07  # py-spy starts a moment after the loop
     assert {rec["sampler"] for rec in recs} == {"py-spy"}
+
+
+@pytest.mark.slow
+def test_stopping_pyspy_keeps_the_round_in_flight(tmp_path: Path) -> None:
+    """stop() in the middle of a round (an attached training that ended, Ctrl-C) keeps what
+    the round sampled: py-spy ends it on SIGINT and writes it. With SIGTERM it was lost: the
+    last round of an attached training, up to 10 s of its stacks (one record of a 14-s run)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    proc = subprocess.Popen([sys.executable, str(script), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        sampler = PySpySampler(tmp_path / "stacks", [proc.pid], rate_hz=20, round_s=60.0)
+        sampler.start()
+        time.sleep(4.0)  # the first round (2 s), then 2 s into a round of 60
+        t0 = time.monotonic()
+        sampler.stop()
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert took < STOP_GRACE_S, took
+    recs = read_records(tmp_path)
+    assert len(recs) == 2, recs  # the first round's record and the cut round's
+    [p] = trainer_phases(recs)
+    assert p.total_s >= 3.0, p.total_s  # ~4 s of training sampled, not the first round's 2
 
 
 def test_attaching_to_what_is_not_python_is_one_line(tmp_path: Path) -> None:
