@@ -22,6 +22,11 @@ name are not exported). Labels come from :mod:`stallscope.labels`, the one map t
 * throttle reasons one series per NVML reason name: ``stallscope_gpu_throttle_active{reason=
   "sw_power_cap", gpu="0", ...} 1``.
 
+The followed trainings' DataLoader workers' batch costs are one histogram per trainer,
+``stallscope_loader_batch_seconds`` (:mod:`stallscope.agent.trainfetches`), and each rank's
+step data waits another, ``stallscope_train_step_data_wait_seconds``
+(:mod:`stallscope.agent.steps`).
+
 Beside them: ``stallscope_source_up{source}`` (1 when the source gave a reading in the latest
 sample), ``stallscope_agent_cpu_seconds_total`` (this process's CPU),
 ``stallscope_collector_samples_total`` and ``stallscope_collector_last_sample_timestamp_seconds``
@@ -39,17 +44,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric as PromFamily
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
+from stallscope.agent.trainfetches import LOADER_HISTOGRAM
 from stallscope.collect.sinks import Sink
 from stallscope.labels import ENTITY_LABELS, HOST_LABEL, labels_for, row_labels
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
-    from stallscope.agent.steps import StepFollower
+    from stallscope.agent.steps import RankTotals, StepFollower
+    from stallscope.agent.trainfetches import LoaderCosts
     from stallscope.collect.collector import Event, Sample
 
 __all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition"]
@@ -82,6 +89,7 @@ AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
         "gauge",
         "Unix time of the latest sample (stops moving when sampling is stuck)",
     ),
+    LOADER_HISTOGRAM,
 )
 
 
@@ -105,6 +113,8 @@ class _Families:
             fam = (
                 CounterMetricFamily(name, doc)
                 if kind == "counter"
+                else HistogramMetricFamily(name, doc)
+                if kind == "histogram"
                 else GaugeMetricFamily(name, doc)
             )
             self.by_name[name] = fam
@@ -113,6 +123,20 @@ class _Families:
     def add(self, fam: PromFamily, labels: Mapping[str, str], value: float) -> None:
         sample_name = fam.name + "_total" if fam.type == "counter" else fam.name
         fam.add_sample(sample_name, dict(labels), value)
+
+    def add_histogram(
+        self,
+        fam: PromFamily,
+        labels: Mapping[str, str],
+        buckets: Sequence[tuple[str, float]],
+        sum_value: float,
+    ) -> None:
+        """One histogram: its cumulative ``(le, count)`` buckets (``+Inf`` last), its count
+        (the ``+Inf`` bucket's) and sum."""
+        for le, count in buckets:
+            fam.add_sample(fam.name + "_bucket", {**labels, "le": le}, count)
+        fam.add_sample(fam.name + "_count", dict(labels), buckets[-1][1])
+        fam.add_sample(fam.name + "_sum", dict(labels), sum_value)
 
 
 def gpu_labels(
@@ -153,6 +177,8 @@ class SampleExposition(PromCollector):
             self._throttle(sample, fams, owners)
         if sink.steps is not None:
             self._train_steps(sink.steps, fams)
+        if sink.loader is not None:
+            self._loader_costs(sink.loader, fams)
         helps = {name: (kind, doc) for name, kind, doc in AGENT_METRICS}
         up = fams.get("stallscope_source_up", *helps["stallscope_source_up"])
         for name, is_up in sink.source_up().items():
@@ -214,7 +240,7 @@ class SampleExposition(PromCollector):
             return  # an unreadable run costs its step series, never the whole scrape
         if not runs:
             return
-        (steps, step_s, wait_s, samples, comm_s, last_ts, first_ts) = (
+        (steps, step_s, wait_s, samples, comm_s, last_ts, first_ts, waits) = (
             fams.get(name, kind, doc) for name, kind, doc in STEP_METRICS
         )
         owners = follower.owners()
@@ -239,8 +265,23 @@ class SampleExposition(PromCollector):
                     fams.add(last_ts, labels, t.last_ts)
                 if t.first_ts is not None:
                     fams.add(first_ts, labels, t.first_ts)
+                fams.add_histogram(waits, labels, _wait_buckets(t), t.wait_s)
         for name in [name for name, fam in fams.by_name.items() if not fam.samples]:
             del fams.by_name[name]  # no run knew its batch size: no empty family
+
+    def _loader_costs(self, loader: LoaderCosts, fams: _Families) -> None:
+        """Per trainer of a followed run, its DataLoader workers' batch costs
+        (:mod:`stallscope.agent.trainfetches`), labelled as its stacks series."""
+        costs = loader.snapshot()
+        if not costs:
+            return
+        fam = fams.get(*LOADER_HISTOGRAM)
+        for c in costs:
+            labels = {"pid": str(c.pid), "role": "main", "run": c.run}
+            if c.rank is not None:
+                labels["rank"] = str(c.rank)
+            labels[self.sink.host_label] = self.sink.hostname
+            fams.add_histogram(fam, labels, c.buckets(), round(c.sum_s, 6))
 
     def _throttle(
         self, sample: Sample, fams: _Families, owners: Mapping[str, Mapping[str, str]]
@@ -286,6 +327,7 @@ class PrometheusSink(Sink):
         host_label: str = HOST_LABEL,
         cpu_clock: Callable[[], float] = time.process_time,
         steps: StepFollower | None = None,
+        loader: LoaderCosts | None = None,
         gpu_owners: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
     ) -> None:
         self.sources = list(dict.fromkeys([*sources, *(unavailable or {})]))
@@ -295,6 +337,9 @@ class PrometheusSink(Sink):
         self.cpu_clock = cpu_clock
         #: the trainings' step totals, read on each scrape (None: not followed)
         self.steps = steps
+        #: the trainings' DataLoader workers' batch costs, read by the stacks source (None:
+        #: not followed)
+        self.loader = loader
         #: GPU UUID -> the namespace, pod and container holding it (the kubelet's
         #: pod-resources API), asked on each scrape; None: not on Kubernetes
         self.gpu_owners = gpu_owners
@@ -345,6 +390,18 @@ class PrometheusSink(Sink):
             "last_sample_ts": None if sample is None else sample.ts,
             "unavailable": dict(self.unavailable),
         }
+
+
+def _wait_buckets(t: RankTotals) -> list[tuple[str, float]]:
+    """A rank's cumulative data-wait buckets (:data:`~stallscope.agent.steps.WAIT_EDGES_S`)."""
+    from stallscope.agent.steps import WAIT_EDGES_S
+
+    out, seen = [], 0
+    for edge, count in zip(WAIT_EDGES_S, t.wait_counts, strict=False):
+        seen += count
+        out.append((f"{edge:.6g}", float(seen)))
+    out.append(("+Inf", float(seen + t.wait_counts[-1])))
+    return out
 
 
 def exported_metrics() -> list[Metric]:

@@ -154,11 +154,13 @@ class Agent:
             TrainerProcs(self.steps, kubelet=self.kubelet, worker_series=cfg.worker_series)
         )
         # and where their training threads spend their time (their own sampled stacks)
-        sources.append(TrainerStacks(self.steps))
+        stacks = TrainerStacks(self.steps)
+        sources.append(stacks)
         self.prom = PrometheusSink(
             [*SOURCE_NAMES, "procs", "stacks"],
             unavailable,
             steps=self.steps,
+            loader=stacks.loader,
             host_label=cfg.host_label,
             hostname=cfg.hostname,
             gpu_owners=self.kubelet.device_owners if self.kubelet is not None else None,

@@ -17,6 +17,9 @@ steps: data wait plus the rest), ``stallscope_train_data_wait_seconds_total``,
 ``stallscope_train_comm_wait_seconds_total`` (when the probe timed collectives), and the gauge
 ``stallscope_train_last_step_timestamp_seconds`` (and ``..._first_step_...``, when the run
 began: ``diagnose --prometheus`` spreads the steps before its first scrape from there).
+Beside them, the histogram ``stallscope_train_step_data_wait_seconds`` of each step's data wait
+(buckets :data:`WAIT_EDGES_S`): whether the wait comes in bursts on a few steps (slow samples
+holding up the batches) or a little on every step, which the totals cannot tell.
 ``rate(wait) / rate(step)`` is the data-wait share over any window
 (``deploy/prometheus/stallscope-recording.yml``).
 
@@ -27,6 +30,7 @@ agent first saw them are never exported.
 
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 import os
@@ -52,7 +56,14 @@ from stallscope.store.db import (
 from stallscope.store.index import indexed_runs
 from stallscope.store.rundir import monitor_alive, read_meta, run_state
 
-__all__ = ["STEP_METRICS", "RankTotals", "StepFollower", "runs_of_indexes"]
+__all__ = [
+    "STEP_METRICS",
+    "WAIT_EDGES_S",
+    "RankTotals",
+    "StepFollower",
+    "runs_of_indexes",
+    "wait_bucket",
+]
 
 #: what the agent exports per rank of a followed run: (name as exposed, type, help)
 STEP_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -92,7 +103,16 @@ STEP_METRICS: tuple[tuple[str, str, str], ...] = (
         "gauge",
         "Unix time the run's first recorded step's batch was handed over (when the run began)",
     ),
+    (
+        "stallscope_train_step_data_wait_seconds",
+        "histogram",
+        "each step's data wait, seconds (a record of several short steps counts each at their "
+        "mean); buckets ×2 apart, 0.1 ms to 105 s: whether the waits come in bursts "
+        "(input_bound.head_of_line) or a little on every step",
+    ),
 )
+#: the ``le`` bounds of ``stallscope_train_step_data_wait_seconds`` (and +Inf)
+WAIT_EDGES_S: tuple[float, ...] = tuple(1e-4 * 2**i for i in range(21))
 
 #: index files read per pattern of ``run_indexes`` (a user per index: more than any node has)
 MAX_INDEXES = 4096
@@ -122,6 +142,12 @@ def runs_of_indexes(patterns: list[str]) -> Callable[[], list[Path]]:
     return runs
 
 
+def wait_bucket(wait_s: float) -> int:
+    """The index of the ``stallscope_train_step_data_wait_seconds`` bucket a step's wait falls
+    in: the first bound ≥ it, ``len(WAIT_EDGES_S)`` for +Inf."""
+    return bisect.bisect_left(WAIT_EDGES_S, wait_s)
+
+
 @dataclass
 class RankTotals:
     """One rank's totals since its run started."""
@@ -133,6 +159,8 @@ class RankTotals:
     has_samples: bool = False
     comm_s: float = 0.0
     has_comm: bool = False
+    #: steps per data-wait bucket (:data:`WAIT_EDGES_S`, +Inf last), not cumulative
+    wait_counts: list[int] = field(default_factory=lambda: [0] * (len(WAIT_EDGES_S) + 1))
     last_step: int = -1  #: the read cursor: rows with a larger step number are new
     last_ts: float | None = None
     first_ts: float | None = None
@@ -195,7 +223,10 @@ class StepFollower:
                     self._drop(key)
                     continue
                 if f.ranks:
-                    out[f.run_id] = {r: RankTotals(**t.__dict__) for r, t in f.ranks.items()}
+                    out[f.run_id] = {
+                        r: RankTotals(**{**t.__dict__, "wait_counts": list(t.wait_counts)})
+                        for r, t in f.ranks.items()
+                    }
             return out
 
     def trainers(self) -> dict[str, tuple[int, dict[int, int]]]:
@@ -363,7 +394,9 @@ class StepFollower:
             t = f.ranks.get(rank)
             if t is None:
                 t = f.ranks[rank] = RankTotals()
-            t.steps += n if isinstance(n, int) and n >= 1 else 1
+            k = n if isinstance(n, int) and n >= 1 else 1
+            t.steps += k
+            t.wait_counts[wait_bucket(wait_s / k)] += k
             t.wait_s += wait_s
             t.step_s += wait_s + host_s
             if isinstance(samples, int) and samples > 0:

@@ -8,11 +8,14 @@ targets (``job``/``instance``), and the step counters of the trainings
 (``stallscope/metrics/``: the exported value divided by ``prom_scale``; the GPU's index from
 ``gpu``, a disk's from ``device``...). Steps come back from the counters: between two points of
 a rank, ``n`` new steps with ``w`` seconds of data wait and ``t`` seconds of step time become
-``n`` step rows of ``w/n`` and ``t/n`` each, so sums and shares are exact and medians are those
-of the scrape intervals. One :class:`RunData` per node (``instance``); the steps of a training
-are those of its ranks on that node. A training job whose ranks are on several nodes (one
-``train_job`` label under several instances) also gets a RunData of its own with every rank's
-steps (:func:`load_fleet`), so stragglers are found across nodes.
+``n`` step rows of ``t/n`` each, with the interval's data waits as the rank's wait histogram
+gives them (scaled to ``w``; ``w/n`` each without it), so sums and shares are exact. One
+:class:`RunData` per node (``instance``); the steps of a training are those of its ranks on that
+node. A training job whose ranks are on several nodes (one ``train_job`` label under several
+instances) also gets a RunData of its own with every rank's steps (:func:`load_fleet`), so
+stragglers are found across nodes. The agent's histograms (the DataLoader workers' batch costs,
+each step's data wait) and its loader-thread gauges come back as a run's files hold them
+(:mod:`.promhist`).
 
 What Prometheus does not hold is absent, and the rules that need it do not fire: the per-step
 detail inside a scrape interval (epoch starts), the DataLoader's configuration, the trainer's
@@ -37,6 +40,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.analysis.promhist import (
+    BATCH_BUCKETS,
+    WAIT_BUCKETS,
+    Columns,
+    WaitSpread,
+    batch_costs_of,
+    threads_parts,
+)
 from stallscope.analysis.rundata import RunData
 from stallscope.errors import StallscopeError
 from stallscope.httpsafe import opener, redact, secrets_of, split_userinfo
@@ -366,18 +377,14 @@ def _stack_records(
         }
         rank_text = str(attrs.get("rank"))
         rank = int(rank_text) if rank_text.isdigit() else None
+        threads = threads_parts(series, ent)  # its loader threads, where it has any
         for ts, secs in zip(sampled.ts, sampled.v):
             s_ = {p: v[ts] / 100.0 * secs for p, v in shares.items() if ts in v and v[ts] > 0}
             if s_:
-                out.append(
-                    {
-                        "ts": ts,
-                        "pid": int(ent),
-                        "sampler": "agent, via Prometheus",
-                        "rank": rank,
-                        "s": s_,
-                    }
-                )
+                rec = {"ts": ts, "pid": int(ent), "sampler": "agent, via Prometheus"}
+                out.append({**rec, "rank": rank, "s": s_})
+                if ts in threads:
+                    out[-1]["threads"] = threads[ts]
     out.sort(key=lambda r: r["ts"])
     return out
 
@@ -405,6 +412,14 @@ class _Scraped:
     train_jobs: dict[tuple[str, str], str] = field(default_factory=dict)
     down: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
     steps: dict[str, dict[tuple[str, int], _StepCols]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
+    #: instance -> (run id, rank) -> its steps' data-wait buckets
+    waits: dict[str, dict[tuple[str, int], Columns]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
+    #: instance -> (run id, trainer pid) -> its DataLoader workers' batch-cost buckets
+    batches: dict[str, dict[tuple[str, str], Columns]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
 
@@ -440,6 +455,20 @@ class _Scraped:
                 self.owners[inst][key[0]] = owner
         elif name in _BY_PROM:
             self._add_metric(_BY_PROM[name], inst, labels, *_values(s))
+        elif name in (WAIT_BUCKETS, BATCH_BUCKETS) and labels.get("le"):
+            self._add_buckets(name, inst, labels, s)
+
+    def _add_buckets(self, name: str, inst: str, labels: dict[str, str], s: Any) -> None:
+        """One bucket of a rank's data-wait histogram or a trainer's batch-cost one."""
+        run, le = labels.get("run", ""), labels["le"]
+        if name == WAIT_BUCKETS:
+            try:
+                rank = int(labels.get("rank", ""))
+            except ValueError:
+                return
+            self.waits[inst][(run, rank)][le] = _values(s)
+        elif labels.get("pid", "").isdigit():
+            self.batches[inst][(run, labels["pid"])][le] = _values(s)
 
     def _add_metric(
         self, m: Metric, inst: str, labels: dict[str, str], ts: list[float], vs: list[float]
@@ -517,7 +546,7 @@ def _job_runs(
                     continue
                 if "n" not in cols or "step_s" not in cols or "wait_s" not in cols:
                     continue
-                got = _rank_rows(rank, cols, start, step)
+                got = _rank_rows(rank, cols, start, step, scraped.waits[inst].get((run, rank)))
                 if got:
                     rows.extend(got)
                     rank_hosts[str(rank)] = scraped.hosts.get(inst) or inst
@@ -570,11 +599,14 @@ def _node_run(
     and a meta.json-shaped description of where it all came from."""
     series = scraped.series.get(inst, {})
     entities = scraped.entities.get(inst, {})
-    step_rows, runs = _steps(scraped.steps.get(inst, {}), q.run, start, step)
+    step_rows, runs = _steps(
+        scraped.steps.get(inst, {}), q.run, start, step, scraped.waits.get(inst, {})
+    )
     chosen = step_rows[0][0] if step_rows else None
     kept = _one_run_of_procs(series, entities, chosen or q.run)
     _split_worker_groups(series, entities)
     stacks = _stack_records(series, entities, kept)
+    costs = batch_costs_of(scraped.batches.get(inst, {}), kept, entities, start, step)
     cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
     mem = series.get(("host.mem_total_mib", ""))
     firsts = [s.ts[0] for s in series.values() if s.ts]
@@ -610,21 +642,34 @@ def _node_run(
     ]
     rows = step_rows[0][1] if step_rows else []
     span = (min(firsts), max(s.ts[-1] for s in series.values() if s.ts)) if firsts else None
-    return RunData(meta=meta, series=series, steps=rows, entities=ents, span=span, stacks=stacks)
+    return RunData(
+        meta=meta,
+        series=series,
+        steps=rows,
+        entities=ents,
+        span=span,
+        stacks=stacks,
+        batch_costs=costs,
+    )
 
 
 def _steps(
-    raw: dict[tuple[str, int], _StepCols], want: str | None, start: float, step: float
+    raw: dict[tuple[str, int], _StepCols],
+    want: str | None,
+    start: float,
+    step: float,
+    waits: dict[tuple[str, int], Columns],
 ) -> tuple[list[tuple[str, list[StepRow]]], dict[str, int]]:
-    """Step rows of one run on one node, rebuilt from its counters; (the chosen run and its
-    rows, or nothing), and every run seen with its step count in the window."""
+    """Step rows of one run on one node, rebuilt from its counters (and its ranks' data-wait
+    histograms); (the chosen run and its rows, or nothing), and every run seen with its step
+    count in the window."""
     per_run: dict[str, list[StepRow]] = defaultdict(list)
     for (run, rank), cols in sorted(raw.items()):
         if want is not None and run != want:
             continue
         if "n" not in cols or "step_s" not in cols or "wait_s" not in cols:
             continue
-        per_run[run].extend(_rank_rows(rank, cols, start, step))
+        per_run[run].extend(_rank_rows(rank, cols, start, step, waits.get((run, rank))))
     counts = {run: len(rows) for run, rows in per_run.items()}
     if not per_run:
         return [], counts
@@ -633,8 +678,16 @@ def _steps(
 
 
 def _rank_rows(
-    rank: int, cols: dict[str, tuple[list[float], list[float]]], start: float, step: float
+    rank: int,
+    cols: dict[str, tuple[list[float], list[float]]],
+    start: float,
+    step: float,
+    waits: Columns | None = None,
 ) -> list[StepRow]:
+    """A rank's step rows from its counters: between two points, ``n`` new steps of the
+    interval's mean step time each, with the data waits its wait histogram gives them
+    (:class:`~stallscope.analysis.promhist.WaitSpread`; else the mean wait each)."""
+    spread = WaitSpread(waits) if waits else None
     ts = cols["n"][0]
     at = {name: dict(zip(*col)) for name, col in cols.items() if name != "first_ts"}
     # when the run's first step was handed over (an older agent does not export it)
@@ -662,8 +715,10 @@ def _rank_rows(
         else:
             base, t_from = prev, prev_t if prev_t is not None else t - step
         d = {k: (cur[k] - base.get(k, 0.0)) for k in cur}
+        # the point the histogram's buckets grew from (None: from nothing)
+        t_base = None if prev is None else prev_t
         if d["n"] < 0:  # a counter reset (the agent restarted): the new totals are the delta
-            d = dict(cur)
+            d, t_base = dict(cur), None
         k = round(d["n"]) if math.isfinite(d["n"]) else 0
         if k > MAX_STEPS_PER_S * max(1.0, t - t_from):
             k = 0  # a counter no training reaches (garbage, a foreign series): not steps
@@ -676,6 +731,7 @@ def _rank_rows(
         ):
             wait = d["wait_s"] / k
             host = max(0.0, d["step_s"] / k - wait)
+            each = (spread.waits(t_base, t, k, d["wait_s"]) if spread else None) or [wait] * k
             batch = d.get("samples", math.nan) / k
             samples = round(batch) if math.isfinite(batch) and batch > 0 else None
             per_comm = d.get("comm_s", math.nan) / k
@@ -686,7 +742,7 @@ def _rank_rows(
                         rank=rank,
                         step=counted + i,
                         ts=t_from + (t - t_from) * (i + 1) / k,
-                        wait_s=wait,
+                        wait_s=each[i],
                         host_s=host,
                         samples=samples,
                         comm_s=comm,

@@ -95,4 +95,68 @@ TRAINING: tuple[Metric, ...] = (
         "gauge",
         "stallscope_stacks_sampled_seconds",
     ),
+    # --- the trainer's loader threads over the same 10 s (the records' ``threads`` part, ------
+    # sources/stacks/threads.py); the agent alone exports them (agent/trainstacks.py), for
+    # ``diagnose --prometheus``'s thread-loader and GIL facts
+    _M(
+        "stacks",
+        "loader_threads",
+        "",
+        "the trainer's loader threads that worked (fetched or prepared) in one "
+        "record of the last 10 s, the most of them",
+        "gauge",
+        "stallscope_stacks_loader_threads",
+    ),
+    *(
+        _M(
+            "stacks",
+            f"loader_{phase}_s",
+            "s",
+            f"thread-seconds the trainer's loader threads spent {what} over the last 10 s, "
+            "from their sampled stacks",
+            "gauge",
+            f"stallscope_stacks_loader_{phase}_seconds",
+        )
+        for phase, what in (
+            ("fetch", "reading (files, sockets, object stores)"),
+            ("prep", "preparing (decoding, transforms, their own Python)"),
+            ("idle", "waiting for work or for room in the queue"),
+        )
+    ),
+    _M(
+        "stacks",
+        "loader_cpu_s",
+        "s",
+        "CPU seconds the loader threads that worked used over the last 10 s (their "
+        "per-thread CPU clocks)",
+        "gauge",
+        "stallscope_stacks_loader_cpu_seconds",
+    ),
+    _M(
+        "stacks",
+        "loader_wait_s",
+        "s",
+        "seconds the training thread waited on its loader threads (queue.get, "
+        "Future.result) over the last 10 s",
+        "gauge",
+        "stallscope_stacks_loader_wait_seconds",
+    ),
+    _M(
+        "stacks",
+        "gil_wait_s",
+        "s",
+        "seconds the in-process sampler waited for the GIL over its wakes of the last 10 s "
+        "(its lateness waking less its run-queue wait); divided by stacks.gil_wakes, the "
+        "GIL wait per wake (input_bound.gil)",
+        "gauge",
+        "stallscope_stacks_gil_wait_seconds",
+    ),
+    _M(
+        "stacks",
+        "gil_wakes",
+        "",
+        "the in-process sampler's wakes that stacks.gil_wait_s is measured over (last 10 s)",
+        "gauge",
+        "stallscope_stacks_gil_wakes",
+    ),
 )

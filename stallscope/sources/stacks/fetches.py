@@ -8,14 +8,15 @@ default start method) inherit the timed fetchers; each process keeps a histogram
 costs in :data:`BASE`-wide logarithmic buckets and appends it, at most every :data:`FLUSH_S`
 seconds and when the worker exits, to ``<run>/fetches/<pid>.jsonl``::
 
-    {"ts": 1764400000.0, "pid": 4242, "n": 37, "sum_s": 1.93, "b": {"31": 30, "44": 7}}
+    {"ts": 1764400000.0, "pid": 4242, "ppid": 4200, "n": 37, "sum_s": 1.93, "b": {"31": 30}}
 
-(bucket ``k`` holds costs in [:data:`FLOOR_S` × BASE^k, FLOOR_S × BASE^(k+1))). A run whose
-batches cost alike has a narrow histogram; one whose few slow samples hold up the batches in
-order (``input_bound.head_of_line``) has a tail: the diagnosis reads the median, the 99th
-percentile and the share of the loading time its slowest batches took
-(:func:`cost_summary`). Timing costs two clock reads and a dict update per batch (a batch takes
-milliseconds); the batch is returned as it came and an exception passes through untimed.
+(``ppid``: the process that started the worker, its trainer; bucket ``k`` holds costs in
+[:data:`FLOOR_S` × BASE^k, FLOOR_S × BASE^(k+1))). A run whose batches cost alike has a
+narrow histogram; one whose few slow samples hold up the batches in order
+(``input_bound.head_of_line``) has a tail: the diagnosis reads the median, the 99th percentile
+and the share of the loading time its slowest batches took (:func:`cost_summary`). Timing
+costs two clock reads and a dict update per batch (a batch takes milliseconds); the batch is
+returned as it came and an exception passes through untimed.
 """
 
 from __future__ import annotations
@@ -27,18 +28,25 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "BASE",
+    "EDGES_S",
     "FLOOR_S",
+    "K_HI",
+    "K_LO",
+    "FetchRecord",
     "Histogram",
     "bucket",
+    "bucket_of_le",
     "cost_summary",
     "draw_costs",
     "install",
     "installed",
+    "le_text",
     "merged",
+    "parse_record",
     "read_histograms",
     "uninstall",
 ]
@@ -66,6 +74,35 @@ def bucket(cost_s: float) -> int:
     if not cost_s > FLOOR_S:  # NaN, negative, tiny
         return 0
     return int(math.log(cost_s / FLOOR_S) / math.log(BASE))
+
+
+#: the fetch buckets whose lower edges bound the agent's ``stallscope_loader_batch_seconds``
+#: buckets (``le``): a batch of fetch bucket k counts under ``le`` = its upper edge
+K_LO, K_HI = 25, 85
+#: those ``le`` bounds, seconds: 0.95 ms ... 53.8 s (the histogram's fixed bucket set)
+EDGES_S: tuple[float, ...] = tuple(FLOOR_S * BASE**k for k in range(K_LO, K_HI + 1))
+
+
+def le_text(edge: float) -> str:
+    """An ``le`` bound as the agent's exposition writes it."""
+    return f"{edge:.6g}"
+
+
+def bucket_of_le(le: str) -> int | None:
+    """The fetch bucket the batches of the exported histogram's bucket ``le`` stand for:
+    ``le`` = EDGES_S[i] holds fetch buckets up to K_LO + i - 1 (its count less the previous
+    bound's is bucket K_LO + i - 1), ``+Inf`` the ones from K_HI on; None for a bound that is
+    not one of :data:`EDGES_S` (read as a number: Prometheus may spell it otherwise)."""
+    try:
+        x = float(le)
+    except ValueError:
+        return None
+    if x == math.inf:
+        return K_HI
+    for i, edge in enumerate(EDGES_S):
+        if abs(x - edge) <= 1e-5 * edge:
+            return K_LO + i - 1
+    return None
 
 
 def bucket_mid_s(k: int) -> float:
@@ -120,6 +157,7 @@ class _Recorder:
         rec = {
             "ts": round(time.time(), 3),
             "pid": self.pid,
+            "ppid": os.getppid(),
             "n": self.n,
             "sum_s": round(self.sum_s, 6),
             "b": {str(k): c for k, c in sorted(self.counts.items())},
@@ -216,11 +254,18 @@ def read_histograms(run_dir: Path) -> dict[int, dict[int, int]]:
     return out
 
 
-def _record(line: str) -> tuple[int, dict[int, int]] | None:
+def _parsed(line: str) -> Any:
     try:
-        rec = json.loads(line)
-    except ValueError:
+        return json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: a line nested far too deep
         return None
+
+
+def _record(line: str) -> tuple[int, dict[int, int]] | None:
+    return _fields(_parsed(line))
+
+
+def _fields(rec: Any) -> tuple[int, dict[int, int]] | None:
     b = rec.get("b") if isinstance(rec, dict) else None
     pid = rec.get("pid") if isinstance(rec, dict) else None
     if not isinstance(b, dict) or not isinstance(pid, int) or isinstance(pid, bool):
@@ -235,6 +280,29 @@ def _record(line: str) -> tuple[int, dict[int, int]] | None:
             return None
         counts[ki] = c
     return pid, counts
+
+
+class FetchRecord(NamedTuple):
+    """One appended histogram, as :func:`parse_record` reads it back."""
+
+    pid: int
+    ppid: int | None  #: the worker's parent, its trainer (None: a record written without it)
+    counts: dict[int, int]  #: bucket -> batches
+    sum_s: float  #: the batches' summed cost, seconds (0.0 when the record has no valid one)
+
+
+def parse_record(line: str) -> FetchRecord | None:
+    """One line of ``<run>/fetches/<pid>.jsonl`` (None: not such a record), for readers that
+    follow the files as they grow (the agent, :mod:`stallscope.agent.trainfetches`)."""
+    rec = _parsed(line)
+    got = _fields(rec)
+    if got is None:
+        return None
+    ppid, sum_s = rec.get("ppid"), rec.get("sum_s")
+    if not isinstance(ppid, int) or isinstance(ppid, bool) or ppid <= 0:
+        ppid = None
+    ok = isinstance(sum_s, (int, float)) and not isinstance(sum_s, bool)
+    return FetchRecord(got[0], ppid, got[1], float(sum_s) if ok and 0 <= sum_s < 1e9 else 0.0)
 
 
 def merged(hists: Iterable[Histogram]) -> dict[int, int]:
