@@ -17,6 +17,7 @@ As it comes (the demo), one worker's transform cannot keep up with the model: an
   --tail-share F --tail-times K   a share F of the samples (a fixed set) costs K times the
                      others' transform: slow samples that hold up their batch (head of line)
   --no-in-order      DataLoader(in_order=False): batches handed over as they are ready
+  --start-method M   the workers' start method: fork (Linux's default), spawn, forkserver
   --step-ms MS       each step also waits MS ms, as for a GPU's kernels: a step that leaves
                      the CPU to the loader (default 0)
 """
@@ -31,6 +32,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -229,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         "not in the sampler's order (PyTorch >= 2.6)",
     )
     ap.add_argument(
+        "--start-method",
+        choices=("fork", "spawn", "forkserver"),
+        help="the workers' start method (DataLoader multiprocessing_context; default: the "
+        "platform's, fork on Linux)",
+    )
+    ap.add_argument(
         "--step-ms",
         type=float,
         default=0.0,
@@ -269,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             else FileImages(root, args.size, args.prep_cost, args.tail_share, args.tail_times)
         )
         # in_order=False only where it is asked for: the DataLoader's own default otherwise
-        extra = {"in_order": False} if args.no_in_order and args.workers else {}
+        extra: dict[str, Any] = {"in_order": False} if args.no_in_order and args.workers else {}
+        if args.start_method and args.workers:
+            extra["multiprocessing_context"] = args.start_method
         loader = DataLoader(
             ds,
             batch_size=args.batch_size,
