@@ -50,6 +50,10 @@ class ProcPhases:
     #: in-trainer sampler: :mod:`stallscope.sources.stacks.batches`; 0 where nothing counted)
     batches: int = 0
     batch_samples: int = 0
+    #: those batches' waits and step times (bucket -> batches, :mod:`stallscope.sources.stacks.
+    #: batches`; each iterator's first batch left out), empty where nothing timed them
+    wait_b: dict[int, int] = field(default_factory=dict)
+    step_b: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -86,6 +90,7 @@ def trainer_phases(
         if _count(b) and _count(bs):  # a hand-edited file can hold anything
             p.batches += b
             p.batch_samples += bs
+        _add_times(p, rec.get("wait_b"), rec.get("step_b"))
     roles = roles or {}
     out = [
         p
@@ -100,6 +105,19 @@ def trainer_phases(
             by_rank[p.rank] = p  # type: ignore[index]  # the longest-training wins a rank
         return [by_rank[r] for r in sorted(by_rank)]
     return [max(out, key=lambda p: p.total_s)] if out else []
+
+
+def _add_times(p: ProcPhases, waits: Any, steps: Any) -> None:
+    """A record's batch wait and step histograms into ``p`` (both, or neither when either is
+    not a histogram)."""
+    from stallscope.sources.stacks.fetches import histogram
+
+    w, st = histogram(waits), histogram(steps)
+    if w is None or st is None:
+        return
+    for into, add in ((p.wait_b, w), (p.step_b, st)):
+        for k, c in add.items():
+            into[k] = into.get(k, 0) + c
 
 
 def _count(v: Any) -> TypeGuard[int]:

@@ -62,6 +62,44 @@ def test_every_batch_of_an_epoch_is_counted_and_the_training_sees_the_same(
     assert batches.COUNTS[1] - before[1] == 100
 
 
+def test_each_batch_s_wait_and_step_are_timed_but_an_iterator_s_first(counting: None) -> None:
+    """A loader whose every 5th sample takes 40 ms, a step of 5 ms between batches: the waits
+    come into WAITS and the handover-to-handover times into STEPS, each iterator's first batch
+    left out (the workers' start); they go into the window's record as ``wait_b``, ``step_b``,
+    and read back into the trainer's histograms."""
+    import time
+
+    from torch.utils.data import DataLoader, Dataset
+
+    from stallscope.sources.stacks.fetches import bucket_mid_s, cost_summary
+
+    class Slow(Dataset):
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, i: int) -> int:
+            time.sleep(0.04 if i % 5 == 0 else 0.001)
+            return i
+
+    batches.WAITS.clear()
+    batches.STEPS.clear()
+    for _epoch in range(2):
+        for _batch in DataLoader(Slow(), batch_size=1, num_workers=0):
+            time.sleep(0.005)
+    assert sum(batches.WAITS.values()) == sum(batches.STEPS.values()) == 2 * 19
+    waits = cost_summary([batches.WAITS], tail=0.1)
+    assert waits is not None and waits["p99_ms"] >= 36  # the 40-ms samples, within a bucket
+    assert max(bucket_mid_s(k) for k in batches.STEPS) >= 0.04 + 0.005 * 0.9
+    tally = Tally(1, None, "inproc", 50.0)
+    tally.add([Frame("/x/torch/utils/data/dataloader.py", "__next__", 1)], 0.02)
+    tally.time_batches(dict(batches.WAITS), dict(batches.STEPS))
+    rec = tally.record(1.0)
+    assert rec is not None and sum(rec["wait_b"].values()) == 38
+    rec["s"] = {"data": 1.0, "compute": 1.0}
+    [p] = trainer_phases([rec])
+    assert p.wait_b == batches.WAITS and p.step_b == batches.STEPS
+
+
 def test_uninstall_gives_torch_its_own_next_back(counting: None) -> None:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 

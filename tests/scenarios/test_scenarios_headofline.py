@@ -85,3 +85,24 @@ def test_the_same_mean_cost_without_a_tail_is_ordinary_prep(tmp_path: Path) -> N
     sig = doc["signals"]  # the workers timed their batches alike: no tail to hold them up
     assert sig["batches_timed"] >= 40 and sig["batch_cost_p99_ms"] < 5 * sig["batch_cost_p50_ms"]
     assert training_finding(doc)["kind"] == "input_bound.prep", doc["findings"]
+
+
+def test_an_unmodified_trainer_with_the_tail_is_head_of_line(tmp_path: Path) -> None:
+    """The same tail with no stallscope code in the trainer (no probe): the sampled stacks give
+    the wait, the batches the in-trainer sampler timed on the DataLoader show it comes in
+    bursts, the workers' own timing the tail. Before, this read as input_bound.prep ("make
+    per-sample work cheaper"): the bursts were the probe's alone."""
+    doc = run_scenario("head-of-line-no-probe", tmp_path, [*TAIL, "--no-probe"], seconds=12)
+    if _busy_host(doc):
+        pytest.skip(f"other processes kept {doc['signals']['others_cpu_cores']} cores busy")
+    sig = doc["signals"]
+    assert sig["stall_source"] == "stacks" and sig["step_timing_source"] == "counted_batches"
+    assert abs(doc["stall_fraction"] - doc["trainer_wait"]) <= 0.05, (
+        doc["stall_fraction"],
+        doc["trainer_wait"],
+    )
+    top = training_finding(doc)
+    assert top["kind"] == "input_bound.head_of_line", doc["findings"]
+    ev = top["evidence"]
+    assert ev["wait_top_share"] >= 0.7 and ev["batches_timed"] >= 40, ev
+    assert top["fixes"][0]["change"] == {"in_order": False}, top["fixes"]

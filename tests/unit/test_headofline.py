@@ -184,3 +184,65 @@ def test_too_few_batches_timed_leave_the_waits_to_tell() -> None:
     assert f["kind"] == "input_bound.head_of_line"
     assert f["evidence"]["simulated_speedup"] is None
     assert f["est_speedup"] == pytest.approx(2 / 1.2, abs=0.01)
+
+
+def _hist(values: list[float]) -> dict[str, int]:
+    """``values`` as a record's histogram (sources/stacks/batches.py: bucket -> batches)."""
+    from stallscope.sources.stacks.fetches import bucket
+
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(bucket(v))] = out.get(str(bucket(v)), 0) + 1
+    return out
+
+
+def _unmodified(waits: list[float], host: float = 0.020) -> RunData:
+    """The same loader with no probe: the trainer's training thread sampled in-process (a
+    record of 30 s, its data share the waits'), and the batches it took timed by the sampler's
+    hook on the DataLoader (``wait_b``, ``step_b``)."""
+    data = _loader(waits)
+    data.steps, data.probes = [], []
+    wait = sum(waits)
+    compute = host * len(waits)
+    data.stacks = [
+        {
+            "ts": T0 + 30,
+            "pid": 100,
+            "rank": None,
+            "sampler": "inproc",
+            "rate_hz": 40.0,
+            "n": 1200,
+            "s": {"data": wait, "compute": compute},
+            "stacks": {},
+            "stack_phase": {},
+            "batches": len(waits),
+            "samples": 4 * len(waits),
+            "wait_b": _hist(waits),
+            "step_b": _hist([w + host for w in waits]),
+        }
+    ]
+    return data
+
+
+def test_an_unmodified_trainer_s_timed_batches_show_the_bursts() -> None:
+    """No probe: the sampled stacks give the wait, the batches the sampler's hook timed show it
+    comes in bursts, the workers' timing the tail: head_of_line, its spread read off the
+    batches' histograms (bucket middles, ±10%)."""
+    doc = diagnose(_timed(_unmodified(BURSTS), TAIL_COSTS))
+    f = doc["findings"][0]
+    assert f["kind"] == "input_bound.head_of_line", doc["findings"]
+    ev = f["evidence"]
+    assert ev["stall_source"] == "stacks" and ev["step_timing_source"] == "counted_batches"
+    assert ev["wait_top_share"] >= 0.9
+    assert ev["wait_ms_p99"] == pytest.approx(300, rel=0.1)
+    assert ev["step_ms_median"] == pytest.approx(21, rel=0.1)
+    assert ev["simulated_speedup"] is not None
+
+
+def test_an_unmodified_trainer_needs_the_workers_timing_too() -> None:
+    """No probe and the waits in bursts, but no batch timed in the workers (a loader the hook
+    does not see): the bursts alone do not name the tail; the ordinary prep finding speaks."""
+    doc = diagnose(_unmodified(BURSTS))
+    kinds = [x["kind"] for x in doc["findings"]]
+    assert doc["signals"]["step_timing_source"] == "counted_batches"
+    assert "input_bound.head_of_line" not in kinds and "input_bound.prep" in kinds, kinds

@@ -120,6 +120,10 @@ class StepFacts:
     #: long waits, none on the rest), and the 99th percentile of one step's wait
     wait_top_share: float | None = None
     wait_ms_p99: float | None = None
+    #: where ``wait_ms_median``, ``step_ms_median``, ``wait_top_share`` and ``wait_ms_p99``
+    #: came from: "probe" (its steps), "counted_batches" (no probe: the batches the in-trainer
+    #: sampler timed, :mod:`stallscope.sources.stacks.batches`, bucket middles: ±10%), None
+    step_timing_source: str | None = None
     h2d_share: float | None = None
     epochs: int = 0
     epoch_start_wait_s: float | None = None  #: median wait of the first step of epochs >= 1

@@ -93,6 +93,7 @@ def _probe_signals(sig: _Draft, data: RunData) -> None:
     sig.wait_ms_median = _r(step_median(body, _WAIT))
     sig.step_ms_median = _r(step_median(body, _step_wall))
     sig.wait_top_share, sig.wait_ms_p99 = wait_spread(body)
+    sig.step_timing_source = "probe"
     # over the steps whose copies were timed (the probe times short steps' device in pairs,
     # one in so many: probe/device.py)
     copied = [s for s in body if s.h2d_s is not None]
@@ -201,11 +202,30 @@ def _stack_signals(sig: _Draft, data: RunData, procs: list[ProcPhases], stall: b
         sig.ranks = len(detail)
     sig.stall_fraction = round(focus.share("data"), 3)
     sig.stall_source = "stacks"
+    _batch_timing(sig, focus)
     sig.phase_shares = focus.shares()
     sig.stack_sampler = focus.sampler or None
     sig.stack_samples = sum(p.samples for p in procs)
     if focus.seconds.get("h2d"):
         sig.h2d_share = round(focus.share("h2d"), 3)
+
+
+def _batch_timing(sig: _Draft, p: ProcPhases) -> None:
+    """No probe: the step timing of the batches the in-trainer sampler timed in trainer ``p``
+    (:mod:`stallscope.sources.stacks.batches`; ≥ :data:`MIN_SPREAD_STEPS` of them): the
+    median wait and step, the share of the wait in the longest-waiting :data:`TOP_STEPS` of
+    them and the 99th percentile of one wait, each read off its bucket's middle (±10%)."""
+    from stallscope.sources.stacks.fetches import cost_summary
+
+    if sum(p.wait_b.values()) < MIN_SPREAD_STEPS:
+        return
+    waits, steps = cost_summary([p.wait_b], tail=TOP_STEPS), cost_summary([p.step_b])
+    if waits is None or steps is None:
+        return
+    sig.wait_ms_median, sig.wait_ms_p99 = _r(waits["p50_ms"]), _r(waits["p99_ms"])
+    sig.wait_top_share = waits["tail_share"]
+    sig.step_ms_median = _r(steps["p50_ms"])
+    sig.step_timing_source = "counted_batches"
 
 
 def _rank_signals(sig: _Draft, data: RunData, body: list[StepRow]) -> None:

@@ -17,7 +17,8 @@ flush the tally becomes one record, appended to ``<run>/stacks/<pid>.jsonl``::
 ``stacks`` the seconds of each folded stack of the window (at most :data:`MAX_STACKS`, the
 rest under ``(other stacks)``); ``batches`` and ``samples``, where there were any, what the
 trainer took from its DataLoaders in the window (the in-trainer sampler only:
-:mod:`.batches`). :func:`read_records` reads them back,
+:mod:`.batches`), and ``wait_b`` / ``step_b``: those batches' waits and step times, bucket ->
+batches (:func:`~stallscope.sources.stacks.fetches.bucket`). :func:`read_records` reads them back,
 skipping what it cannot parse (a line cut by a crash).
 """
 
@@ -99,6 +100,9 @@ class Tally:
         #: (:mod:`.batches`; 0 where nothing counts them)
         self.batches = 0
         self.samples = 0
+        #: their waits and step times, bucket -> batches (:mod:`.batches`)
+        self.wait_b: dict[int, int] = {}
+        self.step_b: dict[int, int] = {}
         self.loader_wait = False  #: the last sample waited on loader threads (:meth:`add`)
         #: stack key -> (phase, folded stack, not a trainer's, starts training): a loop
         #: repeats a few stacks
@@ -194,6 +198,14 @@ class Tally:
         self.batches += max(0, batches)
         self.samples += max(0, samples)
 
+    def time_batches(self, waits: Mapping[int, int], steps: Mapping[int, int]) -> None:
+        """Add the batches' waits and step times taken since the last call (bucket ->
+        batches) to this window."""
+        for into, add in ((self.wait_b, waits), (self.step_b, steps)):
+            for k, c in add.items():
+                if c > 0:
+                    into[k] = into.get(k, 0) + c
+
     def record(self, ts: float, final: bool = False) -> dict[str, Any] | None:
         """The window as a record (None when empty), and a fresh window. ``final``: the last
         one; what is still pending is written as ``tail`` (counted in no share)."""
@@ -208,7 +220,7 @@ class Tally:
             # counted before the first training sample go into the first record)
             self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
             return None
-        rec = {
+        rec: dict[str, Any] = {
             "ts": round(ts, 3),
             "pid": self.pid,
             "rank": self.rank,
@@ -221,8 +233,12 @@ class Tally:
         }
         if self.batches:
             rec["batches"], rec["samples"] = self.batches, self.samples
+        if self.wait_b:
+            rec["wait_b"] = {str(k): c for k, c in sorted(self.wait_b.items())}
+            rec["step_b"] = {str(k): c for k, c in sorted(self.step_b.items())}
         self.seconds, self.stacks, self.stack_phase, self.n = {}, {}, {}, 0
         self.batches = self.samples = 0
+        self.wait_b, self.step_b = {}, {}
         return rec
 
 

@@ -7,6 +7,15 @@ two counters of this process. The sampler writes the counts of each window into 
 (``batches``, ``samples``), so a run with no probe still has a throughput: ``compare`` reads
 samples/s from them.
 
+Each batch's handover is timed too: the wait in ``__next__`` (what the probe calls a step's
+data wait) and the time from the iterator's previous handover to this one (a step's wall time),
+each counted in a log-bucket histogram of this process (:data:`WAITS`, :data:`STEPS`, in
+:mod:`.fetches`' buckets: a time is known within ±10%). Each iterator's first batch is left
+out (the workers' start, an epoch's start: their own findings). The sampler writes each
+window's counts into its record (``wait_b``, ``step_b``): with no probe, the diagnosis still
+sees whether the waits come in bursts (``input_bound.head_of_line``). Two clock reads and two
+dict updates a batch.
+
 The length of a batch is that of its first tensor-like element (anything with a ``shape``: a
 tensor, a NumPy array), found in the batch itself, a tuple or list, or a dict's values; a batch
 with none counts as a batch without samples. Counting costs one Python call per batch (well
@@ -18,12 +27,21 @@ epoch's end) passes through uncounted.
 from __future__ import annotations
 
 import sys
+from time import perf_counter
 from typing import Any
 
-__all__ = ["COUNTS", "batch_len", "install", "installed", "uninstall"]
+from stallscope.sources.stacks.fetches import bucket
+
+__all__ = ["COUNTS", "STEPS", "WAITS", "batch_len", "install", "installed", "uninstall"]
 
 #: this process's totals: [batches, samples] (written by the iterating thread only)
 COUNTS = [0, 0]
+#: this process's batch waits and step times so far, bucket -> batches (each iterator's first
+#: batch left out; written by the iterating thread only)
+WAITS: dict[int, int] = {}
+STEPS: dict[int, int] = {}
+#: the iterator attribute that holds the time of its previous handover
+_LAST = "_stallscope_handed_at"
 
 _MODULE = "torch.utils.data.dataloader"
 _CLASS = "_BaseDataLoaderIter"
@@ -70,9 +88,21 @@ def install() -> bool:
         return False
 
     def __next__(self: Any) -> Any:
+        asked = perf_counter()
         batch = nxt(self)
+        got = perf_counter()
         COUNTS[0] += 1
         COUNTS[1] += batch_len(batch)
+        last = getattr(self, _LAST, None)
+        if last is not None:
+            k = bucket(got - asked)
+            WAITS[k] = WAITS.get(k, 0) + 1
+            k = bucket(got - last)
+            STEPS[k] = STEPS.get(k, 0) + 1
+        try:
+            setattr(self, _LAST, got)
+        except AttributeError:  # an iterator class with __slots__: counted, not timed
+            pass
         return batch
 
     __next__.__qualname__ = nxt.__qualname__

@@ -42,6 +42,7 @@ __all__ = [
     "bucket_of_le",
     "cost_summary",
     "draw_costs",
+    "histogram",
     "install",
     "installed",
     "le_text",
@@ -268,7 +269,17 @@ def _record(line: str) -> tuple[int, dict[int, int]] | None:
 def _fields(rec: Any) -> tuple[int, dict[int, int]] | None:
     b = rec.get("b") if isinstance(rec, dict) else None
     pid = rec.get("pid") if isinstance(rec, dict) else None
-    if not isinstance(b, dict) or not isinstance(pid, int) or isinstance(pid, bool):
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    counts = histogram(b)
+    return None if counts is None else (pid, counts)
+
+
+def histogram(b: Any) -> dict[int, int] | None:
+    """A histogram as written to a file (``{"31": 30}``: bucket -> count) read back; None when
+    ``b`` is not one (a bucket that is no whole number in 0-999, a count that is no whole
+    number ≥ 0)."""
+    if not isinstance(b, dict):
         return None
     counts: dict[int, int] = {}
     for k, c in b.items():
@@ -279,7 +290,7 @@ def _fields(rec: Any) -> tuple[int, dict[int, int]] | None:
         if not 0 <= ki < 1000 or not isinstance(c, int) or isinstance(c, bool) or c < 0:
             return None
         counts[ki] = c
-    return pid, counts
+    return counts
 
 
 class FetchRecord(NamedTuple):

@@ -107,6 +107,8 @@ class InProcSampler:
         self._comm_seen = 0.0
         #: the DataLoader batch counts (:mod:`.batches`) written so far
         self._counted = (0, 0)
+        #: the batches' wait and step histograms (:mod:`.batches`) written so far
+        self._timed: tuple[dict[int, int], dict[int, int]] = ({}, {})
         #: the hooks not installed yet (:meth:`_install_hooks`)
         self._hooks = ["comm", "batches", "fetches"]
         #: the process's other Python threads: loader threads (:mod:`.threads`)
@@ -256,6 +258,9 @@ class InProcSampler:
         with self._lock:
             self.tally.count(total[0] - self._counted[0], total[1] - self._counted[1])
             self._counted = total
+            timed = (dict(batches.WAITS), dict(batches.STEPS))
+            self.tally.time_batches(*(_since(now, was) for now, was in zip(timed, self._timed)))
+            self._timed = timed
             rec = self.tally.record(time.time(), final)
             threads = self.threads.record()
             if rec is not None and threads is not None:
@@ -299,3 +304,8 @@ def start(run_dir: str | os.PathLike[str], rate_hz: float = DEFAULT_RATE_HZ) -> 
     _started[:] = [sampler]
     sampler.start()
     return sampler
+
+
+def _since(now: dict[int, int], was: dict[int, int]) -> dict[int, int]:
+    """The counts of histogram ``now`` added since ``was`` (bucket -> batches)."""
+    return {k: c - was.get(k, 0) for k, c in now.items() if c > was.get(k, 0)}

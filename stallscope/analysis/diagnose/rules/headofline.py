@@ -55,7 +55,7 @@ TAIL_RATIO = 5.0
 class HeadOfLine:
     """What the run shows of slow samples holding up the batches."""
 
-    stall: float  #: the trainer's data wait share (probe)
+    stall: float  #: the trainer's data wait share (probe, or the sampled stacks')
     top_share: float  #: the share of that wait in the longest-waiting TOP_STEPS of the steps
     workers: int
     busy: float  #: a worker's CPU, share of a core (mean over the workers)
@@ -74,7 +74,9 @@ class HeadOfLine:
 
 
 def head_of_line(fx: Facts) -> HeadOfLine | None:
-    """The evidence when the trainer's data wait (probe, ≥ STALL_WARN) comes in bursts (the
+    """The evidence when the trainer's data wait (≥ STALL_WARN: the probe's, or with no probe
+    the sampled stacks' with the batches the in-trainer sampler timed, ``step_timing_source``
+    "counted_batches", and then the workers' own timing required) comes in bursts (the
     longest-waiting :data:`~stallscope.analysis.facts.steps.TOP_STEPS` of the steps hold ≥
     :data:`BURST_SHARE` of it), the loader has ≥ :data:`MIN_WORKERS` workers handing batches
     over in order, the loading is CPU preparation (not fetch), and keeping every worker busy
@@ -87,8 +89,10 @@ def head_of_line(fx: Facts) -> HeadOfLine | None:
     data wait gone: the wait beyond what the mean cost explains is what goes."""
     stall = fx.steps.stall_fraction
     top = fx.steps.wait_top_share
+    # no probe: the sampled stacks' wait, spread as the batches the sampler timed were
+    counted = fx.steps.stall_source == "stacks" and fx.steps.step_timing_source == "counted_batches"
     if (
-        fx.steps.stall_source != "probe"
+        (fx.steps.stall_source != "probe" and not counted)
         or stall is None
         or stall < STALL_WARN
         or top is None
@@ -112,6 +116,8 @@ def head_of_line(fx: Facts) -> HeadOfLine | None:
     timed = _timed_costs(fx, nw)
     if timed is False:
         return None  # the workers timed their batches: they cost alike, no tail to hold up
+    if counted and timed is None:
+        return None  # no probe: the workers' own timing must show the tail
     est = bound if timed is None or timed[0] is None else min(bound, timed[0])
     if est < MIN_GAIN:
         return None
@@ -194,10 +200,12 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
     severity: Severity = "critical" if hol.stall >= STALL_CRIT else "warning"
     ev = fx.evidence(
         "stall_fraction",
+        "stall_source",
         "wait_top_share",
         "wait_ms_p99",
         "wait_ms_median",
         "step_ms_median",
+        "step_timing_source",
         "workers",
         "worker_cpu_pct",
         "worker_runq_pct",
