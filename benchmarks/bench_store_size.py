@@ -42,6 +42,7 @@ from stallscope.metrics import by_source
 from stallscope.probe.buffer import GROUP_S
 from stallscope.probe.device import timing_every
 from stallscope.store import Point, RunStore
+from stallscope.store.buckets import unpack
 from stallscope.store.db import StepTuple, StepValues
 
 #: metrics a node keeps constant over a run (by key)
@@ -240,8 +241,11 @@ def main() -> int:
                     flush=True,
                 )
         st.checkpoint()
+        (free,) = st.db.execute("PRAGMA freelist_count").fetchone()
+        free *= st.db.execute("PRAGMA page_size").fetchone()[0]
         full = st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
         rolled = st.db.execute("SELECT COUNT(*) FROM rollup").fetchone()[0]
+        packed = sum(len(unpack(d)) for (d,) in st.db.execute("SELECT data FROM rollup_packs"))
         st.close()
         size = os.path.getsize(path)
         wal = Path(str(path) + "-wal")
@@ -256,8 +260,15 @@ def main() -> int:
         + (f" ({step_rows:,} step rows)" if steps is not None else "")
     )
     print(f"written in {time.perf_counter() - start:.0f} s")
-    print(f"store size: {mb:.1f} MB ({full:,} full-resolution points, {rolled:,} 1-minute rollups)")
-    print("by table: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in tables.items()))
+    print(
+        f"store size: {mb:.1f} MB ({full:,} full-resolution points, {rolled + packed:,} 1-minute "
+        f"buckets, {packed:,} of them packed)"
+    )
+    print(
+        "by table: "
+        + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in tables.items())
+        + f"; free pages {free / 1e6:.1f} MB"
+    )
     print(
         f"write CPU: {cpu_points / samples * 1e3:.3f} ms per sample ({samples:,} samples, "
         "downsampling included)"

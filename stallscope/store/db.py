@@ -14,7 +14,15 @@ Layout:
     ``benchmarks/bench_store_size.py``). ``v`` is what a reader reads for the bucket: the mean,
     the max for metrics whose mean is not a value they can take (bitmasks, link generations;
     :func:`~stallscope.store.schema.rollup_is_max`). Stores of schema version 4 and before kept
-    ``vmin, vmean, vmax`` (read as they are read-only, rewritten by a writer's migration).
+    ``vmin, vmean, vmax`` (read as they are read-only, rewritten by a writer's migration). The
+    buckets of every hour wholly downsampled move into ``rollup_packs``
+    (:meth:`RunStore.downsample`); the newer ones stay here.
+``rollup_packs(ts, series, data)``
+    the buckets of one series whose start is in the hour from ``ts``, packed into ``data``
+    (:mod:`stallscope.store.buckets`, schema version 6: ~6 bytes a bucket against ~23 as a row;
+    nothing rounded, a packed bucket reads as its row did). :meth:`RunStore.read`,
+    :meth:`RunStore.read_all` and :meth:`RunStore.time_range` read packs and rows as one; a
+    pack that cannot be read is skipped and counted (``skipped["rollup_packs"]``).
 ``entities(source, entity, attrs, first_ts, last_ts)``
     what is known about an entity that is not a number (GPU name, process cmdline and role).
 ``events(ts, source, kind, message)``
@@ -31,7 +39,7 @@ Layout:
     read new rows by ``(rank, step)``).
 ``step_packs(rank, last, first, rows, data)``
     older step rows of one rank, ``first`` to ``last``, packed into ``data``
-    (:mod:`stallscope.store.steppack`: ~6 bytes a row against ~70 as a row; at 100 steps/s a
+    (:mod:`stallscope.store.steppack`: ~5.3 bytes a row against ~70 as a row; at 100 steps/s a
     day of rows took 400 MB), their times to the microsecond: a row reads exactly as written
     while it is a row (the probe's tests add sums up exactly), to the microsecond once packed.
     :meth:`RunStore.steps` reads packs and rows as one.
@@ -64,6 +72,7 @@ from typing import Any
 
 from stallscope.errors import RunNotFound, StallscopeError
 from stallscope.metrics import Point
+from stallscope.store.buckets import pack_buckets, packed, packed_span
 from stallscope.store.packs import (
     STEPS_PLAIN_S,
     merge_steps,
@@ -367,7 +376,9 @@ class RunStore:
             )
 
     def downsample(self, older_than: float, bucket_s: float = 60.0) -> int:
-        """Fold full-resolution points older than ``older_than`` into ``bucket_s`` buckets.
+        """Fold full-resolution points older than ``older_than`` into ``bucket_s`` buckets,
+        and pack the buckets of every hour before them (:func:`~stallscope.store.buckets.
+        pack_buckets`). One transaction.
 
         Only whole buckets are folded, so a bucket is never split between the two tables.
         Returns the number of points folded."""
@@ -375,7 +386,8 @@ class RunStore:
         with self.db:
             # a bucket keeps what readers read: its mean, its max for the series of
             # max_series (their ids: whole numbers, never user input)
-            is_max = f"series IN ({','.join(str(i) for i in max_series(self.db))})"
+            max_ids = max_series(self.db)
+            is_max = f"series IN ({','.join(str(i) for i in max_ids)})"
             self.db.execute(
                 f"""INSERT INTO rollup(ts, series, n, v)
                    SELECT CAST(ts / :b AS INTEGER) * :b AS bt, series, COUNT(*),
@@ -388,6 +400,8 @@ class RunStore:
                 {"b": bucket_s, "c": cutoff},
             )
             cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
+            # the buckets of the hours now wholly folded: packed, a pack a series and hour
+            pack_buckets(self.db, cutoff, bucket_s, frozenset(max_ids))
         return int(cur.rowcount)
 
     def pack_steps(self, now: float, keep_s: float = STEPS_PLAIN_S) -> int:
@@ -451,9 +465,18 @@ class RunStore:
                 "SELECT id, entity FROM series WHERE name=? AND entity=?", (name, entity)
             ).fetchall()
         col = "v" if rollup_has_v(self.db) else "vmax" if rollup_is_max(name) else "vmean"
+        packs, bad = packed(self.db, [i for i, _ in ids]) if ids else ([], 0)
+        self._skip("rollup_packs", bad)
+        by_id: dict[int, list[tuple[float, float]]] = {}
+        for sid, buckets in packs:
+            by_id.setdefault(sid, []).extend(buckets)
         out = []
         for sid, ent in ids:
             s = Series(name, str(ent))
+            for ts, v in by_id.get(sid, ()):
+                s.ts.append(ts)
+                s.v.append(v)
+            first = len(s.ts)
             for ts, v in self.db.execute(
                 # col is one of three fixed column names, never user input
                 f"SELECT ts, {col} FROM rollup WHERE series=? AND {_finite('ts')} AND "
@@ -463,6 +486,7 @@ class RunStore:
             ):
                 s.ts.append(float(ts))
                 s.v.append(float(v))
+            _in_order(s, [first])
             out.append(s)
         return out
 
@@ -478,10 +502,22 @@ class RunStore:
         self._skip("series", bad)
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
         use_max = {sid for sid, (n, _) in names.items() if rollup_is_max(n)}
-        # Rollup buckets (older) first, then points, each in time order (the primary key's, no
-        # sort). Rows are checked here rather than in SQL: typeof() filters cost SQLite more
-        # than these tests cost Python. A series of another id, a value or time that is not a
-        # finite number (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
+        # Packed buckets (the oldest) first, then rollup buckets, then points, each in time
+        # order (the primary key's, no sort). Rows are checked here rather than in SQL: typeof()
+        # filters cost SQLite more than these tests cost Python. A series of another id, a value
+        # or time that is not a finite number (text, blob, NULL, inf: "x - x" is NaN or raises)
+        # is skipped.
+        packs, bad = packed(self.db)
+        for sid, buckets in packs:
+            key = names.get(sid)
+            if key is None:  # a pack of no known series
+                bad += 1
+                continue
+            s = out[key]
+            s.ts += [ts for ts, _ in buckets]
+            s.v += [v for _, v in buckets]
+        self._skip("rollup_packs", bad)
+        ends = {k: [len(s.ts)] for k, s in out.items()}
         if rollup_has_v(self.db):
             rollup: Iterable[tuple[Any, Any, Any]] = self.db.execute(
                 "SELECT ts, series, v FROM rollup ORDER BY ts"
@@ -494,18 +530,16 @@ class RunStore:
                 )
             )
         self._skip("rollup", _append_points(out, names, rollup))
-        rolled = {k: len(s.ts) for k, s in out.items() if s.ts}
+        for k, s in out.items():
+            ends[k].append(len(s.ts))
         self._skip(
             "points",
             _append_points(
                 out, names, self.db.execute("SELECT ts, series, v FROM points ORDER BY ts")
             ),
         )
-        for k, n in rolled.items():  # a bucket newer than a point: only in a damaged store
-            s = out[k]
-            if n < len(s.ts) and s.ts[n - 1] > s.ts[n]:
-                pairs = sorted(zip(s.ts, s.v))
-                s.ts, s.v = [t for t, _ in pairs], [v for _, v in pairs]
+        for k, at in ends.items():  # parts out of order: see _in_order
+            _in_order(out[k], at)
         return out
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
@@ -603,7 +637,8 @@ class RunStore:
         return out
 
     def time_range(self) -> tuple[float, float] | None:
-        """First and last readable sample time (points and rollup), None without samples."""
+        """First and last readable sample time (points, rollup and its packs), None without
+        samples."""
         lo = hi = None
         rolled = _ROLLUP_V_OK if rollup_has_v(self.db) else _ROLLUP_OK
         for table, ok in (("points", _POINT_OK), ("rollup", rolled)):
@@ -617,6 +652,10 @@ class RunStore:
                 t = float(row[0])
                 lo = t if lo is None or t < lo else lo
                 hi = t if hi is None or t > hi else hi
+        span = packed_span(self.db)
+        if span is not None:
+            lo = span[0] if lo is None or span[0] < lo else lo
+            hi = span[1] if hi is None or span[1] > hi else hi
         if lo is None or hi is None:
             return None
         return lo, hi
@@ -626,6 +665,15 @@ class RunStore:
 
 
 _NUM = (float, int)
+
+
+def _in_order(s: Series, ends: Sequence[int]) -> None:
+    """Sort ``s`` by time where its parts (each in time order, ending at ``ends``) are not
+    one after the other: a bucket newer than a point (only in a damaged store), a bucket left a
+    row (one a pack could not hold) older than a pack."""
+    if any(0 < i < len(s.ts) and s.ts[i - 1] > s.ts[i] for i in ends):
+        pairs = sorted(zip(s.ts, s.v))
+        s.ts, s.v = [t for t, _ in pairs], [v for _, v in pairs]
 
 
 def _append_points(

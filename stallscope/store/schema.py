@@ -31,9 +31,12 @@ __all__ = [
 #: ``steps.n`` (steps a row covers, 1 in every older row); 4 adds ``step_packs`` (older step
 #: rows packed, :mod:`stallscope.store.steppack`, their times to the microsecond); 5 keeps
 #: one value a ``rollup`` bucket, ``v``, what readers read (the mean, the max for metrics whose
-#: mean is not a value they can take), where 4 and before kept ``vmin, vmean, vmax``. Bump it
-#: with each change of the layout and teach :func:`migrate` the step from the previous one.
-SCHEMA_VERSION = 5
+#: mean is not a value they can take), where 4 and before kept ``vmin, vmean, vmax``; 6 adds
+#: ``rollup_packs`` (the buckets of each series and hour packed, :mod:`stallscope.store.buckets`)
+#: and writes step packs of format 2 (:mod:`stallscope.store.steppack`; format 1 is still read).
+#: Bump it with each change of the layout and teach :func:`migrate` the step from the previous
+#: one.
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,6 +61,9 @@ CREATE TABLE IF NOT EXISTS steps(
 CREATE TABLE IF NOT EXISTS step_packs(
     rank INTEGER NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL, rows INTEGER NOT NULL,
     data BLOB NOT NULL, PRIMARY KEY(rank, last)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup_packs(
+    ts INTEGER NOT NULL, series INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS probes(
     rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
     steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
@@ -101,6 +107,9 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
             db.execute("ALTER TABLE steps ADD COLUMN n INTEGER NOT NULL DEFAULT 1")
         if not rollup_has_v(db):  # version 4 and before: min, mean and max a bucket
             _rollup_to_v(db)
+        # version 5 and before: no rollup_packs (made above, with every missing table); their
+        # buckets stay rows until a downsampling packs the whole hours, their step packs of
+        # format 1 stay as they are (both read as they are)
         if version < SCHEMA_VERSION:
             db.execute(
                 "INSERT OR REPLACE INTO info VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)

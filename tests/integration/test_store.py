@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -323,6 +324,108 @@ def test_a_damaged_step_pack_is_skipped_and_counted(tmp_path: Path) -> None:
         st.db.execute("UPDATE step_packs SET data=X'0102' WHERE rank=1")
     assert [(s.rank, s.step) for s in st.steps()] == [(0, i) for i in range(5)] + [(2, 0), (2, 1)]
     assert st.skipped == {"step_packs": 1}
+    st.close()
+
+
+def _hours_of_points(st: RunStore, hours: float, every: float = 10.0) -> None:
+    """Samples every ``every`` seconds from 0 for ``hours``, at times off the bucket grid (as
+    sample times are): a noisy series read as its mean, a bitmask read as its max."""
+    import random
+
+    rng = random.Random(5)
+    for i in range(int(hours * 3600 / every)):
+        st.add_points(
+            i * every + rng.random(),
+            [
+                Point("host.cpu_pct", "", rng.random() * 100),
+                Point("gpu.throttle_mask", "gpu0", float(rng.randrange(16))),
+            ],
+        )
+
+
+def test_buckets_of_whole_hours_are_packed_and_read_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an hour is wholly downsampled its buckets are packed, a pack a series (schema
+    version 6): read, read_all and time_range read them exactly as their rows read (a store
+    that keeps them rows is the reference); the newer buckets stay rows; a sample that comes late
+    for a packed hour goes into its bucket in the pack (the mean by sample count, the max of a
+    bitmask, as a row's bucket); a bucket a pack cannot hold as it is stays a row, read in its
+    place."""
+    st = RunStore(tmp_path / "run.db")
+    ref = RunStore(tmp_path / "ref.db")
+
+    def both(act: Callable[[RunStore], object]) -> None:
+        act(st)
+        with monkeypatch.context() as m:  # the reference keeps every bucket a row
+            m.setattr("stallscope.store.db.pack_buckets", lambda *a: 0)
+            act(ref)
+
+    def same() -> None:
+        assert st.read_all() == ref.read_all()
+        for name in ("host.cpu_pct", "gpu.throttle_mask"):
+            assert st.read(name) == ref.read(name)
+        assert st.time_range() == ref.time_range()
+        assert st.skipped == {} and ref.skipped == {}
+
+    both(lambda s: _hours_of_points(s, 2.5))
+    both(lambda s: s.downsample(older_than=3599.0))  # no whole hour yet
+    assert st.db.execute("SELECT COUNT(*) FROM rollup_packs").fetchone() == (0,)
+    same()
+    both(lambda s: s.downsample(older_than=7300.0))  # up to 7260: hours 0 and 1 whole
+    packs = st.db.execute("SELECT ts, series FROM rollup_packs ORDER BY ts, series").fetchall()
+    assert packs == [(0, 1), (0, 2), (3600, 1), (3600, 2)]
+    assert st.db.execute("SELECT MIN(ts), COUNT(*) FROM rollup").fetchone() == (7200.0, 2)
+    assert ref.db.execute("SELECT COUNT(*) FROM rollup").fetchone() == (2 * 121,)
+    same()
+    late = [Point("host.cpu_pct", "", 1000.0), Point("gpu.throttle_mask", "gpu0", 255.0)]
+    both(lambda s: s.add_points(30.0, late))  # a sample late for a packed hour
+    both(lambda s: s.downsample(older_than=7300.0))
+    assert st.db.execute("SELECT COUNT(*) FROM rollup WHERE ts < 7200").fetchone() == (0,)
+    assert st.read("gpu.throttle_mask")[0].v[0] == 255.0
+    same()
+    both(lambda s: s.db.execute("INSERT INTO rollup VALUES(125.5, 1, 1, 42.0)") and s.db.commit())
+    both(lambda s: s.downsample(older_than=7300.0))
+    assert st.db.execute("SELECT ts FROM rollup WHERE ts < 7200").fetchall() == [(125.5,)]
+    same()
+    assert st.integrity_ok()
+    st.close()
+    ro = RunStore(tmp_path / "run.db", readonly=True)
+    assert ro.read_all() == ref.read_all() and ro.time_range() == ref.time_range()
+    ro.close()
+    ref.close()
+
+
+def test_a_damaged_bucket_pack_is_skipped_and_counted(tmp_path: Path) -> None:
+    """A pack that cannot be read (damaged, not a blob) or of no known series is skipped and
+    counted by every reader; the other packs and rows are read."""
+    st = RunStore(tmp_path / "run.db")
+    _hours_of_points(st, 2.5)
+    st.downsample(older_than=7300.0)
+    whole = st.read_all()
+    span = st.time_range()
+    assert span is not None and span[0] == 0.0
+    with st.db:
+        st.db.execute("UPDATE rollup_packs SET data=X'0102' WHERE ts=0 AND series=1")
+        st.db.execute("INSERT INTO rollup_packs VALUES(-7200, 1, 'text')")
+        st.db.execute(
+            "INSERT INTO rollup_packs SELECT -3600, 999, data FROM rollup_packs "
+            "WHERE ts=3600 AND series=2"
+        )
+    got = st.read_all()
+    assert st.skipped == {"rollup_packs": 3}
+    cpu = whole[("host.cpu_pct", "")]
+    assert got[("host.cpu_pct", "")].ts == [t for t in cpu.ts if t >= 3600.0]
+    assert got[("gpu.throttle_mask", "gpu0")] == whole[("gpu.throttle_mask", "gpu0")]
+    st.skipped.clear()
+    [s] = st.read("host.cpu_pct")
+    assert s == got[("host.cpu_pct", "")] and st.skipped == {"rollup_packs": 2}
+    with st.db:
+        st.db.execute("DELETE FROM rollup_packs WHERE series=999")
+    assert st.time_range() == span  # the bitmask's pack of hour 0 is still read
+    with st.db:
+        st.db.execute("UPDATE rollup_packs SET data=X'01' WHERE ts=0")
+    assert st.time_range() == (3600.0, span[1])
     st.close()
 
 
@@ -737,15 +840,16 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
     from stallscope.store import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
     st.close()
     assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
     assert {"comm_s", "n"} <= set(_columns(tmp_path / "run.db", "steps"))
     db = sqlite3.connect(tmp_path / "run.db")
-    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("5",)
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("6",)
     assert _columns(tmp_path / "run.db", "rollup") == ["ts", "series", "n", "v"]
+    assert _columns(tmp_path / "run.db", "rollup_packs") == ["ts", "series", "data"]
     db.close()
     # opened again by a writer (the probe's writer, the attach mirror): nothing to migrate
     st = RunStore(tmp_path / "run.db")
@@ -845,6 +949,103 @@ def test_previous_release_store_is_migrated_when_opened(
     assert rows[(0, 2)].comm_s == (0.005 if with_comm else None)
     assert again.read("gpu.util_pct")[0].v[-1] == 43.0
     again.close()
+
+
+#: run.db's layout at schema version 5 (stallscope/store/schema.py then): buckets as rollup rows
+#: only, step packs of format 1
+VERSION_5_DDL = """
+CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS series(
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, entity TEXT NOT NULL, UNIQUE(name, entity));
+CREATE TABLE IF NOT EXISTS points(
+    ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup(
+    ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL, v REAL NOT NULL,
+    PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entities(
+    source TEXT NOT NULL, entity TEXT NOT NULL, attrs TEXT NOT NULL,
+    first_ts REAL NOT NULL, last_ts REAL NOT NULL, PRIMARY KEY(source, entity));
+CREATE TABLE IF NOT EXISTS events(
+    ts REAL NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps(
+    rank INTEGER NOT NULL, step INTEGER NOT NULL, ts REAL NOT NULL,
+    wait_s REAL NOT NULL, host_s REAL NOT NULL, h2d_s REAL, gpu_busy_s REAL, gpu_idle_s REAL,
+    samples INTEGER, epoch INTEGER, comm_s REAL, n INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY(rank, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS step_packs(
+    rank INTEGER NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL, rows INTEGER NOT NULL,
+    data BLOB NOT NULL, PRIMARY KEY(rank, last)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS probes(
+    rank INTEGER PRIMARY KEY, pid INTEGER NOT NULL, config TEXT NOT NULL,
+    steps INTEGER NOT NULL DEFAULT 0, dropped INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL);
+"""
+
+
+#: a step pack of format 1 as version 5 wrote it (tests/unit/test_steppack.py's FORMAT_1), and
+#: its rows
+FORMAT_1 = bytes.fromhex(
+    "01789c63666060600462160685c0437e42af1918b819189814148afcfc12981b181a2c0a2d1899189916322c"
+    "e467e0674a6460780594bec8c0c00ed4e6d8e8c8c8c8c8ccc420c8c0a0cec0c8c4c20400dcf00b00"
+)
+FORMAT_1_ROWS = [
+    (0, 100.0, 0.01, 0.04, 0.002, 0.03, 0.001, 32, 0, None, 1),
+    (2, 100.06, 0.01, 0.08, None, None, None, 64, 0, 0.005, 2),
+    (3, 100.15, 0.012345, 0.04, 0.002, None, None, 32, 1, None, 1),
+]
+
+
+def test_version_5_store_reads_as_it_is_and_is_migrated(tmp_path: Path) -> None:
+    """A run.db of schema version 5 (every bucket a rollup row, step packs of format 1) reads as
+    it is read-only, without a write, and is migrated in place by a writer: rollup_packs added,
+    the version set, every row and pack read as before; its next downsampling packs its whole
+    hours, still read the same; its steps packed again (format 2) read the same."""
+    import hashlib
+    import sqlite3
+
+    from stallscope.store import SCHEMA_VERSION
+
+    path = tmp_path / "run.db"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(VERSION_5_DDL)
+    with db:
+        db.execute("INSERT INTO info VALUES('schema_version', '5')")
+        db.execute("INSERT INTO series VALUES(1, 'host.cpu_pct', ''), (2, 'gpu.throttle_mask', '')")
+        db.executemany(
+            "INSERT INTO rollup VALUES(?, ?, 12, ?)",
+            [(60.0 * i, s, i * 0.1 + s) for i in range(125) for s in (1, 2)],
+        )
+        db.executemany("INSERT INTO points VALUES(?, 1, ?)", [(7500.0 + i, 1.5) for i in range(3)])
+        db.execute("INSERT INTO step_packs VALUES(0, 3, 0, 3, ?)", (FORMAT_1,))
+        db.execute(
+            "INSERT INTO steps(rank, step, ts, wait_s, host_s) VALUES(0, 4, 101.0, 0.5, 0.25)"
+        )
+    db.execute("PRAGMA user_version = 5")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("PRAGMA journal_mode=DELETE")
+    db.close()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    ro = RunStore(path, readonly=True)
+    series, steps, span = ro.read_all(), ro.steps(), ro.time_range()
+    assert steps == [StepRow(0, *r) for r in FORMAT_1_ROWS] + [StepRow(0, 4, 101.0, 0.5, 0.25)]
+    assert len(series[("host.cpu_pct", "")].ts) == 128 and span == (0.0, 7502.0)
+    assert ro.skipped == {}
+    ro.close()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not written
+
+    st = RunStore(path)
+    assert _pragma(path, "user_version") == SCHEMA_VERSION == 6
+    assert _columns(path, "rollup_packs") == ["ts", "series", "data"]
+    assert st.read_all() == series and st.steps() == steps and st.time_range() == span
+    st.downsample(older_than=7300.0)  # nothing left to fold: hours 0 and 1 packed
+    assert st.db.execute("SELECT COUNT(*) FROM rollup_packs").fetchone() == (4,)
+    assert st.db.execute("SELECT COUNT(*) FROM rollup").fetchone() == (2 * 5,)
+    assert st.read_all() == series and st.time_range() == span
+    assert st.pack_steps(1e6) == 1
+    assert st.steps() == steps and st.skipped == {}
+    st.close()
 
 
 def test_migration_by_writers_opening_at_once(tmp_path: Path) -> None:

@@ -209,6 +209,18 @@ CASES: dict[str, Case] = {
     "point_ts_far_future": Case("values", _bad_points(ts="1e14 + k.k")),
     "rollup_text": Case("wrong type", _bad_rollup("'abc'"), rows_skipped=True),
     "rollup_inf": Case("values", _bad_rollup("9e999"), rows_skipped=True),
+    # packed buckets (schema version 6) that cannot be read: damaged, text, and a sound pack
+    # (one bucket at -10800) of no known series
+    "rollup_pack_damaged": Case(
+        "wrong type",
+        _sql(
+            "INSERT INTO rollup_packs SELECT -3600 * k, CASE k WHEN 3 THEN 99999 ELSE "
+            "(SELECT MIN(id) FROM series) END, CASE k WHEN 1 THEN X'01789c' WHEN 2 THEN 'abc' "
+            "ELSE X'01789c636480013f079fff10c0c8c80811fa600f007c1c0907' END "
+            "FROM (SELECT 1 k UNION SELECT 2 UNION SELECT 3)"
+        ),
+        rows_skipped=True,
+    ),
     "series_null_name": Case(
         "NULLs",
         _loosen(
