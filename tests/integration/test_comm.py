@@ -534,6 +534,21 @@ def test_busiest_others_from_two_snapshots() -> None:
     ]
 
 
+def test_busiest_others_are_busiest_first_groups_included() -> None:
+    """Three python processes at 0.04 cores each (each under MIN_CORES, together 0.12) outrank
+    the one process named alone at 0.06: the list is busiest first as a whole (it was the
+    individual ones, then the groups: a CI run beside other work saw 0.05 before 0.1)."""
+    from stallscope.sources.others import MIN_CORES, busiest_others
+
+    assert 0.04 < MIN_CORES <= 0.06
+    before = {2: (5.0, "a", 500.0), 3: (0.0, "py", 500.0), 4: (0.0, "py", 500.0)}
+    before[5] = (0.0, "py", 500.0)
+    after = {2: (5.6, "a", 500.0), 3: (0.4, "py", 500.0), 4: (0.4, "py", 500.0)}
+    after[5] = (0.4, "py", 500.0)
+    got = busiest_others(before, after, 10.0, exclude=set(), started=1000.0)
+    assert [(e["name"], e["cores"]) for e in got] == [("py", 0.12), ("a", 0.06)], got
+
+
 def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:
     """``torch.nn.parallel`` half-imported by the trainer's thread when the sampler's thread
     installs the communication timing (an ImportError there): not installed yet, and the next
