@@ -98,7 +98,7 @@ LONG = ("slow", "prometheus", "alertmanager", "chromium", "tmux", "tensorflow", 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files that hold long tests first, the order within each group kept: scripts/test.sh
-    hands out whole files to two workers in this order (``--dist loadfile
+    hands out whole files to its workers in this order (``--dist loadfile
     --no-loadscope-reorder``), so the short files fill in at the end. xdist's own order (most
     tests first) started the 80-s scenario files last, one worker running them alone."""
     long_files = {item.path for item in items if any(item.get_closest_marker(m) for m in LONG)}
