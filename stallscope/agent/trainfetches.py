@@ -14,6 +14,11 @@ buckets are the fetch histograms' own edges (``fetches.EDGES_S``: ×1.2 apart, 1
 so ``histogram_quantile`` works across trainers and nodes and ``diagnose --prometheus`` gets the
 workers' histogram back bucket for bucket (:mod:`stallscope.analysis.promhist`).
 
+A run that ends (the agent stops following it) is read once more, for what its workers wrote as
+they left, and its totals stay exported :data:`GRACE_S` seconds, as its step totals do
+(:class:`~stallscope.agent.steps.StepFollower`'s grace period): a scrape after the end still
+sees the last batches; then its series go.
+
 A line that is no such record (garbage, a line longer than :data:`MAX_LINE`), a file that is a
 link, a FIFO or another user's, is skipped, and said once per file in the agent's log (a
 ``note`` of the ``stacks`` source); nothing stops the other files or the scrape.
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +62,8 @@ MAX_LINE = 64 << 10
 MAX_TRAINERS = 256
 #: a record's counts beyond this are not a worker's (garbage)
 _MAX_COUNT = 1 << 31
+#: seconds an ended run's totals stay exported (the step totals' grace period)
+GRACE_S = 300.0
 
 
 @dataclass
@@ -91,14 +100,20 @@ class _Run:
     tails: dict[str, _Tail] = field(default_factory=dict)
     costs: dict[int, TrainerCosts] = field(default_factory=dict)
     noted: set[str] = field(default_factory=set)  #: files (and the folder) said once
+    #: the trainer's pid and its probes' ranks, as last known while the run was followed
+    trainer: tuple[int, dict[int, int]] | None = None
+    ended: float | None = None  #: when the agent stopped following it (its clock)
 
 
 class LoaderCosts:
     """The trainers' batch costs of the runs the agent follows; :meth:`update` from the
     collector's thread (the agent's ``stacks`` source), :meth:`snapshot` from the scrapes'."""
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(
+        self, proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.proc_root = proc_root
+        self.clock = clock
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
         self._snapshot: list[TrainerCosts] = []
@@ -115,18 +130,27 @@ class LoaderCosts:
     ) -> list[str]:
         """Read what the followed runs' (``dirs``: run id -> (folder, owner)) workers appended
         since the last update; ``trainers``: run id -> (the trainer's pid, pid -> rank of its
-        probes). The notes to log (each once per file)."""
-        for run_id in [r for r in self._runs if r not in dirs]:
-            del self._runs[run_id]
+        probes). A run no longer in ``dirs`` is read once more and kept :data:`GRACE_S`. The
+        notes to log (each once per file)."""
         notes: list[str] = []
         budget = MAX_READ_PER_LOOK
+        now = self.clock()
+        for run_id, gone in list(self._runs.items()):
+            if run_id in dirs:
+                continue
+            if gone.ended is None:  # what its workers wrote as they left
+                gone.ended = now
+                budget = self._read_run(run_id, gone, gone.trainer, budget, notes)
+            elif now - gone.ended > GRACE_S:
+                del self._runs[run_id]
         for run_id, (run_dir, uid) in sorted(dirs.items()):
             if uid is None:
                 continue
             run = self._runs.get(run_id)
-            if run is None or run.run_dir != run_dir:
+            if run is None or run.run_dir != run_dir or run.ended is not None:
                 run = self._runs[run_id] = _Run(run_dir, uid)
-            budget = self._read_run(run_id, run, trainers.get(run_id), budget, notes)
+            run.trainer = trainers.get(run_id) or run.trainer
+            budget = self._read_run(run_id, run, run.trainer, budget, notes)
         snap = [
             TrainerCosts(c.run, c.pid, c.rank, dict(c.counts), c.sum_s)
             for run in self._runs.values()

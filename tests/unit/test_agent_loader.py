@@ -68,7 +68,27 @@ def test_the_workers_costs_come_out_per_trainer_bucket_for_bucket(
     lc2 = LoaderCosts()
     update(lc2, tmp_path, root=os.getpid())
     assert lc2.snapshot() == []
-    # a run no longer followed drops out
+    # a run no longer followed is read once more and kept a while (the next test)
+
+
+def test_an_ended_run_is_read_once_more_and_kept_for_the_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run no longer followed (it ended): what its workers wrote as they left is read, its
+    totals stay exported GRACE_S, as the step totals do, then drop out."""
+    from stallscope.agent.trainfetches import GRACE_S
+
+    now = [1000.0]
+    lc = LoaderCosts(clock=lambda: now[0])
+    write_costs(tmp_path, monkeypatch, [0.05] * 10)
+    update(lc, tmp_path)
+    write_costs(tmp_path, monkeypatch, [0.05] * 5)  # a worker's last flush, as it exits
+    lc.update({}, {})
+    assert [sum(c.counts.values()) for c in lc.snapshot()] == [15]
+    now[0] += GRACE_S - 1
+    lc.update({}, {})
+    assert [sum(c.counts.values()) for c in lc.snapshot()] == [15]
+    now[0] += 2
     lc.update({}, {})
     assert lc.snapshot() == []
 
