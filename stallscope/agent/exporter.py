@@ -49,14 +49,14 @@ from prometheus_client.metrics_core import Metric as PromFamily
 from prometheus_client.registry import Collector as PromCollector
 from prometheus_client.registry import CollectorRegistry
 
-from stallscope.agent.trainfetches import LOADER_HISTOGRAM
+from stallscope.agent.trainfetches import BATCH_TIME_HISTOGRAMS, LOADER_HISTOGRAM
 from stallscope.collect.sinks import Sink
 from stallscope.labels import ENTITY_LABELS, HOST_LABEL, labels_for, row_labels
 from stallscope.metrics import METRICS, Metric, lookup
 
 if TYPE_CHECKING:
     from stallscope.agent.steps import RankTotals, StepFollower
-    from stallscope.agent.trainfetches import LoaderCosts
+    from stallscope.agent.trainfetches import LoaderCosts, TrainerCosts
     from stallscope.collect.collector import Event, Sample
 
 __all__ = ["AGENT_METRICS", "PrometheusSink", "SampleExposition"]
@@ -90,6 +90,7 @@ AGENT_METRICS: tuple[tuple[str, str, str], ...] = (
         "Unix time of the latest sample (stops moving when sampling is stuck)",
     ),
     LOADER_HISTOGRAM,
+    *BATCH_TIME_HISTOGRAMS,
 )
 
 
@@ -272,16 +273,22 @@ class SampleExposition(PromCollector):
     def _loader_costs(self, loader: LoaderCosts, fams: _Families) -> None:
         """Per trainer of a followed run, its DataLoader workers' batch costs
         (:mod:`stallscope.agent.trainfetches`), labelled as its stacks series."""
-        costs = loader.snapshot()
-        if not costs:
-            return
-        fam = fams.get(*LOADER_HISTOGRAM)
-        for c in costs:
-            labels = {"pid": str(c.pid), "role": "main", "run": c.run}
-            if c.rank is not None:
-                labels["rank"] = str(c.rank)
-            labels[self.sink.host_label] = self.sink.hostname
-            fams.add_histogram(fam, labels, c.buckets(), round(c.sum_s, 6))
+        for c in loader.snapshot():
+            fams.add_histogram(
+                fams.get(*LOADER_HISTOGRAM), self._trainer(c), c.buckets(), round(c.sum_s, 6)
+            )
+        # the batches each trainer took, as its in-trainer sampler timed them (no probe needed)
+        for pair in loader.timed_snapshot():
+            for spec, c in zip(BATCH_TIME_HISTOGRAMS, pair):
+                fams.add_histogram(fams.get(*spec), self._trainer(c), c.buckets(), c.sum_s)
+
+    def _trainer(self, c: TrainerCosts) -> dict[str, str]:
+        """A trainer's labels, as its stacks series carry them."""
+        labels = {"pid": str(c.pid), "role": "main", "run": c.run}
+        if c.rank is not None:
+            labels["rank"] = str(c.rank)
+        labels[self.sink.host_label] = self.sink.hostname
+        return labels
 
     def _throttle(
         self, sample: Sample, fams: _Families, owners: Mapping[str, Mapping[str, str]]

@@ -44,7 +44,7 @@ from stallscope.sources.stacks.fetches import (
     parse_record,
 )
 
-__all__ = ["LOADER_HISTOGRAM", "LoaderCosts", "TrainerCosts"]
+__all__ = ["BATCH_TIME_HISTOGRAMS", "LOADER_HISTOGRAM", "LoaderCosts", "TrainerCosts"]
 
 #: the histogram the agent exports: (name as exposed, type, help)
 LOADER_HISTOGRAM = (
@@ -52,6 +52,23 @@ LOADER_HISTOGRAM = (
     "histogram",
     "what each batch cost the trainer's DataLoader workers (the samples read, transformed and "
     "collated: their fetch, timed inside the workers), seconds; buckets ×1.2 apart",
+)
+#: the histograms of the batches the trainer took, timed by the in-trainer sampler on the
+#: DataLoader's ``__next__`` (:mod:`stallscope.sources.stacks.batches`; the stacks records'
+#: ``wait_b``, ``step_b``): with no probe, the spread of the waits (``input_bound.head_of_line``)
+BATCH_TIME_HISTOGRAMS = (
+    (
+        "stallscope_stacks_batch_wait_seconds",
+        "histogram",
+        "each batch's wait in the trainer's DataLoader __next__ (timed by the in-trainer sampler, "
+        "each iterator's first batch left out), seconds; buckets ×1.2 apart",
+    ),
+    (
+        "stallscope_stacks_batch_step_seconds",
+        "histogram",
+        "the time from one batch handed to the trainer to the next (a step), seconds; buckets "
+        "×1.2 apart",
+    ),
 )
 #: the most read of one file per look; of all the files of all runs per look
 MAX_READ = 256 << 10
@@ -117,11 +134,23 @@ class LoaderCosts:
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
         self._snapshot: list[TrainerCosts] = []
+        #: per trainer, the batches it took: (waits, steps), set by the stacks source
+        self._timed: list[tuple[TrainerCosts, TrainerCosts]] = []
 
     def snapshot(self) -> list[TrainerCosts]:
         """Every trainer's totals as of the latest update (copies)."""
         with self._lock:
             return list(self._snapshot)
+
+    def set_timed(self, timed: list[tuple[TrainerCosts, TrainerCosts]]) -> None:
+        """The trainers' batch waits and steps (:data:`BATCH_TIME_HISTOGRAMS`), as read from
+        their stacks records (from the collector's thread)."""
+        with self._lock:
+            self._timed = list(timed)
+
+    def timed_snapshot(self) -> list[tuple[TrainerCosts, TrainerCosts]]:
+        with self._lock:
+            return list(self._timed)
 
     def update(
         self,

@@ -14,7 +14,10 @@ fetching, preparing and idle, their CPU, the training thread's wait on them, and
 wait for the GIL over its wakes (``stallscope_stacks_loader_*``, ``stallscope_stacks_gil_*``),
 the facts of ``input_bound.gil`` read back by ``diagnose --prometheus``. And it reads the runs'
 DataLoader workers' batch costs (:class:`~stallscope.agent.trainfetches.LoaderCosts`), which
-the exposition turns into ``stallscope_loader_batch_seconds``.
+the exposition turns into ``stallscope_loader_batch_seconds``, and the batches each trainer took
+as its records time them (``wait_b``, ``step_b``: :mod:`stallscope.sources.stacks.batches`),
+summed since the agent began following the run: ``stallscope_stacks_batch_wait_seconds`` and
+``stallscope_stacks_batch_step_seconds``, the spread of an unmodified trainer's waits.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallscope.agent.trainfetches import LoaderCosts
+from stallscope.agent.trainfetches import LoaderCosts, TrainerCosts
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
 from stallscope.sources.stacks.aggregate import RecordTail
+from stallscope.sources.stacks.fetches import bucket_mid_s, histogram
 from stallscope.sources.stacks.source import WINDOW_S, StacksSource
 from stallscope.sources.stacks.threads import LOADER_PHASES
 
@@ -71,6 +75,8 @@ class _ThreadsTail(RecordTail):
         super().__init__(folder, owner=owner)
         #: (record time, pid, its loader-thread keys) of the last WINDOW_S seconds
         self.recent: list[tuple[float, str, dict[str, float]]] = []
+        #: pid -> (its rank, the batches it took: waits, steps; bucket -> batches) so far
+        self.timed: dict[str, tuple[int | None, dict[int, int], dict[int, int]]] = {}
 
     def read_new(self) -> dict[Path, list[dict[str, Any]]]:
         got = super().read_new()
@@ -79,7 +85,23 @@ class _ThreadsTail(RecordTail):
                 part = loader_threads_part(rec.get("threads"))
                 if part is not None:
                     self.recent.append((float(rec["ts"]), str(rec["pid"]), part))
+                self._add_timed(rec)
         return got
+
+    def _add_timed(self, rec: Mapping[str, Any]) -> None:
+        """A record's timed batches (both histograms, or neither) into its trainer's."""
+        waits, steps = histogram(rec.get("wait_b")), histogram(rec.get("step_b"))
+        if not waits or steps is None:
+            return
+        rank = rec.get("rank")
+        pid = str(rec["pid"])
+        had = self.timed.get(pid)
+        if had is None:
+            ok = type(rank) is int and 0 <= rank < 1 << 20
+            had = self.timed[pid] = (rank if ok else None, {}, {})
+        for into, add in ((had[1], waits), (had[2], steps)):
+            for k, c in add.items():
+                into[k] = into.get(k, 0) + c
 
     def window(self, now: float) -> dict[str, dict[str, float]]:
         """pid -> its loader threads over the last WINDOW_S seconds (the most threads at
@@ -140,6 +162,16 @@ class TrainerStacks(Source):
                     ranks.setdefault(run_id, {})[int(pid)] = rank
                 attrs[pid] = a
         self._attrs = attrs
+        self.loader.set_timed(
+            [
+                (
+                    TrainerCosts(run_id, int(pid), rank, w, _sum_s(w)),
+                    TrainerCosts(run_id, int(pid), rank, st, _sum_s(st)),
+                )
+                for run_id, (_dir, src) in sorted(self._runs.items())
+                for pid, (rank, w, st) in sorted(src.threads.timed.items())
+            ]
+        )
         # the workers' batch costs, per trainer: the probes' ranks, else the records'
         trainers = {
             run_id: (root, {**ranks.get(run_id, {}), **probes})
@@ -156,3 +188,8 @@ class TrainerStacks(Source):
 
     def entities(self, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {pid: self._attrs[pid] for pid in payload if pid in self._attrs}
+
+
+def _sum_s(counts: Mapping[int, int]) -> float:
+    """A histogram's sum, from its buckets' middles (the records keep no exact sums)."""
+    return round(sum(bucket_mid_s(k) * c for k, c in counts.items()), 6)

@@ -42,9 +42,11 @@ from typing import Any
 
 from stallscope.analysis.promhist import (
     BATCH_BUCKETS,
+    TIMED_BUCKETS,
     WAIT_BUCKETS,
     Columns,
     WaitSpread,
+    attach_batch_times,
     batch_costs_of,
     threads_parts,
 )
@@ -422,6 +424,10 @@ class _Scraped:
     batches: dict[str, dict[tuple[str, str], Columns]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
+    #: instance -> (run id, trainer pid) -> wait_b / step_b -> its timed batches' buckets
+    timed: dict[str, dict[tuple[str, str], dict[str, Columns]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    )
 
     def instances(self) -> list[str]:
         return sorted(set(self.series) | set(self.steps))
@@ -457,6 +463,9 @@ class _Scraped:
             self._add_metric(_BY_PROM[name], inst, labels, *_values(s))
         elif name in (WAIT_BUCKETS, BATCH_BUCKETS) and labels.get("le"):
             self._add_buckets(name, inst, labels, s)
+        elif name in TIMED_BUCKETS and labels.get("le") and labels.get("pid", "").isdigit():
+            trainer = (labels.get("run", ""), labels["pid"])
+            self.timed[inst][trainer][TIMED_BUCKETS[name]][labels["le"]] = _values(s)
 
     def _add_buckets(self, name: str, inst: str, labels: dict[str, str], s: Any) -> None:
         """One bucket of a rank's data-wait histogram or a trainer's batch-cost one."""
@@ -606,6 +615,7 @@ def _node_run(
     kept = _one_run_of_procs(series, entities, chosen or q.run)
     _split_worker_groups(series, entities)
     stacks = _stack_records(series, entities, kept)
+    attach_batch_times(stacks, scraped.timed.get(inst, {}), kept, start, step)
     costs = batch_costs_of(scraped.batches.get(inst, {}), kept, entities, start, step)
     cores = [e for (n, e) in series if n == "host.cpu_core_pct"]
     mem = series.get(("host.mem_total_mib", ""))

@@ -11,7 +11,11 @@ as the run's own files hold it, so the same facts and rules follow (:mod:`.promd
   to the interval's exact total, instead of its mean each (:class:`WaitSpread`), so a wait that
   comes in bursts on a few steps reads as such;
 * ``stallscope_stacks_loader_*`` and ``stallscope_stacks_gil_*``: a stacks record's ``threads``
-  part (:func:`threads_parts`).
+  part (:func:`threads_parts`);
+* ``stallscope_stacks_batch_wait_seconds`` and ``..._step_seconds`` (the batches a trainer took,
+  timed by its in-trainer sampler): their buckets' increase over the window is its records'
+  ``wait_b`` and ``step_b`` (:func:`attach_batch_times`), what an unmodified trainer's waits
+  are spread by.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from stallscope.store import Series
 
 __all__ = [
     "BATCH_BUCKETS",
+    "TIMED_BUCKETS",
     "WAIT_BUCKETS",
     "Columns",
     "WaitSpread",
+    "attach_batch_times",
     "batch_costs_of",
     "threads_parts",
 ]
@@ -37,6 +43,11 @@ __all__ = [
 #: the bucket series of the two histograms
 BATCH_BUCKETS = "stallscope_loader_batch_seconds_bucket"
 WAIT_BUCKETS = "stallscope_train_step_data_wait_seconds_bucket"
+#: the bucket series of a trainer's timed batches -> the records' key they give back
+TIMED_BUCKETS = {
+    "stallscope_stacks_batch_wait_seconds_bucket": "wait_b",
+    "stallscope_stacks_batch_step_seconds_bucket": "step_b",
+}
 
 #: one histogram's buckets: ``le`` -> (times, cumulative counts)
 Columns = dict[str, tuple[list[float], list[float]]]
@@ -194,3 +205,27 @@ def threads_parts(series: Mapping[tuple[str, str], Series], ent: str) -> dict[fl
             part["gil_s"], part["wakes"] = at["gil_wait_s"], wakes
         out[t] = part
     return out
+
+
+def attach_batch_times(
+    records: list[dict[str, Any]],
+    timed: Mapping[tuple[str, str], Mapping[str, Columns]],
+    run: str | None,
+    start: float,
+    step: float,
+) -> None:
+    """Each trainer's timed batches over the window (``(run, pid)`` -> ``wait_b`` / ``step_b``
+    -> its buckets) onto the first of its stacks ``records`` (both histograms, or neither),
+    as its records in a run directory hold them: the facts sum them per process."""
+    first: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        first.setdefault(rec["pid"], rec)
+    for (run_id, pid), cols in sorted(timed.items()):
+        if run is not None and run_id != str(run):
+            continue
+        into = first.get(int(pid)) if pid.isdigit() else None
+        got = {key: _fetch_counts(c, start, step) for key, c in cols.items()}
+        if into is None or not got.get("wait_b") or "step_b" not in got:
+            continue
+        for key in ("wait_b", "step_b"):
+            into[key] = {str(k): c for k, c in sorted(got[key].items())}

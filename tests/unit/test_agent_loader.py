@@ -338,3 +338,100 @@ def test_gil_from_prometheus_series() -> None:
     sig = doc["signals"]
     assert sig["thread_gil_wait_ms"] == 8.0 and sig["loader_threads"] == 4, sig
     assert "input_bound.gil" in [f["kind"] for f in doc["findings"]], doc["findings"]
+
+
+def _hist_of(values: list[float]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for v in values:
+        out[fetches.bucket(v)] = out.get(fetches.bucket(v), 0) + 1
+    return out
+
+
+def test_the_timed_batches_of_the_records_go_out_and_come_back(tmp_path: Path) -> None:
+    """The stacks records' wait_b / step_b (an unmodified trainer's batches, timed by its
+    in-trainer sampler) are summed per trainer by the agent's stacks source, exported as two
+    histograms, and read back bucket for bucket onto its records by diagnose --prometheus."""
+    from stallscope.agent.trainstacks import _ThreadsTail
+    from stallscope.analysis.promhist import attach_batch_times
+
+    waits = [0.3 if i % 10 == 5 else 0.001 for i in range(200)]
+    steps = [w + 0.02 for w in waits]
+    tail = _ThreadsTail(tmp_path, None)
+    for part in (slice(0, 120), slice(120, 200)):
+        rec = {"ts": 1.0, "pid": 42, "rank": 0, "wait_b": {}, "step_b": {}}
+        rec["wait_b"] = {str(k): c for k, c in _hist_of(waits[part]).items()}
+        rec["step_b"] = {str(k): c for k, c in _hist_of(steps[part]).items()}
+        tail._add_timed(rec)
+    tail._add_timed({"ts": 2.0, "pid": 42, "wait_b": {"x": 1}, "step_b": {}})  # garbage: none
+    rank, w, st = tail.timed["42"]
+    assert rank == 0 and w == _hist_of(waits) and st == _hist_of(steps)
+    lc = LoaderCosts()
+    lc.set_timed([(TrainerCosts("r1", 42, 0, w), TrainerCosts("r1", 42, 0, st))])
+    text = generate_latest(PrometheusSink([], hostname="n1", loader=lc).registry).decode()
+    cols: dict[str, Any] = {"wait_b": {}, "step_b": {}}
+    for ln in text.splitlines():
+        for name, key in (
+            ("stallscope_stacks_batch_wait_seconds_bucket{", "wait_b"),
+            ("stallscope_stacks_batch_step_seconds_bucket{", "step_b"),
+        ):
+            if ln.startswith(name):
+                assert 'pid="42"' in ln and 'rank="0"' in ln and 'run="r1"' in ln, ln
+                le = ln.split('le="')[1].split('"')[0]
+                cols[key][le] = ([100.0], [float(ln.rsplit(" ", 1)[1])])
+    assert len(cols["wait_b"]) == len(EDGES_S) + 1
+    recs: list[dict[str, Any]] = [{"ts": 100.0, "pid": 42, "s": {"data": 1.0}}]
+    attach_batch_times(recs, {("r1", "42"): cols}, "r1", start=0.0, step=1.0)
+    back = {k: {int(b): c for b, c in recs[0][k].items()} for k in ("wait_b", "step_b")}
+    assert back == {"wait_b": w, "step_b": st}
+
+
+def test_head_of_line_of_an_unmodified_trainer_from_prometheus_series() -> None:
+    """No probe: the stacks' data share, the trainer's timed batches (bursts) and its workers'
+    batch costs (a tail) from Prometheus give head_of_line with the spread from the counted
+    batches, as the run's own files do."""
+    from stallscope.analysis.diagnose import diagnose
+    from stallscope.analysis.promdata import PromQuery, _node_run, _Scraped
+
+    t0, n = time.time() - 60, 60
+    ts = [t0 + i for i in range(n)]
+    sc = _Scraped()
+
+    def add(name: str, labels: dict[str, str], vs: list[float]) -> None:
+        sc.add(
+            {
+                "metric": {"__name__": name, "instance": "n1:1", "job": "a", **labels},
+                "values": [[t, str(v)] for t, v in zip(ts, vs)],
+            }
+        )
+
+    run = {"run": "r1", "Hostname": "n1"}
+    for c in range(4):
+        add("stallscope_host_cpu_core_busy_ratio", {"cpu": str(c)}, [0.3] * n)
+    add("stallscope_host_cpu_busy_ratio", {}, [0.3] * n)
+    add("stallscope_collector_sample_cpu_seconds", {}, [0.001] * n)  # the agent sampled
+    add("stallscope_proc_cpu_ratio", {"pid": "10", "ppid": "1", "role": "main", **run}, [0.4] * n)
+    for w in ("11", "12"):
+        lab = {"pid": w, "ppid": "10", "role": "worker", **run}
+        add("stallscope_proc_cpu_ratio", lab, [0.3] * n)
+        add("stallscope_proc_io_wait_state", lab, [0.0] * n)
+    main = {"pid": "10", "role": "main", "rank": "0", **run}
+    add("stallscope_stacks_sampled_seconds", main, [1.0] * n)
+    add("stallscope_stacks_data_ratio", main, [0.6] * n)
+    add("stallscope_stacks_compute_ratio", main, [0.4] * n)
+    # 20 batches a second: two wait 0.3 s, the rest 1 ms; the workers' costs with a tail
+    waits = [0.3 if i % 10 == 5 else 0.001 for i in range(20)]
+    for spec, per_s in (
+        ("stallscope_stacks_batch_wait_seconds", waits),
+        ("stallscope_stacks_batch_step_seconds", [w + 0.02 for w in waits]),
+        ("stallscope_loader_batch_seconds", heavy_tail(20)),
+    ):
+        c = TrainerCosts("r1", 10, counts=_hist_of(per_s))
+        for le, cum in c.buckets():
+            add(f"{spec}_bucket", {**main, "le": le}, [cum * i for i in range(n)])
+    q = PromQuery(url="http://p:9090", since_s=120, step_s=1.0, end=time.time())
+    data = _node_run(q, sc, "n1:1", *q.window())
+    doc = diagnose(data)
+    sig = doc["signals"]
+    assert sig["stall_source"] == "stacks" and sig["step_timing_source"] == "counted_batches"
+    assert sig["wait_top_share"] > 0.9, sig
+    assert doc["findings"][0]["kind"] == "input_bound.head_of_line", doc["findings"][0]["summary"]
