@@ -35,7 +35,6 @@ import argparse
 import os
 import shutil
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -110,12 +109,14 @@ def one_run(
     own = None
     dbs = sorted(out.glob("*/run.db"))
     if dbs:
-        with sqlite3.connect(dbs[-1]) as db:
-            row = db.execute(
-                "SELECT avg(p.v) FROM points p JOIN series s ON s.id = p.series "
-                "WHERE s.name = 'collector.cpu_s'"
-            ).fetchone()
-        own = row[0] if row else None
+        from stallscope.store import RunStore
+
+        st = RunStore(dbs[-1], readonly=True)  # samples and, from an older store, points
+        try:
+            vals = [v for s in st.read("collector.cpu_s") for v in s.v]
+        finally:
+            st.close()
+        own = statistics.fmean(vals) if vals else None
     return rate, own
 
 

@@ -44,6 +44,7 @@ from stallscope.probe.device import timing_every
 from stallscope.store import Point, RunStore
 from stallscope.store.buckets import unpack
 from stallscope.store.db import StepTuple, StepValues
+from stallscope.store.samples import unpack as unpack_sample
 
 #: metrics a node keeps constant over a run (by key)
 CONSTANT = {
@@ -244,6 +245,9 @@ def main() -> int:
         (free,) = st.db.execute("PRAGMA freelist_count").fetchone()
         free *= st.db.execute("PRAGMA page_size").fetchone()[0]
         full = st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+        for (d,) in st.db.execute("SELECT data FROM samples"):
+            got = unpack_sample(d)
+            full += len(got[1]) if got is not None else 0
         rolled = st.db.execute("SELECT COUNT(*) FROM rollup").fetchone()[0]
         packed = sum(len(unpack(d)) for (d,) in st.db.execute("SELECT data FROM rollup_packs"))
         st.close()

@@ -6,11 +6,21 @@ Layout:
     one row per time series; ``name`` is a metric of :mod:`stallscope.metrics`
     (``disk.r_await_ms``), ``entity`` what it is about (``vda``, ``gpu0``, ``pid:4242``, ``cpu3``,
     ``""`` for the host as a whole).
+``samples(ts, data)``
+    full-resolution samples, one row each, clustered by time (appends stay sequential): ``data``
+    holds the sample's series ids (runs of consecutive ids) and values (the 8 bytes of each
+    double, nothing rounded) (:mod:`stallscope.store.samples`, schema version 7: ~8 bytes a
+    point and one INSERT a sample, against ~27 bytes and a row a point in ``points``). A blob
+    that cannot be read is skipped and counted (``skipped["samples"]``), as is a point of no
+    known series (by :meth:`RunStore.read_all`).
 ``points(ts, series, v)``
-    full-resolution samples, clustered by time (appends stay sequential, pages stay full).
+    full-resolution points of schema version 6 and before, a row each: read with the samples
+    (:meth:`RunStore.read`, :meth:`RunStore.read_all`, :meth:`RunStore.time_range`), left where
+    they are by a writer's migration and folded into buckets by its next
+    :meth:`RunStore.downsample`; a store of version 7 writes none.
 ``rollup(ts, series, n, v)``
-    older samples downsampled into fixed buckets of ``n`` samples; a long run keeps full
-    resolution for a recent window only, so its size is bounded (see
+    older samples (and points) downsampled into fixed buckets of ``n`` samples; a long run
+    keeps full resolution for a recent window only, so its size is bounded (see
     ``benchmarks/bench_store_size.py``). ``v`` is what a reader reads for the bucket: the mean,
     the max for metrics whose mean is not a value they can take (bitmasks, link generations;
     :func:`~stallscope.store.schema.rollup_is_max`). Stores of schema version 4 and before kept
@@ -81,6 +91,7 @@ from stallscope.store.packs import (
     packed_steps_after,
 )
 from stallscope.store.rows import Series, StepRow, StepTuple, StepValues
+from stallscope.store.samples import KEYS, Packer, fold_samples, ids_of, readable_ts, unpack
 from stallscope.store.schema import (
     _N_OK,
     _POINT_OK,
@@ -137,17 +148,6 @@ _VALUES_SQL = (
     f"INSERT OR REPLACE INTO steps({_STEP_COLUMNS}, comm_s, n) "
     "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-
-
-#: points bound by one INSERT of :meth:`RunStore.add_points` (2 parameters each and the time:
-#: 513, under the 999 of SQLite builds before 3.32): a sample's points in one statement
-POINT_ROWS = 256
-
-
-@functools.lru_cache(maxsize=64)
-def _points_sql(n: int) -> str:
-    """An INSERT of ``n`` points of one sample: the time once (``?1``), then (series, value)."""
-    return "INSERT OR REPLACE INTO points VALUES " + ", ".join(["(?1, ?, ?)"] * n)
 
 
 class RunStore:
@@ -210,6 +210,7 @@ class RunStore:
             self._close_quietly()
             raise
         self._series: dict[tuple[str, str], int] = {}
+        self._packer = Packer()
         #: rows the readers skipped as unreadable, by table (see "reading" below)
         self.skipped: dict[str, int] = {}
 
@@ -248,34 +249,45 @@ class RunStore:
         that are not finite numbers are left out). ``touch``: (source, entities, last seen
         time) (:meth:`touch_entities`), in the same transaction (one commit a sample)."""
         # a value that is not a finite number (inf, -inf, NaN) is dropped, never stored: SQLite
-        # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them)
-        sid = self._series.get
-        rows: list[tuple[int, float]] = []
-        for p in points:
-            if (v := float(p.value)) - v == 0.0:
-                rows.append((sid((p.name, p.entity)) or self._series_id(p.name, p.entity), v))
-        # in key order (time, then series): each row goes in right after the one before, a
-        # third less of SQLite's work than in the sources' order
-        rows.sort()
-        flat: list[float | int] = [ts, *itertools.chain.from_iterable(rows)]
-        n = len(rows)
+        # turns NaN into NULL and readers would have to skip inf ("v - v" is NaN for them). A
+        # series twice in one sample keeps its last value (as a row replaced did).
+        pts = points if isinstance(points, list) else list(points)
+        keys = list(map(KEYS, pts))
+        blob, n = self._packer.again(keys, pts) or (None, 0)
+        if blob is None:  # other series than the last sample's, or a value left out
+            sid = self._series.get
+            values: dict[int, float] = {}
+            for p in pts:
+                if (v := float(p.value)) - v == 0.0:
+                    values[sid((p.name, p.entity)) or self._series_id(p.name, p.entity)] = v
+            n = len(values)
+            if values:
+                blob = self._packer.pack(values, keys if n == len(pts) else None)
         with self.db:
-            # one statement of many rows (a few past POINT_ROWS), the sample's time bound once:
-            # a third of the CPU of a statement a row (benchmarks/bench_run_cost.py measures the
-            # whole sample)
-            if n <= POINT_ROWS:
-                if n:
-                    self.db.execute(_points_sql(n), flat)
-            else:
-                for i in range(0, n, POINT_ROWS):
-                    k = min(POINT_ROWS, n - i)
-                    self.db.execute(_points_sql(k), [ts, *flat[1 + 2 * i : 1 + 2 * (i + k)]])
+            # the whole sample one row (samples.py): one statement, a blob of ~8 bytes a point
+            if blob is not None:
+                self._write_sample(ts, blob)
             for source, entities, seen in touch:
                 self.db.executemany(
                     "UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
                     [(seen, source, e) for e in entities],
                 )
         return n
+
+    def _write_sample(self, ts: float, blob: bytes) -> None:
+        """One sample's row; a sample already there at ``ts`` (two writes of one time) keeps
+        its points and takes these, as rows of points did."""
+        try:
+            self.db.execute("INSERT INTO samples VALUES(?, ?)", (ts, blob))
+        except sqlite3.IntegrityError:
+            row = self.db.execute("SELECT data FROM samples WHERE ts=?", (ts,)).fetchone()
+            merged: dict[int, float] = {}
+            for got in (unpack(row[0]) if row is not None else None, unpack(blob)):
+                if got is not None:
+                    merged.update(zip(ids_of(got[0]), got[1]))
+            self.db.execute(
+                "INSERT OR REPLACE INTO samples VALUES(?, ?)", (ts, Packer().pack(merged))
+            )
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
         with self.db:
@@ -376,9 +388,10 @@ class RunStore:
             )
 
     def downsample(self, older_than: float, bucket_s: float = 60.0) -> int:
-        """Fold full-resolution points older than ``older_than`` into ``bucket_s`` buckets,
-        and pack the buckets of every hour before them (:func:`~stallscope.store.buckets.
-        pack_buckets`). One transaction.
+        """Fold full-resolution samples (:func:`~stallscope.store.samples.fold_samples`; and the
+        points of a store of schema version 6 and before) older than ``older_than`` into
+        ``bucket_s`` buckets, and pack the buckets of every hour before them
+        (:func:`~stallscope.store.buckets.pack_buckets`). One transaction.
 
         Only whole buckets are folded, so a bucket is never split between the two tables.
         Returns the number of points folded."""
@@ -400,9 +413,12 @@ class RunStore:
                 {"b": bucket_s, "c": cutoff},
             )
             cur = self.db.execute("DELETE FROM points WHERE ts < ?", (cutoff,))
+            folded = int(cur.rowcount)  # rows of schema version 6 and before, then samples
+            if self._has_samples():
+                folded += fold_samples(self.db, cutoff, bucket_s, frozenset(max_ids))
             # the buckets of the hours now wholly folded: packed, a pack a series and hour
             pack_buckets(self.db, cutoff, bucket_s, frozenset(max_ids))
-        return int(cur.rowcount)
+        return folded
 
     def pack_steps(self, now: float, keep_s: float = STEPS_PLAIN_S) -> int:
         """Pack the step rows older than ``keep_s`` at ``now`` (:func:`~stallscope.store.packs.
@@ -470,13 +486,14 @@ class RunStore:
         by_id: dict[int, list[tuple[float, float]]] = {}
         for sid, buckets in packs:
             by_id.setdefault(sid, []).extend(buckets)
-        out = []
+        out: dict[int, Series] = {}
+        ends: list[list[int]] = []
         for sid, ent in ids:
-            s = Series(name, str(ent))
+            s = out[sid] = Series(name, str(ent))
             for ts, v in by_id.get(sid, ()):
                 s.ts.append(ts)
                 s.v.append(v)
-            first = len(s.ts)
+            ends.append([len(s.ts)])
             for ts, v in self.db.execute(
                 # col is one of three fixed column names, never user input
                 f"SELECT ts, {col} FROM rollup WHERE series=? AND {_finite('ts')} AND "
@@ -486,9 +503,13 @@ class RunStore:
             ):
                 s.ts.append(float(ts))
                 s.v.append(float(v))
-            _in_order(s, [first])
-            out.append(s)
-        return out
+            ends[-1].append(len(s.ts))
+        # then the samples (schema version 7), once for every series asked for (what cannot be
+        # read is skipped, counted by read_all as rows are)
+        self._read_samples(out, unknown=False)
+        for s, at in zip(out.values(), ends):
+            _in_order(s, at)
+        return list(out.values())
 
     def read_all(self) -> dict[tuple[str, str], Series]:
         """Every series in the run, keyed by (name, entity); unreadable rows are skipped."""
@@ -502,11 +523,11 @@ class RunStore:
         self._skip("series", bad)
         out: dict[tuple[str, str], Series] = {k: Series(*k) for k in names.values()}
         use_max = {sid for sid, (n, _) in names.items() if rollup_is_max(n)}
-        # Packed buckets (the oldest) first, then rollup buckets, then points, each in time
-        # order (the primary key's, no sort). Rows are checked here rather than in SQL: typeof()
-        # filters cost SQLite more than these tests cost Python. A series of another id, a value
-        # or time that is not a finite number (text, blob, NULL, inf: "x - x" is NaN or raises)
-        # is skipped.
+        # Packed buckets (the oldest) first, then rollup buckets, then points (rows of schema
+        # version 6 and before), then samples, each in time order (the primary key's, no sort).
+        # Rows are checked here rather than in SQL: typeof() filters cost SQLite more than these
+        # tests cost Python. A series of another id, a value or time that is not a finite number
+        # (text, blob, NULL, inf: "x - x" is NaN or raises) is skipped.
         packs, bad = packed(self.db)
         for sid, buckets in packs:
             key = names.get(sid)
@@ -538,9 +559,50 @@ class RunStore:
                 out, names, self.db.execute("SELECT ts, series, v FROM points ORDER BY ts")
             ),
         )
+        for k, s in out.items():
+            ends[k].append(len(s.ts))
+        by_id = {sid: out[key] for sid, key in names.items()}
+        self._skip("samples", self._read_samples(by_id, unknown=True))
         for k, at in ends.items():  # parts out of order: see _in_order
             _in_order(out[k], at)
         return out
+
+    def _has_samples(self) -> bool:
+        """Whether the store has a ``samples`` table (schema version 7; an older store opened
+        read-only has none)."""
+        return (
+            self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='samples'"
+            ).fetchone()
+            is not None
+        )
+
+    def _read_samples(self, targets: dict[int, Series], *, unknown: bool) -> int:
+        """Append the points of every sample to the series of ``targets`` (by id), in time
+        order; returns how many samples could not be read (:func:`~stallscope.store.samples.
+        unpack`), and with ``unknown`` the points of series not in ``targets`` too."""
+        if not self._has_samples():
+            return 0
+        bad = 0
+        # per list of ids (a few a run): (index of the value, its series), unknown points
+        plans: dict[bytes, tuple[list[tuple[int, Series]], int]] = {}
+        for ts, data in self.db.execute("SELECT ts, data FROM samples ORDER BY ts"):
+            got = unpack(data) if readable_ts(ts) else None
+            if got is None:
+                bad += 1
+                continue
+            runs, vals = got
+            plan = plans.get(runs)
+            if plan is None:
+                ids = ids_of(runs)
+                known = [(i, targets[sid]) for i, sid in enumerate(ids) if sid in targets]
+                plan = plans[runs] = (known, len(ids) - len(known) if unknown else 0)
+            t = float(ts)
+            for i, s in plan[0]:
+                s.ts.append(t)
+                s.v.append(vals[i])
+            bad += plan[1]
+        return bad
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
         """Entities with their attributes (a JSON object); rows whose attributes are not one
@@ -637,8 +699,8 @@ class RunStore:
         return out
 
     def time_range(self) -> tuple[float, float] | None:
-        """First and last readable sample time (points, rollup and its packs), None without
-        samples."""
+        """First and last readable sample time (samples, points, rollup and its packs), None
+        without samples."""
         lo = hi = None
         rolled = _ROLLUP_V_OK if rollup_has_v(self.db) else _ROLLUP_OK
         for table, ok in (("points", _POINT_OK), ("rollup", rolled)):
@@ -652,13 +714,29 @@ class RunStore:
                 t = float(row[0])
                 lo = t if lo is None or t < lo else lo
                 hi = t if hi is None or t > hi else hi
-        span = packed_span(self.db)
-        if span is not None:
+        for span in (self._samples_span(), packed_span(self.db)):
+            if span is None:
+                continue
             lo = span[0] if lo is None or span[0] < lo else lo
             hi = span[1] if hi is None or span[1] > hi else hi
         if lo is None or hi is None:
             return None
         return lo, hi
+
+    def _samples_span(self) -> tuple[float, float] | None:
+        """The first and last time of a readable sample (walking the key from either end past
+        the rows that cannot be read), None without one."""
+        if not self._has_samples():
+            return None
+        ends = []
+        for order in ("ASC", "DESC"):
+            for ts, data in self.db.execute(
+                f"SELECT ts, data FROM samples WHERE {_finite('ts')} ORDER BY ts {order}"
+            ):
+                if unpack(data) is not None:
+                    ends.append(float(ts))
+                    break
+        return (ends[0], ends[1]) if len(ends) == 2 else None
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")

@@ -33,10 +33,11 @@ __all__ = [
 #: one value a ``rollup`` bucket, ``v``, what readers read (the mean, the max for metrics whose
 #: mean is not a value they can take), where 4 and before kept ``vmin, vmean, vmax``; 6 adds
 #: ``rollup_packs`` (the buckets of each series and hour packed, :mod:`stallscope.store.buckets`)
-#: and writes step packs of format 2 (:mod:`stallscope.store.steppack`; format 1 is still read).
-#: Bump it with each change of the layout and teach :func:`migrate` the step from the previous
-#: one.
-SCHEMA_VERSION = 6
+#: and writes step packs of format 2 (:mod:`stallscope.store.steppack`; format 1 is still read);
+#: 7 adds ``samples`` (each sample one row, :mod:`stallscope.store.samples`), where 6 and before
+#: wrote a ``points`` row a point (still read, and folded by the next downsampling). Bump it
+#: with each change of the layout and teach :func:`migrate` the step from the previous one.
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,6 +46,8 @@ CREATE TABLE IF NOT EXISTS series(
 CREATE TABLE IF NOT EXISTS points(
     ts REAL NOT NULL, series INTEGER NOT NULL, v REAL NOT NULL,
     PRIMARY KEY(ts, series)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samples(
+    ts REAL NOT NULL PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rollup(
     ts REAL NOT NULL, series INTEGER NOT NULL, n INTEGER NOT NULL, v REAL NOT NULL,
     PRIMARY KEY(ts, series)) WITHOUT ROWID;
@@ -110,6 +113,8 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
         # version 5 and before: no rollup_packs (made above, with every missing table); their
         # buckets stay rows until a downsampling packs the whole hours, their step packs of
         # format 1 stay as they are (both read as they are)
+        # version 6 and before: no samples (made above); their points rows stay where they are,
+        # read with the samples, until a downsampling folds them into buckets
         if version < SCHEMA_VERSION:
             db.execute(
                 "INSERT OR REPLACE INTO info VALUES('schema_version', ?)", (str(SCHEMA_VERSION),)

@@ -151,10 +151,10 @@ def test_kill_9_of_collector_leaves_a_sound_database(tmp_path: Path) -> None:
             os.kill(child, signal.SIGKILL)
     db = sqlite3.connect(run_dir / "run.db")
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    last = db.execute("SELECT MAX(ts) FROM points").fetchone()[0]
+    last = db.execute("SELECT MAX(ts) FROM samples").fetchone()[0]
     # at most one interval (plus scheduling slack on a busy 2-core box) lost
     assert killed_at - last < 0.2 + 1.0
-    n = db.execute("SELECT COUNT(DISTINCT ts) FROM points").fetchone()[0]
+    n = db.execute("SELECT COUNT(DISTINCT ts) FROM samples").fetchone()[0]
     assert n >= 3
     assert read_meta(run_dir)["end"] is None  # it never finished...
     [row] = json.loads(_run(["runs", "--json"], tmp_path).stdout)

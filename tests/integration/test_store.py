@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -592,13 +594,19 @@ def test_non_finite_values_are_never_stored(tmp_path: Path) -> None:
         ],
     )
     assert n == 1
-    assert st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0] == 1
+    from stallscope.store.samples import ids_of, unpack
+
+    [(data,)] = st.db.execute("SELECT data FROM samples").fetchall()
+    got = unpack(data)
+    assert got is not None and list(got[1]) == [7.0] and len(ids_of(got[0])) == 1
+    assert st.db.execute("SELECT COUNT(*) FROM points").fetchone()[0] == 0
     assert st.read_all()[("host.cpu_pct", "cpu2")].v == [7.0]
     st.close()
 
 
 def test_readers_skip_and_count_unreadable_rows(tmp_path: Path) -> None:
     from stallscope.analysis.rundata import load_run
+    from stallscope.store.samples import Packer
 
     st = RunStore(tmp_path / "run.db")
     for i in range(5):
@@ -619,17 +627,43 @@ def test_readers_skip_and_count_unreadable_rows(tmp_path: Path) -> None:
         st.db.execute("UPDATE steps SET h2d_s=X'00' WHERE step=2")
         st.db.execute("UPDATE entities SET attrs='[1]' WHERE source='disk'")
         st.db.execute("INSERT INTO events VALUES(2.0, 'gpu', 'note', X'00')")
+        # samples (schema version 7) that cannot be read: truncated, garbage, a count the runs
+        # do not add up to, a value that is inf, text, a time that is not a number, runs that
+        # name one series twice; and a sound one of an unknown series next to a known one (that
+        # point skipped alone)
+        good = Packer().pack({sid: 5.5})
+        st.db.executemany(
+            "INSERT INTO samples VALUES(?, ?)",
+            [
+                (20.0, good[:-3]),
+                (21.0, b"\xff" * 40),
+                (22.0, good[:5] + struct.pack("<I", 2) + good[9:] + struct.pack("<d", 1.0)),
+                (23.0, Packer().pack({sid: 1.0})[:-8] + struct.pack("<d", math.inf)),
+                (24.0, "abc"),
+                ("noon", good),
+                (25.0, Packer().pack({sid: 6.5, 999: 1.0})),
+                (26.0, struct.pack("<BIIIIII2d", 1, 2, 2, sid, 1, sid, 1, 1.0, 2.0)),
+            ],
+        )
     st.close()
     write_meta(tmp_path, {"command": ["x"], "start": 0.0, "end": 5.0})
     data = load_run(tmp_path)
-    assert data.series[("host.cpu_pct", "")].v == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert data.span == (0.0, 4.0)
+    assert data.series[("host.cpu_pct", "")].v == [0.0, 1.0, 2.0, 3.0, 4.0, 6.5]
+    assert data.series[("host.cpu_pct", "")].ts == [0.0, 1.0, 2.0, 3.0, 4.0, 25.0]
+    assert data.span == (0.0, 25.0)
     assert [s.step for s in data.steps] == [0, 3]
     assert [e["entity"] for e in data.entities] == ["42", "43"]
     assert data.entities[1]["attrs"] == {}  # a process's name that is not text is dropped
     assert data.roles() == {"42": "main", "43": "main"}
     assert [e["message"] for e in data.events] == ["ok"]
-    assert data.skipped == {"points": 4, "rollup": 1, "steps": 2, "entities": 1, "events": 1}
+    assert data.skipped == {
+        "points": 4,
+        "samples": 8,
+        "rollup": 1,
+        "steps": 2,
+        "entities": 1,
+        "events": 1,
+    }
     assert data.unreadable == []
 
 
@@ -840,14 +874,14 @@ def test_new_store_carries_the_schema_version(tmp_path: Path) -> None:
 
     from stallscope.store import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     st = RunStore(tmp_path / "run.db")
     st.add_steps([StepRow(0, 1, 1.0, 0.01, 0.04, comm_s=0.002)])
     st.close()
     assert _pragma(tmp_path / "run.db", "user_version") == SCHEMA_VERSION
     assert {"comm_s", "n"} <= set(_columns(tmp_path / "run.db", "steps"))
     db = sqlite3.connect(tmp_path / "run.db")
-    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("6",)
+    assert db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone() == ("7",)
     assert _columns(tmp_path / "run.db", "rollup") == ["ts", "series", "n", "v"]
     assert _columns(tmp_path / "run.db", "rollup_packs") == ["ts", "series", "data"]
     db.close()
@@ -1036,7 +1070,7 @@ def test_version_5_store_reads_as_it_is_and_is_migrated(tmp_path: Path) -> None:
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not written
 
     st = RunStore(path)
-    assert _pragma(path, "user_version") == SCHEMA_VERSION == 6
+    assert _pragma(path, "user_version") == SCHEMA_VERSION == 7
     assert _columns(path, "rollup_packs") == ["ts", "series", "data"]
     assert st.read_all() == series and st.steps() == steps and st.time_range() == span
     st.downsample(older_than=7300.0)  # nothing left to fold: hours 0 and 1 packed
@@ -1107,3 +1141,62 @@ def test_store_of_a_newer_version_is_one_clear_error(tmp_path: Path) -> None:
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "newer stallscope" in r.stderr
+
+
+def test_version_6_store_reads_as_it_is_and_is_migrated(tmp_path: Path) -> None:
+    """A run.db of schema version 6 (a points row a point) reads as it is read-only, without a
+    write, and is migrated in place by a writer: samples added, the version set, its points
+    left where they are and read with the samples written after; the next downsampling folds
+    both into the same buckets (a series' mean over the points of either layout)."""
+    import hashlib
+    import sqlite3
+
+    from stallscope.store import SCHEMA_VERSION
+
+    path = tmp_path / "run.db"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(
+        VERSION_5_DDL
+        + "CREATE TABLE IF NOT EXISTS rollup_packs(ts INTEGER NOT NULL, series INTEGER NOT NULL, "
+        "data BLOB NOT NULL, PRIMARY KEY(ts, series)) WITHOUT ROWID;"
+    )
+    with db:
+        db.execute("INSERT INTO info VALUES('schema_version', '6')")
+        db.execute("INSERT INTO series VALUES(1, 'host.cpu_pct', ''), (2, 'gpu.throttle_mask', '')")
+        db.executemany(
+            "INSERT INTO points VALUES(?, ?, ?)",
+            [(7200.0 + i, s, 0.1 * i + s) for i in range(30) for s in (1, 2)],
+        )
+    db.execute("PRAGMA user_version = 6")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("PRAGMA journal_mode=DELETE")
+    db.close()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    ro = RunStore(path, readonly=True)
+    series, span = ro.read_all(), ro.time_range()
+    assert series[("host.cpu_pct", "")].v == [0.1 * i + 1 for i in range(30)]
+    assert ro.read("gpu.throttle_mask")[0].v == [0.1 * i + 2 for i in range(30)]
+    assert span == (7200.0, 7229.0) and ro.skipped == {}
+    ro.close()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before  # read-only: not written
+
+    st = RunStore(path)
+    assert _pragma(path, "user_version") == SCHEMA_VERSION == 7
+    assert _columns(path, "samples") == ["ts", "data"]
+    assert st.read_all() == series and st.time_range() == span
+    assert st.db.execute("SELECT COUNT(*) FROM points").fetchone() == (60,)  # left as they are
+    for i in range(30, 70):
+        st.add_points(7200.0 + i, [Point("host.cpu_pct", "", 0.1 * i + 1)])
+    assert st.read("host.cpu_pct")[0].v == [0.1 * i + 1 for i in range(70)]
+    assert st.read_all()[("host.cpu_pct", "")].ts == [7200.0 + i for i in range(70)]
+    assert st.time_range() == (7200.0, 7269.0)
+    assert st.downsample(older_than=7260.0) == 60 + 30  # points of both layouts folded
+    assert st.db.execute("SELECT COUNT(*) FROM points").fetchone() == (0,)
+    got = st.read_all()
+    assert got[("host.cpu_pct", "")].ts == [7200.0] + [7260.0 + i for i in range(10)]
+    assert got[("host.cpu_pct", "")].v[0] == pytest.approx(sum(0.1 * i + 1 for i in range(60)) / 60)
+    assert got[("gpu.throttle_mask", "")].v == [0.1 * 29 + 2]  # its max
+    assert st.skipped == {}
+    st.close()

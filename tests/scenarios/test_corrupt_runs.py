@@ -15,10 +15,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
@@ -81,13 +83,51 @@ def _loosen(table: str, *stmts: str) -> Callable[[Path], None]:
 def _bad_points(
     v: str = "1.0", ts: str = "t.ts + 0.001 * k.k", series: str = "t.series"
 ) -> Callable[[Path], None]:
-    """BAD extra points rows (after existing samples, in existing series unless told)."""
+    """BAD extra rows of ``points`` (the layout of schema version 6 and before, still read: after
+    the first sample, in an existing series unless told)."""
     return _sql(
         "CREATE TEMP TABLE k(k INTEGER)",
         "INSERT INTO k VALUES(1),(2),(3)",
         f"INSERT INTO points SELECT {ts}, {series}, {v} FROM "
-        "(SELECT ts, series FROM points ORDER BY ts LIMIT 1) t, k",
+        "(SELECT ts, (SELECT MIN(id) FROM series) AS series FROM samples ORDER BY ts LIMIT 1) t, k",
     )
+
+
+def _bad_samples(
+    data: Callable[[int, bytes, int], object],
+    ts: Callable[[int, float], object] = lambda k, t: t + 0.001 * k,
+    loosen: bool = False,
+) -> Callable[[Path], None]:
+    """BAD extra rows of ``samples`` (schema version 7), ``k`` = 1 to 3: at ``ts(k, first
+    sample's time)``, holding ``data(k, first sample's blob, first series id)`` (``loosen``: the
+    table rebuilt without its constraints first)."""
+
+    def damage(run: Path) -> None:
+        if loosen:
+            _loosen("samples")(run)
+        db = sqlite3.connect(run / "run.db")
+        t, blob = db.execute("SELECT ts, data FROM samples ORDER BY ts LIMIT 1").fetchone()
+        [[sid]] = db.execute("SELECT MIN(id) FROM series").fetchall()
+        db.executemany(
+            "INSERT INTO samples VALUES(?, ?)", [(ts(k, t), data(k, blob, sid)) for k in (1, 2, 3)]
+        )
+        db.commit()
+        db.close()
+
+    return damage
+
+
+def _blob(values: dict[int, float]) -> bytes:
+    from stallscope.store.samples import Packer
+
+    return Packer().pack(values)
+
+
+def _recount(blob: bytes, k: int) -> bytes:
+    """``blob`` saying ``k`` more points than its runs of ids hold, with their values (its length
+    agrees with its count)."""
+    (count,) = struct.unpack_from("<I", blob, 5)
+    return blob[:5] + struct.pack("<I", count + k) + blob[9:] + struct.pack(f"<{k}d", *[1.0] * k)
 
 
 def _bad_rollup(v: str) -> Callable[[Path], None]:
@@ -206,6 +246,44 @@ CASES: dict[str, Case] = {
     ),
     "point_series_text": Case("wrong type", _bad_points(series="'gpu' || k.k"), rows_skipped=True),
     "point_huge": Case("values", _bad_points(v="1e308")),
+    # samples (schema version 7): blobs that cannot be read, and sound ones of no known series
+    "sample_truncated": Case(
+        "wrong type", _bad_samples(lambda k, b, _: b[: -k * 3]), rows_skipped=True
+    ),
+    "sample_garbage": Case(
+        "wrong type",
+        _bad_samples(lambda k, b, _: bytes((i * 7 + k * 31) % 251 for i in range(len(b)))),
+        rows_skipped=True,
+    ),
+    "sample_wrong_count": Case(
+        "values", _bad_samples(lambda k, b, _: _recount(b, k)), rows_skipped=True
+    ),
+    "sample_unknown_series": Case(
+        "wrong type", _bad_samples(lambda k, b, _: _blob({99990 + k: 1.0})), rows_skipped=True
+    ),
+    "sample_value_inf": Case(
+        "values",
+        _bad_samples(lambda k, b, sid: _blob({sid: (math.inf, -math.inf, math.nan)[k - 1]})),
+        rows_skipped=True,
+    ),
+    "sample_text": Case(
+        "wrong type",
+        _bad_samples(lambda k, b, _: ("abc", 1.5, b.hex())[k - 1]),
+        rows_skipped=True,
+    ),
+    "sample_null": Case(
+        "NULLs", _bad_samples(lambda k, b, _: None, loosen=True), rows_skipped=True
+    ),
+    "sample_ts_text": Case(
+        "wrong type", _bad_samples(lambda k, b, _: b, ts=lambda k, t: f"noon{k}"), rows_skipped=True
+    ),
+    "sample_ts_inf": Case(
+        "values",
+        _bad_samples(
+            lambda k, b, _: b, ts=lambda k, t: (math.inf, -math.inf, None)[k - 1], loosen=True
+        ),
+        rows_skipped=True,
+    ),
     "point_ts_far_future": Case("values", _bad_points(ts="1e14 + k.k")),
     "rollup_text": Case("wrong type", _bad_rollup("'abc'"), rows_skipped=True),
     "rollup_inf": Case("values", _bad_rollup("9e999"), rows_skipped=True),
@@ -226,7 +304,7 @@ CASES: dict[str, Case] = {
         _loosen(
             "series",
             "INSERT INTO series VALUES(99991, NULL, NULL)",
-            "INSERT INTO points SELECT DISTINCT ts + 0.001, 99991, 1.0 FROM points LIMIT 3",
+            "INSERT INTO points SELECT DISTINCT ts + 0.001, 99991, 1.0 FROM samples LIMIT 3",
         ),
     ),
     # entities
@@ -267,6 +345,7 @@ CASES: dict[str, Case] = {
     "db_missing": Case("run.db file", _unlink("run.db")),
     "db_is_directory": Case("run.db file", _db_dir),
     "table_missing_points": Case("schema", _sql("DROP TABLE points")),
+    "table_missing_samples": Case("schema", _sql("DROP TABLE samples")),
     "table_missing_steps": Case("schema", _sql("DROP TABLE steps")),
     "table_missing_entities": Case("schema", _sql("DROP TABLE entities")),
     "column_missing_steps": Case(
@@ -313,7 +392,7 @@ def _pristine(root: Path) -> Path:
     from stallscope.store import RunStore, StepRow
 
     st = RunStore(run / "run.db")
-    [[t0]] = st.db.execute("SELECT MIN(ts) FROM points").fetchall()
+    [[t0]] = st.db.execute("SELECT MIN(ts) FROM samples").fetchall()
     st.add_steps(
         StepRow(0, i, t0 + i * 0.1, 0.05, 0.04, 0.001, 0.03, 0.01, 32, 0) for i in range(8)
     )
@@ -497,7 +576,7 @@ def test_kill_9_show_and_runs_agree(tmp_path: Path) -> None:
     assert "interrupted" in cli("show", str(run))
     assert "interrupted" in cli("runs")
     db = sqlite3.connect(run / "run.db")
-    last = db.execute("SELECT MAX(ts) FROM points").fetchone()[0]
+    last = db.execute("SELECT MAX(ts) FROM samples").fetchone()[0]
     db.close()
     expected = last - shown["meta"]["start"]
     assert shown["duration_s"] == pytest.approx(expected, abs=0.01)
