@@ -254,3 +254,66 @@ def test_compare_without_the_probe_reads_samples_per_s_from_the_counted_batches(
         ).stdout
     )["summary"]
     assert (shown["samples_per_s"], shown["throughput_source"]) == (row["b"], "counted_batches")
+
+
+BUFFERED = """
+import os, queue, sys, threading, time
+import numpy as np
+import torch
+import torch.utils.data as tud
+from stallscope.sources.stacks import batches, inproc
+
+class Sorted(tud.Dataset):
+    def __len__(self):
+        return 10**6
+    def __getitem__(self, i):
+        a = np.random.default_rng(i).random(100_000)
+        return np.sort(a)[:8]
+
+assert batches.install()
+sampler = inproc.start(sys.argv[1])
+q = queue.Queue(maxsize=2)
+
+def buffer():  # MONAI's ThreadDataLoader's buffer thread: iterate a DataLoader into a queue
+    for batch in tud.DataLoader(Sorted(), batch_size=8, num_workers=0):
+        q.put(batch)
+
+threading.Thread(target=buffer, daemon=True).start()
+torch.set_num_threads(1)
+model, w = torch.nn.Linear(512, 512), torch.randn(64, 512)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 4:
+    x = q.get()
+    for _ in range(3):  # a step of a few ms beside ~60 ms of loading a batch
+        model(w).sum().backward()
+sampler.stop()
+os._exit(0)  # the buffer thread is still inside torch: no interpreter teardown under it
+"""
+
+
+@pytest.mark.slow
+def test_a_thread_iterating_a_dataloader_under_the_hook_is_a_loader_thread(
+    tmp_path: Path,
+) -> None:
+    """MONAI's ThreadDataLoader: a buffer thread iterates a DataLoader (num_workers=0) into a
+    queue. Under `run` that DataLoader's __next__ is stallscope's counting hook; its frame
+    made the thread read as stallscope's own, no loader's, and a 93%-data-bound MONAI training
+    read as data_wait_unknown. The thread is a loader thread preparing, and the training
+    thread's wait on it is data."""
+    import subprocess
+    import sys
+
+    from stallscope.sources.stacks.aggregate import read_records
+
+    script = tmp_path / "buffered.py"
+    script.write_text(BUFFERED)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_records(tmp_path)
+    parts = [rec["threads"] for rec in recs if "threads" in rec]
+    assert parts, recs
+    assert sum(p["s"]["prep"] for p in parts) > 1.0, parts
+    [p] = trainer_phases(recs)
+    assert p.share("data") >= 0.5, p.seconds

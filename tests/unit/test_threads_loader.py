@@ -54,6 +54,12 @@ def test_a_loader_threads_samples_are_fetch_prep_or_idle(tmp_path: Path) -> None
     fetch = Frame("/x/site-packages/torch/utils/data/_utils/fetch.py", "fetch", 52)
     buffer = Frame("/x/site-packages/monai/data/thread_buffer.py", "enqueue_values", 48)
     assert loader_phase([Frame(own, "prep", 5), fetch, buffer]) == "prep"
+    # under `run` the DataLoader's __next__ the buffer thread calls is stallscope's hook
+    # (sources/stacks/batches.py): see-through, still MONAI's loader thread preparing
+    hook = Frame("/x/site-packages/stallscope/sources/stacks/batches.py", "__next__", 90)
+    nxt = Frame("/x/site-packages/torch/utils/data/dataloader.py", "__next__", 630)
+    assert loader_phase([Frame(own, "prep", 5), fetch, nxt, hook, buffer]) == "prep"
+    assert loader_phase([Frame("/x/site-packages/stallscope/probe/writer.py", "_loop", 1)]) is None
     assert loader_phase([Frame("/x/stallscope/probe/writer.py", "_loop", 1)]) is None
     assert loader_phase([]) is None
 

@@ -128,6 +128,11 @@ NOT_LOADER = (
     "/debugpy/",
     "/ipykernel/",
 )
+#: stallscope's own wrappers on a loader's calls (the DataLoader's ``__next__``, :mod:`.batches`;
+#: a worker's fetch, :mod:`.fetches`): see-through, never what makes a thread stallscope's (a
+#: thread iterating a DataLoader runs them: MONAI's ThreadDataLoader's buffer thread read as no
+#: loader's while they did)
+HOOKS = ("/stallscope/sources/stacks/batches.py", "/stallscope/sources/stacks/fetches.py")
 #: the training thread waiting on another thread for its batch: a queue, a future, a thread
 #: pool's results, MONAI's thread buffer
 WAITS: tuple[Row, ...] = tuple(
@@ -166,7 +171,7 @@ def loader_phase(frames: Sequence[Frame]) -> str | None:
         return None
     for f in frames:
         path = _norm(f.file)
-        if any(frag in path for frag in NOT_LOADER):
+        if any(frag in path for frag in NOT_LOADER) and not any(h in path for h in HOOKS):
             return None
     if _hit(IDLE, frames[0]):
         return "idle"
