@@ -597,7 +597,10 @@ class ProcsSource(Source):
         prev_t, prev = self._prev.get(pid, _NO_PREV)
         if prev is not None and prev.starttime != st.starttime:
             self.known.pop(pid, None)  # the pid was handed to a new process between samples
-        if pid not in self.known:
+        known = self.known.get(pid)
+        # new, or renamed since (a DataLoader worker names itself pt_data_worker after its
+        # fork: first seen before that, under a CPU quota, it kept its parent's name)
+        if known is None or known["name"] != st.comm:
             self.known[pid] = self._identity(pid, st)
         self._prev[pid] = (t, cur)
         rec = self._state(pid, st)

@@ -22,7 +22,10 @@ def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None)
     ``ppid`` and the sampler's own ``role``, where the tree's root is "main"). The trainer
     processes ("main") are, in order of evidence: the pids the in-trainer probe reported; the
     parents of PyTorch DataLoader workers (named ``pt_data_worker``); else the root, unless the
-    root is a launcher (a shell, ``torchrun``...), in which case its children. Descendants of a
+    root is a launcher (a shell, ``torchrun``...), in which case its children. A trainer's
+    sibling under the same launcher with the same command line is another rank, and a trainer
+    too (its workers may not have been seen by their name: a rank starved of CPU renames them
+    late, after the sampler first saw them). Descendants of a
     main are workers; its ancestors are launchers."""
     by_pid = {str(p["entity"]): p.get("attrs") or {} for p in procs}
     parent = {pid: str(a.get("ppid")) for pid, a in by_pid.items()}
@@ -33,6 +36,8 @@ def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None)
             for pid, a in by_pid.items()
             if a.get("name") == TORCH_WORKER and parent.get(pid) in by_pid
         }
+    if mains:
+        mains |= _sibling_ranks(by_pid, parent, mains)
     if not mains:
         roots = [pid for pid, a in by_pid.items() if a.get("role") == "main"] or [
             pid for pid in by_pid if parent.get(pid) not in by_pid
@@ -61,3 +66,17 @@ def infer_roles(procs: list[dict[str, Any]], probe_pids: set[str] | None = None)
         else:
             roles[pid] = "launcher"
     return roles
+
+
+def _sibling_ranks(
+    by_pid: dict[str, dict[str, Any]], parent: dict[str, str], mains: set[str]
+) -> set[str]:
+    """The processes that share a trainer's launcher parent and its command line: its other
+    ranks (torchrun starts every rank with one command line; a DataLoader worker, forked with
+    its trainer's command line, has the trainer for parent, no launcher)."""
+    launched = {
+        (parent[m], by_pid[m].get("cmdline"))
+        for m in mains
+        if by_pid.get(parent.get(m, ""), {}).get("name") in LAUNCHERS and by_pid[m].get("cmdline")
+    }
+    return {pid for pid, a in by_pid.items() if (parent.get(pid), a.get("cmdline")) in launched}

@@ -238,6 +238,40 @@ def test_real_tree_roles_and_cpu() -> None:
         _end_tree(p, kids)
 
 
+def test_a_process_that_renames_itself_is_known_by_its_new_name() -> None:
+    """A DataLoader worker names itself pt_data_worker after its fork; first seen before that
+    (a trainer under a CPU quota is slow to get there) it kept the name it was seen with, and
+    its trainer read as no trainer. Its entity follows the rename."""
+    code = (
+        "import ctypes, sys, time\n"
+        "sys.stdin.readline()\n"
+        "ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
+        "print('renamed', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        src = ProcsSource(p.pid)
+        src.open()
+        out = src.sample(time.time())
+        assert out is not None
+        before = src.entities(out)[str(p.pid)]
+        assert before["name"] != "pt_data_worker"
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "renamed"
+        out = src.sample(time.time())
+        assert out is not None
+        after = src.entities(out)[str(p.pid)]
+        assert after["name"] == "pt_data_worker" and after["cmdline"] == before["cmdline"]
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_an_idle_process_gives_its_last_record_with_zero_rates_and_its_io_unread() -> None:
     """A sleeping single-threaded worker reads the same stat and schedstat at each sample: its
     record is what a full read gives (all rates 0) without reading its io file; a busy one is
@@ -318,6 +352,38 @@ def test_infer_roles_torchrun_ranks_and_probe_pids() -> None:
     # a plain `python train.py` root with workers stays main
     plain = [_ent(20, 1, "python", "main"), _ent(21, 20, "python")]
     assert infer_roles(plain) == {"20": "main", "21": "worker"}
+
+
+def test_infer_roles_a_rank_whose_workers_were_not_seen_by_name() -> None:
+    """Rank 1 under a CPU quota renamed its DataLoader worker (pt_data_worker) after the sampler
+    first saw it: only rank 0's worker is known by name. Rank 1 shares rank 0's launcher and
+    command line: a trainer too (it read as a launcher, and a DDP run diagnosed from its stacks
+    alone lost its straggler: a fresh-clone CI run); a helper the launcher started with another
+    command line is not."""
+    from stallscope.sources.roles import infer_roles
+
+    cmd = "python examples/train_ddp.py --max-seconds 6"
+    tree = [
+        _ent(10, 1, "torchrun", "main"),
+        _ent(11, 10, "python"),
+        _ent(12, 10, "python"),
+        _ent(13, 11, "pt_data_worker"),
+        _ent(14, 12, "python"),
+        _ent(15, 10, "python"),
+    ]
+    for e in tree[1:5]:
+        e["attrs"]["cmdline"] = cmd
+    tree[5]["attrs"]["cmdline"] = "python -m tensorboard.main --logdir runs"
+    assert infer_roles(tree) == {
+        "10": "launcher",
+        "11": "main",
+        "12": "main",
+        "13": "worker",
+        "14": "worker",
+        "15": "launcher",
+    }
+    # the probe of rank 0 alone: rank 1 is still its sibling rank
+    assert infer_roles(tree, {"11"})["12"] == "main"
 
 
 def test_thread_states_counts_d_and_tensorflow_threads() -> None:
