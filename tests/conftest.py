@@ -17,6 +17,11 @@ import pytest
 #: __init__.py), so a test in any tier imports the helpers by name: ``from conftest import ROOT``.
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
+# the agent's and Prometheus's helpers live beside the integration tests (test_agent,
+# test_agent_deploy...): a scenario that needs them imports them by name whichever files a run
+# collects (pytest puts a folder on sys.path only once it collects a test from it)
+if str(TESTS_DIR / "integration") not in sys.path:
+    sys.path.append(str(TESTS_DIR / "integration"))
 
 # A suite started in the background (`scripts/test.sh &`) inherits SIGINT ignored, and an
 # ignored signal stays ignored across exec: the tests that press Ctrl-C on a child would find
