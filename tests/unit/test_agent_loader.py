@@ -227,9 +227,10 @@ def test_wait_histogram_spreads_an_interval_s_waits_as_they_came() -> None:
     assert WaitSpread(cols).waits(1.0, 2.0, 99, 5.0) is None  # the buckets do not hold them
 
 
-def _scraped_node(threads: dict[str, float] | None = None) -> Any:
-    """A node as Prometheus holds it after the agent exported a bursty training whose two
-    workers' batch costs have a heavy tail: the query_range answer, series by series."""
+def _node() -> tuple[Any, Any, int]:
+    """An empty query_range answer of one node (``_Scraped``), the function that adds a
+    series of 60 points a second apart to it, and that count; the node's host (4 cores at 30%)
+    and its training's process tree (trainer 10, workers 11 and 12 of run r1) added."""
     from stallscope.analysis.promdata import _Scraped
 
     t0, n = time.time() - 60, 60
@@ -253,6 +254,14 @@ def _scraped_node(threads: dict[str, float] | None = None) -> Any:
         lab = {"pid": w, "ppid": "10", "role": "worker", **run}
         add("stallscope_proc_cpu_ratio", lab, [0.3] * n)
         add("stallscope_proc_io_wait_state", lab, [0.0] * n)  # never waiting on a read
+    return sc, add, n
+
+
+def _scraped_node(threads: dict[str, float] | None = None) -> Any:
+    """A node as Prometheus holds it after the agent exported a bursty training whose two
+    workers' batch costs have a heavy tail: the query_range answer, series by series."""
+    sc, add, n = _node()
+    run = {"run": "r1", "Hostname": "n1"}
     # 20 steps a second: one in ten waits 0.4 s, the rest none; each step computes 50 ms
     rank = {**run, "rank": "0", "train_job": "r1"}
     steps = [20.0 * i for i in range(n)]
@@ -390,30 +399,11 @@ def test_head_of_line_of_an_unmodified_trainer_from_prometheus_series() -> None:
     batch costs (a tail) from Prometheus give head_of_line with the spread from the counted
     batches, as the run's own files do."""
     from stallscope.analysis.diagnose import diagnose
-    from stallscope.analysis.promdata import PromQuery, _node_run, _Scraped
+    from stallscope.analysis.promdata import PromQuery, _node_run
 
-    t0, n = time.time() - 60, 60
-    ts = [t0 + i for i in range(n)]
-    sc = _Scraped()
-
-    def add(name: str, labels: dict[str, str], vs: list[float]) -> None:
-        sc.add(
-            {
-                "metric": {"__name__": name, "instance": "n1:1", "job": "a", **labels},
-                "values": [[t, str(v)] for t, v in zip(ts, vs)],
-            }
-        )
-
+    sc, add, n = _node()
     run = {"run": "r1", "Hostname": "n1"}
-    for c in range(4):
-        add("stallscope_host_cpu_core_busy_ratio", {"cpu": str(c)}, [0.3] * n)
-    add("stallscope_host_cpu_busy_ratio", {}, [0.3] * n)
     add("stallscope_collector_sample_cpu_seconds", {}, [0.001] * n)  # the agent sampled
-    add("stallscope_proc_cpu_ratio", {"pid": "10", "ppid": "1", "role": "main", **run}, [0.4] * n)
-    for w in ("11", "12"):
-        lab = {"pid": w, "ppid": "10", "role": "worker", **run}
-        add("stallscope_proc_cpu_ratio", lab, [0.3] * n)
-        add("stallscope_proc_io_wait_state", lab, [0.0] * n)
     main = {"pid": "10", "role": "main", "rank": "0", **run}
     add("stallscope_stacks_sampled_seconds", main, [1.0] * n)
     add("stallscope_stacks_data_ratio", main, [0.6] * n)
