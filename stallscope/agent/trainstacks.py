@@ -31,7 +31,7 @@ from stallscope.agent.trainfetches import LoaderCosts, TrainerCosts
 from stallscope.metrics import Point
 from stallscope.sources.base import Source
 from stallscope.sources.stacks.aggregate import RecordTail
-from stallscope.sources.stacks.fetches import bucket_mid_s, histogram
+from stallscope.sources.stacks.fetches import add_counts, bucket_mid_s, histogram
 from stallscope.sources.stacks.source import WINDOW_S, StacksSource
 from stallscope.sources.stacks.threads import LOADER_PHASES
 
@@ -99,9 +99,8 @@ class _ThreadsTail(RecordTail):
         if had is None:
             ok = type(rank) is int and 0 <= rank < 1 << 20
             had = self.timed[pid] = (rank if ok else None, {}, {})
-        for into, add in ((had[1], waits), (had[2], steps)):
-            for k, c in add.items():
-                into[k] = into.get(k, 0) + c
+        add_counts(had[1], waits)
+        add_counts(had[2], steps)
 
     def window(self, now: float) -> dict[str, dict[str, float]]:
         """pid -> its loader threads over the last WINDOW_S seconds (the most threads at

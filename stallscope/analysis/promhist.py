@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from stallscope.sources.stacks.fetches import bucket_of_le
+from stallscope.sources.stacks.fetches import add_counts, bucket_of_le
 from stallscope.sources.stacks.threads import LOADER_PHASES
 from stallscope.store import Series
 
@@ -123,9 +123,7 @@ def batch_costs_of(
         if not counts or not workers:
             continue
         key: Any = int(workers[0]) if workers[0].isdigit() else workers[0]
-        into = out.setdefault(key, {})
-        for k, c in counts.items():
-            into[k] = into.get(k, 0) + c
+        add_counts(out.setdefault(key, {}), counts)
     return out
 
 

@@ -110,14 +110,13 @@ def trainer_phases(
 def _add_times(p: ProcPhases, waits: Any, steps: Any) -> None:
     """A record's batch wait and step histograms into ``p`` (both, or neither when either is
     not a histogram)."""
-    from stallscope.sources.stacks.fetches import histogram
+    from stallscope.sources.stacks.fetches import add_counts, histogram
 
     w, st = histogram(waits), histogram(steps)
     if w is None or st is None:
         return
-    for into, add in ((p.wait_b, w), (p.step_b, st)):
-        for k, c in add.items():
-            into[k] = into.get(k, 0) + c
+    add_counts(p.wait_b, w)
+    add_counts(p.step_b, st)
 
 
 def _count(v: Any) -> TypeGuard[int]:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stallscope.sources.stacks.fetches import add_counts
 from stallscope.sources.stacks.phases import (
     TRAINING,
     Frame,
@@ -201,10 +202,8 @@ class Tally:
     def time_batches(self, waits: Mapping[int, int], steps: Mapping[int, int]) -> None:
         """Add the batches' waits and step times taken since the last call (bucket ->
         batches) to this window."""
-        for into, add in ((self.wait_b, waits), (self.step_b, steps)):
-            for k, c in add.items():
-                if c > 0:
-                    into[k] = into.get(k, 0) + c
+        add_counts(self.wait_b, waits)
+        add_counts(self.step_b, steps)
 
     def record(self, ts: float, final: bool = False) -> dict[str, Any] | None:
         """The window as a record (None when empty), and a fresh window. ``final``: the last

@@ -38,6 +38,7 @@ __all__ = [
     "K_LO",
     "FetchRecord",
     "Histogram",
+    "add_counts",
     "bucket",
     "bucket_of_le",
     "cost_summary",
@@ -249,9 +250,7 @@ def read_histograms(run_dir: Path) -> dict[int, dict[int, int]]:
             rec = _record(line)
             if rec is not None:
                 pid, counts = rec
-                into = out.setdefault(pid, {})
-                for k, c in counts.items():
-                    into[k] = into.get(k, 0) + c
+                add_counts(out.setdefault(pid, {}), counts)
     return out
 
 
@@ -316,11 +315,18 @@ def parse_record(line: str) -> FetchRecord | None:
     return FetchRecord(got[0], ppid, got[1], float(sum_s) if ok and 0 <= sum_s < 1e9 else 0.0)
 
 
+def add_counts(into: dict[int, int], counts: Mapping[int, int]) -> None:
+    """Add histogram ``counts`` (bucket -> count) into ``into``; counts of 0 or less add
+    nothing."""
+    for k, c in counts.items():
+        if c > 0:
+            into[k] = into.get(k, 0) + c
+
+
 def merged(hists: Iterable[Histogram]) -> dict[int, int]:
     total: dict[int, int] = {}
     for h in hists:
-        for k, c in h.items():
-            total[k] = total.get(k, 0) + c
+        add_counts(total, h)
     return total
 
 
