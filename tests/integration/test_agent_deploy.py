@@ -282,6 +282,12 @@ def both_diagnoses(
     )
     assert local.returncode == 0, local.stderr
     time.sleep(2)  # the agents' last scrape of the finished run
+    return json.loads(local.stdout), diagnose_over_prometheus(prom, port)
+
+
+def diagnose_over_prometheus(prom: Prometheus, port: int) -> dict[str, Any]:
+    """`stallscope diagnose --prometheus` of the agent on ``port`` over the last 2 minutes at
+    1-s steps, as a child process: its JSON."""
     r = subprocess.run(
         stallscope_argv(
             "diagnose",
@@ -301,7 +307,8 @@ def both_diagnoses(
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr
-    return json.loads(local.stdout), json.loads(r.stdout)
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
 
 
 def stop_all(

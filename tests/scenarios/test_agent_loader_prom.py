@@ -16,9 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, stallscope_argv
+from conftest import ROOT
 from test_agent import start_agent, stop_agent
-from test_agent_deploy import start_prometheus, stop_prometheus, wait_for
+from test_agent_deploy import (
+    diagnose_over_prometheus,
+    start_prometheus,
+    stop_prometheus,
+    wait_for,
+)
 from test_agent_steps import make_run
 
 from stallscope.loadermodel import OTHERS_BUSY_CORES
@@ -107,26 +112,7 @@ def test_head_of_line_from_the_agent_s_series(tmp_path: Path) -> None:
             [agent.proc],
         )
         time.sleep(2)  # the last steps scraped
-        r = subprocess.run(
-            stallscope_argv(
-                "diagnose",
-                "--prometheus",
-                prom.base,
-                "--instance",
-                f"127.0.0.1:{agent.port}",
-                "--since",
-                "2m",
-                "--step",
-                "1s",
-                "--json",
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
-        assert r.returncode == 0, r.stderr
-        doc = json.loads(r.stdout)
+        doc = diagnose_over_prometheus(prom, agent.port)
         sig = doc["signals"]
         # the workers' own timing, as the run's files give it
         local = fetches.cost_summary(fetches.read_histograms(run).values())
