@@ -18,7 +18,12 @@ if TYPE_CHECKING:
     from stallscope.collect.collector import Event, Sample
     from stallscope.store import RunStore
 
-__all__ = ["Sink", "StoreSink"]
+__all__ = ["HOLD_BELOW_S", "Sink", "StoreSink"]
+
+#: samples less than this far apart are written two to a transaction (each one's row held back
+#: until the next: :meth:`~stallscope.store.RunStore.add_points` ``hold``); a crash then loses
+#: at most the one sample held, less than this much of the run
+HOLD_BELOW_S = 1.0
 
 log = logging.getLogger("stallscope.collect")
 
@@ -82,6 +87,7 @@ class StoreSink(Sink):
         #: the metrics whose points are stored (:func:`_stored`), and those left out, as met
         self._kept: set[str] = set()
         self._left: set[str] = set()
+        self._last_ts: float | None = None  #: the previous sample's time
 
     def write(self, sample: Sample) -> None:
         every, kept = sample.points, self._kept
@@ -93,15 +99,20 @@ class StoreSink(Sink):
                     if p[0] not in kept and p[0] not in left:
                         (kept if _stored(p[0]) else left).add(p[0])
                 points = [p for p in every if p[0] in kept]
+        last, self._last_ts = self._last_ts, sample.ts
+        held = self.store.held
         try:
             touch = self._entities(sample)
-            self.store.add_points(sample.ts, points, touch)
+            # the next sample is due within HOLD_BELOW_S: this one waits for it (one commit
+            # for both); a sample at a longer interval is written at once
+            hold = last is not None and 0.0 < sample.ts - last < HOLD_BELOW_S
+            self.store.add_points(sample.ts, points, touch, hold=hold)
             self.written += 1
             if self.written % self.downsample_every == 0:
                 self.store.downsample(sample.ts - self.keep_full_s, self.bucket_s)
                 self.store.pack_steps(sample.ts)
         except (sqlite3.Error, OSError) as exc:
-            self._failed(exc)
+            self._failed(exc, 1 + held)  # a row held back is lost with this one
 
     def _entities(self, sample: Sample) -> list[tuple[str, list[str], float]]:
         """Store new or changed entities; returns the last-seen times to write with the
@@ -133,7 +144,12 @@ class StoreSink(Sink):
         return touch
 
     def close(self) -> None:
-        """Write the last-seen time of every transient entity still present."""
+        """Write the sample held back, if any, and the last-seen time of every transient
+        entity still present."""
+        try:
+            self.store.flush()
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
         if not self._present:
             return
         try:
@@ -150,9 +166,10 @@ class StoreSink(Sink):
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
 
-    def _failed(self, exc: BaseException) -> None:
-        self.errors += 1
-        if self.errors == 1:
+    def _failed(self, exc: BaseException, lost: int = 1) -> None:
+        first = not self.errors
+        self.errors += lost
+        if first:
             log.warning(
                 "cannot write to %s: %s (samples are lost until it can)", self.store.path, exc
             )

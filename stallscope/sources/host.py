@@ -285,6 +285,9 @@ class HostPayload(TypedDict, total=False):
 #: how often the kernel updates PSI's avg10/avg60/avg300 (PSI_FREQ, 2 s): reading the files
 #: more often gives the same averages, so a sample within this of the last read reuses them
 PSI_AVG_PERIOD_S = 2.0
+#: how often the kernel updates the load averages (LOAD_FREQ, 5 s and a tick): a sample within
+#: this of the last read of ``/proc/loadavg`` reuses it
+LOAD_PERIOD_S = 5.0
 
 
 class HostSource(Source):
@@ -309,6 +312,9 @@ class HostSource(Source):
         #: the PSI gauges of the latest read, and its clock time (:meth:`_read_psi`)
         self._psi_gauges: HostPayload = {}
         self._psi_at = -PSI_AVG_PERIOD_S
+        self._load1 = 0.0
+        self._load_at = -LOAD_PERIOD_S  #: clock time of the last read of loadavg
+        self._swap_on = True  #: whether the last sample's meminfo had a swap area
         self._psi_fresh = False  #: whether the latest sample read the PSI files
         self._psi: list[str] = []
         self._shm_ok = True
@@ -358,13 +364,25 @@ class HostSource(Source):
     def sample(self, now: float) -> HostPayload | None:
         cpus = parse_proc_stat(self._read("stat"))
         mem = parse_meminfo(self._read("meminfo"), _MEMINFO_KEYS)
-        vm_text = self._read("vmstat")
-        t = self._clock()
-        vm = parse_vmstat(vm_text, ("pswpin", "pswpout"))
-        load1 = float(self._read("loadavg").split()[0])
-        prev_cpu, self._prev_cpu = self._prev_cpu, cpus
         prev_vm = self._prev_vm
-        self._prev_vm = (t, vm.get("pswpin", 0), vm.get("pswpout", 0))
+        swap_on = mem.get("SwapTotal", 0) > 0
+        if swap_on or self._swap_on or prev_vm is None:
+            vm_text = self._read("vmstat")
+            t = self._clock()
+            vm = parse_vmstat(vm_text, ("pswpin", "pswpout"))
+            self._prev_vm = (t, vm.get("pswpin", 0), vm.get("pswpout", 0))
+        else:
+            # no swap area now nor at the last read (the one where it went was still read):
+            # nothing can be swapped in or out, the counters stand (a 4-kB file and its
+            # search saved a sample)
+            t = self._clock()
+            self._prev_vm = (t, prev_vm[1], prev_vm[2])
+        self._swap_on = swap_on
+        if t - self._load_at >= LOAD_PERIOD_S:
+            self._load1 = float(self._read("loadavg").split()[0])
+            self._load_at = t
+        load1 = self._load1
+        prev_cpu, self._prev_cpu = self._prev_cpu, cpus
         if prev_cpu is None or prev_vm is None:
             self._read_psi(None)
             return None

@@ -566,29 +566,28 @@ class ProcsSource(Source):
         """One process's record: what it is, its state, and its rates since the last sample;
         None when it exited.
 
-        A single-threaded process whose stat and schedstat read exactly as at the last sample
-        neither ran nor waited for a CPU in between (schedstat counts nanoseconds), so its
-        counters, state and memory are those of the last sample: its record is the last one
-        with every rate zero, and its io file is not read (an idle DataLoader worker: one read
-        and no parsing saved per sample)."""
+        A single-threaded process whose schedstat reads exactly as at the last sample neither
+        ran nor waited for a CPU in between (schedstat counts nanoseconds), so its counters and
+        state are those of the last sample: its record is the last one with every rate zero,
+        and neither its stat nor its io file is read (an idle DataLoader worker: two reads and
+        their parsing saved per sample). Its stat is still read every :data:`RELIST_EVERY`
+        samples: memory the kernel reclaims from a process that does not run changes it."""
+        idle = self._idle.get(pid)
+        sched: str | None = None
+        if idle is not None:
+            try:
+                sched = self._pread(pid, "schedstat")
+            except OSError:
+                return None  # exited between discovery and read
+            if sched == idle[1] and self._n % RELIST_EVERY:
+                return self._serve_idle(pid, idle[2], self._clock())
         try:
             text = self._pread(pid, "stat")
             t = self._clock()
         except OSError:
             return None  # exited between discovery and read
-        idle = self._idle.get(pid)
-        if idle is not None and idle[0] == text:
-            try:
-                sched = self._pread(pid, "schedstat")
-            except OSError:
-                sched = None
-            if sched is not None and sched == idle[1]:
-                self._prev[pid] = (t, self._prev[pid][1])
-                rec = idle[2].copy()
-                self._served[str(pid)] = (rec, idle[2])
-                return rec
-        else:
-            sched = None
+        if idle is not None and idle[0] == text and sched == idle[1]:
+            return self._serve_idle(pid, idle[2], t)
         read = self._parse_stat(text, t)
         if read is None:
             return None
@@ -612,6 +611,14 @@ class ProcsSource(Source):
                 self._idle[pid] = (text, sched, {**rec, **zero})
             else:
                 self._idle.pop(pid, None)
+        return rec
+
+    def _serve_idle(self, pid: int, template: ProcRecord, t: float) -> ProcRecord:
+        """The record of a process that did not run since the last sample: its last one,
+        every rate zero (``template``); its counters stand, read at ``t``."""
+        self._prev[pid] = (t, self._prev[pid][1])
+        rec = template.copy()
+        self._served[str(pid)] = (rec, template)
         return rec
 
     def _parse_stat(self, text: str, t: float) -> tuple[float, ProcStat] | None:

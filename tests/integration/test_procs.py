@@ -15,6 +15,7 @@ from conftest import FIXTURES
 
 from stallscope.errors import ParseError, SourceUnavailable
 from stallscope.sources.procs import (
+    RELIST_EVERY,
     ProcCounters,
     ProcIo,
     ProcsSource,
@@ -304,6 +305,15 @@ def test_an_idle_process_gives_its_last_record_with_zero_rates_and_its_io_unread
         io = [pid for pid, name in reads if name == "io"]
         assert io.count(burn) == 4 and io.count(sleeper) <= 2, io
         assert a[str(burn)]["cpu_pct"] > 0 and set(a[str(burn)]) == set(b[str(burn)])
+        # its unchanged schedstat is enough: its stat is not read either, but every
+        # RELIST_EVERY samples (memory reclaimed from a process that does not run)
+        stat = [pid for pid, name in reads if name == "stat"]
+        assert stat.count(burn) == 4 and stat.count(sleeper) <= 2, stat
+        reads.clear()
+        fast._n = RELIST_EVERY - 1
+        a = fast.sample(time.time())
+        assert a is not None and a[str(sleeper)]["cpu_pct"] == 0.0
+        assert (sleeper, "stat") in reads, reads
     finally:
         _end_tree(p, kids)
 

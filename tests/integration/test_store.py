@@ -1200,3 +1200,60 @@ def test_version_6_store_reads_as_it_is_and_is_migrated(tmp_path: Path) -> None:
     assert got[("gpu.throttle_mask", "")].v == [0.1 * 29 + 2]  # its max
     assert st.skipped == {}
     st.close()
+
+
+def test_a_held_sample_is_written_with_the_next_and_read_by_its_own_store(
+    tmp_path: Path,
+) -> None:
+    """``hold``: a sample's row waits for the next sample's transaction (two samples, one
+    commit). Another connection sees it once that commit lands; the writer's own reads, a
+    downsampling and the end of the run see it at once. Never more than one is held."""
+    path = tmp_path / "run.db"
+    st = RunStore(path)
+    other = RunStore(path, readonly=True)
+    pts = [Point("host.cpu_pct", "", 1.0)]
+    st.add_points(100.0, pts)
+    st.add_points(100.25, pts, hold=True)
+    assert st.held
+    assert other.time_range() == (100.0, 100.0)  # not committed yet
+    st.add_points(100.5, pts, hold=True)  # one is held already: both written now
+    assert not st.held
+    assert other.time_range() == (100.0, 100.5)
+    st.add_points(100.75, [Point("host.cpu_pct", "", 7.0)], hold=True)
+    [s] = st.read("host.cpu_pct")  # the writer's own read flushes first
+    assert s.ts[-1] == 100.75 and s.v[-1] == 7.0 and not st.held
+    st.add_points(101.0, pts, hold=True)
+    st.add_points(101.25, pts, touch=[("procs", ["1"], 101.0)], hold=True)  # with touch: now
+    assert not st.held and other.time_range() == (100.0, 101.25)
+    st.add_points(101.5, pts, hold=True)
+    st.close()  # closing writes what is held
+    assert other.time_range() == (100.0, 101.5)
+    other.close()
+
+
+def test_a_store_sink_holds_samples_under_a_second_apart_and_loses_at_most_one(
+    tmp_path: Path,
+) -> None:
+    """The run's store sink writes two samples to a transaction only when they come less than
+    HOLD_BELOW_S apart; a writer that dies without closing loses only the sample it held."""
+    from stallscope.collect.collector import Sample
+    from stallscope.collect.sinks import HOLD_BELOW_S, StoreSink
+
+    path = tmp_path / "run.db"
+    st = RunStore(path)
+    sink = StoreSink(st)
+    pts = [Point("host.cpu_pct", "", 3.0)]
+    t = 1000.0
+    for _ in range(3):  # an interval of HOLD_BELOW_S: each sample written at once
+        sink.write(Sample(t, points=list(pts)))
+        assert not st.held
+        t += HOLD_BELOW_S
+    for i in range(6):  # a quarter of it (the first still HOLD_BELOW_S after the last):
+        sink.write(Sample(t, points=list(pts)))  # every other sample waits for the next
+        assert st.held == (i % 2 == 1)
+        t += HOLD_BELOW_S / 4
+    other = RunStore(path, readonly=True)
+    stored = [x for s in other.read("host.cpu_pct") for x in s.ts]
+    assert len(stored) == 3 + 5  # the sixth is held: a crash now loses it alone
+    st.db.close()  # the writer dies without closing its store
+    other.close()

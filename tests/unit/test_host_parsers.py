@@ -86,8 +86,22 @@ class _Clock:
         return self.t
 
 
+def _with_swap(root: Path, total_kb: int) -> None:
+    """Give the copied meminfo a swap area of ``total_kb`` (the recorded machine had none)."""
+    mem = (root / "meminfo").read_text().splitlines()
+    mem = [f"SwapTotal:    {total_kb} kB" if m.startswith("SwapTotal:") else m for m in mem]
+    (root / "meminfo").write_text("\n".join(mem) + "\n")
+
+
+def _swap_in(root: Path, pages: int) -> None:
+    vm = (root / "vmstat").read_text().splitlines()
+    vm = [f"pswpin {int(v.split()[1]) + pages}" if v.startswith("pswpin ") else v for v in vm]
+    (root / "vmstat").write_text("\n".join(vm) + "\n")
+
+
 def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
     root = _proc_copy(tmp_path)
+    _with_swap(root, 1048576)  # pages are swapped in below: the machine has a swap area
     clock = _Clock(100.0)
     src = HostSource(proc_root=str(root), shm_path=str(tmp_path), clock=clock)
     src.open()
@@ -103,9 +117,7 @@ def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
             f"{c.iowait} {c.irq} {c.softirq} {c.steal} 0 0"
         )
     (root / "stat").write_text("\n".join(lines) + "\n")
-    vm = (root / "vmstat").read_text().splitlines()
-    vm = [f"pswpin {int(v.split()[1]) + 1000}" if v.startswith("pswpin ") else v for v in vm]
-    (root / "vmstat").write_text("\n".join(vm) + "\n")
+    _swap_in(root, 1000)
     clock.t = 102.0
     out = src.sample(102.0)
     assert out is not None
@@ -116,6 +128,33 @@ def test_reader_rates_from_two_readings(tmp_path: Path) -> None:
     assert out["swap_in_kb_s"] == pytest.approx(1000 * page_kb / 2)
     assert out["mem_total_mib"] > 0 and out["shm_total_mib"] > 0
     assert "psi_io_some_pct" in out and "psi_io_full_pct" in out
+
+
+def test_without_a_swap_area_vmstat_is_not_read_and_swapoff_is_counted(tmp_path: Path) -> None:
+    """No swap area (meminfo's SwapTotal 0): nothing can be swapped, /proc/vmstat is not read
+    (its counters stand). The sample where the area went (swapoff swaps everything in) still
+    reads it, so that last swap-in is counted."""
+    root = _proc_copy(tmp_path)
+    _with_swap(root, 1048576)
+    clock = _Clock(100.0)
+    src = HostSource(proc_root=str(root), shm_path=str(tmp_path), clock=clock)
+    src.open()
+    assert src.sample(100.0) is None
+    page_kb = os.sysconf("SC_PAGE_SIZE") / 1024
+    _with_swap(root, 0)  # swapoff: 500 pages swapped back in on the way
+    _swap_in(root, 500)
+    clock.t = 101.0
+    out = src.sample(101.0)
+    assert out is not None and out["swap_in_kb_s"] == pytest.approx(500 * page_kb)
+    # no swap area at this read nor the last: vmstat is not read at all
+    (root / "vmstat").write_text("this file must not be read\n")
+    before = {c[0]: c[2] for c in src.counters() if c[0].startswith("host.swap")}
+    clock.t = 102.0
+    out = src.sample(102.0)
+    assert out is not None
+    assert out["swap_in_kb_s"] == 0.0 and out["swap_out_kb_s"] == 0.0
+    assert {c[0]: c[2] for c in src.counters() if c[0].startswith("host.swap")} == before
+    assert before  # the swap counters are still exported, standing
 
 
 def test_missing_proc_is_unavailable(tmp_path: Path) -> None:
