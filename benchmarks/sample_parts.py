@@ -67,8 +67,7 @@ def measure(samples: int, gap: float, root_pid: int) -> None:
         session.watch(root_pid)
         col = session.collector
         assert col is not None and col._thread is not None
-        col._stop.set()  # its thread stops: the samples are taken here, at our pace
-        col._thread.join()
+        col.halt()  # its thread stops: the samples are taken here, at our pace
         for _ in range(20):
             col.sample_once()
         for src in col.sources:
