@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import META_KEYS, ROOT, stallscope_argv
+from conftest import META_KEYS, ROOT, make_demo_files, stallscope_argv
 
 from stallscope.store import RunStore, read_meta
 
@@ -41,22 +41,9 @@ def _diagnose(run_dir: Path, cwd: Path) -> dict[str, Any]:
 def test_a_copied_run_with_its_dataset_gone_diagnoses_the_same(tmp_path: Path) -> None:
     data = tmp_path / "data"
     out = tmp_path / "runs"
-    subprocess.run(
-        [
-            sys.executable,
-            TRAIN,
-            "--data-dir",
-            str(data),
-            "--files",
-            "400",
-            "--epochs",
-            "0",
-            "--no-probe",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    # the trainer's own 400 files (its make_files, in this process: a trainer started with
+    # --epochs 0 for them cost ~5 s of CPU, torch's import and an optimizer's)
+    make_demo_files(data, 400)
     r = subprocess.run(
         stallscope_argv(
             "run",

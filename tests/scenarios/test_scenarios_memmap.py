@@ -7,7 +7,7 @@ compute_bound."""
 
 from __future__ import annotations
 
-import subprocess
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,12 +32,14 @@ def _run(tmp_path: Path, data: Path, wrap: list[str], extra: list[str]) -> dict[
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The loop's 256 MB of tokens, written once by its own make_tokens in this process (the
+    trainer run with --max-seconds 0 for them imported torch and built its model: ~6 s of CPU)."""
     data = tmp_path_factory.mktemp("memmap") / "data"
-    subprocess.run(
-        [sys.executable, TRAIN, "--data-dir", str(data), "--mb", "256", "--max-seconds", "0"],
-        check=True,
-        capture_output=True,
-    )
+    spec = importlib.util.spec_from_file_location("_train_memmap_tokens", TRAIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # numpy at its top; torch only inside main()
+    module.make_tokens(data / "train.bin", 256)
     return data
 
 

@@ -5,6 +5,7 @@ higher one (docs/architecture.md "Layers"), no function over 80 lines, no module
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from conftest import ROOT as REPO
@@ -103,7 +104,12 @@ def _imports(mod: str, path: Path) -> set[str]:
     return found
 
 
-GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Each module's imports of the package (parsed on first use, by the tests that read it:
+    built at import, it cost every pytest process that collects this file ~1 s of CPU, three
+    xdist workers of the parallel pass among them)."""
+    return {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def _layer(mod: str) -> tuple[str, int]:
@@ -145,13 +151,13 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_no_import_cycle() -> None:
-    cycles = import_cycles(GRAPH)
+    cycles = import_cycles(graph())
     assert cycles == [], [" -> ".join(c) for c in cycles]
 
 
 def test_imports_point_down() -> None:
     up = []
-    for m, targets in GRAPH.items():
+    for m, targets in graph().items():
         part, layer = _layer(m)
         for t in targets:
             t_part, t_layer = _layer(t)
