@@ -91,7 +91,14 @@ from stallscope.store.packs import (
     packed_steps_after,
 )
 from stallscope.store.rows import Series, StepRow, StepTuple, StepValues
-from stallscope.store.samples import KEYS, Packer, fold_samples, ids_of, readable_ts, unpack
+from stallscope.store.samples import (
+    KEYS,
+    Packer,
+    fold_samples,
+    read_samples,
+    samples_span,
+    write_sample,
+)
 from stallscope.store.schema import (
     _N_OK,
     _POINT_OK,
@@ -286,10 +293,10 @@ class RunStore:
             return n
         with self.db:
             if held is not None:
-                self._write_sample(*held)
+                write_sample(self.db, *held)
             # the whole sample one row (samples.py): one statement, a blob of ~8 bytes a point
             if blob is not None:
-                self._write_sample(ts, blob)
+                write_sample(self.db, ts, blob)
             for source, entities, seen in touch:
                 self.db.executemany(
                     "UPDATE entities SET last_ts=? WHERE source=? AND entity=?",
@@ -302,22 +309,7 @@ class RunStore:
         held, self._held = self._held, None
         if held is not None:
             with self.db:
-                self._write_sample(*held)
-
-    def _write_sample(self, ts: float, blob: bytes) -> None:
-        """One sample's row; a sample already there at ``ts`` (two writes of one time) keeps
-        its points and takes these, as rows of points did."""
-        try:
-            self.db.execute("INSERT INTO samples VALUES(?, ?)", (ts, blob))
-        except sqlite3.IntegrityError:
-            row = self.db.execute("SELECT data FROM samples WHERE ts=?", (ts,)).fetchone()
-            merged: dict[int, float] = {}
-            for got in (unpack(row[0]) if row is not None else None, unpack(blob)):
-                if got is not None:
-                    merged.update(zip(ids_of(got[0]), got[1]))
-            self.db.execute(
-                "INSERT OR REPLACE INTO samples VALUES(?, ?)", (ts, Packer().pack(merged))
-            )
+                write_sample(self.db, *held)
 
     def upsert_entity(self, source: str, entity: str, attrs: dict[str, Any], ts: float) -> None:
         with self.db:
@@ -619,26 +611,7 @@ class RunStore:
         self.flush()  # this connection's own reads see every sample it was given
         if not self._has_samples():
             return 0
-        bad = 0
-        # per list of ids (a few a run): (index of the value, its series), unknown points
-        plans: dict[bytes, tuple[list[tuple[int, Series]], int]] = {}
-        for ts, data in self.db.execute("SELECT ts, data FROM samples ORDER BY ts"):
-            got = unpack(data) if readable_ts(ts) else None
-            if got is None:
-                bad += 1
-                continue
-            runs, vals = got
-            plan = plans.get(runs)
-            if plan is None:
-                ids = ids_of(runs)
-                known = [(i, targets[sid]) for i, sid in enumerate(ids) if sid in targets]
-                plan = plans[runs] = (known, len(ids) - len(known) if unknown else 0)
-            t = float(ts)
-            for i, s in plan[0]:
-                s.ts.append(t)
-                s.v.append(vals[i])
-            bad += plan[1]
-        return bad
+        return read_samples(self.db, targets, unknown=unknown)
 
     def entities(self, source: str | None = None) -> list[dict[str, Any]]:
         """Entities with their attributes (a JSON object); rows whose attributes are not one
@@ -760,20 +733,8 @@ class RunStore:
         return lo, hi
 
     def _samples_span(self) -> tuple[float, float] | None:
-        """The first and last time of a readable sample (walking the key from either end past
-        the rows that cannot be read), None without one."""
         self.flush()
-        if not self._has_samples():
-            return None
-        ends = []
-        for order in ("ASC", "DESC"):
-            for ts, data in self.db.execute(
-                f"SELECT ts, data FROM samples WHERE {_finite('ts')} ORDER BY ts {order}"
-            ):
-                if unpack(data) is not None:
-                    ends.append(float(ts))
-                    break
-        return (ends[0], ends[1]) if len(ends) == 2 else None
+        return samples_span(self.db) if self._has_samples() else None
 
     def integrity_ok(self) -> bool:
         return bool(self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok")

@@ -35,7 +35,20 @@ from array import array
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FORMAT", "KEYS", "Packer", "fold_samples", "ids_of", "unpack"]
+from stallscope.store.rows import Series
+from stallscope.store.schema import _finite
+
+__all__ = [
+    "FORMAT",
+    "KEYS",
+    "Packer",
+    "fold_samples",
+    "ids_of",
+    "read_samples",
+    "samples_span",
+    "unpack",
+    "write_sample",
+]
 
 #: the first byte of a sample's blob: its layout
 FORMAT = 1
@@ -149,6 +162,60 @@ def unpack(data: Any) -> tuple[bytes, array[float]] | None:
     if total - total != 0.0 and not all(math.isfinite(v) for v in vals):
         return None  # NaN or inf: never written
     return runs, vals
+
+
+def write_sample(db: sqlite3.Connection, ts: float, blob: bytes) -> None:
+    """One sample's row; a sample already there at ``ts`` (two writes of one time) keeps its
+    points and takes these, as rows of points did."""
+    try:
+        db.execute("INSERT INTO samples VALUES(?, ?)", (ts, blob))
+    except sqlite3.IntegrityError:
+        row = db.execute("SELECT data FROM samples WHERE ts=?", (ts,)).fetchone()
+        merged: dict[int, float] = {}
+        for got in (unpack(row[0]) if row is not None else None, unpack(blob)):
+            if got is not None:
+                merged.update(zip(ids_of(got[0]), got[1]))
+        db.execute("INSERT OR REPLACE INTO samples VALUES(?, ?)", (ts, Packer().pack(merged)))
+
+
+def read_samples(db: sqlite3.Connection, targets: dict[int, Series], *, unknown: bool) -> int:
+    """Append the points of every sample to the series of ``targets`` (by id), in time order;
+    returns how many samples could not be read (:func:`unpack`), and with ``unknown`` the
+    points of series not in ``targets`` too."""
+    bad = 0
+    # per list of ids (a few a run): (index of the value, its series), unknown points
+    plans: dict[bytes, tuple[list[tuple[int, Series]], int]] = {}
+    for ts, data in db.execute("SELECT ts, data FROM samples ORDER BY ts"):
+        got = unpack(data) if readable_ts(ts) else None
+        if got is None:
+            bad += 1
+            continue
+        runs, vals = got
+        plan = plans.get(runs)
+        if plan is None:
+            ids = ids_of(runs)
+            known = [(i, targets[sid]) for i, sid in enumerate(ids) if sid in targets]
+            plan = plans[runs] = (known, len(ids) - len(known) if unknown else 0)
+        t = float(ts)
+        for i, s in plan[0]:
+            s.ts.append(t)
+            s.v.append(vals[i])
+        bad += plan[1]
+    return bad
+
+
+def samples_span(db: sqlite3.Connection) -> tuple[float, float] | None:
+    """The first and last time of a readable sample (walking the key from either end past the
+    rows that cannot be read), None without one."""
+    ends = []
+    for order in ("ASC", "DESC"):
+        for ts, data in db.execute(
+            f"SELECT ts, data FROM samples WHERE {_finite('ts')} ORDER BY ts {order}"
+        ):
+            if unpack(data) is not None:
+                ends.append(float(ts))
+                break
+    return (ends[0], ends[1]) if len(ends) == 2 else None
 
 
 def readable_ts(ts: Any) -> bool:

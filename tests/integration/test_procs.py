@@ -466,6 +466,16 @@ def _tf_thread(stop: threading.Event, name: str = "tf_Compute") -> threading.Thr
     return t
 
 
+def _gone(t: threading.Thread) -> None:
+    """Join ``t`` and wait for its kernel task to leave /proc/self/task: ``join()`` returns
+    when the Python thread is done, and on a busy machine its task was still listed (read as
+    a live tf_ thread)."""
+    t.join()
+    deadline = time.monotonic() + 10.0
+    while os.path.exists(f"/proc/self/task/{t.native_id}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> None:
     """The trainer's threads are listed again when their count changes or one's file fails;
     between listings each stat is re-read through a kept descriptor, one a live thread."""
@@ -500,7 +510,7 @@ def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> 
         threads.append(_tf_thread(stops[3]))  # one more: the count changed, listed again
         assert sample()["tf_threads"] == tf0 + 4 and kept() == base + 1
         stops[0].set()
-        threads[0].join()
+        _gone(threads[0])
         # one gone and one other started: the count is the same, the dead one's read fails...
         extra = threading.Event()
         other = _tf_thread(extra, "tf_data")
@@ -509,7 +519,7 @@ def test_threads_that_come_and_go_are_counted_and_their_descriptors_closed() -> 
         assert rec["tf_threads"] == tf0 + 4, rec
         assert kept() == len(os.listdir("/proc/self/task"))
         extra.set()
-        other.join()
+        _gone(other)
         # one that exits: the count changed, listed again; and a listing every RELIST_EVERY
         # samples whatever happened keeps the same picture
         for _ in range(procs.RELIST_EVERY + 1):

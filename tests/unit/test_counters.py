@@ -133,8 +133,13 @@ def test_counter_labels() -> None:
 
 
 def _host(tmp_path: Path) -> tuple[Path, HostSource, _Clock]:
+    """A copy of the recorded /proc, given a swap area (the recorded machine had none, and
+    without one the source reads no swap counters: nothing can be swapped)."""
     root = tmp_path / "proc"
     shutil.copytree(K6, root)
+    mem = (root / "meminfo").read_text().splitlines()
+    mem = [("SwapTotal: 1048576 kB" if m.startswith("SwapTotal:") else m) for m in mem]
+    (root / "meminfo").write_text("\n".join(mem) + "\n")
     clock = _Clock()
     src = HostSource(proc_root=str(root), shm_path=str(tmp_path), clock=clock)
     src.open()
@@ -312,12 +317,16 @@ def _write_proc(
     rchar: int = 10_000,
     read_bytes: int = 4096,
     write_bytes: int = 0,
-    run_ns: int = 10**9,
+    run_ns: int | None = None,
     wait_ns: int = 10**6,
     ppid: int = 1,
     state: str = "S",
 ) -> None:
-    """Write (in place: the source keeps descriptors open) one fake /proc/PID."""
+    """Write (in place: the source keeps descriptors open) one fake /proc/PID. Its time on a
+    CPU (schedstat) is its utime + stime unless given: a process whose CPU time moved has run,
+    and one whose schedstat stands has not (the source reads no more of it then)."""
+    if run_ns is None:
+        run_ns = (utime + stime) * 10**9 // CLK_TCK
     d = root / str(pid)
     (d / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
     (d / "task" / str(pid) / "children").write_text("")
