@@ -258,11 +258,9 @@ class Collector:
         while not self._stop.is_set():
             wait_s = next_t - time.monotonic()
             if wait_s > 0:
-                poller.poll(wait_s * 1000.0)
+                poller.poll(wait_s * 1000.0)  # the pipe is written to only by halt()
                 if self._stop.is_set():
                     break
-                if time.monotonic() < next_t:  # woken early (an interrupted poll): wait on
-                    continue
             self.sample_once()
             step = self.interval_at(next_t - t0)
             next_t += step
