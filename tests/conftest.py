@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         for choices in needs:
             if not any(_present(n) for n in choices):
                 tool_missing(" or ".join(n.removeprefix("module:") for n in choices))
+
+
+#: when a test's setup began: the process's CPU seconds then (:func:`_cpu_s`)
+_CPU_AT = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this pytest process and of the children it has waited for (a child's
+    own waited-for children included: a trainer's DataLoader workers under `stallscope run`)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    item.stash[_CPU_AT] = _cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each test's CPU seconds, setup to teardown, as the JUnit property ``cpu_s`` (its
+    teardown report carries it; ``scripts/suite_times.py`` sums it per file): a pass on 2
+    cores is CPU-bound, so its CPU says where its time can be won. A child that the test
+    leaves running is counted in the test that waits for it."""
+    if call.when == "teardown" and _CPU_AT in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT], 2)))
+    yield
 
 
 #: markers of tests that run a training or a heavy real component for seconds to a minute
