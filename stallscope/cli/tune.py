@@ -25,7 +25,7 @@ from stallscope.stats import json_finite
 from stallscope.textsafe import plain
 from stallscope.tuner import DEFAULT_BUDGET_S, TuneResult, tune
 from stallscope.tuner.measure import Overtime
-from stallscope.tuner.target import load, resolve
+from stallscope.tuner.target import check, load, resolve
 
 EXIT_INTERRUPTED = 130
 
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "tune needs TARGET (module:function or file.py:function) or --from-run RUN"
         )
+    check(args.target)  # what is wrong with TARGET without importing anything: said at once
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -4,6 +4,8 @@ why it stopped agrees with it."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +114,29 @@ def test_a_keeping_up_trial_that_is_also_the_fastest_is_recommended_without_a_no
     assert result.best["num_workers"] == 2
     assert result.stopped.startswith("the input keeps up with the training step at num_workers=2")
     assert not any("keeps up" in n for n in result.notes), result.notes
+
+
+def test_a_wrong_target_is_told_before_anything_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stallscope tune` checks TARGET before it imports PyTorch (~2 s): a missing colon, a
+    file that is not there, a module that is not installed; a module in the working directory
+    (which resolve() puts on sys.path) is not refused."""
+    from stallscope.errors import UsageError
+    from stallscope.tuner.target import check
+
+    monkeypatch.chdir(tmp_path)
+    for spec, said in (
+        ("data", "expected MODULE:FUNCTION"),
+        ("/no/such/file.py:data", "no such file"),
+        ("nosuchmodule_xyz:data", "cannot import 'nosuchmodule_xyz'"),
+    ):
+        with pytest.raises(UsageError, match=said):
+            check(spec)
+    (tmp_path / "mydata_here.py").write_text("def data():\n    return [1]\n")
+    (tmp_path / "mypkg_here").mkdir()
+    assert check("mydata_here:data") == ("mydata_here", "data")
+    assert check("mypkg_here:data") == ("mypkg_here", "data")
+    assert check("json:loads") == ("json", "loads")
+    assert check("os.path:join") == ("os.path", "join")  # dotted: left to the import
+    assert "mydata_here" not in sys.modules
