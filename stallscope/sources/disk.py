@@ -341,6 +341,13 @@ class DiskSource(Source):
         #: each one's points, made once (:meth:`points`)
         self._zeroed: dict[str, DiskFields] = {}
         self._zero_points: dict[str, list[Point]] = {}
+        #: the last read's text and the devices it selected (:meth:`read_counters`): a file
+        #: that reads the same again (no device did any I/O) is not parsed again
+        self._text = ""
+        self._selected: dict[str, DiskCounters] = {}
+        #: the last payload when every device in it was unchanged (all fields 0), handed out
+        #: again while the file reads the same (:meth:`sample`)
+        self._still: DiskPayload | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -380,6 +387,9 @@ class DiskSource(Source):
         self._prev_t = None
         self._last = {}
         self._lines = {}
+        self._text = ""
+        self._selected = {}
+        self._still = None
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -423,11 +433,16 @@ class DiskSource(Source):
             self.open()
         text = self._read()
         t = self._clock()
+        if text == self._text:  # nothing moved on any device: the same records, unparsed
+            return t, self._selected
         rows = self._parse(text)
         if self.devices is not None:
             wanted = set(self.devices)
-            return t, {c.name: c for c in rows if c.name in wanted}
-        return t, {c.name: c for c in rows if self._is_whole_device(c)}
+            sel = {c.name: c for c in rows if c.name in wanted}
+        else:
+            sel = {c.name: c for c in rows if self._is_whole_device(c)}
+        self._text, self._selected = text, sel
+        return t, sel
 
     def points(self, payload: DiskPayload) -> list[Point]:
         """Each device's fields as points; an unchanged device's (every field 0, served by
@@ -466,6 +481,8 @@ class DiskSource(Source):
         self._prev, self._prev_t = cur, t
         if prev_t is None:
             return None
+        if cur is prev and self._still is not None:
+            return self._still  # the file read the same and every device was idle already
         dt = t - prev_t
         out: DiskPayload = {}
         zeroed = self._zeroed = {}
@@ -481,6 +498,7 @@ class DiskSource(Source):
             fields = iostat_fields(p, c, dt)
             if fields is not None:
                 out[name] = fields
+        self._still = out if cur is prev and len(zeroed) == len(out) else None
         return out
 
     def counters(self) -> list[Counter]:

@@ -442,6 +442,33 @@ def test_an_unchanged_devices_points_are_its_fields_points_every_sample(
     assert src.points(other) == [("disk.r_s", "sda", 1.0)]
 
 
+def test_a_file_that_reads_the_same_is_not_parsed_again(fake_root: tuple[Path, Path]) -> None:
+    """No device did any I/O: the file reads as at the last sample, it is not parsed again,
+    and the payload is the last idle sample's (every field 0), handed out again; the next I/O
+    gives rates again, over its own interval."""
+    proc, sys = fake_root
+    clock = _Clock()
+    stats = proc / "diskstats"
+    src = DiskSource(proc_root=str(proc), sys_root=str(sys), clock=clock)
+    parses: list[str] = []
+    real = src._parse
+    src._parse = lambda text: parses.append(text) or real(text)  # type: ignore[method-assign]
+    got, payloads = [], []
+    for r in (5, 9, 9, 9, 9, 13):  # sda's reads: busy, idle three times, busy
+        stats.write_text(_line("sda", r=r, rs=8 * r, rt=r) + _line("sdb", mn=16, r=3))
+        reading = src.read(0.0)
+        clock.t += 1.0
+        if reading is not None:
+            got.append((reading.payload["sda"]["r_s"], reading.payload["sdb"]["r_s"]))
+            payloads.append(reading.payload)
+            assert all(v == 0.0 for v in reading.payload["sdb"].values())
+    assert got == [(4.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (4.0, 0.0)]
+    assert len(parses) == 3  # at 5, 9 and 13: never the text read at the last sample again
+    # the first idle sample's payload is made, the next two are it again
+    assert payloads[2] is payloads[1] and payloads[3] is payloads[1]
+    assert payloads[1] is not payloads[0] and payloads[4] is not payloads[1]
+
+
 def test_source_same_clock_tick_reports_nothing(fake_root: tuple[Path, Path]) -> None:
     proc, sys = fake_root
     clock = _Clock()
