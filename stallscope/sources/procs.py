@@ -425,17 +425,25 @@ class ProcsSource(Source):
         # DataLoader workers), every known process's children file is re-read, so a launcher's
         # grandchildren appear at the next sample. Once the tree has been stable for a few
         # samples, only the processes that have children are re-read (a pread on a kept
-        # descriptor each), and every process's every RELIST_EVERY samples (a worker that
-        # starts a process of its own); a new process's children are read at once. Children
-        # forked from threads other than the main one only show in their own task's file; the
-        # periodic full /proc scan catches those.
+        # descriptor each), those that ran since the last sample (a process forks only when it
+        # runs: a torchrun rank that starts its DataLoader workers after a long set-up, when
+        # the tree has long been stable), and every process's every RELIST_EVERY samples; a
+        # new process's children are read at once. A process served from its last record
+        # (``_served``: its schedstat had not moved) did not run, so it forked nothing.
+        # Children forked from threads other than the main one only show in their own task's
+        # file; the periodic full /proc scan catches those.
         if not self._children_file or self._n % self.rescan_every == 0:
             tree, self._parents = self._full_scan()
         else:
             known = self._tree
             tree = {self.root_pid}
             every = self._settling or self._n % RELIST_EVERY == 0
-            todo = [self.root_pid, *(known if every else self._parents)]
+            if every:
+                todo = [self.root_pid, *known]
+            else:  # the last sample's records: ran unless served as idle
+                idle = self._served
+                ran = [p for p in known if str(p) not in idle]
+                todo = [self.root_pid, *self._parents, *ran]
             read: set[int] = set()
             while todo:
                 pid = todo.pop()

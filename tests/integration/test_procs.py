@@ -8,12 +8,14 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from conftest import FIXTURES
 
 from stallscope.errors import ParseError, SourceUnavailable
+from stallscope.sources import procs as procs_source
 from stallscope.sources.procs import (
     RELIST_EVERY,
     ProcCounters,
@@ -237,6 +239,49 @@ def test_real_tree_roles_and_cpu() -> None:
         assert out is not None and str(sleeper) not in out
     finally:
         _end_tree(p, kids)
+
+
+def test_a_child_forked_after_the_tree_settled_is_seen_at_the_next_sample(
+    tmp_path: Path,
+) -> None:
+    """A torchrun rank forks its DataLoader workers after a long set-up, when the tree has been
+    the same for many samples: the rank has run since the last sample, so its children are read
+    and its worker is in the very next sample, not RELIST_EVERY samples later (a 6-s DDP run at
+    --interval 1 once read as ranks with no workers)."""
+    go = tmp_path / "go"
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"  # the rank: no children until told, and busy waiting
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.02)\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(30); os._exit(0)\n"
+        "    time.sleep(30); os._exit(0)\n"
+        "time.sleep(30)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        src = ProcsSource(p.pid)
+        src.open()
+        deadline = time.monotonic() + 10
+        while len(src.sample(time.time()) or {}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(procs_source._SETTLE + 2):  # the tree settles: no new process for a while
+            out = src.sample(time.time())
+            time.sleep(0.05)
+        assert out is not None and len(out) == 2
+        [rank] = [int(pid) for pid in out if int(pid) != p.pid]
+        go.touch()
+        while not psutil.Process(rank).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [worker] = psutil.Process(rank).children()
+        assert not src._settling  # the tree has settled: only some children files are read
+        src._n = RELIST_EVERY + 1  # and this sample is not one of the periodic full listings
+        out = src.sample(time.time())
+        assert out is not None and str(worker.pid) in out, (worker.pid, list(out))
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
 
 
 def test_a_process_that_renames_itself_is_known_by_its_new_name() -> None:
