@@ -47,10 +47,11 @@ def check(spec: str) -> tuple[str, str]:
         if not Path(mod_name).resolve().is_file():
             raise UsageError(f"{mod_name}: no such file")
     elif "." not in mod_name and mod_name not in sys.modules:
-        here = str(Path.cwd())
-        if importlib.util.find_spec(mod_name) is None and not any(
-            (Path(here) / f"{mod_name}{tail}").exists() for tail in (".py", "")
-        ):  # resolve() puts the working directory on sys.path: a module there is found then
+        # resolve() puts the working directory on sys.path: a module there is found then
+        here = Path.cwd()
+        if importlib.util.find_spec(mod_name) is None and not (
+            (here / f"{mod_name}.py").exists() or (here / mod_name).is_dir()
+        ):
             raise UsageError(f"cannot import {mod_name!r}: No module named {mod_name!r}")
     return mod_name, attr
 
