@@ -554,6 +554,14 @@ def test_worker_series_per_rank_sum_the_workers_and_never_go_down(tmp_path: Path
         for _ in range(2):  # rates need two reads
             texts = {m: scrape(m, s) for m, s in (("process", per_proc), ("rank", per_rank))}
             time.sleep(0.5)
+        # On a loaded machine (CI: 2 cores, the suite in parallel) the busy workers get little
+        # CPU: wait until each has run 0.4 s by the kernel's own count, whatever the load.
+        import psutil
+
+        deadline = time.time() + 60
+        while any(sum(psutil.Process(r["workers"][0]).cpu_times()[:2]) < 0.4 for r in ranks):
+            assert time.time() < deadline, "the busy workers never ran 0.4 s"
+            time.sleep(0.1)
         texts = {m: scrape(m, s) for m, s in (("process", per_proc), ("rank", per_rank))}
         cpu = "stallscope_proc_cpu_seconds_total"
         each = _series(texts["process"], cpu)
