@@ -290,6 +290,7 @@ def test_a_process_that_renames_itself_is_known_by_its_new_name() -> None:
     its trainer read as no trainer. Its entity follows the rename."""
     code = (
         "import ctypes, sys, time\n"
+        "print('ready', flush=True)\n"
         "sys.stdin.readline()\n"
         "ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0)\n"
         "print('renamed', flush=True)\n"
@@ -299,11 +300,15 @@ def test_a_process_that_renames_itself_is_known_by_its_new_name() -> None:
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
+        # seen before its exec is through, a process reads an empty cmdline (CI once sampled
+        # it there); the child says when it runs
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         src = ProcsSource(p.pid)
         src.open()
         out = src.sample(time.time())
         assert out is not None
         before = src.entities(out)[str(p.pid)]
+        assert before["cmdline"], before
         assert before["name"] != "pt_data_worker"
         assert p.stdin is not None and p.stdout is not None
         p.stdin.write("go\n")
