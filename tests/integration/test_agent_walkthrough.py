@@ -152,14 +152,25 @@ def test_zero_to_a_three_node_dashboard(tmp_path: Path) -> None:
         assert 0 <= share <= 1, lines
         # 5. the dashboard: every panel's query; Host and Agent rows per node, Training node-a
         prom = Prometheus(None, f"http://127.0.0.1:{steps.ports['9090']}")  # type: ignore[arg-type]
-        seen: dict[str, set[str]] = {}  # panel -> the instances its lines name
-        for title, expr in dashboard_targets():
-            result = prom.query(concrete(expr))
-            seen.setdefault(title, set()).update(x["metric"].get("instance", "") for x in result)
         host = [t for t, e in dashboard_targets() if "host_" in e]
         agent = [t for t, e in dashboard_targets() if "agent_" in e or "source_up" in e]
         train = [t for t, e in dashboard_targets() if "train" in e]
         assert host and agent and train
+        # a rate over [1m] fills a scrape after its series first arrives: ask until each panel
+        # has its lines (at most 20 s), then check them
+        deadline = time.monotonic() + 20
+        while True:
+            seen: dict[str, set[str]] = {}  # panel -> the instances its lines name
+            for title, expr in dashboard_targets():
+                result = prom.query(concrete(expr))
+                got = {x["metric"].get("instance", "") for x in result}
+                seen.setdefault(title, set()).update(got)
+            filled = all(seen[t] >= set(NODES) for t in host + agent) and all(
+                seen[t] for t in train
+            )
+            if filled or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         for title in host + agent:
             assert seen[title] >= set(NODES), (title, seen[title])
         for title in train:  # a panel per run has no instance label: "" is its line
