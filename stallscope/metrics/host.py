@@ -26,6 +26,16 @@ HOST: tuple[Metric, ...] = (
     ),
     _M(
         "host",
+        "cpu_nice_pct",
+        "%",
+        "CPU time in user code of processes at a lower priority, nice > 0 (top ni); part of "
+        "cpu_pct",
+        "gauge",
+        "stallscope_host_cpu_nice_ratio",
+        0.01,
+    ),
+    _M(
+        "host",
         "cpu_max_core_pct",
         "%",
         "busiest single core (htop per-core bars)",

@@ -1,4 +1,4 @@
-"""Host source: CPU (total, per core, iowait), load, memory, swap rates, page cache,
+"""Host source: CPU (total, per core, iowait, niced), load, memory, swap rates, page cache,
 ``/dev/shm`` and pressure stall information.
 
 Parsers are pure (text in, records out) and tested on recorded files; :class:`HostSource`
@@ -36,6 +36,7 @@ __all__ = [
     "HostPayload",
     "HostSource",
     "cpu_busy",
+    "cpu_nice",
     "parse_meminfo",
     "parse_pressure",
     "parse_pressure_totals",
@@ -126,6 +127,17 @@ def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
     if dt <= 0:
         return 0.0, 0.0
     return min(100.0, 100.0 * (dt - idle - iowait) / dt), min(100.0, 100.0 * iowait / dt)
+
+
+def cpu_nice(prev: CpuTimes, cur: CpuTimes) -> float | None:
+    """% of the CPU time between two readings of one CPU line that went to user code of
+    processes at a lower priority (nice > 0; top's ``ni``), part of :func:`cpu_busy`'s busy
+    share. None when a field went down."""
+    d = counter_deltas(prev[1:], cur[1:], 64)
+    if d is None:
+        return None
+    dt = sum(d)
+    return 0.0 if dt <= 0 else min(100.0, 100.0 * d[1] / dt)
 
 
 _MEMINFO_KEYS = (
@@ -264,6 +276,7 @@ class HostPayload(TypedDict, total=False):
 
     cpu_pct: float | None
     iowait_pct: float | None
+    cpu_nice_pct: float | None
     cpu_per_core_pct: list[float | None]
     cpu_max_core_pct: float | None
     load1: float
@@ -397,6 +410,8 @@ class HostSource(Source):
             per_core.append(round(core[0], 2) if core else None)
         out["cpu_pct"] = round(both[0], 2) if both else None
         out["iowait_pct"] = round(both[1], 2) if both else None
+        nice = cpu_nice(prev_cpu[0], cpus[0])
+        out["cpu_nice_pct"] = round(nice, 2) if nice is not None else None
         out["cpu_per_core_pct"] = per_core
         cores = [v for v in per_core if v is not None]
         out["cpu_max_core_pct"] = max(cores) if cores else None

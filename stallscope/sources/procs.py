@@ -101,6 +101,7 @@ class ProcStat(NamedTuple):
     utime: int
     stime: int
     threads: int
+    nice: int  #: field 19: -20 (highest priority) to 19 (lowest)
     starttime: int
     rss_pages: int
     blkio_ticks: int | None  #: field 42, None on kernels that lack it
@@ -165,6 +166,7 @@ def parse_pid_stat(text: str) -> ProcStat:
             utime=int(rest[11]),
             stime=int(rest[12]),
             threads=int(rest[17]),
+            nice=int(rest[16]),
             starttime=int(rest[19]),
             rss_pages=int(rest[21]),
             blkio_ticks=int(rest[39]) if len(rest) > 39 else None,
@@ -606,8 +608,9 @@ class ProcsSource(Source):
             self.known.pop(pid, None)  # the pid was handed to a new process between samples
         known = self.known.get(pid)
         # new, or renamed since (a DataLoader worker names itself pt_data_worker after its
-        # fork: first seen before that, under a CPU quota, it kept its parent's name)
-        if known is None or known["name"] != st.comm:
+        # fork: first seen before that, under a CPU quota, it kept its parent's name), or
+        # reniced (a worker_init_fn calling os.nice)
+        if known is None or known["name"] != st.comm or known["nice"] != st.nice:
             self.known[pid] = self._identity(pid, st)
         self._prev[pid] = (t, cur)
         rec = self._state(pid, st)
@@ -686,12 +689,18 @@ class ProcsSource(Source):
         return None
 
     def _identity(self, pid: int, st: ProcStat) -> dict[str, Any]:
-        """What the store keeps of a process: name, command line, parent, role."""
+        """What the store keeps of a process: name, command line, parent, role, nice value."""
         try:
             cmd = self._read(str(pid), "cmdline").replace("\0", " ").strip()
         except OSError:
             cmd = ""
-        return {"name": st.comm, "cmdline": cmd[:300], "ppid": st.ppid, "role": self._role(pid)}
+        return {
+            "name": st.comm,
+            "cmdline": cmd[:300],
+            "ppid": st.ppid,
+            "role": self._role(pid),
+            "nice": st.nice,
+        }
 
     def _state(self, pid: int, st: ProcStat) -> ProcRecord:
         """The record's fields of one read, no rates: name, role, state, memory, threads (and,

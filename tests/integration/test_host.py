@@ -5,6 +5,9 @@ cgroup readers on fake trees: unit/test_cgroup.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,27 @@ def test_live_host_sample_has_contract_keys() -> None:
     ):
         assert key in out, key
     assert len(out["cpu_per_core_pct"]) == os.cpu_count()
+    assert 0.0 <= out["cpu_nice_pct"] <= out["cpu_pct"]
+
+
+def test_a_niced_busy_loop_shows_as_niced_cpu() -> None:
+    """A real `nice -n 19` busy loop: the kernel counts its user time in /proc/stat's nice
+    column, so the host's cpu_nice_pct holds about one core of it."""
+    loop = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+    try:
+        src = HostSource()
+        src.open()
+        time.sleep(0.5)  # past the interpreter's start-up
+        src.sample(0.0)
+        time.sleep(2.0)
+        out = src.sample(2.0)
+        assert out is not None
+        one_core = 100.0 / (os.cpu_count() or 1)
+        # a loaded machine may give the nice-19 loop less than a core, never none of it
+        assert 0.2 * one_core <= out["cpu_nice_pct"] <= out["cpu_pct"], out
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 # --- the read limit of this process's cgroup (the tuner's storage bound) --------------------------

@@ -42,7 +42,9 @@ def test_parse_pid_stat_comm_with_spaces_and_parens() -> None:
     line = "42 (a (b) c) S 1 42 42 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 99 0 12 " + "0 " * 20
     st = parse_pid_stat(line)
     assert st.comm == "a (b) c" and st.ppid == 1 and st.utime == 7 and st.stime == 3
-    assert st.threads == 4 and st.rss_pages == 12
+    assert st.threads == 4 and st.rss_pages == 12 and st.nice == 0
+    niced = line.replace(" 20 0 4 ", " 39 19 4 ", 1)  # priority 39, nice 19
+    assert parse_pid_stat(niced).nice == 19 and parse_pid_stat(niced).threads == 4
 
 
 def test_parse_pid_stat_old_kernel_without_field_42() -> None:
@@ -281,6 +283,36 @@ def test_a_child_forked_after_the_tree_settled_is_seen_at_the_next_sample(
         assert out is not None and str(worker.pid) in out, (worker.pid, list(out))
     finally:
         os.killpg(p.pid, 9)
+        p.wait()
+
+
+def test_a_process_s_nice_value_is_known_and_follows_a_renice() -> None:
+    """The entity carries the process's nice value (the diagnosis tells a niced trainer from
+    niced processes beside it); a process reniced later (a worker_init_fn calling os.nice) is
+    known by its new one."""
+    p = subprocess.Popen(["nice", "-n", "5", sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        src = ProcsSource(p.pid)
+        src.open()
+        deadline = time.monotonic() + 10
+        while True:  # `nice` execs the interpreter: until then the pid is `nice` itself
+            out = src.sample(time.time())
+            assert out is not None
+            ent = src.entities(out)[str(p.pid)]
+            if ent["name"].startswith("python") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert ent["nice"] == 5, ent
+        os.setpriority(os.PRIO_PROCESS, p.pid, 12)  # lowering a priority needs no privilege
+        # a sleeping process's stat is read again at the latest on the next full read
+        seen = []
+        for _ in range(RELIST_EVERY + 1):
+            out = src.sample(time.time())
+            assert out is not None
+            seen.append(src.entities(out)[str(p.pid)]["nice"])
+        assert seen[-1] == 12, seen
+    finally:
+        p.kill()
         p.wait()
 
 

@@ -504,6 +504,65 @@ def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
     assert not [x for x in f["fixes"] if x["action"].startswith("num_workers")], f["fixes"]
 
 
+def _niced(nice: dict[str, int]) -> list[dict]:
+    """WORKERS as a sampler that records each process's nice value writes them."""
+    return [{**e, "attrs": {**e["attrs"], "nice": nice[e["entity"]]}} for e in WORKERS]
+
+
+def _saturated_beside_a_niced_job(trainer_nice: dict[str, int], niced_pct: float) -> dict:
+    """A prep stall on a 4-core host 99% busy, 2 of its cores (50% of the CPU time) spent by
+    processes at nice > 0 (``host.cpu_nice_pct``)."""
+    data = run(
+        [
+            ser("host.cpu_pct", "", [99] * N),
+            ser("host.cpu_nice_pct", "", [niced_pct] * N),
+            ser("procs.cpu_pct", "100", [20] * N),
+            ser("procs.cpu_pct", "101", [99] * N),
+            ser("procs.cpu_pct", "102", [97] * N),
+            ser("procs.d_state", "101", [0] * N),
+            ser("procs.d_state", "102", [0] * N),
+        ],
+        steps=steps(200, wait=0.030, host=0.020),
+        entities=_niced(trainer_nice),
+        config={"num_workers": 2, "physical_cores": 4},
+        meta={"logical_cores": 4},
+    )
+    return diagnose(data)
+
+
+def test_a_niced_job_beside_the_trainer_leaves_its_cores_to_new_workers() -> None:
+    """The host is 99% busy, but 2 cores of it are a nice-19 batch job: the kernel gives a
+    nice-0 trainer's new workers those cores first, so more workers is the first fix (not
+    "the CPUs are already busy"), and the evidence says which cores it counted."""
+    doc = _saturated_beside_a_niced_job({"100": 0, "101": 0, "102": 0}, 50.0)
+    f = doc["findings"][0]
+    assert f["kind"] == "input_bound.prep"
+    assert doc["signals"]["niced_others_cpu_cores"] == 2.0
+    assert f["evidence"]["niced_others_cpu_cores"] == 2.0
+    assert f["fixes"][0]["action"].startswith("num_workers"), f["fixes"]
+    assert not [x for x in f["fixes"] if "already" in x["why"]], f["fixes"]
+    assert f["est_speedup"] > 1.05
+
+
+def test_the_trainer_s_own_niced_workers_are_not_counted_as_spare() -> None:
+    """Workers that reniced themselves (a worker_init_fn calling os.nice) are the niced CPU:
+    they are the training's own, so nothing is left to yield and the host stays busy."""
+    doc = _saturated_beside_a_niced_job({"100": 0, "101": 10, "102": 10}, 49.0)
+    assert doc["signals"]["niced_others_cpu_cores"] == 0.0
+    f = doc["findings"][0]
+    assert f["fixes"][0]["action"].startswith("make per-sample work cheaper"), f["fixes"]
+
+
+def test_a_niced_trainer_counts_no_niced_cpu_as_spare() -> None:
+    """A trainer run under `nice`: which of the niced processes would yield to its workers is
+    unknown, so none are counted, and the advice is a saturated host's."""
+    doc = _saturated_beside_a_niced_job({"100": 5, "101": 5, "102": 5}, 50.0)
+    assert doc["signals"]["niced_others_cpu_cores"] == 0.0
+    f = doc["findings"][0]
+    assert f["fixes"][0]["action"].startswith("make per-sample work cheaper"), f["fixes"]
+    assert "99% busy" in f["fixes"][0]["why"]
+
+
 def test_epoch_start_stall_is_its_own_finding() -> None:
     st = []
     for e in range(6):

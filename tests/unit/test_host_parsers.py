@@ -16,6 +16,7 @@ from stallscope.sources.host import (
     CpuTimes,
     HostSource,
     cpu_busy,
+    cpu_nice,
     parse_meminfo,
     parse_pressure,
     parse_proc_stat,
@@ -51,6 +52,16 @@ def test_cpu_busy_matches_top_semantics() -> None:
     assert busy == pytest.approx(40.0)
     assert iowait == pytest.approx(30.0)
     assert cpu_busy(b, b) == (0.0, 0.0)
+
+
+def test_cpu_nice_is_the_niced_user_share_of_the_interval() -> None:
+    a = CpuTimes("cpu", 100, 40, 50, 800, 50, 0, 0, 0)
+    b = CpuTimes("cpu", 130, 90, 70, 900, 50, 0, 0, 0)  # +30 user +50 nice +20 sys +100 idle
+    assert cpu_nice(a, b) == pytest.approx(25.0)
+    assert cpu_busy(a, b) == (pytest.approx(50.0), 0.0)  # the niced time is busy time too
+    assert cpu_nice(b, b) == 0.0
+    # a counter that went down (a reset) gives no figure rather than a made-up one
+    assert cpu_nice(b, b._replace(nice=10)) is None
 
 
 def test_parse_meminfo_and_vmstat_recorded() -> None:

@@ -241,6 +241,10 @@ class HostFacts:
     #: cores the host's other processes kept busy (median over samples: the host's busy cores
     #: less the training's own processes' CPU)
     others_cpu_cores: float | None = None
+    #: of those, the cores processes at a lower priority than the trainer kept busy (the host's
+    #: niced CPU less the training's own niced processes'): new workers of a trainer at nice
+    #: <= 0 take these first. 0 for a niced trainer; None when a run did not record it
+    niced_others_cpu_cores: float | None = None
     iowait_median_pct: float | None = None
     psi_io_median_pct: float | None = None
     mem_available_min_mib: float | None = None

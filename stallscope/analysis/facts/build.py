@@ -17,10 +17,12 @@ from stallscope.analysis.facts.machine import (
     LIMIT_REACHED,
     _disk_signals,
     _gpu_signals,
+    _niced_others_cpu,
     _others_cpu,
     _proc_signals,
     _process_rows,
     limited,
+    others_taking_cores,
     spare_cores,
 )
 from stallscope.analysis.facts.steps import (
@@ -57,6 +59,7 @@ __all__ = [
     "limited",
     "mean",
     "median",
+    "others_taking_cores",
     "p95",
     "run_duration",
     "spare_cores",
@@ -118,6 +121,7 @@ def _draft(data: RunData) -> _Draft:
         k: data.get(f"host.{k}")
         for k in (
             "cpu_pct",
+            "cpu_nice_pct",
             "cpu_max_core_pct",
             "iowait_pct",
             "psi_io_some_pct",
@@ -129,6 +133,7 @@ def _draft(data: RunData) -> _Draft:
         _r(median(host["cpu_max_core_pct"].v)) if host["cpu_max_core_pct"] else None
     )
     sig.others_cpu_cores = _others_cpu(data, host["cpu_pct"], sig.logical_cores)
+    sig.niced_others_cpu_cores = _niced_others_cpu(data, host["cpu_nice_pct"], sig.logical_cores)
     sig.iowait_median_pct = _r(median(host["iowait_pct"].v)) if host["iowait_pct"] else None
     sig.psi_io_median_pct = (
         _r(median(host["psi_io_some_pct"].v)) if host["psi_io_some_pct"] else None

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from stallscope.analysis.facts.build import _Draft
     from stallscope.analysis.rundata import RunData
 
-__all__ = ["LIMIT_REACHED", "limited", "spare_cores"]
+__all__ = ["LIMIT_REACHED", "limited", "others_taking_cores", "spare_cores"]
 
 
 def _gpu_signals(sig: _Draft, data: RunData, full: RunData) -> None:
@@ -152,6 +152,36 @@ def _others_cpu(data: RunData, host: Series | None, cores: int | None) -> float 
     return None if m is None else _r(max(0.0, m))
 
 
+def _niced_others_cpu(data: RunData, nice: Series | None, cores: int | None) -> float | None:
+    """Median over the samples of the cores that processes at nice > 0 beside the training
+    kept busy: the host's niced user CPU (``host.cpu_nice_pct``) less the training's own
+    processes at nice > 0. The kernel gives a nice-0 process's new workers those cores first
+    (a nice-19 loop keeps about 1.5% of a core it shares with one), so they count as spare for
+    a trainer at nice <= 0. 0.0 when the trainer's main process runs niced (which of the
+    others yield to it is unknown); None when the run recorded neither figure (older runs,
+    diagnoses from Prometheus)."""
+    if nice is None or not nice.v or not cores:
+        return None
+    niceness: dict[str, int] = {}
+    for e in data.entities:
+        attrs = e.get("attrs")
+        if e.get("source") == "procs" and isinstance(attrs, dict):
+            n = attrs.get("nice")
+            if type(n) is int:
+                niceness[str(e["entity"])] = n
+    mains = [pid for pid, role in data.roles().items() if role == "main"]
+    if not mains or any(pid not in niceness for pid in mains):
+        return None
+    if any(niceness[pid] > 0 for pid in mains):
+        return 0.0
+    own = _by_ts_sum(
+        [s for (n, e), s in data.series.items() if n == "procs.cpu_pct" and niceness.get(e, 0) > 0]
+    )
+    rest = [v * cores / 100 - own.get(t, 0.0) / 100 for t, v in zip(nice.ts, nice.v)]
+    m = median(rest)
+    return None if m is None else _r(max(0.0, m))
+
+
 def _process_rows(data: RunData, full: RunData) -> list[dict[str, Any]]:
     """The training's processes, main first then by CPU: each one's mean CPU over the training
     window (``data``, clipped), its peak memory over the run (``full``)."""
@@ -263,10 +293,23 @@ def limited(fx: Facts) -> bool:
     )
 
 
+def others_taking_cores(fx: Facts) -> float:
+    """Cores the host's other processes took from the training: those they kept busy less those
+    of processes at a lower priority (``niced_others_cpu_cores``), which yield them to the
+    trainer's new processes. 0.0 when unknown."""
+    taken = (fx.host.others_cpu_cores or 0.0) - (fx.host.niced_others_cpu_cores or 0.0)
+    return max(0.0, taken)
+
+
 def spare_cores(fx: Facts) -> float | None:
-    """CPUs left idle over the run (median host CPU), in cores; None when unknown."""
-    h = fx.host
-    cpus = h.logical_cores or h.physical_cores
-    if cpus is None or h.host_cpu_median_pct is None:
+    """CPUs the trainer's new processes could have over the run, in cores: those left idle
+    (median host CPU) and those that processes at a lower priority used
+    (``niced_others_cpu_cores``: a ``nice 19`` batch job yields its cores to new workers);
+    None when unknown."""
+    # fx.host.<fact> in full: the rules' declarations of what they read find them so
+    cpus = fx.host.logical_cores or fx.host.physical_cores
+    busy = fx.host.host_cpu_median_pct
+    if cpus is None or busy is None:
         return None
-    return max(0.0, (100.0 - h.host_cpu_median_pct) / 100.0 * cpus)
+    idle = (100.0 - busy) / 100.0 * cpus
+    return min(float(cpus), max(0.0, idle + (fx.host.niced_others_cpu_cores or 0.0)))

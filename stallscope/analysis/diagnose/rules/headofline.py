@@ -22,6 +22,7 @@ from stallscope.analysis.diagnose.rules.common import (
 )
 from stallscope.analysis.diagnose.rules.scores import fetch_prep_scores
 from stallscope.analysis.facts import Facts
+from stallscope.analysis.facts.build import others_taking_cores
 from stallscope.analysis.facts.steps import TOP_STEPS
 from stallscope.loadermodel import (
     MIN_GAIN,
@@ -110,7 +111,7 @@ def head_of_line(fx: Facts) -> HeadOfLine | None:
     if fs > ps:
         return None  # slow reads: the fetch side's finding
     busy = cpu / 100.0
-    free = cores_all - (fx.host.others_cpu_cores or 0.0) - (fx.procs.main_cpu_pct or 0.0) / 100
+    free = cores_all - others_taking_cores(fx) - (fx.procs.main_cpu_pct or 0.0) / 100
     cores = min(float(nw), free)
     bound = round(min(stall_cap(stall), cores / (nw * busy)), 2)
     timed = _timed_costs(fx, nw)
@@ -211,6 +212,7 @@ def rule_head_of_line(data: RunData, fx: Facts) -> list[Finding]:
         "worker_runq_pct",
         "main_cpu_pct",
         "others_cpu_cores",
+        "niced_others_cpu_cores",
         "logical_cores",
         "batches_timed",
         "batch_cost_p50_ms",

@@ -122,6 +122,7 @@ _INPUT_EVIDENCE = (
     "host_cpu_median_pct",
     "physical_cores",
     "read_limit_kb_s",
+    "niced_others_cpu_cores",
 )
 
 

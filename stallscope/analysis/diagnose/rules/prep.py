@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from stallscope.analysis.diagnose.model import Fix
 from stallscope.analysis.diagnose.rules.common import _workers_now
 from stallscope.analysis.facts import Facts
-from stallscope.analysis.facts.build import BUSY_SPARE, OTHERS_BUSY_CORES, spare_cores
+from stallscope.analysis.facts.build import (
+    BUSY_SPARE,
+    OTHERS_BUSY_CORES,
+    others_taking_cores,
+    spare_cores,
+)
 from stallscope.loadermodel import (
     MIN_GAIN,
     stall_cap,
@@ -57,6 +62,8 @@ def _prep_estimate(fx: Facts, stall: float | None = None) -> float:
 SHARED_RUNQ_PCT = 5.0
 #: the least step left once the stall and the core sharing are gone (share of today's step)
 MIN_LEFT = 0.05
+#: the least cores of lower-priority processes' CPU (``niced_others_cpu_cores``) a reason names
+NICED_NAMED_CORES = 0.05
 
 
 def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
@@ -71,7 +78,7 @@ def stall_ceiling(fx: Facts, stall: float | None) -> tuple[float, str | None]:
     runq = fx.procs.main_runq_pct
     if stall is None or runq is None or runq < SHARED_RUNQ_PCT or not fx.loader.workers:
         return base, None
-    if (fx.host.others_cpu_cores or 0.0) >= OTHERS_BUSY_CORES:
+    if others_taking_cores(fx) >= OTHERS_BUSY_CORES:
         return base, None  # other processes take the cores: cpu_contention's
     left = max(MIN_LEFT, 1.0 - stall - runq / 100.0)
     est = round(1.0 / left, 2)
@@ -204,7 +211,14 @@ def _gain_note(fx: Facts, target: int) -> str:
     spare = spare_cores(fx)
     if gain is None or spare is None:
         return ""
+    niced = fx.host.niced_others_cpu_cores or 0.0
+    where = (
+        f"were idle or went to processes at a lower priority ({niced:.1f} to nice > 0), "
+        "which yield them to new workers"
+        if niced >= NICED_NAMED_CORES
+        else "sat idle"
+    )
     return (
         f"; expected ×{gain:.2f}: the workers use {fx.loader.worker_cpu_pct:.0f}% of a core "
-        f"each and {spare:.1f} core(s) sat idle"
+        f"each and {spare:.1f} core(s) {where}"
     )

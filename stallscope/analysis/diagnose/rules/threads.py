@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from stallscope.analysis.diagnose.model import Finding, Fix, Kind, RunData, Severity
 from stallscope.analysis.diagnose.rules.common import STALL_CRIT, STALL_WARN
 from stallscope.analysis.facts import Facts
-from stallscope.analysis.facts.build import spare_cores
+from stallscope.analysis.facts.build import others_taking_cores, spare_cores
 from stallscope.loadermodel import stall_cap
 
 __all__ = ["THREADS", "Gil", "ThreadLimits", "gil", "rule_thread_loader", "thread_stall"]
@@ -105,7 +105,7 @@ def gil(fx: Facts, stall: float) -> Gil | None:
         or cpus - process < THREADS.min_more_cores
     ):
         return None
-    free = cpus - (fx.host.others_cpu_cores or 0.0)
+    free = cpus - others_taking_cores(fx)
     gain = min(float(threads), busy, max(free, process)) / max(process, 0.1)
     est = max(1.0, min(stall_cap(stall), gain))
     cores = fx.loader.thread_cpu_cores or 0.0
@@ -128,6 +128,7 @@ _EVIDENCE = (
     "host_cpu_median_pct",
     "logical_cores",
     "others_cpu_cores",
+    "niced_others_cpu_cores",
 )
 
 
