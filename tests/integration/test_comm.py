@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -547,6 +548,76 @@ def test_busiest_others_are_busiest_first_groups_included() -> None:
     after[5] = (0.4, "py", 500.0)
     got = busiest_others(before, after, 10.0, exclude=set(), started=1000.0)
     assert [(e["name"], e["cores"]) for e in got] == [("py", 0.12), ("a", 0.06)], got
+
+
+def test_busiest_others_say_which_run_at_a_lower_priority() -> None:
+    """A process at nice > 0 carries its nice value; processes of a name are taken together per
+    nice value (eight niced python workers are not the trainer's python peers)."""
+    from stallscope.sources.others import busiest_others
+
+    before = {2: (0.0, "hog", 500.0, 0.0, 19), 3: (0.0, "py", 500.0, 0.0, 0)}
+    before |= {4: (0.0, "py", 500.0, 0.0, 0), 5: (0.0, "py", 500.0, 0.0, 10)}
+    after = {2: (9.0, "hog", 500.0, 0.0, 19), 3: (0.4, "py", 500.0, 0.0, 0)}
+    after |= {4: (0.4, "py", 500.0, 0.0, 0), 5: (0.4, "py", 500.0, 0.0, 10)}
+    got = busiest_others(before, after, 10.0, exclude=set(), started=1000.0, n=1)
+    assert got == [
+        {"pid": 2, "name": "hog", "cores": 0.9, "nice": 19},
+        {"pid": 3, "name": "py", "cores": 0.08, "processes": 2},
+    ], got
+
+
+def test_a_real_snapshot_reads_each_process_s_nice_value() -> None:
+    from stallscope.sources.others import cpu_snapshot
+
+    p = subprocess.Popen(["nice", "-n", "7", sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            snap = cpu_snapshot()
+            if snap.get(p.pid, (0, ""))[1].startswith("python") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert snap[p.pid][4] == 7, snap.get(p.pid)
+        assert snap[os.getpid()][4] == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _contended(niced_pct: float, busy: list[dict]) -> dict:
+    """A trainer (nice 0) that waited for a CPU 35% of the time on a 4-core host at 75%: its
+    1.8 cores and 1.2 cores of others, ``niced_pct`` % of the host's CPU at nice > 0."""
+    ents = [{**e, "attrs": {**e["attrs"], "nice": 0}} for e in procs({"1": "main"})]
+    data = run(
+        [
+            ser("procs.runq_wait_pct", "1", [35.0] * 20),
+            ser("procs.cpu_pct", "1", [180.0] * 20),
+            ser("host.cpu_pct", "", [75.0] * 20),
+            ser("host.cpu_nice_pct", "", [niced_pct] * 20),
+        ],
+        steps(0, 100, 0.002, 0.098, None),
+        config={},
+        meta={"logical_cores": 4, "busy_others": busy},
+        entities=ents,
+    )
+    return diagnose(data)
+
+
+def test_processes_at_a_lower_priority_are_not_the_contention() -> None:
+    """The other processes' 1.2 cores are a nice-19 job's (25% of 4 cores = 1.0 core niced):
+    they yield to the trainer, so its run-queue wait is not theirs and no cpu_contention is
+    named; with the same job at nice 0 it is, and a niced one beside it is never told to stop."""
+    hog = {"pid": 4242, "name": "batch", "cores": 1.0, "nice": 19}
+    doc = _contended(25.0, [hog])
+    assert doc["signals"]["niced_others_cpu_cores"] == 1.0
+    assert "cpu_contention" not in [f["kind"] for f in doc["findings"]], doc["findings"]
+    loud = {"pid": 77, "name": "stress", "cores": 1.0}
+    doc = _contended(5.0, [hog | {"cores": 0.2}, loud])
+    f = next(f for f in doc["findings"] if f["kind"] == "cpu_contention")
+    action = f["fixes"][0]["action"]
+    assert "pid 77 (stress, 1.0 cores)" in action and "4242" not in action, action
+    assert f["evidence"]["niced_others_cpu_cores"] == 0.2
+    assert "0.2 of them at a lower priority, not counted" in f["rule"], f["rule"]
 
 
 def test_an_import_met_half_way_is_tried_again(tmp_path: Path) -> None:

@@ -17,9 +17,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import ROOT, cli_json, stallscope_argv, training_finding
 
@@ -252,27 +254,43 @@ def test_ddp_starve(tmp_path: Path) -> None:
     assert abs(doc["stall_fraction"] - own[1]) <= TOLERANCE, (doc["stall_fraction"], own)
 
 
+def _recording_for(pid: int) -> float:
+    """Seconds the ``py-spy record`` under process ``pid`` has run (0.0: none yet)."""
+    try:
+        for c in psutil.Process(pid).children(recursive=True):
+            if c.name().startswith("py-spy") and "record" in c.cmdline():
+                return time.time() - c.create_time()
+    except psutil.Error:
+        pass
+    return 0.0
+
+
 @pytest.mark.exclusive
 def test_attached_to_a_running_training(tmp_path: Path) -> None:
     """`run --pid` on a training already running, started without stallscope: py-spy samples
     it from outside, and the verdict is the launched run's, its share within 0.05 of the
-    trainer's own. stallscope attaches while the trainer still imports torch, so py-spy sees
-    the whole loop the trainer times (joined seconds into the loop, it missed the first
-    batches' longer waits: 0.373 against the trainer's 0.448, measured)."""
-    import time
+    trainer's own. The trainer starts its loop once py-spy has recorded it for a second, so
+    py-spy sees the whole loop the trainer times (joined seconds into the loop, it missed the
+    first batches' longer waits: 0.373 against the trainer's 0.448, measured; CI once attached
+    during the first steps: 0.831 against 0.903)."""
 
     out = tmp_path / "runs"
+    go = tmp_path / "go"
     trainer = subprocess.Popen(
-        [sys.executable, *training("torch_prep.py", "--workers", "1")],
+        [
+            sys.executable,
+            *training("torch_prep.py", "--workers", "1", "--start-when", str(go)),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
     )
+    watcher: subprocess.Popen[str] | None = None
     try:
         time.sleep(0.5)  # the interpreter is up; torch's import takes seconds more
         # 100 Hz (the default is 10, for its cost): ~1,200 samples, so the sampling error of the
         # share (its standard deviation ~0.015) stays well inside the 0.05
-        r = subprocess.run(
+        watcher = subprocess.Popen(
             stallscope_argv(
                 "run",
                 "--pid",
@@ -284,14 +302,25 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
                 "--out",
                 str(out),
             ),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
+        # py-spy records the trainer: the trainer may start its loop (the stacks of its wait
+        # for the go are its start-up)
+        deadline = time.monotonic() + 60
+        while watcher.poll() is None and time.monotonic() < deadline:
+            if _recording_for(watcher.pid) >= 1.0:
+                break
+            time.sleep(0.1)
+        go.touch()
         stdout, _ = trainer.communicate(timeout=60)
+        _, err = watcher.communicate(timeout=120)
     finally:
-        trainer.kill()
-    assert r.returncode == 0 and "no stack sampling" not in r.stderr, r.stderr[-3000:]
+        for proc in (trainer, watcher):
+            if proc is not None:
+                proc.kill()
+    assert watcher.returncode == 0 and "no stack sampling" not in err, err[-3000:]
     [run_dir] = list(out.iterdir())
     doc = cli_json("diagnose", str(run_dir), "--json")
     doc["other_stacks"] = other_stacks(run_dir)
@@ -313,7 +342,7 @@ def test_attached_to_a_running_training(tmp_path: Path) -> None:
     )
     assert doc["signals"].get("stack_sampler") == "py-spy", (
         doc["signals"],
-        r.stderr[-2000:],
+        err[-2000:],
         records,
     )
     assert_named(doc, PREP)

@@ -14,6 +14,7 @@ and tests/scenarios/test_scenarios_zero_code.py reads that line.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,7 +37,22 @@ def arguments(
         ap.add_argument("--workers", type=int, default=workers, help="DataLoader workers")
     if batch_size is not None:
         ap.add_argument("--batch-size", type=int, default=batch_size)
+    ap.add_argument(
+        "--start-when",
+        metavar="FILE",
+        help="before the training loop, wait until FILE exists (a test attaching to the "
+        "training from outside says when it watches)",
+    )
     return ap
+
+
+def start_when(path: str | None, timeout: float = 120.0) -> None:
+    """Wait until ``path`` exists (``--start-when``), at most ``timeout`` seconds."""
+    if path is None:
+        return
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class DataWait:

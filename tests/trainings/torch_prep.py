@@ -15,7 +15,7 @@ What the trainings here share (the timing, the loop, the closing lines, the opti
 from __future__ import annotations
 
 import torch
-from _truth import BlurredImages, arguments, classify_step, report, train_for
+from _truth import BlurredImages, arguments, classify_step, report, start_when, train_for
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -35,6 +35,7 @@ def main() -> int:
 
     step = classify_step(model, opt)
 
+    start_when(args.start_when)
     run = train_for(args.seconds, loader, step)
     report(run.steps, run.wait, run.wall, loss=run.last)
     return 0

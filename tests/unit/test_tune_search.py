@@ -4,6 +4,7 @@ why it stopped agrees with it."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,21 @@ def test_a_wrong_target_is_told_before_anything_is_imported(
     assert check("json:loads") == ("json", "loads")
     assert check("os.path:join") == ("os.path", "join")  # dotted: left to the import
     assert "mydata_here" not in sys.modules
+
+
+def test_processes_at_a_lower_priority_do_not_count_as_a_trial_s_load() -> None:
+    """A nice-19 job beside a trial yields its cores to it: it is not the load that lowers the
+    trial's rate, so it is neither counted nor named; one at the trial's priority is."""
+    from stallscope.tuner.measure import Trial, others_cores, taking_others
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if own >= 19:
+        pytest.skip("this test runs at nice 19: nothing runs at a lower priority")
+    t = Trial({"num_workers": 2})
+    t.busy_others = [
+        {"pid": 10, "name": "batch", "cores": 1.5, "nice": 19},
+        {"pid": 11, "name": "stress", "cores": 0.7},
+        {"pid": 12, "name": "peer", "cores": 0.2, "nice": own},
+    ]
+    assert [b["pid"] for b in taking_others(t)] == [11, 12]
+    assert others_cores(t) == pytest.approx(0.9)
