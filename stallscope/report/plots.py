@@ -463,10 +463,12 @@ def _cpu_plot(data: RunData) -> Plot:
             ("host.cpu_pct", "busy"),
             ("host.iowait_pct", "iowait"),
             ("host.cpu_max_core_pct", "busiest core"),
+            ("host.cpu_nice_pct", "of it at a lower priority (nice > 0)"),
         )
     ):
         hs = data.series.get((name, ""))
-        if hs is not None and hs.v:
+        # the niced share only where some process ran niced: a line at 0 says nothing
+        if hs is not None and hs.v and (name != "host.cpu_nice_pct" or max(hs.v) > 0):
             host.lines.append(
                 _line(
                     data,

@@ -60,7 +60,7 @@ from stallscope.loadermodel import (
 )
 from stallscope.sources.cgroup import read_caps as host_read_caps
 from stallscope.sources.cgroup import usable_cores
-from stallscope.tuner.measure import Overtime, Trial, others_cores, run_trial
+from stallscope.tuner.measure import Overtime, Trial, others_cores, run_trial, taking_others
 from stallscope.tuner.outcome import TuneResult, _r, bound_text, tree_share
 from stallscope.tuner.target import Target, batch_nbytes, call_text, gpu_present, is_iterable
 
@@ -222,7 +222,7 @@ class Search:
             ) + f"the machine swapped in {units.size(t.swap_in)} during the trial: not recommended"
         if others_cores(t) >= OTHERS_BUSY_CORES:
             names = ", ".join(
-                f"{b['name']} (pid {b['pid']}, {b['cores']:.1f})" for b in t.busy_others[:3]
+                f"{b['name']} (pid {b['pid']}, {b['cores']:.1f})" for b in taking_others(t)[:3]
             )
             t.reason = (
                 t.reason + "; " if t.reason else ""
@@ -703,7 +703,7 @@ class Search:
             most = max(busy, key=others_cores)
             self.notes.append(
                 f"{len(busy)} of the trials ran beside other processes (up to "
-                f"{others_cores(most):.1f} cores busy, {most.busy_others[0]['name']} first): "
+                f"{others_cores(most):.1f} cores busy, {taking_others(most)[0]['name']} first): "
                 "their rates are lower than on a quiet host and the recommendation may differ "
                 "there; run stallscope tune again when the host is quiet"
             )

@@ -15,6 +15,7 @@ from stallscope.analysis.facts.build import (
     NO_TRAINING_SAMPLES,
     OTHERS_BUSY_CORES,
     RUNQ_BUSY_PCT,
+    others_taking_cores,
     trainer_gpus,
 )
 from stallscope.loadermodel import stall_cap
@@ -262,13 +263,17 @@ def rule_shm_pressure(data: RunData, fx: Facts) -> list[Finding]:
 
 def _busy_host(fx: Facts) -> tuple[float, float] | None:
     """(least run-queue wait %, other processes' cores) when every trainer process waited for a
-    CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥ OTHERS_BUSY_CORES busy."""
+    CPU ≥ RUNQ_BUSY_PCT of the time while other processes kept ≥ OTHERS_BUSY_CORES busy. Those
+    at a lower priority than the trainer do not count (:func:`others_taking_cores`): they yield
+    their cores, so the trainer's wait is its own processes' (prep's shared cores)."""
     if len(fx.comm.ranks_detail) >= 2:
         waits = [d.get("runq_wait_pct") for d in fx.comm.ranks_detail]
     else:
         waits = [fx.procs.main_runq_pct]
     others = fx.host.others_cpu_cores
-    if any(w is None for w in waits) or others is None or others < OTHERS_BUSY_CORES:
+    if any(w is None for w in waits) or others is None:
+        return None
+    if others_taking_cores(fx) < OTHERS_BUSY_CORES:
         return None
     least = min(w for w in waits if w is not None)
     return (least, others) if least >= RUNQ_BUSY_PCT else None
@@ -312,6 +317,7 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
         f"{', ' if len(ranks) >= 2 else ''}run-queue wait) while other processes kept "
         f"{others:.1f}{cores} cores busy."
     )
+    niced = fx.host.niced_others_cpu_cores
     comm = [d.get("comm_share") for d in ranks]
     if len(ranks) >= 2 and fx.comm.comm_straggler is None and all(c is not None for c in comm):
         shares = ", ".join(f"rank {d['rank']} {d['comm_share']:.0%}" for d in ranks)
@@ -320,7 +326,9 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
             f"({shares} of the step) cannot show which rank the others wait for."
         )
     others_busy = _busy_others(data)
-    action = _contention_action(others_busy, others, host)
+    # processes at a lower priority yield their cores: stopping them gives the trainer nothing
+    taking = [b for b in others_busy if not (niced and (b.get("nice") or 0) > 0)]
+    action = _contention_action(taking, others_taking_cores(fx), host)
     fixes = [
         Fix(
             action,
@@ -334,6 +342,8 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
         "host_cpu_median_pct": fx.host.host_cpu_median_pct,
         "logical_cores": fx.host.logical_cores,
     }
+    if niced:
+        ev["niced_others_cpu_cores"] = niced
     if others_busy:
         ev["busiest_others"] = others_busy
     if len(ranks) >= 2:
@@ -349,7 +359,9 @@ def rule_cpu_contention(data: RunData, fx: Facts) -> list[Finding]:
             est_speedup=stall_cap(least / 100),
             rule=f"every trainer process waited for a CPU ≥ {RUNQ_BUSY_PCT:.0f}% of the time "
             f"(least {least:.0f}%) and other processes kept ≥ {OTHERS_BUSY_CORES} "
-            f"core busy ({others:.1f})",
+            f"core busy ({others:.1f}"
+            + (f", {niced:.1f} of them at a lower priority, not counted" if niced else "")
+            + ")",
         )
     ]
 
