@@ -557,12 +557,13 @@ def test_busiest_others_say_which_run_at_a_lower_priority() -> None:
 
     before = {2: (0.0, "hog", 500.0, 0.0, 19), 3: (0.0, "py", 500.0, 0.0, 0)}
     before |= {4: (0.0, "py", 500.0, 0.0, 0), 5: (0.0, "py", 500.0, 0.0, 10)}
-    after = {2: (9.0, "hog", 500.0, 0.0, 19), 3: (0.4, "py", 500.0, 0.0, 0)}
+    after = {2: (9.0, "hog", 500.0, 0.0, 19), 3: (0.5, "py", 500.0, 0.0, 0)}
     after |= {4: (0.4, "py", 500.0, 0.0, 0), 5: (0.4, "py", 500.0, 0.0, 10)}
     got = busiest_others(before, after, 10.0, exclude=set(), started=1000.0, n=1)
+    # the niced python (0.04 cores) stays under MIN_CORES on its own, not added to the others
     assert got == [
         {"pid": 2, "name": "hog", "cores": 0.9, "nice": 19},
-        {"pid": 3, "name": "py", "cores": 0.08, "processes": 2},
+        {"pid": 3, "name": "py", "cores": 0.09, "processes": 2},
     ], got
 
 
