@@ -476,12 +476,18 @@ def test_ranks_are_diagnosed_apart_not_averaged() -> None:
     assert strag["evidence"]["rank"] == 1 and strag["evidence"]["best_rank"] == 0
 
 
-def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
-    """Every core already busy: more workers would share the same cores. The first fix is to
-    make the work cheaper, and the estimate is what more workers could really add."""
+def _saturated(niced_pct: float | None = None, nice: dict[str, int] | None = None) -> dict:
+    """A prep stall on a 4-core host 99% busy; ``niced_pct``: the share of its CPU time spent
+    by processes at nice > 0 (``host.cpu_nice_pct``), ``nice``: each training process's nice
+    value as a sampler that records them writes it."""
+    extra = [] if niced_pct is None else [ser("host.cpu_nice_pct", "", [niced_pct] * N)]
+    ents = WORKERS
+    if nice is not None:
+        ents = [{**e, "attrs": {**e["attrs"], "nice": nice[e["entity"]]}} for e in WORKERS]
     data = run(
         [
             ser("host.cpu_pct", "", [99] * N),
+            *extra,
             ser("procs.cpu_pct", "100", [20] * N),
             ser("procs.cpu_pct", "101", [99] * N),
             ser("procs.cpu_pct", "102", [97] * N),
@@ -489,11 +495,17 @@ def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
             ser("procs.d_state", "102", [0] * N),
         ],
         steps=steps(200, wait=0.030, host=0.020),
-        entities=WORKERS,
+        entities=ents,
         config={"num_workers": 2, "physical_cores": 4},
         meta={"logical_cores": 4},
     )
-    f = diagnose(data)["findings"][0]
+    return diagnose(data)
+
+
+def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
+    """Every core already busy: more workers would share the same cores. The first fix is to
+    make the work cheaper, and the estimate is what more workers could really add."""
+    f = _saturated()["findings"][0]
     assert f["kind"] == "input_bound.prep"
     assert f["fixes"][0]["action"].startswith("make per-sample work cheaper")
     assert "99% busy" in f["fixes"][0]["why"]
@@ -504,37 +516,11 @@ def test_prep_stall_on_a_saturated_host_does_not_promise_more_workers() -> None:
     assert not [x for x in f["fixes"] if x["action"].startswith("num_workers")], f["fixes"]
 
 
-def _niced(nice: dict[str, int]) -> list[dict]:
-    """WORKERS as a sampler that records each process's nice value writes them."""
-    return [{**e, "attrs": {**e["attrs"], "nice": nice[e["entity"]]}} for e in WORKERS]
-
-
-def _saturated_beside_a_niced_job(trainer_nice: dict[str, int], niced_pct: float) -> dict:
-    """A prep stall on a 4-core host 99% busy, 2 of its cores (50% of the CPU time) spent by
-    processes at nice > 0 (``host.cpu_nice_pct``)."""
-    data = run(
-        [
-            ser("host.cpu_pct", "", [99] * N),
-            ser("host.cpu_nice_pct", "", [niced_pct] * N),
-            ser("procs.cpu_pct", "100", [20] * N),
-            ser("procs.cpu_pct", "101", [99] * N),
-            ser("procs.cpu_pct", "102", [97] * N),
-            ser("procs.d_state", "101", [0] * N),
-            ser("procs.d_state", "102", [0] * N),
-        ],
-        steps=steps(200, wait=0.030, host=0.020),
-        entities=_niced(trainer_nice),
-        config={"num_workers": 2, "physical_cores": 4},
-        meta={"logical_cores": 4},
-    )
-    return diagnose(data)
-
-
 def test_a_niced_job_beside_the_trainer_leaves_its_cores_to_new_workers() -> None:
     """The host is 99% busy, but 2 cores of it are a nice-19 batch job: the kernel gives a
     nice-0 trainer's new workers those cores first, so more workers is the first fix (not
     "the CPUs are already busy"), and the evidence says which cores it counted."""
-    doc = _saturated_beside_a_niced_job({"100": 0, "101": 0, "102": 0}, 50.0)
+    doc = _saturated(50.0, {"100": 0, "101": 0, "102": 0})
     f = doc["findings"][0]
     assert f["kind"] == "input_bound.prep"
     assert doc["signals"]["niced_others_cpu_cores"] == 2.0
@@ -547,7 +533,7 @@ def test_a_niced_job_beside_the_trainer_leaves_its_cores_to_new_workers() -> Non
 def test_the_trainer_s_own_niced_workers_are_not_counted_as_spare() -> None:
     """Workers that reniced themselves (a worker_init_fn calling os.nice) are the niced CPU:
     they are the training's own, so nothing is left to yield and the host stays busy."""
-    doc = _saturated_beside_a_niced_job({"100": 0, "101": 10, "102": 10}, 49.0)
+    doc = _saturated(49.0, {"100": 0, "101": 10, "102": 10})
     assert doc["signals"]["niced_others_cpu_cores"] == 0.0
     f = doc["findings"][0]
     assert f["fixes"][0]["action"].startswith("make per-sample work cheaper"), f["fixes"]
@@ -556,7 +542,7 @@ def test_the_trainer_s_own_niced_workers_are_not_counted_as_spare() -> None:
 def test_a_niced_trainer_counts_no_niced_cpu_as_spare() -> None:
     """A trainer run under `nice`: which of the niced processes would yield to its workers is
     unknown, so none are counted, and the advice is a saturated host's."""
-    doc = _saturated_beside_a_niced_job({"100": 5, "101": 5, "102": 5}, 50.0)
+    doc = _saturated(50.0, {"100": 5, "101": 5, "102": 5})
     assert doc["signals"]["niced_others_cpu_cores"] == 0.0
     f = doc["findings"][0]
     assert f["fixes"][0]["action"].startswith("make per-sample work cheaper"), f["fixes"]
