@@ -127,6 +127,36 @@ def test_a_loader_that_neither_computes_nor_reads_waits_on_something_else() -> N
     assert diagnose(_waiting_loader(9, d_state=1))["findings"][0]["kind"] == "input_bound.fetch"
 
 
+def test_a_loading_that_sleeps_beside_another_process_s_io_still_waits() -> None:
+    """CI: a trainer loading its own data (num_workers=0) that sleeps, at 15% CPU and never in
+    D state, was called input_bound.fetch because the tests beside it gave the host 10%
+    iowait. Host-wide I/O is anyone's: it does not outweigh the loading's own figures. Its
+    own D state still does."""
+
+    def trainer_loading(d_state: int, iowait: float) -> dict:
+        return diagnose(
+            run(
+                [
+                    ser("host.cpu_pct", "", [90] * N),
+                    ser("host.iowait_pct", "", [iowait] * N),
+                    ser("procs.cpu_pct", "100", [15] * N),
+                    ser("procs.d_state", "100", [d_state] * N),
+                ],
+                steps=steps(200, wait=0.090, host=0.010),
+                entities=procs({"100": "main"}),
+                config={"num_workers": 0, "physical_cores": 2},
+            )
+        )
+
+    f = trainer_loading(0, 10.0)["findings"][0]
+    assert f["kind"] == "input_bound.wait", f
+    assert (
+        "fetch score 1 vs prep score 0 (fetch's lead from host-wide iowait/PSI only)" in (f["rule"])
+    ), f["rule"]
+    assert trainer_loading(0, 0.0)["findings"][0]["kind"] == "input_bound.wait"
+    assert trainer_loading(1, 10.0)["findings"][0]["kind"] == "input_bound.fetch"
+
+
 def test_throughput_capped_cloud_disk_is_fetch_despite_low_util() -> None:
     """A provisioned-throughput volume: %util and await look fine, the trainer starves."""
     data = run(

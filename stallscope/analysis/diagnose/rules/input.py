@@ -19,7 +19,7 @@ from stallscope.analysis.diagnose.rules.common import (
 from stallscope.analysis.diagnose.rules.fetch import _fetch_fixes
 from stallscope.analysis.diagnose.rules.headofline import head_of_line
 from stallscope.analysis.diagnose.rules.prep import _prep_estimate, _prep_fixes, stall_ceiling
-from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores
+from stallscope.analysis.diagnose.rules.scores import SCORES, fetch_prep_scores, host_io_points
 from stallscope.analysis.diagnose.rules.threads import thread_stall
 from stallscope.analysis.diagnose.tfdata import (
     is_tf,
@@ -154,7 +154,11 @@ def rule_input_bound(data: RunData, fx: Facts) -> list[Finding]:
         return []  # the wait comes from slow samples holding up the batches: that finding's
     kind = Kind.INPUT_FETCH if fetch else Kind.INPUT_PREP
     reasons = freasons if fetch else preasons
-    waits = None if fetch or not how.measured else loading_waits(fx, stall)
+    # fetch's lead from host-wide I/O alone (iowait, PSI: another process's I/O shows there
+    # too; CI's parallel tests gave 10% iowait to a trainer whose loading sleeps) does not
+    # outweigh a loading that neither computes nor waits in D state
+    host_only = fetch and fs - host_io_points(fx) <= ps
+    waits = loading_waits(fx, stall) if how.measured and (not fetch or host_only) else None
     if waits is not None:
         return [_wait_finding(data, fx, how, stall, steady is not None, waits, fs, ps)]
     margin = abs(fs - ps) / max(fs + ps, 1)
@@ -307,6 +311,7 @@ def _wait_finding(
         fixes=fixes,
         est_speedup=stall_cap(stall),
         rule=how.rule.format(stall=_pct(stall), fs=fs, ps=ps)
+        + (" (fetch's lead from host-wide iowait/PSI only)" if fs > ps else "")
         + f"; the loading's CPU {cpu:.0f}% of a core < {WAIT_CPU_PCT:.0f}%, D state < 10%",
     )
 

@@ -12,7 +12,7 @@ from stallscope.analysis.diagnose.tfdata import is_tf
 from stallscope.analysis.facts import Facts
 from stallscope.analysis.facts.build import limited
 
-__all__ = ["SCORES", "ScoreLimits", "fetch_prep_scores"]
+__all__ = ["SCORES", "ScoreLimits", "fetch_prep_scores", "host_io_points"]
 
 
 @dataclass(frozen=True)
@@ -90,19 +90,32 @@ def fetch_prep_scores(fx: Facts) -> tuple[int, list[str], int, list[str]]:
         fetch_why.append(
             f"read throughput flat at ~{flat} (variation {fx.disk.disk_rkb_s_cv:.0%}): a ceiling"
         )
+    fetch_pts += _host_io_scores(fx, fetch_why)
+    dev_fetch, dev_prep = _cpu_scores(fx, d, fetch_why, prep_why)
+    fetch_pts, prep_pts = fetch_pts + dev_fetch, prep_pts + dev_prep
+    return fetch_pts, fetch_why, prep_pts, prep_why
+
+
+def _host_io_scores(fx: Facts, fetch_why: list[str]) -> int:
+    """The fetch side's points from host-wide I/O figures (PSI, iowait): any process's I/O
+    shows there, the training's or another's."""
+    pts = 0
     if fx.host.psi_io_median_pct is not None and fx.host.psi_io_median_pct >= SCORES.psi_io_pct:
-        fetch_pts += 1
+        pts += 1
         fetch_why.append(
             "I/O pressure: some task stalled on I/O "
             f"{fx.host.psi_io_median_pct:.0f}% of "
             "the time (PSI)"
         )
     if fx.host.iowait_median_pct is not None and fx.host.iowait_median_pct >= SCORES.iowait_pct:
-        fetch_pts += 1
+        pts += 1
         fetch_why.append(f"CPU iowait {fx.host.iowait_median_pct:.0f}%")
-    dev_fetch, dev_prep = _cpu_scores(fx, d, fetch_why, prep_why)
-    fetch_pts, prep_pts = fetch_pts + dev_fetch, prep_pts + dev_prep
-    return fetch_pts, fetch_why, prep_pts, prep_why
+    return pts
+
+
+def host_io_points(fx: Facts) -> int:
+    """How many of :func:`fetch_prep_scores`' fetch points are host-wide (PSI, iowait)."""
+    return _host_io_scores(fx, [])
 
 
 def _cpu_scores(
