@@ -90,6 +90,11 @@ def test_a_fix_that_delivered_little_says_why_from_run_b() -> None:
     why = " | ".join(out["shortfall"])
     assert "host CPU was at 97.5%" in why and "cpu_contention" in why
     assert "still waited for data 33%" in why
+    # a host full of a nice-19 job's CPU had room: its cores were the training's to take
+    niced = {**doc_b["signals"], "niced_others_cpu_cores": 1.9, "logical_cores": 2}
+    out = compare(DOC_A, {**doc_b, "signals": niced}, _data(1, 0.2), _data(2, 0.19))
+    why = " | ".join(out["shortfall"])
+    assert "host CPU" not in why and "cpu_contention" in why, why
     # a fix that delivered what it promised needs no excuse
     ok = compare(DOC_A, {**doc_b, "verdict": "compute_bound"}, _data(1, 0.2), _data(2, 0.152))
     assert ok["delivered_share"] >= 0.7 and "shortfall" not in ok
