@@ -138,14 +138,21 @@ def shortfall(doc_b: dict[str, Any]) -> list[str]:
     sb = doc_b.get("signals") or {}
     why: list[str] = []
     host = sb.get("host_cpu_median_pct")
-    # the CPU processes at a lower priority used was the training's to take (spare_cores)
+    # the CPU processes at a lower priority used was the training's to take (the facts' one
+    # definition, as spare_cores counts it)
+    from stallscope.analysis.facts.machine import busy_for_training_pct
+
     niced, cpus = sb.get("niced_others_cpu_cores"), sb.get("logical_cores")
-    yielded = (
-        100.0 * niced / cpus
-        if isinstance(niced, (int, float)) and isinstance(cpus, int) and cpus > 0
-        else 0.0
-    )
-    if isinstance(host, (int, float)) and host - yielded >= HOST_FULL_PCT:
+    taken = host
+    if isinstance(host, (int, float)) and isinstance(cpus, int):
+        taken = busy_for_training_pct(
+            host, niced if isinstance(niced, (int, float)) else None, cpus
+        )
+    if (
+        isinstance(host, (int, float))
+        and isinstance(taken, (int, float))
+        and taken >= HOST_FULL_PCT
+    ):
         why.append(
             f"run B's host CPU was at {host:.1f}% (median): the cores had no room "
             "left for the loading the fix added"

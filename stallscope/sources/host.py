@@ -36,7 +36,6 @@ __all__ = [
     "HostPayload",
     "HostSource",
     "cpu_busy",
-    "cpu_nice",
     "parse_meminfo",
     "parse_pressure",
     "parse_pressure_totals",
@@ -109,10 +108,11 @@ def parse_proc_stat(text: str) -> list[CpuTimes]:
 _new_tuple = tuple.__new__
 
 
-def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
-    """(busy %, iowait %) between two readings of one CPU line (``top`` semantics); None when a
-    field went down (reset, or iowait going backwards as proc(5) warns it can), so the caller
-    drops the interval rather than reporting a busy share computed from a bogus delta."""
+def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float, float] | None:
+    """(busy %, iowait %, niced %) between two readings of one CPU line (``top`` semantics;
+    niced: user code of processes at nice > 0, top's ``ni``, part of busy); None when a field
+    went down (reset, or iowait going backwards as proc(5) warns it can), so the caller drops
+    the interval rather than reporting a busy share computed from a bogus delta."""
     # plain differences first (this runs for every core on every sample); only when one is
     # negative does counter_delta decide between a wrap and a reset
     user, nice, system = cur.user - prev.user, cur.nice - prev.nice, cur.system - prev.system
@@ -125,19 +125,12 @@ def cpu_busy(prev: CpuTimes, cur: CpuTimes) -> tuple[float, float] | None:
         user, nice, system, idle, iowait, irq, softirq, steal = d
     dt = user + nice + system + idle + iowait + irq + softirq + steal
     if dt <= 0:
-        return 0.0, 0.0
-    return min(100.0, 100.0 * (dt - idle - iowait) / dt), min(100.0, 100.0 * iowait / dt)
-
-
-def cpu_nice(prev: CpuTimes, cur: CpuTimes) -> float | None:
-    """% of the CPU time between two readings of one CPU line that went to user code of
-    processes at a lower priority (nice > 0; top's ``ni``), part of :func:`cpu_busy`'s busy
-    share. None when a field went down."""
-    d = counter_deltas(prev[1:], cur[1:], 64)
-    if d is None:
-        return None
-    dt = sum(d)
-    return 0.0 if dt <= 0 else min(100.0, 100.0 * d[1] / dt)
+        return 0.0, 0.0, 0.0
+    return (
+        min(100.0, 100.0 * (dt - idle - iowait) / dt),
+        min(100.0, 100.0 * iowait / dt),
+        min(100.0, 100.0 * nice / dt),
+    )
 
 
 _MEMINFO_KEYS = (
@@ -410,8 +403,7 @@ class HostSource(Source):
             per_core.append(round(core[0], 2) if core else None)
         out["cpu_pct"] = round(both[0], 2) if both else None
         out["iowait_pct"] = round(both[1], 2) if both else None
-        nice = cpu_nice(prev_cpu[0], cpus[0])
-        out["cpu_nice_pct"] = round(nice, 2) if nice is not None else None
+        out["cpu_nice_pct"] = round(both[2], 2) if both else None
         out["cpu_per_core_pct"] = per_core
         cores = [v for v in per_core if v is not None]
         out["cpu_max_core_pct"] = max(cores) if cores else None

@@ -16,7 +16,6 @@ from stallscope.sources.host import (
     CpuTimes,
     HostSource,
     cpu_busy,
-    cpu_nice,
     parse_meminfo,
     parse_pressure,
     parse_proc_stat,
@@ -48,20 +47,20 @@ def test_parse_proc_stat_garbage_quotes_line() -> None:
 def test_cpu_busy_matches_top_semantics() -> None:
     a = CpuTimes("cpu", 100, 0, 50, 800, 50, 0, 0, 0)
     b = CpuTimes("cpu", 160, 0, 70, 860, 110, 0, 0, 0)  # +60 user +20 sys +60 idle +60 iowait
-    busy, iowait = cpu_busy(a, b)
+    busy, iowait, niced = cpu_busy(a, b)
     assert busy == pytest.approx(40.0)
     assert iowait == pytest.approx(30.0)
-    assert cpu_busy(b, b) == (0.0, 0.0)
+    assert niced == 0.0
+    assert cpu_busy(b, b) == (0.0, 0.0, 0.0)
 
 
-def test_cpu_nice_is_the_niced_user_share_of_the_interval() -> None:
+def test_cpu_busy_gives_the_niced_user_share_of_the_interval() -> None:
     a = CpuTimes("cpu", 100, 40, 50, 800, 50, 0, 0, 0)
     b = CpuTimes("cpu", 130, 90, 70, 900, 50, 0, 0, 0)  # +30 user +50 nice +20 sys +100 idle
-    assert cpu_nice(a, b) == pytest.approx(25.0)
-    assert cpu_busy(a, b) == (pytest.approx(50.0), 0.0)  # the niced time is busy time too
-    assert cpu_nice(b, b) == 0.0
+    # the niced time is busy time too
+    assert cpu_busy(a, b) == (pytest.approx(50.0), 0.0, pytest.approx(25.0))
     # a counter that went down (a reset) gives no figure rather than a made-up one
-    assert cpu_nice(b, b._replace(nice=10)) is None
+    assert cpu_busy(b, b._replace(nice=10)) is None
 
 
 def test_parse_meminfo_and_vmstat_recorded() -> None:

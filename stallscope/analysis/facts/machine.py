@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     from stallscope.analysis.facts.build import _Draft
     from stallscope.analysis.rundata import RunData
 
-__all__ = ["LIMIT_REACHED", "limited", "others_taking_cores", "spare_cores"]
+__all__ = [
+    "LIMIT_REACHED",
+    "busy_for_training_pct",
+    "limited",
+    "others_taking_cores",
+    "spare_cores",
+]
 
 
 def _gpu_signals(sig: _Draft, data: RunData, full: RunData) -> None:
@@ -301,6 +307,13 @@ def others_taking_cores(fx: Facts) -> float:
     return max(0.0, taken)
 
 
+def busy_for_training_pct(host_pct: float, niced_cores: float | None, cpus: int) -> float:
+    """The host's busy CPU (%) less what processes at a lower priority used
+    (``niced_others_cpu_cores``): the share the training's new processes could not take.
+    :func:`spare_cores` and ``compare``'s shortfall read it here."""
+    return max(0.0, host_pct - 100.0 * (niced_cores or 0.0) / cpus) if cpus > 0 else host_pct
+
+
 def spare_cores(fx: Facts) -> float | None:
     """CPUs the trainer's new processes could have over the run, in cores: those left idle
     (median host CPU) and those that processes at a lower priority used
@@ -311,5 +324,5 @@ def spare_cores(fx: Facts) -> float | None:
     busy = fx.host.host_cpu_median_pct
     if cpus is None or busy is None:
         return None
-    idle = (100.0 - busy) / 100.0 * cpus
-    return min(float(cpus), max(0.0, idle + (fx.host.niced_others_cpu_cores or 0.0)))
+    taken = busy_for_training_pct(busy, fx.host.niced_others_cpu_cores, cpus)
+    return min(float(cpus), max(0.0, (100.0 - taken) / 100.0 * cpus))
